@@ -1,0 +1,144 @@
+# epd — one non-recursive GNU Makefile.
+#
+# Every folder contributes a module.mk that registers libraries, programs and
+# tests through the three functions below.  Outputs go to $(BUILD) (build/ by
+# default; build/san for the sanitizer build), binaries to $(BUILD)/bin.
+#
+#   make              build everything
+#   make deps         install the Debian packages the project needs
+#   make check        deps + build + every test, then the same tests built
+#                     with ASan+UBSan (clang) in build/san
+#   make run          run the colocated demo
+#   make bench        run the benchmarks
+#   make clean        remove build/
+#
+# Knobs: CC=clang, V=1 (echo commands), SANITIZER=address,undefined|thread,
+# BUILD=dir, EPD_WITH_OFI=0 (drop the libfabric backend), EPD_WITH_UCX=0.
+
+.DEFAULT_GOAL := all
+SHELL := /bin/bash
+
+BUILD     ?= build
+SANITIZER ?=
+V         ?= 0
+EPD_WITH_UCX ?= 1
+EPD_WITH_OFI ?= 1
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+# pkg-config names of every library the C code links.  http-parser ships no
+# .pc file in Debian 12, so it is added by hand below.
+PKGS := ucx libfabric libprotobuf-c grpc_unsecure gpr libuv libzstd jansson \
+        libxxhash openblas
+TEST_PKGS := cmocka
+
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser
+TEST_CFLAGS := $(shell pkg-config --cflags $(TEST_PKGS) 2>/dev/null)
+TEST_LIBS   := $(shell pkg-config --libs $(TEST_PKGS) 2>/dev/null)
+
+WARN := -std=c11 -Wall -Wextra -Wshadow -Wstrict-prototypes -Werror
+CFLAGS ?= -O2 -g
+EPD_CPPFLAGS := -D_GNU_SOURCE -Icommon -Iproto -Itransport -Iengine \
+                -I$(BUILD)/gen $(PKG_CFLAGS) \
+                -DEPD_WITH_UCX=$(EPD_WITH_UCX) -DEPD_WITH_OFI=$(EPD_WITH_OFI)
+EPD_CFLAGS := $(WARN) $(CFLAGS) -pthread -fPIC -MMD -MP
+EPD_LDFLAGS := -pthread -rdynamic
+EPD_LDLIBS := $(PKG_LIBS) -ldl -lm
+
+ifneq ($(SANITIZER),)
+EPD_CFLAGS  += -fsanitize=$(SANITIZER) -fno-omit-frame-pointer -fno-sanitize-recover=all
+EPD_LDFLAGS += -fsanitize=$(SANITIZER)
+endif
+
+ALL_LIBS :=
+ALL_PROGS :=
+ALL_TESTS :=
+ALL_OBJS :=
+GEN_HDRS :=
+
+obj_of = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+
+# $(call epd_lib,NAME,SOURCES) -> $(BUILD)/lib/libNAME.a
+define epd_lib
+$(1)_OBJS := $$(call obj_of,$(2))
+ALL_OBJS += $$($(1)_OBJS)
+ALL_LIBS += $(BUILD)/lib/lib$(1).a
+$(BUILD)/lib/lib$(1).a: $$($(1)_OBJS)
+	@mkdir -p $$(@D)
+	@$(if $(filter 1,$(V)),,echo "  AR      $$@";)rm -f $$@ && $(AR) rcs $$@ $$^
+endef
+
+# $(call epd_prog,NAME,SOURCES,LIBS) -> $(BUILD)/bin/NAME
+# LIBS: epd library names in dependency order (users first), e.g. "engine common".
+define epd_prog
+$(1)_OBJS := $$(call obj_of,$(2))
+ALL_OBJS += $$($(1)_OBJS)
+ALL_PROGS += $(BUILD)/bin/$(1)
+$(BUILD)/bin/$(1): $$($(1)_OBJS) $$(foreach l,$(3),$(BUILD)/lib/lib$$(l).a)
+	@mkdir -p $$(@D)
+	@$(if $(filter 1,$(V)),,echo "  LD      $$@";)$(CC) $(EPD_LDFLAGS) -o $$@ $$($(1)_OBJS) \
+		$$(foreach l,$(3),$(BUILD)/lib/lib$$(l).a) $(EPD_LDLIBS)
+endef
+
+# $(call epd_test,NAME,SOURCES,LIBS) -> $(BUILD)/tests/NAME (a cmocka program;
+# tests/run.sh runs each in its own process under a timeout).
+define epd_test
+$(1)_OBJS := $$(call obj_of,$(2))
+ALL_OBJS += $$($(1)_OBJS)
+ALL_TESTS += $(BUILD)/tests/$(1)
+$$($(1)_OBJS): EPD_CPPFLAGS += $(TEST_CFLAGS)
+$(BUILD)/tests/$(1): $$($(1)_OBJS) $$(foreach l,$(3),$(BUILD)/lib/lib$$(l).a)
+	@mkdir -p $$(@D)
+	@$(if $(filter 1,$(V)),,echo "  LD      $$@";)$(CC) $(EPD_LDFLAGS) -o $$@ $$($(1)_OBJS) \
+		$$(foreach l,$(3),$(BUILD)/lib/lib$$(l).a) $(TEST_LIBS) $(EPD_LDLIBS)
+endef
+
+# Each folder registers its pieces.  Order matters only for readability.
+MODULES := common proto transport engine encoder prefill decode router bench tests
+-include $(foreach m,$(MODULES),$(wildcard $(m)/module.mk))
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	@$(if $(filter 1,$(V)),,echo "  CC      $<";)$(CC) $(EPD_CPPFLAGS) $(EPD_CFLAGS) -c -o $@ $<
+
+# Generated headers must exist before anything compiles (they may be included
+# from any module); -MMD takes over after the first build.
+$(ALL_OBJS): | $(GEN_HDRS)
+
+-include $(ALL_OBJS:.o=.d)
+
+.PHONY: all deps check test run bench clean san-test
+
+all: $(ALL_LIBS) $(ALL_PROGS) $(ALL_TESTS)
+
+deps:
+	@./deploy/deps.sh
+
+# Every test: unit (cmocka) and integration, each in its own process with a
+# timeout; then the same suite built with ASan + UBSan by clang.
+test: all
+	@EPD_BUILD=$(BUILD) ./tests/run.sh $(ALL_TESTS)
+
+SAN_CC ?= clang
+san-test:
+	@$(MAKE) --no-print-directory BUILD=build/san CC=$(SAN_CC) \
+		SANITIZER=address,undefined CFLAGS="-O1 -g" test
+
+check: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory test
+	@$(MAKE) --no-print-directory san-test
+
+run: all
+	@./deploy/local/run-demo.sh $(BUILD)
+
+bench: all
+	@./bench/run.sh $(BUILD)
+
+clean:
+	rm -rf build

@@ -1,0 +1,41 @@
+/*
+ * epd_bench_main.c — `epd-bench SUBCOMMAND [options]`: one binary for every
+ * benchmark, each subcommand in its own file (bench/epd_bench_<name>.c).
+ * Benchmarks measure and print tables; they never judge (that is tests/).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "epd_bench.h"
+
+static const struct {
+    const char *name;
+    int (*main)(int argc, char **argv);
+    const char *help;
+} epd_bench_commands[] = {
+    {"engine", epd_bench_engine_main, "prefill and decode tokens/s of an engine"},
+};
+
+static void epd_bench_usage(FILE *out)
+{
+    fprintf(out, "usage: epd-bench SUBCOMMAND [options]   (SUBCOMMAND --help for its options)\n\n");
+    for (size_t i = 0; i < sizeof(epd_bench_commands) / sizeof(epd_bench_commands[0]); i++) {
+        fprintf(out, "  %-10s %s\n", epd_bench_commands[i].name, epd_bench_commands[i].help);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        epd_bench_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof(epd_bench_commands) / sizeof(epd_bench_commands[0]); i++) {
+        if (strcmp(argv[1], epd_bench_commands[i].name) == 0) {
+            return epd_bench_commands[i].main(argc - 1, argv + 1);
+        }
+    }
+    fprintf(stderr, "epd-bench: unknown subcommand '%s'\n", argv[1]);
+    epd_bench_usage(stderr);
+    return 2;
+}

@@ -1,0 +1,141 @@
+/*
+ * epd_alloc.c — allocation funnel with counters and fault injection.
+ *
+ * A 16-byte header in front of every block holds its size, which keeps the
+ * returned pointer 16-byte aligned (what malloc guarantees on x86-64) and
+ * lets epd_free update the live-byte counter without a lookup.
+ */
+#include "epd_alloc.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EPD_ALLOC_HDR 16
+
+static atomic_uint_fast64_t epd_alloc_live_bytes;
+static atomic_uint_fast64_t epd_alloc_live_blocks;
+static atomic_uint_fast64_t epd_alloc_total;
+static atomic_uint_fast64_t epd_alloc_failed;
+static atomic_long epd_alloc_countdown = -1;
+
+static int epd_alloc_should_fail(void)
+{
+    long left = atomic_load_explicit(&epd_alloc_countdown, memory_order_relaxed);
+
+    while (left >= 0) {
+        if (left == 0) {
+            return 1;
+        }
+        if (atomic_compare_exchange_weak(&epd_alloc_countdown, &left, left - 1)) {
+            return 0;
+        }
+    }
+    return 0;
+}
+
+static void *epd_alloc_finish(unsigned char *raw, size_t size)
+{
+    if (raw == NULL) {
+        atomic_fetch_add_explicit(&epd_alloc_failed, 1, memory_order_relaxed);
+        return NULL;
+    }
+    memcpy(raw, &size, sizeof(size));
+    atomic_fetch_add_explicit(&epd_alloc_live_bytes, size, memory_order_relaxed);
+    atomic_fetch_add_explicit(&epd_alloc_live_blocks, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&epd_alloc_total, 1, memory_order_relaxed);
+    return raw + EPD_ALLOC_HDR;
+}
+
+void *epd_malloc(size_t size)
+{
+    if (size > SIZE_MAX - EPD_ALLOC_HDR || epd_alloc_should_fail()) {
+        atomic_fetch_add_explicit(&epd_alloc_failed, 1, memory_order_relaxed);
+        return NULL;
+    }
+    return epd_alloc_finish(malloc(size + EPD_ALLOC_HDR), size);
+}
+
+void *epd_calloc(size_t nmemb, size_t size)
+{
+    size_t total;
+
+    if (__builtin_mul_overflow(nmemb, size, &total) || total > SIZE_MAX - EPD_ALLOC_HDR ||
+        epd_alloc_should_fail()) {
+        atomic_fetch_add_explicit(&epd_alloc_failed, 1, memory_order_relaxed);
+        return NULL;
+    }
+    return epd_alloc_finish(calloc(1, total + EPD_ALLOC_HDR), total);
+}
+
+void *epd_realloc(void *ptr, size_t size)
+{
+    unsigned char *raw;
+    unsigned char *grown;
+    size_t old;
+
+    if (ptr == NULL) {
+        return epd_malloc(size);
+    }
+    if (size > SIZE_MAX - EPD_ALLOC_HDR || epd_alloc_should_fail()) {
+        atomic_fetch_add_explicit(&epd_alloc_failed, 1, memory_order_relaxed);
+        return NULL;
+    }
+    raw = (unsigned char *)ptr - EPD_ALLOC_HDR;
+    memcpy(&old, raw, sizeof(old));
+    grown = realloc(raw, size + EPD_ALLOC_HDR);
+    if (grown == NULL) {
+        atomic_fetch_add_explicit(&epd_alloc_failed, 1, memory_order_relaxed);
+        return NULL;
+    }
+    memcpy(grown, &size, sizeof(size));
+    atomic_fetch_sub_explicit(&epd_alloc_live_bytes, old, memory_order_relaxed);
+    atomic_fetch_add_explicit(&epd_alloc_live_bytes, size, memory_order_relaxed);
+    return grown + EPD_ALLOC_HDR;
+}
+
+void epd_free(void *ptr)
+{
+    unsigned char *raw;
+    size_t size;
+
+    if (ptr == NULL) {
+        return;
+    }
+    raw = (unsigned char *)ptr - EPD_ALLOC_HDR;
+    memcpy(&size, raw, sizeof(size));
+    atomic_fetch_sub_explicit(&epd_alloc_live_bytes, size, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&epd_alloc_live_blocks, 1, memory_order_relaxed);
+    free(raw);
+}
+
+char *epd_strndup(const char *s, size_t n)
+{
+    size_t len = strnlen(s, n);
+    char *copy = epd_malloc(len + 1);
+
+    if (copy == NULL) {
+        return NULL;
+    }
+    memcpy(copy, s, len);
+    copy[len] = '\0';
+    return copy;
+}
+
+char *epd_strdup(const char *s)
+{
+    return epd_strndup(s, strlen(s));
+}
+
+void epd_alloc_fail_after(long n)
+{
+    atomic_store(&epd_alloc_countdown, n < 0 ? -1 : n);
+}
+
+void epd_alloc_stats(epd_alloc_stats_t *stats_p)
+{
+    stats_p->live_bytes = atomic_load(&epd_alloc_live_bytes);
+    stats_p->live_blocks = atomic_load(&epd_alloc_live_blocks);
+    stats_p->total_allocs = atomic_load(&epd_alloc_total);
+    stats_p->failed = atomic_load(&epd_alloc_failed);
+}

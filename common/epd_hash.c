@@ -1,0 +1,59 @@
+/* epd_hash.c — thin wrappers over XXH3 so the rest of epd does not include
+ * xxhash.h (and its large inline bodies) everywhere. */
+#include "epd_hash.h"
+
+#define XXH_STATIC_LINKING_ONLY /* for the size of XXH3_state_t */
+#include <xxhash.h>
+
+#include "epd_alloc.h"
+
+struct epd_hash_state {
+    XXH3_state_t xxh;
+};
+
+uint64_t epd_hash64(const void *data, size_t len, uint64_t seed)
+{
+    return XXH3_64bits_withSeed(data, len, seed);
+}
+
+epd_status_t epd_hash_state_create(uint64_t seed, epd_hash_state_t **state_p)
+{
+    /* XXH3_state_t wants 64-byte alignment; epd_malloc gives 16, so the
+     * state is embedded in an over-aligned wrapper allocated with slack. */
+    unsigned char *raw = epd_malloc(sizeof(epd_hash_state_t) + 64 + sizeof(void *));
+    uintptr_t aligned;
+    epd_hash_state_t *state;
+
+    if (raw == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    aligned = ((uintptr_t)raw + sizeof(void *) + 63) & ~(uintptr_t)63;
+    state = (epd_hash_state_t *)aligned;
+    ((void **)state)[-1] = raw;
+    epd_hash_state_reset(state, seed);
+    *state_p = state;
+    return EPD_OK;
+}
+
+void epd_hash_state_destroy(epd_hash_state_t *state)
+{
+    if (state == NULL) {
+        return;
+    }
+    epd_free(((void **)state)[-1]);
+}
+
+void epd_hash_state_reset(epd_hash_state_t *state, uint64_t seed)
+{
+    XXH3_64bits_reset_withSeed(&state->xxh, seed);
+}
+
+void epd_hash_state_update(epd_hash_state_t *state, const void *data, size_t len)
+{
+    XXH3_64bits_update(&state->xxh, data, len);
+}
+
+uint64_t epd_hash_state_digest(const epd_hash_state_t *state)
+{
+    return XXH3_64bits_digest(&state->xxh);
+}

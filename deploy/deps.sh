@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs the Debian packages epd needs to build, test and benchmark.
+# Idempotent: when everything is present it only runs dpkg-query (about a
+# second). `apt-get update` runs only when something is missing.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential pkg-config clang libclang-rt-14-dev
+  libucx-dev ucx-utils            # UCX: data plane backend + ucx_perftest reference
+  libfabric-dev libfabric-bin     # libfabric: data plane backend + fi_pingpong reference
+  libprotobuf-c-dev protobuf-c-compiler   # request/control plane messages
+  libgrpc-dev                     # control plane (gRPC core C API)
+  libuv1-dev                      # event loops
+  libzstd-dev                     # optional KV compression
+  libhttp-parser-dev libjansson-dev  # router HTTP/JSON
+  libxxhash-dev                   # checksums and hashing
+  libopenblas-dev                 # ref engine matrix products
+  libcmocka-dev                   # unit tests
+  python3 curl procps iproute2    # integration test helpers
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+echo "deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
