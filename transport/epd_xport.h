@@ -1,0 +1,235 @@
+/*
+ * epd_xport.h — the data plane and request plane of epd: one interface, two
+ * backends (UCX ucp, libfabric RDM), chosen at start-up by name.
+ *
+ * What it moves:
+ *   - one-sided writes: a local buffer into a peer's registered region at an
+ *     offset (KV blocks, recurrent states, embeddings).  The backend picks the
+ *     fastest protocol its lanes offer: true RMA where the target memory
+ *     allows it (UCX shared memory on UCX-allocated regions), rendezvous
+ *     messages received straight into the region where RMA would be emulated
+ *     or slow (UCX over tcp);
+ *   - small messages delivered to a handler on the peer (protobuf messages of
+ *     the request plane: dispatch, reservations, completions, token chunks,
+ *     aborts), in order per endpoint;
+ *   - a fence: a message sent with EPD_XPORT_SEND_FENCE is delivered only
+ *     after every earlier write on that endpoint has landed in the peer's
+ *     memory ("KV done" never overtakes the KV).
+ *
+ * Layers: a backend-independent core (transport/epd_xport.c: handshake,
+ * keepalive and peer timeout, fences, in-flight accounting, validation) over
+ * a backend ops table (transport/epd_xport_int.h, backends in transport/ucx
+ * and transport/ofi).  Core code never compares backend names.
+ *
+ * Threads: an epd_xport_t and everything made from it (endpoints, regions,
+ * remote keys) belong to ONE thread — the one that created it and calls
+ * epd_xport_progress.  Every callback runs on that thread, from inside
+ * epd_xport_progress (or epd_xport_poll).  Other threads hand work to that
+ * thread through a queue (common/epd_queue.h) and a wake-up; nothing here
+ * takes a lock that a compute thread could hold.
+ *
+ * Posting never blocks: a post either is accepted (EPD_OK / EPD_INPROGRESS,
+ * completion later through its callback), or refused with
+ * EPD_ERR_NO_RESOURCE (nothing was queued: progress, then retry), or fails
+ * at once with another error (nothing was queued, no callback).
+ *
+ * Peer failure: when a peer dies (library error, or no traffic — not even
+ * the core's keepalives — for `peer_timeout_ms`, which is how death is seen
+ * on UCX shared memory where the library reports nothing), the endpoint's
+ * error callback runs once, then every write and flush still posted on it
+ * completes with that error, and later posts fail with it.  The owner then
+ * calls epd_xport_ep_close.
+ */
+#ifndef EPD_XPORT_H
+#define EPD_XPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "epd_status.h"
+
+typedef struct epd_xport epd_xport_t;           /* context + worker of one backend */
+typedef struct epd_xport_ep epd_xport_ep_t;     /* a connection to one peer */
+typedef struct epd_xport_mr epd_xport_mr_t;     /* a registered memory region */
+typedef struct epd_xport_rkey epd_xport_rkey_t; /* a peer's region, unpacked on an endpoint */
+
+/* Largest packed remote key and address blob that the core accepts. */
+#define EPD_XPORT_RKEY_MAX 4096
+#define EPD_XPORT_ADDR_MAX 8192
+
+/* Flags of epd_xport_send. */
+#define EPD_XPORT_SEND_FENCE 0x1u /* deliver after every earlier write on this ep landed */
+
+/* A message from a peer: `data` is borrowed for the duration of the call. */
+typedef void (*epd_xport_msg_cb_t)(void *arg, epd_xport_ep_t *ep, const void *data, size_t len);
+
+/* A peer connected to us (its handshake arrived): `ep` is now usable for
+ * replies and is owned by the callee's owner (close it with
+ * epd_xport_ep_close when done). */
+typedef void (*epd_xport_accept_cb_t)(void *arg, epd_xport_ep_t *ep);
+
+/* An endpoint failed (peer dead, unreachable, stale, or connect timed out);
+ * runs once per endpoint.  The endpoint stays allocated until closed. */
+typedef void (*epd_xport_err_cb_t)(void *arg, epd_xport_ep_t *ep, epd_status_t status);
+
+/* Completion of a write, flush or connect: `status` EPD_OK or an error. */
+typedef void (*epd_xport_comp_cb_t)(void *arg, epd_status_t status);
+
+typedef struct {
+    const char *backend;       /* "ucx" or "ofi" */
+    /*
+     * Expected transport class: NULL or "any", "shm" (shared memory on one
+     * host), "tcp", "rdma" (verbs/EFA).  When the lanes the library chose for
+     * an endpoint are not of this class, the connect fails with EPD_ERR_CONFIG
+     * and one log line naming what was chosen — silent fallback to TCP is the
+     * most common complaint about peer systems.
+     */
+    const char *expect;
+    /* ofi: provider hint ("tcp;ofi_rxm" by default on loopback; FI_PROVIDER
+     * in the environment wins).  ucx: ignored — UCX_TLS, UCX_NET_DEVICES and
+     * the other UCX_* variables pass through to UCX untouched. */
+    const char *provider;
+    /* ofi: the node to bind ("127.0.0.1" by default: without a node libfabric
+     * picks eth0).  ucx: ignored. */
+    const char *bind_host;
+    size_t max_msg_size;        /* largest message payload (default 64 KiB) */
+    uint32_t max_inflight;      /* writes+flushes posted at once per xport (default 4096) */
+    uint32_t connect_timeout_ms; /* handshake deadline (default 5000) */
+    uint32_t peer_timeout_ms;   /* silence that declares a peer dead (default 10000) */
+    epd_xport_msg_cb_t msg_cb;  /* required */
+    epd_xport_accept_cb_t accept_cb; /* may be NULL: incoming eps are still accepted */
+    epd_xport_err_cb_t err_cb;  /* may be NULL */
+    void *cb_arg;               /* passed to the three callbacks above */
+} epd_xport_config_t;
+
+/* Fills `config` with the defaults above (backend "ucx"). */
+void epd_xport_config_init(epd_xport_config_t *config);
+
+/*
+ * Creates a context and worker of the configured backend, owned by the
+ * caller (epd_xport_destroy) and bound to the calling thread.  Logs one
+ * line saying what the library offers (UCX transports, libfabric provider
+ * and fabric).  EPD_ERR_CONFIG for an unknown backend or expectation, or
+ * when the library cannot start (the log says why).
+ */
+epd_status_t epd_xport_create(const epd_xport_config_t *config, epd_xport_t **x_p);
+
+/* Closes every endpoint (their pending operations complete with
+ * EPD_ERR_CANCELED), releases every region and the worker.  NULL is a no-op. */
+void epd_xport_destroy(epd_xport_t *x);
+
+/* This worker's address as a blob (borrowed, valid until destroy), to be
+ * carried to peers by the control plane. */
+epd_status_t epd_xport_address(epd_xport_t *x, const void **blob_p, size_t *len_p);
+
+/* A one-line description of the backend and what it chose, into buf. */
+void epd_xport_describe(epd_xport_t *x, char *buf, size_t len);
+
+/* 64-bit identity of this worker (random at creation; carried in handshakes). */
+uint64_t epd_xport_id(const epd_xport_t *x);
+
+/*
+ * Connects to the peer whose address blob is given (copied).  Returns
+ * EPD_INPROGRESS with *ep_p set: the endpoint may be used at once (sends and
+ * writes queue behind the handshake), and `cb` runs once with EPD_OK when
+ * the peer answered, or an error (EPD_ERR_TIMEOUT after connect_timeout_ms
+ * when nobody answers, EPD_ERR_CONFIG when the expectation is not met).
+ * EPD_ERR_BAD_ADDRESS at once for a malformed blob (no ep, no callback).
+ */
+epd_status_t epd_xport_connect(epd_xport_t *x, const void *blob, size_t len,
+                               epd_xport_comp_cb_t cb, void *arg, epd_xport_ep_t **ep_p);
+
+/* Closes an endpoint: pending writes and flushes complete with
+ * EPD_ERR_CANCELED before this returns; rkeys unpacked on it are destroyed.
+ * NULL is a no-op. */
+void epd_xport_ep_close(epd_xport_ep_t *ep);
+
+/* The peer's worker id (from the handshake; 0 before it completed). */
+uint64_t epd_xport_ep_peer_id(const epd_xport_ep_t *ep);
+
+/* A one-line description of the lanes the library chose for this endpoint. */
+void epd_xport_ep_describe(epd_xport_ep_t *ep, char *buf, size_t len);
+
+/* Per-endpoint user pointer (not touched by the transport). */
+void epd_xport_ep_set_user(epd_xport_ep_t *ep, void *user);
+void *epd_xport_ep_user(const epd_xport_ep_t *ep);
+
+/*
+ * Sends `len` bytes (1..max_msg_size) to the peer's msg_cb.  The bytes are
+ * copied: the buffer is free again when this returns.  Messages on one
+ * endpoint arrive in the order sent.  With EPD_XPORT_SEND_FENCE the message
+ * is held back until every write posted earlier on `ep` has landed remotely.
+ * EPD_OK (queued), EPD_ERR_NO_RESOURCE (backpressure), EPD_ERR_TOO_LONG,
+ * or the endpoint's error.
+ */
+epd_status_t epd_xport_send(epd_xport_ep_t *ep, const void *buf, size_t len, unsigned flags);
+
+/*
+ * Allocates and registers a region of `size` bytes meant to receive writes,
+ * letting the backend allocate it where that enables true one-sided writes
+ * (UCX UCP_MEM_MAP_ALLOCATE on shared memory).  Owned by the caller
+ * (epd_xport_mr_dereg frees the memory too).  Contents are zeroed.
+ */
+epd_status_t epd_xport_mr_alloc(epd_xport_t *x, size_t size, epd_xport_mr_t **mr_p);
+
+/* Registers existing memory [addr, addr+size) (borrowed: it must outlive the
+ * region).  Owned by the caller (epd_xport_mr_dereg). */
+epd_status_t epd_xport_mr_reg(epd_xport_t *x, void *addr, size_t size, epd_xport_mr_t **mr_p);
+
+/* Deregisters (and frees, for mr_alloc regions).  Writes into it that a peer
+ * still has in flight fail on the peer's side.  NULL is a no-op. */
+void epd_xport_mr_dereg(epd_xport_mr_t *mr);
+
+void *epd_xport_mr_addr(const epd_xport_mr_t *mr);
+size_t epd_xport_mr_size(const epd_xport_mr_t *mr);
+
+/* Packs the region's remote key (with its size) into buf[0..cap);
+ * *len_p gets the packed length.  EPD_ERR_NO_RESOURCE when cap is too small. */
+epd_status_t epd_xport_mr_pack(epd_xport_mr_t *mr, void *buf, size_t cap, size_t *len_p);
+
+/* Unpacks a peer's packed key for use on `ep` (owned by the caller; also
+ * destroyed by epd_xport_ep_close).  EPD_ERR_BAD_RKEY for a malformed blob. */
+epd_status_t epd_xport_rkey_unpack(epd_xport_ep_t *ep, const void *blob, size_t len,
+                                   epd_xport_rkey_t **rkey_p);
+void epd_xport_rkey_destroy(epd_xport_rkey_t *rkey);
+/* Size of the remote region the key names. */
+size_t epd_xport_rkey_size(const epd_xport_rkey_t *rkey);
+
+/*
+ * Writes local[0..len) into the peer's region at `remote_offset`.  The local
+ * buffer is lent to the transport until `cb` runs.  `local_mr` is the
+ * registered region containing it (NULL is allowed when the buffer is not
+ * registered; the backend then registers or bounces as it must, more
+ * slowly).  Writes outside the remote region are refused at once with
+ * EPD_ERR_OUT_OF_RANGE; the receiving side checks again.  EPD_INPROGRESS
+ * (cb will run), EPD_ERR_NO_RESOURCE, or the endpoint's error.
+ */
+epd_status_t epd_xport_write(epd_xport_ep_t *ep, const void *local, size_t len,
+                             epd_xport_mr_t *local_mr, epd_xport_rkey_t *rkey,
+                             uint64_t remote_offset, epd_xport_comp_cb_t cb, void *arg);
+
+/* Completes (cb) when every write posted earlier on `ep` has landed
+ * remotely.  EPD_INPROGRESS, EPD_ERR_NO_RESOURCE or the endpoint's error. */
+epd_status_t epd_xport_flush(epd_xport_ep_t *ep, epd_xport_comp_cb_t cb, void *arg);
+
+/* Runs callbacks for up to a bounded batch of events; returns how many
+ * events it handled (0: nothing to do).  Also enforces connect and peer
+ * timeouts and sends keepalives, so call it at least every
+ * peer_timeout_ms / 4 even when nothing arrives. */
+int epd_xport_progress(epd_xport_t *x);
+
+/* A file descriptor that becomes readable when there is work: sleep on it
+ * after epd_xport_arm returned EPD_OK.  EPD_ERR_UNSUPPORTED when the
+ * provider has none (then progress on an idle timer instead). */
+epd_status_t epd_xport_get_fd(epd_xport_t *x, int *fd_p);
+
+/* Prepares to sleep on the fd: EPD_OK when it is safe to sleep, EPD_ERR_BUSY
+ * when events are pending (progress again first). */
+epd_status_t epd_xport_arm(epd_xport_t *x);
+
+/* Convenience for simple threads and tests: progresses, and if nothing was
+ * done sleeps on the fd (or briefly) for at most timeout_ms.  Returns the
+ * number of events handled. */
+int epd_xport_poll(epd_xport_t *x, int timeout_ms);
+
+#endif

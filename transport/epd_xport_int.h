@@ -1,0 +1,120 @@
+/*
+ * epd_xport_int.h — what a transport backend implements, and what the core
+ * offers it.  Not for users of transport/ (they include epd_xport.h).
+ *
+ * The core (transport/epd_xport.c) owns every object the user sees and does
+ * everything that is the same on every library: the handshake (HELLO /
+ * HELLO_ACK carrying worker ids and address blobs, so each side has an
+ * endpoint to the other), keepalives and the peer-silence timeout, fences,
+ * the bound on operations in flight, range checks, message framing.  A
+ * backend only moves bytes:
+ *
+ *   - `send`: a framed message (bytes copied before return), delivered on the
+ *     peer by calling epd__xport_deliver(core, bytes, len) from its progress.
+ *     Messages on one backend endpoint must arrive in order.  The core puts
+ *     the sender's id in the frame, so a backend needs no reply endpoint.
+ *   - `write`: local bytes into a peer's region at an offset; completion
+ *     through epd__xport_op_done(op, status) from progress.  Whether it is an
+ *     RMA put or a rendezvous message received into the region is the
+ *     backend's choice; a receiving backend validates (region known, range
+ *     inside it) before letting anything land.
+ *   - `flush`: epd__xport_op_done(op, ...) once every write posted earlier on
+ *     that endpoint has landed remotely.
+ *
+ * Every backend call runs on the owning thread.  A backend reports an
+ * endpoint failure with epd__xport_ep_failed(core_ep, status), and must
+ * complete every op it holds for an endpoint (with an error) before its
+ * ep_destroy returns.  Op tables have no NULL slots.
+ */
+#ifndef EPD_XPORT_INT_H
+#define EPD_XPORT_INT_H
+
+#include "epd_xport.h"
+
+/* An asynchronous operation (write or flush) handed to a backend.  Owned by
+ * the core; the backend keeps the pointer until it calls epd__xport_op_done
+ * exactly once.  `be_priv` is scratch space for the backend (e.g. a
+ * ucs_status_ptr_t or a struct fi_context2 must fit in 64 bytes). */
+typedef struct epd__xport_op {
+    _Alignas(16) unsigned char be_priv[64];
+    /* core-private fields follow in epd_xport.c's container */
+} epd__xport_op_t;
+
+typedef struct {
+    size_t size; /* sizeof(epd__xport_backend_ops_t), checked by the core */
+    const char *name;
+
+    /* Starts the library (context + worker) for `config`.  `core` is the
+     * opaque handle for upcalls.  Logs what the library offers.  Writes the
+     * backend's state to *be_p. */
+    epd_status_t (*create)(epd_xport_t *core, const epd_xport_config_t *config, void **be_p);
+    void (*destroy)(void *be);
+    /* Borrowed address blob of this worker (valid until destroy). */
+    epd_status_t (*address)(void *be, const void **blob_p, size_t *len_p);
+    void (*describe)(void *be, char *buf, size_t len);
+
+    /* Creates a backend endpoint from a peer's address blob (validated:
+     * EPD_ERR_BAD_ADDRESS).  Non-blocking; the core runs the handshake over
+     * it.  `core_ep` is the handle for epd__xport_ep_failed. */
+    epd_status_t (*ep_create)(void *be, const void *blob, size_t len, epd_xport_ep_t *core_ep,
+                              void **be_ep_p);
+    /* Completes every op still held for the endpoint with EPD_ERR_CANCELED
+     * (calling epd__xport_op_done), then releases it. */
+    void (*ep_destroy)(void *be_ep);
+    /* Lanes chosen for the endpoint, one line, and their class for the
+     * `expect` check: "shm", "tcp", "rdma" or "other". */
+    void (*ep_describe)(void *be_ep, char *buf, size_t len, const char **class_p);
+
+    /* Sends hdr[0..hdr_len) followed by payload[0..len) as one message
+     * (both copied before return).  EPD_OK, EPD_ERR_NO_RESOURCE, or an
+     * error of the endpoint. */
+    epd_status_t (*send)(void *be_ep, const void *hdr, size_t hdr_len, const void *payload,
+                         size_t len);
+    /* Posts a write; EPD_INPROGRESS (op completes later), EPD_ERR_NO_RESOURCE
+     * (nothing posted), or an error (nothing posted, op not completed). */
+    epd_status_t (*write)(void *be_ep, const void *local, size_t len, void *be_local_mr,
+                          void *be_rkey, uint64_t remote_offset, epd__xport_op_t *op);
+    epd_status_t (*flush)(void *be_ep, epd__xport_op_t *op);
+
+    /* Memory.  mr_alloc returns zeroed memory at *addr_p. */
+    epd_status_t (*mr_alloc)(void *be, size_t size, void **addr_p, void **be_mr_p);
+    epd_status_t (*mr_reg)(void *be, void *addr, size_t size, void **be_mr_p);
+    void (*mr_dereg)(void *be, void *be_mr);
+    /* Packs what a peer needs to write into the region (key, base address,
+     * size, region id, ...) into buf[0..cap). */
+    epd_status_t (*mr_pack)(void *be, void *be_mr, void *buf, size_t cap, size_t *len_p);
+    /* Unpacks (validated: EPD_ERR_BAD_RKEY) for use on be_ep; *size_p gets
+     * the remote region's size. */
+    epd_status_t (*rkey_unpack)(void *be_ep, const void *blob, size_t len, void **be_rkey_p,
+                                size_t *size_p);
+    void (*rkey_destroy)(void *be_rkey);
+
+    /* Bounded batch of progress; returns events handled. */
+    int (*progress)(void *be);
+    epd_status_t (*get_fd)(void *be, int *fd_p);
+    epd_status_t (*arm)(void *be);
+} epd__xport_backend_ops_t;
+
+/* Upcalls, backend -> core, on the owning thread. */
+
+/* A message arrived (bytes borrowed for the call). */
+void epd__xport_deliver(epd_xport_t *core, const void *data, size_t len);
+/* An operation finished. */
+void epd__xport_op_done(epd__xport_op_t *op, epd_status_t status);
+/* The library reported an endpoint failure. */
+void epd__xport_ep_failed(epd_xport_ep_t *core_ep, epd_status_t status);
+/* Marks traffic from the peer of core_ep (resets its silence timer); the
+ * core calls it itself for every delivered message, a backend may call it
+ * for other signs of life. */
+void epd__xport_ep_alive(epd_xport_ep_t *core_ep);
+
+/* The backends, each compiled in unless switched off (EPD_WITH_UCX=0 /
+ * EPD_WITH_OFI=0). */
+#if EPD_WITH_UCX
+extern const epd__xport_backend_ops_t epd__xport_ucx_ops;
+#endif
+#if EPD_WITH_OFI
+extern const epd__xport_backend_ops_t epd__xport_ofi_ops;
+#endif
+
+#endif
