@@ -91,7 +91,7 @@ define epd_test
 $(1)_OBJS := $$(call obj_of,$(2))
 ALL_OBJS += $$($(1)_OBJS)
 ALL_TESTS += $(BUILD)/tests/$(1)
-$$($(1)_OBJS): EPD_CPPFLAGS += $(TEST_CFLAGS)
+$$($(1)_OBJS): EPD_CPPFLAGS += -Itests/common $(TEST_CFLAGS)
 $(BUILD)/tests/$(1): $$($(1)_OBJS) $$(foreach l,$(3),$(BUILD)/lib/lib$$(l).a)
 	@mkdir -p $$(@D)
 	@$(if $(filter 1,$(V)),,echo "  LD      $$@";)$(CC) $(EPD_LDFLAGS) -o $$@ $$($(1)_OBJS) \

@@ -1,0 +1,111 @@
+/* Unit tests of common/epd_alloc.c: counters, fault injection, overflow. */
+#include "epd_test.h"
+
+#include <string.h>
+
+#include "epd_alloc.h"
+
+static void test_counts_live_bytes(void **state)
+{
+    epd_alloc_stats_t before;
+    epd_alloc_stats_t during;
+    epd_alloc_stats_t after;
+    char *a;
+    char *b;
+
+    (void)state;
+    epd_alloc_stats(&before);
+    a = epd_malloc(100);
+    b = epd_calloc(10, 30);
+    assert_non_null(a);
+    assert_non_null(b);
+    for (int i = 0; i < 300; i++) {
+        assert_int_equal(b[i], 0);
+    }
+    epd_alloc_stats(&during);
+    assert_int_equal(during.live_bytes - before.live_bytes, 400);
+    assert_int_equal(during.live_blocks - before.live_blocks, 2);
+    a = epd_realloc(a, 1000);
+    assert_non_null(a);
+    epd_alloc_stats(&during);
+    assert_int_equal(during.live_bytes - before.live_bytes, 1300);
+    epd_free(a);
+    epd_free(b);
+    epd_free(NULL);
+    epd_alloc_stats(&after);
+    assert_int_equal(after.live_bytes, before.live_bytes);
+    assert_int_equal(after.live_blocks, before.live_blocks);
+}
+
+static void test_fail_after(void **state)
+{
+    void *p[3];
+
+    (void)state;
+    epd_alloc_fail_after(2);
+    p[0] = epd_malloc(8);
+    p[1] = epd_strdup("x");
+    p[2] = epd_calloc(1, 8);
+    assert_non_null(p[0]);
+    assert_non_null(p[1]);
+    assert_null(p[2]);
+    assert_null(epd_malloc(1));
+    epd_alloc_fail_after(-1);
+    p[2] = epd_malloc(8);
+    assert_non_null(p[2]);
+    for (int i = 0; i < 3; i++) {
+        epd_free(p[i]);
+    }
+}
+
+static void test_realloc_failure_keeps_block(void **state)
+{
+    char *p = epd_strdup("keep me");
+    char *q;
+
+    (void)state;
+    assert_non_null(p);
+    epd_alloc_fail_after(0);
+    q = epd_realloc(p, 4096);
+    epd_alloc_fail_after(-1);
+    assert_null(q);
+    assert_string_equal(p, "keep me");
+    epd_free(p);
+}
+
+static void test_overflow_refused(void **state)
+{
+    epd_alloc_stats_t before;
+    epd_alloc_stats_t after;
+
+    (void)state;
+    epd_alloc_stats(&before);
+    assert_null(epd_calloc(SIZE_MAX / 2, 4));
+    assert_null(epd_malloc(SIZE_MAX - 4));
+    epd_alloc_stats(&after);
+    assert_int_equal(after.failed - before.failed, 2);
+}
+
+static void test_strndup(void **state)
+{
+    char *s = epd_strndup("abcdef", 3);
+
+    (void)state;
+    assert_string_equal(s, "abc");
+    epd_free(s);
+    s = epd_strndup("ab", 10);
+    assert_string_equal(s, "ab");
+    epd_free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_counts_live_bytes),
+        cmocka_unit_test(test_fail_after),
+        cmocka_unit_test(test_realloc_failure_keeps_block),
+        cmocka_unit_test(test_overflow_refused),
+        cmocka_unit_test(test_strndup),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
