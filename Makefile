@@ -10,6 +10,7 @@
 #                     with ASan+UBSan (clang) in build/san
 #   make run          run the colocated demo
 #   make bench        run the benchmarks
+#   make fuzz         run the libFuzzer targets (FUZZ_SECONDS each)
 #   make clean        remove build/
 #
 # Knobs: CC=clang, V=1 (echo commands), SANITIZER=address,undefined|thread,
@@ -112,7 +113,7 @@ $(ALL_OBJS): | $(GEN_HDRS)
 
 -include $(ALL_OBJS:.o=.d)
 
-.PHONY: all deps check test run bench clean san-test
+.PHONY: all deps check test run bench clean san-test fuzz
 
 all: $(ALL_LIBS) $(ALL_PROGS) $(ALL_TESTS)
 
@@ -133,6 +134,12 @@ check: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory test
 	@$(MAKE) --no-print-directory san-test
+
+# libFuzzer targets of tests/fuzz, each run for FUZZ_SECONDS.
+FUZZ_SECONDS ?= 30
+fuzz:
+	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang \
+		SANITIZER=fuzzer-no-link,address,undefined CFLAGS="-O1 -g" FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz-run
 
 run: all
 	@./deploy/local/run-demo.sh $(BUILD)

@@ -1,0 +1,87 @@
+/*
+ * epd_msg.h — request-plane frames and protobuf-c glue.
+ *
+ * Every request-plane message is one epd.Envelope (epd_request.proto) in a
+ * frame:
+ *
+ *   offset 0   u32 magic "EPDM"     (little endian, as every field)
+ *          4   u16 version (1)
+ *          6   u16 flags (0)
+ *          8   u32 body length      (bytes after the 24-byte header)
+ *         12   u32 reserved (0)
+ *         16   u64 xxh3-64 of the body
+ *         24   body: the packed Envelope
+ *
+ * Protobuf alone cannot tell a truncated message from a shorter valid one
+ * (cutting at a field boundary leaves valid bytes), and the request plane
+ * must refuse both truncation and corruption: the length and checksum do.
+ * Decoding also checks that the envelope names its sender (worker id and
+ * epoch) and carries exactly one body with a nonzero request id.
+ *
+ * All protobuf-c allocation goes through epd_proto_allocator, i.e. the
+ * epd_malloc funnel, so fault injection and byte counts cover it.
+ * Any thread; no shared state.
+ */
+#ifndef EPD_MSG_H
+#define EPD_MSG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "epd_common.pb-c.h"
+#include "epd_control.pb-c.h"
+#include "epd_request.pb-c.h"
+#include "epd_status.h"
+
+#define EPD_MSG_MAGIC 0x4d445045u /* "EPDM" */
+#define EPD_MSG_VERSION 1u
+#define EPD_MSG_HDR_SIZE 24u
+
+/* gRPC method paths of the control service (epd_control.proto). */
+#define EPD_RPC_REGISTER "/epd.Control/RegisterWorker"
+#define EPD_RPC_HEARTBEAT "/epd.Control/Heartbeat"
+#define EPD_RPC_DRAIN "/epd.Control/Drain"
+#define EPD_RPC_STATUS "/epd.Control/Status"
+#define EPD_RPC_HEALTH "/epd.Control/Health"
+
+/* protobuf-c allocator backed by epd_malloc/epd_free. */
+extern ProtobufCAllocator epd_proto_allocator;
+
+/* Bytes epd_msg_encode will produce for `env`. */
+size_t epd_msg_encoded_size(const Epd__Envelope *env);
+
+/*
+ * Encodes `env` (borrowed) as a frame into buf[0..cap).  *len_p gets the
+ * frame length.  EPD_ERR_TOO_LONG when cap is too small (nothing useful
+ * written), EPD_ERR_INVALID_PARAM when env has no body.
+ */
+epd_status_t epd_msg_encode(const Epd__Envelope *env, void *buf, size_t cap, size_t *len_p);
+
+/*
+ * Decodes and validates a frame.  On success *env_p is a new envelope owned
+ * by the caller (epd_msg_free).  On failure returns EPD_ERR_MALFORMED (or
+ * EPD_ERR_NO_MEMORY) and, when why_p is not NULL, a static string saying
+ * exactly what was wrong ("truncated frame: 10 bytes, header says 40").
+ */
+epd_status_t epd_msg_decode(const void *buf, size_t len, Epd__Envelope **env_p,
+                            const char **why_p);
+
+/* Frees an envelope from epd_msg_decode.  NULL is a no-op. */
+void epd_msg_free(Epd__Envelope *env);
+
+/* The request id of whichever body `env` carries (0 when none). */
+uint64_t epd_msg_request_id(const Epd__Envelope *env);
+
+/* A short name of the body case ("reservation"), for logs. */
+const char *epd_msg_body_name(const Epd__Envelope *env);
+
+/*
+ * Control plane helpers (gRPC payloads are plain packed messages; gRPC
+ * itself frames and checks them).  epd_proto_unpack returns a message owned
+ * by the caller (epd_proto_free), or EPD_ERR_MALFORMED.
+ */
+epd_status_t epd_proto_unpack(const ProtobufCMessageDescriptor *desc, const void *buf,
+                              size_t len, ProtobufCMessage **msg_p);
+void epd_proto_free(ProtobufCMessage *msg);
+
+#endif

@@ -1,0 +1,27 @@
+# proto/: .proto schemas; protoc-c generates C into $(BUILD)/gen at build
+# time (never committed).  libepd_proto = generated code + framing glue.
+PROTO_FILES := $(wildcard proto/*.proto)
+PROTO_GEN_C := $(patsubst proto/%.proto,$(BUILD)/gen/%.pb-c.c,$(PROTO_FILES))
+PROTO_GEN_H := $(PROTO_GEN_C:.c=.h)
+GEN_HDRS += $(PROTO_GEN_H)
+
+# One protoc-c run produces both files; the grouped target says so.
+$(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h &: proto/%.proto
+	@mkdir -p $(@D)
+	@$(if $(filter 1,$(V)),,echo "  PROTOC  $<";)protoc-c --proto_path=proto --c_out=$(BUILD)/gen $<
+
+# Generated sources compile from $(BUILD)/gen.
+$(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c | $(GEN_HDRS)
+	@mkdir -p $(@D)
+	@$(if $(filter 1,$(V)),,echo "  CC      $<";)$(CC) $(EPD_CPPFLAGS) $(EPD_CFLAGS) -c -o $@ $<
+
+PROTO_OBJS := $(patsubst $(BUILD)/gen/%.c,$(BUILD)/obj/gen/%.o,$(PROTO_GEN_C)) \
+              $(call obj_of,proto/epd_msg.c)
+ALL_OBJS += $(PROTO_OBJS)
+ALL_LIBS += $(BUILD)/lib/libepd_proto.a
+$(BUILD)/lib/libepd_proto.a: $(PROTO_OBJS)
+	@mkdir -p $(@D)
+	@$(if $(filter 1,$(V)),,echo "  AR      $@";)rm -f $@ && $(AR) rcs $@ $^
+
+# Keep generated files: make would delete them as intermediates.
+.SECONDARY: $(PROTO_GEN_C) $(PROTO_GEN_H)

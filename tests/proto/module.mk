@@ -1,0 +1,3 @@
+# tests/proto: round trips, truncation, corruption and fault injection of
+# the request-plane frames and the control-plane messages.
+$(eval $(call epd_test,test_epd_msg,tests/proto/test_epd_msg.c,epd_proto epd_common))
