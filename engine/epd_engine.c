@@ -1,0 +1,434 @@
+/*
+ * epd_engine.c — engine registry (built-ins and dlopen), KV layout
+ * arithmetic, and the argument checks every engine relies on.
+ *
+ * All validation of caller input happens here, once, before an op is
+ * called: an engine (built-in or from a shared object) may assume block ids,
+ * slots, token ids and positions are in range and the pool large enough.
+ */
+#include "epd_engine.h"
+
+#include <dlfcn.h>
+#include <string.h>
+
+#include "epd_alloc.h"
+#include "epd_engine_int.h"
+#include "epd_log.h"
+
+#define EPD_ENGINE_LOG "engine"
+
+struct epd_engine {
+    const epd_engine_ops_t *ops;
+    epd_engine_impl_t *impl;
+    void *dl;                   /* dlopen handle or NULL for a built-in */
+    epd_engine_info_t info;
+};
+
+static const epd_engine_ops_t *const epd_engine_builtins[] = {
+    &epd__ref_ops,
+};
+
+size_t epd_dtype_size(epd_dtype_t dtype)
+{
+    switch (dtype) {
+    case EPD_DTYPE_F32:
+        return 4;
+    case EPD_DTYPE_F16:
+    case EPD_DTYPE_BF16:
+        return 2;
+    }
+    return 0;
+}
+
+const char *epd_dtype_name(epd_dtype_t dtype)
+{
+    switch (dtype) {
+    case EPD_DTYPE_F32:
+        return "F32";
+    case EPD_DTYPE_F16:
+        return "F16";
+    case EPD_DTYPE_BF16:
+        return "BF16";
+    }
+    return "?";
+}
+
+uint64_t epd_kv_pool_bytes(const epd_kv_layout_t *layout, uint32_t n_blocks,
+                           uint32_t n_state_slots)
+{
+    uint64_t attn;
+    uint64_t lin;
+    uint64_t total;
+
+    if (__builtin_mul_overflow((uint64_t)layout->n_attn_layers * n_blocks, layout->block_bytes,
+                               &attn) ||
+        __builtin_mul_overflow((uint64_t)layout->n_linear_layers * n_state_slots,
+                               layout->state_bytes, &lin) ||
+        __builtin_add_overflow(attn, lin, &total)) {
+        return 0;
+    }
+    return total;
+}
+
+epd_status_t epd_kv_block_offset(const epd_kv_layout_t *layout, uint32_t n_blocks,
+                                 uint32_t layer, uint32_t block, uint64_t *offset_p)
+{
+    if (layer >= layout->n_layers || layout->kind[layer] != EPD_LAYER_ATTENTION ||
+        block >= n_blocks) {
+        return EPD_ERR_OUT_OF_RANGE;
+    }
+    *offset_p = ((uint64_t)layout->kind_index[layer] * n_blocks + block) * layout->block_bytes;
+    return EPD_OK;
+}
+
+epd_status_t epd_kv_state_offset(const epd_kv_layout_t *layout, uint32_t n_blocks,
+                                 uint32_t n_state_slots, uint32_t layer, uint32_t slot,
+                                 uint64_t *offset_p)
+{
+    if (layer >= layout->n_layers || layout->kind[layer] != EPD_LAYER_LINEAR ||
+        slot >= n_state_slots) {
+        return EPD_ERR_OUT_OF_RANGE;
+    }
+    *offset_p = (uint64_t)layout->n_attn_layers * n_blocks * layout->block_bytes +
+                ((uint64_t)layout->kind_index[layer] * n_state_slots + slot) * layout->state_bytes;
+    return EPD_OK;
+}
+
+const epd_engine_ops_t *epd_engine_builtin(const char *name)
+{
+    for (size_t i = 0; i < sizeof(epd_engine_builtins) / sizeof(epd_engine_builtins[0]); i++) {
+        if (strcmp(epd_engine_builtins[i]->name, name) == 0) {
+            return epd_engine_builtins[i];
+        }
+    }
+    return NULL;
+}
+
+static int epd_engine_ops_complete(const epd_engine_ops_t *ops)
+{
+    return ops->size >= sizeof(epd_engine_ops_t) && ops->abi_version == EPD_ENGINE_ABI_VERSION &&
+           ops->name != NULL && ops->open != NULL && ops->close != NULL && ops->describe != NULL &&
+           ops->tokenize != NULL && ops->detokenize != NULL && ops->prefill != NULL &&
+           ops->decode != NULL && ops->release != NULL;
+}
+
+static epd_status_t epd_engine_load_so(const char *path, void **dl_p, const epd_engine_ops_t **ops_p)
+{
+    epd_engine_entry_fn_t entry;
+    const epd_engine_ops_t *ops;
+    void *dl;
+
+    dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (dl == NULL) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "cannot load engine %s: %s", path, dlerror());
+        return EPD_ERR_NOT_FOUND;
+    }
+    /* POSIX blesses this object-to-function pointer conversion for dlsym. */
+    *(void **)&entry = dlsym(dl, EPD_ENGINE_ENTRY_SYMBOL);
+    if (entry == NULL) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "%s exports no %s()", path, EPD_ENGINE_ENTRY_SYMBOL);
+        dlclose(dl);
+        return EPD_ERR_UNSUPPORTED;
+    }
+    ops = entry();
+    if (ops == NULL || !epd_engine_ops_complete(ops)) {
+        epd_log_error(EPD_ENGINE_LOG, 0,
+                      "%s: bad ops table (size %zu, want >= %zu; ABI %u, want %u; or a NULL op)",
+                      path, ops ? ops->size : 0, sizeof(epd_engine_ops_t),
+                      ops ? ops->abi_version : 0, EPD_ENGINE_ABI_VERSION);
+        dlclose(dl);
+        return EPD_ERR_UNSUPPORTED;
+    }
+    *dl_p = dl;
+    *ops_p = ops;
+    return EPD_OK;
+}
+
+static int epd_engine_layout_sane(const epd_engine_info_t *info)
+{
+    const epd_kv_layout_t *kv = &info->kv;
+    uint32_t n_attn = 0;
+    uint32_t n_lin = 0;
+
+    if (info->vocab_size == 0 || info->max_context == 0 || info->max_batch == 0 ||
+        kv->n_layers == 0 || kv->n_layers > EPD_KV_MAX_LAYERS || kv->block_tokens == 0) {
+        return 0;
+    }
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        if (kv->kind[l] == EPD_LAYER_ATTENTION) {
+            if (kv->kind_index[l] != n_attn++) {
+                return 0;
+            }
+        } else if (kv->kind[l] == EPD_LAYER_LINEAR) {
+            if (kv->kind_index[l] != n_lin++) {
+                return 0;
+            }
+        } else {
+            return 0;
+        }
+    }
+    return n_attn == kv->n_attn_layers && n_lin == kv->n_linear_layers;
+}
+
+epd_status_t epd_engine_open(const char *name, const epd_engine_config_t *config,
+                             epd_engine_t **engine_p)
+{
+    epd_engine_t *engine;
+    epd_status_t status;
+
+    if (name == NULL || config == NULL || engine_p == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    engine = epd_calloc(1, sizeof(*engine));
+    if (engine == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    if (strchr(name, '/') != NULL ||
+        (strlen(name) > 3 && strcmp(name + strlen(name) - 3, ".so") == 0)) {
+        status = epd_engine_load_so(name, &engine->dl, &engine->ops);
+        if (status != EPD_OK) {
+            goto err_free_engine;
+        }
+    } else {
+        engine->ops = epd_engine_builtin(name);
+        if (engine->ops == NULL) {
+            epd_log_error(EPD_ENGINE_LOG, 0, "no engine called '%s' (built-in: ref)", name);
+            status = EPD_ERR_NOT_FOUND;
+            goto err_free_engine;
+        }
+    }
+    status = engine->ops->open(config, &engine->impl);
+    if (status != EPD_OK) {
+        goto err_unload;
+    }
+    engine->ops->describe(engine->impl, &engine->info);
+    if (!epd_engine_layout_sane(&engine->info)) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "engine '%s' describes an inconsistent KV layout",
+                      engine->ops->name);
+        status = EPD_ERR_UNSUPPORTED;
+        goto err_close_impl;
+    }
+    *engine_p = engine;
+    return EPD_OK;
+
+err_close_impl:
+    engine->ops->close(engine->impl);
+err_unload:
+    if (engine->dl != NULL) {
+        dlclose(engine->dl);
+    }
+err_free_engine:
+    epd_free(engine);
+    return status;
+}
+
+void epd_engine_close(epd_engine_t *engine)
+{
+    if (engine == NULL) {
+        return;
+    }
+    engine->ops->close(engine->impl);
+    if (engine->dl != NULL) {
+        dlclose(engine->dl);
+    }
+    epd_free(engine);
+}
+
+const epd_engine_info_t *epd_engine_info(const epd_engine_t *engine)
+{
+    return &engine->info;
+}
+
+const char *epd_engine_name(const epd_engine_t *engine)
+{
+    return engine->ops->name;
+}
+
+epd_status_t epd_engine_check_pool(const epd_engine_t *engine, const epd_kv_pool_t *pool)
+{
+    uint64_t need;
+
+    if (pool == NULL || pool->base == NULL) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "no KV pool");
+        return EPD_ERR_INVALID_PARAM;
+    }
+    need = epd_kv_pool_bytes(&engine->info.kv, pool->n_blocks, pool->n_state_slots);
+    if (need == 0 && (engine->info.kv.n_attn_layers > 0 || engine->info.kv.n_linear_layers > 0)) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "KV pool of %u blocks and %u slots is empty or overflows",
+                      pool->n_blocks, pool->n_state_slots);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (pool->bytes < need) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "KV pool of %llu bytes, layout needs %llu",
+                      (unsigned long long)pool->bytes, (unsigned long long)need);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    return EPD_OK;
+}
+
+epd_status_t epd_engine_tokenize(const epd_engine_t *engine, const char *text, size_t len,
+                                 int add_bos, int32_t *tokens, size_t cap, size_t *n_p)
+{
+    if ((text == NULL && len > 0) || (tokens == NULL && cap > 0) || n_p == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    return engine->ops->tokenize(engine->impl, text, len, add_bos, tokens, cap, n_p);
+}
+
+epd_status_t epd_engine_detokenize(const epd_engine_t *engine, const int32_t *tokens, size_t n,
+                                   char *buf, size_t cap, size_t *len_p)
+{
+    if ((tokens == NULL && n > 0) || (buf == NULL && cap > 0) || len_p == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= engine->info.vocab_size) {
+            epd_log_error(EPD_ENGINE_LOG, 0, "token id %d outside the vocabulary of %u", tokens[i],
+                          engine->info.vocab_size);
+            return EPD_ERR_OUT_OF_RANGE;
+        }
+    }
+    return engine->ops->detokenize(engine->impl, tokens, n, buf, cap, len_p);
+}
+
+/* Checks that `seq` may hold `n_tok` tokens in `pool`. */
+static epd_status_t epd_engine_check_seq(const epd_engine_t *engine, const epd_kv_pool_t *pool,
+                                         const epd_kv_seq_t *seq, uint64_t n_tok)
+{
+    const epd_kv_layout_t *kv = &engine->info.kv;
+
+    if (kv->n_attn_layers > 0) {
+        uint64_t need = (n_tok + kv->block_tokens - 1) / kv->block_tokens;
+
+        if (seq->block_table == NULL || seq->n_blocks < need) {
+            epd_log_error(EPD_ENGINE_LOG, seq->req_id,
+                          "block table of %u blocks cannot hold %llu tokens (%llu blocks of %u)",
+                          seq->n_blocks, (unsigned long long)n_tok, (unsigned long long)need,
+                          kv->block_tokens);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        for (uint64_t i = 0; i < need; i++) {
+            if (seq->block_table[i] >= pool->n_blocks) {
+                epd_log_error(EPD_ENGINE_LOG, seq->req_id,
+                              "block table entry %llu names block %u of a %u-block pool",
+                              (unsigned long long)i, seq->block_table[i], pool->n_blocks);
+                return EPD_ERR_INVALID_PARAM;
+            }
+        }
+    }
+    if (kv->n_linear_layers > 0 && seq->state_slot >= pool->n_state_slots) {
+        epd_log_error(EPD_ENGINE_LOG, seq->req_id, "state slot %u of a %u-slot pool",
+                      seq->state_slot, pool->n_state_slots);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    return EPD_OK;
+}
+
+static epd_status_t epd_engine_check_token(const epd_engine_t *engine, uint64_t req_id,
+                                           int32_t token)
+{
+    if (token < 0 || (uint32_t)token >= engine->info.vocab_size) {
+        epd_log_error(EPD_ENGINE_LOG, req_id, "token id %d outside the vocabulary of %u", token,
+                      engine->info.vocab_size);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    return EPD_OK;
+}
+
+epd_status_t epd_engine_prefill(epd_engine_t *engine, const epd_kv_pool_t *pool,
+                                const epd_prefill_args_t *args, const epd_engine_sink_t *sink,
+                                float *logits)
+{
+    uint64_t end;
+    epd_status_t status;
+
+    if (args == NULL || logits == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (args->n_tokens == 0 || args->tokens == NULL) {
+        epd_log_error(EPD_ENGINE_LOG, args->seq.req_id, "prefill of an empty prompt");
+        return EPD_ERR_INVALID_PARAM;
+    }
+    end = (uint64_t)args->start + args->n_tokens;
+    if (end > engine->info.max_context) {
+        epd_log_error(EPD_ENGINE_LOG, args->seq.req_id,
+                      "prompt of %llu tokens is longer than the context limit of %u tokens",
+                      (unsigned long long)end, engine->info.max_context);
+        return EPD_ERR_TOO_LONG;
+    }
+    status = epd_engine_check_pool(engine, pool);
+    if (status != EPD_OK) {
+        return status;
+    }
+    status = epd_engine_check_seq(engine, pool, &args->seq, end);
+    if (status != EPD_OK) {
+        return status;
+    }
+    for (uint32_t i = 0; i < args->n_tokens; i++) {
+        status = epd_engine_check_token(engine, args->seq.req_id, args->tokens[i]);
+        if (status != EPD_OK) {
+            return status;
+        }
+    }
+    return engine->ops->prefill(engine->impl, pool, args, sink, logits);
+}
+
+epd_status_t epd_engine_decode(epd_engine_t *engine, const epd_kv_pool_t *pool,
+                               const epd_decode_req_t *reqs, uint32_t n_reqs, float *logits)
+{
+    const epd_kv_layout_t *kv = &engine->info.kv;
+    epd_status_t status;
+
+    if (reqs == NULL || logits == NULL || n_reqs == 0 || n_reqs > engine->info.max_batch) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "decode batch of %u requests (1..%u)", n_reqs,
+                      engine->info.max_batch);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    status = epd_engine_check_pool(engine, pool);
+    if (status != EPD_OK) {
+        return status;
+    }
+    for (uint32_t i = 0; i < n_reqs; i++) {
+        const epd_decode_req_t *r = &reqs[i];
+
+        if (r->pos >= engine->info.max_context) {
+            epd_log_error(EPD_ENGINE_LOG, r->seq.req_id,
+                          "decode at position %u reaches the context limit of %u tokens", r->pos,
+                          engine->info.max_context);
+            return EPD_ERR_TOO_LONG;
+        }
+        status = epd_engine_check_seq(engine, pool, &r->seq, (uint64_t)r->pos + 1);
+        if (status == EPD_OK) {
+            status = epd_engine_check_token(engine, r->seq.req_id, r->token);
+        }
+        if (status != EPD_OK) {
+            return status;
+        }
+        /* Two requests of one batch writing the same block or slot would race. */
+        for (uint32_t j = 0; j < i; j++) {
+            const epd_decode_req_t *o = &reqs[j];
+
+            if ((kv->n_attn_layers > 0 &&
+                 r->seq.block_table[r->pos / kv->block_tokens] ==
+                     o->seq.block_table[o->pos / kv->block_tokens]) ||
+                (kv->n_linear_layers > 0 && r->seq.state_slot == o->seq.state_slot)) {
+                epd_log_error(EPD_ENGINE_LOG, r->seq.req_id,
+                              "decode batch entries %u and %u write the same block or state slot",
+                              j, i);
+                return EPD_ERR_INVALID_PARAM;
+            }
+        }
+    }
+    return engine->ops->decode(engine->impl, pool, reqs, n_reqs, logits);
+}
+
+void epd_engine_release(epd_engine_t *engine, const epd_kv_pool_t *pool, const epd_kv_seq_t *seq)
+{
+    if (seq == NULL || epd_engine_check_pool(engine, pool) != EPD_OK) {
+        return;
+    }
+    if (engine->info.kv.n_linear_layers > 0 && seq->state_slot >= pool->n_state_slots) {
+        return;
+    }
+    engine->ops->release(engine->impl, pool, seq);
+}

@@ -1,0 +1,290 @@
+/*
+ * epd_engine.h — the model-execution interface.
+ *
+ * An engine is an ops table (epd_engine_ops_t) found by name among the
+ * built-ins ("ref": a CPU transformer) or loaded from a shared object that
+ * exports EPD_ENGINE_ENTRY_SYMBOL.  Daemons never call the ops directly: the
+ * epd_engine_* functions below check every argument (block ids, slots,
+ * positions, pool size, context limit) once, so an engine sees only valid
+ * requests.
+ *
+ * KV memory belongs to the caller, never to the engine.  The engine only
+ * describes its layout (epd_kv_layout_t); the caller allocates one pool
+ * (typically inside memory registered with the transport), then passes, per
+ * request, a block table (vLLM style: the same block ids for every attention
+ * layer) and a recurrent-state slot (for the linear-attention layers).  The
+ * pool of N blocks and M state slots is laid out as
+ *
+ *   attention part: [attn_layer][block][2: K,V][kv_head][tok][head_dim]  dtype
+ *   linear part:    [linear_layer][slot][state_bytes]                     f32
+ *
+ * where attn_layer / linear_layer count only the layers of that kind (see
+ * epd_kv_layout_t.kind_index), and the linear part starts right after the
+ * attention part.  Two processes running the same model and block_tokens have
+ * the same layout, so a prefill node can compute the offset of (layer, block)
+ * inside a decode node's pool from the decode node's N and M alone
+ * (epd_kv_block_offset / epd_kv_state_offset).
+ *
+ * Prefill reports each finished layer to a sink on the compute thread, in
+ * layer order, exactly once per layer: that is where KV streaming starts.
+ *
+ * Threads: an engine instance belongs to one compute thread at a time (it
+ * owns scratch buffers); different instances are independent.  The layout
+ * and pool helpers are pure functions, any thread.
+ */
+#ifndef EPD_ENGINE_H
+#define EPD_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "epd_status.h"
+
+#define EPD_KV_MAX_LAYERS 256
+
+typedef enum {
+    EPD_LAYER_ATTENTION = 0, /* full (grouped-query) attention over paged KV blocks */
+    EPD_LAYER_LINEAR = 1,    /* linear attention with a fixed-size recurrent state */
+} epd_layer_kind_t;
+
+typedef enum {
+    EPD_DTYPE_F32 = 0,
+    EPD_DTYPE_F16 = 1,
+    EPD_DTYPE_BF16 = 2,
+} epd_dtype_t;
+
+/* Bytes of one element of `dtype` (0 for an unknown value). */
+size_t epd_dtype_size(epd_dtype_t dtype);
+/* "F32", "F16", "BF16" (static string; "?" for an unknown value). */
+const char *epd_dtype_name(epd_dtype_t dtype);
+
+/* The KV layout of an opened engine: plain data, copyable, identical in two
+ * processes with the same model and block_tokens. */
+typedef struct {
+    uint32_t n_layers;
+    uint32_t n_attn_layers;
+    uint32_t n_linear_layers;
+    uint8_t kind[EPD_KV_MAX_LAYERS];        /* epd_layer_kind_t of each layer */
+    uint32_t kind_index[EPD_KV_MAX_LAYERS]; /* index of the layer among its kind */
+    /* attention layers */
+    epd_dtype_t dtype;      /* KV element type (F32 for ref) */
+    uint32_t block_tokens;  /* tokens per block */
+    uint32_t n_kv_heads;
+    uint32_t head_dim;
+    uint64_t block_bytes;   /* one block of one layer, K then V:
+                             * 2 * n_kv_heads * block_tokens * head_dim * dtype size */
+    /* linear layers */
+    uint32_t n_state_heads;
+    uint64_t state_bytes;   /* one linear layer's recurrent state of one request */
+} epd_kv_layout_t;
+
+/* Bytes of a pool of `n_blocks` blocks and `n_state_slots` slots; 0 when it
+ * overflows. */
+uint64_t epd_kv_pool_bytes(const epd_kv_layout_t *layout, uint32_t n_blocks,
+                           uint32_t n_state_slots);
+
+/* Offset of block `block` of attention layer `layer` (absolute layer index)
+ * inside a pool of `n_blocks` blocks; K at the offset, V at +block_bytes/2.
+ * EPD_ERR_OUT_OF_RANGE for a layer that is not attention or a block >= n_blocks. */
+epd_status_t epd_kv_block_offset(const epd_kv_layout_t *layout, uint32_t n_blocks,
+                                 uint32_t layer, uint32_t block, uint64_t *offset_p);
+
+/* Offset of state slot `slot` of linear layer `layer` (absolute index) inside
+ * a pool of `n_blocks` blocks and `n_state_slots` slots. */
+epd_status_t epd_kv_state_offset(const epd_kv_layout_t *layout, uint32_t n_blocks,
+                                 uint32_t n_state_slots, uint32_t layer, uint32_t slot,
+                                 uint64_t *offset_p);
+
+/* A caller-owned KV pool (caller's storage; `base` is borrowed for as long as
+ * the pool is used, 64-byte alignment recommended). */
+typedef struct {
+    void *base;
+    uint64_t bytes;         /* >= epd_kv_pool_bytes(layout, n_blocks, n_state_slots) */
+    uint32_t n_blocks;
+    uint32_t n_state_slots;
+} epd_kv_pool_t;
+
+/* One request's place in the pool.  block_table is borrowed for the call;
+ * entry i holds the tokens [i*block_tokens, (i+1)*block_tokens) of every
+ * attention layer.  A model without linear layers ignores state_slot. */
+typedef struct {
+    uint64_t req_id;            /* for log lines only */
+    const uint32_t *block_table;
+    uint32_t n_blocks;          /* entries in block_table */
+    uint32_t state_slot;
+} epd_kv_seq_t;
+
+/* What one prefill call wrote into one layer; every pointer is borrowed for
+ * the duration of the callback. */
+typedef struct {
+    uint64_t req_id;
+    uint32_t layer;             /* absolute layer index */
+    epd_layer_kind_t kind;
+    uint32_t tok_start;         /* token positions written: [tok_start, tok_end) */
+    uint32_t tok_end;
+    /* attention layers: block_ids[0..n_blocks) are block_table[first_block ..];
+     * the first and last may be partly written (only the token range above). */
+    const uint32_t *block_ids;
+    uint32_t first_block;
+    uint32_t n_blocks;
+    /* linear layers: the slot whose state is now final for tok_end tokens */
+    uint32_t state_slot;
+} epd_layer_done_t;
+
+/* Called on the compute thread as soon as layer `layer`'s KV (or recurrent
+ * state) for the prefilled tokens is final in the pool, once per layer, in
+ * layer order, before the next layer starts.  Must not block for long (it
+ * should post work to a transfer thread).  A status other than EPD_OK aborts
+ * the prefill, which then returns that status. */
+typedef epd_status_t (*epd_layer_done_cb_t)(void *ctx, uint32_t layer,
+                                           const epd_layer_done_t *done);
+
+typedef struct {
+    epd_layer_done_cb_t cb;     /* NULL: no callback */
+    void *ctx;                  /* borrowed, passed back */
+} epd_engine_sink_t;
+
+/* Opening parameters. */
+typedef struct {
+    const char *model_dir;  /* borrowed during open: holds config.json + model.safetensors */
+    uint32_t block_tokens;  /* KV block size; 0 = 16 */
+    uint32_t max_batch;     /* largest decode batch; 0 = 64 */
+    uint32_t max_context;   /* 0 = the model's; otherwise min(this, the model's) */
+} epd_engine_config_t;
+
+/* What a daemon needs to know about an opened engine. */
+typedef struct {
+    uint32_t vocab_size;
+    int32_t bos_token;
+    int32_t eos_token;
+    uint32_t max_context;   /* tokens: a sequence never grows past this */
+    uint32_t max_batch;
+    epd_kv_layout_t kv;
+} epd_engine_info_t;
+
+/* One prefill call: tokens [start, start + n_tokens) of a request whose
+ * tokens [0, start) are already in its blocks and state slot (chunked
+ * prefill; start 0 resets the state slot).  The block table must cover
+ * start + n_tokens tokens. */
+typedef struct {
+    epd_kv_seq_t seq;
+    const int32_t *tokens;  /* borrowed: n_tokens ids */
+    uint32_t n_tokens;
+    uint32_t start;
+} epd_prefill_args_t;
+
+/* One request of a decode step: appends the KV of `token` at position `pos`
+ * (the number of tokens already cached) and yields the next logits. */
+typedef struct {
+    epd_kv_seq_t seq;
+    uint32_t pos;
+    int32_t token;
+} epd_decode_req_t;
+
+/* An engine's private state (each engine defines the struct). */
+typedef struct epd_engine_impl epd_engine_impl_t;
+
+#define EPD_ENGINE_ABI_VERSION 1u
+
+/* The ops table.  No NULL slots.  Called only through epd_engine_* (which
+ * validates arguments), on the instance's compute thread. */
+typedef struct {
+    size_t size;            /* sizeof(epd_engine_ops_t) the engine was built with */
+    uint32_t abi_version;   /* EPD_ENGINE_ABI_VERSION */
+    const char *name;
+    epd_status_t (*open)(const epd_engine_config_t *config, epd_engine_impl_t **impl_p);
+    void (*close)(epd_engine_impl_t *impl);
+    void (*describe)(const epd_engine_impl_t *impl, epd_engine_info_t *info_p);
+    epd_status_t (*tokenize)(const epd_engine_impl_t *impl, const char *text, size_t len,
+                             int add_bos, int32_t *tokens, size_t cap, size_t *n_p);
+    epd_status_t (*detokenize)(const epd_engine_impl_t *impl, const int32_t *tokens, size_t n,
+                               char *buf, size_t cap, size_t *len_p);
+    epd_status_t (*prefill)(epd_engine_impl_t *impl, const epd_kv_pool_t *pool,
+                            const epd_prefill_args_t *args, const epd_engine_sink_t *sink,
+                            float *logits);
+    epd_status_t (*decode)(epd_engine_impl_t *impl, const epd_kv_pool_t *pool,
+                           const epd_decode_req_t *reqs, uint32_t n_reqs, float *logits);
+    void (*release)(epd_engine_impl_t *impl, const epd_kv_pool_t *pool,
+                    const epd_kv_seq_t *seq);
+} epd_engine_ops_t;
+
+/* A shared-object engine exports this symbol: a function of type
+ * epd_engine_entry_fn_t returning its (static) ops table. */
+#define EPD_ENGINE_ENTRY_SYMBOL "epd_engine_entry"
+typedef const epd_engine_ops_t *(*epd_engine_entry_fn_t)(void);
+
+/* An opened engine (opaque). */
+typedef struct epd_engine epd_engine_t;
+
+/* The built-in ops table called `name`, or NULL. */
+const epd_engine_ops_t *epd_engine_builtin(const char *name);
+
+/*
+ * Opens engine `name`: a built-in name ("ref"), or a path to a shared object
+ * (anything containing '/' or ending in ".so") exporting
+ * EPD_ENGINE_ENTRY_SYMBOL.  `config` is borrowed for the call.  On success
+ * *engine_p is owned by the caller (epd_engine_close).  Errors:
+ * EPD_ERR_NOT_FOUND (no such engine or model files), EPD_ERR_UNSUPPORTED (a
+ * shared object with a bad ops table), EPD_ERR_MALFORMED (bad model files),
+ * EPD_ERR_NO_MEMORY, EPD_ERR_INVALID_PARAM; each logged once with its cause.
+ * Blocking (reads the model): never on a loop thread.
+ */
+epd_status_t epd_engine_open(const char *name, const epd_engine_config_t *config,
+                             epd_engine_t **engine_p);
+
+/* Closes the engine (and unloads its shared object); NULL is a no-op. */
+void epd_engine_close(epd_engine_t *engine);
+
+/* The engine's description; the pointer stays valid until close.  Any thread. */
+const epd_engine_info_t *epd_engine_info(const epd_engine_t *engine);
+
+/* The ops table name ("ref"). */
+const char *epd_engine_name(const epd_engine_t *engine);
+
+/* Checks that `pool` is large enough for the engine's layout, and that
+ * base is non-NULL.  EPD_ERR_INVALID_PARAM otherwise. */
+epd_status_t epd_engine_check_pool(const epd_engine_t *engine, const epd_kv_pool_t *pool);
+
+/* Text to token ids (optionally with BOS first), into tokens[0..cap);
+ * *n_p = count.  EPD_ERR_TOO_LONG when cap is too small. */
+epd_status_t epd_engine_tokenize(const epd_engine_t *engine, const char *text, size_t len,
+                                 int add_bos, int32_t *tokens, size_t cap, size_t *n_p);
+
+/* Token ids to raw bytes (special tokens produce nothing; the bytes may be
+ * invalid UTF-8: see epd_utf8.h).  EPD_ERR_TOO_LONG when cap is too small,
+ * EPD_ERR_OUT_OF_RANGE for an id outside the vocabulary. */
+epd_status_t epd_engine_detokenize(const epd_engine_t *engine, const int32_t *tokens, size_t n,
+                                   char *buf, size_t cap, size_t *len_p);
+
+/*
+ * Runs tokens [start, start+n_tokens) of one request through the model,
+ * writing their KV into the request's blocks of `pool` (and its recurrent
+ * state into its slot), calling `sink` (may be NULL) after each layer, and
+ * writes the vocab_size logits of the last position to `logits` (caller's
+ * buffer).  EPD_ERR_TOO_LONG (logged) when start+n_tokens exceeds
+ * max_context; EPD_ERR_INVALID_PARAM for an empty chunk, a bad token id, a
+ * block table too short or naming blocks outside the pool, a slot outside
+ * the pool; the sink's status when it aborts.  Compute thread; synchronous.
+ */
+epd_status_t epd_engine_prefill(epd_engine_t *engine, const epd_kv_pool_t *pool,
+                                const epd_prefill_args_t *args, const epd_engine_sink_t *sink,
+                                float *logits);
+
+/*
+ * One decode step for n_reqs (1..max_batch) requests of any lengths: each
+ * appends its token's KV at its position and gets its next-token logits in
+ * logits[i*vocab_size ..] (caller's buffer of n_reqs*vocab_size floats).
+ * Two requests of one batch must not share a block being written or a state
+ * slot.  Errors as prefill (EPD_ERR_TOO_LONG when pos reaches max_context);
+ * nothing is written when an argument is refused.  Compute thread.
+ */
+epd_status_t epd_engine_decode(epd_engine_t *engine, const epd_kv_pool_t *pool,
+                               const epd_decode_req_t *reqs, uint32_t n_reqs, float *logits);
+
+/* Tells the engine a request is finished: any per-request state the engine
+ * keeps is dropped (ref keeps none beyond the pool; it clears the state
+ * slot).  The caller then owns the blocks and slot again.  Compute thread. */
+void epd_engine_release(epd_engine_t *engine, const epd_kv_pool_t *pool,
+                        const epd_kv_seq_t *seq);
+
+#endif

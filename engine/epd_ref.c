@@ -1,0 +1,800 @@
+/*
+ * epd_ref.c — the `ref` engine: a real (small) hybrid transformer on the CPU.
+ *
+ * The math is written down in epd_ref_model.h.  Design points:
+ *  - Weights are read once at open (safetensors is mmapped, each tensor
+ *    converted to f32 into one engine-owned buffer), so F16/BF16 files cost
+ *    nothing at run time and alignment never matters.
+ *  - KV lives in the caller's pool (see epd_engine.h):
+ *      block of one attention layer: [2: K,V][kv_head][tok][head_dim] f32
+ *      state of one linear layer:    [head][hd*hd (S) + hd (z)]        f32
+ *    K is stored after RoPE, so decode never re-rotates the cache.
+ *  - Prefill runs layer by layer over the whole chunk (so the sink fires
+ *    once per layer); the projections are one cblas_sgemm each, attention
+ *    gathers one kv head's K and V into contiguous scratch and runs two
+ *    sgemms per query tile (scores, then scores x V).  OpenBLAS is pinned to
+ *    one thread: daemons own their threads.
+ *  - Prefill allocates its activations per call (sized by the chunk); decode
+ *    allocates nothing: its scratch is sized at open by max_batch.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "epd_alloc.h"
+#include "epd_engine.h"
+#include "epd_engine_int.h"
+#include "epd_log.h"
+#include "epd_ref_model.h"
+#include "epd_safetensors.h"
+
+#define EPD_REF_LOG "ref"
+#define EPD_REF_QTILE 64      /* query rows per attention tile in prefill */
+#define EPD_REF_MTILE 128     /* token rows per MLP tile in prefill */
+
+typedef struct {
+    const float *in_norm;   /* [dim] */
+    const float *wq;        /* [heads*hd, dim] */
+    const float *wk;        /* [kv_heads*hd, dim] (linear: [heads*hd, dim]) */
+    const float *wv;
+    const float *wo;        /* [dim, heads*hd] */
+    const float *post_norm; /* [dim] */
+    const float *gate;      /* [ffn, dim] */
+    const float *up;        /* [ffn, dim] */
+    const float *down;      /* [dim, ffn] */
+} epd_ref_layer_t;
+
+struct epd_engine_impl {
+    epd_ref_hparams_t hp;
+    epd_engine_info_t info;
+    float *weights;          /* every tensor, canonical order */
+    const float *embed;      /* [vocab, dim] */
+    const float *final_norm; /* [dim] */
+    const float *lm_head;    /* [vocab, dim] */
+    epd_ref_layer_t *layers; /* [n_layers] */
+    float *rope_cos;         /* [max_context][hd/2] */
+    float *rope_sin;
+    float *decay;            /* [heads] */
+    /* decode scratch, [max_batch][...] */
+    float *d_x;
+    float *d_h;
+    float *d_q;
+    float *d_k;
+    float *d_v;
+    float *d_o;
+    float *d_g;
+    float *d_u;
+    float *d_scores;         /* [max_context] */
+};
+
+/* ---- kernels ------------------------------------------------------------ */
+
+/* Y[rows, out] (ldy) = (beta ? Y : 0) + X[rows, in] (ldx) * W[out, in]^T */
+static void epd_ref_matmul(const float *x, int ldx, int rows, int in, const float *w, int out,
+                           float *y, int ldy, float beta)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, ldx, w, in, beta,
+                y, ldy);
+}
+
+static void epd_ref_rmsnorm(const float *x, const float *w, uint32_t dim, double eps, float *out)
+{
+    double ss = 0.0;
+    float r;
+
+    for (uint32_t i = 0; i < dim; i++) {
+        ss += (double)x[i] * x[i];
+    }
+    r = (float)(1.0 / sqrt(ss / dim + eps));
+    for (uint32_t i = 0; i < dim; i++) {
+        out[i] = x[i] * r * w[i];
+    }
+}
+
+/* Rotates the n_heads heads of vec (head_dim each) for position pos. */
+static void epd_ref_rope(const struct epd_engine_impl *e, float *vec, uint32_t n_heads,
+                         uint32_t pos)
+{
+    uint32_t hd = e->hp.head_dim;
+    uint32_t half = hd / 2;
+    const float *c = e->rope_cos + (size_t)pos * half;
+    const float *s = e->rope_sin + (size_t)pos * half;
+
+    for (uint32_t h = 0; h < n_heads; h++) {
+        float *v = vec + (size_t)h * hd;
+
+        for (uint32_t i = 0; i < half; i++) {
+            float x0 = v[i];
+            float x1 = v[i + half];
+
+            v[i] = x0 * c[i] - x1 * s[i];
+            v[i + half] = x0 * s[i] + x1 * c[i];
+        }
+    }
+}
+
+static inline float epd_ref_phi(float u)
+{
+    return u > 0.0f ? u + 1.0f : expf(u);
+}
+
+static inline float epd_ref_silu(float u)
+{
+    return u / (1.0f + expf(-u));
+}
+
+/* K (or V when v != 0) row of (kv head, position) of attention layer `layer`. */
+static inline float *epd_ref_kv_row(const struct epd_engine_impl *e, const epd_kv_pool_t *pool,
+                                    uint32_t layer, const epd_kv_seq_t *seq, uint32_t kvh,
+                                    uint32_t pos, int v)
+{
+    const epd_kv_layout_t *kv = &e->info.kv;
+    uint32_t block = seq->block_table[pos / kv->block_tokens];
+    uint32_t tok = pos % kv->block_tokens;
+    uint64_t off = ((uint64_t)kv->kind_index[layer] * pool->n_blocks + block) * kv->block_bytes;
+    float *b = (float *)((char *)pool->base + off);
+
+    return b + ((size_t)v * kv->n_kv_heads + kvh) * kv->block_tokens * kv->head_dim +
+           (size_t)tok * kv->head_dim;
+}
+
+static inline float *epd_ref_state(const struct epd_engine_impl *e, const epd_kv_pool_t *pool,
+                                   uint32_t layer, uint32_t slot)
+{
+    const epd_kv_layout_t *kv = &e->info.kv;
+    uint64_t off = (uint64_t)kv->n_attn_layers * pool->n_blocks * kv->block_bytes +
+                   ((uint64_t)kv->kind_index[layer] * pool->n_state_slots + slot) * kv->state_bytes;
+
+    return (float *)((char *)pool->base + off);
+}
+
+/* One linear-attention step for all heads: updates state (S, z per head),
+ * writes the output of the token to o[heads*hd]. */
+static void epd_ref_linear_step(const struct epd_engine_impl *e, float *state, const float *q,
+                                const float *k, const float *v, float *o)
+{
+    uint32_t hd = e->hp.head_dim;
+
+    for (uint32_t h = 0; h < e->hp.n_heads; h++) {
+        float *S = state + (size_t)h * (hd * hd + hd); /* [hd][hd] */
+        float *z = S + (size_t)hd * hd;                  /* [hd] */
+        const float *qh = q + (size_t)h * hd;
+        const float *kh = k + (size_t)h * hd;
+        const float *vh = v + (size_t)h * hd;
+        float *oh = o + (size_t)h * hd;
+        float g = e->decay[h];
+        float den = 0.0f;
+        float pq[1024];
+
+        for (uint32_t i = 0; i < hd; i++) {
+            float pk = epd_ref_phi(kh[i]);
+            float *row = S + (size_t)i * hd;
+
+            for (uint32_t j = 0; j < hd; j++) {
+                row[j] = g * row[j] + pk * vh[j];
+            }
+            z[i] = g * z[i] + pk;
+            pq[i] = epd_ref_phi(qh[i]);
+            den += pq[i] * z[i];
+        }
+        den += (float)EPD_REF_LINEAR_EPS;
+        for (uint32_t j = 0; j < hd; j++) {
+            oh[j] = 0.0f;
+        }
+        for (uint32_t i = 0; i < hd; i++) {
+            const float *row = S + (size_t)i * hd;
+            float w = pq[i] / den;
+
+            for (uint32_t j = 0; j < hd; j++) {
+                oh[j] += w * row[j];
+            }
+        }
+    }
+}
+
+/* ---- open / close ------------------------------------------------------- */
+
+static void epd_ref_close(epd_engine_impl_t *e)
+{
+    if (e == NULL) {
+        return;
+    }
+    epd_free(e->d_scores);
+    epd_free(e->d_u);
+    epd_free(e->d_g);
+    epd_free(e->d_o);
+    epd_free(e->d_v);
+    epd_free(e->d_k);
+    epd_free(e->d_q);
+    epd_free(e->d_h);
+    epd_free(e->d_x);
+    epd_free(e->decay);
+    epd_free(e->rope_sin);
+    epd_free(e->rope_cos);
+    epd_free(e->layers);
+    epd_free(e->weights);
+    epd_free(e);
+}
+
+static epd_status_t epd_ref_load_weights(epd_engine_impl_t *e, const char *dir)
+{
+    const epd_ref_hparams_t *hp = &e->hp;
+    size_t n = epd_ref_tensor_count(hp);
+    epd_st_file_t *file;
+    char path[4096];
+    uint64_t total = 0;
+    float *w;
+    epd_status_t status;
+
+    if (snprintf(path, sizeof(path), "%s/model.safetensors", dir) >= (int)sizeof(path)) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    status = epd_st_open(path, &file);
+    if (status != EPD_OK) {
+        return status == EPD_ERR_NOT_FOUND ? EPD_ERR_NOT_FOUND : status;
+    }
+    for (size_t i = 0; i < n; i++) {
+        epd_ref_tensor_spec_t s;
+
+        epd_ref_tensor_spec(hp, i, &s);
+        total += s.n_elems;
+    }
+    e->weights = epd_calloc(total, sizeof(float));
+    e->layers = epd_calloc(hp->n_layers, sizeof(*e->layers));
+    if (e->weights == NULL || e->layers == NULL) {
+        status = EPD_ERR_NO_MEMORY;
+        goto out;
+    }
+    w = e->weights;
+    for (size_t i = 0; i < n; i++) {
+        epd_ref_tensor_spec_t s;
+
+        epd_ref_tensor_spec(hp, i, &s);
+        status = epd_st_read_f32(file, s.name, s.ndim, s.shape, w);
+        if (status != EPD_OK) {
+            epd_log_error(EPD_REF_LOG, 0, "%s does not match %s/config.json", path, dir);
+            status = EPD_ERR_MALFORMED;
+            goto out;
+        }
+        if (i == 0) {
+            e->embed = w;
+        } else if (i == n - 2) {
+            e->final_norm = w;
+        } else if (i == n - 1) {
+            e->lm_head = w;
+        } else {
+            epd_ref_layer_t *L = &e->layers[(i - 1) / 9];
+            const float **slots[9] = {&L->in_norm, &L->wq,   &L->wk, &L->wv,  &L->wo,
+                                      &L->post_norm, &L->gate, &L->up, &L->down};
+
+            *slots[(i - 1) % 9] = w;
+        }
+        w += s.n_elems;
+    }
+    status = EPD_OK;
+out:
+    epd_st_close(file);
+    return status;
+}
+
+static void epd_ref_fill_info(epd_engine_impl_t *e, uint32_t block_tokens, uint32_t max_batch,
+                              uint32_t max_context)
+{
+    const epd_ref_hparams_t *hp = &e->hp;
+    epd_engine_info_t *info = &e->info;
+    epd_kv_layout_t *kv = &info->kv;
+
+    memset(info, 0, sizeof(*info));
+    info->vocab_size = hp->vocab;
+    info->bos_token = hp->bos;
+    info->eos_token = hp->eos;
+    info->max_context = max_context;
+    info->max_batch = max_batch;
+    kv->n_layers = hp->n_layers;
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        kv->kind[l] = (uint8_t)epd_ref_layer_kind(hp, l);
+        kv->kind_index[l] =
+            kv->kind[l] == EPD_LAYER_ATTENTION ? kv->n_attn_layers++ : kv->n_linear_layers++;
+    }
+    kv->dtype = EPD_DTYPE_F32;
+    kv->block_tokens = block_tokens;
+    kv->n_kv_heads = hp->n_kv_heads;
+    kv->head_dim = hp->head_dim;
+    kv->block_bytes = 2ull * hp->n_kv_heads * block_tokens * hp->head_dim * sizeof(float);
+    kv->n_state_heads = hp->n_heads;
+    kv->state_bytes =
+        (uint64_t)hp->n_heads * ((uint64_t)hp->head_dim * hp->head_dim + hp->head_dim) *
+        sizeof(float);
+}
+
+static epd_status_t epd_ref_open(const epd_engine_config_t *config, epd_engine_impl_t **impl_p)
+{
+    uint32_t block_tokens = config->block_tokens ? config->block_tokens : 16;
+    uint32_t max_batch = config->max_batch ? config->max_batch : 64;
+    uint32_t max_context;
+    uint32_t half;
+    size_t qd;
+    epd_engine_impl_t *e;
+    epd_status_t status;
+
+    if (config->model_dir == NULL) {
+        epd_log_error(EPD_REF_LOG, 0, "no model folder given");
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (block_tokens > 4096 || max_batch > 4096) {
+        epd_log_error(EPD_REF_LOG, 0, "block_tokens %u / max_batch %u out of range (1..4096)",
+                      block_tokens, max_batch);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    e = epd_calloc(1, sizeof(*e));
+    if (e == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    status = epd_ref_hparams_load(config->model_dir, &e->hp);
+    if (status != EPD_OK) {
+        goto err_close;
+    }
+    if (e->hp.head_dim > 1024) {
+        status = EPD_ERR_MALFORMED;
+        goto err_close;
+    }
+    max_context = e->hp.max_context;
+    if (config->max_context != 0 && config->max_context < max_context) {
+        max_context = config->max_context;
+    }
+    status = epd_ref_load_weights(e, config->model_dir);
+    if (status != EPD_OK) {
+        goto err_close;
+    }
+    half = e->hp.head_dim / 2;
+    qd = (size_t)e->hp.n_heads * e->hp.head_dim;
+    e->rope_cos = epd_calloc((size_t)max_context * half, sizeof(float));
+    e->rope_sin = epd_calloc((size_t)max_context * half, sizeof(float));
+    e->decay = epd_calloc(e->hp.n_heads, sizeof(float));
+    e->d_x = epd_calloc((size_t)max_batch * e->hp.dim, sizeof(float));
+    e->d_h = epd_calloc((size_t)max_batch * e->hp.dim, sizeof(float));
+    e->d_q = epd_calloc((size_t)max_batch * qd, sizeof(float));
+    e->d_k = epd_calloc((size_t)max_batch * qd, sizeof(float));
+    e->d_v = epd_calloc((size_t)max_batch * qd, sizeof(float));
+    e->d_o = epd_calloc((size_t)max_batch * qd, sizeof(float));
+    e->d_g = epd_calloc((size_t)max_batch * e->hp.ffn, sizeof(float));
+    e->d_u = epd_calloc((size_t)max_batch * e->hp.ffn, sizeof(float));
+    e->d_scores = epd_calloc(max_context, sizeof(float));
+    if (e->rope_cos == NULL || e->rope_sin == NULL || e->decay == NULL || e->d_x == NULL ||
+        e->d_h == NULL || e->d_q == NULL || e->d_k == NULL || e->d_v == NULL || e->d_o == NULL ||
+        e->d_g == NULL || e->d_u == NULL || e->d_scores == NULL) {
+        status = EPD_ERR_NO_MEMORY;
+        goto err_close;
+    }
+    for (uint32_t p = 0; p < max_context; p++) {
+        for (uint32_t i = 0; i < half; i++) {
+            double angle = p * pow(e->hp.rope_theta, -2.0 * i / e->hp.head_dim);
+
+            e->rope_cos[(size_t)p * half + i] = (float)cos(angle);
+            e->rope_sin[(size_t)p * half + i] = (float)sin(angle);
+        }
+    }
+    for (uint32_t h = 0; h < e->hp.n_heads; h++) {
+        e->decay[h] = (float)epd_ref_linear_decay(h);
+    }
+    epd_ref_fill_info(e, block_tokens, max_batch, max_context);
+    openblas_set_num_threads(1);
+    *impl_p = e;
+    return EPD_OK;
+
+err_close:
+    epd_ref_close(e);
+    return status;
+}
+
+static void epd_ref_describe(const epd_engine_impl_t *e, epd_engine_info_t *info_p)
+{
+    *info_p = e->info;
+}
+
+/* ---- tokenizer: one token per byte, plus BOS and EOS --------------------- */
+
+static epd_status_t epd_ref_tokenize(const epd_engine_impl_t *e, const char *text, size_t len,
+                                     int add_bos, int32_t *tokens, size_t cap, size_t *n_p)
+{
+    size_t n = len + (add_bos ? 1 : 0);
+    size_t j = 0;
+
+    if (n > cap) {
+        return EPD_ERR_TOO_LONG;
+    }
+    if (add_bos) {
+        tokens[j++] = e->hp.bos;
+    }
+    for (size_t i = 0; i < len; i++) {
+        tokens[j++] = (unsigned char)text[i];
+    }
+    *n_p = n;
+    return EPD_OK;
+}
+
+static epd_status_t epd_ref_detokenize(const epd_engine_impl_t *e, const int32_t *tokens, size_t n,
+                                       char *buf, size_t cap, size_t *len_p)
+{
+    size_t len = 0;
+
+    (void)e;
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 256) {
+            if (len == cap) {
+                return EPD_ERR_TOO_LONG;
+            }
+            buf[len++] = (char)tokens[i];
+        }
+    }
+    *len_p = len;
+    return EPD_OK;
+}
+
+/* ---- prefill ------------------------------------------------------------ */
+
+typedef struct {
+    float *x;      /* [T][dim] residual stream */
+    float *h;      /* [T][dim] normed */
+    float *q;      /* [T][heads*hd] */
+    float *k;      /* [T][heads*hd] (attention layers use [T][kv_heads*hd]) */
+    float *v;
+    float *o;      /* [T][heads*hd] mixer output before o_proj */
+    float *g;      /* [MTILE][ffn] */
+    float *u;      /* [MTILE][ffn] */
+    float *kg;     /* [ctx][hd] one kv head's K, gathered */
+    float *vg;     /* [ctx][hd] */
+    float *s;      /* [QTILE][ctx] scores */
+} epd_ref_act_t;
+
+static void epd_ref_act_free(epd_ref_act_t *a)
+{
+    epd_free(a->x);
+    epd_free(a->h);
+    epd_free(a->q);
+    epd_free(a->k);
+    epd_free(a->v);
+    epd_free(a->o);
+    epd_free(a->g);
+    epd_free(a->u);
+    epd_free(a->kg);
+    epd_free(a->vg);
+    epd_free(a->s);
+}
+
+static epd_status_t epd_ref_act_alloc(const epd_engine_impl_t *e, uint32_t T, uint32_t ctx,
+                                      epd_ref_act_t *a)
+{
+    size_t dim = e->hp.dim;
+    size_t qd = (size_t)e->hp.n_heads * e->hp.head_dim;
+
+    memset(a, 0, sizeof(*a));
+    a->x = epd_malloc(T * dim * sizeof(float));
+    a->h = epd_malloc(T * dim * sizeof(float));
+    a->q = epd_malloc(T * qd * sizeof(float));
+    a->k = epd_malloc(T * qd * sizeof(float));
+    a->v = epd_malloc(T * qd * sizeof(float));
+    a->o = epd_malloc(T * qd * sizeof(float));
+    a->g = epd_malloc((size_t)EPD_REF_MTILE * e->hp.ffn * sizeof(float));
+    a->u = epd_malloc((size_t)EPD_REF_MTILE * e->hp.ffn * sizeof(float));
+    if (e->info.kv.n_attn_layers > 0) {
+        a->kg = epd_malloc((size_t)ctx * e->hp.head_dim * sizeof(float));
+        a->vg = epd_malloc((size_t)ctx * e->hp.head_dim * sizeof(float));
+        a->s = epd_malloc((size_t)EPD_REF_QTILE * ctx * sizeof(float));
+    }
+    if (a->x == NULL || a->h == NULL || a->q == NULL || a->k == NULL || a->v == NULL ||
+        a->o == NULL || a->g == NULL || a->u == NULL ||
+        (e->info.kv.n_attn_layers > 0 && (a->kg == NULL || a->vg == NULL || a->s == NULL))) {
+        epd_ref_act_free(a);
+        return EPD_ERR_NO_MEMORY;
+    }
+    return EPD_OK;
+}
+
+/* Causal attention of the chunk's queries over every cached key (layer l). */
+static void epd_ref_prefill_attention(const epd_engine_impl_t *e, const epd_kv_pool_t *pool,
+                                      uint32_t l, const epd_prefill_args_t *args, epd_ref_act_t *a)
+{
+    uint32_t hd = e->hp.head_dim;
+    uint32_t qd = e->hp.n_heads * hd;
+    uint32_t group = e->hp.n_heads / e->hp.n_kv_heads;
+    uint32_t T = args->n_tokens;
+    uint32_t ctx = args->start + T;
+    float scale = (float)(1.0 / sqrt((double)hd));
+
+    for (uint32_t kvh = 0; kvh < e->hp.n_kv_heads; kvh++) {
+        for (uint32_t p = 0; p < ctx; p++) {
+            memcpy(a->kg + (size_t)p * hd, epd_ref_kv_row(e, pool, l, &args->seq, kvh, p, 0),
+                   hd * sizeof(float));
+            memcpy(a->vg + (size_t)p * hd, epd_ref_kv_row(e, pool, l, &args->seq, kvh, p, 1),
+                   hd * sizeof(float));
+        }
+        for (uint32_t hq = kvh * group; hq < (kvh + 1) * group; hq++) {
+            for (uint32_t t0 = 0; t0 < T; t0 += EPD_REF_QTILE) {
+                uint32_t rows = T - t0 < EPD_REF_QTILE ? T - t0 : EPD_REF_QTILE;
+                uint32_t keys = args->start + t0 + rows; /* keys the last row may see */
+
+                /* s[rows][keys] = Q_tile K^T * scale */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)keys, (int)hd,
+                            scale, a->q + (size_t)t0 * qd + (size_t)hq * hd, (int)qd, a->kg,
+                            (int)hd, 0.0f, a->s, (int)keys);
+                for (uint32_t r = 0; r < rows; r++) {
+                    float *srow = a->s + (size_t)r * keys;
+                    uint32_t lim = args->start + t0 + r + 1;
+                    float mx = srow[0];
+                    float sum = 0.0f;
+
+                    for (uint32_t j = 1; j < lim; j++) {
+                        mx = srow[j] > mx ? srow[j] : mx;
+                    }
+                    for (uint32_t j = 0; j < lim; j++) {
+                        srow[j] = expf(srow[j] - mx);
+                        sum += srow[j];
+                    }
+                    for (uint32_t j = 0; j < lim; j++) {
+                        srow[j] /= sum;
+                    }
+                    for (uint32_t j = lim; j < keys; j++) {
+                        srow[j] = 0.0f;
+                    }
+                }
+                /* o_tile[rows][hd] = s V */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd,
+                            (int)keys, 1.0f, a->s, (int)keys, a->vg, (int)hd, 0.0f,
+                            a->o + (size_t)t0 * qd + (size_t)hq * hd, (int)qd);
+            }
+        }
+    }
+}
+
+static epd_status_t epd_ref_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *pool,
+                                    const epd_prefill_args_t *args, const epd_engine_sink_t *sink,
+                                    float *logits)
+{
+    const epd_ref_hparams_t *hp = &e->hp;
+    const epd_kv_layout_t *kv = &e->info.kv;
+    uint32_t T = args->n_tokens;
+    uint32_t start = args->start;
+    uint32_t dim = hp->dim;
+    uint32_t hd = hp->head_dim;
+    uint32_t qd = hp->n_heads * hd;
+    uint32_t kvd = hp->n_kv_heads * hd;
+    epd_ref_act_t a;
+    epd_status_t status;
+
+    status = epd_ref_act_alloc(e, T, start + T, &a);
+    if (status != EPD_OK) {
+        epd_log_error(EPD_REF_LOG, args->seq.req_id, "prefill of %u tokens: out of memory", T);
+        return status;
+    }
+    for (uint32_t t = 0; t < T; t++) {
+        memcpy(a.x + (size_t)t * dim, e->embed + (size_t)args->tokens[t] * dim,
+               dim * sizeof(float));
+    }
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const epd_ref_layer_t *L = &e->layers[l];
+        epd_layer_done_t done;
+
+        for (uint32_t t = 0; t < T; t++) {
+            epd_ref_rmsnorm(a.x + (size_t)t * dim, L->in_norm, dim, hp->rms_eps,
+                            a.h + (size_t)t * dim);
+        }
+        memset(&done, 0, sizeof(done));
+        done.req_id = args->seq.req_id;
+        done.layer = l;
+        done.kind = (epd_layer_kind_t)kv->kind[l];
+        done.tok_start = start;
+        done.tok_end = start + T;
+        if (kv->kind[l] == EPD_LAYER_ATTENTION) {
+            epd_ref_matmul(a.h, dim, T, dim, L->wq, qd, a.q, qd, 0.0f);
+            epd_ref_matmul(a.h, dim, T, dim, L->wk, kvd, a.k, kvd, 0.0f);
+            epd_ref_matmul(a.h, dim, T, dim, L->wv, kvd, a.v, kvd, 0.0f);
+            for (uint32_t t = 0; t < T; t++) {
+                epd_ref_rope(e, a.q + (size_t)t * qd, hp->n_heads, start + t);
+                epd_ref_rope(e, a.k + (size_t)t * kvd, hp->n_kv_heads, start + t);
+                for (uint32_t kvh = 0; kvh < hp->n_kv_heads; kvh++) {
+                    memcpy(epd_ref_kv_row(e, pool, l, &args->seq, kvh, start + t, 0),
+                           a.k + (size_t)t * kvd + (size_t)kvh * hd, hd * sizeof(float));
+                    memcpy(epd_ref_kv_row(e, pool, l, &args->seq, kvh, start + t, 1),
+                           a.v + (size_t)t * kvd + (size_t)kvh * hd, hd * sizeof(float));
+                }
+            }
+            /* The layer's KV is final now: let the transfer start while the
+             * attention itself (and the next layers) compute. */
+            done.first_block = start / kv->block_tokens;
+            done.n_blocks = (start + T - 1) / kv->block_tokens - done.first_block + 1;
+            done.block_ids = args->seq.block_table + done.first_block;
+            if (sink != NULL && sink->cb != NULL) {
+                status = sink->cb(sink->ctx, l, &done);
+                if (status != EPD_OK) {
+                    goto out;
+                }
+            }
+            epd_ref_prefill_attention(e, pool, l, args, &a);
+        } else {
+            float *state = epd_ref_state(e, pool, l, args->seq.state_slot);
+
+            epd_ref_matmul(a.h, dim, T, dim, L->wq, qd, a.q, qd, 0.0f);
+            epd_ref_matmul(a.h, dim, T, dim, L->wk, qd, a.k, qd, 0.0f);
+            epd_ref_matmul(a.h, dim, T, dim, L->wv, qd, a.v, qd, 0.0f);
+            if (start == 0) {
+                memset(state, 0, kv->state_bytes);
+            }
+            for (uint32_t t = 0; t < T; t++) {
+                epd_ref_linear_step(e, state, a.q + (size_t)t * qd, a.k + (size_t)t * qd,
+                                    a.v + (size_t)t * qd, a.o + (size_t)t * qd);
+            }
+            done.state_slot = args->seq.state_slot;
+            if (sink != NULL && sink->cb != NULL) {
+                status = sink->cb(sink->ctx, l, &done);
+                if (status != EPD_OK) {
+                    goto out;
+                }
+            }
+        }
+        epd_ref_matmul(a.o, qd, T, qd, L->wo, dim, a.x, dim, 1.0f);
+        for (uint32_t t = 0; t < T; t++) {
+            epd_ref_rmsnorm(a.x + (size_t)t * dim, L->post_norm, dim, hp->rms_eps,
+                            a.h + (size_t)t * dim);
+        }
+        for (uint32_t t0 = 0; t0 < T; t0 += EPD_REF_MTILE) {
+            uint32_t rows = T - t0 < EPD_REF_MTILE ? T - t0 : EPD_REF_MTILE;
+
+            epd_ref_matmul(a.h + (size_t)t0 * dim, dim, rows, dim, L->gate, hp->ffn, a.g, hp->ffn,
+                           0.0f);
+            epd_ref_matmul(a.h + (size_t)t0 * dim, dim, rows, dim, L->up, hp->ffn, a.u, hp->ffn,
+                           0.0f);
+            for (size_t i = 0; i < (size_t)rows * hp->ffn; i++) {
+                a.g[i] = epd_ref_silu(a.g[i]) * a.u[i];
+            }
+            epd_ref_matmul(a.g, hp->ffn, rows, hp->ffn, L->down, dim, a.x + (size_t)t0 * dim, dim,
+                           1.0f);
+        }
+    }
+    epd_ref_rmsnorm(a.x + (size_t)(T - 1) * dim, e->final_norm, dim, hp->rms_eps, a.h);
+    epd_ref_matmul(a.h, dim, 1, dim, e->lm_head, hp->vocab, logits, hp->vocab, 0.0f);
+    status = EPD_OK;
+out:
+    epd_ref_act_free(&a);
+    return status;
+}
+
+/* ---- decode ------------------------------------------------------------- */
+
+static void epd_ref_decode_attention(epd_engine_impl_t *e, const epd_kv_pool_t *pool, uint32_t l,
+                                     const epd_decode_req_t *r, const float *q, float *o)
+{
+    uint32_t hd = e->hp.head_dim;
+    uint32_t group = e->hp.n_heads / e->hp.n_kv_heads;
+    uint32_t n = r->pos + 1;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    float *s = e->d_scores;
+
+    for (uint32_t hq = 0; hq < e->hp.n_heads; hq++) {
+        const float *qh = q + (size_t)hq * hd;
+        float *oh = o + (size_t)hq * hd;
+        uint32_t kvh = hq / group;
+        float mx = -INFINITY;
+        float sum = 0.0f;
+
+        for (uint32_t p = 0; p < n; p++) {
+            const float *k = epd_ref_kv_row(e, pool, l, &r->seq, kvh, p, 0);
+            float d = 0.0f;
+
+            for (uint32_t i = 0; i < hd; i++) {
+                d += qh[i] * k[i];
+            }
+            s[p] = d * scale;
+            mx = s[p] > mx ? s[p] : mx;
+        }
+        for (uint32_t p = 0; p < n; p++) {
+            s[p] = expf(s[p] - mx);
+            sum += s[p];
+        }
+        for (uint32_t i = 0; i < hd; i++) {
+            oh[i] = 0.0f;
+        }
+        for (uint32_t p = 0; p < n; p++) {
+            const float *v = epd_ref_kv_row(e, pool, l, &r->seq, kvh, p, 1);
+            float w = s[p] / sum;
+
+            for (uint32_t i = 0; i < hd; i++) {
+                oh[i] += w * v[i];
+            }
+        }
+    }
+}
+
+static epd_status_t epd_ref_decode(epd_engine_impl_t *e, const epd_kv_pool_t *pool,
+                                   const epd_decode_req_t *reqs, uint32_t B, float *logits)
+{
+    const epd_ref_hparams_t *hp = &e->hp;
+    const epd_kv_layout_t *kv = &e->info.kv;
+    uint32_t dim = hp->dim;
+    uint32_t hd = hp->head_dim;
+    uint32_t qd = hp->n_heads * hd;
+    uint32_t kvd = hp->n_kv_heads * hd;
+
+    for (uint32_t b = 0; b < B; b++) {
+        memcpy(e->d_x + (size_t)b * dim, e->embed + (size_t)reqs[b].token * dim,
+               dim * sizeof(float));
+    }
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const epd_ref_layer_t *L = &e->layers[l];
+        int attn = kv->kind[l] == EPD_LAYER_ATTENTION;
+        uint32_t kd = attn ? kvd : qd;
+
+        for (uint32_t b = 0; b < B; b++) {
+            epd_ref_rmsnorm(e->d_x + (size_t)b * dim, L->in_norm, dim, hp->rms_eps,
+                            e->d_h + (size_t)b * dim);
+        }
+        epd_ref_matmul(e->d_h, dim, B, dim, L->wq, qd, e->d_q, qd, 0.0f);
+        epd_ref_matmul(e->d_h, dim, B, dim, L->wk, kd, e->d_k, kd, 0.0f);
+        epd_ref_matmul(e->d_h, dim, B, dim, L->wv, kd, e->d_v, kd, 0.0f);
+        for (uint32_t b = 0; b < B; b++) {
+            const epd_decode_req_t *r = &reqs[b];
+            float *q = e->d_q + (size_t)b * qd;
+            float *k = e->d_k + (size_t)b * kd;
+            float *v = e->d_v + (size_t)b * kd;
+            float *o = e->d_o + (size_t)b * qd;
+
+            if (attn) {
+                epd_ref_rope(e, q, hp->n_heads, r->pos);
+                epd_ref_rope(e, k, hp->n_kv_heads, r->pos);
+                for (uint32_t kvh = 0; kvh < hp->n_kv_heads; kvh++) {
+                    memcpy(epd_ref_kv_row(e, pool, l, &r->seq, kvh, r->pos, 0),
+                           k + (size_t)kvh * hd, hd * sizeof(float));
+                    memcpy(epd_ref_kv_row(e, pool, l, &r->seq, kvh, r->pos, 1),
+                           v + (size_t)kvh * hd, hd * sizeof(float));
+                }
+                epd_ref_decode_attention(e, pool, l, r, q, o);
+            } else {
+                epd_ref_linear_step(e, epd_ref_state(e, pool, l, r->seq.state_slot), q, k, v, o);
+            }
+        }
+        epd_ref_matmul(e->d_o, qd, B, qd, L->wo, dim, e->d_x, dim, 1.0f);
+        for (uint32_t b = 0; b < B; b++) {
+            epd_ref_rmsnorm(e->d_x + (size_t)b * dim, L->post_norm, dim, hp->rms_eps,
+                            e->d_h + (size_t)b * dim);
+        }
+        epd_ref_matmul(e->d_h, dim, B, dim, L->gate, hp->ffn, e->d_g, hp->ffn, 0.0f);
+        epd_ref_matmul(e->d_h, dim, B, dim, L->up, hp->ffn, e->d_u, hp->ffn, 0.0f);
+        for (size_t i = 0; i < (size_t)B * hp->ffn; i++) {
+            e->d_g[i] = epd_ref_silu(e->d_g[i]) * e->d_u[i];
+        }
+        epd_ref_matmul(e->d_g, hp->ffn, B, hp->ffn, L->down, dim, e->d_x, dim, 1.0f);
+    }
+    for (uint32_t b = 0; b < B; b++) {
+        epd_ref_rmsnorm(e->d_x + (size_t)b * dim, e->final_norm, dim, hp->rms_eps,
+                        e->d_h + (size_t)b * dim);
+    }
+    epd_ref_matmul(e->d_h, dim, B, dim, e->lm_head, hp->vocab, logits, hp->vocab, 0.0f);
+    return EPD_OK;
+}
+
+static void epd_ref_release(epd_engine_impl_t *e, const epd_kv_pool_t *pool,
+                            const epd_kv_seq_t *seq)
+{
+    /* The ref engine keeps nothing per request outside the pool; clearing
+     * the state slots makes a stale state impossible to read by mistake. */
+    for (uint32_t l = 0; l < e->hp.n_layers; l++) {
+        if (e->info.kv.kind[l] == EPD_LAYER_LINEAR) {
+            memset(epd_ref_state(e, pool, l, seq->state_slot), 0, e->info.kv.state_bytes);
+        }
+    }
+}
+
+const epd_engine_ops_t epd__ref_ops = {
+    .size = sizeof(epd_engine_ops_t),
+    .abi_version = EPD_ENGINE_ABI_VERSION,
+    .name = "ref",
+    .open = epd_ref_open,
+    .close = epd_ref_close,
+    .describe = epd_ref_describe,
+    .tokenize = epd_ref_tokenize,
+    .detokenize = epd_ref_detokenize,
+    .prefill = epd_ref_prefill,
+    .decode = epd_ref_decode,
+    .release = epd_ref_release,
+};

@@ -1,0 +1,155 @@
+/*
+ * epd_sample.c — probabilities are computed in double; the candidate list is
+ * sorted only when top-k or top-p can cut it (plain temperature sampling
+ * walks the vocabulary in id order).
+ */
+#include "epd_sample.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "epd_alloc.h"
+#include "epd_rng.h"
+
+struct epd_sample_scratch {
+    uint32_t vocab;
+    uint32_t *ids;   /* [vocab] */
+    double *probs;   /* [vocab] indexed by id */
+};
+
+void epd_sample_params_default(epd_sample_params_t *p)
+{
+    p->temperature = 0.0f;
+    p->top_k = 0;
+    p->top_p = 1.0f;
+    p->seed = 0;
+}
+
+epd_status_t epd_sample_params_check(const epd_sample_params_t *p)
+{
+    if (p == NULL || !(p->temperature >= 0.0f) || p->temperature > 100.0f ||
+        !(p->top_p > 0.0f) || p->top_p > 1.0f) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    return EPD_OK;
+}
+
+epd_status_t epd_sample_scratch_create(uint32_t vocab, epd_sample_scratch_t **scratch_p)
+{
+    epd_sample_scratch_t *s;
+
+    if (vocab == 0) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    s = epd_calloc(1, sizeof(*s));
+    if (s == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    s->vocab = vocab;
+    s->ids = epd_calloc(vocab, sizeof(*s->ids));
+    s->probs = epd_calloc(vocab, sizeof(*s->probs));
+    if (s->ids == NULL || s->probs == NULL) {
+        epd_sample_scratch_destroy(s);
+        return EPD_ERR_NO_MEMORY;
+    }
+    *scratch_p = s;
+    return EPD_OK;
+}
+
+void epd_sample_scratch_destroy(epd_sample_scratch_t *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    epd_free(s->probs);
+    epd_free(s->ids);
+    epd_free(s);
+}
+
+/* qsort has no context argument: the probabilities travel through a
+ * thread-local pointer, set only around the qsort call. */
+static _Thread_local const double *epd_sample_sort_probs;
+
+static int epd_sample_cmp(const void *a, const void *b)
+{
+    uint32_t ia = *(const uint32_t *)a;
+    uint32_t ib = *(const uint32_t *)b;
+    double pa = epd_sample_sort_probs[ia];
+    double pb = epd_sample_sort_probs[ib];
+
+    if (pa != pb) {
+        return pa > pb ? -1 : 1;
+    }
+    return ia < ib ? -1 : (ia > ib ? 1 : 0);
+}
+
+epd_status_t epd_sample_token(const epd_sample_params_t *p, epd_sample_scratch_t *s,
+                              const float *logits, uint32_t vocab, uint64_t step,
+                              int32_t *token_p)
+{
+    uint32_t best = 0;
+    uint32_t n;
+    double total = 0.0;
+    double u;
+    epd_rng_t rng;
+
+    if (epd_sample_params_check(p) != EPD_OK || s == NULL || logits == NULL || vocab == 0 ||
+        vocab > s->vocab) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    for (uint32_t i = 0; i < vocab; i++) {
+        if (isnan(logits[i])) {
+            return EPD_ERR_INVALID_PARAM;
+        }
+        if (logits[i] > logits[best]) {
+            best = i;
+        }
+    }
+    if (p->temperature == 0.0f) {
+        *token_p = (int32_t)best;
+        return EPD_OK;
+    }
+    for (uint32_t i = 0; i < vocab; i++) {
+        s->probs[i] = exp(((double)logits[i] - logits[best]) / p->temperature);
+        total += s->probs[i];
+        s->ids[i] = i;
+    }
+    for (uint32_t i = 0; i < vocab; i++) {
+        s->probs[i] /= total;
+    }
+    n = vocab;
+    if ((p->top_k > 0 && p->top_k < vocab) || p->top_p < 1.0f) {
+        double cum = 0.0;
+
+        epd_sample_sort_probs = s->probs;
+        qsort(s->ids, vocab, sizeof(*s->ids), epd_sample_cmp);
+        epd_sample_sort_probs = NULL;
+        if (p->top_k > 0 && p->top_k < n) {
+            n = p->top_k;
+        }
+        for (uint32_t i = 0; i < n; i++) {
+            cum += s->probs[s->ids[i]];
+            if (cum >= p->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    total = 0.0;
+    for (uint32_t i = 0; i < n; i++) {
+        total += s->probs[s->ids[i]];
+    }
+    /* One draw from (seed, step): splitmix-style mixing of the step keeps
+     * neighbouring steps independent. */
+    epd_rng_seed(&rng, p->seed ^ (0x9e3779b97f4a7c15ull * (step + 1)));
+    u = epd_rng_uniform(&rng) * total;
+    for (uint32_t i = 0; i < n; i++) {
+        u -= s->probs[s->ids[i]];
+        if (u < 0.0) {
+            *token_p = (int32_t)s->ids[i];
+            return EPD_OK;
+        }
+    }
+    *token_p = (int32_t)s->ids[n - 1]; /* rounding left u at ~0 */
+    return EPD_OK;
+}
