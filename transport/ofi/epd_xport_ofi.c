@@ -1,0 +1,1986 @@
+/*
+ * epd_xport_ofi.c — the libfabric backend of the transport (ops contract in
+ * transport/epd_xport_int.h).
+ *
+ * One worker = one fabric, domain, address vector (AV), completion queue
+ * (CQ) and ONE reliable-datagram endpoint (FI_EP_RDM) shared by every peer.
+ * A backend endpoint is only an fi_addr_t in the AV plus the bookkeeping of
+ * the writes and flushes posted to that peer.
+ *
+ * Provider choice: hints ask for FI_EP_RDM with FI_MSG | FI_RMA, send-after-
+ * send ordering (FI_ORDER_SAS) and the provider named by config->provider
+ * ("tcp;ofi_rxm" by default).  FI_PROVIDER in the environment wins: libfabric
+ * filters on it itself, so the config's name is then not put in the hints.
+ * The node is config->bind_host with FI_SOURCE (without a node libfabric
+ * binds eth0).
+ *
+ * Memory registration: hints request FI_MR_LOCAL | FI_MR_VIRT_ADDR |
+ * FI_MR_PROV_KEY | FI_MR_ALLOCATED | FI_MR_ENDPOINT | FI_MR_RAW and the code
+ * honours whatever subset the provider keeps:
+ *   - LOCAL: every local buffer is passed with its descriptor (the send and
+ *     receive pools and the flush scratch are registered once; a write from
+ *     a region of ours uses its fi_mr_desc; a write from unregistered memory
+ *     registers the range for the duration of the write).
+ *   - VIRT_ADDR: the packed key carries the region's virtual address as base
+ *     and the writer adds the offset; without it the base is 0 (offsets).
+ *   - PROV_KEY: the key is fi_mr_key() after registration; without it the
+ *     worker hands out its own unique keys (a counter per domain).
+ *   - ENDPOINT: every region is bound to the endpoint (fi_mr_bind) and
+ *     enabled (fi_mr_enable) before use.
+ *   - ALLOCATED: only memory that exists is ever registered (heap buffers),
+ *     nothing to do.
+ *   - RAW: keys wider than 64 bits travel as raw bytes (fi_mr_raw_attr) and
+ *     are mapped on the writer with fi_mr_map_raw / fi_mr_unmap_key.
+ * Every provider on the build machines returns mr_mode = 0; the other paths
+ * exist for verbs / EFA clusters.
+ *
+ * Messages: a bounded pool of pre-posted receive buffers (max_msg_size plus
+ * room for the core's frame header), reposted after each completion, and a
+ * bounded pool of send buffers (the caller's bytes are copied before send
+ * returns; small messages go through fi_inject and need no buffer).  An
+ * empty pool or -FI_EAGAIN is EPD_ERR_NO_RESOURCE after nudging the provider
+ * (fi_cq_read of zero entries progresses without consuming anything, so no
+ * upcall runs inside the caller's send).  Ordering on one peer comes from
+ * FI_ORDER_SAS.  Caveat: rxm hands messages above its rendezvous limit
+ * (128 KiB by default) to a read protocol whose completion can come after a
+ * later small message; keep max_msg_size at or below that limit.
+ *
+ * Writes and what completion means: when the provider accepts
+ * FI_DELIVERY_COMPLETE (checked with fi_getinfo; tcp;ofi_rxm and shm do),
+ * every write part is posted with fi_writemsg(FI_DELIVERY_COMPLETE), so a
+ * write's completion means its bytes are in the target's memory (tcp makes
+ * the target acknowledge after placing the data).  A flush is then pure
+ * bookkeeping: it completes once no write posted before it on that endpoint
+ * is still outstanding.  When the provider does not offer delivery
+ * complete (verbs), writes complete at transmit, and a flush whose writes
+ * have completed locally posts a 1-byte fi_read of the last written byte:
+ * the read is ordered after the writes (FI_ORDER_RAW), so its completion
+ * means they landed.  Writes longer than the provider's max_msg_size (or
+ * the EPD_OFI_WRITE_CHUNK environment variable, a test knob) are split into
+ * parts; the op completes once every part did, with the first error.
+ *
+ * Completions: one CQ (FI_CQ_FORMAT_DATA) with FI_WAIT_FD where the
+ * provider has one (get_fd = fi_control(FI_GETWAIT), arm = fi_trywait);
+ * shm has none, and get_fd says EPD_ERR_UNSUPPORTED.  Each posted libfabric
+ * operation has its own context object (struct fi_context2 first, so
+ * providers that need FI_CONTEXT/FI_CONTEXT2 work) pointing back to its
+ * request and endpoint; a CQ error that means the peer is gone fails the
+ * endpoint once (epd__xport_ep_failed), then its queued flushes and unposted
+ * write parts complete with that status; posted parts complete with the
+ * provider's error.
+ *
+ * Ownership: a request whose libfabric parts are still posted is never
+ * freed before the provider hands them back, even when its endpoint is
+ * destroyed (it is then an orphan: its op was already completed with
+ * EPD_ERR_CANCELED, and the late completion only frees it).  Caveat: the
+ * caller's source buffer of such a canceled write may still be read by the
+ * provider until that late completion; nothing here can wait for it without
+ * blocking.
+ *
+ * All calls run on the owning thread; progress does bounded work (at most
+ * EPD__OFI_CQ_BUDGET completions and EPD__OFI_SWEEP_BUDGET upcalls from
+ * queued work per call).  Nothing sleeps or blocks.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include "epd_alloc.h"
+#include "epd_log.h"
+#include "epd_xport_int.h"
+
+#define EPD__OFI_LOG "ofi"
+
+/* Room for the core's frame header in front of a max_msg_size payload. */
+#define EPD__OFI_HDR_ROOM 256
+/* Bytes of receive (and of send) buffers per worker, which sets how many
+ * slots of (max_msg_size + header) each pool has, within the bounds below. */
+#define EPD__OFI_POOL_BYTES (16u << 20)
+#define EPD__OFI_POOL_MIN 8u
+#define EPD__OFI_POOL_MAX 256u
+/* Contexts for posted write parts and flush reads. */
+#define EPD__OFI_PARTS 512u
+/* Requests beyond config->max_inflight, for orphans awaiting completions. */
+#define EPD__OFI_REQ_SPARE 256u
+#define EPD__OFI_CQ_BATCH 16
+#define EPD__OFI_CQ_BUDGET 64
+#define EPD__OFI_SWEEP_BUDGET 32
+#define EPD__OFI_MAX_RAW_KEY 256u
+#define EPD__OFI_MAX_NAME 1024u
+
+#define EPD__OFI_ADDR_MAGIC 0x4f46494155445045ull /* "EPDUAIFO" */
+#define EPD__OFI_RKEY_MAGIC 0x4f46494b45595045ull /* "EPYEKIFO" */
+#define EPD__OFI_WIRE_VERSION 1u
+#define EPD__OFI_PROV_LEN 32
+
+#define EPD__OFI_MR_REQUEST                                                                       \
+    (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED | FI_MR_ENDPOINT |          \
+     FI_MR_RAW)
+
+/* Address blob: this header, then name_len bytes of fi_getname. */
+typedef struct {
+    uint64_t magic;
+    uint16_t version;
+    uint16_t hdr_len; /* sizeof(this header) */
+    uint32_t name_len;
+    uint32_t addr_format;
+    uint32_t reserved;
+    char prov[EPD__OFI_PROV_LEN]; /* provider name, NUL padded (wire compatibility) */
+} epd__ofi_addr_hdr_t;
+
+/* Packed remote key: this header, then raw_len raw key bytes (FI_MR_RAW). */
+typedef struct {
+    uint64_t magic;
+    uint16_t version;
+    uint16_t hdr_len;
+    uint32_t raw_len;
+    uint64_t base;     /* remote address of offset 0: vaddr (VIRT_ADDR) or 0 */
+    uint64_t size;     /* bytes in the region */
+    uint64_t key;      /* fi_mr_key, unused with raw keys */
+    uint64_t raw_base; /* fi_mr_raw_attr base address, for fi_mr_map_raw */
+} epd__ofi_rkey_hdr_t;
+
+typedef struct epd__ofi epd__ofi_t;
+typedef struct epd__ofi_ep epd__ofi_ep_t;
+typedef struct epd__ofi_req epd__ofi_req_t;
+
+typedef enum {
+    EPD__OFI_X_RECV = 1,
+    EPD__OFI_X_SEND,
+    EPD__OFI_X_PART,
+} epd__ofi_xkind_t;
+
+/* One posted libfabric operation; its address is the op_context. */
+typedef struct epd__ofi_xfer {
+    struct fi_context2 ctx; /* first: some providers (FI_CONTEXT2) write here */
+    epd__ofi_xkind_t kind;
+    struct epd__ofi_xfer *next_free;
+    epd__ofi_ep_t *ep;   /* send: the endpoint, NULL once it was destroyed */
+    epd__ofi_req_t *req; /* part: the write or flush it belongs to */
+    unsigned char *buf;  /* recv/send: the slot's bytes */
+    bool posted;         /* recv: posted to the provider */
+} epd__ofi_xfer_t;
+
+typedef enum {
+    EPD__OFI_REQ_WRITE = 1,
+    EPD__OFI_REQ_FLUSH,
+} epd__ofi_rkind_t;
+
+/* A write or flush op held by the backend. */
+struct epd__ofi_req {
+    epd__ofi_rkind_t kind;
+    epd__xport_op_t *op;   /* NULL once completed early (orphan) */
+    epd__ofi_ep_t *ep;     /* NULL once orphaned */
+    epd__ofi_req_t *prev;  /* in ep->writes or ep->flushes */
+    epd__ofi_req_t *next;  /* ditto, and the free list */
+    uint64_t seq;          /* write: ordinal on ep; flush: writes before it */
+    const unsigned char *local;
+    size_t len;
+    size_t posted;         /* bytes handed to the provider so far */
+    uint64_t raddr;        /* remote address of byte 0 */
+    uint64_t key;
+    void *desc;            /* local descriptor (FI_MR_LOCAL) */
+    struct fid_mr *tmp_mr; /* on-the-fly registration of local */
+    uint32_t parts_out;    /* parts posted and not yet completed */
+    bool queued;           /* write: counted in ep->unposted (parts to post) */
+    bool reading;          /* flush: its ordering read is posted */
+    epd_status_t status;   /* first error */
+};
+
+struct epd__ofi_ep {
+    epd__ofi_t *be;
+    epd_xport_ep_t *core_ep;
+    fi_addr_t addr;
+    epd__ofi_ep_t *prev, *next; /* be->eps */
+    epd__ofi_req_t *writes, *writes_tail;   /* in seq order */
+    epd__ofi_req_t *flushes, *flushes_tail; /* in watermark order */
+    uint64_t write_seq;    /* writes accepted so far */
+    uint32_t unposted;     /* writes with parts still to post */
+    epd_status_t failed;   /* EPD_OK or the failure reported */
+    bool fail_reported;
+    bool closing;
+    bool have_flush_target; /* non-DC flush: a byte we wrote, to read back */
+    uint64_t flush_raddr;
+    uint64_t flush_key;
+    char peer[96];
+};
+
+typedef struct {
+    epd__ofi_t *be;
+    struct fid_mr *mr;
+    void *addr;
+    size_t size;
+    void *alloc; /* mr_alloc: the block to free */
+    uint64_t key;
+    uint64_t raw_base;
+    size_t raw_len;
+    unsigned char raw[EPD__OFI_MAX_RAW_KEY];
+} epd__ofi_mr_t;
+
+typedef struct {
+    epd__ofi_t *be;
+    const epd__ofi_ep_t *ep; /* compared, never dereferenced */
+    uint64_t base;
+    uint64_t size;
+    uint64_t key;
+    bool mapped; /* raw key mapped with fi_mr_map_raw */
+} epd__ofi_rkey_t;
+
+struct epd__ofi {
+    epd_xport_t *core;
+    struct fi_info *info;
+    struct fid_fabric *fabric;
+    struct fid_domain *domain;
+    struct fid_av *av;
+    struct fid_cq *cq;
+    struct fid_ep *ep;
+    int wait_fd; /* -1: no fd from the provider */
+    uint64_t mr_mode;
+    bool dc;     /* writes use FI_DELIVERY_COMPLETE */
+    uint64_t next_key;
+    size_t inject_size;
+    size_t write_chunk;
+    size_t slot_size;
+
+    void *addr_blob;
+    size_t addr_len;
+
+    /* receive pool */
+    unsigned rx_count;
+    unsigned char *rx_bufs;
+    struct fid_mr *rx_mr;
+    epd__ofi_xfer_t *rx;
+    uint32_t rx_unposted;
+
+    /* send pool */
+    unsigned tx_count;
+    unsigned char *tx_bufs;
+    struct fid_mr *tx_mr;
+    epd__ofi_xfer_t *tx;
+    epd__ofi_xfer_t *tx_free;
+    unsigned char *inject_buf;
+
+    /* write parts and flush reads */
+    epd__ofi_xfer_t *parts;
+    epd__ofi_xfer_t *parts_free;
+    unsigned char *scratch; /* target of flush reads */
+    struct fid_mr *scratch_mr;
+
+    epd__ofi_req_t *reqs;
+    epd__ofi_req_t *req_free;
+    size_t req_count;
+
+    epd__ofi_ep_t *eps;
+    char desc[256];
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+static const char *epd__ofi_prov(const epd__ofi_t *be)
+{
+    return be->info->fabric_attr->prov_name != NULL ? be->info->fabric_attr->prov_name : "?";
+}
+
+static void epd__ofi_mr_mode_str(uint64_t mode, char *buf, size_t len)
+{
+    static const struct {
+        uint64_t bit;
+        const char *name;
+    } bits[] = {
+        {FI_MR_LOCAL, "LOCAL"},       {FI_MR_RAW, "RAW"},           {FI_MR_VIRT_ADDR, "VIRT_ADDR"},
+        {FI_MR_ALLOCATED, "ALLOCATED"}, {FI_MR_PROV_KEY, "PROV_KEY"}, {FI_MR_ENDPOINT, "ENDPOINT"},
+        {FI_MR_MMU_NOTIFY, "MMU_NOTIFY"}, {FI_MR_RMA_EVENT, "RMA_EVENT"}, {FI_MR_HMEM, "HMEM"},
+    };
+    size_t off = 0;
+
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof(bits) / sizeof(bits[0]); i++) {
+        if ((mode & bits[i].bit) != 0 && off < len) {
+            int n = snprintf(buf + off, len - off, "%s%s", off != 0 ? "|" : "", bits[i].name);
+            if (n > 0) {
+                off += (size_t)n;
+            }
+        }
+    }
+    if (off == 0) {
+        snprintf(buf, len, "0");
+    }
+}
+
+/* Maps a libfabric error (positive FI_E* value) to a status, and says
+ * whether it means the peer is gone. */
+static epd_status_t epd__ofi_map_err(int err, bool *peer_gone_p)
+{
+    *peer_gone_p = false;
+    switch (err) {
+    case FI_ECONNREFUSED:
+    case FI_EHOSTUNREACH:
+    case FI_ENETUNREACH:
+    case FI_EADDRNOTAVAIL:
+    case FI_ETIMEDOUT:
+    case FI_EHOSTDOWN:
+    case FI_ENETDOWN:
+        *peer_gone_p = true;
+        return EPD_ERR_UNREACHABLE;
+    case FI_ECONNRESET:
+    case FI_ENOTCONN:
+    case FI_ECONNABORTED:
+    case EPIPE:
+    case FI_ESHUTDOWN:
+    case FI_ECANCELED:
+    case FI_EIO:
+        *peer_gone_p = true;
+        return EPD_ERR_PEER_DEAD;
+    case FI_ETRUNC:
+    case FI_EMSGSIZE:
+        return EPD_ERR_TOO_LONG;
+    case FI_EAGAIN:
+        return EPD_ERR_NO_RESOURCE;
+    case FI_ENOMEM:
+        return EPD_ERR_NO_MEMORY;
+    default:
+        return EPD_ERR_TRANSPORT;
+    }
+}
+
+/* A status for a negative return of a posting call other than -FI_EAGAIN. */
+static epd_status_t epd__ofi_post_err(ssize_t ret)
+{
+    bool gone;
+
+    return epd__ofi_map_err((int)-ret, &gone);
+}
+
+static epd_status_t epd__ofi_reg(epd__ofi_t *be, void *addr, size_t size, uint64_t access,
+                                 struct fid_mr **mr_p)
+{
+    struct fid_mr *mr = NULL;
+    uint64_t key = 0;
+    int ret;
+
+    if ((be->mr_mode & FI_MR_PROV_KEY) == 0) {
+        key = be->next_key++;
+    }
+    ret = fi_mr_reg(be->domain, addr, size, access, 0, key, 0, &mr, NULL);
+    if (ret != 0) {
+        epd_log_error(EPD__OFI_LOG, 0, "fi_mr_reg(%zu bytes) failed: %s", size, fi_strerror(-ret));
+        return ret == -FI_ENOMEM ? EPD_ERR_NO_MEMORY : EPD_ERR_TRANSPORT;
+    }
+    if ((be->mr_mode & FI_MR_ENDPOINT) != 0) {
+        ret = fi_mr_bind(mr, &be->ep->fid, 0);
+        if (ret == 0) {
+            ret = fi_mr_enable(mr);
+        }
+        if (ret != 0) {
+            epd_log_error(EPD__OFI_LOG, 0, "fi_mr_bind/enable failed: %s", fi_strerror(-ret));
+            fi_close(&mr->fid);
+            return EPD_ERR_TRANSPORT;
+        }
+    }
+    *mr_p = mr;
+    return EPD_OK;
+}
+
+static void *epd__ofi_desc(const epd__ofi_t *be, struct fid_mr *mr)
+{
+    return ((be->mr_mode & FI_MR_LOCAL) != 0 && mr != NULL) ? fi_mr_desc(mr) : NULL;
+}
+
+/* Progresses the provider without consuming completions (no upcall runs):
+ * util-based CQs run their progress function on every read. */
+static void epd__ofi_nudge(epd__ofi_t *be)
+{
+    (void)fi_cq_read(be->cq, NULL, 0);
+}
+
+/* ---------------------------------------------------------------- pools */
+
+static epd__ofi_req_t *epd__ofi_req_get(epd__ofi_t *be)
+{
+    epd__ofi_req_t *req = be->req_free;
+
+    if (req != NULL) {
+        be->req_free = req->next;
+        memset(req, 0, sizeof(*req));
+    }
+    return req;
+}
+
+static void epd__ofi_req_put(epd__ofi_t *be, epd__ofi_req_t *req)
+{
+    if (req->tmp_mr != NULL) {
+        fi_close(&req->tmp_mr->fid);
+        req->tmp_mr = NULL;
+    }
+    req->op = NULL;
+    req->ep = NULL;
+    req->next = be->req_free;
+    be->req_free = req;
+}
+
+static epd__ofi_xfer_t *epd__ofi_part_get(epd__ofi_t *be, epd__ofi_req_t *req)
+{
+    epd__ofi_xfer_t *x = be->parts_free;
+
+    if (x != NULL) {
+        be->parts_free = x->next_free;
+        x->req = req;
+    }
+    return x;
+}
+
+static void epd__ofi_part_put(epd__ofi_t *be, epd__ofi_xfer_t *x)
+{
+    x->req = NULL;
+    x->next_free = be->parts_free;
+    be->parts_free = x;
+}
+
+/* Doubly linked request lists (head/tail). */
+static void epd__ofi_list_append(epd__ofi_req_t **head, epd__ofi_req_t **tail, epd__ofi_req_t *req)
+{
+    req->next = NULL;
+    req->prev = *tail;
+    if (*tail != NULL) {
+        (*tail)->next = req;
+    } else {
+        *head = req;
+    }
+    *tail = req;
+}
+
+static void epd__ofi_list_remove(epd__ofi_req_t **head, epd__ofi_req_t **tail, epd__ofi_req_t *req)
+{
+    if (req->prev != NULL) {
+        req->prev->next = req->next;
+    } else {
+        *head = req->next;
+    }
+    if (req->next != NULL) {
+        req->next->prev = req->prev;
+    } else {
+        *tail = req->prev;
+    }
+    req->prev = NULL;
+    req->next = NULL;
+}
+
+/* ---------------------------------------------------------------- receives */
+
+static void epd__ofi_post_recvs(epd__ofi_t *be)
+{
+    void *desc = epd__ofi_desc(be, be->rx_mr);
+
+    if (be->rx_unposted == 0) {
+        return;
+    }
+    for (unsigned i = 0; i < be->rx_count; i++) {
+        epd__ofi_xfer_t *x = &be->rx[i];
+        ssize_t ret;
+
+        if (x->posted) {
+            continue;
+        }
+        ret = fi_recv(be->ep, x->buf, be->slot_size, desc, FI_ADDR_UNSPEC, x);
+        if (ret == -FI_EAGAIN) {
+            return; /* retried from the next progress */
+        }
+        if (ret != 0) {
+            epd_log_error(EPD__OFI_LOG, 0, "fi_recv failed: %s", fi_strerror((int)-ret));
+            return;
+        }
+        x->posted = true;
+        be->rx_unposted--;
+    }
+}
+
+/* ---------------------------------------------------------------- endpoints */
+
+/* Reports the failure of `ep` once.  The core may destroy the endpoint from
+ * inside the upcall: callers must not touch `ep` afterwards. */
+static void epd__ofi_ep_fail(epd__ofi_ep_t *ep, epd_status_t status)
+{
+    if (ep->failed == EPD_OK) {
+        ep->failed = status;
+    }
+    if (!ep->fail_reported && !ep->closing) {
+        ep->fail_reported = true;
+        epd_log_warn(EPD__OFI_LOG, 0, "endpoint to %s failed: %s", ep->peer,
+                     epd_status_string(status));
+        epd__xport_ep_failed(ep->core_ep, status);
+    }
+}
+
+/* The lowest write ordinal still outstanding on ep. */
+static uint64_t epd__ofi_oldest_write(const epd__ofi_ep_t *ep)
+{
+    return ep->writes != NULL ? ep->writes->seq : ep->write_seq;
+}
+
+/* Finishes a write whose parts are all done: unlinks, frees, completes.
+ * Runs an upcall. */
+static void epd__ofi_write_finish(epd__ofi_t *be, epd__ofi_req_t *req)
+{
+    epd__xport_op_t *op = req->op;
+    epd_status_t status = req->status;
+    epd__ofi_ep_t *ep = req->ep;
+
+    if (ep != NULL) {
+        epd__ofi_list_remove(&ep->writes, &ep->writes_tail, req);
+    }
+    epd__ofi_req_put(be, req);
+    if (op != NULL) {
+        epd__xport_op_done(op, status);
+    }
+}
+
+static void epd__ofi_flush_finish(epd__ofi_t *be, epd__ofi_req_t *req, epd_status_t status)
+{
+    epd__xport_op_t *op = req->op;
+    epd__ofi_ep_t *ep = req->ep;
+
+    if (ep != NULL) {
+        epd__ofi_list_remove(&ep->flushes, &ep->flushes_tail, req);
+    }
+    epd__ofi_req_put(be, req);
+    if (op != NULL) {
+        epd__xport_op_done(op, status);
+    }
+}
+
+/* Posts as many remaining parts of `req` as the provider takes.  Returns
+ * EPD_OK (all posted), EPD_ERR_NO_RESOURCE (some remain: retry later) or an
+ * error (posting stopped; req->status set). */
+static epd_status_t epd__ofi_write_post(epd__ofi_t *be, epd__ofi_req_t *req)
+{
+    uint64_t flags = FI_COMPLETION | (be->dc ? FI_DELIVERY_COMPLETE : 0);
+
+    while (req->posted < req->len) {
+        size_t chunk = req->len - req->posted;
+        epd__ofi_xfer_t *x;
+        struct iovec iov;
+        struct fi_rma_iov riov;
+        struct fi_msg_rma msg;
+        ssize_t ret;
+
+        if (chunk > be->write_chunk) {
+            chunk = be->write_chunk;
+        }
+        x = epd__ofi_part_get(be, req);
+        if (x == NULL) {
+            return EPD_ERR_NO_RESOURCE;
+        }
+        iov.iov_base = (void *)(req->local + req->posted);
+        iov.iov_len = chunk;
+        riov.addr = req->raddr + req->posted;
+        riov.len = chunk;
+        riov.key = req->key;
+        memset(&msg, 0, sizeof(msg));
+        msg.msg_iov = &iov;
+        msg.desc = &req->desc;
+        msg.iov_count = 1;
+        msg.addr = req->ep->addr;
+        msg.rma_iov = &riov;
+        msg.rma_iov_count = 1;
+        msg.context = x;
+        ret = fi_writemsg(be->ep, &msg, flags);
+        if (ret != 0) {
+            epd__ofi_part_put(be, x);
+            if (ret == -FI_EAGAIN) {
+                return EPD_ERR_NO_RESOURCE;
+            }
+            epd_log_error(EPD__OFI_LOG, 0, "fi_writemsg(%zu bytes) to %s failed: %s", chunk,
+                          req->ep->peer, fi_strerror((int)-ret));
+            if (req->status == EPD_OK) {
+                req->status = epd__ofi_post_err(ret);
+            }
+            return req->status;
+        }
+        req->parts_out++;
+        req->posted += chunk;
+        if (!be->dc) {
+            req->ep->have_flush_target = true;
+            req->ep->flush_raddr = riov.addr + chunk - 1;
+            req->ep->flush_key = riov.key;
+        }
+    }
+    return EPD_OK;
+}
+
+/* Posts the ordering read of a flush (non-DC providers). */
+static epd_status_t epd__ofi_flush_read(epd__ofi_t *be, epd__ofi_req_t *req)
+{
+    epd__ofi_ep_t *ep = req->ep;
+    epd__ofi_xfer_t *x = epd__ofi_part_get(be, req);
+    ssize_t ret;
+
+    if (x == NULL) {
+        return EPD_ERR_NO_RESOURCE;
+    }
+    ret = fi_read(be->ep, be->scratch, 1, epd__ofi_desc(be, be->scratch_mr), ep->addr,
+                  ep->flush_raddr, ep->flush_key, x);
+    if (ret != 0) {
+        epd__ofi_part_put(be, x);
+        if (ret == -FI_EAGAIN) {
+            return EPD_ERR_NO_RESOURCE;
+        }
+        epd_log_error(EPD__OFI_LOG, 0, "fi_read (flush) from %s failed: %s", ep->peer,
+                      fi_strerror((int)-ret));
+        return epd__ofi_post_err(ret);
+    }
+    req->parts_out++;
+    req->reading = true;
+    return EPD_OK;
+}
+
+/* Does the queued work of one endpoint: posts pending write parts, retires
+ * ready flushes.  Returns true after running an upcall (the endpoint list
+ * may have changed: the caller restarts its walk). */
+static bool epd__ofi_ep_sweep(epd__ofi_t *be, epd__ofi_ep_t *ep)
+{
+    if (ep->unposted != 0) {
+        for (epd__ofi_req_t *req = ep->writes; req != NULL; req = req->next) {
+            epd_status_t status;
+
+            if (!req->queued) {
+                continue;
+            }
+            if (ep->failed != EPD_OK) {
+                status = ep->failed;
+                if (req->status == EPD_OK) {
+                    req->status = status;
+                }
+            } else {
+                status = epd__ofi_write_post(be, req);
+                if (status == EPD_ERR_NO_RESOURCE) {
+                    break;
+                }
+            }
+            /* all posted, or posting stopped for good */
+            if (status != EPD_OK) {
+                req->posted = req->len;
+            }
+            req->queued = false;
+            ep->unposted--;
+            if (req->parts_out == 0) {
+                epd__ofi_write_finish(be, req);
+                return true;
+            }
+        }
+    }
+
+    if (ep->flushes != NULL) {
+        epd__ofi_req_t *req = ep->flushes;
+
+        if (ep->failed != EPD_OK && !req->reading) {
+            epd__ofi_flush_finish(be, req, ep->failed);
+            return true;
+        }
+        if (req->reading || epd__ofi_oldest_write(ep) < req->seq) {
+            return false;
+        }
+        if (!be->dc && ep->have_flush_target) {
+            epd_status_t status = epd__ofi_flush_read(be, req);
+
+            if (status == EPD_OK || status == EPD_ERR_NO_RESOURCE) {
+                return false;
+            }
+            epd__ofi_flush_finish(be, req, status);
+            return true;
+        }
+        epd__ofi_flush_finish(be, req, EPD_OK);
+        return true;
+    }
+    return false;
+}
+
+static bool epd__ofi_ep_has_work(const epd__ofi_t *be, const epd__ofi_ep_t *ep)
+{
+    const epd__ofi_req_t *req = ep->flushes;
+
+    if (ep->unposted != 0) {
+        return true;
+    }
+    if (req == NULL || req->reading) {
+        return false;
+    }
+    (void)be;
+    return ep->failed != EPD_OK || epd__ofi_oldest_write(ep) >= req->seq;
+}
+
+static int epd__ofi_sweep(epd__ofi_t *be)
+{
+    int n = 0;
+
+again:
+    for (epd__ofi_ep_t *ep = be->eps; ep != NULL && n < EPD__OFI_SWEEP_BUDGET; ep = ep->next) {
+        if (!epd__ofi_ep_has_work(be, ep)) {
+            continue;
+        }
+        if (epd__ofi_ep_sweep(be, ep)) {
+            n++;
+            goto again;
+        }
+    }
+    return n;
+}
+
+/* ---------------------------------------------------------------- completions */
+
+static void epd__ofi_part_done(epd__ofi_t *be, epd__ofi_xfer_t *x, epd_status_t status)
+{
+    epd__ofi_req_t *req = x->req;
+
+    epd__ofi_part_put(be, x);
+    req->parts_out--;
+    if (status != EPD_OK && req->status == EPD_OK) {
+        req->status = status;
+    }
+    if (req->parts_out != 0) {
+        return;
+    }
+    if (req->op == NULL) {
+        /* orphan: its op completed when its endpoint was destroyed */
+        epd__ofi_req_put(be, req);
+        return;
+    }
+    if (req->kind == EPD__OFI_REQ_FLUSH) {
+        epd__ofi_flush_finish(be, req, req->status);
+        return;
+    }
+    if (!req->queued) {
+        epd__ofi_write_finish(be, req);
+    } else if (req->status != EPD_OK && req->ep != NULL) {
+        /* an error while parts remain: give up on the rest */
+        req->posted = req->len;
+        req->queued = false;
+        req->ep->unposted--;
+        epd__ofi_write_finish(be, req);
+    }
+}
+
+static void epd__ofi_handle(epd__ofi_t *be, void *ctx, size_t len, epd_status_t status,
+                            bool peer_gone)
+{
+    epd__ofi_xfer_t *x = ctx;
+
+    switch (x->kind) {
+    case EPD__OFI_X_RECV:
+        x->posted = false;
+        be->rx_unposted++;
+        if (status == EPD_OK) {
+            epd__xport_deliver(be->core, x->buf, len);
+        }
+        return;
+    case EPD__OFI_X_SEND:
+        if (status != EPD_OK && peer_gone && x->ep != NULL) {
+            epd__ofi_ep_fail(x->ep, status);
+        }
+        x->ep = NULL;
+        x->next_free = be->tx_free;
+        be->tx_free = x;
+        return;
+    case EPD__OFI_X_PART:
+        if (status != EPD_OK && peer_gone && x->req->ep != NULL) {
+            /* may destroy the endpoint; x->req survives (parts_out > 0) */
+            epd__ofi_ep_fail(x->req->ep, status);
+        }
+        epd__ofi_part_done(be, x, status);
+        return;
+    }
+}
+
+static int epd__ofi_read_cq(epd__ofi_t *be)
+{
+    struct fi_cq_data_entry entries[EPD__OFI_CQ_BATCH];
+    int handled = 0;
+
+    while (handled < EPD__OFI_CQ_BUDGET) {
+        ssize_t n = fi_cq_read(be->cq, entries, EPD__OFI_CQ_BATCH);
+
+        if (n == -FI_EAGAIN) {
+            break;
+        }
+        if (n == -FI_EAVAIL) {
+            struct fi_cq_err_entry err;
+            char text[256];
+            epd_status_t status;
+            bool gone;
+
+            memset(&err, 0, sizeof(err));
+            n = fi_cq_readerr(be->cq, &err, 0);
+            if (n != 1) {
+                break;
+            }
+            handled++;
+            status = epd__ofi_map_err(err.err, &gone);
+            if (err.op_context == NULL) {
+                epd_log_warn(EPD__OFI_LOG, 0, "completion error without context: %s (%s)",
+                             fi_strerror(err.err),
+                             fi_cq_strerror(be->cq, err.prov_errno, err.err_data, text,
+                                            sizeof(text)));
+                continue;
+            }
+            if (((epd__ofi_xfer_t *)err.op_context)->kind != EPD__OFI_X_RECV ||
+                err.err != FI_ECANCELED) {
+                epd_log_debug(EPD__OFI_LOG, 0, "completion error: %s (%s)", fi_strerror(err.err),
+                              fi_cq_strerror(be->cq, err.prov_errno, err.err_data, text,
+                                             sizeof(text)));
+            }
+            epd__ofi_handle(be, err.op_context, 0, status, gone);
+            continue;
+        }
+        if (n < 0) {
+            epd_log_error(EPD__OFI_LOG, 0, "fi_cq_read failed: %s", fi_strerror((int)-n));
+            break;
+        }
+        for (ssize_t i = 0; i < n; i++) {
+            if (entries[i].op_context != NULL) {
+                epd__ofi_handle(be, entries[i].op_context, entries[i].len, EPD_OK, false);
+            }
+        }
+        handled += (int)n;
+        if (n < EPD__OFI_CQ_BATCH) {
+            break;
+        }
+    }
+    return handled;
+}
+
+/* ---------------------------------------------------------------- ops: worker */
+
+static void epd__ofi_close_all(epd__ofi_t *be)
+{
+    /* Order matters: the endpoint first (it cancels what is posted), then
+     * what it was bound to, the regions, the domain, the fabric.  A shm
+     * process that skips fi_close leaves its POSIX shm segment behind. */
+    if (be->ep != NULL) {
+        fi_close(&be->ep->fid);
+        be->ep = NULL;
+    }
+    if (be->av != NULL) {
+        fi_close(&be->av->fid);
+        be->av = NULL;
+    }
+    if (be->cq != NULL) {
+        fi_close(&be->cq->fid);
+        be->cq = NULL;
+    }
+    for (size_t i = 0; be->reqs != NULL && i < be->req_count; i++) {
+        if (be->reqs[i].tmp_mr != NULL) {
+            fi_close(&be->reqs[i].tmp_mr->fid);
+            be->reqs[i].tmp_mr = NULL;
+        }
+    }
+    if (be->rx_mr != NULL) {
+        fi_close(&be->rx_mr->fid);
+        be->rx_mr = NULL;
+    }
+    if (be->tx_mr != NULL) {
+        fi_close(&be->tx_mr->fid);
+        be->tx_mr = NULL;
+    }
+    if (be->scratch_mr != NULL) {
+        fi_close(&be->scratch_mr->fid);
+        be->scratch_mr = NULL;
+    }
+    if (be->domain != NULL) {
+        fi_close(&be->domain->fid);
+        be->domain = NULL;
+    }
+    if (be->fabric != NULL) {
+        fi_close(&be->fabric->fid);
+        be->fabric = NULL;
+    }
+    if (be->info != NULL) {
+        fi_freeinfo(be->info);
+        be->info = NULL;
+    }
+}
+
+static void epd__ofi_free_mem(epd__ofi_t *be)
+{
+    epd_free(be->addr_blob);
+    epd_free(be->rx_bufs);
+    epd_free(be->rx);
+    epd_free(be->tx_bufs);
+    epd_free(be->tx);
+    epd_free(be->inject_buf);
+    epd_free(be->parts);
+    epd_free(be->scratch);
+    epd_free(be->reqs);
+    epd_free(be);
+}
+
+/* Builds the hints; `dc` asks for FI_DELIVERY_COMPLETE. */
+static struct fi_info *epd__ofi_hints(const char *prov, bool dc)
+{
+    struct fi_info *hints = fi_allocinfo();
+
+    if (hints == NULL) {
+        return NULL;
+    }
+    hints->caps = FI_MSG | FI_RMA | FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE;
+    if (!dc) {
+        hints->caps |= FI_READ | FI_REMOTE_READ; /* the flush's ordering read */
+    }
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->domain_attr->mr_mode = EPD__OFI_MR_REQUEST;
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    hints->tx_attr->msg_order = FI_ORDER_SAS | (dc ? 0 : FI_ORDER_RAW);
+    hints->rx_attr->msg_order = FI_ORDER_SAS;
+    if (dc) {
+        hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+    }
+    if (prov != NULL) {
+        /* fi_freeinfo releases it with free(): it must come from libc, not
+         * from the epd_malloc funnel. */
+        hints->fabric_attr->prov_name = strdup(prov);
+        if (hints->fabric_attr->prov_name == NULL) {
+            fi_freeinfo(hints);
+            return NULL;
+        }
+    }
+    return hints;
+}
+
+static epd_status_t epd__ofi_getinfo(epd__ofi_t *be, const char *prov, const char *node)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        bool dc = attempt == 0;
+        struct fi_info *hints = epd__ofi_hints(prov, dc);
+        struct fi_info *info = NULL;
+        int ret;
+
+        if (hints == NULL) {
+            return EPD_ERR_NO_MEMORY;
+        }
+        ret = fi_getinfo(FI_VERSION(1, 17), node, NULL, FI_SOURCE, hints, &info);
+        fi_freeinfo(hints);
+        if (ret == 0 && info != NULL) {
+            /* DC was only asked to learn that the provider has it; the
+             * endpoint's default stays plain so sends do not wait for acks,
+             * and writes ask for it per operation. */
+            info->tx_attr->op_flags &= ~(uint64_t)FI_DELIVERY_COMPLETE;
+            if (info->next != NULL) {
+                fi_freeinfo(info->next);
+                info->next = NULL;
+            }
+            be->info = info;
+            be->dc = dc;
+            return EPD_OK;
+        }
+        if (ret != -FI_ENODATA) {
+            epd_log_error(EPD__OFI_LOG, 0, "fi_getinfo(provider %s, node %s) failed: %s",
+                          prov != NULL ? prov : getenv("FI_PROVIDER"), node, fi_strerror(-ret));
+            return EPD_ERR_CONFIG;
+        }
+    }
+    epd_log_error(EPD__OFI_LOG, 0,
+                  "no libfabric provider matches: provider %s%s, node %s, FI_EP_RDM with "
+                  "FI_MSG|FI_RMA and send-after-send ordering",
+                  prov != NULL ? prov : getenv("FI_PROVIDER"),
+                  prov != NULL ? "" : " (from FI_PROVIDER)", node);
+    return EPD_ERR_CONFIG;
+}
+
+static epd_status_t epd__ofi_open_cq(epd__ofi_t *be, size_t size)
+{
+    struct fi_cq_attr attr;
+    int ret;
+
+    memset(&attr, 0, sizeof(attr));
+    attr.format = FI_CQ_FORMAT_DATA;
+    attr.size = size;
+    attr.wait_obj = FI_WAIT_FD;
+    ret = fi_cq_open(be->domain, &attr, &be->cq, NULL);
+    if (ret == 0) {
+        int fd = -1;
+
+        ret = fi_control(&be->cq->fid, FI_GETWAIT, &fd);
+        if (ret == 0 && fd >= 0) {
+            be->wait_fd = fd;
+            return EPD_OK;
+        }
+        fi_close(&be->cq->fid);
+        be->cq = NULL;
+    }
+    /* shm and other providers without fd-wait: poll the CQ */
+    attr.wait_obj = FI_WAIT_NONE;
+    ret = fi_cq_open(be->domain, &attr, &be->cq, NULL);
+    if (ret != 0) {
+        epd_log_error(EPD__OFI_LOG, 0, "fi_cq_open failed: %s", fi_strerror(-ret));
+        return EPD_ERR_TRANSPORT;
+    }
+    be->wait_fd = -1;
+    return EPD_OK;
+}
+
+static epd_status_t epd__ofi_open(epd__ofi_t *be)
+{
+    struct fi_info *info = be->info;
+    struct fi_av_attr av_attr;
+    size_t cq_size;
+    int ret;
+
+    ret = fi_fabric(info->fabric_attr, &be->fabric, NULL);
+    if (ret != 0) {
+        epd_log_error(EPD__OFI_LOG, 0, "fi_fabric(%s) failed: %s", epd__ofi_prov(be),
+                      fi_strerror(-ret));
+        return EPD_ERR_CONFIG;
+    }
+    ret = fi_domain(be->fabric, info, &be->domain, NULL);
+    if (ret != 0) {
+        epd_log_error(EPD__OFI_LOG, 0, "fi_domain(%s) failed: %s", info->domain_attr->name,
+                      fi_strerror(-ret));
+        return EPD_ERR_CONFIG;
+    }
+    memset(&av_attr, 0, sizeof(av_attr));
+    av_attr.type = info->domain_attr->av_type != FI_AV_UNSPEC ? info->domain_attr->av_type
+                                                              : FI_AV_TABLE;
+    ret = fi_av_open(be->domain, &av_attr, &be->av, NULL);
+    if (ret != 0) {
+        epd_log_error(EPD__OFI_LOG, 0, "fi_av_open failed: %s", fi_strerror(-ret));
+        return EPD_ERR_TRANSPORT;
+    }
+    cq_size = (size_t)be->rx_count + be->tx_count + EPD__OFI_PARTS + 64;
+    if (epd__ofi_open_cq(be, cq_size) != EPD_OK) {
+        return EPD_ERR_TRANSPORT;
+    }
+    ret = fi_endpoint(be->domain, info, &be->ep, NULL);
+    if (ret != 0) {
+        epd_log_error(EPD__OFI_LOG, 0, "fi_endpoint failed: %s", fi_strerror(-ret));
+        return EPD_ERR_TRANSPORT;
+    }
+    ret = fi_ep_bind(be->ep, &be->av->fid, 0);
+    if (ret == 0) {
+        ret = fi_ep_bind(be->ep, &be->cq->fid, FI_TRANSMIT | FI_RECV);
+    }
+    if (ret == 0) {
+        ret = fi_enable(be->ep);
+    }
+    if (ret != 0) {
+        epd_log_error(EPD__OFI_LOG, 0, "binding/enabling the endpoint failed: %s",
+                      fi_strerror(-ret));
+        return EPD_ERR_TRANSPORT;
+    }
+    return EPD_OK;
+}
+
+static epd_status_t epd__ofi_make_address(epd__ofi_t *be)
+{
+    epd__ofi_addr_hdr_t hdr;
+    size_t name_len = 0;
+    unsigned char *blob;
+    int ret;
+
+    ret = fi_getname(&be->ep->fid, NULL, &name_len);
+    if ((ret != 0 && ret != -FI_ETOOSMALL) || name_len == 0 || name_len > EPD__OFI_MAX_NAME) {
+        epd_log_error(EPD__OFI_LOG, 0, "fi_getname failed: %s (length %zu)", fi_strerror(-ret),
+                      name_len);
+        return EPD_ERR_TRANSPORT;
+    }
+    blob = epd_calloc(1, sizeof(hdr) + name_len);
+    if (blob == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    ret = fi_getname(&be->ep->fid, blob + sizeof(hdr), &name_len);
+    if (ret != 0) {
+        epd_log_error(EPD__OFI_LOG, 0, "fi_getname failed: %s", fi_strerror(-ret));
+        epd_free(blob);
+        return EPD_ERR_TRANSPORT;
+    }
+    memset(&hdr, 0, sizeof(hdr));
+    hdr.magic = EPD__OFI_ADDR_MAGIC;
+    hdr.version = EPD__OFI_WIRE_VERSION;
+    hdr.hdr_len = sizeof(hdr);
+    hdr.name_len = (uint32_t)name_len;
+    hdr.addr_format = be->info->addr_format;
+    snprintf(hdr.prov, sizeof(hdr.prov), "%s", epd__ofi_prov(be));
+    memcpy(blob, &hdr, sizeof(hdr));
+    be->addr_blob = blob;
+    be->addr_len = sizeof(hdr) + name_len;
+    return EPD_OK;
+}
+
+static epd_status_t epd__ofi_make_pools(epd__ofi_t *be, size_t max_inflight)
+{
+    epd_status_t status;
+
+    be->rx_bufs = epd_calloc(be->rx_count, be->slot_size);
+    be->rx = epd_calloc(be->rx_count, sizeof(*be->rx));
+    be->tx_bufs = epd_calloc(be->tx_count, be->slot_size);
+    be->tx = epd_calloc(be->tx_count, sizeof(*be->tx));
+    be->inject_buf = epd_calloc(1, be->inject_size != 0 ? be->inject_size : 1);
+    be->parts = epd_calloc(EPD__OFI_PARTS, sizeof(*be->parts));
+    be->scratch = epd_calloc(1, 64);
+    be->req_count = max_inflight + EPD__OFI_REQ_SPARE;
+    be->reqs = epd_calloc(be->req_count, sizeof(*be->reqs));
+    if (be->rx_bufs == NULL || be->rx == NULL || be->tx_bufs == NULL || be->tx == NULL ||
+        be->inject_buf == NULL || be->parts == NULL || be->scratch == NULL || be->reqs == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    for (unsigned i = 0; i < be->rx_count; i++) {
+        be->rx[i].kind = EPD__OFI_X_RECV;
+        be->rx[i].buf = be->rx_bufs + (size_t)i * be->slot_size;
+    }
+    be->rx_unposted = be->rx_count;
+    for (unsigned i = be->tx_count; i-- > 0;) {
+        be->tx[i].kind = EPD__OFI_X_SEND;
+        be->tx[i].buf = be->tx_bufs + (size_t)i * be->slot_size;
+        be->tx[i].next_free = be->tx_free;
+        be->tx_free = &be->tx[i];
+    }
+    for (unsigned i = EPD__OFI_PARTS; i-- > 0;) {
+        be->parts[i].kind = EPD__OFI_X_PART;
+        be->parts[i].next_free = be->parts_free;
+        be->parts_free = &be->parts[i];
+    }
+    for (size_t i = be->req_count; i-- > 0;) {
+        be->reqs[i].next = be->req_free;
+        be->req_free = &be->reqs[i];
+    }
+
+    if ((be->mr_mode & FI_MR_LOCAL) != 0) {
+        status = epd__ofi_reg(be, be->rx_bufs, (size_t)be->rx_count * be->slot_size, FI_RECV,
+                              &be->rx_mr);
+        if (status != EPD_OK) {
+            return status;
+        }
+        status = epd__ofi_reg(be, be->tx_bufs, (size_t)be->tx_count * be->slot_size, FI_SEND,
+                              &be->tx_mr);
+        if (status != EPD_OK) {
+            return status;
+        }
+        if (!be->dc) {
+            status = epd__ofi_reg(be, be->scratch, 64, FI_READ, &be->scratch_mr);
+            if (status != EPD_OK) {
+                return status;
+            }
+        }
+    }
+    return EPD_OK;
+}
+
+static size_t epd__ofi_env_chunk(void)
+{
+    const char *text = getenv("EPD_OFI_WRITE_CHUNK");
+    char *end;
+    unsigned long long v;
+
+    if (text == NULL || *text == '\0') {
+        return 0;
+    }
+    errno = 0;
+    v = strtoull(text, &end, 10);
+    if (errno != 0 || *end != '\0' || v == 0 || v > SIZE_MAX) {
+        epd_log_warn(EPD__OFI_LOG, 0, "ignoring EPD_OFI_WRITE_CHUNK=%s (want bytes > 0)", text);
+        return 0;
+    }
+    return (size_t)v;
+}
+
+static epd_status_t epd__ofi_create(epd_xport_t *core, const epd_xport_config_t *config,
+                                    void **be_p)
+{
+    const char *env_prov = getenv("FI_PROVIDER");
+    const char *prov;
+    const char *node;
+    size_t max_msg;
+    size_t max_inflight;
+    unsigned count;
+    char mode_text[128];
+    epd__ofi_t *be;
+    epd_status_t status;
+
+    if (core == NULL || config == NULL || be_p == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    max_msg = config->max_msg_size != 0 ? config->max_msg_size : 65536;
+    if (max_msg > (1u << 30)) {
+        epd_log_error(EPD__OFI_LOG, 0, "max_msg_size %zu is too large for message buffers",
+                      max_msg);
+        return EPD_ERR_CONFIG;
+    }
+    max_inflight = config->max_inflight != 0 ? config->max_inflight : 4096;
+    prov = (env_prov != NULL && *env_prov != '\0')
+               ? NULL
+               : (config->provider != NULL && *config->provider != '\0' ? config->provider
+                                                                         : "tcp;ofi_rxm");
+    node = config->bind_host != NULL && *config->bind_host != '\0' ? config->bind_host
+                                                                   : "127.0.0.1";
+
+    be = epd_calloc(1, sizeof(*be));
+    if (be == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    be->core = core;
+    be->wait_fd = -1;
+    be->next_key = 1;
+    be->slot_size = max_msg + EPD__OFI_HDR_ROOM;
+    count = (unsigned)(EPD__OFI_POOL_BYTES / be->slot_size);
+    count = count < EPD__OFI_POOL_MIN ? EPD__OFI_POOL_MIN : count;
+    count = count > EPD__OFI_POOL_MAX ? EPD__OFI_POOL_MAX : count;
+    be->rx_count = count;
+    be->tx_count = count;
+
+    status = epd__ofi_getinfo(be, prov, node);
+    if (status != EPD_OK) {
+        goto err_free;
+    }
+    be->mr_mode = be->info->domain_attr->mr_mode;
+    if ((be->mr_mode & FI_MR_RAW) != 0 && be->info->domain_attr->mr_key_size > EPD__OFI_MAX_RAW_KEY) {
+        epd_log_error(EPD__OFI_LOG, 0, "provider %s needs %zu-byte raw keys (at most %u supported)",
+                      epd__ofi_prov(be), be->info->domain_attr->mr_key_size,
+                      EPD__OFI_MAX_RAW_KEY);
+        status = EPD_ERR_CONFIG;
+        goto err_close;
+    }
+    if (be->info->tx_attr->size != 0 && be->tx_count > be->info->tx_attr->size) {
+        be->tx_count = (unsigned)be->info->tx_attr->size;
+    }
+    if (be->info->rx_attr->size != 0 && be->rx_count > be->info->rx_attr->size) {
+        be->rx_count = (unsigned)be->info->rx_attr->size;
+    }
+    if (be->info->ep_attr->max_msg_size < be->slot_size) {
+        epd_log_error(EPD__OFI_LOG, 0, "provider %s carries messages up to %zu bytes, need %zu",
+                      epd__ofi_prov(be), be->info->ep_attr->max_msg_size, be->slot_size);
+        status = EPD_ERR_CONFIG;
+        goto err_close;
+    }
+    be->inject_size = be->info->tx_attr->inject_size;
+    if (be->inject_size > be->slot_size) {
+        be->inject_size = be->slot_size;
+    }
+    be->write_chunk = be->info->ep_attr->max_msg_size;
+    {
+        size_t env_chunk = epd__ofi_env_chunk();
+
+        if (env_chunk != 0 && env_chunk < be->write_chunk) {
+            be->write_chunk = env_chunk;
+        }
+    }
+
+    status = epd__ofi_open(be);
+    if (status != EPD_OK) {
+        goto err_close;
+    }
+    status = epd__ofi_make_address(be);
+    if (status != EPD_OK) {
+        goto err_close;
+    }
+    status = epd__ofi_make_pools(be, max_inflight);
+    if (status != EPD_OK) {
+        goto err_close;
+    }
+    epd__ofi_post_recvs(be);
+    if (be->rx_unposted == be->rx_count) {
+        epd_log_error(EPD__OFI_LOG, 0, "could not post any receive buffer");
+        status = EPD_ERR_TRANSPORT;
+        goto err_close;
+    }
+
+    epd__ofi_mr_mode_str(be->mr_mode, mode_text, sizeof(mode_text));
+    snprintf(be->desc, sizeof(be->desc),
+             "ofi provider %s fabric %s domain %s mr_mode %s max_msg_size %zu inject %zu "
+             "wait_fd %s writes %s",
+             epd__ofi_prov(be), be->info->fabric_attr->name, be->info->domain_attr->name,
+             mode_text, be->info->ep_attr->max_msg_size, be->inject_size,
+             be->wait_fd >= 0 ? "yes" : "no", be->dc ? "delivery-complete" : "read-flushed");
+    epd_log_info(EPD__OFI_LOG, 0, "%s (node %s, %u+%u message slots of %zu bytes)", be->desc,
+                 node, be->rx_count, be->tx_count, be->slot_size);
+
+    *be_p = be;
+    return EPD_OK;
+
+err_close:
+    epd__ofi_close_all(be);
+err_free:
+    epd__ofi_free_mem(be);
+    return status;
+}
+
+static void epd__ofi_ep_destroy(void *be_ep);
+
+static void epd__ofi_destroy(void *arg)
+{
+    epd__ofi_t *be = arg;
+
+    if (be == NULL) {
+        return;
+    }
+    while (be->eps != NULL) {
+        epd__ofi_ep_destroy(be->eps);
+    }
+    epd__ofi_close_all(be);
+    epd__ofi_free_mem(be);
+}
+
+static epd_status_t epd__ofi_address(void *arg, const void **blob_p, size_t *len_p)
+{
+    epd__ofi_t *be = arg;
+
+    if (be == NULL || blob_p == NULL || len_p == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    *blob_p = be->addr_blob;
+    *len_p = be->addr_len;
+    return EPD_OK;
+}
+
+static void epd__ofi_describe(void *arg, char *buf, size_t len)
+{
+    epd__ofi_t *be = arg;
+
+    if (buf == NULL || len == 0) {
+        return;
+    }
+    snprintf(buf, len, "%s", be != NULL ? be->desc : "ofi (none)");
+}
+
+/* ---------------------------------------------------------------- ops: endpoints */
+
+static epd_status_t epd__ofi_ep_create(void *arg, const void *blob, size_t len,
+                                       epd_xport_ep_t *core_ep, void **be_ep_p)
+{
+    epd__ofi_t *be = arg;
+    epd__ofi_addr_hdr_t hdr;
+    const unsigned char *name;
+    epd__ofi_ep_t *ep;
+    size_t straddr_len;
+    int ret;
+
+    if (be == NULL || be_ep_p == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (blob == NULL || len < sizeof(hdr)) {
+        epd_log_warn(EPD__OFI_LOG, 0, "address blob refused: %zu bytes, header needs %zu", len,
+                     sizeof(hdr));
+        return EPD_ERR_BAD_ADDRESS;
+    }
+    memcpy(&hdr, blob, sizeof(hdr));
+    if (hdr.magic != EPD__OFI_ADDR_MAGIC || hdr.version != EPD__OFI_WIRE_VERSION ||
+        hdr.hdr_len != sizeof(hdr) || hdr.name_len == 0 || hdr.name_len > EPD__OFI_MAX_NAME ||
+        (size_t)hdr.name_len != len - sizeof(hdr)) {
+        epd_log_warn(EPD__OFI_LOG, 0,
+                     "address blob refused: not an ofi address of this version (%zu bytes)",
+                     len);
+        return EPD_ERR_BAD_ADDRESS;
+    }
+    if (hdr.addr_format != be->info->addr_format ||
+        memchr(hdr.prov, '\0', sizeof(hdr.prov)) == NULL ||
+        strncmp(hdr.prov, epd__ofi_prov(be), sizeof(hdr.prov)) != 0) {
+        epd_log_warn(EPD__OFI_LOG, 0,
+                     "address blob refused: peer uses provider %.*s (address format %u), "
+                     "this worker %s (%u)",
+                     (int)sizeof(hdr.prov), hdr.prov, hdr.addr_format, epd__ofi_prov(be),
+                     be->info->addr_format);
+        return EPD_ERR_BAD_ADDRESS;
+    }
+    name = (const unsigned char *)blob + sizeof(hdr);
+
+    ep = epd_calloc(1, sizeof(*ep));
+    if (ep == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    ep->be = be;
+    ep->core_ep = core_ep;
+    ret = fi_av_insert(be->av, name, 1, &ep->addr, 0, NULL);
+    if (ret != 1) {
+        epd_log_warn(EPD__OFI_LOG, 0, "address blob refused: fi_av_insert: %s",
+                     ret < 0 ? fi_strerror(-ret) : "address not inserted");
+        epd_free(ep);
+        return EPD_ERR_BAD_ADDRESS;
+    }
+    straddr_len = sizeof(ep->peer);
+    if (fi_av_straddr(be->av, name, ep->peer, &straddr_len) == NULL) {
+        snprintf(ep->peer, sizeof(ep->peer), "fi_addr %llu", (unsigned long long)ep->addr);
+    }
+    ep->next = be->eps;
+    if (be->eps != NULL) {
+        be->eps->prev = ep;
+    }
+    be->eps = ep;
+    *be_ep_p = ep;
+    return EPD_OK;
+}
+
+static void epd__ofi_ep_destroy(void *arg)
+{
+    epd__ofi_ep_t *ep = arg;
+    epd__ofi_t *be;
+    epd__ofi_req_t *done = NULL;
+    epd__ofi_req_t *req;
+    int ret;
+
+    if (ep == NULL) {
+        return;
+    }
+    be = ep->be;
+    ep->closing = true;
+
+    /* Detach everything first; the upcalls below may re-enter. */
+    if (ep->prev != NULL) {
+        ep->prev->next = ep->next;
+    } else {
+        be->eps = ep->next;
+    }
+    if (ep->next != NULL) {
+        ep->next->prev = ep->prev;
+    }
+    for (unsigned i = 0; i < be->tx_count; i++) {
+        if (be->tx[i].ep == ep) {
+            be->tx[i].ep = NULL;
+        }
+    }
+    while ((req = ep->writes) != NULL || (req = ep->flushes) != NULL) {
+        if (req->kind == EPD__OFI_REQ_WRITE) {
+            epd__ofi_list_remove(&ep->writes, &ep->writes_tail, req);
+        } else {
+            epd__ofi_list_remove(&ep->flushes, &ep->flushes_tail, req);
+        }
+        req->ep = NULL;
+        req->next = done;
+        done = req;
+    }
+    ret = fi_av_remove(be->av, &ep->addr, 1, 0);
+    if (ret != 0) {
+        epd_log_warn(EPD__OFI_LOG, 0, "fi_av_remove(%s): %s", ep->peer, fi_strerror(-ret));
+    }
+    epd_free(ep);
+
+    while ((req = done) != NULL) {
+        epd__xport_op_t *op = req->op;
+
+        done = req->next;
+        req->next = NULL;
+        req->op = NULL;
+        if (req->parts_out == 0) {
+            epd__ofi_req_put(be, req);
+        }
+        /* else an orphan, freed when the provider returns its parts */
+        if (op != NULL) {
+            epd__xport_op_done(op, EPD_ERR_CANCELED);
+        }
+    }
+}
+
+static void epd__ofi_ep_describe(void *arg, char *buf, size_t len, const char **class_p)
+{
+    epd__ofi_ep_t *ep = arg;
+    const char *cls = "other";
+    char core_prov[32];
+    size_t n;
+
+    if (ep == NULL) {
+        return;
+    }
+    n = strcspn(epd__ofi_prov(ep->be), ";");
+    snprintf(core_prov, sizeof(core_prov), "%.*s", (int)n, epd__ofi_prov(ep->be));
+    if (strcmp(core_prov, "shm") == 0) {
+        cls = "shm";
+    } else if (strcmp(core_prov, "tcp") == 0 || strcmp(core_prov, "net") == 0 ||
+               strcmp(core_prov, "sockets") == 0 || strcmp(core_prov, "ofi_rxm") == 0) {
+        cls = "tcp";
+    } else if (strcmp(core_prov, "verbs") == 0 || strcmp(core_prov, "efa") == 0 ||
+               strncmp(core_prov, "psm", 3) == 0 || strcmp(core_prov, "opx") == 0 ||
+               strcmp(core_prov, "cxi") == 0) {
+        cls = "rdma";
+    }
+    if (buf != NULL && len != 0) {
+        snprintf(buf, len, "ofi %s fabric %s domain %s peer %s", epd__ofi_prov(ep->be),
+                 ep->be->info->fabric_attr->name, ep->be->info->domain_attr->name, ep->peer);
+    }
+    if (class_p != NULL) {
+        *class_p = cls;
+    }
+}
+
+/* The status an endpoint refuses new work with, EPD_OK when usable. */
+static epd_status_t epd__ofi_ep_state(const epd__ofi_ep_t *ep)
+{
+    if (ep->closing) {
+        return EPD_ERR_CANCELED;
+    }
+    return ep->failed;
+}
+
+static epd_status_t epd__ofi_send(void *arg, const void *hdr, size_t hdr_len, const void *payload,
+                                  size_t len)
+{
+    epd__ofi_ep_t *ep = arg;
+    epd__ofi_t *be;
+    epd__ofi_xfer_t *x;
+    size_t total;
+    epd_status_t status;
+    ssize_t ret;
+
+    if (ep == NULL || (hdr == NULL && hdr_len != 0) || (payload == NULL && len != 0)) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    be = ep->be;
+    status = epd__ofi_ep_state(ep);
+    if (status != EPD_OK) {
+        return status;
+    }
+    total = hdr_len + len;
+    if (total < hdr_len || total > be->slot_size) {
+        return EPD_ERR_TOO_LONG;
+    }
+    if (total == 0) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+
+    if (total <= be->inject_size) {
+        if (hdr_len != 0) {
+            memcpy(be->inject_buf, hdr, hdr_len);
+        }
+        if (len != 0) {
+            memcpy(be->inject_buf + hdr_len, payload, len);
+        }
+        ret = fi_inject(be->ep, be->inject_buf, total, ep->addr);
+        if (ret == 0) {
+            return EPD_OK;
+        }
+        if (ret == -FI_EAGAIN) {
+            epd__ofi_nudge(be);
+            return EPD_ERR_NO_RESOURCE;
+        }
+        epd_log_error(EPD__OFI_LOG, 0, "fi_inject(%zu bytes) to %s failed: %s", total, ep->peer,
+                      fi_strerror((int)-ret));
+        return epd__ofi_post_err(ret);
+    }
+
+    x = be->tx_free;
+    if (x == NULL) {
+        epd__ofi_nudge(be);
+        return EPD_ERR_NO_RESOURCE;
+    }
+    if (hdr_len != 0) {
+        memcpy(x->buf, hdr, hdr_len);
+    }
+    if (len != 0) {
+        memcpy(x->buf + hdr_len, payload, len);
+    }
+    ret = fi_send(be->ep, x->buf, total, epd__ofi_desc(be, be->tx_mr), ep->addr, x);
+    if (ret == -FI_EAGAIN) {
+        epd__ofi_nudge(be);
+        return EPD_ERR_NO_RESOURCE;
+    }
+    if (ret != 0) {
+        epd_log_error(EPD__OFI_LOG, 0, "fi_send(%zu bytes) to %s failed: %s", total, ep->peer,
+                      fi_strerror((int)-ret));
+        return epd__ofi_post_err(ret);
+    }
+    be->tx_free = x->next_free;
+    x->next_free = NULL;
+    x->ep = ep;
+    return EPD_OK;
+}
+
+static epd_status_t epd__ofi_write(void *arg, const void *local, size_t len, void *be_local_mr,
+                                   void *be_rkey, uint64_t remote_offset, epd__xport_op_t *op)
+{
+    epd__ofi_ep_t *ep = arg;
+    epd__ofi_mr_t *lmr = be_local_mr;
+    epd__ofi_rkey_t *rkey = be_rkey;
+    epd__ofi_t *be;
+    epd__ofi_req_t *req;
+    epd_status_t status;
+
+    if (ep == NULL || op == NULL || rkey == NULL || (local == NULL && len != 0)) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    be = ep->be;
+    status = epd__ofi_ep_state(ep);
+    if (status != EPD_OK) {
+        return status;
+    }
+    if (rkey->ep != ep) {
+        epd_log_error(EPD__OFI_LOG, 0, "write to %s with a key unpacked on another endpoint",
+                      ep->peer);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (remote_offset > rkey->size || len > rkey->size - remote_offset) {
+        return EPD_ERR_OUT_OF_RANGE;
+    }
+    req = epd__ofi_req_get(be);
+    if (req == NULL) {
+        epd__ofi_nudge(be);
+        return EPD_ERR_NO_RESOURCE;
+    }
+    req->kind = EPD__OFI_REQ_WRITE;
+    req->op = op;
+    req->ep = ep;
+    req->local = local;
+    req->len = len;
+    req->raddr = rkey->base + remote_offset;
+    req->key = rkey->key;
+    req->status = EPD_OK;
+
+    if ((be->mr_mode & FI_MR_LOCAL) != 0 && len != 0) {
+        uintptr_t lo = (uintptr_t)local;
+
+        if (lmr != NULL && lmr->be == be && lo >= (uintptr_t)lmr->addr &&
+            len <= lmr->size && lo - (uintptr_t)lmr->addr <= lmr->size - len) {
+            req->desc = fi_mr_desc(lmr->mr);
+        } else {
+            status = epd__ofi_reg(be, (void *)local, len, FI_WRITE, &req->tmp_mr);
+            if (status != EPD_OK) {
+                epd__ofi_req_put(be, req);
+                return status;
+            }
+            req->desc = fi_mr_desc(req->tmp_mr);
+        }
+    }
+
+    if (ep->unposted == 0) {
+        status = epd__ofi_write_post(be, req);
+        if (status != EPD_OK && req->parts_out == 0) {
+            /* nothing posted: refuse, nothing queued */
+            epd__ofi_req_put(be, req);
+            if (status == EPD_ERR_NO_RESOURCE) {
+                epd__ofi_nudge(be);
+            }
+            return status;
+        }
+        if (status != EPD_OK && status != EPD_ERR_NO_RESOURCE) {
+            /* failed after some parts: finishes when they come back */
+            req->posted = req->len;
+        }
+    }
+    req->seq = ep->write_seq++;
+    if (req->posted < req->len || req->parts_out == 0) {
+        /* the rest is posted from progress (a zero-length write completes there) */
+        req->queued = true;
+        ep->unposted++;
+    }
+    epd__ofi_list_append(&ep->writes, &ep->writes_tail, req);
+    return EPD_INPROGRESS;
+}
+
+static epd_status_t epd__ofi_flush(void *arg, epd__xport_op_t *op)
+{
+    epd__ofi_ep_t *ep = arg;
+    epd__ofi_req_t *req;
+    epd_status_t status;
+
+    if (ep == NULL || op == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    status = epd__ofi_ep_state(ep);
+    if (status != EPD_OK) {
+        return status;
+    }
+    req = epd__ofi_req_get(ep->be);
+    if (req == NULL) {
+        epd__ofi_nudge(ep->be);
+        return EPD_ERR_NO_RESOURCE;
+    }
+    req->kind = EPD__OFI_REQ_FLUSH;
+    req->op = op;
+    req->ep = ep;
+    req->seq = ep->write_seq; /* every write before this one */
+    req->status = EPD_OK;
+    epd__ofi_list_append(&ep->flushes, &ep->flushes_tail, req);
+    return EPD_INPROGRESS;
+}
+
+/* ---------------------------------------------------------------- ops: memory */
+
+static uint64_t epd__ofi_mr_access(const epd__ofi_t *be)
+{
+    uint64_t access = FI_WRITE | FI_REMOTE_WRITE;
+
+    if (!be->dc) {
+        access |= FI_READ | FI_REMOTE_READ;
+    }
+    return access;
+}
+
+static epd_status_t epd__ofi_mr_finish(epd__ofi_t *be, epd__ofi_mr_t *mr)
+{
+    mr->key = fi_mr_key(mr->mr);
+    if ((be->mr_mode & FI_MR_RAW) != 0) {
+        size_t raw_len = sizeof(mr->raw);
+        int ret = fi_mr_raw_attr(mr->mr, &mr->raw_base, mr->raw, &raw_len, 0);
+
+        if (ret != 0 || raw_len == 0 || raw_len > sizeof(mr->raw)) {
+            epd_log_error(EPD__OFI_LOG, 0, "fi_mr_raw_attr failed: %s (%zu bytes)",
+                          fi_strerror(-ret), raw_len);
+            return EPD_ERR_TRANSPORT;
+        }
+        mr->raw_len = raw_len;
+    } else if (mr->key == FI_KEY_NOTAVAIL) {
+        epd_log_error(EPD__OFI_LOG, 0, "provider returned no key for a region");
+        return EPD_ERR_TRANSPORT;
+    }
+    return EPD_OK;
+}
+
+static epd_status_t epd__ofi_mr_reg(void *arg, void *addr, size_t size, void **be_mr_p)
+{
+    epd__ofi_t *be = arg;
+    epd__ofi_mr_t *mr;
+    epd_status_t status;
+
+    if (be == NULL || addr == NULL || size == 0 || be_mr_p == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    mr = epd_calloc(1, sizeof(*mr));
+    if (mr == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    mr->be = be;
+    mr->addr = addr;
+    mr->size = size;
+    status = epd__ofi_reg(be, addr, size, epd__ofi_mr_access(be), &mr->mr);
+    if (status != EPD_OK) {
+        goto err_free;
+    }
+    status = epd__ofi_mr_finish(be, mr);
+    if (status != EPD_OK) {
+        goto err_close;
+    }
+    *be_mr_p = mr;
+    return EPD_OK;
+
+err_close:
+    fi_close(&mr->mr->fid);
+err_free:
+    epd_free(mr);
+    return status;
+}
+
+static epd_status_t epd__ofi_mr_alloc(void *arg, size_t size, void **addr_p, void **be_mr_p)
+{
+    epd__ofi_t *be = arg;
+    void *mem;
+    void *mr;
+    epd_status_t status;
+
+    if (be == NULL || size == 0 || addr_p == NULL || be_mr_p == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    mem = epd_calloc(1, size);
+    if (mem == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    status = epd__ofi_mr_reg(be, mem, size, &mr);
+    if (status != EPD_OK) {
+        epd_free(mem);
+        return status;
+    }
+    ((epd__ofi_mr_t *)mr)->alloc = mem;
+    *addr_p = mem;
+    *be_mr_p = mr;
+    return EPD_OK;
+}
+
+static void epd__ofi_mr_dereg(void *arg, void *be_mr)
+{
+    epd__ofi_mr_t *mr = be_mr;
+
+    (void)arg;
+    if (mr == NULL) {
+        return;
+    }
+    fi_close(&mr->mr->fid);
+    epd_free(mr->alloc);
+    epd_free(mr);
+}
+
+static epd_status_t epd__ofi_mr_pack(void *arg, void *be_mr, void *buf, size_t cap, size_t *len_p)
+{
+    epd__ofi_t *be = arg;
+    epd__ofi_mr_t *mr = be_mr;
+    epd__ofi_rkey_hdr_t hdr;
+    size_t need;
+
+    if (be == NULL || mr == NULL || buf == NULL || len_p == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    need = sizeof(hdr) + mr->raw_len;
+    if (cap < need) {
+        return EPD_ERR_NO_RESOURCE;
+    }
+    memset(&hdr, 0, sizeof(hdr));
+    hdr.magic = EPD__OFI_RKEY_MAGIC;
+    hdr.version = EPD__OFI_WIRE_VERSION;
+    hdr.hdr_len = sizeof(hdr);
+    hdr.raw_len = (uint32_t)mr->raw_len;
+    hdr.base = (be->mr_mode & FI_MR_VIRT_ADDR) != 0 ? (uint64_t)(uintptr_t)mr->addr : 0;
+    hdr.size = mr->size;
+    hdr.key = mr->key;
+    hdr.raw_base = mr->raw_base;
+    memcpy(buf, &hdr, sizeof(hdr));
+    if (mr->raw_len != 0) {
+        memcpy((unsigned char *)buf + sizeof(hdr), mr->raw, mr->raw_len);
+    }
+    *len_p = need;
+    return EPD_OK;
+}
+
+static epd_status_t epd__ofi_rkey_unpack(void *arg, const void *blob, size_t len,
+                                         void **be_rkey_p, size_t *size_p)
+{
+    epd__ofi_ep_t *ep = arg;
+    epd__ofi_t *be;
+    epd__ofi_rkey_hdr_t hdr;
+    epd__ofi_rkey_t *rkey;
+    bool want_raw;
+
+    if (ep == NULL || be_rkey_p == NULL || size_p == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    be = ep->be;
+    want_raw = (be->mr_mode & FI_MR_RAW) != 0;
+    if (blob == NULL || len < sizeof(hdr)) {
+        return EPD_ERR_BAD_RKEY;
+    }
+    memcpy(&hdr, blob, sizeof(hdr));
+    if (hdr.magic != EPD__OFI_RKEY_MAGIC || hdr.version != EPD__OFI_WIRE_VERSION ||
+        hdr.hdr_len != sizeof(hdr) || hdr.raw_len > EPD__OFI_MAX_RAW_KEY ||
+        (size_t)hdr.raw_len != len - sizeof(hdr) || (hdr.raw_len != 0) != want_raw ||
+        hdr.size == 0 || hdr.size > SIZE_MAX || hdr.base > UINT64_MAX - hdr.size) {
+        epd_log_warn(EPD__OFI_LOG, 0, "remote key refused (%zu bytes): malformed", len);
+        return EPD_ERR_BAD_RKEY;
+    }
+    rkey = epd_calloc(1, sizeof(*rkey));
+    if (rkey == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    rkey->be = be;
+    rkey->ep = ep;
+    rkey->base = hdr.base;
+    rkey->size = hdr.size;
+    rkey->key = hdr.key;
+    if (want_raw) {
+        int ret = fi_mr_map_raw(be->domain, hdr.raw_base,
+                                (uint8_t *)((const unsigned char *)blob + sizeof(hdr)),
+                                hdr.raw_len, &rkey->key, 0);
+
+        if (ret != 0) {
+            epd_log_warn(EPD__OFI_LOG, 0, "remote key refused: fi_mr_map_raw: %s",
+                         fi_strerror(-ret));
+            epd_free(rkey);
+            return EPD_ERR_BAD_RKEY;
+        }
+        rkey->mapped = true;
+    }
+    *be_rkey_p = rkey;
+    *size_p = (size_t)hdr.size;
+    return EPD_OK;
+}
+
+static void epd__ofi_rkey_destroy(void *be_rkey)
+{
+    epd__ofi_rkey_t *rkey = be_rkey;
+
+    if (rkey == NULL) {
+        return;
+    }
+    if (rkey->mapped) {
+        (void)fi_mr_unmap_key(rkey->be->domain, rkey->key);
+    }
+    epd_free(rkey);
+}
+
+/* ---------------------------------------------------------------- ops: progress */
+
+static int epd__ofi_progress(void *arg)
+{
+    epd__ofi_t *be = arg;
+    int n;
+
+    if (be == NULL) {
+        return 0;
+    }
+    n = epd__ofi_read_cq(be);
+    epd__ofi_post_recvs(be);
+    n += epd__ofi_sweep(be);
+    return n;
+}
+
+static epd_status_t epd__ofi_get_fd(void *arg, int *fd_p)
+{
+    epd__ofi_t *be = arg;
+
+    if (be == NULL || fd_p == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (be->wait_fd < 0) {
+        return EPD_ERR_UNSUPPORTED;
+    }
+    *fd_p = be->wait_fd;
+    return EPD_OK;
+}
+
+static epd_status_t epd__ofi_arm(void *arg)
+{
+    epd__ofi_t *be = arg;
+    struct fid *fids[1];
+    int ret;
+
+    if (be == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (be->wait_fd < 0) {
+        return EPD_ERR_UNSUPPORTED;
+    }
+    /* queued work of ours is invisible to the fd */
+    if (be->rx_unposted != 0) {
+        return EPD_ERR_BUSY;
+    }
+    for (const epd__ofi_ep_t *ep = be->eps; ep != NULL; ep = ep->next) {
+        if (epd__ofi_ep_has_work(be, ep)) {
+            return EPD_ERR_BUSY;
+        }
+    }
+    fids[0] = &be->cq->fid;
+    ret = fi_trywait(be->fabric, fids, 1);
+    if (ret == 0) {
+        return EPD_OK;
+    }
+    if (ret == -FI_EAGAIN) {
+        return EPD_ERR_BUSY;
+    }
+    epd_log_error(EPD__OFI_LOG, 0, "fi_trywait failed: %s", fi_strerror(-ret));
+    return EPD_ERR_TRANSPORT;
+}
+
+const epd__xport_backend_ops_t epd__xport_ofi_ops = {
+    .size = sizeof(epd__xport_backend_ops_t),
+    .name = "ofi",
+    .create = epd__ofi_create,
+    .destroy = epd__ofi_destroy,
+    .address = epd__ofi_address,
+    .describe = epd__ofi_describe,
+    .ep_create = epd__ofi_ep_create,
+    .ep_destroy = epd__ofi_ep_destroy,
+    .ep_describe = epd__ofi_ep_describe,
+    .send = epd__ofi_send,
+    .write = epd__ofi_write,
+    .flush = epd__ofi_flush,
+    .mr_alloc = epd__ofi_mr_alloc,
+    .mr_reg = epd__ofi_mr_reg,
+    .mr_dereg = epd__ofi_mr_dereg,
+    .mr_pack = epd__ofi_mr_pack,
+    .rkey_unpack = epd__ofi_rkey_unpack,
+    .rkey_destroy = epd__ofi_rkey_destroy,
+    .progress = epd__ofi_progress,
+    .get_fd = epd__ofi_get_fd,
+    .arm = epd__ofi_arm,
+};
