@@ -19,9 +19,15 @@
 typedef struct {
     void **slots;         /* [capacity], owned */
     size_t mask;          /* capacity - 1 */
-    /* producer and consumer indices on separate cache lines */
-    _Alignas(64) atomic_size_t head; /* next slot to pop (consumer-owned) */
-    _Alignas(64) atomic_size_t tail; /* next slot to push (producer-owned) */
+    /* The producer and consumer indices sit 64 bytes apart so the two threads
+     * do not share a cache line.  Padding rather than _Alignas: an aligned
+     * member would make every struct embedding a queue need 64-byte
+     * alignment, which epd_malloc (16) does not give. */
+    char pad0_[64];
+    atomic_size_t head;   /* next slot to pop (consumer-owned) */
+    char pad1_[64 - sizeof(atomic_size_t)];
+    atomic_size_t tail;   /* next slot to push (producer-owned) */
+    char pad2_[64 - sizeof(atomic_size_t)];
 } epd_spsc_queue_t;
 
 /* Initializes `q` (caller's storage) for at least `capacity` entries (rounded

@@ -1,5 +1,6 @@
 # proto/: .proto schemas; protoc-c generates C into $(BUILD)/gen at build
-# time (never committed).  libepd_proto = generated code + framing glue.
+# time (never committed).  libepd_proto = generated code + request-plane
+# framing (epd_msg) + the control plane's gRPC server and client (epd_rpc).
 PROTO_FILES := $(wildcard proto/*.proto)
 PROTO_GEN_C := $(patsubst proto/%.proto,$(BUILD)/gen/%.pb-c.c,$(PROTO_FILES))
 PROTO_GEN_H := $(PROTO_GEN_C:.c=.h)
@@ -16,7 +17,7 @@ $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c | $(GEN_HDRS)
 	@$(if $(filter 1,$(V)),,echo "  CC      $<";)$(CC) $(EPD_CPPFLAGS) $(EPD_CFLAGS) -c -o $@ $<
 
 PROTO_OBJS := $(patsubst $(BUILD)/gen/%.c,$(BUILD)/obj/gen/%.o,$(PROTO_GEN_C)) \
-              $(call obj_of,proto/epd_msg.c)
+              $(call obj_of,proto/epd_msg.c proto/epd_rpc.c)
 ALL_OBJS += $(PROTO_OBJS)
 ALL_LIBS += $(BUILD)/lib/libepd_proto.a
 $(BUILD)/lib/libepd_proto.a: $(PROTO_OBJS)
