@@ -1,0 +1,1302 @@
+/*
+ * epd_xport_ucx.c — the UCX (ucp) backend of epd_xport.
+ *
+ * One ucp context and one worker (UCS_THREAD_MODE_SINGLE: the owning thread
+ * is the only caller), features RMA | AM | WAKEUP.  Endpoints are created
+ * from a peer's worker address with UCP_ERR_HANDLING_MODE_NONE: PEER mode
+ * silently drops the shared-memory transports (STACK-NOTES), so peer death
+ * is the core's business (keepalives and the silence timeout).
+ *
+ * Writes take the fastest path the lanes offer, chosen per remote key:
+ *   - "direct": the endpoint's active-message lane is shared memory and the
+ *     peer's region is mappable here (ucp_rkey_ptr succeeds — the region was
+ *     allocated by ucp_mem_map(ALLOCATE) on posix/sysv): ucp_put_nbx, a true
+ *     one-sided memcpy into the peer's memory that needs no target progress;
+ *   - otherwise an active message (id EPD__UCX_AM_WRITE) whose header names
+ *     the region id and offset, forced to rendezvous from 32 KiB on
+ *     (UCP_AM_SEND_FLAG_RNDV): the receiver validates region id and range in
+ *     its handler and receives the payload straight into the region with
+ *     ucp_am_recv_data_nbx; smaller writes arrive eagerly and are copied.
+ *     Over tcp this moves ~4x the bandwidth of put, which UCX emulates.
+ *
+ * Messages are active messages (id EPD__UCX_AM_MSG) forced eager, so a
+ * handler sees them whole and in order.  Nothing user-visible runs inside a
+ * UCX callback: handlers and completion callbacks only queue (received
+ * messages into a ring, finished ops onto a done list), and
+ * epd__ucx_progress hands them to the core after ucp_worker_progress
+ * returned — so core callbacks may close endpoints, which itself progresses
+ * the worker (nesting ucp_worker_progress inside a UCX callback is not
+ * allowed).
+ *
+ * Address blobs and packed keys are wrapped in an envelope (magic, version,
+ * lengths, XXH3 of the UCX bytes) and checked before UCX parses anything:
+ * UCX trusts its own blobs, and garbage handed to it can crash it.
+ */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ucp/api/ucp.h>
+
+#include "epd_alloc.h"
+#include "epd_hash.h"
+#include "epd_log.h"
+#include "epd_rng.h"
+#include "epd_time.h"
+#include "epd_xport_int.h"
+
+#define EPD__UCX_COMP "ucx"
+#define EPD__UCX_AM_MSG 17
+#define EPD__UCX_AM_WRITE 18
+#define EPD__UCX_ADDR_MAGIC 0x41555045u /* "EPUA" */
+#define EPD__UCX_RKEY_MAGIC 0x4b525045u /* "EPRK" */
+#define EPD__UCX_WIRE_VERSION 1
+#define EPD__UCX_RNDV_MIN (32 * 1024)  /* AM writes from this size on: rendezvous */
+#define EPD__UCX_RING 4096             /* received messages queued per progress */
+#define EPD__UCX_RING_SLACK 512        /* room kept for one ucp_worker_progress */
+#define EPD__UCX_TX_MAX 1024           /* send copies in flight */
+#define EPD__UCX_CLOSE_WAIT_NS (2 * EPD_NSEC_PER_SEC)
+
+typedef struct epd__ucx epd__ucx_t;
+typedef struct epd__ucx_ep epd__ucx_ep_t;
+typedef struct epd__ucx_tx epd__ucx_tx_t;
+
+/* Header of a write active message; lives in the op until completion (UCX
+ * 1.13 reads the header of a pending AM send later, it has no COPY_HEADER). */
+typedef struct {
+    uint64_t region_id;
+    uint64_t offset;
+} epd__ucx_wr_hdr_t;
+
+/* The backend's view of an op, inside its be_priv scratch space. */
+typedef struct {
+    void *req;                    /* UCX request while in flight */
+    epd__ucx_ep_t *ep;
+    epd__xport_op_t *prev, *next; /* ep's outstanding list, then be's done list */
+    int32_t status;
+    uint32_t where;               /* EPD__UCX_OP_* */
+    epd__ucx_wr_hdr_t hdr;
+} epd__ucx_op_t;
+
+_Static_assert(sizeof(epd__ucx_op_t) <= sizeof(((epd__xport_op_t *)0)->be_priv),
+               "UCX op state must fit be_priv");
+
+enum { EPD__UCX_OP_NONE = 0, EPD__UCX_OP_OUT, EPD__UCX_OP_DONE };
+
+#define EPD__UCX_OP(op) ((epd__ucx_op_t *)(void *)(op)->be_priv)
+
+struct epd__ucx_tx {
+    void *req;
+    epd__ucx_ep_t *ep;
+    epd__ucx_tx_t *prev, *next;
+    unsigned char data[];
+};
+
+struct epd__ucx_ep {
+    epd__ucx_t *be;
+    epd_xport_ep_t *core_ep;
+    ucp_ep_h ep;
+    bool shm;                     /* AM lane is shared memory */
+    const char *cls;
+    epd_status_t pending_fail;    /* reported by a UCX callback, not yet to the core */
+    bool fail_listed;
+    epd__xport_op_t *out_head;    /* ops UCX holds */
+    epd__ucx_tx_t *tx_head;       /* send copies UCX holds */
+    epd__ucx_ep_t *prev, *next;
+    epd__ucx_ep_t *fail_next;
+    char desc[256];
+};
+
+typedef struct epd__ucx_mr {
+    epd__ucx_t *be;
+    ucp_mem_h memh;
+    void *addr;
+    size_t size;
+    uint64_t id;
+    bool allocated;
+    bool dead;                    /* deregistered, waiting for receives */
+    uint32_t recv_inflight;       /* rendezvous receives landing in it */
+    struct epd__ucx_mr *prev, *next;
+} epd__ucx_mr_t;
+
+typedef struct {
+    epd__ucx_ep_t *ep;
+    ucp_rkey_h rkey;
+    uint64_t base;
+    uint64_t region_id;
+    uint64_t size;
+    bool direct;
+} epd__ucx_rkey_t;
+
+typedef struct {
+    void *data;
+    size_t len;
+} epd__ucx_rx_t;
+
+struct epd__ucx {
+    epd_xport_t *core;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_address_t *uaddr;
+    size_t uaddr_len;
+    unsigned char *blob;
+    size_t blob_len;
+    int efd;
+    size_t msg_cap;               /* frame header + max_msg_size */
+    epd_rng_t rng;
+    epd__ucx_ep_t *eps;
+    epd__ucx_ep_t *fail_list;
+    epd__ucx_mr_t *mrs, *dead_mrs;
+    epd__xport_op_t *done_head, *done_tail;
+    epd__ucx_rx_t *ring;          /* [EPD__UCX_RING] */
+    uint32_t ring_head, ring_count;
+    epd__ucx_tx_t *tx_free;
+    uint32_t tx_count;
+    uint64_t dropped;
+    char resources[160];
+};
+
+/* Address blob: header, then the UCX worker address. */
+typedef struct {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t reserved;
+    uint32_t ucx_len;
+    uint32_t reserved2;
+    uint64_t hash; /* XXH3 of the UCX bytes, seeded with ucx_len */
+} epd__ucx_addr_wire_t;
+
+/* Packed key: header, then the UCX packed rkey. */
+typedef struct {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t ucx_len;
+    uint64_t region_id;
+    uint64_t base;
+    uint64_t size;
+    uint64_t hash; /* XXH3 of the UCX bytes, seeded with the fields above */
+} epd__ucx_rkey_wire_t;
+
+static epd_status_t epd__ucx_status(ucs_status_t s)
+{
+    switch (s) {
+    case UCS_OK:
+        return EPD_OK;
+    case UCS_INPROGRESS:
+        return EPD_INPROGRESS;
+    case UCS_ERR_NO_RESOURCE:
+        return EPD_ERR_NO_RESOURCE;
+    case UCS_ERR_NO_MEMORY:
+        return EPD_ERR_NO_MEMORY;
+    case UCS_ERR_INVALID_PARAM:
+        return EPD_ERR_INVALID_PARAM;
+    case UCS_ERR_CANCELED:
+        return EPD_ERR_CANCELED;
+    case UCS_ERR_UNREACHABLE:
+        return EPD_ERR_UNREACHABLE;
+    case UCS_ERR_CONNECTION_RESET:
+        return EPD_ERR_CONNECTION_RESET;
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+        return EPD_ERR_PEER_DEAD;
+    case UCS_ERR_TIMED_OUT:
+        return EPD_ERR_TIMEOUT;
+    case UCS_ERR_UNSUPPORTED:
+        return EPD_ERR_UNSUPPORTED;
+    default:
+        return EPD_ERR_TRANSPORT;
+    }
+}
+
+/* ------------------------------------------------------------ op lists */
+
+static void epd__ucx_out_remove(epd__xport_op_t *op)
+{
+    epd__ucx_op_t *o = EPD__UCX_OP(op);
+
+    if (o->prev != NULL) {
+        EPD__UCX_OP(o->prev)->next = o->next;
+    } else {
+        o->ep->out_head = o->next;
+    }
+    if (o->next != NULL) {
+        EPD__UCX_OP(o->next)->prev = o->prev;
+    }
+    o->prev = o->next = NULL;
+    o->where = EPD__UCX_OP_NONE;
+}
+
+static void epd__ucx_out_add(epd__ucx_ep_t *ep, epd__xport_op_t *op)
+{
+    epd__ucx_op_t *o = EPD__UCX_OP(op);
+
+    o->prev = NULL;
+    o->next = ep->out_head;
+    if (ep->out_head != NULL) {
+        EPD__UCX_OP(ep->out_head)->prev = op;
+    }
+    ep->out_head = op;
+    o->where = EPD__UCX_OP_OUT;
+}
+
+static void epd__ucx_done_add(epd__ucx_t *be, epd__xport_op_t *op, epd_status_t status)
+{
+    epd__ucx_op_t *o = EPD__UCX_OP(op);
+
+    o->status = status;
+    o->next = NULL;
+    o->prev = be->done_tail;
+    if (be->done_tail != NULL) {
+        EPD__UCX_OP(be->done_tail)->next = op;
+    } else {
+        be->done_head = op;
+    }
+    be->done_tail = op;
+    o->where = EPD__UCX_OP_DONE;
+}
+
+static void epd__ucx_done_remove(epd__ucx_t *be, epd__xport_op_t *op)
+{
+    epd__ucx_op_t *o = EPD__UCX_OP(op);
+
+    if (o->prev != NULL) {
+        EPD__UCX_OP(o->prev)->next = o->next;
+    } else {
+        be->done_head = o->next;
+    }
+    if (o->next != NULL) {
+        EPD__UCX_OP(o->next)->prev = o->prev;
+    } else {
+        be->done_tail = o->prev;
+    }
+    o->prev = o->next = NULL;
+    o->where = EPD__UCX_OP_NONE;
+}
+
+static void epd__ucx_note_fail(epd__ucx_ep_t *ep, epd_status_t st)
+{
+    if (ep->pending_fail == EPD_OK) {
+        ep->pending_fail = st;
+    }
+    if (!ep->fail_listed) {
+        ep->fail_listed = true;
+        ep->fail_next = ep->be->fail_list;
+        ep->be->fail_list = ep;
+    }
+}
+
+/* Completion of a put, AM write or flush (UCX callback context: queue only). */
+static void epd__ucx_op_cb(void *request, ucs_status_t status, void *user_data)
+{
+    epd__xport_op_t *op = user_data;
+    epd__ucx_op_t *o = EPD__UCX_OP(op);
+    epd__ucx_ep_t *ep = o->ep;
+
+    epd__ucx_out_remove(op);
+    o->req = NULL;
+    epd__ucx_done_add(ep->be, op, epd__ucx_status(status));
+    ucp_request_free(request);
+}
+
+/* ------------------------------------------------------------ tx copies */
+
+static epd__ucx_tx_t *epd__ucx_tx_get(epd__ucx_t *be)
+{
+    epd__ucx_tx_t *tx = be->tx_free;
+
+    if (tx != NULL) {
+        be->tx_free = tx->next;
+        tx->next = NULL;
+        return tx;
+    }
+    if (be->tx_count >= EPD__UCX_TX_MAX) {
+        return NULL;
+    }
+    /* grows to the cap, then recycles: the steady state allocates nothing */
+    tx = epd_malloc(sizeof(*tx) + be->msg_cap);
+    if (tx == NULL) {
+        return NULL;
+    }
+    memset(tx, 0, sizeof(*tx));
+    be->tx_count++;
+    return tx;
+}
+
+static void epd__ucx_tx_put(epd__ucx_t *be, epd__ucx_tx_t *tx)
+{
+    tx->req = NULL;
+    tx->ep = NULL;
+    tx->prev = NULL;
+    tx->next = be->tx_free;
+    be->tx_free = tx;
+}
+
+static void epd__ucx_tx_unlink(epd__ucx_tx_t *tx)
+{
+    if (tx->prev != NULL) {
+        tx->prev->next = tx->next;
+    } else {
+        tx->ep->tx_head = tx->next;
+    }
+    if (tx->next != NULL) {
+        tx->next->prev = tx->prev;
+    }
+    tx->prev = tx->next = NULL;
+}
+
+static void epd__ucx_tx_cb(void *request, ucs_status_t status, void *user_data)
+{
+    epd__ucx_tx_t *tx = user_data;
+    epd__ucx_ep_t *ep = tx->ep;
+    epd__ucx_t *be = ep->be;
+
+    epd__ucx_tx_unlink(tx);
+    epd__ucx_tx_put(be, tx);
+    ucp_request_free(request);
+    if (status != UCS_OK && status != UCS_ERR_CANCELED) {
+        epd__ucx_note_fail(ep, epd__ucx_status(status));
+    }
+}
+
+/* ---------------------------------------------------------- AM handlers */
+
+static epd__ucx_mr_t *epd__ucx_mr_find(epd__ucx_t *be, uint64_t id)
+{
+    for (epd__ucx_mr_t *mr = be->mrs; mr != NULL; mr = mr->next) {
+        if (mr->id == id) {
+            return mr;
+        }
+    }
+    return NULL;
+}
+
+static ucs_status_t epd__ucx_am_msg(void *arg, const void *header, size_t header_length,
+                                    void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    epd__ucx_t *be = arg;
+    epd__ucx_rx_t *rx;
+
+    (void)header;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) == 0 || header_length != 0 ||
+        length == 0 || length > be->msg_cap || be->ring_count == EPD__UCX_RING) {
+        /* we send messages eager and whole; anything else is not ours (or
+         * the ring overflowed, which the slack makes impossible in practice) */
+        if (be->dropped++ % 1000 == 0) {
+            epd_log_warn(EPD__UCX_COMP, 0,
+                         "dropping a message: %zu bytes, header %zu, attr %#lx, ring %u/%u",
+                         length, header_length, (unsigned long)param->recv_attr, be->ring_count,
+                         EPD__UCX_RING);
+        }
+        return UCS_OK;
+    }
+    rx = &be->ring[(be->ring_head + be->ring_count) % EPD__UCX_RING];
+    rx->data = data;
+    rx->len = length;
+    be->ring_count++;
+    return UCS_INPROGRESS; /* held until delivered, then ucp_am_data_release */
+}
+
+static void epd__ucx_recv_cb(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    epd__ucx_mr_t *mr = user_data;
+
+    (void)length;
+    mr->recv_inflight--;
+    if (status != UCS_OK && status != UCS_ERR_CANCELED) {
+        epd_log_warn(EPD__UCX_COMP, 0, "a write into region %016llx failed: %s",
+                     (unsigned long long)mr->id, ucs_status_string(status));
+    }
+    ucp_request_free(request);
+}
+
+static ucs_status_t epd__ucx_am_write(void *arg, const void *header, size_t header_length,
+                                      void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    epd__ucx_t *be = arg;
+    epd__ucx_wr_hdr_t hdr;
+    epd__ucx_mr_t *mr;
+    ucp_request_param_t p;
+    void *req;
+
+    if (header_length != sizeof(hdr)) {
+        epd_log_warn(EPD__UCX_COMP, 0, "dropping a write with a %zu-byte header", header_length);
+        return UCS_OK;
+    }
+    memcpy(&hdr, header, sizeof(hdr));
+    mr = epd__ucx_mr_find(be, hdr.region_id);
+    if (mr == NULL || hdr.offset > mr->size || length > mr->size - hdr.offset) {
+        epd_log_warn(EPD__UCX_COMP, 0,
+                     "refusing a write of %zu bytes at offset %llu into region %016llx: %s",
+                     length, (unsigned long long)hdr.offset, (unsigned long long)hdr.region_id,
+                     mr == NULL ? "no such region" : "out of range");
+        return UCS_OK;
+    }
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        memset(&p, 0, sizeof(p));
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                         UCP_OP_ATTR_FIELD_MEMH;
+        p.cb.recv_am = epd__ucx_recv_cb;
+        p.user_data = mr;
+        p.memh = mr->memh;
+        req = ucp_am_recv_data_nbx(be->worker, data, (char *)mr->addr + hdr.offset, length, &p);
+        if (UCS_PTR_IS_ERR(req)) {
+            epd_log_warn(EPD__UCX_COMP, 0, "cannot receive a write: %s",
+                         ucs_status_string(UCS_PTR_STATUS(req)));
+        } else if (req != NULL) {
+            mr->recv_inflight++;
+        }
+        return UCS_OK;
+    }
+    if (length > 0) {
+        memcpy((char *)mr->addr + hdr.offset, data, length);
+    }
+    return UCS_OK;
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static void epd__ucx_parse_resources(epd__ucx_t *be)
+{
+    char *text = NULL, *line, *save = NULL;
+    size_t text_len = 0, used = 0;
+    FILE *f = open_memstream(&text, &text_len);
+
+    be->resources[0] = '\0';
+    if (f == NULL) {
+        return;
+    }
+    ucp_context_print_info(be->ctx, f);
+    fclose(f);
+    /* lines "#      resource 0  :  md 0  dev 0  flags -- tcp/lo" */
+    for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+        char *dash = strstr(line, "flags -- ");
+        int n;
+
+        if (strstr(line, "resource") == NULL || dash == NULL) {
+            continue;
+        }
+        n = snprintf(be->resources + used, sizeof(be->resources) - used, "%s%s",
+                     used > 0 ? "," : "", dash + 9);
+        if (n < 0 || (size_t)n >= sizeof(be->resources) - used) {
+            break;
+        }
+        used += (size_t)n;
+    }
+    free(text); /* open_memstream's buffer comes from libc malloc */
+}
+
+static epd_status_t epd__ucx_create(epd_xport_t *core, const epd_xport_config_t *config,
+                                    void **be_p)
+{
+    epd__ucx_t *be;
+    ucp_params_t params;
+    ucp_worker_params_t wparams;
+    ucp_am_handler_param_t ah;
+    ucs_status_t s;
+    epd_status_t st;
+    epd__ucx_addr_wire_t w;
+
+    be = epd_calloc(1, sizeof(*be));
+    if (be == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    be->core = core;
+    be->efd = -1;
+    be->msg_cap = 64 + config->max_msg_size; /* the core's frame header is 48 bytes */
+    epd_rng_seed(&be->rng, epd_rng_entropy());
+    be->ring = epd_calloc(EPD__UCX_RING, sizeof(*be->ring));
+    if (be->ring == NULL) {
+        st = EPD_ERR_NO_MEMORY;
+        goto err_free_be;
+    }
+
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    s = ucp_init(&params, NULL, &be->ctx);
+    if (s != UCS_OK) {
+        epd_log_error(EPD__UCX_COMP, 0, "ucp_init failed: %s (check UCX_TLS / UCX_NET_DEVICES)",
+                      ucs_status_string(s));
+        st = EPD_ERR_CONFIG;
+        goto err_free_ring;
+    }
+    memset(&wparams, 0, sizeof(wparams));
+    wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+    s = ucp_worker_create(be->ctx, &wparams, &be->worker);
+    if (s != UCS_OK) {
+        epd_log_error(EPD__UCX_COMP, 0, "ucp_worker_create failed: %s", ucs_status_string(s));
+        st = EPD_ERR_CONFIG;
+        goto err_cleanup_ctx;
+    }
+
+    memset(&ah, 0, sizeof(ah));
+    ah.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    ah.id = EPD__UCX_AM_MSG;
+    ah.flags = UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA;
+    ah.cb = epd__ucx_am_msg;
+    ah.arg = be;
+    s = ucp_worker_set_am_recv_handler(be->worker, &ah);
+    if (s == UCS_OK) {
+        ah.id = EPD__UCX_AM_WRITE;
+        ah.flags = UCP_AM_FLAG_WHOLE_MSG;
+        ah.cb = epd__ucx_am_write;
+        s = ucp_worker_set_am_recv_handler(be->worker, &ah);
+    }
+    if (s != UCS_OK) {
+        epd_log_error(EPD__UCX_COMP, 0, "cannot set AM handlers: %s", ucs_status_string(s));
+        st = EPD_ERR_CONFIG;
+        goto err_destroy_worker;
+    }
+
+    s = ucp_worker_get_address(be->worker, &be->uaddr, &be->uaddr_len);
+    if (s != UCS_OK) {
+        epd_log_error(EPD__UCX_COMP, 0, "ucp_worker_get_address failed: %s", ucs_status_string(s));
+        st = EPD_ERR_CONFIG;
+        goto err_destroy_worker;
+    }
+    be->blob_len = sizeof(w) + be->uaddr_len;
+    if (be->blob_len > EPD_XPORT_ADDR_MAX) {
+        epd_log_error(EPD__UCX_COMP, 0, "UCX worker address of %zu bytes exceeds %d",
+                      be->uaddr_len, EPD_XPORT_ADDR_MAX);
+        st = EPD_ERR_CONFIG;
+        goto err_release_addr;
+    }
+    be->blob = epd_malloc(be->blob_len);
+    if (be->blob == NULL) {
+        st = EPD_ERR_NO_MEMORY;
+        goto err_release_addr;
+    }
+    memset(&w, 0, sizeof(w));
+    w.magic = EPD__UCX_ADDR_MAGIC;
+    w.version = EPD__UCX_WIRE_VERSION;
+    w.ucx_len = (uint32_t)be->uaddr_len;
+    w.hash = epd_hash64(be->uaddr, be->uaddr_len, w.ucx_len);
+    memcpy(be->blob, &w, sizeof(w));
+    memcpy(be->blob + sizeof(w), be->uaddr, be->uaddr_len);
+
+    epd__ucx_parse_resources(be);
+    epd_log_info(EPD__UCX_COMP, 0, "ucx %s: resources %s; worker address %zu bytes",
+                 ucp_get_version_string(), be->resources[0] ? be->resources : "(none)",
+                 be->uaddr_len);
+    *be_p = be;
+    return EPD_OK;
+
+err_release_addr:
+    ucp_worker_release_address(be->worker, be->uaddr);
+err_destroy_worker:
+    ucp_worker_destroy(be->worker);
+err_cleanup_ctx:
+    ucp_cleanup(be->ctx);
+err_free_ring:
+    epd_free(be->ring);
+err_free_be:
+    epd_free(be);
+    return st;
+}
+
+static void epd__ucx_mr_unmap(epd__ucx_mr_t *mr)
+{
+    ucp_mem_unmap(mr->be->ctx, mr->memh);
+    epd_free(mr);
+}
+
+static void epd__ucx_reap(epd__ucx_t *be)
+{
+    epd__ucx_mr_t **pp = &be->dead_mrs;
+
+    while (*pp != NULL) {
+        epd__ucx_mr_t *mr = *pp;
+        if (mr->recv_inflight == 0) {
+            *pp = mr->next;
+            epd__ucx_mr_unmap(mr);
+        } else {
+            pp = &mr->next;
+        }
+    }
+}
+
+static void epd__ucx_destroy(void *arg)
+{
+    epd__ucx_t *be = arg;
+    uint64_t deadline = epd_time_now_ns() + EPD__UCX_CLOSE_WAIT_NS;
+
+    /* the core closed every endpoint and region already; receives still
+     * landing in deregistered regions get a bounded time to finish */
+    while (be->dead_mrs != NULL && epd_time_now_ns() < deadline) {
+        ucp_worker_progress(be->worker);
+        epd__ucx_reap(be);
+    }
+    while (be->dead_mrs != NULL) {
+        epd__ucx_mr_t *mr = be->dead_mrs;
+        be->dead_mrs = mr->next;
+        epd__ucx_mr_unmap(mr);
+    }
+    while (be->mrs != NULL) {
+        epd__ucx_mr_t *mr = be->mrs;
+        be->mrs = mr->next;
+        epd__ucx_mr_unmap(mr);
+    }
+    while (be->ring_count > 0) {
+        ucp_am_data_release(be->worker, be->ring[be->ring_head].data);
+        be->ring_head = (be->ring_head + 1) % EPD__UCX_RING;
+        be->ring_count--;
+    }
+    epd_free(be->blob);
+    ucp_worker_release_address(be->worker, be->uaddr);
+    ucp_worker_destroy(be->worker);
+    ucp_cleanup(be->ctx);
+    while (be->tx_free != NULL) {
+        epd__ucx_tx_t *tx = be->tx_free;
+        be->tx_free = tx->next;
+        epd_free(tx);
+    }
+    epd_free(be->ring);
+    epd_free(be);
+}
+
+static epd_status_t epd__ucx_address(void *arg, const void **blob_p, size_t *len_p)
+{
+    epd__ucx_t *be = arg;
+
+    *blob_p = be->blob;
+    *len_p = be->blob_len;
+    return EPD_OK;
+}
+
+static void epd__ucx_describe(void *arg, char *buf, size_t len)
+{
+    epd__ucx_t *be = arg;
+    const char *tls = getenv("UCX_TLS");
+
+    snprintf(buf, len, "ucx %s (UCX_TLS=%s): resources %s", ucp_get_version_string(),
+             tls != NULL ? tls : "all", be->resources);
+}
+
+/* ------------------------------------------------------------ endpoints */
+
+static const char *epd__ucx_tl_class(const char *tl)
+{
+    static const char *const shm[] = {"posix", "sysv", "cma", "knem", "xpmem", "self"};
+    static const char *const rdma[] = {"rc", "dc", "ud", "ib", "gga", "srd", "efa"};
+
+    for (size_t i = 0; i < sizeof(shm) / sizeof(shm[0]); i++) {
+        if (strncmp(tl, shm[i], strlen(shm[i])) == 0) {
+            return "shm";
+        }
+    }
+    if (strncmp(tl, "tcp", 3) == 0) {
+        return "tcp";
+    }
+    for (size_t i = 0; i < sizeof(rdma) / sizeof(rdma[0]); i++) {
+        if (strncmp(tl, rdma[i], strlen(rdma[i])) == 0) {
+            return "rdma";
+        }
+    }
+    return "other";
+}
+
+/* Parses ucp_ep_print_info: lines like
+ *   "#   lane[0]:  1:posix/memory.0 md[1]  -> md[1]/posix/sysdev[255] am am_bw#0"
+ * into "posix/memory.0(am,am_bw#0) cma/memory.0(rma_bw#0)" and the class of
+ * the lane carrying active messages (messages and non-direct writes). */
+static void epd__ucx_ep_lanes(epd__ucx_ep_t *ep)
+{
+    char *text = NULL, *line, *save = NULL;
+    size_t text_len = 0, used = 0;
+    char am_tl[64] = "";
+    FILE *f = open_memstream(&text, &text_len);
+
+    ep->desc[0] = '\0';
+    ep->cls = "other";
+    if (f == NULL) {
+        return;
+    }
+    ucp_ep_print_info(ep->ep, f);
+    fclose(f);
+    for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+        char *p = strstr(line, "lane[");
+        char tl[64], tags[128];
+        char *arrow, *tok, *tsave = NULL;
+        size_t tused = 0;
+        bool am = false;
+        int n;
+
+        if (p == NULL || (p = strchr(p, ':')) == NULL) {
+            continue;
+        }
+        /* "  1:posix/memory.0 md[1] ..." : the resource after "N:" */
+        while (*++p == ' ') {
+        }
+        p = strchr(p, ':');
+        if (p == NULL || sscanf(p + 1, "%63s", tl) != 1) {
+            continue;
+        }
+        tags[0] = '\0';
+        arrow = strstr(p, "->");
+        if (arrow != NULL) {
+            tok = strtok_r(arrow + 2, " ", &tsave); /* md[1]/posix/sysdev[255] */
+            while ((tok = strtok_r(NULL, " ", &tsave)) != NULL) {
+                n = snprintf(tags + tused, sizeof(tags) - tused, "%s%s", tused ? "," : "", tok);
+                if (n < 0 || (size_t)n >= sizeof(tags) - tused) {
+                    break;
+                }
+                tused += (size_t)n;
+                if (strcmp(tok, "am") == 0) {
+                    am = true;
+                }
+            }
+        }
+        if (am && am_tl[0] == '\0') {
+            snprintf(am_tl, sizeof(am_tl), "%s", tl);
+        }
+        n = snprintf(ep->desc + used, sizeof(ep->desc) - used, "%s%s(%s)", used ? " " : "", tl,
+                     tags);
+        if (n < 0 || (size_t)n >= sizeof(ep->desc) - used) {
+            break;
+        }
+        used += (size_t)n;
+    }
+    free(text);
+    if (am_tl[0] != '\0') {
+        ep->cls = epd__ucx_tl_class(am_tl);
+    }
+    ep->shm = strcmp(ep->cls, "shm") == 0;
+    if (used < sizeof(ep->desc)) {
+        snprintf(ep->desc + used, sizeof(ep->desc) - used, "; class %s; writes: %s", ep->cls,
+                 ep->shm ? "put into ucx-allocated regions, else am-rndv" : "am-rndv");
+    }
+}
+
+static epd_status_t epd__ucx_ep_create(void *arg, const void *blob, size_t len,
+                                       epd_xport_ep_t *core_ep, void **be_ep_p)
+{
+    epd__ucx_t *be = arg;
+    epd__ucx_addr_wire_t w;
+    const unsigned char *ucx_addr;
+    ucp_ep_params_t ep_params;
+    epd__ucx_ep_t *ep;
+    ucs_status_t s;
+
+    if (blob == NULL || len < sizeof(w)) {
+        return EPD_ERR_BAD_ADDRESS;
+    }
+    memcpy(&w, blob, sizeof(w));
+    ucx_addr = (const unsigned char *)blob + sizeof(w);
+    if (w.magic != EPD__UCX_ADDR_MAGIC || w.version != EPD__UCX_WIRE_VERSION || w.ucx_len == 0 ||
+        w.ucx_len != len - sizeof(w) || epd_hash64(ucx_addr, w.ucx_len, w.ucx_len) != w.hash) {
+        epd_log_warn(EPD__UCX_COMP, 0, "refusing a malformed address blob of %zu bytes", len);
+        return EPD_ERR_BAD_ADDRESS;
+    }
+    ep = epd_calloc(1, sizeof(*ep));
+    if (ep == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    ep->be = be;
+    ep->core_ep = core_ep;
+    memset(&ep_params, 0, sizeof(ep_params));
+    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep_params.address = (const ucp_address_t *)ucx_addr;
+    ep_params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    s = ucp_ep_create(be->worker, &ep_params, &ep->ep);
+    if (s != UCS_OK) {
+        epd_log_warn(EPD__UCX_COMP, 0, "ucp_ep_create failed: %s", ucs_status_string(s));
+        epd_free(ep);
+        return s == UCS_ERR_UNREACHABLE ? EPD_ERR_UNREACHABLE : EPD_ERR_BAD_ADDRESS;
+    }
+    epd__ucx_ep_lanes(ep);
+    ep->next = be->eps;
+    if (be->eps != NULL) {
+        be->eps->prev = ep;
+    }
+    be->eps = ep;
+    *be_ep_p = ep;
+    return EPD_OK;
+}
+
+static void epd__ucx_ep_destroy(void *arg)
+{
+    epd__ucx_ep_t *ep = arg;
+    epd__ucx_t *be = ep->be;
+    epd__xport_op_t *mine = NULL, *op, *next;
+    ucp_request_param_t p;
+    void *req;
+
+    memset(&p, 0, sizeof(p));
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    req = ucp_ep_close_nbx(ep->ep, &p);
+    if (UCS_PTR_IS_PTR(req)) {
+        uint64_t deadline = epd_time_now_ns() + EPD__UCX_CLOSE_WAIT_NS;
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && epd_time_now_ns() < deadline) {
+            ucp_worker_progress(be->worker);
+        }
+        ucp_request_free(req);
+    }
+    /* what UCX did not complete in the close: ucp_request_free suppresses
+     * the callback, so each op is completed here, exactly once */
+    while (ep->out_head != NULL) {
+        op = ep->out_head;
+        epd__ucx_out_remove(op);
+        if (EPD__UCX_OP(op)->req != NULL) {
+            ucp_request_free(EPD__UCX_OP(op)->req);
+            EPD__UCX_OP(op)->req = NULL;
+        }
+        epd__ucx_done_add(be, op, EPD_ERR_CANCELED);
+    }
+    while (ep->tx_head != NULL) {
+        epd__ucx_tx_t *tx = ep->tx_head;
+        epd__ucx_tx_unlink(tx);
+        if (tx->req != NULL) {
+            ucp_request_free(tx->req);
+        }
+        epd__ucx_tx_put(be, tx);
+    }
+    /* take this endpoint's finished ops off the shared done list first:
+     * completing them runs user callbacks that may add to it */
+    for (op = be->done_head; op != NULL; op = next) {
+        next = EPD__UCX_OP(op)->next;
+        if (EPD__UCX_OP(op)->ep == ep) {
+            epd__ucx_done_remove(be, op);
+            EPD__UCX_OP(op)->next = mine;
+            mine = op;
+        }
+    }
+    if (ep->fail_listed) {
+        epd__ucx_ep_t **pp = &be->fail_list;
+        while (*pp != NULL && *pp != ep) {
+            pp = &(*pp)->fail_next;
+        }
+        if (*pp == ep) {
+            *pp = ep->fail_next;
+        }
+    }
+    if (ep->prev != NULL) {
+        ep->prev->next = ep->next;
+    } else {
+        be->eps = ep->next;
+    }
+    if (ep->next != NULL) {
+        ep->next->prev = ep->prev;
+    }
+    epd_free(ep);
+    while (mine != NULL) {
+        op = mine;
+        mine = EPD__UCX_OP(op)->next;
+        EPD__UCX_OP(op)->next = NULL;
+        epd__xport_op_done(op, (epd_status_t)EPD__UCX_OP(op)->status);
+    }
+}
+
+static void epd__ucx_ep_describe(void *arg, char *buf, size_t len, const char **class_p)
+{
+    epd__ucx_ep_t *ep = arg;
+
+    snprintf(buf, len, "%s", ep->desc);
+    *class_p = ep->cls;
+}
+
+/* ------------------------------------------------------------ data path */
+
+static epd_status_t epd__ucx_send(void *arg, const void *hdr, size_t hdr_len, const void *payload,
+                                  size_t len)
+{
+    epd__ucx_ep_t *ep = arg;
+    epd__ucx_t *be = ep->be;
+    ucp_request_param_t p;
+    epd__ucx_tx_t *tx;
+    void *req;
+
+    if (hdr_len + len > be->msg_cap) {
+        return EPD_ERR_TOO_LONG;
+    }
+    tx = epd__ucx_tx_get(be);
+    if (tx == NULL) {
+        return EPD_ERR_NO_RESOURCE;
+    }
+    /* one contiguous copy: the receiver hands the core one buffer, and the
+     * caller's buffer is free again on return */
+    memcpy(tx->data, hdr, hdr_len);
+    if (len > 0) {
+        memcpy(tx->data + hdr_len, payload, len);
+    }
+    memset(&p, 0, sizeof(p));
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = epd__ucx_tx_cb;
+    p.user_data = tx;
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    tx->ep = ep;
+    req = ucp_am_send_nbx(ep->ep, EPD__UCX_AM_MSG, NULL, 0, tx->data, hdr_len + len, &p);
+    if (req == NULL) {
+        epd__ucx_tx_put(be, tx);
+        return EPD_OK;
+    }
+    if (UCS_PTR_IS_ERR(req)) {
+        epd__ucx_tx_put(be, tx);
+        return epd__ucx_status(UCS_PTR_STATUS(req));
+    }
+    tx->req = req;
+    tx->prev = NULL;
+    tx->next = ep->tx_head;
+    if (ep->tx_head != NULL) {
+        ep->tx_head->prev = tx;
+    }
+    ep->tx_head = tx;
+    return EPD_OK;
+}
+
+static epd_status_t epd__ucx_post_result(epd__ucx_ep_t *ep, epd__xport_op_t *op, void *req)
+{
+    if (UCS_PTR_IS_ERR(req)) {
+        return epd__ucx_status(UCS_PTR_STATUS(req));
+    }
+    if (req == NULL) {
+        /* finished inline: the completion still runs from progress */
+        epd__ucx_done_add(ep->be, op, EPD_OK);
+    } else {
+        EPD__UCX_OP(op)->req = req;
+        epd__ucx_out_add(ep, op);
+    }
+    return EPD_INPROGRESS;
+}
+
+static epd_status_t epd__ucx_write(void *arg, const void *local, size_t len, void *be_local_mr,
+                                   void *be_rkey, uint64_t remote_offset, epd__xport_op_t *op)
+{
+    epd__ucx_ep_t *ep = arg;
+    epd__ucx_rkey_t *rk = be_rkey;
+    epd__ucx_mr_t *lmr = be_local_mr;
+    epd__ucx_op_t *o = EPD__UCX_OP(op);
+    ucp_request_param_t p;
+    void *req;
+
+    if (rk == NULL || rk->ep != ep) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    memset(o, 0, sizeof(*o));
+    o->ep = ep;
+    memset(&p, 0, sizeof(p));
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = epd__ucx_op_cb;
+    p.user_data = op;
+    if (lmr != NULL) {
+        p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        p.memh = lmr->memh;
+    }
+    if (rk->direct) {
+        req = ucp_put_nbx(ep->ep, local, len, rk->base + remote_offset, rk->rkey, &p);
+    } else {
+        o->hdr.region_id = rk->region_id;
+        o->hdr.offset = remote_offset;
+        p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = len >= EPD__UCX_RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0;
+        req = ucp_am_send_nbx(ep->ep, EPD__UCX_AM_WRITE, &o->hdr, sizeof(o->hdr), local, len, &p);
+    }
+    return epd__ucx_post_result(ep, op, req);
+}
+
+static epd_status_t epd__ucx_flush(void *arg, epd__xport_op_t *op)
+{
+    epd__ucx_ep_t *ep = arg;
+    epd__ucx_op_t *o = EPD__UCX_OP(op);
+    ucp_request_param_t p;
+
+    memset(o, 0, sizeof(*o));
+    o->ep = ep;
+    memset(&p, 0, sizeof(p));
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = epd__ucx_op_cb;
+    p.user_data = op;
+    return epd__ucx_post_result(ep, op, ucp_ep_flush_nbx(ep->ep, &p));
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static epd_status_t epd__ucx_mr_new(epd__ucx_t *be, void *addr, size_t size, bool allocate,
+                                    void **addr_p, void **be_mr_p)
+{
+    ucp_mem_map_params_t mp;
+    ucp_mem_attr_t attr;
+    epd__ucx_mr_t *mr;
+    ucs_status_t s;
+
+    mr = epd_calloc(1, sizeof(*mr));
+    if (mr == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    memset(&mp, 0, sizeof(mp));
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.address = addr;
+    mp.length = size;
+    mp.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
+    s = ucp_mem_map(be->ctx, &mp, &mr->memh);
+    if (s != UCS_OK) {
+        epd_log_error(EPD__UCX_COMP, 0, "ucp_mem_map of %zu bytes failed: %s", size,
+                      ucs_status_string(s));
+        epd_free(mr);
+        return s == UCS_ERR_NO_MEMORY ? EPD_ERR_NO_MEMORY : EPD_ERR_TRANSPORT;
+    }
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    s = ucp_mem_query(mr->memh, &attr);
+    if (s != UCS_OK || attr.length < size) {
+        ucp_mem_unmap(be->ctx, mr->memh);
+        epd_free(mr);
+        return EPD_ERR_TRANSPORT;
+    }
+    mr->be = be;
+    mr->addr = allocate ? attr.address : addr;
+    mr->size = size;
+    mr->allocated = allocate;
+    do {
+        mr->id = epd_rng_next(&be->rng);
+    } while (mr->id == 0 || epd__ucx_mr_find(be, mr->id) != NULL);
+    if (allocate) {
+        memset(mr->addr, 0, size);
+    }
+    mr->next = be->mrs;
+    if (be->mrs != NULL) {
+        be->mrs->prev = mr;
+    }
+    be->mrs = mr;
+    if (addr_p != NULL) {
+        *addr_p = mr->addr;
+    }
+    *be_mr_p = mr;
+    return EPD_OK;
+}
+
+static epd_status_t epd__ucx_mr_alloc(void *arg, size_t size, void **addr_p, void **be_mr_p)
+{
+    return epd__ucx_mr_new(arg, NULL, size, true, addr_p, be_mr_p);
+}
+
+static epd_status_t epd__ucx_mr_reg(void *arg, void *addr, size_t size, void **be_mr_p)
+{
+    return epd__ucx_mr_new(arg, addr, size, false, NULL, be_mr_p);
+}
+
+static void epd__ucx_mr_dereg(void *arg, void *be_mr)
+{
+    epd__ucx_t *be = arg;
+    epd__ucx_mr_t *mr = be_mr;
+
+    if (mr->prev != NULL) {
+        mr->prev->next = mr->next;
+    } else {
+        be->mrs = mr->next;
+    }
+    if (mr->next != NULL) {
+        mr->next->prev = mr->prev;
+    }
+    mr->prev = NULL;
+    if (mr->recv_inflight == 0) {
+        epd__ucx_mr_unmap(mr);
+        return;
+    }
+    /* rendezvous receives still land in it: unmapped once they finished
+     * (new writes are refused already, the region id is gone) */
+    mr->dead = true;
+    mr->next = be->dead_mrs;
+    be->dead_mrs = mr;
+}
+
+static epd_status_t epd__ucx_mr_pack(void *arg, void *be_mr, void *buf, size_t cap,
+                                     size_t *len_p)
+{
+    epd__ucx_t *be = arg;
+    epd__ucx_mr_t *mr = be_mr;
+    epd__ucx_rkey_wire_t w;
+    void *rkey_buf;
+    size_t rkey_len;
+    ucs_status_t s;
+    epd_status_t st = EPD_OK;
+
+    s = ucp_rkey_pack(be->ctx, mr->memh, &rkey_buf, &rkey_len);
+    if (s != UCS_OK) {
+        epd_log_error(EPD__UCX_COMP, 0, "ucp_rkey_pack failed: %s", ucs_status_string(s));
+        return EPD_ERR_TRANSPORT;
+    }
+    if (rkey_len > UINT16_MAX || sizeof(w) + rkey_len > EPD_XPORT_RKEY_MAX) {
+        st = EPD_ERR_TRANSPORT;
+        goto out;
+    }
+    if (sizeof(w) + rkey_len > cap) {
+        st = EPD_ERR_NO_RESOURCE;
+        goto out;
+    }
+    memset(&w, 0, sizeof(w));
+    w.magic = EPD__UCX_RKEY_MAGIC;
+    w.version = EPD__UCX_WIRE_VERSION;
+    w.ucx_len = (uint16_t)rkey_len;
+    w.region_id = mr->id;
+    w.base = (uint64_t)(uintptr_t)mr->addr;
+    w.size = mr->size;
+    w.hash = epd_hash64(rkey_buf, rkey_len, w.region_id ^ w.base ^ w.size ^ w.ucx_len);
+    memcpy(buf, &w, sizeof(w));
+    memcpy((char *)buf + sizeof(w), rkey_buf, rkey_len);
+    *len_p = sizeof(w) + rkey_len;
+out:
+    ucp_rkey_buffer_release(rkey_buf);
+    return st;
+}
+
+static epd_status_t epd__ucx_rkey_unpack(void *arg, const void *blob, size_t len,
+                                         void **be_rkey_p, size_t *size_p)
+{
+    epd__ucx_ep_t *ep = arg;
+    epd__ucx_rkey_wire_t w;
+    const unsigned char *ucx_key;
+    epd__ucx_rkey_t *rk;
+    void *ptr;
+    ucs_status_t s;
+
+    if (blob == NULL || len < sizeof(w)) {
+        return EPD_ERR_BAD_RKEY;
+    }
+    memcpy(&w, blob, sizeof(w));
+    ucx_key = (const unsigned char *)blob + sizeof(w);
+    if (w.magic != EPD__UCX_RKEY_MAGIC || w.version != EPD__UCX_WIRE_VERSION || w.ucx_len == 0 ||
+        w.ucx_len != len - sizeof(w) || w.size == 0 || w.base + w.size < w.base ||
+        epd_hash64(ucx_key, w.ucx_len, w.region_id ^ w.base ^ w.size ^ w.ucx_len) != w.hash) {
+        epd_log_warn(EPD__UCX_COMP, 0, "refusing a malformed remote key of %zu bytes", len);
+        return EPD_ERR_BAD_RKEY;
+    }
+    rk = epd_calloc(1, sizeof(*rk));
+    if (rk == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    s = ucp_ep_rkey_unpack(ep->ep, ucx_key, &rk->rkey);
+    if (s != UCS_OK) {
+        epd_log_warn(EPD__UCX_COMP, 0, "ucp_ep_rkey_unpack failed: %s", ucs_status_string(s));
+        epd_free(rk);
+        return EPD_ERR_BAD_RKEY;
+    }
+    rk->ep = ep;
+    rk->base = w.base;
+    rk->size = w.size;
+    rk->region_id = w.region_id;
+    /* a shared-memory lane that can map the peer's region: put is a memcpy
+     * into it, with no target involvement */
+    rk->direct = ep->shm && ucp_rkey_ptr(rk->rkey, w.base, &ptr) == UCS_OK;
+    *be_rkey_p = rk;
+    *size_p = (size_t)w.size;
+    return EPD_OK;
+}
+
+static void epd__ucx_rkey_destroy(void *be_rkey)
+{
+    epd__ucx_rkey_t *rk = be_rkey;
+
+    ucp_rkey_destroy(rk->rkey);
+    epd_free(rk);
+}
+
+/* -------------------------------------------------------------- progress */
+
+static int epd__ucx_progress(void *arg)
+{
+    epd__ucx_t *be = arg;
+    uint32_t n_done = 0, n_rx;
+    int n = 0;
+
+    for (int i = 0; i < 4; i++) {
+        unsigned c;
+        if (EPD__UCX_RING - be->ring_count < EPD__UCX_RING_SLACK) {
+            break;
+        }
+        c = ucp_worker_progress(be->worker);
+        n += (int)c;
+        if (c == 0) {
+            break;
+        }
+    }
+    /* bounded: only what was done before we started handing it out */
+    for (epd__xport_op_t *op = be->done_head; op != NULL; op = EPD__UCX_OP(op)->next) {
+        n_done++;
+    }
+    while (n_done-- > 0 && be->done_head != NULL) {
+        epd__xport_op_t *op = be->done_head;
+        epd__ucx_done_remove(be, op);
+        epd__xport_op_done(op, (epd_status_t)EPD__UCX_OP(op)->status);
+        n++;
+    }
+    n_rx = be->ring_count;
+    while (n_rx-- > 0 && be->ring_count > 0) {
+        epd__ucx_rx_t rx = be->ring[be->ring_head];
+        be->ring_head = (be->ring_head + 1) % EPD__UCX_RING;
+        be->ring_count--;
+        epd__xport_deliver(be->core, rx.data, rx.len);
+        ucp_am_data_release(be->worker, rx.data);
+        n++;
+    }
+    while (be->fail_list != NULL) {
+        epd__ucx_ep_t *ep = be->fail_list;
+        be->fail_list = ep->fail_next;
+        ep->fail_listed = false;
+        /* may destroy ep */
+        epd__xport_ep_failed(ep->core_ep, ep->pending_fail);
+        n++;
+    }
+    if (be->dead_mrs != NULL) {
+        epd__ucx_reap(be);
+    }
+    return n;
+}
+
+static epd_status_t epd__ucx_get_fd(void *arg, int *fd_p)
+{
+    epd__ucx_t *be = arg;
+    ucs_status_t s;
+
+    if (be->efd < 0) {
+        s = ucp_worker_get_efd(be->worker, &be->efd);
+        if (s != UCS_OK) {
+            be->efd = -1;
+            return EPD_ERR_UNSUPPORTED;
+        }
+    }
+    *fd_p = be->efd;
+    return EPD_OK;
+}
+
+static epd_status_t epd__ucx_arm(void *arg)
+{
+    epd__ucx_t *be = arg;
+    ucs_status_t s;
+
+    if (be->done_head != NULL || be->ring_count > 0 || be->fail_list != NULL) {
+        return EPD_ERR_BUSY;
+    }
+    s = ucp_worker_arm(be->worker);
+    if (s == UCS_OK) {
+        return EPD_OK;
+    }
+    return EPD_ERR_BUSY; /* UCS_ERR_BUSY, or no wakeup support: keep polling */
+}
+
+const epd__xport_backend_ops_t epd__xport_ucx_ops = {
+    .size = sizeof(epd__xport_backend_ops_t),
+    .name = "ucx",
+    .create = epd__ucx_create,
+    .destroy = epd__ucx_destroy,
+    .address = epd__ucx_address,
+    .describe = epd__ucx_describe,
+    .ep_create = epd__ucx_ep_create,
+    .ep_destroy = epd__ucx_ep_destroy,
+    .ep_describe = epd__ucx_ep_describe,
+    .send = epd__ucx_send,
+    .write = epd__ucx_write,
+    .flush = epd__ucx_flush,
+    .mr_alloc = epd__ucx_mr_alloc,
+    .mr_reg = epd__ucx_mr_reg,
+    .mr_dereg = epd__ucx_mr_dereg,
+    .mr_pack = epd__ucx_mr_pack,
+    .rkey_unpack = epd__ucx_rkey_unpack,
+    .rkey_destroy = epd__ucx_rkey_destroy,
+    .progress = epd__ucx_progress,
+    .get_fd = epd__ucx_get_fd,
+    .arm = epd__ucx_arm,
+};
