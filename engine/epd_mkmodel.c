@@ -71,7 +71,8 @@ static uint16_t epd_mk_to_f16(float f)
         man |= 0x800000u;
         return (uint16_t)(sign | ((man >> (14 - exp)) + ((man >> (13 - exp)) & 1u)));
     }
-    return (uint16_t)(sign | (uint32_t)(exp << 10) | ((man >> 13) + ((man >> 12) & 1u)));
+    /* + not |: a rounding carry out of the mantissa must bump the exponent */
+    return (uint16_t)(sign | (((uint32_t)exp << 10) + (man >> 13) + ((man >> 12) & 1u)));
 }
 
 static char *epd_mk_header(const epd_mkmodel_params_t *p, size_t *len_p)

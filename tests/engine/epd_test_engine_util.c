@@ -66,8 +66,11 @@ void epd_test_tiny_params(epd_mkmodel_params_t *p)
 
 const char *epd_test_write_model(const char *dir, const char *name, const epd_mkmodel_params_t *p)
 {
-    const char *path = epd_test_path(dir, name);
+    static char paths[32][1024];
+    static int next;
+    char *path = paths[next++ % 32];
 
+    snprintf(path, sizeof(paths[0]), "%s/%s", dir, name);
     assert_int_equal(epd_mkmodel_write(p, path), EPD_OK);
     return path;
 }

@@ -20,7 +20,8 @@ const char *epd_test_path(const char *dir, const char *name);
 /* A tiny hybrid model: dim 32, 4 layers "LA", 4 heads, 2 kv heads,
  * head_dim 8, ffn 48, vocab 258, context 256. */
 void epd_test_tiny_params(epd_mkmodel_params_t *p);
-/* Writes a model with `p` into dir/name and returns that folder. */
+/* Writes a model with `p` into dir/name and returns that folder (static
+ * storage that stays valid for the next 31 calls). */
 const char *epd_test_write_model(const char *dir, const char *name, const epd_mkmodel_params_t *p);
 
 /* A pool of n_blocks / n_slots for `engine`, zero-filled (epd_free(base)). */
