@@ -104,18 +104,31 @@ const epd_engine_ops_t *epd_engine_builtin(const char *name)
     return NULL;
 }
 
-static int epd_engine_ops_complete(const epd_engine_ops_t *ops)
+/* NULL when the table is usable, else why not. */
+static const char *epd_engine_ops_problem(const epd_engine_ops_t *ops)
 {
-    return ops->size >= sizeof(epd_engine_ops_t) && ops->abi_version == EPD_ENGINE_ABI_VERSION &&
-           ops->name != NULL && ops->open != NULL && ops->close != NULL && ops->describe != NULL &&
-           ops->tokenize != NULL && ops->detokenize != NULL && ops->prefill != NULL &&
-           ops->decode != NULL && ops->release != NULL;
+    if (ops == NULL) {
+        return "the entry returned no table";
+    }
+    if (ops->size < sizeof(epd_engine_ops_t)) {
+        return "the table is smaller than this build's (older ABI)";
+    }
+    if (ops->abi_version != EPD_ENGINE_ABI_VERSION) {
+        return "the table's ABI version differs from this build's";
+    }
+    if (ops->name == NULL || ops->open == NULL || ops->close == NULL || ops->describe == NULL ||
+        ops->tokenize == NULL || ops->detokenize == NULL || ops->prefill == NULL ||
+        ops->decode == NULL || ops->release == NULL) {
+        return "the table has a NULL slot";
+    }
+    return NULL;
 }
 
 static epd_status_t epd_engine_load_so(const char *path, void **dl_p, const epd_engine_ops_t **ops_p)
 {
     epd_engine_entry_fn_t entry;
     const epd_engine_ops_t *ops;
+    const char *why;
     void *dl;
 
     dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -131,11 +144,9 @@ static epd_status_t epd_engine_load_so(const char *path, void **dl_p, const epd_
         return EPD_ERR_UNSUPPORTED;
     }
     ops = entry();
-    if (ops == NULL || !epd_engine_ops_complete(ops)) {
-        epd_log_error(EPD_ENGINE_LOG, 0,
-                      "%s: bad ops table (size %zu, want >= %zu; ABI %u, want %u; or a NULL op)",
-                      path, ops ? ops->size : 0, sizeof(epd_engine_ops_t),
-                      ops ? ops->abi_version : 0, EPD_ENGINE_ABI_VERSION);
+    why = epd_engine_ops_problem(ops);
+    if (why != NULL) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "%s: unusable engine: %s", path, why);
         dlclose(dl);
         return EPD_ERR_UNSUPPORTED;
     }

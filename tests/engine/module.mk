@@ -4,3 +4,19 @@ $(eval $(call epd_test,test_epd_engine_ref,tests/engine/test_epd_ref.c $(ENGINE_
 $(eval $(call epd_test,test_epd_engine_utf8,tests/engine/test_epd_utf8.c,epd_engine epd_common))
 $(eval $(call epd_test,test_epd_engine_sample,tests/engine/test_epd_sample.c,epd_engine epd_common))
 $(eval $(call epd_test,test_epd_engine_safetensors,tests/engine/test_epd_safetensors.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
+
+# The dlopen test loads a tiny engine built as a shared object (outside
+# $(BUILD)/tests so that test runners never try to execute it).
+ENGINE_TOY_SO := $(BUILD)/lib/libepd_engine_toy.so
+$(eval $(call epd_test,test_epd_engine_dlopen,tests/engine/test_epd_engine_dlopen.c,epd_engine epd_common))
+$(test_epd_engine_dlopen_OBJS): EPD_CPPFLAGS += -DEPD_TEST_TOY_SO='"$(abspath $(ENGINE_TOY_SO))"'
+$(BUILD)/tests/test_epd_engine_dlopen: $(ENGINE_TOY_SO)
+$(ENGINE_TOY_SO): tests/engine/epd_engine_toy.c engine/epd_engine.h common/epd_alloc.h
+	@mkdir -p $(@D)
+	@$(if $(filter 1,$(V)),,echo "  SO      $@";)$(CC) $(EPD_CPPFLAGS) $(WARN) $(CFLAGS) -fPIC -shared \
+		$(if $(SANITIZER),-fsanitize=$(SANITIZER) -fno-sanitize-recover=all) -o $@ $<
+
+# epd-generate is exercised as a program (exit codes, stdout, stderr).
+$(eval $(call epd_test,test_epd_engine_generate,tests/engine/test_epd_generate.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
+$(test_epd_engine_generate_OBJS): EPD_CPPFLAGS += -DEPD_TEST_BIN_DIR='"$(abspath $(BUILD))/bin"'
+$(BUILD)/tests/test_epd_engine_generate: $(BUILD)/bin/epd-generate
