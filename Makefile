@@ -31,14 +31,12 @@ else
 Q := @
 endif
 
-# pkg-config names of every library the C code links.  http-parser ships no
-# .pc file in Debian 12, so it is added by hand below.
-PKGS := ucx libfabric libprotobuf-c grpc_unsecure gpr libuv libzstd jansson \
-        libxxhash openblas
+# pkg-config names of every library the C code links.
+PKGS := ucx libfabric libprotobuf-c grpc_unsecure gpr libuv jansson libxxhash openblas
 TEST_PKGS := cmocka
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 TEST_CFLAGS := $(shell pkg-config --cflags $(TEST_PKGS) 2>/dev/null)
 TEST_LIBS   := $(shell pkg-config --libs $(TEST_PKGS) 2>/dev/null)
 

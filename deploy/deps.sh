@@ -11,8 +11,7 @@ PACKAGES=(
   libprotobuf-c-dev protobuf-c-compiler   # request/control plane messages
   libgrpc-dev                     # control plane (gRPC core C API)
   libuv1-dev                      # event loops
-  libzstd-dev                     # optional KV compression
-  libhttp-parser-dev libjansson-dev  # router HTTP/JSON
+  libjansson-dev                  # JSON: model config, safetensors headers
   libxxhash-dev                   # checksums and hashing
   libopenblas-dev                 # ref engine matrix products
   libcmocka-dev                   # unit tests
