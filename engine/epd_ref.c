@@ -74,6 +74,12 @@ struct epd_engine_impl {
 static void epd_ref_matmul(const float *x, int ldx, int rows, int in, const float *w, int out,
                            float *y, int ldy, float beta)
 {
+    if (rows == 1) {
+        /* one row (decode of one request, the last prefill position): a
+         * matrix-vector product, which OpenBLAS runs faster than sgemm */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, beta, y, 1);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, ldx, w, in, beta,
                 y, ldy);
 }
