@@ -776,6 +776,43 @@ static void test_open_allocation_failures(void **state)
     assert_true(n > 5 && n < 1000);
 }
 
+static void test_prefill_oom_and_decode_allocates_nothing(void **state)
+{
+    epd_engine_t *e = open_tiny(4, 0);
+    epd_kv_pool_t pool;
+    uint32_t table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    int32_t toks[32];
+    float logits[258];
+    size_t n = make_prompt("out of memory", toks);
+    epd_prefill_args_t a = {.seq = seq_of(table, 8, 0, 1), .tokens = toks, .n_tokens = (uint32_t)n};
+    epd_decode_req_t r = {.seq = a.seq, .pos = (uint32_t)n, .token = 'x'};
+    epd_alloc_stats_t before;
+    epd_alloc_stats_t after;
+
+    (void)state;
+    epd_test_pool(e, 8, 1, &pool);
+    for (long k = 0; k < 4; k++) {
+        epd_alloc_stats(&before);
+        epd_alloc_fail_after(k);
+        assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, logits), EPD_ERR_NO_MEMORY);
+        epd_alloc_fail_after(-1);
+        epd_alloc_stats(&after);
+        assert_int_equal(after.live_blocks, before.live_blocks);
+    }
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, logits), EPD_OK);
+    /* decode runs on scratch sized at open: not one allocation per step */
+    epd_alloc_stats(&before);
+    for (int step = 0; step < 5; step++) {
+        assert_int_equal(epd_engine_decode(e, &pool, &r, 1, logits), EPD_OK);
+        r.pos++;
+        r.token = argmax(logits, 258);
+    }
+    epd_alloc_stats(&after);
+    assert_int_equal(after.total_allocs, before.total_allocs);
+    epd_free(pool.base);
+    epd_engine_close(e);
+}
+
 static void test_unknown_engine(void **state)
 {
     epd_engine_config_t cfg = {.model_dir = tiny_dir};
@@ -818,6 +855,7 @@ int main(void)
         cmocka_unit_test(test_refuses_bad_requests),
         cmocka_unit_test(test_layout_offsets),
         cmocka_unit_test(test_open_allocation_failures),
+        cmocka_unit_test(test_prefill_oom_and_decode_allocates_nothing),
         cmocka_unit_test(test_unknown_engine),
     };
 
