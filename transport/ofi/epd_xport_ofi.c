@@ -98,17 +98,21 @@
 
 #include "epd_alloc.h"
 #include "epd_log.h"
+#include "epd_rng.h"
 #include "epd_xport_int.h"
 
 #define EPD__OFI_LOG "ofi"
 
 /* Room for the core's frame header in front of a max_msg_size payload. */
 #define EPD__OFI_HDR_ROOM 256
-/* Bytes of receive (and of send) buffers per worker, which sets how many
- * slots of (max_msg_size + header) each pool has, within the bounds below. */
-#define EPD__OFI_POOL_BYTES (16u << 20)
-#define EPD__OFI_POOL_MIN 8u
-#define EPD__OFI_POOL_MAX 256u
+/* Receive and send slots (one fragment each) per worker. */
+#define EPD__OFI_RX_SLOTS 256u
+#define EPD__OFI_TX_SLOTS 256u
+/* Messages being reassembled at once (one per sending endpoint). */
+#define EPD__OFI_REASM 64u
+/* Fragment size when the provider's in-order limit is not known. */
+#define EPD__OFI_FRAG_DEFAULT 8192u
+#define EPD__OFI_FRAG_MIN 256u
 /* Contexts for posted write parts and flush reads. */
 #define EPD__OFI_PARTS 512u
 /* Requests beyond config->max_inflight, for orphans awaiting completions. */
@@ -151,6 +155,13 @@ typedef struct {
     uint64_t raw_base; /* fi_mr_raw_attr base address, for fi_mr_map_raw */
 } epd__ofi_rkey_hdr_t;
 
+/* In front of every message fragment on the wire. */
+typedef struct {
+    uint64_t stream; /* the sending endpoint: worker nonce + endpoint serial */
+    uint32_t total;  /* bytes of the whole message */
+    uint32_t offset; /* of this fragment's bytes in the message */
+} epd__ofi_frag_t;
+
 typedef struct epd__ofi epd__ofi_t;
 typedef struct epd__ofi_ep epd__ofi_ep_t;
 typedef struct epd__ofi_req epd__ofi_req_t;
@@ -169,6 +180,7 @@ typedef struct epd__ofi_xfer {
     epd__ofi_ep_t *ep;   /* send: the endpoint, NULL once it was destroyed */
     epd__ofi_req_t *req; /* part: the write or flush it belongs to */
     unsigned char *buf;  /* recv/send: the slot's bytes */
+    size_t len;          /* send: wire bytes in buf */
     bool posted;         /* recv: posted to the provider */
 } epd__ofi_xfer_t;
 
@@ -202,6 +214,9 @@ struct epd__ofi_ep {
     epd__ofi_t *be;
     epd_xport_ep_t *core_ep;
     fi_addr_t addr;
+    uint64_t stream;                  /* id of our messages to this peer */
+    epd__ofi_xfer_t *backlog;         /* fragments copied, not yet posted, */
+    epd__ofi_xfer_t *backlog_tail;    /* in order */
     epd__ofi_ep_t *prev, *next; /* be->eps */
     epd__ofi_req_t *writes, *writes_tail;   /* in seq order */
     epd__ofi_req_t *flushes, *flushes_tail; /* in watermark order */
@@ -237,6 +252,15 @@ typedef struct {
     bool mapped; /* raw key mapped with fi_mr_map_raw */
 } epd__ofi_rkey_t;
 
+typedef struct {
+    uint64_t stream;
+    uint32_t total;
+    uint32_t got;
+    uint64_t last_use;
+    bool active;
+    unsigned char *buf; /* max_total bytes, allocated on first use, kept */
+} epd__ofi_reasm_t;
+
 struct epd__ofi {
     epd_xport_t *core;
     struct fi_info *info;
@@ -251,7 +275,12 @@ struct epd__ofi {
     uint64_t next_key;
     size_t inject_size;
     size_t write_chunk;
-    size_t slot_size;
+    size_t max_total;  /* largest message: max_msg_size + header room */
+    size_t frag_size;  /* wire bytes of a fragment (header included) */
+    uint64_t nonce;    /* high bits of our stream ids */
+    uint64_t ep_serial;
+    epd__ofi_reasm_t reasm[EPD__OFI_REASM];
+    uint64_t reasm_clock;
 
     void *addr_blob;
     size_t addr_len;
@@ -269,6 +298,7 @@ struct epd__ofi {
     struct fid_mr *tx_mr;
     epd__ofi_xfer_t *tx;
     epd__ofi_xfer_t *tx_free;
+    unsigned tx_nfree;
     unsigned char *inject_buf;
 
     /* write parts and flush reads */
@@ -492,7 +522,7 @@ static void epd__ofi_post_recvs(epd__ofi_t *be)
         if (x->posted) {
             continue;
         }
-        ret = fi_recv(be->ep, x->buf, be->slot_size, desc, FI_ADDR_UNSPEC, x);
+        ret = fi_recv(be->ep, x->buf, be->frag_size, desc, FI_ADDR_UNSPEC, x);
         if (ret == -FI_EAGAIN) {
             return; /* retried from the next progress */
         }
@@ -505,6 +535,69 @@ static void epd__ofi_post_recvs(epd__ofi_t *be)
     }
 }
 
+/* ---------------------------------------------------------------- sends */
+
+/* Copies bytes [off, off+n) of the message hdr ++ payload to dst. */
+static void epd__ofi_gather(unsigned char *dst, const void *hdr, size_t hdr_len,
+                            const void *payload, size_t off, size_t n)
+{
+    if (off < hdr_len) {
+        size_t k = hdr_len - off < n ? hdr_len - off : n;
+
+        memcpy(dst, (const unsigned char *)hdr + off, k);
+        dst += k;
+        off += k;
+        n -= k;
+    }
+    if (n != 0) {
+        memcpy(dst, (const unsigned char *)payload + (off - hdr_len), n);
+    }
+}
+
+static void epd__ofi_tx_put(epd__ofi_t *be, epd__ofi_xfer_t *x)
+{
+    x->ep = NULL;
+    x->next_free = be->tx_free;
+    be->tx_free = x;
+    be->tx_nfree++;
+}
+
+/* Posts the fragments of ep's backlog in order until the provider pushes
+ * back.  EPD_OK (empty), EPD_ERR_NO_RESOURCE, or the error that stopped it
+ * (the rest is dropped: the peer would get a torn message, so the caller
+ * fails the endpoint). */
+static epd_status_t epd__ofi_backlog_post(epd__ofi_t *be, epd__ofi_ep_t *ep)
+{
+    void *desc = epd__ofi_desc(be, be->tx_mr);
+    epd__ofi_xfer_t *x;
+
+    while ((x = ep->backlog) != NULL) {
+        ssize_t ret = fi_send(be->ep, x->buf, x->len, desc, ep->addr, x);
+
+        if (ret == -FI_EAGAIN) {
+            return EPD_ERR_NO_RESOURCE;
+        }
+        ep->backlog = x->next_free;
+        if (ep->backlog == NULL) {
+            ep->backlog_tail = NULL;
+        }
+        x->next_free = NULL;
+        if (ret != 0) {
+            epd_log_error(EPD__OFI_LOG, 0, "fi_send(%zu bytes) to %s failed: %s", x->len,
+                          ep->peer, fi_strerror((int)-ret));
+            epd__ofi_tx_put(be, x);
+            while ((x = ep->backlog) != NULL) {
+                ep->backlog = x->next_free;
+                epd__ofi_tx_put(be, x);
+            }
+            ep->backlog_tail = NULL;
+            return epd__ofi_post_err(ret);
+        }
+        x->ep = ep;
+    }
+    return EPD_OK;
+}
+
 /* ---------------------------------------------------------------- endpoints */
 
 /* Reports the failure of `ep` once.  The core may destroy the endpoint from
@@ -514,8 +607,11 @@ static void epd__ofi_ep_fail(epd__ofi_ep_t *ep, epd_status_t status)
     if (ep->failed == EPD_OK) {
         ep->failed = status;
     }
-    if (!ep->fail_reported && !ep->closing) {
+    if (!ep->fail_reported) {
         ep->fail_reported = true;
+        if (ep->closing) {
+            return;
+        }
         epd_log_warn(EPD__OFI_LOG, 0, "endpoint to %s failed: %s", ep->peer,
                      epd_status_string(status));
         epd__xport_ep_failed(ep->core_ep, status);
@@ -649,6 +745,29 @@ static epd_status_t epd__ofi_flush_read(epd__ofi_t *be, epd__ofi_req_t *req)
  * may have changed: the caller restarts its walk). */
 static bool epd__ofi_ep_sweep(epd__ofi_t *be, epd__ofi_ep_t *ep)
 {
+    if (ep->backlog != NULL) {
+        epd_status_t status = ep->failed;
+
+        if (status == EPD_OK) {
+            status = epd__ofi_backlog_post(be, ep);
+        }
+        if (status != EPD_OK && status != EPD_ERR_NO_RESOURCE) {
+            epd__ofi_xfer_t *x;
+
+            while ((x = ep->backlog) != NULL) {
+                ep->backlog = x->next_free;
+                epd__ofi_tx_put(be, x);
+            }
+            ep->backlog_tail = NULL;
+            if (ep->failed == EPD_OK) {
+                ep->failed = status;
+            }
+        }
+    }
+    if (ep->failed != EPD_OK && !ep->fail_reported) {
+        epd__ofi_ep_fail(ep, ep->failed);
+        return true;
+    }
     if (ep->unposted != 0) {
         for (epd__ofi_req_t *req = ep->writes; req != NULL; req = req->next) {
             epd_status_t status;
@@ -709,7 +828,8 @@ static bool epd__ofi_ep_has_work(const epd__ofi_t *be, const epd__ofi_ep_t *ep)
 {
     const epd__ofi_req_t *req = ep->flushes;
 
-    if (ep->unposted != 0) {
+    if (ep->unposted != 0 || ep->backlog != NULL ||
+        (ep->failed != EPD_OK && !ep->fail_reported)) {
         return true;
     }
     if (req == NULL || req->reading) {
@@ -770,6 +890,94 @@ static void epd__ofi_part_done(epd__ofi_t *be, epd__ofi_xfer_t *x, epd_status_t 
     }
 }
 
+static epd__ofi_reasm_t *epd__ofi_reasm_find(epd__ofi_t *be, uint64_t stream, bool make)
+{
+    epd__ofi_reasm_t *victim = NULL;
+
+    for (unsigned i = 0; i < EPD__OFI_REASM; i++) {
+        epd__ofi_reasm_t *r = &be->reasm[i];
+
+        if (r->active && r->stream == stream) {
+            return r;
+        }
+        if (victim == NULL || (victim->active && (!r->active || r->last_use < victim->last_use))) {
+            victim = r;
+        }
+    }
+    if (!make) {
+        return NULL;
+    }
+    if (victim->active) {
+        epd_log_error(EPD__OFI_LOG, 0,
+                      "more than %u messages in reassembly: dropping a partial one of %u bytes",
+                      EPD__OFI_REASM, victim->total);
+        victim->active = false;
+    }
+    if (victim->buf == NULL) {
+        victim->buf = epd_malloc(be->max_total);
+        if (victim->buf == NULL) {
+            return NULL;
+        }
+    }
+    return victim;
+}
+
+/* A fragment arrived in buf[0..len): deliver it, or the message it
+ * completes.  Fragments of one stream arrive in order (they are all below
+ * the provider's in-order size). */
+static void epd__ofi_recv_frag(epd__ofi_t *be, const unsigned char *buf, size_t len)
+{
+    epd__ofi_frag_t fh;
+    epd__ofi_reasm_t *r;
+    size_t n;
+
+    if (len < sizeof(fh)) {
+        epd_log_warn(EPD__OFI_LOG, 0, "dropped a %zu-byte message: no fragment header", len);
+        return;
+    }
+    memcpy(&fh, buf, sizeof(fh));
+    n = len - sizeof(fh);
+    if (n == 0 || fh.total == 0 || fh.total > be->max_total || fh.offset >= fh.total ||
+        n > fh.total - fh.offset) {
+        epd_log_warn(EPD__OFI_LOG, 0, "dropped a malformed fragment (%zu bytes, at %u of %u)",
+                     len, fh.offset, fh.total);
+        return;
+    }
+    if (fh.offset == 0 && n == fh.total) {
+        epd__xport_deliver(be->core, buf + sizeof(fh), n);
+        return;
+    }
+    r = epd__ofi_reasm_find(be, fh.stream, fh.offset == 0);
+    if (fh.offset == 0) {
+        if (r == NULL) {
+            epd_log_error(EPD__OFI_LOG, 0, "no memory to reassemble a %u-byte message", fh.total);
+            return;
+        }
+        if (r->active) {
+            epd_log_warn(EPD__OFI_LOG, 0, "dropped a partial %u-byte message (new one began)",
+                         r->total);
+        }
+        r->stream = fh.stream;
+        r->total = fh.total;
+        r->got = 0;
+        r->active = true;
+    } else if (r == NULL || r->got != fh.offset || r->total != fh.total) {
+        epd_log_warn(EPD__OFI_LOG, 0, "dropped a fragment out of sequence (at %u of %u)",
+                     fh.offset, fh.total);
+        if (r != NULL) {
+            r->active = false;
+        }
+        return;
+    }
+    memcpy(r->buf + fh.offset, buf + sizeof(fh), n);
+    r->got += (uint32_t)n;
+    r->last_use = ++be->reasm_clock;
+    if (r->got == r->total) {
+        r->active = false;
+        epd__xport_deliver(be->core, r->buf, r->total);
+    }
+}
+
 static void epd__ofi_handle(epd__ofi_t *be, void *ctx, size_t len, epd_status_t status,
                             bool peer_gone)
 {
@@ -780,16 +988,14 @@ static void epd__ofi_handle(epd__ofi_t *be, void *ctx, size_t len, epd_status_t 
         x->posted = false;
         be->rx_unposted++;
         if (status == EPD_OK) {
-            epd__xport_deliver(be->core, x->buf, len);
+            epd__ofi_recv_frag(be, x->buf, len);
         }
         return;
     case EPD__OFI_X_SEND:
         if (status != EPD_OK && peer_gone && x->ep != NULL) {
             epd__ofi_ep_fail(x->ep, status);
         }
-        x->ep = NULL;
-        x->next_free = be->tx_free;
-        be->tx_free = x;
+        epd__ofi_tx_put(be, x);
         return;
     case EPD__OFI_X_PART:
         if (status != EPD_OK && peer_gone && x->req->ep != NULL) {
@@ -920,7 +1126,61 @@ static void epd__ofi_free_mem(epd__ofi_t *be)
     epd_free(be->parts);
     epd_free(be->scratch);
     epd_free(be->reqs);
+    for (unsigned i = 0; i < EPD__OFI_REASM; i++) {
+        epd_free(be->reasm[i].buf);
+    }
     epd_free(be);
+}
+
+/* Whether a provider name ("shm", "shm;ofi_...") has shm as its core. */
+static bool epd__ofi_is_shm(const char *prov)
+{
+    return prov != NULL && strncmp(prov, "shm", 3) == 0 && (prov[3] == '\0' || prov[3] == ';');
+}
+
+static size_t epd__ofi_env_size(const char *name)
+{
+    const char *text = getenv(name);
+    char *end;
+    unsigned long long v;
+
+    if (text == NULL || *text == '\0') {
+        return 0;
+    }
+    errno = 0;
+    v = strtoull(text, &end, 10);
+    if (errno != 0 || *end != '\0' || v == 0 || v > SIZE_MAX) {
+        epd_log_warn(EPD__OFI_LOG, 0, "ignoring %s=%s (want bytes > 0)", name, text);
+        return 0;
+    }
+    return (size_t)v;
+}
+
+/*
+ * The largest message the provider delivers in order with the messages
+ * around it.  rxm sends messages up to its eager limit through bounce
+ * buffers in order, but larger ones through segmentation or rendezvous
+ * protocols whose receive completions arrive hundreds of messages late
+ * (measured on tcp;ofi_rxm 1.17), so messages are cut into fragments that
+ * stay eager.  shm keeps order up to its inject size.
+ */
+static size_t epd__ofi_frag_limit(const epd__ofi_t *be)
+{
+    const char *prov = epd__ofi_prov(be);
+    size_t v;
+
+    if (strstr(prov, "ofi_rxm") != NULL) {
+        v = epd__ofi_env_size("FI_OFI_RXM_EAGER_LIMIT");
+        if (v == 0) {
+            v = epd__ofi_env_size("FI_OFI_RXM_BUFFER_SIZE");
+        }
+        return v != 0 ? v : 16384;
+    }
+    if (epd__ofi_is_shm(prov)) {
+        return be->info->tx_attr->inject_size != 0 ? be->info->tx_attr->inject_size
+                                                    : EPD__OFI_FRAG_DEFAULT;
+    }
+    return EPD__OFI_FRAG_DEFAULT;
 }
 
 /* Builds the hints; `dc` asks for FI_DELIVERY_COMPLETE. */
@@ -1119,9 +1379,9 @@ static epd_status_t epd__ofi_make_pools(epd__ofi_t *be, size_t max_inflight)
 {
     epd_status_t status;
 
-    be->rx_bufs = epd_calloc(be->rx_count, be->slot_size);
+    be->rx_bufs = epd_calloc(be->rx_count, be->frag_size);
     be->rx = epd_calloc(be->rx_count, sizeof(*be->rx));
-    be->tx_bufs = epd_calloc(be->tx_count, be->slot_size);
+    be->tx_bufs = epd_calloc(be->tx_count, be->frag_size);
     be->tx = epd_calloc(be->tx_count, sizeof(*be->tx));
     be->inject_buf = epd_calloc(1, be->inject_size != 0 ? be->inject_size : 1);
     be->parts = epd_calloc(EPD__OFI_PARTS, sizeof(*be->parts));
@@ -1134,15 +1394,16 @@ static epd_status_t epd__ofi_make_pools(epd__ofi_t *be, size_t max_inflight)
     }
     for (unsigned i = 0; i < be->rx_count; i++) {
         be->rx[i].kind = EPD__OFI_X_RECV;
-        be->rx[i].buf = be->rx_bufs + (size_t)i * be->slot_size;
+        be->rx[i].buf = be->rx_bufs + (size_t)i * be->frag_size;
     }
     be->rx_unposted = be->rx_count;
     for (unsigned i = be->tx_count; i-- > 0;) {
         be->tx[i].kind = EPD__OFI_X_SEND;
-        be->tx[i].buf = be->tx_bufs + (size_t)i * be->slot_size;
+        be->tx[i].buf = be->tx_bufs + (size_t)i * be->frag_size;
         be->tx[i].next_free = be->tx_free;
         be->tx_free = &be->tx[i];
     }
+    be->tx_nfree = be->tx_count;
     for (unsigned i = EPD__OFI_PARTS; i-- > 0;) {
         be->parts[i].kind = EPD__OFI_X_PART;
         be->parts[i].next_free = be->parts_free;
@@ -1154,12 +1415,12 @@ static epd_status_t epd__ofi_make_pools(epd__ofi_t *be, size_t max_inflight)
     }
 
     if ((be->mr_mode & FI_MR_LOCAL) != 0) {
-        status = epd__ofi_reg(be, be->rx_bufs, (size_t)be->rx_count * be->slot_size, FI_RECV,
+        status = epd__ofi_reg(be, be->rx_bufs, (size_t)be->rx_count * be->frag_size, FI_RECV,
                               &be->rx_mr);
         if (status != EPD_OK) {
             return status;
         }
-        status = epd__ofi_reg(be, be->tx_bufs, (size_t)be->tx_count * be->slot_size, FI_SEND,
+        status = epd__ofi_reg(be, be->tx_bufs, (size_t)be->tx_count * be->frag_size, FI_SEND,
                               &be->tx_mr);
         if (status != EPD_OK) {
             return status;
@@ -1174,24 +1435,6 @@ static epd_status_t epd__ofi_make_pools(epd__ofi_t *be, size_t max_inflight)
     return EPD_OK;
 }
 
-static size_t epd__ofi_env_chunk(void)
-{
-    const char *text = getenv("EPD_OFI_WRITE_CHUNK");
-    char *end;
-    unsigned long long v;
-
-    if (text == NULL || *text == '\0') {
-        return 0;
-    }
-    errno = 0;
-    v = strtoull(text, &end, 10);
-    if (errno != 0 || *end != '\0' || v == 0 || v > SIZE_MAX) {
-        epd_log_warn(EPD__OFI_LOG, 0, "ignoring EPD_OFI_WRITE_CHUNK=%s (want bytes > 0)", text);
-        return 0;
-    }
-    return (size_t)v;
-}
-
 static epd_status_t epd__ofi_create(epd_xport_t *core, const epd_xport_config_t *config,
                                     void **be_p)
 {
@@ -1200,7 +1443,6 @@ static epd_status_t epd__ofi_create(epd_xport_t *core, const epd_xport_config_t 
     const char *node;
     size_t max_msg;
     size_t max_inflight;
-    unsigned count;
     char mode_text[128];
     epd__ofi_t *be;
     epd_status_t status;
@@ -1229,12 +1471,15 @@ static epd_status_t epd__ofi_create(epd_xport_t *core, const epd_xport_config_t 
     be->core = core;
     be->wait_fd = -1;
     be->next_key = 1;
-    be->slot_size = max_msg + EPD__OFI_HDR_ROOM;
-    count = (unsigned)(EPD__OFI_POOL_BYTES / be->slot_size);
-    count = count < EPD__OFI_POOL_MIN ? EPD__OFI_POOL_MIN : count;
-    count = count > EPD__OFI_POOL_MAX ? EPD__OFI_POOL_MAX : count;
-    be->rx_count = count;
-    be->tx_count = count;
+    be->max_total = max_msg + EPD__OFI_HDR_ROOM;
+    be->nonce = epd_rng_entropy() << 24;
+    be->rx_count = EPD__OFI_RX_SLOTS;
+    be->tx_count = EPD__OFI_TX_SLOTS;
+    if (epd__ofi_is_shm(prov != NULL ? prov : env_prov)) {
+        /* shm names its address after the node: two processes given the
+         * same node collide (EBUSY); without one the name is the pid. */
+        node = NULL;
+    }
 
     status = epd__ofi_getinfo(be, prov, node);
     if (status != EPD_OK) {
@@ -1254,19 +1499,26 @@ static epd_status_t epd__ofi_create(epd_xport_t *core, const epd_xport_config_t 
     if (be->info->rx_attr->size != 0 && be->rx_count > be->info->rx_attr->size) {
         be->rx_count = (unsigned)be->info->rx_attr->size;
     }
-    if (be->info->ep_attr->max_msg_size < be->slot_size) {
-        epd_log_error(EPD__OFI_LOG, 0, "provider %s carries messages up to %zu bytes, need %zu",
-                      epd__ofi_prov(be), be->info->ep_attr->max_msg_size, be->slot_size);
+    be->frag_size = epd__ofi_frag_limit(be);
+    if (be->frag_size > be->max_total + sizeof(epd__ofi_frag_t)) {
+        be->frag_size = be->max_total + sizeof(epd__ofi_frag_t);
+    }
+    if (be->info->ep_attr->max_msg_size < be->frag_size) {
+        be->frag_size = be->info->ep_attr->max_msg_size;
+    }
+    if (be->frag_size < EPD__OFI_FRAG_MIN) {
+        epd_log_error(EPD__OFI_LOG, 0, "provider %s carries messages up to %zu bytes, need %u",
+                      epd__ofi_prov(be), be->info->ep_attr->max_msg_size, EPD__OFI_FRAG_MIN);
         status = EPD_ERR_CONFIG;
         goto err_close;
     }
     be->inject_size = be->info->tx_attr->inject_size;
-    if (be->inject_size > be->slot_size) {
-        be->inject_size = be->slot_size;
+    if (be->inject_size > be->frag_size) {
+        be->inject_size = be->frag_size;
     }
     be->write_chunk = be->info->ep_attr->max_msg_size;
     {
-        size_t env_chunk = epd__ofi_env_chunk();
+        size_t env_chunk = epd__ofi_env_size("EPD_OFI_WRITE_CHUNK");
 
         if (env_chunk != 0 && env_chunk < be->write_chunk) {
             be->write_chunk = env_chunk;
@@ -1299,8 +1551,10 @@ static epd_status_t epd__ofi_create(epd_xport_t *core, const epd_xport_config_t 
              epd__ofi_prov(be), be->info->fabric_attr->name, be->info->domain_attr->name,
              mode_text, be->info->ep_attr->max_msg_size, be->inject_size,
              be->wait_fd >= 0 ? "yes" : "no", be->dc ? "delivery-complete" : "read-flushed");
-    epd_log_info(EPD__OFI_LOG, 0, "%s (node %s, %u+%u message slots of %zu bytes)", be->desc,
-                 node, be->rx_count, be->tx_count, be->slot_size);
+    epd_log_info(EPD__OFI_LOG, 0,
+                 "%s (node %s, messages up to %zu bytes in fragments of %zu, %u+%u slots)",
+                 be->desc, node != NULL ? node : "(none)", be->max_total, be->frag_size,
+                 be->rx_count, be->tx_count);
 
     *be_p = be;
     return EPD_OK;
@@ -1397,6 +1651,7 @@ static epd_status_t epd__ofi_ep_create(void *arg, const void *blob, size_t len,
     }
     ep->be = be;
     ep->core_ep = core_ep;
+    ep->stream = be->nonce + ++be->ep_serial;
     ret = fi_av_insert(be->av, name, 1, &ep->addr, 0, NULL);
     if (ret != 1) {
         epd_log_warn(EPD__OFI_LOG, 0, "address blob refused: fi_av_insert: %s",
@@ -1444,6 +1699,12 @@ static void epd__ofi_ep_destroy(void *arg)
         if (be->tx[i].ep == ep) {
             be->tx[i].ep = NULL;
         }
+    }
+    while (ep->backlog != NULL) {
+        epd__ofi_xfer_t *x = ep->backlog;
+
+        ep->backlog = x->next_free;
+        epd__ofi_tx_put(be, x);
     }
     while ((req = ep->writes) != NULL || (req = ep->flushes) != NULL) {
         if (req->kind == EPD__OFI_REQ_WRITE) {
@@ -1522,8 +1783,12 @@ static epd_status_t epd__ofi_send(void *arg, const void *hdr, size_t hdr_len, co
 {
     epd__ofi_ep_t *ep = arg;
     epd__ofi_t *be;
-    epd__ofi_xfer_t *x;
+    epd__ofi_xfer_t *first = NULL;
+    epd__ofi_xfer_t *last = NULL;
+    epd__ofi_frag_t fh;
     size_t total;
+    size_t fpay;
+    size_t nfrag;
     epd_status_t status;
     ssize_t ret;
 
@@ -1536,21 +1801,20 @@ static epd_status_t epd__ofi_send(void *arg, const void *hdr, size_t hdr_len, co
         return status;
     }
     total = hdr_len + len;
-    if (total < hdr_len || total > be->slot_size) {
+    if (total < hdr_len || total > be->max_total) {
         return EPD_ERR_TOO_LONG;
     }
     if (total == 0) {
         return EPD_ERR_INVALID_PARAM;
     }
+    fh.stream = ep->stream;
+    fh.total = (uint32_t)total;
+    fh.offset = 0;
 
-    if (total <= be->inject_size) {
-        if (hdr_len != 0) {
-            memcpy(be->inject_buf, hdr, hdr_len);
-        }
-        if (len != 0) {
-            memcpy(be->inject_buf + hdr_len, payload, len);
-        }
-        ret = fi_inject(be->ep, be->inject_buf, total, ep->addr);
+    if (total + sizeof(fh) <= be->inject_size && ep->backlog == NULL) {
+        memcpy(be->inject_buf, &fh, sizeof(fh));
+        epd__ofi_gather(be->inject_buf + sizeof(fh), hdr, hdr_len, payload, 0, total);
+        ret = fi_inject(be->ep, be->inject_buf, total + sizeof(fh), ep->addr);
         if (ret == 0) {
             return EPD_OK;
         }
@@ -1563,30 +1827,64 @@ static epd_status_t epd__ofi_send(void *arg, const void *hdr, size_t hdr_len, co
         return epd__ofi_post_err(ret);
     }
 
-    x = be->tx_free;
-    if (x == NULL) {
+    fpay = be->frag_size - sizeof(fh);
+    nfrag = (total + fpay - 1) / fpay;
+    if (nfrag > be->tx_nfree) {
         epd__ofi_nudge(be);
         return EPD_ERR_NO_RESOURCE;
     }
-    if (hdr_len != 0) {
-        memcpy(x->buf, hdr, hdr_len);
+    /* copy the whole message now (copy semantics), fragment by fragment */
+    for (size_t off = 0; off < total; off += fpay) {
+        epd__ofi_xfer_t *x = be->tx_free;
+        size_t n = total - off < fpay ? total - off : fpay;
+
+        be->tx_free = x->next_free;
+        be->tx_nfree--;
+        x->next_free = NULL;
+        x->ep = NULL;
+        fh.offset = (uint32_t)off;
+        memcpy(x->buf, &fh, sizeof(fh));
+        epd__ofi_gather(x->buf + sizeof(fh), hdr, hdr_len, payload, off, n);
+        x->len = sizeof(fh) + n;
+        if (last != NULL) {
+            last->next_free = x;
+        } else {
+            first = x;
+        }
+        last = x;
     }
-    if (len != 0) {
-        memcpy(x->buf + hdr_len, payload, len);
+
+    if (ep->backlog != NULL) {
+        /* earlier fragments wait: queue behind them to keep the order */
+        ep->backlog_tail->next_free = first;
+        ep->backlog_tail = last;
+        return EPD_OK;
     }
-    ret = fi_send(be->ep, x->buf, total, epd__ofi_desc(be, be->tx_mr), ep->addr, x);
-    if (ret == -FI_EAGAIN) {
-        epd__ofi_nudge(be);
-        return EPD_ERR_NO_RESOURCE;
+    ep->backlog = first;
+    ep->backlog_tail = last;
+    status = epd__ofi_backlog_post(be, ep);
+    if (status == EPD_OK) {
+        return EPD_OK;
     }
-    if (ret != 0) {
-        epd_log_error(EPD__OFI_LOG, 0, "fi_send(%zu bytes) to %s failed: %s", total, ep->peer,
-                      fi_strerror((int)-ret));
-        return epd__ofi_post_err(ret);
+    if (ep->backlog == first) {
+        /* nothing of this message went out: refuse it whole */
+        epd__ofi_xfer_t *x;
+
+        while ((x = ep->backlog) != NULL) {
+            ep->backlog = x->next_free;
+            epd__ofi_tx_put(be, x);
+        }
+        ep->backlog_tail = NULL;
+        if (status == EPD_ERR_NO_RESOURCE) {
+            epd__ofi_nudge(be);
+        }
+        return status;
     }
-    be->tx_free = x->next_free;
-    x->next_free = NULL;
-    x->ep = ep;
+    if (status == EPD_ERR_NO_RESOURCE) {
+        return EPD_OK; /* the rest goes out from progress */
+    }
+    /* torn message: the endpoint is unusable; reported from progress */
+    ep->failed = status;
     return EPD_OK;
 }
 
