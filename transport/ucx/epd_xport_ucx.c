@@ -786,7 +786,7 @@ static epd_status_t epd__ucx_ep_create(void *arg, const void *blob, size_t len,
     ucx_addr = (const unsigned char *)blob + sizeof(w);
     if (w.magic != EPD__UCX_ADDR_MAGIC || w.version != EPD__UCX_WIRE_VERSION || w.ucx_len == 0 ||
         w.ucx_len != len - sizeof(w) || epd_hash64(ucx_addr, w.ucx_len, w.ucx_len) != w.hash) {
-        epd_log_warn(EPD__UCX_COMP, 0, "refusing a malformed address blob of %zu bytes", len);
+        epd_log_debug(EPD__UCX_COMP, 0, "refusing a malformed address blob of %zu bytes", len);
         return EPD_ERR_BAD_ADDRESS;
     }
     ep = epd_calloc(1, sizeof(*ep));
@@ -803,7 +803,9 @@ static epd_status_t epd__ucx_ep_create(void *arg, const void *blob, size_t len,
     if (s != UCS_OK) {
         epd_log_warn(EPD__UCX_COMP, 0, "ucp_ep_create failed: %s", ucs_status_string(s));
         epd_free(ep);
-        return s == UCS_ERR_UNREACHABLE ? EPD_ERR_UNREACHABLE : EPD_ERR_BAD_ADDRESS;
+        /* the blob passed its checksum: it is a real address of a worker
+         * that cannot be reached (gone, or no common transport) */
+        return EPD_ERR_UNREACHABLE;
     }
     epd__ucx_ep_lanes(ep);
     ep->next = be->eps;
@@ -1161,7 +1163,7 @@ static epd_status_t epd__ucx_rkey_unpack(void *arg, const void *blob, size_t len
     if (w.magic != EPD__UCX_RKEY_MAGIC || w.version != EPD__UCX_WIRE_VERSION || w.ucx_len == 0 ||
         w.ucx_len != len - sizeof(w) || w.size == 0 || w.base + w.size < w.base ||
         epd_hash64(ucx_key, w.ucx_len, w.region_id ^ w.base ^ w.size ^ w.ucx_len) != w.hash) {
-        epd_log_warn(EPD__UCX_COMP, 0, "refusing a malformed remote key of %zu bytes", len);
+        epd_log_debug(EPD__UCX_COMP, 0, "refusing a malformed remote key of %zu bytes", len);
         return EPD_ERR_BAD_RKEY;
     }
     rk = epd_calloc(1, sizeof(*rk));

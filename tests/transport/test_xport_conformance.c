@@ -1,0 +1,1133 @@
+/*
+ * test_xport_conformance.c — one conformance suite for every compiled
+ * transport backend and configuration (epd_xport.h's promises).
+ *
+ * Each configuration (backend name + environment + expected transport
+ * class) runs in its own process: with no arguments this program re-executes
+ * itself once per configuration ("--conf NAME") and reports each; with
+ * --conf it runs the cmocka group for that one.  Adding a backend or a
+ * transport is one line in epd_test_confs[].
+ *
+ * Every test talks to real peer processes on 127.0.0.1: a peer is this
+ * program re-executed with "--peer CONF FD" (fork + exec, so it starts with
+ * no inherited UCX/libfabric state), given one end of a socketpair.  The
+ * socketpair stands in for the control plane: the peer sends its address
+ * blob and the packed key of a region it allocated over it.  Everything
+ * else travels over the transport under test:
+ *
+ *   CHECK {offset, len, xxh3}...  sent with EPD_XPORT_SEND_FENCE right after
+ *                                 posting writes (without waiting for them):
+ *                                 the peer hashes its region when the
+ *                                 message arrives and answers RESULT — a
+ *                                 mismatch means data lost, corrupted, or the
+ *                                 fence overtaken by a write;
+ *   SEQ {seq, xxh3, payload}      random sizes up to max_msg_size; the peer
+ *                                 checks order and content, END asks RESULT.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "epd_alloc.h"
+#include "epd_hash.h"
+#include "epd_log.h"
+#include "epd_rng.h"
+#include "epd_time.h"
+#include "epd_xport.h"
+
+/* UCX keeps some process-wide allocations until exit (its global
+ * configuration and memory hooks); they are not epd's.  Only consulted by
+ * LeakSanitizer builds. */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libucs.so\nleak:libucp.so\nleak:libuct.so\nleak:libucm.so\n"
+           "leak:libfabric.so\nleak:librdmacm.so\nleak:libibverbs.so\n";
+}
+
+typedef struct {
+    const char *name;
+    const char *backend;
+    const char *expect;      /* what the lanes must be */
+    const char *wrong;       /* an expectation that must be refused */
+    const char *provider;
+    const char *env[4];      /* NAME=VALUE, NULL-terminated */
+} epd_test_conf_t;
+
+static const epd_test_conf_t epd_test_confs[] = {
+#if EPD_WITH_UCX
+    {"ucx-shm", "ucx", "shm", "tcp", NULL, {"UCX_TLS=posix,cma,tcp", "UCX_NET_DEVICES=lo", NULL}},
+    {"ucx-tcp", "ucx", "tcp", "shm", NULL, {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo", NULL}},
+#endif
+#if EPD_WITH_OFI
+    {"ofi-tcp", "ofi", "tcp", "shm", "tcp;ofi_rxm", {"FI_PROVIDER=tcp;ofi_rxm", NULL}},
+#endif
+};
+#define N_CONFS (sizeof(epd_test_confs) / sizeof(epd_test_confs[0]))
+
+#define REGION_SIZE ((size_t)72 << 20)
+#define MAX_MSG (64 * 1024)
+#define PEER_TIMEOUT_MS 1000
+#define CONNECT_TIMEOUT_MS 1500
+
+enum { M_CHECK = 1, M_RESULT, M_SEQ, M_END, M_QUIT };
+
+typedef struct {
+    uint32_t type;
+    uint32_t n;
+} m_hdr_t;
+
+typedef struct {
+    uint64_t offset;
+    uint64_t len;
+    uint64_t hash;
+} m_check_t;
+
+typedef struct {
+    uint32_t type;
+    uint32_t n;
+    uint64_t ok;
+    uint64_t bad;
+} m_result_t;
+
+typedef struct {
+    uint32_t type;
+    uint32_t pad;
+    uint64_t seq;
+    uint64_t hash;
+} m_seq_t;
+
+static const epd_test_conf_t *conf;
+static char self_path[4096];
+
+/* ------------------------------------------------------------- helpers */
+
+static void apply_env(const epd_test_conf_t *c)
+{
+    for (int i = 0; c->env[i] != NULL; i++) {
+        char buf[256];
+        char *eq;
+        snprintf(buf, sizeof(buf), "%s", c->env[i]);
+        eq = strchr(buf, '=');
+        *eq = '\0';
+        setenv(buf, eq + 1, 1);
+    }
+}
+
+static const epd_test_conf_t *find_conf(const char *name)
+{
+    for (size_t i = 0; i < N_CONFS; i++) {
+        if (strcmp(epd_test_confs[i].name, name) == 0) {
+            return &epd_test_confs[i];
+        }
+    }
+    return NULL;
+}
+
+static int chan_write(int fd, const void *data, uint32_t len)
+{
+    const char *p = data;
+    size_t left = len;
+
+    if (write(fd, &len, sizeof(len)) != sizeof(len)) {
+        return -1;
+    }
+    while (left > 0) {
+        ssize_t n = write(fd, p, left);
+        if (n <= 0) {
+            return -1;
+        }
+        p += n;
+        left -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Reads one length-prefixed blob, progressing `x` (may be NULL) meanwhile. */
+static int chan_read(int fd, epd_xport_t *x, void *buf, uint32_t cap, uint32_t *len_p,
+                     int timeout_ms)
+{
+    uint64_t deadline = epd_time_now_ns() + (uint64_t)timeout_ms * EPD_NSEC_PER_MSEC;
+    uint32_t len;
+    size_t got = 0;
+    char *p;
+
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, x != NULL ? 0 : 10) > 0) {
+            break;
+        }
+        if (x != NULL) {
+            epd_xport_poll(x, 1);
+        }
+        if (epd_time_now_ns() > deadline) {
+            return -1;
+        }
+    }
+    if (read(fd, &len, sizeof(len)) != sizeof(len) || len > cap) {
+        return -1;
+    }
+    p = buf;
+    while (got < len) {
+        ssize_t n = read(fd, p + got, len - got);
+        if (n <= 0) {
+            return -1;
+        }
+        got += (size_t)n;
+    }
+    *len_p = len;
+    return 0;
+}
+
+/* ------------------------------------------------------------ the peer */
+
+typedef struct {
+    epd_xport_t *x;
+    epd_xport_mr_t *mr;
+    epd_xport_ep_t *reply_ep;
+    m_result_t pending;   /* a reply to send from the main loop */
+    int have_pending;
+    uint64_t seq_expected;
+    uint64_t seq_ok, seq_bad;
+    int quit;
+} peer_t;
+
+static void peer_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
+{
+    peer_t *pr = arg;
+    m_hdr_t h;
+    const unsigned char *region = epd_xport_mr_addr(pr->mr);
+
+    if (len < sizeof(h)) {
+        return;
+    }
+    memcpy(&h, data, sizeof(h));
+    pr->reply_ep = ep;
+    if (h.type == M_CHECK && len == sizeof(h) + (size_t)h.n * sizeof(m_check_t)) {
+        m_result_t r = {.type = M_RESULT, .n = h.n};
+        for (uint32_t i = 0; i < h.n; i++) {
+            m_check_t c;
+            memcpy(&c, (const char *)data + sizeof(h) + i * sizeof(c), sizeof(c));
+            if (c.offset + c.len <= epd_xport_mr_size(pr->mr) &&
+                epd_hash64(region + c.offset, c.len, 0) == c.hash) {
+                r.ok++;
+            } else {
+                r.bad++;
+            }
+        }
+        pr->pending = r;
+        pr->have_pending = 1;
+    } else if (h.type == M_SEQ && len >= sizeof(m_seq_t)) {
+        m_seq_t s;
+        memcpy(&s, data, sizeof(s));
+        if (s.seq == pr->seq_expected &&
+            epd_hash64((const char *)data + sizeof(s), len - sizeof(s), s.seq) == s.hash) {
+            pr->seq_ok++;
+        } else {
+            pr->seq_bad++;
+        }
+        pr->seq_expected = s.seq + 1;
+    } else if (h.type == M_END) {
+        m_result_t r = {.type = M_RESULT, .n = h.n, .ok = pr->seq_ok, .bad = pr->seq_bad};
+        pr->pending = r;
+        pr->have_pending = 1;
+        pr->seq_ok = pr->seq_bad = 0;
+        pr->seq_expected = 0;
+    } else if (h.type == M_QUIT) {
+        pr->quit = 1;
+    }
+}
+
+static epd_xport_config_t test_config(epd_xport_msg_cb_t cb, void *arg)
+{
+    epd_xport_config_t cfg;
+
+    epd_xport_config_init(&cfg);
+    cfg.backend = conf->backend;
+    cfg.provider = conf->provider;
+    cfg.max_msg_size = MAX_MSG;
+    cfg.peer_timeout_ms = PEER_TIMEOUT_MS;
+    cfg.connect_timeout_ms = CONNECT_TIMEOUT_MS;
+    cfg.msg_cb = cb;
+    cfg.cb_arg = arg;
+    return cfg;
+}
+
+static int peer_main(int fd)
+{
+    peer_t pr;
+    epd_xport_config_t cfg;
+    const void *blob;
+    size_t blob_len;
+    unsigned char key[EPD_XPORT_RKEY_MAX];
+    size_t key_len;
+    uint64_t deadline = epd_time_now_ns() + 120 * EPD_NSEC_PER_SEC;
+
+    memset(&pr, 0, sizeof(pr));
+    cfg = test_config(peer_msg, &pr);
+    if (epd_xport_create(&cfg, &pr.x) != EPD_OK) {
+        return 2;
+    }
+    if (epd_xport_mr_alloc(pr.x, REGION_SIZE, &pr.mr) != EPD_OK ||
+        epd_xport_address(pr.x, &blob, &blob_len) != EPD_OK ||
+        epd_xport_mr_pack(pr.mr, key, sizeof(key), &key_len) != EPD_OK) {
+        return 3;
+    }
+    if (chan_write(fd, blob, (uint32_t)blob_len) != 0 || chan_write(fd, key, (uint32_t)key_len) != 0) {
+        return 4;
+    }
+    while (!pr.quit && epd_time_now_ns() < deadline) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        char c;
+
+        epd_xport_poll(pr.x, 2);
+        if (pr.have_pending && pr.reply_ep != NULL) {
+            epd_status_t st = epd_xport_send(pr.reply_ep, &pr.pending, sizeof(pr.pending), 0);
+            if (st == EPD_OK) {
+                pr.have_pending = 0;
+            } else if (st != EPD_ERR_NO_RESOURCE) {
+                pr.have_pending = 0;
+            }
+        }
+        /* parent gone: stop */
+        if (poll(&pfd, 1, 0) > 0 && read(fd, &c, 1) <= 0) {
+            break;
+        }
+    }
+    epd_xport_mr_dereg(pr.mr);
+    epd_xport_destroy(pr.x);
+    return 0;
+}
+
+/* ------------------------------------------------------- the test side */
+
+typedef struct {
+    epd_xport_t *x;
+    m_result_t result;
+    int have_result;
+    int errs;
+    epd_status_t err_status;
+    uint64_t err_ns;
+    int accepts;
+} host_t;
+
+typedef struct {
+    pid_t pid;
+    int fd;
+    unsigned char blob[EPD_XPORT_ADDR_MAX];
+    uint32_t blob_len;
+    unsigned char key[EPD_XPORT_RKEY_MAX];
+    uint32_t key_len;
+} peer_proc_t;
+
+static void host_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
+{
+    host_t *h = arg;
+
+    (void)ep;
+    if (len == sizeof(m_result_t)) {
+        memcpy(&h->result, data, sizeof(h->result));
+        h->have_result = 1;
+    }
+}
+
+static void host_err(void *arg, epd_xport_ep_t *ep, epd_status_t status)
+{
+    host_t *h = arg;
+
+    (void)ep;
+    if (h->errs++ == 0) {
+        h->err_status = status;
+        h->err_ns = epd_time_now_ns();
+    }
+}
+
+static void host_accept(void *arg, epd_xport_ep_t *ep)
+{
+    host_t *h = arg;
+
+    (void)ep;
+    h->accepts++;
+}
+
+static void host_init(host_t *h, const char *expect)
+{
+    epd_xport_config_t cfg;
+
+    memset(h, 0, sizeof(*h));
+    cfg = test_config(host_msg, h);
+    cfg.expect = expect;
+    cfg.err_cb = host_err;
+    cfg.accept_cb = host_accept;
+    assert_int_equal(epd_xport_create(&cfg, &h->x), EPD_OK);
+}
+
+static void peer_start(peer_proc_t *p, epd_xport_t *x)
+{
+    int sv[2];
+    char fd_arg[16];
+
+    memset(p, 0, sizeof(*p));
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    snprintf(fd_arg, sizeof(fd_arg), "%d", sv[1]);
+    p->pid = fork();
+    assert_true(p->pid >= 0);
+    if (p->pid == 0) {
+        close(sv[0]);
+        execl(self_path, self_path, "--peer", conf->name, fd_arg, (char *)NULL);
+        _exit(127);
+    }
+    close(sv[1]);
+    fcntl(sv[0], F_SETFD, FD_CLOEXEC);
+    p->fd = sv[0];
+    assert_int_equal(chan_read(p->fd, x, p->blob, sizeof(p->blob), &p->blob_len, 20000), 0);
+    assert_int_equal(chan_read(p->fd, x, p->key, sizeof(p->key), &p->key_len, 20000), 0);
+}
+
+static void peer_stop(peer_proc_t *p)
+{
+    int status;
+    uint64_t deadline = epd_time_now_ns() + 5 * EPD_NSEC_PER_SEC;
+
+    if (p->pid <= 0) {
+        return;
+    }
+    close(p->fd); /* the peer sees EOF and exits */
+    while (waitpid(p->pid, &status, WNOHANG) == 0) {
+        if (epd_time_now_ns() > deadline) {
+            kill(p->pid, SIGKILL);
+            waitpid(p->pid, &status, 0);
+            break;
+        }
+        epd_time_sleep_ns(5 * EPD_NSEC_PER_MSEC);
+    }
+    p->pid = 0;
+}
+
+typedef struct {
+    int calls;
+    epd_status_t status;
+} comp_t;
+
+static void comp_cb(void *arg, epd_status_t status)
+{
+    comp_t *c = arg;
+
+    if (c->calls++ == 0) {
+        c->status = status;
+    }
+}
+
+static int wait_flag(epd_xport_t *x, const int *flag, int target, int timeout_ms)
+{
+    uint64_t deadline = epd_time_now_ns() + (uint64_t)timeout_ms * EPD_NSEC_PER_MSEC;
+
+    while (*flag < target) {
+        if (epd_time_now_ns() > deadline) {
+            return -1;
+        }
+        epd_xport_poll(x, 1);
+    }
+    return 0;
+}
+
+/* Connects and unpacks the peer's key; asserts the lanes meet the config's
+ * expectation and prints them. */
+static epd_xport_ep_t *connect_peer(host_t *h, peer_proc_t *p, epd_xport_rkey_t **rkey_p)
+{
+    comp_t c = {0};
+    epd_xport_ep_t *ep = NULL;
+    char desc[512];
+
+    assert_int_equal(epd_xport_connect(h->x, p->blob, p->blob_len, comp_cb, &c, &ep),
+                     EPD_INPROGRESS);
+    assert_int_equal(wait_flag(h->x, &c.calls, 1, 10000), 0);
+    assert_int_equal(c.status, EPD_OK);
+    assert_int_not_equal(epd_xport_ep_peer_id(ep), 0);
+    epd_xport_ep_describe(ep, desc, sizeof(desc));
+    printf("[%s] lanes: %s\n", conf->name, desc);
+    if (rkey_p != NULL) {
+        assert_int_equal(epd_xport_rkey_unpack(ep, p->key, p->key_len, rkey_p), EPD_OK);
+        assert_int_equal(epd_xport_rkey_size(*rkey_p), REGION_SIZE);
+    }
+    return ep;
+}
+
+/* Sends `msg` (retrying on backpressure) and waits for the peer's RESULT. */
+static m_result_t ask(host_t *h, epd_xport_ep_t *ep, const void *msg, size_t len, unsigned flags)
+{
+    epd_status_t st;
+    uint64_t deadline = epd_time_now_ns() + 30 * EPD_NSEC_PER_SEC;
+
+    h->have_result = 0;
+    while ((st = epd_xport_send(ep, msg, len, flags)) == EPD_ERR_NO_RESOURCE) {
+        assert_true(epd_time_now_ns() < deadline);
+        epd_xport_poll(h->x, 1);
+    }
+    assert_int_equal(st, EPD_OK);
+    assert_int_equal(wait_flag(h->x, &h->have_result, 1, 30000), 0);
+    return h->result;
+}
+
+static void send_quit(host_t *h, epd_xport_ep_t *ep)
+{
+    m_hdr_t q = {.type = M_QUIT};
+
+    (void)epd_xport_send(ep, &q, sizeof(q), 0);
+    for (int i = 0; i < 20; i++) {
+        epd_xport_poll(h->x, 1);
+    }
+}
+
+/* -------------------------------------------------------------- tests */
+
+static void *check_buf;
+
+/* Posts `n` writes of `size` random bytes, all in flight at once, then a
+ * fenced CHECK at once: the peer must see every byte when it arrives. */
+static void write_batch(host_t *h, epd_xport_ep_t *ep, epd_xport_rkey_t *rk, epd_xport_mr_t *lmr,
+                        size_t size, uint32_t n, epd_rng_t *rng)
+{
+    comp_t *comps = epd_calloc(n, sizeof(*comps));
+    size_t *loffs = epd_calloc(n, sizeof(*loffs));
+    m_hdr_t *hdr = check_buf;
+    m_check_t *checks = (m_check_t *)(hdr + 1);
+    unsigned char *local = epd_xport_mr_addr(lmr);
+    size_t stride = size + 13;
+    int done = 0;
+    uint64_t deadline = epd_time_now_ns() + 60 * EPD_NSEC_PER_SEC;
+    m_result_t r;
+
+    assert_non_null(comps);
+    assert_non_null(loffs);
+    assert_true((size_t)n * stride <= REGION_SIZE);
+    assert_true(sizeof(*hdr) + n * sizeof(*checks) <= MAX_MSG);
+    hdr->type = M_CHECK;
+    hdr->n = n;
+    /* fresh bytes first: a posted buffer is lent until its completion, so
+     * nothing may change under a write in flight (sources may overlap) */
+    for (uint32_t i = 0; i < n; i++) {
+        loffs[i] = (size_t)(epd_rng_next(rng) % (epd_xport_mr_size(lmr) - size + 1));
+        epd_rng_fill(rng, local + loffs[i], size < 64 ? size : 64);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        checks[i].offset = (uint64_t)i * stride + (epd_rng_next(rng) % 13);
+        checks[i].len = size;
+        checks[i].hash = epd_hash64(local + loffs[i], size, 0);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        epd_status_t st;
+
+        while ((st = epd_xport_write(ep, local + loffs[i], size, lmr, rk, checks[i].offset, comp_cb,
+                                     &comps[i])) == EPD_ERR_NO_RESOURCE) {
+            assert_true(epd_time_now_ns() < deadline);
+            epd_xport_progress(h->x);
+        }
+        assert_int_equal(st, EPD_INPROGRESS);
+    }
+    r = ask(h, ep, check_buf, sizeof(*hdr) + n * sizeof(*checks), EPD_XPORT_SEND_FENCE);
+    if (r.bad != 0) {
+        printf("[%s] %llu of %u writes of %zu bytes wrong at the fence\n", conf->name,
+               (unsigned long long)r.bad, n, size);
+    }
+    assert_int_equal(r.bad, 0);
+    assert_int_equal(r.ok, n);
+    while (done < (int)n) {
+        done = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            done += comps[i].calls > 0;
+        }
+        if (done < (int)n) {
+            assert_true(epd_time_now_ns() < deadline);
+            epd_xport_poll(h->x, 1);
+        }
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        assert_int_equal(comps[i].calls, 1);
+        assert_int_equal(comps[i].status, EPD_OK);
+    }
+    epd_free(comps);
+    epd_free(loffs);
+}
+
+static void test_writes_land(void **state)
+{
+    host_t h;
+    peer_proc_t p;
+    epd_xport_ep_t *ep;
+    epd_xport_rkey_t *rk;
+    epd_xport_mr_t *lmr;
+    epd_rng_t rng;
+    uint64_t t0;
+
+    (void)state;
+    host_init(&h, conf->expect);
+    peer_start(&p, h.x);
+    ep = connect_peer(&h, &p, &rk);
+    assert_int_equal(epd_xport_mr_alloc(h.x, (size_t)65 << 20, &lmr), EPD_OK);
+    epd_rng_seed(&rng, 42);
+    epd_rng_fill(&rng, epd_xport_mr_addr(lmr), epd_xport_mr_size(lmr));
+
+    t0 = epd_time_now_ns();
+    write_batch(&h, ep, rk, lmr, 1, 1000, &rng);
+    write_batch(&h, ep, rk, lmr, 4096, 1000, &rng);
+    write_batch(&h, ep, rk, lmr, 1 << 20, 64, &rng);
+    write_batch(&h, ep, rk, lmr, (size_t)64 << 20, 1, &rng);
+    write_batch(&h, ep, rk, lmr, (size_t)64 << 20, 1, &rng);
+    printf("[%s] writes 1 B..64 MiB verified in %.0f ms\n", conf->name,
+           (double)(epd_time_now_ns() - t0) / 1e6);
+
+    assert_int_equal(h.errs, 0);
+    send_quit(&h, ep);
+    epd_xport_rkey_destroy(rk);
+    epd_xport_ep_close(ep);
+    epd_xport_mr_dereg(lmr);
+    peer_stop(&p);
+    epd_xport_destroy(h.x);
+}
+
+/* A fenced message never overtakes an earlier write: repeated, with
+ * unregistered local memory too (local_mr NULL). */
+static void test_fence_repeated(void **state)
+{
+    host_t h;
+    peer_proc_t p;
+    epd_xport_ep_t *ep;
+    epd_xport_rkey_t *rk;
+    epd_rng_t rng;
+    size_t size = 256 * 1024;
+    unsigned char *local = epd_malloc(size);
+    struct {
+        m_hdr_t h;
+        m_check_t c;
+    } msg;
+
+    (void)state;
+    assert_non_null(local);
+    host_init(&h, conf->expect);
+    peer_start(&p, h.x);
+    ep = connect_peer(&h, &p, &rk);
+    epd_rng_seed(&rng, 7);
+    for (int i = 0; i < 200; i++) {
+        comp_t c = {0};
+        size_t len = 1 + (size_t)(epd_rng_next(&rng) % size);
+        uint64_t off = epd_rng_next(&rng) % (REGION_SIZE - len);
+        m_result_t r;
+
+        epd_rng_fill(&rng, local, len);
+        assert_int_equal(epd_xport_write(ep, local, len, NULL, rk, off, comp_cb, &c),
+                         EPD_INPROGRESS);
+        msg.h.type = M_CHECK;
+        msg.h.n = 1;
+        msg.c.offset = off;
+        msg.c.len = len;
+        msg.c.hash = epd_hash64(local, len, 0);
+        r = ask(&h, ep, &msg, sizeof(msg), EPD_XPORT_SEND_FENCE);
+        assert_int_equal(r.bad, 0);
+        assert_int_equal(wait_flag(h.x, &c.calls, 1, 10000), 0);
+        assert_int_equal(c.status, EPD_OK);
+    }
+    /* flush completes after the writes before it */
+    {
+        comp_t w = {0}, f = {0};
+        assert_int_equal(epd_xport_write(ep, local, size, NULL, rk, 0, comp_cb, &w), EPD_INPROGRESS);
+        assert_int_equal(epd_xport_flush(ep, comp_cb, &f), EPD_INPROGRESS);
+        assert_int_equal(wait_flag(h.x, &f.calls, 1, 10000), 0);
+        assert_int_equal(f.status, EPD_OK);
+        assert_int_equal(wait_flag(h.x, &w.calls, 1, 10000), 0);
+        assert_int_equal(w.status, EPD_OK);
+    }
+    assert_int_equal(h.errs, 0);
+    send_quit(&h, ep);
+    epd_xport_rkey_destroy(rk);
+    epd_xport_ep_close(ep);
+    peer_stop(&p);
+    epd_xport_destroy(h.x);
+    epd_free(local);
+}
+
+/* Messages arrive intact and in order, random sizes up to max_msg_size. */
+static void test_messages_in_order(void **state)
+{
+    host_t h;
+    peer_proc_t p;
+    epd_xport_ep_t *ep;
+    epd_rng_t rng;
+    unsigned char *buf = epd_malloc(MAX_MSG);
+    m_hdr_t end = {.type = M_END};
+    m_result_t r;
+    const uint32_t n = 3000;
+    uint64_t deadline = epd_time_now_ns() + 60 * EPD_NSEC_PER_SEC;
+
+    (void)state;
+    assert_non_null(buf);
+    host_init(&h, conf->expect);
+    peer_start(&p, h.x);
+    ep = connect_peer(&h, &p, NULL);
+    epd_rng_seed(&rng, 99);
+    for (uint32_t i = 0; i < n; i++) {
+        m_seq_t s = {.type = M_SEQ, .seq = i};
+        size_t len = sizeof(s) + (size_t)(epd_rng_next(&rng) % (MAX_MSG - sizeof(s) + 1));
+        epd_status_t st;
+
+        if (i % 7 == 0) {
+            len = sizeof(s) + (size_t)(epd_rng_next(&rng) % 64); /* plenty of small ones */
+        }
+        epd_rng_fill(&rng, buf + sizeof(s), len - sizeof(s));
+        s.hash = epd_hash64(buf + sizeof(s), len - sizeof(s), s.seq);
+        memcpy(buf, &s, sizeof(s));
+        while ((st = epd_xport_send(ep, buf, len, 0)) == EPD_ERR_NO_RESOURCE) {
+            assert_true(epd_time_now_ns() < deadline);
+            epd_xport_progress(h.x);
+        }
+        assert_int_equal(st, EPD_OK);
+    }
+    r = ask(&h, ep, &end, sizeof(end), 0);
+    assert_int_equal(r.bad, 0);
+    assert_int_equal(r.ok, n);
+    /* refusals on a live endpoint */
+    assert_int_equal(epd_xport_send(ep, buf, MAX_MSG + 1, 0), EPD_ERR_TOO_LONG);
+    assert_int_equal(epd_xport_send(ep, buf, 0, 0), EPD_ERR_INVALID_PARAM);
+    send_quit(&h, ep);
+    epd_xport_ep_close(ep);
+    peer_stop(&p);
+    epd_xport_destroy(h.x);
+    epd_free(buf);
+}
+
+/* Garbage address and key blobs, writes out of range, wrong expectation. */
+static void test_refusals(void **state)
+{
+    host_t h, wrong;
+    peer_proc_t p;
+    epd_xport_ep_t *ep, *bad_ep = NULL;
+    epd_xport_rkey_t *rk, *bad_rk = NULL;
+    epd_rng_t rng;
+    unsigned char junk[EPD_XPORT_ADDR_MAX];
+    unsigned char local[64];
+    comp_t c = {0};
+
+    (void)state;
+    epd_rng_seed(&rng, 5);
+    host_init(&h, conf->expect);
+    peer_start(&p, h.x);
+
+    /* address blobs: zero length, random bytes of many lengths, truncated,
+     * one flipped byte */
+    assert_int_equal(epd_xport_connect(h.x, p.blob, 0, comp_cb, &c, &bad_ep), EPD_ERR_BAD_ADDRESS);
+    for (int i = 0; i < 200; i++) {
+        size_t len = 1 + (size_t)(epd_rng_next(&rng) % sizeof(junk));
+        epd_rng_fill(&rng, junk, len);
+        assert_int_equal(epd_xport_connect(h.x, junk, len, comp_cb, &c, &bad_ep),
+                         EPD_ERR_BAD_ADDRESS);
+    }
+    for (uint32_t len = 1; len < p.blob_len; len += 1 + len / 4) {
+        assert_int_equal(epd_xport_connect(h.x, p.blob, len, comp_cb, &c, &bad_ep),
+                         EPD_ERR_BAD_ADDRESS);
+    }
+    memcpy(junk, p.blob, p.blob_len);
+    junk[p.blob_len - 1] ^= 0x5a;
+    assert_int_equal(epd_xport_connect(h.x, junk, p.blob_len, comp_cb, &c, &bad_ep),
+                     EPD_ERR_BAD_ADDRESS);
+    assert_null(bad_ep);
+    assert_int_equal(c.calls, 0);
+
+    ep = connect_peer(&h, &p, &rk);
+
+    /* keys */
+    assert_int_equal(epd_xport_rkey_unpack(ep, p.key, 0, &bad_rk), EPD_ERR_BAD_RKEY);
+    for (int i = 0; i < 200; i++) {
+        size_t len = 1 + (size_t)(epd_rng_next(&rng) % EPD_XPORT_RKEY_MAX);
+        epd_rng_fill(&rng, junk, len);
+        assert_int_equal(epd_xport_rkey_unpack(ep, junk, len, &bad_rk), EPD_ERR_BAD_RKEY);
+    }
+    for (uint32_t len = 1; len < p.key_len; len++) {
+        assert_int_equal(epd_xport_rkey_unpack(ep, p.key, len, &bad_rk), EPD_ERR_BAD_RKEY);
+    }
+    memcpy(junk, p.key, p.key_len);
+    junk[p.key_len / 2] ^= 0x01;
+    assert_int_equal(epd_xport_rkey_unpack(ep, junk, p.key_len, &bad_rk), EPD_ERR_BAD_RKEY);
+    assert_int_equal(epd_xport_rkey_unpack(ep, p.key, EPD_XPORT_RKEY_MAX + 1, &bad_rk),
+                     EPD_ERR_BAD_RKEY);
+    assert_null(bad_rk);
+
+    /* writes out of range: refused at once, no callback */
+    memset(local, 1, sizeof(local));
+    assert_int_equal(epd_xport_write(ep, local, 1, NULL, rk, REGION_SIZE, comp_cb, &c),
+                     EPD_ERR_OUT_OF_RANGE);
+    assert_int_equal(epd_xport_write(ep, local, 64, NULL, rk, REGION_SIZE - 63, comp_cb, &c),
+                     EPD_ERR_OUT_OF_RANGE);
+    assert_int_equal(epd_xport_write(ep, local, 64, NULL, rk, UINT64_MAX - 10, comp_cb, &c),
+                     EPD_ERR_OUT_OF_RANGE);
+    assert_int_equal(epd_xport_write(ep, local, 0, NULL, rk, 0, comp_cb, &c),
+                     EPD_ERR_INVALID_PARAM);
+    for (int i = 0; i < 10; i++) {
+        epd_xport_poll(h.x, 1);
+    }
+    assert_int_equal(c.calls, 0);
+
+    /* an expectation the lanes do not meet: connect fails with CONFIG */
+    host_init(&wrong, conf->wrong);
+    {
+        comp_t wc = {0};
+        epd_xport_ep_t *wep = NULL;
+        uint64_t t0 = epd_time_now_ns();
+
+        assert_int_equal(epd_xport_connect(wrong.x, p.blob, p.blob_len, comp_cb, &wc, &wep),
+                         EPD_INPROGRESS);
+        while (wc.calls == 0 && epd_time_now_ns() - t0 < 10 * EPD_NSEC_PER_SEC) {
+            epd_xport_poll(wrong.x, 1);
+            epd_xport_poll(h.x, 0);
+        }
+        assert_int_equal(wc.calls, 1);
+        assert_int_equal(wc.status, EPD_ERR_CONFIG);
+        assert_int_equal(wrong.errs, 1);
+        assert_int_equal(wrong.err_status, EPD_ERR_CONFIG);
+        assert_int_equal(epd_xport_send(wep, local, 8, 0), EPD_ERR_CONFIG);
+        epd_xport_ep_close(wep);
+    }
+    epd_xport_destroy(wrong.x);
+    {
+        /* unknown expectation and backend: refused at create */
+        epd_xport_config_t cfg = test_config(host_msg, &h);
+        epd_xport_t *x2 = NULL;
+        cfg.expect = "carrier-pigeon";
+        assert_int_equal(epd_xport_create(&cfg, &x2), EPD_ERR_CONFIG);
+        cfg.expect = NULL;
+        cfg.backend = "nope";
+        assert_int_equal(epd_xport_create(&cfg, &x2), EPD_ERR_CONFIG);
+        assert_null(x2);
+    }
+
+    /* the endpoint still works after all that */
+    {
+        struct {
+            m_hdr_t h;
+            m_check_t c;
+        } msg = {{M_CHECK, 1}, {100, sizeof(local), 0}};
+        comp_t wc = {0};
+        m_result_t r;
+        assert_int_equal(epd_xport_write(ep, local, sizeof(local), NULL, rk, 100, comp_cb, &wc),
+                         EPD_INPROGRESS);
+        msg.c.hash = epd_hash64(local, sizeof(local), 0);
+        r = ask(&h, ep, &msg, sizeof(msg), EPD_XPORT_SEND_FENCE);
+        assert_int_equal(r.ok, 1);
+        assert_int_equal(wait_flag(h.x, &wc.calls, 1, 5000), 0);
+    }
+    send_quit(&h, ep);
+    epd_xport_rkey_destroy(rk);
+    epd_xport_ep_close(ep);
+    peer_stop(&p);
+    epd_xport_destroy(h.x);
+}
+
+static void expect_connect_fails(host_t *h, const void *blob, size_t len)
+{
+    comp_t c = {0};
+    epd_xport_ep_t *ep = NULL;
+    uint64_t t0 = epd_time_now_ns();
+    epd_status_t st = epd_xport_connect(h->x, blob, len, comp_cb, &c, &ep);
+    double ms;
+
+    if (st == EPD_INPROGRESS) {
+        assert_int_equal(wait_flag(h->x, &c.calls, 1, CONNECT_TIMEOUT_MS + 3000), 0);
+        st = c.status;
+        assert_int_equal(h->errs, 1);
+        epd_xport_ep_close(ep);
+    }
+    ms = (double)(epd_time_now_ns() - t0) / 1e6;
+    printf("[%s] connect to a dead worker: %s after %.0f ms\n", conf->name, epd_status_name(st),
+           ms);
+    assert_true(st == EPD_ERR_TIMEOUT || st == EPD_ERR_UNREACHABLE);
+    assert_true(ms < CONNECT_TIMEOUT_MS + 3000);
+    h->errs = 0;
+}
+
+/* Connecting where nobody listens fails clearly within bounded time. */
+static void test_connect_dead(void **state)
+{
+    host_t h, gone;
+    peer_proc_t p;
+    const void *blob;
+    size_t len;
+    unsigned char copy[EPD_XPORT_ADDR_MAX];
+
+    (void)state;
+    host_init(&h, conf->expect);
+    /* a worker that was destroyed (same process) */
+    host_init(&gone, NULL);
+    assert_int_equal(epd_xport_address(gone.x, &blob, &len), EPD_OK);
+    memcpy(copy, blob, len);
+    epd_xport_destroy(gone.x);
+    expect_connect_fails(&h, copy, len);
+    /* a process that exited */
+    peer_start(&p, h.x);
+    peer_stop(&p);
+    expect_connect_fails(&h, p.blob, p.blob_len);
+    epd_xport_destroy(h.x);
+}
+
+typedef struct {
+    host_t *h;
+    int posted;
+    int completed;
+    int dup;
+    int ok, failed;
+    int inflight;
+    unsigned char flags[4096]; /* per write: completions seen */
+} stream_t;
+
+typedef struct {
+    stream_t *s;
+    int idx;
+} stream_op_t;
+
+static stream_op_t stream_ops[4096];
+
+static void stream_cb(void *arg, epd_status_t status)
+{
+    stream_op_t *o = arg;
+    stream_t *s = o->s;
+
+    if (s->flags[o->idx]++ != 0) {
+        s->dup++;
+    }
+    s->completed++;
+    s->inflight--;
+    if (status == EPD_OK) {
+        s->ok++;
+    } else {
+        s->failed++;
+    }
+}
+
+/* The peer dies in the middle of a stream of writes: the error callback
+ * fires within a bounded time, every posted write completes exactly once,
+ * and the survivor then serves a new peer. */
+static void test_peer_killed(void **state)
+{
+    host_t h;
+    peer_proc_t p, p2;
+    epd_xport_ep_t *ep, *ep2;
+    epd_xport_rkey_t *rk, *rk2;
+    static stream_t s;
+    size_t size = 256 * 1024;
+    unsigned char *local = epd_malloc(size);
+    uint64_t kill_ns = 0, deadline;
+    double detect_ms;
+    int status;
+
+    (void)state;
+    assert_non_null(local);
+    memset(local, 0x3c, size);
+    memset(&s, 0, sizeof(s));
+    host_init(&h, conf->expect);
+    s.h = &h;
+    peer_start(&p, h.x);
+    ep = connect_peer(&h, &p, &rk);
+    deadline = epd_time_now_ns() + 30 * EPD_NSEC_PER_SEC;
+    while (h.errs == 0 && epd_time_now_ns() < deadline && s.posted < 4096) {
+        if (s.inflight < 16) {
+            stream_op_t *o = &stream_ops[s.posted];
+            epd_status_t st;
+            o->s = &s;
+            o->idx = s.posted;
+            st = epd_xport_write(ep, local, size, NULL, rk,
+                                 (uint64_t)(s.posted % 200) * size, stream_cb, o);
+            if (st == EPD_INPROGRESS) {
+                s.posted++;
+                s.inflight++;
+            } else if (st != EPD_ERR_NO_RESOURCE) {
+                break; /* the endpoint's error: nothing posted */
+            }
+        }
+        if (kill_ns == 0 && s.completed >= 50) {
+            kill(p.pid, SIGKILL);
+            kill_ns = epd_time_now_ns();
+        }
+        epd_xport_progress(h.x);
+    }
+    assert_true(kill_ns != 0);
+    assert_int_equal(wait_flag(h.x, &h.errs, 1, 10000), 0);
+    detect_ms = (double)(h.err_ns - kill_ns) / 1e6;
+    printf("[%s] peer killed: error %s after %.0f ms; %d writes posted, %d ok, %d failed\n",
+           conf->name, epd_status_name(h.err_status), detect_ms, s.posted, s.ok, s.failed);
+    assert_true(detect_ms < PEER_TIMEOUT_MS + 3000);
+    assert_true(epd_status_scope(h.err_status) >= EPD_SCOPE_CONNECTION);
+    /* every posted write completed, exactly once */
+    assert_int_equal(wait_flag(h.x, &s.completed, s.posted, 5000), 0);
+    for (int i = 0; i < 50; i++) {
+        epd_xport_poll(h.x, 1);
+    }
+    assert_int_equal(s.completed, s.posted);
+    assert_int_equal(s.dup, 0);
+    assert_int_equal(h.errs, 1);
+    /* later posts fail with the endpoint's error */
+    assert_int_equal(epd_xport_write(ep, local, 1, NULL, rk, 0, comp_cb, &(comp_t){0}),
+                     h.err_status);
+    waitpid(p.pid, &status, 0);
+    p.pid = 0;
+    close(p.fd);
+    epd_xport_rkey_destroy(rk);
+    epd_xport_ep_close(ep);
+
+    /* a new peer is served */
+    h.errs = 0;
+    peer_start(&p2, h.x);
+    ep2 = connect_peer(&h, &p2, &rk2);
+    {
+        struct {
+            m_hdr_t h;
+            m_check_t c;
+        } msg = {{M_CHECK, 1}, {12345, size, epd_hash64(local, size, 0)}};
+        comp_t c = {0};
+        m_result_t r;
+        assert_int_equal(epd_xport_write(ep2, local, size, NULL, rk2, 12345, comp_cb, &c),
+                         EPD_INPROGRESS);
+        r = ask(&h, ep2, &msg, sizeof(msg), EPD_XPORT_SEND_FENCE);
+        assert_int_equal(r.ok, 1);
+        assert_int_equal(wait_flag(h.x, &c.calls, 1, 5000), 0);
+        assert_int_equal(c.status, EPD_OK);
+    }
+    assert_int_equal(h.errs, 0);
+    send_quit(&h, ep2);
+    epd_xport_rkey_destroy(rk2);
+    epd_xport_ep_close(ep2);
+    peer_stop(&p2);
+    epd_xport_destroy(h.x);
+    epd_free(local);
+}
+
+/* Closing an endpoint with writes in flight completes each exactly once
+ * (EPD_OK if it had landed, EPD_ERR_CANCELED otherwise) before close
+ * returns; the peer sees the endpoint go. */
+static void test_close_with_inflight(void **state)
+{
+    host_t h;
+    peer_proc_t p;
+    epd_xport_ep_t *ep;
+    epd_xport_rkey_t *rk;
+    static comp_t comps[256];
+    size_t size = 1 << 20;
+    unsigned char *local = epd_calloc(1, size);
+    int n = 0;
+
+    (void)state;
+    assert_non_null(local);
+    memset(comps, 0, sizeof(comps));
+    host_init(&h, conf->expect);
+    peer_start(&p, h.x);
+    ep = connect_peer(&h, &p, &rk);
+    for (int i = 0; i < 64; i++) {
+        if (epd_xport_write(ep, local, size, NULL, rk, (uint64_t)i * size, comp_cb, &comps[i]) ==
+            EPD_INPROGRESS) {
+            n++;
+        }
+    }
+    assert_int_equal(n, 64);
+    epd_xport_rkey_destroy(rk);
+    epd_xport_ep_close(ep);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(comps[i].calls, 1);
+        assert_true(comps[i].status == EPD_OK || comps[i].status == EPD_ERR_CANCELED);
+    }
+    for (int i = 0; i < 20; i++) {
+        epd_xport_poll(h.x, 1);
+    }
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(comps[i].calls, 1);
+    }
+    peer_stop(&p);
+    epd_xport_destroy(h.x);
+    epd_free(local);
+}
+
+/* ---------------------------------------------------------------- main */
+
+static int run_conf(const char *name)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_messages_in_order),
+        cmocka_unit_test(test_writes_land),
+        cmocka_unit_test(test_fence_repeated),
+        cmocka_unit_test(test_close_with_inflight),
+        cmocka_unit_test(test_connect_dead),
+        cmocka_unit_test(test_peer_killed),
+    };
+    char group[64];
+    int rc;
+
+    conf = find_conf(name);
+    if (conf == NULL) {
+        fprintf(stderr, "unknown configuration %s\n", name);
+        return 2;
+    }
+    apply_env(conf);
+    check_buf = epd_malloc(MAX_MSG);
+    snprintf(group, sizeof(group), "xport-conformance-%s", name);
+    rc = cmocka_run_group_tests_name(group, tests, NULL, NULL);
+    epd_free(check_buf);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    ssize_t n = readlink("/proc/self/exe", self_path, sizeof(self_path) - 1);
+    int failed = 0;
+
+    if (n <= 0) {
+        return 2;
+    }
+    self_path[n] = '\0';
+    signal(SIGPIPE, SIG_IGN);
+    if (argc == 4 && strcmp(argv[1], "--peer") == 0) {
+        conf = find_conf(argv[2]);
+        if (conf == NULL) {
+            return 2;
+        }
+        apply_env(conf);
+        return peer_main(atoi(argv[3]));
+    }
+    if (argc == 3 && strcmp(argv[1], "--conf") == 0) {
+        return run_conf(argv[2]);
+    }
+    /* every configuration, each in its own process (UCX reads its
+     * environment once per context, and a crash stays contained) */
+    for (size_t i = 0; i < N_CONFS; i++) {
+        const char *only = getenv("EPD_XPORT_CONF");
+        pid_t pid;
+        int status = 0;
+
+        if (only != NULL && strcmp(only, epd_test_confs[i].name) != 0) {
+            continue;
+        }
+        fflush(stdout);
+        pid = fork();
+        if (pid == 0) {
+            execl(self_path, self_path, "--conf", epd_test_confs[i].name, (char *)NULL);
+            _exit(127);
+        }
+        waitpid(pid, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            printf("configuration %s FAILED (status %#x)\n", epd_test_confs[i].name, status);
+            failed++;
+        } else {
+            printf("configuration %s passed\n", epd_test_confs[i].name);
+        }
+    }
+    return failed == 0 ? 0 : 1;
+}
