@@ -95,7 +95,7 @@ int main(int argc, char **argv)
         }
         status = epd_mkmodel_write(&p, out);
         if (status != EPD_OK) {
-            fprintf(stderr, "epd-mkmodel: %s\n", epd_status_string(status));
+            fprintf(stderr, "epd-mkmodel: cannot write the model: %s\n", epd_status_string(status));
             goto out;
         }
         rc = 0;
