@@ -38,9 +38,9 @@ typedef struct {
     const epd_engine_info_t *info;
     epd_kv_pool_t pool;
     uint32_t blocks_per_req;
-    uint32_t *tables;   /* [BATCH][blocks_per_req] */
-    int32_t *tokens;    /* [CTX] */
-    float *logits;      /* [BATCH][vocab] */
+    uint32_t *tables; /* [BATCH][blocks_per_req] */
+    int32_t *tokens;  /* [CTX] */
+    float *logits;    /* [BATCH][vocab] */
 } epd_be_t;
 
 static double epd_be_prefill(epd_be_t *b, uint32_t req, uint32_t n)

@@ -20,7 +20,7 @@
 struct epd_engine {
     const epd_engine_ops_t *ops;
     epd_engine_impl_t *impl;
-    void *dl;                   /* dlopen handle or NULL for a built-in */
+    void *dl; /* dlopen handle or NULL for a built-in */
     epd_engine_info_t info;
 };
 
@@ -53,8 +53,7 @@ const char *epd_dtype_name(epd_dtype_t dtype)
     return "?";
 }
 
-uint64_t epd_kv_pool_bytes(const epd_kv_layout_t *layout, uint32_t n_blocks,
-                           uint32_t n_state_slots)
+uint64_t epd_kv_pool_bytes(const epd_kv_layout_t *layout, uint32_t n_blocks, uint32_t n_state_slots)
 {
     uint64_t attn;
     uint64_t lin;
@@ -70,8 +69,8 @@ uint64_t epd_kv_pool_bytes(const epd_kv_layout_t *layout, uint32_t n_blocks,
     return total;
 }
 
-epd_status_t epd_kv_block_offset(const epd_kv_layout_t *layout, uint32_t n_blocks,
-                                 uint32_t layer, uint32_t block, uint64_t *offset_p)
+epd_status_t epd_kv_block_offset(const epd_kv_layout_t *layout, uint32_t n_blocks, uint32_t layer,
+                                 uint32_t block, uint64_t *offset_p)
 {
     if (layer >= layout->n_layers || layout->kind[layer] != EPD_LAYER_ATTENTION ||
         block >= n_blocks) {
@@ -124,7 +123,8 @@ static const char *epd_engine_ops_problem(const epd_engine_ops_t *ops)
     return NULL;
 }
 
-static epd_status_t epd_engine_load_so(const char *path, void **dl_p, const epd_engine_ops_t **ops_p)
+static epd_status_t epd_engine_load_so(const char *path, void **dl_p,
+                                       const epd_engine_ops_t **ops_p)
 {
     epd_engine_entry_fn_t entry;
     const epd_engine_ops_t *ops;
@@ -419,9 +419,8 @@ epd_status_t epd_engine_decode(epd_engine_t *engine, const epd_kv_pool_t *pool,
         for (uint32_t j = 0; j < i; j++) {
             const epd_decode_req_t *o = &reqs[j];
 
-            if ((kv->n_attn_layers > 0 &&
-                 r->seq.block_table[r->pos / kv->block_tokens] ==
-                     o->seq.block_table[o->pos / kv->block_tokens]) ||
+            if ((kv->n_attn_layers > 0 && r->seq.block_table[r->pos / kv->block_tokens] ==
+                                              o->seq.block_table[o->pos / kv->block_tokens]) ||
                 (kv->n_linear_layers > 0 && r->seq.state_slot == o->seq.state_slot)) {
                 epd_log_error(EPD_ENGINE_LOG, r->seq.req_id,
                               "decode batch entries %u and %u write the same block or state slot",

@@ -67,15 +67,15 @@ typedef struct {
     uint8_t kind[EPD_KV_MAX_LAYERS];        /* epd_layer_kind_t of each layer */
     uint32_t kind_index[EPD_KV_MAX_LAYERS]; /* index of the layer among its kind */
     /* attention layers */
-    epd_dtype_t dtype;      /* KV element type (F32 for ref) */
-    uint32_t block_tokens;  /* tokens per block */
+    epd_dtype_t dtype;     /* KV element type (F32 for ref) */
+    uint32_t block_tokens; /* tokens per block */
     uint32_t n_kv_heads;
     uint32_t head_dim;
-    uint64_t block_bytes;   /* one block of one layer, K then V:
-                             * 2 * n_kv_heads * block_tokens * head_dim * dtype size */
+    uint64_t block_bytes; /* one block of one layer, K then V:
+                           * 2 * n_kv_heads * block_tokens * head_dim * dtype size */
     /* linear layers */
     uint32_t n_state_heads;
-    uint64_t state_bytes;   /* one linear layer's recurrent state of one request */
+    uint64_t state_bytes; /* one linear layer's recurrent state of one request */
 } epd_kv_layout_t;
 
 /* Bytes of a pool of `n_blocks` blocks and `n_state_slots` slots; 0 when it
@@ -86,8 +86,8 @@ uint64_t epd_kv_pool_bytes(const epd_kv_layout_t *layout, uint32_t n_blocks,
 /* Offset of block `block` of attention layer `layer` (absolute layer index)
  * inside a pool of `n_blocks` blocks; K at the offset, V at +block_bytes/2.
  * EPD_ERR_OUT_OF_RANGE for a layer that is not attention or a block >= n_blocks. */
-epd_status_t epd_kv_block_offset(const epd_kv_layout_t *layout, uint32_t n_blocks,
-                                 uint32_t layer, uint32_t block, uint64_t *offset_p);
+epd_status_t epd_kv_block_offset(const epd_kv_layout_t *layout, uint32_t n_blocks, uint32_t layer,
+                                 uint32_t block, uint64_t *offset_p);
 
 /* Offset of state slot `slot` of linear layer `layer` (absolute index) inside
  * a pool of `n_blocks` blocks and `n_state_slots` slots. */
@@ -99,7 +99,7 @@ epd_status_t epd_kv_state_offset(const epd_kv_layout_t *layout, uint32_t n_block
  * the pool is used, 64-byte alignment recommended). */
 typedef struct {
     void *base;
-    uint64_t bytes;         /* >= epd_kv_pool_bytes(layout, n_blocks, n_state_slots) */
+    uint64_t bytes; /* >= epd_kv_pool_bytes(layout, n_blocks, n_state_slots) */
     uint32_t n_blocks;
     uint32_t n_state_slots;
 } epd_kv_pool_t;
@@ -108,9 +108,9 @@ typedef struct {
  * entry i holds the tokens [i*block_tokens, (i+1)*block_tokens) of every
  * attention layer.  A model without linear layers ignores state_slot. */
 typedef struct {
-    uint64_t req_id;            /* for log lines only */
+    uint64_t req_id; /* for log lines only */
     const uint32_t *block_table;
-    uint32_t n_blocks;          /* entries in block_table */
+    uint32_t n_blocks; /* entries in block_table */
     uint32_t state_slot;
 } epd_kv_seq_t;
 
@@ -118,9 +118,9 @@ typedef struct {
  * the duration of the callback. */
 typedef struct {
     uint64_t req_id;
-    uint32_t layer;             /* absolute layer index */
+    uint32_t layer; /* absolute layer index */
     epd_layer_kind_t kind;
-    uint32_t tok_start;         /* token positions written: [tok_start, tok_end) */
+    uint32_t tok_start; /* token positions written: [tok_start, tok_end) */
     uint32_t tok_end;
     /* attention layers: block_ids[0..n_blocks) are block_table[first_block ..];
      * the first and last may be partly written (only the token range above). */
@@ -137,19 +137,19 @@ typedef struct {
  * should post work to a transfer thread).  A status other than EPD_OK aborts
  * the prefill, which then returns that status. */
 typedef epd_status_t (*epd_layer_done_cb_t)(void *ctx, uint32_t layer,
-                                           const epd_layer_done_t *done);
+                                            const epd_layer_done_t *done);
 
 typedef struct {
-    epd_layer_done_cb_t cb;     /* NULL: no callback */
-    void *ctx;                  /* borrowed, passed back */
+    epd_layer_done_cb_t cb; /* NULL: no callback */
+    void *ctx;              /* borrowed, passed back */
 } epd_engine_sink_t;
 
 /* Opening parameters. */
 typedef struct {
-    const char *model_dir;  /* borrowed during open: holds config.json + model.safetensors */
-    uint32_t block_tokens;  /* KV block size; 0 = 16 */
-    uint32_t max_batch;     /* largest decode batch; 0 = 64 */
-    uint32_t max_context;   /* 0 = the model's; otherwise min(this, the model's) */
+    const char *model_dir; /* borrowed during open: holds config.json + model.safetensors */
+    uint32_t block_tokens; /* KV block size; 0 = 16 */
+    uint32_t max_batch;    /* largest decode batch; 0 = 64 */
+    uint32_t max_context;  /* 0 = the model's; otherwise min(this, the model's) */
 } epd_engine_config_t;
 
 /* What a daemon needs to know about an opened engine. */
@@ -157,7 +157,7 @@ typedef struct {
     uint32_t vocab_size;
     int32_t bos_token;
     int32_t eos_token;
-    uint32_t max_context;   /* tokens: a sequence never grows past this */
+    uint32_t max_context; /* tokens: a sequence never grows past this */
     uint32_t max_batch;
     epd_kv_layout_t kv;
 } epd_engine_info_t;
@@ -168,7 +168,7 @@ typedef struct {
  * start + n_tokens tokens. */
 typedef struct {
     epd_kv_seq_t seq;
-    const int32_t *tokens;  /* borrowed: n_tokens ids */
+    const int32_t *tokens; /* borrowed: n_tokens ids */
     uint32_t n_tokens;
     uint32_t start;
 } epd_prefill_args_t;
@@ -189,8 +189,8 @@ typedef struct epd_engine_impl epd_engine_impl_t;
 /* The ops table.  No NULL slots.  Called only through epd_engine_* (which
  * validates arguments), on the instance's compute thread. */
 typedef struct {
-    size_t size;            /* sizeof(epd_engine_ops_t) the engine was built with */
-    uint32_t abi_version;   /* EPD_ENGINE_ABI_VERSION */
+    size_t size;          /* sizeof(epd_engine_ops_t) the engine was built with */
+    uint32_t abi_version; /* EPD_ENGINE_ABI_VERSION */
     const char *name;
     epd_status_t (*open)(const epd_engine_config_t *config, epd_engine_impl_t **impl_p);
     void (*close)(epd_engine_impl_t *impl);
@@ -204,8 +204,7 @@ typedef struct {
                             float *logits);
     epd_status_t (*decode)(epd_engine_impl_t *impl, const epd_kv_pool_t *pool,
                            const epd_decode_req_t *reqs, uint32_t n_reqs, float *logits);
-    void (*release)(epd_engine_impl_t *impl, const epd_kv_pool_t *pool,
-                    const epd_kv_seq_t *seq);
+    void (*release)(epd_engine_impl_t *impl, const epd_kv_pool_t *pool, const epd_kv_seq_t *seq);
 } epd_engine_ops_t;
 
 /* A shared-object engine exports this symbol: a function of type
@@ -284,7 +283,6 @@ epd_status_t epd_engine_decode(epd_engine_t *engine, const epd_kv_pool_t *pool,
 /* Tells the engine a request is finished: any per-request state the engine
  * keeps is dropped (ref keeps none beyond the pool; it clears the state
  * slot).  The caller then owns the blocks and slot again.  Compute thread. */
-void epd_engine_release(epd_engine_t *engine, const epd_kv_pool_t *pool,
-                        const epd_kv_seq_t *seq);
+void epd_engine_release(epd_engine_t *engine, const epd_kv_pool_t *pool, const epd_kv_seq_t *seq);
 
 #endif

@@ -18,7 +18,7 @@
 typedef struct {
     epd_ref_hparams_t hp;
     uint64_t seed;
-    epd_dtype_t dtype;   /* dtype of the stored weights: F32 (default), F16, BF16 */
+    epd_dtype_t dtype; /* dtype of the stored weights: F32 (default), F16, BF16 */
 } epd_mkmodel_params_t;
 
 /* The default model: dim 256, 8 layers "LLA" repeated, 8 heads, 2 kv heads,

@@ -30,13 +30,13 @@
 #include "epd_safetensors.h"
 
 #define EPD_REF_LOG "ref"
-#define EPD_REF_QTILE 64      /* query rows per attention tile in prefill */
-#define EPD_REF_MTILE 128     /* token rows per MLP tile in prefill */
+#define EPD_REF_QTILE 64  /* query rows per attention tile in prefill */
+#define EPD_REF_MTILE 128 /* token rows per MLP tile in prefill */
 
 typedef struct {
-    const float *in_norm;   /* [dim] */
-    const float *wq;        /* [heads*hd, dim] */
-    const float *wk;        /* [kv_heads*hd, dim] (linear: [heads*hd, dim]) */
+    const float *in_norm; /* [dim] */
+    const float *wq;      /* [heads*hd, dim] */
+    const float *wk;      /* [kv_heads*hd, dim] (linear: [heads*hd, dim]) */
     const float *wv;
     const float *wo;        /* [dim, heads*hd] */
     const float *post_norm; /* [dim] */
@@ -55,7 +55,7 @@ struct epd_engine_impl {
     epd_ref_layer_t *layers; /* [n_layers] */
     float *rope_cos;         /* [max_context][hd/2] */
     float *rope_sin;
-    float *decay;            /* [heads] */
+    float *decay; /* [heads] */
     /* decode scratch, [max_batch][...] */
     float *d_x;
     float *d_h;
@@ -65,7 +65,7 @@ struct epd_engine_impl {
     float *d_o;
     float *d_g;
     float *d_u;
-    float *d_scores;         /* [max_context] */
+    float *d_scores; /* [max_context] */
 };
 
 /* ---- kernels ------------------------------------------------------------ */
@@ -164,7 +164,7 @@ static void epd_ref_linear_step(const struct epd_engine_impl *e, float *state, c
 
     for (uint32_t h = 0; h < e->hp.n_heads; h++) {
         float *S = state + (size_t)h * (hd * hd + hd); /* [hd][hd] */
-        float *z = S + (size_t)hd * hd;                  /* [hd] */
+        float *z = S + (size_t)hd * hd;                /* [hd] */
         const float *qh = q + (size_t)h * hd;
         const float *kh = k + (size_t)h * hd;
         const float *vh = v + (size_t)h * hd;
@@ -271,7 +271,7 @@ static epd_status_t epd_ref_load_weights(epd_engine_impl_t *e, const char *dir)
             e->lm_head = w;
         } else {
             epd_ref_layer_t *L = &e->layers[(i - 1) / 9];
-            const float **slots[9] = {&L->in_norm, &L->wq,   &L->wk, &L->wv,  &L->wo,
+            const float **slots[9] = {&L->in_norm,   &L->wq,   &L->wk, &L->wv,  &L->wo,
                                       &L->post_norm, &L->gate, &L->up, &L->down};
 
             *slots[(i - 1) % 9] = w;
@@ -309,9 +309,8 @@ static void epd_ref_fill_info(epd_engine_impl_t *e, uint32_t block_tokens, uint3
     kv->head_dim = hp->head_dim;
     kv->block_bytes = 2ull * hp->n_kv_heads * block_tokens * hp->head_dim * sizeof(float);
     kv->n_state_heads = hp->n_heads;
-    kv->state_bytes =
-        (uint64_t)hp->n_heads * ((uint64_t)hp->head_dim * hp->head_dim + hp->head_dim) *
-        sizeof(float);
+    kv->state_bytes = (uint64_t)hp->n_heads *
+                      ((uint64_t)hp->head_dim * hp->head_dim + hp->head_dim) * sizeof(float);
 }
 
 static epd_status_t epd_ref_open(const epd_engine_config_t *config, epd_engine_impl_t **impl_p)
@@ -441,17 +440,17 @@ static epd_status_t epd_ref_detokenize(const epd_engine_impl_t *e, const int32_t
 /* ---- prefill ------------------------------------------------------------ */
 
 typedef struct {
-    float *x;      /* [T][dim] residual stream */
-    float *h;      /* [T][dim] normed */
-    float *q;      /* [T][heads*hd] */
-    float *k;      /* [T][heads*hd] (attention layers use [T][kv_heads*hd]) */
+    float *x; /* [T][dim] residual stream */
+    float *h; /* [T][dim] normed */
+    float *q; /* [T][heads*hd] */
+    float *k; /* [T][heads*hd] (attention layers use [T][kv_heads*hd]) */
     float *v;
-    float *o;      /* [T][heads*hd] mixer output before o_proj */
-    float *g;      /* [MTILE][ffn] */
-    float *u;      /* [MTILE][ffn] */
-    float *kg;     /* [ctx][hd] one kv head's K, gathered */
-    float *vg;     /* [ctx][hd] */
-    float *s;      /* [QTILE][ctx] scores */
+    float *o;  /* [T][heads*hd] mixer output before o_proj */
+    float *g;  /* [MTILE][ffn] */
+    float *u;  /* [MTILE][ffn] */
+    float *kg; /* [ctx][hd] one kv head's K, gathered */
+    float *vg; /* [ctx][hd] */
+    float *s;  /* [QTILE][ctx] scores */
 } epd_ref_act_t;
 
 static void epd_ref_act_free(epd_ref_act_t *a)

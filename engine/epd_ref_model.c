@@ -55,8 +55,7 @@ epd_status_t epd_ref_hparams_check(const epd_ref_hparams_t *hp)
                (uint32_t)hp->eos >= hp->vocab || hp->bos == hp->eos || hp->bos < 256 ||
                hp->eos < 256) {
         why = "bos_token_id and eos_token_id must be distinct ids >= 256 inside the vocabulary";
-    } else if (plen == 0 || plen > EPD_REF_MAX_PATTERN ||
-               strspn(hp->pattern, "LA") != plen) {
+    } else if (plen == 0 || plen > EPD_REF_MAX_PATTERN || strspn(hp->pattern, "LA") != plen) {
         why = "layer_pattern must be 1..64 letters L (linear) or A (attention)";
     }
     if (why != NULL) {
@@ -187,16 +186,15 @@ epd_status_t epd_ref_hparams_save(const epd_ref_hparams_t *hp, const char *dir)
     if (snprintf(path, sizeof(path), "%s/config.json", dir) >= (int)sizeof(path)) {
         return EPD_ERR_INVALID_PARAM;
     }
-    root = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:f, s:f, s:I, s:I, s:s}",
-                     "model_type", "epd-ref", "vocab_size", (json_int_t)hp->vocab, "hidden_size",
-                     (json_int_t)hp->dim, "num_hidden_layers", (json_int_t)hp->n_layers,
-                     "num_attention_heads", (json_int_t)hp->n_heads, "num_key_value_heads",
-                     (json_int_t)hp->n_kv_heads, "head_dim", (json_int_t)hp->head_dim,
-                     "intermediate_size", (json_int_t)hp->ffn, "layer_pattern", hp->pattern,
-                     "max_position_embeddings", (json_int_t)hp->max_context, "rope_theta",
-                     hp->rope_theta, "rms_norm_eps", hp->rms_eps, "bos_token_id",
-                     (json_int_t)hp->bos, "eos_token_id", (json_int_t)hp->eos, "torch_dtype",
-                     "float32");
+    root = json_pack(
+        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:f, s:f, s:I, s:I, s:s}", "model_type",
+        "epd-ref", "vocab_size", (json_int_t)hp->vocab, "hidden_size", (json_int_t)hp->dim,
+        "num_hidden_layers", (json_int_t)hp->n_layers, "num_attention_heads",
+        (json_int_t)hp->n_heads, "num_key_value_heads", (json_int_t)hp->n_kv_heads, "head_dim",
+        (json_int_t)hp->head_dim, "intermediate_size", (json_int_t)hp->ffn, "layer_pattern",
+        hp->pattern, "max_position_embeddings", (json_int_t)hp->max_context, "rope_theta",
+        hp->rope_theta, "rms_norm_eps", hp->rms_eps, "bos_token_id", (json_int_t)hp->bos,
+        "eos_token_id", (json_int_t)hp->eos, "torch_dtype", "float32");
     if (root == NULL) {
         return EPD_ERR_NO_MEMORY;
     }
@@ -248,8 +246,9 @@ void epd_ref_tensor_spec(const epd_ref_hparams_t *hp, size_t i, epd_ref_tensor_s
         const char *mix = lin ? "linear_attn" : "self_attn";
         uint64_t kv = lin ? qd : kvd;
         static const char *const names[EPD_REF_PER_LAYER] = {
-            "input_layernorm", "%s.q_proj", "%s.k_proj", "%s.v_proj", "%s.o_proj",
-            "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+            "input_layernorm", "%s.q_proj",   "%s.k_proj",
+            "%s.v_proj",       "%s.o_proj",   "post_attention_layernorm",
+            "mlp.gate_proj",   "mlp.up_proj", "mlp.down_proj",
         };
         char part[48];
 

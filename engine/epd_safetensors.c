@@ -56,13 +56,14 @@ static epd_status_t epd_st_parse_entry(const char *path, const char *key, json_t
     if (!json_is_object(val) || !json_is_string(jdtype) || !json_is_array(jshape) ||
         !json_is_array(joff) || json_array_size(joff) != 2 ||
         !json_is_integer(json_array_get(joff, 0)) || !json_is_integer(json_array_get(joff, 1))) {
-        epd_log_error(EPD_ST_LOG, 0, "%s: tensor '%s': needs dtype, shape and data_offsets [begin, end]",
-                      path, key);
+        epd_log_error(EPD_ST_LOG, 0,
+                      "%s: tensor '%s': needs dtype, shape and data_offsets [begin, end]", path,
+                      key);
         return EPD_ERR_MALFORMED;
     }
     if (epd_st_parse_dtype(json_string_value(jdtype), &t->dtype) != EPD_OK) {
-        epd_log_error(EPD_ST_LOG, 0, "%s: tensor '%s': unsupported dtype '%s' (F32, F16, BF16)", path,
-                      key, json_string_value(jdtype));
+        epd_log_error(EPD_ST_LOG, 0, "%s: tensor '%s': unsupported dtype '%s' (F32, F16, BF16)",
+                      path, key, json_string_value(jdtype));
         return EPD_ERR_MALFORMED;
     }
     if (json_array_size(jshape) > EPD_ST_MAX_DIMS) {
@@ -75,8 +76,8 @@ static epd_status_t epd_st_parse_entry(const char *path, const char *key, json_t
         json_t *jd = json_array_get(jshape, d);
 
         if (!json_is_integer(jd) || json_integer_value(jd) < 0) {
-            epd_log_error(EPD_ST_LOG, 0, "%s: tensor '%s': dim %u is not a non-negative integer", path,
-                          key, d);
+            epd_log_error(EPD_ST_LOG, 0, "%s: tensor '%s': dim %u is not a non-negative integer",
+                          path, key, d);
             return EPD_ERR_MALFORMED;
         }
         t->shape[d] = (uint64_t)json_integer_value(jd);
@@ -91,14 +92,15 @@ static epd_status_t epd_st_parse_entry(const char *path, const char *key, json_t
     end = json_integer_value(json_array_get(joff, 1));
     if (begin < 0 || end < begin || (uint64_t)end > data_len) {
         epd_log_error(EPD_ST_LOG, 0,
-                      "%s: tensor '%s': data_offsets [%lld, %lld] outside the %llu data bytes", path,
-                      key, (long long)begin, (long long)end, (unsigned long long)data_len);
+                      "%s: tensor '%s': data_offsets [%lld, %lld] outside the %llu data bytes",
+                      path, key, (long long)begin, (long long)end, (unsigned long long)data_len);
         return EPD_ERR_MALFORMED;
     }
     if (__builtin_mul_overflow(n, (uint64_t)esize, &t->nbytes) ||
         t->nbytes != (uint64_t)(end - begin)) {
-        epd_log_error(EPD_ST_LOG, 0, "%s: tensor '%s': %lld bytes for %llu elements of %s", path, key,
-                      (long long)(end - begin), (unsigned long long)n, epd_dtype_name(t->dtype));
+        epd_log_error(EPD_ST_LOG, 0, "%s: tensor '%s': %lld bytes for %llu elements of %s", path,
+                      key, (long long)(end - begin), (unsigned long long)n,
+                      epd_dtype_name(t->dtype));
         return EPD_ERR_MALFORMED;
     }
     t->data = data + begin;
@@ -159,7 +161,8 @@ static epd_status_t epd_st_parse_header(const char *path, epd_st_file_t *file)
         status = EPD_ERR_NO_MEMORY;
         goto err_decref;
     }
-    json_object_foreach(root, key, val) {
+    json_object_foreach(root, key, val)
+    {
         epd_st_tensor_t *t = &file->tensors[file->n_tensors];
 
         if (strcmp(key, "__metadata__") == 0) {

@@ -23,13 +23,13 @@
 #define EPD_ST_MAX_HEADER (64u << 20) /* bytes of JSON header we accept */
 
 typedef struct {
-    const char *name;       /* owned by the file */
+    const char *name; /* owned by the file */
     epd_dtype_t dtype;
     uint32_t ndim;
     uint64_t shape[EPD_ST_MAX_DIMS];
     uint64_t n_elems;
     uint64_t nbytes;
-    const void *data;       /* inside the mapping; may be unaligned */
+    const void *data; /* inside the mapping; may be unaligned */
 } epd_st_tensor_t;
 
 typedef struct epd_st_file epd_st_file_t;

@@ -13,8 +13,8 @@
 
 struct epd_sample_scratch {
     uint32_t vocab;
-    uint32_t *ids;   /* [vocab] */
-    double *probs;   /* [vocab] indexed by id */
+    uint32_t *ids; /* [vocab] */
+    double *probs; /* [vocab] indexed by id */
 };
 
 void epd_sample_params_default(epd_sample_params_t *p)
@@ -27,8 +27,8 @@ void epd_sample_params_default(epd_sample_params_t *p)
 
 epd_status_t epd_sample_params_check(const epd_sample_params_t *p)
 {
-    if (p == NULL || !(p->temperature >= 0.0f) || p->temperature > 100.0f ||
-        !(p->top_p > 0.0f) || p->top_p > 1.0f) {
+    if (p == NULL || !(p->temperature >= 0.0f) || p->temperature > 100.0f || !(p->top_p > 0.0f) ||
+        p->top_p > 1.0f) {
         return EPD_ERR_INVALID_PARAM;
     }
     return EPD_OK;
@@ -84,8 +84,7 @@ static int epd_sample_cmp(const void *a, const void *b)
 }
 
 epd_status_t epd_sample_token(const epd_sample_params_t *p, epd_sample_scratch_t *s,
-                              const float *logits, uint32_t vocab, uint64_t step,
-                              int32_t *token_p)
+                              const float *logits, uint32_t vocab, uint64_t step, int32_t *token_p)
 {
     uint32_t best = 0;
     uint32_t n;

@@ -22,9 +22,9 @@
 #include "epd_status.h"
 
 typedef struct {
-    float temperature;  /* 0 = greedy; otherwise in (0, 100] */
-    uint32_t top_k;     /* 0 = no limit */
-    float top_p;        /* in (0, 1] */
+    float temperature; /* 0 = greedy; otherwise in (0, 100] */
+    uint32_t top_k;    /* 0 = no limit */
+    float top_p;       /* in (0, 1] */
     uint64_t seed;
 } epd_sample_params_t;
 
@@ -50,7 +50,6 @@ void epd_sample_scratch_destroy(epd_sample_scratch_t *scratch);
  * NaN.  Allocates nothing; one thread per scratch.
  */
 epd_status_t epd_sample_token(const epd_sample_params_t *params, epd_sample_scratch_t *scratch,
-                              const float *logits, uint32_t vocab, uint64_t step,
-                              int32_t *token_p);
+                              const float *logits, uint32_t vocab, uint64_t step, int32_t *token_p);
 
 #endif

@@ -57,8 +57,7 @@ static int epd_utf8_put(char *out, size_t cap, size_t *n, const void *src, size_
     return 0;
 }
 
-epd_status_t epd_utf8_repair(const void *in, size_t len, char *out, size_t cap,
-                             size_t *out_len_p)
+epd_status_t epd_utf8_repair(const void *in, size_t len, char *out, size_t cap, size_t *out_len_p)
 {
     static const char fffd[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
     const uint8_t *p = in;

@@ -16,14 +16,13 @@
 #include "epd_status.h"
 
 /* Output bytes that always suffice for `n` input bytes. */
-#define EPD_UTF8_REPAIR_MAX(n) ((n) * 3)
+#define EPD_UTF8_REPAIR_MAX(n) ((n)*3)
 
 /* Copies in[0..len) (borrowed) to out[0..cap) (caller's), replacing each
  * maximal invalid subsequence by U+FFFD; *out_len_p = bytes written (no NUL
  * added).  EPD_ERR_TOO_LONG when cap is too small (then nothing is
  * promised about out). */
-epd_status_t epd_utf8_repair(const void *in, size_t len, char *out, size_t cap,
-                             size_t *out_len_p);
+epd_status_t epd_utf8_repair(const void *in, size_t len, char *out, size_t cap, size_t *out_len_p);
 
 /* For streaming: the number of trailing bytes of in[0..len) that form an
  * incomplete but so far valid sequence (0..3).  A streamer holds them back

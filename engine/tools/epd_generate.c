@@ -71,7 +71,8 @@ out:
 
 static int epd_gen_run(const epd_gen_args_t *args)
 {
-    epd_engine_config_t cfg = {.model_dir = args->model, .block_tokens = (uint32_t)args->block_tokens};
+    epd_engine_config_t cfg = {.model_dir = args->model,
+                               .block_tokens = (uint32_t)args->block_tokens};
     const epd_engine_info_t *info;
     epd_sample_params_t sp;
     epd_sample_scratch_t *scratch = NULL;
@@ -111,9 +112,10 @@ static int epd_gen_run(const epd_gen_args_t *args)
         goto out;
     }
     if (plen + 1 > info->max_context) {
-        fprintf(stderr,
-                "epd-generate: prompt of %zu tokens is longer than the context limit of %u tokens\n",
-                plen + 1, info->max_context);
+        fprintf(
+            stderr,
+            "epd-generate: prompt of %zu tokens is longer than the context limit of %u tokens\n",
+            plen + 1, info->max_context);
         goto out;
     }
     prompt = epd_calloc(plen + 1, sizeof(*prompt));

@@ -99,7 +99,7 @@ int main(int argc, char **argv)
             goto out;
         }
         rc = 0;
-out:
+    out:
         epd_opts_cleanup(&o);
     }
     return rc;

@@ -59,7 +59,8 @@ static void test_toy_engine_runs(void **state)
     assert_int_equal(epd_engine_tokenize(e, "abc", 3, 1, toks, 8, &n), EPD_OK);
     assert_int_equal(n, 4);
     a = (epd_prefill_args_t){.seq = {.block_table = table, .n_blocks = 4, .state_slot = 1},
-                             .tokens = toks, .n_tokens = 4};
+                             .tokens = toks,
+                             .n_tokens = 4};
     assert_int_equal(epd_engine_prefill(e, &pool, &a, &sink, logits), EPD_OK);
     assert_int_equal(sink_calls, 2);
     assert_true(logits['d'] == 1.0f);
@@ -99,8 +100,8 @@ static void test_bad_shared_objects(void **state)
 
 static void test_no_entry_symbol(void **state)
 {
-    static const char *const libs[] = {"/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib/x86_64-linux-gnu/libm.so.6",
-                                       "/lib64/libm.so.6"};
+    static const char *const libs[] = {"/lib/x86_64-linux-gnu/libm.so.6",
+                                       "/usr/lib/x86_64-linux-gnu/libm.so.6", "/lib64/libm.so.6"};
     epd_engine_config_t cfg = {.model_dir = "unused"};
     epd_engine_t *e = NULL;
 

@@ -75,8 +75,8 @@ static size_t api_generate(const char *text, const epd_sample_params_t *sp, int3
     }
     epd_test_pool(e, 64, 1, &pool);
     assert_int_equal(epd_sample_scratch_create(258, &scratch), EPD_OK);
-    a = (epd_prefill_args_t){.seq = {.block_table = table, .n_blocks = 64}, .tokens = toks,
-                             .n_tokens = (uint32_t)n};
+    a = (epd_prefill_args_t){
+        .seq = {.block_table = table, .n_blocks = 64}, .tokens = toks, .n_tokens = (uint32_t)n};
     assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, logits), EPD_OK);
     for (;;) {
         epd_decode_req_t r = {.seq = a.seq, .pos = (uint32_t)(n + k)};
@@ -184,9 +184,10 @@ static void test_stops_at_context(void **state)
 {
     (void)state;
     /* 1 + 50 prompt tokens in a 64-token context: at most 14 generated */
-    assert_int_equal(run("--prompt 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' --max-tokens 60 "
-                         "--tokens --temperature 1 --seed 1"),
-                     0);
+    assert_int_equal(
+        run("--prompt 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' --max-tokens 60 "
+            "--tokens --temperature 1 --seed 1"),
+        0);
     {
         int count = 0;
 

@@ -197,7 +197,8 @@ static void ref_forward(const ref_model_t *m, const int32_t *tokens, size_t n, d
                         double w;
 
                         for (size_t i = 0; i < hd; i++) {
-                            dot += ref_phi(q[t * qd + hq * hd + i]) * ref_phi(k[s * qd + hq * hd + i]);
+                            dot +=
+                                ref_phi(q[t * qd + hq * hd + i]) * ref_phi(k[s * qd + hq * hd + i]);
                         }
                         w = pow(g, (double)(t - s)) * dot;
                         den += w;
@@ -248,8 +249,10 @@ static void ref_forward(const ref_model_t *m, const int32_t *tokens, size_t n, d
 
 static epd_engine_t *open_tiny(uint32_t block_tokens, uint32_t max_context)
 {
-    epd_engine_config_t cfg = {.model_dir = tiny_dir, .block_tokens = block_tokens,
-                               .max_batch = 8, .max_context = max_context};
+    epd_engine_config_t cfg = {.model_dir = tiny_dir,
+                               .block_tokens = block_tokens,
+                               .max_batch = 8,
+                               .max_context = max_context};
     epd_engine_t *e = NULL;
 
     assert_int_equal(epd_engine_open("ref", &cfg, &e), EPD_OK);
@@ -308,8 +311,8 @@ static void test_matches_double_reference(void **state)
     for (uint32_t i = 0; i < 16; i++) {
         table[i] = 15 - i; /* reversed: pages are not in order */
     }
-    a = (epd_prefill_args_t){.seq = seq_of(table, 16, 2, 1), .tokens = toks,
-                             .n_tokens = (uint32_t)n, .start = 0};
+    a = (epd_prefill_args_t){
+        .seq = seq_of(table, 16, 2, 1), .tokens = toks, .n_tokens = (uint32_t)n, .start = 0};
     assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, logits), EPD_OK);
     ref_forward(&m, toks, n, want);
     err = epd_test_rel_err(logits, want, info->vocab_size);
@@ -381,17 +384,19 @@ static void test_chunked_equals_whole(void **state)
     a = (epd_prefill_args_t){.seq = seq_of(ta, 16, 0, 1), .tokens = toks, .n_tokens = (uint32_t)n};
     assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, whole), EPD_OK);
     for (size_t c = 0; c + 1 < sizeof(cuts) / sizeof(cuts[0]); c++) {
-        a = (epd_prefill_args_t){.seq = seq_of(tb, 16, 1, 2), .tokens = toks + cuts[c],
-                                 .n_tokens = cuts[c + 1] - cuts[c], .start = cuts[c]};
+        a = (epd_prefill_args_t){.seq = seq_of(tb, 16, 1, 2),
+                                 .tokens = toks + cuts[c],
+                                 .n_tokens = cuts[c + 1] - cuts[c],
+                                 .start = cuts[c]};
         assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, chunked), EPD_OK);
     }
     assert_true(epd_test_rel_err_f(chunked, whole, 258) < TOL);
     /* and the caches continue identically */
     for (int step = 0; step < 10; step++) {
-        epd_decode_req_t ra = {.seq = seq_of(ta, 16, 0, 1), .pos = (uint32_t)n + step,
-                               .token = argmax(whole, 258)};
-        epd_decode_req_t rb = {.seq = seq_of(tb, 16, 1, 2), .pos = (uint32_t)n + step,
-                               .token = argmax(chunked, 258)};
+        epd_decode_req_t ra = {
+            .seq = seq_of(ta, 16, 0, 1), .pos = (uint32_t)n + step, .token = argmax(whole, 258)};
+        epd_decode_req_t rb = {
+            .seq = seq_of(tb, 16, 1, 2), .pos = (uint32_t)n + step, .token = argmax(chunked, 258)};
 
         assert_int_equal(ra.token, rb.token);
         assert_int_equal(epd_engine_decode(e, &pool, &ra, 1, whole), EPD_OK);
@@ -421,23 +426,26 @@ static void test_batch_equals_single(void **state)
         epd_prefill_args_t a;
 
         for (uint32_t i = 0; i < 16; i++) {
-            tables[r][i] = i * 3 + (uint32_t)r;           /* interleaved pages */
-            stables[r][i] = 48 + (uint32_t)r * 16 + i;    /* the single runs' own pages */
+            tables[r][i] = i * 3 + (uint32_t)r;        /* interleaved pages */
+            stables[r][i] = 48 + (uint32_t)r * 16 + i; /* the single runs' own pages */
         }
         len[r] = make_prompt(prompts[r], toks[r]);
         a = (epd_prefill_args_t){.seq = seq_of(tables[r], 16, (uint32_t)r, 1 + r),
-                                 .tokens = toks[r], .n_tokens = (uint32_t)len[r]};
+                                 .tokens = toks[r],
+                                 .n_tokens = (uint32_t)len[r]};
         assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, blog + r * 258), EPD_OK);
         a.seq = seq_of(stables[r], 16, 3 + (uint32_t)r, 11 + r);
         assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, slog[r]), EPD_OK);
         reqs[r] = (epd_decode_req_t){.seq = seq_of(tables[r], 16, (uint32_t)r, 1 + r),
-                                     .pos = (uint32_t)len[r], .token = argmax(blog + r * 258, 258)};
+                                     .pos = (uint32_t)len[r],
+                                     .token = argmax(blog + r * 258, 258)};
     }
     for (int step = 0; step < 8; step++) {
         assert_int_equal(epd_engine_decode(e, &pool, reqs, 3, blog), EPD_OK);
         for (int r = 0; r < 3; r++) {
             epd_decode_req_t one = {.seq = seq_of(stables[r], 16, 3 + (uint32_t)r, 11 + r),
-                                    .pos = reqs[r].pos, .token = reqs[r].token};
+                                    .pos = reqs[r].pos,
+                                    .token = reqs[r].token};
 
             assert_int_equal(epd_engine_decode(e, &pool, &one, 1, slog[r]), EPD_OK);
             assert_true(epd_test_rel_err_f(blog + r * 258, slog[r], 258) < TOL);
@@ -470,7 +478,8 @@ static size_t sink_bytes(const sink_rec_t *s, const epd_layer_done_t *d, unsigne
 
     if (d->kind == EPD_LAYER_LINEAR) {
         assert_int_equal(epd_kv_state_offset(kv, s->pool->n_blocks, s->pool->n_state_slots,
-                                             d->layer, d->state_slot, &off), EPD_OK);
+                                             d->layer, d->state_slot, &off),
+                         EPD_OK);
         if (out) {
             memcpy(out, (char *)s->pool->base + off, kv->state_bytes);
         }
@@ -481,8 +490,8 @@ static size_t sink_bytes(const sink_rec_t *s, const epd_layer_done_t *d, unsigne
         size_t row = (size_t)kv->head_dim * sizeof(float);
 
         assert_true(bi < d->n_blocks);
-        assert_int_equal(epd_kv_block_offset(kv, s->pool->n_blocks, d->layer, d->block_ids[bi],
-                                             &off), EPD_OK);
+        assert_int_equal(
+            epd_kv_block_offset(kv, s->pool->n_blocks, d->layer, d->block_ids[bi], &off), EPD_OK);
         for (uint32_t kvv = 0; kvv < 2; kvv++) {
             for (uint32_t h = 0; h < kv->n_kv_heads; h++) {
                 size_t o = off + ((size_t)kvv * kv->n_kv_heads + h) * kv->block_tokens * row +
@@ -521,15 +530,18 @@ static void check_sink_run(epd_engine_t *e, epd_kv_pool_t *pool, const uint32_t 
     const epd_kv_layout_t *kv = &epd_engine_info(e)->kv;
     sink_rec_t rec = {.e = e, .pool = pool, .abort_at = UINT32_MAX};
     epd_engine_sink_t sink = {.cb = sink_cb, .ctx = &rec};
-    epd_prefill_args_t a = {.seq = seq_of(table, 16, 1, 5), .tokens = toks + start, .n_tokens = n,
-                            .start = start};
+    epd_prefill_args_t a = {
+        .seq = seq_of(table, 16, 1, 5), .tokens = toks + start, .n_tokens = n, .start = start};
     float logits[258];
 
     assert_int_equal(epd_engine_prefill(e, pool, &a, &sink, logits), EPD_OK);
     assert_int_equal(rec.calls, kv->n_layers);
     for (uint32_t l = 0; l < kv->n_layers; l++) {
-        epd_layer_done_t d = {.layer = l, .kind = (epd_layer_kind_t)kv->kind[l], .tok_start = start,
-                              .tok_end = start + n, .first_block = start / kv->block_tokens,
+        epd_layer_done_t d = {.layer = l,
+                              .kind = (epd_layer_kind_t)kv->kind[l],
+                              .tok_start = start,
+                              .tok_end = start + n,
+                              .first_block = start / kv->block_tokens,
                               .state_slot = 1};
         unsigned char *now = malloc(rec.snap_len[l]);
 
@@ -597,7 +609,8 @@ static size_t generate(epd_engine_t *e, const char *text, const epd_sample_param
     float logits[258];
     size_t n = make_prompt(text, toks);
     size_t k = 0;
-    epd_prefill_args_t a = {.seq = seq_of(table, 64, 0, 1), .tokens = toks, .n_tokens = (uint32_t)n};
+    epd_prefill_args_t a = {
+        .seq = seq_of(table, 64, 0, 1), .tokens = toks, .n_tokens = (uint32_t)n};
 
     for (uint32_t i = 0; i < 64; i++) {
         table[i] = i;

@@ -72,22 +72,27 @@ static void test_header_validation(void **state)
     (void)state;
     p = write_st("ok.st", "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8);
     assert_int_equal(st_status(p), EPD_OK);
-    p = write_st("outside.st", "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4);
+    p = write_st("outside.st", "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+                 4);
     assert_int_equal(st_status(p), EPD_ERR_MALFORMED);
-    p = write_st("far.st",
-                 "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4000000000,4000000004]}}", 8);
+    p = write_st(
+        "far.st",
+        "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4000000000,4000000004]}}", 8);
     assert_int_equal(st_status(p), EPD_ERR_MALFORMED);
-    p = write_st("backwards.st", "{\"x\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8);
+    p = write_st("backwards.st", "{\"x\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}",
+                 8);
     assert_int_equal(st_status(p), EPD_ERR_MALFORMED);
     p = write_st("count.st", "{\"x\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8);
     assert_int_equal(st_status(p), EPD_ERR_MALFORMED);
     p = write_st("dtype.st", "{\"x\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8);
     assert_int_equal(st_status(p), EPD_ERR_MALFORMED);
-    p = write_st("negdim.st", "{\"x\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8);
+    p = write_st("negdim.st", "{\"x\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}",
+                 8);
     assert_int_equal(st_status(p), EPD_ERR_MALFORMED);
     p = write_st("overflow.st",
                  "{\"x\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,16],"
-                 "\"data_offsets\":[0,0]}}", 8);
+                 "\"data_offsets\":[0,0]}}",
+                 8);
     assert_int_equal(st_status(p), EPD_ERR_MALFORMED);
     p = write_st("nooffsets.st", "{\"x\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8);
     assert_int_equal(st_status(p), EPD_ERR_MALFORMED);
@@ -97,7 +102,8 @@ static void test_header_validation(void **state)
     assert_int_equal(st_status(p), EPD_ERR_MALFORMED);
     p = write_st("dup.st",
                  "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8);
+                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                 8);
     assert_int_equal(st_status(p), EPD_ERR_MALFORMED);
     p = write_st("meta.st", "{\"__metadata__\":{\"format\":\"pt\"}}", 0);
     assert_int_equal(st_status(p), EPD_OK);
@@ -302,8 +308,8 @@ static void logits_of(const char *dir, float *logits)
     epd_kv_pool_t pool;
     uint32_t table[4] = {0, 1, 2, 3};
     int32_t toks[5] = {256, 'h', 'e', 'y', '!'};
-    epd_prefill_args_t a = {.seq = {.block_table = table, .n_blocks = 4}, .tokens = toks,
-                            .n_tokens = 5};
+    epd_prefill_args_t a = {
+        .seq = {.block_table = table, .n_blocks = 4}, .tokens = toks, .n_tokens = 5};
 
     assert_int_equal(epd_engine_open("ref", &cfg, &e), EPD_OK);
     epd_test_pool(e, 4, 1, &pool);

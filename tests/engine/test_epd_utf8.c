@@ -34,21 +34,20 @@ static void test_valid_unchanged(void **state)
 static void test_whatwg_examples(void **state)
 {
     (void)state;
-    check("\xF0\x9F\x98", 3, R);                     /* truncated at the end: one */
-    check("\xF0\x9F\x98X", 4, R "X");                /* truncated in the middle */
-    check("\xC0\x80", 2, R R);                       /* overlong: two */
-    check("\xED\xA0\x80", 3, R R R);                 /* surrogate: three */
-    check("\xE0\x80\x80", 3, R R R);                 /* overlong 3-byte */
-    check("\xF4\x90\x80\x80", 4, R R R R);           /* above U+10FFFF */
+    check("\xF0\x9F\x98", 3, R);           /* truncated at the end: one */
+    check("\xF0\x9F\x98X", 4, R "X");      /* truncated in the middle */
+    check("\xC0\x80", 2, R R);             /* overlong: two */
+    check("\xED\xA0\x80", 3, R R R);       /* surrogate: three */
+    check("\xE0\x80\x80", 3, R R R);       /* overlong 3-byte */
+    check("\xF4\x90\x80\x80", 4, R R R R); /* above U+10FFFF */
     check("\xF5", 1, R);
     check("\xFF\xFE", 2, R R);
-    check("\x80\x80", 2, R R);                       /* lone continuations */
+    check("\x80\x80", 2, R R); /* lone continuations */
     check("\xE2\x82", 2, R);
     check("\xE2\x82\xE2\x82\xAC", 5, R "\xE2\x82\xAC");
     check("a\xC3", 2, "a" R);
     /* the WHATWG spec's own example bytes: 61 F1 80 80 E1 80 C2 62 80 63 80 BF 64 */
-    check("\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64", 13,
-          "a" R R R "b" R "c" R R "d");
+    check("\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64", 13, "a" R R R "b" R "c" R R "d");
 }
 
 static void test_capacity(void **state)
@@ -71,8 +70,8 @@ static void test_incomplete_tail(void **state)
     assert_int_equal(epd_utf8_incomplete_tail("ab\xF0\x9F", 4), 2);
     assert_int_equal(epd_utf8_incomplete_tail("ab\xC3", 3), 1);
     assert_int_equal(epd_utf8_incomplete_tail("ab\xC3\xA9", 4), 0);
-    assert_int_equal(epd_utf8_incomplete_tail("ab\xC0", 3), 0);      /* invalid, not incomplete */
-    assert_int_equal(epd_utf8_incomplete_tail("ab\xED\xA0", 4), 0);  /* surrogate prefix */
+    assert_int_equal(epd_utf8_incomplete_tail("ab\xC0", 3), 0);     /* invalid, not incomplete */
+    assert_int_equal(epd_utf8_incomplete_tail("ab\xED\xA0", 4), 0); /* surrogate prefix */
     assert_int_equal(epd_utf8_incomplete_tail("\xF0\x9F\x98\x80", 4), 0);
 }
 
