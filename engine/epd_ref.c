@@ -385,13 +385,13 @@ static epd_status_t epd_ref_open(const epd_engine_config_t *config, epd_engine_i
     }
     epd_ref_fill_info(e, block_tokens, max_batch, max_context);
     openblas_set_num_threads(1);
-    epd_log_info(EPD_REF_LOG, 0,
-                 "%s: %u layers (%s), dim %u, %u heads / %u kv heads of %u, ffn %u, vocab %u, "
-                 "context %u, %u-token blocks of %llu bytes, state %llu bytes",
-                 config->model_dir, e->hp.n_layers, e->hp.pattern, e->hp.dim, e->hp.n_heads,
-                 e->hp.n_kv_heads, e->hp.head_dim, e->hp.ffn, e->hp.vocab, max_context,
-                 block_tokens, (unsigned long long)e->info.kv.block_bytes,
-                 (unsigned long long)e->info.kv.state_bytes);
+    epd_log_debug(EPD_REF_LOG, 0,
+                  "%s: %u layers (%s), dim %u, %u heads / %u kv heads of %u, ffn %u, vocab %u, "
+                  "context %u, %u-token blocks of %llu bytes, state %llu bytes",
+                  config->model_dir, e->hp.n_layers, e->hp.pattern, e->hp.dim, e->hp.n_heads,
+                  e->hp.n_kv_heads, e->hp.head_dim, e->hp.ffn, e->hp.vocab, max_context,
+                  block_tokens, (unsigned long long)e->info.kv.block_bytes,
+                  (unsigned long long)e->info.kv.state_bytes);
     *impl_p = e;
     return EPD_OK;
 
