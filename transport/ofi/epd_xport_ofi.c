@@ -177,7 +177,7 @@ typedef struct epd__ofi_xfer {
     struct fi_context2 ctx; /* first: some providers (FI_CONTEXT2) write here */
     epd__ofi_xkind_t kind;
     struct epd__ofi_xfer *next_free;
-    epd__ofi_ep_t *ep;   /* send: the endpoint, NULL once it was destroyed */
+    epd__ofi_ep_t *ep;   /* send/part once posted: the endpoint (holds a ref) */
     epd__ofi_req_t *req; /* part: the write or flush it belongs to */
     unsigned char *buf;  /* recv/send: the slot's bytes */
     size_t len;          /* send: wire bytes in buf */
@@ -222,9 +222,10 @@ struct epd__ofi_ep {
     epd__ofi_req_t *flushes, *flushes_tail; /* in watermark order */
     uint64_t write_seq;    /* writes accepted so far */
     uint32_t unposted;     /* writes with parts still to post */
+    uint32_t inflight;     /* sends and parts posted to the provider */
     epd_status_t failed;   /* EPD_OK or the failure reported */
     bool fail_reported;
-    bool closing;
+    bool closing;          /* destroyed: a zombie until inflight drops to 0 */
     bool have_flush_target; /* non-DC flush: a byte we wrote, to read back */
     uint64_t flush_raddr;
     uint64_t flush_key;
@@ -312,6 +313,10 @@ struct epd__ofi {
     size_t req_count;
 
     epd__ofi_ep_t *eps;
+    /* Destroyed endpoints whose operations the provider still holds: their
+     * address stays in the AV until those come back (shm crashes when an
+     * address is removed under operations in flight). */
+    epd__ofi_ep_t *zombies;
     char desc[256];
 };
 
@@ -473,6 +478,7 @@ static epd__ofi_xfer_t *epd__ofi_part_get(epd__ofi_t *be, epd__ofi_req_t *req)
 static void epd__ofi_part_put(epd__ofi_t *be, epd__ofi_xfer_t *x)
 {
     x->req = NULL;
+    x->ep = NULL;
     x->next_free = be->parts_free;
     be->parts_free = x;
 }
@@ -594,6 +600,7 @@ static epd_status_t epd__ofi_backlog_post(epd__ofi_t *be, epd__ofi_ep_t *ep)
             return epd__ofi_post_err(ret);
         }
         x->ep = ep;
+        ep->inflight++;
     }
     return EPD_OK;
 }
@@ -705,6 +712,8 @@ static epd_status_t epd__ofi_write_post(epd__ofi_t *be, epd__ofi_req_t *req)
         }
         req->parts_out++;
         req->posted += chunk;
+        x->ep = req->ep;
+        req->ep->inflight++;
         if (!be->dc) {
             req->ep->have_flush_target = true;
             req->ep->flush_raddr = riov.addr + chunk - 1;
@@ -737,6 +746,8 @@ static epd_status_t epd__ofi_flush_read(epd__ofi_t *be, epd__ofi_req_t *req)
     }
     req->parts_out++;
     req->reading = true;
+    x->ep = ep;
+    ep->inflight++;
     return EPD_OK;
 }
 
@@ -890,6 +901,53 @@ static void epd__ofi_part_done(epd__ofi_t *be, epd__ofi_xfer_t *x, epd_status_t 
     }
 }
 
+static bool epd__ofi_addr_used(const epd__ofi_ep_t *list, fi_addr_t addr)
+{
+    for (; list != NULL; list = list->next) {
+        if (list->addr == addr) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Frees a destroyed endpoint (already unlinked) and removes its address
+ * when no other endpoint of ours uses it: inserting an address twice gives
+ * the same fi_addr, and shm's fi_av_remove drops the peer on the first
+ * remove, whatever the count (the util AV entry of a duplicate then stays
+ * until the AV closes). */
+static void epd__ofi_ep_free(epd__ofi_t *be, epd__ofi_ep_t *ep)
+{
+    if (!epd__ofi_addr_used(be->eps, ep->addr) && !epd__ofi_addr_used(be->zombies, ep->addr)) {
+        int ret = fi_av_remove(be->av, &ep->addr, 1, 0);
+
+        if (ret != 0) {
+            epd_log_warn(EPD__OFI_LOG, 0, "fi_av_remove(%s): %s", ep->peer, fi_strerror(-ret));
+        }
+    }
+    epd_free(ep);
+}
+
+/* Drops the reference of a completed send or part on its endpoint. */
+static void epd__ofi_ep_unref(epd__ofi_t *be, epd__ofi_ep_t *ep)
+{
+    if (ep == NULL) {
+        return;
+    }
+    ep->inflight--;
+    if (ep->closing && ep->inflight == 0) {
+        if (ep->prev != NULL) {
+            ep->prev->next = ep->next;
+        } else {
+            be->zombies = ep->next;
+        }
+        if (ep->next != NULL) {
+            ep->next->prev = ep->prev;
+        }
+        epd__ofi_ep_free(be, ep);
+    }
+}
+
 static epd__ofi_reasm_t *epd__ofi_reasm_find(epd__ofi_t *be, uint64_t stream, bool make)
 {
     epd__ofi_reasm_t *victim = NULL;
@@ -982,6 +1040,7 @@ static void epd__ofi_handle(epd__ofi_t *be, void *ctx, size_t len, epd_status_t 
                             bool peer_gone)
 {
     epd__ofi_xfer_t *x = ctx;
+    epd__ofi_ep_t *ep;
 
     switch (x->kind) {
     case EPD__OFI_X_RECV:
@@ -992,17 +1051,23 @@ static void epd__ofi_handle(epd__ofi_t *be, void *ctx, size_t len, epd_status_t 
         }
         return;
     case EPD__OFI_X_SEND:
-        if (status != EPD_OK && peer_gone && x->ep != NULL) {
-            epd__ofi_ep_fail(x->ep, status);
+        ep = x->ep;
+        if (status != EPD_OK && peer_gone && ep != NULL) {
+            /* may destroy the endpoint: it then lives on as a zombie, as
+             * this send still holds a reference */
+            epd__ofi_ep_fail(ep, status);
         }
         epd__ofi_tx_put(be, x);
+        epd__ofi_ep_unref(be, ep);
         return;
     case EPD__OFI_X_PART:
+        ep = x->ep;
         if (status != EPD_OK && peer_gone && x->req->ep != NULL) {
             /* may destroy the endpoint; x->req survives (parts_out > 0) */
             epd__ofi_ep_fail(x->req->ep, status);
         }
         epd__ofi_part_done(be, x, status);
+        epd__ofi_ep_unref(be, ep);
         return;
     }
 }
@@ -1227,7 +1292,7 @@ static epd_status_t epd__ofi_getinfo(epd__ofi_t *be, const char *prov, const cha
         if (hints == NULL) {
             return EPD_ERR_NO_MEMORY;
         }
-        ret = fi_getinfo(FI_VERSION(1, 17), node, NULL, FI_SOURCE, hints, &info);
+        ret = fi_getinfo(FI_VERSION(1, 17), node, NULL, node != NULL ? FI_SOURCE : 0, hints, &info);
         fi_freeinfo(hints);
         if (ret == 0 && info != NULL) {
             /* DC was only asked to learn that the provider has it; the
@@ -1244,7 +1309,8 @@ static epd_status_t epd__ofi_getinfo(epd__ofi_t *be, const char *prov, const cha
         }
         if (ret != -FI_ENODATA) {
             epd_log_error(EPD__OFI_LOG, 0, "fi_getinfo(provider %s, node %s) failed: %s",
-                          prov != NULL ? prov : getenv("FI_PROVIDER"), node, fi_strerror(-ret));
+                          prov != NULL ? prov : getenv("FI_PROVIDER"), node != NULL ? node : "(none)",
+                          fi_strerror(-ret));
             return EPD_ERR_CONFIG;
         }
     }
@@ -1252,7 +1318,7 @@ static epd_status_t epd__ofi_getinfo(epd__ofi_t *be, const char *prov, const cha
                   "no libfabric provider matches: provider %s%s, node %s, FI_EP_RDM with "
                   "FI_MSG|FI_RMA and send-after-send ordering",
                   prov != NULL ? prov : getenv("FI_PROVIDER"),
-                  prov != NULL ? "" : " (from FI_PROVIDER)", node);
+                  prov != NULL ? "" : " (from FI_PROVIDER)", node != NULL ? node : "(none)");
     return EPD_ERR_CONFIG;
 }
 
@@ -1579,6 +1645,12 @@ static void epd__ofi_destroy(void *arg)
         epd__ofi_ep_destroy(be->eps);
     }
     epd__ofi_close_all(be);
+    while (be->zombies != NULL) {
+        epd__ofi_ep_t *ep = be->zombies;
+
+        be->zombies = ep->next;
+        epd_free(ep); /* its address went with the AV */
+    }
     epd__ofi_free_mem(be);
 }
 
@@ -1678,7 +1750,6 @@ static void epd__ofi_ep_destroy(void *arg)
     epd__ofi_t *be;
     epd__ofi_req_t *done = NULL;
     epd__ofi_req_t *req;
-    int ret;
 
     if (ep == NULL) {
         return;
@@ -1694,11 +1765,6 @@ static void epd__ofi_ep_destroy(void *arg)
     }
     if (ep->next != NULL) {
         ep->next->prev = ep->prev;
-    }
-    for (unsigned i = 0; i < be->tx_count; i++) {
-        if (be->tx[i].ep == ep) {
-            be->tx[i].ep = NULL;
-        }
     }
     while (ep->backlog != NULL) {
         epd__ofi_xfer_t *x = ep->backlog;
@@ -1716,11 +1782,16 @@ static void epd__ofi_ep_destroy(void *arg)
         req->next = done;
         done = req;
     }
-    ret = fi_av_remove(be->av, &ep->addr, 1, 0);
-    if (ret != 0) {
-        epd_log_warn(EPD__OFI_LOG, 0, "fi_av_remove(%s): %s", ep->peer, fi_strerror(-ret));
+    if (ep->inflight == 0) {
+        epd__ofi_ep_free(be, ep);
+    } else {
+        ep->prev = NULL;
+        ep->next = be->zombies;
+        if (be->zombies != NULL) {
+            be->zombies->prev = ep;
+        }
+        be->zombies = ep;
     }
-    epd_free(ep);
 
     while ((req = done) != NULL) {
         epd__xport_op_t *op = req->op;
