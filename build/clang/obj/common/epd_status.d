@@ -1,4 +1,0 @@
-build/clang/obj/common/epd_status.o: common/epd_status.c \
-  common/epd_status.h
-
-common/epd_status.h:
