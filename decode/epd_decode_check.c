@@ -1,0 +1,102 @@
+/* epd_decode_check.c — request validation and KV verification (see the
+ * header). */
+#include "epd_decode_check.h"
+
+#include <math.h>
+
+static epd_status_t epd__refuse(const char **why_p, const char *why, epd_status_t status)
+{
+    if (why_p != NULL) {
+        *why_p = why;
+    }
+    return status;
+}
+
+epd_status_t epd_decode_check_generate(const epd_decode_limits_t *lim,
+                                       const Epd__GenerateRequest *g, epd_sample_params_t *sp_p,
+                                       const char **why_p)
+{
+    const Epd__SamplingParams *s;
+    epd_sample_params_t sp;
+
+    if (g->n_prompt_tokens == 0) {
+        return epd__refuse(why_p, "empty prompt", EPD_ERR_INVALID_PARAM);
+    }
+    if (g->n_prompt_tokens > lim->max_context) {
+        return epd__refuse(why_p, "prompt longer than the context limit", EPD_ERR_TOO_LONG);
+    }
+    for (size_t i = 0; i < g->n_prompt_tokens; i++) {
+        if (g->prompt_tokens[i] >= lim->vocab_size) {
+            return epd__refuse(why_p, "prompt token id outside the vocabulary",
+                               EPD_ERR_INVALID_PARAM);
+        }
+    }
+    s = g->sampling;
+    if (s == NULL || s->max_tokens == 0) {
+        return epd__refuse(why_p, "max_tokens must be at least 1", EPD_ERR_INVALID_PARAM);
+    }
+    if ((uint64_t)g->n_prompt_tokens + s->max_tokens > lim->max_context) {
+        return epd__refuse(why_p, "prompt + max_tokens exceeds the context limit",
+                           EPD_ERR_TOO_LONG);
+    }
+    if (s->n_stop_token_ids > EPD_DECODE_MAX_STOP_IDS) {
+        return epd__refuse(why_p, "too many stop token ids", EPD_ERR_INVALID_PARAM);
+    }
+    for (size_t i = 0; i < s->n_stop_token_ids; i++) {
+        if (s->stop_token_ids[i] >= lim->vocab_size) {
+            return epd__refuse(why_p, "stop token id outside the vocabulary",
+                               EPD_ERR_INVALID_PARAM);
+        }
+    }
+    epd_sample_params_default(&sp);
+    sp.temperature = s->temperature;
+    sp.top_k = s->top_k;
+    /* proto3: 0 is "unset", which the schema defines as "off" */
+    sp.top_p = s->top_p == 0.0f ? 1.0f : s->top_p;
+    sp.seed = s->seed;
+    if (!isfinite(sp.temperature) || !isfinite(sp.top_p) ||
+        epd_sample_params_check(&sp) != EPD_OK) {
+        return epd__refuse(why_p, "sampling parameters out of range (temperature 0..100, top_p in (0, 1])",
+                           EPD_ERR_INVALID_PARAM);
+    }
+    *sp_p = sp;
+    return EPD_OK;
+}
+
+epd_status_t epd_decode_check_kv(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
+                                 const uint32_t *ids, uint32_t n_ids, uint32_t slot,
+                                 const uint64_t *sums, size_t n_sums, epd_hash_state_t *h,
+                                 uint32_t *bad_layer_p)
+{
+    const unsigned char *base = pool->base;
+
+    if (n_sums != layout->n_layers) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    for (uint32_t l = 0; l < layout->n_layers; l++) {
+        uint64_t off;
+
+        epd_hash_state_reset(h, 0);
+        if (layout->kind[l] == EPD_LAYER_LINEAR) {
+            if (epd_kv_state_offset(layout, pool->n_blocks, pool->n_state_slots, l, slot, &off) !=
+                    EPD_OK ||
+                off + layout->state_bytes > pool->bytes) {
+                return EPD_ERR_INVALID_PARAM;
+            }
+            epd_hash_state_update(h, base + off, layout->state_bytes);
+        } else {
+            for (uint32_t i = 0; i < n_ids; i++) {
+                if (epd_kv_block_offset(layout, pool->n_blocks, l, ids[i], &off) != EPD_OK ||
+                    off + layout->block_bytes > pool->bytes) {
+                    return EPD_ERR_INVALID_PARAM;
+                }
+                epd_hash_state_update(h, base + off, layout->block_bytes);
+            }
+        }
+        if (epd_hash_state_digest(h) != sums[l]) {
+            *bad_layer_p = l;
+            return EPD_ERR_CORRUPT;
+        }
+    }
+    return EPD_OK;
+}

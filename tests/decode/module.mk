@@ -1,0 +1,8 @@
+# tests/decode: unit tests of decode/ (cmocka), one program per module.
+# The check and batch tests open the ref engine on a tiny model written by
+# the engine tests' helpers.
+DECODE_TEST_UTIL := tests/engine/epd_test_engine_util.c
+$(eval $(call epd_test,test_epd_decode_blocks,tests/decode/test_epd_decode_blocks.c,epd_decode epd_common))
+$(eval $(call epd_test,test_epd_decode_check,tests/decode/test_epd_decode_check.c $(DECODE_TEST_UTIL),epd_decode epd_proto epd_engine epd_common))
+$(eval $(call epd_test,test_epd_decode_batch,tests/decode/test_epd_decode_batch.c $(DECODE_TEST_UTIL),epd_decode epd_engine epd_common))
+$(test_epd_decode_blocks_OBJS) $(test_epd_decode_check_OBJS) $(test_epd_decode_batch_OBJS): EPD_CPPFLAGS += -Idecode -Itests/engine
