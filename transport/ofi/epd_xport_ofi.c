@@ -34,16 +34,27 @@
  * Every provider on the build machines returns mr_mode = 0; the other paths
  * exist for verbs / EFA clusters.
  *
- * Messages: a bounded pool of pre-posted receive buffers (max_msg_size plus
- * room for the core's frame header), reposted after each completion, and a
- * bounded pool of send buffers (the caller's bytes are copied before send
- * returns; small messages go through fi_inject and need no buffer).  An
- * empty pool or -FI_EAGAIN is EPD_ERR_NO_RESOURCE after nudging the provider
- * (fi_cq_read of zero entries progresses without consuming anything, so no
- * upcall runs inside the caller's send).  Ordering on one peer comes from
- * FI_ORDER_SAS.  Caveat: rxm hands messages above its rendezvous limit
- * (128 KiB by default) to a read protocol whose completion can come after a
- * later small message; keep max_msg_size at or below that limit.
+ * Messages and their order: rxm delivers messages up to its eager limit
+ * (16 KiB by default) in order, but sends larger ones by segmentation or
+ * rendezvous, and their receive completions arrive hundreds of messages
+ * late (measured: 20000 mixed-size messages on tcp;ofi_rxm 1.17, every one
+ * above 16 KiB overtaken).  So every message is cut into fragments that stay
+ * under that limit (rxm: FI_OFI_RXM_EAGER_LIMIT, else 16 KiB; shm: its
+ * inject size; others: 8 KiB), each with a 16-byte header {stream, total,
+ * offset}.  The stream names the sending endpoint (a random worker nonce
+ * plus an endpoint serial); fragments of one stream arrive in order, so a
+ * receiver reassembles per stream in a small table (EPD__OFI_REASM entries,
+ * buffers kept once allocated), and a one-fragment message is delivered
+ * straight from the receive buffer.  Receive buffers: a bounded pool of
+ * fragment-sized slots pre-posted with fi_recv and reposted after each
+ * completion.  Sends: the caller's bytes are copied before send returns,
+ * into fi_inject's buffer when the message is small, else into slots of a
+ * bounded pool; when the provider pushes back (-FI_EAGAIN: rxm is still
+ * setting up its connection, or its queues are full) the copied fragments
+ * wait in the endpoint's backlog and go out in order from progress.
+ * EPD_ERR_NO_RESOURCE means the slot pool is empty; the provider is then
+ * nudged (fi_cq_read of zero entries progresses it without consuming
+ * anything, so no upcall runs inside the caller's send).
  *
  * Writes and what completion means: when the provider accepts
  * FI_DELIVERY_COMPLETE (checked with fi_getinfo; tcp;ofi_rxm and shm do),
@@ -83,6 +94,7 @@
  */
 #include <errno.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +109,7 @@
 #include <rdma/fi_rma.h>
 
 #include "epd_alloc.h"
+#include "epd_hash.h"
 #include "epd_log.h"
 #include "epd_rng.h"
 #include "epd_xport_int.h"
@@ -127,6 +140,7 @@
 #define EPD__OFI_RKEY_MAGIC 0x4f46494b45595045ull /* "EPYEKIFO" */
 #define EPD__OFI_WIRE_VERSION 1u
 #define EPD__OFI_PROV_LEN 32
+#define EPD__OFI_CHECK_SEED 0x6570645f6f666921ull
 
 #define EPD__OFI_MR_REQUEST                                                                       \
     (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED | FI_MR_ENDPOINT |          \
@@ -141,6 +155,7 @@ typedef struct {
     uint32_t addr_format;
     uint32_t reserved;
     char prov[EPD__OFI_PROV_LEN]; /* provider name, NUL padded (wire compatibility) */
+    uint64_t check;               /* epd__ofi_blob_check of the blob */
 } epd__ofi_addr_hdr_t;
 
 /* Packed remote key: this header, then raw_len raw key bytes (FI_MR_RAW). */
@@ -153,6 +168,7 @@ typedef struct {
     uint64_t size;     /* bytes in the region */
     uint64_t key;      /* fi_mr_key, unused with raw keys */
     uint64_t raw_base; /* fi_mr_raw_attr base address, for fi_mr_map_raw */
+    uint64_t check;    /* epd__ofi_blob_check of the blob */
 } epd__ofi_rkey_hdr_t;
 
 /* In front of every message fragment on the wire. */
@@ -161,6 +177,14 @@ typedef struct {
     uint32_t total;  /* bytes of the whole message */
     uint32_t offset; /* of this fragment's bytes in the message */
 } epd__ofi_frag_t;
+
+/* The checksum covers everything before `check`, which must end the header. */
+_Static_assert(offsetof(epd__ofi_addr_hdr_t, check) + sizeof(uint64_t) ==
+                   sizeof(epd__ofi_addr_hdr_t),
+               "check ends the address header");
+_Static_assert(offsetof(epd__ofi_rkey_hdr_t, check) + sizeof(uint64_t) ==
+                   sizeof(epd__ofi_rkey_hdr_t),
+               "check ends the key header");
 
 typedef struct epd__ofi epd__ofi_t;
 typedef struct epd__ofi_ep epd__ofi_ep_t;
@@ -321,6 +345,17 @@ struct epd__ofi {
 };
 
 /* ---------------------------------------------------------------- helpers */
+
+/* Checksum of a blob: its header (whose last 8 bytes, the check field,
+ * count as zero) then its body.  Catches torn or corrupted blobs that would
+ * otherwise parse (a flipped bit in a size or key). */
+static uint64_t epd__ofi_blob_check(const void *hdr, size_t hdr_len, const void *body,
+                                    size_t body_len)
+{
+    uint64_t h = epd_hash64(hdr, hdr_len - sizeof(uint64_t), EPD__OFI_CHECK_SEED);
+
+    return epd_hash64(body, body_len, h);
+}
 
 static const char *epd__ofi_prov(const epd__ofi_t *be)
 {
@@ -1435,6 +1470,7 @@ static epd_status_t epd__ofi_make_address(epd__ofi_t *be)
     hdr.name_len = (uint32_t)name_len;
     hdr.addr_format = be->info->addr_format;
     snprintf(hdr.prov, sizeof(hdr.prov), "%s", epd__ofi_prov(be));
+    hdr.check = epd__ofi_blob_check(&hdr, sizeof(hdr), blob + sizeof(hdr), name_len);
     memcpy(blob, &hdr, sizeof(hdr));
     be->addr_blob = blob;
     be->addr_len = sizeof(hdr) + name_len;
@@ -1699,9 +1735,12 @@ static epd_status_t epd__ofi_ep_create(void *arg, const void *blob, size_t len,
     memcpy(&hdr, blob, sizeof(hdr));
     if (hdr.magic != EPD__OFI_ADDR_MAGIC || hdr.version != EPD__OFI_WIRE_VERSION ||
         hdr.hdr_len != sizeof(hdr) || hdr.name_len == 0 || hdr.name_len > EPD__OFI_MAX_NAME ||
-        (size_t)hdr.name_len != len - sizeof(hdr)) {
+        (size_t)hdr.name_len != len - sizeof(hdr) ||
+        hdr.check != epd__ofi_blob_check(&hdr, sizeof(hdr), (const unsigned char *)blob +
+                                                                 sizeof(hdr), hdr.name_len)) {
         epd_log_warn(EPD__OFI_LOG, 0,
-                     "address blob refused: not an ofi address of this version (%zu bytes)",
+                     "address blob refused: not an intact ofi address of this version "
+                     "(%zu bytes)",
                      len);
         return EPD_ERR_BAD_ADDRESS;
     }
@@ -1860,6 +1899,7 @@ static epd_status_t epd__ofi_send(void *arg, const void *hdr, size_t hdr_len, co
     size_t total;
     size_t fpay;
     size_t nfrag;
+    uint32_t inflight;
     epd_status_t status;
     ssize_t ret;
 
@@ -1889,13 +1929,12 @@ static epd_status_t epd__ofi_send(void *arg, const void *hdr, size_t hdr_len, co
         if (ret == 0) {
             return EPD_OK;
         }
-        if (ret == -FI_EAGAIN) {
-            epd__ofi_nudge(be);
-            return EPD_ERR_NO_RESOURCE;
+        if (ret != -FI_EAGAIN) {
+            epd_log_error(EPD__OFI_LOG, 0, "fi_inject(%zu bytes) to %s failed: %s", total,
+                          ep->peer, fi_strerror((int)-ret));
+            return epd__ofi_post_err(ret);
         }
-        epd_log_error(EPD__OFI_LOG, 0, "fi_inject(%zu bytes) to %s failed: %s", total, ep->peer,
-                      fi_strerror((int)-ret));
-        return epd__ofi_post_err(ret);
+        /* pushed back (rxm connects lazily): queue it in send slots */
     }
 
     fpay = be->frag_size - sizeof(fh);
@@ -1931,28 +1970,27 @@ static epd_status_t epd__ofi_send(void *arg, const void *hdr, size_t hdr_len, co
         ep->backlog_tail = last;
         return EPD_OK;
     }
+    /*
+     * The bytes are copied into slots of a bounded pool, so when the
+     * provider pushes back (-FI_EAGAIN: rxm is still connecting, or its
+     * queues are full) the fragments wait in the endpoint's backlog and go
+     * out, in order, from progress; EPD_ERR_NO_RESOURCE is left for an
+     * empty pool.
+     */
     ep->backlog = first;
     ep->backlog_tail = last;
+    inflight = ep->inflight;
     status = epd__ofi_backlog_post(be, ep);
     if (status == EPD_OK) {
         return EPD_OK;
     }
-    if (ep->backlog == first) {
-        /* nothing of this message went out: refuse it whole */
-        epd__ofi_xfer_t *x;
-
-        while ((x = ep->backlog) != NULL) {
-            ep->backlog = x->next_free;
-            epd__ofi_tx_put(be, x);
-        }
-        ep->backlog_tail = NULL;
-        if (status == EPD_ERR_NO_RESOURCE) {
-            epd__ofi_nudge(be);
-        }
-        return status;
-    }
     if (status == EPD_ERR_NO_RESOURCE) {
-        return EPD_OK; /* the rest goes out from progress */
+        epd__ofi_nudge(be);
+        return EPD_OK;
+    }
+    if (ep->inflight == inflight) {
+        /* nothing of this message went out (the backlog dropped it): refuse */
+        return status;
     }
     /* torn message: the endpoint is unusable; reported from progress */
     ep->failed = status;
@@ -2017,15 +2055,16 @@ static epd_status_t epd__ofi_write(void *arg, const void *local, size_t len, voi
 
     if (ep->unposted == 0) {
         status = epd__ofi_write_post(be, req);
-        if (status != EPD_OK && req->parts_out == 0) {
+        if (status != EPD_OK && status != EPD_ERR_NO_RESOURCE && req->parts_out == 0) {
             /* nothing posted: refuse, nothing queued */
             epd__ofi_req_put(be, req);
-            if (status == EPD_ERR_NO_RESOURCE) {
-                epd__ofi_nudge(be);
-            }
             return status;
         }
-        if (status != EPD_OK && status != EPD_ERR_NO_RESOURCE) {
+        if (status == EPD_ERR_NO_RESOURCE) {
+            /* the provider pushed back: the rest is posted from progress
+             * (the request pool bounds what waits) */
+            epd__ofi_nudge(be);
+        } else if (status != EPD_OK) {
             /* failed after some parts: finishes when they come back */
             req->posted = req->len;
         }
@@ -2194,6 +2233,7 @@ static epd_status_t epd__ofi_mr_pack(void *arg, void *be_mr, void *buf, size_t c
     hdr.size = mr->size;
     hdr.key = mr->key;
     hdr.raw_base = mr->raw_base;
+    hdr.check = epd__ofi_blob_check(&hdr, sizeof(hdr), mr->raw, mr->raw_len);
     memcpy(buf, &hdr, sizeof(hdr));
     if (mr->raw_len != 0) {
         memcpy((unsigned char *)buf + sizeof(hdr), mr->raw, mr->raw_len);
@@ -2223,7 +2263,9 @@ static epd_status_t epd__ofi_rkey_unpack(void *arg, const void *blob, size_t len
     if (hdr.magic != EPD__OFI_RKEY_MAGIC || hdr.version != EPD__OFI_WIRE_VERSION ||
         hdr.hdr_len != sizeof(hdr) || hdr.raw_len > EPD__OFI_MAX_RAW_KEY ||
         (size_t)hdr.raw_len != len - sizeof(hdr) || (hdr.raw_len != 0) != want_raw ||
-        hdr.size == 0 || hdr.size > SIZE_MAX || hdr.base > UINT64_MAX - hdr.size) {
+        hdr.size == 0 || hdr.size > SIZE_MAX || hdr.base > UINT64_MAX - hdr.size ||
+        hdr.check != epd__ofi_blob_check(&hdr, sizeof(hdr), (const unsigned char *)blob +
+                                                                 sizeof(hdr), hdr.raw_len)) {
         epd_log_warn(EPD__OFI_LOG, 0, "remote key refused (%zu bytes): malformed", len);
         return EPD_ERR_BAD_RKEY;
     }
