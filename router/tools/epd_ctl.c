@@ -40,6 +40,15 @@
 
 static volatile sig_atomic_t ctl_interrupted;
 
+/* Consulted only by LeakSanitizer builds: UCX and libfabric keep some
+ * process-wide allocations until exit; they are not epd's. */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libucs.so\nleak:libucp.so\nleak:libuct.so\nleak:libucm.so\n"
+           "leak:libfabric.so\nleak:librdmacm.so\nleak:libibverbs.so\n";
+}
+
 static void ctl_on_signal(int sig)
 {
     (void)sig;

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# disagg_equals_colocated.sh CONF — the cluster's output equals the
+# colocated baseline token for token: `epd-ctl submit --tokens` through a
+# prefill daemon and a decode daemon prints exactly what
+# `epd-generate --tokens` prints, for a short prompt, a long one (~1.5k
+# tokens), prompts ending exactly on and just past a KV block boundary
+# (BOS + prompt = 16k and 16k+1 tokens), a hybrid model (linear + attention
+# layers) and an attention-only one, greedy and seeded sampling.
+# CONF: ucx-shm (UCX_TLS=posix,cma,tcp), ucx-tcp (UCX_TLS=tcp),
+#       ofi-tcp (libfabric tcp;ofi_rxm).
+source "$(dirname "$0")/lib.sh"
+
+conf=${1:?usage: disagg_equals_colocated.sh ucx-shm|ucx-tcp|ofi-tcp}
+case "$conf" in
+  ucx-shm) export UCX_TLS=posix,cma,tcp; XFLAGS=(--transport ucx --expect-transport shm) ;;
+  ucx-tcp) export UCX_TLS=tcp; XFLAGS=(--transport ucx --expect-transport tcp) ;;
+  ofi-tcp) export FI_PROVIDER="tcp;ofi_rxm"
+           XFLAGS=(--transport ofi --expect-transport tcp --provider "tcp;ofi_rxm") ;;
+  *) fail "unknown configuration $conf" ;;
+esac
+CTL_FLAGS="${XFLAGS[*]}"
+# the shell word-splits CTL_FLAGS: keep the provider out of it (it has a ';')
+[ "$conf" = ofi-tcp ] && CTL_FLAGS="--transport ofi --expect-transport tcp"
+
+run_pair() { # MODEL TAG: starts prefill TAG_p and decode TAG_d
+  local model=$1 tag=$2
+  start_daemon "${tag}_d" decode --model "$model" --worker-id "decode-$tag" "${XFLAGS[@]}" \
+    --kv-blocks 1024 --state-slots 64 --block-tokens 16
+  start_daemon "${tag}_p" prefill --model "$model" --worker-id "prefill-$tag" "${XFLAGS[@]}" \
+    --kv-blocks 512 --state-slots 16 --block-tokens 16
+}
+
+mkmodel "$T/hybrid" "${TINY_MODEL_FLAGS[@]}"
+run_pair "$T/hybrid" h
+note "$conf: hybrid LLA model: prefill $h_p_ADDR, decode $h_d_ADDR"
+[ "$(health_field "$h_p_ADDR" transport)" = "${XFLAGS[1]}" ] || fail "prefill serves another transport"
+[ "$(health_field "$h_d_ADDR" role)" = decode ] || fail "decode daemon's Health role is not decode"
+[ "$(health_field "$h_p_ADDR" role)" = prefill ] || fail "prefill daemon's Health role is not prefill"
+
+printf 'Hello, disaggregated world!' >"$T/short"
+prompt_of_len 1500 3 >"$T/long"
+for k in 2 8; do
+  prompt_of_len $((16 * k - 1)) $k >"$T/on$k"    # BOS + prompt = 16k tokens
+  prompt_of_len $((16 * k)) $k >"$T/past$k"      # BOS + prompt = 16k + 1 tokens
+done
+
+note "short prompt, greedy"
+same_as_colocated "$T/hybrid" "$h_p_ADDR" "$h_d_ADDR" "$T/short" 40
+note "short prompt, seeded sampling (temperature 0.8, top-p 0.9)"
+same_as_colocated "$T/hybrid" "$h_p_ADDR" "$h_d_ADDR" "$T/short" 40 --temperature 0.8 --top-p 0.9 --seed 1234
+note "long prompt (1501 tokens), greedy"
+same_as_colocated "$T/hybrid" "$h_p_ADDR" "$h_d_ADDR" "$T/long" 24
+note "long prompt, seeded sampling with top-k"
+same_as_colocated "$T/hybrid" "$h_p_ADDR" "$h_d_ADDR" "$T/long" 24 --temperature 0.8 --top-p 0.9 --top-k 40 --seed 99
+for k in 2 8; do
+  note "prompt on a block boundary (BOS + $((16 * k - 1)) bytes = $((16 * k)) tokens) and just past it"
+  same_as_colocated "$T/hybrid" "$h_p_ADDR" "$h_d_ADDR" "$T/on$k" 20
+  same_as_colocated "$T/hybrid" "$h_p_ADDR" "$h_d_ADDR" "$T/past$k" 20
+  same_as_colocated "$T/hybrid" "$h_p_ADDR" "$h_d_ADDR" "$T/on$k" 20 --temperature 0.8 --top-p 0.9 --seed $k
+done
+note "one token only (the prefill's first token is the whole answer)"
+same_as_colocated "$T/hybrid" "$h_p_ADDR" "$h_d_ADDR" "$T/past2" 1
+
+note "text mode prints what epd-generate prints"
+want=$("$BIN/epd-generate" --model "$T/hybrid" --prompt "$(cat "$T/short")" --max-tokens 30)
+got=$("$BIN/epd-ctl" submit --prefill "$h_p_ADDR" --decode "$h_d_ADDR" --model "$T/hybrid" \
+      --prompt-file "$T/short" --max-tokens 30 $CTL_FLAGS)
+[ "$want" = "$got" ] || fail "text output differs: colocated '$want', disaggregated '$got'"
+
+wait_blocks_free "$h_d_ADDR" 20
+
+if [ "$conf" = ucx-shm ]; then
+  note "attention-only model"
+  mkmodel "$T/attn" --layers 2 --dim 64 --heads 4 --kv-heads 2 --layer-pattern A --ffn 128 \
+    --max-context 2048 --seed 11
+  run_pair "$T/attn" a
+  same_as_colocated "$T/attn" "$a_p_ADDR" "$a_d_ADDR" "$T/on2" 24
+  same_as_colocated "$T/attn" "$a_p_ADDR" "$a_d_ADDR" "$T/long" 16 --temperature 0.8 --top-p 0.9 --seed 5
+  note "linear-only model"
+  mkmodel "$T/lin" --layers 2 --dim 64 --heads 4 --kv-heads 2 --layer-pattern L --ffn 128 \
+    --max-context 2048 --seed 12
+  run_pair "$T/lin" l
+  same_as_colocated "$T/lin" "$l_p_ADDR" "$l_d_ADDR" "$T/past2" 24
+fi
+
+note "SIGTERM stops both daemons cleanly (exit 0)"
+stop_daemon h_p TERM
+[ "$STOP_RC" = 0 ] || fail "prefill exited $STOP_RC on SIGTERM"
+stop_daemon h_d TERM
+[ "$STOP_RC" = 0 ] || fail "decode exited $STOP_RC on SIGTERM"
+echo "PASS $conf"

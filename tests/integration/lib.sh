@@ -1,0 +1,165 @@
+# tests/integration/lib.sh — shared helpers of the integration tests
+# (sourced, never run).  Real daemons on 127.0.0.1, started and stopped by
+# the test by PID; every wait has a timeout; the temp dir and every daemon
+# go away on exit, also on failure (trap).
+#
+#   EPD_BUILD        build folder whose binaries are tested (default build)
+#   EPD_ITEST_KEEP   1: keep the temp dir (logs) for a look afterwards
+set -euo pipefail
+
+B=${EPD_BUILD:-build}
+BIN="$B/bin"
+ITEST="$B/itest"
+export UCX_NET_DEVICES=lo
+export UCX_TLS=${UCX_TLS:-posix,cma,tcp}
+# the daemons' own logs go to files in $T; keep the tools quiet
+export EPD_LOG_LEVEL=${EPD_LOG_LEVEL:-info}
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/epd-itest.XXXXXX")
+PIDS=()
+
+itest_cleanup() {
+  local rc=$?
+  for p in "${PIDS[@]:-}"; do
+    [ -n "$p" ] && kill -KILL "$p" 2>/dev/null || true
+  done
+  for p in "${PIDS[@]:-}"; do
+    [ -n "$p" ] && wait "$p" 2>/dev/null || true
+  done
+  if [ $rc -ne 0 ]; then
+    echo "----- daemon logs (last 25 lines each) -----"
+    for f in "$T"/*.log; do
+      [ -f "$f" ] || continue
+      echo "== $f"
+      tail -n 25 "$f"
+    done
+  fi
+  if [ "${EPD_ITEST_KEEP:-0}" = 1 ]; then
+    echo "kept $T"
+  else
+    rm -rf "$T"
+  fi
+  exit $rc
+}
+trap itest_cleanup EXIT
+trap 'exit 130' INT TERM
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+note() {
+  echo "== $*"
+}
+
+# mkmodel DIR [epd-mkmodel flags...]: a small model (tiny by default).
+mkmodel() {
+  local dir=$1
+  shift
+  "$BIN/epd-mkmodel" --out "$dir" "$@" >/dev/null
+}
+
+TINY_MODEL_FLAGS=(--layers 3 --dim 64 --heads 4 --kv-heads 2 --layer-pattern LLA --ffn 128
+                  --vocab 258 --max-context 2048 --seed 7)
+
+# start_daemon NAME prefill|decode [flags...]: starts build/bin/epd-NAME's
+# role with a ready file $T/NAME.ready, log $T/NAME.log; sets NAME_PID and
+# NAME_ADDR (the control address) once it serves (timeout 60 s: model load
+# under ASan).
+start_daemon() {
+  local name=$1 role=$2
+  shift 2
+  rm -f "$T/$name.ready"
+  "$BIN/epd-$role" --ready-file "$T/$name.ready" "$@" >>"$T/$name.log" 2>&1 &
+  local pid=$!
+  PIDS+=("$pid")
+  local i
+  for i in $(seq 1 600); do
+    if [ -s "$T/$name.ready" ]; then
+      break
+    fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 20 "$T/$name.log" >&2 || true
+      fail "$role daemon '$name' exited before it was ready"
+    fi
+    sleep 0.1
+  done
+  [ -s "$T/$name.ready" ] || fail "$role daemon '$name' not ready within 60 s"
+  local line addr
+  line=$(head -n 1 "$T/$name.ready")
+  addr=$(sed -n 's/.*control=\([^ ]*\).*/\1/p' <<<"$line")
+  [ -n "$addr" ] || fail "ready file of '$name' has no control=ADDR: $line"
+  printf -v "${name}_PID" '%s' "$pid"
+  printf -v "${name}_ADDR" '%s' "$addr"
+}
+
+# stop_daemon NAME [SIGNAL]: kills by PID and reaps (default SIGTERM, then
+# SIGKILL after 10 s).  Returns the daemon's exit status in STOP_RC.
+stop_daemon() {
+  local name=$1 sig=${2:-TERM}
+  local pidvar="${name}_PID"
+  local pid=${!pidvar}
+  kill -"$sig" "$pid" 2>/dev/null || true
+  local i
+  for i in $(seq 1 100); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  STOP_RC=0
+  wait "$pid" 2>/dev/null || STOP_RC=$?
+}
+
+# status_field ADDR FIELD: FIELD's value in `epd-ctl status ADDR` (first worker).
+status_field() {
+  "$BIN/epd-ctl" status "$1" | head -n 1 | tr ' ' '\n' | sed -n "s/^$2=//p"
+}
+
+health_field() {
+  "$BIN/epd-ctl" health "$1" | sed -n "s/^$2=//p"
+}
+
+# wait_blocks_free ADDR [SECONDS]: until the decode worker's kv_blocks_free
+# equals kv_blocks_total (quarantine releases are asynchronous).
+wait_blocks_free() {
+  local addr=$1 secs=${2:-20} free total i
+  for i in $(seq 1 $((secs * 10))); do
+    free=$(status_field "$addr" kv_blocks_free)
+    total=$(status_field "$addr" kv_blocks_total)
+    if [ -n "$free" ] && [ "$free" = "$total" ]; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  "$BIN/epd-ctl" status "$addr" >&2 || true
+  fail "decode at $addr: kv_blocks_free=$free of $total after ${secs}s"
+}
+
+# prompt_of_len N [SEED]: N printable ASCII bytes (no newline), deterministic.
+prompt_of_len() {
+  local n=$1 seed=${2:-1}
+  awk -v n="$n" -v s="$seed" 'BEGIN {
+    srand(s); chars = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;0123456789";
+    out = ""; for (i = 0; i < n; i++) out = out substr(chars, int(rand() * length(chars)) + 1, 1);
+    printf "%s", out }'
+}
+
+# same_as_colocated MODEL PREFILL_ADDR DECODE_ADDR PROMPT_FILE MAX [flags]:
+# epd-ctl submit --tokens through the two workers must print exactly what
+# epd-generate --tokens prints for the same prompt and sampling flags.
+same_as_colocated() {
+  local model=$1 p=$2 d=$3 pf=$4 max=$5
+  shift 5
+  local want got
+  want=$("$BIN/epd-generate" --model "$model" --prompt "$(cat "$pf")" --max-tokens "$max" \
+         --tokens "$@") || fail "epd-generate failed"
+  got=$("$BIN/epd-ctl" submit --prefill "$p" --decode "$d" --model "$model" --prompt-file "$pf" \
+        --max-tokens "$max" --tokens --timeout-ms 60000 ${CTL_FLAGS:-} "$@") ||
+    fail "epd-ctl submit failed (prompt $(wc -c <"$pf") bytes, max $max, flags: $*)"
+  if [ "$want" != "$got" ]; then
+    echo "colocated:     $want" >&2
+    echo "disaggregated: $got" >&2
+    fail "disaggregated output differs (prompt $(wc -c <"$pf") bytes, max $max, flags: $*)"
+  fi
+}

@@ -1,0 +1,30 @@
+# tests/integration/: real daemons on 127.0.0.1.  Each test is an executable
+# shell script (run by tests/run.sh in its own process group, under a
+# timeout, with EPD_BUILD naming the build whose binaries it tests); the C
+# helper programs they run are built into $(BUILD)/itest (not
+# $(BUILD)/tests: the runner must not start them on their own).
+ITEST_LIBS := epd_router epd_xport epd_proto epd_engine epd_common
+
+# $(call epd_itest_prog,NAME,SOURCES) -> $(BUILD)/itest/NAME
+define epd_itest_prog
+$(1)_OBJS := $$(call obj_of,$(2))
+ALL_OBJS += $$($(1)_OBJS)
+ALL_PROGS += $(BUILD)/itest/$(1)
+$$($(1)_OBJS): EPD_CPPFLAGS += -Irouter -Itests/integration
+$(BUILD)/itest/$(1): $$($(1)_OBJS) $$(foreach l,$(ITEST_LIBS),$(BUILD)/lib/lib$$(l).a)
+	@mkdir -p $$(@D)
+	@$(if $(filter 1,$(V)),,echo "  LD      $$@";)$(CC) $(EPD_LDFLAGS) -o $$@ $$($(1)_OBJS) \
+		$$(foreach l,$(ITEST_LIBS),$(BUILD)/lib/lib$$(l).a) $(EPD_LDLIBS)
+endef
+
+$(eval $(call epd_itest_prog,epd-itest-storm,tests/integration/epd_itest_storm.c tests/integration/epd_itest_colo.c))
+$(eval $(call epd_itest_prog,epd-itest-raw,tests/integration/epd_itest_raw.c))
+
+ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
+             tests/integration/test_disagg_ucx_tcp.sh \
+             tests/integration/test_disagg_ofi_tcp.sh \
+             tests/integration/test_storm_aborts.sh \
+             tests/integration/test_kill_prefill.sh \
+             tests/integration/test_kill_decode.sh \
+             tests/integration/test_garbage.sh \
+             tests/integration/test_drain.sh
