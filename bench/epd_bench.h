@@ -5,5 +5,6 @@
 #define EPD_BENCH_H
 
 int epd_bench_engine_main(int argc, char **argv);
+int epd_bench_xfer_main(int argc, char **argv);
 
 #endif

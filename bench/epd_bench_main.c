@@ -14,6 +14,7 @@ static const struct {
     const char *help;
 } epd_bench_commands[] = {
     {"engine", epd_bench_engine_main, "prefill and decode tokens/s of an engine"},
+    {"xfer", epd_bench_xfer_main, "transport write bandwidth and message latency vs ucx_perftest / fi_pingpong"},
 };
 
 static void epd_bench_usage(FILE *out)

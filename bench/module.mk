@@ -1,5 +1,5 @@
 # bench/: epd-bench, one subcommand per bench/epd_bench_<name>.c.
 # BENCH_LIBS lists the epd libraries it links, users first.
 BENCH_SRCS := $(wildcard bench/*.c)
-BENCH_LIBS := epd_engine epd_common
+BENCH_LIBS := epd_xport epd_engine epd_common
 $(eval $(call epd_prog,epd-bench,$(BENCH_SRCS),$(BENCH_LIBS)))

@@ -1,0 +1,808 @@
+/*
+ * epd_bench_xfer.c — `epd-bench xfer`: transport bandwidth and latency of
+ * epd_xport next to the libraries' own tools, in one table.
+ *
+ * For every compiled backend and transport configuration (UCX shared
+ * memory, UCX tcp, libfabric tcp;ofi_rxm) and sizes 64 KiB, 256 KiB, 1 MiB,
+ * 16 MiB: the write bandwidth of epd_xport between two processes (many
+ * writes in flight from a registered buffer into a region the target
+ * allocated through epd_xport_mr_alloc), the same sizes through the
+ * reference tool on the same transport (ucx_perftest ucp_put_bw for UCX
+ * shared memory, ucp_am_bw for UCX tcp — its put over tcp is not a usable
+ * reference — and fi_pingpong for libfabric), the ratio, and memcpy of the
+ * same size as the physical limit.  Then the 64-byte message latency (half
+ * a ping-pong round trip, median) of both.
+ *
+ * Each configuration is measured in a forked process (the transport
+ * libraries read their environment at start-up), against a peer that is
+ * this program re-executed with `xfer --peer CONF FD`; address blob and key
+ * travel over a socketpair, standing in for the control plane.  Results
+ * come back over a pipe.  Reference tools run as server and client
+ * processes on 127.0.0.1 with their own ports.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "epd_alloc.h"
+#include "epd_bench.h"
+#include "epd_log.h"
+#include "epd_time.h"
+#include "epd_xport.h"
+
+#define XB_REGION ((size_t)64 << 20)
+#define XB_MAX_SIZES 8
+#define XB_LAT_SIZE 64
+
+typedef struct {
+    const char *name;
+    const char *backend;
+    const char *expect;
+    const char *env[4];     /* for epd and for the reference tool */
+    const char *ref_kind;   /* "perftest" or "fi_pingpong" */
+    const char *ref_bw;     /* perftest test name / provider */
+    const char *ref_lat;
+} xb_conf_t;
+
+static const xb_conf_t xb_confs[] = {
+#if EPD_WITH_UCX
+    {"ucx-shm", "ucx", "shm", {"UCX_TLS=posix,cma,tcp", "UCX_NET_DEVICES=lo", NULL},
+     "perftest", "ucp_put_bw", "ucp_am_lat"},
+    {"ucx-tcp", "ucx", "tcp", {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo", NULL},
+     "perftest", "ucp_am_bw", "ucp_am_lat"},
+#endif
+#if EPD_WITH_OFI
+    {"ofi-tcp", "ofi", "tcp", {"FI_PROVIDER=tcp;ofi_rxm", NULL},
+     "fi_pingpong", "tcp;ofi_rxm", "tcp;ofi_rxm"},
+#endif
+};
+#define XB_N_CONFS (sizeof(xb_confs) / sizeof(xb_confs[0]))
+
+/* The reference tool's environment: perftest's own shm lanes without the
+ * tcp that epd needs only for wire-up. */
+static const char *const xb_ref_env_shm[] = {"UCX_TLS=posix,cma", "UCX_NET_DEVICES=lo", NULL};
+
+typedef struct {
+    double gbps[XB_MAX_SIZES];
+    double ref_gbps[XB_MAX_SIZES];
+    double lat_us;
+    double ref_lat_us;
+    char lanes[256];
+    int ok;
+} xb_result_t;
+
+static size_t xb_sizes[XB_MAX_SIZES] = {64 << 10, 256 << 10, 1 << 20, 16 << 20};
+static int xb_n_sizes = 4;
+static double xb_secs = 0.6;
+static int xb_lat_iters = 20000;
+/* 0: every write to remote offset 0, like ucx_perftest's ucp_put_bw (one
+ * source, one target buffer, cache-warm); 1 (--spread): rotate over the
+ * whole 64 MiB region, as KV blocks would (DRAM-bound, compare to memcpy). */
+static uint64_t xb_spread = 0;
+static char xb_self[4096];
+
+static void xb_apply_env(const char *const *env)
+{
+    for (int i = 0; env[i] != NULL; i++) {
+        char buf[256];
+        char *eq;
+        snprintf(buf, sizeof(buf), "%s", env[i]);
+        eq = strchr(buf, '=');
+        if (eq != NULL) {
+            *eq = '\0';
+            setenv(buf, eq + 1, 1);
+        }
+    }
+}
+
+static int xb_write_all(int fd, const void *data, size_t len)
+{
+    const char *p = data;
+
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int xb_read_all(int fd, void *data, size_t len)
+{
+    char *p = data;
+
+    while (len > 0) {
+        ssize_t n = read(fd, p, len);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int xb_send_blob(int fd, const void *blob, uint32_t len)
+{
+    return xb_write_all(fd, &len, sizeof(len)) || xb_write_all(fd, blob, len) ? -1 : 0;
+}
+
+static int xb_recv_blob(int fd, void *buf, uint32_t cap, uint32_t *len_p)
+{
+    uint32_t len;
+
+    if (xb_read_all(fd, &len, sizeof(len)) != 0 || len > cap || xb_read_all(fd, buf, len) != 0) {
+        return -1;
+    }
+    *len_p = len;
+    return 0;
+}
+
+/* ------------------------------------------------------------- the peer */
+
+static void xb_peer_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
+{
+    (void)arg;
+    /* ping-pong: echo at once (a send may be issued from a callback) */
+    (void)epd_xport_send(ep, data, len, 0);
+}
+
+static int xb_peer_main(const xb_conf_t *c, int fd)
+{
+    epd_xport_config_t cfg;
+    epd_xport_t *x;
+    epd_xport_mr_t *mr;
+    const void *blob;
+    size_t blob_len, key_len;
+    unsigned char key[EPD_XPORT_RKEY_MAX];
+    uint64_t n = 0, last = 0;
+
+    epd_xport_config_init(&cfg);
+    cfg.backend = c->backend;
+    cfg.msg_cb = xb_peer_msg;
+    if (epd_xport_create(&cfg, &x) != EPD_OK) {
+        return 2;
+    }
+    if (epd_xport_mr_alloc(x, XB_REGION, &mr) != EPD_OK ||
+        epd_xport_address(x, &blob, &blob_len) != EPD_OK ||
+        epd_xport_mr_pack(mr, key, sizeof(key), &key_len) != EPD_OK ||
+        xb_send_blob(fd, blob, (uint32_t)blob_len) != 0 ||
+        xb_send_blob(fd, key, (uint32_t)key_len) != 0) {
+        return 3;
+    }
+    /* busy progress while traffic flows (as a data-plane thread would), a
+     * sleep on the transport fd after 20 ms without events: the reference
+     * tools run on the same two cores between our measurements */
+    for (;;) {
+        uint64_t now;
+        if (epd_xport_progress(x) > 0) {
+            last = epd_time_now_ns();
+        } else if ((now = epd_time_now_ns()) - last > 20 * EPD_NSEC_PER_MSEC) {
+            epd_xport_poll(x, 20);
+        }
+        if ((++n & 1023) == 0) {
+            struct pollfd pfd = {.fd = fd, .events = POLLIN};
+            char ch;
+            if (poll(&pfd, 1, 0) > 0 && read(fd, &ch, 1) <= 0) {
+                break;
+            }
+        }
+    }
+    epd_xport_mr_dereg(mr);
+    epd_xport_destroy(x);
+    return 0;
+}
+
+/* ------------------------------------------------------------ the host */
+
+typedef struct {
+    uint64_t completed;
+    uint64_t failed;
+    int inflight;
+    int pongs;
+} xb_host_t;
+
+static void xb_write_done(void *arg, epd_status_t status)
+{
+    xb_host_t *h = arg;
+
+    h->completed++;
+    h->inflight--;
+    if (status != EPD_OK) {
+        h->failed++;
+    }
+}
+
+static void xb_flush_done(void *arg, epd_status_t status)
+{
+    int *flag = arg;
+
+    (void)status;
+    *flag = 1;
+}
+
+static void xb_host_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
+{
+    xb_host_t *h = arg;
+
+    (void)ep;
+    (void)data;
+    (void)len;
+    h->pongs++;
+}
+
+static void xb_conn_done(void *arg, epd_status_t status)
+{
+    epd_status_t *st = arg;
+
+    *st = status;
+}
+
+static int xb_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+/* Many writes in flight from one registered buffer: a warm-up, then the
+ * best of three runs of xb_secs/3 each (the machine is shared; the best run
+ * is the one least disturbed, as the reference tools are run twice). */
+static double xb_measure_bw(epd_xport_t *x, xb_host_t *h, epd_xport_ep_t *ep,
+                            epd_xport_rkey_t *rk, epd_xport_mr_t *lmr, size_t size)
+{
+    int window = (int)((XB_REGION * 2) / size);
+    uint64_t slots = XB_REGION / size;
+    uint64_t posted = 0;
+    double best = 0;
+
+    if (window > 256) {
+        window = 256;
+    }
+    if (window < 4) {
+        window = 4;
+    }
+    for (int run = 0; run < 4; run++) {
+        uint64_t start_done = h->completed;
+        uint64_t t0 = epd_time_now_ns();
+        uint64_t stop = t0 + (uint64_t)(xb_secs / (run == 0 ? 4 : 3) * 1e9);
+        uint64_t t1;
+        int flushed = 0;
+        double gbps;
+
+        for (;;) {
+            uint64_t now = epd_time_now_ns();
+            while (now < stop && h->inflight < window) {
+                epd_status_t st = epd_xport_write(ep, epd_xport_mr_addr(lmr), size, lmr, rk,
+                                                  (posted % slots) * size * xb_spread,
+                                                  xb_write_done, h);
+                if (st != EPD_INPROGRESS) {
+                    break;
+                }
+                posted++;
+                h->inflight++;
+            }
+            epd_xport_progress(x);
+            if (now >= stop && h->inflight == 0) {
+                break;
+            }
+        }
+        if (epd_xport_flush(ep, xb_flush_done, &flushed) == EPD_INPROGRESS) {
+            while (!flushed) {
+                epd_xport_progress(x);
+            }
+        }
+        t1 = epd_time_now_ns();
+        gbps = (double)(h->completed - start_done) * (double)size / (double)(t1 - t0);
+        if (run > 0 && gbps > best) {
+            best = gbps;
+        }
+    }
+    return best;
+}
+
+static double xb_measure_lat(epd_xport_t *x, xb_host_t *h, epd_xport_ep_t *ep)
+{
+    unsigned char msg[XB_LAT_SIZE];
+    double *samples = epd_calloc((size_t)xb_lat_iters, sizeof(double));
+    double med;
+
+    if (samples == NULL) {
+        return 0;
+    }
+    memset(msg, 0xab, sizeof(msg));
+    for (int i = -1000; i < xb_lat_iters; i++) {
+        int want = h->pongs + 1;
+        uint64_t t0 = epd_time_now_ns();
+        uint64_t deadline = t0 + 5 * EPD_NSEC_PER_SEC;
+
+        while (epd_xport_send(ep, msg, sizeof(msg), 0) == EPD_ERR_NO_RESOURCE) {
+            epd_xport_progress(x);
+        }
+        while (h->pongs < want && epd_time_now_ns() < deadline) {
+            epd_xport_progress(x);
+        }
+        if (i >= 0) {
+            samples[i] = (double)(epd_time_now_ns() - t0) / 2e3; /* one way, µs */
+        }
+    }
+    qsort(samples, (size_t)xb_lat_iters, sizeof(double), xb_cmp_double);
+    med = samples[xb_lat_iters / 2];
+    epd_free(samples);
+    return med;
+}
+
+static double xb_ref_bw(const xb_conf_t *c, size_t size);
+static double xb_ref_lat(const xb_conf_t *c);
+static int xb_no_ref = 0;
+
+static int xb_host_main(const xb_conf_t *c, xb_result_t *r)
+{
+    epd_xport_config_t cfg;
+    epd_xport_t *x;
+    epd_xport_ep_t *ep;
+    epd_xport_rkey_t *rk;
+    epd_xport_mr_t *lmr;
+    xb_host_t h;
+    unsigned char blob[EPD_XPORT_ADDR_MAX], key[EPD_XPORT_RKEY_MAX];
+    uint32_t blob_len, key_len;
+    epd_status_t conn = EPD_INPROGRESS;
+    int sv[2], status;
+    char fd_arg[16];
+    pid_t pid;
+    size_t max_size = 0;
+
+    memset(&h, 0, sizeof(h));
+    xb_apply_env(c->env);
+    epd_xport_config_init(&cfg);
+    cfg.backend = c->backend;
+    cfg.expect = c->expect;
+    cfg.msg_cb = xb_host_msg;
+    cfg.cb_arg = &h;
+    if (epd_xport_create(&cfg, &x) != EPD_OK) {
+        return -1;
+    }
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
+        return -1;
+    }
+    snprintf(fd_arg, sizeof(fd_arg), "%d", sv[1]);
+    pid = fork();
+    if (pid == 0) {
+        close(sv[0]);
+        execl(xb_self, xb_self, "xfer", "--peer", c->name, fd_arg, (char *)NULL);
+        _exit(127);
+    }
+    close(sv[1]);
+    if (pid < 0 || xb_recv_blob(sv[0], blob, sizeof(blob), &blob_len) != 0 ||
+        xb_recv_blob(sv[0], key, sizeof(key), &key_len) != 0) {
+        fprintf(stderr, "xfer %s: the peer did not start\n", c->name);
+        return -1;
+    }
+    if (epd_xport_connect(x, blob, blob_len, xb_conn_done, &conn, &ep) != EPD_INPROGRESS) {
+        return -1;
+    }
+    while (conn == EPD_INPROGRESS) {
+        epd_xport_poll(x, 1);
+    }
+    if (conn != EPD_OK || epd_xport_rkey_unpack(ep, key, key_len, &rk) != EPD_OK) {
+        fprintf(stderr, "xfer %s: connect failed: %s\n", c->name, epd_status_string(conn));
+        return -1;
+    }
+    epd_xport_ep_describe(ep, r->lanes, sizeof(r->lanes));
+    for (int i = 0; i < xb_n_sizes; i++) {
+        max_size = xb_sizes[i] > max_size ? xb_sizes[i] : max_size;
+    }
+    if (epd_xport_mr_alloc(x, max_size, &lmr) != EPD_OK) {
+        return -1;
+    }
+    memset(epd_xport_mr_addr(lmr), 0x5a, max_size);
+    /* epd and the reference alternate, twice, best of each: the machine is
+     * shared, and alternating exposes both to the same disturbances */
+    for (int i = 0; i < xb_n_sizes; i++) {
+        r->ref_gbps[i] = -1;
+        for (int round = 0; round < 2; round++) {
+            double g = xb_measure_bw(x, &h, ep, rk, lmr, xb_sizes[i]);
+            r->gbps[i] = g > r->gbps[i] ? g : r->gbps[i];
+            if (!xb_no_ref) {
+                g = xb_ref_bw(c, xb_sizes[i]);
+                r->ref_gbps[i] = g > r->ref_gbps[i] ? g : r->ref_gbps[i];
+            }
+        }
+    }
+    r->lat_us = xb_measure_lat(x, &h, ep);
+    r->ref_lat_us = xb_no_ref ? -1 : xb_ref_lat(c);
+    r->ok = h.failed == 0;
+    epd_xport_rkey_destroy(rk);
+    epd_xport_ep_close(ep);
+    epd_xport_mr_dereg(lmr);
+    epd_xport_destroy(x);
+    close(sv[0]);
+    waitpid(pid, &status, 0);
+    return 0;
+}
+
+/* ------------------------------------------------------ reference tools */
+
+/* Runs argv with env applied, stdout into buf; returns the exit status. */
+static pid_t xb_spawn(char *const argv[], const char *const *env, int out_fd)
+{
+    pid_t pid = fork();
+
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_RDWR);
+        xb_apply_env(env);
+        dup2(out_fd >= 0 ? out_fd : devnull, 1);
+        dup2(devnull, 2);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int xb_run_capture(char *const argv[], const char *const *env, char *buf, size_t cap,
+                          int timeout_s)
+{
+    int pfd[2], status = -1;
+    size_t used = 0;
+    pid_t pid;
+    uint64_t deadline = epd_time_now_ns() + (uint64_t)timeout_s * EPD_NSEC_PER_SEC;
+
+    if (pipe(pfd) != 0) {
+        return -1;
+    }
+    pid = xb_spawn(argv, env, pfd[1]);
+    close(pfd[1]);
+    for (;;) {
+        struct pollfd p = {.fd = pfd[0], .events = POLLIN};
+        ssize_t n;
+        if (poll(&p, 1, 100) > 0) {
+            n = read(pfd[0], buf + used, cap - 1 - used);
+            if (n <= 0) {
+                break;
+            }
+            used += (size_t)n;
+            if (used == cap - 1) {
+                used = 0; /* keep the tail: the final line is what matters */
+            }
+        }
+        if (epd_time_now_ns() > deadline) {
+            kill(pid, SIGKILL);
+            break;
+        }
+    }
+    buf[used] = '\0';
+    close(pfd[0]);
+    waitpid(pid, &status, 0);
+    return status;
+}
+
+static void xb_reap(pid_t server)
+{
+    int status;
+    uint64_t deadline = epd_time_now_ns() + 3 * EPD_NSEC_PER_SEC;
+
+    while (waitpid(server, &status, WNOHANG) == 0) {
+        if (epd_time_now_ns() > deadline) {
+            kill(server, SIGKILL);
+            waitpid(server, &status, 0);
+            return;
+        }
+        epd_time_sleep_ns(10 * EPD_NSEC_PER_MSEC);
+    }
+}
+
+static int xb_port = 0;
+
+/* ucx_perftest server + client; returns the "Final:" line's field `col`
+ * (5: overall bandwidth in MiB/s, 1: median latency in µs) or -1. */
+static double xb_perftest(const char *test, size_t size, long iters, const char *const *env,
+                          int col)
+{
+    char port[16], sz[32], n[32], w[32];
+    char out[65536];
+    char *line, *last = NULL;
+    char *srv_argv[] = {"ucx_perftest", "-p", port, NULL};
+    char *cli_argv[] = {"ucx_perftest", "127.0.0.1", "-p", port, "-t", (char *)test, "-s", sz,
+                        "-n", n, "-w", w, NULL};
+    double v[8];
+    pid_t server;
+
+    snprintf(port, sizeof(port), "%d", xb_port++);
+    snprintf(sz, sizeof(sz), "%zu", size);
+    snprintf(n, sizeof(n), "%ld", iters);
+    snprintf(w, sizeof(w), "%ld", iters / 10 + 1);
+    server = xb_spawn(srv_argv, env, -1);
+    if (server < 0) {
+        return -1;
+    }
+    epd_time_sleep_ns(250 * EPD_NSEC_PER_MSEC);
+    (void)xb_run_capture(cli_argv, env, out, sizeof(out), 60);
+    xb_reap(server);
+    for (line = strstr(out, "Final:"); line != NULL; line = strstr(line + 1, "Final:")) {
+        last = line;
+    }
+    if (last == NULL || sscanf(last, "Final: %lf %lf %lf %lf %lf %lf %lf %lf", &v[0], &v[1],
+                               &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) != 8) {
+        return -1;
+    }
+    return v[col];
+}
+
+/* fi_pingpong server + client; returns MB/s (col 0) or usec/xfer (col 1). */
+static double xb_fi_pingpong(const char *prov, size_t size, long iters, int col)
+{
+    char port[16], sz[32], n[32];
+    char out[65536];
+    char *srv_argv[] = {"fi_pingpong", "-p", (char *)prov, "-e", "rdm", "-S", sz, "-I", n,
+                        "-B", port, NULL};
+    char *cli_argv[] = {"fi_pingpong", "-p", (char *)prov, "-e", "rdm", "-S", sz, "-I", n,
+                        "-P", port, "127.0.0.1", NULL};
+    static const char *const no_env[] = {NULL};
+    char *line, *save = NULL, *last = NULL;
+    double mbps, usec;
+    char a[32], b[32], c[32], d[32];
+    pid_t server;
+
+    snprintf(port, sizeof(port), "%d", xb_port++);
+    snprintf(sz, sizeof(sz), "%zu", size);
+    snprintf(n, sizeof(n), "%ld", iters);
+    server = xb_spawn(srv_argv, no_env, -1);
+    if (server < 0) {
+        return -1;
+    }
+    epd_time_sleep_ns(250 * EPD_NSEC_PER_MSEC);
+    (void)xb_run_capture(cli_argv, no_env, out, sizeof(out), 60);
+    xb_reap(server);
+    /* "bytes iters total time MB/sec usec/xfer Mxfers/sec", then one row */
+    for (line = strtok_r(out, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+        if (sscanf(line, "%31s %31s %31s %31s %lf %lf", a, b, c, d, &mbps, &usec) == 6) {
+            last = line;
+            break;
+        }
+    }
+    if (last == NULL) {
+        return -1;
+    }
+    return col == 0 ? mbps : usec;
+}
+
+/* memcpy of `size` bytes between the same two buffers (as the reference
+ * tools reuse theirs): best of five 20 ms runs. */
+static double xb_memcpy_gbps(size_t size)
+{
+    unsigned char *src = epd_malloc(size), *dst = epd_malloc(size);
+    double best = 0;
+
+    if (src == NULL || dst == NULL) {
+        epd_free(src);
+        epd_free(dst);
+        return 0;
+    }
+    memset(src, 1, size);
+    memset(dst, 2, size);
+    for (int run = 0; run < 5; run++) {
+        uint64_t t0 = epd_time_now_ns(), t1, n = 0;
+        do {
+            memcpy(dst, src, size);
+            __asm__ __volatile__("" : : "r"(dst) : "memory");
+            n++;
+            t1 = epd_time_now_ns();
+        } while (t1 - t0 < 20 * EPD_NSEC_PER_MSEC);
+        if ((double)n * (double)size / (double)(t1 - t0) > best) {
+            best = (double)n * (double)size / (double)(t1 - t0);
+        }
+    }
+    epd_free(src);
+    epd_free(dst);
+    return best;
+}
+
+/* The reference tool's bandwidth for `size` on c's transport, GB/s. */
+static double xb_ref_bw(const xb_conf_t *c, size_t size)
+{
+    long iters = (long)(((size_t)1 << 31) / size);
+
+    iters = iters < 200 ? 200 : iters > 20000 ? 20000 : iters;
+    if (strcmp(c->ref_kind, "perftest") == 0) {
+        const char *const *env = strcmp(c->expect, "shm") == 0 ? xb_ref_env_shm : c->env;
+        double mib = xb_perftest(c->ref_bw, size, iters, env, 5);
+        return mib > 0 ? mib * 1048576.0 / 1e9 : -1;
+    } else {
+        double mb = xb_fi_pingpong(c->ref_bw, size, iters / 4 + 10, 0);
+        return mb > 0 ? mb / 1e3 : -1;
+    }
+}
+
+static double xb_ref_lat(const xb_conf_t *c)
+{
+    if (strcmp(c->ref_kind, "perftest") == 0) {
+        const char *const *env = strcmp(c->expect, "shm") == 0 ? xb_ref_env_shm : c->env;
+        return xb_perftest(c->ref_lat, XB_LAT_SIZE, 20000, env, 1);
+    }
+    return xb_fi_pingpong(c->ref_lat, XB_LAT_SIZE, 20000, 1);
+}
+
+static void xb_size_name(size_t size, char *buf, size_t len)
+{
+    if (size >= (1u << 20) && size % (1u << 20) == 0) {
+        snprintf(buf, len, "%zu MiB", size >> 20);
+    } else if (size >= 1024 && size % 1024 == 0) {
+        snprintf(buf, len, "%zu KiB", size >> 10);
+    } else {
+        snprintf(buf, len, "%zu B", size);
+    }
+}
+
+static void xb_usage(void)
+{
+    printf("usage: epd-bench xfer [--conf NAME] [--secs S] [--lat-iters N] [--spread] [--no-ref]\n"
+           "  write bandwidth (GB/s) and 64 B message latency (us) of epd_xport for every\n"
+           "  backend configuration, next to ucx_perftest / fi_pingpong and memcpy.\n"
+           "  configurations:");
+    for (size_t i = 0; i < XB_N_CONFS; i++) {
+        printf(" %s", xb_confs[i].name);
+    }
+    printf("\n");
+}
+
+int epd_bench_xfer_main(int argc, char **argv)
+{
+    const char *only = NULL;
+    xb_result_t results[XB_N_CONFS > 0 ? XB_N_CONFS : 1];
+    double ref_bw[XB_N_CONFS > 0 ? XB_N_CONFS : 1][XB_MAX_SIZES];
+    double ref_lat[XB_N_CONFS > 0 ? XB_N_CONFS : 1];
+    double mc[XB_MAX_SIZES];
+    ssize_t sl = readlink("/proc/self/exe", xb_self, sizeof(xb_self) - 1);
+
+    if (sl <= 0) {
+        return 1;
+    }
+    xb_self[sl] = '\0';
+    signal(SIGPIPE, SIG_IGN);
+    if (argc == 4 && strcmp(argv[1], "--peer") == 0) {
+        for (size_t i = 0; i < XB_N_CONFS; i++) {
+            if (strcmp(xb_confs[i].name, argv[2]) == 0) {
+                xb_apply_env(xb_confs[i].env);
+                return xb_peer_main(&xb_confs[i], atoi(argv[3]));
+            }
+        }
+        return 2;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--conf") == 0 && i + 1 < argc) {
+            only = argv[++i];
+        } else if (strcmp(argv[i], "--secs") == 0 && i + 1 < argc) {
+            xb_secs = atof(argv[++i]);
+        } else if (strcmp(argv[i], "--lat-iters") == 0 && i + 1 < argc) {
+            xb_lat_iters = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--spread") == 0) {
+            xb_spread = 1;
+        } else if (strcmp(argv[i], "--no-ref") == 0) {
+            xb_no_ref = 1;
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            xb_usage();
+            return 0;
+        } else {
+            xb_usage();
+            return 2;
+        }
+    }
+    if (xb_secs <= 0 || xb_secs > 10 || xb_lat_iters < 10 || xb_lat_iters > 10000000) {
+        fprintf(stderr, "xfer: --secs must be in (0, 10], --lat-iters in [10, 1e7]\n");
+        return 2;
+    }
+    if (getenv("EPD_LOG_LEVEL") == NULL) {
+        epd_log_set_level(EPD_LOG_WARN);
+        setenv("EPD_LOG_LEVEL", "warn", 1); /* for the peers too */
+    }
+    xb_port = 20000 + (int)(getpid() % 20000);
+    memset(results, 0, sizeof(results));
+
+    for (size_t c = 0; c < XB_N_CONFS; c++) {
+        int pfd[2], status;
+        pid_t pid;
+
+        ref_lat[c] = -1;
+        for (int s = 0; s < xb_n_sizes; s++) {
+            ref_bw[c][s] = -1;
+        }
+        if (only != NULL && strcmp(only, xb_confs[c].name) != 0) {
+            continue;
+        }
+        fprintf(stderr, "xfer: measuring %s ...\n", xb_confs[c].name);
+        if (pipe(pfd) != 0) {
+            return 1;
+        }
+        fflush(stdout);
+        pid = fork();
+        if (pid == 0) {
+            xb_result_t r;
+            memset(&r, 0, sizeof(r));
+            close(pfd[0]);
+            status = xb_host_main(&xb_confs[c], &r);
+            if (status == 0) {
+                (void)xb_write_all(pfd[1], &r, sizeof(r));
+            }
+            _exit(status == 0 ? 0 : 1);
+        }
+        close(pfd[1]);
+        if (xb_read_all(pfd[0], &results[c], sizeof(results[c])) != 0) {
+            memset(&results[c], 0, sizeof(results[c]));
+            fprintf(stderr, "xfer: %s failed\n", xb_confs[c].name);
+        }
+        close(pfd[0]);
+        waitpid(pid, &status, 0);
+        ref_lat[c] = results[c].ref_lat_us;
+        for (int s = 0; s < xb_n_sizes; s++) {
+            ref_bw[c][s] = results[c].ref_gbps[s];
+        }
+    }
+    for (int s = 0; s < xb_n_sizes; s++) {
+        mc[s] = xb_memcpy_gbps(xb_sizes[s]);
+    }
+
+    printf("\nepd_xport write bandwidth (GB/s = 1e9 B/s; two processes on 127.0.0.1)\n");
+    printf("%-8s %-8s %10s %10s %7s %10s  %s\n", "config", "size", "epd", "reference", "ratio",
+           "memcpy", "reference tool");
+    for (size_t c = 0; c < XB_N_CONFS; c++) {
+        if (only != NULL && strcmp(only, xb_confs[c].name) != 0) {
+            continue;
+        }
+        for (int s = 0; s < xb_n_sizes; s++) {
+            char sz[32], ratio[16], ref[16];
+            xb_size_name(xb_sizes[s], sz, sizeof(sz));
+            if (ref_bw[c][s] > 0) {
+                snprintf(ref, sizeof(ref), "%.2f", ref_bw[c][s]);
+                snprintf(ratio, sizeof(ratio), "%.2f", results[c].gbps[s] / ref_bw[c][s]);
+            } else {
+                snprintf(ref, sizeof(ref), "n/a");
+                snprintf(ratio, sizeof(ratio), "n/a");
+            }
+            printf("%-8s %-8s %10.2f %10s %7s %10.2f  %s %s\n", xb_confs[c].name, sz,
+                   results[c].gbps[s], ref, ratio, mc[s], xb_confs[c].ref_kind,
+                   xb_confs[c].ref_bw);
+        }
+    }
+    printf("\n64 B message latency (us, one way = half the ping-pong round trip, median)\n");
+    printf("%-8s %10s %10s %7s  %s\n", "config", "epd", "reference", "ratio", "reference tool");
+    for (size_t c = 0; c < XB_N_CONFS; c++) {
+        char ref[16], ratio[16];
+        if (only != NULL && strcmp(only, xb_confs[c].name) != 0) {
+            continue;
+        }
+        if (ref_lat[c] > 0) {
+            snprintf(ref, sizeof(ref), "%.2f", ref_lat[c]);
+            snprintf(ratio, sizeof(ratio), "%.2f", results[c].lat_us / ref_lat[c]);
+        } else {
+            snprintf(ref, sizeof(ref), "n/a");
+            snprintf(ratio, sizeof(ratio), "n/a");
+        }
+        printf("%-8s %10.2f %10s %7s  %s %s\n", xb_confs[c].name, results[c].lat_us, ref, ratio,
+               xb_confs[c].ref_kind, xb_confs[c].ref_lat);
+    }
+    printf("\nlanes chosen per configuration (epd_xport_ep_describe)\n");
+    for (size_t c = 0; c < XB_N_CONFS; c++) {
+        if (only != NULL && strcmp(only, xb_confs[c].name) != 0) {
+            continue;
+        }
+        printf("%-8s %s%s\n", xb_confs[c].name, results[c].lanes[0] ? results[c].lanes : "(failed)",
+               results[c].ok ? "" : "  [some writes failed]");
+    }
+    return 0;
+}
