@@ -1,0 +1,111 @@
+/*
+ * epd_prefill_compute.h — prefill's compute thread.
+ *
+ * The compute thread owns the engine and runs one job at a time, in FIFO
+ * order.  Hand-offs, in both directions without a lock held across a
+ * compute or network call:
+ *
+ *   loop -> compute: a bounded SPSC queue of jobs (pointers into the
+ *     request that owns them) plus a POSIX semaphore counting them; the
+ *     compute thread sleeps in sem_wait when there is nothing to do.
+ *     sem_post never blocks, so the loop thread never waits for compute.
+ *   compute -> loop: a bounded SPSC queue of events (pointers into the
+ *     request, prepared by the loop at admission) plus uv_async_send.  The
+ *     engine's layer-done sink only pushes "layer L of request R done" and
+ *     wakes the loop, before the next layer starts; it then checks the
+ *     request's cancel flag and stops the engine at this layer boundary
+ *     (EPD_ERR_CANCELED) when the loop set it.
+ *
+ * Sizing, so that the sink never meets a full queue: every event pointer
+ * lives inside a request, a request produces at most n_layers + 2 events in
+ * its life (one per layer, "finished", "released") and is freed by the loop
+ * only after it consumed "released", its last event; live requests are
+ * bounded by max_requests (each holds one local state slot).  So at most
+ * max_requests * (n_layers + 2) events are ever queued, and that is the
+ * event queue's capacity.  Likewise a request submits at most two jobs (run,
+ * release): the job queue holds 2 * max_requests.  A push that fails anyway
+ * (a broken invariant) is logged and retried with short sleeps while the
+ * thread is not being stopped — it never blocks forever.
+ *
+ * Threads: create, submit, stats and destroy on the loop thread; the event
+ * callback runs on the loop thread (from the uv_async).
+ */
+#ifndef EPD_PREFILL_COMPUTE_H
+#define EPD_PREFILL_COMPUTE_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "epd_engine.h"
+#include "epd_sample.h"
+#include "epd_status.h"
+
+typedef enum {
+    EPD_PREFILL_EV_LAYER = 1, /* layer `layer` is final in the local pool */
+    EPD_PREFILL_EV_DONE,      /* the run finished: status, first_token */
+    EPD_PREFILL_EV_RELEASED,  /* epd_engine_release ran: the compute thread
+                               * holds nothing of the request any more */
+} epd_prefill_ev_kind_t;
+
+typedef struct {
+    epd_prefill_ev_kind_t kind; /* set by the loop at admission */
+    uint32_t layer;             /* set by the loop at admission */
+    void *owner;                /* the request; set by the loop */
+    epd_status_t status;        /* DONE: written by compute before the push */
+    int32_t first_token;        /* DONE */
+} epd_prefill_ev_t;
+
+typedef enum {
+    EPD_PREFILL_JOB_RUN = 1, /* prefill + sample step 0 */
+    EPD_PREFILL_JOB_RELEASE, /* epd_engine_release */
+} epd_prefill_job_kind_t;
+
+/*
+ * One job: storage inside the request (lent to the compute thread from
+ * submit until its last event — DONE for a run, RELEASED for a release —
+ * was pushed).  The loop fills every field before submit and does not
+ * touch them afterwards, except `cancel`, which both threads access
+ * atomically.
+ */
+typedef struct {
+    epd_prefill_job_kind_t kind;
+    epd_kv_seq_t seq;             /* block_table borrowed from the request */
+    const int32_t *tokens;        /* RUN: the prompt, borrowed */
+    uint32_t n_tokens;
+    epd_sample_params_t sample;   /* RUN: sampling of step 0 */
+    atomic_int *cancel;           /* RUN: nonzero = stop at the next layer */
+    epd_prefill_ev_t *layer_evs;  /* RUN: [n_layers] */
+    epd_prefill_ev_t *done_ev;    /* RUN: the DONE event; RELEASE: RELEASED */
+} epd_prefill_job_t;
+
+typedef struct epd_prefill_compute epd_prefill_compute_t;
+
+/* Called on the loop thread once per event, in the order pushed. */
+typedef void (*epd_prefill_ev_cb_t)(void *arg, epd_prefill_ev_t *ev);
+
+/*
+ * Starts the compute thread for `engine` (taken: closed by destroy) computing
+ * into `pool` (borrowed; the caller keeps it alive until destroy).  Loop
+ * thread (the uv_async is created on `loop`).  *c_p owned by the caller.
+ */
+epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
+                                        const epd_kv_pool_t *pool, uint32_t max_requests,
+                                        epd_prefill_ev_cb_t cb, void *cb_arg,
+                                        epd_prefill_compute_t **c_p);
+
+/* Queues `job` (lent, see above).  EPD_ERR_NO_RESOURCE only when the sizing
+ * invariant is broken.  Loop thread; never blocks. */
+epd_status_t epd_prefill_compute_submit(epd_prefill_compute_t *c, epd_prefill_job_t *job);
+
+/* Run jobs submitted but not yet started, and their prompt tokens. */
+void epd_prefill_compute_backlog(epd_prefill_compute_t *c, uint32_t *jobs_p, uint64_t *tokens_p);
+
+/* Stops the thread after the job it is running (the caller sets the cancel
+ * flags first so that ends at the next layer boundary), joins it, closes
+ * the engine, and closes the uv_async (the loop must run once more to free
+ * it).  Events still queued are dropped.  Loop thread.  NULL is a no-op. */
+void epd_prefill_compute_destroy(epd_prefill_compute_t *c);
+
+#endif

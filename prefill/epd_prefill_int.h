@@ -1,0 +1,248 @@
+/*
+ * epd_prefill_int.h — the prefill daemon's internals, shared by its modules:
+ *
+ *   main.c                  flags, start-up, signals, shutdown
+ *   epd_prefill_msg.c       request plane: transport callbacks, message
+ *                           handlers, decode peers, epochs, early
+ *                           reservations, tombstones of aborted ids
+ *   epd_prefill_xfer.c      the per-request state machine: admission,
+ *                           posting writes per finished layer, checksums,
+ *                           completion, failure, abort, release
+ *   epd_prefill_rpc.c       control plane (Health, Status, Drain)
+ *   epd_prefill_compute.c   the compute thread (own header)
+ *   epd_prefill_plan.c      pure write-plan arithmetic (own header)
+ *
+ * Threads: everything here belongs to the loop thread, except what the
+ * compute thread reads through a submitted job (see epd_prefill_compute.h).
+ *
+ * Re-entrancy rule: transport callbacks (write completions, endpoint
+ * errors, messages) may run nested inside any epd_xport_* call.  They only
+ * record facts and mark requests dirty; requests are freed and endpoints
+ * closed only by epd__prefill_pump, which runs at the top of the loop (a
+ * uv_idle), never nested inside a transport call.
+ */
+#ifndef EPD_PREFILL_INT_H
+#define EPD_PREFILL_INT_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "epd_engine.h"
+#include "epd_hash.h"
+#include "epd_msg.h"
+#include "epd_prefill_compute.h"
+#include "epd_prefill_plan.h"
+#include "epd_rpc.h"
+#include "epd_sample.h"
+#include "epd_xport.h"
+#include "epd_xport_uv.h"
+
+#define EPD_PREFILL_LOG "prefill"
+#define EPD_PREFILL_ID_MAX 128      /* worker id bytes, NUL included */
+#define EPD_PREFILL_STASH_MAX 256   /* reservations that came before their request */
+#define EPD_PREFILL_TOMB_MAX 4096   /* recently aborted / failed request ids */
+
+typedef struct {
+    uint64_t start_time_ns;
+    uint64_t nonce;
+} epd_prefill_epoch_t;
+
+/* -1, 0, 1 as a is older than, equal to, newer than b. */
+int epd__prefill_epoch_cmp(const epd_prefill_epoch_t *a, const epd_prefill_epoch_t *b);
+
+typedef enum {
+    EPD_PREFILL_PEER_CONNECTING = 1,
+    EPD_PREFILL_PEER_UP,
+    EPD_PREFILL_PEER_DEAD, /* failed or retired: no more sends, ep closed by the pump */
+} epd_prefill_peer_state_t;
+
+/* Our endpoint to one decode worker incarnation (worker id + epoch). */
+typedef struct epd_prefill_peer {
+    char worker_id[EPD_PREFILL_ID_MAX];
+    epd_prefill_epoch_t epoch;
+    epd_xport_ep_t *ep;            /* ours (connected by us); NULL once closed */
+    epd_prefill_peer_state_t state;
+    epd_status_t dead_status;
+    uint32_t n_reqs;               /* requests bound to it (it lives while > 0) */
+    int listed;                    /* in srv->peers (lookup by id) */
+    struct epd_prefill_peer *next; /* srv->peers */
+} epd_prefill_peer_t;
+
+typedef struct epd_prefill_req epd_prefill_req_t;
+struct epd_prefill_srv;
+
+struct epd_prefill_req {
+    uint64_t id;
+    struct epd_prefill_srv *srv;
+    epd_prefill_req_t *hnext;               /* srv->table chain */
+    epd_prefill_req_t *lprev, *lnext;       /* srv->dirty or srv->blocked */
+    int list;                               /* 0 none, 1 dirty, 2 blocked */
+    epd_prefill_req_t *all_prev, *all_next; /* srv->all */
+    /* who asked */
+    epd_xport_ep_t *client_ep;              /* NULL once that endpoint failed */
+    char client_id[EPD_PREFILL_ID_MAX];
+    epd_prefill_peer_t *peer;               /* the decode worker (counted ref) */
+    /* the prompt and its local placement */
+    int32_t *tokens;                        /* [n_tokens] */
+    uint32_t n_tokens;
+    uint32_t n_blocks;                      /* prompt blocks */
+    uint32_t *local_blocks;                 /* [n_blocks] */
+    uint32_t slot;                          /* local state slot */
+    /* the reservation (valid when have_resv) */
+    int have_resv;
+    uint32_t *remote_blocks;                /* [n_blocks] */
+    epd_prefill_place_t remote;
+    uint64_t region_size;
+    epd_xport_rkey_t *rkey;                 /* on peer->ep; NULL once that ep closed */
+    /* compute hand-off */
+    epd_prefill_job_t run_job, release_job;
+    epd_prefill_ev_t *evs;                  /* [n_layers + 2]: layers, DONE, RELEASED */
+    atomic_int cancel;
+    int compute_done;                       /* DONE consumed */
+    epd_status_t compute_status;
+    int32_t first_token;
+    uint32_t layers_done;
+    int release_queued, released;
+    /* transfer */
+    uint32_t post_layer, post_idx;          /* next write to post */
+    uint32_t writes_inflight;
+    uint64_t writes_posted;
+    epd_hash_state_t *hash;                 /* the layer being posted */
+    uint64_t *checksums;                    /* [n_layers] */
+    uint64_t last_d_msg_ns;                 /* lease keep-alive (LayerDone) */
+    uint32_t d_lease_ms;                    /* decode's lease on the reservation */
+    uint64_t compute_done_ns;               /* P's lease on the reservation */
+    /* outcome */
+    int failed;                             /* failed or aborted: no more writes */
+    epd_status_t fail_status;
+    char fail_msg[160];
+    int tell_client;                        /* Error to the client pending */
+    int tell_d;                             /* Error to decode pending */
+    int need_quiesced;                      /* WritesQuiesced to decode pending */
+    int complete_sent;
+};
+
+typedef struct epd_prefill_srv {
+    /* configuration (flags) */
+    const char *model_dir;
+    char model_name[128];             /* last path component of model_dir */
+    const char *engine_name;
+    char worker_id[EPD_PREFILL_ID_MAX];
+    const char *transport;
+    const char *expect;
+    const char *provider;
+    const char *control_addr;
+    const char *ready_file;
+    uint32_t kv_blocks, state_slots, block_tokens;
+    uint32_t lease_ms, peer_timeout_ms, connect_timeout_ms;
+    /* identity */
+    epd_prefill_epoch_t epoch;
+    uint64_t seq;                     /* envelope sequence */
+    /* loop and its handles */
+    uv_loop_t *loop;
+    uv_idle_t pump;
+    int pump_on;
+    uv_timer_t timer;                 /* leases, stash and tombstone expiry, retries */
+    uv_signal_t sigterm, sigint;
+    int stopping;
+    /* engine, pool, compute */
+    const epd_engine_info_t *info;
+    epd_xport_t *x;
+    epd_xport_uv_t *xuv;
+    epd_xport_mr_t *pool_mr;
+    epd_kv_pool_t pool;
+    epd_prefill_compute_t *compute;
+    epd_rpc_server_t *rpc;
+    const void *addr;                 /* our data-plane address (borrowed from x) */
+    size_t addr_len;
+    /* local pool allocation */
+    uint32_t *free_blocks;            /* stack */
+    uint32_t n_free_blocks;
+    uint32_t *free_slots;             /* stack */
+    uint32_t n_free_slots;
+    /* requests */
+    epd_prefill_req_t **table;        /* [table_size] chains, by id */
+    uint32_t table_size;
+    uint32_t n_live;
+    epd_prefill_req_t *all;
+    epd_prefill_req_t *dirty_head, *dirty_tail;
+    epd_prefill_req_t *blocked_head, *blocked_tail;
+    int room;                         /* a write completed: retry the blocked */
+    epd_prefill_peer_t *peers;
+    /* early reservations, tombstones */
+    struct epd_prefill_stash {
+        Epd__Envelope *env;           /* owned */
+        epd_xport_ep_t *ep;           /* where it came from */
+        uint64_t expires_ns;
+    } stash[EPD_PREFILL_STASH_MAX];
+    uint32_t n_stash;
+    struct epd_prefill_tomb {
+        uint64_t id;
+        uint64_t expires_ns;
+    } tombs[EPD_PREFILL_TOMB_MAX];
+    uint32_t tomb_next;
+    char known_d[32][EPD_PREFILL_ID_MAX]; /* decode worker ids seen in requests */
+    uint32_t known_d_next;
+    /* state */
+    int draining;
+    uint64_t bad_frames;
+    uint64_t served, failed_reqs;
+    uint64_t log_window_ns;
+    uint32_t log_count;
+    unsigned char *tx_buf;            /* [tx_cap], loop thread scratch for frames */
+    size_t tx_cap;
+} epd_prefill_srv_t;
+
+/* ---- epd_prefill_msg.c ---- */
+void epd__prefill_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len);
+void epd__prefill_on_accept(void *arg, epd_xport_ep_t *ep);
+void epd__prefill_on_ep_error(void *arg, epd_xport_ep_t *ep, epd_status_t status);
+/* Sends an envelope body of `body_case` with `body` to `ep` (flags: fence).
+ * EPD_OK, EPD_ERR_NO_RESOURCE (retry later) or the endpoint's error. */
+epd_status_t epd__prefill_send(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
+                               Epd__Envelope__BodyCase body_case, void *body, unsigned flags);
+epd_status_t epd__prefill_send_error(epd_prefill_srv_t *srv, epd_xport_ep_t *ep, uint64_t id,
+                                     epd_status_t status, const char *msg);
+void epd__prefill_peer_unref(epd_prefill_srv_t *srv, epd_prefill_peer_t *peer);
+/* Closes endpoints of dead peers (pump only). */
+void epd__prefill_peers_reap(epd_prefill_srv_t *srv);
+/* Periodic: stash and tombstone expiry. */
+void epd__prefill_msg_tick(epd_prefill_srv_t *srv, uint64_t now);
+void epd__prefill_tomb_add(epd_prefill_srv_t *srv, uint64_t id);
+/* Applies a KvReservation to `req` (validation, rkey); fails req when invalid. */
+void epd__prefill_apply_reservation(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
+                                    const Epd__KvReservation *r);
+/* Rate-limited warning. */
+int epd__prefill_log_allowed(epd_prefill_srv_t *srv);
+
+/* ---- epd_prefill_xfer.c ---- */
+epd_prefill_req_t *epd__prefill_req_find(epd_prefill_srv_t *srv, uint64_t id);
+/* Admits a validated request: local blocks and slot, compute job.  On
+ * success *req_p is live (in the table); EPD_ERR_NO_CAPACITY or
+ * EPD_ERR_NO_MEMORY otherwise (nothing kept). */
+epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const uint32_t *tokens,
+                                    uint32_t n_tokens, const epd_sample_params_t *sample,
+                                    epd_xport_ep_t *client_ep, const char *client_id,
+                                    epd_prefill_peer_t *peer, epd_prefill_req_t **req_p);
+/* Fails (or aborts) a request: stops compute at the next layer, stops
+ * posting; tell_client / tell_d queue an Error; quiesce queues a
+ * WritesQuiesced for decode once no write is in flight.  First call wins
+ * the status; later calls only add what they ask for. */
+void epd__prefill_req_fail(epd_prefill_srv_t *srv, epd_prefill_req_t *req, epd_status_t status,
+                           const char *msg, int tell_client, int tell_d, int quiesce);
+void epd__prefill_req_dirty(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
+/* The reservation just became valid: post what is ready. */
+void epd__prefill_req_reserved(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
+void epd__prefill_on_event(void *arg, epd_prefill_ev_t *ev);
+void epd__prefill_on_pump(uv_idle_t *idle);
+void epd__prefill_tick(epd_prefill_srv_t *srv, uint64_t now);
+/* Frees every request (shutdown, after the transport and compute are gone). */
+void epd__prefill_reqs_free_all(epd_prefill_srv_t *srv);
+
+/* ---- epd_prefill_rpc.c ---- */
+int epd__prefill_on_rpc(void *arg, const char *method, const void *req, size_t req_len,
+                        void **resp_p, size_t *resp_len_p, char *err, size_t err_cap);
+
+#endif

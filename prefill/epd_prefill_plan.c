@@ -1,0 +1,130 @@
+/* epd_prefill_plan.c — write plan of a request's KV (see the header). */
+#include "epd_prefill_plan.h"
+
+#include <string.h>
+
+#include "epd_alloc.h"
+
+uint32_t epd_prefill_plan_blocks(const epd_kv_layout_t *layout, uint32_t n_tokens)
+{
+    if (layout->block_tokens == 0) {
+        return 0;
+    }
+    return (uint32_t)(((uint64_t)n_tokens + layout->block_tokens - 1) / layout->block_tokens);
+}
+
+uint32_t epd_prefill_plan_layer_writes(const epd_kv_layout_t *layout, uint32_t layer,
+                                       uint32_t n_blocks)
+{
+    if (layer >= layout->n_layers || layer >= EPD_KV_MAX_LAYERS) {
+        return 0;
+    }
+    return layout->kind[layer] == EPD_LAYER_LINEAR ? 1 : n_blocks;
+}
+
+static epd_status_t epd_prefill_plan_refuse(epd_status_t status, const char *why,
+                                            const char **why_p)
+{
+    if (why_p != NULL) {
+        *why_p = why;
+    }
+    return status;
+}
+
+epd_status_t epd_prefill_plan_check(const epd_kv_layout_t *layout, uint32_t n_prompt_blocks,
+                                    const epd_prefill_place_t *remote, uint64_t region_size,
+                                    const char **why_p)
+{
+    uint64_t pool_bytes;
+    uint8_t *seen;
+
+    if (remote->n_blocks != n_prompt_blocks) {
+        return epd_prefill_plan_refuse(EPD_ERR_INVALID_PARAM,
+                                       "number of reserved blocks differs from the prompt's",
+                                       why_p);
+    }
+    if (n_prompt_blocks > 0 && remote->block_ids == NULL) {
+        return epd_prefill_plan_refuse(EPD_ERR_INVALID_PARAM, "no block ids", why_p);
+    }
+    if (layout->n_attn_layers > 0 && remote->pool_blocks == 0) {
+        return epd_prefill_plan_refuse(EPD_ERR_OUT_OF_RANGE, "remote pool has no blocks", why_p);
+    }
+    if (layout->n_linear_layers > 0 && remote->state_slot >= remote->pool_state_slots) {
+        return epd_prefill_plan_refuse(EPD_ERR_OUT_OF_RANGE,
+                                       "state slot outside the remote pool", why_p);
+    }
+    pool_bytes = epd_kv_pool_bytes(layout, remote->pool_blocks, remote->pool_state_slots);
+    if (pool_bytes == 0) {
+        return epd_prefill_plan_refuse(EPD_ERR_OUT_OF_RANGE, "remote pool size overflows", why_p);
+    }
+    if (pool_bytes > region_size) {
+        return epd_prefill_plan_refuse(EPD_ERR_OUT_OF_RANGE,
+                                       "remote region smaller than its pool geometry", why_p);
+    }
+    /* one bit per remote block: a block named twice would be overwritten
+     * by the later write and the decode side would hash garbage */
+    seen = epd_calloc((size_t)remote->pool_blocks / 8 + 1, 1);
+    if (seen == NULL) {
+        return epd_prefill_plan_refuse(EPD_ERR_NO_MEMORY, "out of memory", why_p);
+    }
+    for (uint32_t i = 0; i < remote->n_blocks; i++) {
+        uint32_t b = remote->block_ids[i];
+
+        if (b >= remote->pool_blocks) {
+            epd_free(seen);
+            return epd_prefill_plan_refuse(EPD_ERR_OUT_OF_RANGE,
+                                           "block id outside the remote pool", why_p);
+        }
+        if (seen[b / 8] & (1u << (b % 8))) {
+            epd_free(seen);
+            return epd_prefill_plan_refuse(EPD_ERR_INVALID_PARAM, "block id named twice", why_p);
+        }
+        seen[b / 8] |= (uint8_t)(1u << (b % 8));
+    }
+    epd_free(seen);
+    return EPD_OK;
+}
+
+epd_status_t epd_prefill_plan_write(const epd_kv_layout_t *layout,
+                                    const epd_prefill_place_t *local,
+                                    const epd_prefill_place_t *remote, uint64_t region_size,
+                                    uint32_t layer, uint32_t i, epd_prefill_write_t *w_p)
+{
+    epd_prefill_write_t w;
+    epd_status_t st;
+
+    if (layer >= layout->n_layers || layer >= EPD_KV_MAX_LAYERS) {
+        return EPD_ERR_OUT_OF_RANGE;
+    }
+    if (layout->kind[layer] == EPD_LAYER_LINEAR) {
+        if (i != 0) {
+            return EPD_ERR_OUT_OF_RANGE;
+        }
+        st = epd_kv_state_offset(layout, local->pool_blocks, local->pool_state_slots, layer,
+                                 local->state_slot, &w.local_off);
+        if (st == EPD_OK) {
+            st = epd_kv_state_offset(layout, remote->pool_blocks, remote->pool_state_slots,
+                                     layer, remote->state_slot, &w.remote_off);
+        }
+        w.len = layout->state_bytes;
+    } else {
+        if (i >= local->n_blocks || i >= remote->n_blocks) {
+            return EPD_ERR_OUT_OF_RANGE;
+        }
+        st = epd_kv_block_offset(layout, local->pool_blocks, layer, local->block_ids[i],
+                                 &w.local_off);
+        if (st == EPD_OK) {
+            st = epd_kv_block_offset(layout, remote->pool_blocks, layer, remote->block_ids[i],
+                                     &w.remote_off);
+        }
+        w.len = layout->block_bytes;
+    }
+    if (st != EPD_OK) {
+        return st;
+    }
+    if (w.len == 0 || w.remote_off > region_size || w.len > region_size - w.remote_off) {
+        return EPD_ERR_OUT_OF_RANGE;
+    }
+    *w_p = w;
+    return EPD_OK;
+}

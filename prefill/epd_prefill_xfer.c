@@ -1,0 +1,656 @@
+/*
+ * epd_prefill_xfer.c — one request's life on the prefill side, on the loop
+ * thread.
+ *
+ *   admit ──▶ compute job queued at once (no wait for the reservation)
+ *     │         │ LAYER l events (engine sink, compute thread)
+ *     │         ▼
+ *     │   post layer l's writes when the reservation is there; layers done
+ *     │   before it arrived are posted when it arrives (one cursor:
+ *     │   post_layer/post_idx walks layers in order, blocks in order, and the
+ *     │   layer's streaming checksum follows the cursor)
+ *     ▼
+ *   DONE (first token sampled on the compute thread)
+ *     └─▶ every layer posted ─▶ PrefillComplete, fenced behind the writes
+ *   every write callback fired ─▶ release job (epd_engine_release on the
+ *     compute thread) ─▶ RELEASED ─▶ local blocks and slot free, request freed
+ *
+ * Failure and abort share one path (epd__prefill_req_fail): the cancel flag
+ * stops the engine at its next layer boundary, posting stops, pending
+ * Errors go out, and once no write is in flight decode gets WritesQuiesced
+ * (fenced) so it may recycle the reserved blocks.  The local blocks are
+ * lent to the transport until the last write callback, and to the compute
+ * thread until RELEASED: only then do they return to the free stacks.
+ *
+ * Backpressure: a write or send refused with EPD_ERR_NO_RESOURCE leaves the
+ * request on the blocked list with its cursor where it was; the blocked
+ * list is retried after the next write completion and on the periodic
+ * tick.  Nothing is dropped and nothing waits.
+ *
+ * The per-write path computes offsets arithmetically (epd_prefill_plan) and
+ * allocates nothing; every array a request needs is allocated at admission.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "epd_alloc.h"
+#include "epd_hash.h"
+#include "epd_log.h"
+#include "epd_prefill_int.h"
+#include "epd_time.h"
+
+enum { EPD_PREFILL_LIST_NONE = 0, EPD_PREFILL_LIST_DIRTY, EPD_PREFILL_LIST_BLOCKED };
+
+/* ------------------------------------------------------------ bookkeeping */
+
+static uint32_t epd_prefill_hash_id(const epd_prefill_srv_t *srv, uint64_t id)
+{
+    return (uint32_t)((id * 0x9E3779B97F4A7C15ull) >> 32) & (srv->table_size - 1);
+}
+
+epd_prefill_req_t *epd__prefill_req_find(epd_prefill_srv_t *srv, uint64_t id)
+{
+    epd_prefill_req_t *r;
+
+    for (r = srv->table[epd_prefill_hash_id(srv, id)]; r != NULL; r = r->hnext) {
+        if (r->id == id) {
+            return r;
+        }
+    }
+    return NULL;
+}
+
+static void epd_prefill_list_remove(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+{
+    epd_prefill_req_t **head, **tail;
+
+    if (req->list == EPD_PREFILL_LIST_NONE) {
+        return;
+    }
+    head = req->list == EPD_PREFILL_LIST_DIRTY ? &srv->dirty_head : &srv->blocked_head;
+    tail = req->list == EPD_PREFILL_LIST_DIRTY ? &srv->dirty_tail : &srv->blocked_tail;
+    if (req->lprev != NULL) {
+        req->lprev->lnext = req->lnext;
+    } else {
+        *head = req->lnext;
+    }
+    if (req->lnext != NULL) {
+        req->lnext->lprev = req->lprev;
+    } else {
+        *tail = req->lprev;
+    }
+    req->lprev = req->lnext = NULL;
+    req->list = EPD_PREFILL_LIST_NONE;
+}
+
+static void epd_prefill_list_append(epd_prefill_srv_t *srv, epd_prefill_req_t *req, int which)
+{
+    epd_prefill_req_t **head = which == EPD_PREFILL_LIST_DIRTY ? &srv->dirty_head : &srv->blocked_head;
+    epd_prefill_req_t **tail = which == EPD_PREFILL_LIST_DIRTY ? &srv->dirty_tail : &srv->blocked_tail;
+
+    req->lprev = *tail;
+    req->lnext = NULL;
+    if (*tail != NULL) {
+        (*tail)->lnext = req;
+    } else {
+        *head = req;
+    }
+    *tail = req;
+    req->list = which;
+}
+
+static void epd_prefill_pump_start(epd_prefill_srv_t *srv)
+{
+    if (!srv->pump_on) {
+        srv->pump_on = 1;
+        uv_idle_start(&srv->pump, epd__prefill_on_pump);
+    }
+}
+
+void epd__prefill_req_dirty(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+{
+    if (req->list == EPD_PREFILL_LIST_DIRTY) {
+        return;
+    }
+    epd_prefill_list_remove(srv, req);
+    epd_prefill_list_append(srv, req, EPD_PREFILL_LIST_DIRTY);
+    epd_prefill_pump_start(srv);
+}
+
+static void epd_prefill_req_block(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+{
+    epd_prefill_list_remove(srv, req);
+    epd_prefill_list_append(srv, req, EPD_PREFILL_LIST_BLOCKED);
+}
+
+/* Requests parked on backpressure go back to the dirty list. */
+static void epd_prefill_unblock_all(epd_prefill_srv_t *srv)
+{
+    while (srv->blocked_head != NULL) {
+        epd__prefill_req_dirty(srv, srv->blocked_head);
+    }
+}
+
+static int epd_prefill_peer_usable(const epd_prefill_peer_t *peer)
+{
+    return peer != NULL && peer->state != EPD_PREFILL_PEER_DEAD && peer->ep != NULL;
+}
+
+/* A transport failure seen by one request: the decode worker is gone as far
+ * as this request is concerned (the client is told so); a request-scope
+ * refusal keeps its own code. */
+static epd_status_t epd_prefill_peer_status(epd_status_t st)
+{
+    return epd_status_scope(st) >= EPD_SCOPE_CONNECTION ? EPD_ERR_PEER_DEAD : st;
+}
+
+/* -------------------------------------------------------------- admission */
+
+static void epd_prefill_req_free(epd_prefill_req_t *req)
+{
+    epd_hash_state_destroy(req->hash);
+    epd_free(req->checksums);
+    epd_free(req->evs);
+    epd_free(req->remote_blocks);
+    epd_free(req->local_blocks);
+    epd_free(req->tokens);
+    epd_free(req);
+}
+
+epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const uint32_t *tokens,
+                                    uint32_t n_tokens, const epd_sample_params_t *sample,
+                                    epd_xport_ep_t *client_ep, const char *client_id,
+                                    epd_prefill_peer_t *peer, epd_prefill_req_t **req_p)
+{
+    const epd_kv_layout_t *kv = &srv->info->kv;
+    uint32_t n_layers = kv->n_layers;
+    uint32_t n_blocks = epd_prefill_plan_blocks(kv, n_tokens);
+    epd_prefill_req_t *req;
+    epd_status_t st;
+    uint32_t h;
+
+    if (srv->n_free_slots == 0 || srv->n_free_blocks < n_blocks) {
+        return EPD_ERR_NO_CAPACITY;
+    }
+    req = epd_calloc(1, sizeof(*req));
+    if (req == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    req->tokens = epd_calloc(n_tokens, sizeof(*req->tokens));
+    req->local_blocks = epd_calloc(n_blocks + 1, sizeof(*req->local_blocks));
+    req->remote_blocks = epd_calloc(n_blocks + 1, sizeof(*req->remote_blocks));
+    req->evs = epd_calloc((size_t)n_layers + 2, sizeof(*req->evs));
+    req->checksums = epd_calloc((size_t)n_layers + 1, sizeof(*req->checksums));
+    if (req->tokens == NULL || req->local_blocks == NULL || req->remote_blocks == NULL ||
+        req->evs == NULL || req->checksums == NULL ||
+        epd_hash_state_create(0, &req->hash) != EPD_OK) {
+        epd_prefill_req_free(req);
+        return EPD_ERR_NO_MEMORY;
+    }
+    req->id = id;
+    req->srv = srv;
+    req->n_tokens = n_tokens;
+    for (uint32_t i = 0; i < n_tokens; i++) {
+        req->tokens[i] = (int32_t)tokens[i];
+    }
+    req->n_blocks = n_blocks;
+    req->client_ep = client_ep;
+    snprintf(req->client_id, sizeof(req->client_id), "%s", client_id);
+    req->peer = peer;
+    atomic_init(&req->cancel, 0);
+    req->first_token = -1;
+    for (uint32_t l = 0; l < n_layers; l++) {
+        req->evs[l].kind = EPD_PREFILL_EV_LAYER;
+        req->evs[l].layer = l;
+        req->evs[l].owner = req;
+    }
+    req->evs[n_layers].kind = EPD_PREFILL_EV_DONE;
+    req->evs[n_layers].owner = req;
+    req->evs[n_layers + 1].kind = EPD_PREFILL_EV_RELEASED;
+    req->evs[n_layers + 1].owner = req;
+
+    /* local placement: the pool is owned by this loop thread while free */
+    req->slot = srv->free_slots[--srv->n_free_slots];
+    for (uint32_t i = 0; i < n_blocks; i++) {
+        req->local_blocks[i] = srv->free_blocks[--srv->n_free_blocks];
+    }
+
+    req->run_job.kind = EPD_PREFILL_JOB_RUN;
+    req->run_job.seq.req_id = id;
+    req->run_job.seq.block_table = req->local_blocks;
+    req->run_job.seq.n_blocks = n_blocks;
+    req->run_job.seq.state_slot = req->slot;
+    req->run_job.tokens = req->tokens;
+    req->run_job.n_tokens = n_tokens;
+    req->run_job.sample = *sample;
+    req->run_job.cancel = &req->cancel;
+    req->run_job.layer_evs = req->evs;
+    req->run_job.done_ev = &req->evs[n_layers];
+    st = epd_prefill_compute_submit(srv->compute, &req->run_job);
+    if (st != EPD_OK) {
+        srv->free_slots[srv->n_free_slots++] = req->slot;
+        for (uint32_t i = n_blocks; i-- > 0;) {
+            srv->free_blocks[srv->n_free_blocks++] = req->local_blocks[i];
+        }
+        epd_prefill_req_free(req);
+        return EPD_ERR_NO_CAPACITY;
+    }
+
+    h = epd_prefill_hash_id(srv, id);
+    req->hnext = srv->table[h];
+    srv->table[h] = req;
+    req->all_next = srv->all;
+    if (srv->all != NULL) {
+        srv->all->all_prev = req;
+    }
+    srv->all = req;
+    srv->n_live++;
+    peer->n_reqs++;
+    *req_p = req;
+    return EPD_OK;
+}
+
+/* ---------------------------------------------------------------- failure */
+
+void epd__prefill_req_fail(epd_prefill_srv_t *srv, epd_prefill_req_t *req, epd_status_t status,
+                           const char *msg, int tell_client, int tell_d, int quiesce)
+{
+    if (!req->failed) {
+        req->failed = 1;
+        req->fail_status = status;
+        snprintf(req->fail_msg, sizeof(req->fail_msg), "%s", msg);
+        atomic_store_explicit(&req->cancel, 1, memory_order_release);
+        req->tell_client = tell_client;
+        req->tell_d = tell_d;
+        srv->failed_reqs++;
+        epd__prefill_tomb_add(srv, req->id);
+        if (status == EPD_ERR_CANCELED) {
+            epd_log_info(EPD_PREFILL_LOG, req->id, "aborted: %s", msg);
+        } else {
+            epd_log_warn(EPD_PREFILL_LOG, req->id, "failed: %s (%s)", msg,
+                         epd_status_name(status));
+        }
+    }
+    if (quiesce) {
+        req->need_quiesced = 1;
+    }
+    epd__prefill_req_dirty(srv, req);
+}
+
+/* ----------------------------------------------------------------- writes */
+
+/* Write completion (loop thread, possibly nested in a transport call): only
+ * bookkeeping; the pump does the rest. */
+static void epd_prefill_on_write(void *arg, epd_status_t status)
+{
+    epd_prefill_req_t *req = arg;
+    epd_prefill_srv_t *srv = req->srv;
+
+    req->writes_inflight--;
+    if (status != EPD_OK && !req->failed) {
+        char msg[160];
+
+        snprintf(msg, sizeof(msg), "a KV write to decode '%.80s' failed: %s",
+                 req->peer->worker_id, epd_status_string(status));
+        epd__prefill_req_fail(srv, req, epd_prefill_peer_status(status), msg, 1, 1, 1);
+    }
+    if (req->writes_inflight == 0) {
+        epd__prefill_req_dirty(srv, req);
+    }
+    if (srv->blocked_head != NULL) {
+        srv->room = 1;
+        epd_prefill_pump_start(srv);
+    }
+}
+
+/* Rate-limited keep-alive for decode's lease while a long prefill runs:
+ * at most one LayerDone per lease_ms/4 per request; optional, so a refusal
+ * (backpressure) is simply skipped. */
+static void epd_prefill_maybe_layer_done(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
+                                         uint32_t layer)
+{
+    uint64_t now = epd_time_now_ns();
+    Epd__LayerDone ld = EPD__LAYER_DONE__INIT;
+
+    uint32_t lease_ms = req->d_lease_ms != 0 ? req->d_lease_ms : srv->lease_ms;
+
+    if (now - req->last_d_msg_ns < (uint64_t)lease_ms * EPD_NSEC_PER_MSEC / 4) {
+        return;
+    }
+    ld.request_id = req->id;
+    ld.layer = layer;
+    ld.checksum = req->checksums[layer];
+    if (epd__prefill_send(srv, req->peer->ep, EPD__ENVELOPE__BODY_LAYER_DONE, &ld, 0) == EPD_OK) {
+        req->last_d_msg_ns = now;
+    }
+}
+
+/* Posts every write that is ready, in layer order then block order, and
+ * keeps each layer's checksum over the bytes in that order.  Returns 0, or
+ * -1 when backpressure parked the request on the blocked list. */
+static int epd_prefill_post_writes(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+{
+    const epd_kv_layout_t *kv = &srv->info->kv;
+    const epd_prefill_place_t local = {
+        .block_ids = req->local_blocks,
+        .n_blocks = req->n_blocks,
+        .state_slot = req->slot,
+        .pool_blocks = srv->kv_blocks,
+        .pool_state_slots = srv->state_slots,
+    };
+    char *base = srv->pool.base;
+
+    while (req->post_layer < req->layers_done) {
+        uint32_t layer = req->post_layer;
+        uint32_t n = epd_prefill_plan_layer_writes(kv, layer, req->n_blocks);
+
+        while (req->post_idx < n) {
+            epd_prefill_write_t w;
+            epd_status_t st;
+
+            st = epd_prefill_plan_write(kv, &local, &req->remote, req->region_size, layer,
+                                        req->post_idx, &w);
+            if (st != EPD_OK) {
+                epd__prefill_req_fail(srv, req, st, "write plan outside a pool", 1, 1, 1);
+                return 0;
+            }
+            st = epd_xport_write(req->peer->ep, base + w.local_off, (size_t)w.len, srv->pool_mr,
+                                 req->rkey, w.remote_off, epd_prefill_on_write, req);
+            if (st == EPD_ERR_NO_RESOURCE) {
+                epd_prefill_req_block(srv, req);
+                return -1;
+            }
+            if (st != EPD_INPROGRESS && st != EPD_OK) {
+                char msg[160];
+
+                snprintf(msg, sizeof(msg), "posting a KV write to decode '%.80s': %s",
+                         req->peer->worker_id, epd_status_string(st));
+                epd__prefill_req_fail(srv, req, epd_prefill_peer_status(st), msg, 1, 1, 1);
+                return 0;
+            }
+            req->writes_inflight++;
+            req->writes_posted++;
+            if (req->post_idx == 0) {
+                epd_hash_state_reset(req->hash, 0);
+            }
+            epd_hash_state_update(req->hash, base + w.local_off, (size_t)w.len);
+            req->post_idx++;
+        }
+        req->checksums[layer] = n > 0 ? epd_hash_state_digest(req->hash) : 0;
+        req->post_layer++;
+        req->post_idx = 0;
+        epd_prefill_maybe_layer_done(srv, req, layer);
+    }
+    return 0;
+}
+
+static void epd_prefill_send_complete(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+{
+    Epd__PrefillComplete pc = EPD__PREFILL_COMPLETE__INIT;
+    epd_status_t st;
+
+    pc.request_id = req->id;
+    pc.first_token = (uint32_t)req->first_token;
+    pc.n_prompt_tokens = req->n_tokens;
+    pc.n_layer_checksums = srv->info->kv.n_layers;
+    pc.layer_checksums = req->checksums;
+    /* fenced: decode sees it only after every write of this request landed */
+    st = epd__prefill_send(srv, req->peer->ep, EPD__ENVELOPE__BODY_PREFILL_COMPLETE, &pc,
+                           EPD_XPORT_SEND_FENCE);
+    if (st == EPD_OK) {
+        req->complete_sent = 1;
+        srv->served++;
+        epd_log_debug(EPD_PREFILL_LOG, req->id,
+                      "prefill complete: %u tokens, first token %d, %llu writes to '%s'",
+                      req->n_tokens, req->first_token, (unsigned long long)req->writes_posted,
+                      req->peer->worker_id);
+    } else if (st == EPD_ERR_NO_RESOURCE) {
+        epd_prefill_req_block(srv, req);
+    } else {
+        char msg[160];
+
+        snprintf(msg, sizeof(msg), "sending PrefillComplete to decode '%.80s': %s",
+                 req->peer->worker_id, epd_status_string(st));
+        epd__prefill_req_fail(srv, req, epd_prefill_peer_status(st), msg, 1, 0, 0);
+    }
+}
+
+/* Sends what a failed request still owes; returns -1 when parked on
+ * backpressure. */
+static int epd_prefill_send_failure(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+{
+    epd_status_t st;
+
+    if (req->tell_client) {
+        if (req->client_ep == NULL) {
+            req->tell_client = 0;
+        } else {
+            st = epd__prefill_send_error(srv, req->client_ep, req->id, req->fail_status,
+                                         req->fail_msg);
+            if (st == EPD_ERR_NO_RESOURCE) {
+                epd_prefill_req_block(srv, req);
+                return -1;
+            }
+            req->tell_client = 0;
+        }
+    }
+    if (!epd_prefill_peer_usable(req->peer)) {
+        req->tell_d = 0;
+        req->need_quiesced = 0;
+        return 0;
+    }
+    if (req->tell_d) {
+        st = epd__prefill_send_error(srv, req->peer->ep, req->id, req->fail_status, req->fail_msg);
+        if (st == EPD_ERR_NO_RESOURCE) {
+            epd_prefill_req_block(srv, req);
+            return -1;
+        }
+        req->tell_d = 0;
+    }
+    if (req->need_quiesced && req->writes_inflight == 0) {
+        Epd__WritesQuiesced q = EPD__WRITES_QUIESCED__INIT;
+
+        q.request_id = req->id;
+        st = epd__prefill_send(srv, req->peer->ep, EPD__ENVELOPE__BODY_QUIESCED, &q,
+                               EPD_XPORT_SEND_FENCE);
+        if (st == EPD_ERR_NO_RESOURCE) {
+            epd_prefill_req_block(srv, req);
+            return -1;
+        }
+        req->need_quiesced = 0;
+        epd_log_debug(EPD_PREFILL_LOG, req->id, "writes quiesced (%llu posted)",
+                      (unsigned long long)req->writes_posted);
+    }
+    return 0;
+}
+
+/* Moves a request forward as far as it can go without freeing it. */
+static int epd_prefill_advance(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+{
+    if (!req->failed && req->have_resv && !epd_prefill_peer_usable(req->peer)) {
+        epd__prefill_req_fail(srv, req, EPD_ERR_PEER_DEAD, "decode worker is gone", 1, 0, 0);
+    }
+    if (!req->failed && req->have_resv) {
+        if (epd_prefill_post_writes(srv, req) != 0) {
+            return -1;
+        }
+    }
+    if (!req->failed && req->compute_done && req->compute_status == EPD_OK && req->have_resv &&
+        req->post_layer == srv->info->kv.n_layers && !req->complete_sent) {
+        epd_prefill_send_complete(srv, req);
+        if (req->list == EPD_PREFILL_LIST_BLOCKED) {
+            return -1;
+        }
+    }
+    if (req->failed) {
+        return epd_prefill_send_failure(srv, req);
+    }
+    return 0;
+}
+
+static void epd_prefill_req_destroy(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+{
+    epd_prefill_req_t **pp = &srv->table[epd_prefill_hash_id(srv, req->id)];
+
+    while (*pp != NULL && *pp != req) {
+        pp = &(*pp)->hnext;
+    }
+    if (*pp == req) {
+        *pp = req->hnext;
+    }
+    if (req->all_prev != NULL) {
+        req->all_prev->all_next = req->all_next;
+    } else {
+        srv->all = req->all_next;
+    }
+    if (req->all_next != NULL) {
+        req->all_next->all_prev = req->all_prev;
+    }
+    epd_prefill_list_remove(srv, req);
+    srv->free_slots[srv->n_free_slots++] = req->slot;
+    for (uint32_t i = req->n_blocks; i-- > 0;) {
+        srv->free_blocks[srv->n_free_blocks++] = req->local_blocks[i];
+    }
+    srv->n_live--;
+    if (req->rkey != NULL) {
+        epd_xport_rkey_destroy(req->rkey);
+    }
+    epd__prefill_peer_unref(srv, req->peer);
+    epd_prefill_req_free(req);
+}
+
+/* Release when the compute thread and the transport hold nothing of the
+ * request and nothing is owed to anyone.  Pump only (may free). */
+static void epd_prefill_maybe_finish(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+{
+    if (!req->compute_done || req->writes_inflight > 0) {
+        return;
+    }
+    if (!req->failed && !req->complete_sent) {
+        return; /* waiting for the reservation or for posting */
+    }
+    if (req->failed && (req->tell_client || req->tell_d || req->need_quiesced)) {
+        return;
+    }
+    if (!req->release_queued) {
+        req->release_job.kind = EPD_PREFILL_JOB_RELEASE;
+        req->release_job.seq = req->run_job.seq;
+        req->release_job.done_ev = &req->evs[srv->info->kv.n_layers + 1];
+        if (epd_prefill_compute_submit(srv->compute, &req->release_job) != EPD_OK) {
+            return; /* logged; retried on the next tick */
+        }
+        req->release_queued = 1;
+        return;
+    }
+    if (req->released) {
+        epd_prefill_req_destroy(srv, req);
+    }
+}
+
+void epd__prefill_req_reserved(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+{
+    req->last_d_msg_ns = epd_time_now_ns();
+    (void)epd_prefill_advance(srv, req);
+    epd__prefill_req_dirty(srv, req);
+}
+
+/* ----------------------------------------------------------------- events */
+
+void epd__prefill_on_event(void *arg, epd_prefill_ev_t *ev)
+{
+    epd_prefill_srv_t *srv = arg;
+    epd_prefill_req_t *req = ev->owner;
+
+    switch (ev->kind) {
+    case EPD_PREFILL_EV_LAYER:
+        req->layers_done = ev->layer + 1;
+        /* the lean path: post this layer's writes right here, at the top of
+         * the loop, while the compute thread runs the next layer */
+        if (!req->failed && req->have_resv && req->list != EPD_PREFILL_LIST_BLOCKED) {
+            (void)epd_prefill_advance(srv, req);
+        }
+        break;
+    case EPD_PREFILL_EV_DONE:
+        req->compute_done = 1;
+        req->compute_status = ev->status;
+        req->first_token = ev->first_token;
+        req->compute_done_ns = epd_time_now_ns();
+        if (ev->status != EPD_OK && !req->failed) {
+            char msg[160];
+
+            snprintf(msg, sizeof(msg), "prefill failed on the compute thread: %s",
+                     epd_status_string(ev->status));
+            epd__prefill_req_fail(srv, req, ev->status, msg, 1, 1, 1);
+        }
+        epd__prefill_req_dirty(srv, req);
+        break;
+    case EPD_PREFILL_EV_RELEASED:
+        req->released = 1;
+        epd__prefill_req_dirty(srv, req);
+        break;
+    }
+}
+
+/* -------------------------------------------------------------------- pump */
+
+void epd__prefill_on_pump(uv_idle_t *idle)
+{
+    epd_prefill_srv_t *srv = idle->data;
+    epd_prefill_req_t *req;
+
+    if (srv->room) {
+        srv->room = 0;
+        epd_prefill_unblock_all(srv);
+    }
+    for (;;) {
+        while ((req = srv->dirty_head) != NULL) {
+            epd_prefill_list_remove(srv, req);
+            if (epd_prefill_advance(srv, req) == 0) {
+                epd_prefill_maybe_finish(srv, req);
+            }
+        }
+        epd__prefill_peers_reap(srv);
+        if (srv->dirty_head == NULL) {
+            break;
+        }
+    }
+    if (srv->dirty_head == NULL && !srv->room) {
+        srv->pump_on = 0;
+        uv_idle_stop(&srv->pump);
+    }
+}
+
+void epd__prefill_tick(epd_prefill_srv_t *srv, uint64_t now)
+{
+    uint64_t lease_ns = (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
+
+    for (epd_prefill_req_t *req = srv->all; req != NULL; req = req->all_next) {
+        if (!req->failed && req->compute_done && req->compute_status == EPD_OK &&
+            !req->have_resv && now - req->compute_done_ns > lease_ns) {
+            char msg[160];
+
+            snprintf(msg, sizeof(msg), "no KV reservation from decode '%.80s' within %u ms",
+                     req->peer->worker_id, srv->lease_ms);
+            epd__prefill_req_fail(srv, req, EPD_ERR_TIMEOUT, msg, 1, 1, 1);
+        } else if (req->release_queued == 0 && req->compute_done && req->writes_inflight == 0 &&
+                   (req->failed || req->complete_sent)) {
+            epd__prefill_req_dirty(srv, req); /* a release submit to retry */
+        }
+    }
+    epd__prefill_msg_tick(srv, now);
+    if (srv->blocked_head != NULL) {
+        epd_prefill_unblock_all(srv);
+    }
+}
+
+void epd__prefill_reqs_free_all(epd_prefill_srv_t *srv)
+{
+    while (srv->all != NULL) {
+        epd_prefill_req_t *req = srv->all;
+
+        srv->all = req->all_next;
+        epd_prefill_req_free(req);
+    }
+    srv->dirty_head = srv->dirty_tail = NULL;
+    srv->blocked_head = srv->blocked_tail = NULL;
+}
