@@ -242,7 +242,9 @@ static void on_event(void *arg, const epd_client_event_t *e)
     ev->terminal = e->terminal;
     ev->index = e->index;
     ev->n_tokens = e->n_tokens < 16 ? e->n_tokens : 16;
-    memcpy(ev->tokens, e->tokens, ev->n_tokens * sizeof(uint32_t));
+    if (ev->n_tokens > 0) {
+        memcpy(ev->tokens, e->tokens, ev->n_tokens * sizeof(uint32_t));
+    }
     ev->finish = e->finish;
     ev->status = e->status;
     snprintf(ev->message, sizeof(ev->message), "%s", e->message);
