@@ -47,6 +47,7 @@
 #include "epd_rng.h"
 #include "epd_time.h"
 #include "epd_xport.h"
+#include "epd_xport_int.h"
 
 /* UCX keeps some process-wide allocations until exit (its global
  * configuration and memory hooks); they are not epd's.  Only consulted by
@@ -877,6 +878,88 @@ static void test_connect_dead(void **state)
     peer_start(&p, h.x);
     peer_stop(&p);
     expect_connect_fails(&h, p.blob, p.blob_len);
+    /* a process that is alive but never answers (stopped): the library
+     * accepts the endpoint, only the handshake deadline can fail it */
+    peer_start(&p, h.x);
+    kill(p.pid, SIGSTOP);
+    {
+        comp_t c = {0};
+        epd_xport_ep_t *ep = NULL;
+        uint64_t t0 = epd_time_now_ns();
+        double ms;
+
+        assert_int_equal(epd_xport_connect(h.x, p.blob, p.blob_len, comp_cb, &c, &ep),
+                         EPD_INPROGRESS);
+        assert_int_equal(wait_flag(h.x, &c.calls, 1, CONNECT_TIMEOUT_MS + 3000), 0);
+        ms = (double)(epd_time_now_ns() - t0) / 1e6;
+        printf("[%s] connect to a stopped peer: %s after %.0f ms\n", conf->name,
+               epd_status_name(c.status), ms);
+        assert_int_equal(c.status, EPD_ERR_TIMEOUT);
+        assert_true(ms >= CONNECT_TIMEOUT_MS - 50 && ms < CONNECT_TIMEOUT_MS + 3000);
+        assert_int_equal(h.errs, 1);
+        epd_xport_ep_close(ep);
+    }
+    kill(p.pid, SIGCONT);
+    /* the stale HELLO it answers now lands on a closed endpoint: dropped */
+    for (int i = 0; i < 50; i++) {
+        epd_xport_poll(h.x, 2);
+    }
+    peer_stop(&p);
+    epd_xport_destroy(h.x);
+}
+
+/* Garbage handed to the core's frame decoder (as if a backend delivered
+ * it) is dropped, never a crash, and the xport keeps working. */
+static void test_garbage_frames(void **state)
+{
+    host_t h;
+    peer_proc_t p;
+    epd_xport_ep_t *ep;
+    epd_rng_t rng;
+    unsigned char buf[512];
+    uint32_t magic = 0x58445045u;
+
+    (void)state;
+    epd_rng_seed(&rng, 11);
+    host_init(&h, conf->expect);
+    peer_start(&p, h.x);
+    ep = connect_peer(&h, &p, NULL);
+    epd_log_set_level(EPD_LOG_ERROR); /* the drops are logged (rate-limited) */
+    epd__xport_deliver(h.x, buf, 0);
+    for (int i = 0; i < 20000; i++) {
+        size_t len = (size_t)(epd_rng_next(&rng) % sizeof(buf));
+        epd_rng_fill(&rng, buf, len);
+        if (i % 2 == 0 && len >= 8) {
+            /* right magic and version, random rest: exercises the checks
+             * behind the first one */
+            memcpy(buf, &magic, 4);
+            buf[4] = 1;
+            buf[5] = 0;
+            if (i % 4 == 0 && len >= 12) {
+                uint32_t plen = (uint32_t)(len >= 48 ? len - 48 : 0);
+                memcpy(buf + 8, &plen, 4);
+                buf[6] = (unsigned char)(1 + epd_rng_next(&rng) % 6);
+            }
+            if (i % 8 == 0 && len >= 48) {
+                /* a HELLO carrying a garbage address blob */
+                uint64_t one = 1;
+                buf[6] = 1;
+                memcpy(buf + 40, &one, 8);
+            }
+        }
+        epd__xport_deliver(h.x, buf, len);
+    }
+    epd_log_set_level(EPD_LOG_INFO);
+    assert_int_equal(h.errs, 0);
+    assert_int_equal(h.accepts, 0);
+    {
+        m_hdr_t end = {.type = M_END};
+        m_result_t r = ask(&h, ep, &end, sizeof(end), 0);
+        assert_int_equal(r.bad, 0);
+    }
+    send_quit(&h, ep);
+    epd_xport_ep_close(ep);
+    peer_stop(&p);
     epd_xport_destroy(h.x);
 }
 
@@ -1066,6 +1149,7 @@ static int run_conf(const char *name)
         cmocka_unit_test(test_fence_repeated),
         cmocka_unit_test(test_close_with_inflight),
         cmocka_unit_test(test_connect_dead),
+        cmocka_unit_test(test_garbage_frames),
         cmocka_unit_test(test_peer_killed),
     };
     char group[64];
@@ -1104,6 +1188,15 @@ int main(int argc, char **argv)
     }
     if (argc == 3 && strcmp(argv[1], "--conf") == 0) {
         return run_conf(argv[2]);
+    }
+    if (argc != 1) {
+        printf("usage: %s [--conf NAME]   (no arguments: every configuration; "
+               "EPD_XPORT_CONF=NAME picks one)\nconfigurations:", argv[0]);
+        for (size_t i = 0; i < N_CONFS; i++) {
+            printf(" %s", epd_test_confs[i].name);
+        }
+        printf("\n");
+        return strcmp(argv[1], "--help") == 0 ? 0 : 2;
     }
     /* every configuration, each in its own process (UCX reads its
      * environment once per context, and a crash stays contained) */
