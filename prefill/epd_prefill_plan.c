@@ -1,6 +1,7 @@
 /* epd_prefill_plan.c — write plan of a request's KV (see the header). */
 #include "epd_prefill_plan.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "epd_alloc.h"
@@ -22,6 +23,14 @@ uint32_t epd_prefill_plan_layer_writes(const epd_kv_layout_t *layout, uint32_t l
     return layout->kind[layer] == EPD_LAYER_LINEAR ? 1 : n_blocks;
 }
 
+static int epd_prefill_plan_cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a;
+    uint32_t y = *(const uint32_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
 static epd_status_t epd_prefill_plan_refuse(epd_status_t status, const char *why,
                                             const char **why_p)
 {
@@ -36,7 +45,6 @@ epd_status_t epd_prefill_plan_check(const epd_kv_layout_t *layout, uint32_t n_pr
                                     const char **why_p)
 {
     uint64_t pool_bytes;
-    uint8_t *seen;
 
     if (remote->n_blocks != n_prompt_blocks) {
         return epd_prefill_plan_refuse(EPD_ERR_INVALID_PARAM,
@@ -61,27 +69,32 @@ epd_status_t epd_prefill_plan_check(const epd_kv_layout_t *layout, uint32_t n_pr
         return epd_prefill_plan_refuse(EPD_ERR_OUT_OF_RANGE,
                                        "remote region smaller than its pool geometry", why_p);
     }
-    /* one bit per remote block: a block named twice would be overwritten
-     * by the later write and the decode side would hash garbage */
-    seen = epd_calloc((size_t)remote->pool_blocks / 8 + 1, 1);
-    if (seen == NULL) {
-        return epd_prefill_plan_refuse(EPD_ERR_NO_MEMORY, "out of memory", why_p);
-    }
     for (uint32_t i = 0; i < remote->n_blocks; i++) {
-        uint32_t b = remote->block_ids[i];
-
-        if (b >= remote->pool_blocks) {
-            epd_free(seen);
+        if (remote->block_ids[i] >= remote->pool_blocks) {
             return epd_prefill_plan_refuse(EPD_ERR_OUT_OF_RANGE,
                                            "block id outside the remote pool", why_p);
         }
-        if (seen[b / 8] & (1u << (b % 8))) {
-            epd_free(seen);
+    }
+    /* a block named twice would be overwritten by the later write and
+     * decode would hash garbage; sort a copy (sized by the prompt, never by
+     * the pool the message claims) and compare neighbours */
+    if (remote->n_blocks > 1) {
+        uint32_t *ids = epd_malloc((size_t)remote->n_blocks * sizeof(*ids));
+        int twice = 0;
+
+        if (ids == NULL) {
+            return epd_prefill_plan_refuse(EPD_ERR_NO_MEMORY, "out of memory", why_p);
+        }
+        memcpy(ids, remote->block_ids, (size_t)remote->n_blocks * sizeof(*ids));
+        qsort(ids, remote->n_blocks, sizeof(*ids), epd_prefill_plan_cmp_u32);
+        for (uint32_t i = 1; i < remote->n_blocks && !twice; i++) {
+            twice = ids[i] == ids[i - 1];
+        }
+        epd_free(ids);
+        if (twice) {
             return epd_prefill_plan_refuse(EPD_ERR_INVALID_PARAM, "block id named twice", why_p);
         }
-        seen[b / 8] |= (uint8_t)(1u << (b % 8));
     }
-    epd_free(seen);
     return EPD_OK;
 }
 

@@ -1,0 +1,4 @@
+# tests/prefill/: unit tests of prefill/'s modules (cmocka), one program per
+# module: the write plan (pure) and the compute thread's hand-offs.
+$(eval $(call epd_test,test_epd_prefill_plan,tests/prefill/test_epd_prefill_plan.c prefill/epd_prefill_plan.c,epd_engine epd_common))
+$(test_epd_prefill_plan_OBJS): EPD_CPPFLAGS += -Iprefill
