@@ -1,0 +1,305 @@
+/*
+ * Tests of prefill/epd_prefill_compute.c: the compute thread behind its
+ * two queues.  A run reports every layer in order, then DONE with the
+ * colocated first token, and leaves exactly the colocated KV in the
+ * request's blocks and slot; a run canceled before it starts reports no
+ * layer, one canceled while it runs stops at the next layer boundary it
+ * reaches; a release reports RELEASED; many requests queued at once all
+ * complete in FIFO order and the backlog returns to zero.
+ */
+#include "epd_test.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+#include <uv.h>
+
+#include "epd_alloc.h"
+#include "epd_prefill_compute.h"
+#include "epd_sample.h"
+#include "epd_test_engine_util.h"
+
+#define N_REQ 6
+#define POOL_BLOCKS 64
+#define POOL_SLOTS 8
+
+typedef struct {
+    epd_prefill_job_t job, release;
+    epd_prefill_ev_t evs[16];
+    atomic_int cancel;
+    uint32_t block_table[8];
+    int32_t tokens[64];
+    uint32_t n_layer_evs;
+    int done, released;
+    epd_status_t status;
+    int32_t first_token;
+    int cancel_after_layer0;
+} req_t;
+
+typedef struct {
+    uv_loop_t loop;
+    epd_engine_t *engine;      /* taken by the compute thread */
+    epd_engine_t *ref;         /* a second instance: the colocated reference */
+    const epd_engine_info_t *info;
+    epd_kv_pool_t pool;
+    epd_prefill_compute_t *c;
+    req_t reqs[N_REQ];
+    int order[N_REQ];
+    int n_done;
+    int bad_order;
+    const char *dir;
+} ctx_t;
+
+static ctx_t *g;
+
+static void on_event(void *arg, epd_prefill_ev_t *ev)
+{
+    ctx_t *t = arg;
+    req_t *r = ev->owner;
+
+    switch (ev->kind) {
+    case EPD_PREFILL_EV_LAYER:
+        if (ev->layer != r->n_layer_evs || r->done) {
+            t->bad_order = 1;
+        }
+        r->n_layer_evs++;
+        if (r->cancel_after_layer0) {
+            atomic_store(&r->cancel, 1);
+        }
+        break;
+    case EPD_PREFILL_EV_DONE:
+        r->done = 1;
+        r->status = ev->status;
+        r->first_token = ev->first_token;
+        t->order[t->n_done++] = (int)(r - t->reqs);
+        break;
+    case EPD_PREFILL_EV_RELEASED:
+        r->released = 1;
+        break;
+    }
+}
+
+static int setup(void **state)
+{
+    epd_mkmodel_params_t p;
+    epd_engine_config_t cfg;
+    const char *model;
+
+    g = epd_calloc(1, sizeof(*g));
+    assert_non_null(g);
+    g->dir = epd_test_tmpdir();
+    epd_test_tiny_params(&p);
+    model = epd_test_write_model(g->dir, "tiny", &p);
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.model_dir = model;
+    cfg.block_tokens = 16;
+    assert_int_equal(epd_engine_open("ref", &cfg, &g->engine), EPD_OK);
+    assert_int_equal(epd_engine_open("ref", &cfg, &g->ref), EPD_OK);
+    g->info = epd_engine_info(g->engine);
+    epd_test_pool(g->engine, POOL_BLOCKS, POOL_SLOTS, &g->pool);
+    assert_int_equal(uv_loop_init(&g->loop), 0);
+    assert_int_equal(epd_prefill_compute_create(&g->loop, g->engine, &g->pool, POOL_SLOTS, on_event,
+                                                g, &g->c),
+                     EPD_OK);
+    *state = g;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    epd_prefill_compute_destroy(g->c);
+    uv_run(&g->loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&g->loop), 0);
+    epd_engine_close(g->ref);
+    epd_free(g->pool.base);
+    epd_test_rmtree(g->dir);
+    epd_free(g);
+    return 0;
+}
+
+/* Request i: n tokens, blocks 8*i+7, 8*i+2, ... (scattered), slot i. */
+static void req_init(req_t *r, int i, uint32_t n)
+{
+    uint32_t n_layers = g->info->kv.n_layers;
+    uint32_t nb = (n + 15) / 16;
+
+    memset(r, 0, sizeof(*r));
+    atomic_init(&r->cancel, 0);
+    r->tokens[0] = g->info->bos_token;
+    for (uint32_t k = 1; k < n; k++) {
+        r->tokens[k] = (int32_t)(32 + (k * 7 + (uint32_t)i * 13) % 90);
+    }
+    for (uint32_t b = 0; b < nb; b++) {
+        r->block_table[b] = (uint32_t)i * 8 + (7 - b * 5 % 8);
+    }
+    for (uint32_t l = 0; l < n_layers; l++) {
+        r->evs[l] = (epd_prefill_ev_t){.kind = EPD_PREFILL_EV_LAYER, .layer = l, .owner = r};
+    }
+    r->evs[n_layers] = (epd_prefill_ev_t){.kind = EPD_PREFILL_EV_DONE, .owner = r};
+    r->evs[n_layers + 1] = (epd_prefill_ev_t){.kind = EPD_PREFILL_EV_RELEASED, .owner = r};
+    r->job.kind = EPD_PREFILL_JOB_RUN;
+    r->job.seq.req_id = (uint64_t)i + 1;
+    r->job.seq.block_table = r->block_table;
+    r->job.seq.n_blocks = nb;
+    r->job.seq.state_slot = (uint32_t)i;
+    r->job.tokens = r->tokens;
+    r->job.n_tokens = n;
+    epd_sample_params_default(&r->job.sample);
+    r->job.sample.temperature = 0.7f;
+    r->job.sample.seed = 42 + (uint64_t)i;
+    r->job.cancel = &r->cancel;
+    r->job.layer_evs = r->evs;
+    r->job.done_ev = &r->evs[n_layers];
+    r->release.kind = EPD_PREFILL_JOB_RELEASE;
+    r->release.seq = r->job.seq;
+    r->release.done_ev = &r->evs[n_layers + 1];
+}
+
+static void run_until(int (*cond)(void), int timeout_ms)
+{
+    uint64_t end = uv_hrtime() + (uint64_t)timeout_ms * 1000000ull;
+
+    while (!cond() && uv_hrtime() < end) {
+        uv_run(&g->loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+}
+
+static int all_done(void)
+{
+    for (int i = 0; i < N_REQ; i++) {
+        if (g->reqs[i].job.kind != 0 && !g->reqs[i].done) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int all_released(void)
+{
+    for (int i = 0; i < N_REQ; i++) {
+        if (g->reqs[i].job.kind != 0 && !g->reqs[i].released) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The colocated reference: the same prefill on another engine instance and
+ * pool, same blocks, same slot; the same sampler step 0. */
+static void check_against_reference(const req_t *r)
+{
+    const epd_kv_layout_t *kv = &g->info->kv;
+    epd_kv_pool_t pool;
+    epd_prefill_args_t a;
+    epd_sample_scratch_t *scratch;
+    float *logits = epd_calloc(g->info->vocab_size, sizeof(float));
+    int32_t tok;
+
+    epd_test_pool(g->ref, POOL_BLOCKS, POOL_SLOTS, &pool);
+    memset(&a, 0, sizeof(a));
+    a.seq = r->job.seq;
+    a.tokens = r->tokens;
+    a.n_tokens = r->job.n_tokens;
+    assert_int_equal(epd_engine_prefill(g->ref, &pool, &a, NULL, logits), EPD_OK);
+    assert_int_equal(epd_sample_scratch_create(g->info->vocab_size, &scratch), EPD_OK);
+    assert_int_equal(epd_sample_token(&r->job.sample, scratch, logits, g->info->vocab_size, 0, &tok),
+                     EPD_OK);
+    assert_int_equal(r->first_token, tok);
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        uint64_t off;
+
+        if (kv->kind[l] == EPD_LAYER_LINEAR) {
+            assert_int_equal(epd_kv_state_offset(kv, POOL_BLOCKS, POOL_SLOTS, l,
+                                                 r->job.seq.state_slot, &off),
+                             EPD_OK);
+            assert_memory_equal((char *)g->pool.base + off, (char *)pool.base + off,
+                                kv->state_bytes);
+            continue;
+        }
+        for (uint32_t b = 0; b < r->job.seq.n_blocks; b++) {
+            assert_int_equal(epd_kv_block_offset(kv, POOL_BLOCKS, l, r->block_table[b], &off),
+                             EPD_OK);
+            assert_memory_equal((char *)g->pool.base + off, (char *)pool.base + off,
+                                kv->block_bytes);
+        }
+    }
+    epd_sample_scratch_destroy(scratch);
+    epd_free(logits);
+    epd_free(pool.base);
+}
+
+static void test_runs_in_order_and_match_colocated(void **state)
+{
+    uint32_t jobs;
+    uint64_t toks;
+
+    (void)state;
+    for (int i = 0; i < N_REQ; i++) {
+        req_init(&g->reqs[i], i, 5 + (uint32_t)i * 9);
+        assert_int_equal(epd_prefill_compute_submit(g->c, &g->reqs[i].job), EPD_OK);
+    }
+    run_until(all_done, 30000);
+    assert_true(all_done());
+    assert_int_equal(g->bad_order, 0);
+    for (int i = 0; i < N_REQ; i++) {
+        req_t *r = &g->reqs[i];
+
+        assert_int_equal(g->order[i], i); /* FIFO */
+        assert_int_equal(r->status, EPD_OK);
+        assert_int_equal(r->n_layer_evs, g->info->kv.n_layers);
+        check_against_reference(r);
+    }
+    epd_prefill_compute_backlog(g->c, &jobs, &toks);
+    assert_int_equal(jobs, 0);
+    assert_int_equal(toks, 0);
+    for (int i = 0; i < N_REQ; i++) {
+        assert_int_equal(epd_prefill_compute_submit(g->c, &g->reqs[i].release), EPD_OK);
+    }
+    run_until(all_released, 30000);
+    assert_true(all_released());
+}
+
+static void test_cancel(void **state)
+{
+    (void)state;
+    memset(g->reqs, 0, sizeof(g->reqs));
+    g->n_done = 0;
+    /* canceled before it starts: no layer at all */
+    req_init(&g->reqs[0], 0, 40);
+    atomic_store(&g->reqs[0].cancel, 1);
+    /* canceled by the loop after layer 0: stops at that boundary */
+    req_init(&g->reqs[1], 1, 40);
+    g->reqs[1].cancel_after_layer0 = 1;
+    /* untouched: runs to the end */
+    req_init(&g->reqs[2], 2, 40);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(epd_prefill_compute_submit(g->c, &g->reqs[i].job), EPD_OK);
+    }
+    run_until(all_done, 30000);
+    assert_true(all_done());
+    assert_int_equal(g->reqs[0].status, EPD_ERR_CANCELED);
+    assert_int_equal(g->reqs[0].n_layer_evs, 0);
+    /* the loop sets the flag when it sees layer 0, while the compute thread
+     * runs on: the sink of the next boundary it reaches stops the run, or
+     * the run had already passed its last boundary (then it completes) */
+    if (g->reqs[1].status == EPD_ERR_CANCELED) {
+        assert_true(g->reqs[1].n_layer_evs >= 1);
+        assert_true(g->reqs[1].n_layer_evs <= g->info->kv.n_layers);
+    } else {
+        assert_int_equal(g->reqs[1].status, EPD_OK);
+        assert_int_equal(g->reqs[1].n_layer_evs, g->info->kv.n_layers);
+    }
+    assert_int_equal(g->reqs[2].status, EPD_OK);
+    assert_int_equal(g->reqs[2].n_layer_evs, g->info->kv.n_layers);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_runs_in_order_and_match_colocated, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
