@@ -26,6 +26,7 @@ struct epd_engine {
 
 static const epd_engine_ops_t *const epd_engine_builtins[] = {
     &epd__ref_ops,
+    &epd__sim_ops,
 };
 
 size_t epd_dtype_size(epd_dtype_t dtype)
@@ -203,7 +204,7 @@ epd_status_t epd_engine_open(const char *name, const epd_engine_config_t *config
     } else {
         engine->ops = epd_engine_builtin(name);
         if (engine->ops == NULL) {
-            epd_log_error(EPD_ENGINE_LOG, 0, "no engine called '%s' (built-in: ref)", name);
+            epd_log_error(EPD_ENGINE_LOG, 0, "no engine called '%s' (built-in: ref, sim)", name);
             status = EPD_ERR_NOT_FOUND;
             goto err_free_engine;
         }

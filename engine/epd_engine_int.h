@@ -7,5 +7,7 @@
 
 /* The built-in `ref` engine (epd_ref.c). */
 extern const epd_engine_ops_t epd__ref_ops;
+/* The built-in `sim` timing model (epd_sim.c). */
+extern const epd_engine_ops_t epd__sim_ops;
 
 #endif
