@@ -18,8 +18,10 @@
  *   - every request ends in exactly one terminal event (and all end before
  *     the time limit);
  *   - a request that was not aborted finished (LENGTH/STOP) with exactly
- *     the colocated tokens; an aborted one ended with finish ABORT (or
- *     finished normally when the abort came too late) and every token it
+ *     the colocated tokens; an aborted one ended with finish ABORT (or an
+ *     Error EPD_ERR_CANCELED: decode may hear of the abort from prefill
+ *     before the client's own Abort arrives; or finished normally when the
+ *     abort came too late) and every token it
  *     did get is the colocated token at that index (no request ever sees
  *     another's KV);
  *   - afterwards the decode daemon's Status shows every KV block and state
@@ -189,6 +191,7 @@ static int storm_run(const storm_args_t *a)
     uint64_t t0;
     uint64_t end;
     uint32_t counts[N_PLANS][3];
+    uint32_t counts_canceled = 0;
     int rc = 1;
 
     memset(&s, 0, sizeof(s));
@@ -349,6 +352,14 @@ static int storm_run(const storm_args_t *a)
             }
         } else if (r->end_kind == EPD_CLIENT_EV_TOKENS && r->finish == EPD_CLIENT_FINISH_ABORT) {
             outcome = 1;
+        } else if (r->aborted && r->end_kind == EPD_CLIENT_EV_ERROR &&
+                   r->status == EPD_ERR_CANCELED) {
+            /* the Abort reached decode through prefill first (prefill
+             * stopped, told decode, decode failed the request with
+             * CANCELED) and the client's own Abort arrived after: the
+             * same outcome in another shape */
+            outcome = 1;
+            counts_canceled++;
         } else {
             outcome = 2;
         }
@@ -361,8 +372,9 @@ static int storm_run(const storm_args_t *a)
             s.bad = 1;
         }
         if (outcome == 2 || (outcome == 1 && !r->aborted)) {
-            fprintf(stderr, "storm: request %u (%s, prompt %u, max %u) ended with %s %s: %s (%s)\n",
-                    i, plan_names[r->plan], r->n_prompt, r->max_tokens,
+            fprintf(stderr,
+                    "storm: request %u id %llu (%s, prompt %u, max %u) ended with %s %s: %s (%s)\n",
+                    i, (unsigned long long)r->id, plan_names[r->plan], r->n_prompt, r->max_tokens,
                     r->end_kind == EPD_CLIENT_EV_TOKENS ? "finish" : "error",
                     r->end_kind == EPD_CLIENT_EV_TOKENS ? epd_client_finish_name(r->finish)
                                                         : epd_status_name(r->status),
@@ -374,6 +386,10 @@ static int storm_run(const storm_args_t *a)
         printf("storm: plan %-10s finished %3u, aborted %3u, failed %3u\n", plan_names[p],
                counts[p][0], counts[p][1], counts[p][2]);
     }
+
+    printf("storm: %u aborted requests ended with Error EPD_ERR_CANCELED instead of a chunk "
+           "with finish ABORT\n",
+           counts_canceled);
 
     /* the decode pool returns to full */
     {

@@ -10,7 +10,8 @@ source "$(dirname "$0")/lib.sh"
 
 mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
 start_daemon d decode --model "$T/m" --worker-id decode-s --kv-blocks 4096 --state-slots 256
-start_daemon p prefill --model "$T/m" --worker-id prefill-s
+# prefill holds local blocks and a state slot for every request it queues
+start_daemon p prefill --model "$T/m" --worker-id prefill-s --kv-blocks 8192 --state-slots 256
 note "prefill $p_ADDR, decode $d_ADDR"
 "$ITEST/epd-itest-storm" --prefill "$p_ADDR" --decode "$d_ADDR" --model "$T/m" --requests 200 \
   --seed "${EPD_ITEST_SEED:-20261129}" --timeout-s 150 || fail "storm: see the lines above"
