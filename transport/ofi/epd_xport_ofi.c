@@ -132,6 +132,11 @@
 #define EPD__OFI_REQ_SPARE 256u
 #define EPD__OFI_CQ_BATCH 16
 #define EPD__OFI_CQ_BUDGET 64
+/* Empty reads before a progress call gives up: rxm handles one entry of its
+ * inner (tcp) CQ per fi_cq_read, and that entry may be internal (a
+ * connection event, an ack), so one empty read does not mean nothing
+ * arrived. */
+#define EPD__OFI_CQ_EMPTY_TRIES 4
 #define EPD__OFI_SWEEP_BUDGET 32
 #define EPD__OFI_MAX_RAW_KEY 256u
 #define EPD__OFI_MAX_NAME 1024u
@@ -1097,6 +1102,11 @@ static void epd__ofi_handle(epd__ofi_t *be, void *ctx, size_t len, epd_status_t 
         return;
     case EPD__OFI_X_PART:
         ep = x->ep;
+        if (status == EPD_OK && x->req->ep != NULL &&
+            (be->dc || x->req->kind == EPD__OFI_REQ_FLUSH)) {
+            /* the peer placed the data (or answered the read): alive */
+            epd__xport_ep_alive(x->req->ep->core_ep);
+        }
         if (status != EPD_OK && peer_gone && x->req->ep != NULL) {
             /* may destroy the endpoint; x->req survives (parts_out > 0) */
             epd__ofi_ep_fail(x->req->ep, status);
@@ -1111,13 +1121,18 @@ static int epd__ofi_read_cq(epd__ofi_t *be)
 {
     struct fi_cq_data_entry entries[EPD__OFI_CQ_BATCH];
     int handled = 0;
+    int empty = 0;
 
     while (handled < EPD__OFI_CQ_BUDGET) {
         ssize_t n = fi_cq_read(be->cq, entries, EPD__OFI_CQ_BATCH);
 
         if (n == -FI_EAGAIN) {
-            break;
+            if (++empty >= EPD__OFI_CQ_EMPTY_TRIES) {
+                break;
+            }
+            continue;
         }
+        empty = 0;
         if (n == -FI_EAVAIL) {
             struct fi_cq_err_entry err;
             char text[256];
@@ -1157,9 +1172,6 @@ static int epd__ofi_read_cq(epd__ofi_t *be)
             }
         }
         handled += (int)n;
-        if (n < EPD__OFI_CQ_BATCH) {
-            break;
-        }
     }
     return handled;
 }
