@@ -1185,8 +1185,16 @@ static void dec_on_peer_failure(dec_daemon_t *d, dec_link_t *from, const Epd__En
     }
     snprintf(msg, sizeof(msg), "prefill worker %s: %s", env->sender->worker_id,
              text != NULL && text[0] != '\0' ? text : epd_status_string((epd_status_t)status));
-    epd_log_warn(COMP, id, "%s (%s)", msg, epd_msg_body_name(env));
-    dec_send_error(d, r->client, r->id, status < 0 ? (epd_status_t)status : EPD_ERR_CANCELED, msg);
+    if (status == EPD_ERR_CANCELED && env->body_case != EPD__ENVELOPE__BODY_REFUSED) {
+        /* the client's Abort reached P first and P passed it on: end the
+         * stream the way a direct Abort does */
+        epd_log_debug(COMP, id, "%s (%s)", msg, epd_msg_body_name(env));
+        dec_req_stream(d, r, r->n_sent, EPD__FINISH_REASON__FINISH_ABORT);
+    } else {
+        epd_log_warn(COMP, id, "%s (%s)", msg, epd_msg_body_name(env));
+        dec_send_error(d, r->client, r->id, status < 0 ? (epd_status_t)status : EPD_ERR_CANCELED,
+                       msg);
+    }
     dec_req_client_done(r);
     /* Abort makes P answer WritesQuiesced, which releases the blocks */
     dec_req_quarantine(d, r, EPD_ERR_CANCELED, "prefill failed");
