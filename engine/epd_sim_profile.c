@@ -291,6 +291,7 @@ out:
 /* Reads a whole (small) file into a new NUL-terminated buffer. */
 static epd_status_t epd_sim_read_file(const char *path, char **text_p, size_t *len_p)
 {
+    struct stat st;
     FILE *f;
     char *buf;
     size_t len;
@@ -300,25 +301,30 @@ static epd_status_t epd_sim_read_file(const char *path, char **text_p, size_t *l
         epd_log_error(EPD_SIM_LOG, 0, "cannot open %s: %s", path, strerror(errno));
         return errno == ENOENT ? EPD_ERR_NOT_FOUND : EPD_ERR_IO;
     }
-    buf = epd_malloc(EPD_SIM_FILE_MAX + 1);
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        epd_log_error(EPD_SIM_LOG, 0, "%s: not a regular file", path);
+        fclose(f);
+        return EPD_ERR_IO;
+    }
+    if ((uint64_t)st.st_size > EPD_SIM_FILE_MAX) {
+        epd_log_error(EPD_SIM_LOG, 0, "%s: larger than %u bytes (not a profile)", path,
+                      EPD_SIM_FILE_MAX);
+        fclose(f);
+        return EPD_ERR_MALFORMED;
+    }
+    buf = epd_malloc((size_t)st.st_size + 1);
     if (buf == NULL) {
         fclose(f);
         return EPD_ERR_NO_MEMORY;
     }
-    len = fread(buf, 1, EPD_SIM_FILE_MAX + 1, f);
-    if (ferror(f)) {
+    len = fread(buf, 1, (size_t)st.st_size, f);
+    if (ferror(f) || len != (size_t)st.st_size) {
         epd_log_error(EPD_SIM_LOG, 0, "cannot read %s", path);
         fclose(f);
         epd_free(buf);
         return EPD_ERR_IO;
     }
     fclose(f);
-    if (len > EPD_SIM_FILE_MAX) {
-        epd_log_error(EPD_SIM_LOG, 0, "%s: larger than %u bytes (not a profile)", path,
-                      EPD_SIM_FILE_MAX);
-        epd_free(buf);
-        return EPD_ERR_MALFORMED;
-    }
     buf[len] = '\0';
     *text_p = buf;
     *len_p = len;
