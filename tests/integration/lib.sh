@@ -50,7 +50,7 @@ fail() {
 }
 
 note() {
-  echo "== $*"
+  echo "== [${SECONDS}s] $*"
 }
 
 # mkmodel DIR [epd-mkmodel flags...]: a small model (tiny by default).
