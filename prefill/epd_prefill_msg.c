@@ -292,7 +292,7 @@ static void epd_prefill_peer_kill(epd_prefill_srv_t *srv, epd_prefill_peer_t *pe
         }
     }
     /* the pump closes the endpoint even when no request is bound */
-    if (!srv->pump_on) {
+    if (!srv->pump_on && !srv->stopping) {
         srv->pump_on = 1;
         uv_idle_start(&srv->pump, epd__prefill_on_pump);
     }

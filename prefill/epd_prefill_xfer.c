@@ -101,7 +101,7 @@ static void epd_prefill_list_append(epd_prefill_srv_t *srv, epd_prefill_req_t *r
 
 static void epd_prefill_pump_start(epd_prefill_srv_t *srv)
 {
-    if (!srv->pump_on) {
+    if (!srv->pump_on && !srv->stopping) {
         srv->pump_on = 1;
         uv_idle_start(&srv->pump, epd__prefill_on_pump);
     }
@@ -265,7 +265,7 @@ void epd__prefill_req_fail(epd_prefill_srv_t *srv, epd_prefill_req_t *req, epd_s
         srv->failed_reqs++;
         epd__prefill_tomb_add(srv, req->id);
         if (status == EPD_ERR_CANCELED) {
-            epd_log_info(EPD_PREFILL_LOG, req->id, "aborted: %s", msg);
+            epd_log_debug(EPD_PREFILL_LOG, req->id, "aborted: %s", msg);
         } else {
             epd_log_warn(EPD_PREFILL_LOG, req->id, "failed: %s (%s)", msg,
                          epd_status_name(status));

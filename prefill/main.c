@@ -26,6 +26,7 @@
 
 #include "epd_alloc.h"
 #include "epd_config.h"
+#include "epd_layout.h"
 #include "epd_log.h"
 #include "epd_prefill_int.h"
 #include "epd_rng.h"
@@ -309,15 +310,15 @@ static int epd_prefill_run(const epd_prefill_flags_t *fl)
              epd_rpc_server_port(srv->rpc), (int)getpid(), srv->worker_id, fl->transport);
     {
         char desc[512];
+        char pattern[EPD_LAYOUT_PATTERN_MAX];
+        Epd__KvLayout lm;
 
+        epd_layout_to_msg(&srv->info->kv, &lm, pattern);
         epd_xport_describe(srv->x, desc, sizeof(desc));
         epd_log_info(EPD_PREFILL_LOG, 0,
-                     "serving model '%s' (%u layers '%s...', vocab %u, context %u): pool %u blocks "
+                     "serving model '%s' (%u layers '%.40s', vocab %u, context %u): pool %u blocks "
                      "x %u tokens + %u slots (%llu bytes), lease %u ms; transport %s",
-                     srv->model_name, srv->info->kv.n_layers,
-                     srv->info->kv.n_layers > 0 && srv->info->kv.kind[0] == EPD_LAYER_LINEAR ? "L"
-                                                                                          : "A",
-                     srv->info->vocab_size, srv->info->max_context, srv->kv_blocks,
+                     srv->model_name, srv->info->kv.n_layers, pattern, srv->info->vocab_size, srv->info->max_context, srv->kv_blocks,
                      srv->info->kv.block_tokens, srv->state_slots,
                      (unsigned long long)pool_bytes, srv->lease_ms, desc);
     }
