@@ -4,3 +4,9 @@ $(eval $(call epd_test,test_epd_prefill_plan,tests/prefill/test_epd_prefill_plan
 $(test_epd_prefill_plan_OBJS): EPD_CPPFLAGS += -Iprefill
 $(eval $(call epd_test,test_epd_prefill_compute,tests/prefill/test_epd_prefill_compute.c prefill/epd_prefill_compute.c tests/engine/epd_test_engine_util.c,epd_engine epd_common))
 $(test_epd_prefill_compute_OBJS): EPD_CPPFLAGS += -Iprefill -Itests/engine
+
+# The daemon itself, driven by a fake client and a fake decode worker over
+# loopback UCX (runs $EPD_BUILD/bin/epd-prefill).
+$(eval $(call epd_test,test_epd_prefill_daemon,tests/prefill/test_epd_prefill_daemon.c tests/engine/epd_test_engine_util.c,epd_xport epd_proto epd_engine epd_common))
+$(test_epd_prefill_daemon_OBJS): EPD_CPPFLAGS += -Itests/engine
+$(BUILD)/tests/test_epd_prefill_daemon: $(BUILD)/bin/epd-prefill
