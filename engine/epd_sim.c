@@ -63,6 +63,7 @@
 #define EPD_SIM_STATE_KEY 0x5374617465ull /* "State" */
 #define EPD_SIM_LOGIT_FLOOR (-20.0f)
 #define EPD_SIM_LOGIT_CANDIDATES 8
+#define EPD_SIM_BATCH 64 /* tokens whose row seeds are computed together */
 
 struct epd_engine_impl {
     epd_sim_conf_t conf;
@@ -73,6 +74,7 @@ struct epd_engine_impl {
     uint64_t logit_key;
     uint32_t first_attn;   /* UINT32_MAX when none */
     uint32_t first_linear; /* UINT32_MAX when none */
+    size_t row_bytes;      /* head_dim * dtype size: one head's K or V of one token */
     uint64_t *d_hash;      /* [max_batch] decode scratch */
     int warned;            /* the fill-too-slow line was written */
 };
@@ -95,7 +97,8 @@ static inline uint64_t epd_sim_chain(uint64_t h, int32_t token)
     return epd_sim_mix(h ^ ((uint64_t)(uint32_t)token + 1) * EPD_SIM_G);
 }
 
-static void epd_sim_fill(const epd_engine_impl_t *e, unsigned char *dst, size_t len, uint64_t z)
+static inline void epd_sim_fill(const epd_engine_impl_t *e, unsigned char *dst, size_t len,
+                                uint64_t z)
 {
     size_t nw = len / 8;
     size_t i;
@@ -106,8 +109,12 @@ static void epd_sim_fill(const epd_engine_impl_t *e, unsigned char *dst, size_t 
         memcpy(dst + i * 8, &w, 8);
     }
     if (len % 8 != 0) {
+        /* the low bytes of one more word (a byte loop: scaled rows are
+         * short, and a libc call per row would cost more than the row) */
         w = e->table[i % EPD_SIM_TABLE] ^ (z + i * EPD_SIM_G);
-        memcpy(dst + i * 8, &w, len % 8);
+        for (size_t j = 0; j < len % 8; j++) {
+            dst[i * 8 + j] = (unsigned char)(w >> (8 * j));
+        }
     }
 }
 
@@ -129,23 +136,45 @@ static inline unsigned char *epd_sim_state(const epd_engine_impl_t *e, const epd
            ((uint64_t)kv->kind_index[layer] * pool->n_state_slots + slot) * kv->state_bytes;
 }
 
-/* Writes position `pos` (prefix hash h) of attention layer `layer`. */
-static void epd_sim_fill_row(const epd_engine_impl_t *e, const epd_kv_pool_t *pool,
-                             const epd_kv_seq_t *seq, uint32_t layer, uint32_t pos, uint64_t h)
+/* Writes positions [pos, pos + n) (prefix hashes h[0..n)) of attention
+ * layer `layer`.  Works block by block, and inside a block row by row:
+ * the rows of one (K|V, head) for consecutive tokens are contiguous, so the
+ * writes stream. */
+static void epd_sim_fill_rows(const epd_engine_impl_t *e, const epd_kv_pool_t *pool,
+                              const epd_kv_seq_t *seq, uint32_t layer, uint32_t pos, uint32_t n,
+                              const uint64_t *h)
 {
     const epd_kv_layout_t *kv = &e->info.kv;
-    size_t row = (size_t)kv->head_dim * epd_dtype_size(kv->dtype);
-    unsigned char *b = epd_sim_block(e, pool, layer, seq->block_table[pos / kv->block_tokens]);
-    uint32_t tok = pos % kv->block_tokens;
-    uint64_t hk = h ^ e->key[layer];
+    uint32_t bt = kv->block_tokens;
+    size_t row = e->row_bytes;
+    uint32_t done = 0;
 
-    uint64_t z = epd_sim_mix(hk);
+    while (done < n) {
+        uint32_t p = pos + done;
+        uint32_t tok = p % bt;
+        uint32_t cnt = bt - tok < EPD_SIM_BATCH ? bt - tok : EPD_SIM_BATCH;
+        unsigned char *b = epd_sim_block(e, pool, layer, seq->block_table[p / bt]);
+        uint64_t hk[EPD_SIM_BATCH];
+        uint64_t z[EPD_SIM_BATCH];
 
-    for (uint32_t r = 0; r < 2 * kv->n_kv_heads; r++) {
-        epd_sim_fill(e, b + ((size_t)r * kv->block_tokens + tok) * row, row,
-                     z + (r + 1ull) * EPD_SIM_C);
+        cnt = cnt < n - done ? cnt : n - done;
+        for (uint32_t k = 0; k < cnt; k++) {
+            hk[k] = h[done + k] ^ e->key[layer];
+            z[k] = epd_sim_mix(hk[k]);
+        }
+        for (uint32_t r = 0; r < 2 * kv->n_kv_heads; r++) {
+            unsigned char *dst = b + ((size_t)r * bt + tok) * row;
+            uint64_t zr = (r + 1ull) * EPD_SIM_C;
+
+            for (uint32_t k = 0; k < cnt; k++) {
+                epd_sim_fill(e, dst + (size_t)k * row, row, z[k] + zr);
+            }
+        }
+        for (uint32_t k = 0; k < cnt; k++) {
+            memcpy(b + (size_t)(tok + k) * row, &hk[k], 8); /* K row of head 0 */
+        }
+        done += cnt;
     }
-    memcpy(b + (size_t)tok * row, &hk, 8); /* K row of head 0 */
 }
 
 /* Writes the state of linear layer `layer` after a prefix with hash h. */
@@ -167,11 +196,10 @@ static uint64_t epd_sim_recover(const epd_engine_impl_t *e, const epd_kv_pool_t 
     uint64_t hk;
 
     if (e->first_attn != UINT32_MAX) {
-        size_t row = (size_t)kv->head_dim * epd_dtype_size(kv->dtype);
         unsigned char *b =
             epd_sim_block(e, pool, e->first_attn, seq->block_table[pos / kv->block_tokens]);
 
-        memcpy(&hk, b + (size_t)(pos % kv->block_tokens) * row, 8);
+        memcpy(&hk, b + (size_t)(pos % kv->block_tokens) * e->row_bytes, 8);
         return hk ^ e->key[e->first_attn];
     }
     memcpy(&hk, epd_sim_state(e, pool, e->first_linear, seq->state_slot), 8);
@@ -292,6 +320,7 @@ static void epd_sim_fill_info(epd_engine_impl_t *e, uint32_t block_tokens, uint3
         2ull * kv->n_kv_heads * block_tokens * kv->head_dim * epd_dtype_size(kv->dtype);
     kv->n_state_heads = kv->n_linear_layers > 0 ? 1 : 0; /* the state is opaque bytes */
     kv->state_bytes = t->state_bytes_scaled;
+    e->row_bytes = (size_t)kv->head_dim * epd_dtype_size(kv->dtype);
 }
 
 /* Modelled seconds of a whole prefill of n tokens from position 0. */
@@ -457,9 +486,7 @@ static epd_status_t epd_sim_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *p
         done.tok_start = start;
         done.tok_end = start + T;
         if (kv->kind[l] == EPD_LAYER_ATTENTION) {
-            for (uint32_t i = 0; i < T; i++) {
-                epd_sim_fill_row(e, pool, &args->seq, l, start + i, h[i]);
-            }
+            epd_sim_fill_rows(e, pool, &args->seq, l, start, T, h);
             done.first_block = start / kv->block_tokens;
             done.n_blocks = (start + T - 1) / kv->block_tokens - done.first_block + 1;
             done.block_ids = args->seq.block_table + done.first_block;
@@ -501,7 +528,7 @@ static epd_status_t epd_sim_decode(epd_engine_impl_t *e, const epd_kv_pool_t *po
     for (uint32_t l = 0; l < kv->n_layers; l++) {
         for (uint32_t b = 0; b < B; b++) {
             if (kv->kind[l] == EPD_LAYER_ATTENTION) {
-                epd_sim_fill_row(e, pool, &reqs[b].seq, l, reqs[b].pos, e->d_hash[b]);
+                epd_sim_fill_rows(e, pool, &reqs[b].seq, l, reqs[b].pos, 1, &e->d_hash[b]);
                 bytes += kv->block_bytes / kv->block_tokens;
             } else {
                 epd_sim_fill_state(e, pool, reqs[b].seq.state_slot, l, e->d_hash[b]);
