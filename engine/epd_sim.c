@@ -132,7 +132,8 @@ static inline unsigned char *epd_sim_state(const epd_engine_impl_t *e, const epd
 {
     const epd_kv_layout_t *kv = &e->info.kv;
 
-    return (unsigned char *)pool->base + (uint64_t)kv->n_attn_layers * pool->n_blocks * kv->block_bytes +
+    return (unsigned char *)pool->base +
+           (uint64_t)kv->n_attn_layers * pool->n_blocks * kv->block_bytes +
            ((uint64_t)kv->kind_index[layer] * pool->n_state_slots + slot) * kv->state_bytes;
 }
 
@@ -178,8 +179,8 @@ static void epd_sim_fill_rows(const epd_engine_impl_t *e, const epd_kv_pool_t *p
 }
 
 /* Writes the state of linear layer `layer` after a prefix with hash h. */
-static void epd_sim_fill_state(const epd_engine_impl_t *e, const epd_kv_pool_t *pool,
-                               uint32_t slot, uint32_t layer, uint64_t h)
+static void epd_sim_fill_state(const epd_engine_impl_t *e, const epd_kv_pool_t *pool, uint32_t slot,
+                               uint32_t layer, uint64_t h)
 {
     unsigned char *s = epd_sim_state(e, pool, layer, slot);
     uint64_t hk = h ^ e->key[layer];
@@ -430,8 +431,8 @@ static epd_status_t epd_sim_tokenize(const epd_engine_impl_t *e, const char *tex
     return EPD_OK;
 }
 
-static epd_status_t epd_sim_detokenize(const epd_engine_impl_t *e, const int32_t *tokens,
-                                       size_t n, char *buf, size_t cap, size_t *len_p)
+static epd_status_t epd_sim_detokenize(const epd_engine_impl_t *e, const int32_t *tokens, size_t n,
+                                       char *buf, size_t cap, size_t *len_p)
 {
     size_t len = 0;
 
@@ -496,8 +497,8 @@ static epd_status_t epd_sim_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *p
             done.state_slot = args->seq.state_slot;
             bytes = kv->state_bytes;
         }
-        epd_sim_check_fill(e, args->seq.req_id, "prefill", epd_time_now_ns() - fill_start,
-                           layer_s, bytes);
+        epd_sim_check_fill(e, args->seq.req_id, "prefill", epd_time_now_ns() - fill_start, layer_s,
+                           bytes);
         elapsed += layer_s;
         epd_sim_wait_until(e, t0 + epd_sim_ns(elapsed));
         if (sink != NULL && sink->cb != NULL) {

@@ -158,8 +158,8 @@ static const char *epd_sim_store(const epd_sim_key_t *k, const char *value, void
         for (size_t i = 0; i < n; i++) {
             if (value[i] != 'L' && value[i] != 'A') {
                 snprintf(why, why_len,
-                         "'%s' = %.80s: letter '%c' is neither L (linear) nor A (attention)", k->key,
-                         value, value[i]);
+                         "'%s' = %.80s: letter '%c' is neither L (linear) nor A (attention)",
+                         k->key, value, value[i]);
                 return why;
             }
         }
@@ -375,8 +375,8 @@ epd_status_t epd_sim_model_parse(const char *text, size_t len, const char *origi
         return EPD_ERR_MALFORMED;
     }
     if (m.n_heads % m.n_kv_heads != 0) {
-        epd_log_error(EPD_SIM_LOG, 0, "%s: n_heads %u is not a multiple of n_kv_heads %u",
-                      origin, m.n_heads, m.n_kv_heads);
+        epd_log_error(EPD_SIM_LOG, 0, "%s: n_heads %u is not a multiple of n_kv_heads %u", origin,
+                      m.n_heads, m.n_kv_heads);
         return EPD_ERR_MALFORMED;
     }
     if (m.active_params > m.total_params) {
@@ -387,8 +387,8 @@ epd_status_t epd_sim_model_parse(const char *text, size_t len, const char *origi
     if (strchr(m.layer_pattern, 'A') != NULL &&
         (uint64_t)m.head_dim * epd_dtype_size(m.kv_dtype) < 8) {
         /* the engine keeps an 8-byte prefix hash at the head of each K row */
-        epd_log_error(EPD_SIM_LOG, 0, "%s: head_dim %u of %s is under 8 bytes", origin,
-                      m.head_dim, epd_dtype_name(m.kv_dtype));
+        epd_log_error(EPD_SIM_LOG, 0, "%s: head_dim %u of %s is under 8 bytes", origin, m.head_dim,
+                      epd_dtype_name(m.kv_dtype));
         return EPD_ERR_MALFORMED;
     }
     if (has_linear && m.state_bytes < 8) {
@@ -579,7 +579,8 @@ epd_status_t epd_sim_conf_write(const char *dir, const epd_sim_options_t *opts)
             accel = epd_strdup(a);
         }
         if (m == NULL || a == NULL) {
-            epd_log_error(EPD_SIM_LOG, 0, "no profile at %s", m == NULL ? opts->model : opts->accel);
+            epd_log_error(EPD_SIM_LOG, 0, "no profile at %s",
+                          m == NULL ? opts->model : opts->accel);
             status = EPD_ERR_NOT_FOUND;
         } else if (model == NULL || accel == NULL) {
             status = EPD_ERR_NO_MEMORY;

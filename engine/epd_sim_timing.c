@@ -110,13 +110,13 @@ epd_status_t epd_sim_timing_init(const epd_sim_conf_t *conf, uint32_t block_toke
     t.head_dim = m->head_dim;
     t.kv_tok_bytes = 2.0 * m->n_kv_heads * m->head_dim * dsz;
     t.state_bytes = (double)m->state_bytes;
-    status = epd_sim_scale_kv(m, conf->scale, block_tokens, &t.n_kv_heads_scaled,
-                              &t.head_dim_scaled);
+    status =
+        epd_sim_scale_kv(m, conf->scale, block_tokens, &t.n_kv_heads_scaled, &t.head_dim_scaled);
     if (status != EPD_OK) {
         return status;
     }
-    t.attn_factor = ((double)t.n_kv_heads_scaled * t.head_dim_scaled) /
-                    ((double)m->n_kv_heads * m->head_dim);
+    t.attn_factor =
+        ((double)t.n_kv_heads_scaled * t.head_dim_scaled) / ((double)m->n_kv_heads * m->head_dim);
     if (m->state_bytes == 0 || conf->scale == 1.0) {
         t.state_bytes_scaled = m->state_bytes;
     } else {

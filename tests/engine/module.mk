@@ -21,6 +21,9 @@ $(eval $(call epd_test,test_epd_engine_generate,tests/engine/test_epd_generate.c
 $(test_epd_engine_generate_OBJS): EPD_CPPFLAGS += -DEPD_TEST_BIN_DIR='"$(abspath $(BUILD))/bin"'
 $(BUILD)/tests/test_epd_engine_generate: $(BUILD)/bin/epd-generate
 
-# The sim engine: reads the shipped profiles from engine/profiles.
+# The sim engine: reads the shipped profiles from engine/profiles and runs
+# epd-generate --engine sim.
 $(eval $(call epd_test,test_epd_engine_sim,tests/engine/test_epd_engine_sim.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
-$(test_epd_engine_sim_OBJS): EPD_CPPFLAGS += -DEPD_TEST_PROFILES='"$(abspath engine/profiles)"'
+$(test_epd_engine_sim_OBJS): EPD_CPPFLAGS += -DEPD_TEST_PROFILES='"$(abspath engine/profiles)"' \
+	-DEPD_TEST_BIN_DIR='"$(abspath $(BUILD))/bin"'
+$(BUILD)/tests/test_epd_engine_sim: $(BUILD)/bin/epd-generate

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "epd_alloc.h"
@@ -31,6 +32,9 @@
 
 #ifndef EPD_TEST_PROFILES
 #error "EPD_TEST_PROFILES must name engine/profiles"
+#endif
+#ifndef EPD_TEST_BIN_DIR
+#error "EPD_TEST_BIN_DIR must name the folder holding epd-generate"
 #endif
 
 #define VOCAB 300
@@ -273,8 +277,8 @@ static void test_shipped_profiles(void **state)
     epd_sim_model_t m;
     epd_sim_accel_t a;
     epd_sim_accel_t half;
-    const char *dirs[] = {"hybrid-moe-320b-h200", "hybrid-moe-320b-h200-half-bw",
-                          "dense-70b-h200", "dense-70b-h200-half-bw"};
+    const char *dirs[] = {"hybrid-moe-320b-h200", "hybrid-moe-320b-h200-half-bw", "dense-70b-h200",
+                          "dense-70b-h200-half-bw"};
     uint32_t n_attn = 0;
 
     (void)state;
@@ -360,9 +364,8 @@ static void test_bad_profiles_refused(void **state)
     }
     {
         epd_status_t status;
-        const char *err =
-            captured(parse_accel_text, "name = x\nflops = 1e12\nmem_bw = 0\nhbm_bytes = 1\n",
-                     &status);
+        const char *err = captured(parse_accel_text,
+                                   "name = x\nflops = 1e12\nmem_bw = 0\nhbm_bytes = 1\n", &status);
 
         assert_int_equal(status, EPD_ERR_MALFORMED);
         assert_non_null(strstr(err, "bad.accel:3: 'mem_bw' = 0 out of range"));
@@ -385,10 +388,8 @@ static void test_bad_conf_refused(void **state)
         const char *extra;
         const char *why;
     } cases[] = {
-        {"scale = 0\n", "'scale' = 0 out of range"},
-        {"scale = 1.5\n", "out of range"},
-        {"mode = nap\n", "not sleep or spin"},
-        {"devices = 0\n", "out of range"},
+        {"scale = 0\n", "'scale' = 0 out of range"}, {"scale = 1.5\n", "out of range"},
+        {"mode = nap\n", "not sleep or spin"},       {"devices = 0\n", "out of range"},
         {"speed = 9\n", "unknown key 'speed'"},
     };
     char dir[1024];
@@ -502,8 +503,8 @@ static void test_timing_formula(void **state)
 }
 
 /* time / bytes written, per layer, for a few chunks and a decode batch */
-static void check_ratio(const epd_engine_t *e1, const epd_sim_timing_t *t1,
-                        const epd_engine_t *es, const epd_sim_timing_t *ts)
+static void check_ratio(const epd_engine_t *e1, const epd_sim_timing_t *t1, const epd_engine_t *es,
+                        const epd_sim_timing_t *ts)
 {
     const epd_kv_layout_t *k1 = &epd_engine_info(e1)->kv;
     const epd_kv_layout_t *ks = &epd_engine_info(es)->kv;
@@ -555,8 +556,8 @@ static void test_scale_invariant(void **state)
         assert_int_equal(epd_sim_timing_init(&c, 16, &t1), EPD_OK);
         for (size_t s = 0; s < sizeof(scales) / sizeof(scales[0]); s++) {
             for (size_t b = 0; b < sizeof(bts) / sizeof(bts[0]); b++) {
-                const char *ds = sim_dir("ss", model, EPD_TEST_PROFILES "/h200.profile",
-                                         scales[s], 0, 0);
+                const char *ds =
+                    sim_dir("ss", model, EPD_TEST_PROFILES "/h200.profile", scales[s], 0, 0);
                 epd_engine_t *es = open_sim(ds, bts[b]);
                 const epd_kv_layout_t *ks = &epd_engine_info(es)->kv;
                 epd_sim_timing_t ts;
@@ -811,8 +812,7 @@ static void test_batch_equals_single(void **state)
             tables[r][i] = i * 3 + (uint32_t)r;
             stables[r][i] = 48 + (uint32_t)r * 16 + i;
         }
-        prefill_ok(e, &pool, tables[r], 16, (uint32_t)r, toks[r], 0, (uint32_t)n,
-                   blog + r * VOCAB);
+        prefill_ok(e, &pool, tables[r], 16, (uint32_t)r, toks[r], 0, (uint32_t)n, blog + r * VOCAB);
         prefill_ok(e, &pool, stables[r], 16, 3 + (uint32_t)r, toks[r], 0, (uint32_t)n, slog[r]);
         reqs[r] = (epd_decode_req_t){.seq = seq_of(tables[r], 16, (uint32_t)r, 1 + r),
                                      .pos = (uint32_t)n,
@@ -891,9 +891,8 @@ static void check_layer_final(const sink_rec_t *s, uint32_t l, const unsigned ch
     uint64_t off;
 
     if (kv->kind[l] == EPD_LAYER_LINEAR) {
-        assert_int_equal(epd_kv_state_offset(kv, s->pool->n_blocks, s->pool->n_state_slots, l, 1,
-                                             &off),
-                         EPD_OK);
+        assert_int_equal(
+            epd_kv_state_offset(kv, s->pool->n_blocks, s->pool->n_state_slots, l, 1, &off), EPD_OK);
         assert_memory_equal(a + off, b + off, kv->state_bytes);
         return;
     }
@@ -901,9 +900,9 @@ static void check_layer_final(const sink_rec_t *s, uint32_t l, const unsigned ch
         for (uint32_t r = 0; r < 2 * kv->n_kv_heads; r++) {
             size_t o;
 
-            assert_int_equal(epd_kv_block_offset(kv, s->pool->n_blocks, l,
-                                                 s->table[p / kv->block_tokens], &off),
-                             EPD_OK);
+            assert_int_equal(
+                epd_kv_block_offset(kv, s->pool->n_blocks, l, s->table[p / kv->block_tokens], &off),
+                EPD_OK);
             o = off + ((size_t)r * kv->block_tokens + p % kv->block_tokens) * row;
             assert_memory_equal(a + o, b + o, row);
         }
@@ -976,8 +975,8 @@ static void test_sink_abort(void **state)
 
 static void check_time_spent(epd_sim_mode_t mode, const char *accel, uint32_t n_tok)
 {
-    const char *dir = sim_dir(mode == EPD_SIM_SPIN ? "spin" : "sleep", tiny_model, accel, 1.0,
-                              mode, 1);
+    const char *dir =
+        sim_dir(mode == EPD_SIM_SPIN ? "spin" : "sleep", tiny_model, accel, 1.0, mode, 1);
     epd_engine_t *e = open_sim(dir, 4);
     epd_sim_conf_t c;
     epd_sim_timing_t t;
@@ -987,8 +986,7 @@ static void check_time_spent(epd_sim_mode_t mode, const char *accel, uint32_t n_
     float logits[8 * VOCAB];
     sink_rec_t rec = {.e = e, .pool = &pool, .table = table, .n = n_tok, .abort_at = UINT32_MAX};
     epd_engine_sink_t sink = {.cb = sink_cb, .ctx = &rec};
-    epd_prefill_args_t a = {
-        .seq = seq_of(table, 64, 1, 7), .tokens = toks, .n_tokens = n_tok};
+    epd_prefill_args_t a = {.seq = seq_of(table, 64, 1, 7), .tokens = toks, .n_tokens = n_tok};
     epd_decode_req_t reqs[8];
     double model_s = 0.0;
     uint64_t t0;
@@ -1195,6 +1193,54 @@ static void test_tokenizer(void **state)
     epd_engine_close(e);
 }
 
+/* epd-generate --engine sim is the colocated baseline: greedy, it prints
+ * the tokens a prefill + decode loop over the engine API produces. */
+static void test_generate_tool(void **state)
+{
+    const char *dir = sim_dir("gen", tiny_model, fast_accel, 1.0, EPD_SIM_SLEEP, 3);
+    epd_engine_t *e = open_sim(dir, 16);
+    epd_kv_pool_t pool;
+    uint32_t table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    int32_t toks[64];
+    float logits[VOCAB];
+    size_t n = make_prompt("colocated", toks);
+    char cmd[4096];
+    char want[1024];
+    char got[1024];
+    size_t len = 0;
+    FILE *f;
+    int rc;
+
+    (void)state;
+    epd_test_pool(e, 8, 1, &pool);
+    prefill_ok(e, &pool, table, 8, 0, toks, 0, (uint32_t)n, logits);
+    for (uint32_t i = 0; i < 12; i++) {
+        epd_decode_req_t r = {
+            .seq = seq_of(table, 8, 0, 1), .pos = (uint32_t)n + i, .token = argmax(logits, VOCAB)};
+
+        len += (size_t)snprintf(want + len, sizeof(want) - len, "%s%d", i ? " " : "", r.token);
+        if (i + 1 < 12) {
+            assert_int_equal(epd_engine_decode(e, &pool, &r, 1, logits), EPD_OK);
+        }
+    }
+    snprintf(want + len, sizeof(want) - len, "\n");
+    snprintf(cmd, sizeof(cmd),
+             "%s/epd-generate --engine sim --model %s --prompt colocated --max-tokens 12 "
+             "--tokens >%s",
+             EPD_TEST_BIN_DIR, dir, epd_test_path(tmpdir, "gen.out"));
+    rc = system(cmd);
+    assert_true(WIFEXITED(rc));
+    assert_int_equal(WEXITSTATUS(rc), 0);
+    f = fopen(epd_test_path(tmpdir, "gen.out"), "rb");
+    assert_non_null(f);
+    len = fread(got, 1, sizeof(got) - 1, f);
+    got[len] = '\0';
+    fclose(f);
+    assert_string_equal(got, want);
+    epd_free(pool.base);
+    epd_engine_close(e);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -1237,6 +1283,7 @@ int main(void)
         cmocka_unit_test(test_release_clears_state),
         cmocka_unit_test(test_open_allocation_failures),
         cmocka_unit_test(test_tokenizer),
+        cmocka_unit_test(test_generate_tool),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);
