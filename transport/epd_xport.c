@@ -1039,6 +1039,13 @@ void epd_xport_ep_close(epd_xport_ep_t *ep)
     if (ep->state == EPD__EP_CONNECTED) {
         (void)epd__frame_send(ep, EPD__FRAME_BYE, 0, NULL, 0);
     }
+    if (ep->state == EPD__EP_CONNECTING && ep->conn_cb != NULL) {
+        /* the connect completes, like every other pending operation */
+        epd_xport_comp_cb_t cb = ep->conn_cb;
+        ep->conn_cb = NULL;
+        ep->state = EPD__EP_CLOSED;
+        cb(ep->conn_arg, EPD_ERR_CANCELED);
+    }
     ep->state = EPD__EP_CLOSED;
     ep->conn_cb = NULL;
     epd__ep_release_backend(ep);

@@ -116,6 +116,7 @@ typedef struct {
 
 static const epd_test_conf_t *conf;
 static uint32_t peer_timeout_ms = PEER_TIMEOUT_MS;
+static uint32_t max_inflight = 4096;
 static char self_path[4096];
 
 /* ------------------------------------------------------------- helpers */
@@ -265,6 +266,7 @@ static epd_xport_config_t test_config(epd_xport_msg_cb_t cb, void *arg)
     cfg.provider = conf->provider;
     cfg.max_msg_size = MAX_MSG;
     cfg.peer_timeout_ms = peer_timeout_ms;
+    cfg.max_inflight = max_inflight;
     cfg.connect_timeout_ms = CONNECT_TIMEOUT_MS;
     cfg.msg_cb = cb;
     cfg.cb_arg = arg;
@@ -281,17 +283,23 @@ static int peer_main(int fd)
     size_t key_len;
     uint64_t deadline = epd_time_now_ns() + 120 * EPD_NSEC_PER_SEC;
 
+    epd_status_t st;
+
     memset(&pr, 0, sizeof(pr));
     cfg = test_config(peer_msg, &pr);
-    if (epd_xport_create(&cfg, &pr.x) != EPD_OK) {
+    st = epd_xport_create(&cfg, &pr.x);
+    if (st != EPD_OK) {
+        fprintf(stderr, "peer %d: epd_xport_create: %s\n", (int)getpid(), epd_status_name(st));
         return 2;
     }
-    if (epd_xport_mr_alloc(pr.x, REGION_SIZE, &pr.mr) != EPD_OK ||
-        epd_xport_address(pr.x, &blob, &blob_len) != EPD_OK ||
-        epd_xport_mr_pack(pr.mr, key, sizeof(key), &key_len) != EPD_OK) {
+    if ((st = epd_xport_mr_alloc(pr.x, REGION_SIZE, &pr.mr)) != EPD_OK ||
+        (st = epd_xport_address(pr.x, &blob, &blob_len)) != EPD_OK ||
+        (st = epd_xport_mr_pack(pr.mr, key, sizeof(key), &key_len)) != EPD_OK) {
+        fprintf(stderr, "peer %d: region set-up: %s\n", (int)getpid(), epd_status_name(st));
         return 3;
     }
     if (chan_write(fd, blob, (uint32_t)blob_len) != 0 || chan_write(fd, key, (uint32_t)key_len) != 0) {
+        fprintf(stderr, "peer %d: side channel: %s\n", (int)getpid(), strerror(errno));
         return 4;
     }
     while (!pr.quit && epd_time_now_ns() < deadline) {
@@ -300,10 +308,9 @@ static int peer_main(int fd)
 
         epd_xport_poll(pr.x, 2);
         if (pr.have_pending && pr.reply_ep != NULL) {
-            epd_status_t st = epd_xport_send(pr.reply_ep, &pr.pending, sizeof(pr.pending), 0);
-            if (st == EPD_OK) {
-                pr.have_pending = 0;
-            } else if (st != EPD_ERR_NO_RESOURCE) {
+            /* done unless backpressure (a dead endpoint: the test notices) */
+            if (epd_xport_send(pr.reply_ep, &pr.pending, sizeof(pr.pending), 0) !=
+                EPD_ERR_NO_RESOURCE) {
                 pr.have_pending = 0;
             }
         }
@@ -398,8 +405,15 @@ static void peer_start(peer_proc_t *p, epd_xport_t *x)
     close(sv[1]);
     fcntl(sv[0], F_SETFD, FD_CLOEXEC);
     p->fd = sv[0];
-    assert_int_equal(chan_read(p->fd, x, p->blob, sizeof(p->blob), &p->blob_len, 20000), 0);
-    assert_int_equal(chan_read(p->fd, x, p->key, sizeof(p->key), &p->key_len, 20000), 0);
+    if (chan_read(p->fd, x, p->blob, sizeof(p->blob), &p->blob_len, 20000) != 0 ||
+        chan_read(p->fd, x, p->key, sizeof(p->key), &p->key_len, 20000) != 0) {
+        int status = 0;
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, &status, 0);
+        fail_msg("peer %d did not start: %s %d", (int)p->pid,
+                 WIFSIGNALED(status) ? "signal" : "exit status",
+                 WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    }
 }
 
 static void peer_stop(peer_proc_t *p)
@@ -1100,45 +1114,60 @@ static void test_peer_killed(void **state)
     peer_timeout_ms = PEER_TIMEOUT_MS;
 }
 
-/* Closing an endpoint with writes in flight completes each exactly once
- * (EPD_OK if it had landed, EPD_ERR_CANCELED otherwise) before close
- * returns; the peer sees the endpoint go. */
+/* max_inflight bounds what is posted (EPD_ERR_NO_RESOURCE, nothing
+ * queued); closing an endpoint with writes in flight completes each exactly
+ * once (EPD_OK if it had landed, EPD_ERR_CANCELED otherwise) before close
+ * returns; a connect still in progress completes with EPD_ERR_CANCELED. */
 static void test_close_with_inflight(void **state)
 {
     host_t h;
     peer_proc_t p;
-    epd_xport_ep_t *ep;
+    epd_xport_ep_t *ep, *ep2 = NULL;
     epd_xport_rkey_t *rk;
     static comp_t comps[256];
+    comp_t extra = {0}, conn = {0};
     size_t size = 1 << 20;
     unsigned char *local = epd_calloc(1, size);
     int n = 0;
+    epd_status_t st;
 
     (void)state;
     assert_non_null(local);
     memset(comps, 0, sizeof(comps));
+    max_inflight = 32;
     host_init(&h, conf->expect);
+    max_inflight = 4096;
     peer_start(&p, h.x);
     ep = connect_peer(&h, &p, &rk);
-    for (int i = 0; i < 64; i++) {
-        if (epd_xport_write(ep, local, size, NULL, rk, (uint64_t)i * size, comp_cb, &comps[i]) ==
-            EPD_INPROGRESS) {
-            n++;
-        }
+    /* no progress in between: the 33rd is refused, whatever finished */
+    while ((st = epd_xport_write(ep, local, size, NULL, rk, (uint64_t)n * size, comp_cb,
+                                 &comps[n])) == EPD_INPROGRESS) {
+        n++;
+        assert_true(n <= 32);
     }
-    assert_int_equal(n, 64);
+    assert_int_equal(st, EPD_ERR_NO_RESOURCE);
+    assert_int_equal(n, 32);
+    assert_int_equal(epd_xport_flush(ep, comp_cb, &extra), EPD_ERR_NO_RESOURCE);
     epd_xport_rkey_destroy(rk);
     epd_xport_ep_close(ep);
     for (int i = 0; i < n; i++) {
         assert_int_equal(comps[i].calls, 1);
         assert_true(comps[i].status == EPD_OK || comps[i].status == EPD_ERR_CANCELED);
     }
+    assert_int_equal(extra.calls, 0);
+    /* a connect closed before the answer */
+    assert_int_equal(epd_xport_connect(h.x, p.blob, p.blob_len, comp_cb, &conn, &ep2),
+                     EPD_INPROGRESS);
+    epd_xport_ep_close(ep2);
+    assert_int_equal(conn.calls, 1);
+    assert_int_equal(conn.status, EPD_ERR_CANCELED);
     for (int i = 0; i < 20; i++) {
         epd_xport_poll(h.x, 1);
     }
     for (int i = 0; i < n; i++) {
         assert_int_equal(comps[i].calls, 1);
     }
+    assert_int_equal(conn.calls, 1);
     peer_stop(&p);
     epd_xport_destroy(h.x);
     epd_free(local);
