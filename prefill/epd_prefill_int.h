@@ -122,6 +122,7 @@ struct epd_prefill_req {
     int tell_d;                             /* Error to decode pending */
     int need_quiesced;                      /* WritesQuiesced to decode pending */
     int complete_sent;
+    int backpressured;                      /* a post was refused (logged once) */
 };
 
 typedef struct epd_prefill_srv {

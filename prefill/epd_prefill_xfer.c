@@ -119,6 +119,12 @@ void epd__prefill_req_dirty(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 
 static void epd_prefill_req_block(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
+    if (!req->backpressured) {
+        req->backpressured = 1;
+        epd_log_debug(EPD_PREFILL_LOG, req->id,
+                      "transport backpressure at layer %u write %u (%u in flight): retrying "
+                      "after progress", req->post_layer, req->post_idx, req->writes_inflight);
+    }
     epd_prefill_list_remove(srv, req);
     epd_prefill_list_append(srv, req, EPD_PREFILL_LIST_BLOCKED);
 }

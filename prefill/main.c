@@ -51,6 +51,7 @@ typedef struct {
     int64_t lease_ms;
     int64_t peer_timeout_ms;
     int64_t connect_timeout_ms;
+    int64_t max_inflight_writes;
 } epd_prefill_flags_t;
 
 static void epd_prefill_on_tick(uv_timer_t *timer)
@@ -225,6 +226,7 @@ static int epd_prefill_run(const epd_prefill_flags_t *fl)
     xcfg.expect = fl->expect;
     xcfg.provider = fl->provider;
     xcfg.max_msg_size = 64 * 1024;
+    xcfg.max_inflight = (uint32_t)fl->max_inflight_writes;
     xcfg.peer_timeout_ms = srv->peer_timeout_ms;
     xcfg.connect_timeout_ms = srv->connect_timeout_ms;
     xcfg.msg_cb = epd__prefill_on_msg;
@@ -400,6 +402,7 @@ int main(int argc, char **argv)
         .lease_ms = 5000,
         .peer_timeout_ms = 3000,
         .connect_timeout_ms = 3000,
+        .max_inflight_writes = 4096,
     };
     const epd_opt_t opts[] = {
         {"model", EPD_OPT_STRING, &fl.model, 0, 0, "model folder (config.json + model.safetensors)"},
@@ -425,6 +428,8 @@ int main(int argc, char **argv)
          "silence after which a peer is declared dead"},
         {"connect-timeout-ms", EPD_OPT_INT, &fl.connect_timeout_ms, 1, 3600000,
          "deadline for connecting to a decode worker"},
+        {"max-inflight-writes", EPD_OPT_INT, &fl.max_inflight_writes, 1, 1 << 24,
+         "KV writes posted at once; more wait (backpressure) until earlier ones complete"},
         {"log-level", EPD_OPT_STRING, &fl.log_level, 0, 0, "error, warn, info, debug or trace"},
     };
     epd_opts_t o = {.prog = "epd-prefill",

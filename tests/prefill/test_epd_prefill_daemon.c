@@ -24,7 +24,11 @@
  *     serving;
  *   - Health / Status / Drain (wrong id NOT_FOUND, then DRAINING refusals),
  *     and SIGTERM exits 0.
- * Each test ends with the daemon's pool back to full.
+ * Each test ends with the daemon's pool back to full.  The daemon may post
+ * only 3 writes at once (--max-inflight-writes 3), so every request also
+ * goes through the backpressure path (writes refused with
+ * EPD_ERR_NO_RESOURCE, retried after completions, order and checksums
+ * kept).
  */
 #include "epd_test.h"
 
@@ -500,7 +504,7 @@ static void start_daemon(void)
         char *argv[] = {(char *)bin_path(), "--model", (char *)w->model, "--worker-id", "prefill-t",
                         "--ready-file", w->ready, "--lease-ms", lease, "--state-slots", slots,
                         "--kv-blocks", "256", "--peer-timeout-ms", "1500", "--log-level",
-                        "debug", NULL};
+                        "debug", "--max-inflight-writes", "3", NULL};
         char log[1100];
 
         snprintf(log, sizeof(log), "%s/p.log", w->dir);
@@ -623,6 +627,18 @@ static void test_reservation_then_layers(void **state)
     send_reservation(&r, NULL);
     expect_complete(&r);
     wait_idle();
+    /* with 3 writes in flight at most, this request met backpressure */
+    {
+        char path[1100];
+        size_t len;
+        unsigned char *log;
+
+        snprintf(path, sizeof(path), "%s/p.log", w->dir);
+        log = epd_test_read_file(path, &len);
+        log[len - 1] = '\0';
+        assert_non_null(strstr((char *)log, "transport backpressure"));
+        epd_free(log);
+    }
 }
 
 static void test_reservation_before_request(void **state)
