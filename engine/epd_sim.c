@@ -258,7 +258,8 @@ static void epd_sim_wait_until(const epd_engine_impl_t *e, uint64_t deadline_ns)
 
 static uint64_t epd_sim_ns(double seconds)
 {
-    return (uint64_t)llround(seconds * 1e9);
+    /* a day at most: keeps deadlines far from overflowing with any profile */
+    return seconds < 86400.0 ? (uint64_t)llround(seconds * 1e9) : 86400 * EPD_NSEC_PER_SEC;
 }
 
 /* Says once that filling took longer than the modelled time. */

@@ -426,8 +426,10 @@ epd_status_t epd_sim_model_load(const char *path, epd_sim_model_t *model_p)
 
 static const epd_sim_key_t epd_sim_accel_keys[] = {
     {"name", EPD_SIM_V_TEXT, EPD_SIM_A(name), 0, 0, 1},
-    {"flops", EPD_SIM_V_DOUBLE, EPD_SIM_A(flops), 0, 1e20, 1},
-    {"mem_bw", EPD_SIM_V_DOUBLE, EPD_SIM_A(mem_bw), 0, 1e18, 1},
+    /* at least 1e6 per second: a sane device, and modelled times that fit
+     * in nanoseconds */
+    {"flops", EPD_SIM_V_DOUBLE, EPD_SIM_A(flops), 1e6, 1e20, 1},
+    {"mem_bw", EPD_SIM_V_DOUBLE, EPD_SIM_A(mem_bw), 1e6, 1e18, 1},
     {"hbm_bytes", EPD_SIM_V_DOUBLE, EPD_SIM_A(hbm_bytes), 0, 1e18, 1},
 };
 

@@ -1,4 +1,5 @@
-# engine/: the engine interface, the `ref` CPU engine, safetensors loader,
+# engine/: the engine interface, the `ref` CPU engine, the `sim` timing model
+# (profiles in engine/profiles/), safetensors loader,
 # sampling, UTF-8 repair, model writer; tools epd-mkmodel and epd-generate.
 ENGINE_SRCS := $(wildcard engine/*.c)
 $(eval $(call epd_lib,epd_engine,$(ENGINE_SRCS)))

@@ -1051,6 +1051,52 @@ static void test_time_spent_spin(void **state)
     check_time_spent(EPD_SIM_SPIN, fast_accel, 32);
 }
 
+/* An accelerator too fast for this CPU: the fill outlasts every layer; the
+ * engine says so once per instance and still returns correct bytes. */
+static epd_status_t two_fast_prefills(const void *dir)
+{
+    epd_engine_t *e = open_sim(dir, 4);
+    epd_kv_pool_t pool;
+    uint32_t table[64];
+    int32_t toks[256];
+    float logits[VOCAB];
+    epd_prefill_args_t a = {.seq = seq_of(table, 64, 0, 9), .tokens = toks, .n_tokens = 256};
+    epd_status_t status = EPD_OK;
+
+    for (uint32_t i = 0; i < 64; i++) {
+        table[i] = i;
+    }
+    for (uint32_t i = 0; i < 256; i++) {
+        toks[i] = (int32_t)i;
+    }
+    epd_test_pool(e, 64, 1, &pool);
+    for (int r = 0; r < 2 && status == EPD_OK; r++) {
+        status = epd_engine_prefill(e, &pool, &a, NULL, logits);
+    }
+    epd_free(pool.base);
+    epd_engine_close(e);
+    return status;
+}
+
+static void test_slow_fill_said_once(void **state)
+{
+    static const char INF[] = "name = inf\nflops = 1e20\nmem_bw = 1e18\nhbm_bytes = 1e9\n";
+    const char *path = epd_test_path(tmpdir, "inf.profile");
+    const char *dir;
+    const char *err;
+    const char *first;
+    epd_status_t status;
+
+    (void)state;
+    epd_test_write_file(path, INF, strlen(INF));
+    dir = sim_dir("inf", tiny_model, path, 1.0, EPD_SIM_SLEEP, 1);
+    err = captured(two_fast_prefills, dir, &status);
+    assert_int_equal(status, EPD_OK);
+    first = strstr(err, "the timing model cannot be honoured");
+    assert_non_null(first);
+    assert_null(strstr(first + 1, "the timing model cannot be honoured"));
+}
+
 /* ---- refusals, release, allocation ------------------------------------------ */
 
 static void test_refuses_bad_requests(void **state)
@@ -1279,6 +1325,7 @@ int main(void)
         cmocka_unit_test(test_sink_abort),
         cmocka_unit_test(test_time_spent_sleep),
         cmocka_unit_test(test_time_spent_spin),
+        cmocka_unit_test(test_slow_fill_said_once),
         cmocka_unit_test(test_refuses_bad_requests),
         cmocka_unit_test(test_release_clears_state),
         cmocka_unit_test(test_open_allocation_failures),
