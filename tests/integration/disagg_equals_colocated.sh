@@ -88,4 +88,4 @@ stop_daemon h_p TERM
 [ "$STOP_RC" = 0 ] || fail "prefill exited $STOP_RC on SIGTERM"
 stop_daemon h_d TERM
 [ "$STOP_RC" = 0 ] || fail "decode exited $STOP_RC on SIGTERM"
-echo "PASS $conf"
+finish_ok

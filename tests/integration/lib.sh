@@ -17,6 +17,7 @@ export EPD_LOG_LEVEL=${EPD_LOG_LEVEL:-info}
 
 T=$(mktemp -d "${TMPDIR:-/tmp}/epd-itest.XXXXXX")
 PIDS=()
+DAEMONS=()
 
 itest_cleanup() {
   local rc=$?
@@ -92,6 +93,7 @@ start_daemon() {
   [ -n "$addr" ] || fail "ready file of '$name' has no control=ADDR: $line"
   printf -v "${name}_PID" '%s' "$pid"
   printf -v "${name}_ADDR" '%s' "$addr"
+  DAEMONS+=("$name")
 }
 
 # stop_daemon NAME [SIGNAL]: kills by PID and reaps (default SIGTERM, then
@@ -109,6 +111,26 @@ stop_daemon() {
   kill -KILL "$pid" 2>/dev/null || true
   STOP_RC=0
   wait "$pid" 2>/dev/null || STOP_RC=$?
+}
+
+# finish_ok: the end of a passing test.  Every daemon still running gets
+# SIGTERM and must exit 0 (sanitizer builds: leak checks run then); no
+# daemon log may hold a sanitizer report (also those of daemons killed or
+# restarted during the test).
+finish_ok() {
+  local name pidvar
+  for name in "${DAEMONS[@]:-}"; do
+    [ -n "$name" ] || continue
+    pidvar="${name}_PID"
+    if kill -0 "${!pidvar}" 2>/dev/null; then
+      stop_daemon "$name" TERM
+      [ "$STOP_RC" = 0 ] || fail "daemon '$name' exited $STOP_RC on SIGTERM"
+    fi
+  done
+  if grep -El "ERROR: (Address|Leak)Sanitizer|runtime error:|ThreadSanitizer" "$T"/*.log 2>/dev/null; then
+    fail "sanitizer reports in the daemon logs above"
+  fi
+  echo PASS
 }
 
 # status_field ADDR FIELD: FIELD's value in `epd-ctl status ADDR` (first worker).

@@ -34,4 +34,4 @@ rc=0
 grep -q DRAINING "$T/err" || fail "not refused with EPD_ERR_DRAINING: $(cat "$T/err")"
 "$BIN/epd-ctl" drain "$p_ADDR" --worker-id prefill-x || fail "prefill drain failed"
 [ "$(health_field "$p_ADDR" draining)" = 1 ] || fail "prefill Health does not say draining"
-echo PASS
+finish_ok

@@ -25,4 +25,4 @@ printf 'Still serving after the garbage?' >"$T/short"
 same_as_colocated "$T/m" "$p_ADDR" "$d_ADDR" "$T/short" 16
 same_as_colocated "$T/m" "$p_ADDR" "$d_ADDR" "$T/short" 16 --temperature 0.8 --top-p 0.9 --seed 3
 wait_blocks_free "$d_ADDR" 20
-echo PASS
+finish_ok

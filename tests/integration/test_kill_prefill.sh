@@ -67,4 +67,4 @@ note "the old incarnation's messages are refused"
 grep -qi "epoch" "$T/d.log" || fail "decode logged nothing about the stale epoch"
 grep -qi "epoch" "$T/p.log" || fail "prefill logged nothing about the stale epoch"
 same_as_colocated "$T/m" "$p_ADDR" "$d_ADDR" "$T/short" 6
-echo PASS
+finish_ok

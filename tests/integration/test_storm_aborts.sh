@@ -20,4 +20,4 @@ stop_daemon p TERM
 [ "$STOP_RC" = 0 ] || fail "prefill exited $STOP_RC on SIGTERM"
 stop_daemon d TERM
 [ "$STOP_RC" = 0 ] || fail "decode exited $STOP_RC on SIGTERM"
-echo PASS
+finish_ok
