@@ -271,8 +271,14 @@ static dec_link_t *dec_link_new(dec_daemon_t *d, int kind, epd_xport_ep_t *ep)
 
 /* Closes the endpoint and frees the link; the caller detached requests and
  * peers first. */
+static void dec_req_unlink_client(dec_req_t *r);
+
 static void dec_link_free(dec_daemon_t *d, dec_link_t *l)
 {
+    /* requests answered here lose their client (replies are dropped) */
+    while (l->reqs != NULL) {
+        dec_req_unlink_client(l->reqs);
+    }
     while (l->out_head != NULL) {
         dec_outmsg_t *m = l->out_head;
         l->out_head = m->next;
@@ -762,7 +768,7 @@ static void dec_req_retire(dec_daemon_t *d, dec_req_t *r)
 /* Hands READY requests to the compute thread while its queue has room. */
 static void dec_join_pump(dec_daemon_t *d)
 {
-    while (d->join_head != NULL) {
+    while (d->batch != NULL && d->join_head != NULL) {
         dec_req_t *r = d->join_head;
 
         if (epd_decode_batch_submit(d->batch, &r->seq) != EPD_OK) {
@@ -808,6 +814,9 @@ static void dec_on_wake(uv_async_t *h)
     epd_decode_seq_t *seq;
     int final;
 
+    if (d->batch == NULL) {
+        return; /* stopping */
+    }
     while ((seq = epd_decode_batch_poll(d->batch, &final)) != NULL) {
         dec_req_t *r = (dec_req_t *)((char *)seq - offsetof(dec_req_t, seq));
         uint32_t n = atomic_load_explicit(&seq->n_produced, memory_order_acquire);
@@ -1429,10 +1438,10 @@ static void dec_on_sweep(uv_timer_t *t)
 static void dec_fill_load(dec_daemon_t *d, Epd__Load *load)
 {
     epd__load__init(load);
-    load->queue_depth = d->n_join + epd_decode_batch_queued(d->batch);
+    load->queue_depth = d->n_join + (d->batch != NULL ? epd_decode_batch_queued(d->batch) : 0);
     load->kv_blocks_free = epd_decode_blocks_free(d->blocks);
     load->state_slots_free = epd_decode_blocks_slots_free(d->blocks);
-    load->running_requests = epd_decode_batch_running(d->batch);
+    load->running_requests = d->batch != NULL ? epd_decode_batch_running(d->batch) : 0;
 }
 
 static void dec_fill_capacity(dec_daemon_t *d, Epd__Capacity *cap)

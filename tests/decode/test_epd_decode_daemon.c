@@ -72,6 +72,7 @@ static struct {
     unsigned char d_addr[EPD_XPORT_ADDR_MAX];
     size_t d_addr_len;
     side_t c, p;
+    side_t *extra;           /* another client, progressed too when set */
     /* the fake prefill's engine and local pool */
     epd_engine_t *engine;
     const epd_engine_info_t *info;
@@ -140,6 +141,9 @@ static void poll_ms(int ms)
     do {
         if (T.c.x != NULL) {
             epd_xport_poll(T.c.x, T.p.x != NULL ? 0 : 1);
+        }
+        if (T.extra != NULL && T.extra->x != NULL) {
+            epd_xport_poll(T.extra->x, 0);
         }
         if (T.p.x != NULL) {
             epd_xport_poll(T.p.x, 1);
@@ -477,7 +481,8 @@ static void colocated(rq_t *r)
     epd_free(logits);
 }
 
-static void send_generate_ex(const rq_t *r, uint64_t d_start, uint64_t p_start, const char *p_id)
+static void send_generate_on(side_t *c, const rq_t *r, uint64_t d_start, uint64_t p_start,
+                             const char *p_id)
 {
     Epd__Envelope env = EPD__ENVELOPE__INIT;
     Epd__GenerateRequest g = EPD__GENERATE_REQUEST__INIT;
@@ -512,7 +517,12 @@ static void send_generate_ex(const rq_t *r, uint64_t d_start, uint64_t p_start, 
     g.deadline_ms = 30000;
     env.body_case = EPD__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
-    send_env(&T.c, "test-client", &env, 0);
+    send_env(c, c == &T.c ? "test-client" : c->name, &env, 0);
+}
+
+static void send_generate_ex(const rq_t *r, uint64_t d_start, uint64_t p_start, const char *p_id)
+{
+    send_generate_on(&T.c, r, d_start, p_start, p_id);
 }
 
 static void send_generate(const rq_t *r)
@@ -959,6 +969,39 @@ static void test_refusals(void **state)
     wait_full(3000);
 }
 
+/* A client goes away with one request waiting for P and one generating:
+ * both are aborted (P told for the first), the blocks come back. */
+static void test_client_death(void **state)
+{
+    static side_t c2;
+    rq_t a, b;
+    Epd__Envelope *env;
+
+    (void)state;
+    side_open(&c2, "client2", 2);
+    T.extra = &c2;
+    rq_init(&a, 91, 10, 20);
+    rq_init(&b, 92, 10, 240);
+    send_generate_on(&c2, &a, T.d_start, T.p.start, P_ID);
+    send_generate_on(&c2, &b, T.d_start, T.p.start, P_ID);
+    env = take(&T.p, a.id, EPD__ENVELOPE__BODY_RESERVATION, 5000);
+    assert_non_null(env);
+    epd_msg_free(env);
+    fake_prefill(&b, -1);
+    /* b is in the batch once its first chunk came */
+    env = take(&c2, b.id, EPD__ENVELOPE__BODY_TOKENS, 5000);
+    assert_non_null(env);
+    epd_msg_free(env);
+    T.extra = NULL;
+    side_close(&c2);
+    env = take(&T.p, a.id, EPD__ENVELOPE__BODY_ABORT, 5000);
+    assert_non_null(env);
+    epd_msg_free(env);
+    assert_true(blocks_free() < KV_BLOCKS);
+    send_quiesced(a.id);
+    wait_full(5000);
+}
+
 /* Last: the prefill side goes away for good. */
 static void test_prefill_death(void **state)
 {
@@ -989,6 +1032,7 @@ int main(void)
         cmocka_unit_test(test_abort_while_generating),
         cmocka_unit_test(test_lease_expires),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_client_death),
         cmocka_unit_test(test_prefill_death),
     };
 
