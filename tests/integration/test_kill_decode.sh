@@ -17,21 +17,23 @@ start_daemon p prefill --model "$T/m" --worker-id prefill-k --lease-ms $LEASE_MS
 old_epoch=$(health_field "$d_ADDR" epoch)
 note "prefill $p_ADDR, decode $d_ADDR (epoch $old_epoch)"
 
-prompt_of_len 3000 6 >"$T/long"
+prompt_of_len 4000 6 >"$T/long"
 "$BIN/epd-ctl" submit --prefill "$p_ADDR" --decode "$d_ADDR" --model "$T/m" --prompt-file "$T/long" \
   --max-tokens 8 --tokens --timeout-ms 60000 >"$T/ctl.out" 2>"$T/ctl.err" &
 ctl=$!
 PIDS+=("$ctl")
 for i in $(seq 1 200); do
   run=$(health_field "$p_ADDR" running_requests)
-  if [ "${run:-0}" -ge 1 ]; then
+  free=$(status_field "$d_ADDR" kv_blocks_free)
+  total=$(status_field "$d_ADDR" kv_blocks_total)
+  if [ "${run:-0}" -ge 1 ] && [ "${free:-0}" != "${total:-0}" ]; then
     break
   fi
   sleep 0.05
 done
-sleep 0.3
+
 kill -0 "$ctl" 2>/dev/null || fail "the request ended before the kill: $(cat "$T/ctl.out" "$T/ctl.err")"
-note "SIGKILL decode (prefill running_requests=$run)"
+note "SIGKILL decode (prefill running_requests=$run, decode free $free/$total)"
 t0=$(date +%s%N)
 kill -KILL "$d_PID"
 rc=0
@@ -64,7 +66,8 @@ note "the old incarnation's messages are refused"
   fail "prefill accepted the old decode epoch"
 "$ITEST/epd-itest-raw" old-epoch --target "$d_ADDR" --epoch "$old_epoch" ||
   fail "decode accepted a request for its old epoch"
-grep -qi "epoch" "$T/p.log" || fail "prefill logged nothing about the stale epoch"
+grep -qi "req=424242 .*epoch" "$T/p.log" || fail "prefill logged nothing about the stale WritesQuiesced"
+grep -qi "req=8001 .*epoch" "$T/d.log" || fail "decode logged nothing about the request for its old epoch"
 same_as_colocated "$T/m" "$p_ADDR" "$d_ADDR" "$T/short" 6
 wait_blocks_free "$d_ADDR" 20
 finish_ok

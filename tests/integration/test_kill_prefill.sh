@@ -10,7 +10,7 @@ source "$(dirname "$0")/lib.sh"
 
 LEASE_MS=3000
 PEER_MS=1500
-# big enough that a 3000-token prefill takes a while (~1-2 s; more under ASan)
+# big enough that a 4000-token prefill takes a while (~1-2 s; more under ASan)
 mkmodel "$T/m" --layers 6 --dim 256 --heads 8 --kv-heads 2 --layer-pattern LA --ffn 512 \
   --max-context 4096 --seed 3
 start_daemon d decode --model "$T/m" --worker-id decode-k --lease-ms $LEASE_MS \
@@ -20,22 +20,23 @@ start_daemon p prefill --model "$T/m" --worker-id prefill-k --lease-ms $LEASE_MS
 old_epoch=$(health_field "$p_ADDR" epoch)
 note "prefill $p_ADDR (epoch $old_epoch), decode $d_ADDR"
 
-prompt_of_len 3000 5 >"$T/long"
+prompt_of_len 4000 5 >"$T/long"
 "$BIN/epd-ctl" submit --prefill "$p_ADDR" --decode "$d_ADDR" --model "$T/m" --prompt-file "$T/long" \
   --max-tokens 8 --tokens --timeout-ms 60000 >"$T/ctl.out" 2>"$T/ctl.err" &
 ctl=$!
 PIDS+=("$ctl")
-# wait until prefill is working on it (or decode has reserved for it)
+# wait until prefill is working on it and decode has reserved its blocks:
+# from then on prefill streams each finished layer into them
 for i in $(seq 1 200); do
   run=$(health_field "$p_ADDR" running_requests)
   free=$(status_field "$d_ADDR" kv_blocks_free)
   total=$(status_field "$d_ADDR" kv_blocks_total)
-  if [ "${run:-0}" -ge 1 ] || [ "${free:-0}" != "${total:-0}" ]; then
+  if [ "${run:-0}" -ge 1 ] && [ "${free:-0}" != "${total:-0}" ]; then
     break
   fi
   sleep 0.05
 done
-sleep 0.3
+
 kill -0 "$ctl" 2>/dev/null || fail "the request ended before the kill: $(cat "$T/ctl.out" "$T/ctl.err")"
 note "SIGKILL prefill (running_requests=$run, decode free $free/$total)"
 t0=$(date +%s%N)
@@ -64,7 +65,8 @@ note "the old incarnation's messages are refused"
   fail "decode accepted the old prefill epoch"
 "$ITEST/epd-itest-raw" old-epoch --target "$p_ADDR" --epoch "$old_epoch" ||
   fail "prefill accepted a request for its old epoch"
-grep -qi "epoch" "$T/d.log" || fail "decode logged nothing about the stale epoch"
-grep -qi "epoch" "$T/p.log" || fail "prefill logged nothing about the stale epoch"
+grep -qi "req=424242 .*epoch" "$T/d.log" || fail "decode logged nothing about the stale WritesQuiesced"
+grep -qi "req=424243 .*epoch" "$T/d.log" || fail "decode logged nothing about the stale LayerDone"
+grep -qi "req=8001 .*epoch" "$T/p.log" || fail "prefill logged nothing about the request for its old epoch"
 same_as_colocated "$T/m" "$p_ADDR" "$d_ADDR" "$T/short" 6
 finish_ok
