@@ -100,6 +100,12 @@ struct dec_link {
     dec_link_t *prev, *next;   /* d->links */
     dec_req_t *reqs;           /* LINK_CLIENT: requests answered here (c_next) */
     dec_peer_t *peer;          /* LINK_PEER */
+    /* Endpoints are closed and failures handled from the reap timer, never
+     * inside a transport callback or a message handler that may still use
+     * the link (epd_xport_send runs the error callback synchronously). */
+    int closing;               /* detached: close at the next reap */
+    int failed;                /* the transport's error callback ran */
+    epd_status_t fail_status;
 };
 
 /* A prefill worker: one record per worker id, holding its newest epoch. */
@@ -107,6 +113,7 @@ struct dec_peer {
     char *worker_id;
     uint64_t epoch_start, epoch_nonce;
     dec_link_t *link;          /* our endpoint to it, NULL when none */
+    uint64_t xport_id;         /* its transport worker id (0: not known yet) */
     dec_req_t *reqs;           /* requests bound to this epoch (p_next) */
     dec_peer_t *next;
 };
@@ -169,7 +176,7 @@ struct dec_daemon {
     uint64_t seq_no;
     uv_loop_t loop;
     uv_signal_t sigterm, sigint;
-    uv_timer_t sweep, retry;
+    uv_timer_t sweep, retry, reap;
     uv_async_t wake;
     int stopping;
     int draining;
@@ -215,6 +222,8 @@ struct dec_daemon {
 
 static void dec_req_free(dec_daemon_t *d, dec_req_t *r);
 static void dec_on_retry(uv_timer_t *t);
+static void dec_on_reap(uv_timer_t *t);
+static void dec_abort_req(dec_daemon_t *d, dec_req_t *r, const char *why);
 
 /* ---------------------------------------------------------------- logging */
 
@@ -303,6 +312,23 @@ static void dec_link_free(dec_daemon_t *d, dec_link_t *l)
     epd_xport_ep_set_user(l->ep, NULL);
     epd_xport_ep_close(l->ep);
     epd_free(l);
+}
+
+/* Detaches `l` (its requests lose their client; a peer loses its link)
+ * and closes its endpoint at the next reap. */
+static void dec_link_close(dec_daemon_t *d, dec_link_t *l)
+{
+    while (l->reqs != NULL) {
+        dec_req_unlink_client(l->reqs);
+    }
+    if (l->peer != NULL) {
+        l->peer->link = NULL;
+        l->peer = NULL;
+    }
+    l->closing = 1;
+    if (!d->stopping && !uv_is_active((uv_handle_t *)&d->reap)) {
+        uv_timer_start(&d->reap, dec_on_reap, 0, 0);
+    }
 }
 
 static void dec_retry_arm(dec_daemon_t *d, dec_link_t *l)
@@ -403,7 +429,7 @@ static void dec_send(dec_daemon_t *d, dec_link_t *l, Epd__Envelope *env, unsigne
     size_t len;
     epd_status_t st;
 
-    if (l == NULL) {
+    if (l == NULL || l->closing || l->failed) {
         return;
     }
     epoch.start_time_ns = d->epoch_start;
@@ -540,11 +566,7 @@ static void dec_req_unlink_client(dec_req_t *r)
 static void dec_peer_close_link(dec_daemon_t *d, dec_peer_t *p)
 {
     if (p->link != NULL) {
-        dec_link_t *l = p->link;
-
-        p->link = NULL;
-        l->peer = NULL;
-        dec_link_free(d, l);
+        dec_link_close(d, p->link);
     }
 }
 
@@ -558,7 +580,34 @@ static void dec_peer_gone(dec_daemon_t *d, dec_peer_t *p, epd_status_t why, cons
     uint32_t failed = 0;
     uint32_t released = 0;
 
+    if (p->xport_id == 0 && p->link != NULL) {
+        p->xport_id = epd_xport_ep_peer_id(p->link->ep);
+    }
     dec_peer_close_link(d, p);
+    /* and the endpoints it opened to us (its writes and messages travel on
+     * those): nothing of this incarnation may land after this point */
+    if (p->xport_id != 0) {
+        dec_link_t *l = d->links;
+
+        while (l != NULL) {
+            dec_link_t *next = l->next;
+
+            if (l->kind == LINK_CLIENT && !l->closing &&
+                epd_xport_ep_peer_id(l->ep) == p->xport_id) {
+                while (l->reqs != NULL) {
+                    dec_req_t *r = l->reqs;
+
+                    dec_req_unlink_client(r);
+                    dec_abort_req(d, r, "client endpoint closed with its prefill worker");
+                }
+                epd_log_info(COMP, 0, "closing the endpoint prefill worker %s opened to us",
+                             p->worker_id);
+                dec_link_close(d, l);
+            }
+            l = next;
+        }
+        p->xport_id = 0;
+    }
     while (p->reqs != NULL) {
         dec_req_t *r = p->reqs;
         epd_status_t st;
@@ -1065,6 +1114,11 @@ static dec_req_t *dec_req_of_peer(dec_daemon_t *d, dec_link_t *from, const Epd__
         dec_send_error(d, from, id, EPD_ERR_STALE_EPOCH, "message from another incarnation");
         return NULL;
     }
+    if (r->peer->xport_id == 0) {
+        /* the transport identity of this incarnation: its endpoints are
+         * closed with it when it dies */
+        r->peer->xport_id = epd_xport_ep_peer_id(from->ep);
+    }
     return r;
 }
 
@@ -1270,7 +1324,7 @@ static void dec_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t l
     dec_peer_t *p;
     uint64_t id;
 
-    if (from == NULL) {
+    if (from == NULL || from->closing || from->failed) {
         return;
     }
     if (epd_msg_decode(data, len, &env, &why) != EPD_OK) {
@@ -1299,9 +1353,8 @@ static void dec_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t l
             dec_peer_gone(d, p, EPD_ERR_PEER_DEAD, "restarted (newer epoch)");
             p->epoch_start = env->sender->epoch->start_time_ns;
             p->epoch_nonce = env->sender->epoch->nonce;
-            from = epd_xport_ep_user(ep); /* NULL if it was the old incarnation's */
-            if (from == NULL) {
-                epd_msg_free(env);
+            if (from->closing) {
+                epd_msg_free(env); /* the old incarnation's endpoint */
                 return;
             }
         }
@@ -1356,26 +1409,31 @@ static void dec_on_ep_error(void *arg, epd_xport_ep_t *ep, epd_status_t status)
     dec_daemon_t *d = arg;
     dec_link_t *l = epd_xport_ep_user(ep);
 
-    if (l == NULL) {
-        epd_xport_ep_close(ep);
+    if (l == NULL || l->closing || l->failed) {
         return;
     }
-    if (l->kind == LINK_PEER) {
+    l->failed = 1;
+    l->fail_status = status;
+    if (!d->stopping && !uv_is_active((uv_handle_t *)&d->reap)) {
+        uv_timer_start(&d->reap, dec_on_reap, 0, 0);
+    }
+}
+
+/* A failed endpoint: its prefill worker is dead, or its client is gone. */
+static void dec_link_failed(dec_daemon_t *d, dec_link_t *l)
+{
+    if (l->kind == LINK_PEER && l->peer != NULL) {
         dec_peer_t *p = l->peer;
 
-        if (p != NULL) {
-            epd_log_warn(COMP, 0, "endpoint to prefill worker %s failed: %s", p->worker_id,
-                         epd_status_string(status));
-            /* closes the endpoint first: nothing of it can land afterwards */
-            dec_peer_gone(d, p, EPD_ERR_PEER_DEAD, "declared dead");
-            return;
-        }
-        dec_link_free(d, l);
+        epd_log_warn(COMP, 0, "endpoint to prefill worker %s failed: %s", p->worker_id,
+                     epd_status_string(l->fail_status));
+        /* closes its endpoints first: nothing of it can land afterwards */
+        dec_peer_gone(d, p, EPD_ERR_PEER_DEAD, "declared dead");
         return;
     }
     if (l->reqs != NULL) {
         epd_log_warn(COMP, 0, "client endpoint failed (%s): aborting its requests",
-                     epd_status_string(status));
+                     epd_status_string(l->fail_status));
     }
     while (l->reqs != NULL) {
         dec_req_t *r = l->reqs;
@@ -1383,7 +1441,29 @@ static void dec_on_ep_error(void *arg, epd_xport_ep_t *ep, epd_status_t status)
         dec_req_unlink_client(r);
         dec_abort_req(d, r, "client gone");
     }
-    dec_link_free(d, l);
+    dec_link_close(d, l);
+}
+
+static void dec_on_reap(uv_timer_t *t)
+{
+    dec_daemon_t *d = t->data;
+    dec_link_t *l;
+
+    /* failures first (they may close more links), then the closes */
+    for (l = d->links; l != NULL; l = l->next) {
+        if (l->failed && !l->closing) {
+            dec_link_failed(d, l);
+        }
+    }
+    l = d->links;
+    while (l != NULL) {
+        dec_link_t *next = l->next;
+
+        if (l->closing) {
+            dec_link_free(d, l);
+        }
+        l = next;
+    }
 }
 
 /* ------------------------------------------------------------------ sweep */
@@ -1568,6 +1648,7 @@ static void dec_shutdown(dec_daemon_t *d)
     uv_close((uv_handle_t *)&d->sigint, dec_on_closed);
     uv_close((uv_handle_t *)&d->sweep, dec_on_closed);
     uv_close((uv_handle_t *)&d->retry, dec_on_closed);
+    uv_close((uv_handle_t *)&d->reap, dec_on_closed);
     /* the compute thread stops before the async handle goes */
     epd_decode_batch_destroy(d->batch);
     d->batch = NULL;
@@ -1765,6 +1846,8 @@ static int dec_run(dec_daemon_t *d)
     uv_signal_start(&d->sigint, dec_on_signal, SIGINT);
     uv_timer_init(&d->loop, &d->sweep);
     uv_timer_init(&d->loop, &d->retry);
+    uv_timer_init(&d->loop, &d->reap);
+    d->reap.data = d;
     d->sweep.data = d;
     d->retry.data = d;
     uv_timer_start(&d->sweep, dec_on_sweep, 50, (uint64_t)(d->a.lease_ms / 8 > 10 ? d->a.lease_ms / 8 : 10));
