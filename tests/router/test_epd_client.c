@@ -18,6 +18,7 @@
 #include "epd_msg.h"
 #include "epd_time.h"
 #include "epd_xport.h"
+#include "epd_xport_uv.h"
 
 /* UCX keeps process-wide allocations until exit (not epd's). */
 const char *__lsan_default_suppressions(void);
@@ -827,6 +828,95 @@ static void test_submit_refusals(void **state)
     assert_int_equal(fx->n_ev, 0);
 }
 
+/* The client driven from a libuv loop, as the router will drive it: the
+ * xports progress through epd_xport_uv, deadlines through a timer calling
+ * epd_client_tick; nothing calls epd_client_poll. */
+typedef struct {
+    fx_t *fx;
+    uv_timer_t tick;
+    uv_timer_t guard;
+    uint64_t answered;
+    int stop;
+} uvfx_t;
+
+static void uv_on_tick(uv_timer_t *t)
+{
+    uvfx_t *u = t->data;
+    fx_t *fx = u->fx;
+
+    epd_client_tick(fx->client);
+    /* the fake decode answers the first request once it has it */
+    if (u->answered == 0 && fx->fake.n_rx >= 1) {
+        const uint32_t a[] = {65, 66};
+        Epd__Envelope *env = fx->fake.rx[0].env;
+
+        u->answered = env->generate->request_id;
+        send_chunk(fx, fx->fake.rx[0].ep, u->answered, 0, a, 2, EPD_CLIENT_FINISH_LENGTH);
+    }
+    if (fx->n_ev >= 2 || u->stop) {
+        uv_timer_stop(&u->tick);
+        uv_timer_stop(&u->guard);
+    }
+}
+
+static void uv_on_guard(uv_timer_t *t)
+{
+    uvfx_t *u = t->data;
+
+    u->stop = 1;
+}
+
+static void test_client_on_uv_loop(void **state)
+{
+    fx_t *fx = *state;
+    uv_loop_t loop;
+    uvfx_t u;
+    epd_xport_uv_t *cu = NULL, *du = NULL, *pu = NULL;
+    uint64_t first;
+    uint64_t second;
+
+    memset(&u, 0, sizeof(u));
+    u.fx = fx;
+    assert_int_equal(uv_loop_init(&loop), 0);
+    assert_int_equal(epd_xport_uv_start(&loop, epd_client_xport(fx->client), 20, &cu), EPD_OK);
+    assert_int_equal(epd_xport_uv_start(&loop, fx->fake.x, 20, &du), EPD_OK);
+    assert_int_equal(epd_xport_uv_start(&loop, fx->pfake.x, 20, &pu), EPD_OK);
+    first = submit(fx, 2, 5000);
+    second = submit(fx, 2, 300); /* nobody answers: the deadline ends it */
+    uv_timer_init(&loop, &u.tick);
+    uv_timer_init(&loop, &u.guard);
+    u.tick.data = &u;
+    u.guard.data = &u;
+    uv_timer_start(&u.tick, uv_on_tick, 10, 10);
+    uv_timer_start(&u.guard, uv_on_guard, 5000, 0);
+    while (!u.stop && fx->n_ev < 2) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    uv_timer_stop(&u.tick);
+    uv_timer_stop(&u.guard);
+    uv_close((uv_handle_t *)&u.tick, NULL);
+    uv_close((uv_handle_t *)&u.guard, NULL);
+    epd_xport_uv_stop(cu);
+    epd_xport_uv_stop(du);
+    epd_xport_uv_stop(pu);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+
+    assert_int_equal(fx->n_ev, 2);
+    assert_int_equal(u.answered, first);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(fx->ev[i].terminal, 1);
+        if (fx->ev[i].id == first) {
+            assert_int_equal(fx->ev[i].kind, EPD_CLIENT_EV_TOKENS);
+            assert_int_equal(fx->ev[i].finish, EPD_CLIENT_FINISH_LENGTH);
+        } else {
+            assert_int_equal(fx->ev[i].id, second);
+            assert_int_equal(fx->ev[i].kind, EPD_CLIENT_EV_ERROR);
+            assert_int_equal(fx->ev[i].status, EPD_ERR_TIMEOUT);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -842,6 +932,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_abort, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_requests_one_terminal_each, setup, teardown),
         cmocka_unit_test_setup_teardown(test_submit_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_on_uv_loop, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_death, setup, teardown),
     };
 
