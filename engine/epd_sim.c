@@ -31,6 +31,9 @@
  * node that computed it: disaggregated equals colocated.  A misplaced or
  * corrupted block changes the checksums, and the generated text.
  *
+ * Prefill and decode allocate nothing (scratch sized at open by max_context
+ * and max_batch).
+ *
  * The fill is a table XOR and an add per 8 bytes (~13 GB/s on one core
  * here): mixing every word would halve that.  When filling one layer takes
  * longer than the layer's modelled time, the model cannot be honoured; the
@@ -75,6 +78,7 @@ struct epd_engine_impl {
     uint32_t first_attn;   /* UINT32_MAX when none */
     uint32_t first_linear; /* UINT32_MAX when none */
     size_t row_bytes;      /* head_dim * dtype size: one head's K or V of one token */
+    uint64_t *p_hash;      /* [max_context] prefill scratch: prefix hash of each token */
     uint64_t *d_hash;      /* [max_batch] decode scratch */
     int warned;            /* the fill-too-slow line was written */
 };
@@ -285,6 +289,7 @@ static void epd_sim_close(epd_engine_impl_t *e)
         return;
     }
     epd_free(e->d_hash);
+    epd_free(e->p_hash);
     epd_free(e);
 }
 
@@ -367,14 +372,17 @@ static epd_status_t epd_sim_open(const epd_engine_config_t *config, epd_engine_i
     if (status != EPD_OK) {
         goto err_close;
     }
-    e->d_hash = epd_calloc(max_batch, sizeof(*e->d_hash));
-    if (e->d_hash == NULL) {
-        status = EPD_ERR_NO_MEMORY;
-        goto err_close;
-    }
     max_context = e->conf.model.max_context;
     if (config->max_context != 0 && config->max_context < max_context) {
         max_context = config->max_context;
+    }
+    /* a chunk never exceeds max_context: with this, prefill allocates
+     * nothing (pages are touched only as long prompts use them) */
+    e->p_hash = epd_malloc((size_t)max_context * sizeof(*e->p_hash));
+    e->d_hash = epd_calloc(max_batch, sizeof(*e->d_hash));
+    if (e->p_hash == NULL || e->d_hash == NULL) {
+        status = EPD_ERR_NO_MEMORY;
+        goto err_close;
     }
     epd_sim_fill_info(e, block_tokens, max_batch, max_context);
     epd_rng_seed(&rng, e->conf.seed);
@@ -460,15 +468,10 @@ static epd_status_t epd_sim_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *p
     uint64_t t0 = epd_time_now_ns();
     uint32_t T = args->n_tokens;
     uint32_t start = args->start;
-    uint64_t *h;
+    uint64_t *h = e->p_hash;
     double elapsed = 0.0; /* modelled seconds of layers 0..l */
     epd_status_t status = EPD_OK;
 
-    h = epd_malloc((size_t)T * sizeof(*h));
-    if (h == NULL) {
-        epd_log_error(EPD_SIM_LOG, args->seq.req_id, "prefill of %u tokens: out of memory", T);
-        return EPD_ERR_NO_MEMORY;
-    }
     h[0] = epd_sim_chain(start == 0 ? EPD_SIM_H0 : epd_sim_recover(e, pool, &args->seq, start - 1),
                          args->tokens[0]);
     for (uint32_t i = 1; i < T; i++) {
@@ -509,7 +512,6 @@ static epd_status_t epd_sim_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *p
             }
         }
     }
-    epd_free(h);
     return status;
 }
 
