@@ -31,8 +31,8 @@
 struct epd_client_worker {
     epd_client_t *client;
     epd_client_worker_info_t info;
-    epd_xport_ep_t *ep;              /* NULL once failed and closed */
-    epd_status_t state;              /* EPD_OK, or the endpoint's failure */
+    epd_xport_ep_t *ep; /* NULL once failed and closed */
+    epd_status_t state; /* EPD_OK, or the endpoint's failure */
     epd_client_worker_t *next;
 };
 
@@ -41,11 +41,11 @@ typedef struct epd__client_req {
     void *user;
     epd_client_worker_t *prefill;
     epd_client_worker_t *decode;
-    uint32_t next_index;             /* tokens received so far */
+    uint32_t next_index; /* tokens received so far */
     uint32_t max_tokens;
-    uint64_t deadline_ns;            /* monotonic */
-    int aborted;                     /* the caller asked for an abort */
-    int abort_pending_p;             /* Abort to prefill not yet accepted */
+    uint64_t deadline_ns; /* monotonic */
+    int aborted;          /* the caller asked for an abort */
+    int abort_pending_p;  /* Abort to prefill not yet accepted */
     int abort_pending_d;
     struct epd__client_req *hnext;
 } epd__client_req_t;
@@ -56,13 +56,13 @@ struct epd_client {
     uint64_t epoch_start_ns;
     uint64_t epoch_nonce;
     uint64_t seq;
-    uint64_t id_high;                /* random high 32 bits of request ids */
+    uint64_t id_high; /* random high 32 bits of request ids */
     uint32_t id_counter;
     epd_xport_t *x;
     epd_client_worker_t *workers;
     epd__client_req_t *buckets[EPD__CLIENT_BUCKETS];
     uint32_t live;
-    unsigned char *txbuf;            /* one encoded frame, max_msg_size bytes */
+    unsigned char *txbuf; /* one encoded frame, max_msg_size bytes */
     epd_client_stats_t stats;
     uint64_t last_bad_log_ns;
 };
@@ -102,8 +102,8 @@ static epd_status_t epd__health_refuse(const char **why_p, const char *why)
     return EPD_ERR_MALFORMED;
 }
 
-epd_status_t epd_client_health_parse(const void *buf, size_t len,
-                                     epd_client_worker_info_t *info_p, const char **why_p)
+epd_status_t epd_client_health_parse(const void *buf, size_t len, epd_client_worker_info_t *info_p,
+                                     const char **why_p)
 {
     static const unsigned char empty = 0;
     ProtobufCMessage *msg = NULL;
@@ -111,8 +111,7 @@ epd_status_t epd_client_health_parse(const void *buf, size_t len,
     epd_client_worker_info_t *info;
     epd_status_t status;
 
-    status = epd_proto_unpack(&epd__health_response__descriptor, len > 0 ? buf : &empty, len,
-                              &msg);
+    status = epd_proto_unpack(&epd__health_response__descriptor, len > 0 ? buf : &empty, len, &msg);
     if (status != EPD_OK) {
         return epd__health_refuse(why_p, "Health answer does not decode");
     }
@@ -368,12 +367,11 @@ static void epd__on_chunk(epd_client_t *c, epd__client_req_t *r, const Epd__Toke
     char msg[160];
 
     if (tc->index != r->next_index) {
-        snprintf(msg, sizeof(msg), "token chunk out of order: index %u, expected %u",
-                 tc->index, r->next_index);
+        snprintf(msg, sizeof(msg), "token chunk out of order: index %u, expected %u", tc->index,
+                 r->next_index);
         epd_log_warn(EPD__CLIENT_LOG, r->id, "%s (from %s)", msg, r->decode->info.worker_id);
         epd__abort_sides(c, r, 1, 1, EPD_ERR_MALFORMED, msg);
-        epd__req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_MALFORMED, msg,
-                      r->decode->info.worker_id);
+        epd__req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_MALFORMED, msg, r->decode->info.worker_id);
         return;
     }
     if (tc->n_tokens > (size_t)(r->max_tokens - r->next_index)) {
@@ -381,16 +379,14 @@ static void epd__on_chunk(epd_client_t *c, epd__client_req_t *r, const Epd__Toke
                  tc->n_tokens, tc->index, r->max_tokens);
         epd_log_warn(EPD__CLIENT_LOG, r->id, "%s (from %s)", msg, r->decode->info.worker_id);
         epd__abort_sides(c, r, 1, 1, EPD_ERR_MALFORMED, msg);
-        epd__req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_MALFORMED, msg,
-                      r->decode->info.worker_id);
+        epd__req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_MALFORMED, msg, r->decode->info.worker_id);
         return;
     }
     if ((int)tc->finish < EPD_CLIENT_FINISH_NONE || (int)tc->finish > EPD_CLIENT_FINISH_ERROR) {
         snprintf(msg, sizeof(msg), "token chunk with unknown finish reason %d", (int)tc->finish);
         epd_log_warn(EPD__CLIENT_LOG, r->id, "%s (from %s)", msg, r->decode->info.worker_id);
         epd__abort_sides(c, r, 1, 1, EPD_ERR_MALFORMED, msg);
-        epd__req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_MALFORMED, msg,
-                      r->decode->info.worker_id);
+        epd__req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_MALFORMED, msg, r->decode->info.worker_id);
         return;
     }
     memset(&ev, 0, sizeof(ev));
@@ -441,8 +437,8 @@ static void epd__on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t 
         c->stats.bad_frames++;
         if (now - c->last_bad_log_ns > EPD_NSEC_PER_SEC) {
             c->last_bad_log_ns = now;
-            epd_log_warn(EPD__CLIENT_LOG, 0, "dropped a request-plane frame of %zu bytes: %s",
-                         len, why != NULL ? why : "does not decode");
+            epd_log_warn(EPD__CLIENT_LOG, 0, "dropped a request-plane frame of %zu bytes: %s", len,
+                         why != NULL ? why : "does not decode");
         }
         return;
     }
@@ -490,8 +486,8 @@ static void epd__on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t 
             break;
         }
         epd_log_info(EPD__CLIENT_LOG, id, "%s from %s %s: %s: %s", epd_msg_body_name(env),
-                     from_p ? "prefill" : "decode", env->sender->worker_id,
-                     epd_status_name(st), text);
+                     from_p ? "prefill" : "decode", env->sender->worker_id, epd_status_name(st),
+                     text);
         /* the other side may still hold the request: tell it */
         epd__abort_sides(c, r, !from_p, !from_d, st, "the other worker failed the request");
         epd__copy_str(from, sizeof(from), env->sender->worker_id);
@@ -502,8 +498,7 @@ static void epd__on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t 
         char from[EPD_CLIENT_NAME_MAX];
 
         epd_log_info(EPD__CLIENT_LOG, id, "refused by %s: %s: %s", env->sender->worker_id,
-                     epd_status_name(epd__wire_status(env->refused->status)),
-                     env->refused->reason);
+                     epd_status_name(epd__wire_status(env->refused->status)), env->refused->reason);
         if (!from_d) {
             /* the decode worker tells the prefill worker itself; a refusal
              * relayed by the prefill side leaves decode unaware */
@@ -726,8 +721,7 @@ epd_status_t epd_client_add_worker_info(epd_client_t *c, const epd_client_worker
     w->client = c;
     w->info = *info;
     w->state = EPD_OK;
-    status = epd_xport_connect(c->x, info->address, info->address_len, epd__on_connect, w,
-                               &w->ep);
+    status = epd_xport_connect(c->x, info->address, info->address_len, epd__on_connect, w, &w->ep);
     if (status != EPD_OK && status != EPD_INPROGRESS) {
         epd_log_error(EPD__CLIENT_LOG, 0, "cannot connect to %s: %s", info->worker_id,
                       epd_status_string(status));

@@ -47,7 +47,7 @@
 typedef struct epd_client epd_client_t;
 typedef struct epd_client_worker epd_client_worker_t;
 
-#define EPD_CLIENT_NAME_MAX 128   /* worker ids, model names (with NUL) */
+#define EPD_CLIENT_NAME_MAX 128    /* worker ids, model names (with NUL) */
 #define EPD_CLIENT_PATTERN_MAX 257 /* layer pattern: one char per layer + NUL */
 
 /* Roles (values of epd.Role in epd_common.proto). */
@@ -66,11 +66,11 @@ typedef struct epd_client_worker epd_client_worker_t;
 /* What a worker's Health answer says about it (plain data, copyable). */
 typedef struct {
     char worker_id[EPD_CLIENT_NAME_MAX];
-    int role;                      /* EPD_CLIENT_ROLE_* */
+    int role; /* EPD_CLIENT_ROLE_* */
     char model[EPD_CLIENT_NAME_MAX];
     uint64_t epoch_start_ns;
     uint64_t epoch_nonce;
-    char transport[16];            /* "ucx", "ofi" */
+    char transport[16];                        /* "ucx", "ofi" */
     unsigned char address[EPD_XPORT_ADDR_MAX]; /* data-plane address blob */
     size_t address_len;
     int serving;
@@ -81,7 +81,7 @@ typedef struct {
     uint32_t block_tokens;
     uint32_t n_kv_heads;
     uint32_t head_dim;
-    int kv_dtype;                  /* epd.KvDtype */
+    int kv_dtype; /* epd.KvDtype */
     uint64_t block_bytes;
     uint64_t state_bytes;
     /* capacity (epd.Capacity) */
@@ -105,8 +105,8 @@ typedef struct {
  * empty or oversized worker id or data-plane address, or a role other than
  * prefill/decode.  Pure; any thread.
  */
-epd_status_t epd_client_health_parse(const void *buf, size_t len,
-                                     epd_client_worker_info_t *info_p, const char **why_p);
+epd_status_t epd_client_health_parse(const void *buf, size_t len, epd_client_worker_info_t *info_p,
+                                     const char **why_p);
 
 /*
  * Calls Health on `control_addr` ("127.0.0.1:PORT") and parses the answer
@@ -128,34 +128,34 @@ typedef enum {
 typedef struct {
     epd_client_ev_kind_t kind;
     uint64_t request_id;
-    void *user;                /* the submit's user pointer */
-    int terminal;              /* 1: the request's last event */
+    void *user;   /* the submit's user pointer */
+    int terminal; /* 1: the request's last event */
     /* TOKENS */
-    uint32_t index;            /* position of tokens[0] among generated tokens */
+    uint32_t index; /* position of tokens[0] among generated tokens */
     const uint32_t *tokens;
     uint32_t n_tokens;
-    int finish;                /* EPD_CLIENT_FINISH_* */
+    int finish; /* EPD_CLIENT_FINISH_* */
     /* ERROR, REFUSED */
     epd_status_t status;
-    const char *message;       /* never NULL */
-    const char *from;          /* worker id that reported it, or "client" */
+    const char *message; /* never NULL */
+    const char *from;    /* worker id that reported it, or "client" */
 } epd_client_event_t;
 
 typedef void (*epd_client_event_cb_t)(void *arg, const epd_client_event_t *ev);
 
 typedef struct {
     /* transport */
-    const char *backend;          /* "ucx" (default) or "ofi" */
-    const char *expect;           /* NULL/"any", "shm", "tcp", "rdma" */
-    const char *provider;         /* ofi provider hint, NULL = default */
-    uint32_t peer_timeout_ms;     /* default 3000 */
-    uint32_t connect_timeout_ms;  /* default 3000 */
-    size_t max_msg_size;          /* default 64 KiB */
+    const char *backend;         /* "ucx" (default) or "ofi" */
+    const char *expect;          /* NULL/"any", "shm", "tcp", "rdma" */
+    const char *provider;        /* ofi provider hint, NULL = default */
+    uint32_t peer_timeout_ms;    /* default 3000 */
+    uint32_t connect_timeout_ms; /* default 3000 */
+    size_t max_msg_size;         /* default 64 KiB */
     /* identity carried in every envelope's sender */
-    const char *worker_id;        /* default "ctl-<pid>" (copied) */
-    int role;                     /* EPD_CLIENT_ROLE_TOOL (default) or _ROUTER */
+    const char *worker_id; /* default "ctl-<pid>" (copied) */
+    int role;              /* EPD_CLIENT_ROLE_TOOL (default) or _ROUTER */
     /* control plane */
-    int rpc_timeout_ms;           /* Health calls of epd_client_add_worker; default 3000 */
+    int rpc_timeout_ms; /* Health calls of epd_client_add_worker; default 3000 */
     /* events */
     epd_client_event_cb_t event_cb; /* required */
     void *cb_arg;
@@ -190,8 +190,7 @@ void epd_client_epoch(const epd_client_t *client, uint64_t *start_ns_p, uint64_t
  * *worker_p is owned by the client (freed by epd_client_destroy).
  * EPD_ERR_BAD_ADDRESS, EPD_ERR_NO_MEMORY.  Owner thread, non-blocking.
  */
-epd_status_t epd_client_add_worker_info(epd_client_t *client,
-                                        const epd_client_worker_info_t *info,
+epd_status_t epd_client_add_worker_info(epd_client_t *client, const epd_client_worker_info_t *info,
                                         epd_client_worker_t **worker_p);
 
 /* epd_client_health + epd_client_add_worker_info.  Blocks on the Health
@@ -207,14 +206,14 @@ epd_status_t epd_client_worker_state(const epd_client_worker_t *worker);
 
 /* One request to submit; everything is borrowed for the call. */
 typedef struct {
-    const uint32_t *prompt;       /* token ids (BOS included, as tokenize(add_bos=1)) */
+    const uint32_t *prompt; /* token ids (BOS included, as tokenize(add_bos=1)) */
     uint32_t n_prompt;
-    float temperature;            /* 0 = greedy */
-    float top_p;                  /* (0, 1]; 1 = off */
-    uint32_t top_k;               /* 0 = off */
+    float temperature; /* 0 = greedy */
+    float top_p;       /* (0, 1]; 1 = off */
+    uint32_t top_k;    /* 0 = off */
     uint64_t seed;
-    uint32_t max_tokens;          /* >= 1 */
-    const uint32_t *stop_ids;     /* may be NULL */
+    uint32_t max_tokens;      /* >= 1 */
+    const uint32_t *stop_ids; /* may be NULL */
     uint32_t n_stop_ids;
     epd_client_worker_t *prefill; /* a worker of role PREFILL */
     epd_client_worker_t *decode;  /* a worker of role DECODE */
@@ -261,10 +260,10 @@ int epd_client_poll(epd_client_t *client, int timeout_ms);
 
 /* Counters (any message dropped, and why). */
 typedef struct {
-    uint64_t bad_frames;       /* did not decode */
-    uint64_t unknown_ids;      /* named no live request */
-    uint64_t foreign_sender;   /* sender not one of the request's workers */
-    uint64_t unexpected;       /* a body the client never expects */
+    uint64_t bad_frames;     /* did not decode */
+    uint64_t unknown_ids;    /* named no live request */
+    uint64_t foreign_sender; /* sender not one of the request's workers */
+    uint64_t unexpected;     /* a body the client never expects */
 } epd_client_stats_t;
 
 void epd_client_stats(const epd_client_t *client, epd_client_stats_t *stats_p);

@@ -100,8 +100,8 @@ static const char *ctl_state_name(int state)
 typedef struct {
     epd_engine_t *engine;
     int tokens_mode;
-    size_t printed;           /* tokens printed (--tokens) */
-    char *pending;            /* raw bytes not yet printed (incomplete UTF-8 tail) */
+    size_t printed; /* tokens printed (--tokens) */
+    char *pending;  /* raw bytes not yet printed (incomplete UTF-8 tail) */
     size_t n_pending;
     size_t cap_pending;
     int done;
@@ -181,8 +181,9 @@ static void ctl_on_event(void *arg, const epd_client_event_t *ev)
     switch (ev->kind) {
     case EPD_CLIENT_EV_TOKENS:
         if (ctl_take_tokens(s, ev->tokens, ev->n_tokens) != 0) {
-            snprintf(s->why, sizeof(s->why), "cannot detokenize the output (token id outside "
-                                             "the vocabulary?)");
+            snprintf(s->why, sizeof(s->why),
+                     "cannot detokenize the output (token id outside "
+                     "the vocabulary?)");
             s->failed = 1;
         }
         if (ev->terminal) {
@@ -345,8 +346,7 @@ static int ctl_submit_run(const ctl_submit_args_t *a)
     }
     status = epd_client_add_worker(client, a->decode, &dw);
     if (status != EPD_OK) {
-        fprintf(stderr, "epd-ctl: decode worker at %s: %s\n", a->decode,
-                epd_status_string(status));
+        fprintf(stderr, "epd-ctl: decode worker at %s: %s\n", a->decode, epd_status_string(status));
         goto out;
     }
     if (epd_client_worker_info(pw)->role != EPD_CLIENT_ROLE_PREFILL) {
@@ -361,8 +361,9 @@ static int ctl_submit_run(const ctl_submit_args_t *a)
     }
     if (strcmp(epd_client_worker_info(pw)->transport, a->transport) != 0 ||
         strcmp(epd_client_worker_info(dw)->transport, a->transport) != 0) {
-        fprintf(stderr, "epd-ctl: transport mismatch: --transport %s, prefill serves %s, "
-                        "decode serves %s\n",
+        fprintf(stderr,
+                "epd-ctl: transport mismatch: --transport %s, prefill serves %s, "
+                "decode serves %s\n",
                 a->transport, epd_client_worker_info(pw)->transport,
                 epd_client_worker_info(dw)->transport);
         goto out;
@@ -444,7 +445,8 @@ static int ctl_submit(int argc, char **argv)
         {"model", EPD_OPT_STRING, &a.model, 0, 0, "model folder (for its tokenizer only)"},
         {"engine", EPD_OPT_STRING, &a.engine, 0, 0, "engine whose tokenizer to use"},
         {"prompt", EPD_OPT_STRING, &a.prompt, 0, 0, "prompt text"},
-        {"prompt-file", EPD_OPT_STRING, &a.prompt_file, 0, 0, "read the prompt from a file (bytes as is)"},
+        {"prompt-file", EPD_OPT_STRING, &a.prompt_file, 0, 0,
+         "read the prompt from a file (bytes as is)"},
         {"max-tokens", EPD_OPT_INT, &a.max_tokens, 1, 1 << 24, "tokens to generate at most"},
         {"temperature", EPD_OPT_DOUBLE, &a.temperature, 0, 100, "0 = greedy"},
         {"top-p", EPD_OPT_DOUBLE, &a.top_p, 0, 1, "nucleus sampling mass, (0, 1]"},
@@ -575,8 +577,7 @@ static int ctl_health(const char *addr)
     h = (Epd__HealthResponse *)msg;
     printf("serving=%d\ndraining=%d\n", h->serving, h->draining);
     ctl_print_identity("\n", h->worker);
-    printf("transport=%s\ndata_plane_address_bytes=%zu\n", h->transport,
-           h->data_plane_address.len);
+    printf("transport=%s\ndata_plane_address_bytes=%zu\n", h->transport, h->data_plane_address.len);
     if (h->kv_layout != NULL) {
         printf("kv_layers=%u\nlayer_pattern=%s\nkv_block_tokens=%u\nkv_heads=%u\nhead_dim=%u\n"
                "kv_dtype=%d\nblock_bytes=%llu\nstate_bytes=%llu\n",

@@ -9,8 +9,8 @@
 #include "epd_alloc.h"
 
 epd_status_t epd_itest_colocated(epd_engine_t *engine, const int32_t *prompt, uint32_t n_prompt,
-                                 const epd_sample_params_t *sp, uint32_t max_tokens,
-                                 int32_t *out, uint32_t *n_out_p)
+                                 const epd_sample_params_t *sp, uint32_t max_tokens, int32_t *out,
+                                 uint32_t *n_out_p)
 {
     const epd_engine_info_t *info = epd_engine_info(engine);
     epd_sample_scratch_t *scratch = NULL;

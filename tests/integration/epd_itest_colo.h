@@ -15,7 +15,7 @@
 /* Generates for tokens[0..n_prompt) into out[0..max_tokens); *n_out_p gets
  * the count.  EPD_OK or the engine's error. */
 epd_status_t epd_itest_colocated(epd_engine_t *engine, const int32_t *prompt, uint32_t n_prompt,
-                                 const epd_sample_params_t *sp, uint32_t max_tokens,
-                                 int32_t *out, uint32_t *n_out_p);
+                                 const epd_sample_params_t *sp, uint32_t max_tokens, int32_t *out,
+                                 uint32_t *n_out_p);
 
 #endif

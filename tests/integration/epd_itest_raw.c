@@ -124,8 +124,8 @@ static Epd__Envelope *wait_error(uint64_t id, int ms, char *seen, size_t seen_ca
         if (env->body_case == EPD__ENVELOPE__BODY_ERROR) {
             return env;
         }
-        snprintf(seen + strlen(seen), seen_cap - strlen(seen), "%s%s",
-                 seen[0] ? "," : "", epd_msg_body_name(env));
+        snprintf(seen + strlen(seen), seen_cap - strlen(seen), "%s%s", seen[0] ? "," : "",
+                 epd_msg_body_name(env));
         epd_msg_free(env);
     }
 }
@@ -170,8 +170,8 @@ static void expect_error(const char *what, uint64_t id, int want, int ms)
     Epd__Envelope *env = wait_error(id, ms, seen, sizeof(seen));
 
     if (env == NULL) {
-        printf("FAIL %-48s no Error reply within %d ms%s%s\n", what, ms,
-               seen[0] ? "; saw " : "", seen);
+        printf("FAIL %-48s no Error reply within %d ms%s%s\n", what, ms, seen[0] ? "; saw " : "",
+               seen);
         R.bad = 1;
         return;
     }
@@ -380,8 +380,9 @@ static int case_garbage(const char *paddr, const char *daddr)
             Epd__Envelope *e = wait_error(999999, 1000, seen, sizeof(seen));
             printf("%s %-48s %s%s%s\n", e != NULL ? "ok  " : "note",
                    "prefill: Abort for unknown id 999999",
-                   e != NULL ? "Error " : "no Error reply (protocol step 7: WritesQuiesced to "
-                                          "decode for unknown ids)",
+                   e != NULL ? "Error "
+                             : "no Error reply (protocol step 7: WritesQuiesced to "
+                               "decode for unknown ids)",
                    e != NULL ? epd_status_name((epd_status_t)e->error->status) : "",
                    seen[0] ? seen : "");
             epd_msg_free(e);
@@ -598,8 +599,7 @@ static int case_old_epoch(const char *addr, const char *epoch)
         gen_fill(&g, 8001, old, X.info);
     }
     send_mine(X.ep, &g.env);
-    expect_error("GenerateRequest naming the worker's old epoch", 8001, EPD_ERR_STALE_EPOCH,
-                 2000);
+    expect_error("GenerateRequest naming the worker's old epoch", 8001, EPD_ERR_STALE_EPOCH, 2000);
     epd_free(old);
     target_close(&X);
     return 0;
@@ -636,7 +636,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "epd-itest-raw: cannot start the transport\n");
         return 1;
     }
-    if (strcmp(argv[1], "garbage") == 0 && opt(argc, argv, "--prefill") && opt(argc, argv, "--decode")) {
+    if (strcmp(argv[1], "garbage") == 0 && opt(argc, argv, "--prefill") &&
+        opt(argc, argv, "--decode")) {
         rc = case_garbage(opt(argc, argv, "--prefill"), opt(argc, argv, "--decode"));
     } else if (strcmp(argv[1], "stale") == 0 && opt(argc, argv, "--target") &&
                opt(argc, argv, "--as-worker") && opt(argc, argv, "--epoch")) {

@@ -67,8 +67,8 @@ typedef struct {
     int32_t want[MAX_OUT];
     uint32_t n_want;
     int plan;
-    uint64_t abort_at_ns;       /* DELAY */
-    uint32_t abort_at_index;    /* MID_DECODE */
+    uint64_t abort_at_ns;    /* DELAY */
+    uint32_t abort_at_index; /* MID_DECODE */
     uint64_t id;
     int aborted;
     uint32_t got[MAX_OUT];
@@ -238,8 +238,11 @@ static int storm_run(const storm_args_t *a)
             r->sp.top_p = 0.9f;
             r->sp.seed = epd_rng_next(&rng) >> 1;
         }
-        r->plan = p < 40 ? PLAN_NONE : p < 55 ? PLAN_AT_SUBMIT : p < 70 ? PLAN_DELAY
-                  : p < 85 ? PLAN_MID_DECODE : PLAN_AFTER_END;
+        r->plan = p < 40   ? PLAN_NONE
+                  : p < 55 ? PLAN_AT_SUBMIT
+                  : p < 70 ? PLAN_DELAY
+                  : p < 85 ? PLAN_MID_DECODE
+                           : PLAN_AFTER_END;
         r->abort_at_ns = (epd_rng_next(&rng) % 15) * EPD_NSEC_PER_MSEC;
         r->abort_at_index = 1 + (uint32_t)(epd_rng_next(&rng) % (r->max_tokens));
         if (epd_itest_colocated(engine, toks, r->n_prompt, &r->sp, r->max_tokens, r->want,
@@ -365,10 +368,11 @@ static int storm_run(const storm_args_t *a)
         }
         counts[r->plan][outcome]++;
         if (!ok) {
-            fprintf(stderr, "storm: request %u (%s, prompt %u, max %u, temp %.1f): %u tokens "
-                            "differ from the %u colocated ones\n",
-                    i, plan_names[r->plan], r->n_prompt, r->max_tokens, r->sp.temperature,
-                    r->n_got, r->n_want);
+            fprintf(stderr,
+                    "storm: request %u (%s, prompt %u, max %u, temp %.1f): %u tokens "
+                    "differ from the %u colocated ones\n",
+                    i, plan_names[r->plan], r->n_prompt, r->max_tokens, r->sp.temperature, r->n_got,
+                    r->n_want);
             s.bad = 1;
         }
         if (outcome == 2 || (outcome == 1 && !r->aborted)) {

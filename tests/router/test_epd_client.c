@@ -206,8 +206,8 @@ typedef struct {
 } ev_t;
 
 typedef struct {
-    fake_t fake;     /* plays the decode worker */
-    fake_t pfake;    /* plays the prefill worker */
+    fake_t fake;  /* plays the decode worker */
+    fake_t pfake; /* plays the prefill worker */
     epd_client_t *client;
     epd_client_worker_t *pw;
     epd_client_worker_t *dw;
@@ -297,8 +297,8 @@ static void rx_clear(fake_t *f)
 }
 
 /* Sends one envelope from the fake worker named (id, start, nonce). */
-static void fake_send(fake_t *f, epd_xport_ep_t *ep, const char *id, uint64_t start,
-                      uint64_t nonce, Epd__Envelope *env)
+static void fake_send(fake_t *f, epd_xport_ep_t *ep, const char *id, uint64_t start, uint64_t nonce,
+                      Epd__Envelope *env)
 {
     Epd__Epoch ep_ = EPD__EPOCH__INIT;
     Epd__SenderRef s = EPD__SENDER_REF__INIT;
@@ -758,9 +758,9 @@ static void test_worker_death(void **state)
     assert_true(epd_client_worker_state(fx->dw) != EPD_OK ||
                 epd_client_worker_state(fx->pw) != EPD_OK);
     /* wait for both endpoints to be declared dead, then submit is refused */
-    while ((epd_client_worker_state(fx->dw) == EPD_OK ||
-            epd_client_worker_state(fx->pw) == EPD_OK) &&
-           epd_time_now_ns() - t0 < 5 * EPD_NSEC_PER_SEC) {
+    while (
+        (epd_client_worker_state(fx->dw) == EPD_OK || epd_client_worker_state(fx->pw) == EPD_OK) &&
+        epd_time_now_ns() - t0 < 5 * EPD_NSEC_PER_SEC) {
         epd_client_poll(fx->client, 10);
     }
     memset(&q, 0, sizeof(q));
