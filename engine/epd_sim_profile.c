@@ -593,6 +593,13 @@ epd_status_t epd_sim_conf_write(const char *dir, const epd_sim_options_t *opts)
             goto out;
         }
     }
+    if (strchr(model, '#') != NULL || strchr(accel, '#') != NULL) {
+        /* '#' starts a comment in the file: such a path cannot be read back */
+        epd_log_error(EPD_SIM_LOG, 0, "profile path %s contains '#'",
+                      strchr(model, '#') != NULL ? model : accel);
+        status = EPD_ERR_INVALID_PARAM;
+        goto out;
+    }
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
         epd_log_error(EPD_SIM_LOG, 0, "cannot create %s: %s", dir, strerror(errno));
         status = EPD_ERR_IO;

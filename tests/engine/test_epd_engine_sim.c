@@ -216,7 +216,7 @@ static const char *captured(epd_status_t (*fn)(const void *), const void *arg,
     n = fread(out, 1, sizeof(out) - 1, f);
     out[n] = '\0';
     fclose(f);
-    fprintf(stderr, "(captured) %s", out);
+    fprintf(stderr, "(captured) %.600s%s", out, n > 600 ? "...\n" : "");
     return out;
 }
 
@@ -380,6 +380,58 @@ static void test_bad_profiles_refused(void **state)
         assert_int_equal(epd_sim_model_parse("name = a\0b\n", 11, "nul", &m), EPD_ERR_MALFORMED);
         assert_int_equal(epd_sim_model_load("/nonexistent/x.profile", &m), EPD_ERR_NOT_FOUND);
     }
+}
+
+/* Mutated profiles (bytes flipped, lines cut, NULs) are parsed or refused,
+ * never crash or read past the text (the sanitizer build checks). */
+static int mutated_ok;
+
+static epd_status_t parse_mutations(const void *arg)
+{
+    size_t len = strlen(TINY_MODEL);
+    char *buf = malloc(len + 8);
+    uint64_t x = 12345;
+
+    (void)arg;
+    assert_non_null(buf);
+    for (int it = 0; it < 3000; it++) {
+        size_t n = len;
+        epd_sim_model_t m;
+        epd_sim_accel_t a;
+        epd_status_t st;
+
+        memcpy(buf, TINY_MODEL, len);
+        for (int k = 0; k < 1 + it % 4; k++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            buf[(x >> 33) % len] = (char)(x >> 13);
+        }
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        if (it % 3 == 0) {
+            n = (size_t)(x >> 33) % (len + 1); /* cut anywhere */
+        }
+        st = epd_sim_model_parse(buf, n, "mutated", &m);
+        assert_true(st == EPD_OK || st == EPD_ERR_MALFORMED);
+        mutated_ok += st == EPD_OK;
+        if (st == EPD_OK) {
+            assert_true(m.n_layers >= 1 && m.n_layers <= EPD_KV_MAX_LAYERS);
+            assert_true(strlen(m.layer_pattern) >= 1 && strlen(m.layer_pattern) <= m.n_layers);
+            assert_true(m.active_params <= m.total_params);
+        }
+        st = epd_sim_accel_parse(buf, n, "mutated", &a);
+        assert_int_equal(st, EPD_ERR_MALFORMED);
+    }
+    free(buf);
+    return EPD_OK;
+}
+
+static void test_mutated_profiles(void **state)
+{
+    epd_status_t status;
+
+    (void)state;
+    captured(parse_mutations, NULL, &status);
+    print_message("%d of 3000 mutated profiles still parse\n", mutated_ok);
+    assert_true(mutated_ok > 0 && mutated_ok < 3000);
 }
 
 static void test_bad_conf_refused(void **state)
@@ -1309,6 +1361,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shipped_profiles),
         cmocka_unit_test(test_bad_profiles_refused),
+        cmocka_unit_test(test_mutated_profiles),
         cmocka_unit_test(test_bad_conf_refused),
         cmocka_unit_test(test_conf_round_trip),
         cmocka_unit_test(test_timing_formula),
