@@ -119,6 +119,7 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
     epd_status_t status;
     int32_t token = -1;
 
+    ev->started_ns = epd_time_now_ns();
     atomic_fetch_add(&c->started_runs, 1);
     atomic_fetch_add(&c->started_tokens, job->n_tokens);
     if (atomic_load_explicit(job->cancel, memory_order_acquire)) {

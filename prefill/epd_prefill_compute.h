@@ -55,6 +55,7 @@ typedef struct {
     void *owner;                /* the request; set by the loop */
     epd_status_t status;        /* DONE: written by compute before the push */
     int32_t first_token;        /* DONE */
+    uint64_t started_ns;        /* DONE: when the run started (epd_time_now_ns) */
 } epd_prefill_ev_t;
 
 typedef enum {

@@ -114,6 +114,8 @@ struct epd_prefill_req {
     uint64_t last_d_msg_ns;                 /* lease keep-alive (LayerDone) */
     uint32_t d_lease_ms;                    /* decode's lease on the reservation */
     uint64_t compute_done_ns;               /* P's lease on the reservation */
+    /* timings (loop thread clock), for the per-request debug line */
+    uint64_t t_admit_ns, t_start_ns, t_resv_ns, t_complete_ns;
     /* outcome */
     int failed;                             /* failed or aborted: no more writes */
     epd_status_t fail_status;

@@ -195,6 +195,7 @@ epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const u
     }
     req->id = id;
     req->srv = srv;
+    req->t_admit_ns = epd_time_now_ns();
     req->n_tokens = n_tokens;
     for (uint32_t i = 0; i < n_tokens; i++) {
         req->tokens[i] = (int32_t)tokens[i];
@@ -309,16 +310,16 @@ static void epd_prefill_on_write(void *arg, epd_status_t status)
     }
 }
 
-/* Rate-limited keep-alive for decode's lease while a long prefill runs:
- * at most one LayerDone per lease_ms/4 per request; optional, so a refusal
- * (backpressure) is simply skipped. */
+/* Keep-alive for decode's lease while a long prefill runs: at most one
+ * LayerDone per lease_ms/4 per request, after a layer's writes are posted
+ * and, during a long layer, again for the last posted layer (from the
+ * tick); optional, so a refusal (backpressure) is simply skipped. */
 static void epd_prefill_maybe_layer_done(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
                                          uint32_t layer)
 {
     uint64_t now = epd_time_now_ns();
-    Epd__LayerDone ld = EPD__LAYER_DONE__INIT;
-
     uint32_t lease_ms = req->d_lease_ms != 0 ? req->d_lease_ms : srv->lease_ms;
+    Epd__LayerDone ld = EPD__LAYER_DONE__INIT;
 
     if (now - req->last_d_msg_ns < (uint64_t)lease_ms * EPD_NSEC_PER_MSEC / 4) {
         return;
@@ -405,11 +406,8 @@ static void epd_prefill_send_complete(epd_prefill_srv_t *srv, epd_prefill_req_t 
                            EPD_XPORT_SEND_FENCE);
     if (st == EPD_OK) {
         req->complete_sent = 1;
+        req->t_complete_ns = epd_time_now_ns();
         srv->served++;
-        epd_log_debug(EPD_PREFILL_LOG, req->id,
-                      "prefill complete: %u tokens, first token %d, %llu writes to '%s'",
-                      req->n_tokens, req->first_token, (unsigned long long)req->writes_posted,
-                      req->peer->worker_id);
     } else if (st == EPD_ERR_NO_RESOURCE) {
         epd_prefill_req_block(srv, req);
     } else {
@@ -549,6 +547,26 @@ static void epd_prefill_maybe_finish(epd_prefill_srv_t *srv, epd_prefill_req_t *
         return;
     }
     if (req->released) {
+        if (req->complete_sent && epd_log_enabled(EPD_LOG_DEBUG)) {
+            uint64_t now = epd_time_now_ns();
+            uint64_t start = req->t_start_ns;
+
+            /* queued: admission to the start of the run; compute: the run,
+             * sampling included; completion after compute: what of the
+             * transfer posting was not hidden behind compute; released
+             * after compute: until the last write landed and the compute
+             * thread released the request */
+            epd_log_debug(EPD_PREFILL_LOG, req->id,
+                          "done: %u tokens, first token %d, %llu writes to '%.80s'; queued %.3f ms, "
+                          "compute %.3f ms, reservation %+.3f ms after admission, completion "
+                          "%.3f ms after compute, released %.3f ms after compute",
+                          req->n_tokens, req->first_token, (unsigned long long)req->writes_posted,
+                          req->peer->worker_id, (double)(start - req->t_admit_ns) / 1e6,
+                          (double)(req->compute_done_ns - start) / 1e6,
+                          ((double)req->t_resv_ns - (double)req->t_admit_ns) / 1e6,
+                          ((double)req->t_complete_ns - (double)req->compute_done_ns) / 1e6,
+                          (double)(now - req->compute_done_ns) / 1e6);
+        }
         epd_prefill_req_destroy(srv, req);
     }
 }
@@ -556,6 +574,7 @@ static void epd_prefill_maybe_finish(epd_prefill_srv_t *srv, epd_prefill_req_t *
 void epd__prefill_req_reserved(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
     req->last_d_msg_ns = epd_time_now_ns();
+    req->t_resv_ns = req->last_d_msg_ns;
     (void)epd_prefill_advance(srv, req);
     epd__prefill_req_dirty(srv, req);
 }
@@ -581,6 +600,7 @@ void epd__prefill_on_event(void *arg, epd_prefill_ev_t *ev)
         req->compute_status = ev->status;
         req->first_token = ev->first_token;
         req->compute_done_ns = epd_time_now_ns();
+        req->t_start_ns = ev->started_ns;
         if (ev->status != EPD_OK && !req->failed) {
             char msg[160];
 
@@ -638,6 +658,11 @@ void epd__prefill_tick(epd_prefill_srv_t *srv, uint64_t now)
             snprintf(msg, sizeof(msg), "no KV reservation from decode '%.80s' within %u ms",
                      req->peer->worker_id, srv->lease_ms);
             epd__prefill_req_fail(srv, req, EPD_ERR_TIMEOUT, msg, 1, 1, 1);
+        } else if (!req->failed && req->have_resv && !req->complete_sent && req->post_layer > 0 &&
+                   epd_prefill_peer_usable(req->peer)) {
+            /* a long layer: repeat the last LayerDone (still true) so that
+             * decode's lease does not run out while this one computes */
+            epd_prefill_maybe_layer_done(srv, req, req->post_layer - 1);
         } else if (req->release_queued == 0 && req->compute_done && req->writes_inflight == 0 &&
                    (req->failed || req->complete_sent)) {
             epd__prefill_req_dirty(srv, req); /* a release submit to retry */
