@@ -244,7 +244,11 @@ static int storm_run(const storm_args_t *a)
                   : p < 85 ? PLAN_MID_DECODE
                            : PLAN_AFTER_END;
         r->abort_at_ns = (epd_rng_next(&rng) % 15) * EPD_NSEC_PER_MSEC;
-        r->abort_at_index = 1 + (uint32_t)(epd_rng_next(&rng) % (r->max_tokens));
+        if (r->plan == PLAN_MID_DECODE) {
+            /* a decode long enough for the abort to land in */
+            r->max_tokens = MAX_OUT;
+        }
+        r->abort_at_index = 1 + (uint32_t)(epd_rng_next(&rng) % 4);
         if (epd_itest_colocated(engine, toks, r->n_prompt, &r->sp, r->max_tokens, r->want,
                                 &r->n_want) != EPD_OK) {
             fprintf(stderr, "storm: colocated generation failed\n");
