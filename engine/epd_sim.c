@@ -10,7 +10,10 @@
  *      spinning; deadlines are absolute from the start of the call, so
  *      oversleeping never accumulates and the fill's CPU time is part of the
  *      layer's time, not added to it,
- *   3. calls the sink, as `ref` does (once per layer, in order, KV final).
+ *   3. calls the sink, as `ref` does (once per layer, in order, KV final),
+ *      at the layer's modelled end: the transfer of layer l overlaps layers
+ *      l+1.. only (`ref` reports a layer as soon as its KV is written,
+ *      before its attention and MLP: a little more overlap).
  * A decode step writes every request's new rows and states, then waits once
  * for the sum of its layers' modelled times.
  *
