@@ -3,7 +3,7 @@
 # `make all` because they need -fsanitize=fuzzer.
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
-FUZZ_LIBS := $(BUILD)/lib/libepd_proto.a $(BUILD)/lib/libepd_common.a
+FUZZ_LIBS := $(BUILD)/lib/libepd_proto.a $(BUILD)/lib/libepd_engine.a $(BUILD)/lib/libepd_common.a
 
 $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(FUZZ_LIBS)
 	@mkdir -p $(@D)
@@ -11,7 +11,7 @@ $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(FUZZ_LIBS)
 
 .PHONY: fuzz-run
 fuzz-run: $(FUZZ_TARGETS)
-	@for t in $(FUZZ_TARGETS); do \
+	@set -o pipefail; for t in $(FUZZ_TARGETS); do \
 	  mkdir -p $(BUILD)/corpus/$$(basename $$t); \
 	  echo "fuzzing $$t for $(FUZZ_SECONDS)s"; \
 	  $$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(BUILD)/corpus/$$(basename $$t) \
