@@ -68,8 +68,11 @@ static void epd_prefill_on_signal(uv_signal_t *sig, int signum)
     if (srv->stopping) {
         return;
     }
-    epd_log_info(EPD_PREFILL_LOG, 0, "signal %d: stopping (%u requests live)", signum,
-                 srv->n_live);
+    epd_log_info(EPD_PREFILL_LOG, 0,
+                 "signal %d: stopping (%u requests live; %llu completed, %llu failed or aborted, "
+                 "%llu undecodable frames since start)",
+                 signum, srv->n_live, (unsigned long long)srv->served,
+                 (unsigned long long)srv->failed_reqs, (unsigned long long)srv->bad_frames);
     srv->stopping = 1;
     for (epd_prefill_req_t *req = srv->all; req != NULL; req = req->all_next) {
         atomic_store(&req->cancel, 1);

@@ -18,6 +18,7 @@
 #include "epd_prefill_compute.h"
 #include "epd_sample.h"
 #include "epd_test_engine_util.h"
+#include "epd_time.h"
 
 #define N_REQ 6
 #define POOL_BLOCKS 64
@@ -295,11 +296,65 @@ static void test_cancel(void **state)
     assert_int_equal(g->reqs[2].n_layer_evs, g->info->kv.n_layers);
 }
 
+/* The size argument: with max_requests 1 the event queue holds what one
+ * request can produce (n_layers + 2, rounded up to a power of two).  The loop does not drain at all while the
+ * run completes and the release follows: nothing blocks, nothing is lost,
+ * everything arrives in order afterwards. */
+static void test_queue_bound(void **state)
+{
+    epd_prefill_compute_t *one;
+    req_t *r = &g->reqs[0];
+    uint64_t end;
+    uint32_t jobs = 1;
+    uint64_t toks;
+
+    (void)state;
+    memset(g->reqs, 0, sizeof(g->reqs));
+    g->n_done = 0;
+    epd_prefill_compute_destroy(g->c); /* the setup's instance, engine included */
+    uv_run(&g->loop, UV_RUN_NOWAIT);
+    g->c = NULL;
+    {
+        epd_engine_config_t cfg;
+        epd_mkmodel_params_t p;
+
+        epd_test_tiny_params(&p);
+        memset(&cfg, 0, sizeof(cfg));
+        cfg.model_dir = epd_test_write_model(g->dir, "tiny2", &p);
+        cfg.block_tokens = 16;
+        assert_int_equal(epd_engine_open("ref", &cfg, &g->engine), EPD_OK);
+        g->info = epd_engine_info(g->engine);
+    }
+    assert_int_equal(epd_prefill_compute_create(&g->loop, g->engine, &g->pool, 1, on_event, g, &one),
+                     EPD_OK);
+    g->c = one;
+    req_init(r, 0, 60);
+    assert_int_equal(epd_prefill_compute_submit(one, &r->job), EPD_OK);
+    /* wait for the run to finish without running the loop */
+    end = epd_time_now_ns() + 30 * EPD_NSEC_PER_SEC;
+    while (jobs != 0 && epd_time_now_ns() < end) {
+        epd_prefill_compute_backlog(one, &jobs, &toks);
+        epd_time_sleep_ns(EPD_NSEC_PER_MSEC);
+    }
+    assert_int_equal(jobs, 0);
+    epd_time_sleep_ns(300 * EPD_NSEC_PER_MSEC); /* the run itself ends */
+    assert_int_equal(epd_prefill_compute_submit(one, &r->release), EPD_OK);
+    epd_time_sleep_ns(100 * EPD_NSEC_PER_MSEC);
+    assert_int_equal(r->n_layer_evs, 0); /* nothing consumed yet */
+    run_until(all_released, 30000);
+    assert_true(r->done);
+    assert_true(r->released);
+    assert_int_equal(r->status, EPD_OK);
+    assert_int_equal(r->n_layer_evs, g->info->kv.n_layers);
+    assert_int_equal(g->bad_order, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_runs_in_order_and_match_colocated, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_queue_bound, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
