@@ -17,9 +17,13 @@
  *
  * Re-entrancy rule: transport callbacks (write completions, endpoint
  * errors, messages) may run nested inside any epd_xport_* call.  They only
- * record facts and mark requests dirty; requests are freed and endpoints
- * closed only by epd__prefill_pump, which runs at the top of the loop (a
- * uv_idle), never nested inside a transport call.
+ * record facts and mark requests dirty; requests are freed and our
+ * endpoints to decode workers closed (their remote keys die with them) only
+ * by epd__prefill_on_pump, which runs at the top of the loop (a uv_idle),
+ * never nested inside a transport call.  The one exception: an accepted
+ * endpoint (a client's, or a decode worker's own) that failed is closed
+ * inside the error callback, after every pointer to it was dropped — the
+ * transport parks it until its own stack unwinds.
  */
 #ifndef EPD_PREFILL_INT_H
 #define EPD_PREFILL_INT_H
