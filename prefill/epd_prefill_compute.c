@@ -34,8 +34,8 @@ struct epd_prefill_compute {
     int thread_started;
     atomic_int stop;
     /* backlog: runs submitted (loop) minus runs started (compute) */
-    uint64_t submitted_runs;       /* loop thread */
-    uint64_t submitted_tokens;     /* loop thread */
+    uint64_t submitted_runs;   /* loop thread */
+    uint64_t submitted_tokens; /* loop thread */
     atomic_uint_fast64_t started_runs;
     atomic_uint_fast64_t started_tokens;
     epd_prefill_ev_cb_t cb;
@@ -134,8 +134,8 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
         status = epd_engine_prefill(c->engine, &c->pool, &args, &sink, c->logits);
         if (status == EPD_OK) {
             /* step 0 of the stateless sampler: the colocated first token */
-            status = epd_sample_token(&job->sample, c->scratch, c->logits, c->info->vocab_size,
-                                      0, &token);
+            status = epd_sample_token(&job->sample, c->scratch, c->logits, c->info->vocab_size, 0,
+                                      &token);
         }
     }
     ev->status = status;
@@ -285,7 +285,8 @@ epd_status_t epd_prefill_compute_submit(epd_prefill_compute_t *c, epd_prefill_jo
     epd_status_t st = epd_spsc_queue_push(&c->jobs, job);
 
     if (st != EPD_OK) {
-        epd_log_error(EPD_PREFILL_COMP, 0, "loop -> compute job queue full (sizing invariant broken)");
+        epd_log_error(EPD_PREFILL_COMP, 0,
+                      "loop -> compute job queue full (sizing invariant broken)");
         return st;
     }
     if (job->kind == EPD_PREFILL_JOB_RUN) {

@@ -72,13 +72,13 @@ typedef enum {
  */
 typedef struct {
     epd_prefill_job_kind_t kind;
-    epd_kv_seq_t seq;             /* block_table borrowed from the request */
-    const int32_t *tokens;        /* RUN: the prompt, borrowed */
+    epd_kv_seq_t seq;      /* block_table borrowed from the request */
+    const int32_t *tokens; /* RUN: the prompt, borrowed */
     uint32_t n_tokens;
-    epd_sample_params_t sample;   /* RUN: sampling of step 0 */
-    atomic_int *cancel;           /* RUN: nonzero = stop at the next layer */
-    epd_prefill_ev_t *layer_evs;  /* RUN: [n_layers] */
-    epd_prefill_ev_t *done_ev;    /* RUN: the DONE event; RELEASE: RELEASED */
+    epd_sample_params_t sample;  /* RUN: sampling of step 0 */
+    atomic_int *cancel;          /* RUN: nonzero = stop at the next layer */
+    epd_prefill_ev_t *layer_evs; /* RUN: [n_layers] */
+    epd_prefill_ev_t *done_ev;   /* RUN: the DONE event; RELEASE: RELEASED */
 } epd_prefill_job_t;
 
 typedef struct epd_prefill_compute epd_prefill_compute_t;

@@ -44,9 +44,9 @@
 #include "epd_xport_uv.h"
 
 #define EPD_PREFILL_LOG "prefill"
-#define EPD_PREFILL_ID_MAX 128      /* worker id bytes, NUL included */
-#define EPD_PREFILL_STASH_MAX 256   /* reservations that came before their request */
-#define EPD_PREFILL_TOMB_MAX 4096   /* recently aborted / failed request ids */
+#define EPD_PREFILL_ID_MAX 128    /* worker id bytes, NUL included */
+#define EPD_PREFILL_STASH_MAX 256 /* reservations that came before their request */
+#define EPD_PREFILL_TOMB_MAX 4096 /* recently aborted / failed request ids */
 
 typedef struct {
     uint64_t start_time_ns;
@@ -66,7 +66,7 @@ typedef enum {
 typedef struct epd_prefill_peer {
     char worker_id[EPD_PREFILL_ID_MAX];
     epd_prefill_epoch_t epoch;
-    epd_xport_ep_t *ep;            /* ours (connected by us); NULL once closed */
+    epd_xport_ep_t *ep; /* ours (connected by us); NULL once closed */
     epd_prefill_peer_state_t state;
     epd_status_t dead_status;
     uint32_t n_reqs;               /* requests bound to it (it lives while > 0) */
@@ -85,56 +85,56 @@ struct epd_prefill_req {
     int list;                               /* 0 none, 1 dirty, 2 blocked */
     epd_prefill_req_t *all_prev, *all_next; /* srv->all */
     /* who asked */
-    epd_xport_ep_t *client_ep;              /* NULL once that endpoint failed */
+    epd_xport_ep_t *client_ep; /* NULL once that endpoint failed */
     char client_id[EPD_PREFILL_ID_MAX];
-    epd_prefill_peer_t *peer;               /* the decode worker (counted ref) */
+    epd_prefill_peer_t *peer; /* the decode worker (counted ref) */
     /* the prompt and its local placement */
-    int32_t *tokens;                        /* [n_tokens] */
+    int32_t *tokens; /* [n_tokens] */
     uint32_t n_tokens;
-    uint32_t n_blocks;                      /* prompt blocks */
-    uint32_t *local_blocks;                 /* [n_blocks] */
-    uint32_t slot;                          /* local state slot */
+    uint32_t n_blocks;      /* prompt blocks */
+    uint32_t *local_blocks; /* [n_blocks] */
+    uint32_t slot;          /* local state slot */
     /* the reservation (valid when have_resv) */
     int have_resv;
-    uint32_t *remote_blocks;                /* [n_blocks] */
+    uint32_t *remote_blocks; /* [n_blocks] */
     epd_prefill_place_t remote;
     uint64_t region_size;
-    epd_xport_rkey_t *rkey;                 /* on peer->ep; NULL once that ep closed */
+    epd_xport_rkey_t *rkey; /* on peer->ep; NULL once that ep closed */
     /* compute hand-off */
     epd_prefill_job_t run_job, release_job;
-    epd_prefill_ev_t *evs;                  /* [n_layers + 2]: layers, DONE, RELEASED */
+    epd_prefill_ev_t *evs; /* [n_layers + 2]: layers, DONE, RELEASED */
     atomic_int cancel;
-    int compute_done;                       /* DONE consumed */
+    int compute_done; /* DONE consumed */
     epd_status_t compute_status;
     int32_t first_token;
     uint32_t layers_done;
     int release_queued, released;
     /* transfer */
-    uint32_t post_layer, post_idx;          /* next write to post */
+    uint32_t post_layer, post_idx; /* next write to post */
     uint32_t writes_inflight;
     uint64_t writes_posted;
-    epd_hash_state_t *hash;                 /* the layer being posted */
-    uint64_t *checksums;                    /* [n_layers] */
-    uint64_t last_d_msg_ns;                 /* lease keep-alive (LayerDone) */
-    uint32_t d_lease_ms;                    /* decode's lease on the reservation */
-    uint64_t compute_done_ns;               /* P's lease on the reservation */
+    epd_hash_state_t *hash;   /* the layer being posted */
+    uint64_t *checksums;      /* [n_layers] */
+    uint64_t last_d_msg_ns;   /* lease keep-alive (LayerDone) */
+    uint32_t d_lease_ms;      /* decode's lease on the reservation */
+    uint64_t compute_done_ns; /* P's lease on the reservation */
     /* timings (loop thread clock), for the per-request debug line */
     uint64_t t_admit_ns, t_start_ns, t_resv_ns, t_complete_ns;
     /* outcome */
-    int failed;                             /* failed or aborted: no more writes */
+    int failed; /* failed or aborted: no more writes */
     epd_status_t fail_status;
     char fail_msg[160];
-    int tell_client;                        /* Error to the client pending */
-    int tell_d;                             /* Error to decode pending */
-    int need_quiesced;                      /* WritesQuiesced to decode pending */
+    int tell_client;   /* Error to the client pending */
+    int tell_d;        /* Error to decode pending */
+    int need_quiesced; /* WritesQuiesced to decode pending */
     int complete_sent;
-    int backpressured;                      /* a post was refused (logged once) */
+    int backpressured; /* a post was refused (logged once) */
 };
 
 typedef struct epd_prefill_srv {
     /* configuration (flags) */
     const char *model_dir;
-    char model_name[128];             /* last path component of model_dir */
+    char model_name[128]; /* last path component of model_dir */
     const char *engine_name;
     char worker_id[EPD_PREFILL_ID_MAX];
     const char *transport;
@@ -146,12 +146,12 @@ typedef struct epd_prefill_srv {
     uint32_t lease_ms, peer_timeout_ms, connect_timeout_ms;
     /* identity */
     epd_prefill_epoch_t epoch;
-    uint64_t seq;                     /* envelope sequence */
+    uint64_t seq; /* envelope sequence */
     /* loop and its handles */
     uv_loop_t *loop;
     uv_idle_t pump;
     int pump_on;
-    uv_timer_t timer;                 /* leases, stash and tombstone expiry, retries */
+    uv_timer_t timer; /* leases, stash and tombstone expiry, retries */
     uv_signal_t sigterm, sigint;
     int stopping;
     /* engine, pool, compute */
@@ -162,26 +162,26 @@ typedef struct epd_prefill_srv {
     epd_kv_pool_t pool;
     epd_prefill_compute_t *compute;
     epd_rpc_server_t *rpc;
-    const void *addr;                 /* our data-plane address (borrowed from x) */
+    const void *addr; /* our data-plane address (borrowed from x) */
     size_t addr_len;
     /* local pool allocation */
-    uint32_t *free_blocks;            /* stack */
+    uint32_t *free_blocks; /* stack */
     uint32_t n_free_blocks;
-    uint32_t *free_slots;             /* stack */
+    uint32_t *free_slots; /* stack */
     uint32_t n_free_slots;
     /* requests */
-    epd_prefill_req_t **table;        /* [table_size] chains, by id */
+    epd_prefill_req_t **table; /* [table_size] chains, by id */
     uint32_t table_size;
     uint32_t n_live;
     epd_prefill_req_t *all;
     epd_prefill_req_t *dirty_head, *dirty_tail;
     epd_prefill_req_t *blocked_head, *blocked_tail;
-    int room;                         /* a write completed: retry the blocked */
+    int room; /* a write completed: retry the blocked */
     epd_prefill_peer_t *peers;
     /* early reservations, tombstones */
     struct epd_prefill_stash {
-        Epd__Envelope *env;           /* owned */
-        epd_xport_ep_t *ep;           /* where it came from */
+        Epd__Envelope *env; /* owned */
+        epd_xport_ep_t *ep; /* where it came from */
         uint64_t expires_ns;
     } stash[EPD_PREFILL_STASH_MAX];
     uint32_t n_stash;
@@ -198,7 +198,7 @@ typedef struct epd_prefill_srv {
     uint64_t served, failed_reqs;
     uint64_t log_window_ns;
     uint32_t log_count;
-    unsigned char *tx_buf;            /* [tx_cap], loop thread scratch for frames */
+    unsigned char *tx_buf; /* [tx_cap], loop thread scratch for frames */
     size_t tx_cap;
 } epd_prefill_srv_t;
 

@@ -68,11 +68,11 @@ int epd__prefill_log_allowed(epd_prefill_srv_t *srv)
     return srv->log_count++ < EPD_PREFILL_LOG_BURST;
 }
 
-#define EPD_PREFILL_WARN(srv, req, ...)                   \
-    do {                                                  \
-        if (epd__prefill_log_allowed(srv)) {              \
-            epd_log_warn(EPD_PREFILL_LOG, req, __VA_ARGS__); \
-        }                                                 \
+#define EPD_PREFILL_WARN(srv, req, ...)                                                            \
+    do {                                                                                           \
+        if (epd__prefill_log_allowed(srv)) {                                                       \
+            epd_log_warn(EPD_PREFILL_LOG, req, __VA_ARGS__);                                       \
+        }                                                                                          \
     } while (0)
 
 /* ------------------------------------------------------------------ sends */
@@ -114,8 +114,8 @@ epd_status_t epd__prefill_send(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
     }
     st = epd_msg_encode(&env, srv->tx_buf, srv->tx_cap, &len);
     if (st != EPD_OK) {
-        epd_log_error(EPD_PREFILL_LOG, 0, "cannot encode a %s message: %s",
-                      epd_msg_body_name(&env), epd_status_string(st));
+        epd_log_error(EPD_PREFILL_LOG, 0, "cannot encode a %s message: %s", epd_msg_body_name(&env),
+                      epd_status_string(st));
         return st;
     }
     return epd_xport_send(ep, srv->tx_buf, len, flags);
@@ -229,8 +229,8 @@ static Epd__Envelope *epd_prefill_stash_take(epd_prefill_srv_t *srv, uint32_t i,
 
 /* A stashed decode message whose request will never run here: answer it
  * (reservation: Error + WritesQuiesced, so decode may recycle at once). */
-static void epd_prefill_stash_answer(epd_prefill_srv_t *srv, Epd__Envelope *env,
-                                     epd_xport_ep_t *ep, epd_status_t status, const char *why)
+static void epd_prefill_stash_answer(epd_prefill_srv_t *srv, Epd__Envelope *env, epd_xport_ep_t *ep,
+                                     epd_status_t status, const char *why)
 {
     uint64_t id = epd_msg_request_id(env);
 
@@ -462,11 +462,13 @@ void epd__prefill_apply_reservation(epd_prefill_srv_t *srv, epd_prefill_req_t *r
     place.pool_state_slots = r->pool_state_slots;
     st = epd_prefill_plan_check(kv, req->n_blocks, &place, r->region_size, &why);
     if (st != EPD_OK) {
-        snprintf(msg, sizeof(msg), "reservation refused: %s (%zu blocks, pool %u blocks/%u slots, "
-                 "region %llu bytes)", why, r->n_block_ids, r->pool_blocks, r->pool_state_slots,
+        snprintf(msg, sizeof(msg),
+                 "reservation refused: %s (%zu blocks, pool %u blocks/%u slots, "
+                 "region %llu bytes)",
+                 why, r->n_block_ids, r->pool_blocks, r->pool_state_slots,
                  (unsigned long long)r->region_size);
-        epd__prefill_req_fail(srv, req, st == EPD_ERR_NO_MEMORY ? st : EPD_ERR_OUT_OF_RANGE, msg,
-                              1, 1, 1);
+        epd__prefill_req_fail(srv, req, st == EPD_ERR_NO_MEMORY ? st : EPD_ERR_OUT_OF_RANGE, msg, 1,
+                              1, 1);
         return;
     }
     if (req->peer->state == EPD_PREFILL_PEER_DEAD || req->peer->ep == NULL) {
@@ -617,7 +619,8 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
         st = epd__prefill_req_admit(srv, id, g->prompt_tokens, (uint32_t)g->n_prompt_tokens, &sp,
                                     ep, env->sender->worker_id, peer, &req);
         if (st != EPD_OK) {
-            snprintf(msg, sizeof(msg), "no local capacity for %zu tokens (%u blocks, %u slots free)",
+            snprintf(msg, sizeof(msg),
+                     "no local capacity for %zu tokens (%u blocks, %u slots free)",
                      g->n_prompt_tokens, srv->n_free_blocks, srv->n_free_slots);
         }
     }
@@ -722,8 +725,9 @@ static void epd_prefill_on_error(epd_prefill_srv_t *srv, const Epd__Envelope *en
     char msg[200];
 
     if (req == NULL) {
-        epd_log_debug(EPD_PREFILL_LOG, e->request_id, "error from '%s' about an unknown request: %s",
-                      env->sender->worker_id, e->message != NULL ? e->message : "");
+        epd_log_debug(EPD_PREFILL_LOG, e->request_id,
+                      "error from '%s' about an unknown request: %s", env->sender->worker_id,
+                      e->message != NULL ? e->message : "");
         return;
     }
     if (strcmp(env->sender->worker_id, req->client_id) != 0 && !epd_prefill_from_decode(req, env)) {
@@ -754,8 +758,10 @@ void epd__prefill_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t
     st = epd_msg_decode(data, len, &env, &why);
     if (st != EPD_OK) {
         srv->bad_frames++;
-        EPD_PREFILL_WARN(srv, 0, "dropping an undecodable request-plane frame (%zu bytes): %s "
-                         "(%llu so far)", len, why != NULL ? why : epd_status_string(st),
+        EPD_PREFILL_WARN(srv, 0,
+                         "dropping an undecodable request-plane frame (%zu bytes): %s "
+                         "(%llu so far)",
+                         len, why != NULL ? why : epd_status_string(st),
                          (unsigned long long)srv->bad_frames);
         return;
     }
@@ -826,7 +832,8 @@ void epd__prefill_on_ep_error(void *arg, epd_xport_ep_t *ep, epd_status_t status
         }
     }
     if (!srv->stopping) {
-        epd_log_debug(EPD_PREFILL_LOG, 0, "incoming endpoint failed: %s", epd_status_string(status));
+        epd_log_debug(EPD_PREFILL_LOG, 0, "incoming endpoint failed: %s",
+                      epd_status_string(status));
         epd_xport_ep_close(ep);
     }
 }

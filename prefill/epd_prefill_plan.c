@@ -47,9 +47,8 @@ epd_status_t epd_prefill_plan_check(const epd_kv_layout_t *layout, uint32_t n_pr
     uint64_t pool_bytes;
 
     if (remote->n_blocks != n_prompt_blocks) {
-        return epd_prefill_plan_refuse(EPD_ERR_INVALID_PARAM,
-                                       "number of reserved blocks differs from the prompt's",
-                                       why_p);
+        return epd_prefill_plan_refuse(
+            EPD_ERR_INVALID_PARAM, "number of reserved blocks differs from the prompt's", why_p);
     }
     if (n_prompt_blocks > 0 && remote->block_ids == NULL) {
         return epd_prefill_plan_refuse(EPD_ERR_INVALID_PARAM, "no block ids", why_p);
@@ -58,8 +57,8 @@ epd_status_t epd_prefill_plan_check(const epd_kv_layout_t *layout, uint32_t n_pr
         return epd_prefill_plan_refuse(EPD_ERR_OUT_OF_RANGE, "remote pool has no blocks", why_p);
     }
     if (layout->n_linear_layers > 0 && remote->state_slot >= remote->pool_state_slots) {
-        return epd_prefill_plan_refuse(EPD_ERR_OUT_OF_RANGE,
-                                       "state slot outside the remote pool", why_p);
+        return epd_prefill_plan_refuse(EPD_ERR_OUT_OF_RANGE, "state slot outside the remote pool",
+                                       why_p);
     }
     pool_bytes = epd_kv_pool_bytes(layout, remote->pool_blocks, remote->pool_state_slots);
     if (pool_bytes == 0) {
@@ -71,8 +70,8 @@ epd_status_t epd_prefill_plan_check(const epd_kv_layout_t *layout, uint32_t n_pr
     }
     for (uint32_t i = 0; i < remote->n_blocks; i++) {
         if (remote->block_ids[i] >= remote->pool_blocks) {
-            return epd_prefill_plan_refuse(EPD_ERR_OUT_OF_RANGE,
-                                           "block id outside the remote pool", why_p);
+            return epd_prefill_plan_refuse(EPD_ERR_OUT_OF_RANGE, "block id outside the remote pool",
+                                           why_p);
         }
     }
     /* a block named twice would be overwritten by the later write and
@@ -98,8 +97,7 @@ epd_status_t epd_prefill_plan_check(const epd_kv_layout_t *layout, uint32_t n_pr
     return EPD_OK;
 }
 
-epd_status_t epd_prefill_plan_write(const epd_kv_layout_t *layout,
-                                    const epd_prefill_place_t *local,
+epd_status_t epd_prefill_plan_write(const epd_kv_layout_t *layout, const epd_prefill_place_t *local,
                                     const epd_prefill_place_t *remote, uint64_t region_size,
                                     uint32_t layer, uint32_t i, epd_prefill_write_t *w_p)
 {
@@ -116,8 +114,8 @@ epd_status_t epd_prefill_plan_write(const epd_kv_layout_t *layout,
         st = epd_kv_state_offset(layout, local->pool_blocks, local->pool_state_slots, layer,
                                  local->state_slot, &w.local_off);
         if (st == EPD_OK) {
-            st = epd_kv_state_offset(layout, remote->pool_blocks, remote->pool_state_slots,
-                                     layer, remote->state_slot, &w.remote_off);
+            st = epd_kv_state_offset(layout, remote->pool_blocks, remote->pool_state_slots, layer,
+                                     remote->state_slot, &w.remote_off);
         }
         w.len = layout->state_bytes;
     } else {

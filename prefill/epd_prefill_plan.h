@@ -72,8 +72,7 @@ epd_status_t epd_prefill_plan_check(const epd_kv_layout_t *layout, uint32_t n_pr
  * index or offset falls outside either pool, or the write would end past
  * region_size.
  */
-epd_status_t epd_prefill_plan_write(const epd_kv_layout_t *layout,
-                                    const epd_prefill_place_t *local,
+epd_status_t epd_prefill_plan_write(const epd_kv_layout_t *layout, const epd_prefill_place_t *local,
                                     const epd_prefill_place_t *remote, uint64_t region_size,
                                     uint32_t layer, uint32_t i, epd_prefill_write_t *w_p);
 

@@ -124,8 +124,8 @@ int epd__prefill_on_rpc(void *arg, const char *method, const void *req, size_t r
         }
         epd_proto_free(m);
         if (!srv->draining) {
-            epd_log_info(EPD_PREFILL_LOG, 0, "draining: new requests are refused, %u running finish",
-                         srv->n_live);
+            epd_log_info(EPD_PREFILL_LOG, 0,
+                         "draining: new requests are refused, %u running finish", srv->n_live);
         }
         srv->draining = 1;
         d.ok = 1;

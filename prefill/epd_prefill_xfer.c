@@ -85,8 +85,10 @@ static void epd_prefill_list_remove(epd_prefill_srv_t *srv, epd_prefill_req_t *r
 
 static void epd_prefill_list_append(epd_prefill_srv_t *srv, epd_prefill_req_t *req, int which)
 {
-    epd_prefill_req_t **head = which == EPD_PREFILL_LIST_DIRTY ? &srv->dirty_head : &srv->blocked_head;
-    epd_prefill_req_t **tail = which == EPD_PREFILL_LIST_DIRTY ? &srv->dirty_tail : &srv->blocked_tail;
+    epd_prefill_req_t **head =
+        which == EPD_PREFILL_LIST_DIRTY ? &srv->dirty_head : &srv->blocked_head;
+    epd_prefill_req_t **tail =
+        which == EPD_PREFILL_LIST_DIRTY ? &srv->dirty_tail : &srv->blocked_tail;
 
     req->lprev = *tail;
     req->lnext = NULL;
@@ -123,7 +125,8 @@ static void epd_prefill_req_block(epd_prefill_srv_t *srv, epd_prefill_req_t *req
         req->backpressured = 1;
         epd_log_debug(EPD_PREFILL_LOG, req->id,
                       "transport backpressure at layer %u write %u (%u in flight): retrying "
-                      "after progress", req->post_layer, req->post_idx, req->writes_inflight);
+                      "after progress",
+                      req->post_layer, req->post_idx, req->writes_inflight);
     }
     epd_prefill_list_remove(srv, req);
     epd_prefill_list_append(srv, req, EPD_PREFILL_LIST_BLOCKED);
@@ -274,8 +277,7 @@ void epd__prefill_req_fail(epd_prefill_srv_t *srv, epd_prefill_req_t *req, epd_s
         if (status == EPD_ERR_CANCELED) {
             epd_log_debug(EPD_PREFILL_LOG, req->id, "aborted: %s", msg);
         } else {
-            epd_log_warn(EPD_PREFILL_LOG, req->id, "failed: %s (%s)", msg,
-                         epd_status_name(status));
+            epd_log_warn(EPD_PREFILL_LOG, req->id, "failed: %s (%s)", msg, epd_status_name(status));
         }
     }
     if (quiesce) {
@@ -297,8 +299,8 @@ static void epd_prefill_on_write(void *arg, epd_status_t status)
     if (status != EPD_OK && !req->failed) {
         char msg[160];
 
-        snprintf(msg, sizeof(msg), "a KV write to decode '%.80s' failed: %s",
-                 req->peer->worker_id, epd_status_string(status));
+        snprintf(msg, sizeof(msg), "a KV write to decode '%.80s' failed: %s", req->peer->worker_id,
+                 epd_status_string(status));
         epd__prefill_req_fail(srv, req, epd_prefill_peer_status(status), msg, 1, 1, 1);
     }
     if (req->writes_inflight == 0) {
@@ -556,16 +558,17 @@ static void epd_prefill_maybe_finish(epd_prefill_srv_t *srv, epd_prefill_req_t *
              * transfer posting was not hidden behind compute; released
              * after compute: until the last write landed and the compute
              * thread released the request */
-            epd_log_debug(EPD_PREFILL_LOG, req->id,
-                          "done: %u tokens, first token %d, %llu writes to '%.80s'; queued %.3f ms, "
-                          "compute %.3f ms, reservation %+.3f ms after admission, completion "
-                          "%.3f ms after compute, released %.3f ms after compute",
-                          req->n_tokens, req->first_token, (unsigned long long)req->writes_posted,
-                          req->peer->worker_id, (double)(start - req->t_admit_ns) / 1e6,
-                          (double)(req->compute_done_ns - start) / 1e6,
-                          ((double)req->t_resv_ns - (double)req->t_admit_ns) / 1e6,
-                          ((double)req->t_complete_ns - (double)req->compute_done_ns) / 1e6,
-                          (double)(now - req->compute_done_ns) / 1e6);
+            epd_log_debug(
+                EPD_PREFILL_LOG, req->id,
+                "done: %u tokens, first token %d, %llu writes to '%.80s'; queued %.3f ms, "
+                "compute %.3f ms, reservation %+.3f ms after admission, completion "
+                "%.3f ms after compute, released %.3f ms after compute",
+                req->n_tokens, req->first_token, (unsigned long long)req->writes_posted,
+                req->peer->worker_id, (double)(start - req->t_admit_ns) / 1e6,
+                (double)(req->compute_done_ns - start) / 1e6,
+                ((double)req->t_resv_ns - (double)req->t_admit_ns) / 1e6,
+                ((double)req->t_complete_ns - (double)req->compute_done_ns) / 1e6,
+                (double)(now - req->compute_done_ns) / 1e6);
         }
         epd_prefill_req_destroy(srv, req);
     }
@@ -651,8 +654,8 @@ void epd__prefill_tick(epd_prefill_srv_t *srv, uint64_t now)
     uint64_t lease_ns = (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
 
     for (epd_prefill_req_t *req = srv->all; req != NULL; req = req->all_next) {
-        if (!req->failed && req->compute_done && req->compute_status == EPD_OK &&
-            !req->have_resv && now - req->compute_done_ns > lease_ns) {
+        if (!req->failed && req->compute_done && req->compute_status == EPD_OK && !req->have_resv &&
+            now - req->compute_done_ns > lease_ns) {
             char msg[160];
 
             snprintf(msg, sizeof(msg), "no KV reservation from decode '%.80s' within %u ms",

@@ -187,8 +187,8 @@ static int epd_prefill_run(const epd_prefill_flags_t *fl)
     ecfg.max_batch = 1;
     st = epd_engine_open(fl->engine, &ecfg, &engine);
     if (st != EPD_OK) {
-        epd_log_error(EPD_PREFILL_LOG, 0, "cannot open model '%s' with engine '%s': %s",
-                      fl->model, fl->engine, epd_status_string(st));
+        epd_log_error(EPD_PREFILL_LOG, 0, "cannot open model '%s' with engine '%s': %s", fl->model,
+                      fl->engine, epd_status_string(st));
         epd_free(srv);
         return 1;
     }
@@ -323,9 +323,9 @@ static int epd_prefill_run(const epd_prefill_flags_t *fl)
         epd_log_info(EPD_PREFILL_LOG, 0,
                      "serving model '%s' (%u layers '%.40s', vocab %u, context %u): pool %u blocks "
                      "x %u tokens + %u slots (%llu bytes), lease %u ms; transport %s",
-                     srv->model_name, srv->info->kv.n_layers, pattern, srv->info->vocab_size, srv->info->max_context, srv->kv_blocks,
-                     srv->info->kv.block_tokens, srv->state_slots,
-                     (unsigned long long)pool_bytes, srv->lease_ms, desc);
+                     srv->model_name, srv->info->kv.n_layers, pattern, srv->info->vocab_size,
+                     srv->info->max_context, srv->kv_blocks, srv->info->kv.block_tokens,
+                     srv->state_slots, (unsigned long long)pool_bytes, srv->lease_ms, desc);
     }
     if (fl->ready_file != NULL && fl->ready_file[0] != '\0' &&
         epd_prefill_ready_file(fl->ready_file, line) != 0) {
@@ -408,7 +408,8 @@ int main(int argc, char **argv)
         .max_inflight_writes = 4096,
     };
     const epd_opt_t opts[] = {
-        {"model", EPD_OPT_STRING, &fl.model, 0, 0, "model folder (config.json + model.safetensors)"},
+        {"model", EPD_OPT_STRING, &fl.model, 0, 0,
+         "model folder (config.json + model.safetensors)"},
         {"engine", EPD_OPT_STRING, &fl.engine, 0, 0, "engine: built-in name or path to a .so"},
         {"worker-id", EPD_OPT_STRING, &fl.worker_id, 0, 0, "worker name (default prefill-<pid>)"},
         {"transport", EPD_OPT_STRING, &fl.transport, 0, 0, "transport backend: ucx or ofi"},

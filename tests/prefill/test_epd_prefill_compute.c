@@ -39,8 +39,8 @@ typedef struct {
 
 typedef struct {
     uv_loop_t loop;
-    epd_engine_t *engine;      /* taken by the compute thread */
-    epd_engine_t *ref;         /* a second instance: the colocated reference */
+    epd_engine_t *engine; /* taken by the compute thread */
+    epd_engine_t *ref;    /* a second instance: the colocated reference */
     const epd_engine_info_t *info;
     epd_kv_pool_t pool;
     epd_prefill_compute_t *c;
@@ -99,9 +99,9 @@ static int setup(void **state)
     g->info = epd_engine_info(g->engine);
     epd_test_pool(g->engine, POOL_BLOCKS, POOL_SLOTS, &g->pool);
     assert_int_equal(uv_loop_init(&g->loop), 0);
-    assert_int_equal(epd_prefill_compute_create(&g->loop, g->engine, &g->pool, POOL_SLOTS, on_event,
-                                                g, &g->c),
-                     EPD_OK);
+    assert_int_equal(
+        epd_prefill_compute_create(&g->loop, g->engine, &g->pool, POOL_SLOTS, on_event, g, &g->c),
+        EPD_OK);
     *state = g;
     return 0;
 }
@@ -205,16 +205,16 @@ static void check_against_reference(const req_t *r)
     a.n_tokens = r->job.n_tokens;
     assert_int_equal(epd_engine_prefill(g->ref, &pool, &a, NULL, logits), EPD_OK);
     assert_int_equal(epd_sample_scratch_create(g->info->vocab_size, &scratch), EPD_OK);
-    assert_int_equal(epd_sample_token(&r->job.sample, scratch, logits, g->info->vocab_size, 0, &tok),
-                     EPD_OK);
+    assert_int_equal(
+        epd_sample_token(&r->job.sample, scratch, logits, g->info->vocab_size, 0, &tok), EPD_OK);
     assert_int_equal(r->first_token, tok);
     for (uint32_t l = 0; l < kv->n_layers; l++) {
         uint64_t off;
 
         if (kv->kind[l] == EPD_LAYER_LINEAR) {
-            assert_int_equal(epd_kv_state_offset(kv, POOL_BLOCKS, POOL_SLOTS, l,
-                                                 r->job.seq.state_slot, &off),
-                             EPD_OK);
+            assert_int_equal(
+                epd_kv_state_offset(kv, POOL_BLOCKS, POOL_SLOTS, l, r->job.seq.state_slot, &off),
+                EPD_OK);
             assert_memory_equal((char *)g->pool.base + off, (char *)pool.base + off,
                                 kv->state_bytes);
             continue;
@@ -297,9 +297,9 @@ static void test_cancel(void **state)
 }
 
 /* The size argument: with max_requests 1 the event queue holds what one
- * request can produce (n_layers + 2, rounded up to a power of two).  The loop does not drain at all while the
- * run completes and the release follows: nothing blocks, nothing is lost,
- * everything arrives in order afterwards. */
+ * request can produce (n_layers + 2, rounded up to a power of two).  The loop does not drain at all
+ * while the run completes and the release follows: nothing blocks, nothing is lost, everything
+ * arrives in order afterwards. */
 static void test_queue_bound(void **state)
 {
     epd_prefill_compute_t *one;
@@ -325,8 +325,8 @@ static void test_queue_bound(void **state)
         assert_int_equal(epd_engine_open("ref", &cfg, &g->engine), EPD_OK);
         g->info = epd_engine_info(g->engine);
     }
-    assert_int_equal(epd_prefill_compute_create(&g->loop, g->engine, &g->pool, 1, on_event, g, &one),
-                     EPD_OK);
+    assert_int_equal(
+        epd_prefill_compute_create(&g->loop, g->engine, &g->pool, 1, on_event, g, &one), EPD_OK);
     g->c = one;
     req_init(r, 0, 60);
     assert_int_equal(epd_prefill_compute_submit(one, &r->job), EPD_OK);

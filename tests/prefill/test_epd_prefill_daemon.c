@@ -282,8 +282,8 @@ static void send_generate(const req_t *r, const Epd__Epoch *prefill_epoch)
     g.decode_worker_id = (char *)"fake-decode";
     g.decode_address.data = (uint8_t *)addr;
     g.decode_address.len = addr_len;
-    g.prefill_epoch = (Epd__Epoch *)(prefill_epoch != NULL ? prefill_epoch
-                                                            : w->health->worker->epoch);
+    g.prefill_epoch =
+        (Epd__Epoch *)(prefill_epoch != NULL ? prefill_epoch : w->health->worker->epoch);
     g.decode_epoch = &d_epoch;
     env.body_case = EPD__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
@@ -355,8 +355,8 @@ static void region_clear(void)
 static void expect_complete(const req_t *r)
 {
     const epd_kv_layout_t *kv = &w->info->kv;
-    Epd__Envelope *env = expect_msg(&w->decode, EPD__ENVELOPE__BODY_PREFILL_COMPLETE, r->id,
-                                    WAIT_MS);
+    Epd__Envelope *env =
+        expect_msg(&w->decode, EPD__ENVELOPE__BODY_PREFILL_COMPLETE, r->id, WAIT_MS);
     const Epd__PrefillComplete *pc;
     const char *base = epd_xport_mr_addr(w->region);
     epd_kv_pool_t pool;
@@ -415,9 +415,9 @@ static void expect_complete(const req_t *r)
         assert_int_equal(pc->layer_checksums[l], sum);
     }
     /* nothing outside the reservation was written */
-    assert_memory_equal(base, pool.base, epd_xport_mr_size(w->region) < pool.bytes
-                                             ? epd_xport_mr_size(w->region)
-                                             : pool.bytes);
+    assert_memory_equal(base, pool.base,
+                        epd_xport_mr_size(w->region) < pool.bytes ? epd_xport_mr_size(w->region)
+                                                                  : pool.bytes);
     epd_sample_scratch_destroy(scratch);
     epd_free(logits);
     epd_free(pool.base);
@@ -436,7 +436,8 @@ static ProtobufCMessage *rpc(const char *method, const ProtobufCMessageDescripto
     ProtobufCMessage *m = NULL;
     epd_status_t st;
 
-    st = epd_rpc_call(w->rpc, method, in_len > 0 ? in : NULL, in_len, 5000, &out, &out_len, NULL, 0);
+    st =
+        epd_rpc_call(w->rpc, method, in_len > 0 ? in : NULL, in_len, 5000, &out, &out_len, NULL, 0);
     *st_p = st;
     if (st == EPD_OK) {
         assert_int_equal(epd_proto_unpack(desc, out, out_len, &m), EPD_OK);
@@ -501,10 +502,26 @@ static void start_daemon(void)
     w->pid = fork();
     assert_true(w->pid >= 0);
     if (w->pid == 0) {
-        char *argv[] = {(char *)bin_path(), "--model", (char *)w->model, "--worker-id", "prefill-t",
-                        "--ready-file", w->ready, "--lease-ms", lease, "--state-slots", slots,
-                        "--kv-blocks", "256", "--peer-timeout-ms", "1500", "--log-level",
-                        "debug", "--max-inflight-writes", "3", NULL};
+        char *argv[] = {(char *)bin_path(),
+                        "--model",
+                        (char *)w->model,
+                        "--worker-id",
+                        "prefill-t",
+                        "--ready-file",
+                        w->ready,
+                        "--lease-ms",
+                        lease,
+                        "--state-slots",
+                        slots,
+                        "--kv-blocks",
+                        "256",
+                        "--peer-timeout-ms",
+                        "1500",
+                        "--log-level",
+                        "debug",
+                        "--max-inflight-writes",
+                        "3",
+                        NULL};
         char log[1100];
 
         snprintf(log, sizeof(log), "%s/p.log", w->dir);
@@ -524,8 +541,8 @@ static void start_daemon(void)
     assert_int_equal(sscanf(line, "control=%255s", w->control), 1);
     assert_non_null(strstr(line, "worker=prefill-t"));
     assert_int_equal(epd_rpc_client_create(w->control, &w->rpc), EPD_OK);
-    w->health = (Epd__HealthResponse *)rpc(EPD_RPC_HEALTH, &epd__health_response__descriptor, NULL,
-                                           &st);
+    w->health =
+        (Epd__HealthResponse *)rpc(EPD_RPC_HEALTH, &epd__health_response__descriptor, NULL, &st);
     assert_int_equal(st, EPD_OK);
 }
 
@@ -549,10 +566,10 @@ static int setup(void **state)
     start_daemon();
     side_init(&w->client, "fake-client");
     side_init(&w->decode, "fake-decode");
-    assert_int_equal(epd_xport_mr_alloc(w->decode.x,
-                                        epd_kv_pool_bytes(&w->info->kv, D_POOL_BLOCKS, D_POOL_SLOTS),
-                                        &w->region),
-                     EPD_OK);
+    assert_int_equal(
+        epd_xport_mr_alloc(
+            w->decode.x, epd_kv_pool_bytes(&w->info->kv, D_POOL_BLOCKS, D_POOL_SLOTS), &w->region),
+        EPD_OK);
     assert_int_equal(epd_xport_mr_pack(w->region, w->rkey, sizeof(w->rkey), &w->rkey_len), EPD_OK);
     *state = w;
     return 0;
@@ -831,10 +848,10 @@ static void test_decode_dies(void **state)
     wait_idle();
 
     side_init(&w->decode, "fake-decode");
-    assert_int_equal(epd_xport_mr_alloc(w->decode.x,
-                                        epd_kv_pool_bytes(&w->info->kv, D_POOL_BLOCKS, D_POOL_SLOTS),
-                                        &w->region),
-                     EPD_OK);
+    assert_int_equal(
+        epd_xport_mr_alloc(
+            w->decode.x, epd_kv_pool_bytes(&w->info->kv, D_POOL_BLOCKS, D_POOL_SLOTS), &w->region),
+        EPD_OK);
     assert_int_equal(epd_xport_mr_pack(w->region, w->rkey, sizeof(w->rkey), &w->rkey_len), EPD_OK);
     req_make(&r, 45);
     send_generate(&r, NULL);

@@ -53,10 +53,16 @@ static const uint32_t remote_ids[3] = {100, 5, 99};
 
 static void places(epd_prefill_place_t *local, epd_prefill_place_t *remote)
 {
-    *local = (epd_prefill_place_t){.block_ids = local_ids, .n_blocks = 3, .state_slot = 2,
-                                   .pool_blocks = 8, .pool_state_slots = 4};
-    *remote = (epd_prefill_place_t){.block_ids = remote_ids, .n_blocks = 3, .state_slot = 9,
-                                    .pool_blocks = 128, .pool_state_slots = 16};
+    *local = (epd_prefill_place_t){.block_ids = local_ids,
+                                   .n_blocks = 3,
+                                   .state_slot = 2,
+                                   .pool_blocks = 8,
+                                   .pool_state_slots = 4};
+    *remote = (epd_prefill_place_t){.block_ids = remote_ids,
+                                    .n_blocks = 3,
+                                    .state_slot = 9,
+                                    .pool_blocks = 128,
+                                    .pool_state_slots = 16};
 }
 
 static void test_check_accepts_a_good_reservation(void **state)
@@ -151,7 +157,8 @@ static void test_writes(void **state)
             epd_prefill_write_t w;
             uint64_t lo, ro;
 
-            assert_int_equal(epd_prefill_plan_write(&kv, &local, &remote, rbytes, l, i, &w), EPD_OK);
+            assert_int_equal(epd_prefill_plan_write(&kv, &local, &remote, rbytes, l, i, &w),
+                             EPD_OK);
             if (kv.kind[l] == EPD_LAYER_LINEAR) {
                 assert_int_equal(epd_kv_state_offset(&kv, 8, 4, l, 2, &lo), EPD_OK);
                 assert_int_equal(epd_kv_state_offset(&kv, 128, 16, l, 9, &ro), EPD_OK);
