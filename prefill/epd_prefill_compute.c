@@ -26,7 +26,8 @@ struct epd_prefill_compute {
     epd_kv_pool_t pool;
     float *logits;                 /* [vocab], compute thread */
     epd_sample_scratch_t *scratch; /* compute thread */
-    epd_spsc_queue_t jobs;         /* loop -> compute */
+    epd_spsc_queue_t jobs;         /* loop -> compute: runs, FIFO */
+    epd_spsc_queue_t releases;     /* loop -> compute: releases, before the next run */
     epd_spsc_queue_t events;       /* compute -> loop */
     sem_t sem;                     /* counts submitted jobs (+1 to stop) */
     uv_async_t async;              /* wakes the loop for events */
@@ -159,6 +160,14 @@ static void *epd_prefill_compute_main(void *arg)
                           strerror(errno));
             break;
         }
+        /* releases first: a finished request's blocks and slot must not wait
+         * behind every run queued after it, only behind the one running */
+        while ((job = epd_spsc_queue_pop(&c->releases)) != NULL) {
+            if (!atomic_load(&c->stop)) {
+                epd_engine_release(c->engine, &c->pool, &job->seq);
+                epd_prefill_compute_emit(c, job->done_ev);
+            }
+        }
         job = epd_spsc_queue_pop(&c->jobs);
         if (job == NULL) {
             if (atomic_load(&c->stop)) {
@@ -169,14 +178,7 @@ static void *epd_prefill_compute_main(void *arg)
         if (atomic_load(&c->stop)) {
             continue; /* shutting down: the loop no longer reads events */
         }
-        if (job->kind == EPD_PREFILL_JOB_RUN) {
-            epd_prefill_compute_run(c, job);
-        } else {
-            epd_prefill_ev_t *ev = job->done_ev;
-
-            epd_engine_release(c->engine, &c->pool, &job->seq);
-            epd_prefill_compute_emit(c, ev);
-        }
+        epd_prefill_compute_run(c, job);
     }
     return NULL;
 }
@@ -226,16 +228,20 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
     if (st != EPD_OK) {
         goto err_free_logits;
     }
-    st = epd_spsc_queue_init(&c->jobs, 2 * (size_t)max_requests);
+    st = epd_spsc_queue_init(&c->jobs, max_requests);
     if (st != EPD_OK) {
         goto err_free_scratch;
+    }
+    st = epd_spsc_queue_init(&c->releases, max_requests);
+    if (st != EPD_OK) {
+        goto err_cleanup_jobs;
     }
     /* the size argument of the header: each live request queues at most
      * n_layers + 2 events */
     n_events = (uint64_t)max_requests * ((uint64_t)c->info->kv.n_layers + 2);
     st = epd_spsc_queue_init(&c->events, (size_t)n_events);
     if (st != EPD_OK) {
-        goto err_cleanup_jobs;
+        goto err_cleanup_releases;
     }
     if (sem_init(&c->sem, 0, 0) != 0) {
         st = EPD_ERR_FATAL;
@@ -259,7 +265,7 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
     }
     c->thread_started = 1;
     epd_log_info(EPD_PREFILL_COMP, 0,
-                 "compute thread started: job queue %zu, event queue %zu "
+                 "compute thread started: run and release queues %zu, event queue %zu "
                  "(%u requests x (%u layers + 2))",
                  c->jobs.mask + 1, c->events.mask + 1, max_requests, c->info->kv.n_layers);
     *c_p = c;
@@ -269,6 +275,8 @@ err_destroy_sem:
     sem_destroy(&c->sem);
 err_cleanup_events:
     epd_spsc_queue_cleanup(&c->events);
+err_cleanup_releases:
+    epd_spsc_queue_cleanup(&c->releases);
 err_cleanup_jobs:
     epd_spsc_queue_cleanup(&c->jobs);
 err_free_scratch:
@@ -282,7 +290,8 @@ err_free:
 
 epd_status_t epd_prefill_compute_submit(epd_prefill_compute_t *c, epd_prefill_job_t *job)
 {
-    epd_status_t st = epd_spsc_queue_push(&c->jobs, job);
+    epd_status_t st =
+        epd_spsc_queue_push(job->kind == EPD_PREFILL_JOB_RUN ? &c->jobs : &c->releases, job);
 
     if (st != EPD_OK) {
         epd_log_error(EPD_PREFILL_COMP, 0,
@@ -324,6 +333,7 @@ void epd_prefill_compute_destroy(epd_prefill_compute_t *c)
     epd_engine_close(c->engine);
     sem_destroy(&c->sem);
     epd_spsc_queue_cleanup(&c->events);
+    epd_spsc_queue_cleanup(&c->releases);
     epd_spsc_queue_cleanup(&c->jobs);
     epd_sample_scratch_destroy(c->scratch);
     epd_free(c->logits);

@@ -5,10 +5,13 @@
  * order.  Hand-offs, in both directions without a lock held across a
  * compute or network call:
  *
- *   loop -> compute: a bounded SPSC queue of jobs (pointers into the
- *     request that owns them) plus a POSIX semaphore counting them; the
- *     compute thread sleeps in sem_wait when there is nothing to do.
- *     sem_post never blocks, so the loop thread never waits for compute.
+ *   loop -> compute: two bounded SPSC queues of jobs (pointers into the
+ *     request that owns them) — runs, in FIFO order, and releases, which
+ *     go before the next run so that a finished request's local blocks wait
+ *     behind at most the run in progress, never behind the whole backlog —
+ *     plus a POSIX semaphore counting them; the compute thread sleeps in
+ *     sem_wait when there is nothing to do.  sem_post never blocks, so the
+ *     loop thread never waits for compute.
  *   compute -> loop: a bounded SPSC queue of events (pointers into the
  *     request, prepared by the loop at admission) plus uv_async_send.  The
  *     engine's layer-done sink only pushes "layer L of request R done" and
@@ -22,8 +25,8 @@
  * only after it consumed "released", its last event; live requests are
  * bounded by max_requests (each holds one local state slot).  So at most
  * max_requests * (n_layers + 2) events are ever queued, and that is the
- * event queue's capacity.  Likewise a request submits at most two jobs (run,
- * release): the job queue holds 2 * max_requests.  A push that fails anyway
+ * event queue's capacity.  Likewise a request submits one run and one
+ * release: each job queue holds max_requests.  A push that fails anyway
  * (a broken invariant) is logged and retried with short sleeps while the
  * thread is not being stopped — it never blocks forever.
  *
