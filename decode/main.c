@@ -998,8 +998,9 @@ static void dec_on_generate(dec_daemon_t *d, dec_link_t *from, const Epd__Envelo
                                        r->blocks, &r->slot);
         if (st != EPD_OK) {
             epd_free(r);
-            why = st == EPD_ERR_NO_CAPACITY ? "not enough free KV blocks or state slots"
-                                            : "reservation failed";
+            why = st != EPD_ERR_NO_CAPACITY ? "reservation failed"
+                  : n_blocks > d->pool.n_blocks ? "request needs more KV blocks than the whole pool"
+                                                : "not enough free KV blocks or state slots";
         }
     }
     if (st != EPD_OK) {
@@ -1039,7 +1040,8 @@ static void dec_on_generate(dec_daemon_t *d, dec_link_t *from, const Epd__Envelo
     d->table[dec_bucket(d, r->id)] = r;
     d->n_reqs++;
     r->lease_ns = epd_time_now_ns() + (uint64_t)d->a.lease_ms * EPD_NSEC_PER_MSEC;
-    r->deadline_ns = g->deadline_ms > 0
+    /* a budget beyond a day is as good as none (and must not overflow) */
+    r->deadline_ns = g->deadline_ms > 0 && g->deadline_ms <= 86400000ULL
                          ? epd_time_now_ns() + g->deadline_ms * EPD_NSEC_PER_MSEC
                          : 0;
     epd_decode_seq_init(&r->seq);
