@@ -10,3 +10,4 @@ $(test_epd_prefill_compute_OBJS): EPD_CPPFLAGS += -Iprefill -Itests/engine
 $(eval $(call epd_test,test_epd_prefill_daemon,tests/prefill/test_epd_prefill_daemon.c tests/engine/epd_test_engine_util.c,epd_xport epd_proto epd_engine epd_common))
 $(test_epd_prefill_daemon_OBJS): EPD_CPPFLAGS += -Itests/engine
 $(BUILD)/tests/test_epd_prefill_daemon: $(BUILD)/bin/epd-prefill
+ALL_TESTS += tests/prefill/test_prefill_daemon_ofi.sh

@@ -87,6 +87,14 @@ typedef struct {
 
 static world_t *w;
 
+/* EPD_PREFILL_TEST_BACKEND=ofi runs everything over libfabric instead. */
+static const char *backend(void)
+{
+    const char *b = getenv("EPD_PREFILL_TEST_BACKEND");
+
+    return b != NULL && b[0] != '\0' ? b : "ucx";
+}
+
 /* ---------------------------------------------------------------- sides */
 
 static void on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
@@ -121,6 +129,7 @@ static void side_init(side_t *s, const char *name)
     memset(s, 0, sizeof(*s));
     s->name = name;
     epd_xport_config_init(&cfg);
+    cfg.backend = backend();
     cfg.peer_timeout_ms = 3000;
     cfg.connect_timeout_ms = 3000;
     cfg.msg_cb = on_msg;
@@ -521,6 +530,8 @@ static void start_daemon(void)
                         "debug",
                         "--max-inflight-writes",
                         "3",
+                        "--transport",
+                        (char *)backend(),
                         NULL};
         char log[1100];
 
@@ -618,7 +629,7 @@ static void test_health(void **state)
     assert_string_equal(h->worker->model, "tiny");
     assert_non_null(h->worker->epoch);
     assert_true(h->worker->epoch->start_time_ns > 0);
-    assert_string_equal(h->transport, "ucx");
+    assert_string_equal(h->transport, backend());
     assert_true(h->data_plane_address.len > 0);
     assert_int_equal(epd_layout_check(&w->info->kv, h->kv_layout, &why), EPD_OK);
     assert_int_equal(h->capacity->kv_blocks_total, 256);
