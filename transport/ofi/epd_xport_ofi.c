@@ -69,6 +69,8 @@
  * means they landed.  Writes longer than the provider's max_msg_size (or
  * the EPD_OFI_WRITE_CHUNK environment variable, a test knob) are split into
  * parts; the op completes once every part did, with the first error.
+ * EPD_OFI_DELIVERY_COMPLETE=0 (a test knob) takes the read-flushed path on
+ * providers that have delivery complete.
  *
  * Completions: one CQ (FI_CQ_FORMAT_DATA) with FI_WAIT_FD where the
  * provider has one (get_fd = fi_control(FI_GETWAIT), arm = fi_trywait);
@@ -88,17 +90,42 @@
  * provider until that late completion; nothing here can wait for it without
  * blocking.
  *
+ * Addresses: each distinct peer address is inserted into the AV once and
+ * shared, refcounted, by every endpoint to it; the worker keeps the name
+ * bytes until fi_av_remove (shm 1.17 keys its name map with the pointer
+ * given to fi_av_insert), and removes an address only once the provider has
+ * returned every operation posted to it (shm crashes when an address is
+ * removed under operations in flight; destroyed endpoints wait as zombies).
+ *
+ * Provider quirks (libfabric 1.17, measured on loopback):
+ *   - tcp;ofi_rxm: the default; connects lazily (the first sends get
+ *     -FI_EAGAIN and wait in the backlog); a dead peer shows as
+ *     FI_ECONNRESET / FI_ECONNREFUSED completions.
+ *   - shm: no wait fd (get_fd says EPD_ERR_UNSUPPORTED); no node may be
+ *     given (its address is named after the node: two processes collide);
+ *     an address whose segment is gone is refused with EPD_ERR_UNREACHABLE
+ *     before fi_av_insert (which crashes on a closed endpoint of this
+ *     process); a dead peer is never reported (only the core's keepalive
+ *     timeout sees it), and writes to it never complete: they sit at the
+ *     head of shm's response queue, so later writes to OTHER peers from this
+ *     worker stall too.  After a peer death on shm, recreate the worker.
+ *   - sockets (deprecated): works, except that destroying a second endpoint
+ *     to the same peer with writes in flight breaks the first.
+ *
  * All calls run on the owning thread; progress does bounded work (at most
  * EPD__OFI_CQ_BUDGET completions and EPD__OFI_SWEEP_BUDGET upcalls from
  * queued work per call).  Nothing sleeps or blocks.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -193,6 +220,18 @@ _Static_assert(offsetof(epd__ofi_rkey_hdr_t, check) + sizeof(uint64_t) ==
 
 typedef struct epd__ofi epd__ofi_t;
 typedef struct epd__ofi_ep epd__ofi_ep_t;
+
+/* A peer address in the AV, shared by every endpoint to that peer.  The
+ * name bytes live here as long as the address is in the AV: shm keeps the
+ * pointer given to fi_av_insert as the key of its name map (1.17), so they
+ * must not move or be freed before fi_av_remove. */
+typedef struct epd__ofi_av_entry {
+    struct epd__ofi_av_entry *next;
+    fi_addr_t addr;
+    uint32_t refs;
+    size_t name_len;
+    unsigned char name[]; /* fi_getname bytes of the peer */
+} epd__ofi_av_entry_t;
 typedef struct epd__ofi_req epd__ofi_req_t;
 
 typedef enum {
@@ -243,6 +282,7 @@ struct epd__ofi_ep {
     epd__ofi_t *be;
     epd_xport_ep_t *core_ep;
     fi_addr_t addr;
+    epd__ofi_av_entry_t *av; /* holds one reference */
     uint64_t stream;                  /* id of our messages to this peer */
     epd__ofi_xfer_t *backlog;         /* fragments copied, not yet posted, */
     epd__ofi_xfer_t *backlog_tail;    /* in order */
@@ -346,6 +386,7 @@ struct epd__ofi {
      * address stays in the AV until those come back (shm crashes when an
      * address is removed under operations in flight). */
     epd__ofi_ep_t *zombies;
+    epd__ofi_av_entry_t *av_entries;
     char desc[256];
 };
 
@@ -741,6 +782,8 @@ static epd_status_t epd__ofi_write_post(epd__ofi_t *be, epd__ofi_req_t *req)
         if (ret != 0) {
             epd__ofi_part_put(be, x);
             if (ret == -FI_EAGAIN) {
+                epd_log_trace(EPD__OFI_LOG, 0, "fi_writemsg(%zu bytes) to %s: pushed back", chunk,
+                              req->ep->peer);
                 return EPD_ERR_NO_RESOURCE;
             }
             epd_log_error(EPD__OFI_LOG, 0, "fi_writemsg(%zu bytes) to %s failed: %s", chunk,
@@ -941,30 +984,37 @@ static void epd__ofi_part_done(epd__ofi_t *be, epd__ofi_xfer_t *x, epd_status_t 
     }
 }
 
-static bool epd__ofi_addr_used(const epd__ofi_ep_t *list, fi_addr_t addr)
+/* Drops an endpoint's reference on its address; the last one removes the
+ * address from the AV (once per distinct address: shm's fi_av_remove drops
+ * the peer on the first remove, whatever the insert count). */
+static void epd__ofi_av_unref(epd__ofi_t *be, epd__ofi_av_entry_t *e)
 {
-    for (; list != NULL; list = list->next) {
-        if (list->addr == addr) {
-            return true;
+    epd__ofi_av_entry_t **pp;
+    int ret;
+
+    if (--e->refs != 0) {
+        return;
+    }
+    if (be->av != NULL) {
+        ret = fi_av_remove(be->av, &e->addr, 1, 0);
+        if (ret != 0) {
+            epd_log_warn(EPD__OFI_LOG, 0, "fi_av_remove(fi_addr %llu): %s",
+                         (unsigned long long)e->addr, fi_strerror(-ret));
         }
     }
-    return false;
+    for (pp = &be->av_entries; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == e) {
+            *pp = e->next;
+            break;
+        }
+    }
+    epd_free(e);
 }
 
-/* Frees a destroyed endpoint (already unlinked) and removes its address
- * when no other endpoint of ours uses it: inserting an address twice gives
- * the same fi_addr, and shm's fi_av_remove drops the peer on the first
- * remove, whatever the count (the util AV entry of a duplicate then stays
- * until the AV closes). */
+/* Frees a destroyed endpoint (already unlinked). */
 static void epd__ofi_ep_free(epd__ofi_t *be, epd__ofi_ep_t *ep)
 {
-    if (!epd__ofi_addr_used(be->eps, ep->addr) && !epd__ofi_addr_used(be->zombies, ep->addr)) {
-        int ret = fi_av_remove(be->av, &ep->addr, 1, 0);
-
-        if (ret != 0) {
-            epd_log_warn(EPD__OFI_LOG, 0, "fi_av_remove(%s): %s", ep->peer, fi_strerror(-ret));
-        }
-    }
+    epd__ofi_av_unref(be, ep->av);
     epd_free(ep);
 }
 
@@ -1330,7 +1380,11 @@ static struct fi_info *epd__ofi_hints(const char *prov, bool dc)
 
 static epd_status_t epd__ofi_getinfo(epd__ofi_t *be, const char *prov, const char *node)
 {
-    for (int attempt = 0; attempt < 2; attempt++) {
+    const char *dc_env = getenv("EPD_OFI_DELIVERY_COMPLETE");
+    /* test knob: "0" takes the path of providers without delivery complete */
+    int first = dc_env != NULL && strcmp(dc_env, "0") == 0 ? 1 : 0;
+
+    for (int attempt = first; attempt < 2; attempt++) {
         bool dc = attempt == 0;
         struct fi_info *hints = epd__ofi_hints(prov, dc);
         struct fi_info *info = NULL;
@@ -1692,12 +1746,12 @@ static void epd__ofi_destroy(void *arg)
     while (be->eps != NULL) {
         epd__ofi_ep_destroy(be->eps);
     }
-    epd__ofi_close_all(be);
+    epd__ofi_close_all(be); /* the AV is gone: unrefs below only free */
     while (be->zombies != NULL) {
         epd__ofi_ep_t *ep = be->zombies;
 
         be->zombies = ep->next;
-        epd_free(ep); /* its address went with the AV */
+        epd__ofi_ep_free(be, ep);
     }
     epd__ofi_free_mem(be);
 }
@@ -1726,12 +1780,45 @@ static void epd__ofi_describe(void *arg, char *buf, size_t len)
 
 /* ---------------------------------------------------------------- ops: endpoints */
 
+/*
+ * Whether the shm segment named by a shm address ("fi_shm://PID:..." or
+ * "PID:...") exists.  shm 1.17 crashes in fi_av_insert when the peer is an
+ * endpoint of this process that was closed (it keeps a stale entry in its
+ * process-wide name list), and an exited peer unlinks its segment; so an
+ * address without a segment is refused before libfabric sees it.
+ */
+static bool epd__ofi_shm_peer_exists(const unsigned char *name, size_t len)
+{
+    char buf[256];
+    const char *n = buf;
+    int fd;
+
+    if (len == 0 || len >= sizeof(buf)) {
+        return false;
+    }
+    memcpy(buf, name, len);
+    buf[len] = '\0';
+    if (strncmp(n, "fi_shm://", 9) == 0) {
+        n += 9;
+    }
+    if (*n == '\0' || strchr(n, '/') != NULL) {
+        return false;
+    }
+    fd = shm_open(n, O_RDONLY, 0);
+    if (fd < 0) {
+        return false;
+    }
+    close(fd);
+    return true;
+}
+
 static epd_status_t epd__ofi_ep_create(void *arg, const void *blob, size_t len,
                                        epd_xport_ep_t *core_ep, void **be_ep_p)
 {
     epd__ofi_t *be = arg;
     epd__ofi_addr_hdr_t hdr;
     const unsigned char *name;
+    epd__ofi_av_entry_t *e;
     epd__ofi_ep_t *ep;
     size_t straddr_len;
     int ret;
@@ -1775,15 +1862,43 @@ static epd_status_t epd__ofi_ep_create(void *arg, const void *blob, size_t len,
     ep->be = be;
     ep->core_ep = core_ep;
     ep->stream = be->nonce + ++be->ep_serial;
-    ret = fi_av_insert(be->av, name, 1, &ep->addr, 0, NULL);
-    if (ret != 1) {
-        epd_log_warn(EPD__OFI_LOG, 0, "address blob refused: fi_av_insert: %s",
-                     ret < 0 ? fi_strerror(-ret) : "address not inserted");
-        epd_free(ep);
-        return EPD_ERR_BAD_ADDRESS;
+    for (e = be->av_entries; e != NULL; e = e->next) {
+        if (e->name_len == hdr.name_len && memcmp(e->name, name, e->name_len) == 0) {
+            break;
+        }
     }
+    if (e == NULL && epd__ofi_is_shm(epd__ofi_prov(be)) &&
+        !epd__ofi_shm_peer_exists(name, hdr.name_len)) {
+        epd_log_warn(EPD__OFI_LOG, 0, "shm peer %.*s is gone (no segment)", (int)hdr.name_len,
+                     (const char *)name);
+        epd_free(ep);
+        return EPD_ERR_UNREACHABLE;
+    }
+    if (e == NULL) {
+        e = epd_malloc(sizeof(*e) + hdr.name_len);
+        if (e == NULL) {
+            epd_free(ep);
+            return EPD_ERR_NO_MEMORY;
+        }
+        e->name_len = hdr.name_len;
+        memcpy(e->name, name, hdr.name_len);
+        e->refs = 0;
+        ret = fi_av_insert(be->av, e->name, 1, &e->addr, 0, NULL);
+        if (ret != 1) {
+            epd_log_warn(EPD__OFI_LOG, 0, "address blob refused: fi_av_insert: %s",
+                         ret < 0 ? fi_strerror(-ret) : "address not inserted");
+            epd_free(e);
+            epd_free(ep);
+            return EPD_ERR_BAD_ADDRESS;
+        }
+        e->next = be->av_entries;
+        be->av_entries = e;
+    }
+    e->refs++;
+    ep->av = e;
+    ep->addr = e->addr;
     straddr_len = sizeof(ep->peer);
-    if (fi_av_straddr(be->av, name, ep->peer, &straddr_len) == NULL) {
+    if (fi_av_straddr(be->av, e->name, ep->peer, &straddr_len) == NULL) {
         snprintf(ep->peer, sizeof(ep->peer), "fi_addr %llu", (unsigned long long)ep->addr);
     }
     ep->next = be->eps;
