@@ -114,6 +114,7 @@ struct dec_peer {
     uint64_t epoch_start, epoch_nonce;
     dec_link_t *link;          /* our endpoint to it, NULL when none */
     uint64_t xport_id;         /* its transport worker id (0: not known yet) */
+    uint64_t heard_ns;         /* last message from this incarnation */
     dec_req_t *reqs;           /* requests bound to this epoch (p_next) */
     dec_peer_t *next;
 };
@@ -144,7 +145,8 @@ struct dec_req {
     uint32_t *stop_ids;        /* [n_stop] */
     uint32_t n_stop;
     uint32_t n_sent;           /* tokens sent to C */
-    uint64_t lease_ns;         /* RESERVED: P must speak before this */
+    uint64_t lease_ns;         /* RESERVED: P must speak before this... */
+    uint64_t lease_cap_ns;     /* ...or, while P is busy with others, this */
     uint64_t deadline_ns;      /* whole request (0: none) */
     uint64_t abort_sent_ns;    /* QUARANTINED: last Abort sent to P */
     epd_decode_seq_t seq;
@@ -1040,6 +1042,7 @@ static void dec_on_generate(dec_daemon_t *d, dec_link_t *from, const Epd__Envelo
     d->table[dec_bucket(d, r->id)] = r;
     d->n_reqs++;
     r->lease_ns = epd_time_now_ns() + (uint64_t)d->a.lease_ms * EPD_NSEC_PER_MSEC;
+    r->lease_cap_ns = r->lease_ns + 3 * (uint64_t)d->a.lease_ms * EPD_NSEC_PER_MSEC;
     /* a budget beyond a day is as good as none (and must not overflow) */
     r->deadline_ns = g->deadline_ms > 0 && g->deadline_ms <= 86400000ULL
                          ? epd_time_now_ns() + g->deadline_ms * EPD_NSEC_PER_MSEC
@@ -1121,6 +1124,7 @@ static dec_req_t *dec_req_of_peer(dec_daemon_t *d, dec_link_t *from, const Epd__
          * closed with it when it dies */
         r->peer->xport_id = epd_xport_ep_peer_id(from->ep);
     }
+    r->peer->heard_ns = epd_time_now_ns();
     return r;
 }
 
@@ -1483,7 +1487,14 @@ static void dec_on_sweep(uv_timer_t *t)
             dec_req_t *next = r->h_next;
             int late = r->deadline_ns != 0 && now > r->deadline_ns && r->client != NULL;
 
-            if (r->state == RS_RESERVED && (now > r->lease_ns || late)) {
+            /* a reservation's lease runs while P says nothing about it; a P
+             * that is speaking about other requests is alive and works
+             * through its queue, so it gets up to 4 leases */
+            int expired = r->state == RS_RESERVED && now > r->lease_ns &&
+                          (r->peer == NULL || now > r->peer->heard_ns + lease ||
+                           now > r->lease_cap_ns);
+
+            if (r->state == RS_RESERVED && (expired || late)) {
                 const char *why = late ? "request deadline passed before prefill completed"
                                        : "prefill worker silent for the whole lease";
 

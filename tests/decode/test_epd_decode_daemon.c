@@ -350,7 +350,20 @@ static int teardown(void **state)
     epd_free(T.pool.base);
     epd_engine_close(T.engine);
     kill(T.pid, SIGTERM);
-    assert_int_equal(waitpid(T.pid, &st, 0), T.pid);
+    {
+        uint64_t end = epd_time_now_ns() + 20 * EPD_NSEC_PER_SEC;
+        pid_t w;
+
+        while ((w = waitpid(T.pid, &st, WNOHANG)) == 0 && epd_time_now_ns() < end) {
+            epd_time_sleep_ns(20 * EPD_NSEC_PER_MSEC);
+        }
+        if (w == 0) {
+            kill(T.pid, SIGKILL);
+            (void)waitpid(T.pid, &st, 0);
+            fail_msg("epd-decode did not exit within 20 s of SIGTERM");
+        }
+        assert_int_equal(w, T.pid);
+    }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         snprintf(cmd, sizeof(cmd), "tail -n 40 %s/decode.log", T.dir);
         if (system(cmd) != 0) {
