@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Control plane through epd-ctl: health and status print the fields; Drain
-# naming another worker is refused (NOT_FOUND); Drain of the worker itself
-# makes Health say draining and new requests are refused with
-# EPD_ERR_DRAINING; RegisterWorker is not a worker's to answer.
+# Control plane through epd-ctl: health and status print the fields; a
+# request over the context limit is refused with a clear error; Drain naming
+# another worker is refused (NOT_FOUND); Drain of the worker itself makes
+# Health say draining, the request running through it still finishes (and
+# equals colocated), and new requests are refused with EPD_ERR_DRAINING.
 source "$(dirname "$0")/lib.sh"
 
-mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
+# slow enough per decode step that a 1500-token request is still running
+# when the drain comes (~3 s colocated)
+mkmodel "$T/m" --layers 4 --dim 256 --heads 8 --kv-heads 2 --layer-pattern LLA --ffn 512 \
+  --max-context 4096 --seed 5
 start_daemon d decode --model "$T/m" --worker-id decode-x --kv-blocks 256 --state-slots 16
 start_daemon p prefill --model "$T/m" --worker-id prefill-x
 "$BIN/epd-ctl" health "$d_ADDR" >"$T/h.txt" || fail "health failed"
@@ -15,17 +19,40 @@ for f in serving draining worker role epoch transport data_plane_address_bytes l
 done
 [ "$(health_field "$d_ADDR" worker)" = decode-x ] || fail "worker id"
 [ "$(health_field "$d_ADDR" serving)" = 1 ] || fail "not serving"
-[ "$(health_field "$d_ADDR" layer_pattern)" = LLA ] || fail "layer pattern"
-[ "$(health_field "$p_ADDR" layer_pattern)" = LLA ] || fail "prefill layer pattern"
+[ "$(health_field "$d_ADDR" layer_pattern)" = LLAL ] || fail "layer pattern"
+[ "$(health_field "$p_ADDR" layer_pattern)" = LLAL ] || fail "prefill layer pattern"
 [ "$(status_field "$d_ADDR" kv_blocks_total)" = 256 ] || fail "status kv_blocks_total"
 [ "$(status_field "$d_ADDR" worker)" = decode-x ] || fail "status worker"
 printf 'Before the drain.' >"$T/short"
 same_as_colocated "$T/m" "$p_ADDR" "$d_ADDR" "$T/short" 8
 
+rc=0
+"$BIN/epd-ctl" submit --prefill "$p_ADDR" --decode "$d_ADDR" --model "$T/m" --prompt-file "$T/short" \
+  --max-tokens 4090 --tokens >/dev/null 2>"$T/err" || rc=$?
+[ $rc = 1 ] || fail "a request over the context limit: exit $rc"
+grep -q TOO_LONG "$T/err" || fail "over the context limit: $(cat "$T/err")"
+
 ! "$BIN/epd-ctl" drain "$d_ADDR" --worker-id someone-else 2>"$T/err" ||
   fail "drain of another worker id succeeded"
 grep -q NOT_FOUND "$T/err" || fail "drain of another id: $(cat "$T/err")"
+
+note "drain while a request runs: it finishes"
+want=$("$BIN/epd-generate" --model "$T/m" --prompt "$(cat "$T/short")" --max-tokens 1500 --tokens)
+"$BIN/epd-ctl" submit --prefill "$p_ADDR" --decode "$d_ADDR" --model "$T/m" --prompt-file "$T/short" \
+  --max-tokens 1500 --tokens --timeout-ms 60000 >"$T/long.out" 2>"$T/long.err" &
+ctl=$!
+PIDS+=("$ctl")
+for i in $(seq 1 200); do
+  running=$(status_field "$d_ADDR" running_requests)
+  [ "$running" = 1 ] && break
+  sleep 0.02
+done
 "$BIN/epd-ctl" drain "$d_ADDR" --worker-id decode-x || fail "drain failed"
+rc=0
+wait "$ctl" || rc=$?
+[ $rc = 0 ] || fail "the request running at the drain failed: $(cat "$T/long.err")"
+[ "$(cat "$T/long.out")" = "$want" ] || fail "the request running at the drain differs from colocated"
+[ "$running" = 1 ] || fail "the request was not running at the drain (test too slow?)"
 [ "$(health_field "$d_ADDR" draining)" = 1 ] || fail "Health does not say draining"
 rc=0
 "$BIN/epd-ctl" submit --prefill "$p_ADDR" --decode "$d_ADDR" --model "$T/m" --prompt-file "$T/short" \
