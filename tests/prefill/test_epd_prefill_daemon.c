@@ -595,7 +595,9 @@ static int teardown(void **state)
     side_drop_msgs(&w->decode);
     epd_xport_destroy(w->client.x);
     epd_xport_destroy(w->decode.x);
-    epd_proto_free(&w->health->base);
+    if (w->health != NULL) {
+        epd_proto_free(&w->health->base);
+    }
     epd_rpc_client_destroy(w->rpc);
     if (w->pid > 0) {
         kill(w->pid, SIGTERM);
