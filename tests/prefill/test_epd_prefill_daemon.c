@@ -21,7 +21,8 @@
  *   - out of local slots: EPD_ERR_NO_CAPACITY; a live id again:
  *     EPD_ERR_EXISTS; a stale prefill epoch: EPD_ERR_STALE_EPOCH;
  *   - decode dies: the client gets EPD_ERR_PEER_DEAD and prefill keeps
- *     serving;
+ *     serving; decode restarts under a newer epoch: requests bound to the
+ *     old one fail, its messages are refused (EPD_ERR_STALE_EPOCH);
  *   - Health / Status / Drain (wrong id NOT_FOUND, then DRAINING refusals),
  *     and SIGTERM exits 0.
  * Each test ends with the daemon's pool back to full.  The daemon may post
@@ -83,6 +84,7 @@ typedef struct {
     unsigned char rkey[EPD_XPORT_RKEY_MAX];
     size_t rkey_len;
     uint64_t next_id;
+    uint64_t decode_nonce; /* the fake decode worker's epoch is {111, this} */
 } world_t;
 
 static world_t *w;
@@ -223,7 +225,7 @@ static void send_env(side_t *s, Epd__Envelope *env)
     size_t len;
 
     epoch.start_time_ns = s == &w->decode ? 111 : 333;
-    epoch.nonce = s == &w->decode ? 222 : 444;
+    epoch.nonce = s == &w->decode ? w->decode_nonce : 444;
     sender.worker_id = (char *)s->name;
     sender.epoch = &epoch;
     env->sender = &sender;
@@ -282,7 +284,7 @@ static void send_generate(const req_t *r, const Epd__Epoch *prefill_epoch)
     sp.seed = r->seed;
     sp.max_tokens = 4;
     d_epoch.start_time_ns = 111;
-    d_epoch.nonce = 222;
+    d_epoch.nonce = w->decode_nonce;
     g.request_id = r->id;
     g.n_prompt_tokens = r->n;
     g.prompt_tokens = toks;
@@ -574,6 +576,7 @@ static int setup(void **state)
     cfg.block_tokens = 16;
     assert_int_equal(epd_engine_open("ref", &cfg, &w->engine), EPD_OK);
     w->info = epd_engine_info(w->engine);
+    w->decode_nonce = 222;
     start_daemon();
     side_init(&w->client, "fake-client");
     side_init(&w->decode, "fake-decode");
@@ -873,6 +876,31 @@ static void test_decode_dies(void **state)
     wait_idle();
 }
 
+/* The decode worker restarts (same id, newer epoch): requests bound to the
+ * old incarnation fail at once, its messages are refused, the new one
+ * serves. */
+static void test_decode_new_epoch(void **state)
+{
+    req_t a, b;
+
+    (void)state;
+    region_clear();
+    req_make(&a, 30);
+    send_generate(&a, NULL);
+    pump(20);
+    w->decode_nonce = 999; /* same start time, another incarnation */
+    req_make(&b, 30);
+    send_generate(&b, NULL);
+    expect_error(&w->client, a.id, EPD_ERR_PEER_DEAD);
+    w->decode_nonce = 222;
+    send_reservation(&b, NULL); /* from the old incarnation */
+    expect_error(&w->decode, b.id, EPD_ERR_STALE_EPOCH);
+    w->decode_nonce = 999;
+    send_reservation(&b, NULL);
+    expect_complete(&b);
+    wait_idle();
+}
+
 static void test_drain(void **state)
 {
     Epd__DrainRequest dr = EPD__DRAIN_REQUEST__INIT;
@@ -929,6 +957,7 @@ int main(void)
         cmocka_unit_test(test_lease_and_refusal),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_decode_dies),
+        cmocka_unit_test(test_decode_new_epoch),
         cmocka_unit_test(test_drain),
         cmocka_unit_test(test_sigterm),
     };
