@@ -28,7 +28,20 @@
  * to P on one endpoint per P worker that this daemon connects; every
  * received message is attributed by its Envelope.sender.  Sends the
  * transport refuses for backpressure wait, in order, on a bounded
- * per-endpoint list and are retried on a 1 ms timer.
+ * per-endpoint list and are retried on a 1 ms timer.  Endpoint failures
+ * (the transport's error callback, which epd_xport_send may run
+ * synchronously) and closes are handled from a zero-delay reap timer, so no
+ * handler ever sees its link or request freed under it.
+ *
+ * Checksums of PrefillComplete are verified here, on the loop thread
+ * (epd_decode_check_kv: one streaming xxh3 pass over the prompt's blocks of
+ * each attention layer and the state slot of each linear layer).
+ *
+ * Leases: one sweep timer (lease/8) fails a RESERVED request whose P said
+ * nothing about it for lease_ms, unless P is speaking about other requests
+ * (it is alive and working through its queue), for at most 4 leases; it
+ * also re-sends Abort to P for quarantined requests every lease and
+ * enforces GenerateRequest.deadline_ms.
  */
 #include <assert.h>
 #include <errno.h>
