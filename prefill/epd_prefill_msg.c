@@ -618,10 +618,12 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
     if (st == EPD_OK) {
         st = epd__prefill_req_admit(srv, id, g->prompt_tokens, (uint32_t)g->n_prompt_tokens, &sp,
                                     ep, env->sender->worker_id, peer, &req);
-        if (st != EPD_OK) {
+        if (st == EPD_ERR_NO_CAPACITY) {
             snprintf(msg, sizeof(msg),
                      "no local capacity for %zu tokens (%u blocks, %u slots free)",
                      g->n_prompt_tokens, srv->n_free_blocks, srv->n_free_slots);
+        } else if (st != EPD_OK) {
+            snprintf(msg, sizeof(msg), "cannot admit the request: %s", epd_status_string(st));
         }
     }
     si = epd_prefill_stash_find(srv, id);
