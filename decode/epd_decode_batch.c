@@ -34,19 +34,19 @@ struct epd_decode_batch {
     epd_spsc_queue_t out; /* compute → loop: notify / final entries */
 
     pthread_t thread;
-    pthread_mutex_t mu;   /* only around the idle wait */
+    pthread_mutex_t mu; /* only around the idle wait */
     pthread_cond_t cv;
     atomic_int stop;
     atomic_uint n_running;
     atomic_ullong n_steps;
 
     /* compute thread only */
-    epd_decode_seq_t **running;   /* [max_batch] */
-    epd_decode_req_t *reqs;       /* [max_batch] */
-    float *logits;                /* [max_batch][vocab] */
+    epd_decode_seq_t **running; /* [max_batch] */
+    epd_decode_req_t *reqs;     /* [max_batch] */
+    float *logits;              /* [max_batch][vocab] */
     epd_sample_scratch_t *scratch;
     epd_decode_seq_t *pend_head, *pend_tail; /* entries that did not fit in `out` */
-    int queued_any;               /* something was queued since the last wake */
+    int queued_any;                          /* something was queued since the last wake */
 };
 
 void epd_decode_seq_init(epd_decode_seq_t *seq)
@@ -107,7 +107,8 @@ static void epd__finish(epd_decode_batch_t *b, epd_decode_seq_t *seq, epd_decode
     epd_engine_release(b->engine, &b->pool, &kv);
     seq->error = error;
     atomic_store_explicit(&seq->finish, finish, memory_order_release);
-    if (!seq->pend_notify && epd_spsc_queue_push(&b->out, (void *)((uintptr_t)seq | 1u)) == EPD_OK) {
+    if (!seq->pend_notify &&
+        epd_spsc_queue_push(&b->out, (void *)((uintptr_t)seq | 1u)) == EPD_OK) {
         b->queued_any = 1;
         return;
     }

@@ -55,20 +55,20 @@ struct epd_decode_seq {
     uint64_t req_id;
     const uint32_t *block_table; /* [n_blocks]: prompt + max_tokens */
     uint32_t n_blocks;
-    uint32_t slot;               /* state slot (ignored without linear layers) */
+    uint32_t slot; /* state slot (ignored without linear layers) */
     uint32_t n_prompt;
     uint32_t max_tokens;
     epd_sample_params_t sp;
-    const uint32_t *stop_ids;    /* [n_stop] */
+    const uint32_t *stop_ids; /* [n_stop] */
     uint32_t n_stop;
-    int32_t *tokens;             /* [max_tokens]; tokens[0] = first token (set by the loop) */
+    int32_t *tokens; /* [max_tokens]; tokens[0] = first token (set by the loop) */
 
     /* Shared. */
-    atomic_uint n_produced;      /* tokens[0..n) are final (compute: release store) */
-    atomic_int finish;           /* epd_decode_finish_t, valid after the final entry */
-    atomic_int abort;            /* set by the loop: leave at the next step boundary */
-    atomic_int notified;         /* 1 while a notify entry is queued (compute sets, loop clears) */
-    epd_status_t error;          /* FINISH_ERROR: why (written before the final entry) */
+    atomic_uint n_produced; /* tokens[0..n) are final (compute: release store) */
+    atomic_int finish;      /* epd_decode_finish_t, valid after the final entry */
+    atomic_int abort;       /* set by the loop: leave at the next step boundary */
+    atomic_int notified;    /* 1 while a notify entry is queued (compute sets, loop clears) */
+    epd_status_t error;     /* FINISH_ERROR: why (written before the final entry) */
 
     /* Compute thread only. */
     uint32_t n_gen;

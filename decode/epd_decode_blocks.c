@@ -118,7 +118,8 @@ static epd_status_t epd__table_check(epd__blk_table_t *t, uint64_t owner, const 
             why = "owned by another request";
         }
         if (why != NULL) {
-            epd_log_error("decode", owner, "refused %s transition of %s %u: %s (state %s, owner %llu)",
+            epd_log_error("decode", owner,
+                          "refused %s transition of %s %u: %s (state %s, owner %llu)",
                           epd_decode_blk_state_name(from), what, id, why,
                           id < t->n && t->state[id] != EPD__BLK_MARK
                               ? epd_decode_blk_state_name((epd_decode_blk_state_t)t->state[id])
@@ -256,8 +257,7 @@ epd_status_t epd_decode_blocks_release(epd_decode_blocks_t *blocks, uint64_t own
 epd_status_t epd_decode_blocks_retire(epd_decode_blocks_t *blocks, uint64_t owner,
                                       const uint32_t *ids, uint32_t n, uint32_t slot)
 {
-    return epd__transition(blocks, owner, ids, n, slot, EPD_DECODE_BLK_ACTIVE,
-                           EPD_DECODE_BLK_FREE);
+    return epd__transition(blocks, owner, ids, n, slot, EPD_DECODE_BLK_ACTIVE, EPD_DECODE_BLK_FREE);
 }
 
 epd_status_t epd_decode_blocks_unreserve(epd_decode_blocks_t *blocks, uint64_t owner,
@@ -300,8 +300,7 @@ uint32_t epd_decode_blocks_slots_count(const epd_decode_blocks_t *blocks,
 
 epd_decode_blk_state_t epd_decode_blocks_state(const epd_decode_blocks_t *blocks, uint32_t id)
 {
-    return id < blocks->blk.n ? (epd_decode_blk_state_t)blocks->blk.state[id]
-                              : EPD_DECODE_BLK_FREE;
+    return id < blocks->blk.n ? (epd_decode_blk_state_t)blocks->blk.state[id] : EPD_DECODE_BLK_FREE;
 }
 
 uint64_t epd_decode_blocks_owner(const epd_decode_blocks_t *blocks, uint32_t id)

@@ -56,7 +56,8 @@ epd_status_t epd_decode_check_generate(const epd_decode_limits_t *lim,
     sp.seed = s->seed;
     if (!isfinite(sp.temperature) || !isfinite(sp.top_p) ||
         epd_sample_params_check(&sp) != EPD_OK) {
-        return epd__refuse(why_p, "sampling parameters out of range (temperature 0..100, top_p in (0, 1])",
+        return epd__refuse(why_p,
+                           "sampling parameters out of range (temperature 0..100, top_p in (0, 1])",
                            EPD_ERR_INVALID_PARAM);
     }
     *sp_p = sp;

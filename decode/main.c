@@ -81,10 +81,10 @@ const char *__lsan_default_suppressions(void)
 
 #define COMP "decode"
 #define DEC_MAX_MSG (64u * 1024u)
-#define DEC_OUTBOX_MAX 4096u      /* sends waiting for transport room, all endpoints */
-#define DEC_CHUNK_MAX 4096u       /* tokens per TokenChunk */
-#define DEC_LOG_BURST 20          /* refusal log lines per second before suppression */
-#define DEC_JOIN_QUEUE 256u       /* loop → compute queue */
+#define DEC_OUTBOX_MAX 4096u /* sends waiting for transport room, all endpoints */
+#define DEC_CHUNK_MAX 4096u  /* tokens per TokenChunk */
+#define DEC_LOG_BURST 20     /* refusal log lines per second before suppression */
+#define DEC_JOIN_QUEUE 256u  /* loop → compute queue */
 
 /* ------------------------------------------------------------------ types */
 
@@ -110,14 +110,14 @@ struct dec_link {
     dec_outmsg_t *out_head, *out_tail;
     int on_retry;
     dec_link_t *retry_next;
-    dec_link_t *prev, *next;   /* d->links */
-    dec_req_t *reqs;           /* LINK_CLIENT: requests answered here (c_next) */
-    dec_peer_t *peer;          /* LINK_PEER */
+    dec_link_t *prev, *next; /* d->links */
+    dec_req_t *reqs;         /* LINK_CLIENT: requests answered here (c_next) */
+    dec_peer_t *peer;        /* LINK_PEER */
     /* Endpoints are closed and failures handled from the reap timer, never
      * inside a transport callback or a message handler that may still use
      * the link (epd_xport_send runs the error callback synchronously). */
-    int closing;               /* detached: close at the next reap */
-    int failed;                /* the transport's error callback ran */
+    int closing; /* detached: close at the next reap */
+    int failed;  /* the transport's error callback ran */
     epd_status_t fail_status;
 };
 
@@ -125,10 +125,10 @@ struct dec_link {
 struct dec_peer {
     char *worker_id;
     uint64_t epoch_start, epoch_nonce;
-    dec_link_t *link;          /* our endpoint to it, NULL when none */
-    uint64_t xport_id;         /* its transport worker id (0: not known yet) */
-    uint64_t heard_ns;         /* last message from this incarnation */
-    dec_req_t *reqs;           /* requests bound to this epoch (p_next) */
+    dec_link_t *link;  /* our endpoint to it, NULL when none */
+    uint64_t xport_id; /* its transport worker id (0: not known yet) */
+    uint64_t heard_ns; /* last message from this incarnation */
+    dec_req_t *reqs;   /* requests bound to this epoch (p_next) */
     dec_peer_t *next;
 };
 
@@ -142,26 +142,26 @@ typedef enum {
 struct dec_req {
     uint64_t id;
     dec_req_state_t state;
-    uint64_t client_hash;      /* hash of the client's worker id (Abort check) */
-    dec_link_t *client;        /* NULL once answered finally or gone */
+    uint64_t client_hash; /* hash of the client's worker id (Abort check) */
+    dec_link_t *client;   /* NULL once answered finally or gone */
     dec_req_t *c_prev, *c_next;
-    dec_peer_t *peer;          /* until P is done with it */
+    dec_peer_t *peer; /* until P is done with it */
     dec_req_t *p_prev, *p_next;
-    dec_req_t *h_next;         /* hash chain */
-    dec_req_t *j_next;         /* pending-join list */
+    dec_req_t *h_next; /* hash chain */
+    dec_req_t *j_next; /* pending-join list */
     uint32_t n_prompt;
     uint32_t max_tokens;
-    uint32_t n_blocks;         /* reserved: prompt + max_tokens */
+    uint32_t n_blocks; /* reserved: prompt + max_tokens */
     uint32_t n_prompt_blocks;
     uint32_t slot;
-    uint32_t *blocks;          /* [n_blocks] */
-    uint32_t *stop_ids;        /* [n_stop] */
+    uint32_t *blocks;   /* [n_blocks] */
+    uint32_t *stop_ids; /* [n_stop] */
     uint32_t n_stop;
-    uint32_t n_sent;           /* tokens sent to C */
-    uint64_t lease_ns;         /* RESERVED: P must speak before this... */
-    uint64_t lease_cap_ns;     /* ...or, while P is busy with others, this */
-    uint64_t deadline_ns;      /* whole request (0: none) */
-    uint64_t abort_sent_ns;    /* QUARANTINED: last Abort sent to P */
+    uint32_t n_sent;        /* tokens sent to C */
+    uint64_t lease_ns;      /* RESERVED: P must speak before this... */
+    uint64_t lease_cap_ns;  /* ...or, while P is busy with others, this */
+    uint64_t deadline_ns;   /* whole request (0: none) */
+    uint64_t abort_sent_ns; /* QUARANTINED: last Abort sent to P */
     epd_decode_seq_t seq;
 };
 
@@ -216,7 +216,7 @@ struct dec_daemon {
     epd_rpc_server_t *rpc;
     int rpc_port;
 
-    dec_req_t **table;        /* [n_buckets] */
+    dec_req_t **table; /* [n_buckets] */
     size_t n_buckets;
     uint32_t n_reqs;
     dec_req_t *join_head, *join_tail;
@@ -226,7 +226,7 @@ struct dec_daemon {
     uint32_t n_outbox;
     dec_peer_t *peers;
 
-    unsigned char *txbuf;     /* [DEC_MAX_MSG] */
+    unsigned char *txbuf; /* [DEC_MAX_MSG] */
     /* counters */
     uint64_t n_bad_frames;
     uint64_t n_refused;
@@ -245,7 +245,7 @@ static void dec_abort_req(dec_daemon_t *d, dec_req_t *r, const char *why);
 /* One refusal log line, at most DEC_LOG_BURST per second (floods of
  * garbage must not flood the log). */
 __attribute__((format(printf, 3, 4))) static void dec_refuse_log(dec_daemon_t *d, uint64_t req_id,
-                                                                  const char *fmt, ...)
+                                                                 const char *fmt, ...)
 {
     uint64_t now = epd_time_now_ns();
     char line[512];
@@ -1013,7 +1013,7 @@ static void dec_on_generate(dec_daemon_t *d, dec_link_t *from, const Epd__Envelo
                                        r->blocks, &r->slot);
         if (st != EPD_OK) {
             epd_free(r);
-            why = st != EPD_ERR_NO_CAPACITY ? "reservation failed"
+            why = st != EPD_ERR_NO_CAPACITY     ? "reservation failed"
                   : n_blocks > d->pool.n_blocks ? "request needs more KV blocks than the whole pool"
                                                 : "not enough free KV blocks or state slots";
         }
@@ -1026,12 +1026,12 @@ static void dec_on_generate(dec_daemon_t *d, dec_link_t *from, const Epd__Envelo
             dec_send_error(d, from, g->request_id, st, why);
         }
         /* P got the same request and must not wait for a reservation */
-        if (p_ok && (peer != NULL || dec_peer_get(d, g->prefill_worker_id,
-                                                   g->prefill_epoch->start_time_ns,
-                                                   g->prefill_epoch->nonce, &peer) == EPD_OK)) {
-            dec_send_refused(d, dec_peer_link(d, peer, g->prefill_address.data,
-                                              g->prefill_address.len),
-                             g->request_id, st, why);
+        if (p_ok &&
+            (peer != NULL || dec_peer_get(d, g->prefill_worker_id, g->prefill_epoch->start_time_ns,
+                                          g->prefill_epoch->nonce, &peer) == EPD_OK)) {
+            dec_send_refused(
+                d, dec_peer_link(d, peer, g->prefill_address.data, g->prefill_address.len),
+                g->request_id, st, why);
         }
         return;
     }
@@ -1171,9 +1171,8 @@ static void dec_on_prefill_complete(dec_daemon_t *d, dec_link_t *from, const Epd
         st = EPD_ERR_INVALID_PARAM;
         why = "PrefillComplete: wrong number of layer checksums";
     } else {
-        st = epd_decode_check_kv(&d->info->kv, &d->pool, r->blocks, r->n_prompt_blocks,
-                                 r->seq.slot, pc->layer_checksums, pc->n_layer_checksums, d->hash,
-                                 &bad_layer);
+        st = epd_decode_check_kv(&d->info->kv, &d->pool, r->blocks, r->n_prompt_blocks, r->seq.slot,
+                                 pc->layer_checksums, pc->n_layer_checksums, d->hash, &bad_layer);
         if (st == EPD_ERR_CORRUPT) {
             why = "KV checksum mismatch: the cache is corrupt";
         } else if (st != EPD_OK) {
@@ -1182,8 +1181,10 @@ static void dec_on_prefill_complete(dec_daemon_t *d, dec_link_t *from, const Epd
     }
     if (st != EPD_OK) {
         if (st == EPD_ERR_CORRUPT) {
-            epd_log_error(COMP, r->id, "KV of layer %u from %s does not match its checksum: "
-                          "request failed, never generated", bad_layer, env->sender->worker_id);
+            epd_log_error(COMP, r->id,
+                          "KV of layer %u from %s does not match its checksum: "
+                          "request failed, never generated",
+                          bad_layer, env->sender->worker_id);
         } else {
             dec_refuse_log(d, r->id, "%s", why);
             dec_send_error(d, from, r->id, st, why);
@@ -1237,8 +1238,7 @@ static void dec_on_quiesced(dec_daemon_t *d, dec_link_t *from, const Epd__Envelo
     dec_req_unlink_peer(r);
     if (r->state == RS_RESERVED) {
         /* P gave up on its own: nothing of it will land */
-        dec_send_error(d, r->client, r->id, EPD_ERR_CANCELED,
-                       "prefill worker stopped the request");
+        dec_send_error(d, r->client, r->id, EPD_ERR_CANCELED, "prefill worker stopped the request");
         dec_req_client_done(r);
         dec_req_quarantine(d, r, EPD_ERR_CANCELED, "prefill stopped");
     }
@@ -1326,8 +1326,7 @@ static void dec_on_abort(dec_daemon_t *d, dec_link_t *from, const Epd__Envelope 
     }
     if (r->client_hash != epd_hash64(sid, strlen(sid), 0)) {
         dec_refuse_log(d, a->request_id, "abort from %s: not the request's client", sid);
-        dec_send_error(d, from, a->request_id, EPD_ERR_NOT_FOUND,
-                       "no such request of this client");
+        dec_send_error(d, from, a->request_id, EPD_ERR_NOT_FOUND, "no such request of this client");
         return;
     }
     epd_log_debug(COMP, r->id, "aborted by the client");
@@ -1406,8 +1405,7 @@ static void dec_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t l
     default:
         dec_refuse_log(d, id, "%s from %s: not a message a decode worker takes",
                        epd_msg_body_name(env), env->sender->worker_id);
-        dec_send_error(d, from, id, EPD_ERR_UNSUPPORTED,
-                       "decode workers do not take this message");
+        dec_send_error(d, from, id, EPD_ERR_UNSUPPORTED, "decode workers do not take this message");
         break;
     }
     epd_msg_free(env);
@@ -1503,9 +1501,9 @@ static void dec_on_sweep(uv_timer_t *t)
             /* a reservation's lease runs while P says nothing about it; a P
              * that is speaking about other requests is alive and works
              * through its queue, so it gets up to 4 leases */
-            int expired = r->state == RS_RESERVED && now > r->lease_ns &&
-                          (r->peer == NULL || now > r->peer->heard_ns + lease ||
-                           now > r->lease_cap_ns);
+            int expired =
+                r->state == RS_RESERVED && now > r->lease_ns &&
+                (r->peer == NULL || now > r->peer->heard_ns + lease || now > r->lease_cap_ns);
 
             if (r->state == RS_RESERVED && (expired || late)) {
                 const char *why = late ? "request deadline passed before prefill completed"
@@ -1830,7 +1828,8 @@ static int dec_run(dec_daemon_t *d)
         epd_log_error(COMP, 0, "out of memory");
         goto out_blocks;
     }
-    for (d->n_buckets = 64; d->n_buckets < 2 * (size_t)d->pool.n_blocks && d->n_buckets < (1u << 20);
+    for (d->n_buckets = 64;
+         d->n_buckets < 2 * (size_t)d->pool.n_blocks && d->n_buckets < (1u << 20);
          d->n_buckets *= 2) {
     }
     d->table = epd_calloc(d->n_buckets, sizeof(*d->table));
@@ -1876,7 +1875,8 @@ static int dec_run(dec_daemon_t *d)
     d->reap.data = d;
     d->sweep.data = d;
     d->retry.data = d;
-    uv_timer_start(&d->sweep, dec_on_sweep, 50, (uint64_t)(d->a.lease_ms / 8 > 10 ? d->a.lease_ms / 8 : 10));
+    uv_timer_start(&d->sweep, dec_on_sweep, 50,
+                   (uint64_t)(d->a.lease_ms / 8 > 10 ? d->a.lease_ms / 8 : 10));
 
     epd_xport_describe(d->x, desc, sizeof(desc));
     colon = strrchr(d->a.control_addr, ':');
@@ -1884,7 +1884,8 @@ static int dec_run(dec_daemon_t *d)
              colon != NULL ? (int)(colon - d->a.control_addr) : 9,
              colon != NULL ? d->a.control_addr : "127.0.0.1", d->rpc_port, (int)getpid(),
              d->worker_id, d->a.transport);
-    epd_log_info(COMP, 0, "pool: %u blocks of %u tokens (%llu bytes each per layer), %u state slots, "
+    epd_log_info(COMP, 0,
+                 "pool: %u blocks of %u tokens (%llu bytes each per layer), %u state slots, "
                  "%llu bytes; layers %s; transport %s",
                  d->pool.n_blocks, d->info->kv.block_tokens,
                  (unsigned long long)d->info->kv.block_bytes, n_slots,
@@ -1938,7 +1939,8 @@ int main(int argc, char **argv)
 {
     static dec_daemon_t d;
     const epd_opt_t opts[] = {
-        {"model", EPD_OPT_STRING, &d.a.model, 0, 0, "model folder (config.json + model.safetensors)"},
+        {"model", EPD_OPT_STRING, &d.a.model, 0, 0,
+         "model folder (config.json + model.safetensors)"},
         {"engine", EPD_OPT_STRING, &d.a.engine, 0, 0, "engine: built-in name or path to a .so"},
         {"worker-id", EPD_OPT_STRING, &d.a.worker_id, 0, 0, "worker name (default decode-<pid>)"},
         {"transport", EPD_OPT_STRING, &d.a.transport, 0, 0, "ucx or ofi"},
@@ -1998,7 +2000,8 @@ int main(int argc, char **argv)
         epd_log_error(COMP, 0, "--model DIR is required");
     } else if (strcmp(d.a.transport, "ucx") != 0 && strcmp(d.a.transport, "ofi") != 0) {
         epd_log_error(COMP, 0, "--transport must be ucx or ofi, not '%s'", d.a.transport);
-    } else if (d.a.worker_id != NULL && (d.a.worker_id[0] == '\0' || strlen(d.a.worker_id) >= 100)) {
+    } else if (d.a.worker_id != NULL &&
+               (d.a.worker_id[0] == '\0' || strlen(d.a.worker_id) >= 100)) {
         epd_log_error(COMP, 0, "--worker-id must be 1..99 characters");
     } else {
         epd_log_set_level(level);

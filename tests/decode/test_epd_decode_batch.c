@@ -92,9 +92,8 @@ static void colocated(epd_engine_t *engine, breq_t *r)
         epd_decode_req_t dr;
         int32_t tok;
 
-        assert_int_equal(epd_sample_token(&r->sp, scratch, logits, info->vocab_size, r->n_expect,
-                                          &tok),
-                         EPD_OK);
+        assert_int_equal(
+            epd_sample_token(&r->sp, scratch, logits, info->vocab_size, r->n_expect, &tok), EPD_OK);
         r->expect[r->n_expect++] = tok;
         if (tok == info->eos_token || (r->n_stop && (uint32_t)tok == r->stop[0])) {
             r->expect_finish = EPD_DECODE_FINISH_STOP;
@@ -124,8 +123,8 @@ static void disagg_prefill(epd_engine_t *engine, const epd_kv_pool_t *pool, breq
     float *logits = epd_calloc(info->vocab_size, sizeof(float));
     epd_prefill_args_t pa;
     int32_t tok;
-    uint32_t n_blocks = (r->n_prompt + r->max_tokens + info->kv.block_tokens - 1) /
-                        info->kv.block_tokens;
+    uint32_t n_blocks =
+        (r->n_prompt + r->max_tokens + info->kv.block_tokens - 1) / info->kv.block_tokens;
 
     assert_true(n_blocks <= 8);
     for (uint32_t i = 0; i < n_blocks; i++) {

@@ -150,13 +150,13 @@ static void test_kv_checksums(void **state)
             epd_free(cat);
         }
     }
-    assert_int_equal(epd_decode_check_kv(&info->kv, &pool, ids, 3, slot, sums, info->kv.n_layers,
-                                         h, &bad),
-                     EPD_OK);
+    assert_int_equal(
+        epd_decode_check_kv(&info->kv, &pool, ids, 3, slot, sums, info->kv.n_layers, h, &bad),
+        EPD_OK);
     /* wrong number of checksums */
-    assert_int_equal(epd_decode_check_kv(&info->kv, &pool, ids, 3, slot, sums,
-                                         info->kv.n_layers - 1, h, &bad),
-                     EPD_ERR_INVALID_PARAM);
+    assert_int_equal(
+        epd_decode_check_kv(&info->kv, &pool, ids, 3, slot, sums, info->kv.n_layers - 1, h, &bad),
+        EPD_ERR_INVALID_PARAM);
     /* blocks in another order hash differently */
     {
         uint32_t swapped[3] = {1, 5, 3};

@@ -54,7 +54,7 @@ const char *__lsan_default_suppressions(void)
 typedef struct {
     const char *name;
     epd_xport_t *x;
-    epd_xport_ep_t *ep;      /* connected to the decode daemon */
+    epd_xport_ep_t *ep; /* connected to the decode daemon */
     Epd__Envelope *rx[MAX_RX];
     int n_rx;
     uint64_t start, nonce;
@@ -72,7 +72,7 @@ static struct {
     unsigned char d_addr[EPD_XPORT_ADDR_MAX];
     size_t d_addr_len;
     side_t c, p;
-    side_t *extra;           /* another client, progressed too when set */
+    side_t *extra; /* another client, progressed too when set */
     /* the fake prefill's engine and local pool */
     epd_engine_t *engine;
     const epd_engine_info_t *info;
@@ -293,9 +293,8 @@ static void start_daemon(void)
         fd = fileno(stderr);
         dup2(fd, 1);
         execl(bin, bin, "--model", T.model, "--ready-file", ready, "--kv-blocks", blocks,
-              "--state-slots", "8", "--max-batch", "4", "--lease-ms", lease,
-              "--peer-timeout-ms", "5000", "--worker-id", "dtest", "--log-level", "debug",
-              (char *)NULL);
+              "--state-slots", "8", "--max-batch", "4", "--lease-ms", lease, "--peer-timeout-ms",
+              "5000", "--worker-id", "dtest", "--log-level", "debug", (char *)NULL);
         _exit(127);
     }
     end = epd_time_now_ns() + 60 * EPD_NSEC_PER_SEC;
@@ -470,9 +469,8 @@ static void colocated(rq_t *r)
         epd_decode_req_t dr;
         int32_t tok;
 
-        assert_int_equal(epd_sample_token(&sp, scratch, logits, T.info->vocab_size, r->n_expect,
-                                          &tok),
-                         EPD_OK);
+        assert_int_equal(
+            epd_sample_token(&sp, scratch, logits, T.info->vocab_size, r->n_expect, &tok), EPD_OK);
         r->expect[r->n_expect++] = tok;
         if (tok == T.info->eos_token || (r->n_stop > 0 && (uint32_t)tok == r->stop[0])) {
             r->expect_finish = EPD__FINISH_REASON__FINISH_STOP;
@@ -614,21 +612,21 @@ static void fake_prefill_ex(const rq_t *r, int corrupt_layer, int abort_after)
         epd_hash_state_reset(h, 0);
         if (T.info->kv.kind[l] == EPD_LAYER_LINEAR) {
             assert_int_equal(epd_kv_state_offset(&T.info->kv, 16, 1, l, 0, &src), EPD_OK);
-            assert_int_equal(epd_kv_state_offset(&T.info->kv, kr->pool_blocks,
-                                                 kr->pool_state_slots, l, kr->state_slot, &dst),
+            assert_int_equal(epd_kv_state_offset(&T.info->kv, kr->pool_blocks, kr->pool_state_slots,
+                                                 l, kr->state_slot, &dst),
                              EPD_OK);
             assert_int_equal(epd_xport_write(T.p.ep, (char *)T.pool.base + src,
-                                             T.info->kv.state_bytes, T.pool_mr, rkey, dst,
-                                             on_write, NULL),
+                                             T.info->kv.state_bytes, T.pool_mr, rkey, dst, on_write,
+                                             NULL),
                              EPD_INPROGRESS);
             n_posted++;
             epd_hash_state_update(h, (char *)T.pool.base + src, T.info->kv.state_bytes);
         } else {
             for (uint32_t i = 0; i < kr->n_block_ids; i++) {
                 assert_int_equal(epd_kv_block_offset(&T.info->kv, 16, l, i, &src), EPD_OK);
-                assert_int_equal(epd_kv_block_offset(&T.info->kv, kr->pool_blocks, l,
-                                                     kr->block_ids[i], &dst),
-                                 EPD_OK);
+                assert_int_equal(
+                    epd_kv_block_offset(&T.info->kv, kr->pool_blocks, l, kr->block_ids[i], &dst),
+                    EPD_OK);
                 assert_int_equal(epd_xport_write(T.p.ep, (char *)T.pool.base + src,
                                                  T.info->kv.block_bytes, T.pool_mr, rkey, dst,
                                                  on_write, NULL),
