@@ -174,9 +174,8 @@
 #define EPD__OFI_PROV_LEN 32
 #define EPD__OFI_CHECK_SEED 0x6570645f6f666921ull
 
-#define EPD__OFI_MR_REQUEST                                                                       \
-    (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED | FI_MR_ENDPOINT |          \
-     FI_MR_RAW)
+#define EPD__OFI_MR_REQUEST                                                                        \
+    (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED | FI_MR_ENDPOINT | FI_MR_RAW)
 
 /* Address blob: this header, then name_len bytes of fi_getname. */
 typedef struct {
@@ -260,15 +259,15 @@ typedef enum {
 /* A write or flush op held by the backend. */
 struct epd__ofi_req {
     epd__ofi_rkind_t kind;
-    epd__xport_op_t *op;   /* NULL once completed early (orphan) */
-    epd__ofi_ep_t *ep;     /* NULL once orphaned */
-    epd__ofi_req_t *prev;  /* in ep->writes or ep->flushes */
-    epd__ofi_req_t *next;  /* ditto, and the free list */
-    uint64_t seq;          /* write: ordinal on ep; flush: writes before it */
+    epd__xport_op_t *op;  /* NULL once completed early (orphan) */
+    epd__ofi_ep_t *ep;    /* NULL once orphaned */
+    epd__ofi_req_t *prev; /* in ep->writes or ep->flushes */
+    epd__ofi_req_t *next; /* ditto, and the free list */
+    uint64_t seq;         /* write: ordinal on ep; flush: writes before it */
     const unsigned char *local;
     size_t len;
-    size_t posted;         /* bytes handed to the provider so far */
-    uint64_t raddr;        /* remote address of byte 0 */
+    size_t posted;  /* bytes handed to the provider so far */
+    uint64_t raddr; /* remote address of byte 0 */
     uint64_t key;
     void *desc;            /* local descriptor (FI_MR_LOCAL) */
     struct fid_mr *tmp_mr; /* on-the-fly registration of local */
@@ -282,19 +281,19 @@ struct epd__ofi_ep {
     epd__ofi_t *be;
     epd_xport_ep_t *core_ep;
     fi_addr_t addr;
-    epd__ofi_av_entry_t *av; /* holds one reference */
-    uint64_t stream;                  /* id of our messages to this peer */
-    epd__ofi_xfer_t *backlog;         /* fragments copied, not yet posted, */
-    epd__ofi_xfer_t *backlog_tail;    /* in order */
-    epd__ofi_ep_t *prev, *next; /* be->eps */
+    epd__ofi_av_entry_t *av;                /* holds one reference */
+    uint64_t stream;                        /* id of our messages to this peer */
+    epd__ofi_xfer_t *backlog;               /* fragments copied, not yet posted, */
+    epd__ofi_xfer_t *backlog_tail;          /* in order */
+    epd__ofi_ep_t *prev, *next;             /* be->eps */
     epd__ofi_req_t *writes, *writes_tail;   /* in seq order */
     epd__ofi_req_t *flushes, *flushes_tail; /* in watermark order */
-    uint64_t write_seq;    /* writes accepted so far */
-    uint32_t unposted;     /* writes with parts still to post */
-    uint32_t inflight;     /* sends and parts posted to the provider */
-    epd_status_t failed;   /* EPD_OK or the failure reported */
+    uint64_t write_seq;                     /* writes accepted so far */
+    uint32_t unposted;                      /* writes with parts still to post */
+    uint32_t inflight;                      /* sends and parts posted to the provider */
+    epd_status_t failed;                    /* EPD_OK or the failure reported */
     bool fail_reported;
-    bool closing;          /* destroyed: a zombie until inflight drops to 0 */
+    bool closing;           /* destroyed: a zombie until inflight drops to 0 */
     bool have_flush_target; /* non-DC flush: a byte we wrote, to read back */
     uint64_t flush_raddr;
     uint64_t flush_key;
@@ -341,13 +340,13 @@ struct epd__ofi {
     struct fid_ep *ep;
     int wait_fd; /* -1: no fd from the provider */
     uint64_t mr_mode;
-    bool dc;     /* writes use FI_DELIVERY_COMPLETE */
+    bool dc; /* writes use FI_DELIVERY_COMPLETE */
     uint64_t next_key;
     size_t inject_size;
     size_t write_chunk;
-    size_t max_total;  /* largest message: max_msg_size + header room */
-    size_t frag_size;  /* wire bytes of a fragment (header included) */
-    uint64_t nonce;    /* high bits of our stream ids */
+    size_t max_total; /* largest message: max_msg_size + header room */
+    size_t frag_size; /* wire bytes of a fragment (header included) */
+    uint64_t nonce;   /* high bits of our stream ids */
     uint64_t ep_serial;
     epd__ofi_reasm_t reasm[EPD__OFI_REASM];
     uint64_t reasm_clock;
@@ -414,9 +413,15 @@ static void epd__ofi_mr_mode_str(uint64_t mode, char *buf, size_t len)
         uint64_t bit;
         const char *name;
     } bits[] = {
-        {FI_MR_LOCAL, "LOCAL"},       {FI_MR_RAW, "RAW"},           {FI_MR_VIRT_ADDR, "VIRT_ADDR"},
-        {FI_MR_ALLOCATED, "ALLOCATED"}, {FI_MR_PROV_KEY, "PROV_KEY"}, {FI_MR_ENDPOINT, "ENDPOINT"},
-        {FI_MR_MMU_NOTIFY, "MMU_NOTIFY"}, {FI_MR_RMA_EVENT, "RMA_EVENT"}, {FI_MR_HMEM, "HMEM"},
+        {FI_MR_LOCAL, "LOCAL"},
+        {FI_MR_RAW, "RAW"},
+        {FI_MR_VIRT_ADDR, "VIRT_ADDR"},
+        {FI_MR_ALLOCATED, "ALLOCATED"},
+        {FI_MR_PROV_KEY, "PROV_KEY"},
+        {FI_MR_ENDPOINT, "ENDPOINT"},
+        {FI_MR_MMU_NOTIFY, "MMU_NOTIFY"},
+        {FI_MR_RMA_EVENT, "RMA_EVENT"},
+        {FI_MR_HMEM, "HMEM"},
     };
     size_t off = 0;
 
@@ -670,8 +675,8 @@ static epd_status_t epd__ofi_backlog_post(epd__ofi_t *be, epd__ofi_ep_t *ep)
         }
         x->next_free = NULL;
         if (ret != 0) {
-            epd_log_error(EPD__OFI_LOG, 0, "fi_send(%zu bytes) to %s failed: %s", x->len,
-                          ep->peer, fi_strerror((int)-ret));
+            epd_log_error(EPD__OFI_LOG, 0, "fi_send(%zu bytes) to %s failed: %s", x->len, ep->peer,
+                          fi_strerror((int)-ret));
             epd__ofi_tx_put(be, x);
             while ((x = ep->backlog) != NULL) {
                 ep->backlog = x->next_free;
@@ -922,8 +927,7 @@ static bool epd__ofi_ep_has_work(const epd__ofi_t *be, const epd__ofi_ep_t *ep)
 {
     const epd__ofi_req_t *req = ep->flushes;
 
-    if (ep->unposted != 0 || ep->backlog != NULL ||
-        (ep->failed != EPD_OK && !ep->fail_reported)) {
+    if (ep->unposted != 0 || ep->backlog != NULL || (ep->failed != EPD_OK && !ep->fail_reported)) {
         return true;
     }
     if (req == NULL || req->reading) {
@@ -1087,8 +1091,8 @@ static void epd__ofi_recv_frag(epd__ofi_t *be, const unsigned char *buf, size_t 
     n = len - sizeof(fh);
     if (n == 0 || fh.total == 0 || fh.total > be->max_total || fh.offset >= fh.total ||
         n > fh.total - fh.offset) {
-        epd_log_warn(EPD__OFI_LOG, 0, "dropped a malformed fragment (%zu bytes, at %u of %u)",
-                     len, fh.offset, fh.total);
+        epd_log_warn(EPD__OFI_LOG, 0, "dropped a malformed fragment (%zu bytes, at %u of %u)", len,
+                     fh.offset, fh.total);
         return;
     }
     if (fh.offset == 0 && n == fh.total) {
@@ -1110,8 +1114,8 @@ static void epd__ofi_recv_frag(epd__ofi_t *be, const unsigned char *buf, size_t 
         r->got = 0;
         r->active = true;
     } else if (r == NULL || r->got != fh.offset || r->total != fh.total) {
-        epd_log_warn(EPD__OFI_LOG, 0, "dropped a fragment out of sequence (at %u of %u)",
-                     fh.offset, fh.total);
+        epd_log_warn(EPD__OFI_LOG, 0, "dropped a fragment out of sequence (at %u of %u)", fh.offset,
+                     fh.total);
         if (r != NULL) {
             r->active = false;
         }
@@ -1197,17 +1201,17 @@ static int epd__ofi_read_cq(epd__ofi_t *be)
             handled++;
             status = epd__ofi_map_err(err.err, &gone);
             if (err.op_context == NULL) {
-                epd_log_warn(EPD__OFI_LOG, 0, "completion error without context: %s (%s)",
-                             fi_strerror(err.err),
-                             fi_cq_strerror(be->cq, err.prov_errno, err.err_data, text,
-                                            sizeof(text)));
+                epd_log_warn(
+                    EPD__OFI_LOG, 0, "completion error without context: %s (%s)",
+                    fi_strerror(err.err),
+                    fi_cq_strerror(be->cq, err.prov_errno, err.err_data, text, sizeof(text)));
                 continue;
             }
             if (((epd__ofi_xfer_t *)err.op_context)->kind != EPD__OFI_X_RECV ||
                 err.err != FI_ECANCELED) {
-                epd_log_debug(EPD__OFI_LOG, 0, "completion error: %s (%s)", fi_strerror(err.err),
-                              fi_cq_strerror(be->cq, err.prov_errno, err.err_data, text,
-                                             sizeof(text)));
+                epd_log_debug(
+                    EPD__OFI_LOG, 0, "completion error: %s (%s)", fi_strerror(err.err),
+                    fi_cq_strerror(be->cq, err.prov_errno, err.err_data, text, sizeof(text)));
             }
             epd__ofi_handle(be, err.op_context, 0, status, gone);
             continue;
@@ -1340,7 +1344,7 @@ static size_t epd__ofi_frag_limit(const epd__ofi_t *be)
     }
     if (epd__ofi_is_shm(prov)) {
         return be->info->tx_attr->inject_size != 0 ? be->info->tx_attr->inject_size
-                                                    : EPD__OFI_FRAG_DEFAULT;
+                                                   : EPD__OFI_FRAG_DEFAULT;
     }
     return EPD__OFI_FRAG_DEFAULT;
 }
@@ -1410,8 +1414,8 @@ static epd_status_t epd__ofi_getinfo(epd__ofi_t *be, const char *prov, const cha
         }
         if (ret != -FI_ENODATA) {
             epd_log_error(EPD__OFI_LOG, 0, "fi_getinfo(provider %s, node %s) failed: %s",
-                          prov != NULL ? prov : getenv("FI_PROVIDER"), node != NULL ? node : "(none)",
-                          fi_strerror(-ret));
+                          prov != NULL ? prov : getenv("FI_PROVIDER"),
+                          node != NULL ? node : "(none)", fi_strerror(-ret));
             return EPD_ERR_CONFIG;
         }
     }
@@ -1475,8 +1479,8 @@ static epd_status_t epd__ofi_open(epd__ofi_t *be)
         return EPD_ERR_CONFIG;
     }
     memset(&av_attr, 0, sizeof(av_attr));
-    av_attr.type = info->domain_attr->av_type != FI_AV_UNSPEC ? info->domain_attr->av_type
-                                                              : FI_AV_TABLE;
+    av_attr.type =
+        info->domain_attr->av_type != FI_AV_UNSPEC ? info->domain_attr->av_type : FI_AV_TABLE;
     ret = fi_av_open(be->domain, &av_attr, &be->av, NULL);
     if (ret != 0) {
         epd_log_error(EPD__OFI_LOG, 0, "fi_av_open failed: %s", fi_strerror(-ret));
@@ -1628,9 +1632,9 @@ static epd_status_t epd__ofi_create(epd_xport_t *core, const epd_xport_config_t 
     prov = (env_prov != NULL && *env_prov != '\0')
                ? NULL
                : (config->provider != NULL && *config->provider != '\0' ? config->provider
-                                                                         : "tcp;ofi_rxm");
-    node = config->bind_host != NULL && *config->bind_host != '\0' ? config->bind_host
-                                                                   : "127.0.0.1";
+                                                                        : "tcp;ofi_rxm");
+    node =
+        config->bind_host != NULL && *config->bind_host != '\0' ? config->bind_host : "127.0.0.1";
 
     be = epd_calloc(1, sizeof(*be));
     if (be == NULL) {
@@ -1654,10 +1658,10 @@ static epd_status_t epd__ofi_create(epd_xport_t *core, const epd_xport_config_t 
         goto err_free;
     }
     be->mr_mode = be->info->domain_attr->mr_mode;
-    if ((be->mr_mode & FI_MR_RAW) != 0 && be->info->domain_attr->mr_key_size > EPD__OFI_MAX_RAW_KEY) {
+    if ((be->mr_mode & FI_MR_RAW) != 0 &&
+        be->info->domain_attr->mr_key_size > EPD__OFI_MAX_RAW_KEY) {
         epd_log_error(EPD__OFI_LOG, 0, "provider %s needs %zu-byte raw keys (at most %u supported)",
-                      epd__ofi_prov(be), be->info->domain_attr->mr_key_size,
-                      EPD__OFI_MAX_RAW_KEY);
+                      epd__ofi_prov(be), be->info->domain_attr->mr_key_size, EPD__OFI_MAX_RAW_KEY);
         status = EPD_ERR_CONFIG;
         goto err_close;
     }
@@ -1716,9 +1720,9 @@ static epd_status_t epd__ofi_create(epd_xport_t *core, const epd_xport_config_t 
     snprintf(be->desc, sizeof(be->desc),
              "ofi provider %s fabric %s domain %s mr_mode %s max_msg_size %zu inject %zu "
              "wait_fd %s writes %s",
-             epd__ofi_prov(be), be->info->fabric_attr->name, be->info->domain_attr->name,
-             mode_text, be->info->ep_attr->max_msg_size, be->inject_size,
-             be->wait_fd >= 0 ? "yes" : "no", be->dc ? "delivery-complete" : "read-flushed");
+             epd__ofi_prov(be), be->info->fabric_attr->name, be->info->domain_attr->name, mode_text,
+             be->info->ep_attr->max_msg_size, be->inject_size, be->wait_fd >= 0 ? "yes" : "no",
+             be->dc ? "delivery-complete" : "read-flushed");
     epd_log_info(EPD__OFI_LOG, 0,
                  "%s (node %s, messages up to %zu bytes in fragments of %zu, %u+%u slots)",
                  be->desc, node != NULL ? node : "(none)", be->max_total, be->frag_size,
@@ -1835,8 +1839,8 @@ static epd_status_t epd__ofi_ep_create(void *arg, const void *blob, size_t len,
     if (hdr.magic != EPD__OFI_ADDR_MAGIC || hdr.version != EPD__OFI_WIRE_VERSION ||
         hdr.hdr_len != sizeof(hdr) || hdr.name_len == 0 || hdr.name_len > EPD__OFI_MAX_NAME ||
         (size_t)hdr.name_len != len - sizeof(hdr) ||
-        hdr.check != epd__ofi_blob_check(&hdr, sizeof(hdr), (const unsigned char *)blob +
-                                                                 sizeof(hdr), hdr.name_len)) {
+        hdr.check != epd__ofi_blob_check(&hdr, sizeof(hdr),
+                                         (const unsigned char *)blob + sizeof(hdr), hdr.name_len)) {
         epd_log_warn(EPD__OFI_LOG, 0,
                      "address blob refused: not an intact ofi address of this version "
                      "(%zu bytes)",
@@ -2057,8 +2061,8 @@ static epd_status_t epd__ofi_send(void *arg, const void *hdr, size_t hdr_len, co
             return EPD_OK;
         }
         if (ret != -FI_EAGAIN) {
-            epd_log_error(EPD__OFI_LOG, 0, "fi_inject(%zu bytes) to %s failed: %s", total,
-                          ep->peer, fi_strerror((int)-ret));
+            epd_log_error(EPD__OFI_LOG, 0, "fi_inject(%zu bytes) to %s failed: %s", total, ep->peer,
+                          fi_strerror((int)-ret));
             return epd__ofi_post_err(ret);
         }
         /* pushed back (rxm connects lazily): queue it in send slots */
@@ -2167,8 +2171,8 @@ static epd_status_t epd__ofi_write(void *arg, const void *local, size_t len, voi
     if ((be->mr_mode & FI_MR_LOCAL) != 0 && len != 0) {
         uintptr_t lo = (uintptr_t)local;
 
-        if (lmr != NULL && lmr->be == be && lo >= (uintptr_t)lmr->addr &&
-            len <= lmr->size && lo - (uintptr_t)lmr->addr <= lmr->size - len) {
+        if (lmr != NULL && lmr->be == be && lo >= (uintptr_t)lmr->addr && len <= lmr->size &&
+            lo - (uintptr_t)lmr->addr <= lmr->size - len) {
             req->desc = fi_mr_desc(lmr->mr);
         } else {
             status = epd__ofi_reg(be, (void *)local, len, FI_WRITE, &req->tmp_mr);
@@ -2369,8 +2373,8 @@ static epd_status_t epd__ofi_mr_pack(void *arg, void *be_mr, void *buf, size_t c
     return EPD_OK;
 }
 
-static epd_status_t epd__ofi_rkey_unpack(void *arg, const void *blob, size_t len,
-                                         void **be_rkey_p, size_t *size_p)
+static epd_status_t epd__ofi_rkey_unpack(void *arg, const void *blob, size_t len, void **be_rkey_p,
+                                         size_t *size_p)
 {
     epd__ofi_ep_t *ep = arg;
     epd__ofi_t *be;
@@ -2391,8 +2395,8 @@ static epd_status_t epd__ofi_rkey_unpack(void *arg, const void *blob, size_t len
         hdr.hdr_len != sizeof(hdr) || hdr.raw_len > EPD__OFI_MAX_RAW_KEY ||
         (size_t)hdr.raw_len != len - sizeof(hdr) || (hdr.raw_len != 0) != want_raw ||
         hdr.size == 0 || hdr.size > SIZE_MAX || hdr.base > UINT64_MAX - hdr.size ||
-        hdr.check != epd__ofi_blob_check(&hdr, sizeof(hdr), (const unsigned char *)blob +
-                                                                 sizeof(hdr), hdr.raw_len)) {
+        hdr.check != epd__ofi_blob_check(&hdr, sizeof(hdr),
+                                         (const unsigned char *)blob + sizeof(hdr), hdr.raw_len)) {
         epd_log_warn(EPD__OFI_LOG, 0, "remote key refused (%zu bytes): malformed", len);
         return EPD_ERR_BAD_RKEY;
     }
@@ -2407,8 +2411,8 @@ static epd_status_t epd__ofi_rkey_unpack(void *arg, const void *blob, size_t len
     rkey->key = hdr.key;
     if (want_raw) {
         int ret = fi_mr_map_raw(be->domain, hdr.raw_base,
-                                (uint8_t *)((const unsigned char *)blob + sizeof(hdr)),
-                                hdr.raw_len, &rkey->key, 0);
+                                (uint8_t *)((const unsigned char *)blob + sizeof(hdr)), hdr.raw_len,
+                                &rkey->key, 0);
 
         if (ret != 0) {
             epd_log_warn(EPD__OFI_LOG, 0, "remote key refused: fi_mr_map_raw: %s",
