@@ -492,8 +492,10 @@ static void colocated(rq_t *r)
     epd_free(logits);
 }
 
-static void send_generate_on(side_t *c, const rq_t *r, uint64_t d_start, uint64_t p_start,
-                             const char *p_id)
+/* GenerateRequest from client side `c`, naming prefill side `ps`
+ * (address and nonce) as worker p_id at epoch start p_start. */
+static void send_generate_to(side_t *c, side_t *ps, const rq_t *r, uint64_t d_start,
+                             uint64_t p_start, const char *p_id)
 {
     Epd__Envelope env = EPD__ENVELOPE__INIT;
     Epd__GenerateRequest g = EPD__GENERATE_REQUEST__INIT;
@@ -502,7 +504,7 @@ static void send_generate_on(side_t *c, const rq_t *r, uint64_t d_start, uint64_
     const void *paddr;
     size_t plen;
 
-    assert_int_equal(epd_xport_address(T.p.x, &paddr, &plen), EPD_OK);
+    assert_int_equal(epd_xport_address(ps->x, &paddr, &plen), EPD_OK);
     sp.temperature = r->temperature;
     sp.top_k = r->top_k;
     sp.seed = r->seed;
@@ -510,7 +512,7 @@ static void send_generate_on(side_t *c, const rq_t *r, uint64_t d_start, uint64_
     sp.stop_token_ids = (uint32_t *)r->stop;
     sp.n_stop_token_ids = r->n_stop;
     pe.start_time_ns = p_start;
-    pe.nonce = T.p.nonce;
+    pe.nonce = ps->nonce;
     de.start_time_ns = d_start;
     de.nonce = T.d_nonce;
     g.request_id = r->id;
@@ -529,6 +531,12 @@ static void send_generate_on(side_t *c, const rq_t *r, uint64_t d_start, uint64_
     env.body_case = EPD__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
     send_env(c, c == &T.c ? "test-client" : c->name, &env, 0);
+}
+
+static void send_generate_on(side_t *c, const rq_t *r, uint64_t d_start, uint64_t p_start,
+                             const char *p_id)
+{
+    send_generate_to(c, &T.p, r, d_start, p_start, p_id);
 }
 
 static void send_generate_ex(const rq_t *r, uint64_t d_start, uint64_t p_start, const char *p_id)
@@ -1033,6 +1041,70 @@ static void test_prefill_death(void **state)
     wait_full(3000);
 }
 
+/* After the prefill's death: a new incarnation appears.  A request naming
+ * a newer epoch of the worker fails the old epoch's requests at once
+ * (EPD_ERR_PEER_DEAD, blocks back) and closes the old incarnation's
+ * endpoints; its messages are refused afterwards (EPD_ERR_STALE_EPOCH). */
+static void test_prefill_restart_epoch(void **state)
+{
+    static side_t po, pn;
+    rq_t a, b;
+    Epd__Envelope *env;
+    uint64_t t0;
+
+    (void)state;
+    side_open(&po, "prefill-old", 5000);
+    side_open(&pn, "prefill-new", 6000);
+    T.extra = &po;
+    rq_init(&a, 101, 20, 20);
+    send_generate_to(&T.c, &po, &a, T.d_start, 5000, P_ID);
+    env = take(&po, a.id, EPD__ENVELOPE__BODY_RESERVATION, 5000);
+    assert_non_null(env);
+    epd_msg_free(env);
+    /* the new incarnation */
+    T.extra = &pn;
+    rq_init(&b, 102, 20, 20);
+    t0 = epd_time_now_ns();
+    send_generate_to(&T.c, &pn, &b, T.d_start, 6000, P_ID);
+    expect_error(a.id, EPD_ERR_PEER_DEAD, 3000);
+    assert_true(epd_time_now_ns() - t0 < (uint64_t)LEASE_MS * EPD_NSEC_PER_MSEC);
+    env = take(&pn, b.id, EPD__ENVELOPE__BODY_RESERVATION, 5000);
+    assert_non_null(env);
+    epd_msg_free(env);
+    /* the old incarnation speaks again (from any endpoint): refused */
+    {
+        Epd__Envelope e = EPD__ENVELOPE__INIT;
+        Epd__WritesQuiesced q = EPD__WRITES_QUIESCED__INIT;
+
+        q.request_id = a.id;
+        e.body_case = EPD__ENVELOPE__BODY_QUIESCED;
+        e.quiesced = &q;
+        T.c.start = 5000; /* the client side poses as the old prefill */
+        send_env(&T.c, P_ID, &e, 0);
+        T.c.start = 1;
+        expect_error(a.id, EPD_ERR_STALE_EPOCH, 3000);
+    }
+    send_abort(&T.c, "test-client", b.id);
+    assert_int_equal(collect(&b, 3000), 0);
+    assert_int_equal(b.finish, EPD__FINISH_REASON__FINISH_ABORT);
+    env = take(&pn, b.id, EPD__ENVELOPE__BODY_ABORT, 3000);
+    assert_non_null(env);
+    epd_msg_free(env);
+    {
+        Epd__Envelope e = EPD__ENVELOPE__INIT;
+        Epd__WritesQuiesced q = EPD__WRITES_QUIESCED__INIT;
+
+        q.request_id = b.id;
+        e.body_case = EPD__ENVELOPE__BODY_QUIESCED;
+        e.quiesced = &q;
+        send_env(&pn, P_ID, &e, 0);
+    }
+    wait_full(3000);
+    T.extra = NULL;
+    side_close(&pn);
+    side_close(&po);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1045,6 +1117,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_client_death),
         cmocka_unit_test(test_prefill_death),
+        cmocka_unit_test(test_prefill_restart_epoch),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);
