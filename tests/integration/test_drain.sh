@@ -7,9 +7,9 @@
 source "$(dirname "$0")/lib.sh"
 
 # slow enough per decode step that a 1500-token request is still running
-# when the drain comes (~3 s colocated)
-mkmodel "$T/m" --layers 4 --dim 256 --heads 8 --kv-heads 2 --layer-pattern LLA --ffn 512 \
-  --max-context 4096 --seed 5
+# when the drain comes (~4 s colocated; no EOS before)
+mkmodel "$T/m" --layers 6 --dim 256 --heads 8 --kv-heads 2 --layer-pattern LA --ffn 512 \
+  --max-context 4096 --seed 3
 start_daemon d decode --model "$T/m" --worker-id decode-x --kv-blocks 256 --state-slots 16
 start_daemon p prefill --model "$T/m" --worker-id prefill-x
 "$BIN/epd-ctl" health "$d_ADDR" >"$T/h.txt" || fail "health failed"
@@ -19,8 +19,8 @@ for f in serving draining worker role epoch transport data_plane_address_bytes l
 done
 [ "$(health_field "$d_ADDR" worker)" = decode-x ] || fail "worker id"
 [ "$(health_field "$d_ADDR" serving)" = 1 ] || fail "not serving"
-[ "$(health_field "$d_ADDR" layer_pattern)" = LLAL ] || fail "layer pattern"
-[ "$(health_field "$p_ADDR" layer_pattern)" = LLAL ] || fail "prefill layer pattern"
+[ "$(health_field "$d_ADDR" layer_pattern)" = LALALA ] || fail "layer pattern"
+[ "$(health_field "$p_ADDR" layer_pattern)" = LALALA ] || fail "prefill layer pattern"
 [ "$(status_field "$d_ADDR" kv_blocks_total)" = 256 ] || fail "status kv_blocks_total"
 [ "$(status_field "$d_ADDR" worker)" = decode-x ] || fail "status worker"
 printf 'Before the drain.' >"$T/short"
