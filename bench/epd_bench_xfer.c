@@ -40,6 +40,9 @@
 #define XB_REGION ((size_t)64 << 20)
 #define XB_MAX_SIZES 8
 #define XB_LAT_SIZE 64
+/* The host stops progressing while a reference tool runs (seconds): a
+ * peer timeout far above that keeps the connection through it. */
+#define XB_PEER_TIMEOUT_MS 600000
 
 typedef struct {
     const char *name;
@@ -176,6 +179,7 @@ static int xb_peer_main(const xb_conf_t *c, int fd)
     epd_xport_config_init(&cfg);
     cfg.backend = c->backend;
     cfg.msg_cb = xb_peer_msg;
+    cfg.peer_timeout_ms = XB_PEER_TIMEOUT_MS;
     if (epd_xport_create(&cfg, &x) != EPD_OK) {
         return 2;
     }
@@ -216,7 +220,17 @@ typedef struct {
     uint64_t failed;
     int inflight;
     int pongs;
+    epd_status_t err;   /* the endpoint failed: stop measuring */
 } xb_host_t;
+
+static void xb_host_err(void *arg, epd_xport_ep_t *ep, epd_status_t status)
+{
+    xb_host_t *h = arg;
+
+    (void)ep;
+    h->err = status;
+    fprintf(stderr, "xfer: endpoint failed: %s\n", epd_status_string(status));
+}
 
 static void xb_write_done(void *arg, epd_status_t status)
 {
@@ -299,7 +313,7 @@ static double xb_measure_bw(epd_xport_t *x, xb_host_t *h, epd_xport_ep_t *ep,
                 h->inflight++;
             }
             epd_xport_progress(x);
-            if (now >= stop && h->inflight == 0) {
+            if ((now >= stop || h->err != EPD_OK) && h->inflight == 0) {
                 break;
             }
         }
@@ -321,7 +335,7 @@ static double xb_measure_lat(epd_xport_t *x, xb_host_t *h, epd_xport_ep_t *ep)
 {
     unsigned char msg[XB_LAT_SIZE];
     double *samples = epd_calloc((size_t)xb_lat_iters, sizeof(double));
-    double med;
+    double med = -1;
 
     if (samples == NULL) {
         return 0;
@@ -332,11 +346,17 @@ static double xb_measure_lat(epd_xport_t *x, xb_host_t *h, epd_xport_ep_t *ep)
         uint64_t t0 = epd_time_now_ns();
         uint64_t deadline = t0 + 5 * EPD_NSEC_PER_SEC;
 
-        while (epd_xport_send(ep, msg, sizeof(msg), 0) == EPD_ERR_NO_RESOURCE) {
+        epd_status_t st;
+
+        while ((st = epd_xport_send(ep, msg, sizeof(msg), 0)) == EPD_ERR_NO_RESOURCE) {
             epd_xport_progress(x);
         }
-        while (h->pongs < want && epd_time_now_ns() < deadline) {
+        while (st == EPD_OK && h->pongs < want && epd_time_now_ns() < deadline) {
             epd_xport_progress(x);
+        }
+        if (st != EPD_OK || h->pongs < want) {
+            med = -1;
+            goto out;
         }
         if (i >= 0) {
             samples[i] = (double)(epd_time_now_ns() - t0) / 2e3; /* one way, µs */
@@ -344,6 +364,7 @@ static double xb_measure_lat(epd_xport_t *x, xb_host_t *h, epd_xport_ep_t *ep)
     }
     qsort(samples, (size_t)xb_lat_iters, sizeof(double), xb_cmp_double);
     med = samples[xb_lat_iters / 2];
+out:
     epd_free(samples);
     return med;
 }
@@ -374,6 +395,8 @@ static int xb_host_main(const xb_conf_t *c, xb_result_t *r)
     cfg.backend = c->backend;
     cfg.expect = c->expect;
     cfg.msg_cb = xb_host_msg;
+    cfg.peer_timeout_ms = XB_PEER_TIMEOUT_MS;
+    cfg.err_cb = xb_host_err;
     cfg.cb_arg = &h;
     if (epd_xport_create(&cfg, &x) != EPD_OK) {
         return -1;
@@ -427,7 +450,7 @@ static int xb_host_main(const xb_conf_t *c, xb_result_t *r)
     }
     r->lat_us = xb_measure_lat(x, &h, ep);
     r->ref_lat_us = xb_no_ref ? -1 : xb_ref_lat(c);
-    r->ok = h.failed == 0;
+    r->ok = h.failed == 0 && h.err == EPD_OK;
     epd_xport_rkey_destroy(rk);
     epd_xport_ep_close(ep);
     epd_xport_mr_dereg(lmr);
@@ -532,7 +555,7 @@ static double xb_perftest(const char *test, size_t size, long iters, const char 
         return -1;
     }
     epd_time_sleep_ns(250 * EPD_NSEC_PER_MSEC);
-    (void)xb_run_capture(cli_argv, env, out, sizeof(out), 60);
+    (void)xb_run_capture(cli_argv, env, out, sizeof(out), 30);
     xb_reap(server);
     for (line = strstr(out, "Final:"); line != NULL; line = strstr(line + 1, "Final:")) {
         last = line;
@@ -567,7 +590,7 @@ static double xb_fi_pingpong(const char *prov, size_t size, long iters, int col)
         return -1;
     }
     epd_time_sleep_ns(250 * EPD_NSEC_PER_MSEC);
-    (void)xb_run_capture(cli_argv, no_env, out, sizeof(out), 60);
+    (void)xb_run_capture(cli_argv, no_env, out, sizeof(out), 30);
     xb_reap(server);
     /* "bytes iters total time MB/sec usec/xfer Mxfers/sec", then one row */
     for (line = strtok_r(out, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
@@ -633,9 +656,11 @@ static double xb_ref_lat(const xb_conf_t *c)
 {
     if (strcmp(c->ref_kind, "perftest") == 0) {
         const char *const *env = strcmp(c->expect, "shm") == 0 ? xb_ref_env_shm : c->env;
-        return xb_perftest(c->ref_lat, XB_LAT_SIZE, 20000, env, 1);
+        /* few iterations: perftest's am_lat over tcp is slow on average
+         * (its median is what is compared) */
+        return xb_perftest(c->ref_lat, XB_LAT_SIZE, 3000, env, 1);
     }
-    return xb_fi_pingpong(c->ref_lat, XB_LAT_SIZE, 20000, 1);
+    return xb_fi_pingpong(c->ref_lat, XB_LAT_SIZE, 3000, 1);
 }
 
 static void xb_size_name(size_t size, char *buf, size_t len)

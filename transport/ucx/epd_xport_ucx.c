@@ -1055,9 +1055,10 @@ static epd_status_t epd__ucx_mr_new(epd__ucx_t *be, void *addr, size_t size, boo
     do {
         mr->id = epd_rng_next(&be->rng);
     } while (mr->id == 0 || epd__ucx_mr_find(be, mr->id) != NULL);
-    if (allocate) {
-        memset(mr->addr, 0, size);
-    }
+    /* No memset for allocated regions: UCX_ALLOC_PRIO tries sysv, posix,
+     * huge pages, thp and mmap before heap, all fresh kernel pages (zero),
+     * and touching them all would commit the whole region at once — a KV
+     * pool is sized for the worst case and mostly untouched. */
     mr->next = be->mrs;
     if (be->mrs != NULL) {
         be->mrs->prev = mr;
