@@ -20,6 +20,8 @@ kill -0 "$p_PID" && kill -0 "$d_PID" || fail "a daemon died"
 for who in p d; do
   grep -Eqi "malformed|does not decode|bad magic|checksum|truncated|bad frame" "$T/$who.log" ||
     fail "$who logged nothing about the frames that do not decode"
+  grep -Eqi "dropping a ([0-9]+-byte )?message" "$T/$who.log" ||
+    fail "$who's transport logged nothing about the ~3 MB message"
 done
 printf 'Still serving after the garbage?' >"$T/short"
 same_as_colocated "$T/m" "$p_ADDR" "$d_ADDR" "$T/short" 16
