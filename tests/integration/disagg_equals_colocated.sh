@@ -61,11 +61,17 @@ done
 note "one token only (the prefill's first token is the whole answer)"
 same_as_colocated "$T/hybrid" "$h_p_ADDR" "$h_d_ADDR" "$T/past2" 1
 
-note "text mode prints what epd-generate prints"
-want=$("$BIN/epd-generate" --model "$T/hybrid" --prompt "$(cat "$T/short")" --max-tokens 30)
-got=$("$BIN/epd-ctl" submit --prefill "$h_p_ADDR" --decode "$h_d_ADDR" --model "$T/hybrid" \
-      --prompt-file "$T/short" --max-tokens 30 $CTL_FLAGS)
-[ "$want" = "$got" ] || fail "text output differs: colocated '$want', disaggregated '$got'"
+note "text mode (streamed, UTF-8 repaired across chunks) prints what epd-generate prints"
+for spec in "short 30" "on2 200" "long 120"; do
+  set -- $spec
+  epd-generate-text() { "$BIN/epd-generate" --model "$T/hybrid" --prompt "$(cat "$T/$1")" --max-tokens "$2" "${@:3}" | od -An -tx1; }
+  want=$(epd-generate-text "$1" "$2" --temperature 0.9 --seed 77)
+  got=$("$BIN/epd-ctl" submit --prefill "$h_p_ADDR" --decode "$h_d_ADDR" --model "$T/hybrid" \
+        --prompt "$(cat "$T/$1")" --max-tokens "$2" --temperature 0.9 --seed 77 $CTL_FLAGS | od -An -tx1)
+  [ "$want" = "$got" ] || fail "text output differs for prompt $1 (bytes: colocated / disaggregated):
+$want
+$got"
+done
 
 wait_blocks_free "$h_d_ADDR" 20
 
