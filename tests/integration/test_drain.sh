@@ -43,6 +43,7 @@ want=$("$BIN/epd-generate" --model "$T/m" --prompt "$(cat "$T/short")" --max-tok
 ctl=$!
 PIDS+=("$ctl")
 for i in $(seq 1 200); do
+  kill -0 "$ctl" 2>/dev/null || break
   running=$(status_field "$d_ADDR" running_requests)
   [ "$running" = 1 ] && break
   sleep 0.02

@@ -23,6 +23,7 @@ prompt_of_len 4000 6 >"$T/long"
 ctl=$!
 PIDS+=("$ctl")
 for i in $(seq 1 200); do
+  kill -0 "$ctl" 2>/dev/null || break
   run=$(health_field "$p_ADDR" running_requests)
   free=$(status_field "$d_ADDR" kv_blocks_free)
   total=$(status_field "$d_ADDR" kv_blocks_total)
@@ -48,6 +49,7 @@ note "prefill keeps serving"
 kill -0 "$p_PID" || fail "prefill died"
 [ "$(health_field "$p_ADDR" serving)" = 1 ] || fail "prefill not serving"
 for i in $(seq 1 200); do
+  kill -0 "$ctl" 2>/dev/null || break
   [ "$(health_field "$p_ADDR" running_requests)" = 0 ] && break
   sleep 0.1
 done

@@ -28,6 +28,7 @@ PIDS+=("$ctl")
 # wait until prefill is working on it and decode has reserved its blocks:
 # from then on prefill streams each finished layer into them
 for i in $(seq 1 200); do
+  kill -0 "$ctl" 2>/dev/null || break
   run=$(health_field "$p_ADDR" running_requests)
   free=$(status_field "$d_ADDR" kv_blocks_free)
   total=$(status_field "$d_ADDR" kv_blocks_total)
