@@ -579,7 +579,7 @@ static double xb_fi_pingpong(const char *prov, size_t size, long iters, int col)
     static const char *const no_env[] = {NULL};
     char *line, *save = NULL, *last = NULL;
     double mbps, usec;
-    char a[32], b[32], c[32], d[32];
+    char a[32], b[32], c[32], d[32], e[32];
     pid_t server;
 
     snprintf(port, sizeof(port), "%d", xb_port++);
@@ -592,9 +592,9 @@ static double xb_fi_pingpong(const char *prov, size_t size, long iters, int col)
     epd_time_sleep_ns(250 * EPD_NSEC_PER_MSEC);
     (void)xb_run_capture(cli_argv, no_env, out, sizeof(out), 30);
     xb_reap(server);
-    /* "bytes iters total time MB/sec usec/xfer Mxfers/sec", then one row */
+    /* "bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec", one row */
     for (line = strtok_r(out, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
-        if (sscanf(line, "%31s %31s %31s %31s %lf %lf", a, b, c, d, &mbps, &usec) == 6) {
+        if (sscanf(line, "%31s %31s %31s %31s %31s %lf %lf", a, b, c, d, e, &mbps, &usec) == 7) {
             last = line;
             break;
         }
@@ -647,7 +647,10 @@ static double xb_ref_bw(const xb_conf_t *c, size_t size)
         double mib = xb_perftest(c->ref_bw, size, iters, env, 5);
         return mib > 0 ? mib * 1048576.0 / 1e9 : -1;
     } else {
-        double mb = xb_fi_pingpong(c->ref_bw, size, iters / 4 + 10, 0);
+        /* a ping-pong: few round trips (it blocks on its completion queue,
+         * slow on a loaded machine) */
+        long pp = (long)(((size_t)64 << 20) / size);
+        double mb = xb_fi_pingpong(c->ref_bw, size, pp < 10 ? 10 : pp > 200 ? 200 : pp, 0);
         return mb > 0 ? mb / 1e3 : -1;
     }
 }
@@ -660,7 +663,7 @@ static double xb_ref_lat(const xb_conf_t *c)
          * (its median is what is compared) */
         return xb_perftest(c->ref_lat, XB_LAT_SIZE, 3000, env, 1);
     }
-    return xb_fi_pingpong(c->ref_lat, XB_LAT_SIZE, 3000, 1);
+    return xb_fi_pingpong(c->ref_lat, XB_LAT_SIZE, 500, 1);
 }
 
 static void xb_size_name(size_t size, char *buf, size_t len)

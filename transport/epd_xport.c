@@ -685,7 +685,7 @@ static void epd__on_hello(epd_xport_t *x, const epd__frame_t *f, const unsigned 
         epd_xport_ep_close(ep);
         return;
     }
-    epd_log_debug(EPD__XPORT_COMP, 0, "accepted peer %016llx: %s", (unsigned long long)f->sender_id,
+    epd_log_info(EPD__XPORT_COMP, 0, "accepted peer %016llx: %s", (unsigned long long)f->sender_id,
                   ep->desc);
     if (x->cfg.accept_cb != NULL) {
         x->cfg.accept_cb(x->cfg.cb_arg, ep);
@@ -722,7 +722,7 @@ static void epd__on_ack(epd_xport_t *x, epd_xport_ep_t *ep, const epd__frame_t *
         return;
     }
     ep->state = EPD__EP_CONNECTED;
-    epd_log_debug(EPD__XPORT_COMP, 0, "connected to peer %016llx: %s",
+    epd_log_info(EPD__XPORT_COMP, 0, "connected to peer %016llx: %s",
                   (unsigned long long)f->sender_id, ep->desc);
     cb = ep->conn_cb;
     ep->conn_cb = NULL;
