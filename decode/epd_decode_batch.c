@@ -261,6 +261,12 @@ static void *epd__batch_main(void *arg)
                 epd__finish(b, seq, EPD_DECODE_FINISH_ABORT, EPD_OK);
                 continue;
             }
+            if (seq->n_gen >= seq->max_tokens) {
+                /* nothing left to generate (the loop normally ends these
+                 * with the first token): tokens[] has no room for more */
+                epd__finish(b, seq, EPD_DECODE_FINISH_LENGTH, EPD_OK);
+                continue;
+            }
             b->running[n++] = seq;
         }
         atomic_store_explicit(&b->n_running, n, memory_order_relaxed);
