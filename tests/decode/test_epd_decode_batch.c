@@ -328,6 +328,34 @@ static void test_abort_leaves_at_step_boundary(void **state)
     epd_engine_close(engine);
 }
 
+/* A sequence with nothing left to generate (max_tokens 1) leaves at once
+ * with FINISH_LENGTH and its single token, never writing past tokens[]. */
+static void test_no_room_left(void **state)
+{
+    static breq_t reqs[1];
+    epd_engine_config_t cfg = {.model_dir = model_dir, .max_batch = 2};
+    epd_engine_t *engine;
+    epd_decode_batch_t *b;
+    epd_kv_pool_t pool;
+
+    (void)state;
+    assert_int_equal(epd_engine_open("ref", &cfg, &engine), EPD_OK);
+    make_reqs(reqs, 1);
+    reqs[0].max_tokens = 1;
+    epd_test_pool(engine, 8, 1, &pool);
+    disagg_prefill(engine, &pool, &reqs[0], 0, 0, 300);
+    reqs[0].tokens[1] = 0x5a5a;
+    assert_int_equal(epd_decode_batch_create(engine, &pool, 2, 2, on_wake, NULL, &b), EPD_OK);
+    assert_int_equal(epd_decode_batch_submit(b, &reqs[0].seq), EPD_OK);
+    drain(b, reqs, 1);
+    assert_int_equal(atomic_load(&reqs[0].seq.finish), EPD_DECODE_FINISH_LENGTH);
+    assert_int_equal(reqs[0].seen, 1);
+    assert_int_equal(reqs[0].tokens[1], 0x5a5a);
+    epd_decode_batch_destroy(b);
+    epd_free(pool.base);
+    epd_engine_close(engine);
+}
+
 static void test_create_refuses(void **state)
 {
     epd_engine_config_t cfg = {.model_dir = model_dir, .max_batch = 2};
@@ -356,6 +384,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_equals_colocated),
         cmocka_unit_test(test_abort_leaves_at_step_boundary),
+        cmocka_unit_test(test_no_room_left),
         cmocka_unit_test(test_create_refuses),
     };
 
