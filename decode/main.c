@@ -293,29 +293,48 @@ static dec_link_t *dec_link_new(dec_daemon_t *d, int kind, epd_xport_ep_t *ep)
     return l;
 }
 
-/* Closes the endpoint and frees the link; the caller detached requests and
- * peers first. */
 static void dec_req_unlink_client(dec_req_t *r);
 
-static void dec_link_free(dec_daemon_t *d, dec_link_t *l)
+/* Drops the sends still waiting for transport room. */
+static void dec_link_drop_out(dec_daemon_t *d, dec_link_t *l)
 {
-    /* requests answered here lose their client (replies are dropped) */
-    while (l->reqs != NULL) {
-        dec_req_unlink_client(l->reqs);
-    }
     while (l->out_head != NULL) {
         dec_outmsg_t *m = l->out_head;
         l->out_head = m->next;
         epd_free(m);
         d->n_outbox--;
     }
+    l->out_tail = NULL;
     if (l->on_retry) {
         dec_link_t **pp = &d->retry_head;
         while (*pp != l) {
             pp = &(*pp)->retry_next;
         }
         *pp = l->retry_next;
+        l->on_retry = 0;
     }
+}
+
+/* Closes the endpoint now (allowed inside transport callbacks: the
+ * transport parks it until its own stack unwinds); nothing of the peer
+ * arrives on it afterwards. */
+static void dec_link_close_ep(dec_link_t *l)
+{
+    if (l->ep != NULL) {
+        epd_xport_ep_set_user(l->ep, NULL);
+        epd_xport_ep_close(l->ep);
+        l->ep = NULL;
+    }
+}
+
+/* Frees the link (closing its endpoint if still open). */
+static void dec_link_free(dec_daemon_t *d, dec_link_t *l)
+{
+    /* requests answered here lose their client (replies are dropped) */
+    while (l->reqs != NULL) {
+        dec_req_unlink_client(l->reqs);
+    }
+    dec_link_drop_out(d, l);
     if (l->prev != NULL) {
         l->prev->next = l->next;
     } else {
@@ -324,13 +343,13 @@ static void dec_link_free(dec_daemon_t *d, dec_link_t *l)
     if (l->next != NULL) {
         l->next->prev = l->prev;
     }
-    epd_xport_ep_set_user(l->ep, NULL);
-    epd_xport_ep_close(l->ep);
+    dec_link_close_ep(l);
     epd_free(l);
 }
 
-/* Detaches `l` (its requests lose their client; a peer loses its link)
- * and closes its endpoint at the next reap. */
+/* Detaches `l` (its requests lose their client; a peer loses its link) and
+ * closes its endpoint at once; the struct itself is freed at the next reap
+ * (a handler up the stack may still hold it: it sees `closing`). */
 static void dec_link_close(dec_daemon_t *d, dec_link_t *l)
 {
     while (l->reqs != NULL) {
@@ -340,6 +359,8 @@ static void dec_link_close(dec_daemon_t *d, dec_link_t *l)
         l->peer->link = NULL;
         l->peer = NULL;
     }
+    dec_link_drop_out(d, l);
+    dec_link_close_ep(l);
     l->closing = 1;
     if (!d->stopping && !uv_is_active((uv_handle_t *)&d->reap)) {
         uv_timer_start(&d->reap, dec_on_reap, 0, 0);
