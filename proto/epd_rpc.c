@@ -309,7 +309,16 @@ epd_status_t epd_rpc_server_create(uv_loop_t *loop, const char *bind_addr,
     }
     grpc_init();
     s->cq = grpc_completion_queue_create_for_next(NULL);
-    s->server = grpc_server_create(NULL, NULL);
+    {
+        /* gRPC sets SO_REUSEPORT by default, which lets a second daemon bind
+         * the same fixed port and silently share it: refuse that instead. */
+        grpc_arg no_reuse = {.type = GRPC_ARG_INTEGER,
+                             .key = (char *)GRPC_ARG_ALLOW_REUSEPORT,
+                             .value.integer = 0};
+        grpc_channel_args args = {.num_args = 1, .args = &no_reuse};
+
+        s->server = grpc_server_create(&args, NULL);
+    }
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
     creds = grpc_insecure_server_credentials_create();
     s->port = grpc_server_add_http2_port(s->server, bind_addr, creds);

@@ -175,6 +175,27 @@ static void test_deadline(void **state)
     rpc_run(client_deadline);
 }
 
+static void client_port_taken(void *arg)
+{
+    rpc_fixture_t *f = arg;
+    uv_loop_t loop;
+    epd_rpc_server_t *second = NULL;
+
+    /* a second server on the port the first one holds must be refused */
+    CHECK(uv_loop_init(&loop) == 0);
+    CHECK(epd_rpc_server_create(&loop, f->target, rpc_handler, f, &second) ==
+          EPD_ERR_UNREACHABLE);
+    CHECK(second == NULL);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    CHECK(uv_loop_close(&loop) == 0);
+}
+
+static void test_port_taken(void **state)
+{
+    (void)state;
+    rpc_run(client_port_taken);
+}
+
 static void test_dead_server_fails_fast(void **state)
 {
     epd_rpc_client_t *c = NULL;
@@ -281,6 +302,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_calls_and_errors),
         cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_port_taken),
         cmocka_unit_test(test_dead_server_fails_fast),
         cmocka_unit_test(test_concurrent_calls),
         cmocka_unit_test(test_shutdown),
