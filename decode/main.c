@@ -67,6 +67,7 @@
 #include "epd_rng.h"
 #include "epd_rpc.h"
 #include "epd_time.h"
+#include "epd_trace.h"
 #include "epd_xport.h"
 #include "epd_xport_uv.h"
 
@@ -162,6 +163,7 @@ struct dec_req {
     uint64_t lease_cap_ns;  /* ...or, while P is busy with others, this */
     uint64_t deadline_ns;   /* whole request (0: none) */
     uint64_t abort_sent_ns; /* QUARANTINED: last Abort sent to P */
+    uint64_t t_join_ns;     /* trace: KV held and verified (0: first step traced) */
     epd_decode_seq_t seq;
 };
 
@@ -182,6 +184,8 @@ typedef struct {
     int64_t lease_ms;
     int64_t peer_timeout_ms;
     int64_t connect_timeout_ms;
+    const char *trace;    /* --trace FILE: Chrome trace JSON written at exit */
+    int64_t trace_events; /* --trace-events: recorder capacity */
 } dec_args_t;
 
 struct dec_daemon {
@@ -190,8 +194,9 @@ struct dec_daemon {
     uint64_t epoch_start, epoch_nonce;
     uint64_t seq_no;
     uv_loop_t loop;
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sigusr1;
     uv_timer_t sweep, retry, reap;
+    epd_trace_t *trace; /* NULL: tracing off */
     uv_async_t wake;
     int stopping;
     int draining;
@@ -906,6 +911,13 @@ static void dec_on_wake(uv_async_t *h)
         dec_req_t *r = (dec_req_t *)((char *)seq - offsetof(dec_req_t, seq));
         uint32_t n = atomic_load_explicit(&seq->n_produced, memory_order_acquire);
 
+        if (r->t_join_ns != 0 && n >= 2) {
+            /* from joining the batch to the loop seeing its first decoded
+             * token (batch wait + one step + the hand-back) */
+            epd_trace_span(d->trace, "first decode step", "compute", r->id, -1, r->t_join_ns,
+                           epd_time_now_ns());
+            r->t_join_ns = 0;
+        }
         if (!final) {
             dec_req_stream(d, r, n, EPD__FINISH_REASON__FINISH_NONE);
             continue;
@@ -958,6 +970,7 @@ static void dec_on_generate(dec_daemon_t *d, dec_link_t *from, const Epd__Envelo
     const char *why = NULL;
     epd_status_t st;
     uint64_t n_total;
+    uint64_t t_recv = epd_time_now_ns();
     uint32_t n_blocks;
     int p_ok;
     size_t sz;
@@ -1115,6 +1128,9 @@ static void dec_on_generate(dec_daemon_t *d, dec_link_t *from, const Epd__Envelo
     out.body_case = EPD__ENVELOPE__BODY_RESERVATION;
     out.reservation = &kr;
     dec_send(d, plink, &out, 0);
+    epd_trace_instant(d->trace, "GenerateRequest received", "msg", r->id, -1, t_recv);
+    epd_trace_span(d->trace, "reserve", "wait", r->id, -1, t_recv, epd_time_now_ns());
+    epd_trace_instant(d->trace, "KvReservation sent", "msg", r->id, -1, epd_time_now_ns());
     epd_log_debug(COMP, r->id, "reserved %u blocks (%u for the prompt), slot %d for %s",
                   r->n_blocks, r->n_prompt_blocks, (int)r->seq.slot, peer->worker_id);
 }
@@ -1170,10 +1186,12 @@ static void dec_on_prefill_complete(dec_daemon_t *d, dec_link_t *from, const Epd
     Epd__FinishReason fin = EPD__FINISH_REASON__FINISH_NONE;
     epd_status_t st;
     const char *why = NULL;
+    uint64_t t_recv = epd_time_now_ns();
 
     if (r == NULL) {
         return;
     }
+    epd_trace_instant(d->trace, "PrefillComplete received", "msg", r->id, -1, t_recv);
     /* P's fence: every write of this request has landed, none will follow */
     dec_req_unlink_peer(r);
     if (r->state == RS_QUARANTINED) {
@@ -1194,6 +1212,7 @@ static void dec_on_prefill_complete(dec_daemon_t *d, dec_link_t *from, const Epd
     } else {
         st = epd_decode_check_kv(&d->info->kv, &d->pool, r->blocks, r->n_prompt_blocks, r->seq.slot,
                                  pc->layer_checksums, pc->n_layer_checksums, d->hash, &bad_layer);
+        epd_trace_span(d->trace, "verify KV", "compute", r->id, -1, t_recv, epd_time_now_ns());
         if (st == EPD_ERR_CORRUPT) {
             why = "KV checksum mismatch: the cache is corrupt";
         } else if (st != EPD_OK) {
@@ -1222,6 +1241,10 @@ static void dec_on_prefill_complete(dec_daemon_t *d, dec_link_t *from, const Epd
     assert(st == EPD_OK);
     (void)st;
     r->seq.tokens[0] = (int32_t)pc->first_token;
+    /* the decode side holds all of the prompt's KV, verified: the end of
+     * the transfer (epd-bench overhead measures up to here) */
+    r->t_join_ns = epd_time_now_ns();
+    epd_trace_instant(d->trace, "KV held", "xfer", r->id, -1, r->t_join_ns);
     for (uint32_t i = 0; i < r->n_stop; i++) {
         if (r->stop_ids[i] == pc->first_token) {
             fin = EPD__FINISH_REASON__FINISH_STOP;
@@ -1271,6 +1294,8 @@ static void dec_on_layer_done(dec_daemon_t *d, dec_link_t *from, const Epd__Enve
 {
     dec_req_t *r = dec_req_of_peer(d, from, env, env->layer_done->request_id, 0);
 
+    epd_trace_instant(d->trace, "LayerDone received", "msg", env->layer_done->request_id,
+                      (int32_t)env->layer_done->layer, epd_time_now_ns());
     if (r != NULL && r->state == RS_RESERVED) {
         r->lease_ns = epd_time_now_ns() + (uint64_t)d->a.lease_ms * EPD_NSEC_PER_MSEC;
     }
@@ -1680,6 +1705,33 @@ static void dec_on_closed(uv_handle_t *h)
     (void)h;
 }
 
+/* Writes the trace (--trace) now: blocking file I/O, so only at exit and on
+ * an explicit SIGUSR1, never per request. */
+static void dec_trace_write(dec_daemon_t *d)
+{
+    uint64_t n, dropped;
+    epd_status_t st;
+
+    if (d->trace == NULL) {
+        return;
+    }
+    st = epd_trace_write_json(d->trace, d->a.trace, 0);
+    epd_trace_counts(d->trace, &n, &dropped);
+    if (st != EPD_OK) {
+        epd_log_error(COMP, 0, "cannot write the trace '%s': %s", d->a.trace,
+                      epd_status_string(st));
+    } else {
+        epd_log_info(COMP, 0, "trace: %llu events written to %s (%llu dropped: buffer full)",
+                     (unsigned long long)n, d->a.trace, (unsigned long long)dropped);
+    }
+}
+
+static void dec_on_sigusr1(uv_signal_t *s, int signum)
+{
+    (void)signum;
+    dec_trace_write(s->data);
+}
+
 static void dec_shutdown(dec_daemon_t *d)
 {
     if (d->stopping) {
@@ -1691,6 +1743,7 @@ static void dec_shutdown(dec_daemon_t *d)
     d->rpc = NULL;
     uv_close((uv_handle_t *)&d->sigterm, dec_on_closed);
     uv_close((uv_handle_t *)&d->sigint, dec_on_closed);
+    uv_close((uv_handle_t *)&d->sigusr1, dec_on_closed);
     uv_close((uv_handle_t *)&d->sweep, dec_on_closed);
     uv_close((uv_handle_t *)&d->retry, dec_on_closed);
     uv_close((uv_handle_t *)&d->reap, dec_on_closed);
@@ -1797,6 +1850,18 @@ static int dec_run(dec_daemon_t *d)
         epd_log_error(COMP, 0, "cannot create the event loop");
         goto out_engine;
     }
+    if (d->a.trace != NULL && d->a.trace[0] != '\0') {
+        char pname[160];
+
+        snprintf(pname, sizeof(pname), "epd-decode %s", d->worker_id);
+        st = epd_trace_create((size_t)d->a.trace_events, pname, &d->trace);
+        if (st != EPD_OK) {
+            epd_log_error(COMP, 0, "cannot create the trace recorder (%lld events): %s",
+                          (long long)d->a.trace_events, epd_status_string(st));
+            goto out_loop;
+        }
+        epd_trace_thread_name(d->trace, "decode loop");
+    }
     epd_xport_config_init(&xc);
     xc.backend = d->a.transport;
     xc.expect = d->a.expect;
@@ -1890,6 +1955,9 @@ static int dec_run(dec_daemon_t *d)
     d->sigint.data = d;
     uv_signal_start(&d->sigterm, dec_on_signal, SIGTERM);
     uv_signal_start(&d->sigint, dec_on_signal, SIGINT);
+    uv_signal_init(&d->loop, &d->sigusr1);
+    d->sigusr1.data = d;
+    uv_signal_start(&d->sigusr1, dec_on_sigusr1, SIGUSR1);
     uv_timer_init(&d->loop, &d->sweep);
     uv_timer_init(&d->loop, &d->retry);
     uv_timer_init(&d->loop, &d->reap);
@@ -1922,6 +1990,9 @@ static int dec_run(dec_daemon_t *d)
     rc = 0;
 
 out_after_run:
+    dec_trace_write(d);
+    epd_trace_destroy(d->trace);
+    d->trace = NULL;
     dec_free_all(d);
     epd_free(d->table);
     epd_free(d->txbuf);
@@ -1951,6 +2022,8 @@ out_xport:
 out_loop:
     uv_run(&d->loop, UV_RUN_NOWAIT);
     (void)uv_loop_close(&d->loop);
+    epd_trace_destroy(d->trace);
+    d->trace = NULL;
 out_engine:
     epd_engine_close(d->engine);
     return 1;
@@ -1979,6 +2052,10 @@ int main(int argc, char **argv)
         {"connect-timeout-ms", EPD_OPT_INT, &d.a.connect_timeout_ms, 10, 3600000,
          "transport handshake deadline"},
         {"log-level", EPD_OPT_STRING, &d.a.log_level, 0, 0, "error, warn, info, debug, trace"},
+        {"trace", EPD_OPT_STRING, &d.a.trace, 0, 0,
+         "record a per-request trace; Chrome trace JSON written to FILE at exit and on SIGUSR1"},
+        {"trace-events", EPD_OPT_INT, &d.a.trace_events, 1024, 1 << 26,
+         "trace buffer capacity in events (64 bytes each; later events are dropped)"},
     };
     epd_opts_t o = {.prog = "epd-decode",
                     .summary = "decode worker: KV reservations, continuous batching, token streams",
@@ -2001,6 +2078,7 @@ int main(int argc, char **argv)
     d.a.lease_ms = 5000;
     d.a.peer_timeout_ms = 3000;
     d.a.connect_timeout_ms = 3000;
+    d.a.trace_events = 1 << 20;
 
     signal(SIGPIPE, SIG_IGN);
     status = epd_opts_parse(&o, argc, argv, &argi);
