@@ -41,12 +41,14 @@ struct epd_prefill_compute {
     atomic_uint_fast64_t started_tokens;
     epd_prefill_ev_cb_t cb;
     void *cb_arg;
+    int trace_named; /* compute thread: its trace track is named */
 };
 
 /* What the sink needs: lives on the compute thread's stack for one run. */
 typedef struct {
     epd_prefill_compute_t *c;
     epd_prefill_job_t *job;
+    uint64_t layer_start_ns; /* the current layer's compute started here */
 } epd_prefill_sink_ctx_t;
 
 /* Compute thread: hand one event to the loop.  The queue is sized so this
@@ -78,10 +80,19 @@ static epd_status_t epd_prefill_compute_sink(void *ctx, uint32_t layer,
                                              const epd_layer_done_t *done)
 {
     epd_prefill_sink_ctx_t *s = ctx;
+    uint64_t now;
 
     (void)done;
     if (layer >= s->c->info->kv.n_layers) {
         return EPD_ERR_FATAL;
+    }
+    if (s->job->trace != NULL) {
+        /* one clock read per layer: the span ends where the next begins */
+        now = epd_time_now_ns();
+        epd_trace_span(s->job->trace, "compute", "compute", s->job->seq.req_id, (int32_t)layer,
+                       s->layer_start_ns, now);
+        s->layer_start_ns = now;
+        s->job->done_ev->layer_end_ns = now;
     }
     epd_prefill_compute_emit(s->c, &s->job->layer_evs[layer]);
     if (atomic_load_explicit(s->job->cancel, memory_order_acquire)) {
@@ -121,6 +132,12 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
     int32_t token = -1;
 
     ev->started_ns = epd_time_now_ns();
+    ev->layer_end_ns = 0;
+    sctx.layer_start_ns = ev->started_ns;
+    if (job->trace != NULL && !c->trace_named) {
+        epd_trace_thread_name(job->trace, "prefill compute");
+        c->trace_named = 1;
+    }
     atomic_fetch_add(&c->started_runs, 1);
     atomic_fetch_add(&c->started_tokens, job->n_tokens);
     if (atomic_load_explicit(job->cancel, memory_order_acquire)) {
@@ -141,6 +158,7 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
     }
     ev->status = status;
     ev->first_token = token;
+    ev->finished_ns = epd_time_now_ns();
     /* last touch of the job: after the push the loop may reuse the request */
     epd_prefill_compute_emit(c, ev);
 }

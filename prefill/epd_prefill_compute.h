@@ -44,6 +44,7 @@
 #include "epd_engine.h"
 #include "epd_sample.h"
 #include "epd_status.h"
+#include "epd_trace.h"
 
 typedef enum {
     EPD_PREFILL_EV_LAYER = 1, /* layer `layer` is final in the local pool */
@@ -59,6 +60,8 @@ typedef struct {
     epd_status_t status;        /* DONE: written by compute before the push */
     int32_t first_token;        /* DONE */
     uint64_t started_ns;        /* DONE: when the run started (epd_time_now_ns) */
+    uint64_t finished_ns;       /* DONE: when compute and sampling ended */
+    uint64_t layer_end_ns;      /* DONE: when the last layer's sink ran */
 } epd_prefill_ev_t;
 
 typedef enum {
@@ -82,6 +85,7 @@ typedef struct {
     atomic_int *cancel;          /* RUN: nonzero = stop at the next layer */
     epd_prefill_ev_t *layer_evs; /* RUN: [n_layers] */
     epd_prefill_ev_t *done_ev;   /* RUN: the DONE event; RELEASE: RELEASED */
+    epd_trace_t *trace;          /* RUN: per-layer compute spans; NULL = off */
 } epd_prefill_job_t;
 
 typedef struct epd_prefill_compute epd_prefill_compute_t;

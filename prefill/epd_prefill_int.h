@@ -40,6 +40,7 @@
 #include "epd_prefill_plan.h"
 #include "epd_rpc.h"
 #include "epd_sample.h"
+#include "epd_trace.h"
 #include "epd_xport.h"
 #include "epd_xport_uv.h"
 
@@ -47,6 +48,9 @@
 #define EPD_PREFILL_ID_MAX 128    /* worker id bytes, NUL included */
 #define EPD_PREFILL_STASH_MAX 256 /* reservations that came before their request */
 #define EPD_PREFILL_TOMB_MAX 4096 /* recently aborted / failed request ids */
+/* --write-group-bytes default: see prefill/README.md (chosen with
+ * `epd-bench overhead --group-sweep`) */
+#define EPD_PREFILL_WRITE_GROUP_DEFAULT (1024 * 1024)
 
 typedef struct {
     uint64_t start_time_ns;
@@ -76,6 +80,17 @@ typedef struct epd_prefill_peer {
 
 typedef struct epd_prefill_req epd_prefill_req_t;
 struct epd_prefill_srv;
+
+/* One layer's writes of one request: the completion callbacks' argument, so
+ * that a layer's "KV write" trace span runs from its first post to its last
+ * completion. */
+typedef struct {
+    epd_prefill_req_t *req;
+    uint32_t layer;
+    uint32_t inflight;  /* posted, not completed */
+    int all_posted;     /* every write of the layer is posted */
+    uint64_t posted_ns; /* first post */
+} epd_prefill_lw_t;
 
 struct epd_prefill_req {
     uint64_t id;
@@ -129,6 +144,12 @@ struct epd_prefill_req {
     int need_quiesced; /* WritesQuiesced to decode pending */
     int complete_sent;
     int backpressured; /* a post was refused (logged once) */
+    /* prefill-only (GenerateRequest.prefill_only): no decode, no writes;
+     * the first token goes to the client in a TokenChunk */
+    int prefill_only;
+    epd_prefill_lw_t *lw;       /* [n_layers] */
+    uint64_t t_first_layer_ns;  /* layer 0 done (loop clock) */
+    uint64_t writes_coalesced;  /* block writes merged into a neighbour */
 };
 
 typedef struct epd_prefill_srv {
@@ -152,7 +173,7 @@ typedef struct epd_prefill_srv {
     uv_idle_t pump;
     int pump_on;
     uv_timer_t timer; /* leases, stash and tombstone expiry, retries */
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sigusr1;
     int stopping;
     /* engine, pool, compute */
     const epd_engine_info_t *info;
@@ -200,6 +221,12 @@ typedef struct epd_prefill_srv {
     uint32_t log_count;
     unsigned char *tx_buf; /* [tx_cap], loop thread scratch for frames */
     size_t tx_cap;
+    /* write grouping: while compute runs, finished layers are posted only
+     * once at least this many of their bytes wait (0: every layer at once);
+     * after compute everything left goes at once */
+    uint64_t write_group_bytes;
+    epd_trace_t *trace;     /* --trace; NULL = off */
+    const char *trace_path; /* where the JSON goes at exit / SIGUSR1 */
 } epd_prefill_srv_t;
 
 /* ---- epd_prefill_msg.c ---- */

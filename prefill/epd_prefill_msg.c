@@ -433,6 +433,9 @@ static int epd_prefill_from_decode(const epd_prefill_req_t *req, const Epd__Enve
 {
     epd_prefill_epoch_t epoch = epd_prefill_epoch_of(env->sender->epoch);
 
+    if (req->peer == NULL) {
+        return 0; /* prefill-only: no decode worker speaks about it */
+    }
     return strcmp(env->sender->worker_id, req->peer->worker_id) == 0 &&
            epd__prefill_epoch_cmp(&epoch, &req->peer->epoch) == 0;
 }
@@ -544,11 +547,13 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
     epd_sample_params_t sp;
     epd_prefill_peer_t *peer = NULL;
     epd_prefill_req_t *req = NULL;
+    uint64_t t_recv = epd_time_now_ns();
+    int only = g->prefill_only != 0;
     char msg[200];
     epd_status_t st;
     int si;
 
-    if (g->decode_worker_id != NULL && g->decode_worker_id[0] != '\0') {
+    if (!only && g->decode_worker_id != NULL && g->decode_worker_id[0] != '\0') {
         epd_prefill_known_d_add(srv, g->decode_worker_id);
     }
     st = EPD_OK;
@@ -581,9 +586,10 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
     } else if (g->n_media > 0) {
         st = EPD_ERR_UNSUPPORTED;
         snprintf(msg, sizeof(msg), "media inputs need an encoder (not supported yet)");
-    } else if (g->decode_worker_id == NULL || g->decode_worker_id[0] == '\0' ||
-               strlen(g->decode_worker_id) >= EPD_PREFILL_ID_MAX || g->decode_epoch == NULL ||
-               g->decode_address.len == 0) {
+    } else if (!only &&
+               (g->decode_worker_id == NULL || g->decode_worker_id[0] == '\0' ||
+                strlen(g->decode_worker_id) >= EPD_PREFILL_ID_MAX || g->decode_epoch == NULL ||
+                g->decode_address.len == 0)) {
         st = EPD_ERR_INVALID_PARAM;
         snprintf(msg, sizeof(msg), "request names no (valid) decode worker, epoch and address");
     }
@@ -606,7 +612,7 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
                      (double)sp.temperature, (double)sp.top_p);
         }
     }
-    if (st == EPD_OK) {
+    if (st == EPD_OK && !only) {
         st = epd_prefill_peer_get(srv, g->decode_worker_id, &d_epoch, g->decode_address.data,
                                   g->decode_address.len, &peer);
         if (st != EPD_OK) {
@@ -637,8 +643,13 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
         }
         return;
     }
+    req->prefill_only = only;
+    epd_trace_instant(srv->trace, only ? "GenerateRequest received (prefill only)"
+                                       : "GenerateRequest received",
+                      "msg", id, -1, t_recv);
     epd_log_debug(EPD_PREFILL_LOG, id, "admitted: %u tokens, %u blocks, slot %u, decode '%s'",
-                  req->n_tokens, req->n_blocks, req->slot, peer->worker_id);
+                  req->n_tokens, req->n_blocks, req->slot,
+                  peer != NULL ? peer->worker_id : "(none: prefill only)");
     if (si >= 0) {
         epd_xport_ep_t *sep;
         Epd__Envelope *senv = epd_prefill_stash_take(srv, (uint32_t)si, &sep);

@@ -158,6 +158,7 @@ static epd_status_t epd_prefill_peer_status(epd_status_t st)
 static void epd_prefill_req_free(epd_prefill_req_t *req)
 {
     epd_hash_state_destroy(req->hash);
+    epd_free(req->lw);
     epd_free(req->checksums);
     epd_free(req->evs);
     epd_free(req->remote_blocks);
@@ -190,8 +191,9 @@ epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const u
     req->remote_blocks = epd_calloc(n_blocks + 1, sizeof(*req->remote_blocks));
     req->evs = epd_calloc((size_t)n_layers + 2, sizeof(*req->evs));
     req->checksums = epd_calloc((size_t)n_layers + 1, sizeof(*req->checksums));
+    req->lw = epd_calloc((size_t)n_layers + 1, sizeof(*req->lw));
     if (req->tokens == NULL || req->local_blocks == NULL || req->remote_blocks == NULL ||
-        req->evs == NULL || req->checksums == NULL ||
+        req->evs == NULL || req->checksums == NULL || req->lw == NULL ||
         epd_hash_state_create(0, &req->hash) != EPD_OK) {
         epd_prefill_req_free(req);
         return EPD_ERR_NO_MEMORY;
@@ -213,6 +215,8 @@ epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const u
         req->evs[l].kind = EPD_PREFILL_EV_LAYER;
         req->evs[l].layer = l;
         req->evs[l].owner = req;
+        req->lw[l].req = req;
+        req->lw[l].layer = l;
     }
     req->evs[n_layers].kind = EPD_PREFILL_EV_DONE;
     req->evs[n_layers].owner = req;
@@ -236,6 +240,7 @@ epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const u
     req->run_job.cancel = &req->cancel;
     req->run_job.layer_evs = req->evs;
     req->run_job.done_ev = &req->evs[n_layers];
+    req->run_job.trace = srv->trace;
     st = epd_prefill_compute_submit(srv->compute, &req->run_job);
     if (st != EPD_OK) {
         srv->free_slots[srv->n_free_slots++] = req->slot;
@@ -255,7 +260,9 @@ epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const u
     }
     srv->all = req;
     srv->n_live++;
-    peer->n_reqs++;
+    if (peer != NULL) {
+        peer->n_reqs++;
+    }
     *req_p = req;
     return EPD_OK;
 }
@@ -290,12 +297,24 @@ void epd__prefill_req_fail(epd_prefill_srv_t *srv, epd_prefill_req_t *req, epd_s
 
 /* Write completion (loop thread, possibly nested in a transport call): only
  * bookkeeping; the pump does the rest. */
+/* The layer's last write completed after its last post: its trace span. */
+static void epd_prefill_lw_done(epd_prefill_srv_t *srv, epd_prefill_lw_t *lw)
+{
+    epd_trace_span(srv->trace, "KV write", "xfer", lw->req->id, (int32_t)lw->layer, lw->posted_ns,
+                   epd_time_now_ns());
+}
+
 static void epd_prefill_on_write(void *arg, epd_status_t status)
 {
-    epd_prefill_req_t *req = arg;
+    epd_prefill_lw_t *lw = arg;
+    epd_prefill_req_t *req = lw->req;
     epd_prefill_srv_t *srv = req->srv;
 
     req->writes_inflight--;
+    lw->inflight--;
+    if (lw->inflight == 0 && lw->all_posted && srv->trace != NULL) {
+        epd_prefill_lw_done(srv, lw);
+    }
     if (status != EPD_OK && !req->failed) {
         char msg[160];
 
@@ -331,12 +350,48 @@ static void epd_prefill_maybe_layer_done(epd_prefill_srv_t *srv, epd_prefill_req
     ld.checksum = req->checksums[layer];
     if (epd__prefill_send(srv, req->peer->ep, EPD__ENVELOPE__BODY_LAYER_DONE, &ld, 0) == EPD_OK) {
         req->last_d_msg_ns = now;
+        epd_trace_instant(srv->trace, "LayerDone sent", "msg", req->id, (int32_t)layer, now);
     }
 }
 
+/* Bytes one layer writes for this request. */
+static uint64_t epd_prefill_layer_bytes(const epd_kv_layout_t *kv, uint32_t layer,
+                                        uint32_t n_blocks)
+{
+    return kv->kind[layer] == EPD_LAYER_ATTENTION ? (uint64_t)n_blocks * kv->block_bytes
+                                                  : kv->state_bytes;
+}
+
+/* Write grouping: while compute runs, finished layers wait until at least
+ * write_group_bytes of them are ready, so that a short prompt (whose layers
+ * are a few KiB each) does not pay a wake-up, a batch of posts and their
+ * completions per layer while the compute thread is still busy with the
+ * next one.  A layer whose writes have started always continues; once
+ * compute is done (or failed: nothing is posted then) everything goes. */
+static int epd_prefill_group_ready(const epd_prefill_srv_t *srv, const epd_prefill_req_t *req)
+{
+    const epd_kv_layout_t *kv = &srv->info->kv;
+    uint64_t pending = 0;
+
+    if (srv->write_group_bytes == 0 || req->compute_done || req->post_idx > 0) {
+        return 1;
+    }
+    for (uint32_t l = req->post_layer; l < req->layers_done; l++) {
+        pending += epd_prefill_layer_bytes(kv, l, req->n_blocks);
+        if (pending >= srv->write_group_bytes) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Posts every write that is ready, in layer order then block order, and
- * keeps each layer's checksum over the bytes in that order.  Returns 0, or
- * -1 when backpressure parked the request on the blocked list. */
+ * keeps each layer's checksum over the bytes in that order.  Neighbouring
+ * blocks that are contiguous on both sides (consecutive ids in both block
+ * tables: the usual case, both pools hand out their lowest free ids first)
+ * go as one write: the bytes, their order and so the checksum are the same.
+ * Returns 0, or -1 when backpressure parked the request on the blocked
+ * list. */
 static int epd_prefill_post_writes(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
     const epd_kv_layout_t *kv = &srv->info->kv;
@@ -349,12 +404,18 @@ static int epd_prefill_post_writes(epd_prefill_srv_t *srv, epd_prefill_req_t *re
     };
     char *base = srv->pool.base;
 
+    if (!epd_prefill_group_ready(srv, req)) {
+        return 0;
+    }
     while (req->post_layer < req->layers_done) {
         uint32_t layer = req->post_layer;
         uint32_t n = epd_prefill_plan_layer_writes(kv, layer, req->n_blocks);
 
+        epd_prefill_lw_t *lw = &req->lw[layer];
+
         while (req->post_idx < n) {
-            epd_prefill_write_t w;
+            epd_prefill_write_t w, next;
+            uint32_t span = 1;
             epd_status_t st;
 
             st = epd_prefill_plan_write(kv, &local, &req->remote, req->region_size, layer,
@@ -363,8 +424,19 @@ static int epd_prefill_post_writes(epd_prefill_srv_t *srv, epd_prefill_req_t *re
                 epd__prefill_req_fail(srv, req, st, "write plan outside a pool", 1, 1, 1);
                 return 0;
             }
+            while (req->post_idx + span < n &&
+                   epd_prefill_plan_write(kv, &local, &req->remote, req->region_size, layer,
+                                          req->post_idx + span, &next) == EPD_OK &&
+                   next.local_off == w.local_off + w.len &&
+                   next.remote_off == w.remote_off + w.len) {
+                w.len += next.len;
+                span++;
+            }
+            if (lw->inflight == 0 && req->post_idx == 0) {
+                lw->posted_ns = epd_time_now_ns();
+            }
             st = epd_xport_write(req->peer->ep, base + w.local_off, (size_t)w.len, srv->pool_mr,
-                                 req->rkey, w.remote_off, epd_prefill_on_write, req);
+                                 req->rkey, w.remote_off, epd_prefill_on_write, lw);
             if (st == EPD_ERR_NO_RESOURCE) {
                 epd_prefill_req_block(srv, req);
                 return -1;
@@ -378,16 +450,22 @@ static int epd_prefill_post_writes(epd_prefill_srv_t *srv, epd_prefill_req_t *re
                 return 0;
             }
             req->writes_inflight++;
+            lw->inflight++;
             req->writes_posted++;
+            req->writes_coalesced += span - 1;
             if (req->post_idx == 0) {
                 epd_hash_state_reset(req->hash, 0);
             }
             epd_hash_state_update(req->hash, base + w.local_off, (size_t)w.len);
-            req->post_idx++;
+            req->post_idx += span;
         }
         req->checksums[layer] = n > 0 ? epd_hash_state_digest(req->hash) : 0;
         req->post_layer++;
         req->post_idx = 0;
+        lw->all_posted = 1;
+        if (lw->inflight == 0 && n > 0 && srv->trace != NULL) {
+            epd_prefill_lw_done(srv, lw); /* completed while we were posting */
+        }
         epd_prefill_maybe_layer_done(srv, req, layer);
     }
     return 0;
@@ -410,6 +488,8 @@ static void epd_prefill_send_complete(epd_prefill_srv_t *srv, epd_prefill_req_t 
         req->complete_sent = 1;
         req->t_complete_ns = epd_time_now_ns();
         srv->served++;
+        epd_trace_instant(srv->trace, "PrefillComplete sent", "msg", req->id, -1,
+                          req->t_complete_ns);
     } else if (st == EPD_ERR_NO_RESOURCE) {
         epd_prefill_req_block(srv, req);
     } else {
@@ -419,6 +499,33 @@ static void epd_prefill_send_complete(epd_prefill_srv_t *srv, epd_prefill_req_t 
                  req->peer->worker_id, epd_status_string(st));
         epd__prefill_req_fail(srv, req, epd_prefill_peer_status(st), msg, 1, 0, 0);
     }
+}
+
+/* Prefill-only: the first token to the client, and the request is done
+ * (nothing was written anywhere). */
+static void epd_prefill_send_first_token(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+{
+    Epd__TokenChunk tc = EPD__TOKEN_CHUNK__INIT;
+    uint32_t tok = (uint32_t)req->first_token;
+    epd_status_t st = EPD_OK;
+
+    tc.request_id = req->id;
+    tc.index = 0;
+    tc.n_tokens = 1;
+    tc.tokens = &tok;
+    tc.finish = EPD__FINISH_REASON__FINISH_LENGTH;
+    if (req->client_ep != NULL) {
+        st = epd__prefill_send(srv, req->client_ep, EPD__ENVELOPE__BODY_TOKENS, &tc, 0);
+    }
+    if (st == EPD_ERR_NO_RESOURCE) {
+        epd_prefill_req_block(srv, req);
+        return;
+    }
+    /* a client that is gone loses its answer; the request is over either way */
+    req->complete_sent = 1;
+    req->t_complete_ns = epd_time_now_ns();
+    srv->served++;
+    epd_trace_instant(srv->trace, "first token sent", "msg", req->id, -1, req->t_complete_ns);
 }
 
 /* Sends what a failed request still owes; returns -1 when parked on
@@ -478,6 +585,13 @@ static int epd_prefill_advance(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
     }
     if (!req->failed && req->have_resv) {
         if (epd_prefill_post_writes(srv, req) != 0) {
+            return -1;
+        }
+    }
+    if (!req->failed && req->prefill_only && req->compute_done && req->compute_status == EPD_OK &&
+        !req->complete_sent) {
+        epd_prefill_send_first_token(srv, req);
+        if (req->list == EPD_PREFILL_LIST_BLOCKED) {
             return -1;
         }
     }
@@ -549,7 +663,7 @@ static void epd_prefill_maybe_finish(epd_prefill_srv_t *srv, epd_prefill_req_t *
         return;
     }
     if (req->released) {
-        if (req->complete_sent && epd_log_enabled(EPD_LOG_DEBUG)) {
+        if (req->complete_sent && req->peer != NULL && epd_log_enabled(EPD_LOG_DEBUG)) {
             uint64_t now = epd_time_now_ns();
             uint64_t start = req->t_start_ns;
 
@@ -578,6 +692,12 @@ void epd__prefill_req_reserved(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
     req->last_d_msg_ns = epd_time_now_ns();
     req->t_resv_ns = req->last_d_msg_ns;
+    epd_trace_instant(srv->trace, "KvReservation received", "msg", req->id, -1, req->t_resv_ns);
+    if (req->layers_done > 0) {
+        /* finished layers waited for somewhere to write them */
+        epd_trace_span(srv->trace, "reservation wait", "wait", req->id, -1, req->t_first_layer_ns,
+                       req->t_resv_ns);
+    }
     (void)epd_prefill_advance(srv, req);
     epd__prefill_req_dirty(srv, req);
 }
@@ -592,6 +712,9 @@ void epd__prefill_on_event(void *arg, epd_prefill_ev_t *ev)
     switch (ev->kind) {
     case EPD_PREFILL_EV_LAYER:
         req->layers_done = ev->layer + 1;
+        if (ev->layer == 0) {
+            req->t_first_layer_ns = epd_time_now_ns();
+        }
         /* the lean path: post this layer's writes right here, at the top of
          * the loop, while the compute thread runs the next layer */
         if (!req->failed && req->have_resv && req->list != EPD_PREFILL_LIST_BLOCKED) {
@@ -604,6 +727,16 @@ void epd__prefill_on_event(void *arg, epd_prefill_ev_t *ev)
         req->first_token = ev->first_token;
         req->compute_done_ns = epd_time_now_ns();
         req->t_start_ns = ev->started_ns;
+        if (srv->trace != NULL) {
+            epd_trace_span(srv->trace, "queued", "wait", req->id, -1, req->t_admit_ns,
+                           ev->started_ns);
+            epd_trace_span(srv->trace, "prefill", "compute", req->id, -1, ev->started_ns,
+                           ev->finished_ns);
+            if (ev->layer_end_ns != 0 && ev->finished_ns > ev->layer_end_ns) {
+                epd_trace_span(srv->trace, "sample first token", "compute", req->id, -1,
+                               ev->layer_end_ns, ev->finished_ns);
+            }
+        }
         if (ev->status != EPD_OK && !req->failed) {
             char msg[160];
 
@@ -654,8 +787,8 @@ void epd__prefill_tick(epd_prefill_srv_t *srv, uint64_t now)
     uint64_t lease_ns = (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
 
     for (epd_prefill_req_t *req = srv->all; req != NULL; req = req->all_next) {
-        if (!req->failed && req->compute_done && req->compute_status == EPD_OK && !req->have_resv &&
-            now - req->compute_done_ns > lease_ns) {
+        if (!req->failed && !req->prefill_only && req->compute_done &&
+            req->compute_status == EPD_OK && !req->have_resv && now - req->compute_done_ns > lease_ns) {
             char msg[160];
 
             snprintf(msg, sizeof(msg), "no KV reservation from decode '%.80s' within %u ms",

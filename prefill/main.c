@@ -52,6 +52,9 @@ typedef struct {
     int64_t peer_timeout_ms;
     int64_t connect_timeout_ms;
     int64_t max_inflight_writes;
+    int64_t write_group_bytes;
+    const char *trace;
+    int64_t trace_events;
 } epd_prefill_flags_t;
 
 static void epd_prefill_on_tick(uv_timer_t *timer)
@@ -59,6 +62,34 @@ static void epd_prefill_on_tick(uv_timer_t *timer)
     epd_prefill_srv_t *srv = timer->data;
 
     epd__prefill_tick(srv, epd_time_now_ns());
+}
+
+/* Writes the trace (--trace): blocking file I/O, so only at exit and on an
+ * explicit SIGUSR1, never per request. */
+static void epd_prefill_trace_write(epd_prefill_srv_t *srv)
+{
+    uint64_t n, dropped;
+    epd_status_t st;
+
+    if (srv->trace == NULL) {
+        return;
+    }
+    st = epd_trace_write_json(srv->trace, srv->trace_path, 0);
+    epd_trace_counts(srv->trace, &n, &dropped);
+    if (st != EPD_OK) {
+        epd_log_error(EPD_PREFILL_LOG, 0, "cannot write the trace '%s': %s", srv->trace_path,
+                      epd_status_string(st));
+    } else {
+        epd_log_info(EPD_PREFILL_LOG, 0,
+                     "trace: %llu events written to %s (%llu dropped: buffer full)",
+                     (unsigned long long)n, srv->trace_path, (unsigned long long)dropped);
+    }
+}
+
+static void epd_prefill_on_sigusr1(uv_signal_t *sig, int signum)
+{
+    (void)signum;
+    epd_prefill_trace_write(sig->data);
 }
 
 static void epd_prefill_on_signal(uv_signal_t *sig, int signum)
@@ -85,6 +116,7 @@ static void epd_prefill_on_signal(uv_signal_t *sig, int signum)
     uv_idle_stop(&srv->pump);
     uv_signal_stop(&srv->sigterm);
     uv_signal_stop(&srv->sigint);
+    uv_signal_stop(&srv->sigusr1);
     uv_stop(srv->loop);
 }
 
@@ -176,6 +208,8 @@ static int epd_prefill_run(const epd_prefill_flags_t *fl)
     srv->lease_ms = (uint32_t)fl->lease_ms;
     srv->peer_timeout_ms = (uint32_t)fl->peer_timeout_ms;
     srv->connect_timeout_ms = (uint32_t)fl->connect_timeout_ms;
+    srv->write_group_bytes = (uint64_t)fl->write_group_bytes;
+    srv->trace_path = fl->trace;
     srv->epoch.start_time_ns = epd_time_wall_ns();
     srv->epoch.nonce = epd_rng_entropy();
     srv->loop = &loop;
@@ -198,6 +232,18 @@ static int epd_prefill_run(const epd_prefill_flags_t *fl)
         epd_engine_close(engine);
         epd_free(srv);
         return epd_prefill_fail("cannot create the event loop%s", "");
+    }
+    if (fl->trace != NULL && fl->trace[0] != '\0') {
+        char pname[192];
+
+        snprintf(pname, sizeof(pname), "epd-prefill %s", srv->worker_id);
+        st = epd_trace_create((size_t)fl->trace_events, pname, &srv->trace);
+        if (st != EPD_OK) {
+            epd_log_error(EPD_PREFILL_LOG, 0, "cannot create the trace recorder: %s",
+                          epd_status_string(st));
+            goto out_engine;
+        }
+        epd_trace_thread_name(srv->trace, "prefill loop");
     }
     srv->tx_cap = 64 * 1024;
     srv->tx_buf = epd_malloc(srv->tx_cap);
@@ -277,6 +323,8 @@ static int epd_prefill_run(const epd_prefill_flags_t *fl)
     srv->sigterm.data = srv;
     uv_signal_init(&loop, &srv->sigint);
     srv->sigint.data = srv;
+    uv_signal_init(&loop, &srv->sigusr1);
+    srv->sigusr1.data = srv;
 
     st = epd_prefill_compute_create(&loop, engine, &srv->pool, srv->state_slots,
                                     epd__prefill_on_event, srv, &srv->compute);
@@ -306,6 +354,7 @@ static int epd_prefill_run(const epd_prefill_flags_t *fl)
     uv_timer_start(&srv->timer, epd_prefill_on_tick, EPD_PREFILL_TICK_MS, EPD_PREFILL_TICK_MS);
     uv_signal_start(&srv->sigterm, epd_prefill_on_signal, SIGTERM);
     uv_signal_start(&srv->sigint, epd_prefill_on_signal, SIGINT);
+    uv_signal_start(&srv->sigusr1, epd_prefill_on_sigusr1, SIGUSR1);
 
     colon = strrchr(fl->control_addr, ':');
     snprintf(host, sizeof(host), "%.*s",
@@ -366,6 +415,8 @@ out_xport:
     }
 out_engine:
     epd_engine_close(engine);
+    epd_prefill_trace_write(srv);
+    epd_trace_destroy(srv->trace);
     epd__prefill_reqs_free_all(srv);
     while (srv->peers != NULL) {
         epd_prefill_peer_t *p = srv->peers;
@@ -406,6 +457,9 @@ int main(int argc, char **argv)
         .peer_timeout_ms = 3000,
         .connect_timeout_ms = 3000,
         .max_inflight_writes = 4096,
+        .write_group_bytes = EPD_PREFILL_WRITE_GROUP_DEFAULT,
+        .trace = NULL,
+        .trace_events = 1 << 20,
     };
     const epd_opt_t opts[] = {
         {"model", EPD_OPT_STRING, &fl.model, 0, 0,
@@ -434,6 +488,13 @@ int main(int argc, char **argv)
          "deadline for connecting to a decode worker"},
         {"max-inflight-writes", EPD_OPT_INT, &fl.max_inflight_writes, 1, 1 << 24,
          "KV writes posted at once; more wait (backpressure) until earlier ones complete"},
+        {"write-group-bytes", EPD_OPT_INT, &fl.write_group_bytes, 0, (int64_t)1 << 40,
+         "while compute runs, post finished layers' writes once this many bytes wait "
+         "(0: every layer as it finishes)"},
+        {"trace", EPD_OPT_STRING, &fl.trace, 0, 0,
+         "record a per-request trace; Chrome trace JSON written to FILE at exit and on SIGUSR1"},
+        {"trace-events", EPD_OPT_INT, &fl.trace_events, 1024, 1 << 26,
+         "trace buffer capacity in events (64 bytes each; later events are dropped)"},
         {"log-level", EPD_OPT_STRING, &fl.log_level, 0, 0, "error, warn, info, debug or trace"},
     };
     epd_opts_t o = {.prog = "epd-prefill",
