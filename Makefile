@@ -36,7 +36,7 @@ PKGS := ucx libfabric libprotobuf-c grpc_unsecure gpr libuv jansson libxxhash op
 TEST_PKGS := cmocka
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser
 TEST_CFLAGS := $(shell pkg-config --cflags $(TEST_PKGS) 2>/dev/null)
 TEST_LIBS   := $(shell pkg-config --libs $(TEST_PKGS) 2>/dev/null)
 

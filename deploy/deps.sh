@@ -11,6 +11,7 @@ PACKAGES=(
   libprotobuf-c-dev protobuf-c-compiler   # request/control plane messages
   libgrpc-dev                     # control plane (gRPC core C API)
   libuv1-dev                      # event loops
+  libhttp-parser-dev              # HTTP/1.1 parsing (router; no .pc file: -lhttp_parser)
   libjansson-dev                  # JSON: model config, safetensors headers
   libxxhash-dev                   # checksums and hashing
   libopenblas-dev                 # ref engine matrix products

@@ -4,3 +4,8 @@ ROUTER_CLIENT_SRCS := router/epd_client.c
 $(eval $(call epd_lib,epd_router,$(ROUTER_CLIENT_SRCS)))
 $(eval $(call epd_prog,epd-ctl,router/tools/epd_ctl.c,epd_router epd_xport epd_proto epd_engine epd_common))
 $(call obj_of,$(ROUTER_CLIENT_SRCS) router/tools/epd_ctl.c): EPD_CPPFLAGS += -Irouter
+# The HTTP/1.1 server and the OpenAI API layer the router serves with
+# (tested on their own; the router daemon is built on them).
+ROUTER_API_SRCS := router/epd_http.c router/epd_openai.c
+$(eval $(call epd_lib,epd_api,$(ROUTER_API_SRCS)))
+$(call obj_of,$(ROUTER_API_SRCS)): EPD_CPPFLAGS += -Irouter

@@ -1,0 +1,177 @@
+/*
+ * epd_http.h — a small HTTP/1.1 server on a libuv loop, the router's front
+ * door (the OpenAI API on top of it lives in epd_openai.h).
+ *
+ * Design.  One listening uv_tcp_t; one connection object per accepted
+ * socket, parsed by http-parser.  A connection serves one request at a time,
+ * in order: when a request is complete the parser is paused and further
+ * (pipelined) bytes stay buffered (at most EPD_HTTP_INBUF_BYTES; reading
+ * stops when that buffer is full) until the response has been written out
+ * completely; then parsing resumes.  Reading otherwise continues while the
+ * application works on a request, so that a client that goes away (EOF or
+ * error) is noticed at once and the application is told (abort callback).
+ * A client that half-closes its socket after sending a request is treated
+ * as gone, as nginx does.
+ *
+ * Limits, each with a clear answer: header bytes (request line + names +
+ * values) over max_header_bytes or more than EPD_HTTP_MAX_HEADERS headers
+ * → 431; a body over max_body_bytes (declared by Content-Length, or
+ * reached by chunks) → 413; a connection beyond max_connections → 503; a
+ * request whose headers (resp. body) do not arrive within header_timeout_ms
+ * (resp. body_timeout_ms) of its first byte (resp. of its headers) → 408;
+ * malformed HTTP → 400.  Each of these closes the connection after the
+ * answer is written.  A connection idle between requests for
+ * idle_timeout_ms is closed silently, and so is one whose full response is
+ * not taken by the client within idle_timeout_ms.  One uv timer per
+ * connection enforces these deadlines, so a slow client (slowloris) costs
+ * one small object and never blocks anyone else.
+ *
+ * Responses.  The application answers each request exactly once, either
+ * with a full response (epd_http_respond) or with a streaming one
+ * (epd_http_stream_start, then any number of epd_http_stream_send, then
+ * epd_http_stream_end): Server-Sent Events, `Content-Type:
+ * text/event-stream`, `Cache-Control: no-cache`, chunked transfer encoding
+ * (HTTP/1.0 clients get the raw stream and a close at its end).  Writes are
+ * bounded: when a stream's unsent backlog (bytes libuv could not yet hand
+ * to the kernel) would exceed max_stream_backlog, the connection is closed
+ * and the application's abort callback fires — a slow reader can never make
+ * the server buffer without bound.
+ *
+ * Threads: everything here belongs to the loop thread that created the
+ * server; no function may be called from another thread.  No callback is
+ * ever made from inside an epd_http_* call made by the application: the
+ * handler runs from the loop's read callback, the abort callback from a
+ * close callback.
+ */
+#ifndef EPD_HTTP_H
+#define EPD_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "epd_status.h"
+
+typedef struct epd_http_server epd_http_server_t;
+typedef struct epd_http_req epd_http_req_t;
+
+#define EPD_HTTP_MAX_HEADERS 64          /* more headers in one request → 431 */
+#define EPD_HTTP_INBUF_BYTES (64 * 1024) /* per-connection read buffer */
+
+/* The application's handler: a complete request has arrived on a
+ * connection.  `req` is lent to the application from this call until it
+ * finishes the request: epd_http_respond, epd_http_stream_end, or the
+ * return of its abort callback (see epd_http_req_set_abort), whichever
+ * comes first; the application must finish every request it is given,
+ * inside the handler or later.  The accessors below (method, path,
+ * headers, body) stay valid for that whole time.  Loop thread. */
+typedef void (*epd_http_handler_cb_t)(epd_http_req_t *req, void *arg);
+
+/* The client of `req` is gone (EOF, socket error, a timeout, a slow
+ * reader past max_stream_backlog, or server destroy) before the
+ * application finished the request.  Called once, from the loop (never
+ * from inside an epd_http_* call); `req` is invalid once it returns and
+ * the application must not finish it.  Loop thread. */
+typedef void (*epd_http_abort_cb_t)(epd_http_req_t *req, void *arg);
+
+typedef struct {
+    const char *host;            /* borrowed during create; IPv4 or IPv6 literal */
+    uint16_t port;               /* 0: an ephemeral port (see epd_http_server_port) */
+    size_t max_header_bytes;     /* request line + header names and values → 431 */
+    size_t max_body_bytes;       /* → 413 */
+    unsigned max_connections;    /* beyond → 503 and close */
+    uint64_t idle_timeout_ms;    /* between requests, and to flush a response */
+    uint64_t header_timeout_ms;  /* first byte of a request → end of its headers */
+    uint64_t body_timeout_ms;    /* end of headers → end of body */
+    size_t max_stream_backlog;   /* unsent bytes of a stream before the close */
+    epd_http_handler_cb_t handler; /* required */
+    void *arg;                   /* handed to handler */
+} epd_http_config_t;
+
+/* Fills `config` with defaults: 127.0.0.1:0, 16 KiB headers, 4 MiB body,
+ * 1024 connections, 60 s idle, 10 s headers, 30 s body, 1 MiB stream
+ * backlog, no handler.  Any thread. */
+void epd_http_config_init(epd_http_config_t *config);
+
+/* Binds and listens on config->host:port on `loop` (borrowed; it must
+ * outlive the server's handles).  On success *server_p is the caller's, to
+ * destroy with epd_http_server_destroy.  EPD_ERR_INVALID_PARAM for a bad
+ * config, EPD_ERR_BAD_ADDRESS for an unparsable host, EPD_ERR_EXISTS when
+ * the address is in use, EPD_ERR_IO for another bind/listen failure,
+ * EPD_ERR_NO_MEMORY.  Loop thread. */
+epd_status_t epd_http_server_create(uv_loop_t *loop, const epd_http_config_t *config,
+                                    epd_http_server_t **server_p);
+
+/* The port actually bound (the ephemeral one when config->port was 0).
+ * Loop thread. */
+uint16_t epd_http_server_port(const epd_http_server_t *server);
+
+/* Live connections (accepted, not yet closed, not counting 503 refusals).
+ * Loop thread. */
+unsigned epd_http_server_connections(const epd_http_server_t *server);
+
+/* Stops listening and closes every connection; the abort callback of each
+ * request the application still holds fires from the loop afterwards (a
+ * request without one stays valid until the application finishes it).
+ * Memory is released by close callbacks: the caller must run the loop
+ * until it returns (every handle closed) before closing the loop.  No
+ * handler is called after this.  NULL is a no-op.  Loop thread. */
+void epd_http_server_destroy(epd_http_server_t *server);
+
+/* Request accessors.  Every pointer returned is owned by `req` and valid
+ * until the request is finished.  Loop thread. */
+const char *epd_http_req_method(const epd_http_req_t *req); /* "GET", "POST", ... */
+const char *epd_http_req_path(const epd_http_req_t *req);   /* the request target as sent */
+/* The value of the first header named `name` (case-insensitive), NUL
+ * terminated, or NULL when absent. */
+const char *epd_http_req_header(const epd_http_req_t *req, const char *name);
+/* The body (chunked bodies de-chunked), NUL terminated for convenience;
+ * *len_p gets its length (0 when there is none). */
+const char *epd_http_req_body(const epd_http_req_t *req, size_t *len_p);
+
+/* Registers `cb` (with `arg`) to hear that the client of `req` is gone;
+ * replaces an earlier one; cb NULL removes it.  Without one, a request
+ * whose client is gone stays valid (detached) until the application
+ * finishes it, and the finishing call returns EPD_ERR_CONNECTION_RESET.
+ * Loop thread. */
+void epd_http_req_set_abort(epd_http_req_t *req, epd_http_abort_cb_t cb, void *arg);
+
+/* Answers `req` with a full response and finishes it (req is invalid on
+ * return, whatever the status).  `content_type` and `body[0..len)` are
+ * borrowed during the call (copied).  `status` is 100 < status < 600 (an
+ * out-of-range one becomes 500).  The connection stays open for the next
+ * request when the client allows keep-alive.  EPD_OK (queued; written by
+ * the loop), EPD_ERR_CONNECTION_RESET (the client is gone; nothing sent),
+ * EPD_ERR_NO_MEMORY (the connection is closed).  Loop thread. */
+epd_status_t epd_http_respond(epd_http_req_t *req, int status, const char *content_type,
+                              const void *body, size_t len);
+
+/* Starts a streaming (SSE) answer to `req` with HTTP status `status`
+ * (normally 200).  Afterwards only epd_http_stream_send and
+ * epd_http_stream_end may be used on `req`.  EPD_OK, EPD_ERR_INVALID_PARAM
+ * (already answered), EPD_ERR_CONNECTION_RESET (client gone: req stays
+ * valid until finished), EPD_ERR_NO_MEMORY (the connection is closed).
+ * Loop thread. */
+epd_status_t epd_http_stream_start(epd_http_req_t *req, int status);
+
+/* Sends data[0..len) (borrowed during the call; copied) as one chunk of the
+ * stream; len 0 sends nothing.  EPD_OK (queued), EPD_ERR_CONNECTION_RESET
+ * when the client is gone or when this data would take the unsent backlog
+ * past max_stream_backlog (the connection is then closed and the abort
+ * callback fires from the loop), EPD_ERR_INVALID_PARAM when no stream was
+ * started, EPD_ERR_NO_MEMORY (the connection is closed).  Loop thread. */
+epd_status_t epd_http_stream_send(epd_http_req_t *req, const void *data, size_t len);
+
+/* Ends the stream (the terminating chunk) and finishes `req` (invalid on
+ * return, whatever the status).  EPD_OK, EPD_ERR_CONNECTION_RESET (the
+ * client was gone), EPD_ERR_INVALID_PARAM (no stream was started: the
+ * request is then answered 500 so it is still finished), EPD_ERR_NO_MEMORY.
+ * Loop thread. */
+epd_status_t epd_http_stream_end(epd_http_req_t *req);
+
+/* The reason phrase of an HTTP status ("Not Found"); "Unknown" otherwise.
+ * Any thread. */
+const char *epd_http_status_text(int status);
+
+#endif

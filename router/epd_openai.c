@@ -1,0 +1,1072 @@
+/*
+ * epd_openai.c — OpenAI request parsing and response encoding (design:
+ * epd_openai.h).
+ *
+ * Parsing walks a jansson tree field by field; each refusal says which
+ * field and why, in the wording OpenAI uses ("Missing required parameter:
+ * 'model'.", "Invalid type for 'temperature': expected a number, but got a
+ * string instead.").  Encoding appends to a reusable buffer through a small
+ * writer whose failure is sticky, so an encoder checks once at the end and
+ * rolls the buffer back to where it started: an encode either appends all
+ * of its output or nothing.
+ */
+#include "epd_openai.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "epd_alloc.h"
+#include "epd_utf8.h"
+
+/* ------------------------------------------------------------ buffers */
+
+void epd_oai_buf_reset(epd_oai_buf_t *buf)
+{
+    buf->len = 0;
+    if (buf->data != NULL) {
+        buf->data[0] = '\0';
+    }
+}
+
+void epd_oai_buf_cleanup(epd_oai_buf_t *buf)
+{
+    epd_free(buf->data);
+    buf->data = NULL;
+    buf->len = 0;
+    buf->cap = 0;
+}
+
+/* Room for `n` more bytes plus a NUL. */
+static int buf_reserve(epd_oai_buf_t *buf, size_t n)
+{
+    size_t need;
+    size_t cap;
+    char *data;
+
+    if (n > SIZE_MAX / 2 - buf->len) {
+        return -1;
+    }
+    need = buf->len + n + 1;
+    if (need <= buf->cap) {
+        return 0;
+    }
+    cap = buf->cap < 256 ? 256 : buf->cap;
+    while (cap < need) {
+        cap *= 2;
+    }
+    data = epd_realloc(buf->data, cap);
+    if (data == NULL) {
+        return -1;
+    }
+    buf->data = data;
+    buf->cap = cap;
+    return 0;
+}
+
+typedef struct {
+    epd_oai_buf_t *buf;
+    size_t start;
+    int failed;
+} writer_t;
+
+static void w_begin(writer_t *w, epd_oai_buf_t *buf)
+{
+    w->buf = buf;
+    w->start = buf->len;
+    w->failed = 0;
+}
+
+static void w_put(writer_t *w, const char *s, size_t n)
+{
+    if (w->failed) {
+        return;
+    }
+    if (buf_reserve(w->buf, n) != 0) {
+        w->failed = 1;
+        return;
+    }
+    memcpy(w->buf->data + w->buf->len, s, n);
+    w->buf->len += n;
+    w->buf->data[w->buf->len] = '\0';
+}
+
+static void w_puts(writer_t *w, const char *s)
+{
+    w_put(w, s, strlen(s));
+}
+
+static void w_int(writer_t *w, int64_t v)
+{
+    char tmp[32];
+    int n = snprintf(tmp, sizeof(tmp), "%" PRId64, v);
+
+    w_put(w, tmp, (size_t)n);
+}
+
+/* A JSON string of s[0..n), which must be valid UTF-8 (it comes from a
+ * jansson string or from epd_utf8_repair). */
+static void w_str(writer_t *w, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t i;
+    size_t run = 0;
+
+    w_put(w, "\"", 1);
+    for (i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char esc[6];
+        size_t elen = 2;
+
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            continue;
+        }
+        w_put(w, s + run, i - run);
+        run = i + 1;
+        esc[0] = '\\';
+        switch (c) {
+        case '"': esc[1] = '"'; break;
+        case '\\': esc[1] = '\\'; break;
+        case '\n': esc[1] = 'n'; break;
+        case '\r': esc[1] = 'r'; break;
+        case '\t': esc[1] = 't'; break;
+        case '\b': esc[1] = 'b'; break;
+        case '\f': esc[1] = 'f'; break;
+        default:
+            esc[1] = 'u';
+            esc[2] = '0';
+            esc[3] = '0';
+            esc[4] = hex[c >> 4];
+            esc[5] = hex[c & 15];
+            elen = 6;
+            break;
+        }
+        w_put(w, esc, elen);
+    }
+    w_put(w, s + run, n - run);
+    w_put(w, "\"", 1);
+}
+
+static void w_cstr_or_null(writer_t *w, const char *s)
+{
+    if (s == NULL || s[0] == '\0') {
+        w_puts(w, "null");
+    } else {
+        w_str(w, s, strlen(s));
+    }
+}
+
+static epd_status_t w_end(writer_t *w)
+{
+    if (w->failed) {
+        w->buf->len = w->start;
+        if (w->buf->data != NULL) {
+            w->buf->data[w->start] = '\0';
+        }
+        return EPD_ERR_NO_MEMORY;
+    }
+    return EPD_OK;
+}
+
+/* ------------------------------------------------------------ errors */
+
+static void copy_trunc(char *dst, size_t cap, const char *src)
+{
+    snprintf(dst, cap, "%s", src != NULL ? src : "");
+}
+
+void epd_oai_error_set(epd_oai_error_t *err, int http_status, const char *param, const char *code,
+                       const char *fmt, ...)
+{
+    va_list ap;
+
+    err->http_status = http_status;
+    copy_trunc(err->type, sizeof(err->type),
+               http_status >= 500 ? "server_error" : "invalid_request_error");
+    copy_trunc(err->param, sizeof(err->param), param);
+    copy_trunc(err->code, sizeof(err->code), code);
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof(err->message), fmt, ap);
+    va_end(ap);
+}
+
+static void w_error_object(writer_t *w, const epd_oai_error_t *err)
+{
+    w_puts(w, "{\"error\":{\"message\":");
+    w_str(w, err->message, strlen(err->message));
+    w_puts(w, ",\"type\":");
+    w_str(w, err->type, strlen(err->type));
+    w_puts(w, ",\"param\":");
+    w_cstr_or_null(w, err->param);
+    w_puts(w, ",\"code\":");
+    w_cstr_or_null(w, err->code);
+    w_puts(w, "}}");
+}
+
+epd_status_t epd_oai_error_encode(const epd_oai_error_t *err, epd_oai_buf_t *out)
+{
+    writer_t w;
+
+    w_begin(&w, out);
+    w_error_object(&w, err);
+    return w_end(&w);
+}
+
+/* ------------------------------------------------------------ parsing */
+
+static const char *json_type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a decimal";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "a value";
+}
+
+static void type_error(epd_oai_error_t *err, const char *param, const char *expected,
+                       const json_t *got)
+{
+    epd_oai_error_set(err, 400, param, NULL,
+                      "Invalid type for '%s': expected %s, but got %s instead.", param, expected,
+                      json_type_name(got));
+}
+
+static void missing_error(epd_oai_error_t *err, const char *param)
+{
+    epd_oai_error_set(err, 400, param, NULL, "Missing required parameter: '%s'.", param);
+}
+
+static void oom_error(epd_oai_error_t *err)
+{
+    epd_oai_error_set(err, 500, NULL, NULL, "The server is out of memory.");
+}
+
+/* An optional field: NULL when absent or JSON null. */
+static json_t *opt_field(json_t *obj, const char *name)
+{
+    json_t *v = json_object_get(obj, name);
+
+    return v == NULL || json_is_null(v) ? NULL : v;
+}
+
+void epd_oai_request_destroy(epd_oai_request_t *req)
+{
+    size_t i;
+
+    if (req == NULL) {
+        return;
+    }
+    epd_free(req->model);
+    epd_free(req->prompt);
+    for (i = 0; i < req->n_stop; i++) {
+        epd_free(req->stop[i]);
+    }
+    epd_free(req);
+}
+
+static epd_status_t parse_prompt(json_t *root, epd_oai_request_t *req, epd_oai_error_t *err)
+{
+    json_t *v = opt_field(root, "prompt");
+
+    if (v == NULL) {
+        missing_error(err, "prompt");
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (json_is_array(v)) {
+        if (json_array_size(v) != 1 || !json_is_string(json_array_get(v, 0))) {
+            epd_oai_error_set(err, 400, "prompt", NULL,
+                              "'prompt' must be a string or an array of exactly one string "
+                              "(batched and token-id prompts are not supported).");
+            return EPD_ERR_INVALID_PARAM;
+        }
+        v = json_array_get(v, 0);
+    } else if (!json_is_string(v)) {
+        type_error(err, "prompt", "a string", v);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    req->prompt_len = json_string_length(v);
+    req->prompt = epd_strndup(json_string_value(v), req->prompt_len);
+    if (req->prompt == NULL) {
+        oom_error(err);
+        return EPD_ERR_NO_MEMORY;
+    }
+    return EPD_OK;
+}
+
+/* The text of message i's content (a string, or the concatenated text
+ * parts): when `dst` is NULL only *len_p is computed. */
+static epd_status_t message_content(json_t *content, size_t i, char *dst, size_t *len_p,
+                                    epd_oai_error_t *err)
+{
+    char param[64];
+    size_t len = 0;
+    size_t j;
+
+    if (json_is_string(content)) {
+        len = json_string_length(content);
+        if (dst != NULL) {
+            memcpy(dst, json_string_value(content), len);
+        }
+        *len_p = len;
+        return EPD_OK;
+    }
+    if (!json_is_array(content)) {
+        snprintf(param, sizeof(param), "messages[%zu].content", i);
+        if (content == NULL) {
+            missing_error(err, param);
+        } else {
+            type_error(err, param, "a string or an array of content parts", content);
+        }
+        return EPD_ERR_INVALID_PARAM;
+    }
+    for (j = 0; j < json_array_size(content); j++) {
+        json_t *part = json_array_get(content, j);
+        json_t *type;
+        json_t *text;
+
+        snprintf(param, sizeof(param), "messages[%zu].content[%zu]", i, j);
+        if (!json_is_object(part)) {
+            type_error(err, param, "an object", part);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        type = json_object_get(part, "type");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0) {
+            snprintf(param, sizeof(param), "messages[%zu].content[%zu].type", i, j);
+            epd_oai_error_set(err, 400, param, NULL,
+                              "Unsupported content part type in '%s': only \"text\" is supported.",
+                              param);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        text = json_object_get(part, "text");
+        if (!json_is_string(text)) {
+            snprintf(param, sizeof(param), "messages[%zu].content[%zu].text", i, j);
+            if (text == NULL) {
+                missing_error(err, param);
+            } else {
+                type_error(err, param, "a string", text);
+            }
+            return EPD_ERR_INVALID_PARAM;
+        }
+        if (dst != NULL) {
+            memcpy(dst + len, json_string_value(text), json_string_length(text));
+        }
+        len += json_string_length(text);
+    }
+    *len_p = len;
+    return EPD_OK;
+}
+
+static epd_status_t parse_messages(json_t *root, epd_oai_request_t *req, epd_oai_error_t *err)
+{
+    static const char tail[] = "<|assistant|>\n";
+    json_t *msgs = opt_field(root, "messages");
+    size_t total = sizeof(tail) - 1;
+    size_t pos = 0;
+    size_t i;
+    epd_status_t status;
+
+    if (msgs == NULL) {
+        missing_error(err, "messages");
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (!json_is_array(msgs)) {
+        type_error(err, "messages", "an array", msgs);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (json_array_size(msgs) == 0) {
+        epd_oai_error_set(err, 400, "messages", NULL, "'messages' must hold at least one message.");
+        return EPD_ERR_INVALID_PARAM;
+    }
+    /* Pass 1: validate and size; pass 2: render. */
+    for (i = 0; i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i);
+        json_t *role;
+        char param[64];
+        const char *r;
+        size_t clen;
+
+        snprintf(param, sizeof(param), "messages[%zu]", i);
+        if (!json_is_object(m)) {
+            type_error(err, param, "an object", m);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        role = json_object_get(m, "role");
+        snprintf(param, sizeof(param), "messages[%zu].role", i);
+        if (role == NULL) {
+            missing_error(err, param);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        if (!json_is_string(role)) {
+            type_error(err, param, "a string", role);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        r = json_string_value(role);
+        if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0) {
+            epd_oai_error_set(err, 400, param, NULL,
+                              "Invalid value for '%s': expected one of 'system', 'user', "
+                              "'assistant'.",
+                              param);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        status = message_content(opt_field(m, "content"), i, NULL, &clen, err);
+        if (status != EPD_OK) {
+            return status;
+        }
+        total += 2 + strlen(r) + 3 + clen + 1; /* "<|" role "|>\n" content "\n" */
+    }
+    req->prompt = epd_malloc(total + 1);
+    if (req->prompt == NULL) {
+        oom_error(err);
+        return EPD_ERR_NO_MEMORY;
+    }
+    for (i = 0; i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i);
+        const char *r = json_string_value(json_object_get(m, "role"));
+        size_t clen;
+
+        pos += (size_t)sprintf(req->prompt + pos, "<|%s|>\n", r);
+        message_content(opt_field(m, "content"), i, req->prompt + pos, &clen, err);
+        pos += clen;
+        req->prompt[pos++] = '\n';
+    }
+    memcpy(req->prompt + pos, tail, sizeof(tail));
+    req->prompt_len = pos + sizeof(tail) - 1;
+    return EPD_OK;
+}
+
+static epd_status_t parse_number(json_t *root, const char *name, double lo, double hi,
+                                 int lo_open, double *value_p, epd_oai_error_t *err)
+{
+    json_t *v = opt_field(root, name);
+    double d;
+
+    if (v == NULL) {
+        return EPD_OK;
+    }
+    if (!json_is_number(v)) {
+        type_error(err, name, "a number", v);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    d = json_number_value(v);
+    if (d < lo || d > hi || (lo_open && d == lo)) {
+        epd_oai_error_set(err, 400, name, NULL, "'%s' must be in %s%g, %g], got %g.", name,
+                          lo_open ? "(" : "[", lo, hi, d);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    *value_p = d;
+    return EPD_OK;
+}
+
+/* An optional integer field: *present_p 1 and *value_p set when given. */
+static epd_status_t parse_int(json_t *root, const char *name, int64_t *value_p, int *present_p,
+                              epd_oai_error_t *err)
+{
+    json_t *v = opt_field(root, name);
+
+    if (v == NULL) {
+        return EPD_OK;
+    }
+    if (!json_is_integer(v)) {
+        type_error(err, name, "an integer", v);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    *value_p = (int64_t)json_integer_value(v);
+    *present_p = 1;
+    return EPD_OK;
+}
+
+static epd_status_t parse_bool(json_t *obj, const char *name, const char *param, int *value_p,
+                               epd_oai_error_t *err)
+{
+    json_t *v = opt_field(obj, name);
+
+    if (v == NULL) {
+        return EPD_OK;
+    }
+    if (!json_is_boolean(v)) {
+        type_error(err, param, "a boolean", v);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    *value_p = json_is_true(v);
+    return EPD_OK;
+}
+
+static epd_status_t add_stop(epd_oai_request_t *req, json_t *s, epd_oai_error_t *err)
+{
+    if (!json_is_string(s)) {
+        type_error(err, "stop", "a string or an array of strings", s);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (json_string_length(s) == 0) {
+        epd_oai_error_set(err, 400, "stop", NULL, "Stop sequences in 'stop' must not be empty.");
+        return EPD_ERR_INVALID_PARAM;
+    }
+    req->stop[req->n_stop] = epd_strndup(json_string_value(s), json_string_length(s));
+    if (req->stop[req->n_stop] == NULL) {
+        oom_error(err);
+        return EPD_ERR_NO_MEMORY;
+    }
+    req->n_stop++;
+    return EPD_OK;
+}
+
+static epd_status_t parse_stop(json_t *root, epd_oai_request_t *req, epd_oai_error_t *err)
+{
+    json_t *v = opt_field(root, "stop");
+    size_t i;
+    epd_status_t status;
+
+    if (v == NULL) {
+        return EPD_OK;
+    }
+    if (!json_is_array(v)) {
+        return add_stop(req, v, err);
+    }
+    if (json_array_size(v) > EPD_OAI_MAX_STOP) {
+        epd_oai_error_set(err, 400, "stop", NULL, "'stop' takes at most %d sequences, got %zu.",
+                          EPD_OAI_MAX_STOP, json_array_size(v));
+        return EPD_ERR_INVALID_PARAM;
+    }
+    for (i = 0; i < json_array_size(v); i++) {
+        status = add_stop(req, json_array_get(v, i), err);
+        if (status != EPD_OK) {
+            return status;
+        }
+    }
+    return EPD_OK;
+}
+
+static epd_status_t parse_fields(epd_oai_kind_t kind, json_t *root, const char *const *models,
+                                 size_t n_models, int64_t max_context, epd_oai_request_t *req,
+                                 epd_oai_error_t *err)
+{
+    const char *mt_name = "max_tokens";
+    json_t *v;
+    json_t *opts;
+    int64_t n = 1;
+    int has_n = 0;
+    size_t i;
+    epd_status_t status;
+
+    v = opt_field(root, "model");
+    if (v == NULL) {
+        missing_error(err, "model");
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (!json_is_string(v)) {
+        type_error(err, "model", "a string", v);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    for (i = 0; i < n_models; i++) {
+        if (strcmp(models[i], json_string_value(v)) == 0) {
+            break;
+        }
+    }
+    if (i == n_models) {
+        epd_oai_error_set(err, 404, "model", "model_not_found",
+                          "The model '%.100s' does not exist.", json_string_value(v));
+        return EPD_ERR_INVALID_PARAM;
+    }
+    req->model = epd_strdup(json_string_value(v));
+    if (req->model == NULL) {
+        oom_error(err);
+        return EPD_ERR_NO_MEMORY;
+    }
+
+    status = kind == EPD_OAI_CHAT ? parse_messages(root, req, err) : parse_prompt(root, req, err);
+    if (status != EPD_OK) {
+        return status;
+    }
+
+    if (kind == EPD_OAI_CHAT && opt_field(root, "max_completion_tokens") != NULL) {
+        mt_name = "max_completion_tokens";
+    }
+    status = parse_int(root, mt_name, &req->max_tokens, &req->has_max_tokens, err);
+    if (status != EPD_OK) {
+        return status;
+    }
+    if (req->has_max_tokens && req->max_tokens < 1) {
+        epd_oai_error_set(err, 400, mt_name, NULL, "'%s' must be at least 1, got %" PRId64 ".",
+                          mt_name, req->max_tokens);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (req->has_max_tokens && req->max_tokens > max_context) {
+        epd_oai_error_set(err, 400, mt_name, NULL,
+                          "'%s' is too large: %" PRId64 ". This model's maximum context length "
+                          "is %" PRId64 " tokens.",
+                          mt_name, req->max_tokens, max_context);
+        return EPD_ERR_INVALID_PARAM;
+    }
+
+    status = parse_number(root, "temperature", 0.0, 2.0, 0, &req->temperature, err);
+    if (status != EPD_OK) {
+        return status;
+    }
+    status = parse_number(root, "top_p", 0.0, 1.0, 1, &req->top_p, err);
+    if (status != EPD_OK) {
+        return status;
+    }
+    {
+        int has_top_k = 0;
+
+        status = parse_int(root, "top_k", &req->top_k, &has_top_k, err);
+        if (status != EPD_OK) {
+            return status;
+        }
+        if (req->top_k < -1) {
+            epd_oai_error_set(err, 400, "top_k", NULL,
+                              "'top_k' must be -1 or 0 (off) or a positive integer, got %" PRId64
+                              ".",
+                              req->top_k);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        if (req->top_k == -1) {
+            req->top_k = 0;
+        }
+    }
+    status = parse_int(root, "seed", &req->seed, &req->has_seed, err);
+    if (status != EPD_OK) {
+        return status;
+    }
+    status = parse_int(root, "n", &n, &has_n, err);
+    if (status != EPD_OK) {
+        return status;
+    }
+    if (n != 1) {
+        epd_oai_error_set(err, 400, "n", NULL,
+                          "'n' must be 1: this server returns one choice per request (got %" PRId64
+                          ").",
+                          n);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    status = parse_bool(root, "stream", "stream", &req->stream, err);
+    if (status != EPD_OK) {
+        return status;
+    }
+    opts = opt_field(root, "stream_options");
+    if (opts != NULL) {
+        if (!json_is_object(opts)) {
+            type_error(err, "stream_options", "an object", opts);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        if (!req->stream) {
+            epd_oai_error_set(err, 400, "stream_options", NULL,
+                              "'stream_options' is only allowed when 'stream' is true.");
+            return EPD_ERR_INVALID_PARAM;
+        }
+        status = parse_bool(opts, "include_usage", "stream_options.include_usage",
+                            &req->include_usage, err);
+        if (status != EPD_OK) {
+            return status;
+        }
+    }
+    return parse_stop(root, req, err);
+}
+
+epd_status_t epd_oai_request_parse(epd_oai_kind_t kind, const void *body, size_t len,
+                                   const char *const *models, size_t n_models, int64_t max_context,
+                                   epd_oai_request_t **req_p, epd_oai_error_t *err)
+{
+    epd_oai_request_t *req;
+    json_error_t jerr;
+    json_t *root;
+    epd_status_t status;
+
+    if ((body == NULL && len > 0) || (models == NULL && n_models > 0) || max_context < 1 ||
+        req_p == NULL || err == NULL || (kind != EPD_OAI_COMPLETION && kind != EPD_OAI_CHAT)) {
+        if (err != NULL) {
+            epd_oai_error_set(err, 500, NULL, NULL, "Internal error: bad parse arguments.");
+        }
+        return EPD_ERR_INVALID_PARAM;
+    }
+    root = json_loadb(body != NULL ? body : "", len, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL) {
+        if (json_error_code(&jerr) == json_error_invalid_utf8) {
+            epd_oai_error_set(err, 400, NULL, NULL,
+                              "The request body is not valid UTF-8 (bad byte near position %d). "
+                              "Send JSON text encoded as UTF-8.",
+                              jerr.position);
+        } else {
+            epd_oai_error_set(err, 400, NULL, NULL,
+                              "We could not parse the JSON body of your request: %s (line %d, "
+                              "column %d).",
+                              jerr.text, jerr.line, jerr.column);
+        }
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (!json_is_object(root)) {
+        epd_oai_error_set(err, 400, NULL, NULL,
+                          "The request body must be a JSON object, not %s.", json_type_name(root));
+        status = EPD_ERR_INVALID_PARAM;
+        goto err_decref;
+    }
+    req = epd_calloc(1, sizeof(*req));
+    if (req == NULL) {
+        oom_error(err);
+        status = EPD_ERR_NO_MEMORY;
+        goto err_decref;
+    }
+    req->kind = kind;
+    req->temperature = 1.0;
+    req->top_p = 1.0;
+    status = parse_fields(kind, root, models, n_models, max_context, req, err);
+    if (status != EPD_OK) {
+        goto err_destroy_req;
+    }
+    json_decref(root);
+    *req_p = req;
+    return EPD_OK;
+
+err_destroy_req:
+    epd_oai_request_destroy(req);
+err_decref:
+    json_decref(root);
+    return status;
+}
+
+epd_status_t epd_oai_check_length(const epd_oai_request_t *req, int64_t prompt_tokens,
+                                  int64_t max_context, int64_t *max_new_p, epd_oai_error_t *err)
+{
+    const char *what = req->kind == EPD_OAI_CHAT ? "messages" : "prompt";
+    int64_t room;
+    int64_t max_new;
+
+    if (prompt_tokens < 0 || max_context < 1) {
+        epd_oai_error_set(err, 500, NULL, NULL, "Internal error: bad length arguments.");
+        return EPD_ERR_INVALID_PARAM;
+    }
+    room = max_context - prompt_tokens;
+    if (room < 1) {
+        epd_oai_error_set(err, 400, what, NULL,
+                          "This model's maximum context length is %" PRId64 " tokens. However, "
+                          "your %s is %" PRId64 " tokens, which leaves no room for a completion. "
+                          "Please reduce the length of the %s.",
+                          max_context, what, prompt_tokens, what);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (req->has_max_tokens) {
+        if (req->max_tokens > room) {
+            epd_oai_error_set(err, 400, "max_tokens", NULL,
+                              "This model's maximum context length is %" PRId64 " tokens. "
+                              "However, you requested %" PRId64 " tokens (%" PRId64 " in the "
+                              "%s, %" PRId64 " in the completion). Please reduce the length of "
+                              "the %s or completion.",
+                              max_context, prompt_tokens + req->max_tokens, prompt_tokens, what,
+                              req->max_tokens, what);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        max_new = req->max_tokens;
+    } else if (req->kind == EPD_OAI_COMPLETION) {
+        max_new = room < 16 ? room : 16;
+    } else {
+        max_new = room;
+    }
+    *max_new_p = max_new;
+    return EPD_OK;
+}
+
+/* ------------------------------------------------------------ responses */
+
+void epd_oai_make_id(epd_oai_kind_t kind, uint64_t nonce, char id[EPD_OAI_ID_MAX])
+{
+    snprintf(id, EPD_OAI_ID_MAX, "%s-%016" PRIx64, kind == EPD_OAI_CHAT ? "chatcmpl" : "cmpl",
+             nonce);
+}
+
+static const char *finish_name(epd_oai_finish_t finish)
+{
+    return finish == EPD_OAI_FINISH_LENGTH ? "length" : "stop";
+}
+
+static void w_head(writer_t *w, const char *id, const char *object, int64_t created,
+                   const char *model)
+{
+    w_puts(w, "{\"id\":");
+    w_str(w, id, strlen(id));
+    w_puts(w, ",\"object\":\"");
+    w_puts(w, object);
+    w_puts(w, "\",\"created\":");
+    w_int(w, created);
+    w_puts(w, ",\"model\":");
+    w_str(w, model, strlen(model));
+}
+
+static void w_usage(writer_t *w, int64_t prompt_tokens, int64_t completion_tokens)
+{
+    w_puts(w, "\"usage\":{\"prompt_tokens\":");
+    w_int(w, prompt_tokens);
+    w_puts(w, ",\"completion_tokens\":");
+    w_int(w, completion_tokens);
+    w_puts(w, ",\"total_tokens\":");
+    w_int(w, prompt_tokens + completion_tokens);
+    w_puts(w, "}");
+}
+
+epd_status_t epd_oai_response_encode(epd_oai_kind_t kind, const char *id, const char *model,
+                                     int64_t created, const void *text, size_t len,
+                                     epd_oai_finish_t finish, int64_t prompt_tokens,
+                                     int64_t completion_tokens, epd_oai_buf_t *out)
+{
+    char *fixed;
+    size_t flen = 0;
+    writer_t w;
+
+    if (id == NULL || model == NULL || (text == NULL && len > 0) || len > SIZE_MAX / 4) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    fixed = epd_malloc(EPD_UTF8_REPAIR_MAX(len) + 1);
+    if (fixed == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    if (len > 0 && epd_utf8_repair(text, len, fixed, EPD_UTF8_REPAIR_MAX(len), &flen) != EPD_OK) {
+        epd_free(fixed);
+        return EPD_ERR_INVALID_PARAM; /* unreachable: the bound always suffices */
+    }
+    w_begin(&w, out);
+    w_head(&w, id, kind == EPD_OAI_CHAT ? "chat.completion" : "text_completion", created, model);
+    w_puts(&w, ",\"choices\":[{\"index\":0,");
+    if (kind == EPD_OAI_CHAT) {
+        w_puts(&w, "\"message\":{\"role\":\"assistant\",\"content\":");
+        w_str(&w, fixed, flen);
+        w_puts(&w, "}");
+    } else {
+        w_puts(&w, "\"text\":");
+        w_str(&w, fixed, flen);
+    }
+    w_puts(&w, ",\"logprobs\":null,\"finish_reason\":\"");
+    w_puts(&w, finish_name(finish));
+    w_puts(&w, "\"}],");
+    w_usage(&w, prompt_tokens, completion_tokens);
+    w_puts(&w, "}");
+    epd_free(fixed);
+    return w_end(&w);
+}
+
+epd_status_t epd_oai_models_encode(const char *const *models, size_t n_models, int64_t created,
+                                   epd_oai_buf_t *out)
+{
+    writer_t w;
+    size_t i;
+
+    if (models == NULL && n_models > 0) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    w_begin(&w, out);
+    w_puts(&w, "{\"object\":\"list\",\"data\":[");
+    for (i = 0; i < n_models; i++) {
+        w_puts(&w, i > 0 ? ",{\"id\":" : "{\"id\":");
+        w_str(&w, models[i], strlen(models[i]));
+        w_puts(&w, ",\"object\":\"model\",\"created\":");
+        w_int(&w, created);
+        w_puts(&w, ",\"owned_by\":\"epd\"}");
+    }
+    w_puts(&w, "]}");
+    return w_end(&w);
+}
+
+/* ------------------------------------------------------------ streaming */
+
+epd_status_t epd_oai_stream_init(epd_oai_stream_t *stream, epd_oai_kind_t kind, const char *id,
+                                 const char *model, int64_t created, int include_usage)
+{
+    char *copy;
+
+    if (stream == NULL || id == NULL || model == NULL || strlen(id) >= EPD_OAI_ID_MAX) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    copy = epd_strdup(model);
+    if (copy == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    memset(stream, 0, sizeof(*stream));
+    stream->kind = kind;
+    snprintf(stream->id, sizeof(stream->id), "%s", id);
+    stream->model = copy;
+    stream->created = created;
+    stream->include_usage = include_usage != 0;
+    return EPD_OK;
+}
+
+void epd_oai_stream_cleanup(epd_oai_stream_t *stream)
+{
+    epd_free(stream->model);
+    stream->model = NULL;
+    epd_oai_buf_cleanup(&stream->scratch);
+}
+
+/* One choice chunk as an SSE event: text (valid UTF-8) or, with
+ * `finish` >= 0, the closing chunk. */
+static void w_chunk(writer_t *w, epd_oai_stream_t *s, const char *text, size_t len, int finish)
+{
+    int chat = s->kind == EPD_OAI_CHAT;
+
+    w_puts(w, "data: ");
+    w_head(w, s->id, chat ? "chat.completion.chunk" : "text_completion", s->created, s->model);
+    w_puts(w, ",\"choices\":[{\"index\":0,");
+    if (chat) {
+        w_puts(w, "\"delta\":{");
+        if (!s->role_sent) {
+            w_puts(w, "\"role\":\"assistant\"");
+            if (finish < 0 || len > 0) {
+                w_puts(w, ",");
+            } else {
+                w_puts(w, ",\"content\":\"\"");
+            }
+        }
+        if (finish < 0 || len > 0) {
+            w_puts(w, "\"content\":");
+            w_str(w, text, len);
+        }
+        w_puts(w, "}");
+        s->role_sent = 1;
+    } else {
+        w_puts(w, "\"text\":");
+        w_str(w, text, len);
+    }
+    w_puts(w, ",\"logprobs\":null,\"finish_reason\":");
+    if (finish >= 0) {
+        w_puts(w, "\"");
+        w_puts(w, finish_name((epd_oai_finish_t)finish));
+        w_puts(w, "\"");
+    } else {
+        w_puts(w, "null");
+    }
+    w_puts(w, "}]");
+    if (s->include_usage) {
+        w_puts(w, ",\"usage\":null");
+    }
+    w_puts(w, "}\n\n");
+}
+
+/* Repairs raw[0..n) into the scratch buffer after offset `at`; returns the
+ * repaired text through *text_p and *len_p, or -1 when out of memory. */
+static int scratch_repair(epd_oai_stream_t *s, size_t at, const unsigned char *raw, size_t n,
+                          const char **text_p, size_t *len_p)
+{
+    size_t out_len = 0;
+
+    s->scratch.len = at;
+    if (buf_reserve(&s->scratch, EPD_UTF8_REPAIR_MAX(n)) != 0) {
+        return -1;
+    }
+    if (n > 0) {
+        epd_utf8_repair(raw, n, s->scratch.data + at, EPD_UTF8_REPAIR_MAX(n), &out_len);
+    }
+    *text_p = s->scratch.data + at;
+    *len_p = out_len;
+    return 0;
+}
+
+epd_status_t epd_oai_stream_text(epd_oai_stream_t *stream, const void *bytes, size_t len,
+                                 epd_oai_buf_t *out)
+{
+    size_t n;
+    size_t tail;
+    const char *text;
+    size_t tlen;
+    int role_sent = stream->role_sent;
+    writer_t w;
+
+    if (stream->finished || (bytes == NULL && len > 0)) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (len > SIZE_MAX / 8) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    /* scratch = [held tail + bytes][repaired complete part] */
+    n = stream->tail_len + len;
+    stream->scratch.len = 0;
+    if (buf_reserve(&stream->scratch, n + EPD_UTF8_REPAIR_MAX(n)) != 0) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    memcpy(stream->scratch.data, stream->tail, stream->tail_len);
+    if (len > 0) {
+        memcpy(stream->scratch.data + stream->tail_len, bytes, len);
+    }
+    tail = epd_utf8_incomplete_tail(stream->scratch.data, n);
+    if (n - tail == 0) {
+        memcpy(stream->tail, stream->scratch.data, n); /* n == tail <= 3 */
+        stream->tail_len = n;
+        return EPD_OK;
+    }
+    /* Room reserved above: the repair cannot move the raw bytes. */
+    text = stream->scratch.data + n;
+    epd_utf8_repair(stream->scratch.data, n - tail, stream->scratch.data + n,
+                    EPD_UTF8_REPAIR_MAX(n), &tlen);
+    w_begin(&w, out);
+    w_chunk(&w, stream, text, tlen, -1);
+    if (w_end(&w) != EPD_OK) {
+        stream->role_sent = role_sent;
+        return EPD_ERR_NO_MEMORY;
+    }
+    memmove(stream->tail, stream->scratch.data + n - tail, tail);
+    stream->tail_len = tail;
+    return EPD_OK;
+}
+
+epd_status_t epd_oai_stream_finish(epd_oai_stream_t *stream, epd_oai_finish_t finish,
+                                   int64_t prompt_tokens, int64_t completion_tokens,
+                                   epd_oai_buf_t *out)
+{
+    int role_sent = stream->role_sent;
+    unsigned char held[4];
+    const char *text;
+    size_t tlen;
+    writer_t w;
+
+    if (stream->finished) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    memcpy(held, stream->tail, stream->tail_len);
+    w_begin(&w, out);
+    if (stream->tail_len > 0) {
+        if (scratch_repair(stream, 0, held, stream->tail_len, &text, &tlen) != 0) {
+            return EPD_ERR_NO_MEMORY;
+        }
+        w_chunk(&w, stream, text, tlen, -1);
+    }
+    w_chunk(&w, stream, "", 0, (int)finish);
+    if (stream->include_usage) {
+        w_puts(&w, "data: ");
+        w_head(&w, stream->id,
+               stream->kind == EPD_OAI_CHAT ? "chat.completion.chunk" : "text_completion",
+               stream->created, stream->model);
+        w_puts(&w, ",\"choices\":[],");
+        w_usage(&w, prompt_tokens, completion_tokens);
+        w_puts(&w, "}\n\n");
+    }
+    w_puts(&w, "data: [DONE]\n\n");
+    if (w_end(&w) != EPD_OK) {
+        stream->role_sent = role_sent;
+        return EPD_ERR_NO_MEMORY;
+    }
+    stream->tail_len = 0;
+    stream->finished = 1;
+    return EPD_OK;
+}
+
+epd_status_t epd_oai_stream_error(epd_oai_stream_t *stream, const epd_oai_error_t *err,
+                                  epd_oai_buf_t *out)
+{
+    writer_t w;
+
+    w_begin(&w, out);
+    w_puts(&w, "data: ");
+    w_error_object(&w, err);
+    w_puts(&w, "\n\ndata: [DONE]\n\n");
+    if (w_end(&w) != EPD_OK) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    stream->finished = 1;
+    stream->tail_len = 0;
+    return EPD_OK;
+}

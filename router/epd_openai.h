@@ -1,0 +1,218 @@
+/*
+ * epd_openai.h — the OpenAI API as the router speaks it: request parsing
+ * and validation, and the JSON the official SDKs read back.
+ *
+ * Requests.  POST /v1/completions and POST /v1/chat/completions bodies are
+ * parsed with jansson (duplicate keys refused) into an epd_oai_request_t.
+ * Every refusal fills an epd_oai_error_t: the HTTP status, the OpenAI error
+ * type, a message naming the field, `param` (the field, or empty for
+ * null) and `code` (empty for null; "model_not_found" for an unknown
+ * model).  A JSON null counts as an absent optional field.  Fields this
+ * server does not know are ignored, as most OpenAI-compatible servers do.
+ *
+ *   model              required string, one of the served models (else 404)
+ *   prompt             (completions) required: a string or an array of one
+ *                      string
+ *   messages           (chat) required non-empty array of {role, content}:
+ *                      role "system" | "user" | "assistant"; content a string
+ *                      or an array of {"type": "text", "text": string}
+ *   max_tokens         integer ≥ 1 and ≤ the model's context (chat also takes
+ *                      max_completion_tokens); default: completions 16, chat
+ *                      "up to the context" (see epd_oai_check_length)
+ *   temperature        number in [0, 2], default 1
+ *   top_p              number in (0, 1], default 1
+ *   top_k              (extension) integer ≥ -1; 0 and -1 mean off
+ *   seed               integer
+ *   n                  only 1
+ *   stream             boolean; stream_options.include_usage boolean (only
+ *                      with stream true)
+ *   stop               a string or an array of at most 4 non-empty strings,
+ *                      kept as text (the router maps them)
+ *
+ * Chat template (documented, simple, model-agnostic): each message becomes
+ * "<|ROLE|>\nCONTENT\n" in order (text parts of an array content are
+ * concatenated), and the prompt ends with "<|assistant|>\n".
+ *
+ * Responses.  The encoders write JSON by hand (not jansson) into an
+ * epd_oai_buf_t the caller reuses, so a stream allocates nothing once its
+ * buffers have grown.  Generated text is raw bytes from a byte-level
+ * model: it is repaired exactly as epd-generate repairs its output
+ * (epd_utf8_repair: one U+FFFD per maximal invalid subsequence), and a
+ * stream holds back an incomplete UTF-8 tail (epd_utf8_incomplete_tail) so
+ * that no event splits a character; the concatenated text of a stream's
+ * events therefore equals epd_utf8_repair of all its bytes at once.
+ *
+ * Streaming wire format, as the SDKs parse it: each event is
+ * "data: {json}\n\n"; completions chunks have object "text_completion" and
+ * choices[0].text; chat chunks have object "chat.completion.chunk" and
+ * choices[0].delta (the first carries delta.role "assistant"); the last
+ * choice chunk carries finish_reason; with include_usage every chunk has
+ * "usage": null and one more chunk follows with "choices": [] and the usage;
+ * then "data: [DONE]\n\n".
+ *
+ * Everything here is pure: any thread, no globals, allocation only
+ * through the epd_malloc funnel (jansson's own parse tree aside).
+ */
+#ifndef EPD_OPENAI_H
+#define EPD_OPENAI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "epd_status.h"
+
+typedef enum {
+    EPD_OAI_COMPLETION = 0, /* POST /v1/completions */
+    EPD_OAI_CHAT,           /* POST /v1/chat/completions */
+} epd_oai_kind_t;
+
+typedef enum {
+    EPD_OAI_FINISH_STOP = 0, /* EOS or a stop string */
+    EPD_OAI_FINISH_LENGTH,   /* max_tokens or the context */
+} epd_oai_finish_t;
+
+#define EPD_OAI_MAX_STOP 4
+
+typedef struct {
+    epd_oai_kind_t kind;
+    char *model;            /* owned */
+    char *prompt;           /* owned, NUL terminated; chat: the rendered template */
+    size_t prompt_len;      /* bytes (prompts may hold no NUL: jansson refuses \u0000) */
+    int64_t max_tokens;     /* ≥ 1 when has_max_tokens */
+    int has_max_tokens;     /* 0: completions default 16 / chat up to the context */
+    double temperature;
+    double top_p;
+    int64_t top_k;          /* 0: off */
+    int64_t seed;
+    int has_seed;
+    int stream;
+    int include_usage;
+    char *stop[EPD_OAI_MAX_STOP]; /* owned, NUL terminated, non-empty */
+    size_t n_stop;
+} epd_oai_request_t;
+
+typedef struct {
+    int http_status;   /* 400, 404, 413, 500, ... */
+    char type[32];     /* "invalid_request_error", "server_error" */
+    char message[256];
+    char param[64];    /* the field, e.g. "messages[2].content"; "" → null */
+    char code[32];     /* "" → null */
+} epd_oai_error_t;
+
+/* A growable output buffer, reused across encodes (never shrinks).
+ * Initialize with memset 0 or EPD_OAI_BUF_INIT; release with
+ * epd_oai_buf_cleanup.  The encoders append; data is NUL terminated after
+ * a successful encode. */
+typedef struct {
+    char *data;  /* owned */
+    size_t len;
+    size_t cap;
+} epd_oai_buf_t;
+
+#define EPD_OAI_BUF_INIT {NULL, 0, 0}
+
+/* Drops the contents (keeps the memory). */
+void epd_oai_buf_reset(epd_oai_buf_t *buf);
+/* Frees the memory; the buffer is empty and reusable afterwards. */
+void epd_oai_buf_cleanup(epd_oai_buf_t *buf);
+
+/* Fills *err (caller's storage): status, type, message (printf format),
+ * param (NULL → null) and code (NULL → null).  Any thread. */
+void epd_oai_error_set(epd_oai_error_t *err, int http_status, const char *param, const char *code,
+                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Parses and validates a request body body[0..len) (borrowed) of `kind`.
+ * `models[0..n_models)` (borrowed) are the served model names;
+ * `max_context` (tokens, ≥ 1) bounds max_tokens.  EPD_OK: *req_p is the
+ * caller's (epd_oai_request_destroy).  EPD_ERR_INVALID_PARAM: *err filled
+ * (4xx; *req_p untouched).  EPD_ERR_NO_MEMORY: *err filled (500).  Any
+ * thread. */
+epd_status_t epd_oai_request_parse(epd_oai_kind_t kind, const void *body, size_t len,
+                                   const char *const *models, size_t n_models, int64_t max_context,
+                                   epd_oai_request_t **req_p, epd_oai_error_t *err);
+
+/* Frees a parsed request; NULL is a no-op. */
+void epd_oai_request_destroy(epd_oai_request_t *req);
+
+/* The check the router makes once it has tokenized the prompt:
+ * prompt_tokens (≥ 0, BOS included) plus the completion must fit in
+ * max_context.  EPD_OK: *max_new_p = the tokens to generate (the request's
+ * max_tokens; without one, completions 16 clamped to the room left and chat
+ * all the room left).  EPD_ERR_INVALID_PARAM: *err filled (400, param
+ * "max_tokens" when the request set it, else "prompt"/"messages").  Any
+ * thread. */
+epd_status_t epd_oai_check_length(const epd_oai_request_t *req, int64_t prompt_tokens,
+                                  int64_t max_context, int64_t *max_new_p, epd_oai_error_t *err);
+
+/* Appends the error JSON {"error": {"message", "type", "param", "code"}}.
+ * EPD_OK or EPD_ERR_NO_MEMORY (buf unchanged in length). */
+epd_status_t epd_oai_error_encode(const epd_oai_error_t *err, epd_oai_buf_t *out);
+
+/* Writes "cmpl-<16 hex>" (completions) or "chatcmpl-<16 hex>" (chat) from
+ * `nonce` into id[0..EPD_OAI_ID_MAX). */
+#define EPD_OAI_ID_MAX 32
+void epd_oai_make_id(epd_oai_kind_t kind, uint64_t nonce, char id[EPD_OAI_ID_MAX]);
+
+/* Appends a non-streaming response: object "text_completion" (choices[0].
+ * text) or "chat.completion" (choices[0].message {role: assistant,
+ * content}), with finish_reason and usage {prompt_tokens,
+ * completion_tokens, total_tokens}.  text[0..len) (borrowed) is the raw
+ * generated bytes, repaired here.  `id` and `model` borrowed.  EPD_OK or
+ * EPD_ERR_NO_MEMORY.  Any thread. */
+epd_status_t epd_oai_response_encode(epd_oai_kind_t kind, const char *id, const char *model,
+                                     int64_t created, const void *text, size_t len,
+                                     epd_oai_finish_t finish, int64_t prompt_tokens,
+                                     int64_t completion_tokens, epd_oai_buf_t *out);
+
+/* Appends the GET /v1/models answer: {"object": "list", "data": [{id,
+ * object: "model", created, owned_by: "epd"}...]}.  EPD_OK or
+ * EPD_ERR_NO_MEMORY. */
+epd_status_t epd_oai_models_encode(const char *const *models, size_t n_models, int64_t created,
+                                   epd_oai_buf_t *out);
+
+/* The state of one streamed answer (caller's storage). */
+typedef struct {
+    epd_oai_kind_t kind;
+    char id[EPD_OAI_ID_MAX];
+    char *model;            /* owned copy */
+    int64_t created;
+    int include_usage;
+    int role_sent;          /* chat: delta.role went out */
+    int finished;
+    unsigned char tail[4];  /* held-back incomplete UTF-8 sequence */
+    size_t tail_len;
+    epd_oai_buf_t scratch;  /* joined and repaired text */
+} epd_oai_stream_t;
+
+/* Prepares `stream` (caller's storage) for one answer; `id` and `model`
+ * are copied.  EPD_OK, EPD_ERR_INVALID_PARAM (NULL or overlong id),
+ * EPD_ERR_NO_MEMORY.  Release with epd_oai_stream_cleanup. */
+epd_status_t epd_oai_stream_init(epd_oai_stream_t *stream, epd_oai_kind_t kind, const char *id,
+                                 const char *model, int64_t created, int include_usage);
+
+/* Frees what init allocated; safe on a zeroed stream. */
+void epd_oai_stream_cleanup(epd_oai_stream_t *stream);
+
+/* Appends the SSE event for the next generated bytes[0..len) (borrowed):
+ * the held-back tail plus these bytes, minus a new incomplete tail,
+ * repaired.  Nothing is appended when no complete character is ready.
+ * EPD_OK, EPD_ERR_INVALID_PARAM (stream finished), EPD_ERR_NO_MEMORY (the
+ * stream's state is then unchanged). */
+epd_status_t epd_oai_stream_text(epd_oai_stream_t *stream, const void *bytes, size_t len,
+                                 epd_oai_buf_t *out);
+
+/* Appends the end of the stream: the held-back tail repaired (an event,
+ * when there is one), the chunk with finish_reason, the usage chunk when
+ * include_usage, and "data: [DONE]\n\n".  EPD_OK, EPD_ERR_INVALID_PARAM
+ * (already finished), EPD_ERR_NO_MEMORY. */
+epd_status_t epd_oai_stream_finish(epd_oai_stream_t *stream, epd_oai_finish_t finish,
+                                   int64_t prompt_tokens, int64_t completion_tokens,
+                                   epd_oai_buf_t *out);
+
+/* Appends a failure in the middle of a stream as the SDKs read it: an
+ * event "data: {"error": {...}}\n\n" and then "data: [DONE]\n\n"; the
+ * stream counts as finished.  EPD_OK or EPD_ERR_NO_MEMORY. */
+epd_status_t epd_oai_stream_error(epd_oai_stream_t *stream, const epd_oai_error_t *err,
+                                  epd_oai_buf_t *out);
+
+#endif
