@@ -5,7 +5,8 @@ $(eval $(call epd_lib,epd_router,$(ROUTER_CLIENT_SRCS)))
 $(eval $(call epd_prog,epd-ctl,router/tools/epd_ctl.c,epd_router epd_xport epd_proto epd_engine epd_common))
 $(call obj_of,$(ROUTER_CLIENT_SRCS) router/tools/epd_ctl.c): EPD_CPPFLAGS += -Irouter
 # The HTTP/1.1 server and the OpenAI API layer the router serves with
-# (tested on their own; the router daemon is built on them).
+# (tested on their own; the router daemon is built on them).  Link it before
+# epd_engine (epd_openai uses engine/epd_utf8) and epd_common.
 ROUTER_API_SRCS := router/epd_http.c router/epd_openai.c
 $(eval $(call epd_lib,epd_api,$(ROUTER_API_SRCS)))
 $(call obj_of,$(ROUTER_API_SRCS)): EPD_CPPFLAGS += -Irouter
