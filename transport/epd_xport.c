@@ -35,6 +35,7 @@
  */
 #include "epd_xport_int.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdbool.h>
@@ -391,10 +392,12 @@ static void epd__ep_release_backend(epd_xport_ep_t *ep)
     }
     if (ep->be_ep != NULL) {
         void *be_ep = ep->be_ep;
-        /* ops completed from inside ep_destroy still see be_ep: clear it only
-         * after, so op_done can tell they belong to this endpoint */
-        x->ops->ep_destroy(be_ep);
+        /* cleared first: the completions ep_destroy runs may call back into
+         * the core, which must not see a half-destroyed backend endpoint */
         ep->be_ep = NULL;
+        x->ops->ep_destroy(be_ep);
+        /* contract: ep_destroy completes every op it held */
+        assert(ep->ops_held == 0);
     }
     epd__held_drop(ep);
 }
@@ -433,8 +436,9 @@ static void epd__ep_fail(epd_xport_ep_t *ep, epd_status_t status)
                     rk->be_rkey = NULL;
                 }
             }
+            ep->be_ep = NULL; /* before: completions may re-enter (close) */
             x->ops->ep_destroy(be_ep);
-            ep->be_ep = NULL;
+            assert(ep->ops_held == 0);
         }
         epd__held_drop(ep);
     }
@@ -545,6 +549,13 @@ void epd__xport_op_done(epd__xport_op_t *bop, epd_status_t status)
 
     epd__xport_enter(x);
     ep->ops_held--;
+    if (status != EPD_OK && status != EPD_ERR_CANCELED &&
+        epd_status_scope(status) >= EPD_SCOPE_CONNECTION &&
+        (ep->state == EPD__EP_CONNECTING || ep->state == EPD__EP_CONNECTED)) {
+        /* this op revealed that the endpoint is broken: the error callback
+         * runs first, then every op (this one last) completes with it */
+        epd__ep_fail(ep, status);
+    }
     if (status == EPD_ERR_CANCELED && ep->fail_status != EPD_OK) {
         status = ep->fail_status;
     }
@@ -569,10 +580,7 @@ void epd__xport_op_done(epd__xport_op_t *bop, epd_status_t status)
     if (cb != NULL) {
         cb(arg, status);
     }
-    if (status != EPD_OK && status != EPD_ERR_CANCELED &&
-        epd_status_scope(status) >= EPD_SCOPE_CONNECTION) {
-        epd__ep_fail(ep, status);
-    } else if (ep->state == EPD__EP_CONNECTED && ep->held_head != NULL) {
+    if (ep->state == EPD__EP_CONNECTED && ep->held_head != NULL) {
         if (!epd__ep_pump(ep)) {
             epd__pump_schedule(ep);
         }

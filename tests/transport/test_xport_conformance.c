@@ -1114,6 +1114,110 @@ static void test_peer_killed(void **state)
     peer_timeout_ms = PEER_TIMEOUT_MS;
 }
 
+/* Callbacks may close the endpoint they are about: the error callback and
+ * the write completions that follow it both close it (re-entrantly, while
+ * the core is tearing the endpoint down); nothing is used after free (the
+ * sanitizer build checks) and every write completes exactly once. */
+static epd_xport_ep_t *reentry_ep;
+static int reentry_closes;
+static int reentry_err_closes; /* 1: the error callback closes; 0: the first failed write */
+
+static void reentry_err(void *arg, epd_xport_ep_t *ep, epd_status_t status)
+{
+    host_t *h = arg;
+
+    (void)status;
+    h->errs++;
+    if (reentry_err_closes && ep == reentry_ep) {
+        reentry_closes++;
+        epd_xport_ep_close(ep);
+        reentry_ep = NULL;
+    }
+}
+
+static void reentry_write_cb(void *arg, epd_status_t status)
+{
+    comp_t *c = arg;
+
+    comp_cb(c, status);
+    if (!reentry_err_closes && status != EPD_OK && reentry_ep != NULL) {
+        /* from inside the teardown of the failed endpoint */
+        reentry_closes++;
+        epd_xport_ep_close(reentry_ep);
+        reentry_ep = NULL;
+    }
+}
+
+static void close_in_callbacks(int err_closes)
+{
+    host_t h;
+    peer_proc_t p;
+    epd_xport_config_t cfg;
+    epd_xport_rkey_t *rk;
+    static comp_t comps[64];
+    size_t size = 1 << 20;
+    unsigned char *local = epd_calloc(1, size);
+    int n = 0, status;
+    uint64_t deadline;
+
+    assert_non_null(local);
+    memset(comps, 0, sizeof(comps));
+    memset(&h, 0, sizeof(h));
+    reentry_closes = 0;
+    reentry_err_closes = err_closes;
+    cfg = test_config(host_msg, &h);
+    cfg.expect = conf->expect;
+    cfg.err_cb = reentry_err;
+    cfg.peer_timeout_ms = KILL_PEER_TIMEOUT_MS;
+    assert_int_equal(epd_xport_create(&cfg, &h.x), EPD_OK);
+    peer_start(&p, h.x);
+    reentry_ep = connect_peer(&h, &p, &rk);
+    /* writes in flight, then the peer dies under them */
+    for (; n < 32; n++) {
+        assert_int_equal(epd_xport_write(reentry_ep, local, size, NULL, rk, (uint64_t)n * size,
+                                         reentry_write_cb, &comps[n]),
+                         EPD_INPROGRESS);
+    }
+    kill(p.pid, SIGKILL);
+    waitpid(p.pid, &status, 0);
+    p.pid = 0;
+    close(p.fd);
+    deadline = epd_time_now_ns() + 10 * EPD_NSEC_PER_SEC;
+    while (h.errs == 0 && epd_time_now_ns() < deadline) {
+        if (reentry_ep != NULL && n < 64 &&
+            epd_xport_write(reentry_ep, local, size, NULL, rk, (uint64_t)n * size,
+                            reentry_write_cb, &comps[n]) == EPD_INPROGRESS) {
+            n++;
+        }
+        epd_xport_poll(h.x, 1);
+    }
+    assert_int_equal(h.errs, 1);
+    if (reentry_ep != NULL) {
+        /* every write had landed before the failure (shared memory puts):
+         * nothing failed, so no callback closed it */
+        epd_xport_ep_close(reentry_ep);
+        reentry_ep = NULL;
+    }
+    for (int i = 0; i < 20; i++) {
+        epd_xport_poll(h.x, 1);
+    }
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(comps[i].calls, 1);
+    }
+    if (err_closes) {
+        assert_int_equal(reentry_closes, 1);
+    }
+    epd_xport_destroy(h.x);
+    epd_free(local);
+}
+
+static void test_close_in_callbacks(void **state)
+{
+    (void)state;
+    close_in_callbacks(1);
+    close_in_callbacks(0);
+}
+
 /* max_inflight bounds what is posted (EPD_ERR_NO_RESOURCE, nothing
  * queued); closing an endpoint with writes in flight completes each exactly
  * once (EPD_OK if it had landed, EPD_ERR_CANCELED otherwise) before close
@@ -1186,6 +1290,7 @@ static int run_conf(const char *name)
         cmocka_unit_test(test_connect_dead),
         cmocka_unit_test(test_garbage_frames),
         cmocka_unit_test(test_peer_killed),
+        cmocka_unit_test(test_close_in_callbacks),
     };
     char group[64];
     int rc;
