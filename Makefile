@@ -128,9 +128,14 @@ san-test:
 	@$(MAKE) --no-print-directory BUILD=build/san CC=$(SAN_CC) \
 		SANITIZER=address,undefined CFLAGS="-O1 -g" test
 
+# Builds use every core; tests run one program at a time (each starts its
+# own daemons and some judge liveness by timeouts).
+NPROC := $(shell nproc 2>/dev/null || echo 2)
 check: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(NPROC) all
 	@$(MAKE) --no-print-directory test
+	@$(MAKE) --no-print-directory -j$(NPROC) BUILD=build/san CC=$(SAN_CC) \
+		SANITIZER=address,undefined CFLAGS="-O1 -g" all
 	@$(MAKE) --no-print-directory san-test
 
 # libFuzzer targets of tests/fuzz, each run for FUZZ_SECONDS.
