@@ -1,0 +1,938 @@
+/*
+ * Tests of router/epd_http.c: a real server on 127.0.0.1 (ephemeral port)
+ * runs on a libuv loop in the test's main thread, and a client thread
+ * speaks raw HTTP to it over blocking sockets (each read has a timeout).
+ * The client records what it saw; the main thread asserts once the loop
+ * has stopped.  Covered: keep-alive, pipelining in order, chunked request
+ * bodies, 413 / 431 / 400 / 503, idle / header / body timeouts while
+ * another client is served, SSE streams as chunked events in order, a
+ * client leaving mid-stream (and while its request is held) firing the
+ * abort callback, and a slow reader closed at the backlog limit.  Only
+ * behaviour is asserted, never a speed.
+ */
+#include "epd_test.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <uv.h>
+
+#include "epd_alloc.h"
+#include "epd_http.h"
+#include "epd_time.h"
+
+/* ------------------------------------------------------------ fixture */
+
+typedef struct fx fx_t;
+typedef void (*client_fn_t)(fx_t *fx);
+
+#define MAX_NOTES 16
+
+struct fx {
+    uv_loop_t loop;
+    uv_async_t done;
+    epd_http_server_t *srv;
+    uint16_t port;
+    client_fn_t client;
+    pthread_t thread;
+    /* set by the loop thread, read by the client */
+    atomic_int aborts;         /* abort callbacks fired */
+    atomic_int flood_reset;    /* stream_send refused a slow reader */
+    atomic_int streams_ended;
+    /* set by the client thread, checked after join */
+    int ok[MAX_NOTES];
+    char note[MAX_NOTES][512];
+    int n_notes;
+};
+
+/* The client records a named check; the main thread asserts them all. */
+static void check(fx_t *fx, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void check(fx_t *fx, int ok, const char *fmt, ...)
+{
+    va_list ap;
+    int i = fx->n_notes;
+
+    if (i == MAX_NOTES) {
+        i = MAX_NOTES - 1;
+        ok = 0;
+    } else {
+        fx->n_notes++;
+    }
+    fx->ok[i] = ok;
+    va_start(ap, fmt);
+    vsnprintf(fx->note[i], sizeof(fx->note[i]), fmt, ap);
+    va_end(ap);
+}
+
+/* --- server side (loop thread) --- */
+
+typedef struct {
+    fx_t *fx;
+    epd_http_req_t *req;
+    uv_timer_t timer;
+    int count;
+    int limit;
+    int mode; /* 0 /stream, 1 /forever, 2 /flood */
+} streamer_t;
+
+static void streamer_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+static void streamer_stop(streamer_t *st)
+{
+    uv_timer_stop(&st->timer);
+    uv_close((uv_handle_t *)&st->timer, streamer_closed);
+}
+
+static void on_stream_abort(epd_http_req_t *req, void *arg)
+{
+    streamer_t *st = arg;
+
+    (void)req;
+    atomic_fetch_add(&st->fx->aborts, 1);
+    streamer_stop(st);
+}
+
+static void on_hold_abort(epd_http_req_t *req, void *arg)
+{
+    fx_t *fx = arg;
+
+    (void)req;
+    atomic_fetch_add(&fx->aborts, 1);
+}
+
+static void on_stream_tick(uv_timer_t *timer)
+{
+    streamer_t *st = timer->data;
+    char ev[64];
+    int n;
+
+    if (st->mode == 2) {
+        static char big[64 * 1024];
+        int i;
+
+        memset(big, 'x', sizeof(big));
+        for (i = 0; i < 16; i++) {
+            if (epd_http_stream_send(st->req, big, sizeof(big)) != EPD_OK) {
+                atomic_store(&st->fx->flood_reset, 1);
+                uv_timer_stop(&st->timer); /* the abort callback follows */
+                return;
+            }
+        }
+        return;
+    }
+    n = snprintf(ev, sizeof(ev), "data: %d\n\n", st->count);
+    if (epd_http_stream_send(st->req, ev, (size_t)n) != EPD_OK) {
+        uv_timer_stop(&st->timer);
+        return;
+    }
+    st->count++;
+    if (st->mode == 0 && st->count == st->limit) {
+        epd_http_stream_end(st->req);
+        atomic_fetch_add(&st->fx->streams_ended, 1);
+        streamer_stop(st);
+    }
+}
+
+static void start_streamer(fx_t *fx, epd_http_req_t *req, int mode)
+{
+    streamer_t *st = calloc(1, sizeof(*st));
+
+    assert_non_null(st);
+    st->fx = fx;
+    st->req = req;
+    st->mode = mode;
+    st->limit = 5;
+    uv_timer_init(&fx->loop, &st->timer);
+    st->timer.data = st;
+    if (epd_http_stream_start(req, 200) != EPD_OK) {
+        epd_http_stream_end(req);
+        uv_close((uv_handle_t *)&st->timer, streamer_closed);
+        return;
+    }
+    if (mode != 0) {
+        epd_http_req_set_abort(req, on_stream_abort, st);
+    }
+    uv_timer_start(&st->timer, on_stream_tick, mode == 2 ? 1 : 5, mode == 2 ? 1 : 5);
+}
+
+static void handler(epd_http_req_t *req, void *arg)
+{
+    fx_t *fx = arg;
+    const char *path = epd_http_req_path(req);
+    const char *ct = epd_http_req_header(req, "content-type");
+    const char *accept = epd_http_req_header(req, "ACCEPT");
+    const char *body;
+    size_t len;
+    char out[4096];
+    int n;
+
+    if (strcmp(path, "/stream") == 0) {
+        start_streamer(fx, req, 0);
+        return;
+    }
+    if (strcmp(path, "/forever") == 0) {
+        start_streamer(fx, req, 1);
+        return;
+    }
+    if (strcmp(path, "/flood") == 0) {
+        start_streamer(fx, req, 2);
+        return;
+    }
+    if (strcmp(path, "/hold") == 0) {
+        epd_http_req_set_abort(req, on_hold_abort, fx);
+        return; /* never answered: the client leaves */
+    }
+    body = epd_http_req_body(req, &len);
+    n = snprintf(out, sizeof(out), "%s %s ct=%s accept=%s len=%zu body=%.*s",
+                 epd_http_req_method(req), path, ct != NULL ? ct : "-",
+                 accept != NULL ? accept : "-", len, (int)(len < 1000 ? len : 1000), body);
+    epd_http_respond(req, 200, "text/plain", out, (size_t)n);
+}
+
+static void *client_main(void *arg)
+{
+    fx_t *fx = arg;
+
+    fx->client(fx);
+    uv_async_send(&fx->done);
+    return NULL;
+}
+
+static void on_done(uv_async_t *async)
+{
+    fx_t *fx = async->data;
+
+    epd_http_server_destroy(fx->srv);
+    uv_close((uv_handle_t *)async, NULL);
+}
+
+/* Runs `client` against a fresh server configured by `cfg` (handler and
+ * arg are filled in). */
+static void run(epd_http_config_t *cfg, client_fn_t client)
+{
+    fx_t *fx = calloc(1, sizeof(*fx));
+    epd_alloc_stats_t before;
+    epd_alloc_stats_t after;
+    int i;
+
+    assert_non_null(fx);
+    epd_alloc_stats(&before);
+    assert_int_equal(uv_loop_init(&fx->loop), 0);
+    assert_int_equal(uv_async_init(&fx->loop, &fx->done, on_done), 0);
+    fx->done.data = fx;
+    cfg->handler = handler;
+    cfg->arg = fx;
+    assert_int_equal(epd_http_server_create(&fx->loop, cfg, &fx->srv), EPD_OK);
+    fx->port = epd_http_server_port(fx->srv);
+    assert_true(fx->port != 0);
+    fx->client = client;
+    assert_int_equal(pthread_create(&fx->thread, NULL, client_main, fx), 0);
+    uv_run(&fx->loop, UV_RUN_DEFAULT);
+    pthread_join(fx->thread, NULL);
+    assert_int_equal(uv_loop_close(&fx->loop), 0);
+    for (i = 0; i < fx->n_notes; i++) {
+        if (!fx->ok[i]) {
+            print_error("client check failed: %s\n", fx->note[i]);
+        }
+    }
+    for (i = 0; i < fx->n_notes; i++) {
+        assert_true(fx->ok[i]);
+    }
+    epd_alloc_stats(&after);
+    assert_int_equal(after.live_blocks, before.live_blocks); /* everything freed */
+    free(fx);
+}
+
+static void config_short(epd_http_config_t *cfg)
+{
+    epd_http_config_init(cfg);
+    cfg->idle_timeout_ms = 5000;
+    cfg->header_timeout_ms = 5000;
+    cfg->body_timeout_ms = 5000;
+}
+
+/* --- client side (its own thread, blocking sockets) --- */
+
+typedef struct {
+    int fd;
+    char buf[1 << 20];
+    size_t len;
+} cl_t;
+
+typedef struct {
+    int status;
+    char head[4096];
+    char *body; /* malloc'd, de-chunked, NUL terminated */
+    size_t body_len;
+} resp_t;
+
+static cl_t *cl_connect(fx_t *fx, int rcvbuf)
+{
+    cl_t *c = calloc(1, sizeof(*c));
+    struct sockaddr_in sa;
+    struct timeval tv = {5, 0};
+
+    assert_non_null(c);
+    c->fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (rcvbuf > 0) {
+        setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+    }
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(fx->port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        check(fx, 0, "connect: %s", strerror(errno));
+    }
+    return c;
+}
+
+static void cl_close(cl_t *c)
+{
+    close(c->fd);
+    free(c);
+}
+
+static int cl_send(cl_t *c, const char *s, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = send(c->fd, s, n, MSG_NOSIGNAL);
+        if (k <= 0) {
+            return -1;
+        }
+        s += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int cl_sends(cl_t *c, const char *s)
+{
+    return cl_send(c, s, strlen(s));
+}
+
+/* Reads more bytes; 0 on EOF, -1 on error or timeout. */
+static int cl_fill(cl_t *c)
+{
+    ssize_t k;
+
+    if (c->len == sizeof(c->buf)) {
+        return -1;
+    }
+    k = recv(c->fd, c->buf + c->len, sizeof(c->buf) - c->len, 0);
+    if (k <= 0) {
+        return k == 0 ? 0 : -1;
+    }
+    c->len += (size_t)k;
+    return 1;
+}
+
+static void cl_consume(cl_t *c, size_t n)
+{
+    memmove(c->buf, c->buf + n, c->len - n);
+    c->len -= n;
+}
+
+static char *cl_find(cl_t *c, const char *pat)
+{
+    size_t pl = strlen(pat);
+    size_t i;
+
+    for (i = 0; i + pl <= c->len; i++) {
+        if (memcmp(c->buf + i, pat, pl) == 0) {
+            return c->buf + i;
+        }
+    }
+    return NULL;
+}
+
+static const char *head_value(const char *head, const char *name)
+{
+    const char *p = head;
+    size_t nl = strlen(name);
+
+    while ((p = strstr(p, "\r\n")) != NULL) {
+        p += 2;
+        if (strncasecmp(p, name, nl) == 0 && p[nl] == ':') {
+            p += nl + 1;
+            while (*p == ' ') {
+                p++;
+            }
+            return p;
+        }
+    }
+    return NULL;
+}
+
+/* Reads one complete response (Content-Length or chunked); -1 when the
+ * connection ends or times out first. */
+static int cl_response(cl_t *c, resp_t *r)
+{
+    char *end;
+    size_t hlen;
+    const char *cl;
+    const char *te;
+
+    memset(r, 0, sizeof(*r));
+    while ((end = cl_find(c, "\r\n\r\n")) == NULL) {
+        if (cl_fill(c) <= 0) {
+            return -1;
+        }
+    }
+    hlen = (size_t)(end - c->buf) + 4;
+    snprintf(r->head, sizeof(r->head), "%.*s", (int)hlen, c->buf);
+    cl_consume(c, hlen);
+    r->status = atoi(r->head + 9);
+    if (r->status == 100) {
+        return cl_response(c, r);
+    }
+    cl = head_value(r->head, "Content-Length");
+    te = head_value(r->head, "Transfer-Encoding");
+    r->body = calloc(1, sizeof(c->buf) + 1);
+    if (cl != NULL) {
+        size_t n = (size_t)strtoul(cl, NULL, 10);
+        while (c->len < n) {
+            if (cl_fill(c) <= 0) {
+                return -1;
+            }
+        }
+        memcpy(r->body, c->buf, n);
+        r->body_len = n;
+        cl_consume(c, n);
+        return 0;
+    }
+    if (te != NULL && strncasecmp(te, "chunked", 7) == 0) {
+        for (;;) {
+            size_t size;
+            char *crlf;
+
+            while ((crlf = cl_find(c, "\r\n")) == NULL) {
+                if (cl_fill(c) <= 0) {
+                    return -1;
+                }
+            }
+            size = (size_t)strtoul(c->buf, NULL, 16);
+            cl_consume(c, (size_t)(crlf - c->buf) + 2);
+            while (c->len < size + 2) {
+                if (cl_fill(c) <= 0) {
+                    return -1;
+                }
+            }
+            memcpy(r->body + r->body_len, c->buf, size);
+            r->body_len += size;
+            cl_consume(c, size + 2);
+            if (size == 0) {
+                return 0;
+            }
+        }
+    }
+    /* Read until close (HTTP/1.0 style). */
+    while (cl_fill(c) > 0) {
+    }
+    memcpy(r->body, c->buf, c->len);
+    r->body_len = c->len;
+    c->len = 0;
+    return 0;
+}
+
+static void resp_free(resp_t *r)
+{
+    free(r->body);
+    r->body = NULL;
+}
+
+/* 1 when the server closes the connection (EOF or reset) within the
+ * receive timeout, whatever it sent before. */
+static int cl_closed(cl_t *c)
+{
+    for (;;) {
+        int k;
+        c->len = 0;
+        k = cl_fill(c);
+        if (k == 0) {
+            return 1;
+        }
+        if (k < 0) {
+            return errno == ECONNRESET;
+        }
+    }
+}
+
+/* Expects one response with `status` whose body contains `want`. */
+static void expect(fx_t *fx, cl_t *c, int status, const char *want, const char *what)
+{
+    resp_t r;
+    int rc = cl_response(c, &r);
+
+    check(fx, rc == 0 && r.status == status && strstr(r.body, want) != NULL,
+          "%s: rc %d status %d (want %d) body '%.200s' (want '%s')", what, rc, r.status, status,
+          r.body != NULL ? r.body : "", want);
+    resp_free(&r);
+}
+
+/* ------------------------------------------------------------ tests */
+
+static void client_keepalive(fx_t *fx)
+{
+    cl_t *c = cl_connect(fx, 0);
+
+    cl_sends(c, "GET /one HTTP/1.1\r\nHost: x\r\nAccept: text/plain\r\n\r\n");
+    expect(fx, c, 200, "GET /one ct=- accept=text/plain len=0", "first");
+    cl_sends(c, "POST /two HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: 11\r\n\r\n{\"a\": true}");
+    expect(fx, c, 200, "POST /two ct=application/json accept=- len=11 body={\"a\": true}", "second");
+    cl_sends(c, "GET /three?x=1 HTTP/1.1\r\nHost: x\r\n\r\n");
+    expect(fx, c, 200, "GET /three?x=1", "third on the same connection");
+    /* Connection: close is honoured. */
+    cl_sends(c, "GET /four HTTP/1.1\r\nConnection: close\r\n\r\n");
+    expect(fx, c, 200, "GET /four", "fourth");
+    check(fx, cl_closed(c), "closed after Connection: close");
+    cl_close(c);
+}
+
+static void test_keepalive(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    run(&cfg, client_keepalive);
+}
+
+static void client_pipelined(fx_t *fx)
+{
+    cl_t *c = cl_connect(fx, 0);
+
+    cl_sends(c, "GET /p1 HTTP/1.1\r\n\r\n"
+                "POST /p2 HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"
+                "POST /p3 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nxy\r\n0\r\n\r\n"
+                "GET /stream HTTP/1.1\r\n\r\n"
+                "GET /p5 HTTP/1.1\r\n\r\n");
+    expect(fx, c, 200, "GET /p1 ", "pipelined 1");
+    expect(fx, c, 200, "POST /p2 ct=- accept=- len=3 body=abc", "pipelined 2");
+    expect(fx, c, 200, "POST /p3 ct=- accept=- len=2 body=xy", "pipelined 3");
+    expect(fx, c, 200, "data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n",
+           "pipelined 4 (a stream)");
+    expect(fx, c, 200, "GET /p5 ", "pipelined 5 after the stream");
+    cl_close(c);
+}
+
+static void test_pipelined(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    run(&cfg, client_pipelined);
+}
+
+static void client_chunked(fx_t *fx)
+{
+    cl_t *c = cl_connect(fx, 0);
+
+    /* Chunks split across writes, with an extension and a trailer. */
+    cl_sends(c, "POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
+                "Content-Type: application/json\r\n\r\n5\r\nhel");
+    usleep(20000);
+    cl_sends(c, "lo\r\n6;ext=1\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n");
+    expect(fx, c, 200, "POST /c ct=application/json accept=- len=11 body=hello world",
+           "chunked body");
+    /* Expect: 100-continue gets its interim answer first. */
+    cl_sends(c, "POST /e HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n");
+    {
+        char *end;
+        while ((end = cl_find(c, "\r\n\r\n")) == NULL && cl_fill(c) > 0) {
+        }
+        check(fx, end != NULL && strncmp(c->buf, "HTTP/1.1 100 Continue\r\n", 23) == 0,
+              "100 Continue before the body");
+        if (end != NULL) {
+            cl_consume(c, (size_t)(end - c->buf) + 4);
+        }
+    }
+    cl_sends(c, "ok");
+    expect(fx, c, 200, "len=2 body=ok", "body after 100 Continue");
+    cl_close(c);
+}
+
+static void test_chunked_body(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    run(&cfg, client_chunked);
+}
+
+static void client_limits(fx_t *fx)
+{
+    cl_t *c;
+    char *big;
+    int i;
+
+    /* Declared body over the limit: 413 before the body is read. */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "POST /big HTTP/1.1\r\nContent-Length: 2000\r\n\r\n");
+    expect(fx, c, 413, "request body too large", "413 by Content-Length");
+    check(fx, cl_closed(c), "closed after 413");
+    cl_close(c);
+
+    /* Chunked body growing past the limit. */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "POST /big HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
+    big = malloc(4096);
+    memset(big, 'z', 4096);
+    cl_sends(c, "400\r\n");
+    cl_send(c, big, 1024);
+    cl_sends(c, "\r\n1\r\nz\r\n");
+    expect(fx, c, 413, "\"type\":\"invalid_request_error\"", "413 by chunks");
+    cl_close(c);
+
+    /* Headers over max_header_bytes. */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "GET / HTTP/1.1\r\nX-Big: ");
+    for (i = 0; i < 3; i++) {
+        cl_send(c, big, 4096);
+    }
+    cl_sends(c, "\r\n\r\n");
+    expect(fx, c, 431, "header", "431 by bytes");
+    check(fx, cl_closed(c), "closed after 431");
+    cl_close(c);
+
+    /* Too many headers. */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "GET / HTTP/1.1\r\n");
+    for (i = 0; i < EPD_HTTP_MAX_HEADERS + 1; i++) {
+        char h[32];
+        snprintf(h, sizeof(h), "X-%d: v\r\n", i);
+        cl_sends(c, h);
+    }
+    cl_sends(c, "\r\n");
+    expect(fx, c, 431, "header", "431 by count");
+    cl_close(c);
+
+    /* Malformed requests. */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "THIS IS NOT HTTP\r\n\r\n");
+    expect(fx, c, 400, "malformed", "400 garbage");
+    check(fx, cl_closed(c), "closed after 400");
+    cl_close(c);
+    c = cl_connect(fx, 0);
+    cl_sends(c, "POST / HTTP/1.1\r\nContent-Length: 12x\r\n\r\n");
+    expect(fx, c, 400, "malformed", "400 bad Content-Length");
+    cl_close(c);
+    c = cl_connect(fx, 0);
+    cl_sends(c, "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n");
+    expect(fx, c, 400, "malformed", "400 bad chunk size");
+    cl_close(c);
+    free(big);
+}
+
+static void test_limits(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    cfg.max_body_bytes = 1024;
+    cfg.max_header_bytes = 8192;
+    run(&cfg, client_limits);
+}
+
+static void client_max_conns(fx_t *fx)
+{
+    cl_t *a = cl_connect(fx, 0);
+    cl_t *b = cl_connect(fx, 0);
+    cl_t *c;
+    uint64_t deadline;
+    int served = 0;
+
+    cl_sends(a, "GET /a HTTP/1.1\r\n\r\n");
+    expect(fx, a, 200, "GET /a", "first connection");
+    cl_sends(b, "GET /b HTTP/1.1\r\n\r\n");
+    expect(fx, b, 200, "GET /b", "second connection");
+    c = cl_connect(fx, 0);
+    expect(fx, c, 503, "too many connections", "third refused with 503");
+    check(fx, cl_closed(c), "refused connection closed");
+    cl_close(c);
+    /* Once one leaves, a new one is served. */
+    cl_close(a);
+    deadline = epd_time_now_ns() + 5 * EPD_NSEC_PER_SEC;
+    while (!served && epd_time_now_ns() < deadline) {
+        resp_t r;
+        c = cl_connect(fx, 0);
+        cl_sends(c, "GET /again HTTP/1.1\r\n\r\n");
+        served = cl_response(c, &r) == 0 && r.status == 200;
+        resp_free(&r);
+        cl_close(c);
+        if (!served) {
+            usleep(20000);
+        }
+    }
+    check(fx, served, "served again after a connection closed");
+    cl_close(b);
+}
+
+static void test_max_connections(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    cfg.max_connections = 2;
+    run(&cfg, client_max_conns);
+}
+
+static void client_timeouts(fx_t *fx)
+{
+    cl_t *idle = cl_connect(fx, 0);
+    cl_t *busy = cl_connect(fx, 0);
+    cl_t *slow;
+    cl_t *body;
+    int got408 = 0;
+    int i;
+
+    /* Served while the idle one waits. */
+    cl_sends(busy, "GET /served HTTP/1.1\r\n\r\n");
+    expect(fx, busy, 200, "GET /served", "served while another idles");
+    /* The idle one is closed without an answer. */
+    check(fx, cl_closed(idle) && idle->len == 0, "idle connection closed silently");
+
+    /* Slowloris: a header byte every 50 ms never completes in time.  (Each
+     * connection opens just before use: an unused one would idle out.) */
+    slow = cl_connect(fx, 0);
+    cl_sends(slow, "GET / HTTP/1.1\r\nX-Slow: ");
+    for (i = 0; i < 200 && !got408; i++) {
+        struct pollfd p = {slow->fd, POLLIN, 0};
+        if (poll(&p, 1, 50) > 0) {
+            resp_t r;
+            got408 = cl_response(slow, &r) == 0 && r.status == 408;
+            resp_free(&r);
+            break;
+        }
+        cl_sends(slow, "a");
+    }
+    check(fx, got408, "slow headers answered 408");
+    check(fx, cl_closed(slow), "slow client closed");
+
+    /* A body that stops arriving. */
+    body = cl_connect(fx, 0);
+    cl_sends(body, "POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc");
+    expect(fx, body, 408, "body not received in time", "slow body answered 408");
+
+    /* Keep-alive idle after a request closes too. */
+    cl_close(busy);
+    busy = cl_connect(fx, 0);
+    cl_sends(busy, "GET /again HTTP/1.1\r\n\r\n");
+    expect(fx, busy, 200, "GET /again", "again");
+    check(fx, cl_closed(busy), "idle after a request: closed");
+    cl_close(idle);
+    cl_close(busy);
+    cl_close(slow);
+    cl_close(body);
+}
+
+static void test_timeouts(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    epd_http_config_init(&cfg);
+    cfg.idle_timeout_ms = 300;
+    cfg.header_timeout_ms = 300;
+    cfg.body_timeout_ms = 300;
+    run(&cfg, client_timeouts);
+}
+
+static void client_stream(fx_t *fx)
+{
+    cl_t *c = cl_connect(fx, 0);
+    resp_t r;
+    int rc;
+
+    cl_sends(c, "GET /stream HTTP/1.1\r\nAccept: text/event-stream\r\n\r\n");
+    rc = cl_response(c, &r);
+    check(fx, rc == 0 && r.status == 200, "stream answered 200 (rc %d, status %d)", rc, r.status);
+    check(fx, head_value(r.head, "Content-Type") != NULL &&
+                  strncmp(head_value(r.head, "Content-Type"), "text/event-stream", 17) == 0,
+          "text/event-stream: %s", r.head);
+    check(fx, head_value(r.head, "Cache-Control") != NULL &&
+                  strncmp(head_value(r.head, "Cache-Control"), "no-cache", 8) == 0,
+          "no-cache");
+    check(fx, head_value(r.head, "Transfer-Encoding") != NULL &&
+                  strncmp(head_value(r.head, "Transfer-Encoding"), "chunked", 7) == 0,
+          "chunked");
+    check(fx, r.body != NULL &&
+                  strcmp(r.body, "data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n") == 0,
+          "events in order: '%s'", r.body != NULL ? r.body : "");
+    resp_free(&r);
+    /* The connection is still good. */
+    cl_sends(c, "GET /after HTTP/1.1\r\n\r\n");
+    expect(fx, c, 200, "GET /after", "request after a stream");
+    cl_close(c);
+
+    /* HTTP/1.0: no chunking; the end of the stream is the close. */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "GET /stream HTTP/1.0\r\n\r\n");
+    rc = cl_response(c, &r);
+    check(fx, rc == 0 && r.status == 200 && r.body != NULL &&
+                  strcmp(r.body, "data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n") == 0 &&
+                  head_value(r.head, "Transfer-Encoding") == NULL,
+          "HTTP/1.0 stream: '%s'", r.body != NULL ? r.body : "");
+    resp_free(&r);
+    cl_close(c);
+}
+
+static void test_stream(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    run(&cfg, client_stream);
+}
+
+static int wait_atomic(atomic_int *v, int want)
+{
+    uint64_t deadline = epd_time_now_ns() + 10 * EPD_NSEC_PER_SEC;
+
+    while (atomic_load(v) < want) {
+        if (epd_time_now_ns() > deadline) {
+            return 0;
+        }
+        usleep(5000);
+    }
+    return 1;
+}
+
+static void client_disconnect(fx_t *fx)
+{
+    cl_t *c = cl_connect(fx, 0);
+
+    /* Mid-stream: read the head and at least one event, then leave. */
+    cl_sends(c, "GET /forever HTTP/1.1\r\n\r\n");
+    while (cl_find(c, "data: 1") == NULL && cl_fill(c) > 0) {
+    }
+    check(fx, cl_find(c, "text/event-stream") != NULL && cl_find(c, "data: 0") != NULL,
+          "stream started");
+    cl_close(c);
+    check(fx, wait_atomic(&fx->aborts, 1), "abort callback after a mid-stream disconnect");
+
+    /* While the application holds a plain request. */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "POST /hold HTTP/1.1\r\nContent-Length: 1\r\n\r\nx");
+    usleep(50000);
+    cl_close(c);
+    check(fx, wait_atomic(&fx->aborts, 2), "abort callback for a held request");
+}
+
+static void test_disconnect(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    run(&cfg, client_disconnect);
+}
+
+static void client_slow_reader(fx_t *fx)
+{
+    cl_t *c = cl_connect(fx, 4096);
+
+    cl_sends(c, "GET /flood HTTP/1.1\r\n\r\n");
+    /* Read nothing: the server must give up on us, not buffer forever. */
+    check(fx, wait_atomic(&fx->flood_reset, 1), "stream_send refused past the backlog");
+    check(fx, wait_atomic(&fx->aborts, 1), "abort callback for the slow reader");
+    check(fx, cl_closed(c), "slow reader's connection closed");
+    cl_close(c);
+}
+
+static void test_slow_reader(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    cfg.max_stream_backlog = 256 * 1024;
+    run(&cfg, client_slow_reader);
+}
+
+static void client_destroy_mid_stream(fx_t *fx)
+{
+    cl_t *c = cl_connect(fx, 0);
+
+    cl_sends(c, "GET /forever HTTP/1.1\r\n\r\n");
+    while (cl_find(c, "data: 0") == NULL && cl_fill(c) > 0) {
+    }
+    check(fx, cl_find(c, "data: 0") != NULL, "stream started");
+    /* Returning stops the server with the stream live (on_done). */
+    cl_close(c);
+}
+
+static void test_destroy_mid_stream(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    run(&cfg, client_destroy_mid_stream);
+}
+
+static void test_create_refusals(void **state)
+{
+    uv_loop_t loop;
+    epd_http_config_t cfg;
+    epd_http_server_t *srv = (epd_http_server_t *)0x1;
+    epd_http_server_t *first = NULL;
+
+    (void)state;
+    assert_int_equal(uv_loop_init(&loop), 0);
+    epd_http_config_init(&cfg);
+    assert_int_equal(epd_http_server_create(&loop, &cfg, &srv), EPD_ERR_INVALID_PARAM); /* no handler */
+    cfg.handler = handler;
+    cfg.host = "not-an-ip";
+    assert_int_equal(epd_http_server_create(&loop, &cfg, &srv), EPD_ERR_BAD_ADDRESS);
+    assert_ptr_equal(srv, (epd_http_server_t *)0x1);
+    cfg.host = "127.0.0.1";
+    assert_int_equal(epd_http_server_create(&loop, &cfg, &first), EPD_OK);
+    cfg.port = epd_http_server_port(first);
+    assert_int_equal(epd_http_server_create(&loop, &cfg, &srv), EPD_ERR_EXISTS);
+    assert_ptr_equal(srv, (epd_http_server_t *)0x1);
+    epd_http_server_destroy(first);
+    epd_http_server_destroy(NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    assert_string_equal(epd_http_status_text(413), "Payload Too Large");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_create_refusals),
+        cmocka_unit_test(test_keepalive),
+        cmocka_unit_test(test_pipelined),
+        cmocka_unit_test(test_chunked_body),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_max_connections),
+        cmocka_unit_test(test_timeouts),
+        cmocka_unit_test(test_stream),
+        cmocka_unit_test(test_disconnect),
+        cmocka_unit_test(test_slow_reader),
+        cmocka_unit_test(test_destroy_mid_stream),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
