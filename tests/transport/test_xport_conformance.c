@@ -80,6 +80,7 @@ static const epd_test_conf_t epd_test_confs[] = {
 #define N_CONFS (sizeof(epd_test_confs) / sizeof(epd_test_confs[0]))
 
 #define REGION_SIZE ((size_t)72 << 20)
+#define REG_SIZE ((size_t)8 << 20) /* the peer's second region: its own memory, mr_reg */
 #define MAX_MSG (64 * 1024)
 /* The machine running the suite is shared and loaded: a generous peer
  * timeout everywhere except the test that kills a peer, which uses 1 s. */
@@ -98,6 +99,7 @@ typedef struct {
     uint64_t offset;
     uint64_t len;
     uint64_t hash;
+    uint64_t region; /* 0: the peer's mr_alloc region, 1: its mr_reg region */
 } m_check_t;
 
 typedef struct {
@@ -203,6 +205,7 @@ static int chan_read(int fd, epd_xport_t *x, void *buf, uint32_t cap, uint32_t *
 typedef struct {
     epd_xport_t *x;
     epd_xport_mr_t *mr;
+    epd_xport_mr_t *reg_mr;
     epd_xport_ep_t *reply_ep;
     m_result_t pending;   /* a reply to send from the main loop */
     int have_pending;
@@ -215,7 +218,7 @@ static void peer_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len
 {
     peer_t *pr = arg;
     m_hdr_t h;
-    const unsigned char *region = epd_xport_mr_addr(pr->mr);
+    epd_xport_mr_t *mrs[2] = {pr->mr, pr->reg_mr};
 
     if (len < sizeof(h)) {
         return;
@@ -227,8 +230,9 @@ static void peer_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len
         for (uint32_t i = 0; i < h.n; i++) {
             m_check_t c;
             memcpy(&c, (const char *)data + sizeof(h) + i * sizeof(c), sizeof(c));
-            if (c.offset + c.len <= epd_xport_mr_size(pr->mr) &&
-                epd_hash64(region + c.offset, c.len, 0) == c.hash) {
+            if (c.region < 2 && c.offset + c.len <= epd_xport_mr_size(mrs[c.region]) &&
+                epd_hash64((const unsigned char *)epd_xport_mr_addr(mrs[c.region]) + c.offset,
+                           c.len, 0) == c.hash) {
                 r.ok++;
             } else {
                 r.bad++;
@@ -280,7 +284,9 @@ static int peer_main(int fd)
     const void *blob;
     size_t blob_len;
     unsigned char key[EPD_XPORT_RKEY_MAX];
-    size_t key_len;
+    size_t key_len, key2_len;
+    unsigned char key2[EPD_XPORT_RKEY_MAX];
+    void *reg_mem = epd_calloc(1, REG_SIZE);
     uint64_t deadline = epd_time_now_ns() + 120 * EPD_NSEC_PER_SEC;
 
     epd_status_t st;
@@ -294,11 +300,15 @@ static int peer_main(int fd)
     }
     if ((st = epd_xport_mr_alloc(pr.x, REGION_SIZE, &pr.mr)) != EPD_OK ||
         (st = epd_xport_address(pr.x, &blob, &blob_len)) != EPD_OK ||
-        (st = epd_xport_mr_pack(pr.mr, key, sizeof(key), &key_len)) != EPD_OK) {
+        (st = epd_xport_mr_pack(pr.mr, key, sizeof(key), &key_len)) != EPD_OK ||
+        (st = reg_mem == NULL ? EPD_ERR_NO_MEMORY : EPD_OK) != EPD_OK ||
+        (st = epd_xport_mr_reg(pr.x, reg_mem, REG_SIZE, &pr.reg_mr)) != EPD_OK ||
+        (st = epd_xport_mr_pack(pr.reg_mr, key2, sizeof(key2), &key2_len)) != EPD_OK) {
         fprintf(stderr, "peer %d: region set-up: %s\n", (int)getpid(), epd_status_name(st));
         return 3;
     }
-    if (chan_write(fd, blob, (uint32_t)blob_len) != 0 || chan_write(fd, key, (uint32_t)key_len) != 0) {
+    if (chan_write(fd, blob, (uint32_t)blob_len) != 0 || chan_write(fd, key, (uint32_t)key_len) != 0 ||
+        chan_write(fd, key2, (uint32_t)key2_len) != 0) {
         fprintf(stderr, "peer %d: side channel: %s\n", (int)getpid(), strerror(errno));
         return 4;
     }
@@ -320,7 +330,9 @@ static int peer_main(int fd)
         }
     }
     epd_xport_mr_dereg(pr.mr);
+    epd_xport_mr_dereg(pr.reg_mr);
     epd_xport_destroy(pr.x);
+    epd_free(reg_mem);
     return 0;
 }
 
@@ -343,6 +355,8 @@ typedef struct {
     uint32_t blob_len;
     unsigned char key[EPD_XPORT_RKEY_MAX];
     uint32_t key_len;
+    unsigned char key2[EPD_XPORT_RKEY_MAX]; /* of the peer's mr_reg region */
+    uint32_t key2_len;
 } peer_proc_t;
 
 static void host_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
@@ -406,7 +420,8 @@ static void peer_start(peer_proc_t *p, epd_xport_t *x)
     fcntl(sv[0], F_SETFD, FD_CLOEXEC);
     p->fd = sv[0];
     if (chan_read(p->fd, x, p->blob, sizeof(p->blob), &p->blob_len, 20000) != 0 ||
-        chan_read(p->fd, x, p->key, sizeof(p->key), &p->key_len, 20000) != 0) {
+        chan_read(p->fd, x, p->key, sizeof(p->key), &p->key_len, 20000) != 0 ||
+        chan_read(p->fd, x, p->key2, sizeof(p->key2), &p->key2_len, 20000) != 0) {
         int status = 0;
         kill(p->pid, SIGKILL);
         waitpid(p->pid, &status, 0);
@@ -517,8 +532,8 @@ static void *check_buf;
 
 /* Posts `n` writes of `size` random bytes, all in flight at once, then a
  * fenced CHECK at once: the peer must see every byte when it arrives. */
-static void write_batch(host_t *h, epd_xport_ep_t *ep, epd_xport_rkey_t *rk, epd_xport_mr_t *lmr,
-                        size_t size, uint32_t n, epd_rng_t *rng)
+static void write_batch(host_t *h, epd_xport_ep_t *ep, epd_xport_rkey_t *rk, uint64_t region,
+                        epd_xport_mr_t *lmr, size_t size, uint32_t n, epd_rng_t *rng)
 {
     comp_t *comps = epd_calloc(n, sizeof(*comps));
     size_t *loffs = epd_calloc(n, sizeof(*loffs));
@@ -532,7 +547,7 @@ static void write_batch(host_t *h, epd_xport_ep_t *ep, epd_xport_rkey_t *rk, epd
 
     assert_non_null(comps);
     assert_non_null(loffs);
-    assert_true((size_t)n * stride <= REGION_SIZE);
+    assert_true((size_t)n * stride <= epd_xport_rkey_size(rk));
     assert_true(sizeof(*hdr) + n * sizeof(*checks) <= MAX_MSG);
     hdr->type = M_CHECK;
     hdr->n = n;
@@ -546,6 +561,7 @@ static void write_batch(host_t *h, epd_xport_ep_t *ep, epd_xport_rkey_t *rk, epd
         checks[i].offset = (uint64_t)i * stride + (epd_rng_next(rng) % 13);
         checks[i].len = size;
         checks[i].hash = epd_hash64(local + loffs[i], size, 0);
+        checks[i].region = region;
     }
     for (uint32_t i = 0; i < n; i++) {
         epd_status_t st;
@@ -587,7 +603,7 @@ static void test_writes_land(void **state)
     host_t h;
     peer_proc_t p;
     epd_xport_ep_t *ep;
-    epd_xport_rkey_t *rk;
+    epd_xport_rkey_t *rk, *rk2;
     epd_xport_mr_t *lmr;
     epd_rng_t rng;
     uint64_t t0;
@@ -601,11 +617,20 @@ static void test_writes_land(void **state)
     epd_rng_fill(&rng, epd_xport_mr_addr(lmr), epd_xport_mr_size(lmr));
 
     t0 = epd_time_now_ns();
-    write_batch(&h, ep, rk, lmr, 1, 1000, &rng);
-    write_batch(&h, ep, rk, lmr, 4096, 1000, &rng);
-    write_batch(&h, ep, rk, lmr, 1 << 20, 64, &rng);
-    write_batch(&h, ep, rk, lmr, (size_t)64 << 20, 1, &rng);
-    write_batch(&h, ep, rk, lmr, (size_t)64 << 20, 1, &rng);
+    write_batch(&h, ep, rk, 0, lmr, 1, 1000, &rng);
+    write_batch(&h, ep, rk, 0, lmr, 4096, 1000, &rng);
+    write_batch(&h, ep, rk, 0, lmr, 1 << 20, 64, &rng);
+    write_batch(&h, ep, rk, 0, lmr, (size_t)64 << 20, 1, &rng);
+    write_batch(&h, ep, rk, 0, lmr, (size_t)64 << 20, 1, &rng);
+    /* into memory the peer registered (not allocated by the transport):
+     * no direct mapping, the rendezvous path on every configuration */
+    assert_int_equal(epd_xport_rkey_unpack(ep, p.key2, p.key2_len, &rk2), EPD_OK);
+    assert_int_equal(epd_xport_rkey_size(rk2), REG_SIZE);
+    write_batch(&h, ep, rk2, 1, lmr, 1, 500, &rng);
+    write_batch(&h, ep, rk2, 1, lmr, 4096, 500, &rng);
+    write_batch(&h, ep, rk2, 1, lmr, 1 << 20, 7, &rng);
+    write_batch(&h, ep, rk2, 1, lmr, REG_SIZE - 13, 1, &rng);
+    epd_xport_rkey_destroy(rk2);
     printf("[%s] writes 1 B..64 MiB verified in %.0f ms\n", conf->name,
            (double)(epd_time_now_ns() - t0) / 1e6);
 
@@ -654,6 +679,7 @@ static void test_fence_repeated(void **state)
         msg.c.offset = off;
         msg.c.len = len;
         msg.c.hash = epd_hash64(local, len, 0);
+        msg.c.region = 0;
         r = ask(&h, ep, &msg, sizeof(msg), EPD_XPORT_SEND_FENCE);
         assert_int_equal(r.bad, 0);
         assert_int_equal(wait_flag(h.x, &c.calls, 1, 10000), 0);
@@ -836,7 +862,7 @@ static void test_refusals(void **state)
         struct {
             m_hdr_t h;
             m_check_t c;
-        } msg = {{M_CHECK, 1}, {100, sizeof(local), 0}};
+        } msg = {{M_CHECK, 1}, {100, sizeof(local), 0, 0}};
         comp_t wc = {0};
         m_result_t r;
         assert_int_equal(epd_xport_write(ep, local, sizeof(local), NULL, rk, 100, comp_cb, &wc),
@@ -1094,7 +1120,7 @@ static void test_peer_killed(void **state)
         struct {
             m_hdr_t h;
             m_check_t c;
-        } msg = {{M_CHECK, 1}, {12345, size, epd_hash64(local, size, 0)}};
+        } msg = {{M_CHECK, 1}, {12345, size, epd_hash64(local, size, 0), 0}};
         comp_t c = {0};
         m_result_t r;
         assert_int_equal(epd_xport_write(ep2, local, size, NULL, rk2, 12345, comp_cb, &c),
