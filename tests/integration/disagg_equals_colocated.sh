@@ -5,7 +5,8 @@
 # `epd-generate --tokens` prints, for a short prompt, a long one (~1.5k
 # tokens), prompts ending exactly on and just past a KV block boundary
 # (BOS + prompt = 16k and 16k+1 tokens), a hybrid model (linear + attention
-# layers) and an attention-only one, greedy and seeded sampling.
+# layers) and an attention-only one, greedy and seeded sampling; on ucx-shm
+# also a linear-only model and the sim engine (a shrunk hybrid 320B profile).
 # CONF: ucx-shm (UCX_TLS=posix,cma,tcp), ucx-tcp (UCX_TLS=tcp),
 #       ofi-tcp (libfabric tcp;ofi_rxm).
 source "$(dirname "$0")/lib.sh"
@@ -92,6 +93,17 @@ if [ "$conf" = ucx-shm ]; then
     --max-context 2048 --seed 12
   run_pair "$T/lin" l
   same_as_colocated "$T/lin" "$l_p_ADDR" "$l_d_ADDR" "$T/past2" 24
+  note "sim engine (hybrid 320B MoE profile on 8 x H200, shrunk): same tokens as epd-generate --engine sim"
+  profiles="$(cd "$(dirname "$0")/../../engine/profiles" && pwd)"
+  mkdir -p "$T/sim"
+  printf '%s\n' "model = $profiles/hybrid-moe-320b.profile" "accel = $profiles/h200.profile" \
+    "devices = 8" "scale = 0.01" "mode = sleep" "seed = 3" "vocab = 512" >"$T/sim/sim.conf"
+  start_daemon s_d decode --engine sim --model "$T/sim" --worker-id decode-sim "${XFLAGS[@]}" \
+    --kv-blocks 256 --state-slots 16 --block-tokens 16
+  start_daemon s_p prefill --engine sim --model "$T/sim" --worker-id prefill-sim "${XFLAGS[@]}" \
+    --kv-blocks 128 --state-slots 8 --block-tokens 16
+  same_as_colocated "$T/sim" "$s_p_ADDR" "$s_d_ADDR" "$T/long" 16 --engine sim
+  same_as_colocated "$T/sim" "$s_p_ADDR" "$s_d_ADDR" "$T/past2" 16 --engine sim --temperature 0.8 --seed 4
 fi
 
 note "SIGTERM stops both daemons cleanly (exit 0)"
