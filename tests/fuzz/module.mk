@@ -3,7 +3,9 @@
 # `make all` because they need -fsanitize=fuzzer.
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
-FUZZ_LIBS := $(BUILD)/lib/libepd_proto.a $(BUILD)/lib/libepd_engine.a $(BUILD)/lib/libepd_common.a
+FUZZ_LIBS := $(BUILD)/lib/libepd_api.a $(BUILD)/lib/libepd_proto.a $(BUILD)/lib/libepd_engine.a \
+             $(BUILD)/lib/libepd_common.a
+$(BUILD)/obj/tests/fuzz/fuzz_epd_openai.o: EPD_CPPFLAGS += -Irouter
 
 $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(FUZZ_LIBS)
 	@mkdir -p $(@D)
