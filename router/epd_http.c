@@ -980,6 +980,7 @@ epd_status_t epd_http_respond(epd_http_req_t *req, int status, const char *conte
     epd_http_conn_t *conn = req->conn;
     char head[512];
     int hlen;
+    int is_head = strcmp(req->method, "HEAD") == 0;
     epd_status_t st;
 
     if (req->streaming) {
@@ -1007,7 +1008,8 @@ epd_status_t epd_http_respond(epd_http_req_t *req, int status, const char *conte
                     : req->http_minor == 0 ? "Connection: keep-alive\r\n"
                                            : "");
     req_finish(req);
-    st = conn_write(conn, head, (size_t)hlen, body, len, NULL, 0);
+    /* HEAD: the headers of the answer without its body. */
+    st = conn_write(conn, head, (size_t)hlen, body, is_head ? 0 : len, NULL, 0);
     if (st != EPD_OK) {
         return st;
     }

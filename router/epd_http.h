@@ -138,7 +138,7 @@ const char *epd_http_req_body(const epd_http_req_t *req, size_t *len_p);
 void epd_http_req_set_abort(epd_http_req_t *req, epd_http_abort_cb_t cb, void *arg);
 
 /* Answers `req` with a full response and finishes it (req is invalid on
- * return, whatever the status).  `content_type` and `body[0..len)` are
+ * return, whatever the status); to a HEAD request only the headers go out.  `content_type` and `body[0..len)` are
  * borrowed during the call (copied).  `status` is 100 < status < 600 (an
  * out-of-range one becomes 500).  The connection stays open for the next
  * request when the client allows keep-alive.  EPD_OK (queued; written by

@@ -497,6 +497,18 @@ static void client_keepalive(fx_t *fx)
     expect(fx, c, 200, "POST /two ct=application/json accept=- len=11 body={\"a\": true}", "second");
     cl_sends(c, "GET /three?x=1 HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, c, 200, "GET /three?x=1", "third on the same connection");
+    /* HEAD: headers only, and the connection stays in step. */
+    cl_sends(c, "HEAD /h HTTP/1.1\r\n\r\n");
+    {
+        char *end;
+        while ((end = cl_find(c, "\r\n\r\n")) == NULL && cl_fill(c) > 0) {
+        }
+        check(fx, end != NULL && strncmp(c->buf, "HTTP/1.1 200 OK\r\n", 17) == 0,
+              "HEAD answered");
+        if (end != NULL) {
+            cl_consume(c, (size_t)(end - c->buf) + 4);
+        }
+    }
     /* Connection: close is honoured. */
     cl_sends(c, "GET /four HTTP/1.1\r\nConnection: close\r\n\r\n");
     expect(fx, c, 200, "GET /four", "fourth");
@@ -891,6 +903,42 @@ static void test_destroy_mid_stream(void **state)
     run(&cfg, client_destroy_mid_stream);
 }
 
+static void client_alloc_failures(fx_t *fx)
+{
+    long n;
+    int answered = 0;
+
+    /* Fail the server's Nth allocation from here on, for each N: every
+     * request gets 200 or 503 or a close, never a hang, and run() checks
+     * that nothing leaked. */
+    for (n = 0; n < 12; n++) {
+        cl_t *c = cl_connect(fx, 0);
+        resp_t r;
+        int rc;
+
+        epd_alloc_fail_after(n);
+        cl_sends(c, "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n");
+        rc = cl_response(c, &r);
+        epd_alloc_fail_after(-1);
+        if (rc == 0) {
+            check(fx, r.status == 200 || r.status == 503, "n=%ld: status %d", n, r.status);
+            answered += r.status == 200;
+        }
+        resp_free(&r);
+        cl_close(c);
+    }
+    check(fx, answered > 0, "some requests got through");
+}
+
+static void test_alloc_failures(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    run(&cfg, client_alloc_failures);
+}
+
 static void test_create_refusals(void **state)
 {
     uv_loop_t loop;
@@ -932,6 +980,7 @@ int main(void)
         cmocka_unit_test(test_disconnect),
         cmocka_unit_test(test_slow_reader),
         cmocka_unit_test(test_destroy_mid_stream),
+        cmocka_unit_test(test_alloc_failures),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
