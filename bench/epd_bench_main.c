@@ -15,6 +15,8 @@ static const struct {
 } epd_bench_commands[] = {
     {"engine", epd_bench_engine_main, "prefill and decode tokens/s of an engine"},
     {"xfer", epd_bench_xfer_main, "transport write bandwidth and message latency vs ucx_perftest / fi_pingpong"},
+    {"overhead", epd_bench_overhead_main,
+     "prefill-only vs prefill + KV transfer (interleaved A/B), TTFT breakdown from daemon traces"},
 };
 
 static void epd_bench_usage(FILE *out)

@@ -1,5 +1,6 @@
 # bench/: epd-bench, one subcommand per bench/epd_bench_<name>.c.
 # BENCH_LIBS lists the epd libraries it links, users first.
 BENCH_SRCS := $(wildcard bench/*.c)
-BENCH_LIBS := epd_xport epd_engine epd_common
+BENCH_LIBS := epd_router epd_xport epd_proto epd_engine epd_common
 $(eval $(call epd_prog,epd-bench,$(BENCH_SRCS),$(BENCH_LIBS)))
+$(call obj_of,$(BENCH_SRCS)): EPD_CPPFLAGS += -Irouter

@@ -109,6 +109,9 @@ epd_status_t epd__prefill_send(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
     case EPD__ENVELOPE__BODY_ERROR:
         env.error = body;
         break;
+    case EPD__ENVELOPE__BODY_TOKENS:
+        env.tokens = body; /* prefill-only answer */
+        break;
     default:
         return EPD_ERR_INVALID_PARAM;
     }

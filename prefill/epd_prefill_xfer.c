@@ -521,6 +521,12 @@ static void epd_prefill_send_first_token(epd_prefill_srv_t *srv, epd_prefill_req
         epd_prefill_req_block(srv, req);
         return;
     }
+    if (st != EPD_OK) {
+        if (epd__prefill_log_allowed(srv)) {
+            epd_log_warn(EPD_PREFILL_LOG, req->id, "cannot answer the client: %s",
+                         epd_status_string(st));
+        }
+    }
     /* a client that is gone loses its answer; the request is over either way */
     req->complete_sent = 1;
     req->t_complete_ns = epd_time_now_ns();
