@@ -248,6 +248,13 @@ static epd_status_t conn_write(epd_http_conn_t *conn, const void *a, size_t alen
     if (conn->closing) {
         return EPD_ERR_CONNECTION_RESET;
     }
+    if (alen > UINT32_MAX / 4 || blen > UINT32_MAX / 4 || clen > UINT32_MAX / 4) {
+        /* A uv_buf_t length is an unsigned int. */
+        epd_log_error(HTTP_LOG, 0, "refusing a %zu-byte write: closing the connection",
+                      alen + blen + clen);
+        conn_close(conn);
+        return EPD_ERR_TOO_LONG;
+    }
     w = epd_malloc(sizeof(*w) + alen + blen + clen);
     if (w == NULL) {
         epd_log_error(HTTP_LOG, 0, "no memory for a %zu-byte write: closing the connection",
@@ -1069,7 +1076,8 @@ epd_status_t epd_http_stream_send(epd_http_req_t *req, const void *data, size_t 
         return EPD_OK;
     }
     backlog = uv_stream_get_write_queue_size((uv_stream_t *)&conn->tcp);
-    if (backlog + len > conn->server->config.max_stream_backlog) {
+    if (len > conn->server->config.max_stream_backlog ||
+        backlog > conn->server->config.max_stream_backlog - len) {
         epd_log_warn(HTTP_LOG, 0,
                      "slow reader: %zu unsent bytes + %zu would pass the %zu-byte limit: closing",
                      backlog, len, conn->server->config.max_stream_backlog);

@@ -143,7 +143,8 @@ void epd_http_req_set_abort(epd_http_req_t *req, epd_http_abort_cb_t cb, void *a
  * out-of-range one becomes 500).  The connection stays open for the next
  * request when the client allows keep-alive.  EPD_OK (queued; written by
  * the loop), EPD_ERR_CONNECTION_RESET (the client is gone; nothing sent),
- * EPD_ERR_NO_MEMORY (the connection is closed).  Loop thread. */
+ * EPD_ERR_NO_MEMORY or EPD_ERR_TOO_LONG (a body of 1 GiB or more): the
+ * connection is closed.  Loop thread. */
 epd_status_t epd_http_respond(epd_http_req_t *req, int status, const char *content_type,
                               const void *body, size_t len);
 
@@ -160,7 +161,8 @@ epd_status_t epd_http_stream_start(epd_http_req_t *req, int status);
  * when the client is gone or when this data would take the unsent backlog
  * past max_stream_backlog (the connection is then closed and the abort
  * callback fires from the loop), EPD_ERR_INVALID_PARAM when no stream was
- * started, EPD_ERR_NO_MEMORY (the connection is closed).  Loop thread. */
+ * started, EPD_ERR_NO_MEMORY or EPD_ERR_TOO_LONG (1 GiB or more): the
+ * connection is closed.  Loop thread. */
 epd_status_t epd_http_stream_send(epd_http_req_t *req, const void *data, size_t len);
 
 /* Ends the stream (the terminating chunk) and finishes `req` (invalid on

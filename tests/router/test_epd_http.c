@@ -49,6 +49,9 @@ struct fx {
     atomic_int aborts;         /* abort callbacks fired */
     atomic_int flood_reset;    /* stream_send refused a slow reader */
     atomic_int streams_ended;
+    atomic_int late_status;    /* what a late epd_http_respond returned, + 1000 */
+    epd_http_req_t *late;
+    uv_timer_t late_timer;
     /* set by the client thread, checked after join */
     int ok[MAX_NOTES];
     char note[MAX_NOTES][512];
@@ -135,7 +138,13 @@ static void on_stream_tick(uv_timer_t *timer)
     }
     n = snprintf(ev, sizeof(ev), "data: %d\n\n", st->count);
     if (epd_http_stream_send(st->req, ev, (size_t)n) != EPD_OK) {
-        uv_timer_stop(&st->timer);
+        if (st->mode == 0) {
+            /* No abort callback: the application finishes the request. */
+            epd_http_stream_end(st->req);
+            streamer_stop(st);
+        } else {
+            uv_timer_stop(&st->timer); /* the abort callback follows */
+        }
         return;
     }
     st->count++;
@@ -168,6 +177,14 @@ static void start_streamer(fx_t *fx, epd_http_req_t *req, int mode)
     uv_timer_start(&st->timer, on_stream_tick, mode == 2 ? 1 : 5, mode == 2 ? 1 : 5);
 }
 
+static void on_late(uv_timer_t *timer)
+{
+    fx_t *fx = timer->data;
+
+    atomic_store(&fx->late_status, 1000 + epd_http_respond(fx->late, 200, "text/plain", "late", 4));
+    fx->late = NULL;
+}
+
 static void handler(epd_http_req_t *req, void *arg)
 {
     fx_t *fx = arg;
@@ -189,6 +206,12 @@ static void handler(epd_http_req_t *req, void *arg)
     }
     if (strcmp(path, "/flood") == 0) {
         start_streamer(fx, req, 2);
+        return;
+    }
+    if (strcmp(path, "/late") == 0) {
+        /* No abort callback: answered 200 ms later, after the client left. */
+        fx->late = req;
+        uv_timer_start(&fx->late_timer, on_late, 200, 0);
         return;
     }
     if (strcmp(path, "/hold") == 0) {
@@ -217,6 +240,7 @@ static void on_done(uv_async_t *async)
 
     epd_http_server_destroy(fx->srv);
     uv_close((uv_handle_t *)async, NULL);
+    uv_close((uv_handle_t *)&fx->late_timer, NULL);
 }
 
 /* Runs `client` against a fresh server configured by `cfg` (handler and
@@ -233,6 +257,8 @@ static void run(epd_http_config_t *cfg, client_fn_t client)
     assert_int_equal(uv_loop_init(&fx->loop), 0);
     assert_int_equal(uv_async_init(&fx->loop, &fx->done, on_done), 0);
     fx->done.data = fx;
+    assert_int_equal(uv_timer_init(&fx->loop, &fx->late_timer), 0);
+    fx->late_timer.data = fx;
     cfg->handler = handler;
     cfg->arg = fx;
     assert_int_equal(epd_http_server_create(&fx->loop, cfg, &fx->srv), EPD_OK);
@@ -849,6 +875,16 @@ static void client_disconnect(fx_t *fx)
     usleep(50000);
     cl_close(c);
     check(fx, wait_atomic(&fx->aborts, 2), "abort callback for a held request");
+
+    /* Without an abort callback the request outlives its connection until
+     * the application answers it; the answer reports the client gone. */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "GET /late HTTP/1.1\r\n\r\n");
+    usleep(20000);
+    cl_close(c);
+    check(fx, wait_atomic(&fx->late_status, 1), "late answer made");
+    check(fx, atomic_load(&fx->late_status) == 1000 + EPD_ERR_CONNECTION_RESET,
+          "late answer to a gone client: %d", atomic_load(&fx->late_status) - 1000);
 }
 
 static void test_disconnect(void **state)
