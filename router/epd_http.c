@@ -87,15 +87,15 @@ struct epd_http_conn {
     epd_http_conn_t *next;
     http_parser parser;
     conn_state_t state;
-    epd_http_req_t *req;  /* being parsed, or held by the application */
-    int handles_open;     /* of tcp and timer, until both close callbacks ran */
+    epd_http_req_t *req; /* being parsed, or held by the application */
+    int handles_open;    /* of tcp and timer, until both close callbacks ran */
     int closing;
     int reading;
-    int close_after;      /* close once the answer is flushed */
-    int refused;          /* a 503 connection beyond max_connections */
-    int fail_status;      /* set by a parser callback that refuses the request */
-    size_t nwrites;       /* uv_write requests in flight */
-    size_t in_off;        /* inbuf[in_off..in_len) not parsed yet */
+    int close_after; /* close once the answer is flushed */
+    int refused;     /* a 503 connection beyond max_connections */
+    int fail_status; /* set by a parser callback that refuses the request */
+    size_t nwrites;  /* uv_write requests in flight */
+    size_t in_off;   /* inbuf[in_off..in_len) not parsed yet */
     size_t in_len;
     char inbuf[EPD_HTTP_INBUF_BYTES];
 };
@@ -136,31 +136,56 @@ static void conn_timer(epd_http_conn_t *conn, uint64_t ms)
 const char *epd_http_status_text(int status)
 {
     switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 411: return "Length Required";
-    case 413: return "Payload Too Large";
-    case 415: return "Unsupported Media Type";
-    case 422: return "Unprocessable Entity";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 499: return "Client Closed Request";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return "Unknown";
+    case 100:
+        return "Continue";
+    case 200:
+        return "OK";
+    case 201:
+        return "Created";
+    case 202:
+        return "Accepted";
+    case 204:
+        return "No Content";
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 403:
+        return "Forbidden";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 408:
+        return "Request Timeout";
+    case 409:
+        return "Conflict";
+    case 411:
+        return "Length Required";
+    case 413:
+        return "Payload Too Large";
+    case 415:
+        return "Unsupported Media Type";
+    case 422:
+        return "Unprocessable Entity";
+    case 429:
+        return "Too Many Requests";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 499:
+        return "Client Closed Request";
+    case 500:
+        return "Internal Server Error";
+    case 501:
+        return "Not Implemented";
+    case 502:
+        return "Bad Gateway";
+    case 503:
+        return "Service Unavailable";
+    case 504:
+        return "Gateway Timeout";
+    default:
+        return "Unknown";
     }
 }
 
@@ -285,7 +310,6 @@ static epd_status_t conn_write(epd_http_conn_t *conn, const void *a, size_t alen
     return EPD_OK;
 }
 
-
 /* The answer to the current request has been queued: wait for it to be
  * written, then go on (on_write). */
 static void conn_answered(epd_http_conn_t *conn)
@@ -333,8 +357,7 @@ static void conn_fail(epd_http_conn_t *conn, int status, const char *message)
 
 static void server_maybe_free(epd_http_server_t *server)
 {
-    if (server->closing && server->listener_closed && server->conns == NULL &&
-        !server->drop_busy) {
+    if (server->closing && server->listener_closed && server->conns == NULL && !server->drop_busy) {
         epd_free(server);
     }
 }
@@ -872,7 +895,7 @@ epd_status_t epd_http_server_create(uv_loop_t *loop, const epd_http_config_t *co
         goto err_close_listener;
     }
     server->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                      : ((struct sockaddr_in *)&bound)->sin_port);
+                                                     : ((struct sockaddr_in *)&bound)->sin_port);
     epd_log_info(HTTP_LOG, 0, "listening on %s:%u", config->host, server->port);
     *server_p = server;
     return EPD_OK;
@@ -1011,7 +1034,7 @@ epd_status_t epd_http_respond(epd_http_req_t *req, int status, const char *conte
     hlen = snprintf(head, sizeof(head),
                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s\r\n", status,
                     epd_http_status_text(status), content_type, len,
-                    conn->close_after ? "Connection: close\r\n"
+                    conn->close_after      ? "Connection: close\r\n"
                     : req->http_minor == 0 ? "Connection: keep-alive\r\n"
                                            : "");
     req_finish(req);
@@ -1048,9 +1071,10 @@ epd_status_t epd_http_stream_start(epd_http_req_t *req, int status)
                     "HTTP/1.1 %d %s\r\nContent-Type: text/event-stream\r\n"
                     "Cache-Control: no-cache\r\n%s\r\n",
                     status, epd_http_status_text(status),
-                    req->chunked ? (conn->close_after ? "Transfer-Encoding: chunked\r\nConnection: close\r\n"
-                                                      : "Transfer-Encoding: chunked\r\n")
-                                 : "Connection: close\r\n");
+                    req->chunked
+                        ? (conn->close_after ? "Transfer-Encoding: chunked\r\nConnection: close\r\n"
+                                             : "Transfer-Encoding: chunked\r\n")
+                        : "Connection: close\r\n");
     st = conn_write(conn, head, (size_t)hlen, NULL, 0, NULL, 0);
     if (st != EPD_OK) {
         return st;

@@ -76,17 +76,17 @@ typedef void (*epd_http_handler_cb_t)(epd_http_req_t *req, void *arg);
 typedef void (*epd_http_abort_cb_t)(epd_http_req_t *req, void *arg);
 
 typedef struct {
-    const char *host;            /* borrowed during create; IPv4 or IPv6 literal */
-    uint16_t port;               /* 0: an ephemeral port (see epd_http_server_port) */
-    size_t max_header_bytes;     /* request line + header names and values → 431 */
-    size_t max_body_bytes;       /* → 413 */
-    unsigned max_connections;    /* beyond → 503 and close */
-    uint64_t idle_timeout_ms;    /* between requests, and to flush a response */
-    uint64_t header_timeout_ms;  /* first byte of a request → end of its headers */
-    uint64_t body_timeout_ms;    /* end of headers → end of body */
-    size_t max_stream_backlog;   /* unsent bytes of a stream before the close */
+    const char *host;              /* borrowed during create; IPv4 or IPv6 literal */
+    uint16_t port;                 /* 0: an ephemeral port (see epd_http_server_port) */
+    size_t max_header_bytes;       /* request line + header names and values → 431 */
+    size_t max_body_bytes;         /* → 413 */
+    unsigned max_connections;      /* beyond → 503 and close */
+    uint64_t idle_timeout_ms;      /* between requests, and to flush a response */
+    uint64_t header_timeout_ms;    /* first byte of a request → end of its headers */
+    uint64_t body_timeout_ms;      /* end of headers → end of body */
+    size_t max_stream_backlog;     /* unsent bytes of a stream before the close */
     epd_http_handler_cb_t handler; /* required */
-    void *arg;                   /* handed to handler */
+    void *arg;                     /* handed to handler */
 } epd_http_config_t;
 
 /* Fills `config` with defaults: 127.0.0.1:0, 16 KiB headers, 4 MiB body,
@@ -138,8 +138,8 @@ const char *epd_http_req_body(const epd_http_req_t *req, size_t *len_p);
 void epd_http_req_set_abort(epd_http_req_t *req, epd_http_abort_cb_t cb, void *arg);
 
 /* Answers `req` with a full response and finishes it (req is invalid on
- * return, whatever the status); to a HEAD request only the headers go out.  `content_type` and `body[0..len)` are
- * borrowed during the call (copied).  `status` is 100 < status < 600 (an
+ * return, whatever the status); to a HEAD request only the headers go out.  `content_type` and
+ * `body[0..len)` are borrowed during the call (copied).  `status` is 100 < status < 600 (an
  * out-of-range one becomes 500).  The connection stays open for the next
  * request when the client allows keep-alive.  EPD_OK (queued; written by
  * the loop), EPD_ERR_CONNECTION_RESET (the client is gone; nothing sent),

@@ -128,13 +128,27 @@ static void w_str(writer_t *w, const char *s, size_t n)
         run = i + 1;
         esc[0] = '\\';
         switch (c) {
-        case '"': esc[1] = '"'; break;
-        case '\\': esc[1] = '\\'; break;
-        case '\n': esc[1] = 'n'; break;
-        case '\r': esc[1] = 'r'; break;
-        case '\t': esc[1] = 't'; break;
-        case '\b': esc[1] = 'b'; break;
-        case '\f': esc[1] = 'f'; break;
+        case '"':
+            esc[1] = '"';
+            break;
+        case '\\':
+            esc[1] = '\\';
+            break;
+        case '\n':
+            esc[1] = 'n';
+            break;
+        case '\r':
+            esc[1] = 'r';
+            break;
+        case '\t':
+            esc[1] = 't';
+            break;
+        case '\b':
+            esc[1] = 'b';
+            break;
+        case '\f':
+            esc[1] = 'f';
+            break;
         default:
             esc[1] = 'u';
             esc[2] = '0';
@@ -220,14 +234,21 @@ epd_status_t epd_oai_error_encode(const epd_oai_error_t *err, epd_oai_buf_t *out
 static const char *json_type_name(const json_t *v)
 {
     switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a decimal";
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a decimal";
     case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
+    case JSON_FALSE:
+        return "a boolean";
+    case JSON_NULL:
+        return "null";
     }
     return "a value";
 }
@@ -443,8 +464,8 @@ static epd_status_t parse_messages(json_t *root, epd_oai_request_t *req, epd_oai
     return EPD_OK;
 }
 
-static epd_status_t parse_number(json_t *root, const char *name, double lo, double hi,
-                                 int lo_open, double *value_p, epd_oai_error_t *err)
+static epd_status_t parse_number(json_t *root, const char *name, double lo, double hi, int lo_open,
+                                 double *value_p, epd_oai_error_t *err)
 {
     json_t *v = opt_field(root, name);
     double d;
@@ -642,10 +663,9 @@ static epd_status_t parse_fields(epd_oai_kind_t kind, json_t *root, const char *
         return status;
     }
     if (n != 1) {
-        epd_oai_error_set(err, 400, "n", NULL,
-                          "'n' must be 1: this server returns one choice per request (got %" PRId64
-                          ").",
-                          n);
+        epd_oai_error_set(
+            err, 400, "n", NULL,
+            "'n' must be 1: this server returns one choice per request (got %" PRId64 ").", n);
         return EPD_ERR_INVALID_PARAM;
     }
     status = parse_bool(root, "stream", "stream", &req->stream, err);
@@ -704,8 +724,8 @@ epd_status_t epd_oai_request_parse(epd_oai_kind_t kind, const void *body, size_t
         return EPD_ERR_INVALID_PARAM;
     }
     if (!json_is_object(root)) {
-        epd_oai_error_set(err, 400, NULL, NULL,
-                          "The request body must be a JSON object, not %s.", json_type_name(root));
+        epd_oai_error_set(err, 400, NULL, NULL, "The request body must be a JSON object, not %s.",
+                          json_type_name(root));
         status = EPD_ERR_INVALID_PARAM;
         goto err_decref;
     }

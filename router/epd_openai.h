@@ -75,14 +75,14 @@ typedef enum {
 
 typedef struct {
     epd_oai_kind_t kind;
-    char *model;            /* owned */
-    char *prompt;           /* owned, NUL terminated; chat: the rendered template */
-    size_t prompt_len;      /* bytes (prompts may hold no NUL: jansson refuses \u0000) */
-    int64_t max_tokens;     /* ≥ 1 when has_max_tokens */
-    int has_max_tokens;     /* 0: completions default 16 / chat up to the context */
+    char *model;        /* owned */
+    char *prompt;       /* owned, NUL terminated; chat: the rendered template */
+    size_t prompt_len;  /* bytes (prompts may hold no NUL: jansson refuses \u0000) */
+    int64_t max_tokens; /* ≥ 1 when has_max_tokens */
+    int has_max_tokens; /* 0: completions default 16 / chat up to the context */
     double temperature;
     double top_p;
-    int64_t top_k;          /* 0: off */
+    int64_t top_k; /* 0: off */
     int64_t seed;
     int has_seed;
     int stream;
@@ -92,11 +92,11 @@ typedef struct {
 } epd_oai_request_t;
 
 typedef struct {
-    int http_status;   /* 400, 404, 413, 500, ... */
-    char type[32];     /* "invalid_request_error", "server_error" */
+    int http_status; /* 400, 404, 413, 500, ... */
+    char type[32];   /* "invalid_request_error", "server_error" */
     char message[256];
-    char param[64];    /* the field, e.g. "messages[2].content"; "" → null */
-    char code[32];     /* "" → null */
+    char param[64]; /* the field, e.g. "messages[2].content"; "" → null */
+    char code[32];  /* "" → null */
 } epd_oai_error_t;
 
 /* A growable output buffer, reused across encodes (never shrinks).
@@ -104,12 +104,15 @@ typedef struct {
  * epd_oai_buf_cleanup.  The encoders append; data is NUL terminated after
  * a successful encode. */
 typedef struct {
-    char *data;  /* owned */
+    char *data; /* owned */
     size_t len;
     size_t cap;
 } epd_oai_buf_t;
 
-#define EPD_OAI_BUF_INIT {NULL, 0, 0}
+#define EPD_OAI_BUF_INIT                                                                           \
+    {                                                                                              \
+        NULL, 0, 0                                                                                 \
+    }
 
 /* Drops the contents (keeps the memory). */
 void epd_oai_buf_reset(epd_oai_buf_t *buf);
@@ -174,14 +177,14 @@ epd_status_t epd_oai_models_encode(const char *const *models, size_t n_models, i
 typedef struct {
     epd_oai_kind_t kind;
     char id[EPD_OAI_ID_MAX];
-    char *model;            /* owned copy */
+    char *model; /* owned copy */
     int64_t created;
     int include_usage;
-    int role_sent;          /* chat: delta.role went out */
+    int role_sent; /* chat: delta.role went out */
     int finished;
-    unsigned char tail[4];  /* held-back incomplete UTF-8 sequence */
+    unsigned char tail[4]; /* held-back incomplete UTF-8 sequence */
     size_t tail_len;
-    epd_oai_buf_t scratch;  /* joined and repaired text */
+    epd_oai_buf_t scratch; /* joined and repaired text */
 } epd_oai_stream_t;
 
 /* Prepares `stream` (caller's storage) for one answer; `id` and `model`

@@ -46,10 +46,10 @@ struct fx {
     client_fn_t client;
     pthread_t thread;
     /* set by the loop thread, read by the client */
-    atomic_int aborts;         /* abort callbacks fired */
-    atomic_int flood_reset;    /* stream_send refused a slow reader */
+    atomic_int aborts;      /* abort callbacks fired */
+    atomic_int flood_reset; /* stream_send refused a slow reader */
     atomic_int streams_ended;
-    atomic_int late_status;    /* what a late epd_http_respond returned, + 1000 */
+    atomic_int late_status; /* what a late epd_http_respond returned, + 1000 */
     epd_http_req_t *late;
     uv_timer_t late_timer;
     /* set by the client thread, checked after join */
@@ -520,7 +520,8 @@ static void client_keepalive(fx_t *fx)
     expect(fx, c, 200, "GET /one ct=- accept=text/plain len=0", "first");
     cl_sends(c, "POST /two HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 "Content-Length: 11\r\n\r\n{\"a\": true}");
-    expect(fx, c, 200, "POST /two ct=application/json accept=- len=11 body={\"a\": true}", "second");
+    expect(fx, c, 200, "POST /two ct=application/json accept=- len=11 body={\"a\": true}",
+           "second");
     cl_sends(c, "GET /three?x=1 HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, c, 200, "GET /three?x=1", "third on the same connection");
     /* HEAD: headers only, and the connection stays in step. */
@@ -529,8 +530,7 @@ static void client_keepalive(fx_t *fx)
         char *end;
         while ((end = cl_find(c, "\r\n\r\n")) == NULL && cl_fill(c) > 0) {
         }
-        check(fx, end != NULL && strncmp(c->buf, "HTTP/1.1 200 OK\r\n", 17) == 0,
-              "HEAD answered");
+        check(fx, end != NULL && strncmp(c->buf, "HTTP/1.1 200 OK\r\n", 17) == 0, "HEAD answered");
         if (end != NULL) {
             cl_consume(c, (size_t)(end - c->buf) + 4);
         }
@@ -804,17 +804,21 @@ static void client_stream(fx_t *fx)
     cl_sends(c, "GET /stream HTTP/1.1\r\nAccept: text/event-stream\r\n\r\n");
     rc = cl_response(c, &r);
     check(fx, rc == 0 && r.status == 200, "stream answered 200 (rc %d, status %d)", rc, r.status);
-    check(fx, head_value(r.head, "Content-Type") != NULL &&
-                  strncmp(head_value(r.head, "Content-Type"), "text/event-stream", 17) == 0,
+    check(fx,
+          head_value(r.head, "Content-Type") != NULL &&
+              strncmp(head_value(r.head, "Content-Type"), "text/event-stream", 17) == 0,
           "text/event-stream: %s", r.head);
-    check(fx, head_value(r.head, "Cache-Control") != NULL &&
-                  strncmp(head_value(r.head, "Cache-Control"), "no-cache", 8) == 0,
+    check(fx,
+          head_value(r.head, "Cache-Control") != NULL &&
+              strncmp(head_value(r.head, "Cache-Control"), "no-cache", 8) == 0,
           "no-cache");
-    check(fx, head_value(r.head, "Transfer-Encoding") != NULL &&
-                  strncmp(head_value(r.head, "Transfer-Encoding"), "chunked", 7) == 0,
+    check(fx,
+          head_value(r.head, "Transfer-Encoding") != NULL &&
+              strncmp(head_value(r.head, "Transfer-Encoding"), "chunked", 7) == 0,
           "chunked");
-    check(fx, r.body != NULL &&
-                  strcmp(r.body, "data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n") == 0,
+    check(fx,
+          r.body != NULL &&
+              strcmp(r.body, "data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n") == 0,
           "events in order: '%s'", r.body != NULL ? r.body : "");
     resp_free(&r);
     /* The connection is still good. */
@@ -826,9 +830,10 @@ static void client_stream(fx_t *fx)
     c = cl_connect(fx, 0);
     cl_sends(c, "GET /stream HTTP/1.0\r\n\r\n");
     rc = cl_response(c, &r);
-    check(fx, rc == 0 && r.status == 200 && r.body != NULL &&
-                  strcmp(r.body, "data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n") == 0 &&
-                  head_value(r.head, "Transfer-Encoding") == NULL,
+    check(fx,
+          rc == 0 && r.status == 200 && r.body != NULL &&
+              strcmp(r.body, "data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n") == 0 &&
+              head_value(r.head, "Transfer-Encoding") == NULL,
           "HTTP/1.0 stream: '%s'", r.body != NULL ? r.body : "");
     resp_free(&r);
     cl_close(c);
@@ -985,7 +990,8 @@ static void test_create_refusals(void **state)
     (void)state;
     assert_int_equal(uv_loop_init(&loop), 0);
     epd_http_config_init(&cfg);
-    assert_int_equal(epd_http_server_create(&loop, &cfg, &srv), EPD_ERR_INVALID_PARAM); /* no handler */
+    assert_int_equal(epd_http_server_create(&loop, &cfg, &srv),
+                     EPD_ERR_INVALID_PARAM); /* no handler */
     cfg.handler = handler;
     cfg.host = "not-an-ip";
     assert_int_equal(epd_http_server_create(&loop, &cfg, &srv), EPD_ERR_BAD_ADDRESS);

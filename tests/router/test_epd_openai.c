@@ -65,11 +65,13 @@ static const refusal_t refusals[] = {
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"temperature\": 2.5}", 400, "temperature", NULL,
      "must be in"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"top_p\": 0}", 400, "top_p", NULL, "must be in"},
-    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"top_p\": 1.5}", 400, "top_p", NULL, "must be in"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"top_p\": 1.5}", 400, "top_p", NULL,
+     "must be in"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"top_k\": -2}", 400, "top_k", NULL, "top_k"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"top_k\": \"5\"}", 400, "top_k", NULL,
      "Invalid type"},
-    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"seed\": 1.5}", 400, "seed", NULL, "Invalid type"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"seed\": 1.5}", 400, "seed", NULL,
+     "Invalid type"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"n\": 2}", 400, "n", NULL, "'n' must be 1"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"n\": \"1\"}", 400, "n", NULL, "Invalid type"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"stream\": \"yes\"}", 400, "stream", NULL,
@@ -209,11 +211,12 @@ static void test_completion_fields(void **state)
     epd_oai_request_t *req;
 
     (void)state;
-    req = parse_ok(C, "{\"model\": \"other\", \"prompt\": \"Hello\\nworld \\u00e9\", \"max_tokens\": 7,"
-                      " \"temperature\": 0.5, \"top_p\": 0.9, \"top_k\": 40, \"seed\": -3,"
-                      " \"stream\": true, \"stream_options\": {\"include_usage\": true},"
-                      " \"stop\": [\"\\n\\n\", \"END\"], \"n\": 1, \"user\": \"ignored\","
-                      " \"frequency_penalty\": 0}");
+    req = parse_ok(
+        C, "{\"model\": \"other\", \"prompt\": \"Hello\\nworld \\u00e9\", \"max_tokens\": 7,"
+           " \"temperature\": 0.5, \"top_p\": 0.9, \"top_k\": 40, \"seed\": -3,"
+           " \"stream\": true, \"stream_options\": {\"include_usage\": true},"
+           " \"stop\": [\"\\n\\n\", \"END\"], \"n\": 1, \"user\": \"ignored\","
+           " \"frequency_penalty\": 0}");
     assert_int_equal(req->kind, C);
     assert_string_equal(req->model, "other");
     assert_string_equal(req->prompt, "Hello\nworld \xc3\xa9");
@@ -249,7 +252,8 @@ static void test_completion_fields(void **state)
     epd_oai_request_destroy(req);
 
     /* An integer temperature is a number; max_tokens == context is allowed. */
-    req = parse_ok(C, "{\"model\": \"tiny\", \"prompt\": \"\", \"temperature\": 0, \"max_tokens\": 1024}");
+    req = parse_ok(
+        C, "{\"model\": \"tiny\", \"prompt\": \"\", \"temperature\": 0, \"max_tokens\": 1024}");
     assert_true(req->temperature == 0.0);
     assert_int_equal(req->max_tokens, 1024);
     assert_int_equal(req->prompt_len, 0);
@@ -275,7 +279,8 @@ static void test_chat_template(void **state)
     assert_int_equal(req->max_tokens, 9); /* max_completion_tokens wins */
     epd_oai_request_destroy(req);
 
-    req = parse_ok(H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}");
+    req = parse_ok(
+        H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}");
     assert_string_equal(req->prompt, "<|user|>\nq\n<|assistant|>\n");
     assert_false(req->has_max_tokens);
     epd_oai_request_destroy(req);
@@ -311,7 +316,8 @@ static void test_check_length(void **state)
     epd_oai_request_destroy(req);
 
     /* Chat without max_tokens: all the room left. */
-    req = parse_ok(H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}");
+    req = parse_ok(
+        H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}");
     assert_int_equal(epd_oai_check_length(req, 24, 1024, &max_new, &err), EPD_OK);
     assert_int_equal(max_new, 1000);
     assert_int_equal(epd_oai_check_length(req, 2000, 1024, &max_new, &err), EPD_ERR_INVALID_PARAM);
@@ -378,18 +384,17 @@ static void test_response_encode(void **state)
     epd_oai_buf_reset(&buf);
     epd_oai_make_id(H, 1, id);
     assert_string_equal(id, "chatcmpl-0000000000000001");
-    assert_int_equal(epd_oai_response_encode(H, id, "tiny", 1, "Hi!", 3, EPD_OAI_FINISH_STOP, 3, 2,
-                                             &buf),
-                     EPD_OK);
+    assert_int_equal(
+        epd_oai_response_encode(H, id, "tiny", 1, "Hi!", 3, EPD_OAI_FINISH_STOP, 3, 2, &buf),
+        EPD_OK);
     root = load(buf.data, buf.len);
     assert_string_equal(jstr(root, "object"), "chat.completion");
     choice = json_array_get(json_object_get(root, "choices"), 0);
     assert_string_equal(jstr(json_object_get(choice, "message"), "role"), "assistant");
     assert_string_equal(jstr(json_object_get(choice, "message"), "content"), "Hi!");
     assert_string_equal(jstr(choice, "finish_reason"), "stop");
-    assert_int_equal(json_integer_value(json_object_get(json_object_get(root, "usage"),
-                                                        "total_tokens")),
-                     5);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(root, "usage"), "total_tokens")), 5);
     json_decref(root);
 
     epd_oai_buf_reset(&buf);
@@ -502,7 +507,8 @@ static void stream_run(epd_oai_kind_t kind, const unsigned char *raw, size_t n, 
         const char *t = chunk_text(e, kind);
 
         assert_string_equal(jstr(e, "id"), "cmpl-1");
-        assert_string_equal(jstr(e, "object"), kind == H ? "chat.completion.chunk" : "text_completion");
+        assert_string_equal(jstr(e, "object"),
+                            kind == H ? "chat.completion.chunk" : "text_completion");
         assert_string_equal(jstr(e, "model"), "tiny");
         assert_int_equal(json_integer_value(json_object_get(e, "created")), 99);
         if (include_usage) {
@@ -575,9 +581,9 @@ static void test_stream_repairs_like_whole(void **state)
 {
     /* Random bytes (biased towards UTF-8 lead/continuation bytes) in random
      * pieces: the stream's text is epd_utf8_repair of the whole. */
-    static const unsigned char pool[] = {'a', ' ', '"', '\\', '\n', 0x01, 0x7f, 0x80, 0x8f, 0xa0,
-                                         0xbf, 0xc0, 0xc2, 0xdf, 0xe0, 0xe2, 0xed, 0xef, 0xf0,
-                                         0xf4, 0xf5, 0xff};
+    static const unsigned char pool[] = {'a',  ' ',  '"',  '\\', '\n', 0x01, 0x7f, 0x80,
+                                         0x8f, 0xa0, 0xbf, 0xc0, 0xc2, 0xdf, 0xe0, 0xe2,
+                                         0xed, 0xef, 0xf0, 0xf4, 0xf5, 0xff};
     unsigned seed = 12345;
     int iter;
 
@@ -642,8 +648,9 @@ static void test_stream_empty_and_error(void **state)
     epd_oai_stream_cleanup(&s);
     epd_oai_buf_cleanup(&out);
 
-    assert_int_equal(epd_oai_stream_init(&s, C, "this-id-is-far-too-long-for-the-buffer", "m", 1, 0),
-                     EPD_ERR_INVALID_PARAM);
+    assert_int_equal(
+        epd_oai_stream_init(&s, C, "this-id-is-far-too-long-for-the-buffer", "m", 1, 0),
+        EPD_ERR_INVALID_PARAM);
 }
 
 /* ------------------------------------------------------------ allocation failures */
@@ -653,7 +660,7 @@ static void test_alloc_failures(void **state)
     static const char chat[] =
         "{\"model\": \"tiny\", \"stop\": [\"a\", \"b\"], \"messages\": [{\"role\": \"user\","
         " \"content\": [{\"type\": \"text\", \"text\": \"hi\"}]}]}";
-    static const char compl[] = "{\"model\": \"tiny\", \"prompt\": \"x\", \"stop\": \"s\"}";
+    static const char compl [] = "{\"model\": \"tiny\", \"prompt\": \"x\", \"stop\": \"s\"}";
     epd_alloc_stats_t before;
     epd_alloc_stats_t after;
     long n;
@@ -671,7 +678,7 @@ static void test_alloc_failures(void **state)
 
         epd_alloc_fail_after(n);
         st = epd_oai_request_parse(n % 2 ? H : C, n % 2 ? chat : compl,
-                                   strlen(n % 2 ? chat : compl), models, N_MODELS, CONTEXT, &req,
+                                   strlen(n % 2 ? chat : compl ), models, N_MODELS, CONTEXT, &req,
                                    &err);
         if (st == EPD_OK) {
             ok_parse++;
