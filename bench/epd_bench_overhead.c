@@ -821,8 +821,8 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
                 ob_request(b, tokens, len, !first, 0) != 0) {
                 goto out;
             }
-            if (first == 1 && (len == b->trace_len || trace_id == 0)) {
-                trace_id = b->reqs[b->n_reqs - 2].id;
+            if (len == b->trace_len || trace_id == 0) {
+                trace_id = b->reqs[b->n_reqs - (first == 1 ? 2 : 1)].id; /* the B one */
             }
         }
     }

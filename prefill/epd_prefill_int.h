@@ -74,6 +74,14 @@ typedef struct epd_prefill_peer {
     epd_prefill_peer_state_t state;
     epd_status_t dead_status;
     uint32_t n_reqs;               /* requests bound to it (it lives while > 0) */
+    /* decode's packed key of its KV region, unpacked once on ep and shared by
+     * every request that names the same key: unpacking per request would
+     * map the region afresh each time (on shared memory every page of every
+     * request's KV then faults in again — measured: most of the transfer
+     * time).  Destroyed by closing ep. */
+    epd_xport_rkey_t *rkey;
+    unsigned char rkey_blob[EPD_XPORT_RKEY_MAX];
+    size_t rkey_len;
     int listed;                    /* in srv->peers (lookup by id) */
     struct epd_prefill_peer *next; /* srv->peers */
 } epd_prefill_peer_t;
@@ -115,6 +123,7 @@ struct epd_prefill_req {
     epd_prefill_place_t remote;
     uint64_t region_size;
     epd_xport_rkey_t *rkey; /* on peer->ep; NULL once that ep closed */
+    int rkey_shared;        /* rkey is peer->rkey (borrowed, not destroyed here) */
     /* compute hand-off */
     epd_prefill_job_t run_job, release_job;
     epd_prefill_ev_t *evs; /* [n_layers + 2]: layers, DONE, RELEASED */

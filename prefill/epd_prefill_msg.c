@@ -343,6 +343,7 @@ void epd__prefill_peers_reap(epd_prefill_srv_t *srv)
                     req->rkey = NULL;
                 }
             }
+            peer->rkey = NULL;
             peer->ep = NULL;
             epd_xport_ep_close(ep);
         }
@@ -481,7 +482,22 @@ void epd__prefill_apply_reservation(epd_prefill_srv_t *srv, epd_prefill_req_t *r
         epd__prefill_req_fail(srv, req, EPD_ERR_PEER_DEAD, "decode worker is gone", 1, 0, 0);
         return;
     }
-    st = epd_xport_rkey_unpack(req->peer->ep, r->rkey.data, r->rkey.len, &req->rkey);
+    if (req->peer->rkey != NULL && req->peer->rkey_len == r->rkey.len &&
+        memcmp(req->peer->rkey_blob, r->rkey.data, r->rkey.len) == 0) {
+        req->rkey = req->peer->rkey;
+        req->rkey_shared = 1;
+        st = EPD_OK;
+    } else {
+        st = epd_xport_rkey_unpack(req->peer->ep, r->rkey.data, r->rkey.len, &req->rkey);
+        if (st == EPD_OK && req->peer->rkey == NULL && r->rkey.len <= EPD_XPORT_RKEY_MAX &&
+            epd_xport_rkey_size(req->rkey) >= r->region_size) {
+            /* the first key of this decode incarnation: keep it for the next */
+            req->peer->rkey = req->rkey;
+            memcpy(req->peer->rkey_blob, r->rkey.data, r->rkey.len);
+            req->peer->rkey_len = r->rkey.len;
+            req->rkey_shared = 1;
+        }
+    }
     if (st != EPD_OK) {
         req->rkey = NULL;
         snprintf(msg, sizeof(msg), "reservation refused: remote key does not unpack (%s)",
@@ -493,8 +509,11 @@ void epd__prefill_apply_reservation(epd_prefill_srv_t *srv, epd_prefill_req_t *r
     if (epd_xport_rkey_size(req->rkey) < r->region_size) {
         snprintf(msg, sizeof(msg), "reservation refused: region of %llu bytes, key covers %zu",
                  (unsigned long long)r->region_size, epd_xport_rkey_size(req->rkey));
-        epd_xport_rkey_destroy(req->rkey);
+        if (!req->rkey_shared) {
+            epd_xport_rkey_destroy(req->rkey);
+        }
         req->rkey = NULL;
+        req->rkey_shared = 0;
         epd__prefill_req_fail(srv, req, EPD_ERR_OUT_OF_RANGE, msg, 1, 1, 1);
         return;
     }

@@ -638,7 +638,7 @@ static void epd_prefill_req_destroy(epd_prefill_srv_t *srv, epd_prefill_req_t *r
         srv->free_blocks[srv->n_free_blocks++] = req->local_blocks[i];
     }
     srv->n_live--;
-    if (req->rkey != NULL) {
+    if (req->rkey != NULL && !req->rkey_shared) {
         epd_xport_rkey_destroy(req->rkey);
     }
     epd__prefill_peer_unref(srv, req->peer);

@@ -11,3 +11,8 @@ $(eval $(call epd_test,test_epd_prefill_daemon,tests/prefill/test_epd_prefill_da
 $(test_epd_prefill_daemon_OBJS): EPD_CPPFLAGS += -Itests/engine
 $(BUILD)/tests/test_epd_prefill_daemon: $(BUILD)/bin/epd-prefill
 ALL_TESTS += tests/prefill/test_prefill_daemon_ofi.sh
+
+# --trace end to end: epd-bench overhead on a tiny ref model, the traces
+# parsed with jansson (structure only, no timing).
+$(eval $(call epd_test,test_epd_prefill_trace,tests/prefill/test_epd_prefill_trace.c,epd_common))
+$(BUILD)/tests/test_epd_prefill_trace: $(BUILD)/bin/epd-prefill $(BUILD)/bin/epd-decode $(BUILD)/bin/epd-bench $(BUILD)/bin/epd-mkmodel
