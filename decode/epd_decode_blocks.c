@@ -142,7 +142,10 @@ static epd_status_t epd__table_check(epd__blk_table_t *t, uint64_t owner, const 
 static void epd__table_apply(epd__blk_table_t *t, uint64_t owner, const uint32_t *ids, uint32_t n,
                              epd_decode_blk_state_t from, epd_decode_blk_state_t to)
 {
-    for (uint32_t i = 0; i < n; i++) {
+    /* in reverse, so that freed ids go back on the stack lowest on top: the
+     * next reservation gets ascending (usually contiguous) ids again, which
+     * prefill writes as one write per layer instead of one per block */
+    for (uint32_t i = n; i-- > 0;) {
         uint32_t id = ids[i];
 
         assert(t->state[id] == EPD__BLK_MARK && t->owner[id] == owner);
