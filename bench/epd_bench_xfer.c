@@ -435,6 +435,8 @@ static int xb_host_main(const xb_conf_t *c, xb_result_t *r)
         return -1;
     }
     memset(epd_xport_mr_addr(lmr), 0x5a, max_size);
+    r->lat_us = xb_measure_lat(x, &h, ep);
+    r->ref_lat_us = xb_no_ref ? -1 : xb_ref_lat(c);
     /* epd and the reference alternate, twice, best of each: the machine is
      * shared, and alternating exposes both to the same disturbances */
     for (int i = 0; i < xb_n_sizes; i++) {
@@ -448,8 +450,6 @@ static int xb_host_main(const xb_conf_t *c, xb_result_t *r)
             }
         }
     }
-    r->lat_us = xb_measure_lat(x, &h, ep);
-    r->ref_lat_us = xb_no_ref ? -1 : xb_ref_lat(c);
     r->ok = h.failed == 0 && h.err == EPD_OK;
     epd_xport_rkey_destroy(rk);
     epd_xport_ep_close(ep);

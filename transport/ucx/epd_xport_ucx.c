@@ -129,9 +129,13 @@ typedef struct {
     bool direct;
 } epd__ucx_rkey_t;
 
+#define EPD__UCX_RX_INLINE 240 /* small messages are copied into the ring slot */
+
 typedef struct {
-    void *data;
+    void *data;      /* UCX's descriptor (released after delivery), or inl */
     size_t len;
+    bool held;       /* data is a UCX descriptor to release */
+    unsigned char inl[EPD__UCX_RX_INLINE];
 } epd__ucx_rx_t;
 
 struct epd__ucx {
@@ -390,9 +394,17 @@ static ucs_status_t epd__ucx_am_msg(void *arg, const void *header, size_t header
         return UCS_OK;
     }
     rx = &be->ring[(be->ring_head + be->ring_count) % EPD__UCX_RING];
-    rx->data = data;
     rx->len = length;
     be->ring_count++;
+    if (length <= EPD__UCX_RX_INLINE) {
+        /* a copy is cheaper than keeping the transport's buffer */
+        memcpy(rx->inl, data, length);
+        rx->data = rx->inl;
+        rx->held = false;
+        return UCS_OK;
+    }
+    rx->data = data;
+    rx->held = true;
     return UCS_INPROGRESS; /* held until delivered, then ucp_am_data_release */
 }
 
@@ -639,7 +651,9 @@ static void epd__ucx_destroy(void *arg)
         epd__ucx_mr_unmap(mr);
     }
     while (be->ring_count > 0) {
-        ucp_am_data_release(be->worker, be->ring[be->ring_head].data);
+        if (be->ring[be->ring_head].held) {
+            ucp_am_data_release(be->worker, be->ring[be->ring_head].data);
+        }
         be->ring_head = (be->ring_head + 1) % EPD__UCX_RING;
         be->ring_count--;
     }
@@ -1228,11 +1242,19 @@ static int epd__ucx_progress(void *arg)
     }
     n_rx = be->ring_count;
     while (n_rx-- > 0 && be->ring_count > 0) {
-        epd__ucx_rx_t rx = be->ring[be->ring_head];
+        epd__ucx_rx_t *rx = &be->ring[be->ring_head];
+        void *data = rx->data;
+        size_t len = rx->len;
+        bool held = rx->held;
+
+        /* the slot stays untouched while its bytes are delivered: the ring
+         * only grows at the tail during a nested progress, and has slack */
+        epd__xport_deliver(be->core, data, len);
+        if (held) {
+            ucp_am_data_release(be->worker, data);
+        }
         be->ring_head = (be->ring_head + 1) % EPD__UCX_RING;
         be->ring_count--;
-        epd__xport_deliver(be->core, rx.data, rx.len);
-        ucp_am_data_release(be->worker, rx.data);
         n++;
     }
     while (be->fail_list != NULL) {
