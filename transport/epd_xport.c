@@ -770,8 +770,16 @@ void epd__xport_deliver(epd_xport_t *x, const void *data, size_t len)
     }
     ep = epd__ep_lookup(x, f.dst_cookie);
     if (ep == NULL || (ep->state != EPD__EP_CONNECTING && ep->state != EPD__EP_CONNECTED)) {
-        EPD__LOG_LIMITED(x, "dropping a frame of type %u from %016llx: no such endpoint", f.type,
-                         (unsigned long long)f.sender_id);
+        if (f.type == EPD__FRAME_MSG) {
+            EPD__LOG_LIMITED(x, "dropping a message from %016llx: no such endpoint",
+                             (unsigned long long)f.sender_id);
+        } else {
+            /* keepalives, acks and byes for an endpoint closed here are
+             * expected until the peer notices */
+            epd_log_debug(EPD__XPORT_COMP, 0,
+                          "dropping a frame of type %u from %016llx: no such endpoint", f.type,
+                          (unsigned long long)f.sender_id);
+        }
         goto out;
     }
     if (f.type == EPD__FRAME_HELLO_ACK) {
