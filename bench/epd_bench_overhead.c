@@ -97,7 +97,7 @@ typedef struct {
     int arm; /* 0 = A (prefill only), 1 = B (prefill + transfer) */
     int warmup;
     int ok;
-    double p_recv, q_end, c_start, c_end, last_layer_end, resv, d_held, step1;
+    double p_recv, q_end, c_start, c_end, last_layer_end, resv, d_held, step1, verify;
     int n_layers_seen, n_writes_seen;
 } ob_req_t;
 
@@ -114,7 +114,8 @@ typedef struct {
     long long groups[OB_MAX_LIST];
     int n_groups;
     int groups_given;
-    uint32_t per_layer_max; /* extra per-layer rows up to this length */
+    uint32_t compare_max;    /* extra rows with compare_group up to this length */
+    long long compare_group; /* --write-group-bytes of those rows */
     int reps, reps_long, warmup;
     const char *trace_out;
     uint32_t trace_len;
@@ -465,6 +466,8 @@ static json_t *ob_read_trace(ob_t *b, const char *path, int is_decode)
                 r->d_held = ts;
             } else if (strcmp(name, "first decode step") == 0) {
                 r->step1 = dur;
+            } else if (strcmp(name, "verify KV") == 0) {
+                r->verify = dur;
             }
         }
     }
@@ -531,6 +534,7 @@ typedef enum {
     OB_RESV,
     OB_COMPUTE,
     OB_TAIL,
+    OB_VERIFY,
     OB_STEP1,
 } ob_metric_t;
 
@@ -563,6 +567,9 @@ static int ob_collect(const ob_t *b, uint32_t len, ob_metric_t m, double *v)
         case OB_TAIL:
             v[n++] = r->d_held - r->last_layer_end;
             break;
+        case OB_VERIFY:
+            v[n++] = r->verify;
+            break;
         case OB_STEP1:
             v[n++] = r->step1;
             break;
@@ -587,7 +594,7 @@ static double ob_metric(const ob_t *b, uint32_t len, ob_metric_t m, double p, in
 static void ob_group_name(long long g, char *buf, size_t cap)
 {
     if (g == OB_GROUP_DEFAULT) {
-        snprintf(buf, cap, "grouped");
+        snprintf(buf, cap, "default");
     } else if (g == 0) {
         snprintf(buf, cap, "per-layer");
     } else if (g % (1 << 20) == 0) {
@@ -878,11 +885,12 @@ out:
         double b90 = ob_metric(b, len, OB_B, 0.9, NULL);
 
         printf("%-11s %-7s %6u %-9s %3d/%-3d %9.3f %9.3f %9.3f %9.3f %7.2f%% | %7.3f %7.3f %9.3f "
-               "%8.3f %7.3f\n",
+               "%8.3f %7.3f %7.3f\n",
                e->name, xp->name, len, gname, na, nb, a50, a90, b50, b90,
                100.0 * (b50 - a50) / a50, ob_metric(b, len, OB_QUEUE, 0.5, NULL),
                ob_metric(b, len, OB_RESV, 0.5, NULL), ob_metric(b, len, OB_COMPUTE, 0.5, NULL),
-               ob_metric(b, len, OB_TAIL, 0.5, NULL), ob_metric(b, len, OB_STEP1, 0.5, NULL));
+               ob_metric(b, len, OB_TAIL, 0.5, NULL), ob_metric(b, len, OB_VERIFY, 0.5, NULL),
+               ob_metric(b, len, OB_STEP1, 0.5, NULL));
         fflush(stdout);
     }
     return 0;
@@ -950,21 +958,21 @@ static int ob_parse_names(const char *s, int engines, ob_t *b)
     return 0;
 }
 
-static int ob_parse_groups(const char *s, ob_t *b)
+static int ob_parse_groups(const char *s, long long *groups, int *n_p)
 {
     char buf[512];
     char *save = NULL;
+    int n = 0;
 
     snprintf(buf, sizeof(buf), "%s", s);
-    b->n_groups = 0;
     for (char *tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
         long long v;
         char *end;
 
-        if (b->n_groups == OB_MAX_LIST) {
+        if (n == OB_MAX_LIST) {
             return -1;
         }
-        if (strcmp(tok, "grouped") == 0 || strcmp(tok, "default") == 0) {
+        if (strcmp(tok, "default") == 0) {
             v = OB_GROUP_DEFAULT;
         } else if (strcmp(tok, "per-layer") == 0) {
             v = 0;
@@ -981,9 +989,10 @@ static int ob_parse_groups(const char *s, ob_t *b)
                 return -1;
             }
         }
-        b->groups[b->n_groups++] = v;
+        groups[n++] = v;
     }
-    return b->n_groups > 0 ? 0 : -1;
+    *n_p = n;
+    return n > 0 ? 0 : -1;
 }
 
 static void ob_usage(void)
@@ -995,9 +1004,10 @@ static void ob_usage(void)
            "  --ref-lengths LIST   prompt lengths for ref [128,1024]\n"
            "  --engines LIST       dense-70b,hybrid-320b,ref [all]\n"
            "  --transports LIST    ucx-shm,ucx-tcp,ofi-tcp [all]\n"
-           "  --groups LIST        write grouping rows: grouped (daemon default), per-layer,\n"
-           "                       or bytes (64K, 1M) [grouped; + per-layer up to --per-layer-max]\n"
-           "  --per-layer-max N    default run: per-layer rows for lengths <= N [1024]\n"
+           "  --groups LIST        prefill --write-group-bytes of each row: default (the\n"
+           "                       daemon's), per-layer (0) or bytes (64K, 1M) [default]\n"
+           "  --compare-group G    without --groups: also rows with this grouping... [256K]\n"
+           "  --compare-max N      ...for lengths <= N [1024]\n"
            "  --reps N             A/B pairs per length [12]\n"
            "  --reps-long N        A/B pairs for lengths >= 16k [6]\n"
            "  --warmup N           A/B pairs not counted, per length [1]\n"
@@ -1025,7 +1035,8 @@ int epd_bench_overhead_main(int argc, char **argv)
     b.ref_lengths[0] = 128;
     b.ref_lengths[1] = 1024;
     b.n_ref_lengths = 2;
-    b.per_layer_max = 1024;
+    b.compare_max = 1024;
+    b.compare_group = 256 * 1024;
     b.reps = 12;
     b.reps_long = 6;
     b.warmup = 1;
@@ -1057,10 +1068,16 @@ int epd_bench_overhead_main(int argc, char **argv)
         } else if (strcmp(a, "--transports") == 0) {
             bad = ob_parse_names(v, 0, &b);
         } else if (strcmp(a, "--groups") == 0) {
-            bad = ob_parse_groups(v, &b);
+            bad = ob_parse_groups(v, b.groups, &b.n_groups);
             b.groups_given = 1;
-        } else if (strcmp(a, "--per-layer-max") == 0) {
-            b.per_layer_max = (uint32_t)atoi(v);
+        } else if (strcmp(a, "--compare-max") == 0) {
+            b.compare_max = (uint32_t)atoi(v);
+        } else if (strcmp(a, "--compare-group") == 0) {
+            long long g[OB_MAX_LIST];
+            int ng = 0;
+
+            bad = ob_parse_groups(v, g, &ng) != 0 || ng != 1;
+            b.compare_group = g[0];
         } else if (strcmp(a, "--reps") == 0) {
             b.reps = atoi(v);
             bad = b.reps < 1;
@@ -1132,7 +1149,8 @@ int epd_bench_overhead_main(int argc, char **argv)
            "# to A: compute done / B: decode holding all KV (PrefillComplete verified).\n"
            "# breakdown (medians of B): queue = wait for the compute thread, resv = reservation\n"
            "# received, compute = prefill span, tail = last layer's compute end -> decode holds\n"
-           "# all KV, step1 = first decode step.  Load average at start: ");
+           "# all KV (verify = decode hashing every layer, the end of the tail), step1 = first\n"
+           "# decode step.  Load average at start: ");
     {
         FILE *f = fopen("/proc/loadavg", "r");
         char la[64] = "?";
@@ -1146,9 +1164,9 @@ int epd_bench_overhead_main(int argc, char **argv)
         la[strcspn(la, "\n")] = '\0';
         printf("%s, %ld CPUs\n", la, sysconf(_SC_NPROCESSORS_ONLN));
     }
-    printf("%-11s %-7s %6s %-9s %7s %9s %9s %9s %9s %8s | %7s %7s %9s %8s %7s\n", "engine",
+    printf("%-11s %-7s %6s %-9s %7s %9s %9s %9s %9s %8s | %7s %7s %9s %8s %7s %7s\n", "engine",
            "xport", "tokens", "writes", "nA/nB", "A med", "A p90", "B med", "B p90", "ovh",
-           "queue", "resv", "compute", "tail", "step1");
+           "queue", "resv", "compute", "tail", "verify", "step1");
     for (int ei = 0; ei < b.n_engines; ei++) {
         const ob_engine_t *e = b.engines[ei];
         const uint32_t *lens = e->profile != NULL ? b.lengths : b.ref_lengths;
@@ -1160,16 +1178,17 @@ int epd_bench_overhead_main(int argc, char **argv)
                     rc = 1;
                 }
             }
-            if (!b.groups_given && b.per_layer_max > 0) {
+            if (!b.groups_given && b.compare_max > 0) {
                 uint32_t short_lens[OB_MAX_LIST];
                 int ns = 0;
 
                 for (int li = 0; li < nl; li++) {
-                    if (lens[li] <= b.per_layer_max) {
+                    if (lens[li] <= b.compare_max) {
                         short_lens[ns++] = lens[li];
                     }
                 }
-                if (ns > 0 && ob_config(&b, e, b.xports[xi], 0, short_lens, ns) != 0) {
+                if (ns > 0 &&
+                    ob_config(&b, e, b.xports[xi], b.compare_group, short_lens, ns) != 0) {
                     rc = 1;
                 }
             }

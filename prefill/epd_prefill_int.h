@@ -48,9 +48,13 @@
 #define EPD_PREFILL_ID_MAX 128    /* worker id bytes, NUL included */
 #define EPD_PREFILL_STASH_MAX 256 /* reservations that came before their request */
 #define EPD_PREFILL_TOMB_MAX 4096 /* recently aborted / failed request ids */
-/* --write-group-bytes default: see prefill/README.md (chosen with
- * `epd-bench overhead --group-sweep`) */
-#define EPD_PREFILL_WRITE_GROUP_DEFAULT (1024 * 1024)
+/* --write-group-bytes default: every layer as it finishes.  Measured with
+ * `epd-bench overhead --groups per-layer,64K,256K,1M,4M,1024M` at 128, 256
+ * and 1k tokens on shm and TCP (README.md "What disaggregation costs"): no
+ * grouping ever shortened the transfer tail — a layer is one write (its
+ * blocks coalesce) and no per-layer message goes out (LayerDone is only a
+ * lease keep-alive), so posting early only hides more. */
+#define EPD_PREFILL_WRITE_GROUP_DEFAULT 0
 
 typedef struct {
     uint64_t start_time_ns;
