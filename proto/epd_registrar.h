@@ -1,0 +1,105 @@
+/*
+ * epd_registrar.h — a worker's membership in the router's registry
+ * (proto/epd_control.proto: RegisterWorker, Heartbeat).
+ *
+ * A daemon that was given --router HOST:PORT starts one registrar once it
+ * serves.  The registrar's own thread calls RegisterWorker with the
+ * daemon's packed RegisterRequest, retrying every retry_ms until the router
+ * accepts it, then calls Heartbeat every RegisterResponse.heartbeat_interval_ms
+ * (500 ms when the router says 0) with the daemon's current Load.  An answer
+ * `known == false` (the router restarted, or declared us dead) makes it
+ * register again; `drain == true` is reported once to the daemon's loop
+ * (uv_async), where drain_cb runs — the daemon then drains as if its own
+ * Drain RPC had been called.
+ *
+ * The load: the loop thread owns the daemon's state, so a loop timer of the
+ * registrar (every publish_ms) calls load_cb on the loop thread and stores
+ * the answer in a seqlock; the registrar thread reads the newest consistent
+ * copy.  No lock is ever held across a gRPC call, and the loop thread never
+ * waits for the registrar thread except in epd_registrar_stop (which joins
+ * it: at most one call's deadline, call_timeout_ms).
+ *
+ * The thread waits on a condition variable between calls, so stopping is
+ * prompt; a failing router is logged once per minute, not per attempt.
+ * After a failed call the gRPC channel is made anew, so a router that comes
+ * (back) up is reached on the next attempt rather than after gRPC's own
+ * reconnect backoff (which grows to minutes).
+ */
+#ifndef EPD_REGISTRAR_H
+#define EPD_REGISTRAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "epd_status.h"
+
+typedef struct epd_registrar epd_registrar_t;
+
+/* The fields of epd.Load the daemon reports. */
+typedef struct {
+    uint32_t queue_depth;   /* requests waiting */
+    uint64_t queued_tokens; /* prompt tokens waiting (prefill) */
+    uint32_t kv_blocks_free;
+    uint32_t state_slots_free;
+    uint32_t running_requests;
+} epd_registrar_load_t;
+
+/* Loop thread: write the daemon's current load into *load_p. */
+typedef void (*epd_registrar_load_cb_t)(void *arg, epd_registrar_load_t *load_p);
+/* Loop thread: the router asked this worker to drain (called once). */
+typedef void (*epd_registrar_drain_cb_t)(void *arg);
+
+typedef struct {
+    const char *router;  /* "HOST:PORT" of the router's gRPC service (copied) */
+    const void *request; /* packed epd.RegisterRequest (copied); its worker
+                          * id and epoch name the heartbeats */
+    size_t request_len;
+    epd_registrar_load_cb_t load_cb;   /* required */
+    epd_registrar_drain_cb_t drain_cb; /* NULL: drain requests are only logged */
+    void *cb_arg;
+    const char *log_component; /* static string, e.g. "prefill"; NULL: "registrar" */
+    uint32_t retry_ms;         /* between RegisterWorker attempts; 0: 1000 */
+    uint32_t call_timeout_ms;  /* deadline of one call; 0: 300 */
+    uint32_t publish_ms;       /* load snapshot period on the loop; 0: 100 */
+} epd_registrar_config_t;
+
+/* What the registrar did so far (any thread; for tests and logs). */
+typedef struct {
+    uint64_t register_attempts;
+    uint64_t registrations; /* accepted RegisterWorker answers */
+    uint64_t heartbeats_ok;
+    uint64_t heartbeats_failed;
+    uint64_t unknown; /* known == false answers */
+    int drain_requested;
+    uint32_t heartbeat_interval_ms; /* the router's, once registered */
+} epd_registrar_counts_t;
+
+/*
+ * Starts the registrar: publishes the load once (load_cb, now), starts the
+ * publish timer on `loop` and the thread, which registers at once.  Loop
+ * thread.  On EPD_OK *reg_p is owned by the caller (epd_registrar_stop).
+ * EPD_ERR_INVALID_PARAM when the request does not unpack or lacks a worker
+ * id or epoch, or `router` is empty.
+ */
+epd_status_t epd_registrar_start(uv_loop_t *loop, const epd_registrar_config_t *config,
+                                 epd_registrar_t **reg_p);
+
+/* Publishes `load` now (on top of the timer's); loop thread. */
+void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *load);
+
+/* The newest published load, consistent (seqlock); any thread. */
+void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p);
+
+void epd_registrar_counts(epd_registrar_t *reg, epd_registrar_counts_t *counts_p);
+
+/*
+ * Stops the thread (waits for a call in flight: at most call_timeout_ms),
+ * stops the timer and closes the handles; the memory is freed by the last
+ * close callback, so the loop must run once more (its normal shutdown).
+ * No callback runs after this returns.  Loop thread.  NULL is a no-op.
+ */
+void epd_registrar_stop(epd_registrar_t *reg);
+
+#endif
