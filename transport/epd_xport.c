@@ -54,6 +54,7 @@
 #define EPD__XPORT_OP_RESERVE 64   /* ops kept for fence flushes */
 #define EPD__XPORT_HELD_MAX 256    /* held message copies per xport */
 #define EPD__XPORT_LOG_BURST 10    /* rate-limited log lines per second */
+#define EPD__XPORT_MSG_LIMIT (16u << 20) /* messages are small; bulk data is written */
 
 enum {
     EPD__FRAME_HELLO = 1,
@@ -864,7 +865,7 @@ epd_status_t epd_xport_create(const epd_xport_config_t *config, epd_xport_t **x_
     if (config == NULL || x_p == NULL || config->msg_cb == NULL || config->backend == NULL) {
         return EPD_ERR_INVALID_PARAM;
     }
-    if (config->max_msg_size == 0 || config->max_msg_size > (1u << 30) ||
+    if (config->max_msg_size == 0 || config->max_msg_size > EPD__XPORT_MSG_LIMIT ||
         config->max_inflight == 0 || config->max_inflight > (1u << 24) ||
         config->connect_timeout_ms == 0 || config->peer_timeout_ms < 4) {
         epd_log_error(EPD__XPORT_COMP, 0,

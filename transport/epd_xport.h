@@ -92,7 +92,7 @@ typedef struct {
     /* ofi: the node to bind ("127.0.0.1" by default: without a node libfabric
      * picks eth0).  ucx: ignored. */
     const char *bind_host;
-    size_t max_msg_size;        /* largest message payload (default 64 KiB) */
+    size_t max_msg_size;        /* largest message payload (default 64 KiB, at most 16 MiB) */
     uint32_t max_inflight;      /* writes+flushes posted at once per xport (default 4096) */
     uint32_t connect_timeout_ms; /* handshake deadline (default 5000) */
     uint32_t peer_timeout_ms;   /* silence that declares a peer dead (default 10000) */

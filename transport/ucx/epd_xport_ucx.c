@@ -55,7 +55,8 @@
 #define EPD__UCX_RNDV_MIN (32 * 1024)  /* AM writes from this size on: rendezvous */
 #define EPD__UCX_RING 4096             /* received messages queued per progress */
 #define EPD__UCX_RING_SLACK 512        /* room kept for one ucp_worker_progress */
-#define EPD__UCX_TX_MAX 1024           /* send copies in flight */
+#define EPD__UCX_TX_MAX 1024           /* send copies in flight ... */
+#define EPD__UCX_TX_BYTES (64u << 20)  /* ... and at most this many bytes of them */
 #define EPD__UCX_CLOSE_WAIT_NS (2 * EPD_NSEC_PER_SEC)
 
 typedef struct epd__ucx epd__ucx_t;
@@ -157,6 +158,7 @@ struct epd__ucx {
     uint32_t ring_head, ring_count;
     epd__ucx_tx_t *tx_free;
     uint32_t tx_count;
+    uint32_t tx_max;
     uint64_t dropped;
     char resources[160];
 };
@@ -313,7 +315,7 @@ static epd__ucx_tx_t *epd__ucx_tx_get(epd__ucx_t *be)
         tx->next = NULL;
         return tx;
     }
-    if (be->tx_count >= EPD__UCX_TX_MAX) {
+    if (be->tx_count >= be->tx_max) {
         return NULL;
     }
     /* grows to the cap, then recycles: the steady state allocates nothing */
@@ -515,6 +517,8 @@ static epd_status_t epd__ucx_create(epd_xport_t *core, const epd_xport_config_t 
     be->core = core;
     be->efd = -1;
     be->msg_cap = 64 + config->max_msg_size; /* the core's frame header is 48 bytes */
+    be->tx_max = (uint32_t)(EPD__UCX_TX_BYTES / be->msg_cap);
+    be->tx_max = be->tx_max > EPD__UCX_TX_MAX ? EPD__UCX_TX_MAX : be->tx_max < 16 ? 16 : be->tx_max;
     epd_rng_seed(&be->rng, epd_rng_entropy());
     be->ring = epd_calloc(EPD__UCX_RING, sizeof(*be->ring));
     if (be->ring == NULL) {
