@@ -52,7 +52,8 @@
 #define EPD__XPORT_MAGIC 0x58445045u /* "EPDX" little-endian */
 #define EPD__XPORT_VERSION 1
 #define EPD__XPORT_OP_RESERVE 64   /* ops kept for fence flushes */
-#define EPD__XPORT_HELD_MAX 256    /* held message copies per xport */
+#define EPD__XPORT_HELD_MAX 256    /* held message copies per xport ... */
+#define EPD__XPORT_HELD_BYTES (64u << 20) /* ... and at most this many bytes of them */
 #define EPD__XPORT_LOG_BURST 10    /* rate-limited log lines per second */
 #define EPD__XPORT_MSG_LIMIT (16u << 20) /* messages are small; bulk data is written */
 
@@ -170,6 +171,7 @@ struct epd_xport {
     uint32_t user_ops;         /* user writes+flushes in flight */
     epd__held_t *held_free;
     uint32_t held_count;       /* held buffers allocated */
+    uint32_t held_max;
     unsigned char *frame_buf;  /* scratch for building a frame header */
     uint64_t next_timer_ns;
     uint64_t timer_step_ns;
@@ -320,7 +322,7 @@ static epd__held_t *epd__held_get(epd_xport_t *x)
         h->next = NULL;
         return h;
     }
-    if (x->held_count >= EPD__XPORT_HELD_MAX) {
+    if (x->held_count >= x->held_max) {
         return NULL;
     }
     /* Grows lazily up to the cap, then recycles: most users never hold a
@@ -918,6 +920,10 @@ epd_status_t epd_xport_create(const epd_xport_config_t *config, epd_xport_t **x_
         x->id = epd_rng_next(&x->rng);
     } while (x->id == 0);
 
+    x->held_max = (uint32_t)(EPD__XPORT_HELD_BYTES / config->max_msg_size);
+    x->held_max = x->held_max > EPD__XPORT_HELD_MAX ? EPD__XPORT_HELD_MAX
+                  : x->held_max < 16                ? 16
+                                                    : x->held_max;
     n_ops = config->max_inflight + EPD__XPORT_OP_RESERVE;
     x->op_pool = epd_calloc(n_ops, sizeof(*x->op_pool));
     if (x->op_pool == NULL) {
