@@ -172,7 +172,6 @@ struct epd_xport {
     epd__held_t *held_free;
     uint32_t held_count;       /* held buffers allocated */
     uint32_t held_max;
-    unsigned char *frame_buf;  /* scratch for building a frame header */
     uint64_t next_timer_ns;
     uint64_t timer_step_ns;
     uint64_t log_window_ns;

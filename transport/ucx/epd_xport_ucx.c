@@ -115,7 +115,6 @@ typedef struct epd__ucx_mr {
     void *addr;
     size_t size;
     uint64_t id;
-    bool allocated;
     bool dead;                    /* deregistered, waiting for receives */
     uint32_t recv_inflight;       /* rendezvous receives landing in it */
     struct epd__ucx_mr *prev, *next;
@@ -1069,7 +1068,6 @@ static epd_status_t epd__ucx_mr_new(epd__ucx_t *be, void *addr, size_t size, boo
     mr->be = be;
     mr->addr = allocate ? attr.address : addr;
     mr->size = size;
-    mr->allocated = allocate;
     do {
         mr->id = epd_rng_next(&be->rng);
     } while (mr->id == 0 || epd__ucx_mr_find(be, mr->id) != NULL);
