@@ -128,6 +128,7 @@ struct epd_xport_ep {
     int state;
     bool incoming;
     bool pump_listed;
+    bool hello_pending;           /* HELLO refused by backpressure: retry */
     epd_status_t fail_status;
     uint64_t cookie;
     uint64_t remote_cookie;
@@ -1035,11 +1036,9 @@ epd_status_t epd_xport_connect(epd_xport_t *x, const void *blob, size_t len,
         epd_xport_ep_close(ep);
         return st;
     }
-    if (st == EPD_ERR_NO_RESOURCE) {
-        /* cannot happen on a fresh endpoint with our backends; treat as a
-         * failure that shows up through the callback */
-        epd__ep_fail(ep, EPD_ERR_UNREACHABLE);
-    }
+    /* backpressure on a fresh endpoint: the timers retry the HELLO until
+     * the connect deadline (callbacks only ever run from progress) */
+    ep->hello_pending = st == EPD_ERR_NO_RESOURCE;
     *ep_p = ep;
     return EPD_INPROGRESS;
 }
@@ -1452,7 +1451,14 @@ static int epd__timers(epd_xport_t *x, uint64_t now)
 
     for (ep = x->eps; ep != NULL; ep = next) {
         next = ep->next;
-        if (ep->state == EPD__EP_CONNECTING && now >= ep->deadline_ns) {
+        if (ep->state == EPD__EP_CONNECTING && ep->hello_pending && now < ep->deadline_ns) {
+            const void *own;
+            size_t own_len;
+            if (x->ops->address(x->be, &own, &own_len) == EPD_OK &&
+                epd__frame_send(ep, EPD__FRAME_HELLO, 0, own, own_len) == EPD_OK) {
+                ep->hello_pending = false;
+            }
+        } else if (ep->state == EPD__EP_CONNECTING && now >= ep->deadline_ns) {
             epd_log_warn(EPD__XPORT_COMP, 0, "connect timed out after %u ms (nobody answered)",
                          x->cfg.connect_timeout_ms);
             epd__ep_fail(ep, EPD_ERR_TIMEOUT);
