@@ -64,6 +64,7 @@
 #include "epd_layout.h"
 #include "epd_log.h"
 #include "epd_msg.h"
+#include "epd_registrar.h"
 #include "epd_rng.h"
 #include "epd_rpc.h"
 #include "epd_time.h"
@@ -186,6 +187,7 @@ typedef struct {
     int64_t connect_timeout_ms;
     const char *trace;    /* --trace FILE: Chrome trace JSON written at exit */
     int64_t trace_events; /* --trace-events: recorder capacity */
+    const char *router;   /* --router HOST:PORT: register and heartbeat (NULL: no) */
 } dec_args_t;
 
 struct dec_daemon {
@@ -220,6 +222,7 @@ struct dec_daemon {
     epd_hash_state_t *hash;
     epd_rpc_server_t *rpc;
     int rpc_port;
+    epd_registrar_t *registrar; /* --router; NULL = not registering */
 
     dec_req_t **table; /* [n_buckets] */
     size_t n_buckets;
@@ -1698,6 +1701,95 @@ static int dec_rpc(void *arg, const char *method, const void *req, size_t req_le
     return EPD_RPC_UNIMPLEMENTED;
 }
 
+/* ------------------------------------------------- router registration */
+
+static void dec_registrar_load(void *arg, epd_registrar_load_t *l)
+{
+    dec_daemon_t *d = arg;
+    Epd__Load load;
+
+    dec_fill_load(d, &load);
+    l->queue_depth = load.queue_depth;
+    l->queued_tokens = load.queued_tokens;
+    l->kv_blocks_free = load.kv_blocks_free;
+    l->state_slots_free = load.state_slots_free;
+    l->running_requests = load.running_requests;
+}
+
+static void dec_registrar_drain(void *arg)
+{
+    dec_daemon_t *d = arg;
+
+    if (!d->draining) {
+        epd_log_info(COMP, 0, "draining (asked by the router): new requests are refused, "
+                              "running ones finish");
+    }
+    d->draining = 1;
+}
+
+/* --router: RegisterWorker + heartbeats on the registrar's thread.  The
+ * model is named by the last component of --model, as the router's
+ * --served-model-name default and the prefill worker do. */
+static int dec_register(dec_daemon_t *d, const char *control_address)
+{
+    Epd__RegisterRequest r = EPD__REGISTER_REQUEST__INIT;
+    Epd__WorkerIdentity ident = EPD__WORKER_IDENTITY__INIT;
+    Epd__Epoch epoch = EPD__EPOCH__INIT;
+    Epd__Capacity cap;
+    epd_registrar_config_t cfg;
+    char model[256];
+    const char *end, *start;
+    size_t n;
+    void *buf;
+    epd_status_t st;
+
+    n = strlen(d->a.model);
+    while (n > 1 && d->a.model[n - 1] == '/') {
+        n--;
+    }
+    end = d->a.model + n;
+    for (start = end; start > d->a.model && start[-1] != '/'; start--) {
+    }
+    snprintf(model, sizeof(model), "%.*s", (int)(end - start), start);
+    epoch.start_time_ns = d->epoch_start;
+    epoch.nonce = d->epoch_nonce;
+    ident.worker_id = d->worker_id;
+    ident.role = EPD__ROLE__ROLE_DECODE;
+    ident.model = model;
+    ident.epoch = &epoch;
+    dec_fill_capacity(d, &cap);
+    r.worker = &ident;
+    r.transport = (char *)d->a.transport;
+    r.data_plane_address.data = (uint8_t *)(uintptr_t)d->addr;
+    r.data_plane_address.len = d->addr_len;
+    r.control_address = (char *)control_address;
+    r.capacity = &cap;
+    r.kv_layout = &d->layout_msg;
+    n = protobuf_c_message_get_packed_size(&r.base);
+    buf = epd_malloc(n);
+    if (buf == NULL) {
+        st = EPD_ERR_NO_MEMORY;
+    } else {
+        protobuf_c_message_pack(&r.base, buf);
+        memset(&cfg, 0, sizeof(cfg));
+        cfg.router = d->a.router;
+        cfg.request = buf;
+        cfg.request_len = n;
+        cfg.load_cb = dec_registrar_load;
+        cfg.drain_cb = dec_registrar_drain;
+        cfg.cb_arg = d;
+        cfg.log_component = COMP;
+        st = epd_registrar_start(&d->loop, &cfg, &d->registrar);
+        epd_free(buf);
+    }
+    if (st != EPD_OK) {
+        epd_log_error(COMP, 0, "cannot register with the router '%s': %s", d->a.router,
+                      epd_status_string(st));
+        return -1;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- startup */
 
 static void dec_on_closed(uv_handle_t *h)
@@ -1739,6 +1831,8 @@ static void dec_shutdown(dec_daemon_t *d)
     }
     d->stopping = 1;
     epd_log_info(COMP, 0, "stopping");
+    epd_registrar_stop(d->registrar);
+    d->registrar = NULL;
     epd_rpc_server_destroy(d->rpc);
     d->rpc = NULL;
     uv_close((uv_handle_t *)&d->sigterm, dec_on_closed);
@@ -1986,6 +2080,18 @@ static int dec_run(dec_daemon_t *d)
     }
     line[strcspn(line, "\n")] = '\0';
     epd_log_info(COMP, 0, "%s", line);
+    if (d->a.router != NULL && d->a.router[0] != '\0') {
+        char ctl[300];
+
+        /* the control address as the ready line names it */
+        snprintf(ctl, sizeof(ctl), "%.*s:%d", colon != NULL ? (int)(colon - d->a.control_addr) : 9,
+                 colon != NULL ? d->a.control_addr : "127.0.0.1", d->rpc_port);
+        if (dec_register(d, ctl) != 0) {
+            dec_shutdown(d);
+            uv_run(&d->loop, UV_RUN_DEFAULT);
+            goto out_after_run;
+        }
+    }
     uv_run(&d->loop, UV_RUN_DEFAULT);
     rc = 0;
 
@@ -2056,6 +2162,9 @@ int main(int argc, char **argv)
          "record a per-request trace; Chrome trace JSON written to FILE at exit and on SIGUSR1"},
         {"trace-events", EPD_OPT_INT, &d.a.trace_events, 1024, 1 << 26,
          "trace buffer capacity in events (64 bytes each; later events are dropped)"},
+        {"router", EPD_OPT_STRING, &d.a.router, 0, 0,
+         "register with the router's control service HOST:PORT and heartbeat the load "
+         "(absent: no registration)"},
     };
     epd_opts_t o = {.prog = "epd-decode",
                     .summary = "decode worker: KV reservations, continuous batching, token streams",

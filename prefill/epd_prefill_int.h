@@ -38,6 +38,7 @@
 #include "epd_msg.h"
 #include "epd_prefill_compute.h"
 #include "epd_prefill_plan.h"
+#include "epd_registrar.h"
 #include "epd_rpc.h"
 #include "epd_sample.h"
 #include "epd_trace.h"
@@ -196,6 +197,7 @@ typedef struct epd_prefill_srv {
     epd_kv_pool_t pool;
     epd_prefill_compute_t *compute;
     epd_rpc_server_t *rpc;
+    epd_registrar_t *registrar; /* --router; NULL = not registering */
     const void *addr; /* our data-plane address (borrowed from x) */
     size_t addr_len;
     /* local pool allocation */
@@ -291,5 +293,12 @@ void epd__prefill_reqs_free_all(epd_prefill_srv_t *srv);
 /* ---- epd_prefill_rpc.c ---- */
 int epd__prefill_on_rpc(void *arg, const char *method, const void *req, size_t req_len,
                         void **resp_p, size_t *resp_len_p, char *err, size_t err_cap);
+/* The RegisterRequest for the router (identity, transport, data-plane and
+ * control addresses, capacity, layout), packed into an epd_malloc buffer. */
+epd_status_t epd__prefill_register_pack(epd_prefill_srv_t *srv, const char *control_address,
+                                        void **buf_p, size_t *len_p);
+/* epd_registrar callbacks (loop thread): the load, and the router's drain. */
+void epd__prefill_registrar_load(void *arg, epd_registrar_load_t *load_p);
+void epd__prefill_registrar_drain(void *arg);
 
 #endif

@@ -138,3 +138,60 @@ int epd__prefill_on_rpc(void *arg, const char *method, const void *req, size_t r
     snprintf(err, err_cap, "unknown method %s", method);
     return EPD_RPC_UNIMPLEMENTED;
 }
+
+/* ---- registration with the router (--router) ---- */
+
+epd_status_t epd__prefill_register_pack(epd_prefill_srv_t *srv, const char *control_address,
+                                        void **buf_p, size_t *len_p)
+{
+    Epd__RegisterRequest r = EPD__REGISTER_REQUEST__INIT;
+    epd_prefill_rpc_parts_t p;
+    size_t n;
+    void *buf;
+
+    epd_prefill_rpc_fill(srv, &p);
+    r.worker = &p.ident;
+    r.transport = (char *)srv->transport;
+    r.data_plane_address.data = (uint8_t *)srv->addr;
+    r.data_plane_address.len = srv->addr_len;
+    r.control_address = (char *)control_address;
+    r.capacity = &p.cap;
+    r.kv_layout = &p.layout;
+    n = protobuf_c_message_get_packed_size(&r.base);
+    buf = epd_malloc(n);
+    if (buf == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    protobuf_c_message_pack(&r.base, buf);
+    *buf_p = buf;
+    *len_p = n;
+    return EPD_OK;
+}
+
+void epd__prefill_registrar_load(void *arg, epd_registrar_load_t *load_p)
+{
+    epd_prefill_srv_t *srv = arg;
+    uint32_t jobs = 0;
+    uint64_t tokens = 0;
+
+    if (srv->compute != NULL) {
+        epd_prefill_compute_backlog(srv->compute, &jobs, &tokens);
+    }
+    load_p->queue_depth = jobs;
+    load_p->queued_tokens = tokens;
+    load_p->kv_blocks_free = srv->n_free_blocks;
+    load_p->state_slots_free = srv->n_free_slots;
+    load_p->running_requests = srv->n_live;
+}
+
+void epd__prefill_registrar_drain(void *arg)
+{
+    epd_prefill_srv_t *srv = arg;
+
+    if (!srv->draining) {
+        epd_log_info(EPD_PREFILL_LOG, 0,
+                     "draining (asked by the router): new requests are refused, %u running finish",
+                     srv->n_live);
+    }
+    srv->draining = 1;
+}

@@ -55,6 +55,7 @@ typedef struct {
     int64_t write_group_bytes;
     const char *trace;
     int64_t trace_events;
+    const char *router;
 } epd_prefill_flags_t;
 
 static void epd_prefill_on_tick(uv_timer_t *timer)
@@ -108,6 +109,8 @@ static void epd_prefill_on_signal(uv_signal_t *sig, int signum)
     for (epd_prefill_req_t *req = srv->all; req != NULL; req = req->all_next) {
         atomic_store(&req->cancel, 1);
     }
+    epd_registrar_stop(srv->registrar);
+    srv->registrar = NULL;
     epd_rpc_server_destroy(srv->rpc);
     srv->rpc = NULL;
     epd_xport_uv_stop(srv->xuv);
@@ -139,6 +142,37 @@ static int epd_prefill_ready_file(const char *path, const char *line)
     }
     if (rename(tmp, path) != 0) {
         unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* --router: register with the router and heartbeat (epd_registrar). */
+static int epd_prefill_register(epd_prefill_srv_t *srv, const char *router, const char *host)
+{
+    epd_registrar_config_t cfg;
+    char ctl[300];
+    void *req = NULL;
+    size_t len = 0;
+    epd_status_t st;
+
+    snprintf(ctl, sizeof(ctl), "%s:%d", host, epd_rpc_server_port(srv->rpc));
+    st = epd__prefill_register_pack(srv, ctl, &req, &len);
+    if (st == EPD_OK) {
+        memset(&cfg, 0, sizeof(cfg));
+        cfg.router = router;
+        cfg.request = req;
+        cfg.request_len = len;
+        cfg.load_cb = epd__prefill_registrar_load;
+        cfg.drain_cb = epd__prefill_registrar_drain;
+        cfg.cb_arg = srv;
+        cfg.log_component = EPD_PREFILL_LOG;
+        st = epd_registrar_start(srv->loop, &cfg, &srv->registrar);
+        epd_free(req);
+    }
+    if (st != EPD_OK) {
+        epd_log_error(EPD_PREFILL_LOG, 0, "cannot register with the router '%s': %s", router,
+                      epd_status_string(st));
         return -1;
     }
     return 0;
@@ -385,6 +419,12 @@ static int epd_prefill_run(const epd_prefill_flags_t *fl)
         goto out_stop;
     }
     epd_log_info(EPD_PREFILL_LOG, 0, "ready: %.*s", (int)strlen(line) - 1, line);
+    if (fl->router != NULL && fl->router[0] != '\0' &&
+        epd_prefill_register(srv, fl->router, host) != 0) {
+        epd_prefill_on_signal(&srv->sigterm, 0);
+        uv_run(&loop, UV_RUN_DEFAULT);
+        goto out_stop;
+    }
 
     uv_run(&loop, UV_RUN_DEFAULT);
     rc = 0;
@@ -460,6 +500,7 @@ int main(int argc, char **argv)
         .write_group_bytes = EPD_PREFILL_WRITE_GROUP_DEFAULT,
         .trace = NULL,
         .trace_events = 1 << 20,
+        .router = NULL,
     };
     const epd_opt_t opts[] = {
         {"model", EPD_OPT_STRING, &fl.model, 0, 0,
@@ -495,6 +536,9 @@ int main(int argc, char **argv)
          "record a per-request trace; Chrome trace JSON written to FILE at exit and on SIGUSR1"},
         {"trace-events", EPD_OPT_INT, &fl.trace_events, 1024, 1 << 26,
          "trace buffer capacity in events (64 bytes each; later events are dropped)"},
+        {"router", EPD_OPT_STRING, &fl.router, 0, 0,
+         "register with the router's control service HOST:PORT and heartbeat the load "
+         "(absent: no registration)"},
         {"log-level", EPD_OPT_STRING, &fl.log_level, 0, 0, "error, warn, info, debug or trace"},
     };
     epd_opts_t o = {.prog = "epd-prefill",
