@@ -116,7 +116,7 @@ typedef struct {
     int groups_given;
     uint32_t compare_max;    /* extra rows with compare_group up to this length */
     long long compare_group; /* --write-group-bytes of those rows */
-    int reps, reps_long, warmup;
+    int reps, reps_long, reps_ref, warmup;
     const char *trace_out;
     uint32_t trace_len;
     const char *profiles;
@@ -808,7 +808,7 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
     b->n_reqs = 0;
     for (int li = 0; li < n_lengths; li++) {
         uint32_t len = lengths[li];
-        int reps = len >= 16384 ? b->reps_long : b->reps;
+        int reps = e->profile == NULL ? b->reps_ref : len >= 16384 ? b->reps_long : b->reps;
 
         tokens[0] = 256; /* BOS of the byte tokenizer; an ordinary id for sim */
         for (uint32_t t = 1; t < len; t++) {
@@ -1010,6 +1010,7 @@ static void ob_usage(void)
            "  --compare-max N      ...for lengths <= N [1024]\n"
            "  --reps N             A/B pairs per length [12]\n"
            "  --reps-long N        A/B pairs for lengths >= 16k [6]\n"
+           "  --reps-ref N         A/B pairs per length with ref (slow on a CPU) [6]\n"
            "  --warmup N           A/B pairs not counted, per length [1]\n"
            "  --trace FILE         one B request, prefill and decode merged (Chrome JSON)\n"
            "  --trace-length N     which length that request has [1024]\n"
@@ -1039,6 +1040,7 @@ int epd_bench_overhead_main(int argc, char **argv)
     b.compare_group = 256 * 1024;
     b.reps = 12;
     b.reps_long = 6;
+    b.reps_ref = 6;
     b.warmup = 1;
     b.trace_len = 1024;
     for (int i = 1; i < argc; i++) {
@@ -1081,6 +1083,9 @@ int epd_bench_overhead_main(int argc, char **argv)
         } else if (strcmp(a, "--reps") == 0) {
             b.reps = atoi(v);
             bad = b.reps < 1;
+        } else if (strcmp(a, "--reps-ref") == 0) {
+            b.reps_ref = atoi(v);
+            bad = b.reps_ref < 1;
         } else if (strcmp(a, "--reps-long") == 0) {
             b.reps_long = atoi(v);
             bad = b.reps_long < 1;

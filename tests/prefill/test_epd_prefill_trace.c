@@ -53,7 +53,7 @@ static int setup(void **state)
     assert_int_equal(system(cmd), 0);
     snprintf(cmd, sizeof(cmd),
              "UCX_TLS=posix,cma,tcp UCX_NET_DEVICES=lo '%s/epd-bench' overhead --engines ref "
-             "--ref-model '%s/model' --transports ucx-shm --ref-lengths 100 --reps 1 --warmup 0 "
+             "--ref-model '%s/model' --transports ucx-shm --ref-lengths 100 --reps-ref 1 --warmup 0 "
              "--groups per-layer --trace-length 100 --trace '%s/merged.json' --keep "
              "> '%s/bench.out' 2> '%s/bench.err'",
              bin, tdir, tdir, tdir, tdir);
