@@ -8,7 +8,7 @@
 #   make deps         install the Debian packages the project needs
 #   make check        deps + build + every test, then the same tests built
 #                     with ASan+UBSan (clang) in build/san
-#   make run          run the colocated demo
+#   make run          start a local cluster (router + prefill + decode) on 127.0.0.1
 #   make bench        run the benchmarks
 #   make fuzz         run the libFuzzer targets (FUZZ_SECONDS each)
 #   make clean        remove build/
@@ -145,7 +145,7 @@ fuzz:
 		SANITIZER=fuzzer-no-link,address,undefined CFLAGS="-O1 -g" FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz-run
 
 run: all
-	@./deploy/local/run-demo.sh $(BUILD)
+	@./deploy/local/run-cluster.sh $(BUILD)
 
 bench: all
 	@./bench/run.sh $(BUILD)

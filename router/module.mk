@@ -10,3 +10,10 @@ $(call obj_of,$(ROUTER_CLIENT_SRCS) router/tools/epd_ctl.c): EPD_CPPFLAGS += -Ir
 ROUTER_API_SRCS := router/epd_http.c router/epd_openai.c
 $(eval $(call epd_lib,epd_api,$(ROUTER_API_SRCS)))
 $(call obj_of,$(ROUTER_API_SRCS)): EPD_CPPFLAGS += -Irouter
+# The router daemon, epd-router: main.c (flags, loop, shutdown) plus the
+# registry and policies, the HTTP/OpenAI request handling, the control
+# plane handlers and the metrics.
+ROUTER_DAEMON_SRCS := router/main.c router/epd_router_registry.c router/epd_router_api.c \
+                      router/epd_router_rpc.c router/epd_router_metrics.c
+$(eval $(call epd_prog,epd-router,$(ROUTER_DAEMON_SRCS),epd_api epd_router epd_xport epd_proto epd_engine epd_common))
+$(call obj_of,$(ROUTER_DAEMON_SRCS)): EPD_CPPFLAGS += -Irouter

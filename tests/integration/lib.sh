@@ -185,3 +185,43 @@ same_as_colocated() {
     fail "disaggregated output differs (prompt $(wc -c <"$pf") bytes, max $max, flags: $*)"
   fi
 }
+
+# ----- router helpers -----
+
+# start_router NAME [epd-router flags...]: starts build/bin/epd-router on
+# ephemeral ports (HTTP and control) like start_daemon; also sets NAME_HTTP
+# (http://127.0.0.1:PORT).  NAME_ADDR is the router's control address.
+start_router() {
+  local name=$1
+  shift
+  start_daemon "$name" router --listen 127.0.0.1:0 --control-addr 127.0.0.1:0 "$@"
+  local http
+  http=$(sed -n 's/.*http=\([^ ]*\).*/\1/p' "$T/$name.ready")
+  [ -n "$http" ] || fail "ready file of router '$name' has no http=ADDR"
+  printf -v "${name}_HTTP" 'http://%s' "$http"
+}
+
+# router_state ROUTER_ADDR WORKER: the worker's state in the router's Status
+# (its newest incarnation), empty when unknown.
+router_state() {
+  "$BIN/epd-ctl" status "$1" | awk -v w="worker=$2" '$1 == w { s = $0 } END { print s }' |
+    tr ' ' '\n' | sed -n 's/^state=//p'
+}
+
+# wait_router_state ROUTER_ADDR WORKER STATE [SECONDS]
+wait_router_state() {
+  local addr=$1 worker=$2 want=$3 secs=${4:-20} got i
+  for i in $(seq 1 $((secs * 10))); do
+    got=$(router_state "$addr" "$worker")
+    [ "$got" = "$want" ] && return 0
+    sleep 0.1
+  done
+  "$BIN/epd-ctl" status "$addr" >&2 || true
+  fail "router at $addr: worker $worker is '$got', not $want after ${secs}s"
+}
+
+# router_client ARGS...: tests/integration/epd_router_client.py
+PYTHON3=$(command -v /usr/bin/python3 || command -v python3)
+router_client() {
+  "$PYTHON3" "$(dirname "${BASH_SOURCE[0]}")/epd_router_client.py" "$@"
+}

@@ -27,4 +27,5 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_kill_prefill.sh \
              tests/integration/test_kill_decode.sh \
              tests/integration/test_garbage.sh \
-             tests/integration/test_drain.sh
+             tests/integration/test_drain.sh \
+             tests/integration/test_router_basic.sh

@@ -1,0 +1,187 @@
+/*
+ * epd_router_metrics.c — counters, histograms, Prometheus text format
+ * (version 0.0.4) rendering (see epd_router_metrics.h).
+ */
+#include "epd_router_metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "epd_alloc.h"
+
+static const double epd__bounds[EPD_ROUTER_HISTO_BUCKETS] = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25,   0.5,     1.0,    2.5,   5.0,    10.0,  20.0, 30.0,  45.0, 60.0,
+};
+
+void epd_router_histo_observe(epd_router_histo_t *h, double seconds)
+{
+    size_t i = 0;
+
+    while (i < EPD_ROUTER_HISTO_BUCKETS && seconds > epd__bounds[i]) {
+        i++;
+    }
+    h->counts[i]++;
+    h->sum += seconds;
+    h->n++;
+}
+
+void epd_router_text_printf(epd_router_text_t *t, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    if (t->failed) {
+        return;
+    }
+    for (;;) {
+        size_t room = t->cap - t->len;
+
+        va_start(ap, fmt);
+        n = vsnprintf(t->data != NULL ? t->data + t->len : NULL, room, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            t->failed = 1;
+            return;
+        }
+        if ((size_t)n < room) {
+            t->len += (size_t)n;
+            return;
+        }
+        {
+            size_t cap = (t->cap + (size_t)n + 1) * 2;
+            char *p = epd_realloc(t->data, cap);
+
+            if (p == NULL) {
+                t->failed = 1;
+                return;
+            }
+            t->data = p;
+            t->cap = cap;
+        }
+    }
+}
+
+void epd_router_text_cleanup(epd_router_text_t *t)
+{
+    epd_free(t->data);
+    memset(t, 0, sizeof(*t));
+}
+
+static void epd__histo(epd_router_text_t *t, const char *name, const char *help,
+                       const epd_router_histo_t *h)
+{
+    uint64_t cum = 0;
+
+    epd_router_text_printf(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (size_t i = 0; i < EPD_ROUTER_HISTO_BUCKETS; i++) {
+        cum += h->counts[i];
+        epd_router_text_printf(t, "%s_bucket{le=\"%g\"} %llu\n", name, epd__bounds[i],
+                               (unsigned long long)cum);
+    }
+    cum += h->counts[EPD_ROUTER_HISTO_BUCKETS];
+    epd_router_text_printf(t, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9f\n%s_count %llu\n", name,
+                           (unsigned long long)cum, name, h->sum, name, (unsigned long long)h->n);
+}
+
+static void epd__counter(epd_router_text_t *t, const char *name, const char *help, uint64_t v)
+{
+    epd_router_text_printf(t, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name,
+                           (unsigned long long)v);
+}
+
+static const char *const epd__err_names[EPD_ROUTER_ERR_KINDS] = {
+    "bad_request", "no_workers", "upstream", "timeout", "client_gone", "internal",
+};
+
+epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
+                                       const epd_router_registry_t *reg, uint32_t live,
+                                       epd_router_text_t *t)
+{
+    static const char *const kinds[2] = {"completions", "chat"};
+    uint32_t counts[2][5];
+
+    epd__counter(t, "epd_router_http_requests_total", "HTTP requests received", m->http_requests);
+    epd_router_text_printf(t, "# HELP epd_router_requests_total Generation requests accepted\n"
+                              "# TYPE epd_router_requests_total counter\n");
+    for (int k = 0; k < 2; k++) {
+        for (int s = 0; s < 2; s++) {
+            epd_router_text_printf(t, "epd_router_requests_total{api=\"%s\",stream=\"%s\"} %llu\n",
+                                   kinds[k], s ? "true" : "false",
+                                   (unsigned long long)m->requests[k][s]);
+        }
+    }
+    epd__counter(t, "epd_router_requests_ok_total", "Generations finished (stop or length)", m->ok);
+    epd_router_text_printf(t, "# HELP epd_router_errors_total Requests that ended in an error\n"
+                              "# TYPE epd_router_errors_total counter\n");
+    for (int e = 0; e < EPD_ROUTER_ERR_KINDS; e++) {
+        epd_router_text_printf(t, "epd_router_errors_total{kind=\"%s\"} %llu\n", epd__err_names[e],
+                               (unsigned long long)m->errors[e]);
+    }
+    epd__counter(t, "epd_router_retries_total", "Requests sent again to another worker",
+                 m->retries);
+    epd__counter(t, "epd_router_prompt_tokens_total", "Prompt tokens (BOS included)",
+                 m->prompt_tokens);
+    epd__counter(t, "epd_router_completion_tokens_total", "Tokens generated",
+                 m->completion_tokens);
+    epd__counter(t, "epd_router_registrations_total", "RegisterWorker calls accepted",
+                 m->registrations);
+    epd__counter(t, "epd_router_heartbeats_total", "Heartbeats received", m->heartbeats);
+    epd__counter(t, "epd_router_workers_died_total", "Workers whose endpoint failed",
+                 m->workers_died);
+    epd_router_text_printf(t, "# HELP epd_router_requests_in_flight Requests held by the router\n"
+                              "# TYPE epd_router_requests_in_flight gauge\n"
+                              "epd_router_requests_in_flight %u\n",
+                           live);
+    epd__histo(t, "epd_router_ttft_seconds", "Time from request arrival to the first token",
+               &m->ttft);
+    epd__histo(t, "epd_router_itl_seconds", "Time between token chunks of a request", &m->itl);
+    epd__histo(t, "epd_router_e2e_seconds", "Time from request arrival to its end", &m->e2e);
+    epd__histo(t, "epd_router_dispatch_seconds",
+               "Router's own time from request arrival to submission to the workers",
+               &m->dispatch);
+
+    epd_router_registry_counts(reg, counts);
+    epd_router_text_printf(t, "# HELP epd_router_workers Workers per pool and state\n"
+                              "# TYPE epd_router_workers gauge\n");
+    for (int r = 0; r < 2; r++) {
+        for (int s = 1; s <= 4; s++) {
+            epd_router_text_printf(t, "epd_router_workers{pool=\"%s\",state=\"%s\"} %u\n",
+                                   r ? "decode" : "prefill",
+                                   epd_router_state_name((epd_router_state_t)s), counts[r][s]);
+        }
+    }
+    epd_router_text_printf(t,
+                           "# HELP epd_router_worker_queue_depth Requests waiting on a worker "
+                           "(its last heartbeat)\n"
+                           "# TYPE epd_router_worker_queue_depth gauge\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD) {
+            epd_router_text_printf(t, "epd_router_worker_queue_depth{worker=\"%s\",pool=\"%s\"} %u\n",
+                                   w->info.worker_id,
+                                   w->info.role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill",
+                                   w->hb_queue_depth);
+        }
+    }
+    epd_router_text_printf(t, "# HELP epd_router_worker_in_flight Requests the router has on a "
+                              "worker\n# TYPE epd_router_worker_in_flight gauge\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD) {
+            epd_router_text_printf(t, "epd_router_worker_in_flight{worker=\"%s\",pool=\"%s\"} %u\n",
+                                   w->info.worker_id,
+                                   w->info.role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill",
+                                   w->inflight);
+        }
+    }
+    epd_router_text_printf(t, "# HELP epd_router_worker_kv_blocks_free Free KV blocks of a decode "
+                              "worker (its last heartbeat)\n"
+                              "# TYPE epd_router_worker_kv_blocks_free gauge\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD && w->info.role == EPD_CLIENT_ROLE_DECODE) {
+            epd_router_text_printf(t, "epd_router_worker_kv_blocks_free{worker=\"%s\"} %u\n",
+                                   w->info.worker_id, w->hb_kv_blocks_free);
+        }
+    }
+    return t->failed ? EPD_ERR_NO_MEMORY : EPD_OK;
+}

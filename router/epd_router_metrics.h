@@ -1,0 +1,76 @@
+/*
+ * epd_router_metrics.h — the router's counters and latency histograms,
+ * rendered as Prometheus text (GET /metrics).
+ *
+ * Histograms have fixed buckets (seconds, 100 µs .. 60 s), so observing is
+ * a short scan and two additions: no allocation on the request path.
+ * Per-worker gauges (state, load) come from the registry at render time.
+ *
+ * Threads: the router's loop thread only.
+ */
+#ifndef EPD_ROUTER_METRICS_H
+#define EPD_ROUTER_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "epd_router_registry.h"
+#include "epd_status.h"
+
+#define EPD_ROUTER_HISTO_BUCKETS 20
+
+typedef struct {
+    uint64_t counts[EPD_ROUTER_HISTO_BUCKETS + 1]; /* last: +Inf */
+    double sum;
+    uint64_t n;
+} epd_router_histo_t;
+
+/* Why a request ended badly (the "kind" label of epd_router_errors_total). */
+typedef enum {
+    EPD_ROUTER_ERR_BAD_REQUEST = 0, /* 4xx: the client's input */
+    EPD_ROUTER_ERR_NO_WORKERS,      /* 503: no READY prefill or decode */
+    EPD_ROUTER_ERR_UPSTREAM,        /* a worker failed / refused (after retries) */
+    EPD_ROUTER_ERR_TIMEOUT,         /* the request's deadline */
+    EPD_ROUTER_ERR_CLIENT_GONE,     /* the HTTP client disconnected */
+    EPD_ROUTER_ERR_INTERNAL,        /* out of memory, detokenize failure */
+    EPD_ROUTER_ERR_KINDS
+} epd_router_err_kind_t;
+
+typedef struct {
+    uint64_t requests[2][2]; /* [completion=0/chat=1][stream] accepted for generation */
+    uint64_t http_requests;  /* every HTTP request */
+    uint64_t ok;             /* generations finished (stop/length) */
+    uint64_t errors[EPD_ROUTER_ERR_KINDS];
+    uint64_t retries;
+    uint64_t prompt_tokens;
+    uint64_t completion_tokens;
+    uint64_t registrations;
+    uint64_t heartbeats;
+    uint64_t workers_died;
+    epd_router_histo_t ttft;     /* arrival → first token out */
+    epd_router_histo_t itl;      /* between token chunks */
+    epd_router_histo_t e2e;      /* arrival → last byte */
+    epd_router_histo_t dispatch; /* arrival → submitted to the workers (router's own work) */
+} epd_router_metrics_t;
+
+void epd_router_histo_observe(epd_router_histo_t *h, double seconds);
+
+/* A growable text buffer (epd_malloc'ed data, NUL terminated). */
+typedef struct {
+    char *data;
+    size_t len;
+    size_t cap;
+    int failed; /* an append ran out of memory */
+} epd_router_text_t;
+
+void epd_router_text_printf(epd_router_text_t *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void epd_router_text_cleanup(epd_router_text_t *t);
+
+/* Renders every metric into `out` (appended).  `live` is the number of
+ * requests the router holds now.  EPD_OK or EPD_ERR_NO_MEMORY. */
+epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
+                                       const epd_router_registry_t *reg, uint32_t live,
+                                       epd_router_text_t *out);
+
+#endif

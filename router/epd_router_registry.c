@@ -1,0 +1,300 @@
+/*
+ * epd_router_registry.c — workers, states and policies (see
+ * epd_router_registry.h).  A linked list: clusters have tens of workers,
+ * and a pick is a scan of them — cheaper than keeping an index in step.
+ */
+#include "epd_router_registry.h"
+
+#include <string.h>
+
+#include "epd_alloc.h"
+#include "epd_hash.h"
+
+#define EPD__DEAD_GRACE_NS (30ull * 1000000000ull)
+
+epd_status_t epd_router_policy_parse(const char *name, epd_router_policy_t *policy_p)
+{
+    if (name == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (strcmp(name, "round-robin") == 0) {
+        *policy_p = EPD_ROUTER_POLICY_ROUND_ROBIN;
+    } else if (strcmp(name, "least-load") == 0) {
+        *policy_p = EPD_ROUTER_POLICY_LEAST_LOAD;
+    } else if (strcmp(name, "prefix-affinity") == 0) {
+        *policy_p = EPD_ROUTER_POLICY_PREFIX_AFFINITY;
+    } else {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    return EPD_OK;
+}
+
+const char *epd_router_policy_name(epd_router_policy_t policy)
+{
+    switch (policy) {
+    case EPD_ROUTER_POLICY_ROUND_ROBIN:
+        return "round-robin";
+    case EPD_ROUTER_POLICY_LEAST_LOAD:
+        return "least-load";
+    case EPD_ROUTER_POLICY_PREFIX_AFFINITY:
+        return "prefix-affinity";
+    }
+    return "?";
+}
+
+const char *epd_router_state_name(epd_router_state_t state)
+{
+    switch (state) {
+    case EPD_ROUTER_READY:
+        return "READY";
+    case EPD_ROUTER_DRAINING:
+        return "DRAINING";
+    case EPD_ROUTER_SUSPECT:
+        return "SUSPECT";
+    case EPD_ROUTER_DEAD:
+        return "DEAD";
+    }
+    return "?";
+}
+
+void epd_router_registry_init(epd_router_registry_t *reg, epd_router_policy_t policy,
+                              uint32_t dead_after_ms)
+{
+    memset(reg, 0, sizeof(*reg));
+    reg->policy = policy;
+    reg->dead_after_ms = dead_after_ms;
+}
+
+void epd_router_registry_cleanup(epd_router_registry_t *reg)
+{
+    while (reg->workers != NULL) {
+        epd_router_worker_t *w = reg->workers;
+
+        reg->workers = w->next;
+        epd_free(w);
+    }
+}
+
+epd_router_worker_t *epd_router_registry_find(epd_router_registry_t *reg, const char *worker_id)
+{
+    for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD && strcmp(w->info.worker_id, worker_id) == 0) {
+            return w;
+        }
+    }
+    return NULL;
+}
+
+epd_router_worker_t *epd_router_registry_add(epd_router_registry_t *reg,
+                                             const epd_client_worker_info_t *info, uint64_t now_ns)
+{
+    epd_router_worker_t *w = epd_calloc(1, sizeof(*w));
+
+    if (w == NULL) {
+        return NULL;
+    }
+    memcpy(&w->info, info, sizeof(*info));
+    w->state = EPD_ROUTER_READY;
+    w->registered_ns = now_ns;
+    w->last_hb_ns = now_ns;
+    w->hb_queue_depth = info->queue_depth;
+    w->hb_queued_tokens = info->queued_tokens;
+    w->hb_kv_blocks_free = info->kv_blocks_free;
+    w->hb_state_slots_free = info->state_slots_free;
+    w->hb_running = info->running_requests;
+    w->next = reg->workers;
+    reg->workers = w;
+    return w;
+}
+
+void epd_router_worker_kill(epd_router_worker_t *w, uint64_t now_ns)
+{
+    if (w->state != EPD_ROUTER_DEAD) {
+        w->state = EPD_ROUTER_DEAD;
+        w->dead_ns = now_ns;
+    }
+}
+
+void epd_router_registry_tick(epd_router_registry_t *reg, uint64_t now_ns, uint32_t *n_died_p)
+{
+    uint64_t dead_after_ns = (uint64_t)reg->dead_after_ms * 1000000ull;
+    uint32_t died = 0;
+
+    for (epd_router_worker_t **pp = &reg->workers; *pp != NULL;) {
+        epd_router_worker_t *w = *pp;
+
+        if (w->state != EPD_ROUTER_DEAD && w->cw != NULL &&
+            epd_client_worker_state(w->cw) != EPD_OK) {
+            epd_router_worker_kill(w, now_ns);
+            died++;
+        }
+        if (w->state == EPD_ROUTER_DEAD) {
+            if (w->refs == 0 && now_ns - w->dead_ns > EPD__DEAD_GRACE_NS) {
+                *pp = w->next;
+                epd_free(w);
+                continue;
+            }
+        } else if (now_ns - w->last_hb_ns > dead_after_ns) {
+            w->state = EPD_ROUTER_SUSPECT;
+        } else if (w->state == EPD_ROUTER_SUSPECT) {
+            w->state = w->drain_asked ? EPD_ROUTER_DRAINING : EPD_ROUTER_READY;
+        }
+        pp = &w->next;
+    }
+    if (n_died_p != NULL) {
+        *n_died_p = died;
+    }
+}
+
+static int epd__eligible(const epd_router_worker_t *w, int role)
+{
+    return w->state == EPD_ROUTER_READY && w->info.role == role && w->cw != NULL &&
+           epd_client_worker_state(w->cw) == EPD_OK;
+}
+
+static int epd__avoided(const epd_router_worker_t *w, epd_router_worker_t *const *avoid,
+                        size_t n_avoid)
+{
+    for (size_t i = 0; i < n_avoid; i++) {
+        if (avoid[i] == w) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Lower is better.  Decode: in-flight per batch slot (scaled), then free
+ * blocks; prefill: queued prompt tokens, then the heartbeat's queue. */
+static uint64_t epd__load_score(const epd_router_worker_t *w)
+{
+    if (w->info.role == EPD_CLIENT_ROLE_DECODE) {
+        uint32_t batch = w->info.max_batch > 0 ? w->info.max_batch : 1;
+        uint64_t busy = ((uint64_t)w->inflight << 20) / batch;
+        uint32_t total = w->info.kv_blocks_total > 0 ? w->info.kv_blocks_total : 1;
+        uint64_t used = (uint64_t)(total - (w->hb_kv_blocks_free < total ? w->hb_kv_blocks_free
+                                                                          : total)) *
+                        1024 / total;
+
+        return (busy << 12) + used;
+    }
+    return ((w->queued_tokens + w->hb_queued_tokens) << 8) + w->inflight;
+}
+
+static epd_router_worker_t *epd__least_load(epd_router_registry_t *reg, int role,
+                                            epd_router_worker_t *const *avoid, size_t n_avoid)
+{
+    epd_router_worker_t *best = NULL;
+    uint64_t best_score = 0;
+
+    for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        uint64_t s;
+
+        if (!epd__eligible(w, role) || epd__avoided(w, avoid, n_avoid)) {
+            continue;
+        }
+        s = epd__load_score(w);
+        /* ties go to the one that served fewer (spreads an idle cluster) */
+        if (best == NULL || s < best_score || (s == best_score && w->served < best->served)) {
+            best = w;
+            best_score = s;
+        }
+    }
+    return best;
+}
+
+static epd_router_worker_t *epd__round_robin(epd_router_registry_t *reg, int role,
+                                             epd_router_worker_t *const *avoid, size_t n_avoid)
+{
+    uint32_t *cursor = &reg->rr[role == EPD_CLIENT_ROLE_DECODE ? 1 : 0];
+    uint32_t n = 0, k = 0;
+
+    for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        n += epd__eligible(w, role) && !epd__avoided(w, avoid, n_avoid);
+    }
+    if (n == 0) {
+        return NULL;
+    }
+    /* the list is newest first; walk it oldest-stable by index modulo n */
+    k = (*cursor)++ % n;
+    for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (epd__eligible(w, role) && !epd__avoided(w, avoid, n_avoid) && k-- == 0) {
+            return w;
+        }
+    }
+    return NULL;
+}
+
+static epd_router_worker_t *epd__affinity(epd_router_registry_t *reg, const uint32_t *prompt,
+                                          uint32_t n_prompt, epd_router_worker_t *const *avoid,
+                                          size_t n_avoid)
+{
+    epd_router_worker_t *best = NULL;
+    epd_router_worker_t *least;
+    uint64_t best_w = 0;
+    uint64_t key;
+    uint32_t n_key;
+
+    least = epd__least_load(reg, EPD_CLIENT_ROLE_PREFILL, avoid, n_avoid);
+    if (least == NULL) {
+        return NULL;
+    }
+    for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        uint32_t bt;
+        uint64_t weight;
+
+        if (!epd__eligible(w, EPD_CLIENT_ROLE_PREFILL) || epd__avoided(w, avoid, n_avoid)) {
+            continue;
+        }
+        bt = w->info.block_tokens > 0 ? w->info.block_tokens : 16;
+        n_key = n_prompt < bt ? n_prompt : bt;
+        key = epd_hash64(prompt, (size_t)n_key * sizeof(*prompt), 0);
+        weight = epd_hash64(w->info.worker_id, strlen(w->info.worker_id), key);
+        if (best == NULL || weight > best_w) {
+            best = w;
+            best_w = weight;
+        }
+    }
+    if (best != NULL && best->queued_tokens > least->queued_tokens + EPD_ROUTER_AFFINITY_SLACK_TOKENS) {
+        return least;
+    }
+    return best;
+}
+
+epd_router_worker_t *epd_router_registry_pick(epd_router_registry_t *reg, int role,
+                                              const uint32_t *prompt, uint32_t n_prompt,
+                                              epd_router_worker_t *const *avoid, size_t n_avoid)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        epd_router_worker_t *w;
+        size_t na = pass == 0 ? n_avoid : 0;
+
+        switch (reg->policy) {
+        case EPD_ROUTER_POLICY_ROUND_ROBIN:
+            w = epd__round_robin(reg, role, avoid, na);
+            break;
+        case EPD_ROUTER_POLICY_PREFIX_AFFINITY:
+            w = role == EPD_CLIENT_ROLE_PREFILL ? epd__affinity(reg, prompt, n_prompt, avoid, na)
+                                                : epd__least_load(reg, role, avoid, na);
+            break;
+        default:
+            w = epd__least_load(reg, role, avoid, na);
+            break;
+        }
+        if (w != NULL || n_avoid == 0) {
+            return w;
+        }
+    }
+    return NULL;
+}
+
+void epd_router_registry_counts(const epd_router_registry_t *reg, uint32_t counts_p[2][5])
+{
+    memset(counts_p, 0, sizeof(uint32_t) * 2 * 5);
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        int r = w->info.role == EPD_CLIENT_ROLE_DECODE ? 1 : 0;
+
+        if (w->state >= 1 && w->state <= 4) {
+            counts_p[r][w->state]++;
+        }
+    }
+}

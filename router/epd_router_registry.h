@@ -1,0 +1,145 @@
+/*
+ * epd_router_registry.h — the router's view of the cluster: every worker
+ * that registered (RegisterWorker), its state and load, and the policies
+ * that pick a prefill and a decode worker for a request.
+ *
+ * A worker is one incarnation (worker id + epoch).  States:
+ *   READY     registered, heartbeating, its endpoint healthy: takes work;
+ *   DRAINING  Drain was asked (through the router): no new work, running
+ *             requests finish;
+ *   SUSPECT   no heartbeat for dead_after_ms: no new work until a
+ *             heartbeat comes back;
+ *   DEAD      its request-plane endpoint failed, or a newer incarnation
+ *             of the same worker id registered: never used again.
+ * Entries are owned by the registry; a request holds an entry with
+ * epd_router_worker_ref/unref so an entry outlives every request sent to
+ * it (DEAD entries without references are freed after a grace period).
+ *
+ * Load: the heartbeat's figures (queue depth, queued tokens, free KV
+ * blocks, running requests) plus what the router itself has sent since
+ * (in-flight requests, prompt tokens waiting for their first token), which
+ * is current between heartbeats.
+ *
+ * Policies:
+ *   round-robin      the next eligible worker of the pool after the last one;
+ *   least-load       decode: fewest in-flight requests per batch slot, then
+ *                    most free KV blocks; prefill: fewest queued prompt
+ *                    tokens (router-side), then heartbeat queue;
+ *   prefix-affinity  prefill by rendezvous (highest-random-weight) hashing
+ *                    of the prompt's first KV block (block_tokens tokens,
+ *                    or the whole prompt when shorter) over the eligible
+ *                    prefill workers — a consistent hash: a joining or
+ *                    leaving worker moves only its share of prefixes — and
+ *                    least load when that worker is overloaded (queued
+ *                    tokens above the least loaded one's by more than
+ *                    EPD_ROUTER_AFFINITY_SLACK_TOKENS); decode by least load.
+ *
+ * Threads: the router's loop thread only.  Pure data structure: no I/O.
+ */
+#ifndef EPD_ROUTER_REGISTRY_H
+#define EPD_ROUTER_REGISTRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "epd_client.h"
+#include "epd_status.h"
+
+#define EPD_ROUTER_AFFINITY_SLACK_TOKENS 4096
+
+typedef enum {
+    EPD_ROUTER_READY = 1, /* values of epd.WorkerState */
+    EPD_ROUTER_DRAINING = 2,
+    EPD_ROUTER_SUSPECT = 3,
+    EPD_ROUTER_DEAD = 4,
+} epd_router_state_t;
+
+typedef enum {
+    EPD_ROUTER_POLICY_ROUND_ROBIN = 0,
+    EPD_ROUTER_POLICY_LEAST_LOAD,
+    EPD_ROUTER_POLICY_PREFIX_AFFINITY,
+} epd_router_policy_t;
+
+typedef struct epd_router_worker {
+    epd_client_worker_info_t info; /* identity, address, layout, capacity */
+    char control_addr[256];        /* the worker's own gRPC address */
+    epd_client_worker_t *cw;       /* the request-plane client's handle (owned by the client) */
+    epd_router_state_t state;
+    int drain_asked;
+    uint64_t registered_ns; /* monotonic */
+    uint64_t last_hb_ns;    /* monotonic */
+    uint64_t dead_ns;       /* when it became DEAD */
+    /* heartbeat load */
+    uint32_t hb_queue_depth;
+    uint64_t hb_queued_tokens;
+    uint32_t hb_kv_blocks_free;
+    uint32_t hb_state_slots_free;
+    uint32_t hb_running;
+    /* router-side load */
+    uint32_t inflight;      /* requests sent here, not yet ended */
+    uint64_t queued_tokens; /* prefill: prompt tokens not yet past their first token */
+    uint64_t served;        /* requests sent here */
+    uint32_t refs;
+    struct epd_router_worker *next;
+} epd_router_worker_t;
+
+typedef struct {
+    epd_router_worker_t *workers; /* newest first */
+    epd_router_policy_t policy;
+    uint32_t dead_after_ms;
+    uint32_t rr[2]; /* round-robin cursors: [0] prefill, [1] decode */
+} epd_router_registry_t;
+
+/* "round-robin", "least-load", "prefix-affinity" → *policy_p;
+ * EPD_ERR_INVALID_PARAM otherwise. */
+epd_status_t epd_router_policy_parse(const char *name, epd_router_policy_t *policy_p);
+const char *epd_router_policy_name(epd_router_policy_t policy);
+const char *epd_router_state_name(epd_router_state_t state);
+
+void epd_router_registry_init(epd_router_registry_t *reg, epd_router_policy_t policy,
+                              uint32_t dead_after_ms);
+/* Frees every entry (the client handles belong to the client). */
+void epd_router_registry_cleanup(epd_router_registry_t *reg);
+
+/* The live (not DEAD) entry of `worker_id`, or NULL. */
+epd_router_worker_t *epd_router_registry_find(epd_router_registry_t *reg, const char *worker_id);
+
+/* A new entry for `info` (copied), READY, inserted first; the caller sets
+ * cw and control_addr.  An older live entry of the same worker id must be
+ * marked DEAD by the caller first.  NULL when out of memory. */
+epd_router_worker_t *epd_router_registry_add(epd_router_registry_t *reg,
+                                             const epd_client_worker_info_t *info, uint64_t now_ns);
+
+/* Marks `w` DEAD (idempotent). */
+void epd_router_worker_kill(epd_router_worker_t *w, uint64_t now_ns);
+
+/* Periodic upkeep: READY/DRAINING workers silent for dead_after_ms become
+ * SUSPECT, SUSPECT ones heartbeating again become READY (DRAINING when a
+ * drain was asked), workers whose endpoint failed become DEAD (*n_died_p
+ * counts them), DEAD entries without references older than 30 s are
+ * freed. */
+void epd_router_registry_tick(epd_router_registry_t *reg, uint64_t now_ns, uint32_t *n_died_p);
+
+/* Picks a worker of `role` (EPD_CLIENT_ROLE_PREFILL or _DECODE) for a
+ * prompt of n_prompt tokens, skipping the entries in avoid[0..n_avoid)
+ * unless nothing else is eligible.  NULL when no worker of that role is
+ * READY (with a usable endpoint). */
+epd_router_worker_t *epd_router_registry_pick(epd_router_registry_t *reg, int role,
+                                              const uint32_t *prompt, uint32_t n_prompt,
+                                              epd_router_worker_t *const *avoid, size_t n_avoid);
+
+/* Counts of entries by role (0 prefill, 1 decode) and state (index =
+ * state, 1..4). */
+void epd_router_registry_counts(const epd_router_registry_t *reg, uint32_t counts_p[2][5]);
+
+static inline void epd_router_worker_ref(epd_router_worker_t *w)
+{
+    w->refs++;
+}
+
+static inline void epd_router_worker_unref(epd_router_worker_t *w)
+{
+    w->refs--;
+}
+
+#endif

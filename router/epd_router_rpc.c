@@ -1,0 +1,485 @@
+/*
+ * epd_router_rpc.c — the router's side of epd.Control (handlers run on the
+ * loop thread, see epd_rpc.h):
+ *   RegisterWorker  validates the worker's identity, address and layout
+ *                   (its layout must match the router's model), adds it to
+ *                   the registry and connects the request-plane client to it
+ *                   (epd_client_add_worker_info: non-blocking, the
+ *                   registration already carries what Health would say).
+ *                   A newer epoch of a known worker id replaces the older
+ *                   incarnation (marked DEAD).  Answers heartbeat_interval_ms.
+ *   Heartbeat       records the load; known=false for an unknown (id,
+ *                   epoch) or a DEAD one (the worker registers again);
+ *                   drain=true once a drain was asked.
+ *   Drain           by worker id: DRAINING here at once, and forwarded to
+ *                   the worker's own control address from libuv's thread
+ *                   pool (a blocking gRPC call must not run on the loop).
+ *   Status          every worker with its state, load and capacity.
+ *   Health          the router itself (role ROUTER).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "epd_alloc.h"
+#include "epd_log.h"
+#include "epd_msg.h"
+#include "epd_router_int.h"
+#include "epd_time.h"
+
+#define EPD__DRAIN_FORWARD_TIMEOUT_MS 3000
+
+static int epd__pack(const ProtobufCMessage *msg, void **resp_p, size_t *resp_len_p, char *err,
+                     size_t err_cap)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    void *buf = epd_malloc(n > 0 ? n : 1);
+
+    if (buf == NULL) {
+        snprintf(err, err_cap, "out of memory");
+        return EPD_RPC_INTERNAL;
+    }
+    protobuf_c_message_pack(msg, buf);
+    *resp_p = buf;
+    *resp_len_p = n;
+    return EPD_RPC_OK;
+}
+
+static int epd__unpack(const ProtobufCMessageDescriptor *desc, const void *req, size_t len,
+                       ProtobufCMessage **msg_p)
+{
+    static const unsigned char empty = 0;
+
+    return epd_proto_unpack(desc, len > 0 ? req : &empty, len, msg_p) == EPD_OK ? 0 : -1;
+}
+
+/* Worker ids go into logs and metric labels: a conservative alphabet. */
+static int epd__id_ok(const char *id)
+{
+    size_t n = id != NULL ? strlen(id) : 0;
+
+    if (n == 0 || n >= EPD_CLIENT_NAME_MAX) {
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char c = id[i];
+
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.' || c == ':' || c == '@')) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int epd__refuse_register(Epd__RegisterResponse *resp, const char *why, void **resp_p,
+                                size_t *resp_len_p, char *err, size_t err_cap)
+{
+    resp->accepted = 0;
+    resp->reason = (char *)why;
+    epd_log_warn(EPD_ROUTER_LOG, 0, "RegisterWorker refused: %s", why);
+    return epd__pack(&resp->base, resp_p, resp_len_p, err, err_cap);
+}
+
+static int epd__register(epd_router_t *rt, const void *req, size_t req_len, void **resp_p,
+                         size_t *resp_len_p, char *err, size_t err_cap)
+{
+    Epd__RegisterResponse resp = EPD__REGISTER_RESPONSE__INIT;
+    Epd__Epoch repoch = EPD__EPOCH__INIT;
+    ProtobufCMessage *m = NULL;
+    Epd__RegisterRequest *rr;
+    epd_client_worker_info_t *info = NULL;
+    epd_router_worker_t *old, *w;
+    epd_client_worker_t *cw = NULL;
+    const epd_kv_layout_t *kv = &rt->info->kv;
+    char why[512];
+    uint64_t now = epd_time_now_ns();
+    int rc;
+
+    repoch.start_time_ns = rt->epoch_start_ns;
+    repoch.nonce = rt->epoch_nonce;
+    resp.router_epoch = &repoch;
+    resp.heartbeat_interval_ms = rt->heartbeat_ms;
+    if (epd__unpack(&epd__register_request__descriptor, req, req_len, &m) != 0) {
+        snprintf(err, err_cap, "malformed RegisterRequest");
+        return EPD_RPC_INVALID_ARGUMENT;
+    }
+    rr = (Epd__RegisterRequest *)m;
+    why[0] = '\0';
+    if (rr->worker == NULL || rr->worker->epoch == NULL || !epd__id_ok(rr->worker->worker_id)) {
+        snprintf(why, sizeof(why), "worker identity, epoch or id missing or malformed");
+    } else if (rr->worker->role != EPD__ROLE__ROLE_PREFILL &&
+               rr->worker->role != EPD__ROLE__ROLE_DECODE) {
+        snprintf(why, sizeof(why), "worker '%.100s': only prefill and decode workers register",
+                 rr->worker->worker_id);
+    } else if (rr->data_plane_address.len == 0 ||
+               rr->data_plane_address.len > EPD_XPORT_ADDR_MAX) {
+        snprintf(why, sizeof(why), "worker '%.100s': empty or oversized data-plane address",
+                 rr->worker->worker_id);
+    } else if (rr->transport == NULL || strlen(rr->transport) >= sizeof(info->transport)) {
+        snprintf(why, sizeof(why), "worker '%.100s': bad transport", rr->worker->worker_id);
+    } else if (rr->kv_layout == NULL || rr->capacity == NULL) {
+        snprintf(why, sizeof(why), "worker '%.100s': no KV layout or capacity", rr->worker->worker_id);
+    } else if (rr->kv_layout->n_layers != kv->n_layers ||
+               rr->kv_layout->block_tokens != kv->block_tokens ||
+               rr->kv_layout->n_kv_heads != kv->n_kv_heads ||
+               rr->kv_layout->head_dim != kv->head_dim) {
+        snprintf(why, sizeof(why),
+                 "worker '%.100s': KV layout (%u layers, %u heads x %u, %u tokens/block) differs "
+                 "from the router's model (%u layers, %u heads x %u, %u tokens/block)",
+                 rr->worker->worker_id, rr->kv_layout->n_layers, rr->kv_layout->n_kv_heads,
+                 rr->kv_layout->head_dim, rr->kv_layout->block_tokens, kv->n_layers,
+                 kv->n_kv_heads, kv->head_dim, kv->block_tokens);
+    } else if (rr->kv_layout->layer_pattern != NULL &&
+               strlen(rr->kv_layout->layer_pattern) >= EPD_CLIENT_PATTERN_MAX) {
+        snprintf(why, sizeof(why), "worker '%.100s': oversized layer pattern", rr->worker->worker_id);
+    } else if (strcmp(rr->transport, rt->transport) != 0) {
+        snprintf(why, sizeof(why), "worker '%.100s' serves transport '%s', the router '%s'",
+                 rr->worker->worker_id, rr->transport, rt->transport);
+    } else if (rr->worker->model != NULL && rr->worker->model[0] != '\0' &&
+               strcmp(rr->worker->model, rt->model_name) != 0) {
+        epd_log_warn(EPD_ROUTER_LOG, 0,
+                     "worker '%s' serves model '%s', the router '%s' (same layout: accepted)",
+                     rr->worker->worker_id, rr->worker->model, rt->model_name);
+    }
+    if (why[0] != '\0') {
+        rc = epd__refuse_register(&resp, why, resp_p, resp_len_p, err, err_cap);
+        epd_proto_free(m);
+        return rc;
+    }
+    old = epd_router_registry_find(&rt->reg, rr->worker->worker_id);
+    if (old != NULL && old->info.epoch_start_ns == rr->worker->epoch->start_time_ns &&
+        old->info.epoch_nonce == rr->worker->epoch->nonce) {
+        /* the same incarnation again (it missed our answer): accepted as is */
+        old->last_hb_ns = now;
+        resp.accepted = 1;
+        rc = epd__pack(&resp.base, resp_p, resp_len_p, err, err_cap);
+        epd_proto_free(m);
+        return rc;
+    }
+    info = epd_calloc(1, sizeof(*info));
+    if (info == NULL) {
+        epd_proto_free(m);
+        snprintf(err, err_cap, "out of memory");
+        return EPD_RPC_INTERNAL;
+    }
+    snprintf(info->worker_id, sizeof(info->worker_id), "%s", rr->worker->worker_id);
+    info->role = rr->worker->role;
+    snprintf(info->model, sizeof(info->model), "%s",
+             rr->worker->model != NULL ? rr->worker->model : "");
+    info->epoch_start_ns = rr->worker->epoch->start_time_ns;
+    info->epoch_nonce = rr->worker->epoch->nonce;
+    snprintf(info->transport, sizeof(info->transport), "%s", rr->transport);
+    memcpy(info->address, rr->data_plane_address.data, rr->data_plane_address.len);
+    info->address_len = rr->data_plane_address.len;
+    info->serving = 1;
+    info->n_layers = rr->kv_layout->n_layers;
+    snprintf(info->layer_pattern, sizeof(info->layer_pattern), "%s",
+             rr->kv_layout->layer_pattern != NULL ? rr->kv_layout->layer_pattern : "");
+    info->block_tokens = rr->kv_layout->block_tokens;
+    info->n_kv_heads = rr->kv_layout->n_kv_heads;
+    info->head_dim = rr->kv_layout->head_dim;
+    info->kv_dtype = rr->kv_layout->dtype;
+    info->block_bytes = rr->kv_layout->block_bytes;
+    info->state_bytes = rr->kv_layout->state_bytes;
+    info->kv_blocks_total = rr->capacity->kv_blocks_total;
+    info->state_slots_total = rr->capacity->state_slots_total;
+    info->max_batch = rr->capacity->max_batch;
+    info->max_context = rr->capacity->max_context;
+    info->kv_blocks_free = rr->capacity->kv_blocks_total;
+    info->state_slots_free = rr->capacity->state_slots_total;
+    if (epd_client_add_worker_info(rt->client, info, &cw) != EPD_OK) {
+        snprintf(why, sizeof(why), "worker '%.100s': cannot connect to its data-plane address",
+                 info->worker_id);
+        epd_free(info);
+        rc = epd__refuse_register(&resp, why, resp_p, resp_len_p, err, err_cap);
+        epd_proto_free(m);
+        return rc;
+    }
+    w = epd_router_registry_add(&rt->reg, info, now);
+    if (w == NULL) {
+        /* cw stays with the client (freed with it); never used */
+        epd_free(info);
+        epd_proto_free(m);
+        snprintf(err, err_cap, "out of memory");
+        return EPD_RPC_INTERNAL;
+    }
+    if (old != NULL) {
+        epd_log_info(EPD_ROUTER_LOG, 0,
+                     "worker '%s' registered under a new epoch: the old incarnation is DEAD",
+                     info->worker_id);
+        epd_router_worker_kill(old, now);
+    }
+    w->cw = cw;
+    snprintf(w->control_addr, sizeof(w->control_addr), "%s",
+             rr->control_address != NULL ? rr->control_address : "");
+    rt->m.registrations++;
+    epd_log_info(EPD_ROUTER_LOG, 0,
+                 "worker '%.100s' (%s) registered: control %s, %u KV blocks, max batch %u, epoch "
+                 "%llu/%016llx",
+                 info->worker_id, info->role == EPD_CLIENT_ROLE_PREFILL ? "prefill" : "decode",
+                 w->control_addr, info->kv_blocks_total, info->max_batch,
+                 (unsigned long long)info->epoch_start_ns, (unsigned long long)info->epoch_nonce);
+    epd_free(info);
+    resp.accepted = 1;
+    rc = epd__pack(&resp.base, resp_p, resp_len_p, err, err_cap);
+    epd_proto_free(m);
+    return rc;
+}
+
+static int epd__heartbeat(epd_router_t *rt, const void *req, size_t req_len, void **resp_p,
+                          size_t *resp_len_p, char *err, size_t err_cap)
+{
+    Epd__HeartbeatResponse resp = EPD__HEARTBEAT_RESPONSE__INIT;
+    ProtobufCMessage *m = NULL;
+    Epd__HeartbeatRequest *hb;
+    epd_router_worker_t *w;
+    int rc;
+
+    if (epd__unpack(&epd__heartbeat_request__descriptor, req, req_len, &m) != 0) {
+        snprintf(err, err_cap, "malformed HeartbeatRequest");
+        return EPD_RPC_INVALID_ARGUMENT;
+    }
+    hb = (Epd__HeartbeatRequest *)m;
+    rt->m.heartbeats++;
+    w = hb->worker_id != NULL ? epd_router_registry_find(&rt->reg, hb->worker_id) : NULL;
+    if (w != NULL && hb->epoch != NULL && w->info.epoch_start_ns == hb->epoch->start_time_ns &&
+        w->info.epoch_nonce == hb->epoch->nonce) {
+        w->last_hb_ns = epd_time_now_ns();
+        if (hb->load != NULL) {
+            w->hb_queue_depth = hb->load->queue_depth;
+            w->hb_queued_tokens = hb->load->queued_tokens;
+            w->hb_kv_blocks_free = hb->load->kv_blocks_free;
+            w->hb_state_slots_free = hb->load->state_slots_free;
+            w->hb_running = hb->load->running_requests;
+        }
+        if (w->state == EPD_ROUTER_SUSPECT) {
+            w->state = w->drain_asked ? EPD_ROUTER_DRAINING : EPD_ROUTER_READY;
+        }
+        resp.known = 1;
+        resp.drain = w->drain_asked != 0;
+    }
+    rc = epd__pack(&resp.base, resp_p, resp_len_p, err, err_cap);
+    epd_proto_free(m);
+    return rc;
+}
+
+/* ------------------------------------------------------------- Drain */
+
+typedef struct {
+    uv_work_t work;
+    epd_router_t *rt;
+    char addr[256];
+    char worker_id[EPD_CLIENT_NAME_MAX];
+    epd_status_t status;
+    char err[256];
+} epd__drain_fwd_t;
+
+/* libuv thread pool: the blocking forward. */
+static void epd__drain_fwd_work(uv_work_t *work)
+{
+    epd__drain_fwd_t *f = work->data;
+    Epd__DrainRequest dr = EPD__DRAIN_REQUEST__INIT;
+    epd_rpc_client_t *rpc = NULL;
+    unsigned char buf[EPD_CLIENT_NAME_MAX + 16];
+    void *resp = NULL;
+    size_t resp_len = 0;
+    size_t len;
+
+    dr.worker_id = f->worker_id;
+    len = epd__drain_request__get_packed_size(&dr);
+    if (len > sizeof(buf)) {
+        f->status = EPD_ERR_TOO_LONG;
+        return;
+    }
+    epd__drain_request__pack(&dr, buf);
+    f->status = epd_rpc_client_create(f->addr, &rpc);
+    if (f->status != EPD_OK) {
+        return;
+    }
+    f->status = epd_rpc_call(rpc, EPD_RPC_DRAIN, buf, len, EPD__DRAIN_FORWARD_TIMEOUT_MS, &resp,
+                             &resp_len, f->err, sizeof(f->err));
+    epd_free(resp);
+    epd_rpc_client_destroy(rpc);
+}
+
+static void epd__drain_fwd_done(uv_work_t *work, int status)
+{
+    epd__drain_fwd_t *f = work->data;
+
+    (void)status;
+    f->rt->drains_in_flight--;
+    if (f->status != EPD_OK) {
+        epd_log_warn(EPD_ROUTER_LOG, 0,
+                     "forwarding Drain to worker '%s' at %s: %s%s%s (its next heartbeat answer "
+                     "says drain)",
+                     f->worker_id, f->addr, epd_status_name(f->status), f->err[0] ? ": " : "",
+                     f->err);
+    } else {
+        epd_log_info(EPD_ROUTER_LOG, 0, "worker '%.100s' at %s is draining", f->worker_id, f->addr);
+    }
+    epd_free(f);
+}
+
+static int epd__drain(epd_router_t *rt, const void *req, size_t req_len, void **resp_p,
+                      size_t *resp_len_p, char *err, size_t err_cap)
+{
+    Epd__DrainResponse resp = EPD__DRAIN_RESPONSE__INIT;
+    ProtobufCMessage *m = NULL;
+    Epd__DrainRequest *dr;
+    epd_router_worker_t *w;
+    epd__drain_fwd_t *f;
+    int rc;
+
+    if (epd__unpack(&epd__drain_request__descriptor, req, req_len, &m) != 0) {
+        snprintf(err, err_cap, "malformed DrainRequest");
+        return EPD_RPC_INVALID_ARGUMENT;
+    }
+    dr = (Epd__DrainRequest *)m;
+    w = dr->worker_id != NULL ? epd_router_registry_find(&rt->reg, dr->worker_id) : NULL;
+    if (w == NULL) {
+        snprintf(err, err_cap, "no live worker '%.100s' is registered here",
+                 dr->worker_id != NULL ? dr->worker_id : "");
+        epd_proto_free(m);
+        return EPD_RPC_NOT_FOUND;
+    }
+    epd_proto_free(m);
+    if (!w->drain_asked) {
+        epd_log_info(EPD_ROUTER_LOG, 0,
+                     "draining worker '%s': no new requests; %u in flight here finish",
+                     w->info.worker_id, w->inflight);
+    }
+    w->drain_asked = 1;
+    if (w->state == EPD_ROUTER_READY) {
+        w->state = EPD_ROUTER_DRAINING;
+    }
+    if (w->control_addr[0] != '\0') {
+        f = epd_calloc(1, sizeof(*f));
+        if (f != NULL) {
+            f->rt = rt;
+            f->work.data = f;
+            snprintf(f->addr, sizeof(f->addr), "%s", w->control_addr);
+            snprintf(f->worker_id, sizeof(f->worker_id), "%s", w->info.worker_id);
+            if (uv_queue_work(rt->loop, &f->work, epd__drain_fwd_work, epd__drain_fwd_done) == 0) {
+                rt->drains_in_flight++;
+            } else {
+                epd_free(f);
+            }
+        }
+    }
+    resp.ok = 1;
+    rc = epd__pack(&resp.base, resp_p, resp_len_p, err, err_cap);
+    return rc;
+}
+
+/* ------------------------------------------------------------- Status */
+
+static int epd__status(epd_router_t *rt, void **resp_p, size_t *resp_len_p, char *err,
+                       size_t err_cap)
+{
+    Epd__StatusResponse s = EPD__STATUS_RESPONSE__INIT;
+    uint64_t now = epd_time_now_ns();
+    size_t n = 0, i = 0;
+    int rc;
+    struct parts {
+        Epd__WorkerStatus ws;
+        Epd__WorkerIdentity ident;
+        Epd__Epoch epoch;
+        Epd__Load load;
+        Epd__Capacity cap;
+    } *p;
+    Epd__WorkerStatus **list;
+
+    for (epd_router_worker_t *w = rt->reg.workers; w != NULL; w = w->next) {
+        n++;
+    }
+    p = epd_calloc(n > 0 ? n : 1, sizeof(*p));
+    list = epd_calloc(n > 0 ? n : 1, sizeof(*list));
+    if (p == NULL || list == NULL) {
+        epd_free(p);
+        epd_free(list);
+        snprintf(err, err_cap, "out of memory");
+        return EPD_RPC_INTERNAL;
+    }
+    /* oldest first: the list is newest first */
+    i = n;
+    for (epd_router_worker_t *w = rt->reg.workers; w != NULL; w = w->next) {
+        struct parts *q = &p[--i];
+
+        epd__worker_status__init(&q->ws);
+        epd__worker_identity__init(&q->ident);
+        epd__epoch__init(&q->epoch);
+        epd__load__init(&q->load);
+        epd__capacity__init(&q->cap);
+        q->epoch.start_time_ns = w->info.epoch_start_ns;
+        q->epoch.nonce = w->info.epoch_nonce;
+        q->ident.worker_id = w->info.worker_id;
+        q->ident.role = w->info.role;
+        q->ident.model = w->info.model;
+        q->ident.epoch = &q->epoch;
+        q->load.queue_depth = w->hb_queue_depth;
+        q->load.queued_tokens = w->hb_queued_tokens;
+        q->load.kv_blocks_free = w->hb_kv_blocks_free;
+        q->load.state_slots_free = w->hb_state_slots_free;
+        q->load.running_requests = w->hb_running;
+        q->cap.kv_blocks_total = w->info.kv_blocks_total;
+        q->cap.block_tokens = w->info.block_tokens;
+        q->cap.state_slots_total = w->info.state_slots_total;
+        q->cap.max_batch = w->info.max_batch;
+        q->cap.max_context = w->info.max_context;
+        q->ws.worker = &q->ident;
+        q->ws.state = (Epd__WorkerState)w->state;
+        q->ws.load = &q->load;
+        q->ws.capacity = &q->cap;
+        q->ws.last_heartbeat_age_ms = (now - w->last_hb_ns) / 1000000ull;
+        list[i] = &q->ws;
+    }
+    s.n_workers = n;
+    s.workers = list;
+    rc = epd__pack(&s.base, resp_p, resp_len_p, err, err_cap);
+    epd_free(list);
+    epd_free(p);
+    return rc;
+}
+
+static int epd__health(epd_router_t *rt, void **resp_p, size_t *resp_len_p, char *err,
+                       size_t err_cap)
+{
+    Epd__HealthResponse h = EPD__HEALTH_RESPONSE__INIT;
+    Epd__WorkerIdentity ident = EPD__WORKER_IDENTITY__INIT;
+    Epd__Epoch epoch = EPD__EPOCH__INIT;
+
+    epoch.start_time_ns = rt->epoch_start_ns;
+    epoch.nonce = rt->epoch_nonce;
+    ident.worker_id = (char *)epd_client_id(rt->client);
+    ident.role = EPD__ROLE__ROLE_ROUTER;
+    ident.model = rt->model_name;
+    ident.epoch = &epoch;
+    h.serving = !rt->stopping;
+    h.worker = &ident;
+    h.transport = "";
+    return epd__pack(&h.base, resp_p, resp_len_p, err, err_cap);
+}
+
+int epd__router_on_rpc(void *arg, const char *method, const void *req, size_t req_len,
+                       void **resp_p, size_t *resp_len_p, char *err, size_t err_cap)
+{
+    epd_router_t *rt = arg;
+
+    if (strcmp(method, EPD_RPC_REGISTER) == 0) {
+        return epd__register(rt, req, req_len, resp_p, resp_len_p, err, err_cap);
+    }
+    if (strcmp(method, EPD_RPC_HEARTBEAT) == 0) {
+        return epd__heartbeat(rt, req, req_len, resp_p, resp_len_p, err, err_cap);
+    }
+    if (strcmp(method, EPD_RPC_DRAIN) == 0) {
+        return epd__drain(rt, req, req_len, resp_p, resp_len_p, err, err_cap);
+    }
+    if (strcmp(method, EPD_RPC_STATUS) == 0) {
+        return epd__status(rt, resp_p, resp_len_p, err, err_cap);
+    }
+    if (strcmp(method, EPD_RPC_HEALTH) == 0) {
+        return epd__health(rt, resp_p, resp_len_p, err, err_cap);
+    }
+    snprintf(err, err_cap, "unknown method %s", method);
+    return EPD_RPC_UNIMPLEMENTED;
+}

@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""epd_router_client.py — the HTTP client of the router tests (stdlib only).
+
+  same URL MODEL_DIR GEN_BIN --prompt-file F --max-tokens N [--chat] [--stream]
+       [--temperature T --top-p P --top-k K --seed S]
+      One request through the router; its text must equal epd-generate's for
+      the same prompt (the chat template rendered as the router renders it)
+      and sampling flags.  Streams are checked for the SSE format (every
+      event "data: {json}", usage with include_usage, "data: [DONE]" last).
+  load URL MODEL_DIR GEN_BIN --clients C --requests R [--prompts K --max-tokens N]
+      C concurrent clients, R requests in all (streaming and not, completions
+      and chat, over K prompts); every answer must equal epd-generate's.
+  raw URL METHOD PATH [BODY]
+      prints "STATUS" then the body (for the bad-input checks).
+Exit 0 when everything matched; 1 with a line on stderr otherwise.
+"""
+import http.client
+import json
+import subprocess
+import sys
+import threading
+import urllib.parse
+
+
+def fail(msg):
+    sys.stderr.write("epd_router_client: %s\n" % msg)
+    sys.exit(1)
+
+
+def chat_prompt(content):
+    return "<|user|>\n%s\n<|assistant|>\n" % content
+
+
+def generate(gen_bin, model, prompt, max_tokens, sampling):
+    args = [gen_bin, "--model", model, "--prompt", prompt, "--max-tokens", str(max_tokens)]
+    for k, v in sampling.items():
+        args += ["--" + k.replace("_", "-"), str(v)]
+    out = subprocess.run(args, stdout=subprocess.PIPE, check=True).stdout
+    if not out.endswith(b"\n"):
+        fail("epd-generate output does not end in a newline")
+    return out[:-1]
+
+
+def conn_for(url):
+    u = urllib.parse.urlparse(url)
+    return http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+
+
+def request(url, chat, prompt, max_tokens, stream, sampling, conn=None):
+    """Returns (status, text bytes or error body, finish_reason, usage)."""
+    body = {"model": MODEL_NAME, "max_tokens": max_tokens, "stream": stream}
+    body.update(sampling)
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+        path = "/v1/chat/completions"
+    else:
+        body["prompt"] = prompt
+        path = "/v1/completions"
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    own = conn is None
+    if own:
+        conn = conn_for(url)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        data = resp.read()
+        if own:
+            conn.close()
+        return resp.status, data, None, None
+    if not stream:
+        obj = json.loads(resp.read())
+        if own:
+            conn.close()
+        ch = obj["choices"][0]
+        text = ch["message"]["content"] if chat else ch["text"]
+        return 200, text.encode("utf-8"), ch["finish_reason"], obj["usage"]
+    if not resp.getheader("Content-Type", "").startswith("text/event-stream"):
+        fail("stream Content-Type %r" % resp.getheader("Content-Type"))
+    parts, finish, usage, done = [], None, None, False
+    raw = resp.read().decode("utf-8")
+    if own:
+        conn.close()
+    events = raw.split("\n\n")
+    if events[-1] != "":
+        fail("stream does not end with a blank line: %r" % raw[-80:])
+    for ev in events[:-1]:
+        if not ev.startswith("data: "):
+            fail("event without 'data: ': %r" % ev[:80])
+        if done:
+            fail("event after [DONE]")
+        payload = ev[len("data: "):]
+        if payload == "[DONE]":
+            done = True
+            continue
+        obj = json.loads(payload)
+        if "error" in obj:
+            return 599, payload.encode(), None, None
+        if obj["choices"]:
+            ch = obj["choices"][0]
+            piece = ch["delta"].get("content", "") if chat else ch["text"]
+            parts.append(piece or "")
+            if ch["finish_reason"] is not None:
+                finish = ch["finish_reason"]
+        if obj.get("usage"):
+            usage = obj["usage"]
+    if not done:
+        fail("stream without data: [DONE]")
+    if usage is None:
+        fail("stream without a usage chunk (include_usage)")
+    return 200, "".join(parts).encode("utf-8"), finish, usage
+
+
+MODEL_NAME = None
+
+
+def parse_flags(argv):
+    flags, i = {}, 0
+    while i < len(argv):
+        a = argv[i]
+        if not a.startswith("--"):
+            fail("unexpected argument %r" % a)
+        key = a[2:].replace("-", "_")
+        if key in ("chat", "stream", "all_kinds"):
+            flags[key] = True
+            i += 1
+        else:
+            flags[key] = argv[i + 1]
+            i += 2
+    return flags
+
+
+def sampling_of(flags):
+    s = {}
+    if "temperature" in flags:
+        s["temperature"] = float(flags["temperature"])
+    if "top_p" in flags:
+        s["top_p"] = float(flags["top_p"])
+    if "top_k" in flags:
+        s["top_k"] = int(flags["top_k"])
+    if "seed" in flags:
+        s["seed"] = int(flags["seed"])
+    return s
+
+
+def gen_sampling(s):
+    g = dict(s)
+    g.setdefault("temperature", 1.0)  # the OpenAI default the router applies
+    return g
+
+
+def cmd_same(url, model, gen_bin, flags):
+    if flags.pop("all_kinds", False):
+        for chat in (False, True):
+            for stream in (False, True):
+                f = dict(flags)
+                f["chat"], f["stream"] = chat, stream
+                cmd_same(url, model, gen_bin, f)
+        return
+    prompt = open(flags["prompt_file"], "rb").read().decode("utf-8")
+    max_tokens = int(flags["max_tokens"])
+    chat = flags.get("chat", False)
+    s = sampling_of(flags)
+    want = generate(gen_bin, model, chat_prompt(prompt) if chat else prompt, max_tokens,
+                    gen_sampling(s))
+    status, got, finish, usage = request(url, chat, prompt, max_tokens, flags.get("stream", False), s)
+    if status != 200:
+        fail("HTTP %d: %r" % (status, got[:300]))
+    if got != want:
+        fail("router text differs from epd-generate's\n  generate: %r\n  router:   %r" % (want, got))
+    if finish not in ("stop", "length"):
+        fail("finish_reason %r" % finish)
+    if usage["completion_tokens"] < 1 or usage["total_tokens"] != usage["prompt_tokens"] + usage["completion_tokens"]:
+        fail("usage %r" % usage)
+    print("ok chat=%s stream=%s: %d bytes finish=%s usage=%s" %
+          (chat, flags.get("stream", False), len(got), finish, json.dumps(usage)))
+
+
+def cmd_load(url, model, gen_bin, flags):
+    clients = int(flags["clients"])
+    total = int(flags["requests"])
+    n_prompts = int(flags.get("prompts", "4"))
+    max_tokens = int(flags.get("max_tokens", "12"))
+    prompts = ["Prompt number %d: the router spreads requests over the pools." % i
+               for i in range(n_prompts)]
+    s = {"temperature": 0.8, "top_p": 0.95, "seed": 11}
+    want = {}
+    for p in prompts:
+        want[(p, False)] = generate(gen_bin, model, p, max_tokens, gen_sampling(s))
+        want[(p, True)] = generate(gen_bin, model, chat_prompt(p), max_tokens, gen_sampling(s))
+    lock = threading.Lock()
+    state = {"next": 0, "ok": 0, "errors": []}
+
+    def worker(ci):
+        conn = conn_for(url)  # keep-alive: every client reuses its connection
+        while True:
+            with lock:
+                k = state["next"]
+                if k >= total:
+                    break
+                state["next"] += 1
+            p = prompts[k % n_prompts]
+            chat = (k // n_prompts) % 2 == 1
+            stream = (k // (2 * n_prompts)) % 2 == 1
+            try:
+                status, got, finish, _ = request(url, chat, p, max_tokens, stream, s, conn)
+            except Exception as e:  # noqa: BLE001 — reported below
+                status, got, finish = -1, repr(e).encode(), None
+                conn.close()
+                conn = conn_for(url)
+            with lock:
+                if status != 200:
+                    state["errors"].append("request %d: HTTP %d %r" % (k, status, got[:200]))
+                elif got != want[(p, chat)]:
+                    state["errors"].append("request %d (chat=%s stream=%s) differs" % (k, chat, stream))
+                else:
+                    state["ok"] += 1
+        conn.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if state["errors"]:
+        fail("%d of %d failed; first: %s" % (len(state["errors"]), total, state["errors"][0]))
+    print("ok %d requests from %d clients" % (state["ok"], clients))
+
+
+def cmd_raw(url, method, path, body):
+    conn = conn_for(url)
+    conn.request(method, path, body, {"Content-Type": "application/json"} if body is not None else {})
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    print(resp.status)
+    sys.stdout.write(data.decode("utf-8", "replace"))
+    print()
+
+
+def main():
+    global MODEL_NAME
+    if len(sys.argv) < 3:
+        fail("usage: see the file's docstring")
+    cmd, url = sys.argv[1], sys.argv[2]
+    if cmd == "raw":
+        cmd_raw(url, sys.argv[3], sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
+        return
+    model, gen_bin = sys.argv[3], sys.argv[4]
+    flags = parse_flags(sys.argv[5:])
+    MODEL_NAME = flags.pop("model_name", None) or model.rstrip("/").split("/")[-1]
+    if cmd == "same":
+        cmd_same(url, model, gen_bin, flags)
+    elif cmd == "load":
+        cmd_load(url, model, gen_bin, flags)
+    else:
+        fail("unknown command %r" % cmd)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The router with one prefill and one decode worker registered over gRPC
+# (RegisterWorker + Heartbeat): /v1/completions and /v1/chat/completions,
+# streaming and not, greedy and sampled, answer exactly epd-generate's text
+# for the same prompt and sampling settings; /v1/models, /health, Status
+# through epd-ctl; SIGTERM stops everything with exit 0.
+source "$(dirname "$0")/lib.sh"
+
+mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
+start_router r --model "$T/m" --heartbeat-ms 200
+start_daemon d decode --model "$T/m" --worker-id decode-0 --kv-blocks 512 --state-slots 32 \
+  --router "$r_ADDR"
+start_daemon p prefill --model "$T/m" --worker-id prefill-0 --router "$r_ADDR"
+wait_router_state "$r_ADDR" decode-0 READY
+wait_router_state "$r_ADDR" prefill-0 READY
+"$BIN/epd-ctl" status "$r_ADDR" | grep -q "worker=prefill-0 role=prefill" || fail "Status lacks prefill-0"
+
+note "GET /v1/models, /health"
+router_client raw "$r_HTTP" GET /v1/models >"$T/models"
+[ "$(head -n 1 "$T/models")" = 200 ] || fail "/v1/models: $(cat "$T/models")"
+grep -q '"id":"m"' "$T/models" || fail "/v1/models lacks the model: $(cat "$T/models")"
+router_client raw "$r_HTTP" GET /health >"$T/health"
+grep -q '"prefill_ready":1,"decode_ready":1' "$T/health" || fail "/health: $(cat "$T/health")"
+
+note "completions and chat, streaming and not, equal epd-generate"
+printf 'The router sends this prompt to a prefill worker.' >"$T/p1"
+prompt_of_len 300 5 >"$T/p2"
+G="$BIN/epd-generate"
+for pf in "$T/p1" "$T/p2"; do
+  router_client same "$r_HTTP" "$T/m" "$G" --prompt-file "$pf" --max-tokens 24 --temperature 0 \
+    --all-kinds || fail "greedy, $(basename "$pf")"
+  router_client same "$r_HTTP" "$T/m" "$G" --prompt-file "$pf" --max-tokens 24 --temperature 0.9 \
+    --top-p 0.9 --top-k 40 --seed 42 --all-kinds || fail "sampled, $(basename "$pf")"
+done
+# no seed: the router uses 0, as epd-generate does
+router_client same "$r_HTTP" "$T/m" "$G" --prompt-file "$T/p1" --max-tokens 16 --stream ||
+  fail "default sampling (temperature 1, seed 0)"
+# a long generation in one stream
+router_client same "$r_HTTP" "$T/m" "$G" --prompt-file "$T/p1" --max-tokens 400 --temperature 0 \
+  --stream || fail "400 tokens streamed"
+wait_blocks_free "$d_ADDR"
+stop_daemon r TERM
+[ "$STOP_RC" = 0 ] || fail "router exited $STOP_RC on SIGTERM"
+finish_ok
