@@ -17,6 +17,8 @@ static const struct {
     {"xfer", epd_bench_xfer_main, "transport write bandwidth and message latency vs ucx_perftest / fi_pingpong"},
     {"overhead", epd_bench_overhead_main,
      "prefill-only vs prefill + KV transfer (interleaved A/B), TTFT breakdown from daemon traces"},
+    {"serve", epd_bench_serve_main,
+     "serving load through the router (Poisson arrivals): TTFT, ITL, E2E, errors; router vs direct"},
 };
 
 static void epd_bench_usage(FILE *out)

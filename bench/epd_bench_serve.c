@@ -1,0 +1,1486 @@
+/*
+ * epd_bench_serve.c — `epd-bench serve`: the serving benchmark.
+ *
+ * An open-loop load generator: requests arrive at a fixed mean rate
+ * (Poisson: exponential gaps from a seeded generator), each with a prompt
+ * and an output length drawn from a distribution ("N" or "A:B" uniform),
+ * and are sent however many are still running (up to --max-inflight, past
+ * which an arrival is counted as dropped, never delayed: delaying would
+ * hide the queueing the benchmark exists to show).
+ *
+ * Phases, each on the same workload (same arrivals, prompts, lengths,
+ * seeds), one after the other at the full rate:
+ *   router  streaming POST /v1/completions to the router (plain sockets on
+ *           libuv, HTTP/1.1 keep-alive, chunked SSE parsed as it comes):
+ *           TTFT = first event carrying text, ITL = gaps between text
+ *           events, E2E = `data: [DONE]`;
+ *   direct  the same token ids (tokenized here with the same engine the
+ *           router uses) straight to the prefill and decode workers with
+ *           router/epd_client, driven from the same kind of loop:
+ *           TTFT = first TokenChunk, ITL = gaps between chunks, E2E = the
+ *           last chunk.
+ * "What the router adds" is the difference of the two phases'
+ * percentiles (TTFT and E2E, p50 and p99): the router's HTTP parsing,
+ * tokenization, worker choice, SSE encoding and the extra loopback hop.
+ * It is a difference of distributions measured one after the other, not a
+ * per-request span (the router exports no per-request spans).
+ *
+ * Without --router the benchmark starts its own cluster from build/bin
+ * (router + 1 prefill + 1 decode, engine sim with a small profile written
+ * into a temp folder; --sim-model DIR to use another sim or ref model
+ * folder), waits for the ready files and for both workers to be READY in
+ * the router's Status, and stops every daemon at the end.  It prints a
+ * table; it never judges.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <uv.h>
+
+#include "epd_alloc.h"
+#include "epd_bench.h"
+#include "epd_client.h"
+#include "epd_config.h"
+#include "epd_engine.h"
+#include "epd_msg.h"
+#include "epd_rng.h"
+#include "epd_rpc.h"
+#include "epd_sim.h"
+#include "epd_time.h"
+#include "epd_xport_uv.h"
+
+#define SV_TEXT_BYTES (1u << 20)
+#define SV_MAX_ERR_KINDS 16
+
+/* ------------------------------------------------------------- workload */
+
+typedef struct {
+    uint64_t at_ns; /* arrival, from the phase's start */
+    uint32_t text_off, text_len;
+    uint32_t max_tokens;
+    uint64_t seed;
+    int32_t *tokens; /* direct phase: BOS + bytes (tokenized here) */
+    uint32_t n_tokens;
+} sv_work_t;
+
+typedef struct {
+    uint64_t t_send, t_first, t_last, t_end; /* monotonic ns; 0 = not reached */
+    uint32_t n_tokens;
+    int err; /* index into the phase's error kinds + 1; 0 = ok */
+    int done;
+} sv_res_t;
+
+typedef struct {
+    char name[48];
+    uint64_t count;
+} sv_errkind_t;
+
+typedef struct {
+    const char *name;
+    sv_res_t *res;
+    uint32_t n;
+    double *itl_us;
+    size_t n_itl, cap_itl;
+    sv_errkind_t errs[SV_MAX_ERR_KINDS];
+    int n_errs;
+    uint64_t dropped;
+    uint64_t t0, t_end;
+} sv_phase_t;
+
+/* ------------------------------------------------------------ the bench */
+
+typedef struct sv sv_t;
+
+typedef struct sv_conn {
+    uv_tcp_t tcp;
+    uv_connect_t connect;
+    uv_write_t wr;
+    sv_t *b;
+    struct sv_conn *next_idle;
+    int connected;
+    int closing;
+    int idx; /* request in flight, -1 none */
+    char *wbuf;
+    /* response parsing */
+    char *in;
+    size_t in_len, in_cap;
+    int state; /* 0 headers, 1 chunk size, 2 chunk data, 3 chunk crlf, 4 length, 5 to close */
+    int status;
+    int keepalive;
+    uint64_t left;
+    char *sse;
+    size_t sse_len, sse_cap;
+    int saw_done;
+    int saw_error;
+} sv_conn_t;
+
+struct sv {
+    /* options */
+    const char *router;     /* HTTP host:port */
+    const char *router_ctl; /* gRPC host:port */
+    const char *prefill_ctl, *decode_ctl;
+    const char *model_dir;
+    const char *engine_name;
+    const char *model_name;
+    const char *prompt_len, *output_len;
+    const char *phases;
+    const char *sim_model;
+    double rate;
+    double duration_s;
+    int64_t max_inflight;
+    int64_t seed;
+    int64_t warmup;
+    int chat;
+    int keep;
+    /* workload */
+    char *text;
+    sv_work_t *work;
+    uint32_t n_work;
+    /* running phase */
+    uv_loop_t loop;
+    uv_timer_t tick;
+    sv_phase_t *ph;
+    uint32_t next; /* next arrival to launch */
+    uint32_t inflight;
+    uint64_t hard_end;
+    struct sockaddr_in addr;
+    sv_conn_t *idle;
+    uint32_t n_conns;
+    /* direct */
+    epd_client_t *client;
+    epd_client_worker_t *pw, *dw;
+    epd_xport_uv_t *xuv;
+    /* our cluster */
+    char tmp[PATH_MAX];
+    char bindir[PATH_MAX];
+    pid_t pids[3];
+    char router_buf[64], router_ctl_buf[64], p_ctl_buf[64], d_ctl_buf[64];
+    char model_buf[PATH_MAX + 16];
+};
+
+static uint64_t sv_now(void)
+{
+    return epd_time_now_ns();
+}
+
+static void sv_err(sv_phase_t *ph, sv_res_t *r, const char *kind)
+{
+    int i;
+
+    for (i = 0; i < ph->n_errs; i++) {
+        if (strcmp(ph->errs[i].name, kind) == 0) {
+            break;
+        }
+    }
+    if (i == ph->n_errs) {
+        if (ph->n_errs == SV_MAX_ERR_KINDS) {
+            i = SV_MAX_ERR_KINDS - 1; /* the last kind collects the rest */
+        } else {
+            snprintf(ph->errs[i].name, sizeof(ph->errs[i].name), "%s", kind);
+            ph->n_errs++;
+        }
+    }
+    ph->errs[i].count++;
+    r->err = i + 1;
+}
+
+static void sv_itl(sv_phase_t *ph, uint64_t gap_ns)
+{
+    if (ph->n_itl == ph->cap_itl) {
+        size_t cap = ph->cap_itl ? ph->cap_itl * 2 : 65536;
+        double *p = epd_malloc(cap * sizeof(*p));
+
+        if (p == NULL) {
+            return;
+        }
+        if (ph->n_itl > 0) {
+            memcpy(p, ph->itl_us, ph->n_itl * sizeof(*p));
+        }
+        epd_free(ph->itl_us);
+        ph->itl_us = p;
+        ph->cap_itl = cap;
+    }
+    ph->itl_us[ph->n_itl++] = (double)gap_ns / 1e3;
+}
+
+/* A text event (or chunk) of request `r` arrived now. */
+static void sv_token_event(sv_phase_t *ph, sv_res_t *r, uint64_t now)
+{
+    if (r->t_first == 0) {
+        r->t_first = now;
+    } else {
+        sv_itl(ph, now - r->t_last);
+    }
+    r->t_last = now;
+}
+
+static void sv_finish(sv_t *b, sv_res_t *r, uint64_t now)
+{
+    if (r->done) {
+        return;
+    }
+    r->done = 1;
+    r->t_end = now;
+    b->inflight--;
+}
+
+/* ------------------------------------------------------- distributions */
+
+/* "N" or "A:B" (uniform, inclusive). */
+static int sv_dist_parse(const char *s, uint32_t *lo_p, uint32_t *hi_p)
+{
+    char *end;
+    unsigned long a, c;
+
+    errno = 0;
+    a = strtoul(s, &end, 10);
+    if (errno != 0 || end == s || a == 0 || a > 1000000) {
+        return -1;
+    }
+    if (*end == '\0') {
+        *lo_p = *hi_p = (uint32_t)a;
+        return 0;
+    }
+    if (*end != ':') {
+        return -1;
+    }
+    s = end + 1;
+    c = strtoul(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || c < a || c > 1000000) {
+        return -1;
+    }
+    *lo_p = (uint32_t)a;
+    *hi_p = (uint32_t)c;
+    return 0;
+}
+
+static uint64_t sv_rand(uint64_t *s)
+{
+    /* splitmix64: the workload must be the same for every phase and run */
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double sv_rand01(uint64_t *s)
+{
+    return ((double)(sv_rand(s) >> 11) + 0.5) / 9007199254740992.0;
+}
+
+static int sv_workload(sv_t *b)
+{
+    uint32_t plo, phi, olo, ohi;
+    uint64_t s = (uint64_t)b->seed;
+    double t = 0;
+    static const char chars[] =
+        "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;0123456789 the and of ";
+
+    if (sv_dist_parse(b->prompt_len, &plo, &phi) != 0 ||
+        sv_dist_parse(b->output_len, &olo, &ohi) != 0) {
+        fprintf(stderr, "serve: --prompt-len/--output-len: want N or A:B (1..1000000)\n");
+        return -1;
+    }
+    if (phi >= SV_TEXT_BYTES / 2) {
+        fprintf(stderr, "serve: prompts up to %u bytes\n", SV_TEXT_BYTES / 2);
+        return -1;
+    }
+    b->n_work = (uint32_t)ceil(b->rate * b->duration_s);
+    if (b->n_work == 0) {
+        b->n_work = 1;
+    }
+    b->text = epd_malloc(SV_TEXT_BYTES);
+    b->work = epd_calloc(b->n_work, sizeof(*b->work));
+    if (b->text == NULL || b->work == NULL) {
+        return -1;
+    }
+    for (uint32_t i = 0; i < SV_TEXT_BYTES; i++) {
+        b->text[i] = chars[sv_rand(&s) % (sizeof(chars) - 1)];
+    }
+    for (uint32_t i = 0; i < b->n_work; i++) {
+        sv_work_t *w = &b->work[i];
+
+        t += -log(sv_rand01(&s)) / b->rate;
+        w->at_ns = (uint64_t)(t * 1e9);
+        w->text_len = plo + (uint32_t)(sv_rand(&s) % (phi - plo + 1));
+        w->text_off = (uint32_t)(sv_rand(&s) % (SV_TEXT_BYTES - w->text_len));
+        w->max_tokens = olo + (uint32_t)(sv_rand(&s) % (ohi - olo + 1));
+        w->seed = sv_rand(&s);
+    }
+    return 0;
+}
+
+/* -------------------------------------------------------- HTTP (router) */
+
+static void sv_launch_due(sv_t *b);
+
+static void sv_conn_on_close(uv_handle_t *h)
+{
+    sv_conn_t *c = h->data;
+
+    epd_free(c->in);
+    epd_free(c->sse);
+    epd_free(c->wbuf);
+    c->b->n_conns--;
+    epd_free(c);
+}
+
+static void sv_conn_close(sv_conn_t *c)
+{
+    sv_t *b = c->b;
+
+    if (c->closing) {
+        return;
+    }
+    c->closing = 1;
+    if (c->idx >= 0) {
+        sv_res_t *r = &b->ph->res[c->idx];
+
+        if (!r->done) {
+            sv_err(b->ph, r, "connection lost");
+            sv_finish(b, r, sv_now());
+        }
+        c->idx = -1;
+    }
+    /* out of the idle list */
+    for (sv_conn_t **p = &b->idle; *p != NULL; p = &(*p)->next_idle) {
+        if (*p == c) {
+            *p = c->next_idle;
+            break;
+        }
+    }
+    uv_close((uv_handle_t *)&c->tcp, sv_conn_on_close);
+}
+
+/* One SSE event's data payload (NUL-terminated in place). */
+static void sv_sse_data(sv_conn_t *c, char *data, uint64_t now)
+{
+    sv_t *b = c->b;
+    sv_res_t *r = &b->ph->res[c->idx];
+    const char *key = b->chat ? "\"content\":\"" : "\"text\":\"";
+    char *p;
+
+    if (strcmp(data, "[DONE]") == 0) {
+        c->saw_done = 1;
+        return;
+    }
+    if (strncmp(data, "{\"error\"", 8) == 0) {
+        c->saw_error = 1;
+        return;
+    }
+    p = strstr(data, key);
+    if (p != NULL && p[strlen(key)] != '"') {
+        sv_token_event(b->ph, r, now);
+    }
+    p = strstr(data, "\"completion_tokens\":");
+    if (p != NULL) {
+        r->n_tokens = (uint32_t)strtoul(p + 20, NULL, 10);
+    }
+}
+
+static int sv_sse_feed(sv_conn_t *c, const char *data, size_t len, uint64_t now)
+{
+    size_t start = 0;
+
+    if (c->sse_len + len + 1 > c->sse_cap) {
+        size_t cap = (c->sse_len + len + 1) * 2;
+        char *p = epd_malloc(cap);
+
+        if (p == NULL) {
+            return -1;
+        }
+        if (c->sse_len > 0) {
+            memcpy(p, c->sse, c->sse_len);
+        }
+        epd_free(c->sse);
+        c->sse = p;
+        c->sse_cap = cap;
+    }
+    memcpy(c->sse + c->sse_len, data, len);
+    c->sse_len += len;
+    c->sse[c->sse_len] = '\0';
+    for (;;) {
+        char *ev = c->sse + start;
+        char *end = strstr(ev, "\n\n");
+        char *line;
+
+        if (end == NULL) {
+            break;
+        }
+        *end = '\0';
+        for (line = ev; line != NULL && *line != '\0';) {
+            char *nl = strchr(line, '\n');
+
+            if (nl != NULL) {
+                *nl = '\0';
+            }
+            if (strncmp(line, "data: ", 6) == 0) {
+                sv_sse_data(c, line + 6, now);
+            }
+            line = nl != NULL ? nl + 1 : NULL;
+        }
+        start = (size_t)(end - c->sse) + 2;
+    }
+    memmove(c->sse, c->sse + start, c->sse_len - start);
+    c->sse_len -= start;
+    return 0;
+}
+
+/* The response to c->idx is complete: record it and free the connection. */
+static void sv_http_done(sv_conn_t *c, uint64_t now)
+{
+    sv_t *b = c->b;
+    sv_res_t *r = &b->ph->res[c->idx];
+
+    if (c->status != 200) {
+        char kind[48];
+
+        snprintf(kind, sizeof(kind), "HTTP %d", c->status);
+        sv_err(b->ph, r, kind);
+    } else if (c->saw_error) {
+        sv_err(b->ph, r, "error event in stream");
+    } else if (!c->saw_done) {
+        sv_err(b->ph, r, "stream without [DONE]");
+    } else if (r->t_first == 0) {
+        sv_err(b->ph, r, "no text generated");
+    }
+    sv_finish(b, r, now);
+    c->idx = -1;
+    c->sse_len = 0;
+    c->state = 0;
+    if (c->keepalive) {
+        c->next_idle = b->idle;
+        b->idle = c;
+    } else {
+        sv_conn_close(c);
+    }
+}
+
+static int sv_hdr_has(const char *hdrs, const char *name, const char *value)
+{
+    size_t nl = strlen(name);
+
+    for (const char *l = hdrs; l != NULL && *l != '\0';) {
+        if (strncasecmp(l, name, nl) == 0 && l[nl] == ':') {
+            const char *v = l + nl + 1;
+
+            while (*v == ' ') {
+                v++;
+            }
+            if (value == NULL || strncasecmp(v, value, strlen(value)) == 0) {
+                return 1;
+            }
+        }
+        l = strstr(l, "\r\n");
+        l = l != NULL ? l + 2 : NULL;
+    }
+    return 0;
+}
+
+/* Parses what c->in holds; -1 on a protocol error (the connection closes). */
+static int sv_http_parse(sv_conn_t *c, uint64_t now)
+{
+    size_t pos = 0;
+
+    while (c->idx >= 0 && pos < c->in_len) {
+        char *p = c->in + pos;
+        size_t avail = c->in_len - pos;
+
+        if (c->state == 0) {
+            char *end = memmem(p, avail, "\r\n\r\n", 4);
+            const char *cl;
+
+            if (end == NULL) {
+                if (avail > 16384) {
+                    return -1;
+                }
+                break;
+            }
+            *end = '\0';
+            if (sscanf(p, "HTTP/1.%*d %d", &c->status) != 1) {
+                return -1;
+            }
+            c->keepalive = !sv_hdr_has(p, "connection", "close");
+            if (sv_hdr_has(p, "transfer-encoding", "chunked")) {
+                c->state = 1;
+            } else if ((cl = strcasestr(p, "\r\ncontent-length:")) != NULL) {
+                c->left = strtoull(cl + 17, NULL, 10);
+                c->state = 4;
+            } else {
+                c->state = 5;
+                c->keepalive = 0;
+            }
+            pos += (size_t)(end - p) + 4;
+            if (c->state == 4 && c->left == 0) {
+                sv_http_done(c, now);
+            }
+        } else if (c->state == 1) {
+            char *end = memmem(p, avail, "\r\n", 2);
+
+            if (end == NULL) {
+                if (avail > 64) {
+                    return -1;
+                }
+                break;
+            }
+            c->left = strtoull(p, NULL, 16);
+            pos += (size_t)(end - p) + 2;
+            c->state = c->left == 0 ? 6 : 2;
+        } else if (c->state == 2 || c->state == 4 || c->state == 5) {
+            size_t n = c->state == 5 || avail < c->left ? avail : (size_t)c->left;
+
+            if (c->status == 200 && sv_sse_feed(c, p, n, now) != 0) {
+                return -1;
+            }
+            pos += n;
+            if (c->state != 5) {
+                c->left -= n;
+                if (c->left == 0) {
+                    if (c->state == 4) {
+                        sv_http_done(c, now);
+                    } else {
+                        c->state = 3;
+                    }
+                }
+            }
+        } else if (c->state == 3 || c->state == 6) {
+            if (avail < 2) {
+                break;
+            }
+            if (p[0] != '\r' || p[1] != '\n') {
+                return -1;
+            }
+            pos += 2;
+            if (c->state == 3) {
+                c->state = 1;
+            } else {
+                sv_http_done(c, now);
+            }
+        }
+    }
+    memmove(c->in, c->in + pos, c->in_len - pos);
+    c->in_len -= pos;
+    return 0;
+}
+
+static void sv_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    sv_conn_t *c = h->data;
+
+    if (c->in_cap - c->in_len < 16384) {
+        size_t cap = c->in_cap == 0 ? 65536 : c->in_cap * 2;
+        char *p = epd_malloc(cap + 1);
+
+        if (p == NULL) {
+            buf->base = NULL;
+            buf->len = 0;
+            return;
+        }
+        if (c->in_len > 0) {
+            memcpy(p, c->in, c->in_len);
+        }
+        epd_free(c->in);
+        c->in = p;
+        c->in_cap = cap;
+    }
+    (void)suggested;
+    buf->base = c->in + c->in_len;
+    buf->len = c->in_cap - c->in_len;
+}
+
+static void sv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    sv_conn_t *c = s->data;
+    uint64_t now = sv_now();
+
+    (void)buf;
+    if (n < 0) {
+        if (c->idx >= 0 && c->state == 5) {
+            sv_http_done(c, now); /* a response delimited by the close */
+        }
+        sv_conn_close(c);
+        sv_launch_due(c->b);
+        return;
+    }
+    c->in_len += (size_t)n;
+    if (c->idx < 0) {
+        if (n > 0) {
+            sv_conn_close(c); /* bytes nobody asked for */
+        }
+        return;
+    }
+    if (sv_http_parse(c, now) != 0) {
+        sv_res_t *r = &c->b->ph->res[c->idx];
+
+        sv_err(c->b->ph, r, "bad HTTP response");
+        sv_finish(c->b, r, now);
+        c->idx = -1;
+        sv_conn_close(c);
+    }
+}
+
+static void sv_on_write(uv_write_t *w, int status)
+{
+    sv_conn_t *c = w->data;
+
+    epd_free(c->wbuf);
+    c->wbuf = NULL;
+    if (status < 0) {
+        sv_conn_close(c);
+    }
+}
+
+static void sv_http_send(sv_conn_t *c)
+{
+    sv_t *b = c->b;
+    const sv_work_t *w = &b->work[c->idx];
+    char body[SV_TEXT_BYTES / 2 + 512];
+    int bl, hl;
+    uv_buf_t ub;
+
+    if (b->chat) {
+        bl = snprintf(body, sizeof(body),
+                      "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"%.*s\"}],"
+                      "\"max_tokens\":%u,\"temperature\":0,\"seed\":%llu,\"stream\":true,"
+                      "\"stream_options\":{\"include_usage\":true}}",
+                      b->model_name, (int)w->text_len, b->text + w->text_off, w->max_tokens,
+                      (unsigned long long)(w->seed >> 1));
+    } else {
+        bl = snprintf(body, sizeof(body),
+                      "{\"model\":\"%s\",\"prompt\":\"%.*s\",\"max_tokens\":%u,"
+                      "\"temperature\":0,\"seed\":%llu,\"stream\":true,"
+                      "\"stream_options\":{\"include_usage\":true}}",
+                      b->model_name, (int)w->text_len, b->text + w->text_off, w->max_tokens,
+                      (unsigned long long)(w->seed >> 1));
+    }
+    c->wbuf = epd_malloc((size_t)bl + 256);
+    if (c->wbuf == NULL) {
+        sv_conn_close(c);
+        return;
+    }
+    hl = snprintf(c->wbuf, 256,
+                  "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                  "Accept: text/event-stream\r\nContent-Length: %d\r\n\r\n",
+                  b->chat ? "/v1/chat/completions" : "/v1/completions", b->router, bl);
+    memcpy(c->wbuf + hl, body, (size_t)bl);
+    ub = uv_buf_init(c->wbuf, (unsigned)(hl + bl));
+    c->wr.data = c;
+    c->saw_done = 0;
+    c->saw_error = 0;
+    c->status = 0;
+    c->state = 0;
+    b->ph->res[c->idx].t_send = sv_now();
+    if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &ub, 1, sv_on_write) != 0) {
+        epd_free(c->wbuf);
+        c->wbuf = NULL;
+        sv_conn_close(c);
+    }
+}
+
+static void sv_on_connect(uv_connect_t *req, int status)
+{
+    sv_conn_t *c = req->data;
+
+    if (status < 0 || c->closing) {
+        sv_conn_close(c);
+        return;
+    }
+    c->connected = 1;
+    uv_tcp_nodelay(&c->tcp, 1);
+    uv_read_start((uv_stream_t *)&c->tcp, sv_on_alloc, sv_on_read);
+    sv_http_send(c);
+}
+
+static void sv_http_start(sv_t *b, uint32_t i)
+{
+    sv_conn_t *c = b->idle;
+
+    if (c != NULL) {
+        b->idle = c->next_idle;
+        c->next_idle = NULL;
+        c->idx = (int)i;
+        sv_http_send(c);
+        return;
+    }
+    c = epd_calloc(1, sizeof(*c));
+    if (c == NULL) {
+        sv_err(b->ph, &b->ph->res[i], "out of memory");
+        sv_finish(b, &b->ph->res[i], sv_now());
+        return;
+    }
+    c->b = b;
+    c->idx = (int)i;
+    c->tcp.data = c;
+    c->connect.data = c;
+    uv_tcp_init(&b->loop, &c->tcp);
+    b->n_conns++;
+    b->ph->res[i].t_send = sv_now(); /* the connect is part of the latency */
+    if (uv_tcp_connect(&c->connect, &c->tcp, (const struct sockaddr *)&b->addr, sv_on_connect) !=
+        0) {
+        sv_conn_close(c);
+    }
+}
+
+/* ------------------------------------------------------- direct (client) */
+
+static void sv_on_client_event(void *arg, const epd_client_event_t *ev)
+{
+    sv_t *b = arg;
+    sv_res_t *r = &b->ph->res[(uintptr_t)ev->user];
+    uint64_t now = sv_now();
+
+    if (r->done) {
+        return;
+    }
+    if (ev->kind == EPD_CLIENT_EV_TOKENS) {
+        if (ev->n_tokens > 0) {
+            sv_token_event(b->ph, r, now);
+            r->n_tokens += ev->n_tokens;
+        }
+        if (ev->terminal) {
+            if (ev->finish != EPD_CLIENT_FINISH_LENGTH && ev->finish != EPD_CLIENT_FINISH_STOP) {
+                sv_err(b->ph, r, epd_client_finish_name(ev->finish));
+            }
+            sv_finish(b, r, now);
+        }
+        return;
+    }
+    if (ev->terminal) {
+        char kind[48];
+
+        snprintf(kind, sizeof(kind), "%s", epd_status_string(ev->status));
+        sv_err(b->ph, r, kind);
+        sv_finish(b, r, now);
+    }
+}
+
+static void sv_direct_start(sv_t *b, uint32_t i)
+{
+    const sv_work_t *w = &b->work[i];
+    sv_res_t *r = &b->ph->res[i];
+    epd_client_request_t q;
+    epd_status_t st;
+
+    memset(&q, 0, sizeof(q));
+    q.prompt = (const uint32_t *)w->tokens;
+    q.n_prompt = w->n_tokens;
+    q.temperature = 0;
+    q.top_p = 1;
+    q.seed = w->seed >> 1;
+    q.max_tokens = w->max_tokens;
+    q.prefill = b->pw;
+    q.decode = b->dw;
+    q.deadline_ms = 60000;
+    q.user = (void *)(uintptr_t)i;
+    r->t_send = sv_now();
+    st = epd_client_submit(b->client, &q, NULL);
+    if (st != EPD_OK) {
+        sv_err(b->ph, r, epd_status_string(st));
+        sv_finish(b, r, sv_now());
+    }
+}
+
+/* ------------------------------------------------------------ the phases */
+
+static void sv_launch_due(sv_t *b)
+{
+    uint64_t now = sv_now();
+
+    while (b->next < b->n_work && b->ph->t0 + b->work[b->next].at_ns <= now) {
+        uint32_t i = b->next++;
+
+        b->inflight++;
+        if (b->inflight > (uint32_t)b->max_inflight) {
+            sv_res_t *r = &b->ph->res[i];
+
+            b->ph->dropped++;
+            sv_err(b->ph, r, "dropped (max in flight)");
+            sv_finish(b, r, now);
+            continue;
+        }
+        if (b->client != NULL) {
+            sv_direct_start(b, i);
+        } else {
+            sv_http_start(b, i);
+        }
+    }
+}
+
+static void sv_stop_loop(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h)) {
+        if (h->type == UV_TCP) {
+            sv_conn_close(h->data);
+        } else if (h->type == UV_TIMER) {
+            uv_close(h, NULL);
+        }
+    }
+}
+
+static void sv_on_tick(uv_timer_t *t)
+{
+    sv_t *b = t->data;
+    uint64_t now = sv_now();
+
+    sv_launch_due(b);
+    if (b->client != NULL) {
+        epd_client_tick(b->client);
+    }
+    if ((b->next == b->n_work && b->inflight == 0) || now > b->hard_end) {
+        for (uint32_t i = 0; i < b->n_work; i++) {
+            if (!b->ph->res[i].done && b->ph->res[i].t_send != 0) {
+                sv_err(b->ph, &b->ph->res[i], "benchmark deadline");
+                sv_finish(b, &b->ph->res[i], now);
+            }
+        }
+        b->ph->t_end = now;
+        uv_timer_stop(t);
+        if (b->xuv != NULL) {
+            epd_xport_uv_stop(b->xuv);
+            b->xuv = NULL;
+        }
+        uv_walk(&b->loop, sv_stop_loop, NULL);
+    }
+}
+
+static int sv_run_phase(sv_t *b, sv_phase_t *ph, int direct)
+{
+    memset(ph, 0, sizeof(*ph));
+    ph->name = direct ? "direct" : "router";
+    ph->n = b->n_work;
+    ph->res = epd_calloc(b->n_work, sizeof(*ph->res));
+    if (ph->res == NULL) {
+        return -1;
+    }
+    b->ph = ph;
+    b->next = 0;
+    b->inflight = 0;
+    b->idle = NULL;
+    if (uv_loop_init(&b->loop) != 0) {
+        return -1;
+    }
+    if (direct) {
+        epd_client_config_t cc;
+        epd_status_t st;
+
+        epd_client_config_init(&cc);
+        cc.event_cb = sv_on_client_event;
+        cc.cb_arg = b;
+        cc.worker_id = "bench-serve";
+        st = epd_client_create(&cc, &b->client);
+        if (st == EPD_OK) {
+            st = epd_client_add_worker(b->client, b->prefill_ctl, &b->pw);
+        }
+        if (st == EPD_OK) {
+            st = epd_client_add_worker(b->client, b->decode_ctl, &b->dw);
+        }
+        if (st == EPD_OK) {
+            st = epd_xport_uv_start(&b->loop, epd_client_xport(b->client), 10, &b->xuv);
+        }
+        if (st != EPD_OK) {
+            fprintf(stderr, "serve: direct phase: cannot reach the workers %s / %s: %s\n",
+                    b->prefill_ctl, b->decode_ctl, epd_status_string(st));
+            epd_client_destroy(b->client);
+            b->client = NULL;
+            uv_loop_close(&b->loop);
+            return -1;
+        }
+    }
+    uv_timer_init(&b->loop, &b->tick);
+    b->tick.data = b;
+    ph->t0 = sv_now() + 20 * EPD_NSEC_PER_MSEC;
+    b->hard_end = ph->t0 + (uint64_t)(b->duration_s * 1e9) + 60 * EPD_NSEC_PER_SEC;
+    uv_timer_start(&b->tick, sv_on_tick, 1, 1);
+    uv_run(&b->loop, UV_RUN_DEFAULT);
+    if (b->client != NULL) {
+        epd_client_destroy(b->client);
+        b->client = NULL;
+    }
+    uv_run(&b->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&b->loop);
+    return 0;
+}
+
+/* ------------------------------------------------------------- the table */
+
+static int sv_cmp_double(const void *a, const void *c)
+{
+    double x = *(const double *)a, y = *(const double *)c;
+
+    return x < y ? -1 : x > y;
+}
+
+static double sv_pct(double *v, size_t n, double p)
+{
+    size_t i;
+
+    if (n == 0) {
+        return NAN;
+    }
+    i = (size_t)ceil(p / 100.0 * (double)n);
+    i = i == 0 ? 0 : i - 1;
+    return v[i < n ? i : n - 1];
+}
+
+typedef struct {
+    double ttft[3], itl[3], e2e[3]; /* p50, p90, p99 in ms */
+    uint64_t ok, err, tokens;
+    double secs, rps, tps;
+} sv_stats_t;
+
+static void sv_stats(sv_t *b, sv_phase_t *ph, sv_stats_t *s)
+{
+    double *ttft = epd_malloc((ph->n + 1) * sizeof(double));
+    double *e2e = epd_malloc((ph->n + 1) * sizeof(double));
+    size_t n = 0;
+    static const double ps[3] = {50, 90, 99};
+
+    memset(s, 0, sizeof(*s));
+    if (ttft == NULL || e2e == NULL) {
+        epd_free(ttft);
+        epd_free(e2e);
+        return;
+    }
+    /* the first --warmup requests are sent but not counted */
+    for (uint32_t i = (uint32_t)b->warmup < ph->n ? (uint32_t)b->warmup : 0; i < ph->n; i++) {
+        const sv_res_t *r = &ph->res[i];
+
+        if (r->err != 0) {
+            s->err++;
+            continue;
+        }
+        s->ok++;
+        s->tokens += r->n_tokens;
+        ttft[n] = (double)(r->t_first - r->t_send) / 1e6;
+        e2e[n] = (double)(r->t_end - r->t_send) / 1e6;
+        n++;
+    }
+    qsort(ttft, n, sizeof(double), sv_cmp_double);
+    qsort(e2e, n, sizeof(double), sv_cmp_double);
+    qsort(ph->itl_us, ph->n_itl, sizeof(double), sv_cmp_double);
+    for (int k = 0; k < 3; k++) {
+        s->ttft[k] = sv_pct(ttft, n, ps[k]);
+        s->e2e[k] = sv_pct(e2e, n, ps[k]);
+        s->itl[k] = sv_pct(ph->itl_us, ph->n_itl, ps[k]) / 1e3;
+    }
+    /* the counted window: from the first counted arrival to the end */
+    {
+        uint32_t w0 = (uint32_t)b->warmup < ph->n ? (uint32_t)b->warmup : 0;
+        uint64_t start = ph->t0 + b->work[w0].at_ns;
+
+        s->secs = ph->t_end > start ? (double)(ph->t_end - start) / 1e9 : 0;
+    }
+    s->rps = s->secs > 0 ? (double)s->ok / s->secs : 0;
+    s->tps = s->secs > 0 ? (double)s->tokens / s->secs : 0;
+    epd_free(ttft);
+    epd_free(e2e);
+}
+
+static void sv_print(sv_t *b, sv_phase_t *phs, int n_ph)
+{
+    sv_stats_t st[2];
+    int ir = -1, id = -1;
+
+    printf("\nepd-bench serve: %.0f req/s offered for %.1f s (%u requests, first %lld not "
+           "counted), prompt %s bytes, output %s tokens, %s\n",
+           b->rate, b->duration_s, b->n_work, (long long)b->warmup, b->prompt_len, b->output_len,
+           b->chat ? "chat" : "completions");
+    printf("%-7s %7s %6s %8s %9s | %8s %8s %8s | %7s %7s %7s | %8s %8s %8s\n", "path", "ok",
+           "errors", "req/s", "tok/s", "ttft_p50", "ttft_p90", "ttft_p99", "itl_p50", "itl_p90",
+           "itl_p99", "e2e_p50", "e2e_p90", "e2e_p99");
+    printf("%-7s %7s %6s %8s %9s | %8s %8s %8s | %7s %7s %7s | %8s %8s %8s\n", "", "", "", "", "",
+           "ms", "ms", "ms", "ms", "ms", "ms", "ms", "ms", "ms");
+    for (int k = 0; k < n_ph; k++) {
+        sv_stats_t *s = &st[k];
+
+        sv_stats(b, &phs[k], s);
+        if (strcmp(phs[k].name, "router") == 0) {
+            ir = k;
+        } else {
+            id = k;
+        }
+        printf("%-7s %7llu %6llu %8.1f %9.0f | %8.3f %8.3f %8.3f | %7.3f %7.3f %7.3f | %8.3f "
+               "%8.3f %8.3f\n",
+               phs[k].name, (unsigned long long)s->ok, (unsigned long long)s->err, s->rps, s->tps,
+               s->ttft[0], s->ttft[1], s->ttft[2], s->itl[0], s->itl[1], s->itl[2], s->e2e[0],
+               s->e2e[1], s->e2e[2]);
+    }
+    for (int k = 0; k < n_ph; k++) {
+        for (int e = 0; e < phs[k].n_errs; e++) {
+            printf("  %s errors: %llu x %s\n", phs[k].name,
+                   (unsigned long long)phs[k].errs[e].count, phs[k].errs[e].name);
+        }
+    }
+    if (ir >= 0 && id >= 0) {
+        printf("router adds (router - direct): TTFT p50 %+.0f us, p99 %+.0f us; E2E p50 %+.0f us, "
+               "p99 %+.0f us\n",
+               (st[ir].ttft[0] - st[id].ttft[0]) * 1e3, (st[ir].ttft[2] - st[id].ttft[2]) * 1e3,
+               (st[ir].e2e[0] - st[id].e2e[0]) * 1e3, (st[ir].e2e[2] - st[id].e2e[2]) * 1e3);
+    }
+    fflush(stdout);
+}
+
+/* ------------------------------------------------------------ the cluster */
+
+static pid_t sv_spawn(char *const argv[], const char *log)
+{
+    pid_t pid = fork();
+
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        if (getenv("UCX_TLS") == NULL) {
+            setenv("UCX_TLS", "posix,cma,tcp", 1);
+        }
+        if (getenv("UCX_NET_DEVICES") == NULL) {
+            setenv("UCX_NET_DEVICES", "lo", 1);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void sv_kill(pid_t pid)
+{
+    uint64_t end;
+    int status;
+
+    if (pid <= 0) {
+        return;
+    }
+    kill(pid, SIGTERM);
+    end = sv_now() + 10 * EPD_NSEC_PER_SEC;
+    while (sv_now() < end) {
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            return;
+        }
+        epd_time_sleep_ns(10 * EPD_NSEC_PER_MSEC);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+}
+
+/* Waits for `path` and copies the value of `key=` in its line. */
+static int sv_wait_ready(const char *path, pid_t pid, const char *key, char *out, size_t cap)
+{
+    uint64_t end = sv_now() + 120 * EPD_NSEC_PER_SEC;
+    size_t kl = strlen(key);
+    int status;
+
+    while (sv_now() < end) {
+        FILE *f = fopen(path, "r");
+
+        if (f != NULL) {
+            char line[512];
+            char *p;
+
+            if (fgets(line, sizeof(line), f) != NULL && (p = strstr(line, key)) != NULL &&
+                p[kl] == '=') {
+                size_t n = strcspn(p + kl + 1, " \n");
+
+                fclose(f);
+                if (n >= cap) {
+                    return -1;
+                }
+                memcpy(out, p + kl + 1, n);
+                out[n] = '\0';
+                return 0;
+            }
+            fclose(f);
+        }
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            return -1;
+        }
+        epd_time_sleep_ns(20 * EPD_NSEC_PER_MSEC);
+    }
+    return -1;
+}
+
+/* Polls the router's Status until `want` workers are READY. */
+static int sv_wait_workers(const char *ctl, int want)
+{
+    epd_rpc_client_t *c = NULL;
+    uint64_t end = sv_now() + 30 * EPD_NSEC_PER_SEC;
+    int ready = 0;
+
+    if (epd_rpc_client_create(ctl, &c) != EPD_OK) {
+        return -1;
+    }
+    while (sv_now() < end) {
+        void *resp = NULL;
+        size_t len = 0;
+        ProtobufCMessage *m = NULL;
+
+        if (epd_rpc_call(c, EPD_RPC_STATUS, NULL, 0, 1000, &resp, &len, NULL, 0) == EPD_OK &&
+            epd_proto_unpack(&epd__status_response__descriptor, resp, len, &m) == EPD_OK) {
+            Epd__StatusResponse *s = (Epd__StatusResponse *)m;
+
+            ready = 0;
+            for (size_t i = 0; i < s->n_workers; i++) {
+                ready += s->workers[i]->state == EPD__WORKER_STATE__WORKER_STATE_READY;
+            }
+            epd_proto_free(m);
+        }
+        epd_free(resp);
+        if (ready >= want) {
+            break;
+        }
+        epd_time_sleep_ns(100 * EPD_NSEC_PER_MSEC);
+    }
+    epd_rpc_client_destroy(c);
+    return ready >= want ? 0 : -1;
+}
+
+/* A small sim model: 4 attention layers, a 1B-parameter timing on one
+ * H200 (prefill of 128 tokens ~0.4 ms, a decode step ~0.5 ms), byte
+ * tokenizer.  Small on purpose: the subject is the router, not compute. */
+static int sv_write_sim(sv_t *b, const char *dir)
+{
+    char path[PATH_MAX + 32];
+    FILE *f;
+
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        return -1;
+    }
+    snprintf(path, sizeof(path), "%s/serve.profile", dir);
+    f = fopen(path, "w");
+    if (f == NULL) {
+        return -1;
+    }
+    fprintf(f, "name = serve-1b\nn_layers = 4\nlayer_pattern = A\nhidden = 2048\nn_heads = 16\n"
+               "n_kv_heads = 4\nhead_dim = 64\nkv_dtype = BF16\nstate_bytes = 0\n"
+               "active_params = 1.0e9\ntotal_params = 1.0e9\nweight_bytes = 2\nvocab = 258\n"
+               "max_context = 4096\n");
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/h200.profile", dir);
+    f = fopen(path, "w");
+    if (f == NULL) {
+        return -1;
+    }
+    fprintf(f, "name = h200\nflops = 5.94e14\nmem_bw = 4.08e12\nhbm_bytes = 141e9\n");
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/sim.conf", dir);
+    f = fopen(path, "w");
+    if (f == NULL) {
+        return -1;
+    }
+    fprintf(f, "model = serve.profile\naccel = h200.profile\nscale = 1\ndevices = 1\n"
+               "mode = sleep\nseed = 1\n");
+    fclose(f);
+    (void)b;
+    return 0;
+}
+
+static int sv_cluster_start(sv_t *b)
+{
+    char model[PATH_MAX + 16], rready[PATH_MAX + 16], pready[PATH_MAX + 16], dready[PATH_MAX + 16];
+    char rlog[PATH_MAX + 16], plog[PATH_MAX + 16], dlog[PATH_MAX + 16];
+    char exe[PATH_MAX + 32], pexe[PATH_MAX + 32], dexe[PATH_MAX + 32];
+
+    snprintf(b->tmp, sizeof(b->tmp), "/tmp/epd-serve.XXXXXX");
+    if (mkdtemp(b->tmp) == NULL) {
+        return -1;
+    }
+    if (b->sim_model != NULL) {
+        snprintf(model, sizeof(model), "%s", b->sim_model);
+    } else {
+        snprintf(model, sizeof(model), "%s/sim", b->tmp);
+        if (sv_write_sim(b, model) != 0) {
+            fprintf(stderr, "serve: cannot write the sim model into %s\n", model);
+            return -1;
+        }
+    }
+    snprintf(b->model_buf, sizeof(b->model_buf), "%s", model);
+    b->model_dir = b->model_buf;
+    snprintf(rready, sizeof(rready), "%s/router.ready", b->tmp);
+    snprintf(pready, sizeof(pready), "%s/prefill.ready", b->tmp);
+    snprintf(dready, sizeof(dready), "%s/decode.ready", b->tmp);
+    snprintf(rlog, sizeof(rlog), "%s/router.log", b->tmp);
+    snprintf(plog, sizeof(plog), "%s/prefill.log", b->tmp);
+    snprintf(dlog, sizeof(dlog), "%s/decode.log", b->tmp);
+    snprintf(exe, sizeof(exe), "%s/epd-router", b->bindir);
+    snprintf(pexe, sizeof(pexe), "%s/epd-prefill", b->bindir);
+    snprintf(dexe, sizeof(dexe), "%s/epd-decode", b->bindir);
+    {
+        char *argv[] = {exe,
+                        "--listen",
+                        "127.0.0.1:0",
+                        "--control-addr",
+                        "127.0.0.1:0",
+                        "--model",
+                        model,
+                        "--engine",
+                        (char *)b->engine_name,
+                        "--served-model-name",
+                        (char *)b->model_name,
+                        "--ready-file",
+                        rready,
+                        "--log-level",
+                        "warn",
+                        NULL};
+
+        b->pids[0] = sv_spawn(argv, rlog);
+    }
+    if (b->pids[0] < 0 ||
+        sv_wait_ready(rready, b->pids[0], "http", b->router_buf, sizeof(b->router_buf)) != 0 ||
+        sv_wait_ready(rready, b->pids[0], "control", b->router_ctl_buf,
+                      sizeof(b->router_ctl_buf)) != 0) {
+        fprintf(stderr, "serve: the router did not start (log: %s)\n", rlog);
+        return -1;
+    }
+    b->router = b->router_buf;
+    b->router_ctl = b->router_ctl_buf;
+    {
+        char *argv[] = {dexe,
+                        "--model",
+                        model,
+                        "--engine",
+                        (char *)b->engine_name,
+                        "--worker-id",
+                        "decode-0",
+                        "--router",
+                        b->router_ctl_buf,
+                        "--ready-file",
+                        dready,
+                        "--kv-blocks",
+                        "16384",
+                        "--max-batch",
+                        "256",
+                        "--state-slots",
+                        "1024",
+                        "--log-level",
+                        "warn",
+                        NULL};
+
+        b->pids[1] = sv_spawn(argv, dlog);
+    }
+    {
+        char *argv[] = {
+            pexe,          "--model",     model,      "--engine",        (char *)b->engine_name,
+            "--worker-id", "prefill-0",   "--router", b->router_ctl_buf, "--ready-file",
+            pready,        "--kv-blocks", "8192",     "--state-slots",   "512",
+            "--log-level", "warn",        NULL};
+
+        b->pids[2] = sv_spawn(argv, plog);
+    }
+    if (b->pids[1] < 0 || b->pids[2] < 0 ||
+        sv_wait_ready(dready, b->pids[1], "control", b->d_ctl_buf, sizeof(b->d_ctl_buf)) != 0 ||
+        sv_wait_ready(pready, b->pids[2], "control", b->p_ctl_buf, sizeof(b->p_ctl_buf)) != 0) {
+        fprintf(stderr, "serve: a worker did not start (logs: %s, %s)\n", plog, dlog);
+        return -1;
+    }
+    b->prefill_ctl = b->p_ctl_buf;
+    b->decode_ctl = b->d_ctl_buf;
+    if (sv_wait_workers(b->router_ctl, 2) != 0) {
+        fprintf(stderr, "serve: the workers did not become READY at the router (logs in %s)\n",
+                b->tmp);
+        return -1;
+    }
+    fprintf(stderr, "serve: cluster up: router http=%s control=%s, prefill %s, decode %s (%s)\n",
+            b->router, b->router_ctl, b->prefill_ctl, b->decode_ctl, b->tmp);
+    return 0;
+}
+
+static void sv_cluster_stop(sv_t *b)
+{
+    for (int i = 2; i >= 0; i--) {
+        sv_kill(b->pids[i]);
+        b->pids[i] = 0;
+    }
+}
+
+/* ------------------------------------------------------------------ main */
+
+static int sv_tokenize(sv_t *b)
+{
+    epd_engine_config_t ec;
+    epd_engine_t *e = NULL;
+    epd_status_t st;
+
+    memset(&ec, 0, sizeof(ec));
+    ec.model_dir = b->model_dir;
+    ec.block_tokens = 16;
+    ec.max_batch = 1;
+    st = epd_engine_open(b->engine_name, &ec, &e);
+    if (st != EPD_OK) {
+        fprintf(stderr, "serve: cannot open the model %s (engine %s) to tokenize: %s\n",
+                b->model_dir, b->engine_name, epd_status_string(st));
+        return -1;
+    }
+    for (uint32_t i = 0; i < b->n_work; i++) {
+        sv_work_t *w = &b->work[i];
+        size_t cap = w->text_len * 4 + 8, n = 0;
+
+        w->tokens = epd_malloc(cap * sizeof(int32_t));
+        if (w->tokens == NULL || epd_engine_tokenize(e, b->text + w->text_off, w->text_len, 1,
+                                                     w->tokens, cap, &n) != EPD_OK) {
+            epd_engine_close(e);
+            return -1;
+        }
+        w->n_tokens = (uint32_t)n;
+    }
+    epd_engine_close(e);
+    return 0;
+}
+
+int epd_bench_serve_main(int argc, char **argv)
+{
+    static sv_t b;
+    sv_phase_t phs[2];
+    int n_ph = 0;
+    int rc = 1;
+    const epd_opt_t opts[] = {
+        {"router", EPD_OPT_STRING, &b.router, 0, 0,
+         "the router's HTTP address HOST:PORT (absent: start a cluster from build/bin)"},
+        {"prefill", EPD_OPT_STRING, &b.prefill_ctl, 0, 0,
+         "with --router: a prefill worker's control address, for the direct phase"},
+        {"decode", EPD_OPT_STRING, &b.decode_ctl, 0, 0,
+         "with --router: a decode worker's control address, for the direct phase"},
+        {"model", EPD_OPT_STRING, &b.model_dir, 0, 0,
+         "with --router: the model folder (tokenizer of the direct phase)"},
+        {"sim-model", EPD_OPT_STRING, &b.sim_model, 0, 0,
+         "own cluster: this model folder instead of the built-in small sim profile"},
+        {"engine", EPD_OPT_STRING, &b.engine_name, 0, 0, "the workers' engine: sim or ref"},
+        {"model-name", EPD_OPT_STRING, &b.model_name, 0, 0, "the served model name"},
+        {"rate", EPD_OPT_DOUBLE, &b.rate, 0, 0, "requests per second (Poisson arrivals)"},
+        {"duration", EPD_OPT_DOUBLE, &b.duration_s, 0, 0, "seconds of arrivals per phase"},
+        {"prompt-len", EPD_OPT_STRING, &b.prompt_len, 0, 0,
+         "prompt bytes (= tokens - 1, byte tokenizer): N or A:B uniform"},
+        {"output-len", EPD_OPT_STRING, &b.output_len, 0, 0, "max_tokens: N or A:B uniform"},
+        {"phases", EPD_OPT_STRING, &b.phases, 0, 0, "router, direct or router,direct"},
+        {"max-inflight", EPD_OPT_INT, &b.max_inflight, 1, 1 << 20,
+         "requests outstanding at most (later arrivals are dropped and counted)"},
+        {"warmup", EPD_OPT_INT, &b.warmup, 0, 1 << 30, "first requests of a phase not counted"},
+        {"seed", EPD_OPT_INT, &b.seed, 0, 1e15, "workload seed"},
+        {"chat", EPD_OPT_BOOL, &b.chat, 0, 0, "POST /v1/chat/completions instead of completions"},
+        {"keep", EPD_OPT_BOOL, &b.keep, 0, 0, "keep the cluster's temp folder (logs)"},
+    };
+    epd_opts_t o = {.prog = "epd-bench serve",
+                    .summary = "serving load (Poisson arrivals) through the router vs straight "
+                               "to the workers: TTFT, ITL, E2E, throughput, errors",
+                    .opts = opts,
+                    .n_opts = sizeof(opts) / sizeof(opts[0])};
+    epd_status_t status;
+    int argi;
+
+    memset(&b, 0, sizeof(b));
+    b.engine_name = "sim";
+    b.model_name = "bench-sim";
+    b.rate = 200;
+    b.duration_s = 10;
+    b.prompt_len = "16:128";
+    b.output_len = "4:16";
+    b.phases = "router,direct";
+    b.max_inflight = 4096;
+    b.warmup = 200;
+    b.seed = 1;
+    signal(SIGPIPE, SIG_IGN);
+    status = epd_opts_parse(&o, argc, argv, &argi);
+    if (status != EPD_OK) {
+        epd_opts_cleanup(&o);
+        return status == EPD_ERR_CANCELED ? 0 : 2;
+    }
+    if (argi != argc || !(b.rate > 0) || !(b.duration_s > 0)) {
+        fprintf(stderr, "serve: --rate and --duration must be > 0 (see --help)\n");
+        goto out;
+    }
+    {
+        ssize_t n = readlink("/proc/self/exe", b.bindir, sizeof(b.bindir) - 1);
+        char *slash;
+
+        if (n <= 0) {
+            goto out;
+        }
+        b.bindir[n] = '\0';
+        slash = strrchr(b.bindir, '/');
+        if (slash != NULL) {
+            *slash = '\0';
+        }
+    }
+    if (sv_workload(&b) != 0) {
+        goto out;
+    }
+    if (b.router == NULL) {
+        if (sv_cluster_start(&b) != 0) {
+            goto out_cluster;
+        }
+    }
+    {
+        const char *colon = strrchr(b.router, ':');
+        char host[64];
+
+        if (colon == NULL || (size_t)(colon - b.router) >= sizeof(host)) {
+            fprintf(stderr, "serve: --router wants HOST:PORT\n");
+            goto out_cluster;
+        }
+        snprintf(host, sizeof(host), "%.*s", (int)(colon - b.router), b.router);
+        if (uv_ip4_addr(host, atoi(colon + 1), &b.addr) != 0) {
+            fprintf(stderr, "serve: --router %s: not an IPv4 address\n", b.router);
+            goto out_cluster;
+        }
+    }
+    if (strstr(b.phases, "router") != NULL) {
+        fprintf(stderr, "serve: router phase: %u requests at %.0f/s\n", b.n_work, b.rate);
+        if (sv_run_phase(&b, &phs[n_ph], 0) == 0) {
+            n_ph++;
+        }
+    }
+    if (strstr(b.phases, "direct") != NULL) {
+        if (b.prefill_ctl == NULL || b.decode_ctl == NULL || b.model_dir == NULL) {
+            fprintf(stderr, "serve: direct phase skipped: needs --prefill, --decode and --model "
+                            "with --router\n");
+        } else if (sv_tokenize(&b) == 0) {
+            fprintf(stderr, "serve: direct phase: %u requests at %.0f/s\n", b.n_work, b.rate);
+            if (sv_run_phase(&b, &phs[n_ph], 1) == 0) {
+                n_ph++;
+            }
+        }
+    }
+    if (n_ph > 0) {
+        sv_print(&b, phs, n_ph);
+        rc = 0;
+    }
+    for (int k = 0; k < n_ph; k++) {
+        epd_free(phs[k].res);
+        epd_free(phs[k].itl_us);
+    }
+out_cluster:
+    sv_cluster_stop(&b);
+    if (b.tmp[0] != '\0' && rc == 0 && !b.keep) {
+        char cmd[PATH_MAX + 16];
+
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", b.tmp);
+        if (system(cmd) != 0) {
+            fprintf(stderr, "serve: could not remove %s\n", b.tmp);
+        }
+    } else if (b.tmp[0] != '\0') {
+        fprintf(stderr, "serve: logs kept in %s\n", b.tmp);
+    }
+out:
+    if (b.work != NULL) {
+        for (uint32_t i = 0; i < b.n_work; i++) {
+            epd_free(b.work[i].tokens);
+        }
+    }
+    epd_free(b.work);
+    epd_free(b.text);
+    epd_opts_cleanup(&o);
+    return rc;
+}
