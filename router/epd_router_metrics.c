@@ -174,6 +174,17 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                                    w->inflight);
         }
     }
+    epd_router_text_printf(t, "# HELP epd_router_worker_requests_total Requests the router sent "
+                              "to a worker\n# TYPE epd_router_worker_requests_total counter\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD) {
+            epd_router_text_printf(t,
+                                   "epd_router_worker_requests_total{worker=\"%s\",pool=\"%s\"} %llu\n",
+                                   w->info.worker_id,
+                                   w->info.role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill",
+                                   (unsigned long long)w->served);
+        }
+    }
     epd_router_text_printf(t, "# HELP epd_router_worker_kv_blocks_free Free KV blocks of a decode "
                               "worker (its last heartbeat)\n"
                               "# TYPE epd_router_worker_kv_blocks_free gauge\n");

@@ -225,3 +225,10 @@ PYTHON3=$(command -v /usr/bin/python3 || command -v python3)
 router_client() {
   "$PYTHON3" "$(dirname "${BASH_SOURCE[0]}")/epd_router_client.py" "$@"
 }
+
+# router_metric HTTP_URL SERIES: the value of one series of the router's
+# /metrics, e.g. 'epd_router_worker_requests_total{worker="decode-0",pool="decode"}'
+# (empty when absent).
+router_metric() {
+  curl -s --max-time 10 "$1/metrics" | awk -v s="$2" '$1 == s { print $2 }'
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# A loopback cluster — router, 2 prefill, 2 decode, registered with --router:
+# 64 concurrent HTTP clients (keep-alive; completions and chat, streaming and
+# not, sampled) all complete and every answer equals epd-generate's; both
+# workers of each pool take traffic; /metrics counts it all.  Then a prefill
+# and a decode worker started later join (READY within a heartbeat) and take
+# new traffic.
+source "$(dirname "$0")/lib.sh"
+
+mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
+start_router r --model "$T/m" --heartbeat-ms 200
+for i in 0 1; do
+  start_daemon "d$i" decode --model "$T/m" --worker-id "decode-$i" --kv-blocks 1024 \
+    --state-slots 64 --router "$r_ADDR"
+  start_daemon "p$i" prefill --model "$T/m" --worker-id "prefill-$i" --router "$r_ADDR"
+done
+for w in decode-0 decode-1 prefill-0 prefill-1; do
+  wait_router_state "$r_ADDR" "$w" READY
+done
+G="$BIN/epd-generate"
+
+note "64 concurrent clients, 512 requests"
+router_client load "$r_HTTP" "$T/m" "$G" --clients 64 --requests 512 --prompts 4 --max-tokens 12 ||
+  fail "concurrent load"
+for w in decode-0 decode-1; do
+  n=$(router_metric "$r_HTTP" "epd_router_worker_requests_total{worker=\"$w\",pool=\"decode\"}")
+  [ "${n:-0}" -gt 50 ] || fail "$w took ${n:-0} of 512 requests"
+done
+for w in prefill-0 prefill-1; do
+  n=$(router_metric "$r_HTTP" "epd_router_worker_requests_total{worker=\"$w\",pool=\"prefill\"}")
+  [ "${n:-0}" -gt 50 ] || fail "$w took ${n:-0} of 512 requests"
+done
+ok=$(router_metric "$r_HTTP" epd_router_requests_ok_total)
+[ "$ok" = 512 ] || fail "epd_router_requests_ok_total=$ok, want 512"
+n=$(router_metric "$r_HTTP" epd_router_ttft_seconds_count)
+[ "$n" = 512 ] || fail "epd_router_ttft_seconds_count=$n"
+[ "$(router_metric "$r_HTTP" epd_router_requests_in_flight)" = 0 ] || fail "requests left in flight"
+[ "$(router_metric "$r_HTTP" 'epd_router_workers{pool="decode",state="READY"}')" = 2 ] ||
+  fail "metrics: 2 READY decode workers"
+wait_blocks_free "$d0_ADDR"
+wait_blocks_free "$d1_ADDR"
+
+note "late-joining workers take traffic"
+start_daemon d2 decode --model "$T/m" --worker-id decode-2 --kv-blocks 1024 --state-slots 64 \
+  --router "$r_ADDR"
+start_daemon p2 prefill --model "$T/m" --worker-id prefill-2 --router "$r_ADDR"
+wait_router_state "$r_ADDR" decode-2 READY 5
+wait_router_state "$r_ADDR" prefill-2 READY 5
+router_client load "$r_HTTP" "$T/m" "$G" --clients 8 --requests 48 --prompts 2 --max-tokens 8 ||
+  fail "load after the join"
+for w in decode-2 prefill-2; do
+  pool=${w%-*}
+  n=$(router_metric "$r_HTTP" "epd_router_worker_requests_total{worker=\"$w\",pool=\"$pool\"}")
+  [ "${n:-0}" -gt 5 ] || fail "late $w took ${n:-0} of 48 requests"
+done
+wait_blocks_free "$d2_ADDR"
+finish_ok
