@@ -8,8 +8,11 @@
  * which an arrival is counted as dropped, never delayed: delaying would
  * hide the queueing the benchmark exists to show).
  *
- * Phases, each on the same workload (same arrivals, prompts, lengths,
- * seeds), one after the other at the full rate:
+ * Two paths for the same workload (same arrivals, prompts, lengths,
+ * seeds); by default (--phases ab) one run alternates arrivals between
+ * them, so both see the same machine at the same time (this machine's
+ * other load moves both alike), each at half the rate; --phases
+ * router,direct runs them one after the other, each at the full rate:
  *   router  streaming POST /v1/completions to the router (plain sockets on
  *           libuv, HTTP/1.1 keep-alive, chunked SSE parsed as it comes):
  *           TTFT = first event carrying text, ITL = gaps between text
@@ -19,11 +22,11 @@
  *           router/epd_client, driven from the same kind of loop:
  *           TTFT = first TokenChunk, ITL = gaps between chunks, E2E = the
  *           last chunk.
- * "What the router adds" is the difference of the two phases'
+ * "What the router adds" is the difference of the two paths'
  * percentiles (TTFT and E2E, p50 and p99): the router's HTTP parsing,
  * tokenization, worker choice, SSE encoding and the extra loopback hop.
- * It is a difference of distributions measured one after the other, not a
- * per-request span (the router exports no per-request spans).
+ * It is a difference of distributions, not a per-request span (the router
+ * exports no per-request spans).
  *
  * Without --router the benchmark starts its own cluster from build/bin
  * (router + 1 prefill + 1 decode, engine sim with a small profile written
@@ -77,6 +80,7 @@ typedef struct {
     uint32_t n_tokens;
     int err; /* index into the phase's error kinds + 1; 0 = ok */
     int done;
+    int unused; /* interleaved: this arrival went the other path */
 } sv_res_t;
 
 typedef struct {
@@ -148,7 +152,9 @@ struct sv {
     /* running phase */
     uv_loop_t loop;
     uv_timer_t tick;
-    sv_phase_t *ph;
+    sv_phase_t *hph, *dph; /* the router's and the direct path's results */
+    uint64_t t0;
+    int mode;      /* 0 router, 1 direct, 2 both interleaved (even: router) */
     uint32_t next; /* next arrival to launch */
     uint32_t inflight;
     uint64_t hard_end;
@@ -344,10 +350,10 @@ static void sv_conn_close(sv_conn_t *c)
     }
     c->closing = 1;
     if (c->idx >= 0) {
-        sv_res_t *r = &b->ph->res[c->idx];
+        sv_res_t *r = &b->hph->res[c->idx];
 
         if (!r->done) {
-            sv_err(b->ph, r, "connection lost");
+            sv_err(b->hph, r, "connection lost");
             sv_finish(b, r, sv_now());
         }
         c->idx = -1;
@@ -366,7 +372,7 @@ static void sv_conn_close(sv_conn_t *c)
 static void sv_sse_data(sv_conn_t *c, char *data, uint64_t now)
 {
     sv_t *b = c->b;
-    sv_res_t *r = &b->ph->res[c->idx];
+    sv_res_t *r = &b->hph->res[c->idx];
     const char *key = b->chat ? "\"content\":\"" : "\"text\":\"";
     char *p;
 
@@ -380,7 +386,7 @@ static void sv_sse_data(sv_conn_t *c, char *data, uint64_t now)
     }
     p = strstr(data, key);
     if (p != NULL && p[strlen(key)] != '"') {
-        sv_token_event(b->ph, r, now);
+        sv_token_event(b->hph, r, now);
     }
     p = strstr(data, "\"completion_tokens\":");
     if (p != NULL) {
@@ -440,19 +446,19 @@ static int sv_sse_feed(sv_conn_t *c, const char *data, size_t len, uint64_t now)
 static void sv_http_done(sv_conn_t *c, uint64_t now)
 {
     sv_t *b = c->b;
-    sv_res_t *r = &b->ph->res[c->idx];
+    sv_res_t *r = &b->hph->res[c->idx];
 
     if (c->status != 200) {
         char kind[48];
 
         snprintf(kind, sizeof(kind), "HTTP %d", c->status);
-        sv_err(b->ph, r, kind);
+        sv_err(b->hph, r, kind);
     } else if (c->saw_error) {
-        sv_err(b->ph, r, "error event in stream");
+        sv_err(b->hph, r, "error event in stream");
     } else if (!c->saw_done) {
-        sv_err(b->ph, r, "stream without [DONE]");
+        sv_err(b->hph, r, "stream without [DONE]");
     } else if (r->t_first == 0) {
-        sv_err(b->ph, r, "no text generated");
+        sv_err(b->hph, r, "no text generated");
     }
     sv_finish(b, r, now);
     c->idx = -1;
@@ -620,9 +626,9 @@ static void sv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         return;
     }
     if (sv_http_parse(c, now) != 0) {
-        sv_res_t *r = &c->b->ph->res[c->idx];
+        sv_res_t *r = &c->b->hph->res[c->idx];
 
-        sv_err(c->b->ph, r, "bad HTTP response");
+        sv_err(c->b->hph, r, "bad HTTP response");
         sv_finish(c->b, r, now);
         c->idx = -1;
         sv_conn_close(c);
@@ -679,7 +685,7 @@ static void sv_http_send(sv_conn_t *c)
     c->saw_error = 0;
     c->status = 0;
     c->state = 0;
-    b->ph->res[c->idx].t_send = sv_now();
+    b->hph->res[c->idx].t_send = sv_now();
     if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &ub, 1, sv_on_write) != 0) {
         epd_free(c->wbuf);
         c->wbuf = NULL;
@@ -714,8 +720,8 @@ static void sv_http_start(sv_t *b, uint32_t i)
     }
     c = epd_calloc(1, sizeof(*c));
     if (c == NULL) {
-        sv_err(b->ph, &b->ph->res[i], "out of memory");
-        sv_finish(b, &b->ph->res[i], sv_now());
+        sv_err(b->hph, &b->hph->res[i], "out of memory");
+        sv_finish(b, &b->hph->res[i], sv_now());
         return;
     }
     c->b = b;
@@ -724,7 +730,7 @@ static void sv_http_start(sv_t *b, uint32_t i)
     c->connect.data = c;
     uv_tcp_init(&b->loop, &c->tcp);
     b->n_conns++;
-    b->ph->res[i].t_send = sv_now(); /* the connect is part of the latency */
+    b->hph->res[i].t_send = sv_now(); /* the connect is part of the latency */
     if (uv_tcp_connect(&c->connect, &c->tcp, (const struct sockaddr *)&b->addr, sv_on_connect) !=
         0) {
         sv_conn_close(c);
@@ -736,7 +742,7 @@ static void sv_http_start(sv_t *b, uint32_t i)
 static void sv_on_client_event(void *arg, const epd_client_event_t *ev)
 {
     sv_t *b = arg;
-    sv_res_t *r = &b->ph->res[(uintptr_t)ev->user];
+    sv_res_t *r = &b->dph->res[(uintptr_t)ev->user];
     uint64_t now = sv_now();
 
     if (r->done) {
@@ -744,12 +750,12 @@ static void sv_on_client_event(void *arg, const epd_client_event_t *ev)
     }
     if (ev->kind == EPD_CLIENT_EV_TOKENS) {
         if (ev->n_tokens > 0) {
-            sv_token_event(b->ph, r, now);
+            sv_token_event(b->dph, r, now);
             r->n_tokens += ev->n_tokens;
         }
         if (ev->terminal) {
             if (ev->finish != EPD_CLIENT_FINISH_LENGTH && ev->finish != EPD_CLIENT_FINISH_STOP) {
-                sv_err(b->ph, r, epd_client_finish_name(ev->finish));
+                sv_err(b->dph, r, epd_client_finish_name(ev->finish));
             }
             sv_finish(b, r, now);
         }
@@ -759,7 +765,7 @@ static void sv_on_client_event(void *arg, const epd_client_event_t *ev)
         char kind[48];
 
         snprintf(kind, sizeof(kind), "%s", epd_status_string(ev->status));
-        sv_err(b->ph, r, kind);
+        sv_err(b->dph, r, kind);
         sv_finish(b, r, now);
     }
 }
@@ -767,7 +773,7 @@ static void sv_on_client_event(void *arg, const epd_client_event_t *ev)
 static void sv_direct_start(sv_t *b, uint32_t i)
 {
     const sv_work_t *w = &b->work[i];
-    sv_res_t *r = &b->ph->res[i];
+    sv_res_t *r = &b->dph->res[i];
     epd_client_request_t q;
     epd_status_t st;
 
@@ -785,7 +791,7 @@ static void sv_direct_start(sv_t *b, uint32_t i)
     r->t_send = sv_now();
     st = epd_client_submit(b->client, &q, NULL);
     if (st != EPD_OK) {
-        sv_err(b->ph, r, epd_status_string(st));
+        sv_err(b->dph, r, epd_status_string(st));
         sv_finish(b, r, sv_now());
     }
 }
@@ -796,19 +802,24 @@ static void sv_launch_due(sv_t *b)
 {
     uint64_t now = sv_now();
 
-    while (b->next < b->n_work && b->ph->t0 + b->work[b->next].at_ns <= now) {
+    while (b->next < b->n_work && b->t0 + b->work[b->next].at_ns <= now) {
         uint32_t i = b->next++;
+        int direct = b->mode == 1 || (b->mode == 2 && (i & 1u));
+        sv_phase_t *ph = direct ? b->dph : b->hph;
 
+        if (b->mode == 2) {
+            (direct ? b->hph : b->dph)->res[i].unused = 1;
+        }
         b->inflight++;
         if (b->inflight > (uint32_t)b->max_inflight) {
-            sv_res_t *r = &b->ph->res[i];
+            sv_res_t *r = &ph->res[i];
 
-            b->ph->dropped++;
-            sv_err(b->ph, r, "dropped (max in flight)");
+            ph->dropped++;
+            sv_err(ph, r, "dropped (max in flight)");
             sv_finish(b, r, now);
             continue;
         }
-        if (b->client != NULL) {
+        if (direct) {
             sv_direct_start(b, i);
         } else {
             sv_http_start(b, i);
@@ -838,13 +849,19 @@ static void sv_on_tick(uv_timer_t *t)
         epd_client_tick(b->client);
     }
     if ((b->next == b->n_work && b->inflight == 0) || now > b->hard_end) {
-        for (uint32_t i = 0; i < b->n_work; i++) {
-            if (!b->ph->res[i].done && b->ph->res[i].t_send != 0) {
-                sv_err(b->ph, &b->ph->res[i], "benchmark deadline");
-                sv_finish(b, &b->ph->res[i], now);
+        for (int k = 0; k < 2; k++) {
+            sv_phase_t *ph = k == 0 ? b->hph : b->dph;
+
+            for (uint32_t i = 0; ph != NULL && i < b->n_work; i++) {
+                if (!ph->res[i].done && !ph->res[i].unused && ph->res[i].t_send != 0) {
+                    sv_err(ph, &ph->res[i], "benchmark deadline");
+                    sv_finish(b, &ph->res[i], now);
+                }
+            }
+            if (ph != NULL) {
+                ph->t_end = now;
             }
         }
-        b->ph->t_end = now;
         uv_timer_stop(t);
         if (b->xuv != NULL) {
             epd_xport_uv_stop(b->xuv);
@@ -854,16 +871,24 @@ static void sv_on_tick(uv_timer_t *t)
     }
 }
 
-static int sv_run_phase(sv_t *b, sv_phase_t *ph, int direct)
+static int sv_phase_init(sv_t *b, sv_phase_t *ph, const char *name)
 {
     memset(ph, 0, sizeof(*ph));
-    ph->name = direct ? "direct" : "router";
+    ph->name = name;
     ph->n = b->n_work;
     ph->res = epd_calloc(b->n_work, sizeof(*ph->res));
-    if (ph->res == NULL) {
-        return -1;
-    }
-    b->ph = ph;
+    return ph->res != NULL ? 0 : -1;
+}
+
+/* Runs the workload once: mode 0 all through the router (hph), 1 all
+ * direct (dph), 2 alternating (even arrivals router, odd direct). */
+static int sv_run_phase(sv_t *b, int mode, sv_phase_t *hph, sv_phase_t *dph)
+{
+    int direct = mode != 0;
+
+    b->mode = mode;
+    b->hph = hph;
+    b->dph = dph;
     b->next = 0;
     b->inflight = 0;
     b->idle = NULL;
@@ -899,8 +924,14 @@ static int sv_run_phase(sv_t *b, sv_phase_t *ph, int direct)
     }
     uv_timer_init(&b->loop, &b->tick);
     b->tick.data = b;
-    ph->t0 = sv_now() + 20 * EPD_NSEC_PER_MSEC;
-    b->hard_end = ph->t0 + (uint64_t)(b->duration_s * 1e9) + 60 * EPD_NSEC_PER_SEC;
+    b->t0 = sv_now() + 20 * EPD_NSEC_PER_MSEC;
+    if (hph != NULL) {
+        hph->t0 = b->t0;
+    }
+    if (dph != NULL) {
+        dph->t0 = b->t0;
+    }
+    b->hard_end = b->t0 + (uint64_t)(b->duration_s * 1e9) + 60 * EPD_NSEC_PER_SEC;
     uv_timer_start(&b->tick, sv_on_tick, 1, 1);
     uv_run(&b->loop, UV_RUN_DEFAULT);
     if (b->client != NULL) {
@@ -956,6 +987,9 @@ static void sv_stats(sv_t *b, sv_phase_t *ph, sv_stats_t *s)
     for (uint32_t i = (uint32_t)b->warmup < ph->n ? (uint32_t)b->warmup : 0; i < ph->n; i++) {
         const sv_res_t *r = &ph->res[i];
 
+        if (r->unused) {
+            continue;
+        }
         if (r->err != 0) {
             s->err++;
             continue;
@@ -993,9 +1027,11 @@ static void sv_print(sv_t *b, sv_phase_t *phs, int n_ph)
     int ir = -1, id = -1;
 
     printf("\nepd-bench serve: %.0f req/s offered for %.1f s (%u requests, first %lld not "
-           "counted), prompt %s bytes, output %s tokens, %s\n",
+           "counted), prompt %s bytes, output %s tokens, %s, paths: %s\n",
            b->rate, b->duration_s, b->n_work, (long long)b->warmup, b->prompt_len, b->output_len,
-           b->chat ? "chat" : "completions");
+           b->chat ? "chat" : "completions",
+           strcmp(b->phases, "ab") == 0 ? "alternating router/direct (half the rate each)"
+                                        : b->phases);
     printf("%-7s %7s %6s %8s %9s | %8s %8s %8s | %7s %7s %7s | %8s %8s %8s\n", "path", "ok",
            "errors", "req/s", "tok/s", "ttft_p50", "ttft_p90", "ttft_p99", "itl_p50", "itl_p90",
            "itl_p99", "e2e_p50", "e2e_p90", "e2e_p99");
@@ -1364,7 +1400,9 @@ int epd_bench_serve_main(int argc, char **argv)
         {"prompt-len", EPD_OPT_STRING, &b.prompt_len, 0, 0,
          "prompt bytes (= tokens - 1, byte tokenizer): N or A:B uniform"},
         {"output-len", EPD_OPT_STRING, &b.output_len, 0, 0, "max_tokens: N or A:B uniform"},
-        {"phases", EPD_OPT_STRING, &b.phases, 0, 0, "router, direct or router,direct"},
+        {"phases", EPD_OPT_STRING, &b.phases, 0, 0,
+         "router, direct, router,direct (one after the other, each at --rate) or ab (one run, "
+         "arrivals alternating between the two paths: each gets half the rate)"},
         {"max-inflight", EPD_OPT_INT, &b.max_inflight, 1, 1 << 20,
          "requests outstanding at most (later arrivals are dropped and counted)"},
         {"warmup", EPD_OPT_INT, &b.warmup, 0, 1 << 30, "first requests of a phase not counted"},
@@ -1381,13 +1419,14 @@ int epd_bench_serve_main(int argc, char **argv)
     int argi;
 
     memset(&b, 0, sizeof(b));
+    memset(phs, 0, sizeof(phs));
     b.engine_name = "sim";
     b.model_name = "bench-sim";
     b.rate = 200;
-    b.duration_s = 10;
+    b.duration_s = 20;
     b.prompt_len = "16:128";
     b.output_len = "4:16";
-    b.phases = "router,direct";
+    b.phases = "ab";
     b.max_inflight = 4096;
     b.warmup = 200;
     b.seed = 1;
@@ -1436,20 +1475,46 @@ int epd_bench_serve_main(int argc, char **argv)
             goto out_cluster;
         }
     }
-    if (strstr(b.phases, "router") != NULL) {
-        fprintf(stderr, "serve: router phase: %u requests at %.0f/s\n", b.n_work, b.rate);
-        if (sv_run_phase(&b, &phs[n_ph], 0) == 0) {
-            n_ph++;
+    {
+        int ab = strcmp(b.phases, "ab") == 0;
+        int want_r = ab || strstr(b.phases, "router") != NULL;
+        int want_d = ab || strstr(b.phases, "direct") != NULL;
+
+        if (!want_r && !want_d) {
+            fprintf(stderr, "serve: --phases wants router, direct, router,direct or ab\n");
+            goto out_cluster;
         }
-    }
-    if (strstr(b.phases, "direct") != NULL) {
-        if (b.prefill_ctl == NULL || b.decode_ctl == NULL || b.model_dir == NULL) {
-            fprintf(stderr, "serve: direct phase skipped: needs --prefill, --decode and --model "
-                            "with --router\n");
-        } else if (sv_tokenize(&b) == 0) {
-            fprintf(stderr, "serve: direct phase: %u requests at %.0f/s\n", b.n_work, b.rate);
-            if (sv_run_phase(&b, &phs[n_ph], 1) == 0) {
-                n_ph++;
+        if (want_d && (b.prefill_ctl == NULL || b.decode_ctl == NULL || b.model_dir == NULL)) {
+            fprintf(stderr, "serve: the direct path needs --prefill, --decode and --model with "
+                            "--router: skipped\n");
+            want_d = 0;
+            ab = 0;
+        }
+        if (want_d && sv_tokenize(&b) != 0) {
+            goto out_cluster;
+        }
+        if (ab) {
+            fprintf(stderr, "serve: router and direct interleaved: %u requests at %.0f/s\n",
+                    b.n_work, b.rate);
+            if (sv_phase_init(&b, &phs[0], "router") == 0 &&
+                sv_phase_init(&b, &phs[1], "direct") == 0 &&
+                sv_run_phase(&b, 2, &phs[0], &phs[1]) == 0) {
+                n_ph = 2;
+            }
+        } else {
+            if (want_r) {
+                fprintf(stderr, "serve: router phase: %u requests at %.0f/s\n", b.n_work, b.rate);
+                if (sv_phase_init(&b, &phs[n_ph], "router") == 0 &&
+                    sv_run_phase(&b, 0, &phs[n_ph], NULL) == 0) {
+                    n_ph++;
+                }
+            }
+            if (want_d) {
+                fprintf(stderr, "serve: direct phase: %u requests at %.0f/s\n", b.n_work, b.rate);
+                if (sv_phase_init(&b, &phs[n_ph], "direct") == 0 &&
+                    sv_run_phase(&b, 1, NULL, &phs[n_ph]) == 0) {
+                    n_ph++;
+                }
             }
         }
     }
@@ -1457,7 +1522,7 @@ int epd_bench_serve_main(int argc, char **argv)
         sv_print(&b, phs, n_ph);
         rc = 0;
     }
-    for (int k = 0; k < n_ph; k++) {
+    for (int k = 0; k < 2; k++) {
         epd_free(phs[k].res);
         epd_free(phs[k].itl_us);
     }
