@@ -170,26 +170,35 @@ static pid_t ob_spawn(char *const argv[], const ob_xport_t *xp, const char *log)
 }
 
 /* SIGTERM, then up to timeout_ms for the exit (the trace is written at
- * exit), then SIGKILL. */
-static void ob_stop(pid_t pid, int timeout_ms)
+ * exit), then SIGKILL.  0 when the daemon exited cleanly (status 0: under a
+ * sanitizer, no report either), -1 otherwise (said on stderr, with its log). */
+static int ob_stop(pid_t pid, int timeout_ms, const char *log)
 {
     uint64_t end;
     int status;
 
     if (pid <= 0) {
-        return;
+        return -1;
     }
     kill(pid, SIGTERM);
     end = epd_time_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     while (epd_time_now_ns() < end) {
         if (waitpid(pid, &status, WNOHANG) == pid) {
-            return;
+            if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+                return 0;
+            }
+            fprintf(stderr, "overhead: daemon %d ended with %s %d (log: %s)\n", (int)pid,
+                    WIFEXITED(status) ? "status" : "signal",
+                    WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), log);
+            return -1;
         }
         epd_time_sleep_ns(10 * 1000000ull);
     }
-    fprintf(stderr, "overhead: pid %d did not stop in %d ms: killed\n", (int)pid, timeout_ms);
+    fprintf(stderr, "overhead: pid %d did not stop in %d ms: killed (log: %s)\n", (int)pid,
+            timeout_ms, log);
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
+    return -1;
 }
 
 /* Waits for a ready file and returns its control address. */
@@ -843,8 +852,12 @@ out:
         b->x = NULL;
         b->ep_p = b->ep_d = NULL;
     }
-    ob_stop(pp, 30000);
-    ob_stop(pd, 30000);
+    if (ob_stop(pp, 30000, p_log) != 0) {
+        rc = -1;
+    }
+    if (ob_stop(pd, 30000, d_log) != 0) {
+        rc = -1;
+    }
     if (rc != 0) {
         return rc;
     }
@@ -1199,7 +1212,8 @@ int epd_bench_overhead_main(int argc, char **argv)
             }
         }
     }
-    if (b.keep) {
+    if (b.keep || rc != 0) {
+        /* a failure keeps them too: the daemons' logs say why */
         printf("# daemon logs and traces kept in %s\n", b.tmp);
     } else {
         char cmd[PATH_MAX + 32];
