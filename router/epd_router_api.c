@@ -167,8 +167,7 @@ static epd_status_t epd__dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
             pw->queued_tokens += r->n_prompt;
             r->prefill_counted = 1;
             if (r->attempts++ == 0) {
-                epd_router_histo_observe(&rt->m.dispatch,
-                                         (double)(now_ns - r->t_arrival_ns) / 1e9);
+                epd_router_histo_observe(&rt->m.dispatch, (double)(now_ns - r->t_arrival_ns) / 1e9);
             }
             return EPD_OK;
         }
@@ -428,10 +427,12 @@ static void epd__on_error_event(epd_router_t *rt, epd_router_req_t *r, const epd
     if (r->n_out == 0 && epd__retryable(ev) && r->attempts <= rt->max_retries &&
         now < r->deadline_ns) {
         /* avoid the worker that failed (both when it cannot be told) */
-        int blame_p = ev->kind != EPD_CLIENT_EV_REFUSED &&
-                      (strcmp(ev->from, pw->info.worker_id) == 0 ||
-                       epd_client_worker_state(pw->cw) != EPD_OK || strcmp(ev->from, "client") == 0);
-        int blame_d = ev->kind == EPD_CLIENT_EV_REFUSED || strcmp(ev->from, dw->info.worker_id) == 0 ||
+        int blame_p =
+            ev->kind != EPD_CLIENT_EV_REFUSED &&
+            (strcmp(ev->from, pw->info.worker_id) == 0 ||
+             epd_client_worker_state(pw->cw) != EPD_OK || strcmp(ev->from, "client") == 0);
+        int blame_d = ev->kind == EPD_CLIENT_EV_REFUSED ||
+                      strcmp(ev->from, dw->info.worker_id) == 0 ||
                       epd_client_worker_state(dw->cw) != EPD_OK;
 
         if (blame_p && r->n_avoid < EPD_ROUTER_MAX_AVOID) {
@@ -441,7 +442,7 @@ static void epd__on_error_event(epd_router_t *rt, epd_router_req_t *r, const epd
             r->avoid[r->n_avoid++] = dw;
         }
         rt->m.retries++;
-        epd_log_info(EPD_ROUTER_LOG, r->client_id,
+        epd_log_info(EPD_ROUTER_LOG, ev->request_id,
                      "attempt %u failed before its first token (%s from %s: %s): retrying",
                      r->attempts, epd_status_name(ev->status), ev->from, ev->message);
         st = epd__dispatch(rt, r, now);
@@ -456,14 +457,15 @@ static void epd__on_error_event(epd_router_t *rt, epd_router_req_t *r, const epd
         epd__fail_http(rt, r, EPD_ROUTER_ERR_TIMEOUT, 504, "request timed out (%s%s)", ev->from,
                        "");
     } else if (ev->kind == EPD_CLIENT_EV_REFUSED) {
-        epd__fail_http(rt, r, EPD_ROUTER_ERR_UPSTREAM, 503, "no decode capacity: %s%s",
-                       ev->message, "");
+        epd__fail_http(rt, r, EPD_ROUTER_ERR_UPSTREAM, 503, "no decode capacity: %s%s", ev->message,
+                       "");
     } else {
         char why[300];
 
         snprintf(why, sizeof(why), "%s: %s", epd_status_name(ev->status), ev->message);
-        epd__fail_http(rt, r, EPD_ROUTER_ERR_UPSTREAM, 502, "worker %s failed the request: %s",
-                       ev->from, why);
+        epd__fail_http(rt, r, EPD_ROUTER_ERR_UPSTREAM, 502,
+                       "the request failed (reported by %s): %s",
+                       strcmp(ev->from, "client") == 0 ? "the router" : ev->from, why);
     }
     epd__req_free(rt, r);
 }

@@ -42,7 +42,8 @@ typedef struct epd_router_req {
     uint64_t client_id;      /* the epd_client request id of the attempt in flight, 0: none */
     epd_router_worker_t *pw; /* referenced while an attempt runs */
     epd_router_worker_t *dw;
-    epd_router_worker_t *avoid[EPD_ROUTER_MAX_AVOID]; /* failed on earlier attempts (not referenced: compared only) */
+    epd_router_worker_t *avoid[EPD_ROUTER_MAX_AVOID]; /* failed on earlier attempts (not referenced:
+                                                         compared only) */
     uint32_t n_avoid;
     uint32_t attempts;
     uint32_t n_out;       /* tokens received */

@@ -123,24 +123,23 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                  m->retries);
     epd__counter(t, "epd_router_prompt_tokens_total", "Prompt tokens (BOS included)",
                  m->prompt_tokens);
-    epd__counter(t, "epd_router_completion_tokens_total", "Tokens generated",
-                 m->completion_tokens);
+    epd__counter(t, "epd_router_completion_tokens_total", "Tokens generated", m->completion_tokens);
     epd__counter(t, "epd_router_registrations_total", "RegisterWorker calls accepted",
                  m->registrations);
     epd__counter(t, "epd_router_heartbeats_total", "Heartbeats received", m->heartbeats);
     epd__counter(t, "epd_router_workers_died_total", "Workers whose endpoint failed",
                  m->workers_died);
-    epd_router_text_printf(t, "# HELP epd_router_requests_in_flight Requests held by the router\n"
-                              "# TYPE epd_router_requests_in_flight gauge\n"
-                              "epd_router_requests_in_flight %u\n",
+    epd_router_text_printf(t,
+                           "# HELP epd_router_requests_in_flight Requests held by the router\n"
+                           "# TYPE epd_router_requests_in_flight gauge\n"
+                           "epd_router_requests_in_flight %u\n",
                            live);
     epd__histo(t, "epd_router_ttft_seconds", "Time from request arrival to the first token",
                &m->ttft);
     epd__histo(t, "epd_router_itl_seconds", "Time between token chunks of a request", &m->itl);
     epd__histo(t, "epd_router_e2e_seconds", "Time from request arrival to its end", &m->e2e);
     epd__histo(t, "epd_router_dispatch_seconds",
-               "Router's own time from request arrival to submission to the workers",
-               &m->dispatch);
+               "Router's own time from request arrival to submission to the workers", &m->dispatch);
 
     epd_router_registry_counts(reg, counts);
     epd_router_text_printf(t, "# HELP epd_router_workers Workers per pool and state\n"
@@ -152,37 +151,34 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                                    epd_router_state_name((epd_router_state_t)s), counts[r][s]);
         }
     }
-    epd_router_text_printf(t,
-                           "# HELP epd_router_worker_queue_depth Requests waiting on a worker "
-                           "(its last heartbeat)\n"
-                           "# TYPE epd_router_worker_queue_depth gauge\n");
+    epd_router_text_printf(t, "# HELP epd_router_worker_queue_depth Requests waiting on a worker "
+                              "(its last heartbeat)\n"
+                              "# TYPE epd_router_worker_queue_depth gauge\n");
     for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
         if (w->state != EPD_ROUTER_DEAD) {
-            epd_router_text_printf(t, "epd_router_worker_queue_depth{worker=\"%s\",pool=\"%s\"} %u\n",
-                                   w->info.worker_id,
-                                   w->info.role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill",
-                                   w->hb_queue_depth);
+            epd_router_text_printf(
+                t, "epd_router_worker_queue_depth{worker=\"%s\",pool=\"%s\"} %u\n",
+                w->info.worker_id, w->info.role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill",
+                w->hb_queue_depth);
         }
     }
     epd_router_text_printf(t, "# HELP epd_router_worker_in_flight Requests the router has on a "
                               "worker\n# TYPE epd_router_worker_in_flight gauge\n");
     for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
         if (w->state != EPD_ROUTER_DEAD) {
-            epd_router_text_printf(t, "epd_router_worker_in_flight{worker=\"%s\",pool=\"%s\"} %u\n",
-                                   w->info.worker_id,
-                                   w->info.role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill",
-                                   w->inflight);
+            epd_router_text_printf(
+                t, "epd_router_worker_in_flight{worker=\"%s\",pool=\"%s\"} %u\n", w->info.worker_id,
+                w->info.role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill", w->inflight);
         }
     }
     epd_router_text_printf(t, "# HELP epd_router_worker_requests_total Requests the router sent "
                               "to a worker\n# TYPE epd_router_worker_requests_total counter\n");
     for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
         if (w->state != EPD_ROUTER_DEAD) {
-            epd_router_text_printf(t,
-                                   "epd_router_worker_requests_total{worker=\"%s\",pool=\"%s\"} %llu\n",
-                                   w->info.worker_id,
-                                   w->info.role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill",
-                                   (unsigned long long)w->served);
+            epd_router_text_printf(
+                t, "epd_router_worker_requests_total{worker=\"%s\",pool=\"%s\"} %llu\n",
+                w->info.worker_id, w->info.role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill",
+                (unsigned long long)w->served);
         }
     }
     epd_router_text_printf(t, "# HELP epd_router_worker_kv_blocks_free Free KV blocks of a decode "

@@ -171,9 +171,9 @@ static uint64_t epd__load_score(const epd_router_worker_t *w)
         uint32_t batch = w->info.max_batch > 0 ? w->info.max_batch : 1;
         uint64_t busy = ((uint64_t)w->inflight << 20) / batch;
         uint32_t total = w->info.kv_blocks_total > 0 ? w->info.kv_blocks_total : 1;
-        uint64_t used = (uint64_t)(total - (w->hb_kv_blocks_free < total ? w->hb_kv_blocks_free
-                                                                          : total)) *
-                        1024 / total;
+        uint64_t used =
+            (uint64_t)(total - (w->hb_kv_blocks_free < total ? w->hb_kv_blocks_free : total)) *
+            1024 / total;
 
         return (busy << 12) + used;
     }
@@ -254,7 +254,8 @@ static epd_router_worker_t *epd__affinity(epd_router_registry_t *reg, const uint
             best_w = weight;
         }
     }
-    if (best != NULL && best->queued_tokens > least->queued_tokens + EPD_ROUTER_AFFINITY_SLACK_TOKENS) {
+    if (best != NULL &&
+        best->queued_tokens > least->queued_tokens + EPD_ROUTER_AFFINITY_SLACK_TOKENS) {
         return least;
     }
     return best;

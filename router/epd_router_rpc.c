@@ -111,14 +111,14 @@ static int epd__register(epd_router_t *rt, const void *req, size_t req_len, void
                rr->worker->role != EPD__ROLE__ROLE_DECODE) {
         snprintf(why, sizeof(why), "worker '%.100s': only prefill and decode workers register",
                  rr->worker->worker_id);
-    } else if (rr->data_plane_address.len == 0 ||
-               rr->data_plane_address.len > EPD_XPORT_ADDR_MAX) {
+    } else if (rr->data_plane_address.len == 0 || rr->data_plane_address.len > EPD_XPORT_ADDR_MAX) {
         snprintf(why, sizeof(why), "worker '%.100s': empty or oversized data-plane address",
                  rr->worker->worker_id);
     } else if (rr->transport == NULL || strlen(rr->transport) >= sizeof(info->transport)) {
         snprintf(why, sizeof(why), "worker '%.100s': bad transport", rr->worker->worker_id);
     } else if (rr->kv_layout == NULL || rr->capacity == NULL) {
-        snprintf(why, sizeof(why), "worker '%.100s': no KV layout or capacity", rr->worker->worker_id);
+        snprintf(why, sizeof(why), "worker '%.100s': no KV layout or capacity",
+                 rr->worker->worker_id);
     } else if (rr->kv_layout->n_layers != kv->n_layers ||
                rr->kv_layout->block_tokens != kv->block_tokens ||
                rr->kv_layout->n_kv_heads != kv->n_kv_heads ||
@@ -127,11 +127,12 @@ static int epd__register(epd_router_t *rt, const void *req, size_t req_len, void
                  "worker '%.100s': KV layout (%u layers, %u heads x %u, %u tokens/block) differs "
                  "from the router's model (%u layers, %u heads x %u, %u tokens/block)",
                  rr->worker->worker_id, rr->kv_layout->n_layers, rr->kv_layout->n_kv_heads,
-                 rr->kv_layout->head_dim, rr->kv_layout->block_tokens, kv->n_layers,
-                 kv->n_kv_heads, kv->head_dim, kv->block_tokens);
+                 rr->kv_layout->head_dim, rr->kv_layout->block_tokens, kv->n_layers, kv->n_kv_heads,
+                 kv->head_dim, kv->block_tokens);
     } else if (rr->kv_layout->layer_pattern != NULL &&
                strlen(rr->kv_layout->layer_pattern) >= EPD_CLIENT_PATTERN_MAX) {
-        snprintf(why, sizeof(why), "worker '%.100s': oversized layer pattern", rr->worker->worker_id);
+        snprintf(why, sizeof(why), "worker '%.100s': oversized layer pattern",
+                 rr->worker->worker_id);
     } else if (strcmp(rr->transport, rt->transport) != 0) {
         snprintf(why, sizeof(why), "worker '%.100s' serves transport '%s', the router '%s'",
                  rr->worker->worker_id, rr->transport, rt->transport);
@@ -386,7 +387,7 @@ static int epd__status(epd_router_t *rt, void **resp_p, size_t *resp_len_p, char
         Epd__Epoch epoch;
         Epd__Load load;
         Epd__Capacity cap;
-    } *p;
+    } * p;
     Epd__WorkerStatus **list;
 
     for (epd_router_worker_t *w = rt->reg.workers; w != NULL; w = w->next) {

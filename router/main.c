@@ -438,7 +438,8 @@ int main(int argc, char **argv)
         rc = epd_router_fail("--model DIR is required (its tokenizer)%s", "");
     } else if (strcmp(fl.transport, "ucx") != 0 && strcmp(fl.transport, "ofi") != 0) {
         rc = epd_router_fail("--transport '%s': want ucx or ofi", fl.transport);
-    } else if (fl.served_model_name != NULL && strlen(fl.served_model_name) >= EPD_CLIENT_NAME_MAX) {
+    } else if (fl.served_model_name != NULL &&
+               strlen(fl.served_model_name) >= EPD_CLIENT_NAME_MAX) {
         rc = epd_router_fail("--served-model-name '%s' is too long", fl.served_model_name);
     } else if (fl.worker_id != NULL && strlen(fl.worker_id) >= EPD_CLIENT_NAME_MAX) {
         rc = epd_router_fail("--worker-id '%s' is too long", fl.worker_id);

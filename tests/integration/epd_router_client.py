@@ -10,6 +10,13 @@
   load URL MODEL_DIR GEN_BIN --clients C --requests R [--prompts K --max-tokens N]
       C concurrent clients, R requests in all (streaming and not, completions
       and chat, over K prompts); every answer must equal epd-generate's.
+  multi URL MODEL_DIR GEN_BIN --count K --prompt-file F --max-tokens N
+      K concurrent greedy streaming completions of one prompt; prints one
+      line per request: "ok" (equals epd-generate), "error HTTP-STATUS ..."
+      (599: an error event inside the stream) or "differs"; exit 0.
+  stop URL MODEL_DIR GEN_BIN --prompt-file F --max-tokens N
+      a stop string (an ASCII character of epd-generate's text) ends the
+      answer before it, finish_reason "stop", streaming and not.
   raw URL METHOD PATH [BODY]
       prints "STATUS" then the body (for the bad-input checks).
 Exit 0 when everything matched; 1 with a line on stderr otherwise.
@@ -227,14 +234,96 @@ def cmd_load(url, model, gen_bin, flags):
     print("ok %d requests from %d clients" % (state["ok"], clients))
 
 
+def cmd_multi(url, model, gen_bin, flags):
+    count = int(flags["count"])
+    prompt = open(flags["prompt_file"], "rb").read().decode("utf-8")
+    max_tokens = int(flags["max_tokens"])
+    s = {"temperature": 0.0}
+    want = generate(gen_bin, model, prompt, max_tokens, s)
+    results = [None] * count
+
+    def one(i):
+        try:
+            status, got, _, _ = request(url, False, prompt, max_tokens, True, s)
+        except Exception as e:  # noqa: BLE001 — reported as a line
+            results[i] = "error exception %r" % e
+            return
+        if status != 200:
+            results[i] = "error %d %s" % (status, got[:200].decode("utf-8", "replace"))
+        elif got != want:
+            results[i] = "differs"
+        else:
+            results[i] = "ok"
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results:
+        print(r)
+
+
+def cmd_stop(url, model, gen_bin, flags):
+    prompt = open(flags["prompt_file"], "rb").read().decode("utf-8")
+    max_tokens = int(flags["max_tokens"])
+    s = {"temperature": 0.0}
+    want = generate(gen_bin, model, prompt, max_tokens, s).decode("utf-8")
+    pick = None
+    for i in range(3, len(want)):
+        c = want[i]
+        if c.isascii() and c.isprintable() and c not in want[:i]:
+            pick = i
+            break
+    if pick is None:
+        fail("no ASCII character to stop at in %r" % want)
+    stop = want[pick]
+    for stream in (False, True):
+        s2 = dict(s)
+        s2["stop"] = [stop, "\u2603never"]
+        status, got, finish, _ = request(url, False, prompt, max_tokens, stream, s2)
+        if status != 200:
+            fail("stop: HTTP %d %r" % (status, got[:200]))
+        if got != want[:pick].encode("utf-8") or finish != "stop":
+            fail("stop %r (stream=%s): got %r finish %r, want %r" %
+                 (stop, stream, got, finish, want[:pick]))
+    print("ok stop %r after %d characters" % (stop, pick))
+
+
 def cmd_raw(url, method, path, body):
-    conn = conn_for(url)
-    conn.request(method, path, body, {"Content-Type": "application/json"} if body is not None else {})
-    resp = conn.getresponse()
-    data = resp.read()
-    conn.close()
-    print(resp.status)
-    sys.stdout.write(data.decode("utf-8", "replace"))
+    """A raw socket: the server may answer (413) and close before the whole
+    body is sent; the answer is still read."""
+    import socket
+    if body is not None and body.startswith("@"):
+        data = open(body[1:], "rb").read()
+    else:
+        data = body.encode("utf-8") if body is not None else b""
+    u = urllib.parse.urlparse(url)
+    head = "%s %s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n" % (method, path, u.hostname, u.port)
+    if body is not None:
+        head += "Content-Type: application/json\r\nContent-Length: %d\r\n" % len(data)
+    sock = socket.create_connection((u.hostname, u.port), timeout=60)
+    try:
+        sock.sendall(head.encode() + b"\r\n" + data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    resp = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            resp += chunk
+    except ConnectionResetError:
+        pass
+    sock.close()
+    status_line, _, rest = resp.partition(b"\r\n")
+    parts = status_line.split(b" ")
+    if len(parts) < 2:
+        fail("no HTTP answer to %s %s: %r" % (method, path, resp[:200]))
+    _, _, payload = rest.partition(b"\r\n\r\n")
+    print(int(parts[1]))
+    sys.stdout.write(payload.decode("utf-8", "replace"))
     print()
 
 
@@ -253,6 +342,10 @@ def main():
         cmd_same(url, model, gen_bin, flags)
     elif cmd == "load":
         cmd_load(url, model, gen_bin, flags)
+    elif cmd == "multi":
+        cmd_multi(url, model, gen_bin, flags)
+    elif cmd == "stop":
+        cmd_stop(url, model, gen_bin, flags)
     else:
         fail("unknown command %r" % cmd)
 

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Failures through the router (2 prefill + 2 decode, registered with --router):
+#  - every bad input gets its OpenAI error JSON and 4xx, and the router stays
+#    healthy;
+#  - a stop string ends the answer before it (finish_reason "stop");
+#  - drain through the router (epd-ctl drain ROUTER --worker-id ID): DRAINING
+#    in the registry, forwarded to the worker, no new requests go to it, the
+#    rest keep being served;
+#  - a decode worker killed mid-stream fails only its own requests (an error
+#    event ends their streams), the others finish equal to epd-generate, and
+#    new requests succeed; the dead worker leaves READY;
+#  - a decode worker that refuses for capacity gets its requests retried on
+#    another one (all succeed, epd_router_retries_total counts them).
+source "$(dirname "$0")/lib.sh"
+
+# slow enough per decode step that 1200-token streams are still running when
+# the kill comes
+mkmodel "$T/m" --layers 6 --dim 256 --heads 8 --kv-heads 2 --layer-pattern LA --ffn 512 \
+  --max-context 4096 --seed 3
+start_router r --model "$T/m" --heartbeat-ms 200 --dead-after-ms 1000
+for i in 0 1; do
+  start_daemon "d$i" decode --model "$T/m" --worker-id "decode-$i" --kv-blocks 1024 \
+    --state-slots 32 --router "$r_ADDR"
+  start_daemon "p$i" prefill --model "$T/m" --worker-id "prefill-$i" --router "$r_ADDR"
+done
+for w in decode-0 decode-1 prefill-0 prefill-1; do
+  wait_router_state "$r_ADDR" "$w" READY
+done
+G="$BIN/epd-generate"
+H=$r_HTTP
+
+note "bad inputs: 4xx with an OpenAI error, the router stays healthy"
+head -c $((5 * 1024 * 1024)) /dev/zero | tr '\0' a >"$T/big"
+prompt_of_len 5000 2 >"$T/toolong"
+check_bad() { # STATUS METHOD PATH [BODY]
+  local want=$1
+  shift
+  router_client raw "$H" "$@" >"$T/bad.out" || fail "client failed on $*"
+  local got
+  got=$(head -n 1 "$T/bad.out")
+  [ "$got" = "$want" ] || fail "$1 $2 ${3:0:60}: HTTP $got, want $want: $(tail -n +2 "$T/bad.out" | head -c 300)"
+  if [ "$want" != 413 ]; then
+    grep -q '"error":{"message":' "$T/bad.out" || fail "$* : no OpenAI error JSON: $(cat "$T/bad.out")"
+  fi
+}
+check_bad 400 POST /v1/completions '{'
+check_bad 400 POST /v1/completions '[1,2]'
+check_bad 404 POST /v1/completions '{"model":"nope","prompt":"x"}'
+check_bad 400 POST /v1/completions '{"model":"m"}'
+check_bad 400 POST /v1/completions '{"model":"m","prompt":"x","max_tokens":0}'
+check_bad 400 POST /v1/completions '{"model":"m","prompt":"x","max_tokens":100000}'
+check_bad 400 POST /v1/completions '{"model":"m","prompt":"x","temperature":5}'
+check_bad 400 POST /v1/completions '{"model":"m","prompt":"x","top_p":0}'
+check_bad 400 POST /v1/completions '{"model":"m","prompt":"x","n":2}'
+check_bad 400 POST /v1/completions '{"model":"m","prompt":"x","stream":"yes"}'
+check_bad 400 POST /v1/completions "{\"model\":\"m\",\"prompt\":\"$(cat "$T/toolong")\"}"
+check_bad 400 POST /v1/chat/completions '{"model":"m","messages":[]}'
+check_bad 400 POST /v1/chat/completions '{"model":"m","messages":[{"role":"robot","content":"x"}]}'
+check_bad 400 POST /v1/chat/completions '{"model":"m","messages":[{"role":"user"}]}'
+check_bad 405 GET /v1/completions
+check_bad 405 POST /v1/models '{}'
+check_bad 404 GET /v2/nothing
+check_bad 413 POST /v1/completions "@$T/big"
+router_client raw "$H" GET /health | head -n 1 | grep -q 200 || fail "/health after bad inputs"
+bad=$(router_metric "$H" 'epd_router_errors_total{kind="bad_request"}')
+[ "$bad" -ge 16 ] || fail "errors_total{kind=bad_request}=$bad"
+printf 'After the bad inputs.' >"$T/short"
+router_client same "$H" "$T/m" "$G" --prompt-file "$T/short" --max-tokens 8 --temperature 0 \
+  --all-kinds >/dev/null || fail "a good request after the bad ones"
+
+note "stop strings"
+router_client stop "$H" "$T/m" "$G" --prompt-file "$T/short" --max-tokens 64 || fail "stop string"
+
+note "drain prefill-1 through the router"
+"$BIN/epd-ctl" drain "$r_ADDR" --worker-id prefill-1 >/dev/null || fail "drain through the router"
+! "$BIN/epd-ctl" drain "$r_ADDR" --worker-id nobody 2>/dev/null || fail "drain of an unknown worker"
+wait_router_state "$r_ADDR" prefill-1 DRAINING 5
+for i in $(seq 1 50); do
+  [ "$(health_field "$p1_ADDR" draining)" = 1 ] && break
+  sleep 0.1
+done
+[ "$(health_field "$p1_ADDR" draining)" = 1 ] || fail "the drain did not reach prefill-1"
+before=$(router_metric "$H" 'epd_router_worker_requests_total{worker="prefill-1",pool="prefill"}')
+router_client load "$H" "$T/m" "$G" --clients 8 --requests 32 --prompts 2 --max-tokens 6 ||
+  fail "requests while prefill-1 drains"
+after=$(router_metric "$H" 'epd_router_worker_requests_total{worker="prefill-1",pool="prefill"}')
+[ "$before" = "$after" ] || fail "drained prefill-1 got requests ($before -> $after)"
+
+note "decode-0 killed mid-stream"
+router_client multi "$H" "$T/m" "$G" --count 8 --prompt-file "$T/short" --max-tokens 1200 \
+  >"$T/multi.out" 2>"$T/multi.err" &
+mpid=$!
+PIDS+=("$mpid")
+for i in $(seq 1 200); do
+  n=$(router_metric "$H" 'epd_router_worker_in_flight{worker="decode-0",pool="decode"}')
+  [ "${n:-0}" -ge 2 ] && break
+  sleep 0.05
+done
+[ "${n:-0}" -ge 2 ] || fail "decode-0 never had 2 requests in flight"
+sleep 0.5
+stop_daemon d0 KILL
+wait "$mpid" || fail "the streaming clients failed: $(cat "$T/multi.err")"
+cat "$T/multi.out"
+n_ok=$(grep -c '^ok$' "$T/multi.out" || true)
+n_err=$(grep -c '^error 599 ' "$T/multi.out" || true)
+[ "$n_ok" -ge 1 ] || fail "no stream survived the kill of decode-0"
+[ "$n_err" -ge 1 ] || fail "no stream was failed by the kill of decode-0"
+[ $((n_ok + n_err)) = 8 ] || fail "streams neither ok nor ended by an error event: $(cat "$T/multi.out")"
+router_client load "$H" "$T/m" "$G" --clients 8 --requests 32 --prompts 2 --max-tokens 6 ||
+  fail "new requests after the kill"
+st=$(router_state "$r_ADDR" decode-0)
+[ "$st" = DEAD ] || [ "$st" = SUSPECT ] || fail "killed decode-0 is $st in the router"
+
+note "a decode worker that refuses for capacity: retried on another"
+start_daemon d3 decode --model "$T/m" --worker-id decode-3 --kv-blocks 8 --state-slots 8 \
+  --router "$r_ADDR"
+wait_router_state "$r_ADDR" decode-3 READY 5
+r0=$(router_metric "$H" epd_router_retries_total)
+router_client load "$H" "$T/m" "$G" --clients 4 --requests 16 --prompts 2 --max-tokens 200 ||
+  fail "requests with a refusing decode worker"
+r1=$(router_metric "$H" epd_router_retries_total)
+[ "$r1" -gt "$r0" ] || fail "no retry counted ($r0 -> $r1)"
+wait_blocks_free "$d1_ADDR"
+wait_blocks_free "$d3_ADDR"
+finish_ok
