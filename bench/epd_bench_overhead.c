@@ -899,11 +899,10 @@ out:
 
         printf("%-11s %-7s %6u %-9s %3d/%-3d %9.3f %9.3f %9.3f %9.3f %7.2f%% | %7.3f %7.3f %9.3f "
                "%8.3f %7.3f %7.3f\n",
-               e->name, xp->name, len, gname, na, nb, a50, a90, b50, b90,
-               100.0 * (b50 - a50) / a50, ob_metric(b, len, OB_QUEUE, 0.5, NULL),
-               ob_metric(b, len, OB_RESV, 0.5, NULL), ob_metric(b, len, OB_COMPUTE, 0.5, NULL),
-               ob_metric(b, len, OB_TAIL, 0.5, NULL), ob_metric(b, len, OB_VERIFY, 0.5, NULL),
-               ob_metric(b, len, OB_STEP1, 0.5, NULL));
+               e->name, xp->name, len, gname, na, nb, a50, a90, b50, b90, 100.0 * (b50 - a50) / a50,
+               ob_metric(b, len, OB_QUEUE, 0.5, NULL), ob_metric(b, len, OB_RESV, 0.5, NULL),
+               ob_metric(b, len, OB_COMPUTE, 0.5, NULL), ob_metric(b, len, OB_TAIL, 0.5, NULL),
+               ob_metric(b, len, OB_VERIFY, 0.5, NULL), ob_metric(b, len, OB_STEP1, 0.5, NULL));
         fflush(stdout);
     }
     return 0;
@@ -1183,8 +1182,8 @@ int epd_bench_overhead_main(int argc, char **argv)
         printf("%s, %ld CPUs\n", la, sysconf(_SC_NPROCESSORS_ONLN));
     }
     printf("%-11s %-7s %6s %-9s %7s %9s %9s %9s %9s %8s | %7s %7s %9s %8s %7s %7s\n", "engine",
-           "xport", "tokens", "writes", "nA/nB", "A med", "A p90", "B med", "B p90", "ovh",
-           "queue", "resv", "compute", "tail", "verify", "step1");
+           "xport", "tokens", "writes", "nA/nB", "A med", "A p90", "B med", "B p90", "ovh", "queue",
+           "resv", "compute", "tail", "verify", "step1");
     for (int ei = 0; ei < b.n_engines; ei++) {
         const ob_engine_t *e = b.engines[ei];
         const uint32_t *lens = e->profile != NULL ? b.lengths : b.ref_lengths;

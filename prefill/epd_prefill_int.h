@@ -78,7 +78,7 @@ typedef struct epd_prefill_peer {
     epd_xport_ep_t *ep; /* ours (connected by us); NULL once closed */
     epd_prefill_peer_state_t state;
     epd_status_t dead_status;
-    uint32_t n_reqs;               /* requests bound to it (it lives while > 0) */
+    uint32_t n_reqs; /* requests bound to it (it lives while > 0) */
     /* decode's packed key of its KV region, unpacked once on ep and shared by
      * every request that names the same key: unpacking per request would
      * map the region afresh each time (on shared memory every page of every
@@ -161,9 +161,9 @@ struct epd_prefill_req {
     /* prefill-only (GenerateRequest.prefill_only): no decode, no writes;
      * the first token goes to the client in a TokenChunk */
     int prefill_only;
-    epd_prefill_lw_t *lw;       /* [n_layers] */
-    uint64_t t_first_layer_ns;  /* layer 0 done (loop clock) */
-    uint64_t writes_coalesced;  /* block writes merged into a neighbour */
+    epd_prefill_lw_t *lw;      /* [n_layers] */
+    uint64_t t_first_layer_ns; /* layer 0 done (loop clock) */
+    uint64_t writes_coalesced; /* block writes merged into a neighbour */
 };
 
 typedef struct epd_prefill_srv {
@@ -198,7 +198,7 @@ typedef struct epd_prefill_srv {
     epd_prefill_compute_t *compute;
     epd_rpc_server_t *rpc;
     epd_registrar_t *registrar; /* --router; NULL = not registering */
-    const void *addr; /* our data-plane address (borrowed from x) */
+    const void *addr;           /* our data-plane address (borrowed from x) */
     size_t addr_len;
     /* local pool allocation */
     uint32_t *free_blocks; /* stack */

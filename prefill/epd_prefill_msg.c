@@ -608,10 +608,9 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
     } else if (g->n_media > 0) {
         st = EPD_ERR_UNSUPPORTED;
         snprintf(msg, sizeof(msg), "media inputs need an encoder (not supported yet)");
-    } else if (!only &&
-               (g->decode_worker_id == NULL || g->decode_worker_id[0] == '\0' ||
-                strlen(g->decode_worker_id) >= EPD_PREFILL_ID_MAX || g->decode_epoch == NULL ||
-                g->decode_address.len == 0)) {
+    } else if (!only && (g->decode_worker_id == NULL || g->decode_worker_id[0] == '\0' ||
+                         strlen(g->decode_worker_id) >= EPD_PREFILL_ID_MAX ||
+                         g->decode_epoch == NULL || g->decode_address.len == 0)) {
         st = EPD_ERR_INVALID_PARAM;
         snprintf(msg, sizeof(msg), "request names no (valid) decode worker, epoch and address");
     }
@@ -666,8 +665,8 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
         return;
     }
     req->prefill_only = only;
-    epd_trace_instant(srv->trace, only ? "GenerateRequest received (prefill only)"
-                                       : "GenerateRequest received",
+    epd_trace_instant(srv->trace,
+                      only ? "GenerateRequest received (prefill only)" : "GenerateRequest received",
                       "msg", id, -1, t_recv);
     epd_log_debug(EPD_PREFILL_LOG, id, "admitted: %u tokens, %u blocks, slot %u, decode '%s'",
                   req->n_tokens, req->n_blocks, req->slot,

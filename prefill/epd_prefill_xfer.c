@@ -794,7 +794,8 @@ void epd__prefill_tick(epd_prefill_srv_t *srv, uint64_t now)
 
     for (epd_prefill_req_t *req = srv->all; req != NULL; req = req->all_next) {
         if (!req->failed && !req->prefill_only && req->compute_done &&
-            req->compute_status == EPD_OK && !req->have_resv && now - req->compute_done_ns > lease_ns) {
+            req->compute_status == EPD_OK && !req->have_resv &&
+            now - req->compute_done_ns > lease_ns) {
             char msg[160];
 
             snprintf(msg, sizeof(msg), "no KV reservation from decode '%.80s' within %u ms",

@@ -51,12 +51,13 @@ static int setup(void **state)
              "--layer-pattern LA --ffn 128 --max-context 1024 > '%s/mkmodel.log' 2>&1",
              bin, tdir, N_LAYERS, tdir);
     assert_int_equal(system(cmd), 0);
-    snprintf(cmd, sizeof(cmd),
-             "UCX_TLS=posix,cma,tcp UCX_NET_DEVICES=lo '%s/epd-bench' overhead --engines ref "
-             "--ref-model '%s/model' --transports ucx-shm --ref-lengths 100 --reps-ref 1 --warmup 0 "
-             "--groups per-layer --trace-length 100 --trace '%s/merged.json' --keep "
-             "> '%s/bench.out' 2> '%s/bench.err'",
-             bin, tdir, tdir, tdir, tdir);
+    snprintf(
+        cmd, sizeof(cmd),
+        "UCX_TLS=posix,cma,tcp UCX_NET_DEVICES=lo '%s/epd-bench' overhead --engines ref "
+        "--ref-model '%s/model' --transports ucx-shm --ref-lengths 100 --reps-ref 1 --warmup 0 "
+        "--groups per-layer --trace-length 100 --trace '%s/merged.json' --keep "
+        "> '%s/bench.out' 2> '%s/bench.err'",
+        bin, tdir, tdir, tdir, tdir);
     if (system(cmd) != 0) {
         snprintf(cmd, sizeof(cmd), "cat '%s/bench.out' '%s/bench.err' >&2", tdir, tdir);
         (void)system(cmd);
