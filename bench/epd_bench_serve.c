@@ -154,8 +154,10 @@ struct sv {
     uv_timer_t tick;
     sv_phase_t *hph, *dph; /* the router's and the direct path's results */
     uint64_t t0;
-    int mode;      /* 0 router, 1 direct, 2 both interleaved (even: router) */
-    uint32_t next; /* next arrival to launch */
+    int mode;           /* 0 router, 1 direct, 2 both interleaved (even: router) */
+    uint32_t next;      /* next arrival to launch */
+    uint32_t *deferred; /* [n_work] ring: direct submits refused by backpressure */
+    uint32_t deferred_head, n_deferred;
     uint32_t inflight;
     uint64_t hard_end;
     struct sockaddr_in addr;
@@ -183,7 +185,7 @@ static void sv_err(sv_phase_t *ph, sv_res_t *r, const char *kind)
     int i;
 
     for (i = 0; i < ph->n_errs; i++) {
-        if (strcmp(ph->errs[i].name, kind) == 0) {
+        if (strncmp(ph->errs[i].name, kind, sizeof(ph->errs[i].name) - 1) == 0) {
             break;
         }
     }
@@ -307,7 +309,8 @@ static int sv_workload(sv_t *b)
     }
     b->text = epd_malloc(SV_TEXT_BYTES);
     b->work = epd_calloc(b->n_work, sizeof(*b->work));
-    if (b->text == NULL || b->work == NULL) {
+    b->deferred = epd_calloc(b->n_work, sizeof(*b->deferred));
+    if (b->text == NULL || b->work == NULL || b->deferred == NULL) {
         return -1;
     }
     for (uint32_t i = 0; i < SV_TEXT_BYTES; i++) {
@@ -775,6 +778,7 @@ static void sv_direct_start(sv_t *b, uint32_t i)
     const sv_work_t *w = &b->work[i];
     sv_res_t *r = &b->dph->res[i];
     epd_client_request_t q;
+    uint64_t t_send;
     epd_status_t st;
 
     memset(&q, 0, sizeof(q));
@@ -788,8 +792,16 @@ static void sv_direct_start(sv_t *b, uint32_t i)
     q.decode = b->dw;
     q.deadline_ms = 60000;
     q.user = (void *)(uintptr_t)i;
-    r->t_send = sv_now();
+    t_send = r->t_send != 0 ? r->t_send : sv_now();
+    r->t_send = t_send;
     st = epd_client_submit(b->client, &q, NULL);
+    if (st == EPD_ERR_NO_RESOURCE && b->n_deferred < b->n_work) {
+        /* transport backpressure: retried after progress, the wait counts */
+        r->t_send = t_send;
+        b->deferred[(b->deferred_head + b->n_deferred) % b->n_work] = i;
+        b->n_deferred++;
+        return;
+    }
     if (st != EPD_OK) {
         sv_err(b->dph, r, epd_status_string(st));
         sv_finish(b, r, sv_now());
@@ -801,7 +813,17 @@ static void sv_direct_start(sv_t *b, uint32_t i)
 static void sv_launch_due(sv_t *b)
 {
     uint64_t now = sv_now();
+    uint32_t n = b->n_deferred;
 
+    /* backpressured submits first, in order (each goes back on the ring
+     * if still refused) */
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t i = b->deferred[b->deferred_head];
+
+        b->deferred_head = (b->deferred_head + 1) % b->n_work;
+        b->n_deferred--;
+        sv_direct_start(b, i);
+    }
     while (b->next < b->n_work && b->t0 + b->work[b->next].at_ns <= now) {
         uint32_t i = b->next++;
         int direct = b->mode == 1 || (b->mode == 2 && (i & 1u));
@@ -890,6 +912,8 @@ static int sv_run_phase(sv_t *b, int mode, sv_phase_t *hph, sv_phase_t *dph)
     b->hph = hph;
     b->dph = dph;
     b->next = 0;
+    b->deferred_head = 0;
+    b->n_deferred = 0;
     b->inflight = 0;
     b->idle = NULL;
     if (uv_loop_init(&b->loop) != 0) {
@@ -1545,6 +1569,7 @@ out:
         }
     }
     epd_free(b.work);
+    epd_free(b.deferred);
     epd_free(b.text);
     epd_opts_cleanup(&o);
     return rc;
