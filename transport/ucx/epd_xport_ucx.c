@@ -58,6 +58,7 @@
 #define EPD__UCX_TX_MAX 1024           /* send copies in flight ... */
 #define EPD__UCX_TX_BYTES (64u << 20)  /* ... and at most this many bytes of them */
 #define EPD__UCX_CLOSE_WAIT_NS (2 * EPD_NSEC_PER_SEC)
+#define EPD__UCX_FLUSH_WAIT_NS (100 * EPD_NSEC_PER_MSEC) /* before a forced close */
 
 typedef struct epd__ucx epd__ucx_t;
 typedef struct epd__ucx_ep epd__ucx_ep_t;
@@ -159,6 +160,7 @@ struct epd__ucx {
     uint32_t tx_count;
     uint32_t tx_max;
     uint64_t dropped;
+    bool half_wired;              /* an endpoint may have been closed mid wire-up */
     char resources[160];
 };
 
@@ -662,8 +664,17 @@ static void epd__ucx_destroy(void *arg)
     }
     epd_free(be->blob);
     ucp_worker_release_address(be->worker, be->uaddr);
-    ucp_worker_destroy(be->worker);
-    ucp_cleanup(be->ctx);
+    if (be->half_wired) {
+        /* UCX 1.13.1 aborts (ucp_request.c:684, "got REQ message") purging
+         * the wire-up request of an endpoint force-closed before its tcp
+         * lane connected.  The worker is never progressed again, so no
+         * callback can reach freed memory; it goes with the process. */
+        epd_log_debug(EPD__UCX_COMP, 0,
+                      "leaving the UCX worker to process exit (an endpoint closed mid wire-up)");
+    } else {
+        ucp_worker_destroy(be->worker);
+        ucp_cleanup(be->ctx);
+    }
     while (be->tx_free != NULL) {
         epd__ucx_tx_t *tx = be->tx_free;
         be->tx_free = tx->next;
@@ -842,6 +853,24 @@ static void epd__ucx_ep_destroy(void *arg)
     ucp_request_param_t p;
     void *req;
 
+    /* A bounded flush first: UCX 1.13.1 aborts in ucp_worker_destroy
+     * (ucp_request.c:684 "got REQ message") when an endpoint is force-closed
+     * while the wire-up of a point-to-point lane (tcp next to posix/sysv) is
+     * still pending; a flush completes only once wire-up did.  Writes that
+     * land meanwhile complete with EPD_OK. */
+    memset(&p, 0, sizeof(p));
+    req = ucp_ep_flush_nbx(ep->ep, &p);
+    if (UCS_PTR_IS_PTR(req)) {
+        uint64_t deadline = epd_time_now_ns() + EPD__UCX_FLUSH_WAIT_NS;
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && epd_time_now_ns() < deadline) {
+            ucp_worker_progress(be->worker);
+        }
+        if (ucp_request_check_status(req) == UCS_INPROGRESS) {
+            /* a dead or stopped peer: wire-up may never finish */
+            be->half_wired = true;
+        }
+        ucp_request_free(req);
+    }
     memset(&p, 0, sizeof(p));
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
