@@ -265,6 +265,10 @@ static void req_make(req_t *r, uint32_t n)
     r->seed = 1000 + r->id;
 }
 
+/* When set, send_generate sends a prefill-only request naming no decode
+ * worker (proto/README.md rule 12). */
+static int gen_prefill_only;
+
 static void send_generate(const req_t *r, const Epd__Epoch *prefill_epoch)
 {
     Epd__Envelope env = EPD__ENVELOPE__INIT;
@@ -296,6 +300,13 @@ static void send_generate(const req_t *r, const Epd__Epoch *prefill_epoch)
     g.prefill_epoch =
         (Epd__Epoch *)(prefill_epoch != NULL ? prefill_epoch : w->health->worker->epoch);
     g.decode_epoch = &d_epoch;
+    if (gen_prefill_only) {
+        g.prefill_only = 1;
+        g.decode_worker_id = NULL;
+        g.decode_address.data = NULL;
+        g.decode_address.len = 0;
+        g.decode_epoch = NULL;
+    }
     env.body_case = EPD__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
     send_env(&w->client, &env);
@@ -674,6 +685,52 @@ static void test_reservation_then_layers(void **state)
     }
 }
 
+/* prefill_only: the same first token as the full path, to the client, in
+ * one TokenChunk; nothing written, nothing sent to the decode worker. */
+static void test_prefill_only(void **state)
+{
+    Epd__Envelope *env;
+    uint32_t first;
+    req_t r, a;
+
+    (void)state;
+    region_clear();
+    req_make(&r, 150);
+    send_generate(&r, NULL);
+    pump(5);
+    send_reservation(&r, NULL);
+    env = expect_msg(&w->decode, EPD__ENVELOPE__BODY_PREFILL_COMPLETE, r.id, WAIT_MS);
+    assert_non_null(env);
+    first = env->prefill_complete->first_token;
+    epd_msg_free(env);
+    wait_idle();
+    side_drop_msgs(&w->decode);
+    region_clear();
+
+    a = r; /* same prompt and seed */
+    a.id = ++w->next_id;
+    gen_prefill_only = 1;
+    send_generate(&a, NULL);
+    gen_prefill_only = 0;
+    env = expect_msg(&w->client, EPD__ENVELOPE__BODY_TOKENS, a.id, WAIT_MS);
+    if (env == NULL) {
+        fail_msg("client: no TokenChunk for prefill-only request %llu", (unsigned long long)a.id);
+    }
+    assert_int_equal(env->tokens->index, 0);
+    assert_int_equal(env->tokens->n_tokens, 1);
+    assert_int_equal(env->tokens->tokens[0], first);
+    assert_int_equal(env->tokens->finish, EPD__FINISH_REASON__FINISH_LENGTH);
+    epd_msg_free(env);
+    wait_idle();
+    assert_true(region_is_zero());
+    pump(50);
+    for (msg_t *m = w->decode.head; m != NULL; m = m->next) {
+        if (epd_msg_request_id(m->env) == a.id) {
+            fail_msg("decode got %s for a prefill-only request", epd_msg_body_name(m->env));
+        }
+    }
+}
+
 static void test_reservation_before_request(void **state)
 {
     req_t r;
@@ -950,6 +1007,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_health),
         cmocka_unit_test(test_reservation_then_layers),
+        cmocka_unit_test(test_prefill_only),
         cmocka_unit_test(test_reservation_before_request),
         cmocka_unit_test(test_reservation_after_prefill),
         cmocka_unit_test(test_bad_reservations),
