@@ -1,0 +1,155 @@
+// epd_openai_sdk.cjs — the official OpenAI Node SDK against a running
+// epd-router (run by test_openai_sdk.sh, never on its own):
+//
+//   node epd_openai_sdk.cjs SDK_DIR BASE_URL MODEL_NAME MODEL_DIR GENERATE_BIN
+//
+// SDK_DIR holds node_modules/openai.  With base_url pointed at the router
+// and nothing else changed, the SDK must: list the model; get a chat
+// completion and a completion, non-streaming and streaming, whose text
+// equals epd-generate's for the same prompt and sampling (chat: the
+// prompt rendered with the router's template), with usage; and turn a bad
+// request into its APIError with the router's 4xx status and message.
+// Prints one line per check; exits 1 at the first difference.
+'use strict';
+
+const path = require('path');
+const { execFileSync } = require('child_process');
+
+const [sdkDir, baseURL, modelName, modelDir, genBin] = process.argv.slice(2);
+if (!genBin) {
+  console.error('usage: node epd_openai_sdk.cjs SDK_DIR BASE_URL MODEL_NAME MODEL_DIR GENERATE_BIN');
+  process.exit(2);
+}
+const sdk = require(path.resolve(sdkDir, 'node_modules', 'openai'));
+const OpenAI = sdk.OpenAI || sdk.default || sdk;
+
+function fail(msg) {
+  console.error('FAIL: ' + msg);
+  process.exit(1);
+}
+
+// The router's chat template (router/epd_openai.c), one user message.
+function chatPrompt(content) {
+  return '<|user|>\n' + content + '\n<|assistant|>\n';
+}
+
+// epd-generate's text (it ends its output with one newline).
+function generate(prompt, maxTokens, s) {
+  const args = ['--model', modelDir, '--prompt', prompt, '--max-tokens', String(maxTokens),
+                '--temperature', String(s.temperature), '--top-p', String(s.top_p),
+                '--seed', String(s.seed)];
+  const out = execFileSync(genBin, args);
+  if (out.length === 0 || out[out.length - 1] !== 0x0a) {
+    fail('epd-generate output does not end in a newline');
+  }
+  return out.subarray(0, out.length - 1).toString('utf8');
+}
+
+function same(what, want, got) {
+  if (want !== got) {
+    fail(what + ': the SDK got ' + JSON.stringify(got) + ', epd-generate says ' +
+         JSON.stringify(want));
+  }
+  console.log('ok ' + what + ' (' + Buffer.byteLength(got) + ' bytes)');
+}
+
+async function main() {
+  const client = new OpenAI({ baseURL: baseURL, apiKey: 'unused', maxRetries: 0,
+                              timeout: 60000 });
+  const prompt = 'The official SDK asks the router for a story about disaggregation.';
+  const samplings = [
+    { temperature: 0, top_p: 1, seed: 0 },
+    { temperature: 0.9, top_p: 0.9, seed: 42 },
+  ];
+  const maxTokens = 24;
+
+  const models = await client.models.list();
+  const ids = [];
+  for await (const m of models) {
+    ids.push(m.id);
+  }
+  if (!ids.includes(modelName)) {
+    fail('models.list() lacks ' + modelName + ': ' + JSON.stringify(ids));
+  }
+  console.log('ok models.list: ' + ids.join(','));
+
+  for (const s of samplings) {
+    const tag = 'temperature ' + s.temperature;
+    const wantChat = generate(chatPrompt(prompt), maxTokens, s);
+    const wantText = generate(prompt, maxTokens, s);
+
+    const c = await client.chat.completions.create({
+      model: modelName, messages: [{ role: 'user', content: prompt }], max_tokens: maxTokens,
+      temperature: s.temperature, top_p: s.top_p, seed: s.seed,
+    });
+    if (!c.choices || c.choices.length !== 1 || c.choices[0].message.role !== 'assistant') {
+      fail('chat completion shape: ' + JSON.stringify(c));
+    }
+    if (!c.usage || c.usage.completion_tokens < 1 || c.usage.prompt_tokens < 1) {
+      fail('chat completion usage: ' + JSON.stringify(c.usage));
+    }
+    same('chat, ' + tag, wantChat, c.choices[0].message.content);
+
+    const stream = await client.chat.completions.create({
+      model: modelName, messages: [{ role: 'user', content: prompt }], max_tokens: maxTokens,
+      temperature: s.temperature, top_p: s.top_p, seed: s.seed, stream: true,
+      stream_options: { include_usage: true },
+    });
+    let text = '';
+    let finish = null;
+    let usage = null;
+    let events = 0;
+    for await (const chunk of stream) {
+      events++;
+      if (chunk.usage) {
+        usage = chunk.usage;
+      }
+      for (const ch of chunk.choices) {
+        if (ch.delta && typeof ch.delta.content === 'string') {
+          text += ch.delta.content;
+        }
+        if (ch.finish_reason) {
+          finish = ch.finish_reason;
+        }
+      }
+    }
+    if (finish !== 'length' && finish !== 'stop') {
+      fail('streamed chat: finish_reason ' + finish);
+    }
+    if (!usage || usage.completion_tokens !== c.usage.completion_tokens) {
+      fail('streamed chat usage ' + JSON.stringify(usage) + ' vs ' + JSON.stringify(c.usage));
+    }
+    same('streamed chat, ' + tag + ', ' + events + ' events', wantChat, text);
+
+    const t = await client.completions.create({
+      model: modelName, prompt: prompt, max_tokens: maxTokens, temperature: s.temperature,
+      top_p: s.top_p, seed: s.seed,
+    });
+    same('completion, ' + tag, wantText, t.choices[0].text);
+
+    const ts = await client.completions.create({
+      model: modelName, prompt: prompt, max_tokens: maxTokens, temperature: s.temperature,
+      top_p: s.top_p, seed: s.seed, stream: true,
+    });
+    text = '';
+    for await (const chunk of ts) {
+      for (const ch of chunk.choices) {
+        text += ch.text || '';
+      }
+    }
+    same('streamed completion, ' + tag, wantText, text);
+  }
+
+  // a bad request: the router's OpenAI error becomes the SDK's APIError
+  try {
+    await client.chat.completions.create({ model: modelName, messages: [], max_tokens: 4 });
+    fail('a chat request without messages succeeded');
+  } catch (e) {
+    if (!(e instanceof OpenAI.APIError) || e.status < 400 || e.status > 499 || !e.message) {
+      fail('a chat request without messages: ' + e);
+    }
+    console.log('ok bad request -> APIError ' + e.status + ': ' + e.message);
+  }
+}
+
+main().catch((e) => fail(e && e.stack ? e.stack : String(e)));

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The official OpenAI Node SDK (npm package `openai`) with base_url pointed
+# at epd-router (1 prefill + 1 decode registered with --router): models,
+# chat and completions, non-streaming and streaming, equal epd-generate's
+# text; a bad request becomes the SDK's APIError with a 4xx.  The SDK is
+# installed into build/node once (npm); without node/npm, or when npm
+# cannot install it (offline), the test says SKIP and passes.
+source "$(dirname "$0")/lib.sh"
+
+NODE_DIR=${EPD_NODE_DIR:-build/node}
+if ! command -v node >/dev/null 2>&1; then
+  echo "SKIP: node is not installed (the OpenAI Node SDK test needs Node >= 18)"
+  exit 0
+fi
+if [ ! -f "$NODE_DIR/node_modules/openai/package.json" ]; then
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "SKIP: npm is not installed (cannot install the OpenAI Node SDK into $NODE_DIR)"
+    exit 0
+  fi
+  mkdir -p "$NODE_DIR"
+  note "npm install openai@4 into $NODE_DIR"
+  if ! timeout 180 npm install --prefix "$NODE_DIR" --no-audit --no-fund --loglevel=error \
+      openai@4 >"$T/npm.log" 2>&1; then
+    tail -n 5 "$T/npm.log"
+    echo "SKIP: npm could not install the OpenAI Node SDK (offline?)"
+    exit 0
+  fi
+fi
+note "OpenAI Node SDK $(sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' \
+  "$NODE_DIR/node_modules/openai/package.json" | head -n 1), node $(node --version)"
+
+mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
+start_router r --model "$T/m" --heartbeat-ms 200
+start_daemon d decode --model "$T/m" --worker-id decode-0 --kv-blocks 512 --state-slots 32 \
+  --router "$r_ADDR"
+start_daemon p prefill --model "$T/m" --worker-id prefill-0 --router "$r_ADDR"
+wait_router_state "$r_ADDR" decode-0 READY
+wait_router_state "$r_ADDR" prefill-0 READY
+
+node "$(dirname "$0")/epd_openai_sdk.cjs" "$NODE_DIR" "$r_HTTP/v1" m "$T/m" "$BIN/epd-generate" ||
+  fail "the OpenAI Node SDK run above"
+wait_blocks_free "$d_ADDR"
+finish_ok
