@@ -61,7 +61,8 @@ check_bad 405 GET /v1/completions
 check_bad 405 POST /v1/models '{}'
 check_bad 404 GET /v2/nothing
 check_bad 413 POST /v1/completions "@$T/big"
-router_client raw "$H" GET /health | head -n 1 | grep -q 200 || fail "/health after bad inputs"
+router_client raw "$H" GET /health >"$T/health" || fail "/health after bad inputs"
+[ "$(head -n 1 "$T/health")" = 200 ] || fail "/health after bad inputs: $(cat "$T/health")"
 bad=$(router_metric "$H" 'epd_router_errors_total{kind="bad_request"}')
 [ "$bad" -ge 16 ] || fail "errors_total{kind=bad_request}=$bad"
 printf 'After the bad inputs.' >"$T/short"
