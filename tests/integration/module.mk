@@ -31,4 +31,5 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_router_basic.sh \
              tests/integration/test_router_cluster.sh \
              tests/integration/test_router_failures.sh \
+             tests/integration/test_router_policies.sh \
              tests/integration/test_openai_sdk.sh

@@ -6,6 +6,7 @@
 #  - drain through the router (epd-ctl drain ROUTER --worker-id ID): DRAINING
 #    in the registry, forwarded to the worker, no new requests go to it, the
 #    rest keep being served;
+#  - a client that disconnects mid-stream aborts its request on both workers;
 #  - a decode worker killed mid-stream fails only its own requests (an error
 #    event ends their streams), the others finish equal to epd-generate, and
 #    new requests succeed; the dead worker leaves READY;
@@ -86,6 +87,20 @@ router_client load "$H" "$T/m" "$G" --clients 8 --requests 32 --prompts 2 --max-
   fail "requests while prefill-1 drains"
 after=$(router_metric "$H" 'epd_router_worker_requests_total{worker="prefill-1",pool="prefill"}')
 [ "$before" = "$after" ] || fail "drained prefill-1 got requests ($before -> $after)"
+
+note "a client that disconnects mid-stream aborts its request on both workers"
+gone0=$(router_metric "$H" 'epd_router_errors_total{kind="client_gone"}')
+rc=0
+curl -sN --max-time 1 "$H/v1/completions" -o "$T/gone.out" \
+  -d '{"model":"m","prompt":"Going away.","max_tokens":3000,"stream":true,"temperature":0}' || rc=$?
+[ $rc = 28 ] || fail "the 3000-token stream ended before the client left (curl exit $rc)"
+grep -q '^data: {' "$T/gone.out" || fail "no token streamed before the client left"
+# 3000 tokens take several seconds; the abort frees the blocks at once
+wait_blocks_free "$d0_ADDR" 3
+wait_blocks_free "$d1_ADDR" 3
+gone1=$(router_metric "$H" 'epd_router_errors_total{kind="client_gone"}')
+[ "$gone1" -gt "$gone0" ] || fail "client_gone not counted ($gone0 -> $gone1)"
+[ "$(router_metric "$H" epd_router_requests_in_flight)" = 0 ] || fail "the request stayed in flight"
 
 note "decode-0 killed mid-stream"
 router_client multi "$H" "$T/m" "$G" --count 8 --prompt-file "$T/short" --max-tokens 1200 \
