@@ -4,11 +4,12 @@
 # not, sampled) all complete and every answer equals epd-generate's; both
 # workers of each pool take traffic; /metrics counts it all.  Then a prefill
 # and a decode worker started later join (READY within a heartbeat) and take
-# new traffic.
+# new traffic.  A worker whose heartbeats stop (SIGSTOP) is SUSPECT and gets
+# no new requests, and takes traffic again once it heartbeats (SIGCONT).
 source "$(dirname "$0")/lib.sh"
 
 mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
-start_router r --model "$T/m" --heartbeat-ms 200
+start_router r --model "$T/m" --heartbeat-ms 200 --dead-after-ms 600
 for i in 0 1; do
   start_daemon "d$i" decode --model "$T/m" --worker-id "decode-$i" --kv-blocks 1024 \
     --state-slots 64 --router "$r_ADDR"
@@ -54,4 +55,25 @@ for w in decode-2 prefill-2; do
   [ "${n:-0}" -gt 5 ] || fail "late $w took ${n:-0} of 48 requests"
 done
 wait_blocks_free "$d2_ADDR"
+
+note "a worker whose heartbeats stop is SUSPECT and gets no new requests; back when they resume"
+kill -STOP "$p2_PID"
+for i in $(seq 1 40); do
+  st=$(router_state "$r_ADDR" prefill-2)
+  [ "$st" = SUSPECT ] || [ "$st" = DEAD ] && break
+  sleep 0.05
+done
+[ "$st" = SUSPECT ] || [ "$st" = DEAD ] || { kill -CONT "$p2_PID"; fail "stopped prefill-2 is $st"; }
+before=$(router_metric "$r_HTTP" 'epd_router_worker_requests_total{worker="prefill-2",pool="prefill"}')
+rc=0
+router_client load "$r_HTTP" "$T/m" "$G" --clients 4 --requests 8 --prompts 2 --max-tokens 4 || rc=$?
+kill -CONT "$p2_PID"
+[ $rc = 0 ] || fail "requests while prefill-2 was silent"
+after=$(router_metric "$r_HTTP" 'epd_router_worker_requests_total{worker="prefill-2",pool="prefill"}')
+[ "${before:-0}" = "${after:-0}" ] || fail "silent prefill-2 got requests (${before:-0} -> ${after:-0})"
+wait_router_state "$r_ADDR" prefill-2 READY 10
+router_client load "$r_HTTP" "$T/m" "$G" --clients 8 --requests 48 --prompts 2 --max-tokens 4 ||
+  fail "requests after prefill-2 came back"
+after2=$(router_metric "$r_HTTP" 'epd_router_worker_requests_total{worker="prefill-2",pool="prefill"}')
+[ "${after2:-0}" -gt "${after:-0}" ] || fail "prefill-2 back but takes no requests"
 finish_ok
