@@ -321,12 +321,19 @@ static void *epd_registrar_thread(void *arg)
     while (!epd_registrar_stopping(reg)) {
         if (!registered) {
             if (epd_registrar_register(reg, &client, why, sizeof(why))) {
+                char after[64] = "";
+
                 registered = 1;
-                epd_log_info(reg->comp, 0,
-                             "registered with the router %s as '%s' (after %llu failed attempts); "
-                             "heartbeat every %u ms",
-                             reg->router, reg->worker_id, (unsigned long long)reg_failures,
-                             (unsigned)atomic_load(&reg->interval_ms));
+                if (reg_failures > 0) {
+                    snprintf(after, sizeof(after), " after %llu failed attempts",
+                             (unsigned long long)reg_failures);
+                }
+                epd_log_info(
+                    reg->comp, 0, "registered with the router %s as '%s'%s; heartbeat every %u ms",
+                    reg->router, reg->worker_id, after, (unsigned)atomic_load(&reg->interval_ms));
+                /* a new registration starts a new run of heartbeats */
+                hb_fail_ns = 0;
+                hb_suppressed = 0;
                 reg_fail_ns = 0;
                 reg_suppressed = 0;
                 reg_failures = 0;
