@@ -10,6 +10,8 @@
 #  - a decode worker killed mid-stream fails only its own requests (an error
 #    event ends their streams), the others finish equal to epd-generate, and
 #    new requests succeed; the dead worker leaves READY;
+#  - the killed worker restarted under the same id registers under its new
+#    epoch (the old incarnation stays listed, DEAD) and takes traffic;
 #  - a decode worker that refuses for capacity gets its requests retried on
 #    another one (all succeed, epd_router_retries_total counts them).
 source "$(dirname "$0")/lib.sh"
@@ -127,6 +129,17 @@ router_client load "$H" "$T/m" "$G" --clients 8 --requests 32 --prompts 2 --max-
 st=$(router_state "$r_ADDR" decode-0)
 [ "$st" = DEAD ] || [ "$st" = SUSPECT ] || fail "killed decode-0 is $st in the router"
 
+note "decode-0 restarted: registers under its new epoch and takes traffic"
+start_daemon d0b decode --model "$T/m" --worker-id decode-0 --kv-blocks 1024 --state-slots 32 \
+  --router "$r_ADDR"
+wait_router_state "$r_ADDR" decode-0 READY 5
+router_client load "$H" "$T/m" "$G" --clients 4 --requests 16 --prompts 2 --max-tokens 6 ||
+  fail "requests after decode-0 restarted"
+n=$(router_metric "$H" 'epd_router_worker_requests_total{worker="decode-0",pool="decode"}')
+[ "${n:-0}" -gt 0 ] || fail "restarted decode-0 takes no requests"
+"$BIN/epd-ctl" status "$r_ADDR" | grep -c 'worker=decode-0 ' | grep -q '^2$' ||
+  fail "Status should list both incarnations of decode-0: $("$BIN/epd-ctl" status "$r_ADDR")"
+
 note "a decode worker that refuses for capacity: retried on another"
 start_daemon d3 decode --model "$T/m" --worker-id decode-3 --kv-blocks 8 --state-slots 8 \
   --router "$r_ADDR"
@@ -136,6 +149,7 @@ router_client load "$H" "$T/m" "$G" --clients 4 --requests 16 --prompts 2 --max-
   fail "requests with a refusing decode worker"
 r1=$(router_metric "$H" epd_router_retries_total)
 [ "$r1" -gt "$r0" ] || fail "no retry counted ($r0 -> $r1)"
+wait_blocks_free "$d0b_ADDR"
 wait_blocks_free "$d1_ADDR"
 wait_blocks_free "$d3_ADDR"
 finish_ok
