@@ -43,6 +43,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -173,6 +176,9 @@ struct sv {
     pid_t pids[3];
     char router_buf[64], router_ctl_buf[64], p_ctl_buf[64], d_ctl_buf[64];
     char model_buf[PATH_MAX + 16];
+    /* the router's epd_router_ttft_seconds over the run (/metrics deltas) */
+    double m_sum;
+    uint64_t m_count;
 };
 
 static uint64_t sv_now(void)
@@ -992,6 +998,8 @@ typedef struct {
     double ttft[3], itl[3], e2e[3]; /* p50, p90, p99 in ms */
     uint64_t ok, err, tokens;
     double secs, rps, tps;
+    double ttft_mean_all; /* ms, every ok request, warm-up included (vs /metrics) */
+    uint64_t n_all;
 } sv_stats_t;
 
 static void sv_stats(sv_t *b, sv_phase_t *ph, sv_stats_t *s)
@@ -1023,6 +1031,19 @@ static void sv_stats(sv_t *b, sv_phase_t *ph, sv_stats_t *s)
         ttft[n] = (double)(r->t_first - r->t_send) / 1e6;
         e2e[n] = (double)(r->t_end - r->t_send) / 1e6;
         n++;
+    }
+    {
+        double sum = 0;
+
+        for (uint32_t i = 0; i < ph->n; i++) {
+            const sv_res_t *r = &ph->res[i];
+
+            if (!r->unused && r->err == 0 && r->t_first != 0) {
+                sum += (double)(r->t_first - r->t_send) / 1e6;
+                s->n_all++;
+            }
+        }
+        s->ttft_mean_all = s->n_all > 0 ? sum / (double)s->n_all : NAN;
     }
     qsort(ttft, n, sizeof(double), sv_cmp_double);
     qsort(e2e, n, sizeof(double), sv_cmp_double);
@@ -1088,7 +1109,66 @@ static void sv_print(sv_t *b, sv_phase_t *phs, int n_ph)
                (st[ir].ttft[0] - st[id].ttft[0]) * 1e3, (st[ir].ttft[2] - st[id].ttft[2]) * 1e3,
                (st[ir].e2e[0] - st[id].e2e[0]) * 1e3, (st[ir].e2e[2] - st[id].e2e[2]) * 1e3);
     }
+    if (ir >= 0 && b->m_count > 0) {
+        printf("TTFT means over every ok request (warm-up included): the router's own /metrics "
+               "(request parsed -> first token at the router) %.3f ms over %llu; this client, "
+               "router path %.3f ms over %llu",
+               b->m_sum / (double)b->m_count * 1e3, (unsigned long long)b->m_count,
+               st[ir].ttft_mean_all, (unsigned long long)st[ir].n_all);
+        if (id >= 0) {
+            printf(", direct %.3f ms over %llu", st[id].ttft_mean_all,
+                   (unsigned long long)st[id].n_all);
+        }
+        printf("\n");
+    }
     fflush(stdout);
+}
+
+/* The router's epd_router_ttft_seconds _sum and _count from GET /metrics
+ * (blocking, 5 s at most; before and after the run only). */
+static int sv_metrics_ttft(const sv_t *b, double *sum_p, uint64_t *count_p)
+{
+    static const char k_sum[] = "\nepd_router_ttft_seconds_sum ";
+    static const char k_count[] = "\nepd_router_ttft_seconds_count ";
+    struct timeval tv = {.tv_sec = 5, .tv_usec = 0};
+    char req[256], *buf, *p;
+    size_t len = 0, cap = 1 << 20;
+    int fd, n, rc = -1;
+
+    buf = epd_malloc(cap + 1);
+    if (buf == NULL) {
+        return -1;
+    }
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) {
+        epd_free(buf);
+        return -1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    n = snprintf(req, sizeof(req), "GET /metrics HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
+                 b->router);
+    if (connect(fd, (const struct sockaddr *)&b->addr, sizeof(b->addr)) == 0 &&
+        write(fd, req, (size_t)n) == n) {
+        ssize_t got;
+
+        while (len < cap && (got = read(fd, buf + len, cap - len)) > 0) {
+            len += (size_t)got;
+        }
+        buf[len] = '\0';
+        p = strstr(buf, k_sum);
+        if (p != NULL) {
+            *sum_p = strtod(p + sizeof(k_sum) - 1, NULL);
+            p = strstr(buf, k_count);
+            if (p != NULL) {
+                *count_p = strtoull(p + sizeof(k_count) - 1, NULL, 10);
+                rc = 0;
+            }
+        }
+    }
+    close(fd);
+    epd_free(buf);
+    return rc;
 }
 
 /* ------------------------------------------------------------ the cluster */
@@ -1404,6 +1484,8 @@ int epd_bench_serve_main(int argc, char **argv)
 {
     static sv_t b;
     sv_phase_t phs[2];
+    double m_sum0 = 0, m_sum1 = 0;
+    uint64_t m_count0 = UINT64_MAX, m_count1 = 0;
     int n_ph = 0;
     int rc = 1;
     const epd_opt_t opts[] = {
@@ -1517,6 +1599,9 @@ int epd_bench_serve_main(int argc, char **argv)
         if (want_d && sv_tokenize(&b) != 0) {
             goto out_cluster;
         }
+        if (want_r && sv_metrics_ttft(&b, &m_sum0, &m_count0) != 0) {
+            m_count0 = UINT64_MAX; /* no /metrics: the line is left out */
+        }
         if (ab) {
             fprintf(stderr, "serve: router and direct interleaved: %u requests at %.0f/s\n",
                     b.n_work, b.rate);
@@ -1541,6 +1626,11 @@ int epd_bench_serve_main(int argc, char **argv)
                 }
             }
         }
+    }
+    if (m_count0 != UINT64_MAX && sv_metrics_ttft(&b, &m_sum1, &m_count1) == 0 &&
+        m_count1 > m_count0) {
+        b.m_sum = m_sum1 - m_sum0;
+        b.m_count = m_count1 - m_count0;
     }
     if (n_ph > 0) {
         sv_print(&b, phs, n_ph);
