@@ -174,14 +174,23 @@ static epd_status_t epd__dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
         if (st != EPD_ERR_PEER_DEAD) {
             return st;
         }
-        /* an endpoint that failed since the pick: the tick marks it DEAD */
-        if (epd_client_worker_state(pw->cw) != EPD_OK && r->n_avoid < EPD_ROUTER_MAX_AVOID) {
-            r->avoid[r->n_avoid++] = pw;
+        /* an endpoint that failed since the pick: never pick it again */
+        {
+            int bad_p = epd_client_worker_state(pw->cw) != EPD_OK;
+            int bad_d = epd_client_worker_state(dw->cw) != EPD_OK;
+
+            if (!bad_p && !bad_d) {
+                return st;
+            }
+            if (bad_p) {
+                epd_router_worker_kill(pw, now_ns);
+                rt->m.workers_died++;
+            }
+            if (bad_d) {
+                epd_router_worker_kill(dw, now_ns);
+                rt->m.workers_died++;
+            }
         }
-        if (epd_client_worker_state(dw->cw) != EPD_OK && r->n_avoid < EPD_ROUTER_MAX_AVOID) {
-            r->avoid[r->n_avoid++] = dw;
-        }
-        epd_router_worker_kill(epd_client_worker_state(pw->cw) != EPD_OK ? pw : dw, now_ns);
     }
     return st;
 }
