@@ -88,6 +88,7 @@ typedef struct {
 
 typedef struct {
     char name[48];
+    char example[160]; /* the first one's message, when known */
     uint64_t count;
 } sv_errkind_t;
 
@@ -128,6 +129,7 @@ typedef struct sv_conn {
     size_t sse_len, sse_cap;
     int saw_done;
     int saw_error;
+    char errmsg[160]; /* the error event's data */
 } sv_conn_t;
 
 struct sv {
@@ -186,7 +188,9 @@ static uint64_t sv_now(void)
     return epd_time_now_ns();
 }
 
-static void sv_err(sv_phase_t *ph, sv_res_t *r, const char *kind)
+/* Counts an error of `kind` for request `r`; `example` (may be NULL) is
+ * kept for the first error of the kind. */
+static void sv_err_ex(sv_phase_t *ph, sv_res_t *r, const char *kind, const char *example)
 {
     int i;
 
@@ -200,11 +204,18 @@ static void sv_err(sv_phase_t *ph, sv_res_t *r, const char *kind)
             i = SV_MAX_ERR_KINDS - 1; /* the last kind collects the rest */
         } else {
             snprintf(ph->errs[i].name, sizeof(ph->errs[i].name), "%s", kind);
+            snprintf(ph->errs[i].example, sizeof(ph->errs[i].example), "%s",
+                     example != NULL ? example : "");
             ph->n_errs++;
         }
     }
     ph->errs[i].count++;
     r->err = i + 1;
+}
+
+static void sv_err(sv_phase_t *ph, sv_res_t *r, const char *kind)
+{
+    sv_err_ex(ph, r, kind, NULL);
 }
 
 static void sv_itl(sv_phase_t *ph, uint64_t gap_ns)
@@ -391,6 +402,7 @@ static void sv_sse_data(sv_conn_t *c, char *data, uint64_t now)
     }
     if (strncmp(data, "{\"error\"", 8) == 0) {
         c->saw_error = 1;
+        snprintf(c->errmsg, sizeof(c->errmsg), "%s", data);
         return;
     }
     p = strstr(data, key);
@@ -461,9 +473,12 @@ static void sv_http_done(sv_conn_t *c, uint64_t now)
         char kind[48];
 
         snprintf(kind, sizeof(kind), "HTTP %d", c->status);
-        sv_err(b->hph, r, kind);
+        if (c->sse != NULL) {
+            c->sse[c->sse_len] = '\0'; /* the error body (not SSE) */
+        }
+        sv_err_ex(b->hph, r, kind, c->sse != NULL ? c->sse : NULL);
     } else if (c->saw_error) {
-        sv_err(b->hph, r, "error event in stream");
+        sv_err_ex(b->hph, r, "error event in stream", c->errmsg);
     } else if (!c->saw_done) {
         sv_err(b->hph, r, "stream without [DONE]");
     } else if (r->t_first == 0) {
@@ -554,7 +569,8 @@ static int sv_http_parse(sv_conn_t *c, uint64_t now)
         } else if (c->state == 2 || c->state == 4 || c->state == 5) {
             size_t n = c->state == 5 || avail < c->left ? avail : (size_t)c->left;
 
-            if (c->status == 200 && sv_sse_feed(c, p, n, now) != 0) {
+            /* an error body is kept in the same buffer (no event ends in it) */
+            if (sv_sse_feed(c, p, n, now) != 0) {
                 return -1;
             }
             pos += n;
@@ -771,10 +787,11 @@ static void sv_on_client_event(void *arg, const epd_client_event_t *ev)
         return;
     }
     if (ev->terminal) {
-        char kind[48];
+        char kind[48], ex[160];
 
         snprintf(kind, sizeof(kind), "%s", epd_status_string(ev->status));
-        sv_err(b->dph, r, kind);
+        snprintf(ex, sizeof(ex), "%s: %s", ev->from, ev->message);
+        sv_err_ex(b->dph, r, kind, ex);
         sv_finish(b, r, now);
     }
 }
@@ -1099,8 +1116,9 @@ static void sv_print(sv_t *b, sv_phase_t *phs, int n_ph)
     }
     for (int k = 0; k < n_ph; k++) {
         for (int e = 0; e < phs[k].n_errs; e++) {
-            printf("  %s errors: %llu x %s\n", phs[k].name,
-                   (unsigned long long)phs[k].errs[e].count, phs[k].errs[e].name);
+            printf("  %s errors: %llu x %s%s%s\n", phs[k].name,
+                   (unsigned long long)phs[k].errs[e].count, phs[k].errs[e].name,
+                   phs[k].errs[e].example[0] != '\0' ? "  e.g. " : "", phs[k].errs[e].example);
         }
     }
     if (ir >= 0 && id >= 0) {
