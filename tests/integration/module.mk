@@ -32,5 +32,6 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_router_cluster.sh \
              tests/integration/test_router_failures.sh \
              tests/integration/test_router_policies.sh \
+             tests/integration/test_router_retry.sh \
              tests/integration/test_openai_sdk.sh \
              tests/integration/test_router_rejoin.sh
