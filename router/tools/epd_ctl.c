@@ -9,6 +9,7 @@
  *   epd-ctl health ADDR
  *   epd-ctl status ADDR
  *   epd-ctl drain ADDR --worker-id ID
+ *   epd-ctl workers ROUTER
  *
  * submit is a one-request client of the request plane (router/epd_client):
  * Health on both control addresses, the same GenerateRequest to both
@@ -614,6 +615,53 @@ static int ctl_status(const char *addr)
     return 0;
 }
 
+/* `workers ROUTER`: the router's Status as a table, one pool after the
+ * other, with a count of workers per state. */
+static int ctl_workers(const char *addr)
+{
+    static const Epd__Role roles[2] = {EPD__ROLE__ROLE_PREFILL, EPD__ROLE__ROLE_DECODE};
+    ProtobufCMessage *msg = NULL;
+    Epd__StatusResponse *st;
+
+    if (ctl_call(addr, EPD_RPC_STATUS, NULL, 0, &epd__status_response__descriptor, &msg) != 0) {
+        return 1;
+    }
+    st = (Epd__StatusResponse *)msg;
+    for (int r = 0; r < 2; r++) {
+        unsigned counts[5] = {0};
+
+        for (size_t i = 0; i < st->n_workers; i++) {
+            const Epd__WorkerStatus *w = st->workers[i];
+
+            if (w->worker != NULL && w->worker->role == roles[r] && (int)w->state >= 0 &&
+                w->state <= 4) {
+                counts[w->state]++;
+            }
+        }
+        printf("%s pool: %u READY, %u DRAINING, %u SUSPECT, %u DEAD\n", ctl_role_name(roles[r]),
+               counts[1], counts[2], counts[3], counts[4]);
+        printf("  %-24s %-9s %8s %8s %14s %13s %9s\n", "WORKER", "STATE", "RUNNING", "QUEUE",
+               "QUEUED_TOKENS", "KV_FREE", "HB_AGE_MS");
+        for (size_t i = 0; i < st->n_workers; i++) {
+            const Epd__WorkerStatus *w = st->workers[i];
+            char kv[32];
+
+            if (w->worker == NULL || w->worker->role != roles[r]) {
+                continue;
+            }
+            snprintf(kv, sizeof(kv), "%u/%u", w->load != NULL ? w->load->kv_blocks_free : 0,
+                     w->capacity != NULL ? w->capacity->kv_blocks_total : 0);
+            printf("  %-24s %-9s %8u %8u %14llu %13s %9llu\n", w->worker->worker_id,
+                   ctl_state_name(w->state), w->load != NULL ? w->load->running_requests : 0,
+                   w->load != NULL ? w->load->queue_depth : 0,
+                   (unsigned long long)(w->load != NULL ? w->load->queued_tokens : 0), kv,
+                   (unsigned long long)w->last_heartbeat_age_ms);
+        }
+    }
+    epd_proto_free(msg);
+    return 0;
+}
+
 static int ctl_drain(const char *addr, int argc, char **argv)
 {
     const char *worker_id = NULL;
@@ -675,6 +723,7 @@ static void ctl_usage(FILE *out)
             "                      ids with --tokens); exit 1 on error, refusal or timeout\n"
             "  health ADDR         print a worker's Health answer\n"
             "  status ADDR         print a worker's Status answer (one line per worker)\n"
+            "  workers ROUTER      the router's workers as a table per pool (state, load)\n"
             "  drain ADDR --worker-id ID\n"
             "                      stop the worker taking new requests\n"
             "  (epd-ctl submit --help lists every flag)\n");
@@ -702,7 +751,8 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "submit") == 0) {
         return ctl_submit(argc - 1, argv + 1);
     }
-    if (strcmp(cmd, "health") == 0 || strcmp(cmd, "status") == 0 || strcmp(cmd, "drain") == 0) {
+    if (strcmp(cmd, "health") == 0 || strcmp(cmd, "status") == 0 || strcmp(cmd, "drain") == 0 ||
+        strcmp(cmd, "workers") == 0) {
         if (argc < 3 || argv[2][0] == '-') {
             fprintf(stderr, "epd-ctl: %s: the worker's control address HOST:PORT is required\n",
                     cmd);
@@ -714,6 +764,9 @@ int main(int argc, char **argv)
         if (argc != 3) {
             fprintf(stderr, "epd-ctl: %s takes one argument, the control address\n", cmd);
             return 1;
+        }
+        if (strcmp(cmd, "workers") == 0) {
+            return ctl_workers(argv[2]);
         }
         return strcmp(cmd, "health") == 0 ? ctl_health(argv[2]) : ctl_status(argv[2]);
     }

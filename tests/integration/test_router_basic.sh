@@ -3,7 +3,7 @@
 # (RegisterWorker + Heartbeat): /v1/completions and /v1/chat/completions,
 # streaming and not, greedy and sampled, answer exactly epd-generate's text
 # for the same prompt and sampling settings; /v1/models, /health, Status
-# through epd-ctl; SIGTERM stops everything with exit 0.
+# and the pool table (epd-ctl workers) through epd-ctl; SIGTERM stops everything with exit 0.
 source "$(dirname "$0")/lib.sh"
 
 mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
@@ -14,6 +14,10 @@ start_daemon p prefill --model "$T/m" --worker-id prefill-0 --router "$r_ADDR"
 wait_router_state "$r_ADDR" decode-0 READY
 wait_router_state "$r_ADDR" prefill-0 READY
 "$BIN/epd-ctl" status "$r_ADDR" | grep -q "worker=prefill-0 role=prefill" || fail "Status lacks prefill-0"
+"$BIN/epd-ctl" workers "$r_ADDR" >"$T/workers" || fail "epd-ctl workers"
+grep -q '^prefill pool: 1 READY' "$T/workers" || fail "epd-ctl workers: $(cat "$T/workers")"
+grep -q '^decode pool: 1 READY' "$T/workers" || fail "epd-ctl workers: $(cat "$T/workers")"
+grep -Eq '^  decode-0 +READY +0 +0 +0 +512/512 ' "$T/workers" || fail "epd-ctl workers: $(cat "$T/workers")"
 
 note "GET /v1/models, /health"
 router_client raw "$r_HTTP" GET /v1/models >"$T/models"
