@@ -131,7 +131,7 @@ epd cluster up: router + $PREFILL prefill + $DECODE decode ($POLICY, $TRANSPORT)
   endpoint:  http://127.0.0.1:$PORT/v1   (OpenAI API; GET /health, /metrics)
   try:       curl -s http://127.0.0.1:$PORT/v1/completions -H 'Content-Type: application/json' \\
                -d '{"model": "$name", "prompt": "The disaggregated cluster", "max_tokens": 32, "temperature": 0}'
-  workers:   $bin/epd-ctl status $ctl
+  workers:   $bin/epd-ctl workers $ctl
   logs:      $run
 Ctrl-C stops every daemon.
 INFO
