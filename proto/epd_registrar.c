@@ -18,6 +18,7 @@
 #include "epd_registrar.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -90,7 +91,10 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
     for (;;) {
         s1 = atomic_load_explicit(&reg->seq, memory_order_acquire);
         if (s1 & 1u) {
-            continue; /* the writer is mid-update: a few stores, never blocked */
+            /* the writer is mid-update (a few stores; it never blocks there,
+             * but it may be preempted: let it run) */
+            sched_yield();
+            continue;
         }
         l.queue_depth = (uint32_t)atomic_load_explicit(&reg->l_queue_depth, memory_order_relaxed);
         l.queued_tokens =
