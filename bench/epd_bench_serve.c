@@ -26,7 +26,10 @@
  * percentiles (TTFT and E2E, p50 and p99): the router's HTTP parsing,
  * tokenization, worker choice, SSE encoding and the extra loopback hop.
  * It is a difference of distributions, not a per-request span (the router
- * exports no per-request spans).
+ * exports no per-request spans); the router's own TTFT histogram
+ * (epd_router_ttft_seconds, read from /metrics before and after the run)
+ * gives its mean, which splits the added time into the router's inside and
+ * the HTTP/SSE hop.
  *
  * Without --router the benchmark starts its own cluster from build/bin
  * (router + 1 prefill + 1 decode, engine sim with a small profile written
