@@ -1487,11 +1487,27 @@ static int sv_tokenize(sv_t *b)
     }
     for (uint32_t i = 0; i < b->n_work; i++) {
         sv_work_t *w = &b->work[i];
-        size_t cap = w->text_len * 4 + 8, n = 0;
+        size_t cap = w->text_len * 4 + 64, n = 0;
+        char *chat = NULL;
+        const char *text = b->text + w->text_off;
+        size_t len = w->text_len;
 
+        if (b->chat) {
+            /* the router's chat template (README: Router), one user message */
+            chat = epd_malloc(w->text_len + 64);
+            if (chat == NULL) {
+                epd_engine_close(e);
+                return -1;
+            }
+            len = (size_t)snprintf(chat, w->text_len + 64, "<|user|>\n%.*s\n<|assistant|>\n",
+                                   (int)w->text_len, text);
+            text = chat;
+        }
         w->tokens = epd_malloc(cap * sizeof(int32_t));
-        if (w->tokens == NULL || epd_engine_tokenize(e, b->text + w->text_off, w->text_len, 1,
-                                                     w->tokens, cap, &n) != EPD_OK) {
+        st = w->tokens != NULL ? epd_engine_tokenize(e, text, len, 1, w->tokens, cap, &n)
+                               : EPD_ERR_NO_MEMORY;
+        epd_free(chat);
+        if (st != EPD_OK) {
             epd_engine_close(e);
             return -1;
         }
