@@ -105,17 +105,21 @@ gone1=$(router_metric "$H" 'epd_router_errors_total{kind="client_gone"}')
 [ "$(router_metric "$H" epd_router_requests_in_flight)" = 0 ] || fail "the request stayed in flight"
 
 note "decode-0 killed mid-stream"
+ttft0=$(router_metric "$H" epd_router_ttft_seconds_count)
 router_client multi "$H" "$T/m" "$G" --count 8 --prompt-file "$T/short" --max-tokens 1200 \
   >"$T/multi.out" 2>"$T/multi.err" &
 mpid=$!
 PIDS+=("$mpid")
-for i in $(seq 1 200); do
+# every stream has its first token out (so none can be retried) and decode-0
+# runs some of them
+for i in $(seq 1 400); do
   n=$(router_metric "$H" 'epd_router_worker_in_flight{worker="decode-0",pool="decode"}')
-  [ "${n:-0}" -ge 2 ] && break
+  started=$(($(router_metric "$H" epd_router_ttft_seconds_count) - ttft0))
+  [ "${n:-0}" -ge 2 ] && [ "$started" -ge 8 ] && break
   sleep 0.05
 done
-[ "${n:-0}" -ge 2 ] || fail "decode-0 never had 2 requests in flight"
-sleep 0.5
+[ "${n:-0}" -ge 2 ] && [ "$started" -ge 8 ] ||
+  fail "decode-0 never had 2 of 8 started streams (in flight ${n:-0}, started $started)"
 stop_daemon d0 KILL
 wait "$mpid" || fail "the streaming clients failed: $(cat "$T/multi.err")"
 cat "$T/multi.out"
