@@ -703,6 +703,39 @@ static void epd__health(epd_router_t *rt, epd_http_req_t *http)
     (void)epd_http_respond(http, 200, EPD__JSON, body, (size_t)n);
 }
 
+/* GET /v1/models/{id}: the model object, or 404 model_not_found. */
+static void epd__model(epd_router_t *rt, epd_http_req_t *http, const char *id)
+{
+    epd_router_text_t t = {0};
+    epd_oai_error_t err;
+
+    if (strcmp(id, rt->model_name) != 0) {
+        rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
+        epd_oai_error_set(&err, 404, "model", "model_not_found",
+                          "the model '%.100s' does not exist", id);
+        epd__respond_error(rt, http, &err);
+        return;
+    }
+    epd_router_text_printf(&t, "{\"id\":\"");
+    for (const char *c = rt->model_name; *c != '\0'; c++) {
+        if (*c == '"' || *c == '\\') {
+            epd_router_text_printf(&t, "\\%c", *c);
+        } else if ((unsigned char)*c < 0x20) {
+            epd_router_text_printf(&t, "\\u%04x", (unsigned)(unsigned char)*c);
+        } else {
+            epd_router_text_printf(&t, "%c", *c);
+        }
+    }
+    epd_router_text_printf(&t, "\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"epd\"}",
+                           (long long)(rt->epoch_start_ns / 1000000000ull));
+    if (t.failed) {
+        epd__respond_simple_error(rt, http, 500, "out of memory");
+    } else {
+        (void)epd_http_respond(http, 200, EPD__JSON, t.data, t.len);
+    }
+    epd_router_text_cleanup(&t);
+}
+
 void epd__router_on_http(epd_http_req_t *http, void *arg)
 {
     epd_router_t *rt = arg;
@@ -710,7 +743,7 @@ void epd__router_on_http(epd_http_req_t *http, void *arg)
     const char *target = epd_http_req_path(http);
     const char *q = strchr(target, '?');
     size_t plen = q != NULL ? (size_t)(q - target) : strlen(target);
-    char path[64];
+    char path[320];
     int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     int post = strcmp(method, "POST") == 0;
 
@@ -741,6 +774,8 @@ void epd__router_on_http(epd_http_req_t *http, void *arg)
         } else {
             (void)epd_http_respond(http, 200, EPD__JSON, rt->out.data, rt->out.len);
         }
+    } else if (strncmp(path, "/v1/models/", 11) == 0 && get) {
+        epd__model(rt, http, path + 11);
     } else if (strcmp(path, "/health") == 0 && get) {
         epd__health(rt, http);
     } else if (strcmp(path, "/metrics") == 0 && get) {

@@ -19,10 +19,16 @@ grep -q '^prefill pool: 1 READY' "$T/workers" || fail "epd-ctl workers: $(cat "$
 grep -q '^decode pool: 1 READY' "$T/workers" || fail "epd-ctl workers: $(cat "$T/workers")"
 grep -Eq '^  decode-0 +READY +0 +0 +0 +512/512 ' "$T/workers" || fail "epd-ctl workers: $(cat "$T/workers")"
 
-note "GET /v1/models, /health"
+note "GET /v1/models, /v1/models/ID, /health"
 router_client raw "$r_HTTP" GET /v1/models >"$T/models"
 [ "$(head -n 1 "$T/models")" = 200 ] || fail "/v1/models: $(cat "$T/models")"
 grep -q '"id":"m"' "$T/models" || fail "/v1/models lacks the model: $(cat "$T/models")"
+router_client raw "$r_HTTP" GET /v1/models/m >"$T/model"
+[ "$(head -n 1 "$T/model")" = 200 ] && grep -q '"id":"m","object":"model"' "$T/model" ||
+  fail "/v1/models/m: $(cat "$T/model")"
+router_client raw "$r_HTTP" GET /v1/models/other >"$T/model"
+[ "$(head -n 1 "$T/model")" = 404 ] && grep -q '"code":"model_not_found"' "$T/model" ||
+  fail "/v1/models/other: $(cat "$T/model")"
 router_client raw "$r_HTTP" GET /health >"$T/health"
 grep -q '"prefill_ready":1,"decode_ready":1' "$T/health" || fail "/health: $(cat "$T/health")"
 
