@@ -387,6 +387,8 @@ static void dec_retry_arm(dec_daemon_t *d, dec_link_t *l)
     }
 }
 
+static void dec_on_ep_error(void *arg, epd_xport_ep_t *ep, epd_status_t status);
+
 /* Sends one frame on `l`, or keeps it (copied) behind earlier ones. */
 static void dec_link_send_raw(dec_daemon_t *d, dec_link_t *l, const void *buf, size_t len,
                               unsigned flags)
@@ -405,14 +407,23 @@ static void dec_link_send_raw(dec_daemon_t *d, dec_link_t *l, const void *buf, s
             return;
         }
     }
+    /* A message that cannot be kept must not silently vanish from a stream
+     * (the client would see a gap): the link is failed instead, so every
+     * request on it ends with a clear error (client link: its requests are
+     * aborted and its endpoint closed; prefill link: that worker is treated
+     * as gone). */
     if (d->n_outbox >= DEC_OUTBOX_MAX) {
-        dec_refuse_log(d, 0, "outgoing message dropped: %u sends already wait for the transport",
-                       d->n_outbox);
+        epd_log_error(COMP, 0,
+                      "%u sends already wait for the transport: failing the endpoint that "
+                      "cannot keep up rather than dropping a message",
+                      d->n_outbox);
+        dec_on_ep_error(d, l->ep, EPD_ERR_NO_RESOURCE);
         return;
     }
     m = epd_malloc(sizeof(*m) + len);
     if (m == NULL) {
-        epd_log_error(COMP, 0, "outgoing message dropped: out of memory");
+        epd_log_error(COMP, 0, "out of memory for an outgoing message: failing its endpoint");
+        dec_on_ep_error(d, l->ep, EPD_ERR_NO_MEMORY);
         return;
     }
     m->next = NULL;
