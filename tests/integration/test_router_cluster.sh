@@ -67,15 +67,17 @@ done
 before=$(router_metric "$r_HTTP" 'epd_router_worker_requests_total{worker="prefill-2",pool="prefill"}')
 rc=0
 router_client load "$r_HTTP" "$T/m" "$G" --clients 4 --requests 8 --prompts 2 --max-tokens 4 || rc=$?
+after=$(router_metric "$r_HTTP" 'epd_router_worker_requests_total{worker="prefill-2",pool="prefill"}')
 kill -CONT "$p2_PID"
 [ $rc = 0 ] || fail "requests while prefill-2 was silent"
-after=$(router_metric "$r_HTTP" 'epd_router_worker_requests_total{worker="prefill-2",pool="prefill"}')
 # (an empty series: its endpoint timed out meanwhile and it is DEAD, unlisted)
 [ -z "$after" ] || [ "${before:-0}" = "$after" ] ||
   fail "silent prefill-2 got requests (${before:-0} -> $after)"
 wait_router_state "$r_ADDR" prefill-2 READY 10
+# (it may be a new registry entry: DEAD meanwhile, it registered again)
+back=$(router_metric "$r_HTTP" 'epd_router_worker_requests_total{worker="prefill-2",pool="prefill"}')
 router_client load "$r_HTTP" "$T/m" "$G" --clients 8 --requests 48 --prompts 2 --max-tokens 4 ||
   fail "requests after prefill-2 came back"
 after2=$(router_metric "$r_HTTP" 'epd_router_worker_requests_total{worker="prefill-2",pool="prefill"}')
-[ "${after2:-0}" -gt "${after:-0}" ] || fail "prefill-2 back but takes no requests"
+[ "${after2:-0}" -gt "${back:-0}" ] || fail "prefill-2 back but takes no requests"
 finish_ok
