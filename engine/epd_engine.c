@@ -443,3 +443,39 @@ void epd_engine_release(epd_engine_t *engine, const epd_kv_pool_t *pool, const e
     }
     engine->ops->release(engine->impl, pool, seq);
 }
+
+epd_status_t epd__byte_tokenize(int32_t bos, const char *text, size_t len, int add_bos,
+                                int32_t *tokens, size_t cap, size_t *n_p)
+{
+    size_t n = len + (add_bos ? 1 : 0);
+    size_t j = 0;
+
+    if (n > cap) {
+        return EPD_ERR_TOO_LONG;
+    }
+    if (add_bos) {
+        tokens[j++] = bos;
+    }
+    for (size_t i = 0; i < len; i++) {
+        tokens[j++] = (unsigned char)text[i];
+    }
+    *n_p = n;
+    return EPD_OK;
+}
+
+epd_status_t epd__byte_detokenize(const int32_t *tokens, size_t n, char *buf, size_t cap,
+                                  size_t *len_p)
+{
+    size_t len = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] >= 0 && tokens[i] < 256) {
+            if (len == cap) {
+                return EPD_ERR_TOO_LONG;
+            }
+            buf[len++] = (char)tokens[i];
+        }
+    }
+    *len_p = len;
+    return EPD_OK;
+}

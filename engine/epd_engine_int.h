@@ -3,7 +3,19 @@
 #ifndef EPD_ENGINE_INT_H
 #define EPD_ENGINE_INT_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "epd_engine.h"
+
+/* The byte-level tokenizer both built-ins use: one token per byte (ids
+ * 0..255), `bos` first when add_bos.  EPD_ERR_TOO_LONG when cap is too
+ * small.  Pure. */
+epd_status_t epd__byte_tokenize(int32_t bos, const char *text, size_t len, int add_bos,
+                                int32_t *tokens, size_t cap, size_t *n_p);
+/* Its inverse: the bytes of ids below 256 (special tokens produce nothing). */
+epd_status_t epd__byte_detokenize(const int32_t *tokens, size_t n, char *buf, size_t cap,
+                                  size_t *len_p);
 
 /* The built-in `ref` engine (epd_ref.c). */
 extern const epd_engine_ops_t epd__ref_ops;

@@ -410,38 +410,15 @@ static void epd_ref_describe(const epd_engine_impl_t *e, epd_engine_info_t *info
 static epd_status_t epd_ref_tokenize(const epd_engine_impl_t *e, const char *text, size_t len,
                                      int add_bos, int32_t *tokens, size_t cap, size_t *n_p)
 {
-    size_t n = len + (add_bos ? 1 : 0);
-    size_t j = 0;
-
-    if (n > cap) {
-        return EPD_ERR_TOO_LONG;
-    }
-    if (add_bos) {
-        tokens[j++] = e->hp.bos;
-    }
-    for (size_t i = 0; i < len; i++) {
-        tokens[j++] = (unsigned char)text[i];
-    }
-    *n_p = n;
-    return EPD_OK;
+    (void)e;
+    return epd__byte_tokenize(e->hp.bos, text, len, add_bos, tokens, cap, n_p);
 }
 
 static epd_status_t epd_ref_detokenize(const epd_engine_impl_t *e, const int32_t *tokens, size_t n,
                                        char *buf, size_t cap, size_t *len_p)
 {
-    size_t len = 0;
-
     (void)e;
-    for (size_t i = 0; i < n; i++) {
-        if (tokens[i] < 256) {
-            if (len == cap) {
-                return EPD_ERR_TOO_LONG;
-            }
-            buf[len++] = (char)tokens[i];
-        }
-    }
-    *len_p = len;
-    return EPD_OK;
+    return epd__byte_detokenize(tokens, n, buf, cap, len_p);
 }
 
 /* ---- prefill ------------------------------------------------------------ */
