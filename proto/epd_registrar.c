@@ -58,7 +58,8 @@ struct epd_registrar {
     /* load seqlock: written by the loop thread, read by the registrar's */
     atomic_uint seq;
     atomic_uint_fast32_t l_queue_depth, l_kv_blocks_free, l_state_slots_free, l_running;
-    atomic_uint_fast64_t l_queued_tokens;
+    atomic_uint_fast64_t l_queued_tokens, l_bytes_sent, l_bytes_received;
+    atomic_int l_draining;
     /* thread -> loop */
     atomic_int drain_posted; /* drain reported to the loop (once) */
     atomic_int drain_delivered;
@@ -80,6 +81,9 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
     atomic_store_explicit(&reg->l_kv_blocks_free, load->kv_blocks_free, memory_order_relaxed);
     atomic_store_explicit(&reg->l_state_slots_free, load->state_slots_free, memory_order_relaxed);
     atomic_store_explicit(&reg->l_running, load->running_requests, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_bytes_sent, load->kv_bytes_sent, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_bytes_received, load->kv_bytes_received, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_draining, load->draining != 0, memory_order_relaxed);
     atomic_store_explicit(&reg->seq, s + 2, memory_order_release);
 }
 
@@ -104,6 +108,10 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
         l.state_slots_free =
             (uint32_t)atomic_load_explicit(&reg->l_state_slots_free, memory_order_relaxed);
         l.running_requests = (uint32_t)atomic_load_explicit(&reg->l_running, memory_order_relaxed);
+        l.kv_bytes_sent = (uint64_t)atomic_load_explicit(&reg->l_bytes_sent, memory_order_relaxed);
+        l.kv_bytes_received =
+            (uint64_t)atomic_load_explicit(&reg->l_bytes_received, memory_order_relaxed);
+        l.draining = atomic_load_explicit(&reg->l_draining, memory_order_relaxed);
         atomic_thread_fence(memory_order_acquire);
         s2 = atomic_load_explicit(&reg->seq, memory_order_relaxed);
         if (s1 == s2) {
@@ -257,6 +265,9 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     load.kv_blocks_free = l.kv_blocks_free;
     load.state_slots_free = l.state_slots_free;
     load.running_requests = l.running_requests;
+    load.kv_bytes_sent = l.kv_bytes_sent;
+    load.kv_bytes_received = l.kv_bytes_received;
+    load.draining = l.draining != 0;
     hb.worker_id = reg->worker_id;
     hb.epoch = &epoch;
     hb.load = &load;

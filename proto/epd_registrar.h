@@ -44,6 +44,9 @@ typedef struct {
     uint32_t kv_blocks_free;
     uint32_t state_slots_free;
     uint32_t running_requests;
+    uint64_t kv_bytes_sent;     /* data plane, monotonic (prefill: written) */
+    uint64_t kv_bytes_received; /* data plane, monotonic (decode: received and verified) */
+    int draining;               /* the worker takes no new work */
 } epd_registrar_load_t;
 
 /* Loop thread: write the daemon's current load into *load_p. */

@@ -129,6 +129,13 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
     epd__counter(t, "epd_router_heartbeats_total", "Heartbeats received", m->heartbeats);
     epd__counter(t, "epd_router_workers_died_total", "Workers whose endpoint failed",
                  m->workers_died);
+    epd__counter(t, "epd_router_kv_bytes_sent_total",
+                 "KV and recurrent-state bytes prefill workers wrote to decode workers "
+                 "(from their heartbeats)",
+                 m->kv_bytes_sent);
+    epd__counter(t, "epd_router_kv_bytes_received_total",
+                 "KV bytes decode workers received and verified (from their heartbeats)",
+                 m->kv_bytes_received);
     epd_router_text_printf(t,
                            "# HELP epd_router_requests_in_flight Requests held by the router\n"
                            "# TYPE epd_router_requests_in_flight gauge\n"
@@ -188,6 +195,19 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
         if (w->state != EPD_ROUTER_DEAD && w->info.role == EPD_CLIENT_ROLE_DECODE) {
             epd_router_text_printf(t, "epd_router_worker_kv_blocks_free{worker=\"%s\"} %u\n",
                                    w->info.worker_id, w->hb_kv_blocks_free);
+        }
+    }
+    epd_router_text_printf(t, "# HELP epd_router_worker_kv_bytes_total KV bytes a worker moved "
+                              "over the data plane (its last heartbeat; per incarnation)\n"
+                              "# TYPE epd_router_worker_kv_bytes_total counter\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD) {
+            int dec = w->info.role == EPD_CLIENT_ROLE_DECODE;
+
+            epd_router_text_printf(
+                t, "epd_router_worker_kv_bytes_total{worker=\"%s\",pool=\"%s\",direction=\"%s\"} %llu\n",
+                w->info.worker_id, dec ? "decode" : "prefill", dec ? "received" : "sent",
+                (unsigned long long)(dec ? w->hb_kv_bytes_received : w->hb_kv_bytes_sent));
         }
     }
     return t->failed ? EPD_ERR_NO_MEMORY : EPD_OK;

@@ -47,6 +47,10 @@ typedef struct {
     uint64_t registrations;
     uint64_t heartbeats;
     uint64_t workers_died;
+    /* data plane, summed from the workers' heartbeats (increments of each
+     * incarnation's monotonic counters, so they survive worker restarts) */
+    uint64_t kv_bytes_sent;     /* written by prefill workers */
+    uint64_t kv_bytes_received; /* received and verified by decode workers */
     epd_router_histo_t ttft;     /* arrival → first token out */
     epd_router_histo_t itl;      /* between token chunks */
     epd_router_histo_t e2e;      /* arrival → last byte */

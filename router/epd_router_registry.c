@@ -137,7 +137,7 @@ void epd_router_registry_tick(epd_router_registry_t *reg, uint64_t now_ns, uint3
         } else if (now_ns - w->last_hb_ns > dead_after_ns) {
             w->state = EPD_ROUTER_SUSPECT;
         } else if (w->state == EPD_ROUTER_SUSPECT) {
-            w->state = w->drain_asked ? EPD_ROUTER_DRAINING : EPD_ROUTER_READY;
+            w->state = w->drain_asked || w->self_draining ? EPD_ROUTER_DRAINING : EPD_ROUTER_READY;
         }
         pp = &w->next;
     }

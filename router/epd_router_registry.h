@@ -5,8 +5,9 @@
  *
  * A worker is one incarnation (worker id + epoch).  States:
  *   READY     registered, heartbeating, its endpoint healthy: takes work;
- *   DRAINING  Drain was asked (through the router): no new work, running
- *             requests finish;
+ *   DRAINING  Drain was asked (through the router, or of the worker itself,
+ *             as its heartbeats then say): no new work, running requests
+ *             finish;
  *   SUSPECT   no heartbeat for dead_after_ms: no new work until a
  *             heartbeat comes back;
  *   DEAD      its request-plane endpoint failed, or a newer incarnation
@@ -65,7 +66,8 @@ typedef struct epd_router_worker {
     char control_addr[256];        /* the worker's own gRPC address */
     epd_client_worker_t *cw;       /* the request-plane client's handle (owned by the client) */
     epd_router_state_t state;
-    int drain_asked;
+    int drain_asked;   /* Drain came through the router */
+    int self_draining; /* the worker's heartbeat says it drains (its own Drain RPC) */
     uint64_t registered_ns; /* monotonic */
     uint64_t last_hb_ns;    /* monotonic */
     uint64_t dead_ns;       /* when it became DEAD */
@@ -75,6 +77,8 @@ typedef struct epd_router_worker {
     uint32_t hb_kv_blocks_free;
     uint32_t hb_state_slots_free;
     uint32_t hb_running;
+    uint64_t hb_kv_bytes_sent;     /* data-plane counters (monotonic per incarnation) */
+    uint64_t hb_kv_bytes_received;
     /* router-side load */
     uint32_t inflight;      /* requests sent here, not yet ended */
     uint64_t queued_tokens; /* prefill: prompt tokens not yet past their first token */

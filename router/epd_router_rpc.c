@@ -252,9 +252,25 @@ static int epd__heartbeat(epd_router_t *rt, const void *req, size_t req_len, voi
             w->hb_kv_blocks_free = hb->load->kv_blocks_free;
             w->hb_state_slots_free = hb->load->state_slots_free;
             w->hb_running = hb->load->running_requests;
+            if (hb->load->kv_bytes_sent > w->hb_kv_bytes_sent) {
+                rt->m.kv_bytes_sent += hb->load->kv_bytes_sent - w->hb_kv_bytes_sent;
+                w->hb_kv_bytes_sent = hb->load->kv_bytes_sent;
+            }
+            if (hb->load->kv_bytes_received > w->hb_kv_bytes_received) {
+                rt->m.kv_bytes_received += hb->load->kv_bytes_received - w->hb_kv_bytes_received;
+                w->hb_kv_bytes_received = hb->load->kv_bytes_received;
+            }
+            if (hb->load->draining && !w->self_draining) {
+                /* drained through its own Drain RPC (epd-ctl drain WORKER):
+                 * no new work from now on, as if drained through us */
+                w->self_draining = 1;
+                epd_log_info(EPD_ROUTER_LOG, 0, "worker '%s' says it is draining",
+                             w->info.worker_id);
+            }
         }
-        if (w->state == EPD_ROUTER_SUSPECT) {
-            w->state = w->drain_asked ? EPD_ROUTER_DRAINING : EPD_ROUTER_READY;
+        if (w->state == EPD_ROUTER_SUSPECT ||
+            (w->state == EPD_ROUTER_READY && w->self_draining)) {
+            w->state = w->drain_asked || w->self_draining ? EPD_ROUTER_DRAINING : EPD_ROUTER_READY;
         }
         resp.known = 1;
         resp.drain = w->drain_asked != 0;

@@ -160,11 +160,13 @@ static int router_handler(void *arg, const char *method, const void *req, size_t
         if (h->load == NULL) {
             router_bad(r, "heartbeat without load");
         } else {
-            /* the test's load_cb publishes v, 1000v, 5000-v, v%7, v+1 */
+            /* the test's load_cb publishes v, 1000v, 5000-v, v%7, v+1, 3v, 7v, v&1 */
             uint32_t v = h->load->queue_depth;
 
             if (h->load->queued_tokens != 1000ull * v || h->load->kv_blocks_free != 5000 - v ||
-                h->load->state_slots_free != v % 7 || h->load->running_requests != v + 1) {
+                h->load->state_slots_free != v % 7 || h->load->running_requests != v + 1 ||
+                h->load->kv_bytes_sent != 3ull * v || h->load->kv_bytes_received != 7ull * v ||
+                h->load->draining != (protobuf_c_boolean)(v & 1)) {
                 router_bad(r, "heartbeat load is not one snapshot");
             }
             n = atomic_fetch_add(&r->n_loads, 1);
@@ -272,6 +274,9 @@ static void daemon_load(void *arg, epd_registrar_load_t *l)
     l->kv_blocks_free = 5000 - v;
     l->state_slots_free = v % 7;
     l->running_requests = v + 1;
+    l->kv_bytes_sent = 3ull * v;
+    l->kv_bytes_received = 7ull * v;
+    l->draining = (int)(v & 1);
 }
 
 static void daemon_drain(void *arg)
@@ -550,7 +555,8 @@ static void *hammer_reader(void *arg)
         atomic_fetch_add(&h->reads, 1);
         if (l.queued_tokens != 1000ull * l.queue_depth ||
             l.kv_blocks_free != 5000 - l.queue_depth || l.state_slots_free != l.queue_depth % 7 ||
-            l.running_requests != l.queue_depth + 1) {
+            l.running_requests != l.queue_depth + 1 || l.kv_bytes_sent != 3ull * l.queue_depth ||
+            l.kv_bytes_received != 7ull * l.queue_depth || l.draining != (int)(l.queue_depth & 1)) {
             h->torn++;
         }
     }
@@ -583,7 +589,8 @@ static void test_seqlock(void **state)
     assert_int_equal(pthread_create(&t, NULL, hammer_reader, &h), 0);
     /* until the reader has read plenty while the writer wrote */
     for (uint32_t v = 1; v <= 20000000 && atomic_load(&h.reads) < 200000; v++) {
-        epd_registrar_load_t l = {v, 1000ull * v, 5000 - v, v % 7, v + 1};
+        epd_registrar_load_t l = {v, 1000ull * v, 5000 - v, v % 7, v + 1, 3ull * v, 7ull * v,
+                                  (int)(v & 1)};
 
         epd_registrar_publish(d.reg, &l);
     }
