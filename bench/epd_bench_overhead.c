@@ -28,8 +28,14 @@
  *     resv     t0 -> prefill's "KvReservation received" (reservation
  *              handshake: the client sends to both at once)
  *     compute  the "prefill" span
- *     tail     last layer's compute end -> decode's "KV held": the part of
- *              the transfer not hidden behind compute
+ *     tail     prefill's compute done (first token sampled) -> decode's
+ *              "KV held": the part of the transfer not hidden behind
+ *              compute (PrefillComplete carries the first token, so it is
+ *              never negative)
+ *     verify   decode's hashing on the tail: the check of the newest layer
+ *              (per-layer verification: "verify layer", the last layer's)
+ *              plus the final pass over layers not checked as they landed
+ *              ("verify KV"; every layer with --no-layer-notify)
  *     step1    decode's "first decode step" span (KV held -> the loop sees
  *              the first decoded token)
  *
@@ -98,6 +104,10 @@ typedef struct {
     int warmup;
     int ok;
     double p_recv, q_end, c_start, c_end, last_layer_end, resv, d_held, step1, verify;
+    /* decode's hashing: the final pass over layers not verified as they
+     * landed ("verify KV"), and the newest per-layer check ("verify layer",
+     * the last layer's: on the tail) */
+    double verify_end, verify_last, verify_last_ts;
     int n_layers_seen, n_writes_seen;
 } ob_req_t;
 
@@ -476,7 +486,10 @@ static json_t *ob_read_trace(ob_t *b, const char *path, int is_decode)
             } else if (strcmp(name, "first decode step") == 0) {
                 r->step1 = dur;
             } else if (strcmp(name, "verify KV") == 0) {
-                r->verify = dur;
+                r->verify_end = dur;
+            } else if (strcmp(name, "verify layer") == 0 && ts >= r->verify_last_ts) {
+                r->verify_last_ts = ts;
+                r->verify_last = dur;
             }
         }
     }
@@ -574,10 +587,10 @@ static int ob_collect(const ob_t *b, uint32_t len, ob_metric_t m, double *v)
             v[n++] = r->c_end - r->c_start;
             break;
         case OB_TAIL:
-            v[n++] = r->d_held - r->last_layer_end;
+            v[n++] = r->d_held - r->c_end;
             break;
         case OB_VERIFY:
-            v[n++] = r->verify;
+            v[n++] = r->verify_end + r->verify_last;
             break;
         case OB_STEP1:
             v[n++] = r->step1;
@@ -1165,9 +1178,9 @@ int epd_bench_overhead_main(int argc, char **argv)
            "# interleaved per request on the same daemons; ms from prefill receiving the request\n"
            "# to A: compute done / B: decode holding all KV (PrefillComplete verified).\n"
            "# breakdown (medians of B): queue = wait for the compute thread, resv = reservation\n"
-           "# received, compute = prefill span, tail = last layer's compute end -> decode holds\n"
-           "# all KV (verify = decode hashing every layer, the end of the tail), step1 = first\n"
-           "# decode step.  Load average at start: ");
+           "# received, compute = prefill span, tail = prefill compute done -> decode holds all\n"
+           "# KV (verify = decode hashing on the tail: the last layer's check, plus layers not\n"
+           "# checked as they landed), step1 = first decode step.  Load average at start: ");
     {
         FILE *f = fopen("/proc/loadavg", "r");
         char la[64] = "?";

@@ -64,39 +64,60 @@ epd_status_t epd_decode_check_generate(const epd_decode_limits_t *lim,
     return EPD_OK;
 }
 
+epd_status_t epd_decode_check_kv_layer(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
+                                       const uint32_t *ids, uint32_t n_ids, uint32_t slot,
+                                       uint32_t layer, uint64_t sum, epd_hash_state_t *h,
+                                       uint64_t *bytes_p)
+{
+    const unsigned char *base = pool->base;
+    uint64_t bytes = 0;
+    uint64_t off;
+
+    if (layer >= layout->n_layers) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    epd_hash_state_reset(h, 0);
+    if (layout->kind[layer] == EPD_LAYER_LINEAR) {
+        if (epd_kv_state_offset(layout, pool->n_blocks, pool->n_state_slots, layer, slot, &off) !=
+                EPD_OK ||
+            off + layout->state_bytes > pool->bytes) {
+            return EPD_ERR_INVALID_PARAM;
+        }
+        epd_hash_state_update(h, base + off, layout->state_bytes);
+        bytes = layout->state_bytes;
+    } else {
+        for (uint32_t i = 0; i < n_ids; i++) {
+            if (epd_kv_block_offset(layout, pool->n_blocks, layer, ids[i], &off) != EPD_OK ||
+                off + layout->block_bytes > pool->bytes) {
+                return EPD_ERR_INVALID_PARAM;
+            }
+            epd_hash_state_update(h, base + off, layout->block_bytes);
+            bytes += layout->block_bytes;
+        }
+    }
+    if (bytes_p != NULL) {
+        *bytes_p = bytes;
+    }
+    return epd_hash_state_digest(h) == sum ? EPD_OK : EPD_ERR_CORRUPT;
+}
+
 epd_status_t epd_decode_check_kv(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
                                  const uint32_t *ids, uint32_t n_ids, uint32_t slot,
                                  const uint64_t *sums, size_t n_sums, epd_hash_state_t *h,
                                  uint32_t *bad_layer_p)
 {
-    const unsigned char *base = pool->base;
-
     if (n_sums != layout->n_layers) {
         return EPD_ERR_INVALID_PARAM;
     }
     for (uint32_t l = 0; l < layout->n_layers; l++) {
-        uint64_t off;
+        epd_status_t st = epd_decode_check_kv_layer(layout, pool, ids, n_ids, slot, l, sums[l], h,
+                                                    NULL);
 
-        epd_hash_state_reset(h, 0);
-        if (layout->kind[l] == EPD_LAYER_LINEAR) {
-            if (epd_kv_state_offset(layout, pool->n_blocks, pool->n_state_slots, l, slot, &off) !=
-                    EPD_OK ||
-                off + layout->state_bytes > pool->bytes) {
-                return EPD_ERR_INVALID_PARAM;
-            }
-            epd_hash_state_update(h, base + off, layout->state_bytes);
-        } else {
-            for (uint32_t i = 0; i < n_ids; i++) {
-                if (epd_kv_block_offset(layout, pool->n_blocks, l, ids[i], &off) != EPD_OK ||
-                    off + layout->block_bytes > pool->bytes) {
-                    return EPD_ERR_INVALID_PARAM;
-                }
-                epd_hash_state_update(h, base + off, layout->block_bytes);
-            }
-        }
-        if (epd_hash_state_digest(h) != sums[l]) {
+        if (st == EPD_ERR_CORRUPT) {
             *bad_layer_p = l;
-            return EPD_ERR_CORRUPT;
+        }
+        if (st != EPD_OK) {
+            return st;
         }
     }
     return EPD_OK;

@@ -58,4 +58,15 @@ epd_status_t epd_decode_check_kv(const epd_kv_layout_t *layout, const epd_kv_poo
                                  const uint64_t *sums, size_t n_sums, epd_hash_state_t *h,
                                  uint32_t *bad_layer_p);
 
+/*
+ * The same check for one layer `layer` against `sum` (per-layer
+ * verification: a LayerDone with landed = true).  EPD_OK, EPD_ERR_CORRUPT,
+ * or EPD_ERR_INVALID_PARAM for a layer outside the model or a block/slot
+ * outside the pool.  *bytes_p (may be NULL) gets the bytes hashed.
+ */
+epd_status_t epd_decode_check_kv_layer(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
+                                       const uint32_t *ids, uint32_t n_ids, uint32_t slot,
+                                       uint32_t layer, uint64_t sum, epd_hash_state_t *h,
+                                       uint64_t *bytes_p);
+
 #endif

@@ -165,6 +165,13 @@ struct dec_req {
     uint64_t deadline_ns;   /* whole request (0: none) */
     uint64_t abort_sent_ns; /* QUARANTINED: last Abort sent to P */
     uint64_t t_join_ns;     /* trace: KV held and verified (0: first step traced) */
+    /* per-layer verification (LayerDone landed = true): layer l was hashed
+     * on arrival and matched layer_sums[l]; PrefillComplete then checks only
+     * the others (and that it agrees with these) */
+    uint64_t *layer_sums; /* [n_layers] */
+    uint8_t *layer_ok;    /* [n_layers] */
+    uint32_t n_layers_ok;
+    uint64_t kv_bytes;    /* hashed so far (verified) */
     epd_decode_seq_t seq;
 };
 
@@ -241,6 +248,7 @@ struct dec_daemon {
     uint64_t log_window_ns;
     uint32_t log_in_window;
     uint64_t log_suppressed;
+    uint64_t kv_bytes_received; /* verified KV bytes of requests that joined */
 };
 
 static void dec_req_free(dec_daemon_t *d, dec_req_t *r);
@@ -1035,9 +1043,12 @@ static void dec_on_generate(dec_daemon_t *d, dec_link_t *from, const Epd__Envelo
     if (st == EPD_OK) {
         n_total = (uint64_t)g->n_prompt_tokens + g->sampling->max_tokens;
         n_blocks = (uint32_t)epd_decode_div_up(n_total, d->info->kv.block_tokens);
-        sz = sizeof(*r) + (size_t)n_blocks * sizeof(uint32_t) +
+        /* one block: the struct, per-layer sums (8-aligned right after it),
+         * tokens, block ids, stop ids, per-layer flags */
+        sz = sizeof(*r) + (size_t)d->info->kv.n_layers * sizeof(uint64_t) +
+             (size_t)n_blocks * sizeof(uint32_t) +
              (size_t)g->sampling->n_stop_token_ids * sizeof(uint32_t) +
-             (size_t)g->sampling->max_tokens * sizeof(int32_t);
+             (size_t)g->sampling->max_tokens * sizeof(int32_t) + d->info->kv.n_layers;
         r = epd_calloc(1, sz);
         if (r == NULL) {
             st = EPD_ERR_NO_MEMORY;
@@ -1050,10 +1061,12 @@ static void dec_on_generate(dec_daemon_t *d, dec_link_t *from, const Epd__Envelo
         r->max_tokens = g->sampling->max_tokens;
         r->n_blocks = n_blocks;
         r->n_prompt_blocks = (uint32_t)epd_decode_div_up(r->n_prompt, d->info->kv.block_tokens);
-        r->seq.tokens = (int32_t *)(r + 1);
+        r->layer_sums = (uint64_t *)(r + 1);
+        r->seq.tokens = (int32_t *)(r->layer_sums + d->info->kv.n_layers);
         r->blocks = (uint32_t *)(r->seq.tokens + r->max_tokens);
         r->stop_ids = r->blocks + n_blocks;
         r->n_stop = (uint32_t)g->sampling->n_stop_token_ids;
+        r->layer_ok = (uint8_t *)(r->stop_ids + r->n_stop);
         if (r->n_stop > 0) {
             memcpy(r->stop_ids, g->sampling->stop_token_ids, r->n_stop * sizeof(uint32_t));
         }
@@ -1192,13 +1205,70 @@ static dec_req_t *dec_req_of_peer(dec_daemon_t *d, dec_link_t *from, const Epd__
     return r;
 }
 
+/* The KV P wrote for a RESERVED request failed its checks (`st`, `why`;
+ * bad_layer for EPD_ERR_CORRUPT): the client gets the error, P too unless
+ * the cache itself was corrupt, the blocks go to quarantine and are
+ * released at once when P is done with them (`p_done`: PrefillComplete). */
+static void dec_req_fail_kv(dec_daemon_t *d, dec_req_t *r, dec_link_t *from,
+                            const Epd__Envelope *env, epd_status_t st, const char *why,
+                            uint32_t bad_layer, int p_done)
+{
+    epd_status_t qst;
+
+    if (st == EPD_ERR_CORRUPT) {
+        epd_log_error(COMP, r->id,
+                      "KV of layer %u from %s does not match its checksum: "
+                      "request failed, never generated",
+                      bad_layer, env->sender->worker_id);
+    } else {
+        dec_refuse_log(d, r->id, "%s", why);
+        dec_send_error(d, from, r->id, st, why);
+    }
+    dec_send_error(d, r->client, r->id, st, why);
+    dec_req_client_done(r);
+    if (!p_done) {
+        /* P may still be writing: it is told to stop, and the blocks stay
+         * quarantined until it says it is done (or is declared dead) */
+        dec_req_quarantine(d, r, st, why);
+        return;
+    }
+    qst = epd_decode_blocks_quarantine(d->blocks, r->id, r->blocks, r->n_blocks, r->slot);
+    assert(qst == EPD_OK);
+    (void)qst;
+    r->state = RS_QUARANTINED;
+    dec_req_release(d, r);
+}
+
+/* Hashes layer `layer` of a RESERVED request and compares it with `sum`;
+ * on a match the layer is marked verified.  EPD_OK, or the failure
+ * (*why_p set). */
+static epd_status_t dec_verify_layer(dec_daemon_t *d, dec_req_t *r, uint32_t layer, uint64_t sum,
+                                     const char **why_p)
+{
+    uint64_t bytes = 0;
+    epd_status_t st;
+
+    st = epd_decode_check_kv_layer(&d->info->kv, &d->pool, r->blocks, r->n_prompt_blocks,
+                                   r->seq.slot, layer, sum, d->hash, &bytes);
+    if (st == EPD_OK) {
+        r->layer_ok[layer] = 1;
+        r->layer_sums[layer] = sum;
+        r->n_layers_ok++;
+        r->kv_bytes += bytes;
+    } else {
+        *why_p = st == EPD_ERR_CORRUPT ? "KV checksum mismatch: the cache is corrupt"
+                                       : "KV verification failed";
+    }
+    return st;
+}
+
 static void dec_on_prefill_complete(dec_daemon_t *d, dec_link_t *from, const Epd__Envelope *env)
 {
     const Epd__PrefillComplete *pc = env->prefill_complete;
     dec_req_t *r = dec_req_of_peer(d, from, env, pc->request_id, 1);
     uint32_t bad_layer = 0;
     Epd__FinishReason fin = EPD__FINISH_REASON__FINISH_NONE;
-    epd_status_t st;
+    epd_status_t st = EPD_OK;
     const char *why = NULL;
     uint64_t t_recv = epd_time_now_ns();
 
@@ -1224,33 +1294,29 @@ static void dec_on_prefill_complete(dec_daemon_t *d, dec_link_t *from, const Epd
         st = EPD_ERR_INVALID_PARAM;
         why = "PrefillComplete: wrong number of layer checksums";
     } else {
-        st = epd_decode_check_kv(&d->info->kv, &d->pool, r->blocks, r->n_prompt_blocks, r->seq.slot,
-                                 pc->layer_checksums, pc->n_layer_checksums, d->hash, &bad_layer);
-        epd_trace_span(d->trace, "verify KV", "compute", r->id, -1, t_recv, epd_time_now_ns());
-        if (st == EPD_ERR_CORRUPT) {
-            why = "KV checksum mismatch: the cache is corrupt";
-        } else if (st != EPD_OK) {
-            why = "KV verification failed";
+        /* the layers not verified as they landed (all of them when P sends
+         * no landed LayerDones) */
+        for (uint32_t l = 0; l < d->info->kv.n_layers && st == EPD_OK; l++) {
+            if (r->layer_ok[l]) {
+                if (r->layer_sums[l] != pc->layer_checksums[l]) {
+                    st = EPD_ERR_INVALID_PARAM;
+                    why = "PrefillComplete: a layer checksum differs from its LayerDone's";
+                }
+                continue;
+            }
+            st = dec_verify_layer(d, r, l, pc->layer_checksums[l], &why);
+            bad_layer = l;
+        }
+        if (r->n_layers_ok < d->info->kv.n_layers || st != EPD_OK) {
+            epd_trace_span(d->trace, "verify KV", "compute", r->id, -1, t_recv,
+                           epd_time_now_ns());
         }
     }
     if (st != EPD_OK) {
-        if (st == EPD_ERR_CORRUPT) {
-            epd_log_error(COMP, r->id,
-                          "KV of layer %u from %s does not match its checksum: "
-                          "request failed, never generated",
-                          bad_layer, env->sender->worker_id);
-        } else {
-            dec_refuse_log(d, r->id, "%s", why);
-            dec_send_error(d, from, r->id, st, why);
-        }
-        dec_send_error(d, r->client, r->id, st, why);
-        dec_req_client_done(r);
-        st = epd_decode_blocks_quarantine(d->blocks, r->id, r->blocks, r->n_blocks, r->slot);
-        assert(st == EPD_OK);
-        r->state = RS_QUARANTINED;
-        dec_req_release(d, r);
+        dec_req_fail_kv(d, r, from, env, st, why, bad_layer, 1);
         return;
     }
+    d->kv_bytes_received += r->kv_bytes;
     st = epd_decode_blocks_activate(d->blocks, r->id, r->blocks, r->n_blocks, r->slot);
     assert(st == EPD_OK);
     (void)st;
@@ -1306,12 +1372,39 @@ static void dec_on_quiesced(dec_daemon_t *d, dec_link_t *from, const Epd__Envelo
 
 static void dec_on_layer_done(dec_daemon_t *d, dec_link_t *from, const Epd__Envelope *env)
 {
-    dec_req_t *r = dec_req_of_peer(d, from, env, env->layer_done->request_id, 0);
+    const Epd__LayerDone *ld = env->layer_done;
+    dec_req_t *r = dec_req_of_peer(d, from, env, ld->request_id, 0);
+    uint64_t now = epd_time_now_ns();
+    const char *why = NULL;
+    epd_status_t st;
 
-    epd_trace_instant(d->trace, "LayerDone received", "msg", env->layer_done->request_id,
-                      (int32_t)env->layer_done->layer, epd_time_now_ns());
-    if (r != NULL && r->state == RS_RESERVED) {
-        r->lease_ns = epd_time_now_ns() + (uint64_t)d->a.lease_ms * EPD_NSEC_PER_MSEC;
+    epd_trace_instant(d->trace, "LayerDone received", "msg", ld->request_id, (int32_t)ld->layer,
+                      now);
+    if (r == NULL || r->state != RS_RESERVED) {
+        return;
+    }
+    r->lease_ns = now + (uint64_t)d->a.lease_ms * EPD_NSEC_PER_MSEC;
+    if (!ld->landed) {
+        return; /* a keep-alive */
+    }
+    if (ld->layer >= d->info->kv.n_layers) {
+        dec_req_fail_kv(d, r, from, env, EPD_ERR_INVALID_PARAM,
+                        "LayerDone: layer outside the model", 0, 0);
+        return;
+    }
+    if (r->layer_ok[ld->layer]) {
+        if (r->layer_sums[ld->layer] != ld->checksum) {
+            dec_req_fail_kv(d, r, from, env, EPD_ERR_INVALID_PARAM,
+                            "LayerDone: a second, different checksum for one layer", 0, 0);
+        }
+        return;
+    }
+    /* fenced behind the layer's writes: its bytes are final here */
+    st = dec_verify_layer(d, r, ld->layer, ld->checksum, &why);
+    epd_trace_span(d->trace, "verify layer", "compute", r->id, (int32_t)ld->layer, now,
+                   epd_time_now_ns());
+    if (st != EPD_OK) {
+        dec_req_fail_kv(d, r, from, env, st, why, ld->layer, 0);
     }
 }
 
@@ -1606,6 +1699,8 @@ static void dec_fill_load(dec_daemon_t *d, Epd__Load *load)
     load->kv_blocks_free = epd_decode_blocks_free(d->blocks);
     load->state_slots_free = epd_decode_blocks_slots_free(d->blocks);
     load->running_requests = d->batch != NULL ? epd_decode_batch_running(d->batch) : 0;
+    load->kv_bytes_received = d->kv_bytes_received;
+    load->draining = d->draining != 0;
 }
 
 static void dec_fill_capacity(dec_daemon_t *d, Epd__Capacity *cap)
@@ -1725,6 +1820,8 @@ static void dec_registrar_load(void *arg, epd_registrar_load_t *l)
     l->kv_blocks_free = load.kv_blocks_free;
     l->state_slots_free = load.state_slots_free;
     l->running_requests = load.running_requests;
+    l->kv_bytes_received = load.kv_bytes_received;
+    l->draining = load.draining;
 }
 
 static void dec_registrar_drain(void *arg)

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "epd_alloc.h"
+#include "epd_hash.h"
 #include "epd_log.h"
 #include "epd_queue.h"
 #include "epd_time.h"
@@ -26,6 +27,7 @@ struct epd_prefill_compute {
     epd_kv_pool_t pool;
     float *logits;                 /* [vocab], compute thread */
     epd_sample_scratch_t *scratch; /* compute thread */
+    epd_hash_state_t *hash;        /* compute thread: layer checksums */
     epd_spsc_queue_t jobs;         /* loop -> compute: runs, FIFO */
     epd_spsc_queue_t releases;     /* loop -> compute: releases, before the next run */
     epd_spsc_queue_t events;       /* compute -> loop */
@@ -73,6 +75,31 @@ static void epd_prefill_compute_emit(epd_prefill_compute_t *c, epd_prefill_ev_t 
     (void)uv_async_send(&c->async);
 }
 
+/* The checksum of one layer of a request's local KV (see layer_sums). */
+static uint64_t epd_prefill_compute_layer_sum(epd_prefill_compute_t *c, const epd_kv_seq_t *seq,
+                                              uint32_t layer)
+{
+    const epd_kv_layout_t *kv = &c->info->kv;
+    const char *base = c->pool.base;
+    uint64_t off;
+
+    epd_hash_state_reset(c->hash, 0);
+    if (kv->kind[layer] == EPD_LAYER_LINEAR) {
+        if (epd_kv_state_offset(kv, c->pool.n_blocks, c->pool.n_state_slots, layer, seq->state_slot,
+                                &off) == EPD_OK) {
+            epd_hash_state_update(c->hash, base + off, kv->state_bytes);
+        }
+    } else {
+        for (uint32_t i = 0; i < seq->n_blocks; i++) {
+            if (epd_kv_block_offset(kv, c->pool.n_blocks, layer, seq->block_table[i], &off) ==
+                EPD_OK) {
+                epd_hash_state_update(c->hash, base + off, kv->block_bytes);
+            }
+        }
+    }
+    return epd_hash_state_digest(c->hash);
+}
+
 /* The engine's layer-done sink, on the compute thread: push, wake, and stop
  * at this layer boundary when the loop canceled the request.  Nothing else:
  * the writes are posted by the loop thread. */
@@ -85,6 +112,9 @@ static epd_status_t epd_prefill_compute_sink(void *ctx, uint32_t layer,
     (void)done;
     if (layer >= s->c->info->kv.n_layers) {
         return EPD_ERR_FATAL;
+    }
+    if (s->job->layer_sums != NULL) {
+        s->job->layer_sums[layer] = epd_prefill_compute_layer_sum(s->c, &s->job->seq, layer);
     }
     if (s->job->trace != NULL) {
         /* one clock read per layer: the span ends where the next begins */
@@ -246,9 +276,13 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
     if (st != EPD_OK) {
         goto err_free_logits;
     }
-    st = epd_spsc_queue_init(&c->jobs, max_requests);
+    st = epd_hash_state_create(0, &c->hash);
     if (st != EPD_OK) {
         goto err_free_scratch;
+    }
+    st = epd_spsc_queue_init(&c->jobs, max_requests);
+    if (st != EPD_OK) {
+        goto err_free_hash;
     }
     st = epd_spsc_queue_init(&c->releases, max_requests);
     if (st != EPD_OK) {
@@ -297,6 +331,8 @@ err_cleanup_releases:
     epd_spsc_queue_cleanup(&c->releases);
 err_cleanup_jobs:
     epd_spsc_queue_cleanup(&c->jobs);
+err_free_hash:
+    epd_hash_state_destroy(c->hash);
 err_free_scratch:
     epd_sample_scratch_destroy(c->scratch);
 err_free_logits:
@@ -353,6 +389,7 @@ void epd_prefill_compute_destroy(epd_prefill_compute_t *c)
     epd_spsc_queue_cleanup(&c->events);
     epd_spsc_queue_cleanup(&c->releases);
     epd_spsc_queue_cleanup(&c->jobs);
+    epd_hash_state_destroy(c->hash);
     epd_sample_scratch_destroy(c->scratch);
     epd_free(c->logits);
     uv_close((uv_handle_t *)&c->async, epd_prefill_compute_on_closed);

@@ -86,6 +86,14 @@ typedef struct {
     epd_prefill_ev_t *layer_evs; /* RUN: [n_layers] */
     epd_prefill_ev_t *done_ev;   /* RUN: the DONE event; RELEASE: RELEASED */
     epd_trace_t *trace;          /* RUN: per-layer compute spans; NULL = off */
+    /* RUN: NULL, or [n_layers] checksums the sink writes before it hands
+     * layer l to the loop: xxh3-64 (seed 0) of the layer's bytes in write
+     * order — every prompt block's full block_bytes in block-table order
+     * (attention), the slot's state_bytes (linear) — which is what decode
+     * verifies.  Computed here, where the KV was just produced (as an
+     * accelerator would in a kernel next to it), so that the loop thread
+     * only posts writes; lent like the job. */
+    uint64_t *layer_sums;
 } epd_prefill_job_t;
 
 typedef struct epd_prefill_compute epd_prefill_compute_t;

@@ -102,7 +102,10 @@ typedef struct {
     uint32_t layer;
     uint32_t inflight;  /* posted, not completed */
     int all_posted;     /* every write of the layer is posted */
+    int failed;         /* a write of the layer completed with an error */
+    int landed;         /* every write posted and completed (counted once) */
     uint64_t posted_ns; /* first post */
+    uint64_t bytes;     /* posted so far */
 } epd_prefill_lw_t;
 
 struct epd_prefill_req {
@@ -142,8 +145,7 @@ struct epd_prefill_req {
     uint32_t post_layer, post_idx; /* next write to post */
     uint32_t writes_inflight;
     uint64_t writes_posted;
-    epd_hash_state_t *hash;   /* the layer being posted */
-    uint64_t *checksums;      /* [n_layers] */
+    uint64_t *checksums;      /* [n_layers], written by the compute thread (run_job.layer_sums) */
     uint64_t last_d_msg_ns;   /* lease keep-alive (LayerDone) */
     uint32_t d_lease_ms;      /* decode's lease on the reservation */
     uint64_t compute_done_ns; /* P's lease on the reservation */
@@ -240,6 +242,13 @@ typedef struct epd_prefill_srv {
      * once at least this many of their bytes wait (0: every layer at once);
      * after compute everything left goes at once */
     uint64_t write_group_bytes;
+    /* per-layer verification: after each layer's writes, a LayerDone
+     * (landed = true) fenced behind them, so decode hashes that layer while
+     * the next ones compute (--layer-notify; 0 = only PrefillComplete) */
+    int layer_notify;
+    uint64_t kv_bytes_sent;    /* bytes of layers whose writes all landed */
+    uint64_t layer_notices;    /* landed LayerDones sent */
+    uint64_t layer_notices_skipped; /* refused by backpressure (decode verifies at the end) */
     epd_trace_t *trace;     /* --trace; NULL = off */
     const char *trace_path; /* where the JSON goes at exit / SIGUSR1 */
 } epd_prefill_srv_t;

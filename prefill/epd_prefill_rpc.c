@@ -44,6 +44,8 @@ static void epd_prefill_rpc_fill(epd_prefill_srv_t *srv, epd_prefill_rpc_parts_t
     p->load.kv_blocks_free = srv->n_free_blocks;
     p->load.state_slots_free = srv->n_free_slots;
     p->load.running_requests = srv->n_live;
+    p->load.kv_bytes_sent = srv->kv_bytes_sent;
+    p->load.draining = srv->draining != 0;
     p->cap.kv_blocks_total = srv->kv_blocks;
     p->cap.block_tokens = srv->info->kv.block_tokens;
     p->cap.state_slots_total = srv->state_slots;
@@ -182,6 +184,8 @@ void epd__prefill_registrar_load(void *arg, epd_registrar_load_t *load_p)
     load_p->kv_blocks_free = srv->n_free_blocks;
     load_p->state_slots_free = srv->n_free_slots;
     load_p->running_requests = srv->n_live;
+    load_p->kv_bytes_sent = srv->kv_bytes_sent;
+    load_p->draining = srv->draining;
 }
 
 void epd__prefill_registrar_drain(void *arg)

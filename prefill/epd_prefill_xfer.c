@@ -157,7 +157,6 @@ static epd_status_t epd_prefill_peer_status(epd_status_t st)
 
 static void epd_prefill_req_free(epd_prefill_req_t *req)
 {
-    epd_hash_state_destroy(req->hash);
     epd_free(req->lw);
     epd_free(req->checksums);
     epd_free(req->evs);
@@ -193,8 +192,7 @@ epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const u
     req->checksums = epd_calloc((size_t)n_layers + 1, sizeof(*req->checksums));
     req->lw = epd_calloc((size_t)n_layers + 1, sizeof(*req->lw));
     if (req->tokens == NULL || req->local_blocks == NULL || req->remote_blocks == NULL ||
-        req->evs == NULL || req->checksums == NULL || req->lw == NULL ||
-        epd_hash_state_create(0, &req->hash) != EPD_OK) {
+        req->evs == NULL || req->checksums == NULL || req->lw == NULL) {
         epd_prefill_req_free(req);
         return EPD_ERR_NO_MEMORY;
     }
@@ -241,6 +239,9 @@ epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const u
     req->run_job.layer_evs = req->evs;
     req->run_job.done_ev = &req->evs[n_layers];
     req->run_job.trace = srv->trace;
+    /* with a decode worker, the compute thread checksums each layer as it
+     * hands it over (prefill-only requests write nothing: no checksums) */
+    req->run_job.layer_sums = peer != NULL ? req->checksums : NULL;
     st = epd_prefill_compute_submit(srv->compute, &req->run_job);
     if (st != EPD_OK) {
         srv->free_slots[srv->n_free_slots++] = req->slot;
@@ -300,8 +301,17 @@ void epd__prefill_req_fail(epd_prefill_srv_t *srv, epd_prefill_req_t *req, epd_s
 /* The layer's last write completed after its last post: its trace span. */
 static void epd_prefill_lw_done(epd_prefill_srv_t *srv, epd_prefill_lw_t *lw)
 {
-    epd_trace_span(srv->trace, "KV write", "xfer", lw->req->id, (int32_t)lw->layer, lw->posted_ns,
-                   epd_time_now_ns());
+    if (lw->landed) {
+        return;
+    }
+    lw->landed = 1;
+    if (!lw->failed) {
+        srv->kv_bytes_sent += lw->bytes;
+    }
+    if (srv->trace != NULL) {
+        epd_trace_span(srv->trace, "KV write", "xfer", lw->req->id, (int32_t)lw->layer,
+                       lw->posted_ns, epd_time_now_ns());
+    }
 }
 
 static void epd_prefill_on_write(void *arg, epd_status_t status)
@@ -312,7 +322,10 @@ static void epd_prefill_on_write(void *arg, epd_status_t status)
 
     req->writes_inflight--;
     lw->inflight--;
-    if (lw->inflight == 0 && lw->all_posted && srv->trace != NULL) {
+    if (status != EPD_OK) {
+        lw->failed = 1;
+    }
+    if (lw->inflight == 0 && lw->all_posted) {
         epd_prefill_lw_done(srv, lw);
     }
     if (status != EPD_OK && !req->failed) {
@@ -354,6 +367,32 @@ static void epd_prefill_maybe_layer_done(epd_prefill_srv_t *srv, epd_prefill_req
     }
 }
 
+/* Per-layer verification: a LayerDone for `layer` (landed = true) fenced
+ * behind every write posted so far, i.e. behind the whole layer, so that
+ * decode may hash that layer as soon as it arrives, while the next layers
+ * still compute, instead of hashing the whole prompt after PrefillComplete
+ * (that pass was most of the transfer tail on shared memory).  Optional:
+ * refused for backpressure, the layer is simply verified at the end. */
+static void epd_prefill_layer_landed(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
+                                     uint32_t layer)
+{
+    Epd__LayerDone ld = EPD__LAYER_DONE__INIT;
+    uint64_t now = epd_time_now_ns();
+
+    ld.request_id = req->id;
+    ld.layer = layer;
+    ld.checksum = req->checksums[layer];
+    ld.landed = 1;
+    if (epd__prefill_send(srv, req->peer->ep, EPD__ENVELOPE__BODY_LAYER_DONE, &ld,
+                          EPD_XPORT_SEND_FENCE) == EPD_OK) {
+        req->last_d_msg_ns = now;
+        srv->layer_notices++;
+        epd_trace_instant(srv->trace, "LayerDone sent", "msg", req->id, (int32_t)layer, now);
+    } else {
+        srv->layer_notices_skipped++;
+    }
+}
+
 /* Bytes one layer writes for this request. */
 static uint64_t epd_prefill_layer_bytes(const epd_kv_layout_t *kv, uint32_t layer,
                                         uint32_t n_blocks)
@@ -385,8 +424,8 @@ static int epd_prefill_group_ready(const epd_prefill_srv_t *srv, const epd_prefi
     return 0;
 }
 
-/* Posts every write that is ready, in layer order then block order, and
- * keeps each layer's checksum over the bytes in that order.  Neighbouring
+/* Posts every write that is ready, in layer order then block order (the
+ * order of the compute thread's checksum of each layer).  Neighbouring
  * blocks that are contiguous on both sides (consecutive ids in both block
  * tables: the usual case, both pools hand out their lowest free ids first)
  * go as one write: the bytes, their order and so the checksum are the same.
@@ -451,22 +490,24 @@ static int epd_prefill_post_writes(epd_prefill_srv_t *srv, epd_prefill_req_t *re
             }
             req->writes_inflight++;
             lw->inflight++;
+            lw->bytes += w.len;
             req->writes_posted++;
             req->writes_coalesced += span - 1;
-            if (req->post_idx == 0) {
-                epd_hash_state_reset(req->hash, 0);
-            }
-            epd_hash_state_update(req->hash, base + w.local_off, (size_t)w.len);
             req->post_idx += span;
         }
-        req->checksums[layer] = n > 0 ? epd_hash_state_digest(req->hash) : 0;
+        /* req->checksums[layer] was written by the compute thread before it
+         * handed the layer over (the event queue orders it before us) */
         req->post_layer++;
         req->post_idx = 0;
         lw->all_posted = 1;
-        if (lw->inflight == 0 && n > 0 && srv->trace != NULL) {
+        if (lw->inflight == 0 && n > 0) {
             epd_prefill_lw_done(srv, lw); /* completed while we were posting */
         }
-        epd_prefill_maybe_layer_done(srv, req, layer);
+        if (srv->layer_notify && n > 0) {
+            epd_prefill_layer_landed(srv, req, layer);
+        } else {
+            epd_prefill_maybe_layer_done(srv, req, layer);
+        }
     }
     return 0;
 }

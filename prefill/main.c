@@ -53,6 +53,7 @@ typedef struct {
     int64_t connect_timeout_ms;
     int64_t max_inflight_writes;
     int64_t write_group_bytes;
+    int layer_notify;
     const char *trace;
     int64_t trace_events;
     const char *router;
@@ -243,6 +244,7 @@ static int epd_prefill_run(const epd_prefill_flags_t *fl)
     srv->peer_timeout_ms = (uint32_t)fl->peer_timeout_ms;
     srv->connect_timeout_ms = (uint32_t)fl->connect_timeout_ms;
     srv->write_group_bytes = (uint64_t)fl->write_group_bytes;
+    srv->layer_notify = fl->layer_notify;
     srv->trace_path = fl->trace;
     srv->epoch.start_time_ns = epd_time_wall_ns();
     srv->epoch.nonce = epd_rng_entropy();
@@ -498,6 +500,7 @@ int main(int argc, char **argv)
         .connect_timeout_ms = 3000,
         .max_inflight_writes = 4096,
         .write_group_bytes = EPD_PREFILL_WRITE_GROUP_DEFAULT,
+        .layer_notify = 1,
         .trace = NULL,
         .trace_events = 1 << 20,
         .router = NULL,
@@ -532,6 +535,10 @@ int main(int argc, char **argv)
         {"write-group-bytes", EPD_OPT_INT, &fl.write_group_bytes, 0, (int64_t)1 << 40,
          "while compute runs, post finished layers' writes once this many bytes wait "
          "(0: every layer as it finishes)"},
+        {"layer-notify", EPD_OPT_BOOL, &fl.layer_notify, 0, 0,
+         "after each layer's writes send decode a LayerDone fenced behind them, so it "
+         "verifies that layer at once (--no-layer-notify: verification only after "
+         "PrefillComplete)"},
         {"trace", EPD_OPT_STRING, &fl.trace, 0, 0,
          "record a per-request trace; Chrome trace JSON written to FILE at exit and on SIGUSR1"},
         {"trace-events", EPD_OPT_INT, &fl.trace_events, 1024, 1 << 26,

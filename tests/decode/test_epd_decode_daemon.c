@@ -590,7 +590,12 @@ static void on_write(void *arg, epd_status_t status)
  */
 static void send_abort(side_t *s, const char *who, uint64_t id);
 
-static void fake_prefill_ex(const rq_t *r, int corrupt_layer, int abort_after)
+/* landed: after each layer's writes, a LayerDone{landed} fenced behind
+ * them (per-layer verification; corrupt_layer then corrupts only that
+ * LayerDone's sum); pc_differs: PrefillComplete carries a wrong sum for
+ * layer 0 whose LayerDone was right. */
+static void fake_prefill_ex(const rq_t *r, int corrupt_layer, int abort_after, int landed,
+                            int pc_differs)
 {
     Epd__Envelope *env = take(&T.p, r->id, EPD__ENVELOPE__BODY_RESERVATION, 5000);
     Epd__Envelope out = EPD__ENVELOPE__INIT;
@@ -643,7 +648,25 @@ static void fake_prefill_ex(const rq_t *r, int corrupt_layer, int abort_after)
                 epd_hash_state_update(h, (char *)T.pool.base + src, T.info->kv.block_bytes);
             }
         }
-        sums[l] = epd_hash_state_digest(h) ^ ((int)l == corrupt_layer ? 1u : 0u);
+        /* with landed LayerDones, corrupt_layer corrupts only the
+         * LayerDone's sum: PrefillComplete's is right, so only the
+         * per-layer check can catch it */
+        sums[l] = epd_hash_state_digest(h) ^ ((int)l == corrupt_layer && !landed ? 1u : 0u);
+        if (landed) {
+            Epd__Envelope lo = EPD__ENVELOPE__INIT;
+            Epd__LayerDone ld = EPD__LAYER_DONE__INIT;
+
+            ld.request_id = r->id;
+            ld.layer = l;
+            ld.checksum = sums[l] ^ ((int)l == corrupt_layer ? 1u : 0u);
+            ld.landed = 1;
+            lo.body_case = EPD__ENVELOPE__BODY_LAYER_DONE;
+            lo.layer_done = &ld;
+            send_env(&T.p, P_ID, &lo, EPD_XPORT_SEND_FENCE);
+        }
+    }
+    if (pc_differs) {
+        sums[0] ^= 2u;
     }
     pc.request_id = r->id;
     pc.first_token = (uint32_t)first;
@@ -670,7 +693,7 @@ static void fake_prefill_ex(const rq_t *r, int corrupt_layer, int abort_after)
 
 static void fake_prefill(const rq_t *r, int corrupt_layer)
 {
-    fake_prefill_ex(r, corrupt_layer, 0);
+    fake_prefill_ex(r, corrupt_layer, 0, 0, 0);
 }
 
 /* Collects r's chunks until the final one (or an Error: returns its
@@ -759,7 +782,8 @@ static void test_disagg_equals_colocated(void **state)
         send_generate(&r[i]);
     }
     for (int i = 0; i < 4; i++) {
-        fake_prefill(&r[i], -1);
+        /* half of them verified layer by layer as the layers land */
+        fake_prefill_ex(&r[i], -1, 0, i % 2, 0);
     }
     for (int i = 0; i < 4; i++) {
         assert_int_equal(collect(&r[i], 20000), 0);
@@ -779,6 +803,38 @@ static void test_corrupt_checksum(void **state)
     send_generate(&r);
     fake_prefill(&r, 1);
     expect_error(r.id, EPD_ERR_CORRUPT, 5000);
+    assert_null(take(&T.c, r.id, EPD__ENVELOPE__BODY_TOKENS, 200));
+    wait_full(3000);
+}
+
+/* Per-layer verification: a landed LayerDone whose checksum does not match
+ * what arrived fails the request (even though PrefillComplete's sums are
+ * right), and the blocks come back only once the prefill side is done. */
+static void test_corrupt_layer_done(void **state)
+{
+    rq_t r;
+
+    (void)state;
+    rq_init(&r, 22, 40, 10);
+    send_generate(&r);
+    fake_prefill_ex(&r, 2, 0, 1, 0);
+    expect_error(r.id, EPD_ERR_CORRUPT, 5000);
+    assert_null(take(&T.c, r.id, EPD__ENVELOPE__BODY_TOKENS, 200));
+    wait_full(3000);
+}
+
+/* A PrefillComplete that disagrees with a layer's landed LayerDone is
+ * refused as invalid (the layer was already verified against the
+ * LayerDone's sum; without per-layer checks it would read as corrupt). */
+static void test_layer_done_disagrees(void **state)
+{
+    rq_t r;
+
+    (void)state;
+    rq_init(&r, 23, 30, 10);
+    send_generate(&r);
+    fake_prefill_ex(&r, -1, 0, 1, 1);
+    expect_error(r.id, EPD_ERR_INVALID_PARAM, 5000);
     assert_null(take(&T.c, r.id, EPD__ENVELOPE__BODY_TOKENS, 200));
     wait_full(3000);
 }
@@ -839,7 +895,7 @@ static void test_abort_right_after_complete(void **state)
     send_generate(&r);
     /* the Abort follows the fenced PrefillComplete at once: it usually
      * lands first (quarantine, then the completion releases the blocks) */
-    fake_prefill_ex(&r, -1, 1);
+    fake_prefill_ex(&r, -1, 1, 0, 0);
     print_message("abort right after complete: %u tokens, finish %d\n", r.n_got, drain_chunks(&r));
     wait_full(3000);
 }
@@ -1110,6 +1166,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_disagg_equals_colocated),
         cmocka_unit_test(test_corrupt_checksum),
+        cmocka_unit_test(test_corrupt_layer_done),
+        cmocka_unit_test(test_layer_done_disagrees),
         cmocka_unit_test(test_abort_before_complete_quarantines),
         cmocka_unit_test(test_abort_right_after_complete),
         cmocka_unit_test(test_abort_while_generating),
