@@ -3,7 +3,9 @@
 # (RegisterWorker + Heartbeat): /v1/completions and /v1/chat/completions,
 # streaming and not, greedy and sampled, answer exactly epd-generate's text
 # for the same prompt and sampling settings; /v1/models, /health, Status
-# and the pool table (epd-ctl workers) through epd-ctl; SIGTERM stops everything with exit 0.
+# and the pool table (epd-ctl workers) through epd-ctl; /metrics counts the
+# KV bytes moved (sent by prefill = received and verified by decode);
+# SIGTERM stops everything with exit 0.
 source "$(dirname "$0")/lib.sh"
 
 mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
@@ -49,6 +51,24 @@ router_client same "$r_HTTP" "$T/m" "$G" --prompt-file "$T/p1" --max-tokens 16 -
 router_client same "$r_HTTP" "$T/m" "$G" --prompt-file "$T/p1" --max-tokens 400 --temperature 0 \
   --stream || fail "400 tokens streamed"
 wait_blocks_free "$d_ADDR"
+
+note "/metrics: the KV bytes prefill wrote equal the bytes decode received and verified"
+# both come from the workers' heartbeats (every 200 ms here): wait until
+# they agree and stop moving
+prev=""
+for i in $(seq 1 100); do
+  sent=$(router_metric "$r_HTTP" epd_router_kv_bytes_sent_total)
+  recv=$(router_metric "$r_HTTP" epd_router_kv_bytes_received_total)
+  [ -n "$sent" ] && [ "$sent" -gt 0 ] && [ "$sent" = "$recv" ] && [ "$sent" = "$prev" ] && break
+  prev=$sent
+  sleep 0.2
+done
+[ -n "$sent" ] && [ "$sent" -gt 0 ] || fail "kv_bytes_sent_total=$sent"
+[ "$sent" = "$recv" ] || fail "KV bytes sent $sent != received $recv"
+w_sent=$(router_metric "$r_HTTP" 'epd_router_worker_kv_bytes_total{worker="prefill-0",pool="prefill",direction="sent"}')
+w_recv=$(router_metric "$r_HTTP" 'epd_router_worker_kv_bytes_total{worker="decode-0",pool="decode",direction="received"}')
+[ "$w_sent" = "$sent" ] && [ "$w_recv" = "$recv" ] ||
+  fail "per-worker KV bytes $w_sent / $w_recv, totals $sent / $recv"
 stop_daemon r TERM
 [ "$STOP_RC" = 0 ] || fail "router exited $STOP_RC on SIGTERM"
 finish_ok

@@ -13,7 +13,10 @@
 #  - the killed worker restarted under the same id registers under its new
 #    epoch (the old incarnation stays listed, DEAD) and takes traffic;
 #  - a decode worker that refuses for capacity gets its requests retried on
-#    another one (all succeed, epd_router_retries_total counts them).
+#    another one (all succeed, epd_router_retries_total counts them);
+#  - a worker drained through its own Drain RPC (epd-ctl drain WORKER) is
+#    DRAINING in the registry after its next heartbeat and gets no request;
+#    with every prefill worker draining a request gets 503.
 source "$(dirname "$0")/lib.sh"
 
 # slow enough per decode step that 1200-token streams are still running when
@@ -156,4 +159,15 @@ r1=$(router_metric "$H" epd_router_retries_total)
 wait_blocks_free "$d0b_ADDR"
 wait_blocks_free "$d1_ADDR"
 wait_blocks_free "$d3_ADDR"
+
+note "drain prefill-0 through its own Drain RPC: the router sees it in a heartbeat"
+"$BIN/epd-ctl" drain "$p0_ADDR" --worker-id prefill-0 >/dev/null || fail "drain of prefill-0 itself"
+wait_router_state "$r_ADDR" prefill-0 DRAINING 5
+before0=$(router_metric "$H" 'epd_router_worker_requests_total{worker="prefill-0",pool="prefill"}')
+# both prefill workers drain: nothing can take a prompt now
+code=$(curl -s -o "$T/nop.out" -w '%{http_code}' --max-time 10 "$H/v1/completions" \
+  -d '{"model":"m","prompt":"Nobody prefills this.","max_tokens":4}')
+[ "$code" = 503 ] || fail "with every prefill worker draining: HTTP $code $(cat "$T/nop.out")"
+after0=$(router_metric "$H" 'epd_router_worker_requests_total{worker="prefill-0",pool="prefill"}')
+[ "$before0" = "$after0" ] || fail "self-drained prefill-0 got requests ($before0 -> $after0)"
 finish_ok

@@ -8,3 +8,7 @@ $(eval $(call epd_test,test_epd_openai,tests/router/test_epd_openai.c,epd_api ep
 $(test_epd_openai_OBJS): EPD_CPPFLAGS += -Irouter
 $(eval $(call epd_test,test_epd_http,tests/router/test_epd_http.c,epd_api epd_engine epd_common))
 $(test_epd_http_OBJS): EPD_CPPFLAGS += -Irouter
+# router/epd_router_registry (states, policies) linked alone: the test
+# stands in for the client's endpoint state.
+$(eval $(call epd_test,test_epd_router_registry,tests/router/test_epd_router_registry.c router/epd_router_registry.c,epd_common))
+$(test_epd_router_registry_OBJS): EPD_CPPFLAGS += -Irouter

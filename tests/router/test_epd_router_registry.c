@@ -1,0 +1,336 @@
+/*
+ * test_epd_router_registry.c — the router's registry and its policies
+ * (router/epd_router_registry.c), as a pure data structure: states and
+ * their transitions on heartbeats and silence, and which worker each
+ * policy picks — round robin, least load, prefix affinity with its
+ * fallback to least load when the affine worker is overloaded, the avoid
+ * list of retries.
+ *
+ * The registry asks the request-plane client only whether a worker's
+ * endpoint is healthy (epd_client_worker_state); this test links the
+ * registry alone and answers that itself, so endpoints can fail on demand.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "epd_test.h"
+
+#include "epd_alloc.h"
+#include "epd_client.h"
+#include "epd_router_registry.h"
+
+/* The client's worker handle, as far as the registry can see it. */
+struct epd_client_worker {
+    epd_status_t state;
+};
+
+epd_status_t epd_client_worker_state(const epd_client_worker_t *w)
+{
+    return w->state;
+}
+
+#define MS 1000000ull
+#define MAX_W 8
+
+typedef struct {
+    epd_router_registry_t reg;
+    struct epd_client_worker cw[MAX_W];
+    epd_router_worker_t *w[MAX_W];
+    int n;
+} fx_t;
+
+static epd_router_worker_t *fx_add(fx_t *f, const char *id, int role, uint64_t now)
+{
+    epd_client_worker_info_t info;
+    epd_router_worker_t *w;
+
+    assert_true(f->n < MAX_W);
+    memset(&info, 0, sizeof(info));
+    snprintf(info.worker_id, sizeof(info.worker_id), "%s", id);
+    info.role = role;
+    info.block_tokens = 16;
+    info.kv_blocks_total = 1000;
+    info.kv_blocks_free = 1000;
+    info.max_batch = 8;
+    w = epd_router_registry_add(&f->reg, &info, now);
+    assert_non_null(w);
+    f->cw[f->n].state = EPD_OK;
+    w->cw = &f->cw[f->n];
+    f->w[f->n++] = w;
+    return w;
+}
+
+static void fx_init(fx_t *f, epd_router_policy_t policy)
+{
+    memset(f, 0, sizeof(*f));
+    epd_router_registry_init(&f->reg, policy, 1000);
+}
+
+static epd_router_worker_t *pick(fx_t *f, int role, const uint32_t *prompt, uint32_t n)
+{
+    return epd_router_registry_pick(&f->reg, role, prompt, n, NULL, 0);
+}
+
+/* A prompt of n tokens made from seed. */
+static void prompt_of(uint32_t seed, uint32_t *p, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        p[i] = (seed * 2654435761u + i * 40503u) % 256;
+    }
+}
+
+static void test_policy_names(void **state)
+{
+    epd_router_policy_t p;
+
+    (void)state;
+    assert_int_equal(epd_router_policy_parse("round-robin", &p), EPD_OK);
+    assert_int_equal(p, EPD_ROUTER_POLICY_ROUND_ROBIN);
+    assert_int_equal(epd_router_policy_parse("least-load", &p), EPD_OK);
+    assert_int_equal(p, EPD_ROUTER_POLICY_LEAST_LOAD);
+    assert_int_equal(epd_router_policy_parse("prefix-affinity", &p), EPD_OK);
+    assert_int_equal(p, EPD_ROUTER_POLICY_PREFIX_AFFINITY);
+    assert_int_equal(epd_router_policy_parse("random", &p), EPD_ERR_INVALID_PARAM);
+    assert_string_equal(epd_router_policy_name(EPD_ROUTER_POLICY_PREFIX_AFFINITY),
+                        "prefix-affinity");
+}
+
+/* Round robin cycles over the eligible workers of a role only. */
+static void test_round_robin(void **state)
+{
+    fx_t f;
+    int seen[3] = {0};
+
+    (void)state;
+    fx_init(&f, EPD_ROUTER_POLICY_ROUND_ROBIN);
+    fx_add(&f, "p0", EPD_CLIENT_ROLE_PREFILL, 0);
+    fx_add(&f, "p1", EPD_CLIENT_ROLE_PREFILL, 0);
+    fx_add(&f, "p2", EPD_CLIENT_ROLE_PREFILL, 0);
+    fx_add(&f, "d0", EPD_CLIENT_ROLE_DECODE, 0);
+    for (int i = 0; i < 30; i++) {
+        epd_router_worker_t *w = pick(&f, EPD_CLIENT_ROLE_PREFILL, NULL, 0);
+
+        assert_non_null(w);
+        assert_int_equal(w->info.role, EPD_CLIENT_ROLE_PREFILL);
+        seen[w->info.worker_id[1] - '0']++;
+    }
+    assert_int_equal(seen[0], 10);
+    assert_int_equal(seen[1], 10);
+    assert_int_equal(seen[2], 10);
+    /* a draining one and one whose endpoint failed get nothing */
+    f.w[1]->state = EPD_ROUTER_DRAINING;
+    f.cw[2].state = EPD_ERR_PEER_DEAD;
+    for (int i = 0; i < 10; i++) {
+        assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_PREFILL, NULL, 0), f.w[0]);
+    }
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_DECODE, NULL, 0), f.w[3]);
+    epd_router_registry_cleanup(&f.reg);
+}
+
+/* Least load: decode by in-flight requests per batch slot, then used KV
+ * blocks; prefill by queued prompt tokens. */
+static void test_least_load(void **state)
+{
+    fx_t f;
+    epd_router_worker_t *d0, *d1, *p0, *p1;
+
+    (void)state;
+    fx_init(&f, EPD_ROUTER_POLICY_LEAST_LOAD);
+    d0 = fx_add(&f, "d0", EPD_CLIENT_ROLE_DECODE, 0);
+    d1 = fx_add(&f, "d1", EPD_CLIENT_ROLE_DECODE, 0);
+    p0 = fx_add(&f, "p0", EPD_CLIENT_ROLE_PREFILL, 0);
+    p1 = fx_add(&f, "p1", EPD_CLIENT_ROLE_PREFILL, 0);
+    d0->inflight = 3;
+    d1->inflight = 1;
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_DECODE, NULL, 0), d1);
+    /* same batch use: the one with more free KV blocks */
+    d0->inflight = 1;
+    d0->hb_kv_blocks_free = 900;
+    d1->hb_kv_blocks_free = 100;
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_DECODE, NULL, 0), d0);
+    /* a bigger batch per request in flight weighs less */
+    d0->inflight = 2;
+    d0->info.max_batch = 64;
+    d1->inflight = 1;
+    d1->info.max_batch = 8;
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_DECODE, NULL, 0), d0);
+    p0->queued_tokens = 5000;
+    p1->queued_tokens = 100;
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_PREFILL, NULL, 0), p1);
+    p1->hb_queued_tokens = 10000; /* its heartbeat says it is behind */
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_PREFILL, NULL, 0), p0);
+    epd_router_registry_cleanup(&f.reg);
+}
+
+/* Prefix affinity: a prompt always goes to the same prefill worker (its
+ * first KV block decides), distinct prompts spread, and removing a worker
+ * moves only the prompts that were on it (consistent hashing). */
+static void test_prefix_affinity(void **state)
+{
+    fx_t f;
+    uint32_t p[64];
+    epd_router_worker_t *first[200];
+    int per[3] = {0};
+
+    (void)state;
+    fx_init(&f, EPD_ROUTER_POLICY_PREFIX_AFFINITY);
+    fx_add(&f, "prefill-a", EPD_CLIENT_ROLE_PREFILL, 0);
+    fx_add(&f, "prefill-b", EPD_CLIENT_ROLE_PREFILL, 0);
+    fx_add(&f, "prefill-c", EPD_CLIENT_ROLE_PREFILL, 0);
+    for (uint32_t s = 0; s < 200; s++) {
+        prompt_of(s, p, 64);
+        first[s] = pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 64);
+        assert_non_null(first[s]);
+        for (int i = 0; i < 3; i++) {
+            per[i] += first[s] == f.w[i];
+        }
+        /* the same first block, another tail: the same worker */
+        p[40] ^= 1;
+        assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 64), first[s]);
+    }
+    for (int i = 0; i < 3; i++) {
+        assert_true(per[i] > 30); /* about 67 each */
+    }
+    /* prefill-b leaves: only its prompts move */
+    f.w[1]->state = EPD_ROUTER_DEAD;
+    for (uint32_t s = 0; s < 200; s++) {
+        epd_router_worker_t *w;
+
+        prompt_of(s, p, 64);
+        w = pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 64);
+        if (first[s] != f.w[1]) {
+            assert_ptr_equal(w, first[s]);
+        } else {
+            assert_true(w == f.w[0] || w == f.w[2]);
+        }
+    }
+    /* decode under prefix affinity: least load */
+    fx_add(&f, "decode-a", EPD_CLIENT_ROLE_DECODE, 0)->inflight = 4;
+    fx_add(&f, "decode-b", EPD_CLIENT_ROLE_DECODE, 0);
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_DECODE, p, 64), f.w[4]);
+    epd_router_registry_cleanup(&f.reg);
+}
+
+/* The affine worker is skipped for the least loaded one only when it is
+ * more than EPD_ROUTER_AFFINITY_SLACK_TOKENS queued tokens behind it. */
+static void test_affinity_falls_back_to_least_load(void **state)
+{
+    fx_t f;
+    uint32_t p[32];
+    epd_router_worker_t *affine, *other;
+
+    (void)state;
+    fx_init(&f, EPD_ROUTER_POLICY_PREFIX_AFFINITY);
+    fx_add(&f, "prefill-a", EPD_CLIENT_ROLE_PREFILL, 0);
+    fx_add(&f, "prefill-b", EPD_CLIENT_ROLE_PREFILL, 0);
+    prompt_of(7, p, 32);
+    affine = pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 32);
+    other = affine == f.w[0] ? f.w[1] : f.w[0];
+    other->queued_tokens = 100;
+    affine->queued_tokens = 100 + EPD_ROUTER_AFFINITY_SLACK_TOKENS; /* at the slack: stays */
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 32), affine);
+    affine->queued_tokens++; /* beyond it: overloaded */
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 32), other);
+    /* when it catches up, the prompt goes back to it */
+    affine->queued_tokens = 0;
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 32), affine);
+    /* overloaded and the other one unusable: still served, by the affine one */
+    affine->queued_tokens = 100000;
+    other->state = EPD_ROUTER_SUSPECT;
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 32), affine);
+    epd_router_registry_cleanup(&f.reg);
+}
+
+/* Retries avoid the workers already tried, unless nothing else is left. */
+static void test_avoid_list(void **state)
+{
+    fx_t f;
+    epd_router_worker_t *avoid[1];
+
+    (void)state;
+    fx_init(&f, EPD_ROUTER_POLICY_LEAST_LOAD);
+    fx_add(&f, "d0", EPD_CLIENT_ROLE_DECODE, 0);
+    fx_add(&f, "d1", EPD_CLIENT_ROLE_DECODE, 0)->inflight = 5;
+    avoid[0] = f.w[0];
+    assert_ptr_equal(epd_router_registry_pick(&f.reg, EPD_CLIENT_ROLE_DECODE, NULL, 0, avoid, 1),
+                     f.w[1]);
+    f.w[1]->state = EPD_ROUTER_DRAINING;
+    assert_ptr_equal(epd_router_registry_pick(&f.reg, EPD_CLIENT_ROLE_DECODE, NULL, 0, avoid, 1),
+                     f.w[0]);
+    f.w[0]->state = EPD_ROUTER_SUSPECT;
+    assert_null(epd_router_registry_pick(&f.reg, EPD_CLIENT_ROLE_DECODE, NULL, 0, avoid, 1));
+    assert_null(pick(&f, EPD_CLIENT_ROLE_PREFILL, NULL, 0));
+    epd_router_registry_cleanup(&f.reg);
+}
+
+/* States over time: silence makes a worker SUSPECT, a heartbeat brings it
+ * back (DRAINING when it drains, asked by the router or by itself), a
+ * failed endpoint makes it DEAD, and DEAD entries without references are
+ * freed after the grace period. */
+static void test_tick_states(void **state)
+{
+    fx_t f;
+    uint32_t counts[2][5];
+    uint32_t died = 0;
+    epd_router_worker_t *a, *b, *c;
+
+    (void)state;
+    fx_init(&f, EPD_ROUTER_POLICY_LEAST_LOAD);
+    a = fx_add(&f, "a", EPD_CLIENT_ROLE_PREFILL, 0);
+    b = fx_add(&f, "b", EPD_CLIENT_ROLE_PREFILL, 0);
+    c = fx_add(&f, "c", EPD_CLIENT_ROLE_DECODE, 0);
+    epd_router_registry_tick(&f.reg, 500 * MS, &died);
+    assert_int_equal(a->state, EPD_ROUTER_READY);
+    assert_int_equal(died, 0);
+    /* a and b heartbeat, c goes silent */
+    a->last_hb_ns = b->last_hb_ns = 1400 * MS;
+    epd_router_registry_tick(&f.reg, 1500 * MS, &died);
+    assert_int_equal(a->state, EPD_ROUTER_READY);
+    assert_int_equal(c->state, EPD_ROUTER_SUSPECT);
+    assert_null(pick(&f, EPD_CLIENT_ROLE_DECODE, NULL, 0));
+    /* c comes back; b goes silent while it drains by itself */
+    c->last_hb_ns = 2000 * MS;
+    b->self_draining = 1;
+    epd_router_registry_tick(&f.reg, 2500 * MS, &died);
+    assert_int_equal(c->state, EPD_ROUTER_READY);
+    assert_int_equal(b->state, EPD_ROUTER_SUSPECT);
+    b->last_hb_ns = 2600 * MS;
+    a->last_hb_ns = 2600 * MS;
+    epd_router_registry_tick(&f.reg, 2700 * MS, &died);
+    assert_int_equal(b->state, EPD_ROUTER_DRAINING);
+    /* a's endpoint fails */
+    f.cw[0].state = EPD_ERR_PEER_DEAD;
+    epd_router_registry_tick(&f.reg, 2800 * MS, &died);
+    assert_int_equal(died, 1);
+    assert_int_equal(a->state, EPD_ROUTER_DEAD);
+    assert_null(epd_router_registry_find(&f.reg, "a"));
+    epd_router_registry_counts(&f.reg, counts);
+    assert_int_equal(counts[0][EPD_ROUTER_DEAD], 1);
+    assert_int_equal(counts[0][EPD_ROUTER_DRAINING], 1);
+    assert_int_equal(counts[1][EPD_ROUTER_READY], 1);
+    /* a referenced DEAD entry stays; unreferenced, it goes after 30 s */
+    epd_router_worker_ref(a);
+    epd_router_registry_tick(&f.reg, 60000 * MS, &died);
+    epd_router_registry_counts(&f.reg, counts);
+    assert_int_equal(counts[0][EPD_ROUTER_DEAD], 1);
+    epd_router_worker_unref(a);
+    epd_router_registry_tick(&f.reg, 60001 * MS, &died);
+    epd_router_registry_counts(&f.reg, counts);
+    assert_int_equal(counts[0][EPD_ROUTER_DEAD], 0);
+    epd_router_registry_cleanup(&f.reg);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_policy_names),
+        cmocka_unit_test(test_round_robin),
+        cmocka_unit_test(test_least_load),
+        cmocka_unit_test(test_prefix_affinity),
+        cmocka_unit_test(test_affinity_falls_back_to_least_load),
+        cmocka_unit_test(test_avoid_list),
+        cmocka_unit_test(test_tick_states),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
