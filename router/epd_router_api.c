@@ -156,6 +156,21 @@ static epd_status_t epd__dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
         q.user = r;
         st = epd_client_submit(rt->client, &q, &r->client_id);
         if (st == EPD_OK) {
+            if (rt->trace != NULL) {
+                uint64_t t = epd_time_now_ns();
+
+                if (r->attempts == 0) {
+                    epd_trace_span(rt->trace, "parse + tokenize", "router", r->client_id, -1,
+                                   r->t_arrival_ns, r->t_parsed_ns);
+                    epd_trace_span(rt->trace, "choose + submit", "router", r->client_id, -1,
+                                   r->t_parsed_ns, t);
+                } else {
+                    epd_trace_instant(rt->trace, "resubmitted", "router", r->client_id,
+                                      (int32_t)r->attempts, t);
+                }
+                r->t_submit_ns = t;
+            }
+            r->trace_id = r->client_id;
             r->pw = pw;
             r->dw = dw;
             epd_router_worker_ref(pw);
@@ -220,6 +235,8 @@ static void epd__fail_http(epd_router_t *rt, epd_router_req_t *r, epd_router_err
         epd__respond_error(rt, r->http, &err);
     }
     epd_router_histo_observe(&rt->m.e2e, (double)(epd_time_now_ns() - r->t_arrival_ns) / 1e9);
+    epd_trace_span(rt->trace, "request (failed)", "router", r->trace_id, -1, r->t_arrival_ns,
+                   epd_time_now_ns());
     r->http = NULL;
     r->done = 1;
 }
@@ -286,6 +303,8 @@ static void epd__finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish
         }
     }
     epd_router_histo_observe(&rt->m.e2e, (double)(now - r->t_arrival_ns) / 1e9);
+    epd_trace_span(rt->trace, "request", "router", r->trace_id, -1, r->t_arrival_ns,
+                   epd_time_now_ns());
     r->http = NULL;
     r->done = 1;
 }
@@ -492,6 +511,8 @@ void epd__router_on_event(void *arg, const epd_client_event_t *ev)
     if (ev->n_tokens > 0) {
         if (r->n_out == 0) {
             epd_router_histo_observe(&rt->m.ttft, (double)(now - r->t_arrival_ns) / 1e9);
+            epd_trace_span(rt->trace, "wait for first token", "router", ev->request_id, -1,
+                           r->t_submit_ns, now);
             if (r->prefill_counted && r->pw != NULL) {
                 r->pw->queued_tokens -= r->n_prompt;
                 r->prefill_counted = 0;
@@ -500,6 +521,7 @@ void epd__router_on_event(void *arg, const epd_client_event_t *ev)
             epd_router_histo_observe(&rt->m.itl, (double)(now - r->t_last_ns) / 1e9);
         }
         r->t_last_ns = now;
+        epd_trace_instant(rt->trace, "TokenChunk received", "msg", ev->request_id, -1, now);
         r->n_out += ev->n_tokens;
         if (!r->done) {
             int stop;
@@ -667,6 +689,7 @@ static void epd__generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_kind_t
         r->max_stop_len = sl > r->max_stop_len ? sl : r->max_stop_len;
     }
     r->t_arrival_ns = now;
+    r->t_parsed_ns = epd_time_now_ns();
     r->deadline_ns = now + (uint64_t)rt->request_timeout_ms * 1000000ull;
     r->created = (int64_t)time(NULL);
     epd_oai_make_id(kind, (rt->epoch_nonce ^ (++rt->id_counter * 0x9e3779b97f4a7c15ull)), r->id);

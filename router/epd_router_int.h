@@ -23,6 +23,7 @@
 #include "epd_router_metrics.h"
 #include "epd_router_registry.h"
 #include "epd_rpc.h"
+#include "epd_trace.h"
 #include "epd_xport_uv.h"
 
 #define EPD_ROUTER_LOG "router"
@@ -52,7 +53,10 @@ typedef struct epd_router_req {
     int done;             /* the HTTP side is finished (answered or gone) */
     int upstream_aborted; /* Abort sent for the attempt in flight */
     uint64_t t_arrival_ns;
-    uint64_t t_last_ns; /* last token chunk */
+    uint64_t t_parsed_ns; /* body parsed and prompt tokenized (trace) */
+    uint64_t t_submit_ns; /* the attempt in flight was submitted (trace) */
+    uint64_t trace_id;    /* the newest attempt's id, kept after it ended (trace) */
+    uint64_t t_last_ns;   /* last token chunk */
     uint64_t deadline_ns;
     char id[EPD_OAI_ID_MAX];
     int64_t created;
@@ -98,6 +102,12 @@ struct epd_router {
     size_t tok_scratch_cap;
     char *detok_scratch;
     size_t detok_scratch_cap;
+    /* --trace: per-request spans on the loop thread, keyed by the request
+     * id the workers see (the attempt's epd_client id), so the router's
+     * trace merges with the prefill and decode daemons' */
+    epd_trace_t *trace;
+    const char *trace_path;
+    uv_signal_t sigusr1;
 };
 
 /* HTTP handler (epd_http_handler_cb_t), arg = the router. */

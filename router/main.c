@@ -55,6 +55,8 @@ typedef struct {
     int64_t max_body_bytes;
     int64_t peer_timeout_ms;
     int64_t connect_timeout_ms;
+    const char *trace;
+    int64_t trace_events;
 } epd_router_flags_t;
 
 /* Consulted only by LeakSanitizer builds: UCX and libfabric keep some
@@ -78,6 +80,33 @@ static void epd_router_on_tick(uv_timer_t *timer)
 
     epd_client_tick(rt->client);
     epd__router_tick(rt, epd_time_now_ns());
+}
+
+/* Writes the trace (--trace): blocking file I/O, so only at exit and on an
+ * explicit SIGUSR1, never per request. */
+static void epd_router_trace_write(epd_router_t *rt)
+{
+    uint64_t n, dropped;
+    epd_status_t st;
+
+    if (rt->trace == NULL) {
+        return;
+    }
+    st = epd_trace_write_json(rt->trace, rt->trace_path, 0);
+    epd_trace_counts(rt->trace, &n, &dropped);
+    if (st != EPD_OK) {
+        epd_log_error(EPD_ROUTER_LOG, 0, "cannot write the trace '%s': %s", rt->trace_path,
+                      epd_status_string(st));
+    } else {
+        epd_log_info(EPD_ROUTER_LOG, 0, "trace: %llu events written to %s (%llu dropped: buffer full)",
+                     (unsigned long long)n, rt->trace_path, (unsigned long long)dropped);
+    }
+}
+
+static void epd_router_on_sigusr1(uv_signal_t *sig, int signum)
+{
+    (void)signum;
+    epd_router_trace_write(sig->data);
 }
 
 static void epd_router_on_signal(uv_signal_t *sig, int signum)
@@ -237,6 +266,21 @@ static int epd_router_run(const epd_router_flags_t *fl)
     rt->sigterm.data = rt;
     uv_signal_init(&loop, &rt->sigint);
     rt->sigint.data = rt;
+    uv_signal_init(&loop, &rt->sigusr1);
+    rt->sigusr1.data = rt;
+    if (fl->trace != NULL && fl->trace[0] != '\0') {
+        char pname[64];
+
+        snprintf(pname, sizeof(pname), "epd-router %d", (int)getpid());
+        st = epd_trace_create((size_t)fl->trace_events, pname, &rt->trace);
+        if (st != EPD_OK) {
+            epd_log_error(EPD_ROUTER_LOG, 0, "cannot create the trace recorder: %s",
+                          epd_status_string(st));
+            goto out_handles;
+        }
+        rt->trace_path = fl->trace;
+        epd_trace_thread_name(rt->trace, "router loop");
+    }
 
     epd_client_config_init(&cc);
     cc.backend = fl->transport;
@@ -292,6 +336,9 @@ static int epd_router_run(const epd_router_flags_t *fl)
     uv_timer_start(&rt->timer, epd_router_on_tick, EPD_ROUTER_TICK_MS, EPD_ROUTER_TICK_MS);
     uv_signal_start(&rt->sigterm, epd_router_on_signal, SIGTERM);
     uv_signal_start(&rt->sigint, epd_router_on_signal, SIGINT);
+    if (rt->trace != NULL) {
+        uv_signal_start(&rt->sigusr1, epd_router_on_sigusr1, SIGUSR1);
+    }
 
     snprintf(line, sizeof(line), "http=%s:%u control=%s:%d pid=%d\n", http_host,
              (unsigned)epd_http_server_port(rt->http), ctl_host, epd_rpc_server_port(rt->rpc),
@@ -347,6 +394,8 @@ out_handles:
     epd_free(rt->tok_scratch);
     epd_free(rt->detok_scratch);
     epd_engine_close(rt->engine);
+    epd_router_trace_write(rt);
+    epd_trace_destroy(rt->trace);
     epd_free(rt);
     return rc;
 }
@@ -374,6 +423,8 @@ int main(int argc, char **argv)
         .max_body_bytes = 4 << 20,
         .peer_timeout_ms = 3000,
         .connect_timeout_ms = 3000,
+        .trace = NULL,
+        .trace_events = 1 << 20,
     };
     const epd_opt_t opts[] = {
         {"listen", EPD_OPT_STRING, &fl.listen, 0, 0, "HTTP address HOST:PORT (port 0: ephemeral)"},
@@ -408,6 +459,11 @@ int main(int argc, char **argv)
          "silence after which a worker's endpoint is declared dead"},
         {"connect-timeout-ms", EPD_OPT_INT, &fl.connect_timeout_ms, 1, 3600000,
          "deadline for connecting to a worker"},
+        {"trace", EPD_OPT_STRING, &fl.trace, 0, 0,
+         "record a per-request trace (ids as the workers see them); Chrome trace JSON written "
+         "to FILE at exit and on SIGUSR1"},
+        {"trace-events", EPD_OPT_INT, &fl.trace_events, 1024, 1 << 26,
+         "trace buffer capacity in events (64 bytes each; later events are dropped)"},
         {"log-level", EPD_OPT_STRING, &fl.log_level, 0, 0, "error, warn, info, debug or trace"},
     };
     epd_opts_t o = {.prog = "epd-router",

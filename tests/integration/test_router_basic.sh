@@ -5,14 +5,16 @@
 # for the same prompt and sampling settings; /v1/models, /health, Status
 # and the pool table (epd-ctl workers) through epd-ctl; /metrics counts the
 # KV bytes moved (sent by prefill = received and verified by decode);
-# SIGTERM stops everything with exit 0.
+# --trace on all three: the router's per-request spans use the request ids
+# the workers trace; SIGTERM stops everything with exit 0.
 source "$(dirname "$0")/lib.sh"
 
 mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
-start_router r --model "$T/m" --heartbeat-ms 200
+start_router r --model "$T/m" --heartbeat-ms 200 --trace "$T/r.trace.json"
 start_daemon d decode --model "$T/m" --worker-id decode-0 --kv-blocks 512 --state-slots 32 \
-  --router "$r_ADDR"
-start_daemon p prefill --model "$T/m" --worker-id prefill-0 --router "$r_ADDR"
+  --router "$r_ADDR" --trace "$T/d.trace.json"
+start_daemon p prefill --model "$T/m" --worker-id prefill-0 --router "$r_ADDR" \
+  --trace "$T/p.trace.json"
 wait_router_state "$r_ADDR" decode-0 READY
 wait_router_state "$r_ADDR" prefill-0 READY
 "$BIN/epd-ctl" status "$r_ADDR" | grep -q "worker=prefill-0 role=prefill" || fail "Status lacks prefill-0"
@@ -71,4 +73,34 @@ w_recv=$(router_metric "$r_HTTP" 'epd_router_worker_kv_bytes_total{worker="decod
   fail "per-worker KV bytes $w_sent / $w_recv, totals $sent / $recv"
 stop_daemon r TERM
 [ "$STOP_RC" = 0 ] || fail "router exited $STOP_RC on SIGTERM"
+
+note "--trace: the router's per-request spans carry the ids the workers trace"
+stop_daemon p TERM
+stop_daemon d TERM
+"$PYTHON3" - "$T/r.trace.json" "$T/p.trace.json" "$T/d.trace.json" <<'PY' || fail "traces"
+import json, sys
+def events(path):
+    return [e for e in json.load(open(path))["traceEvents"] if e.get("ph") in ("X", "i")]
+r, p, d = (events(f) for f in sys.argv[1:4])
+def ids(evs, name):
+    return {e["args"]["req"] for e in evs if e["name"] == name and "req" in e.get("args", {})}
+done = ids(r, "request")
+assert len(done) >= 16, f"only {len(done)} finished requests in the router's trace"
+for name in ("parse + tokenize", "choose + submit", "wait for first token", "TokenChunk received"):
+    missing = done - ids(r, name)
+    assert not missing, f"router: {len(missing)} requests without '{name}'"
+for e in r:
+    assert e["ts"] >= 0 and (e["ph"] != "X" or e["dur"] >= 0), e
+# every request the router finished reached both workers under the same id
+assert done <= ids(p, "GenerateRequest received"), "ids unknown to prefill"
+assert done <= ids(d, "GenerateRequest received"), "ids unknown to decode"
+# and each span sits inside its request's span
+span = {e["args"]["req"]: (e["ts"], e["ts"] + e["dur"]) for e in r if e["name"] == "request"}
+for e in r:
+    q = e.get("args", {}).get("req")
+    if q in span and e["name"] != "request":
+        a, b = span[q]
+        assert a - 1 <= e["ts"] <= b + 1, (e["name"], e["ts"], a, b)
+print(f"router trace: {len(done)} requests, {len(r)} events")
+PY
 finish_ok
