@@ -15,6 +15,7 @@ PACKAGES=(
   libjansson-dev                  # JSON: model config, safetensors headers
   libxxhash-dev                   # checksums and hashing
   libopenblas-dev                 # ref engine matrix products
+  libstb-dev                      # stb_image: PNG / JPEG decoding (vision encoder input)
   libcmocka-dev                   # unit tests
   python3 curl procps iproute2    # integration test helpers
 )

@@ -118,7 +118,7 @@ static const char *epd_engine_ops_problem(const epd_engine_ops_t *ops)
     }
     if (ops->name == NULL || ops->open == NULL || ops->close == NULL || ops->describe == NULL ||
         ops->tokenize == NULL || ops->detokenize == NULL || ops->prefill == NULL ||
-        ops->decode == NULL || ops->release == NULL) {
+        ops->decode == NULL || ops->release == NULL || ops->encode_image == NULL) {
         return "the table has a NULL slot";
     }
     return NULL;
@@ -179,7 +179,15 @@ static int epd_engine_layout_sane(const epd_engine_info_t *info)
             return 0;
         }
     }
-    return n_attn == kv->n_attn_layers && n_lin == kv->n_linear_layers;
+    if (n_attn != kv->n_attn_layers || n_lin != kv->n_linear_layers) {
+        return 0;
+    }
+    if (info->image_embeddings == 0) {
+        return info->image_token == -1 && info->embed_dim == 0;
+    }
+    return info->embed_dim > 0 && info->image_size > 0 && info->image_token >= 0 &&
+           (uint32_t)info->image_token < info->vocab_size &&
+           info->image_token != info->bos_token && info->image_token != info->eos_token;
 }
 
 epd_status_t epd_engine_open(const char *name, const epd_engine_config_t *config,
@@ -303,6 +311,193 @@ epd_status_t epd_engine_detokenize(const epd_engine_t *engine, const int32_t *to
     return engine->ops->detokenize(engine->impl, tokens, n, buf, cap, len_p);
 }
 
+/* Appends the tokens of text[0..len) (no BOS) at tokens[*n_p..cap). */
+static epd_status_t epd_engine_put_text(const epd_engine_t *engine, const char *text, size_t len,
+                                        int32_t *tokens, size_t cap, size_t *n_p)
+{
+    size_t got = 0;
+    epd_status_t status;
+
+    if (len == 0) {
+        return EPD_OK;
+    }
+    status = engine->ops->tokenize(engine->impl, text, len, 0, tokens + *n_p, cap - *n_p, &got);
+    if (status == EPD_OK) {
+        *n_p += got;
+    }
+    return status;
+}
+
+/* Appends one image's placeholders at tokens[*n_p..cap); *pos_p = where. */
+static epd_status_t epd_engine_put_image(const epd_engine_info_t *info, int32_t *tokens,
+                                         size_t cap, size_t *n_p, uint32_t *pos_p)
+{
+    if (cap - *n_p < info->image_embeddings) {
+        return EPD_ERR_TOO_LONG;
+    }
+    *pos_p = (uint32_t)*n_p;
+    for (uint32_t t = 0; t < info->image_embeddings; t++) {
+        tokens[(*n_p)++] = info->image_token;
+    }
+    return EPD_OK;
+}
+
+epd_status_t epd_engine_tokenize_images(const epd_engine_t *engine, const char *text, size_t len,
+                                        uint32_t n_images, int32_t *tokens, size_t cap,
+                                        size_t *n_p, uint32_t *image_pos)
+{
+    const size_t mlen = sizeof(EPD_IMAGE_MARKER) - 1;
+    const epd_engine_info_t *info = &engine->info;
+    uint32_t n_markers = 0;
+    size_t n = 0;
+    size_t seg = 0; /* start of the text not yet tokenized */
+    epd_status_t status;
+
+    if ((text == NULL && len > 0) || (tokens == NULL && cap > 0) || n_p == NULL ||
+        (image_pos == NULL && n_images > 0)) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (n_images > 0 && info->image_embeddings == 0) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "a prompt with %u images for engine '%s', which has no "
+                      "vision encoder", n_images, engine->ops->name);
+        return EPD_ERR_UNSUPPORTED;
+    }
+    for (size_t i = 0; i + mlen <= len; i++) {
+        if (memcmp(text + i, EPD_IMAGE_MARKER, mlen) == 0) {
+            n_markers++;
+            i += mlen - 1;
+        }
+    }
+    if (n_markers > 0 && n_markers != n_images) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "the prompt has %u %s markers for %u images", n_markers,
+                      EPD_IMAGE_MARKER, n_images);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    /* BOS (with no text: the engine's tokenizer decides what BOS is) */
+    status = engine->ops->tokenize(engine->impl, text, 0, 1, tokens, cap, &n);
+    if (status != EPD_OK) {
+        return status;
+    }
+    if (n_markers == 0) {
+        for (uint32_t k = 0; k < n_images; k++) {
+            status = epd_engine_put_image(info, tokens, cap, &n, &image_pos[k]);
+            if (status != EPD_OK) {
+                return status;
+            }
+        }
+    } else {
+        uint32_t k = 0;
+
+        for (size_t i = 0; i + mlen <= len;) {
+            if (memcmp(text + i, EPD_IMAGE_MARKER, mlen) != 0) {
+                i++;
+                continue;
+            }
+            status = epd_engine_put_text(engine, text + seg, i - seg, tokens, cap, &n);
+            if (status == EPD_OK) {
+                status = epd_engine_put_image(info, tokens, cap, &n, &image_pos[k++]);
+            }
+            if (status != EPD_OK) {
+                return status;
+            }
+            i += mlen;
+            seg = i;
+        }
+    }
+    status = epd_engine_put_text(engine, text + seg, len - seg, tokens, cap, &n);
+    if (status != EPD_OK) {
+        return status;
+    }
+    *n_p = n;
+    return EPD_OK;
+}
+
+epd_status_t epd_engine_encode_image(epd_engine_t *engine, const epd_image_view_t *image,
+                                     float *out)
+{
+    size_t bytes;
+
+    if (engine->info.image_embeddings == 0) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "engine '%s' has no vision encoder", engine->ops->name);
+        return EPD_ERR_UNSUPPORTED;
+    }
+    if (image == NULL || out == NULL || image->rgb == NULL || image->width == 0 ||
+        image->height == 0 ||
+        __builtin_mul_overflow((size_t)image->width * image->height, (size_t)3, &bytes)) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "encode of an empty image (%u x %u pixels)",
+                      image != NULL ? image->width : 0, image != NULL ? image->height : 0);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    return engine->ops->encode_image(engine->impl, image, out);
+}
+
+/* Checks the embedding spans of a prefill (see epd_prefill_args_t). */
+static epd_status_t epd_engine_check_spans(const epd_engine_t *engine,
+                                           const epd_prefill_args_t *args)
+{
+    const epd_engine_info_t *info = &engine->info;
+    uint64_t req = args->seq.req_id;
+    uint64_t end = (uint64_t)args->start + args->n_tokens;
+    uint32_t next = 0; /* index of the first span that may cover the position below */
+
+    if (args->n_embeds > 0 && args->embeds == NULL) {
+        epd_log_error(EPD_ENGINE_LOG, req, "prefill with %u embedding spans and no span array",
+                      args->n_embeds);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (args->n_embeds > 0 && info->image_embeddings == 0) {
+        epd_log_error(EPD_ENGINE_LOG, req, "embedding spans for engine '%s', which has no vision "
+                      "encoder", engine->ops->name);
+        return EPD_ERR_UNSUPPORTED;
+    }
+    for (uint32_t i = 0; i < args->n_embeds; i++) {
+        const epd_embed_span_t *sp = &args->embeds[i];
+
+        if (sp->n == 0 || sp->data == NULL) {
+            epd_log_error(EPD_ENGINE_LOG, req, "embedding span %u is empty or has no data", i);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        if ((uint64_t)sp->pos + sp->n > end) {
+            epd_log_error(EPD_ENGINE_LOG, req,
+                          "embedding span %u covers [%u, %llu), past the prompt's %llu tokens", i,
+                          sp->pos, (unsigned long long)sp->pos + sp->n, (unsigned long long)end);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        if (i > 0 && sp->pos < (uint64_t)args->embeds[i - 1].pos + args->embeds[i - 1].n) {
+            epd_log_error(EPD_ENGINE_LOG, req,
+                          "embedding span %u at %u overlaps or precedes span %u (spans must be "
+                          "sorted by position, without overlap)", i, sp->pos, i - 1);
+            return EPD_ERR_INVALID_PARAM;
+        }
+    }
+    /* Inside the chunk: a position is covered exactly when it holds the
+     * placeholder.  The spans are sorted, so one pass suffices. */
+    for (uint32_t t = 0; t < args->n_tokens; t++) {
+        uint64_t p = (uint64_t)args->start + t;
+        int covered;
+
+        while (next < args->n_embeds &&
+               (uint64_t)args->embeds[next].pos + args->embeds[next].n <= p) {
+            next++;
+        }
+        covered = next < args->n_embeds && args->embeds[next].pos <= p;
+        if (covered && args->tokens[t] != info->image_token) {
+            epd_log_error(EPD_ENGINE_LOG, req,
+                          "embedding span %u covers position %llu, which holds token %d, not the "
+                          "image placeholder %d", next, (unsigned long long)p, args->tokens[t],
+                          info->image_token);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        if (!covered && info->image_embeddings > 0 && args->tokens[t] == info->image_token) {
+            epd_log_error(EPD_ENGINE_LOG, req,
+                          "position %llu holds the image placeholder %d but no embedding span "
+                          "covers it", (unsigned long long)p, info->image_token);
+            return EPD_ERR_INVALID_PARAM;
+        }
+    }
+    return EPD_OK;
+}
+
 /* Checks that `seq` may hold `n_tok` tokens in `pool`. */
 static epd_status_t epd_engine_check_seq(const epd_engine_t *engine, const epd_kv_pool_t *pool,
                                          const epd_kv_seq_t *seq, uint64_t n_tok)
@@ -381,6 +576,10 @@ epd_status_t epd_engine_prefill(epd_engine_t *engine, const epd_kv_pool_t *pool,
         if (status != EPD_OK) {
             return status;
         }
+    }
+    status = epd_engine_check_spans(engine, args);
+    if (status != EPD_OK) {
+        return status;
     }
     return engine->ops->prefill(engine->impl, pool, args, sink, logits);
 }

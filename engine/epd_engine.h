@@ -159,18 +159,51 @@ typedef struct {
     int32_t eos_token;
     uint32_t max_context; /* tokens: a sequence never grows past this */
     uint32_t max_batch;
+    /* the vision encoder (0 / -1 when the engine has none) */
+    uint32_t image_embeddings; /* embedding vectors one image becomes */
+    uint32_t embed_dim;        /* floats per embedding vector (the LM's hidden size) */
+    int32_t image_token;       /* placeholder token id, -1 without vision */
+    uint32_t image_size;       /* the encoder's square input side, in pixels (informational) */
     epd_kv_layout_t kv;
 } epd_engine_info_t;
+
+/* A decoded image, RGB8 [height][width][3] bytes, rows top to bottom, no
+ * padding; the pixels are borrowed (epd_image_view() of epd_image.h makes
+ * one from an epd_image_t). */
+typedef struct {
+    uint32_t width;
+    uint32_t height;
+    const uint8_t *rgb;
+} epd_image_view_t;
+
+/* One image's embeddings placed at prompt positions [pos, pos + n): rows
+ * data[i * embed_dim ..] replace the token embedding of position pos + i. */
+typedef struct {
+    uint32_t pos;
+    uint32_t n;
+    const float *data; /* borrowed for the call: [n][embed_dim] f32 */
+} epd_embed_span_t;
 
 /* One prefill call: tokens [start, start + n_tokens) of a request whose
  * tokens [0, start) are already in its blocks and state slot (chunked
  * prefill; start 0 resets the state slot).  The block table must cover
- * start + n_tokens tokens. */
+ * start + n_tokens tokens.
+ *
+ * Multimodal prompts: the prompt holds image_embeddings image_token ids per
+ * image (epd_engine_tokenize_images), and `embeds` says which embedding rows
+ * go there.  Spans are sorted by pos, do not overlap and lie inside the
+ * prompt so far, [0, start + n_tokens); they may begin before this chunk
+ * (only the rows inside it are used).  So a chunk of a chunked prefill
+ * passes the spans that begin before its end, one straddling the end cut
+ * there (n = start + n_tokens - pos); the next chunk passes it whole again.
+ * Zero (NULL, 0) means text only. */
 typedef struct {
     epd_kv_seq_t seq;
     const int32_t *tokens; /* borrowed: n_tokens ids */
     uint32_t n_tokens;
     uint32_t start;
+    const epd_embed_span_t *embeds; /* borrowed for the call: n_embeds spans */
+    uint32_t n_embeds;
 } epd_prefill_args_t;
 
 /* One request of a decode step: appends the KV of `token` at position `pos`
@@ -184,7 +217,9 @@ typedef struct {
 /* An engine's private state (each engine defines the struct). */
 typedef struct epd_engine_impl epd_engine_impl_t;
 
-#define EPD_ENGINE_ABI_VERSION 1u
+/* 2: epd_engine_info_t's vision fields, epd_prefill_args_t.embeds, the
+ * encode_image op. */
+#define EPD_ENGINE_ABI_VERSION 2u
 
 /* The ops table.  No NULL slots.  Called only through epd_engine_* (which
  * validates arguments), on the instance's compute thread. */
@@ -205,6 +240,10 @@ typedef struct {
     epd_status_t (*decode)(epd_engine_impl_t *impl, const epd_kv_pool_t *pool,
                            const epd_decode_req_t *reqs, uint32_t n_reqs, float *logits);
     void (*release)(epd_engine_impl_t *impl, const epd_kv_pool_t *pool, const epd_kv_seq_t *seq);
+    /* writes [image_embeddings][embed_dim] f32 to out; an engine without
+     * vision returns EPD_ERR_UNSUPPORTED */
+    epd_status_t (*encode_image)(epd_engine_impl_t *impl, const epd_image_view_t *image,
+                                 float *out);
 } epd_engine_ops_t;
 
 /* A shared-object engine exports this symbol: a function of type
@@ -255,15 +294,55 @@ epd_status_t epd_engine_tokenize(const epd_engine_t *engine, const char *text, s
 epd_status_t epd_engine_detokenize(const epd_engine_t *engine, const int32_t *tokens, size_t n,
                                    char *buf, size_t cap, size_t *len_p);
 
+/* The literal that epd_engine_tokenize_images replaces with one image's
+ * placeholder tokens. */
+#define EPD_IMAGE_MARKER "<|image|>"
+
+/*
+ * Tokenizes a multimodal prompt into tokens[0..cap): BOS, then the text,
+ * where each occurrence of EPD_IMAGE_MARKER becomes image_embeddings
+ * image_token ids, image k's first placeholder at image_pos[k] (caller's
+ * array of n_images; may be NULL when n_images is 0).  A text without any
+ * marker gets the n_images images' placeholders right after BOS, in order.
+ * *n_p = count.  EPD_ERR_INVALID_PARAM when the text has markers but not
+ * exactly n_images of them; EPD_ERR_UNSUPPORTED for n_images > 0 on an
+ * engine without vision; EPD_ERR_TOO_LONG when cap is too small.  *n_p is
+ * written only on success (tokens and image_pos may be partly written on
+ * failure).  Any thread (pure).
+ */
+epd_status_t epd_engine_tokenize_images(const epd_engine_t *engine, const char *text, size_t len,
+                                        uint32_t n_images, int32_t *tokens, size_t cap,
+                                        size_t *n_p, uint32_t *image_pos);
+
+/*
+ * Runs one image through the engine's vision encoder and writes its
+ * image_embeddings x embed_dim floats to `out` (caller's buffer of
+ * [image_embeddings][embed_dim] f32): the rows an epd_embed_span_t then
+ * places at the image's placeholder positions.  `image` and its pixels are
+ * borrowed for the call; any size is accepted (the engine resizes).
+ * EPD_ERR_UNSUPPORTED when the engine has no vision encoder,
+ * EPD_ERR_INVALID_PARAM for NULL pointers or an empty image,
+ * EPD_ERR_NO_MEMORY.  Compute thread (as prefill: it uses the instance);
+ * synchronous.
+ */
+epd_status_t epd_engine_encode_image(epd_engine_t *engine, const epd_image_view_t *image,
+                                     float *out);
+
 /*
  * Runs tokens [start, start+n_tokens) of one request through the model,
  * writing their KV into the request's blocks of `pool` (and its recurrent
  * state into its slot), calling `sink` (may be NULL) after each layer, and
  * writes the vocab_size logits of the last position to `logits` (caller's
- * buffer).  EPD_ERR_TOO_LONG (logged) when start+n_tokens exceeds
- * max_context; EPD_ERR_INVALID_PARAM for an empty chunk, a bad token id, a
- * block table too short or naming blocks outside the pool, a slot outside
- * the pool; the sink's status when it aborts.  Compute thread; synchronous.
+ * buffer).  Positions covered by args->embeds take the span's row instead of
+ * their token's embedding.  EPD_ERR_TOO_LONG (logged) when start+n_tokens
+ * exceeds max_context; EPD_ERR_INVALID_PARAM for an empty chunk, a bad token
+ * id, a block table too short or naming blocks outside the pool, a slot
+ * outside the pool, spans unsorted, overlapping, empty, without data or
+ * reaching past start + n_tokens, a placeholder token in the chunk that no
+ * span covers or a covered position of the chunk that does not hold the
+ * placeholder; EPD_ERR_UNSUPPORTED for spans on an engine without vision;
+ * the sink's status when it aborts.  Nothing is written when an argument is
+ * refused.  Compute thread; synchronous.
  */
 epd_status_t epd_engine_prefill(epd_engine_t *engine, const epd_kv_pool_t *pool,
                                 const epd_prefill_args_t *args, const epd_engine_sink_t *sink,

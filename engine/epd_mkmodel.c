@@ -21,10 +21,34 @@
 #define EPD_MK_LOG "mkmodel"
 #define EPD_MK_CHUNK 4096
 
+void epd_mkmodel_vision_defaults(epd_mkmodel_params_t *p)
+{
+    epd_ref_vision_hparams_t *v = &p->hp.vision;
+
+    p->hp.has_vision = 1;
+    p->hp.vocab = EPD_REF_MIN_VOCAB + 1;
+    p->hp.image_token = EPD_REF_IMAGE_TOKEN;
+    v->image_size = 224;
+    v->patch_size = 16;
+    v->dim = 192;
+    v->n_layers = 4;
+    v->n_heads = 3;
+    v->ffn = 768;
+    v->merge = 2;
+    v->ln_eps = 1e-6;
+}
+
+void epd_mkmodel_text_only(epd_mkmodel_params_t *p)
+{
+    p->hp.has_vision = 0;
+    p->hp.vocab = EPD_REF_MIN_VOCAB;
+    p->hp.image_token = -1;
+    memset(&p->hp.vision, 0, sizeof(p->hp.vision));
+}
+
 void epd_mkmodel_defaults(epd_mkmodel_params_t *p)
 {
     memset(p, 0, sizeof(*p));
-    p->hp.vocab = 258;
     p->hp.dim = 256;
     p->hp.n_layers = 8;
     p->hp.n_heads = 8;
@@ -37,6 +61,7 @@ void epd_mkmodel_defaults(epd_mkmodel_params_t *p)
     p->hp.bos = EPD_REF_BOS;
     p->hp.eos = EPD_REF_EOS;
     strcpy(p->hp.pattern, "LLA");
+    epd_mkmodel_vision_defaults(p);
     p->seed = 1;
     p->dtype = EPD_DTYPE_F32;
 }

@@ -16,6 +16,13 @@
  *    one thread: daemons own their threads.
  *  - Prefill allocates its activations per call (sized by the chunk); decode
  *    allocates nothing: its scratch is sized at open by max_batch.
+ *  - The vision encoder (encode_image) is a ViT on the same kernels: the
+ *    image is resized straight into the patch matrix [N][P*P*3], then every
+ *    projection is one sgemm over all N patches and attention is two sgemms
+ *    per head (all patches see all patches).  Its activations are allocated
+ *    per call, like prefill's.  Prefill places the caller's embedding rows
+ *    over the token embeddings of the covered positions and is otherwise
+ *    unchanged.
  */
 #include <cblas.h>
 #include <math.h>
@@ -45,6 +52,44 @@ typedef struct {
     const float *down;      /* [dim, ffn] */
 } epd_ref_layer_t;
 
+/* The tensors of one vision block, in epd_ref_model.h's order. */
+enum {
+    EPD_REF_V_N1W,
+    EPD_REF_V_N1B,
+    EPD_REF_V_QW,
+    EPD_REF_V_QB,
+    EPD_REF_V_KW,
+    EPD_REF_V_KB,
+    EPD_REF_V_VW,
+    EPD_REF_V_VB,
+    EPD_REF_V_OW,
+    EPD_REF_V_OB,
+    EPD_REF_V_N2W,
+    EPD_REF_V_N2B,
+    EPD_REF_V_FC1W,
+    EPD_REF_V_FC1B,
+    EPD_REF_V_FC2W,
+    EPD_REF_V_FC2B,
+};
+
+typedef struct {
+    const float *t[EPD_REF_VISION_PER_BLOCK]; /* [D, D] maps, [D] / [ffn] vectors */
+} epd_ref_vblock_t;
+
+/* The vision encoder's weights (NULL pointers without vision). */
+typedef struct {
+    const float *patch_w;     /* [D, P*P*3] */
+    const float *patch_b;     /* [D] */
+    const float *pos;         /* [N, D] */
+    epd_ref_vblock_t *blocks; /* [vision layers] */
+    const float *post_w;      /* [D] */
+    const float *post_b;
+    const float *m0_w; /* [m*m*D, m*m*D] */
+    const float *m0_b;
+    const float *m2_w; /* [dim, m*m*D] */
+    const float *m2_b; /* [dim] */
+} epd_ref_vision_t;
+
 struct epd_engine_impl {
     epd_ref_hparams_t hp;
     epd_engine_info_t info;
@@ -53,6 +98,7 @@ struct epd_engine_impl {
     const float *final_norm; /* [dim] */
     const float *lm_head;    /* [vocab, dim] */
     epd_ref_layer_t *layers; /* [n_layers] */
+    epd_ref_vision_t vis;
     float *rope_cos;         /* [max_context][hd/2] */
     float *rope_sin;
     float *decay; /* [heads] */
@@ -218,15 +264,38 @@ static void epd_ref_close(epd_engine_impl_t *e)
     epd_free(e->decay);
     epd_free(e->rope_sin);
     epd_free(e->rope_cos);
+    epd_free(e->vis.blocks);
     epd_free(e->layers);
     epd_free(e->weights);
     epd_free(e);
+}
+
+/* Points the vision weights at the i-th vision tensor `w` (0-based among
+ * the vision tensors, epd_ref_model.h's order). */
+static void epd_ref_vision_slot(epd_engine_impl_t *e, size_t i, const float *w)
+{
+    size_t blocks = (size_t)e->hp.vision.n_layers * EPD_REF_VISION_PER_BLOCK;
+    epd_ref_vision_t *v = &e->vis;
+
+    if (i < 3) {
+        const float **head[3] = {&v->patch_w, &v->patch_b, &v->pos};
+
+        *head[i] = w;
+    } else if (i < 3 + blocks) {
+        v->blocks[(i - 3) / EPD_REF_VISION_PER_BLOCK].t[(i - 3) % EPD_REF_VISION_PER_BLOCK] = w;
+    } else {
+        const float **tail[6] = {&v->post_w, &v->post_b, &v->m0_w,
+                                 &v->m0_b,   &v->m2_w,   &v->m2_b};
+
+        *tail[i - 3 - blocks] = w;
+    }
 }
 
 static epd_status_t epd_ref_load_weights(epd_engine_impl_t *e, const char *dir)
 {
     const epd_ref_hparams_t *hp = &e->hp;
     size_t n = epd_ref_tensor_count(hp);
+    size_t n_lm = epd_ref_lm_tensor_count(hp);
     epd_st_file_t *file;
     char path[4096];
     uint64_t total = 0;
@@ -248,7 +317,10 @@ static epd_status_t epd_ref_load_weights(epd_engine_impl_t *e, const char *dir)
     }
     e->weights = epd_calloc(total, sizeof(float));
     e->layers = epd_calloc(hp->n_layers, sizeof(*e->layers));
-    if (e->weights == NULL || e->layers == NULL) {
+    if (hp->has_vision) {
+        e->vis.blocks = epd_calloc(hp->vision.n_layers, sizeof(*e->vis.blocks));
+    }
+    if (e->weights == NULL || e->layers == NULL || (hp->has_vision && e->vis.blocks == NULL)) {
         status = EPD_ERR_NO_MEMORY;
         goto out;
     }
@@ -263,11 +335,13 @@ static epd_status_t epd_ref_load_weights(epd_engine_impl_t *e, const char *dir)
             status = EPD_ERR_MALFORMED;
             goto out;
         }
-        if (i == 0) {
+        if (i >= n_lm) {
+            epd_ref_vision_slot(e, i - n_lm, w);
+        } else if (i == 0) {
             e->embed = w;
-        } else if (i == n - 2) {
+        } else if (i == n_lm - 2) {
             e->final_norm = w;
-        } else if (i == n - 1) {
+        } else if (i == n_lm - 1) {
             e->lm_head = w;
         } else {
             epd_ref_layer_t *L = &e->layers[(i - 1) / 9];
@@ -297,6 +371,13 @@ static void epd_ref_fill_info(epd_engine_impl_t *e, uint32_t block_tokens, uint3
     info->eos_token = hp->eos;
     info->max_context = max_context;
     info->max_batch = max_batch;
+    info->image_token = -1;
+    if (hp->has_vision) {
+        info->image_embeddings = epd_ref_image_embeddings(hp);
+        info->embed_dim = hp->dim;
+        info->image_token = hp->image_token;
+        info->image_size = hp->vision.image_size;
+    }
     kv->n_layers = hp->n_layers;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         kv->kind[l] = (uint8_t)epd_ref_layer_kind(hp, l);
@@ -392,6 +473,15 @@ static epd_status_t epd_ref_open(const epd_engine_config_t *config, epd_engine_i
                   e->hp.n_kv_heads, e->hp.head_dim, e->hp.ffn, e->hp.vocab, max_context,
                   block_tokens, (unsigned long long)e->info.kv.block_bytes,
                   (unsigned long long)e->info.kv.state_bytes);
+    if (e->hp.has_vision) {
+        epd_log_debug(EPD_REF_LOG, 0,
+                      "%s: vision %u x %u pixels, %u-pixel patches, %u layers of %u (%u heads), "
+                      "MLP %u, %u x %u merge: %u embeddings per image, placeholder %d",
+                      config->model_dir, e->hp.vision.image_size, e->hp.vision.image_size,
+                      e->hp.vision.patch_size, e->hp.vision.n_layers, e->hp.vision.dim,
+                      e->hp.vision.n_heads, e->hp.vision.ffn, e->hp.vision.merge,
+                      e->hp.vision.merge, e->info.image_embeddings, e->hp.image_token);
+    }
     *impl_p = e;
     return EPD_OK;
 
@@ -560,6 +650,19 @@ static epd_status_t epd_ref_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *p
     for (uint32_t t = 0; t < T; t++) {
         memcpy(a.x + (size_t)t * dim, e->embed + (size_t)args->tokens[t] * dim,
                dim * sizeof(float));
+    }
+    /* Image embeddings over their placeholders: only the rows inside this
+     * chunk (the spans were checked by epd_engine_prefill). */
+    for (uint32_t i = 0; i < args->n_embeds; i++) {
+        const epd_embed_span_t *sp = &args->embeds[i];
+        uint64_t lo = sp->pos > start ? sp->pos : start;
+        uint64_t hi = (uint64_t)sp->pos + sp->n < (uint64_t)start + T ? (uint64_t)sp->pos + sp->n
+                                                                        : (uint64_t)start + T;
+
+        for (uint64_t p = lo; p < hi; p++) {
+            memcpy(a.x + (size_t)(p - start) * dim, sp->data + (size_t)(p - sp->pos) * dim,
+                   dim * sizeof(float));
+        }
     }
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const epd_ref_layer_t *L = &e->layers[l];
@@ -762,6 +865,288 @@ static epd_status_t epd_ref_decode(epd_engine_impl_t *e, const epd_kv_pool_t *po
     return EPD_OK;
 }
 
+/* ---- vision encoder ------------------------------------------------------ */
+
+static inline float epd_ref_gelu(float u)
+{
+    return 0.5f * u * (1.0f + erff(u * 0.70710678118654752f));
+}
+
+static void epd_ref_layernorm(const float *x, const float *w, const float *b, uint32_t n,
+                              double eps, float *out)
+{
+    double sum = 0.0;
+    double ss = 0.0;
+    double mean;
+    float r;
+    float m;
+
+    for (uint32_t i = 0; i < n; i++) {
+        sum += x[i];
+    }
+    mean = sum / n;
+    for (uint32_t i = 0; i < n; i++) {
+        double d = x[i] - mean;
+
+        ss += d * d;
+    }
+    r = (float)(1.0 / sqrt(ss / n + eps));
+    m = (float)mean;
+    for (uint32_t i = 0; i < n; i++) {
+        out[i] = (x[i] - m) * r * w[i] + b[i];
+    }
+}
+
+/* y[rows][out] = x[rows][in] W^T + b  (or y += that when accumulate) */
+static void epd_ref_linear(const float *x, uint32_t rows, uint32_t in, const float *w,
+                           const float *b, uint32_t out, float *y, int accumulate)
+{
+    for (uint32_t r = 0; r < rows; r++) {
+        float *yr = y + (size_t)r * out;
+
+        if (accumulate) {
+            for (uint32_t i = 0; i < out; i++) {
+                yr[i] += b[i];
+            }
+        } else {
+            memcpy(yr, b, out * sizeof(float));
+        }
+    }
+    epd_ref_matmul(x, (int)in, (int)rows, (int)in, w, (int)out, y, (int)out, 1.0f);
+}
+
+typedef struct {
+    float *x;  /* [N][P*P*3] patches of the resized image, in [-1, 1] */
+    float *h;  /* [N][D] residual stream */
+    float *u;  /* [N][D] normed */
+    float *q;  /* [N][D] */
+    float *k;  /* [N][D] */
+    float *v;  /* [N][D] */
+    float *o;  /* [N][D] attention output before o_proj */
+    float *s;  /* [N][N] one head's scores */
+    float *f;  /* [N][ffn] */
+    float *z;  /* [E][m*m*D] merged patches */
+    float *zt; /* [E][m*m*D] projector hidden */
+    uint32_t *ix; /* [S][2] source columns x0, x1 of each output column */
+    uint32_t *iy; /* [S][2] source rows */
+    float *fx;    /* [S] weight of x1 */
+    float *fy;    /* [S] */
+} epd_ref_vact_t;
+
+static void epd_ref_vact_free(epd_ref_vact_t *a)
+{
+    epd_free(a->x);
+    epd_free(a->h);
+    epd_free(a->u);
+    epd_free(a->q);
+    epd_free(a->k);
+    epd_free(a->v);
+    epd_free(a->o);
+    epd_free(a->s);
+    epd_free(a->f);
+    epd_free(a->z);
+    epd_free(a->zt);
+    epd_free(a->ix);
+    epd_free(a->iy);
+    epd_free(a->fx);
+    epd_free(a->fy);
+}
+
+static epd_status_t epd_ref_vact_alloc(const epd_engine_impl_t *e, epd_ref_vact_t *a)
+{
+    const epd_ref_vision_hparams_t *vh = &e->hp.vision;
+    size_t N = epd_ref_vision_patches(&e->hp);
+    size_t E = epd_ref_image_embeddings(&e->hp);
+    size_t D = vh->dim;
+    size_t S = vh->image_size;
+    size_t md = epd_ref_vision_merged_dim(&e->hp);
+
+    memset(a, 0, sizeof(*a));
+    a->x = epd_malloc(S * S * 3 * sizeof(float));
+    a->h = epd_malloc(N * D * sizeof(float));
+    a->u = epd_malloc(N * D * sizeof(float));
+    a->q = epd_malloc(N * D * sizeof(float));
+    a->k = epd_malloc(N * D * sizeof(float));
+    a->v = epd_malloc(N * D * sizeof(float));
+    a->o = epd_malloc(N * D * sizeof(float));
+    a->s = epd_malloc(N * N * sizeof(float));
+    a->f = epd_malloc(N * vh->ffn * sizeof(float));
+    a->z = epd_malloc(E * md * sizeof(float));
+    a->zt = epd_malloc(E * md * sizeof(float));
+    a->ix = epd_malloc(S * 2 * sizeof(uint32_t));
+    a->iy = epd_malloc(S * 2 * sizeof(uint32_t));
+    a->fx = epd_malloc(S * sizeof(float));
+    a->fy = epd_malloc(S * sizeof(float));
+    if (a->x == NULL || a->h == NULL || a->u == NULL || a->q == NULL || a->k == NULL ||
+        a->v == NULL || a->o == NULL || a->s == NULL || a->f == NULL || a->z == NULL ||
+        a->zt == NULL || a->ix == NULL || a->iy == NULL || a->fx == NULL || a->fy == NULL) {
+        epd_ref_vact_free(a);
+        return EPD_ERR_NO_MEMORY;
+    }
+    return EPD_OK;
+}
+
+/* Bilinear taps of the S output samples over `src` source samples
+ * (epd_ref_model.h: half-pixel centres, clamped). */
+static void epd_ref_resize_taps(uint32_t src, uint32_t S, uint32_t *idx, float *frac)
+{
+    for (uint32_t o = 0; o < S; o++) {
+        double sx = (o + 0.5) * (double)src / S - 0.5;
+        uint32_t x0;
+
+        sx = sx < 0.0 ? 0.0 : sx > src - 1.0 ? src - 1.0 : sx;
+        x0 = (uint32_t)sx;
+        idx[2 * o] = x0;
+        idx[2 * o + 1] = x0 + 1 < src ? x0 + 1 : src - 1;
+        frac[o] = (float)(sx - x0);
+    }
+}
+
+/* Resizes `img` to S x S, scales to [-1, 1] and writes the patch matrix. */
+static void epd_ref_patchify(const epd_engine_impl_t *e, const epd_image_view_t *img,
+                             epd_ref_vact_t *a)
+{
+    uint32_t S = e->hp.vision.image_size;
+    uint32_t P = e->hp.vision.patch_size;
+    uint32_t g = S / P;
+    size_t pdim = (size_t)P * P * 3;
+    size_t stride = (size_t)img->width * 3;
+
+    epd_ref_resize_taps(img->width, S, a->ix, a->fx);
+    epd_ref_resize_taps(img->height, S, a->iy, a->fy);
+    for (uint32_t oy = 0; oy < S; oy++) {
+        const uint8_t *r0 = img->rgb + a->iy[2 * oy] * stride;
+        const uint8_t *r1 = img->rgb + a->iy[2 * oy + 1] * stride;
+        float wy = a->fy[oy];
+        float *prow = a->x + ((size_t)(oy / P) * g) * pdim + (size_t)(oy % P) * P * 3;
+
+        for (uint32_t ox = 0; ox < S; ox++) {
+            size_t c0 = (size_t)a->ix[2 * ox] * 3;
+            size_t c1 = (size_t)a->ix[2 * ox + 1] * 3;
+            float wx = a->fx[ox];
+            float *dst = prow + (size_t)(ox / P) * pdim + (size_t)(ox % P) * 3;
+
+            for (uint32_t c = 0; c < 3; c++) {
+                float top = (1.0f - wx) * r0[c0 + c] + wx * r0[c1 + c];
+                float bot = (1.0f - wx) * r1[c0 + c] + wx * r1[c1 + c];
+
+                dst[c] = ((1.0f - wy) * top + wy * bot) * (1.0f / 127.5f) - 1.0f;
+            }
+        }
+    }
+}
+
+/* Full (bidirectional) multi-head attention over the N patches: o = attn(q, k, v). */
+static void epd_ref_vision_attention(const epd_engine_impl_t *e, epd_ref_vact_t *a)
+{
+    uint32_t N = epd_ref_vision_patches(&e->hp);
+    uint32_t D = e->hp.vision.dim;
+    uint32_t hd = D / e->hp.vision.n_heads;
+    float scale = (float)(1.0 / sqrt((double)hd));
+
+    for (uint32_t h = 0; h < e->hp.vision.n_heads; h++) {
+        /* s[N][N] = Q_h K_h^T * scale */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)N, (int)hd, scale,
+                    a->q + (size_t)h * hd, (int)D, a->k + (size_t)h * hd, (int)D, 0.0f, a->s,
+                    (int)N);
+        for (uint32_t r = 0; r < N; r++) {
+            float *row = a->s + (size_t)r * N;
+            float mx = row[0];
+            float sum = 0.0f;
+
+            for (uint32_t j = 1; j < N; j++) {
+                mx = row[j] > mx ? row[j] : mx;
+            }
+            for (uint32_t j = 0; j < N; j++) {
+                row[j] = expf(row[j] - mx);
+                sum += row[j];
+            }
+            for (uint32_t j = 0; j < N; j++) {
+                row[j] /= sum;
+            }
+        }
+        /* o_h[N][hd] = s V_h */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)hd, (int)N, 1.0f, a->s,
+                    (int)N, a->v + (size_t)h * hd, (int)D, 0.0f, a->o + (size_t)h * hd, (int)D);
+    }
+}
+
+static epd_status_t epd_ref_encode_image(epd_engine_impl_t *e, const epd_image_view_t *img,
+                                         float *out)
+{
+    const epd_ref_hparams_t *hp = &e->hp;
+    const epd_ref_vision_hparams_t *vh = &hp->vision;
+    const epd_ref_vision_t *W = &e->vis;
+    uint32_t N = epd_ref_vision_patches(hp);
+    uint32_t D = vh->dim;
+    uint32_t g = epd_ref_vision_grid(hp);
+    uint32_t m = vh->merge;
+    uint32_t gm = g / m;
+    uint32_t md = epd_ref_vision_merged_dim(hp);
+    uint32_t pdim = vh->patch_size * vh->patch_size * 3;
+    epd_ref_vact_t a;
+    epd_status_t status;
+
+    if (!hp->has_vision) {
+        return EPD_ERR_UNSUPPORTED;
+    }
+    status = epd_ref_vact_alloc(e, &a);
+    if (status != EPD_OK) {
+        epd_log_error(EPD_REF_LOG, 0, "image encode: out of memory");
+        return status;
+    }
+    epd_ref_patchify(e, img, &a);
+    epd_ref_linear(a.x, N, pdim, W->patch_w, W->patch_b, D, a.h, 0);
+    for (size_t i = 0; i < (size_t)N * D; i++) {
+        a.h[i] += W->pos[i];
+    }
+    for (uint32_t l = 0; l < vh->n_layers; l++) {
+        const float *const *t = W->blocks[l].t;
+
+        for (uint32_t n = 0; n < N; n++) {
+            epd_ref_layernorm(a.h + (size_t)n * D, t[EPD_REF_V_N1W], t[EPD_REF_V_N1B], D,
+                              vh->ln_eps, a.u + (size_t)n * D);
+        }
+        epd_ref_linear(a.u, N, D, t[EPD_REF_V_QW], t[EPD_REF_V_QB], D, a.q, 0);
+        epd_ref_linear(a.u, N, D, t[EPD_REF_V_KW], t[EPD_REF_V_KB], D, a.k, 0);
+        epd_ref_linear(a.u, N, D, t[EPD_REF_V_VW], t[EPD_REF_V_VB], D, a.v, 0);
+        epd_ref_vision_attention(e, &a);
+        epd_ref_linear(a.o, N, D, t[EPD_REF_V_OW], t[EPD_REF_V_OB], D, a.h, 1);
+        for (uint32_t n = 0; n < N; n++) {
+            epd_ref_layernorm(a.h + (size_t)n * D, t[EPD_REF_V_N2W], t[EPD_REF_V_N2B], D,
+                              vh->ln_eps, a.u + (size_t)n * D);
+        }
+        epd_ref_linear(a.u, N, D, t[EPD_REF_V_FC1W], t[EPD_REF_V_FC1B], vh->ffn, a.f, 0);
+        for (size_t i = 0; i < (size_t)N * vh->ffn; i++) {
+            a.f[i] = epd_ref_gelu(a.f[i]);
+        }
+        epd_ref_linear(a.f, N, vh->ffn, t[EPD_REF_V_FC2W], t[EPD_REF_V_FC2B], D, a.h, 1);
+    }
+    /* final norm, written straight into the merged layout: embedding j
+     * takes the m x m patches of merged cell (my, mx), dy major */
+    for (uint32_t my = 0; my < gm; my++) {
+        for (uint32_t mx = 0; mx < gm; mx++) {
+            float *zj = a.z + ((size_t)my * gm + mx) * md;
+
+            for (uint32_t dy = 0; dy < m; dy++) {
+                for (uint32_t dx = 0; dx < m; dx++) {
+                    size_t n = (size_t)(my * m + dy) * g + (mx * m + dx);
+
+                    epd_ref_layernorm(a.h + n * D, W->post_w, W->post_b, D, vh->ln_eps,
+                                      zj + ((size_t)dy * m + dx) * D);
+                }
+            }
+        }
+    }
+    epd_ref_linear(a.z, gm * gm, md, W->m0_w, W->m0_b, md, a.zt, 0);
+    for (size_t i = 0; i < (size_t)gm * gm * md; i++) {
+        a.zt[i] = epd_ref_gelu(a.zt[i]);
+    }
+    epd_ref_linear(a.zt, gm * gm, md, W->m2_w, W->m2_b, hp->dim, out, 0);
+    epd_ref_vact_free(&a);
+    return EPD_OK;
+}
+
 static void epd_ref_release(epd_engine_impl_t *e, const epd_kv_pool_t *pool,
                             const epd_kv_seq_t *seq)
 {
@@ -786,4 +1171,5 @@ const epd_engine_ops_t epd__ref_ops = {
     .prefill = epd_ref_prefill,
     .decode = epd_ref_decode,
     .release = epd_ref_release,
+    .encode_image = epd_ref_encode_image,
 };

@@ -39,6 +39,50 @@
  *     g_h = 1 - 2^-(5 + h)  (RetNet's per-head decays); o_proj.
  *   The recurrent state of one layer is S and z of every head, f32:
  *   [head][hd*hd + hd].
+ *
+ * The vision encoder (optional: a model without "vision_config" is text
+ * only).  config.json:
+ *   image_token_id (required with vision; 258 by default in epd-mkmodel)
+ *   vision_config: { image_size, patch_size, hidden_size, num_hidden_layers,
+ *     num_attention_heads, intermediate_size, layer_norm_eps (1e-6),
+ *     spatial_merge_size (2), out_hidden_size (= the LM's hidden_size) }
+ * With S = image_size, P = patch_size, g = S / P patches a side, N = g*g,
+ * D = the vision hidden_size, m = spatial_merge_size, E = (g/m)^2 (the
+ * image_embeddings of epd_engine_info_t), dim = the LM's hidden size.
+ *
+ * Tensors (after the language model's, in this order):
+ *   visual.patch_embed.weight                    [D, P*P*3], .bias [D]
+ *   visual.pos_embed.weight                      [N, D]
+ *   visual.blocks.I.norm1.{weight,bias}          [D]
+ *   visual.blocks.I.attn.{q,k,v,o}_proj.weight   [D, D], .bias [D]
+ *   visual.blocks.I.norm2.{weight,bias}          [D]
+ *   visual.blocks.I.mlp.fc1.weight [ffn, D], .bias [ffn]
+ *   visual.blocks.I.mlp.fc2.weight [D, ffn], .bias [D]
+ *   visual.post_layernorm.{weight,bias}          [D]
+ *   visual.merger.mlp.0.weight [m*m*D, m*m*D], .bias [m*m*D]
+ *   visual.merger.mlp.2.weight [dim, m*m*D],   .bias [dim]
+ *
+ * The math (y = W x + b for every linear map):
+ *   resize: the W x H RGB8 image becomes S x S by bilinear interpolation
+ *     with pixel centres at half-integers (align_corners = false): output
+ *     x samples source sx = clamp((x + 0.5) W / S - 0.5, 0, W - 1) between
+ *     floor(sx) and min(floor(sx) + 1, W - 1), same for y; no antialiasing.
+ *     Then each value v (0..255) becomes v / 127.5 - 1, in [-1, 1].
+ *   patches: patch n = py*g + px (raster order) is the P x P x 3 block at
+ *     rows py*P.., columns px*P.., flattened [row][column][channel].
+ *   h_n = patch_embed(patch_n) + pos_embed[n]
+ *   per block: u = layernorm(h) * w1 + b1;  h += o_proj(attn(u));
+ *              u = layernorm(h) * w2 + b2;  h += fc2(gelu(fc1 u))
+ *     layernorm(x) = (x - mean x) / sqrt(var x + eps) (population variance)
+ *     attn: heads of D / num_attention_heads, q k v projections, full
+ *       (bidirectional) softmax(q.k / sqrt(head size)) v over the N patches
+ *     gelu(u) = u / 2 * (1 + erf(u / sqrt 2))
+ *   h = layernorm(h) * w_post + b_post
+ *   merge (Qwen2-VL's patch merger): output j = my*(g/m) + mx concatenates
+ *     h of the m x m patches (my*m + dy, mx*m + dx), dy major then dx:
+ *     z_j [m*m*D]
+ *   e_j = mlp.2(gelu(mlp.0 z_j)), [dim], f32: the embedding that replaces
+ *     the token embedding of the image's j-th placeholder position.
  */
 #ifndef EPD_REF_MODEL_H
 #define EPD_REF_MODEL_H
@@ -54,6 +98,19 @@
 #define EPD_REF_EOS 257
 #define EPD_REF_MIN_VOCAB 258
 #define EPD_REF_LINEAR_EPS 1e-6
+#define EPD_REF_IMAGE_TOKEN 258 /* epd-mkmodel's image_token_id */
+
+/* vision_config (see above); meaningful when has_vision. */
+typedef struct {
+    uint32_t image_size; /* S: square input side, pixels */
+    uint32_t patch_size; /* P */
+    uint32_t dim;        /* D: hidden_size */
+    uint32_t n_layers;
+    uint32_t n_heads;
+    uint32_t ffn;   /* intermediate_size */
+    uint32_t merge; /* m: spatial_merge_size */
+    double ln_eps;  /* layer_norm_eps */
+} epd_ref_vision_hparams_t;
 
 typedef struct {
     uint32_t vocab;
@@ -69,13 +126,25 @@ typedef struct {
     int32_t bos;
     int32_t eos;
     char pattern[EPD_REF_MAX_PATTERN + 1]; /* 'L' / 'A', repeated over the layers */
+    int has_vision;                        /* nonzero: config.json has vision_config */
+    int32_t image_token;                   /* image_token_id; -1 without vision */
+    epd_ref_vision_hparams_t vision;
 } epd_ref_hparams_t;
+
+/* Patches a side (S / P), patches (N), embeddings per image (E = (g/m)^2)
+ * and the merged width (m*m*D) of a model with vision. */
+uint32_t epd_ref_vision_grid(const epd_ref_hparams_t *hp);
+uint32_t epd_ref_vision_patches(const epd_ref_hparams_t *hp);
+uint32_t epd_ref_image_embeddings(const epd_ref_hparams_t *hp);
+uint32_t epd_ref_vision_merged_dim(const epd_ref_hparams_t *hp);
 
 /* Kind of layer `layer` under hp->pattern. */
 epd_layer_kind_t epd_ref_layer_kind(const epd_ref_hparams_t *hp, uint32_t layer);
 
 /* Checks every field (ranges, divisibility, pattern letters, token ids
- * inside the vocabulary).  Logs the first problem; EPD_ERR_MALFORMED. */
+ * inside the vocabulary; with vision also the vision_config: sizes, patch
+ * grid divisible by the merge, image_token_id a distinct special id inside
+ * the vocabulary).  Logs the first problem; EPD_ERR_MALFORMED.  Pure. */
 epd_status_t epd_ref_hparams_check(const epd_ref_hparams_t *hp);
 
 /* Reads and checks DIR/config.json.  EPD_ERR_NOT_FOUND, EPD_ERR_MALFORMED
@@ -98,13 +167,20 @@ typedef struct {
     uint64_t shape[2];
     uint64_t n_elems;
     epd_ref_init_t init;
-    uint32_t fan_in;
+    uint32_t fan_in; /* NORMAL: std 1/sqrt(fan_in); a bias (a layer norm's
+                      * too) takes its map's fan-in, as PyTorch does */
 } epd_ref_tensor_spec_t;
 
 /* Number of tensors of the model and the i-th one in canonical order
- * (embedding, then each layer's, then final norm, lm head). */
+ * (embedding, then each layer's, then final norm, lm head; then the vision
+ * tensors in the order listed above). */
 size_t epd_ref_tensor_count(const epd_ref_hparams_t *hp);
 void epd_ref_tensor_spec(const epd_ref_hparams_t *hp, size_t i, epd_ref_tensor_spec_t *spec_p);
+
+/* Tensors of the language model alone: the vision tensors start here. */
+size_t epd_ref_lm_tensor_count(const epd_ref_hparams_t *hp);
+/* Tensors per vision block. */
+#define EPD_REF_VISION_PER_BLOCK 16
 
 /* Per-head decay g_h of the linear layers. */
 double epd_ref_linear_decay(uint32_t head);

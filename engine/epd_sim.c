@@ -308,6 +308,7 @@ static void epd_sim_fill_info(epd_engine_impl_t *e, uint32_t block_tokens, uint3
     info->eos_token = EPD_SIM_EOS;
     info->max_context = max_context;
     info->max_batch = max_batch;
+    info->image_token = -1; /* no vision encoder */
     kv->n_layers = t->n_layers;
     e->first_attn = UINT32_MAX;
     e->first_linear = UINT32_MAX;
@@ -544,6 +545,16 @@ static void epd_sim_release(epd_engine_impl_t *e, const epd_kv_pool_t *pool,
     }
 }
 
+/* The timing model has no vision encoder (yet): images are refused. */
+static epd_status_t epd_sim_encode_image(epd_engine_impl_t *e, const epd_image_view_t *image,
+                                         float *out)
+{
+    (void)e;
+    (void)image;
+    (void)out;
+    return EPD_ERR_UNSUPPORTED;
+}
+
 const epd_engine_ops_t epd__sim_ops = {
     .size = sizeof(epd_engine_ops_t),
     .abi_version = EPD_ENGINE_ABI_VERSION,
@@ -556,4 +567,5 @@ const epd_engine_ops_t epd__sim_ops = {
     .prefill = epd_sim_prefill,
     .decode = epd_sim_decode,
     .release = epd_sim_release,
+    .encode_image = epd_sim_encode_image,
 };

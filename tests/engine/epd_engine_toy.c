@@ -3,7 +3,8 @@
  * dlopen path: two layers (attention, then linear), one kv head of two
  * floats.  Prefill and decode write K = (token, pos), V = (pos, token) for
  * every token, count tokens in the linear layer's state, and answer logits
- * that are one-hot at (last token + 1) % 256.  It allocates through the
+ * that are one-hot at (last token + 1) % 256; no vision encoder (images are
+ * refused with EPD_ERR_UNSUPPORTED).  It allocates through the
  * host's epd_calloc (resolved from the executable, linked -rdynamic).
  * With EPD_TOY_BAD_OPS set in the environment, the entry returns a table
  * with a NULL op, which the loader must refuse.
@@ -33,6 +34,7 @@ static epd_status_t toy_open(const epd_engine_config_t *config, epd_engine_impl_
     e->info.eos_token = 257;
     e->info.max_context = config->max_context ? config->max_context : 64;
     e->info.max_batch = 4;
+    e->info.image_token = -1; /* no vision encoder */
     kv = &e->info.kv;
     kv->n_layers = 2;
     kv->n_attn_layers = 1;
@@ -176,6 +178,15 @@ static void toy_release(epd_engine_impl_t *e, const epd_kv_pool_t *pool, const e
     *toy_state(e, pool, seq->state_slot) = 0.0f;
 }
 
+static epd_status_t toy_encode_image(epd_engine_impl_t *e, const epd_image_view_t *image,
+                                     float *out)
+{
+    (void)e;
+    (void)image;
+    (void)out;
+    return EPD_ERR_UNSUPPORTED;
+}
+
 static const epd_engine_ops_t toy_ops = {
     .size = sizeof(epd_engine_ops_t),
     .abi_version = EPD_ENGINE_ABI_VERSION,
@@ -188,6 +199,7 @@ static const epd_engine_ops_t toy_ops = {
     .prefill = toy_prefill,
     .decode = toy_decode,
     .release = toy_release,
+    .encode_image = toy_encode_image,
 };
 
 static const epd_engine_ops_t toy_bad_ops = {
@@ -202,6 +214,7 @@ static const epd_engine_ops_t toy_bad_ops = {
     .prefill = toy_prefill,
     .decode = NULL, /* deliberately incomplete: the loader must refuse it */
     .release = toy_release,
+    .encode_image = toy_encode_image,
 };
 
 const epd_engine_ops_t *epd_engine_entry(void);

@@ -61,7 +61,20 @@ void epd_test_tiny_params(epd_mkmodel_params_t *p)
     p->hp.ffn = 48;
     p->hp.max_context = 256;
     strcpy(p->hp.pattern, "LA");
+    epd_mkmodel_text_only(p);
     p->seed = 7;
+}
+
+void epd_test_tiny_vision_params(epd_mkmodel_params_t *p)
+{
+    epd_test_tiny_params(p);
+    epd_mkmodel_vision_defaults(p);
+    p->hp.vision.image_size = 32;
+    p->hp.vision.patch_size = 8;
+    p->hp.vision.dim = 16;
+    p->hp.vision.n_layers = 2;
+    p->hp.vision.n_heads = 2;
+    p->hp.vision.ffn = 24;
 }
 
 const char *epd_test_write_model(const char *dir, const char *name, const epd_mkmodel_params_t *p)

@@ -17,9 +17,13 @@ void epd_test_rmtree(const char *dir);
 /* Joins dir and name into a static buffer (rotating over 4 buffers). */
 const char *epd_test_path(const char *dir, const char *name);
 
-/* A tiny hybrid model: dim 32, 4 layers "LA", 4 heads, 2 kv heads,
- * head_dim 8, ffn 48, vocab 258, context 256. */
+/* A tiny hybrid text-only model: dim 32, 4 layers "LA", 4 heads, 2 kv
+ * heads, head_dim 8, ffn 48, vocab 258, context 256, seed 7. */
 void epd_test_tiny_params(epd_mkmodel_params_t *p);
+/* The same with a tiny vision encoder: 32 x 32 pixels, 8-pixel patches
+ * (4 x 4), hidden 16, 2 layers, 2 heads, MLP 24, 2 x 2 merge (4 embeddings
+ * per image); vocab 259, image token 258. */
+void epd_test_tiny_vision_params(epd_mkmodel_params_t *p);
 /* Writes a model with `p` into dir/name and returns that folder (static
  * storage that stays valid for the next 31 calls). */
 const char *epd_test_write_model(const char *dir, const char *name, const epd_mkmodel_params_t *p);

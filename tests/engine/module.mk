@@ -27,3 +27,9 @@ $(eval $(call epd_test,test_epd_engine_sim,tests/engine/test_epd_engine_sim.c $(
 $(test_epd_engine_sim_OBJS): EPD_CPPFLAGS += -DEPD_TEST_PROFILES='"$(abspath engine/profiles)"' \
 	-DEPD_TEST_BIN_DIR='"$(abspath $(BUILD))/bin"'
 $(BUILD)/tests/test_epd_engine_sim: $(BUILD)/bin/epd-generate
+
+# Image decoding (stb_image_write makes the files in the test).
+$(eval $(call epd_test,test_epd_engine_image,tests/engine/test_epd_image.c,epd_engine epd_common))
+
+# The vision encoder and multimodal prefill of `ref`.
+$(eval $(call epd_test,test_epd_engine_ref_vision,tests/engine/test_epd_ref_vision.c $(ENGINE_TEST_UTIL),epd_engine epd_common))

@@ -73,6 +73,22 @@ static void test_toy_engine_runs(void **state)
     assert_true(logits['y'] == 1.0f);
     assert_int_equal(epd_kv_state_offset(&info->kv, 4, 2, 1, 1, &off), EPD_OK);
     assert_true(*(float *)((char *)pool.base + off) == 5.0f);
+    /* no vision encoder: images and embedding spans refused */
+    assert_int_equal(info->image_embeddings, 0);
+    assert_int_equal(info->embed_dim, 0);
+    assert_int_equal(info->image_token, -1);
+    {
+        uint8_t px[3] = {0};
+        epd_image_view_t img = {.width = 1, .height = 1, .rgb = px};
+        float rows[2] = {0};
+        epd_embed_span_t span = {.pos = 0, .n = 1, .data = rows};
+        epd_prefill_args_t b = a;
+
+        assert_int_equal(epd_engine_encode_image(e, &img, rows), EPD_ERR_UNSUPPORTED);
+        b.embeds = &span;
+        b.n_embeds = 1;
+        assert_int_equal(epd_engine_prefill(e, &pool, &b, NULL, logits), EPD_ERR_UNSUPPORTED);
+    }
     /* the host's checks still apply to a loaded engine */
     r.pos = 8;
     assert_int_equal(epd_engine_decode(e, &pool, &r, 1, logits), EPD_ERR_INVALID_PARAM);

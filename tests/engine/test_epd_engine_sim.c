@@ -1290,6 +1290,48 @@ static void test_tokenizer(void **state)
     epd_engine_close(e);
 }
 
+static void test_no_vision(void **state)
+{
+    /* sim models text only: no encoder, images and spans refused */
+    epd_engine_t *e = open_tiny();
+    const epd_engine_info_t *info = epd_engine_info(e);
+    uint8_t px[3] = {1, 2, 3};
+    epd_image_view_t img = {.width = 1, .height = 1, .rgb = px};
+    float out[4];
+    float rows[4] = {0};
+    int32_t toks[16] = {256, 'a', 'b'};
+    uint32_t pos[1];
+    uint32_t table[4] = {0, 1, 2, 3};
+    size_t n;
+    epd_kv_pool_t pool;
+    epd_embed_span_t span = {.pos = 1, .n = 1, .data = rows};
+    epd_prefill_args_t a = {.seq = {.block_table = table, .n_blocks = 4},
+                            .tokens = toks,
+                            .n_tokens = 3,
+                            .embeds = &span,
+                            .n_embeds = 1};
+    float *logits = calloc(info->vocab_size, sizeof(float));
+
+    (void)state;
+    assert_non_null(logits);
+    assert_int_equal(info->image_embeddings, 0);
+    assert_int_equal(info->embed_dim, 0);
+    assert_int_equal(info->image_token, -1);
+    assert_int_equal(info->image_size, 0);
+    assert_int_equal(epd_engine_encode_image(e, &img, out), EPD_ERR_UNSUPPORTED);
+    assert_int_equal(epd_engine_tokenize_images(e, "x", 1, 1, toks, 16, &n, pos),
+                     EPD_ERR_UNSUPPORTED);
+    assert_int_equal(epd_engine_tokenize_images(e, "ab", 2, 0, toks, 16, &n, NULL), EPD_OK);
+    assert_int_equal(n, 3);
+    epd_test_pool(e, 4, 1, &pool);
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, logits), EPD_ERR_UNSUPPORTED);
+    a.n_embeds = 0;
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, logits), EPD_OK);
+    epd_free(pool.base);
+    free(logits);
+    epd_engine_close(e);
+}
+
 /* epd-generate --engine sim is the colocated baseline: greedy, it prints
  * the tokens a prefill + decode loop over the engine API produces. */
 static void test_generate_tool(void **state)
@@ -1382,6 +1424,7 @@ int main(void)
         cmocka_unit_test(test_release_clears_state),
         cmocka_unit_test(test_open_allocation_failures),
         cmocka_unit_test(test_tokenizer),
+        cmocka_unit_test(test_no_vision),
         cmocka_unit_test(test_generate_tool),
     };
 
