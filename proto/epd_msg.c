@@ -112,6 +112,12 @@ uint64_t epd_msg_request_id(const Epd__Envelope *env)
         return env->abort->request_id;
     case EPD__ENVELOPE__BODY_ERROR:
         return env->error->request_id;
+    case EPD__ENVELOPE__BODY_ENCODE:
+        return env->encode->request_id;
+    case EPD__ENVELOPE__BODY_EMBED_RESERVATION:
+        return env->embed_reservation->request_id;
+    case EPD__ENVELOPE__BODY_EMBED_COMPLETE:
+        return env->embed_complete->request_id;
     case EPD__ENVELOPE__BODY__NOT_SET:
     default:
         return 0;
@@ -139,6 +145,12 @@ const char *epd_msg_body_name(const Epd__Envelope *env)
         return "abort";
     case EPD__ENVELOPE__BODY_ERROR:
         return "error";
+    case EPD__ENVELOPE__BODY_ENCODE:
+        return "encode";
+    case EPD__ENVELOPE__BODY_EMBED_RESERVATION:
+        return "embed_reservation";
+    case EPD__ENVELOPE__BODY_EMBED_COMPLETE:
+        return "embed_complete";
     case EPD__ENVELOPE__BODY__NOT_SET:
     default:
         return "none";
