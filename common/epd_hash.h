@@ -1,10 +1,14 @@
 /*
- * epd_hash.h — hashing and checksums (xxHash XXH3, from Debian's libxxhash).
+ * epd_hash.h — hashing and checksums (xxHash XXH3, from Debian's libxxhash;
+ * BLAKE2b from libsodium).
  *
  * One function for one-shot 64-bit hashes (KV block checksums, prefix hashes
- * for affinity, image content keys) and a streaming state for data that
- * arrives in pieces (a layer's KV spread over several blocks).  Any thread;
- * a state belongs to one thread at a time.
+ * for affinity) and a streaming state for data that arrives in pieces (a
+ * layer's KV spread over several blocks): fast, not meant to resist anyone
+ * crafting collisions.  Content keys that users supply the data for (the
+ * images behind the shared embedding cache) use a cryptographic hash
+ * instead, epd_content_hash.  Any thread; a state belongs to one thread at
+ * a time.
  */
 #ifndef EPD_HASH_H
 #define EPD_HASH_H
@@ -29,5 +33,12 @@ void epd_hash_state_update(epd_hash_state_t *state, const void *data, size_t len
 /* The hash of everything fed since the last reset; equals epd_hash64 of the
  * concatenation. */
 uint64_t epd_hash_state_digest(const epd_hash_state_t *state);
+
+/* Bytes of a content hash. */
+#define EPD_CONTENT_HASH_BYTES 32
+
+/* BLAKE2b-256 (unkeyed) of `len` bytes at `data` into out[0..32): the key
+ * of the embedding cache (an image's encoded bytes).  Any thread. */
+void epd_content_hash(const void *data, size_t len, unsigned char out[EPD_CONTENT_HASH_BYTES]);
 
 #endif

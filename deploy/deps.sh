@@ -16,6 +16,7 @@ PACKAGES=(
   libxxhash-dev                   # checksums and hashing
   libopenblas-dev                 # ref engine matrix products
   libstb-dev                      # stb_image: PNG / JPEG decoding (vision encoder input)
+  libsodium-dev                   # BLAKE2b-256 content hashes of images (the embedding cache key)
   libcmocka-dev                   # unit tests
   python3 curl procps iproute2    # integration test helpers
 )
