@@ -15,6 +15,7 @@
 
 #include "epd_alloc.h"
 #include "epd_hash.h"
+#include "epd_image.h"
 #include "epd_log.h"
 #include "epd_queue.h"
 #include "epd_time.h"
@@ -178,6 +179,8 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
         args.tokens = job->tokens;
         args.n_tokens = job->n_tokens;
         args.start = 0;
+        args.embeds = job->embeds;
+        args.n_embeds = job->n_embeds;
         epd_prefill_compute_clear_tail(c, job);
         status = epd_engine_prefill(c->engine, &c->pool, &args, &sink, c->logits);
         if (status == EPD_OK) {
@@ -190,6 +193,32 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
     ev->first_token = token;
     ev->finished_ns = epd_time_now_ns();
     /* last touch of the job: after the push the loop may reuse the request */
+    epd_prefill_compute_emit(c, ev);
+}
+
+/* An image no encoder sends: decode it and run the vision encoder into the
+ * request's embedding slot (the loop verifies nothing here: it is our own
+ * compute). */
+static void epd_prefill_compute_encode(epd_prefill_compute_t *c, epd_prefill_job_t *job)
+{
+    epd_prefill_ev_t *ev = job->done_ev;
+    epd_image_t img;
+    epd_status_t status;
+
+    ev->started_ns = epd_time_now_ns();
+    status = epd_image_decode(job->image, job->image_len, job->max_pixels, &img);
+    if (status == EPD_OK) {
+        epd_image_view_t view = epd_image_view(&img);
+
+        status = epd_engine_encode_image(c->engine, &view, job->embed_out);
+        epd_image_cleanup(&img);
+    }
+    ev->status = status;
+    ev->finished_ns = epd_time_now_ns();
+    if (job->trace != NULL) {
+        epd_trace_span(job->trace, "encode image (local)", "compute", job->seq.req_id,
+                       (int32_t)ev->layer, ev->started_ns, ev->finished_ns);
+    }
     epd_prefill_compute_emit(c, ev);
 }
 
@@ -226,6 +255,10 @@ static void *epd_prefill_compute_main(void *arg)
         if (atomic_load(&c->stop)) {
             continue; /* shutting down: the loop no longer reads events */
         }
+        if (job->kind == EPD_PREFILL_JOB_ENCODE) {
+            epd_prefill_compute_encode(c, job);
+            continue;
+        }
         epd_prefill_compute_run(c, job);
     }
     return NULL;
@@ -244,7 +277,7 @@ static void epd_prefill_compute_on_async(uv_async_t *handle)
 
 epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
                                         const epd_kv_pool_t *pool, uint32_t max_requests,
-                                        epd_prefill_ev_cb_t cb, void *cb_arg,
+                                        uint32_t max_media, epd_prefill_ev_cb_t cb, void *cb_arg,
                                         epd_prefill_compute_t **c_p)
 {
     epd_prefill_compute_t *c;
@@ -280,7 +313,7 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
     if (st != EPD_OK) {
         goto err_free_scratch;
     }
-    st = epd_spsc_queue_init(&c->jobs, max_requests);
+    st = epd_spsc_queue_init(&c->jobs, (size_t)max_requests * (1 + (size_t)max_media));
     if (st != EPD_OK) {
         goto err_free_hash;
     }
@@ -290,7 +323,7 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
     }
     /* the size argument of the header: each live request queues at most
      * n_layers + 2 events */
-    n_events = (uint64_t)max_requests * ((uint64_t)c->info->kv.n_layers + 2);
+    n_events = (uint64_t)max_requests * ((uint64_t)c->info->kv.n_layers + 2 + max_media);
     st = epd_spsc_queue_init(&c->events, (size_t)n_events);
     if (st != EPD_OK) {
         goto err_cleanup_releases;
@@ -317,9 +350,10 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
     }
     c->thread_started = 1;
     epd_log_info(EPD_PREFILL_COMP, 0,
-                 "compute thread started: run and release queues %zu, event queue %zu "
-                 "(%u requests x (%u layers + 2))",
-                 c->jobs.mask + 1, c->events.mask + 1, max_requests, c->info->kv.n_layers);
+                 "compute thread started: run queue %zu, release queue %zu, event queue %zu "
+                 "(%u requests x (%u layers + 2 + %u images))",
+                 c->jobs.mask + 1, c->releases.mask + 1, c->events.mask + 1, max_requests,
+                 c->info->kv.n_layers, max_media);
     *c_p = c;
     return EPD_OK;
 

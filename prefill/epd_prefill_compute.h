@@ -20,13 +20,15 @@
  *     (EPD_ERR_CANCELED) when the loop set it.
  *
  * Sizing, so that the sink never meets a full queue: every event pointer
- * lives inside a request, a request produces at most n_layers + 2 events in
- * its life (one per layer, "finished", "released") and is freed by the loop
- * only after it consumed "released", its last event; live requests are
- * bounded by max_requests (each holds one local state slot).  So at most
- * max_requests * (n_layers + 2) events are ever queued, and that is the
- * event queue's capacity.  Likewise a request submits one run and one
- * release: each job queue holds max_requests.  A push that fails anyway
+ * lives inside a request, a request produces at most n_layers + 2 +
+ * max_media events in its life (one per layer, "finished", "released", one
+ * per image it encodes itself) and is freed by the loop only after it
+ * consumed "released", its last event; live requests are bounded by
+ * max_requests (each holds one local state slot).  So at most max_requests
+ * * (n_layers + 2 + max_media) events are ever queued, and that is the
+ * event queue's capacity.  Likewise a request submits one run, max_media
+ * encodes (the run queue holds max_requests * (1 + max_media)) and one
+ * release (the release queue holds max_requests).  A push that fails anyway
  * (a broken invariant) is logged and retried with short sleeps while the
  * thread is not being stopped — it never blocks forever.
  *
@@ -51,6 +53,8 @@ typedef enum {
     EPD_PREFILL_EV_DONE,      /* the run finished: status, first_token */
     EPD_PREFILL_EV_RELEASED,  /* epd_engine_release ran: the compute thread
                                * holds nothing of the request any more */
+    EPD_PREFILL_EV_ENCODED,   /* an ENCODE job finished: status (media index
+                               * in `layer`) */
 } epd_prefill_ev_kind_t;
 
 typedef struct {
@@ -67,6 +71,9 @@ typedef struct {
 typedef enum {
     EPD_PREFILL_JOB_RUN = 1, /* prefill + sample step 0 */
     EPD_PREFILL_JOB_RELEASE, /* epd_engine_release */
+    EPD_PREFILL_JOB_ENCODE,  /* decode an image and run the vision encoder (a
+                              * request whose image no encoder sends; FIFO
+                              * with the runs) */
 } epd_prefill_job_kind_t;
 
 /*
@@ -94,6 +101,18 @@ typedef struct {
      * accelerator would in a kernel next to it), so that the loop thread
      * only posts writes; lent like the job. */
     uint64_t *layer_sums;
+    /* RUN: the embedding spans of a multimodal prompt (borrowed, and their
+     * rows, until DONE); NULL / 0 for text */
+    const epd_embed_span_t *embeds;
+    uint32_t n_embeds;
+    /* ENCODE: image[0..image_len) (borrowed until its ENCODED event),
+     * decoded with the pixel guard max_pixels, encoded into embed_out
+     * ([image_embeddings][embed_dim] f32, borrowed likewise); done_ev is
+     * the ENCODED event */
+    const void *image;
+    size_t image_len;
+    uint64_t max_pixels;
+    float *embed_out;
 } epd_prefill_job_t;
 
 typedef struct epd_prefill_compute epd_prefill_compute_t;
@@ -103,12 +122,14 @@ typedef void (*epd_prefill_ev_cb_t)(void *arg, epd_prefill_ev_t *ev);
 
 /*
  * Starts the compute thread for `engine` (taken: closed by destroy) computing
- * into `pool` (borrowed; the caller keeps it alive until destroy).  Loop
- * thread (the uv_async is created on `loop`).  *c_p owned by the caller.
+ * into `pool` (borrowed; the caller keeps it alive until destroy).  A request
+ * queues at most one run, one release and max_media encodes (the queues are
+ * sized for max_requests of them).  Loop thread (the uv_async is created on
+ * `loop`).  *c_p owned by the caller.
  */
 epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
                                         const epd_kv_pool_t *pool, uint32_t max_requests,
-                                        epd_prefill_ev_cb_t cb, void *cb_arg,
+                                        uint32_t max_media, epd_prefill_ev_cb_t cb, void *cb_arg,
                                         epd_prefill_compute_t **c_p);
 
 /* Queues `job` (lent, see above).  EPD_ERR_NO_RESOURCE only when the sizing

@@ -56,6 +56,7 @@
  * blocks coalesce) and no per-layer message goes out (LayerDone is only a
  * lease keep-alive), so posting early only hides more. */
 #define EPD_PREFILL_WRITE_GROUP_DEFAULT 0
+#define EPD_PREFILL_MEDIA_MAX 8 /* images per request (proto/README.md rule 13) */
 
 typedef struct {
     uint64_t start_time_ns;
@@ -66,19 +67,30 @@ typedef struct {
 int epd__prefill_epoch_cmp(const epd_prefill_epoch_t *a, const epd_prefill_epoch_t *b);
 
 typedef enum {
+    EPD_PREFILL_ROLE_DECODE = 1, /* we write its KV reservations */
+    EPD_PREFILL_ROLE_ENCODER,    /* it writes our embedding slots */
+} epd_prefill_role_t;
+
+typedef enum {
     EPD_PREFILL_PEER_CONNECTING = 1,
     EPD_PREFILL_PEER_UP,
     EPD_PREFILL_PEER_DEAD, /* failed or retired: no more sends, ep closed by the pump */
 } epd_prefill_peer_state_t;
 
-/* Our endpoint to one decode worker incarnation (worker id + epoch). */
+/* Our endpoint to one decode or encoder worker incarnation (worker id +
+ * epoch). */
 typedef struct epd_prefill_peer {
     char worker_id[EPD_PREFILL_ID_MAX];
     epd_prefill_epoch_t epoch;
+    epd_prefill_role_t role;
+    /* an encoder's own endpoint to us (where its messages arrive), so that
+     * it is closed too when the encoder is declared dead: only then can the
+     * slots it might still write be recycled */
+    epd_xport_ep_t *in_ep;
     epd_xport_ep_t *ep; /* ours (connected by us); NULL once closed */
     epd_prefill_peer_state_t state;
     epd_status_t dead_status;
-    uint32_t n_reqs; /* requests bound to it (it lives while > 0) */
+    uint32_t n_reqs; /* requests and embedding slots bound to it (it lives while > 0) */
     /* decode's packed key of its KV region, unpacked once on ep and shared by
      * every request that names the same key: unpacking per request would
      * map the region afresh each time (on shared memory every page of every
@@ -93,6 +105,54 @@ typedef struct epd_prefill_peer {
 
 typedef struct epd_prefill_req epd_prefill_req_t;
 struct epd_prefill_srv;
+
+/* One slot of the embedding region: one image's embeddings
+ * ([image_embeddings][embed_dim] f32).  Lifecycle (proto/README.md rules
+ * 15-19):
+ *   FREE -> WAITING (taken for a request: an encoder's write, or our own
+ *   encode) -> READY (verified; cached under `hash`; pinned while requests
+ *   use it, the least recently used unpinned one is taken first when no
+ *   slot is FREE) ... -> FREE (taken again as WAITING);
+ *   WAITING -> QUARANTINED (its request ended while an encoder may still
+ *   write) -> FREE once that encoder quiesced or was declared dead. */
+typedef enum {
+    EPD_PREFILL_ES_FREE = 0,
+    EPD_PREFILL_ES_WAITING,
+    EPD_PREFILL_ES_READY,
+    EPD_PREFILL_ES_QUARANTINED,
+} epd_prefill_es_state_t;
+
+typedef struct {
+    uint32_t idx;
+    epd_prefill_es_state_t state;
+    unsigned char hash[32];  /* READY: the image's content hash */
+    uint32_t pins;           /* READY: requests whose prefill reads it */
+    uint64_t req_id;         /* WAITING / QUARANTINED: taken for this request */
+    uint32_t media_index;    /* ... and this image of it */
+    struct epd_prefill_peer *enc; /* WAITING / QUARANTINED: the encoder that writes
+                                   * it (counted ref), NULL for our own encode */
+    uint64_t used_ns;        /* last unpinned (LRU) */
+} epd_prefill_eslot_t;
+
+/* Where one image of a request stands. */
+typedef enum {
+    EPD_PREFILL_MEDIA_ENCODER = 1, /* waiting for its encoder's EmbedComplete */
+    EPD_PREFILL_MEDIA_LOCAL,       /* our compute thread encodes it */
+    EPD_PREFILL_MEDIA_READY,       /* its slot is READY and pinned by us */
+    EPD_PREFILL_MEDIA_GONE,        /* given back (quarantined, freed or unpinned) */
+} epd_prefill_media_state_t;
+
+typedef struct {
+    epd_prefill_media_state_t state;
+    uint32_t pos, n;          /* placeholder positions [pos, pos + n) */
+    unsigned char hash[32];
+    epd_prefill_eslot_t *slot;
+    struct epd_prefill_peer *enc; /* ENCODER: counted ref */
+    unsigned char *data;      /* LOCAL: the encoded image (owned) */
+    size_t data_len;
+    uint64_t t_start_ns;      /* reservation sent / local encode queued */
+    int hit;                  /* READY from the cache at arrival */
+} epd_prefill_media_t;
 
 /* One layer's writes of one request: the completion callbacks' argument, so
  * that a layer's "KV write" trace span runs from its first post to its last
@@ -163,6 +223,16 @@ struct epd_prefill_req {
     /* prefill-only (GenerateRequest.prefill_only): no decode, no writes;
      * the first token goes to the client in a TokenChunk */
     int prefill_only;
+    /* media (multimodal prompts): the run is submitted once media_pending
+     * reaches 0; encodes_inflight counts ENCODE jobs lent to compute */
+    epd_prefill_media_t *media; /* [n_media] */
+    uint32_t n_media;
+    uint32_t media_pending;
+    uint32_t encodes_inflight;
+    int run_submitted;
+    epd_embed_span_t *spans;          /* [n_media], the run's */
+    epd_prefill_job_t *encode_jobs;   /* [n_media] */
+    epd_prefill_ev_t *encode_evs;     /* [n_media] */
     epd_prefill_lw_t *lw;      /* [n_layers] */
     uint64_t t_first_layer_ns; /* layer 0 done (loop clock) */
     uint64_t writes_coalesced; /* block writes merged into a neighbour */
@@ -247,6 +317,15 @@ typedef struct epd_prefill_srv {
      * the next ones compute (--layer-notify; 0 = only PrefillComplete) */
     int layer_notify;
     uint64_t kv_bytes_sent;    /* bytes of layers whose writes all landed */
+    /* the embedding region (engines with vision; embed_slots 0 = none) */
+    uint32_t embed_slots;
+    uint64_t embed_slot_bytes; /* image_embeddings * embed_dim * 4 */
+    epd_xport_mr_t *embed_mr;
+    unsigned char embed_rkey[EPD_XPORT_RKEY_MAX];
+    size_t embed_rkey_len;
+    epd_prefill_eslot_t *eslots; /* [embed_slots] */
+    uint64_t max_image_pixels;   /* local encodes' pixel guard */
+    uint64_t embed_hits, embed_misses, embed_local; /* images: cached, from an encoder, ours */
     uint64_t layer_notices;    /* landed LayerDones sent */
     uint64_t layer_notices_skipped; /* refused by backpressure (decode verifies at the end) */
     epd_trace_t *trace;     /* --trace; NULL = off */
@@ -264,6 +343,13 @@ epd_status_t epd__prefill_send(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
 epd_status_t epd__prefill_send_error(epd_prefill_srv_t *srv, epd_xport_ep_t *ep, uint64_t id,
                                      epd_status_t status, const char *msg);
 void epd__prefill_peer_unref(epd_prefill_srv_t *srv, epd_prefill_peer_t *peer);
+/* The peer for (worker_id, epoch) of `role`, connecting when new (a newer
+ * epoch retires the older one).  EPD_ERR_STALE_EPOCH when a newer one is
+ * known. */
+epd_status_t epd__prefill_peer_get(epd_prefill_srv_t *srv, epd_prefill_role_t role,
+                                   const char *worker_id, const epd_prefill_epoch_t *epoch,
+                                   const void *addr, size_t addr_len, epd_prefill_peer_t **peer_p);
+epd_prefill_epoch_t epd__prefill_epoch_of(const Epd__Epoch *e);
 /* Closes endpoints of dead peers (pump only). */
 void epd__prefill_peers_reap(epd_prefill_srv_t *srv);
 /* Periodic: stash and tombstone expiry. */
@@ -277,13 +363,19 @@ int epd__prefill_log_allowed(epd_prefill_srv_t *srv);
 
 /* ---- epd_prefill_xfer.c ---- */
 epd_prefill_req_t *epd__prefill_req_find(epd_prefill_srv_t *srv, uint64_t id);
-/* Admits a validated request: local blocks and slot, compute job.  On
- * success *req_p is live (in the table); EPD_ERR_NO_CAPACITY or
- * EPD_ERR_NO_MEMORY otherwise (nothing kept). */
+/* Admits a validated request: local blocks and slot, compute job (queued
+ * at once without media; with n_media > 0 the caller starts the media and
+ * the run follows when they are ready).  On success *req_p is live (in the
+ * table); EPD_ERR_NO_CAPACITY or EPD_ERR_NO_MEMORY otherwise (nothing
+ * kept). */
 epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const uint32_t *tokens,
                                     uint32_t n_tokens, const epd_sample_params_t *sample,
-                                    epd_xport_ep_t *client_ep, const char *client_id,
-                                    epd_prefill_peer_t *peer, epd_prefill_req_t **req_p);
+                                    uint32_t n_media, epd_xport_ep_t *client_ep,
+                                    const char *client_id, epd_prefill_peer_t *peer,
+                                    epd_prefill_req_t **req_p);
+/* Queues the run of an admitted request whose media are all READY (or
+ * that has none).  Fails the request when the queue refuses it. */
+void epd__prefill_req_submit_run(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
 /* Fails (or aborts) a request: stops compute at the next layer, stops
  * posting; tell_client / tell_d queue an Error; quiesce queues a
  * WritesQuiesced for decode once no write is in flight.  First call wins
@@ -298,6 +390,45 @@ void epd__prefill_on_pump(uv_idle_t *idle);
 void epd__prefill_tick(epd_prefill_srv_t *srv, uint64_t now);
 /* Frees every request (shutdown, after the transport and compute are gone). */
 void epd__prefill_reqs_free_all(epd_prefill_srv_t *srv);
+
+/* ---- epd_prefill_media.c ---- */
+/* Allocates and registers the embedding region when the engine has vision
+ * and embed_slots > 0 (loop thread, start-up, after the transport). */
+epd_status_t epd__prefill_media_init(epd_prefill_srv_t *srv);
+/* Deregisters the region (while the transport lives) and frees the slots. */
+void epd__prefill_media_cleanup(epd_prefill_srv_t *srv);
+/* Checks GenerateRequest.media against the prompt and the engine (rule 14);
+ * EPD_OK, or the refusal with msg. */
+epd_status_t epd__prefill_media_check(const epd_prefill_srv_t *srv, const Epd__GenerateRequest *g,
+                                      char *msg, size_t cap);
+/* Starts an admitted request's media (rule 15): cache hits pinned,
+ * reservations sent to encoders, local encodes queued; submits the run when
+ * nothing is pending.  May fail the request (it stays live until it
+ * finishes as usual). */
+void epd__prefill_media_start(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
+                              const Epd__GenerateRequest *g);
+/* Gives back what the request's media hold: slots an encoder may still
+ * write are quarantined (with an Abort to it); with `final` (the run is
+ * done, or will never run) READY slots are unpinned too.  Idempotent. */
+void epd__prefill_media_release(epd_prefill_srv_t *srv, epd_prefill_req_t *req, int final);
+/* A failed request whose run never started: once no encode is lent to
+ * compute, it counts as computed (canceled), so it can finish. */
+void epd__prefill_media_settle(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
+/* ENCODED event of media `index`. */
+void epd__prefill_media_on_encoded(epd_prefill_srv_t *srv, epd_prefill_req_t *req, uint32_t index,
+                                   epd_status_t status);
+/* Messages from encoders (EmbedComplete, WritesQuiesced). */
+void epd__prefill_media_on_complete(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
+                                    const Epd__Envelope *env);
+void epd__prefill_media_on_quiesced(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
+                                    const Epd__Envelope *env);
+/* Is `env`'s sender the encoder of one of req's waiting images? */
+int epd__prefill_media_from_encoder(const epd_prefill_req_t *req, const Epd__Envelope *env);
+/* An encoder peer is dead and both its endpoints are closed: its
+ * quarantined slots are free. */
+void epd__prefill_media_encoder_gone(epd_prefill_srv_t *srv, epd_prefill_peer_t *peer);
+/* Periodic: reservation leases of waiting images. */
+void epd__prefill_media_tick(epd_prefill_srv_t *srv, uint64_t now);
 
 /* ---- epd_prefill_rpc.c ---- */
 int epd__prefill_on_rpc(void *arg, const char *method, const void *req, size_t req_len,

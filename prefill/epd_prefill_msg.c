@@ -46,7 +46,7 @@ int epd__prefill_epoch_cmp(const epd_prefill_epoch_t *a, const epd_prefill_epoch
     return 0;
 }
 
-static epd_prefill_epoch_t epd_prefill_epoch_of(const Epd__Epoch *e)
+epd_prefill_epoch_t epd__prefill_epoch_of(const Epd__Epoch *e)
 {
     epd_prefill_epoch_t out = {0, 0};
 
@@ -111,6 +111,12 @@ epd_status_t epd__prefill_send(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
         break;
     case EPD__ENVELOPE__BODY_TOKENS:
         env.tokens = body; /* prefill-only answer */
+        break;
+    case EPD__ENVELOPE__BODY_EMBED_RESERVATION:
+        env.embed_reservation = body;
+        break;
+    case EPD__ENVELOPE__BODY_ABORT:
+        env.abort = body; /* to an encoder */
         break;
     default:
         return EPD_ERR_INVALID_PARAM;
@@ -287,11 +293,20 @@ static void epd_prefill_peer_kill(epd_prefill_srv_t *srv, epd_prefill_peer_t *pe
     peer->state = EPD_PREFILL_PEER_DEAD;
     peer->dead_status = status;
     peer->listed = 0;
-    snprintf(msg, sizeof(msg), "decode worker '%s' %s", peer->worker_id, why);
+    snprintf(msg, sizeof(msg), "%s worker '%s' %s",
+             peer->role == EPD_PREFILL_ROLE_ENCODER ? "encoder" : "decode", peer->worker_id, why);
     epd_log_warn(EPD_PREFILL_LOG, 0, "%s: failing its requests", msg);
     for (epd_prefill_req_t *req = srv->all; req != NULL; req = req->all_next) {
-        if (req->peer == peer) {
+        if (peer->role == EPD_PREFILL_ROLE_DECODE && req->peer == peer) {
             epd__prefill_req_fail(srv, req, EPD_ERR_PEER_DEAD, msg, 1, 0, 0);
+            continue;
+        }
+        for (uint32_t i = 0; i < req->n_media; i++) {
+            if (req->media[i].state == EPD_PREFILL_MEDIA_ENCODER && req->media[i].enc == peer) {
+                /* before any token: the client may retry with another encoder */
+                epd__prefill_req_fail(srv, req, EPD_ERR_PEER_DEAD, msg, 1, 1, 1);
+                break;
+            }
         }
     }
     /* the pump closes the endpoint even when no request is bound */
@@ -325,6 +340,22 @@ void epd__prefill_peer_unref(epd_prefill_srv_t *srv, epd_prefill_peer_t *peer)
     }
 }
 
+/* Drops every pointer to an accepted endpoint about to be closed. */
+static void epd_prefill_forget_in_ep(epd_prefill_srv_t *srv, epd_xport_ep_t *ep)
+{
+    for (epd_prefill_req_t *req = srv->all; req != NULL; req = req->all_next) {
+        if (req->client_ep == ep) {
+            req->client_ep = NULL;
+            req->tell_client = 0;
+        }
+    }
+    for (uint32_t i = 0; i < srv->n_stash; i++) {
+        if (srv->stash[i].ep == ep) {
+            srv->stash[i].ep = NULL;
+        }
+    }
+}
+
 void epd__prefill_peers_reap(epd_prefill_srv_t *srv)
 {
     epd_prefill_peer_t *peer = srv->peers;
@@ -346,6 +377,19 @@ void epd__prefill_peers_reap(epd_prefill_srv_t *srv)
             peer->rkey = NULL;
             peer->ep = NULL;
             epd_xport_ep_close(ep);
+            if (peer->role == EPD_PREFILL_ROLE_ENCODER) {
+                /* the encoder's own endpoint to us too: nothing of that
+                 * incarnation can land any more, so its quarantined slots
+                 * are free */
+                if (peer->in_ep != NULL) {
+                    epd_xport_ep_t *in = peer->in_ep;
+
+                    peer->in_ep = NULL;
+                    epd_prefill_forget_in_ep(srv, in);
+                    epd_xport_ep_close(in);
+                }
+                epd__prefill_media_encoder_gone(srv, peer);
+            }
         }
         if (peer->state == EPD_PREFILL_PEER_DEAD && peer->ep == NULL && peer->n_reqs == 0) {
             epd_prefill_peer_free(srv, peer);
@@ -354,12 +398,9 @@ void epd__prefill_peers_reap(epd_prefill_srv_t *srv)
     }
 }
 
-/* The peer for (worker_id, epoch), connecting when new.  A newer epoch
- * retires the older one's endpoint.  EPD_ERR_STALE_EPOCH when a newer one
- * is already known. */
-static epd_status_t epd_prefill_peer_get(epd_prefill_srv_t *srv, const char *worker_id,
-                                         const epd_prefill_epoch_t *epoch, const void *addr,
-                                         size_t addr_len, epd_prefill_peer_t **peer_p)
+epd_status_t epd__prefill_peer_get(epd_prefill_srv_t *srv, epd_prefill_role_t role,
+                                   const char *worker_id, const epd_prefill_epoch_t *epoch,
+                                   const void *addr, size_t addr_len, epd_prefill_peer_t **peer_p)
 {
     epd_prefill_peer_t *peer;
     epd_status_t st;
@@ -367,7 +408,7 @@ static epd_status_t epd_prefill_peer_get(epd_prefill_srv_t *srv, const char *wor
     for (peer = srv->peers; peer != NULL; peer = peer->next) {
         int cmp;
 
-        if (!peer->listed || strcmp(peer->worker_id, worker_id) != 0) {
+        if (!peer->listed || peer->role != role || strcmp(peer->worker_id, worker_id) != 0) {
             continue;
         }
         cmp = epd__prefill_epoch_cmp(&peer->epoch, epoch);
@@ -386,6 +427,7 @@ static epd_status_t epd_prefill_peer_get(epd_prefill_srv_t *srv, const char *wor
     }
     snprintf(peer->worker_id, sizeof(peer->worker_id), "%s", worker_id);
     peer->epoch = *epoch;
+    peer->role = role;
     peer->state = EPD_PREFILL_PEER_CONNECTING;
     st = epd_xport_connect(srv->x, addr, addr_len, epd_prefill_on_connected, peer, &peer->ep);
     if (st != EPD_INPROGRESS && st != EPD_OK) {
@@ -405,7 +447,7 @@ static epd_status_t epd_prefill_peer_get(epd_prefill_srv_t *srv, const char *wor
 static int epd_prefill_sender_stale(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
                                     const Epd__Envelope *env)
 {
-    epd_prefill_epoch_t epoch = epd_prefill_epoch_of(env->sender->epoch);
+    epd_prefill_epoch_t epoch = epd__prefill_epoch_of(env->sender->epoch);
 
     for (epd_prefill_peer_t *peer = srv->peers; peer != NULL; peer = peer->next) {
         int cmp;
@@ -435,7 +477,7 @@ static int epd_prefill_sender_stale(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
 /* Is `env`'s sender the decode incarnation `req` is bound to? */
 static int epd_prefill_from_decode(const epd_prefill_req_t *req, const Epd__Envelope *env)
 {
-    epd_prefill_epoch_t epoch = epd_prefill_epoch_of(env->sender->epoch);
+    epd_prefill_epoch_t epoch = epd__prefill_epoch_of(env->sender->epoch);
 
     if (req->peer == NULL) {
         return 0; /* prefill-only: no decode worker speaks about it */
@@ -564,8 +606,8 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
     const epd_engine_info_t *info = srv->info;
     uint64_t id = g->request_id;
     epd_prefill_epoch_t own = srv->epoch;
-    epd_prefill_epoch_t want = epd_prefill_epoch_of(g->prefill_epoch);
-    epd_prefill_epoch_t d_epoch = epd_prefill_epoch_of(g->decode_epoch);
+    epd_prefill_epoch_t want = epd__prefill_epoch_of(g->prefill_epoch);
+    epd_prefill_epoch_t d_epoch = epd__prefill_epoch_of(g->decode_epoch);
     epd_sample_params_t sp;
     epd_prefill_peer_t *peer = NULL;
     epd_prefill_req_t *req = NULL;
@@ -605,9 +647,9 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
         st = EPD_ERR_TOO_LONG;
         snprintf(msg, sizeof(msg), "prompt of %zu tokens exceeds the context limit of %u",
                  g->n_prompt_tokens, info->max_context);
-    } else if (g->n_media > 0) {
-        st = EPD_ERR_UNSUPPORTED;
-        snprintf(msg, sizeof(msg), "media inputs need an encoder (not supported yet)");
+    } else if (g->n_media > 0 &&
+               (st = epd__prefill_media_check(srv, g, msg, sizeof(msg))) != EPD_OK) {
+        /* msg says why */
     } else if (!only && (g->decode_worker_id == NULL || g->decode_worker_id[0] == '\0' ||
                          strlen(g->decode_worker_id) >= EPD_PREFILL_ID_MAX ||
                          g->decode_epoch == NULL || g->decode_address.len == 0)) {
@@ -634,8 +676,8 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
         }
     }
     if (st == EPD_OK && !only) {
-        st = epd_prefill_peer_get(srv, g->decode_worker_id, &d_epoch, g->decode_address.data,
-                                  g->decode_address.len, &peer);
+        st = epd__prefill_peer_get(srv, EPD_PREFILL_ROLE_DECODE, g->decode_worker_id, &d_epoch,
+                                   g->decode_address.data, g->decode_address.len, &peer);
         if (st != EPD_OK) {
             snprintf(msg, sizeof(msg), "decode worker '%.60s': %s", g->decode_worker_id,
                      st == EPD_ERR_STALE_EPOCH ? "a newer epoch of it is known"
@@ -644,7 +686,7 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
     }
     if (st == EPD_OK) {
         st = epd__prefill_req_admit(srv, id, g->prompt_tokens, (uint32_t)g->n_prompt_tokens, &sp,
-                                    ep, env->sender->worker_id, peer, &req);
+                                    (uint32_t)g->n_media, ep, env->sender->worker_id, peer, &req);
         if (st == EPD_ERR_NO_CAPACITY) {
             snprintf(msg, sizeof(msg),
                      "no local capacity for %zu tokens (%u blocks, %u slots free)",
@@ -671,6 +713,9 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
     epd_log_debug(EPD_PREFILL_LOG, id, "admitted: %u tokens, %u blocks, slot %u, decode '%s'",
                   req->n_tokens, req->n_blocks, req->slot,
                   peer != NULL ? peer->worker_id : "(none: prefill only)");
+    if (g->n_media > 0) {
+        epd__prefill_media_start(srv, req, g);
+    }
     if (si >= 0) {
         epd_xport_ep_t *sep;
         Epd__Envelope *senv = epd_prefill_stash_take(srv, (uint32_t)si, &sep);
@@ -764,6 +809,14 @@ static void epd_prefill_on_error(epd_prefill_srv_t *srv, const Epd__Envelope *en
                       e->message != NULL ? e->message : "");
         return;
     }
+    if (epd__prefill_media_from_encoder(req, env)) {
+        /* an image of it failed on its encoder (which tells the client):
+         * decode frees its reservation */
+        snprintf(msg, sizeof(msg), "encoder '%.60s': %.120s", env->sender->worker_id,
+                 e->message != NULL ? e->message : "");
+        epd__prefill_req_fail(srv, req, st, msg, 0, 1, 1);
+        return;
+    }
     if (strcmp(env->sender->worker_id, req->client_id) != 0 && !epd_prefill_from_decode(req, env)) {
         EPD_PREFILL_WARN(srv, req->id, "ignoring an error from '%s', a stranger to this request",
                          env->sender->worker_id);
@@ -820,6 +873,12 @@ void epd__prefill_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t
     case EPD__ENVELOPE__BODY_ERROR:
         epd_prefill_on_error(srv, env);
         break;
+    case EPD__ENVELOPE__BODY_EMBED_COMPLETE:
+        epd__prefill_media_on_complete(srv, ep, env);
+        break;
+    case EPD__ENVELOPE__BODY_QUIESCED:
+        epd__prefill_media_on_quiesced(srv, ep, env);
+        break;
     default:
         epd_prefill_refuse(srv, ep, id, EPD_ERR_UNSUPPORTED,
                            "message kind not handled by a prefill worker");
@@ -851,6 +910,16 @@ void epd__prefill_on_ep_error(void *arg, epd_xport_ep_t *ep, epd_status_t status
     }
     if (ours) {
         return; /* closed by the pump */
+    }
+    for (epd_prefill_peer_t *peer = srv->peers; peer != NULL; peer = peer->next) {
+        if (peer->in_ep == ep) {
+            /* an encoder's own endpoint: that encoder is gone */
+            char why[96];
+
+            peer->in_ep = NULL;
+            snprintf(why, sizeof(why), "failed (%s)", epd_status_string(status));
+            epd_prefill_peer_kill(srv, peer, status, why);
+        }
     }
     /* an accepted endpoint (a client, or a decode worker's own): forget it,
      * then close it */

@@ -157,6 +157,13 @@ static epd_status_t epd_prefill_peer_status(epd_status_t st)
 
 static void epd_prefill_req_free(epd_prefill_req_t *req)
 {
+    for (uint32_t i = 0; i < req->n_media; i++) {
+        epd_free(req->media[i].data);
+    }
+    epd_free(req->media);
+    epd_free(req->spans);
+    epd_free(req->encode_jobs);
+    epd_free(req->encode_evs);
     epd_free(req->lw);
     epd_free(req->checksums);
     epd_free(req->evs);
@@ -168,8 +175,9 @@ static void epd_prefill_req_free(epd_prefill_req_t *req)
 
 epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const uint32_t *tokens,
                                     uint32_t n_tokens, const epd_sample_params_t *sample,
-                                    epd_xport_ep_t *client_ep, const char *client_id,
-                                    epd_prefill_peer_t *peer, epd_prefill_req_t **req_p)
+                                    uint32_t n_media, epd_xport_ep_t *client_ep,
+                                    const char *client_id, epd_prefill_peer_t *peer,
+                                    epd_prefill_req_t **req_p)
 {
     const epd_kv_layout_t *kv = &srv->info->kv;
     uint32_t n_layers = kv->n_layers;
@@ -191,8 +199,17 @@ epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const u
     req->evs = epd_calloc((size_t)n_layers + 2, sizeof(*req->evs));
     req->checksums = epd_calloc((size_t)n_layers + 1, sizeof(*req->checksums));
     req->lw = epd_calloc((size_t)n_layers + 1, sizeof(*req->lw));
+    if (n_media > 0) {
+        req->media = epd_calloc(n_media, sizeof(*req->media));
+        req->spans = epd_calloc(n_media, sizeof(*req->spans));
+        req->encode_jobs = epd_calloc(n_media, sizeof(*req->encode_jobs));
+        req->encode_evs = epd_calloc(n_media, sizeof(*req->encode_evs));
+        req->n_media = n_media;
+    }
     if (req->tokens == NULL || req->local_blocks == NULL || req->remote_blocks == NULL ||
-        req->evs == NULL || req->checksums == NULL || req->lw == NULL) {
+        req->evs == NULL || req->checksums == NULL || req->lw == NULL ||
+        (n_media > 0 && (req->media == NULL || req->spans == NULL || req->encode_jobs == NULL ||
+                         req->encode_evs == NULL))) {
         epd_prefill_req_free(req);
         return EPD_ERR_NO_MEMORY;
     }
@@ -242,14 +259,17 @@ epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const u
     /* with a decode worker, the compute thread checksums each layer as it
      * hands it over (prefill-only requests write nothing: no checksums) */
     req->run_job.layer_sums = peer != NULL ? req->checksums : NULL;
-    st = epd_prefill_compute_submit(srv->compute, &req->run_job);
-    if (st != EPD_OK) {
-        srv->free_slots[srv->n_free_slots++] = req->slot;
-        for (uint32_t i = n_blocks; i-- > 0;) {
-            srv->free_blocks[srv->n_free_blocks++] = req->local_blocks[i];
+    if (n_media == 0) {
+        st = epd_prefill_compute_submit(srv->compute, &req->run_job);
+        if (st != EPD_OK) {
+            srv->free_slots[srv->n_free_slots++] = req->slot;
+            for (uint32_t i = n_blocks; i-- > 0;) {
+                srv->free_blocks[srv->n_free_blocks++] = req->local_blocks[i];
+            }
+            epd_prefill_req_free(req);
+            return EPD_ERR_NO_CAPACITY;
         }
-        epd_prefill_req_free(req);
-        return EPD_ERR_NO_CAPACITY;
+        req->run_submitted = 1;
     }
 
     h = epd_prefill_hash_id(srv, id);
@@ -266,6 +286,30 @@ epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const u
     }
     *req_p = req;
     return EPD_OK;
+}
+
+void epd__prefill_req_submit_run(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+{
+    if (req->run_submitted || req->failed) {
+        return;
+    }
+    for (uint32_t i = 0; i < req->n_media; i++) {
+        const epd_prefill_media_t *m = &req->media[i];
+
+        req->spans[i].pos = m->pos;
+        req->spans[i].n = m->n;
+        req->spans[i].data =
+            (const float *)((const char *)epd_xport_mr_addr(srv->embed_mr) +
+                            (uint64_t)m->slot->idx * srv->embed_slot_bytes);
+    }
+    req->run_job.embeds = req->n_media > 0 ? req->spans : NULL;
+    req->run_job.n_embeds = req->n_media;
+    if (epd_prefill_compute_submit(srv->compute, &req->run_job) != EPD_OK) {
+        epd__prefill_req_fail(srv, req, EPD_ERR_NO_CAPACITY, "compute queue full", 1, 1, 1);
+        return;
+    }
+    req->run_submitted = 1;
+    epd_trace_instant(srv->trace, "images ready", "wait", req->id, -1, epd_time_now_ns());
 }
 
 /* ---------------------------------------------------------------- failure */
@@ -290,6 +334,10 @@ void epd__prefill_req_fail(epd_prefill_srv_t *srv, epd_prefill_req_t *req, epd_s
     }
     if (quiesce) {
         req->need_quiesced = 1;
+    }
+    if (req->n_media > 0) {
+        epd__prefill_media_release(srv, req, 0);
+        epd__prefill_media_settle(srv, req);
     }
     epd__prefill_req_dirty(srv, req);
 }
@@ -674,6 +722,9 @@ static void epd_prefill_req_destroy(epd_prefill_srv_t *srv, epd_prefill_req_t *r
         req->all_next->all_prev = req->all_prev;
     }
     epd_prefill_list_remove(srv, req);
+    if (req->n_media > 0) {
+        epd__prefill_media_release(srv, req, 1);
+    }
     srv->free_slots[srv->n_free_slots++] = req->slot;
     for (uint32_t i = req->n_blocks; i-- > 0;) {
         srv->free_blocks[srv->n_free_blocks++] = req->local_blocks[i];
@@ -791,6 +842,14 @@ void epd__prefill_on_event(void *arg, epd_prefill_ev_t *ev)
                      epd_status_string(ev->status));
             epd__prefill_req_fail(srv, req, ev->status, msg, 1, 1, 1);
         }
+        if (req->n_media > 0) {
+            /* the engine read the embeddings: they are cache entries now */
+            epd__prefill_media_release(srv, req, 1);
+        }
+        epd__prefill_req_dirty(srv, req);
+        break;
+    case EPD_PREFILL_EV_ENCODED:
+        epd__prefill_media_on_encoded(srv, req, ev->layer, ev->status);
         epd__prefill_req_dirty(srv, req);
         break;
     case EPD_PREFILL_EV_RELEASED:
@@ -853,6 +912,7 @@ void epd__prefill_tick(epd_prefill_srv_t *srv, uint64_t now)
         }
     }
     epd__prefill_msg_tick(srv, now);
+    epd__prefill_media_tick(srv, now);
     if (srv->blocked_head != NULL) {
         epd_prefill_unblock_all(srv);
     }

@@ -28,6 +28,7 @@
 #include "epd_config.h"
 #include "epd_layout.h"
 #include "epd_log.h"
+#include "epd_image.h"
 #include "epd_prefill_int.h"
 #include "epd_rng.h"
 #include "epd_time.h"
@@ -54,6 +55,8 @@ typedef struct {
     int64_t max_inflight_writes;
     int64_t write_group_bytes;
     int layer_notify;
+    int64_t embed_slots;
+    int64_t max_image_pixels;
     const char *trace;
     int64_t trace_events;
     const char *router;
@@ -245,6 +248,8 @@ static int epd_prefill_run(const epd_prefill_flags_t *fl)
     srv->connect_timeout_ms = (uint32_t)fl->connect_timeout_ms;
     srv->write_group_bytes = (uint64_t)fl->write_group_bytes;
     srv->layer_notify = fl->layer_notify;
+    srv->embed_slots = (uint32_t)fl->embed_slots;
+    srv->max_image_pixels = (uint64_t)fl->max_image_pixels;
     srv->trace_path = fl->trace;
     srv->epoch.start_time_ns = epd_time_wall_ns();
     srv->epoch.nonce = epd_rng_entropy();
@@ -310,7 +315,10 @@ static int epd_prefill_run(const epd_prefill_flags_t *fl)
     xcfg.backend = fl->transport;
     xcfg.expect = fl->expect;
     xcfg.provider = fl->provider;
-    xcfg.max_msg_size = 64 * 1024;
+    /* images may come inline (a cluster without encoders): room for them */
+    xcfg.max_msg_size = srv->info->image_embeddings > 0 && srv->embed_slots > 0
+                            ? (size_t)16 << 20
+                            : (size_t)64 * 1024;
     xcfg.max_inflight = (uint32_t)fl->max_inflight_writes;
     xcfg.peer_timeout_ms = srv->peer_timeout_ms;
     xcfg.connect_timeout_ms = srv->connect_timeout_ms;
@@ -350,6 +358,10 @@ static int epd_prefill_run(const epd_prefill_flags_t *fl)
     if (st != EPD_OK) {
         goto out_xport;
     }
+    st = epd__prefill_media_init(srv);
+    if (st != EPD_OK) {
+        goto out_xport;
+    }
 
     uv_idle_init(&loop, &srv->pump);
     srv->pump.data = srv;
@@ -363,6 +375,7 @@ static int epd_prefill_run(const epd_prefill_flags_t *fl)
     srv->sigusr1.data = srv;
 
     st = epd_prefill_compute_create(&loop, engine, &srv->pool, srv->state_slots,
+                                    srv->embed_slots > 0 ? EPD_PREFILL_MEDIA_MAX : 0,
                                     epd__prefill_on_event, srv, &srv->compute);
     if (st != EPD_OK) {
         epd_log_error(EPD_PREFILL_LOG, 0, "cannot start the compute thread: %s",
@@ -449,8 +462,9 @@ out_xport:
     srv->stopping = 1;
     /* closes every endpoint (writes complete with EPD_ERR_CANCELED into
      * requests that still exist) and frees the pool */
-    epd_xport_destroy(srv->x);
+    epd_xport_destroy(srv->x); /* the embedding region goes with it */
     srv->x = NULL;
+    epd__prefill_media_cleanup(srv);
     {
         uv_walk(&loop, epd_prefill_close_walk, NULL);
         uv_run(&loop, UV_RUN_DEFAULT);
@@ -501,6 +515,8 @@ int main(int argc, char **argv)
         .max_inflight_writes = 4096,
         .write_group_bytes = EPD_PREFILL_WRITE_GROUP_DEFAULT,
         .layer_notify = 1,
+        .embed_slots = 64,
+        .max_image_pixels = (int64_t)EPD_IMAGE_MAX_PIXELS_DEFAULT,
         .trace = NULL,
         .trace_events = 1 << 20,
         .router = NULL,
@@ -539,6 +555,11 @@ int main(int argc, char **argv)
          "after each layer's writes send decode a LayerDone fenced behind them, so it "
          "verifies that layer at once (--no-layer-notify: verification only after "
          "PrefillComplete)"},
+        {"embed-slots", EPD_OPT_INT, &fl.embed_slots, 0, 1 << 16,
+         "images whose embeddings this worker holds at once: the landing zone of the encoders' "
+         "writes and the embedding cache (0: no images)"},
+        {"max-image-pixels", EPD_OPT_INT, &fl.max_image_pixels, 1, (int64_t)1 << 40,
+         "width x height limit of an image this worker decodes itself (no encoder pool)"},
         {"trace", EPD_OPT_STRING, &fl.trace, 0, 0,
          "record a per-request trace; Chrome trace JSON written to FILE at exit and on SIGUSR1"},
         {"trace-events", EPD_OPT_INT, &fl.trace_events, 1024, 1 << 26,

@@ -68,6 +68,9 @@ static void on_event(void *arg, epd_prefill_ev_t *ev)
             atomic_store(&r->cancel, 1);
         }
         break;
+    case EPD_PREFILL_EV_ENCODED:
+        t->bad_order = 1; /* no image is ever submitted here */
+        break;
     case EPD_PREFILL_EV_DONE:
         r->done = 1;
         r->status = ev->status;
@@ -100,7 +103,7 @@ static int setup(void **state)
     epd_test_pool(g->engine, POOL_BLOCKS, POOL_SLOTS, &g->pool);
     assert_int_equal(uv_loop_init(&g->loop), 0);
     assert_int_equal(
-        epd_prefill_compute_create(&g->loop, g->engine, &g->pool, POOL_SLOTS, on_event, g, &g->c),
+        epd_prefill_compute_create(&g->loop, g->engine, &g->pool, POOL_SLOTS, 0, on_event, g, &g->c),
         EPD_OK);
     *state = g;
     return 0;
@@ -326,7 +329,7 @@ static void test_queue_bound(void **state)
         g->info = epd_engine_info(g->engine);
     }
     assert_int_equal(
-        epd_prefill_compute_create(&g->loop, g->engine, &g->pool, 1, on_event, g, &one), EPD_OK);
+        epd_prefill_compute_create(&g->loop, g->engine, &g->pool, 1, 0, on_event, g, &one), EPD_OK);
     g->c = one;
     req_init(r, 0, 60);
     assert_int_equal(epd_prefill_compute_submit(one, &r->job), EPD_OK);
