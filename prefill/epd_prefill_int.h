@@ -215,6 +215,7 @@ struct epd_prefill_req {
     int failed; /* failed or aborted: no more writes */
     epd_status_t fail_status;
     char fail_msg[160];
+    char fail_culprit[EPD_PREFILL_ID_MAX]; /* the worker that caused it, if not us or the client */
     int tell_client;   /* Error to the client pending */
     int tell_d;        /* Error to decode pending */
     int need_quiesced; /* WritesQuiesced to decode pending */
@@ -342,6 +343,9 @@ epd_status_t epd__prefill_send(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
                                Epd__Envelope__BodyCase body_case, void *body, unsigned flags);
 epd_status_t epd__prefill_send_error(epd_prefill_srv_t *srv, epd_xport_ep_t *ep, uint64_t id,
                                      epd_status_t status, const char *msg);
+/* The same naming the worker that caused the failure (Error.culprit). */
+epd_status_t epd__prefill_send_error_by(epd_prefill_srv_t *srv, epd_xport_ep_t *ep, uint64_t id,
+                                        epd_status_t status, const char *msg, const char *culprit);
 void epd__prefill_peer_unref(epd_prefill_srv_t *srv, epd_prefill_peer_t *peer);
 /* The peer for (worker_id, epoch) of `role`, connecting when new (a newer
  * epoch retires the older one).  EPD_ERR_STALE_EPOCH when a newer one is

@@ -337,6 +337,7 @@ void epd__prefill_media_start(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
             if (st != EPD_OK) {
                 snprintf(msg, sizeof(msg), "cannot send the embedding reservation to '%.60s': %s",
                          enc->worker_id, epd_status_string(st));
+                snprintf(req->fail_culprit, sizeof(req->fail_culprit), "%s", enc->worker_id);
                 epd__prefill_req_fail(srv, req,
                                       st == EPD_ERR_NO_RESOURCE ? EPD_ERR_NO_RESOURCE
                                                                 : EPD_ERR_PEER_DEAD,
@@ -662,6 +663,7 @@ void epd__prefill_media_tick(epd_prefill_srv_t *srv, uint64_t now)
 
                 snprintf(msg, sizeof(msg), "no embeddings from encoder '%.60s' within %u ms",
                          m->enc->worker_id, srv->lease_ms);
+                snprintf(req->fail_culprit, sizeof(req->fail_culprit), "%s", m->enc->worker_id);
                 epd__prefill_req_fail(srv, req, EPD_ERR_TIMEOUT, msg, 1, 1, 1);
                 break;
             }

@@ -130,8 +130,8 @@ epd_status_t epd__prefill_send(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
     return epd_xport_send(ep, srv->tx_buf, len, flags);
 }
 
-epd_status_t epd__prefill_send_error(epd_prefill_srv_t *srv, epd_xport_ep_t *ep, uint64_t id,
-                                     epd_status_t status, const char *msg)
+epd_status_t epd__prefill_send_error_by(epd_prefill_srv_t *srv, epd_xport_ep_t *ep, uint64_t id,
+                                        epd_status_t status, const char *msg, const char *culprit)
 {
     Epd__Error e = EPD__ERROR__INIT;
     char text[200];
@@ -140,7 +140,16 @@ epd_status_t epd__prefill_send_error(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
     e.request_id = id;
     e.status = (int32_t)status;
     e.message = text;
+    if (culprit != NULL && culprit[0] != '\0') {
+        e.culprit = (char *)culprit;
+    }
     return epd__prefill_send(srv, ep, EPD__ENVELOPE__BODY_ERROR, &e, 0);
+}
+
+epd_status_t epd__prefill_send_error(epd_prefill_srv_t *srv, epd_xport_ep_t *ep, uint64_t id,
+                                     epd_status_t status, const char *msg)
+{
+    return epd__prefill_send_error_by(srv, ep, id, status, msg, NULL);
 }
 
 static void epd_prefill_send_quiesced(epd_prefill_srv_t *srv, epd_xport_ep_t *ep, uint64_t id)
@@ -303,7 +312,11 @@ static void epd_prefill_peer_kill(epd_prefill_srv_t *srv, epd_prefill_peer_t *pe
         }
         for (uint32_t i = 0; i < req->n_media; i++) {
             if (req->media[i].state == EPD_PREFILL_MEDIA_ENCODER && req->media[i].enc == peer) {
-                /* before any token: the client may retry with another encoder */
+                /* before any token: the client may retry with another
+                 * encoder (the Error names it) */
+                if (!req->failed) {
+                    snprintf(req->fail_culprit, sizeof(req->fail_culprit), "%s", peer->worker_id);
+                }
                 epd__prefill_req_fail(srv, req, EPD_ERR_PEER_DEAD, msg, 1, 1, 1);
                 break;
             }

@@ -51,6 +51,9 @@ static void epd_prefill_rpc_fill(epd_prefill_srv_t *srv, epd_prefill_rpc_parts_t
     p->cap.state_slots_total = srv->state_slots;
     p->cap.max_batch = 1; /* one prefill at a time */
     p->cap.max_context = srv->info->max_context;
+    p->cap.embed_slots = srv->embed_slots;
+    p->cap.image_embeddings = srv->embed_slots > 0 ? srv->info->image_embeddings : 0;
+    p->cap.embed_dim = srv->embed_slots > 0 ? srv->info->embed_dim : 0;
     epd_layout_to_msg(&srv->info->kv, &p->layout, p->pattern);
 }
 

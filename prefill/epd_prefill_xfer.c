@@ -633,8 +633,8 @@ static int epd_prefill_send_failure(epd_prefill_srv_t *srv, epd_prefill_req_t *r
         if (req->client_ep == NULL) {
             req->tell_client = 0;
         } else {
-            st = epd__prefill_send_error(srv, req->client_ep, req->id, req->fail_status,
-                                         req->fail_msg);
+            st = epd__prefill_send_error_by(srv, req->client_ep, req->id, req->fail_status,
+                                            req->fail_msg, req->fail_culprit);
             if (st == EPD_ERR_NO_RESOURCE) {
                 epd_prefill_req_block(srv, req);
                 return -1;

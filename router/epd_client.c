@@ -41,6 +41,9 @@ typedef struct epd__client_req {
     void *user;
     epd_client_worker_t *prefill;
     epd_client_worker_t *decode;
+    epd_client_worker_t *enc[EPD_CLIENT_MEDIA_MAX]; /* distinct encoders of its images */
+    uint32_t n_enc;
+    uint32_t abort_pending_e; /* bit i: Abort to enc[i] not yet accepted */
     uint32_t next_index; /* tokens received so far */
     uint32_t max_tokens;
     uint64_t deadline_ns; /* monotonic */
@@ -65,6 +68,7 @@ struct epd_client {
     unsigned char *txbuf; /* one encoded frame, max_msg_size bytes */
     epd_client_stats_t stats;
     uint64_t last_bad_log_ns;
+    char culprit[EPD_CLIENT_NAME_MAX]; /* of the Error being delivered */
 };
 
 /* ------------------------------------------------------------- helpers */
@@ -90,6 +94,14 @@ const char *epd_client_finish_name(int finish)
     default:
         return "?";
     }
+}
+
+static const char *epd__role_name(int role)
+{
+    return role == EPD_CLIENT_ROLE_PREFILL   ? "prefill"
+           : role == EPD_CLIENT_ROLE_DECODE  ? "decode"
+           : role == EPD_CLIENT_ROLE_ENCODER ? "encoder"
+                                             : "other";
 }
 
 /* ------------------------------------------------------------- Health */
@@ -125,19 +137,22 @@ epd_status_t epd_client_health_parse(const void *buf, size_t len, epd_client_wor
         status = epd__health_refuse(why_p, "Health answer with an empty or oversized worker id");
         goto out;
     }
-    if (h->worker->role != EPD__ROLE__ROLE_PREFILL && h->worker->role != EPD__ROLE__ROLE_DECODE) {
-        status = epd__health_refuse(why_p, "Health answer with a role other than prefill/decode");
+    if (h->worker->role != EPD__ROLE__ROLE_PREFILL && h->worker->role != EPD__ROLE__ROLE_DECODE &&
+        h->worker->role != EPD__ROLE__ROLE_ENCODER) {
+        status = epd__health_refuse(why_p,
+                                    "Health answer with a role other than prefill/decode/encoder");
         goto out;
     }
     if (h->data_plane_address.len == 0 || h->data_plane_address.len > EPD_XPORT_ADDR_MAX) {
         status = epd__health_refuse(why_p, "Health answer with an empty or oversized address");
         goto out;
     }
-    if (h->kv_layout == NULL || h->capacity == NULL) {
+    if ((h->kv_layout == NULL && h->worker->role != EPD__ROLE__ROLE_ENCODER) ||
+        h->capacity == NULL) {
         status = epd__health_refuse(why_p, "Health answer without KV layout or capacity");
         goto out;
     }
-    if (h->kv_layout->layer_pattern != NULL &&
+    if (h->kv_layout != NULL && h->kv_layout->layer_pattern != NULL &&
         strlen(h->kv_layout->layer_pattern) >= EPD_CLIENT_PATTERN_MAX) {
         status = epd__health_refuse(why_p, "Health answer with an oversized layer pattern");
         goto out;
@@ -157,18 +172,24 @@ epd_status_t epd_client_health_parse(const void *buf, size_t len, epd_client_wor
     info->address_len = h->data_plane_address.len;
     info->serving = h->serving;
     info->draining = h->draining;
-    info->n_layers = h->kv_layout->n_layers;
-    epd__copy_str(info->layer_pattern, sizeof(info->layer_pattern), h->kv_layout->layer_pattern);
-    info->block_tokens = h->kv_layout->block_tokens;
-    info->n_kv_heads = h->kv_layout->n_kv_heads;
-    info->head_dim = h->kv_layout->head_dim;
-    info->kv_dtype = h->kv_layout->dtype;
-    info->block_bytes = h->kv_layout->block_bytes;
-    info->state_bytes = h->kv_layout->state_bytes;
+    if (h->kv_layout != NULL) {
+        info->n_layers = h->kv_layout->n_layers;
+        epd__copy_str(info->layer_pattern, sizeof(info->layer_pattern),
+                      h->kv_layout->layer_pattern);
+        info->block_tokens = h->kv_layout->block_tokens;
+        info->n_kv_heads = h->kv_layout->n_kv_heads;
+        info->head_dim = h->kv_layout->head_dim;
+        info->kv_dtype = h->kv_layout->dtype;
+        info->block_bytes = h->kv_layout->block_bytes;
+        info->state_bytes = h->kv_layout->state_bytes;
+    }
     info->kv_blocks_total = h->capacity->kv_blocks_total;
     info->state_slots_total = h->capacity->state_slots_total;
     info->max_batch = h->capacity->max_batch;
     info->max_context = h->capacity->max_context;
+    info->embed_slots = h->capacity->embed_slots;
+    info->image_embeddings = h->capacity->image_embeddings;
+    info->embed_dim = h->capacity->embed_dim;
     if (h->load != NULL) {
         info->queue_depth = h->load->queue_depth;
         info->queued_tokens = h->load->queued_tokens;
@@ -311,6 +332,17 @@ static void epd__abort_sides(epd_client_t *c, epd__client_req_t *r, int to_p, in
 {
     epd_status_t s;
 
+    /* the encoders of its images always (a no-op for them once done) */
+    for (uint32_t i = 0; i < r->n_enc; i++) {
+        if ((to_p || to_d) && r->enc[i]->state == EPD_OK) {
+            s = epd__send_abort(c, r->enc[i], r->id, why, reason);
+            if (s == EPD_ERR_NO_RESOURCE) {
+                r->abort_pending_e |= 1u << i;
+            } else {
+                r->abort_pending_e &= ~(1u << i);
+            }
+        }
+    }
     if (to_d) {
         s = epd__send_abort(c, r->decode, r->id, why, reason);
         r->abort_pending_d = s == EPD_ERR_NO_RESOURCE;
@@ -332,6 +364,11 @@ static void epd__req_end(epd_client_t *c, epd__client_req_t *r, epd_client_event
     if (r->abort_pending_p) {
         (void)epd__send_abort(c, r->prefill, r->id, EPD_ERR_CANCELED, "client abort");
     }
+    for (uint32_t i = 0; i < r->n_enc; i++) {
+        if ((r->abort_pending_e & (1u << i)) != 0 && r->enc[i]->state == EPD_OK) {
+            (void)epd__send_abort(c, r->enc[i], r->id, EPD_ERR_CANCELED, "client abort");
+        }
+    }
     ev->request_id = r->id;
     ev->user = r->user;
     ev->terminal = 1;
@@ -349,7 +386,9 @@ static void epd__req_fail(epd_client_t *c, epd__client_req_t *r, epd_client_ev_k
     ev.status = status;
     ev.message = message != NULL ? message : "";
     ev.from = from != NULL ? from : "client";
+    ev.culprit = c->culprit;
     epd__req_end(c, r, &ev);
+    c->culprit[0] = '\0';
 }
 
 /* ------------------------------------------------------------- incoming */
@@ -398,6 +437,7 @@ static void epd__on_chunk(epd_client_t *c, epd__client_req_t *r, const Epd__Toke
     ev.status = EPD_OK;
     ev.message = "";
     ev.from = r->decode->info.worker_id;
+    ev.culprit = "";
     r->next_index += (uint32_t)tc->n_tokens;
     if (tc->finish != EPD__FINISH_REASON__FINISH_NONE) {
         epd__req_end(c, r, &ev);
@@ -453,6 +493,28 @@ static void epd__on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t 
     from_p = epd__sender_is(env->sender, r->prefill);
     from_d = epd__sender_is(env->sender, r->decode);
     if (!from_p && !from_d) {
+        for (uint32_t i = 0; i < r->n_enc; i++) {
+            if (epd__sender_is(env->sender, r->enc[i]) &&
+                (env->body_case == EPD__ENVELOPE__BODY_ERROR ||
+                 env->body_case == EPD__ENVELOPE__BODY_ABORT)) {
+                /* an image failed on its encoder: the request is over */
+                int is_err = env->body_case == EPD__ENVELOPE__BODY_ERROR;
+                epd_status_t st =
+                    epd__wire_status(is_err ? env->error->status : env->abort->status);
+                const char *text = is_err ? env->error->message : env->abort->reason;
+                char from[EPD_CLIENT_NAME_MAX];
+
+                epd_log_info(EPD__CLIENT_LOG, id, "%s from encoder %s: %s: %s",
+                             epd_msg_body_name(env), env->sender->worker_id, epd_status_name(st),
+                             text);
+                epd__abort_sides(c, r, 1, 1, st, "an image of the request failed");
+                epd__copy_str(from, sizeof(from), env->sender->worker_id);
+                epd__req_fail(c, r, EPD_CLIENT_EV_ERROR, st, text, from);
+                goto out;
+            }
+        }
+    }
+    if (!from_p && !from_d) {
         c->stats.foreign_sender++;
         epd_log_warn(EPD__CLIENT_LOG, id,
                      "%s from %s (epoch %llu/%llx) is neither this request's prefill nor "
@@ -491,6 +553,7 @@ static void epd__on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t 
         /* the other side may still hold the request: tell it */
         epd__abort_sides(c, r, !from_p, !from_d, st, "the other worker failed the request");
         epd__copy_str(from, sizeof(from), env->sender->worker_id);
+        epd__copy_str(c->culprit, sizeof(c->culprit), is_err ? env->error->culprit : NULL);
         epd__req_fail(c, r, EPD_CLIENT_EV_ERROR, st, text, from);
         break;
     }
@@ -529,22 +592,25 @@ static void epd__worker_failed(epd_client_t *c, epd_client_worker_t *w, epd_stat
     }
     w->state = status == EPD_OK ? EPD_ERR_PEER_DEAD : status;
     epd_log_warn(EPD__CLIENT_LOG, 0, "%s worker %s: endpoint failed: %s",
-                 w->info.role == EPD_CLIENT_ROLE_PREFILL ? "prefill" : "decode", w->info.worker_id,
-                 epd_status_string(status));
+                 epd__role_name(w->info.role), w->info.worker_id, epd_status_string(status));
     if (w->ep != NULL) {
         epd_xport_ep_close(w->ep);
         w->ep = NULL;
     }
-    snprintf(msg, sizeof(msg), "%s worker %s is unreachable: %s",
-             w->info.role == EPD_CLIENT_ROLE_PREFILL ? "prefill" : "decode", w->info.worker_id,
-             epd_status_string(status));
+    snprintf(msg, sizeof(msg), "%s worker %s is unreachable: %s", epd__role_name(w->info.role),
+             w->info.worker_id, epd_status_string(status));
     for (uint32_t b = 0; b < EPD__CLIENT_BUCKETS; b++) {
         epd__client_req_t *r = c->buckets[b];
 
         while (r != NULL) {
             epd__client_req_t *next = r->hnext;
 
-            if (r->prefill == w || r->decode == w) {
+            int uses = r->prefill == w || r->decode == w;
+
+            for (uint32_t i = 0; i < r->n_enc; i++) {
+                uses |= r->enc[i] == w;
+            }
+            if (uses) {
                 epd__abort_sides(c, r, r->prefill != w, r->decode != w, EPD_ERR_PEER_DEAD, msg);
                 epd__req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_PEER_DEAD, msg, "client");
                 /* the callback may have ended or added requests anywhere:
@@ -790,12 +856,30 @@ epd_status_t epd_client_submit(epd_client_t *c, const epd_client_request_t *q,
     epd__client_req_t *r;
     epd_status_t status;
 
+    Epd__MediaRef mrefs[EPD_CLIENT_MEDIA_MAX];
+    Epd__MediaRef *mptrs[EPD_CLIENT_MEDIA_MAX];
+    Epd__Epoch mepochs[EPD_CLIENT_MEDIA_MAX];
+    uint32_t n_encodes = 0;
+
     if (q->prompt == NULL || q->n_prompt == 0 || q->max_tokens == 0 || q->deadline_ms == 0 ||
         q->prefill == NULL || q->decode == NULL ||
         q->prefill->info.role != EPD_CLIENT_ROLE_PREFILL ||
         q->decode->info.role != EPD_CLIENT_ROLE_DECODE ||
-        (q->n_stop_ids > 0 && q->stop_ids == NULL)) {
+        (q->n_stop_ids > 0 && q->stop_ids == NULL) || q->n_media > EPD_CLIENT_MEDIA_MAX ||
+        (q->n_media > 0 && q->media == NULL)) {
         return EPD_ERR_INVALID_PARAM;
+    }
+    for (uint32_t i = 0; i < q->n_media; i++) {
+        const epd_client_media_t *m = &q->media[i];
+
+        if (m->hash == NULL || (m->encoder != NULL || m->inline_data) != (m->image_len > 0) ||
+            (m->image_len > 0 && m->image == NULL) ||
+            (m->encoder != NULL && m->encoder->info.role != EPD_CLIENT_ROLE_ENCODER)) {
+            return EPD_ERR_INVALID_PARAM;
+        }
+        if (m->encoder != NULL && m->encoder->state != EPD_OK) {
+            return m->encoder->state;
+        }
     }
     if (q->prefill->state != EPD_OK) {
         return q->prefill->state;
@@ -806,6 +890,20 @@ epd_status_t epd_client_submit(epd_client_t *c, const epd_client_request_t *q,
     r = epd_calloc(1, sizeof(*r));
     if (r == NULL) {
         return EPD_ERR_NO_MEMORY;
+    }
+    for (uint32_t i = 0; i < q->n_media; i++) {
+        epd_client_worker_t *e = q->media[i].encoder;
+        uint32_t k;
+
+        if (e == NULL) {
+            continue;
+        }
+        n_encodes++;
+        for (k = 0; k < r->n_enc && r->enc[k] != e; k++) {
+        }
+        if (k == r->n_enc) {
+            r->enc[r->n_enc++] = e;
+        }
     }
     r->id = epd__next_id(c);
     r->user = q->user;
@@ -841,12 +939,76 @@ epd_status_t epd_client_submit(epd_client_t *c, const epd_client_request_t *q,
     env.body_case = EPD__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
 
-    /* decode first: it reserves while prefill already computes */
+    /* decode first: it reserves while prefill already computes; it gets
+     * no media (only the tokens matter to it) */
     status = epd__send_env(c, r->decode, &env);
     if (status != EPD_OK) {
         goto err_free_req;
     }
+    for (uint32_t i = 0; i < q->n_media; i++) {
+        const epd_client_media_t *m = &q->media[i];
+
+        epd__media_ref__init(&mrefs[i]);
+        epd__epoch__init(&mepochs[i]);
+        mrefs[i].kind = "image";
+        mrefs[i].content_hash.data = (uint8_t *)m->hash;
+        mrefs[i].content_hash.len = 32;
+        mrefs[i].n_embeddings = m->n;
+        mrefs[i].placeholder_pos = m->pos;
+        if (m->encoder != NULL) {
+            mepochs[i].start_time_ns = m->encoder->info.epoch_start_ns;
+            mepochs[i].nonce = m->encoder->info.epoch_nonce;
+            mrefs[i].encoder_worker_id = m->encoder->info.worker_id;
+            mrefs[i].encoder_epoch = &mepochs[i];
+            mrefs[i].encoder_address.data = m->encoder->info.address;
+            mrefs[i].encoder_address.len = m->encoder->info.address_len;
+        } else if (m->inline_data) {
+            mrefs[i].data.data = (uint8_t *)m->image;
+            mrefs[i].data.len = m->image_len;
+        }
+        mptrs[i] = &mrefs[i];
+    }
+    g.n_media = q->n_media;
+    g.media = q->n_media > 0 ? mptrs : NULL;
     status = epd__send_env(c, r->prefill, &env);
+    if (status == EPD_OK && n_encodes > 0) {
+        /* and the images to their encoders, at the same time */
+        Epd__Envelope eenv = EPD__ENVELOPE__INIT;
+        Epd__EncodeRequest er = EPD__ENCODE_REQUEST__INIT;
+        Epd__Epoch ee = EPD__EPOCH__INIT;
+
+        er.request_id = r->id;
+        er.prefill_worker_id = q->prefill->info.worker_id;
+        er.prefill_address.data = q->prefill->info.address;
+        er.prefill_address.len = q->prefill->info.address_len;
+        er.prefill_epoch = &pe;
+        er.encoder_epoch = &ee;
+        er.deadline_ms = q->deadline_ms;
+        eenv.body_case = EPD__ENVELOPE__BODY_ENCODE;
+        eenv.encode = &er;
+        for (uint32_t i = 0; i < q->n_media && status == EPD_OK; i++) {
+            const epd_client_media_t *m = &q->media[i];
+
+            if (m->encoder == NULL) {
+                continue;
+            }
+            er.media_index = i;
+            er.image.data = (uint8_t *)m->image;
+            er.image.len = m->image_len;
+            er.content_hash.data = (uint8_t *)m->hash;
+            er.content_hash.len = 32;
+            ee.start_time_ns = m->encoder->info.epoch_start_ns;
+            ee.nonce = m->encoder->info.epoch_nonce;
+            status = epd__send_env(c, m->encoder, &eenv);
+        }
+        if (status != EPD_OK) {
+            /* prefill has it too: take it back there as well */
+            (void)epd__send_abort(c, r->prefill, r->id, EPD_ERR_CANCELED, "submit failed");
+            for (uint32_t i = 0; i < r->n_enc; i++) {
+                (void)epd__send_abort(c, r->enc[i], r->id, EPD_ERR_CANCELED, "submit failed");
+            }
+        }
+    }
     if (status != EPD_OK) {
         /* decode has it: take it back (its answer names an id we forget) */
         if (epd__send_abort(c, r->decode, r->id, EPD_ERR_CANCELED, "submit failed") != EPD_OK) {
@@ -904,9 +1066,9 @@ void epd_client_tick(epd_client_t *c)
                 epd__abort_sides(c, r, 1, 1, EPD_ERR_TIMEOUT, msg);
                 epd__req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_TIMEOUT, msg, "client");
                 next = c->buckets[b];
-            } else if (r->abort_pending_p || r->abort_pending_d) {
-                epd__abort_sides(c, r, r->abort_pending_p, r->abort_pending_d, EPD_ERR_CANCELED,
-                                 "client abort");
+            } else if (r->abort_pending_p || r->abort_pending_d || r->abort_pending_e != 0) {
+                epd__abort_sides(c, r, r->abort_pending_p || r->abort_pending_e != 0,
+                                 r->abort_pending_d, EPD_ERR_CANCELED, "client abort");
             }
             r = next;
         }

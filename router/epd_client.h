@@ -51,6 +51,7 @@ typedef struct epd_client_worker epd_client_worker_t;
 #define EPD_CLIENT_PATTERN_MAX 257 /* layer pattern: one char per layer + NUL */
 
 /* Roles (values of epd.Role in epd_common.proto). */
+#define EPD_CLIENT_ROLE_ENCODER 1
 #define EPD_CLIENT_ROLE_PREFILL 2
 #define EPD_CLIENT_ROLE_DECODE 3
 #define EPD_CLIENT_ROLE_ROUTER 4
@@ -89,6 +90,9 @@ typedef struct {
     uint32_t state_slots_total;
     uint32_t max_batch;
     uint32_t max_context;
+    uint32_t embed_slots;      /* prefill: its embedding cache; encoder: images at once */
+    uint32_t image_embeddings; /* 0: no vision */
+    uint32_t embed_dim;
     /* load (epd.Load) at the time of the call */
     uint32_t queue_depth;
     uint64_t queued_tokens;
@@ -139,6 +143,7 @@ typedef struct {
     epd_status_t status;
     const char *message; /* never NULL */
     const char *from;    /* worker id that reported it, or "client" */
+    const char *culprit; /* ERROR: the worker the reporter blames ("" when none) */
 } epd_client_event_t;
 
 typedef void (*epd_client_event_cb_t)(void *arg, const epd_client_event_t *ev);
@@ -204,6 +209,24 @@ const epd_client_worker_info_t *epd_client_worker_info(const epd_client_worker_t
 /* EPD_OK while the worker's endpoint is usable; its failure otherwise. */
 epd_status_t epd_client_worker_state(const epd_client_worker_t *worker);
 
+/* Images per request the client accepts (proto/README.md rule 13). */
+#define EPD_CLIENT_MEDIA_MAX 8
+
+/* One image of a multimodal request: where prefill gets its embeddings
+ * (proto/README.md rule 13).  Borrowed for the submit call. */
+typedef struct {
+    const void *image; /* the encoded bytes (PNG / JPEG) */
+    size_t image_len;
+    const unsigned char *hash; /* BLAKE2b-256 of image (32 bytes) */
+    uint32_t pos;              /* first placeholder position in the prompt */
+    uint32_t n;                /* placeholders (the model's image_embeddings) */
+    /* an encoder worker writes the embeddings (EncodeRequest to it); NULL:
+     * the prefill worker has them cached (inline 0) or encodes the bytes
+     * itself (inline 1) */
+    epd_client_worker_t *encoder;
+    int inline_data;
+} epd_client_media_t;
+
 /* One request to submit; everything is borrowed for the call. */
 typedef struct {
     const uint32_t *prompt; /* token ids (BOS included, as tokenize(add_bos=1)) */
@@ -219,11 +242,17 @@ typedef struct {
     epd_client_worker_t *decode;  /* a worker of role DECODE */
     uint32_t deadline_ms;         /* budget for the whole request (> 0) */
     void *user;                   /* passed back in every event */
+    const epd_client_media_t *media; /* images, in prompt order (n_media <= EPD_CLIENT_MEDIA_MAX) */
+    uint32_t n_media;
 } epd_client_request_t;
 
 /*
  * Sends the request's GenerateRequest to its decode worker and to its
- * prefill worker, and starts its client-side deadline.  On EPD_OK
+ * prefill worker (the media only to prefill), an EncodeRequest to the
+ * encoder of each image that names one, and starts its client-side
+ * deadline.  An encoder's Error or endpoint failure ends the request like
+ * the other workers' (terminal event with `from` = that encoder; Abort to
+ * the rest).  On EPD_OK
  * *request_id_p (may be NULL) gets the id, and exactly one terminal event
  * will follow (possibly from inside a later call on this thread, never
  * from inside this one).  Errors (nothing delivered, nothing left

@@ -16,8 +16,10 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include <jansson.h>
+#include <sodium.h>
 
 #include "epd_alloc.h"
 #include "epd_utf8.h"
@@ -291,6 +293,10 @@ void epd_oai_request_destroy(epd_oai_request_t *req)
     for (i = 0; i < req->n_stop; i++) {
         epd_free(req->stop[i]);
     }
+    for (i = 0; i < req->n_images; i++) {
+        epd_free(req->images[i].data);
+    }
+    epd_free(req->images);
     epd_free(req);
 }
 
@@ -323,14 +329,111 @@ static epd_status_t parse_prompt(json_t *root, epd_oai_request_t *req, epd_oai_e
     return EPD_OK;
 }
 
+/* The URL of an image part: {"image_url": {"url": URL}} or {"image_url": URL}. */
+static json_t *image_part_url(json_t *part)
+{
+    json_t *iu = json_object_get(part, "image_url");
+
+    if (json_is_object(iu)) {
+        return json_object_get(iu, "url");
+    }
+    return iu;
+}
+
+/* Checks an image part's URL (a data: URL of an image, base64) and, when
+ * `img` is not NULL, decodes it there (img->data owned by the caller). */
+static epd_status_t image_part(json_t *part, size_t i, size_t j, epd_oai_image_t *img,
+                               epd_oai_error_t *err)
+{
+    json_t *url = image_part_url(part);
+    char param[96];
+    const char *u;
+    const char *comma;
+    const char *b64;
+    size_t ulen, b64_len, cap, out_len = 0;
+    unsigned char *out;
+
+    snprintf(param, sizeof(param), "messages[%zu].content[%zu].image_url.url", i, j);
+    if (url == NULL) {
+        missing_error(err, param);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (!json_is_string(url)) {
+        type_error(err, param, "a string", url);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    u = json_string_value(url);
+    ulen = json_string_length(url);
+    if (strncasecmp(u, "http://", 7) == 0 || strncasecmp(u, "https://", 8) == 0) {
+        epd_oai_error_set(err, 400, param, "invalid_image_url",
+                          "'%s' is a remote URL: this server accepts only data: URLs "
+                          "(data:image/png;base64,... or data:image/jpeg;base64,...) and does not "
+                          "fetch images.",
+                          param);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (strncasecmp(u, "data:", 5) != 0) {
+        epd_oai_error_set(err, 400, param, "invalid_image_url",
+                          "'%s' must be a data: URL (data:image/png;base64,...).", param);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    comma = memchr(u, ',', ulen);
+    if (comma == NULL || strncasecmp(u + 5, "image/", 6) != 0 || comma - u < 11 + 7 ||
+        strncasecmp(comma - 7, ";base64", 7) != 0) {
+        epd_oai_error_set(err, 400, param, "invalid_image_url",
+                          "'%s' must be a base64 data: URL of an image "
+                          "(data:image/SUBTYPE;base64,DATA).",
+                          param);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    b64 = comma + 1;
+    b64_len = ulen - (size_t)(b64 - u);
+    if (b64_len == 0) {
+        epd_oai_error_set(err, 400, param, "invalid_image_url", "'%s' holds no image data.",
+                          param);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    cap = b64_len / 4 * 3 + 3;
+    out = epd_malloc(cap);
+    if (out == NULL) {
+        oom_error(err);
+        return EPD_ERR_NO_MEMORY;
+    }
+    /* strict base64 (libsodium): padded, or unpadded, nothing else */
+    if (sodium_base642bin(out, cap, b64, b64_len, NULL, &out_len, NULL,
+                          b64_len % 4 == 0 ? sodium_base64_VARIANT_ORIGINAL
+                                           : sodium_base64_VARIANT_ORIGINAL_NO_PADDING) != 0 ||
+        out_len == 0) {
+        epd_free(out);
+        epd_oai_error_set(err, 400, param, "invalid_image_url",
+                          "The image data in '%s' is not valid base64.", param);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (img == NULL) {
+        epd_free(out);
+        return EPD_OK;
+    }
+    img->data = out;
+    img->len = out_len;
+    img->message = (uint32_t)i;
+    img->part = (uint32_t)j;
+    return EPD_OK;
+}
+
 /* The text of message i's content (a string, or the concatenated text
- * parts): when `dst` is NULL only *len_p is computed. */
-static epd_status_t message_content(json_t *content, size_t i, char *dst, size_t *len_p,
+ * parts): when `dst` is NULL only *len_p (and *n_images_p) are computed;
+ * otherwise the text goes to dst, which is the rendered prompt at offset
+ * `at`, and each image part is decoded into req->images (its
+ * prompt_offset where it stands). */
+static epd_status_t message_content(json_t *content, size_t i, char *dst, size_t at,
+                                    epd_oai_request_t *req, size_t *len_p, size_t *n_images_p,
                                     epd_oai_error_t *err)
 {
     char param[64];
     size_t len = 0;
+    size_t n_images = 0;
     size_t j;
+    epd_status_t status;
 
     if (json_is_string(content)) {
         len = json_string_length(content);
@@ -338,6 +441,7 @@ static epd_status_t message_content(json_t *content, size_t i, char *dst, size_t
             memcpy(dst, json_string_value(content), len);
         }
         *len_p = len;
+        *n_images_p = 0;
         return EPD_OK;
     }
     if (!json_is_array(content)) {
@@ -360,10 +464,29 @@ static epd_status_t message_content(json_t *content, size_t i, char *dst, size_t
             return EPD_ERR_INVALID_PARAM;
         }
         type = json_object_get(part, "type");
+        if (json_is_string(type) && strcmp(json_string_value(type), "image_url") == 0) {
+            if (dst == NULL) {
+                status = image_part(part, i, j, NULL, err);
+            } else {
+                epd_oai_image_t *img = &req->images[req->n_images];
+
+                status = image_part(part, i, j, img, err);
+                if (status == EPD_OK) {
+                    img->prompt_offset = at + len;
+                    req->n_images++;
+                }
+            }
+            if (status != EPD_OK) {
+                return status;
+            }
+            n_images++;
+            continue;
+        }
         if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0) {
             snprintf(param, sizeof(param), "messages[%zu].content[%zu].type", i, j);
             epd_oai_error_set(err, 400, param, NULL,
-                              "Unsupported content part type in '%s': only \"text\" is supported.",
+                              "Unsupported content part type in '%s': only \"text\" and "
+                              "\"image_url\" are supported.",
                               param);
             return EPD_ERR_INVALID_PARAM;
         }
@@ -383,6 +506,7 @@ static epd_status_t message_content(json_t *content, size_t i, char *dst, size_t
         len += json_string_length(text);
     }
     *len_p = len;
+    *n_images_p = n_images;
     return EPD_OK;
 }
 
@@ -391,6 +515,7 @@ static epd_status_t parse_messages(json_t *root, epd_oai_request_t *req, epd_oai
     static const char tail[] = "<|assistant|>\n";
     json_t *msgs = opt_field(root, "messages");
     size_t total = sizeof(tail) - 1;
+    size_t total_images = 0;
     size_t pos = 0;
     size_t i;
     epd_status_t status;
@@ -413,7 +538,7 @@ static epd_status_t parse_messages(json_t *root, epd_oai_request_t *req, epd_oai
         json_t *role;
         char param[64];
         const char *r;
-        size_t clen;
+        size_t clen, cimg;
 
         snprintf(param, sizeof(param), "messages[%zu]", i);
         if (!json_is_object(m)) {
@@ -438,24 +563,38 @@ static epd_status_t parse_messages(json_t *root, epd_oai_request_t *req, epd_oai
                               param);
             return EPD_ERR_INVALID_PARAM;
         }
-        status = message_content(opt_field(m, "content"), i, NULL, &clen, err);
+        status = message_content(opt_field(m, "content"), i, NULL, 0, req, &clen, &cimg, err);
         if (status != EPD_OK) {
             return status;
         }
         total += 2 + strlen(r) + 3 + clen + 1; /* "<|" role "|>\n" content "\n" */
+        total_images += cimg;
+    }
+    if (total_images > EPD_OAI_MAX_IMAGES) {
+        epd_oai_error_set(err, 400, "messages", NULL,
+                          "%zu images in one request: at most %d are accepted.", total_images,
+                          EPD_OAI_MAX_IMAGES);
+        return EPD_ERR_INVALID_PARAM;
     }
     req->prompt = epd_malloc(total + 1);
-    if (req->prompt == NULL) {
+    if (total_images > 0) {
+        req->images = epd_calloc(total_images, sizeof(*req->images));
+    }
+    if (req->prompt == NULL || (total_images > 0 && req->images == NULL)) {
         oom_error(err);
         return EPD_ERR_NO_MEMORY;
     }
     for (i = 0; i < json_array_size(msgs); i++) {
         json_t *m = json_array_get(msgs, i);
         const char *r = json_string_value(json_object_get(m, "role"));
-        size_t clen;
+        size_t clen, cimg;
 
         pos += (size_t)sprintf(req->prompt + pos, "<|%s|>\n", r);
-        message_content(opt_field(m, "content"), i, req->prompt + pos, &clen, err);
+        status = message_content(opt_field(m, "content"), i, req->prompt + pos, pos, req, &clen,
+                                 &cimg, err);
+        if (status != EPD_OK) {
+            return status; /* out of memory only: pass 1 validated everything */
+        }
         pos += clen;
         req->prompt[pos++] = '\n';
     }

@@ -15,7 +15,13 @@
  *                      string
  *   messages           (chat) required non-empty array of {role, content}:
  *                      role "system" | "user" | "assistant"; content a string
- *                      or an array of {"type": "text", "text": string}
+ *                      or an array of {"type": "text", "text": string} and
+ *                      {"type": "image_url", "image_url": {"url": URL}} (or
+ *                      "image_url": URL) parts, where URL must be a data: URL
+ *                      "data:image/SUBTYPE;base64,DATA" (strict base64, with
+ *                      or without padding); an http(s) URL is refused with a
+ *                      clear 400 (this server does not fetch images); at
+ *                      most EPD_OAI_MAX_IMAGES images
  *   max_tokens         integer ≥ 1 and ≤ the model's context (chat also takes
  *                      max_completion_tokens); default: completions 16, chat
  *                      "up to the context" (see epd_oai_check_length)
@@ -31,7 +37,10 @@
  *
  * Chat template (documented, simple, model-agnostic): each message becomes
  * "<|ROLE|>\nCONTENT\n" in order (text parts of an array content are
- * concatenated), and the prompt ends with "<|assistant|>\n".
+ * concatenated), and the prompt ends with "<|assistant|>\n".  An image part
+ * adds no text: it is recorded with the byte offset of the rendered prompt
+ * where it stands, and the router puts the image's placeholder tokens there
+ * (as epd-generate does for each "<|image|>" of its --prompt).
  *
  * Responses.  The encoders write JSON by hand (not jansson) into an
  * epd_oai_buf_t the caller reuses, so a stream allocates nothing once its
@@ -72,6 +81,16 @@ typedef enum {
 } epd_oai_finish_t;
 
 #define EPD_OAI_MAX_STOP 4
+#define EPD_OAI_MAX_IMAGES 64 /* parse limit; the router sets its own, lower */
+
+/* One image of a chat request, decoded from its data: URL. */
+typedef struct {
+    unsigned char *data;  /* owned: the encoded image bytes (base64 decoded) */
+    size_t len;
+    size_t prompt_offset; /* where its placeholders go: a byte offset into prompt */
+    uint32_t message;     /* messages[message].content[part] (error messages) */
+    uint32_t part;
+} epd_oai_image_t;
 
 typedef struct {
     epd_oai_kind_t kind;
@@ -89,6 +108,8 @@ typedef struct {
     int include_usage;
     char *stop[EPD_OAI_MAX_STOP]; /* owned, NUL terminated, non-empty */
     size_t n_stop;
+    epd_oai_image_t *images; /* owned [n_images], in prompt order (chat only) */
+    size_t n_images;
 } epd_oai_request_t;
 
 typedef struct {

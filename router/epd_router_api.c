@@ -713,16 +713,17 @@ static void epd__generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_kind_t
 
 static void epd__health(epd_router_t *rt, epd_http_req_t *http)
 {
-    uint32_t counts[2][5];
+    uint32_t counts[EPD_ROUTER_POOLS][5];
     char body[256];
     int n;
 
     epd_router_registry_counts(&rt->reg, counts);
     n = snprintf(body, sizeof(body),
                  "{\"status\":\"ok\",\"model\":\"%s\",\"prefill_ready\":%u,\"decode_ready\":%u,"
-                 "\"requests_in_flight\":%u}",
-                 rt->model_name, counts[0][EPD_ROUTER_READY], counts[1][EPD_ROUTER_READY],
-                 rt->n_reqs);
+                 "\"encoder_ready\":%u,\"requests_in_flight\":%u}",
+                 rt->model_name, counts[EPD_ROUTER_POOL_PREFILL][EPD_ROUTER_READY],
+                 counts[EPD_ROUTER_POOL_DECODE][EPD_ROUTER_READY],
+                 counts[EPD_ROUTER_POOL_ENCODER][EPD_ROUTER_READY], rt->n_reqs);
     (void)epd_http_respond(http, 200, EPD__JSON, body, (size_t)n);
 }
 

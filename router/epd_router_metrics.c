@@ -100,7 +100,7 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                                        epd_router_text_t *t)
 {
     static const char *const kinds[2] = {"completions", "chat"};
-    uint32_t counts[2][5];
+    uint32_t counts[EPD_ROUTER_POOLS][5];
 
     epd__counter(t, "epd_router_http_requests_total", "HTTP requests received", m->http_requests);
     epd_router_text_printf(t, "# HELP epd_router_requests_total Generation requests accepted\n"
@@ -151,10 +151,10 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
     epd_router_registry_counts(reg, counts);
     epd_router_text_printf(t, "# HELP epd_router_workers Workers per pool and state\n"
                               "# TYPE epd_router_workers gauge\n");
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < EPD_ROUTER_POOLS; r++) {
         for (int s = 1; s <= 4; s++) {
             epd_router_text_printf(t, "epd_router_workers{pool=\"%s\",state=\"%s\"} %u\n",
-                                   r ? "decode" : "prefill",
+                                   epd_router_pool_name(r),
                                    epd_router_state_name((epd_router_state_t)s), counts[r][s]);
         }
     }
@@ -165,7 +165,7 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
         if (w->state != EPD_ROUTER_DEAD) {
             epd_router_text_printf(
                 t, "epd_router_worker_queue_depth{worker=\"%s\",pool=\"%s\"} %u\n",
-                w->info.worker_id, w->info.role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill",
+                w->info.worker_id, epd_router_pool_name(epd_router_pool_of(w->info.role)),
                 w->hb_queue_depth);
         }
     }
@@ -175,7 +175,7 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
         if (w->state != EPD_ROUTER_DEAD) {
             epd_router_text_printf(
                 t, "epd_router_worker_in_flight{worker=\"%s\",pool=\"%s\"} %u\n", w->info.worker_id,
-                w->info.role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill", w->inflight);
+                epd_router_pool_name(epd_router_pool_of(w->info.role)), w->inflight);
         }
     }
     epd_router_text_printf(t, "# HELP epd_router_worker_requests_total Requests the router sent "
@@ -184,7 +184,7 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
         if (w->state != EPD_ROUTER_DEAD) {
             epd_router_text_printf(
                 t, "epd_router_worker_requests_total{worker=\"%s\",pool=\"%s\"} %llu\n",
-                w->info.worker_id, w->info.role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill",
+                w->info.worker_id, epd_router_pool_name(epd_router_pool_of(w->info.role)),
                 (unsigned long long)w->served);
         }
     }

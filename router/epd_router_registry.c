@@ -65,13 +65,70 @@ void epd_router_registry_init(epd_router_registry_t *reg, epd_router_policy_t po
     reg->dead_after_ms = dead_after_ms;
 }
 
+static void epd__worker_free(epd_router_worker_t *w)
+{
+    epd_free(w->cache);
+    epd_free(w->cache_used);
+    epd_free(w);
+}
+
 void epd_router_registry_cleanup(epd_router_registry_t *reg)
 {
     while (reg->workers != NULL) {
         epd_router_worker_t *w = reg->workers;
 
         reg->workers = w->next;
-        epd_free(w);
+        epd__worker_free(w);
+    }
+}
+
+int epd_router_pool_of(int role)
+{
+    return role == EPD_CLIENT_ROLE_DECODE    ? EPD_ROUTER_POOL_DECODE
+           : role == EPD_CLIENT_ROLE_ENCODER ? EPD_ROUTER_POOL_ENCODER
+                                             : EPD_ROUTER_POOL_PREFILL;
+}
+
+const char *epd_router_pool_name(int pool)
+{
+    return pool == EPD_ROUTER_POOL_DECODE    ? "decode"
+           : pool == EPD_ROUTER_POOL_ENCODER ? "encoder"
+                                             : "prefill";
+}
+
+int epd_router_cache_has(epd_router_worker_t *w, const unsigned char *hash, uint64_t now_ns)
+{
+    for (uint32_t i = 0; w->cache != NULL && i < w->info.embed_slots; i++) {
+        if (w->cache_used[i] != 0 && memcmp(w->cache[i], hash, 32) == 0) {
+            w->cache_used[i] = now_ns;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+void epd_router_cache_add(epd_router_worker_t *w, const unsigned char *hash, uint64_t now_ns)
+{
+    uint32_t victim = 0;
+
+    if (w->cache == NULL || w->info.embed_slots == 0 || epd_router_cache_has(w, hash, now_ns)) {
+        return;
+    }
+    for (uint32_t i = 0; i < w->info.embed_slots; i++) {
+        if (w->cache_used[i] < w->cache_used[victim]) {
+            victim = i;
+        }
+    }
+    memcpy(w->cache[victim], hash, 32);
+    w->cache_used[victim] = now_ns != 0 ? now_ns : 1;
+}
+
+void epd_router_cache_forget(epd_router_worker_t *w, const unsigned char *hash)
+{
+    for (uint32_t i = 0; w->cache != NULL && i < w->info.embed_slots; i++) {
+        if (w->cache_used[i] != 0 && memcmp(w->cache[i], hash, 32) == 0) {
+            w->cache_used[i] = 0;
+        }
     }
 }
 
@@ -94,6 +151,14 @@ epd_router_worker_t *epd_router_registry_add(epd_router_registry_t *reg,
         return NULL;
     }
     memcpy(&w->info, info, sizeof(*info));
+    if (info->role == EPD_CLIENT_ROLE_PREFILL && info->embed_slots > 0) {
+        w->cache = epd_calloc(info->embed_slots, sizeof(*w->cache));
+        w->cache_used = epd_calloc(info->embed_slots, sizeof(*w->cache_used));
+        if (w->cache == NULL || w->cache_used == NULL) {
+            epd__worker_free(w);
+            return NULL;
+        }
+    }
     w->state = EPD_ROUTER_READY;
     w->registered_ns = now_ns;
     w->last_hb_ns = now_ns;
@@ -131,7 +196,7 @@ void epd_router_registry_tick(epd_router_registry_t *reg, uint64_t now_ns, uint3
         if (w->state == EPD_ROUTER_DEAD) {
             if (w->refs == 0 && now_ns - w->dead_ns > EPD__DEAD_GRACE_NS) {
                 *pp = w->next;
-                epd_free(w);
+                epd__worker_free(w);
                 continue;
             }
         } else if (now_ns - w->last_hb_ns > dead_after_ns) {
@@ -167,6 +232,11 @@ static int epd__avoided(const epd_router_worker_t *w, epd_router_worker_t *const
  * blocks; prefill: queued prompt tokens, then the heartbeat's queue. */
 static uint64_t epd__load_score(const epd_router_worker_t *w)
 {
+    if (w->info.role == EPD_CLIENT_ROLE_ENCODER) {
+        uint32_t slots = w->info.embed_slots > 0 ? w->info.embed_slots : 1;
+
+        return (((uint64_t)w->inflight << 20) / slots << 8) + w->hb_queue_depth;
+    }
     if (w->info.role == EPD_CLIENT_ROLE_DECODE) {
         uint32_t batch = w->info.max_batch > 0 ? w->info.max_batch : 1;
         uint64_t busy = ((uint64_t)w->inflight << 20) / batch;
@@ -205,7 +275,7 @@ static epd_router_worker_t *epd__least_load(epd_router_registry_t *reg, int role
 static epd_router_worker_t *epd__round_robin(epd_router_registry_t *reg, int role,
                                              epd_router_worker_t *const *avoid, size_t n_avoid)
 {
-    uint32_t *cursor = &reg->rr[role == EPD_CLIENT_ROLE_DECODE ? 1 : 0];
+    uint32_t *cursor = &reg->rr[epd_router_pool_of(role)];
     uint32_t n = 0, k = 0;
 
     for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
@@ -269,7 +339,7 @@ epd_router_worker_t *epd_router_registry_pick(epd_router_registry_t *reg, int ro
         epd_router_worker_t *w;
         size_t na = pass == 0 ? n_avoid : 0;
 
-        switch (reg->policy) {
+        switch (role == EPD_CLIENT_ROLE_ENCODER ? EPD_ROUTER_POLICY_LEAST_LOAD : reg->policy) {
         case EPD_ROUTER_POLICY_ROUND_ROBIN:
             w = epd__round_robin(reg, role, avoid, na);
             break;
@@ -288,11 +358,12 @@ epd_router_worker_t *epd_router_registry_pick(epd_router_registry_t *reg, int ro
     return NULL;
 }
 
-void epd_router_registry_counts(const epd_router_registry_t *reg, uint32_t counts_p[2][5])
+void epd_router_registry_counts(const epd_router_registry_t *reg,
+                                uint32_t counts_p[EPD_ROUTER_POOLS][5])
 {
-    memset(counts_p, 0, sizeof(uint32_t) * 2 * 5);
+    memset(counts_p, 0, sizeof(uint32_t) * EPD_ROUTER_POOLS * 5);
     for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
-        int r = w->info.role == EPD_CLIENT_ROLE_DECODE ? 1 : 0;
+        int r = epd_router_pool_of(w->info.role);
 
         if (w->state >= 1 && w->state <= 4) {
             counts_p[r][w->state]++;

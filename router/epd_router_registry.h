@@ -21,6 +21,9 @@
  * (in-flight requests, prompt tokens waiting for their first token), which
  * is current between heartbeats.
  *
+ * Pools: prefill, decode and encoder workers; encoders are picked by
+ * least load (in-flight images per slot) under every policy.
+ *
  * Policies:
  *   round-robin      the next eligible worker of the pool after the last one;
  *   least-load       decode: fewest in-flight requests per batch slot, then
@@ -47,6 +50,7 @@
 #include "epd_status.h"
 
 #define EPD_ROUTER_AFFINITY_SLACK_TOKENS 4096
+#define EPD_ROUTER_POOLS_MAX 3
 
 typedef enum {
     EPD_ROUTER_READY = 1, /* values of epd.WorkerState */
@@ -83,6 +87,11 @@ typedef struct epd_router_worker {
     uint32_t inflight;      /* requests sent here, not yet ended */
     uint64_t queued_tokens; /* prefill: prompt tokens not yet past their first token */
     uint64_t served;        /* requests sent here */
+    /* prefill: the images the router believes this worker has cached (an
+     * LRU mirror of its embedding cache, as big as its embed_slots): a hint
+     * only — a wrong one costs a retry with an encoder (EPD_ERR_NOT_FOUND) */
+    unsigned char (*cache)[32]; /* [info.embed_slots] */
+    uint64_t *cache_used;       /* [info.embed_slots] last use, 0 = empty */
     uint32_t refs;
     struct epd_router_worker *next;
 } epd_router_worker_t;
@@ -91,7 +100,7 @@ typedef struct {
     epd_router_worker_t *workers; /* newest first */
     epd_router_policy_t policy;
     uint32_t dead_after_ms;
-    uint32_t rr[2]; /* round-robin cursors: [0] prefill, [1] decode */
+    uint32_t rr[EPD_ROUTER_POOLS_MAX]; /* round-robin cursors per pool */
 } epd_router_registry_t;
 
 /* "round-robin", "least-load", "prefix-affinity" → *policy_p;
@@ -124,7 +133,13 @@ void epd_router_worker_kill(epd_router_worker_t *w, uint64_t now_ns);
  * freed. */
 void epd_router_registry_tick(epd_router_registry_t *reg, uint64_t now_ns, uint32_t *n_died_p);
 
-/* Picks a worker of `role` (EPD_CLIENT_ROLE_PREFILL or _DECODE) for a
+/* Image-cache hints of a prefill worker (no-ops for others): does it hold
+ * `hash`; remember it (evicting the least recently used); forget it. */
+int epd_router_cache_has(epd_router_worker_t *w, const unsigned char *hash, uint64_t now_ns);
+void epd_router_cache_add(epd_router_worker_t *w, const unsigned char *hash, uint64_t now_ns);
+void epd_router_cache_forget(epd_router_worker_t *w, const unsigned char *hash);
+
+/* Picks a worker of `role` (EPD_CLIENT_ROLE_PREFILL, _DECODE or _ENCODER) for a
  * prompt of n_prompt tokens, skipping the entries in avoid[0..n_avoid)
  * unless nothing else is eligible.  NULL when no worker of that role is
  * READY (with a usable endpoint). */
@@ -132,9 +147,21 @@ epd_router_worker_t *epd_router_registry_pick(epd_router_registry_t *reg, int ro
                                               const uint32_t *prompt, uint32_t n_prompt,
                                               epd_router_worker_t *const *avoid, size_t n_avoid);
 
-/* Counts of entries by role (0 prefill, 1 decode) and state (index =
- * state, 1..4). */
-void epd_router_registry_counts(const epd_router_registry_t *reg, uint32_t counts_p[2][5]);
+/* The pools, as indexes of epd_router_registry_counts. */
+#define EPD_ROUTER_POOL_PREFILL 0
+#define EPD_ROUTER_POOL_DECODE 1
+#define EPD_ROUTER_POOL_ENCODER 2
+#define EPD_ROUTER_POOLS 3
+
+/* The pool index of a role (EPD_CLIENT_ROLE_*), and its name ("prefill",
+ * "decode", "encoder"). */
+int epd_router_pool_of(int role);
+const char *epd_router_pool_name(int pool);
+
+/* Counts of entries by pool (EPD_ROUTER_POOL_*) and state (index = state,
+ * 1..4). */
+void epd_router_registry_counts(const epd_router_registry_t *reg,
+                                uint32_t counts_p[EPD_ROUTER_POOLS][5]);
 
 static inline void epd_router_worker_ref(epd_router_worker_t *w)
 {

@@ -270,7 +270,7 @@ static void test_avoid_list(void **state)
 static void test_tick_states(void **state)
 {
     fx_t f;
-    uint32_t counts[2][5];
+    uint32_t counts[EPD_ROUTER_POOLS][5];
     uint32_t died = 0;
     epd_router_worker_t *a, *b, *c;
 
@@ -320,6 +320,68 @@ static void test_tick_states(void **state)
     epd_router_registry_cleanup(&f.reg);
 }
 
+/* Encoders are a pool of their own, picked by least load (in-flight images
+ * per slot) whatever the policy; prefill workers keep an LRU mirror of
+ * their embedding cache as big as their embed_slots. */
+static void test_encoders_and_cache_hints(void **state)
+{
+    fx_t f;
+    epd_router_worker_t *e0, *e1, *p;
+    unsigned char h[5][32];
+    uint32_t counts[EPD_ROUTER_POOLS][5];
+
+    (void)state;
+    fx_init(&f, EPD_ROUTER_POLICY_ROUND_ROBIN);
+    e0 = fx_add(&f, "enc-0", EPD_CLIENT_ROLE_ENCODER, 0);
+    e1 = fx_add(&f, "enc-1", EPD_CLIENT_ROLE_ENCODER, 0);
+    e0->info.embed_slots = e1->info.embed_slots = 4;
+    e0->inflight = 2;
+    for (int i = 0; i < 4; i++) {
+        assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_ENCODER, NULL, 0), e1);
+    }
+    e1->inflight = 3;
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_ENCODER, NULL, 0), e0);
+    assert_null(pick(&f, EPD_CLIENT_ROLE_PREFILL, NULL, 0));
+    epd_router_registry_counts(&f.reg, counts);
+    assert_int_equal(counts[EPD_ROUTER_POOL_ENCODER][EPD_ROUTER_READY], 2);
+    assert_int_equal(counts[EPD_ROUTER_POOL_PREFILL][EPD_ROUTER_READY], 0);
+    assert_string_equal(epd_router_pool_name(epd_router_pool_of(EPD_CLIENT_ROLE_ENCODER)),
+                        "encoder");
+    /* a prefill worker with 3 embedding slots: the mirror holds the 3 most
+     * recently used images */
+    {
+        epd_client_worker_info_t info;
+
+        memset(&info, 0, sizeof(info));
+        snprintf(info.worker_id, sizeof(info.worker_id), "prefill-x");
+        info.role = EPD_CLIENT_ROLE_PREFILL;
+        info.embed_slots = 3;
+        p = epd_router_registry_add(&f.reg, &info, 0);
+        assert_non_null(p);
+    }
+    for (int i = 0; i < 5; i++) {
+        memset(h[i], 'a' + i, 32);
+    }
+    for (int i = 0; i < 3; i++) {
+        epd_router_cache_add(p, h[i], 10 + (uint64_t)i);
+    }
+    assert_true(epd_router_cache_has(p, h[0], 20)); /* 0 is now the newest */
+    epd_router_cache_add(p, h[3], 21);              /* evicts 1, the oldest */
+    assert_false(epd_router_cache_has(p, h[1], 22));
+    assert_true(epd_router_cache_has(p, h[2], 23));
+    assert_true(epd_router_cache_has(p, h[3], 24));
+    epd_router_cache_forget(p, h[3]);
+    assert_false(epd_router_cache_has(p, h[3], 25));
+    epd_router_cache_add(p, h[4], 26); /* takes the forgotten entry */
+    assert_true(epd_router_cache_has(p, h[0], 27));
+    assert_true(epd_router_cache_has(p, h[2], 28));
+    assert_true(epd_router_cache_has(p, h[4], 29));
+    /* no hints on other workers */
+    epd_router_cache_add(e0, h[0], 30);
+    assert_false(epd_router_cache_has(e0, h[0], 31));
+    epd_router_registry_cleanup(&f.reg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -330,6 +392,7 @@ int main(void)
         cmocka_unit_test(test_affinity_falls_back_to_least_load),
         cmocka_unit_test(test_avoid_list),
         cmocka_unit_test(test_tick_states),
+        cmocka_unit_test(test_encoders_and_cache_hints),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
