@@ -28,6 +28,8 @@
 #include <time.h>
 
 #include "epd_alloc.h"
+#include "epd_hash.h"
+#include "epd_image.h"
 #include "epd_log.h"
 #include "epd_router_int.h"
 #include "epd_time.h"
@@ -68,6 +70,8 @@ static void epd__req_free(epd_router_t *rt, epd_router_req_t *r)
     rt->n_reqs--;
     epd_oai_request_destroy(r->oai);
     epd_oai_stream_cleanup(&r->stream);
+    epd_free(r->img_hash);
+    epd_free(r->img_pos);
     epd_free(r->prompt);
     epd_free(r->text);
     epd_free(r);
@@ -83,6 +87,11 @@ void epd__router_reqs_free_all(epd_router_t *rt)
         }
         if (r->dw != NULL) {
             epd_router_worker_unref(r->dw);
+        }
+        for (uint32_t k = 0; k < r->n_images; k++) {
+            if (r->img_enc[k] != NULL) {
+                epd_router_worker_unref(r->img_enc[k]);
+            }
         }
         epd__req_free(rt, r);
     }
@@ -105,6 +114,13 @@ static void epd__attempt_end(epd_router_req_t *r)
         r->dw->inflight--;
         epd_router_worker_unref(r->dw);
         r->dw = NULL;
+    }
+    for (uint32_t k = 0; k < r->n_images; k++) {
+        if (r->img_enc[k] != NULL) {
+            r->img_enc[k]->inflight--;
+            epd_router_worker_unref(r->img_enc[k]);
+            r->img_enc[k] = NULL;
+        }
     }
     r->client_id = 0;
     r->upstream_aborted = 0;
@@ -131,12 +147,45 @@ static epd_status_t epd__dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
         epd_router_worker_t *pw, *dw;
         uint64_t left_ms;
 
-        pw = epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_PREFILL, r->prompt, r->n_prompt,
-                                      r->avoid, r->n_avoid);
+        epd_client_media_t media[EPD_CLIENT_MEDIA_MAX];
+        epd_router_worker_t *ew[EPD_CLIENT_MEDIA_MAX];
+
+        pw = r->n_images > 0
+                 ? epd_router_registry_pick_images(&rt->reg, r->prompt, r->n_prompt,
+                                                   (const unsigned char(*)[32])r->img_hash,
+                                                   r->n_images, r->avoid, r->n_avoid, now_ns)
+                 : epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_PREFILL, r->prompt,
+                                            r->n_prompt, r->avoid, r->n_avoid);
         dw = epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_DECODE, r->prompt, r->n_prompt,
                                       r->avoid, r->n_avoid);
         if (pw == NULL || dw == NULL) {
             return EPD_ERR_UNREACHABLE;
+        }
+        /* each image: the prefill worker's cache when we believe it holds
+         * it, else the least loaded encoder, else the prefill worker itself */
+        for (uint32_t k = 0; k < r->n_images; k++) {
+            const epd_oai_image_t *im = &r->oai->images[k];
+
+            memset(&media[k], 0, sizeof(media[k]));
+            media[k].hash = r->img_hash[k];
+            media[k].pos = r->img_pos[k];
+            media[k].n = rt->info->image_embeddings;
+            ew[k] = NULL;
+            if (epd_router_cache_has(pw, r->img_hash[k], now_ns)) {
+                r->img_src[k] = EPD_ROUTER_IMG_CACHE;
+                continue;
+            }
+            media[k].image = im->data;
+            media[k].image_len = im->len;
+            ew[k] = epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_ENCODER, NULL, 0, r->avoid,
+                                             r->n_avoid);
+            if (ew[k] != NULL) {
+                media[k].encoder = ew[k]->cw;
+                r->img_src[k] = EPD_ROUTER_IMG_ENCODER;
+            } else {
+                media[k].inline_data = 1;
+                r->img_src[k] = EPD_ROUTER_IMG_INLINE;
+            }
         }
         left_ms = r->deadline_ns > now_ns ? (r->deadline_ns - now_ns) / 1000000ull : 0;
         if (left_ms == 0) {
@@ -154,8 +203,18 @@ static epd_status_t epd__dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
         q.decode = dw->cw;
         q.deadline_ms = (uint32_t)(left_ms > UINT32_MAX ? UINT32_MAX : left_ms);
         q.user = r;
+        q.media = r->n_images > 0 ? media : NULL;
+        q.n_media = r->n_images;
         st = epd_client_submit(rt->client, &q, &r->client_id);
         if (st == EPD_OK) {
+            for (uint32_t k = 0; k < r->n_images; k++) {
+                r->img_enc[k] = ew[k];
+                if (ew[k] != NULL) {
+                    epd_router_worker_ref(ew[k]);
+                    ew[k]->inflight++;
+                    ew[k]->served++;
+                }
+            }
             if (rt->trace != NULL) {
                 uint64_t t = epd_time_now_ns();
 
@@ -193,8 +252,20 @@ static epd_status_t epd__dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
         {
             int bad_p = epd_client_worker_state(pw->cw) != EPD_OK;
             int bad_d = epd_client_worker_state(dw->cw) != EPD_OK;
+            int bad_e = 0;
 
+            for (uint32_t k = 0; k < r->n_images; k++) {
+                if (ew[k] != NULL && ew[k]->state != EPD_ROUTER_DEAD &&
+                    epd_client_worker_state(ew[k]->cw) != EPD_OK) {
+                    epd_router_worker_kill(ew[k], now_ns);
+                    rt->m.workers_died++;
+                    bad_e = 1;
+                }
+            }
             if (!bad_p && !bad_d) {
+                if (bad_e) {
+                    continue;
+                }
                 return st;
             }
             if (bad_p) {
@@ -410,6 +481,10 @@ static int epd__retryable(const epd_client_event_t *ev)
     if (ev->kind == EPD_CLIENT_EV_REFUSED) {
         return 1;
     }
+    if (ev->culprit != NULL && ev->culprit[0] != '\0' &&
+        (ev->status == EPD_ERR_TIMEOUT || ev->status == EPD_ERR_CANCELED)) {
+        return 1; /* another worker (an encoder) let it down: try another */
+    }
     switch (ev->status) {
     case EPD_ERR_PEER_DEAD:
     case EPD_ERR_DRAINING:
@@ -441,33 +516,114 @@ static void epd__dispatch_failed(epd_router_t *rt, epd_router_req_t *r, epd_stat
     }
 }
 
+/* The worker of the failed attempt an event blames by name, or NULL. */
+static epd_router_worker_t *epd__attempt_worker(epd_router_worker_t *pw, epd_router_worker_t *dw,
+                                                epd_router_worker_t *const *ew, uint32_t n_images,
+                                                const char *id)
+{
+    if (id == NULL || id[0] == '\0') {
+        return NULL;
+    }
+    if (strcmp(id, pw->info.worker_id) == 0) {
+        return pw;
+    }
+    if (strcmp(id, dw->info.worker_id) == 0) {
+        return dw;
+    }
+    for (uint32_t k = 0; k < n_images; k++) {
+        if (ew[k] != NULL && strcmp(id, ew[k]->info.worker_id) == 0) {
+            return ew[k];
+        }
+    }
+    return NULL;
+}
+
+static void epd__avoid(epd_router_req_t *r, epd_router_worker_t *w)
+{
+    for (uint32_t i = 0; i < r->n_avoid; i++) {
+        if (r->avoid[i] == w) {
+            return;
+        }
+    }
+    if (r->n_avoid < EPD_ROUTER_MAX_AVOID) {
+        r->avoid[r->n_avoid++] = w;
+    }
+}
+
 static void epd__on_error_event(epd_router_t *rt, epd_router_req_t *r, const epd_client_event_t *ev)
 {
     epd_router_worker_t *pw = r->pw, *dw = r->dw;
+    epd_router_worker_t *ew[EPD_CLIENT_MEDIA_MAX];
+    epd_router_worker_t *culprit, *reporter;
     uint64_t now = epd_time_now_ns();
+    int stale_hint;
     epd_status_t st;
 
+    memcpy(ew, r->img_enc, sizeof(ew));
+    culprit = epd__attempt_worker(pw, dw, ew, r->n_images, ev->culprit);
+    reporter = epd__attempt_worker(pw, dw, ew, r->n_images, ev->from);
+    /* a cache hint the prefill worker disproved: it did not hold an image
+     * we sent without an encoder; forget the hints, go again with one */
+    stale_hint = ev->kind == EPD_CLIENT_EV_ERROR && ev->status == EPD_ERR_NOT_FOUND &&
+                 reporter == pw && r->n_images > 0;
+    if (stale_hint) {
+        for (uint32_t k = 0; k < r->n_images; k++) {
+            if (r->img_src[k] == EPD_ROUTER_IMG_CACHE) {
+                epd_router_cache_forget(pw, r->img_hash[k]);
+            }
+        }
+        rt->m.image_cache_stale++;
+    }
     epd__attempt_end(r);
     if (r->done) {
         epd__req_free(rt, r);
         return;
     }
-    if (r->n_out == 0 && epd__retryable(ev) && r->attempts <= rt->max_retries &&
+    if (r->n_images > 0 && ev->kind == EPD_CLIENT_EV_ERROR && r->n_out == 0 &&
+        (ev->status == EPD_ERR_MALFORMED || ev->status == EPD_ERR_UNSUPPORTED ||
+         ev->status == EPD_ERR_TOO_LONG) &&
+        reporter != NULL && reporter != dw) {
+        /* the image itself is bad (its encoder, or the prefill worker
+         * encoding it, could not decode it): the client's fault */
+        epd__fail_http(rt, r, EPD_ROUTER_ERR_BAD_REQUEST, 400, "an image of the request: %s%s",
+                       ev->message, "");
+        epd__req_free(rt, r);
+        return;
+    }
+    if (r->n_out == 0 && (epd__retryable(ev) || stale_hint) && r->attempts <= rt->max_retries &&
         now < r->deadline_ns) {
-        /* avoid the worker that failed (both when it cannot be told) */
-        int blame_p =
-            ev->kind != EPD_CLIENT_EV_REFUSED &&
-            (strcmp(ev->from, pw->info.worker_id) == 0 ||
-             epd_client_worker_state(pw->cw) != EPD_OK || strcmp(ev->from, "client") == 0);
-        int blame_d = ev->kind == EPD_CLIENT_EV_REFUSED ||
-                      strcmp(ev->from, dw->info.worker_id) == 0 ||
-                      epd_client_worker_state(dw->cw) != EPD_OK;
+        int enc_dead = 0;
 
-        if (blame_p && r->n_avoid < EPD_ROUTER_MAX_AVOID) {
-            r->avoid[r->n_avoid++] = pw;
+        for (uint32_t k = 0; k < r->n_images; k++) {
+            if (ew[k] != NULL && epd_client_worker_state(ew[k]->cw) != EPD_OK) {
+                epd__avoid(r, ew[k]);
+                enc_dead = 1;
+            }
         }
-        if (blame_d && r->n_avoid < EPD_ROUTER_MAX_AVOID) {
-            r->avoid[r->n_avoid++] = dw;
+        if (stale_hint) {
+            /* nobody failed */
+        } else if (culprit != NULL) {
+            epd__avoid(r, culprit);
+        } else if (!enc_dead) {
+            /* avoid the worker that failed (both when it cannot be told) */
+            int blame_p =
+                ev->kind != EPD_CLIENT_EV_REFUSED &&
+                (strcmp(ev->from, pw->info.worker_id) == 0 ||
+                 epd_client_worker_state(pw->cw) != EPD_OK || strcmp(ev->from, "client") == 0);
+            int blame_d = ev->kind == EPD_CLIENT_EV_REFUSED ||
+                          strcmp(ev->from, dw->info.worker_id) == 0 ||
+                          epd_client_worker_state(dw->cw) != EPD_OK;
+
+            if (reporter != NULL && reporter != pw && reporter != dw) {
+                epd__avoid(r, reporter); /* an encoder */
+            } else {
+                if (blame_p) {
+                    epd__avoid(r, pw);
+                }
+                if (blame_d) {
+                    epd__avoid(r, dw);
+                }
+            }
         }
         rt->m.retries++;
         epd_log_info(EPD_ROUTER_LOG, ev->request_id,
@@ -510,6 +666,15 @@ void epd__router_on_event(void *arg, const epd_client_event_t *ev)
     }
     if (ev->n_tokens > 0) {
         if (r->n_out == 0) {
+            /* the prefill worker ran with every image's embeddings: it has
+             * them cached now */
+            for (uint32_t k = 0; k < r->n_images && r->pw != NULL; k++) {
+                epd_router_cache_add(r->pw, r->img_hash[k], now);
+                rt->m.images++;
+                rt->m.image_cache_hits += r->img_src[k] == EPD_ROUTER_IMG_CACHE;
+                rt->m.images_encoded += r->img_src[k] == EPD_ROUTER_IMG_ENCODER;
+                rt->m.images_local += r->img_src[k] == EPD_ROUTER_IMG_INLINE;
+            }
             epd_router_histo_observe(&rt->m.ttft, (double)(now - r->t_arrival_ns) / 1e9);
             epd_trace_span(rt->trace, "wait for first token", "router", ev->request_id, -1,
                            r->t_submit_ns, now);
@@ -627,6 +792,105 @@ static int epd__tokenize(epd_router_t *rt, const char *text, size_t len, size_t 
     }
 }
 
+/* The prompt of a request with images: BOS, the text before image 0, its
+ * image_embeddings placeholder tokens, the text up to image 1, ... (as
+ * epd_engine_tokenize_images does with "<|image|>" markers, so the tokens
+ * equal epd-generate's for the same template text with a marker where
+ * each image stands).  img_pos[k] gets image k's first placeholder.
+ * 0, or -1 out of memory. */
+static int epd__tokenize_images(epd_router_t *rt, const epd_oai_request_t *oai, uint32_t *img_pos,
+                                size_t *n_p)
+{
+    size_t per = rt->info->image_embeddings;
+    size_t cap = oai->prompt_len + 1 + oai->n_images * per;
+    size_t n = 0, done = 0;
+
+    if (rt->tok_scratch_cap < cap) {
+        int32_t *p = epd_realloc(rt->tok_scratch, cap * sizeof(*p));
+
+        if (p == NULL) {
+            return -1;
+        }
+        rt->tok_scratch = p;
+        rt->tok_scratch_cap = cap;
+    }
+    for (size_t k = 0; k <= oai->n_images; k++) {
+        size_t end = k < oai->n_images ? oai->images[k].prompt_offset : oai->prompt_len;
+        size_t got = 0;
+
+        if (epd_engine_tokenize(rt->engine, oai->prompt + done, end - done, k == 0,
+                                rt->tok_scratch + n, cap - n, &got) != EPD_OK) {
+            return -1;
+        }
+        n += got;
+        done = end;
+        if (k < oai->n_images) {
+            img_pos[k] = (uint32_t)n;
+            for (size_t i = 0; i < per; i++) {
+                rt->tok_scratch[n++] = rt->info->image_token;
+            }
+        }
+    }
+    *n_p = n;
+    return 0;
+}
+
+/* The router's own checks of a request's images (rule 13): a model with a
+ * vision encoder, the count, each image's size, format and pixels (its
+ * header only: the decoding is the encoder's).  EPD_OK, or *err filled
+ * (400). */
+static epd_status_t epd__check_images(epd_router_t *rt, const epd_oai_request_t *oai,
+                                      epd_oai_error_t *err)
+{
+    if (rt->info->image_embeddings == 0) {
+        epd_oai_error_set(err, 400, "messages", NULL,
+                          "Model '%s' has no vision encoder: image inputs are not supported.",
+                          rt->model_name);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (oai->n_images > rt->max_images) {
+        epd_oai_error_set(err, 400, "messages", NULL,
+                          "%zu images in one request: at most %u are accepted.", oai->n_images,
+                          rt->max_images);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    for (size_t k = 0; k < oai->n_images; k++) {
+        const epd_oai_image_t *im = &oai->images[k];
+        epd_image_info_t ii;
+        char param[96];
+        epd_status_t st;
+
+        snprintf(param, sizeof(param), "messages[%u].content[%u].image_url", im->message,
+                 im->part);
+        if (im->len > rt->max_image_bytes) {
+            epd_oai_error_set(err, 400, param, "image_too_large",
+                              "The image in '%s' is %zu bytes: at most %llu are accepted.", param,
+                              im->len, (unsigned long long)rt->max_image_bytes);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        st = epd_image_probe(im->data, im->len, &ii);
+        if (st == EPD_ERR_UNSUPPORTED) {
+            epd_oai_error_set(err, 400, param, "invalid_image_format",
+                              "The data in '%s' is not a PNG or JPEG image.", param);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        if (st != EPD_OK) {
+            epd_oai_error_set(err, 400, param, "invalid_image",
+                              "The image in '%s' is corrupt (its header does not parse).", param);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        if (ii.width == 0 || ii.height == 0 ||
+            (uint64_t)ii.width * ii.height > rt->max_image_pixels) {
+            epd_oai_error_set(err, 400, param, "image_too_large",
+                              "The image in '%s' is %u x %u pixels: at most %llu pixels are "
+                              "accepted.",
+                              param, ii.width, ii.height, (unsigned long long)rt->max_image_pixels);
+            return EPD_ERR_INVALID_PARAM;
+        }
+    }
+    return EPD_OK;
+}
+
 static void epd__generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_kind_t kind)
 {
     const char *models[1] = {rt->model_name};
@@ -638,6 +902,8 @@ static void epd__generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_kind_t
     size_t n_tok = 0;
     int64_t max_new = 0;
     uint64_t now = epd_time_now_ns();
+    uint32_t *img_pos = NULL;
+    unsigned char (*img_hash)[32] = NULL;
     epd_status_t st;
 
     body = epd_http_req_body(http, &body_len);
@@ -648,9 +914,23 @@ static void epd__generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_kind_t
         epd__respond_error(rt, http, &err);
         return;
     }
-    if (epd__tokenize(rt, oai->prompt, oai->prompt_len, &n_tok) != 0) {
+    if (oai->n_images > 0 && epd__check_images(rt, oai, &err) != EPD_OK) {
+        rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
+        epd__respond_error(rt, http, &err);
+        epd_oai_request_destroy(oai);
+        return;
+    }
+    if (oai->n_images > 0) {
+        img_pos = epd_calloc(oai->n_images, sizeof(*img_pos));
+        img_hash = epd_calloc(oai->n_images, sizeof(*img_hash));
+    }
+    if ((oai->n_images > 0 && (img_pos == NULL || img_hash == NULL)) ||
+        (oai->n_images > 0 ? epd__tokenize_images(rt, oai, img_pos, &n_tok)
+                           : epd__tokenize(rt, oai->prompt, oai->prompt_len, &n_tok)) != 0) {
         rt->m.errors[EPD_ROUTER_ERR_INTERNAL]++;
         epd__respond_simple_error(rt, http, 500, "cannot tokenize the prompt");
+        epd_free(img_pos);
+        epd_free(img_hash);
         epd_oai_request_destroy(oai);
         return;
     }
@@ -658,6 +938,8 @@ static void epd__generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_kind_t
         EPD_OK) {
         rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
         epd__respond_error(rt, http, &err);
+        epd_free(img_pos);
+        epd_free(img_hash);
         epd_oai_request_destroy(oai);
         return;
     }
@@ -667,8 +949,11 @@ static void epd__generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_kind_t
     }
     if (r == NULL || r->prompt == NULL) {
         if (r != NULL) {
+            epd_free(r->prompt);
             epd_free(r);
         }
+        epd_free(img_pos);
+        epd_free(img_hash);
         rt->m.errors[EPD_ROUTER_ERR_INTERNAL]++;
         epd__respond_simple_error(rt, http, 500, "out of memory");
         epd_oai_request_destroy(oai);
@@ -681,6 +966,14 @@ static void epd__generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_kind_t
     r->http = http;
     r->oai = oai;
     r->n_prompt = (uint32_t)n_tok;
+    /* images: their content hashes name them in every cache (rule 13) */
+    r->n_images = (uint32_t)oai->n_images;
+    r->img_pos = img_pos;
+    r->img_hash = img_hash;
+    for (uint32_t k = 0; k < r->n_images; k++) {
+        epd_content_hash(oai->images[k].data, oai->images[k].len, r->img_hash[k]);
+        rt->m.image_bytes += oai->images[k].len;
+    }
     r->max_new = (uint32_t)max_new;
     r->seed = oai->has_seed ? (uint64_t)oai->seed : 0;
     for (size_t i = 0; i < oai->n_stop; i++) {

@@ -28,6 +28,10 @@
 
 #define EPD_ROUTER_LOG "router"
 #define EPD_ROUTER_MAX_AVOID 8
+/* Where an image's embeddings come from (epd_router_req_t.img_src). */
+#define EPD_ROUTER_IMG_CACHE 0   /* the prefill worker's embedding cache */
+#define EPD_ROUTER_IMG_ENCODER 1 /* an encoder worker */
+#define EPD_ROUTER_IMG_INLINE 2  /* the prefill worker encodes it (no encoder pool) */
 
 typedef struct epd_router epd_router_t;
 
@@ -45,6 +49,13 @@ typedef struct epd_router_req {
     epd_router_worker_t *dw;
     epd_router_worker_t *avoid[EPD_ROUTER_MAX_AVOID]; /* failed on earlier attempts (not referenced:
                                                          compared only) */
+    /* images (chat): r->oai->images holds their bytes */
+    uint32_t n_images;
+    unsigned char (*img_hash)[32]; /* [n_images] BLAKE2b-256 */
+    uint32_t *img_pos;             /* [n_images] first placeholder position */
+    /* the attempt in flight: where each image's embeddings come from */
+    epd_router_worker_t *img_enc[EPD_CLIENT_MEDIA_MAX]; /* the encoder (referenced) or NULL */
+    uint8_t img_src[EPD_CLIENT_MEDIA_MAX];             /* EPD_ROUTER_IMG_* */
     uint32_t n_avoid;
     uint32_t attempts;
     uint32_t n_out;       /* tokens received */
@@ -79,6 +90,9 @@ struct epd_router {
     uint32_t dead_after_ms;
     uint32_t max_retries;
     uint32_t request_timeout_ms;
+    uint32_t max_images;      /* per request */
+    uint64_t max_image_bytes; /* encoded, per image */
+    uint64_t max_image_pixels;
     /* state */
     epd_engine_t *engine; /* tokenizer only */
     const epd_engine_info_t *info;

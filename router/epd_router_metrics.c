@@ -136,6 +136,26 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
     epd__counter(t, "epd_router_kv_bytes_received_total",
                  "KV bytes decode workers received and verified (from their heartbeats)",
                  m->kv_bytes_received);
+    epd__counter(t, "epd_router_images_total", "Images of requests that got their first token",
+                 m->images);
+    epd__counter(t, "epd_router_image_bytes_total", "Encoded bytes of the images received",
+                 m->image_bytes);
+    epd__counter(t, "epd_router_image_cache_hits_total",
+                 "Images whose embeddings a prefill worker had cached (no encoder involved)",
+                 m->image_cache_hits);
+    epd__counter(t, "epd_router_images_encoded_total", "Images encoded by the encoder pool",
+                 m->images_encoded);
+    epd__counter(t, "epd_router_images_local_total",
+                 "Images encoded by the prefill worker itself (no encoder available)",
+                 m->images_local);
+    epd__counter(t, "epd_router_image_cache_stale_total",
+                 "Cache hints a prefill worker disproved (the request went again with an encoder)",
+                 m->image_cache_stale);
+    epd_router_text_printf(t,
+                           "# HELP epd_router_image_cache_hit_ratio Image cache hits over images\n"
+                           "# TYPE epd_router_image_cache_hit_ratio gauge\n"
+                           "epd_router_image_cache_hit_ratio %.6f\n",
+                           m->images > 0 ? (double)m->image_cache_hits / (double)m->images : 0.0);
     epd_router_text_printf(t,
                            "# HELP epd_router_requests_in_flight Requests held by the router\n"
                            "# TYPE epd_router_requests_in_flight gauge\n"

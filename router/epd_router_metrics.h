@@ -51,6 +51,15 @@ typedef struct {
      * incarnation's monotonic counters, so they survive worker restarts) */
     uint64_t kv_bytes_sent;     /* written by prefill workers */
     uint64_t kv_bytes_received; /* received and verified by decode workers */
+    /* images: where their embeddings came from, counted once an attempt
+     * got its first token; stale = a cache hint the prefill worker
+     * disproved (retried with an encoder) */
+    uint64_t images;
+    uint64_t image_cache_hits;
+    uint64_t images_encoded;
+    uint64_t images_local;
+    uint64_t image_cache_stale;
+    uint64_t image_bytes;
     epd_router_histo_t ttft;     /* arrival → first token out */
     epd_router_histo_t itl;      /* between token chunks */
     epd_router_histo_t e2e;      /* arrival → last byte */

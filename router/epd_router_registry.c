@@ -358,6 +358,57 @@ epd_router_worker_t *epd_router_registry_pick(epd_router_registry_t *reg, int ro
     return NULL;
 }
 
+/* Hints of `w` for the images, without touching their LRU order. */
+static uint32_t epd__cache_hits(const epd_router_worker_t *w, const unsigned char (*hashes)[32],
+                                uint32_t n_images)
+{
+    uint32_t hits = 0;
+
+    for (uint32_t k = 0; k < n_images; k++) {
+        for (uint32_t i = 0; w->cache != NULL && i < w->info.embed_slots; i++) {
+            if (w->cache_used[i] != 0 && memcmp(w->cache[i], hashes[k], 32) == 0) {
+                hits++;
+                break;
+            }
+        }
+    }
+    return hits;
+}
+
+epd_router_worker_t *epd_router_registry_pick_images(epd_router_registry_t *reg,
+                                                     const uint32_t *prompt, uint32_t n_prompt,
+                                                     const unsigned char (*hashes)[32],
+                                                     uint32_t n_images,
+                                                     epd_router_worker_t *const *avoid,
+                                                     size_t n_avoid, uint64_t now_ns)
+{
+    epd_router_worker_t *w = epd_router_registry_pick(reg, EPD_CLIENT_ROLE_PREFILL, prompt,
+                                                      n_prompt, avoid, n_avoid);
+    epd_router_worker_t *best = w;
+    uint32_t best_hits;
+
+    (void)now_ns;
+    if (w == NULL || n_images == 0) {
+        return w;
+    }
+    best_hits = epd__cache_hits(w, hashes, n_images);
+    for (epd_router_worker_t *c = reg->workers; c != NULL && best_hits < n_images; c = c->next) {
+        uint32_t hits;
+
+        if (c == w || !epd__eligible(c, EPD_CLIENT_ROLE_PREFILL) ||
+            epd__avoided(c, avoid, n_avoid) ||
+            c->queued_tokens > w->queued_tokens + EPD_ROUTER_AFFINITY_SLACK_TOKENS) {
+            continue;
+        }
+        hits = epd__cache_hits(c, hashes, n_images);
+        if (hits > best_hits) {
+            best = c;
+            best_hits = hits;
+        }
+    }
+    return best;
+}
+
 void epd_router_registry_counts(const epd_router_registry_t *reg,
                                 uint32_t counts_p[EPD_ROUTER_POOLS][5])
 {

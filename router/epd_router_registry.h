@@ -158,6 +158,18 @@ epd_router_worker_t *epd_router_registry_pick(epd_router_registry_t *reg, int ro
 int epd_router_pool_of(int role);
 const char *epd_router_pool_name(int pool);
 
+/* Picks a prefill worker for a prompt with images: the policy's choice,
+ * unless an eligible worker (not in avoid) holds more of the images in its
+ * cache (by the hints) and is not overloaded (queued tokens within
+ * EPD_ROUTER_AFFINITY_SLACK_TOKENS of the policy's choice).  NULL as
+ * epd_router_registry_pick. */
+epd_router_worker_t *epd_router_registry_pick_images(epd_router_registry_t *reg,
+                                                     const uint32_t *prompt, uint32_t n_prompt,
+                                                     const unsigned char (*hashes)[32],
+                                                     uint32_t n_images,
+                                                     epd_router_worker_t *const *avoid,
+                                                     size_t n_avoid, uint64_t now_ns);
+
 /* Counts of entries by pool (EPD_ROUTER_POOL_*) and state (index = state,
  * 1..4). */
 void epd_router_registry_counts(const epd_router_registry_t *reg,
