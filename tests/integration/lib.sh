@@ -62,7 +62,7 @@ mkmodel() {
 }
 
 TINY_MODEL_FLAGS=(--layers 3 --dim 64 --heads 4 --kv-heads 2 --layer-pattern LLA --ffn 128
-                  --vocab 258 --max-context 2048 --seed 7)
+                  --vocab 259 --max-context 2048 --seed 7)
 
 # start_daemon NAME prefill|decode [flags...]: starts build/bin/epd-NAME's
 # role with a ready file $T/NAME.ready, log $T/NAME.log; sets NAME_PID and
