@@ -262,13 +262,17 @@ static epd_status_t epd_image_probe_jpeg(const unsigned char *p, size_t len,
 /*
  * Guards against what stb 2.27 gets wrong on hostile JPEGs (fixed in later
  * stb releases): a Huffman table (DHT) whose 16 code counts add up to more
- * than 256 overflows stb's tables.  The walk follows stb's own parse:
+ * than 256 overflows stb's tables, and a scan that uses a table no DHT
+ * defined makes stb index with garbage.  The walk follows stb's own parse:
  * segments skipped by their length, entropy-coded data scanned byte by
  * byte for the next marker (FF 00 is a stuffed byte, FF D0..D7 a restart).
  * NULL when the file passes, else why not.
  */
 static const char *epd_image_jpeg_hazard(const unsigned char *p, size_t len)
 {
+    unsigned char dc_def[4] = {0}; /* Huffman tables defined so far */
+    unsigned char ac_def[4] = {0};
+    int progressive = 0;
     size_t i = 2;
 
     while (i < len) {
@@ -296,22 +300,59 @@ static const char *epd_image_jpeg_hazard(const unsigned char *p, size_t len)
         if (seg < 2) {
             break; /* stb refuses it */
         }
+        if (m == 0xc2) {
+            progressive = 1;
+        }
         if (m == 0xc4) {
             /* as stb: tables while the segment has bytes left, a table's
              * counts read even past the segment's end (zeros past EOF) */
             long left = (long)seg - 2;
 
             for (size_t t = i + 2; left > 0;) {
+                unsigned q = t < len ? p[t] : 0;
                 unsigned n = 0;
 
+                if ((q >> 4) > 1 || (q & 15) > 3) {
+                    break; /* stb refuses it */
+                }
                 for (size_t k = 1; k <= 16; k++) {
                     n += t + k < len ? p[t + k] : 0;
                 }
                 if (n > 256) {
                     return "a Huffman table with more than 256 codes";
                 }
+                if (q >> 4) {
+                    ac_def[q & 15] = 1;
+                } else {
+                    dc_def[q & 15] = 1;
+                }
                 left -= 17 + (long)n;
                 t += 17 + n;
+            }
+        }
+        if (m == 0xda && seg >= 3 && i + seg <= len) {
+            /* stb decodes with whatever memory an undefined table holds
+             * (its tables are not zeroed): every table the scan uses must
+             * have been defined.  Ns components of 2 bytes, then Ss, Se,
+             * Ah/Al. */
+            unsigned ns = p[i + 2];
+
+            if (seg >= 2 + 1 + 2 * (size_t)ns + 3) {
+                const unsigned char *c = p + i + 3;
+                unsigned ss = c[2 * ns];
+                unsigned ah = c[2 * ns + 2] >> 4;
+                int need_dc = !progressive || (ss == 0 && ah == 0);
+                int need_ac = !progressive || ss != 0;
+
+                for (unsigned k = 0; k < ns; k++) {
+                    unsigned td = c[2 * k + 1] >> 4;
+                    unsigned ta = c[2 * k + 1] & 15;
+
+                    if ((need_dc && (td > 3 || !dc_def[td])) ||
+                        (need_ac && (ta > 3 || !ac_def[ta]))) {
+                        return "a scan uses a Huffman table that was never defined";
+                    }
+                }
             }
         }
         i += seg;

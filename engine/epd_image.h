@@ -79,11 +79,11 @@ epd_status_t epd_image_decode(const void *data, size_t len, uint64_t max_pixels,
                               epd_image_t *image_p);
 
 /* Frees the pixels of `image` (NULL, or an image already cleaned, is a
- * no-op) and zeroes it. */
+ * no-op) and zeroes it.  The thread that owns the image. */
 void epd_image_cleanup(epd_image_t *image);
 
 /* A borrowed view of `image` for epd_engine_encode_image (valid while the
- * image is). */
+ * image is).  Pure. */
 static inline epd_image_view_t epd_image_view(const epd_image_t *image)
 {
     epd_image_view_t v = {.width = image->width, .height = image->height, .rgb = image->rgb};
@@ -91,7 +91,7 @@ static inline epd_image_view_t epd_image_view(const epd_image_t *image)
     return v;
 }
 
-/* "PNG", "JPEG" (static string; "?" for another value). */
+/* "PNG", "JPEG" (static string; "?" for another value).  Any thread. */
 const char *epd_image_format_name(epd_image_format_t format);
 
 #endif

@@ -26,13 +26,15 @@ typedef struct {
  * encoder (below): vocab 259, image_token_id 258. */
 void epd_mkmodel_defaults(epd_mkmodel_params_t *params_p);
 
-/* Turns the vision encoder on with its default sizes: 224 x 224 pixels,
- * 16-pixel patches (14 x 14), hidden 192, 4 layers, 3 heads, MLP 768, 2 x 2
- * merge (49 embeddings per image); vocab 259, image_token_id 258. */
+/* Turns the vision encoder of `params` (caller's) on with its default
+ * sizes: 224 x 224 pixels, 16-pixel patches (14 x 14), hidden 192, 4
+ * layers, 3 heads, MLP 768, 2 x 2 merge (49 embeddings per image); vocab
+ * 259, image_token_id 258.  Pure. */
 void epd_mkmodel_vision_defaults(epd_mkmodel_params_t *params);
 
 /* Turns vision off: no vision_config, vocab 258, image_token -1 (the model
- * epd-mkmodel wrote before vision existed, for the same seed). */
+ * epd-mkmodel wrote before vision existed, byte for byte, for the same
+ * other parameters).  Pure. */
 void epd_mkmodel_text_only(epd_mkmodel_params_t *params);
 
 /* Creates `dir` when missing (one level) and writes the two files.

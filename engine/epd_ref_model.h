@@ -132,7 +132,7 @@ typedef struct {
 } epd_ref_hparams_t;
 
 /* Patches a side (S / P), patches (N), embeddings per image (E = (g/m)^2)
- * and the merged width (m*m*D) of a model with vision. */
+ * and the merged width (m*m*D) of a model with vision (hp checked).  Pure. */
 uint32_t epd_ref_vision_grid(const epd_ref_hparams_t *hp);
 uint32_t epd_ref_vision_patches(const epd_ref_hparams_t *hp);
 uint32_t epd_ref_image_embeddings(const epd_ref_hparams_t *hp);

@@ -1,20 +1,31 @@
 /*
- * epd_generate.c — `epd-generate --model DIR --prompt TEXT --max-tokens N`:
- * prefill then decode in one process, printing the completion (or its token
- * ids with --tokens).  This is the colocated baseline: the disaggregated
- * cluster must reproduce its output token for token, so it uses exactly the
- * public engine API and the stateless sampler a daemon uses (sampling step
- * 0 after prefill, step i after the i-th decode).
+ * epd_generate.c — `epd-generate --model DIR --prompt TEXT --max-tokens N
+ * [--image FILE[,FILE...]]`: prefill then decode in one process, printing
+ * the completion (or its token ids with --tokens).  This is the colocated
+ * baseline: the disaggregated cluster must reproduce its output token for
+ * token, so it uses exactly the public engine API and the stateless sampler
+ * a daemon uses (sampling step 0 after prefill, step i after the i-th
+ * decode).  With --image each file is decoded (epd_image_decode, default
+ * pixel guard), encoded (epd_engine_encode_image) and placed at its
+ * placeholders (epd_engine_tokenize_images: at the prompt's <|image|>
+ * markers, or right after BOS when it has none) by one prefill with
+ * embedding spans: the multimodal baseline.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "epd_alloc.h"
 #include "epd_config.h"
 #include "epd_engine.h"
+#include "epd_image.h"
 #include "epd_log.h"
 #include "epd_sample.h"
+#include "epd_time.h"
 #include "epd_utf8.h"
+
+#define EPD_GEN_MAX_IMAGES 8
+#define EPD_GEN_MAX_FILE (256u << 20) /* bytes of one image file */
 
 typedef struct {
     const char *engine;
@@ -27,7 +38,16 @@ typedef struct {
     int64_t seed;
     int tokens;
     int64_t block_tokens;
+    const char *image; /* comma-separated files, or NULL */
+    int timing;        /* print the time of each phase to stderr */
 } epd_gen_args_t;
+
+/* The images of one run: files read, decoded and encoded. */
+typedef struct {
+    uint32_t n;
+    float *embeds[EPD_GEN_MAX_IMAGES]; /* [image_embeddings][embed_dim] each */
+    uint64_t encode_ns;                /* epd_engine_encode_image, all images */
+} epd_gen_images_t;
 
 static int epd_gen_fail(const char *what)
 {
@@ -69,6 +89,174 @@ out:
     return rc;
 }
 
+/* Reads `path` whole into a new buffer (epd_free).  0, or 1 after printing. */
+static int epd_gen_read_file(const char *path, unsigned char **data_p, size_t *len_p)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char *data = NULL;
+    size_t len = 0;
+    size_t cap = 0;
+
+    if (f == NULL) {
+        fprintf(stderr, "epd-generate: cannot read image '%s': %s\n", path, strerror(errno));
+        return 1;
+    }
+    for (;;) {
+        size_t got;
+
+        if (len == cap) {
+            unsigned char *bigger;
+
+            cap = cap ? cap * 2 : 1u << 16;
+            if (cap > EPD_GEN_MAX_FILE) {
+                fprintf(stderr, "epd-generate: image '%s' is too large (over %u MiB)\n", path,
+                        EPD_GEN_MAX_FILE >> 20);
+                goto err;
+            }
+            bigger = epd_realloc(data, cap);
+            if (bigger == NULL) {
+                fprintf(stderr, "epd-generate: out of memory reading '%s'\n", path);
+                goto err;
+            }
+            data = bigger;
+        }
+        got = fread(data + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) {
+            break;
+        }
+    }
+    if (ferror(f)) {
+        fprintf(stderr, "epd-generate: cannot read image '%s': %s\n", path, strerror(errno));
+        goto err;
+    }
+    fclose(f);
+    *data_p = data;
+    *len_p = len;
+    return 0;
+
+err:
+    fclose(f);
+    epd_free(data);
+    return 1;
+}
+
+/* Decodes and encodes one image file into a new embeddings buffer.  0, or
+ * 1 after printing why not. */
+static int epd_gen_load_image(epd_engine_t *engine, const char *path, float **embeds_p,
+                              uint64_t *encode_ns_p)
+{
+    const epd_engine_info_t *info = epd_engine_info(engine);
+    epd_image_info_t hdr;
+    epd_image_t img = {0};
+    epd_image_view_t view;
+    unsigned char *data = NULL;
+    size_t len = 0;
+    float *out = NULL;
+    uint64_t t0;
+    epd_status_t status;
+    int rc = 1;
+
+    if (epd_gen_read_file(path, &data, &len) != 0) {
+        return 1;
+    }
+    status = epd_image_decode(data, len, EPD_IMAGE_MAX_PIXELS_DEFAULT, &img);
+    if (status == EPD_ERR_UNSUPPORTED) {
+        fprintf(stderr, "epd-generate: '%s' is not a PNG or JPEG image (or an unsupported kind)\n",
+                path);
+        goto out;
+    }
+    if (status == EPD_ERR_TOO_LONG) {
+        if (epd_image_probe(data, len, &hdr) == EPD_OK) {
+            fprintf(stderr,
+                    "epd-generate: image '%s' is too large: %u x %u pixels (at most %llu)\n",
+                    path, hdr.width, hdr.height,
+                    (unsigned long long)EPD_IMAGE_MAX_PIXELS_DEFAULT);
+        } else {
+            fprintf(stderr, "epd-generate: image '%s' is too large\n", path);
+        }
+        goto out;
+    }
+    if (status != EPD_OK) {
+        fprintf(stderr, "epd-generate: cannot decode image '%s': %s\n", path,
+                status == EPD_ERR_MALFORMED ? "corrupt or truncated" : epd_status_string(status));
+        goto out;
+    }
+    out = epd_calloc((size_t)info->image_embeddings * info->embed_dim, sizeof(float));
+    if (out == NULL) {
+        epd_gen_fail("out of memory for the image embeddings");
+        goto out;
+    }
+    view = epd_image_view(&img);
+    t0 = epd_time_now_ns();
+    status = epd_engine_encode_image(engine, &view, out);
+    *encode_ns_p += epd_time_now_ns() - t0;
+    if (status != EPD_OK) {
+        fprintf(stderr, "epd-generate: cannot encode image '%s': %s\n", path,
+                epd_status_string(status));
+        goto out;
+    }
+    *embeds_p = out;
+    out = NULL;
+    rc = 0;
+out:
+    epd_free(out);
+    epd_image_cleanup(&img);
+    epd_free(data);
+    return rc;
+}
+
+/* Loads every file of the comma-separated list `list`.  0, or 1 after
+ * printing why not. */
+static int epd_gen_load_images(epd_engine_t *engine, const char *list, epd_gen_images_t *images)
+{
+    const char *p = list;
+    uint32_t n_files = 1;
+
+    memset(images, 0, sizeof(*images));
+    for (const char *c = list; *c; c++) {
+        n_files += *c == ',';
+    }
+    if (n_files > EPD_GEN_MAX_IMAGES) {
+        fprintf(stderr, "epd-generate: --image: %u files, at most %d images\n", n_files,
+                EPD_GEN_MAX_IMAGES);
+        return 1;
+    }
+    if (epd_engine_info(engine)->image_embeddings == 0) {
+        fprintf(stderr, "epd-generate: --image: the model has no vision encoder\n");
+        return 1;
+    }
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t n = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        char path[4096];
+
+        if (n == 0 || n >= sizeof(path)) {
+            epd_gen_fail("--image: an empty or overlong file name in the list");
+            return 1;
+        }
+        memcpy(path, p, n);
+        path[n] = '\0';
+        if (epd_gen_load_image(engine, path, &images->embeds[images->n], &images->encode_ns) !=
+            0) {
+            return 1;
+        }
+        images->n++;
+        if (comma == NULL) {
+            return 0;
+        }
+        p = comma + 1;
+    }
+}
+
+static void epd_gen_images_cleanup(epd_gen_images_t *images)
+{
+    for (uint32_t i = 0; i < images->n; i++) {
+        epd_free(images->embeds[i]);
+    }
+    images->n = 0;
+}
+
 static int epd_gen_run(const epd_gen_args_t *args)
 {
     epd_engine_config_t cfg = {.model_dir = args->model,
@@ -79,6 +267,12 @@ static int epd_gen_run(const epd_gen_args_t *args)
     epd_engine_t *engine = NULL;
     epd_kv_pool_t pool = {0};
     epd_prefill_args_t pa;
+    epd_gen_images_t images = {0};
+    epd_embed_span_t spans[EPD_GEN_MAX_IMAGES];
+    uint32_t image_pos[EPD_GEN_MAX_IMAGES];
+    size_t cap;
+    uint64_t t_prefill;
+    uint64_t t_decode;
     uint32_t *table = NULL;
     int32_t *prompt = NULL;
     int32_t *out = NULL;
@@ -111,14 +305,18 @@ static int epd_gen_run(const epd_gen_args_t *args)
                 (long long)args->max_tokens, info->max_context);
         goto out;
     }
-    if (plen + 1 > info->max_context) {
+    if (args->image != NULL && epd_gen_load_images(engine, args->image, &images) != 0) {
+        goto out;
+    }
+    cap = plen + 1 + (size_t)images.n * info->image_embeddings;
+    if (cap > info->max_context) {
         fprintf(
             stderr,
             "epd-generate: prompt of %zu tokens is longer than the context limit of %u tokens\n",
-            plen + 1, info->max_context);
+            cap, info->max_context);
         goto out;
     }
-    prompt = epd_calloc(plen + 1, sizeof(*prompt));
+    prompt = epd_calloc(cap, sizeof(*prompt));
     out = epd_calloc((size_t)args->max_tokens, sizeof(*out));
     logits = epd_calloc(info->vocab_size, sizeof(*logits));
     if (prompt == NULL || out == NULL || logits == NULL ||
@@ -126,10 +324,24 @@ static int epd_gen_run(const epd_gen_args_t *args)
         epd_gen_fail("out of memory");
         goto out;
     }
-    status = epd_engine_tokenize(engine, args->prompt, plen, 1, prompt, plen + 1, &n_prompt);
+    if (images.n == 0) {
+        status = epd_engine_tokenize(engine, args->prompt, plen, 1, prompt, cap, &n_prompt);
+    } else {
+        status = epd_engine_tokenize_images(engine, args->prompt, plen, images.n, prompt, cap,
+                                            &n_prompt, image_pos);
+    }
+    if (status == EPD_ERR_INVALID_PARAM) {
+        fprintf(stderr, "epd-generate: the prompt's %s markers do not match the %u images\n",
+                EPD_IMAGE_MARKER, images.n);
+        goto out;
+    }
     if (status != EPD_OK) {
         epd_gen_fail("cannot tokenize the prompt");
         goto out;
+    }
+    for (uint32_t i = 0; i < images.n; i++) {
+        spans[i] = (epd_embed_span_t){
+            .pos = image_pos[i], .n = info->image_embeddings, .data = images.embeds[i]};
     }
     n_total = n_prompt + (uint64_t)args->max_tokens;
     if (n_total > info->max_context) {
@@ -154,11 +366,16 @@ static int epd_gen_run(const epd_gen_args_t *args)
     pa.seq.n_blocks = n_blocks;
     pa.tokens = prompt;
     pa.n_tokens = (uint32_t)n_prompt;
+    pa.embeds = images.n > 0 ? spans : NULL;
+    pa.n_embeds = images.n;
+    t_prefill = epd_time_now_ns();
     status = epd_engine_prefill(engine, &pool, &pa, NULL, logits);
+    t_prefill = epd_time_now_ns() - t_prefill;
     if (status != EPD_OK) {
         fprintf(stderr, "epd-generate: prefill failed: %s\n", epd_status_string(status));
         goto out;
     }
+    t_decode = epd_time_now_ns();
     for (;;) {
         epd_decode_req_t r;
         int32_t tok;
@@ -182,8 +399,18 @@ static int epd_gen_run(const epd_gen_args_t *args)
             goto out;
         }
     }
+    t_decode = epd_time_now_ns() - t_decode;
     rc = epd_gen_print(args, engine, out, n_out);
+    if (args->timing) {
+        fprintf(stderr,
+                "epd-generate: timing: %u images encoded in %.2f ms (%.2f ms each), prefill of "
+                "%zu tokens %.2f ms, %zu decode steps %.2f ms (%.3f ms each)\n",
+                images.n, images.encode_ns / 1e6,
+                images.n ? images.encode_ns / 1e6 / images.n : 0.0, n_prompt, t_prefill / 1e6,
+                n_out - 1, t_decode / 1e6, n_out > 1 ? t_decode / 1e6 / (double)(n_out - 1) : 0.0);
+    }
 out:
+    epd_gen_images_cleanup(&images);
     epd_free(table);
     epd_free(pool.base);
     epd_sample_scratch_destroy(scratch);
@@ -207,6 +434,8 @@ int main(int argc, char **argv)
         .seed = 0,
         .tokens = 0,
         .block_tokens = 16,
+        .image = NULL,
+        .timing = 0,
     };
     const epd_opt_t opts[] = {
         {"engine", EPD_OPT_STRING, &a.engine, 0, 0, "engine: built-in name or path to a .so"},
@@ -219,6 +448,11 @@ int main(int argc, char **argv)
         {"seed", EPD_OPT_INT, &a.seed, 0, 0, "sampling seed"},
         {"tokens", EPD_OPT_BOOL, &a.tokens, 0, 0, "print token ids instead of text"},
         {"block-tokens", EPD_OPT_INT, &a.block_tokens, 1, 4096, "KV block size in tokens"},
+        {"image", EPD_OPT_STRING, &a.image, 0, 0,
+         "PNG / JPEG files, comma-separated (at most 8), placed at the prompt's <|image|> "
+         "markers or after BOS"},
+        {"timing", EPD_OPT_BOOL, &a.timing, 0, 0,
+         "print the time of image encoding, prefill and decode to stderr"},
     };
     epd_opts_t o = {.prog = "epd-generate",
                     .summary = "prefill + decode one prompt in one process (colocated baseline)",

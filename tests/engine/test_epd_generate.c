@@ -4,7 +4,11 @@
  * this process, text output is valid UTF-8, seeds reproduce, and bad input
  * (missing model, empty prompt, max tokens 0 or beyond the context, prompt
  * longer than the context, bad sampling values) exits 1 with a clear error
- * and no crash.
+ * and no crash.  --image: reproducible, different images give different
+ * output, the output equals a chunked prefill of the same prompt through the
+ * API (the image's span straddling the chunk boundary), and each bad image
+ * argument (missing file, not an image, too large, too many, a text-only
+ * model, markers that do not match) exits 1 with one clear line.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,9 +22,23 @@
 
 #include "epd_alloc.h"
 #include "epd_engine.h"
+#include "epd_image.h"
 #include "epd_sample.h"
 #include "epd_test_engine_util.h"
 #include "epd_utf8.h"
+
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#define STB_IMAGE_WRITE_STATIC
+#define STBI_WRITE_NO_STDIO
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wshadow"
+#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#include <stb/stb_image_write.h>
+#pragma GCC diagnostic pop
 
 #ifndef EPD_TEST_BIN_DIR
 #error "EPD_TEST_BIN_DIR must be defined by the build"
@@ -28,6 +46,8 @@
 
 static const char *tmpdir;
 static const char *model;
+static const char *text_model;
+static const char *vision_model;
 static char out[65536];
 static char err[65536];
 
@@ -180,6 +200,238 @@ static void test_bad_input(void **state)
     model = saved;
 }
 
+/* ---- --image ----------------------------------------------------------------- */
+
+typedef struct {
+    unsigned char *data;
+    size_t len;
+} file_buf_t;
+
+static void file_buf_cb(void *ctx, void *data, int size)
+{
+    file_buf_t *b = ctx;
+
+    b->data = realloc(b->data, b->len + (size_t)size);
+    assert_non_null(b->data);
+    memcpy(b->data + b->len, data, (size_t)size);
+    b->len += (size_t)size;
+}
+
+/* Writes a w x h picture (varied by seed) as PNG (jpeg 0) or JPEG into
+ * tmpdir/name; returns the path (static storage, valid for 16 calls). */
+static const char *write_image(const char *name, int w, int h, int seed, int jpeg)
+{
+    static char paths[16][1024];
+    static int next;
+    char *path = paths[next++ % 16];
+    unsigned char *px = malloc((size_t)w * h * 3);
+    file_buf_t b = {0};
+
+    assert_non_null(px);
+    for (int i = 0; i < w * h * 3; i++) {
+        px[i] = (unsigned char)((i / 3 % w) * (5 + seed) + (i / 3 / w) * 3 + (i % 3) * 70 +
+                                seed * 40);
+    }
+    if (jpeg) {
+        assert_true(stbi_write_jpg_to_func(file_buf_cb, &b, w, h, 3, px, 90) != 0);
+    } else {
+        assert_true(stbi_write_png_to_func(file_buf_cb, &b, w, h, 3, px, w * 3) != 0);
+    }
+    snprintf(path, sizeof(paths[0]), "%s/%s", tmpdir, name);
+    epd_test_write_file(path, b.data, b.len);
+    free(b.data);
+    free(px);
+    return path;
+}
+
+/* As epd-generate --image FILE --prompt TEXT --tokens (greedy), through the
+ * API, prefilling in two chunks cut at `cut` (inside the image's span). */
+static size_t api_generate_image(const char *path, const char *text, uint32_t cut,
+                                 int32_t *toks_out, size_t max)
+{
+    epd_engine_config_t cfg = {.model_dir = vision_model};
+    epd_sample_params_t sp;
+    epd_sample_scratch_t *scratch;
+    epd_engine_t *e;
+    const epd_engine_info_t *info;
+    epd_kv_pool_t pool;
+    epd_image_t img;
+    epd_image_view_t view;
+    uint32_t table[64];
+    int32_t toks[256];
+    uint32_t pos;
+    float *rows;
+    float *logits;
+    unsigned char *data;
+    size_t len;
+    size_t n;
+    size_t k = 0;
+    epd_embed_span_t span;
+    epd_prefill_args_t a;
+
+    assert_int_equal(epd_engine_open("ref", &cfg, &e), EPD_OK);
+    info = epd_engine_info(e);
+    data = epd_test_read_file(path, &len);
+    assert_int_equal(epd_image_decode(data, len, 0, &img), EPD_OK);
+    rows = epd_calloc((size_t)info->image_embeddings * info->embed_dim, sizeof(float));
+    logits = epd_calloc(info->vocab_size, sizeof(float));
+    assert_true(rows != NULL && logits != NULL);
+    view = epd_image_view(&img);
+    assert_int_equal(epd_engine_encode_image(e, &view, rows), EPD_OK);
+    assert_int_equal(
+        epd_engine_tokenize_images(e, text, strlen(text), 1, toks, 256, &n, &pos), EPD_OK);
+    assert_true(cut > pos && cut < pos + info->image_embeddings); /* straddles */
+    for (uint32_t i = 0; i < 64; i++) {
+        table[i] = (i * 5) % 64;
+    }
+    epd_test_pool(e, 64, 1, &pool);
+    assert_int_equal(epd_sample_scratch_create(info->vocab_size, &scratch), EPD_OK);
+    /* chunk 1: [0, cut), the span cut at its end */
+    span = (epd_embed_span_t){.pos = pos, .n = cut - pos, .data = rows};
+    a = (epd_prefill_args_t){.seq = {.block_table = table, .n_blocks = 64},
+                             .tokens = toks,
+                             .n_tokens = cut,
+                             .embeds = &span,
+                             .n_embeds = 1};
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, logits), EPD_OK);
+    /* chunk 2: [cut, n), the whole span */
+    span.n = info->image_embeddings;
+    a.tokens = toks + cut;
+    a.n_tokens = (uint32_t)n - cut;
+    a.start = cut;
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, logits), EPD_OK);
+    epd_sample_params_default(&sp);
+    for (;;) {
+        epd_decode_req_t r = {.seq = a.seq, .pos = (uint32_t)(n + k)};
+
+        assert_int_equal(
+            epd_sample_token(&sp, scratch, logits, info->vocab_size, k, &toks_out[k]), EPD_OK);
+        r.token = toks_out[k++];
+        if (r.token == info->eos_token || k == max) {
+            break;
+        }
+        assert_int_equal(epd_engine_decode(e, &pool, &r, 1, logits), EPD_OK);
+    }
+    epd_sample_scratch_destroy(scratch);
+    epd_free(pool.base);
+    epd_free(logits);
+    epd_free(rows);
+    epd_free(data);
+    epd_image_cleanup(&img);
+    epd_engine_close(e);
+    return k;
+}
+
+static void test_image_reproducible_and_matches_api(void **state)
+{
+    const char *a = write_image("a.png", 40, 30, 1, 0);
+    char args[2048];
+    char first[65536];
+    char want[1024];
+    int32_t t[24];
+    size_t n;
+
+    (void)state;
+    model = vision_model;
+    /* BOS l o o k : ' ' [4 placeholders at 7..10] ' ' o k: cut at 9 */
+    n = api_generate_image(a, "look: " EPD_IMAGE_MARKER " ok", 9, t, 24);
+    tokens_text(t, n, want, sizeof(want));
+    snprintf(args, sizeof(args), "--prompt 'look: <|image|> ok' --image %s --max-tokens 24 --tokens",
+             a);
+    assert_int_equal(run(args), 0);
+    assert_string_equal(out, want);
+    strcpy(first, out);
+    assert_int_equal(run(args), 0); /* reproducible */
+    assert_string_equal(out, first);
+    model = text_model;
+}
+
+static void test_images_differ(void **state)
+{
+    const char *paths[3];
+    char outs[3][65536];
+    char args[4096];
+
+    (void)state;
+    model = vision_model;
+    paths[0] = write_image("d1.png", 40, 30, 2, 0);
+    paths[1] = write_image("d2.png", 40, 30, 7, 0);
+    paths[2] = write_image("d3.jpg", 70, 50, 3, 1);
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof(args), "--prompt 'What is it?' --image %s --max-tokens 24 --tokens",
+                 paths[i]);
+        assert_int_equal(run(args), 0);
+        strcpy(outs[i], out);
+    }
+    assert_string_not_equal(outs[0], outs[1]);
+    assert_string_not_equal(outs[0], outs[2]);
+    /* two images, markers in the prompt, and the same two in the other order */
+    snprintf(args, sizeof(args),
+             "--prompt 'A <|image|> and B <|image|>' --image %s,%s --max-tokens 24 --tokens",
+             paths[0], paths[2]);
+    assert_int_equal(run(args), 0);
+    strcpy(outs[0], out);
+    snprintf(args, sizeof(args),
+             "--prompt 'A <|image|> and B <|image|>' --image %s,%s --max-tokens 24 --tokens",
+             paths[2], paths[0]);
+    assert_int_equal(run(args), 0);
+    assert_string_not_equal(out, outs[0]);
+    /* text output and timing */
+    snprintf(args, sizeof(args), "--prompt 'Hi' --image %s --max-tokens 8 --timing", paths[1]);
+    assert_int_equal(run(args), 0);
+    assert_non_null(strstr(err, "1 images encoded"));
+    model = text_model;
+}
+
+static void test_image_errors(void **state)
+{
+    const char *good;
+    char args[8192];
+    char list[4096];
+    size_t len = 0;
+    static const unsigned char huge[] = {
+        0x89, 'P',  'N',  'G',  0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 'I',
+        'H',  'D',  'R',  0x00, 0x00, 0x13, 0x88, 0x00, 0x00, 0x13, 0x88, 0x08, 0x02,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* 5000 x 5000 RGB, no CRC check */
+    };
+
+    (void)state;
+    model = vision_model;
+    good = write_image("good.png", 16, 16, 1, 0);
+    len += (size_t)snprintf(list + len, sizeof(list) - len, "%s", good);
+    for (int i = 0; i < 8; i++) {
+        len += (size_t)snprintf(list + len, sizeof(list) - len, ",%s", good);
+    }
+    snprintf(args, sizeof(args), "--prompt hi --max-tokens 4 --image %s", list);
+    expect_failure(args, "at most 8 images");
+    expect_failure("--prompt hi --max-tokens 4 --image /no/such/file.png", "cannot read image");
+    epd_test_write_file(epd_test_path(tmpdir, "notes.txt"), "just some text\n", 15);
+    snprintf(args, sizeof(args), "--prompt hi --max-tokens 4 --image %s",
+             epd_test_path(tmpdir, "notes.txt"));
+    expect_failure(args, "is not a PNG or JPEG image");
+    epd_test_write_file(epd_test_path(tmpdir, "huge.png"), huge, sizeof(huge));
+    snprintf(args, sizeof(args), "--prompt hi --max-tokens 4 --image %s",
+             epd_test_path(tmpdir, "huge.png"));
+    expect_failure(args, "is too large: 5000 x 5000 pixels");
+    {
+        unsigned char *data = epd_test_read_file(good, &len);
+
+        epd_test_write_file(epd_test_path(tmpdir, "cut.png"), data, len / 2);
+        epd_free(data);
+    }
+    snprintf(args, sizeof(args), "--prompt hi --max-tokens 4 --image %s",
+             epd_test_path(tmpdir, "cut.png"));
+    expect_failure(args, "corrupt or truncated");
+    snprintf(args, sizeof(args), "--prompt 'one <|image|> two <|image|>' --max-tokens 4 --image %s",
+             good);
+    expect_failure(args, "markers do not match");
+    snprintf(args, sizeof(args), "--prompt hi --max-tokens 4 --image %s,", good);
+    expect_failure(args, "empty");
+    model = text_model;
+    snprintf(args, sizeof(args), "--prompt hi --max-tokens 4 --image %s", good);
+    expect_failure(args, "no vision encoder");
+}
+
 static void test_stops_at_context(void **state)
 {
     (void)state;
@@ -206,7 +458,10 @@ static int setup(void **state)
     tmpdir = epd_test_tmpdir();
     epd_test_tiny_params(&p);
     p.hp.max_context = 64;
-    model = epd_test_write_model(tmpdir, "model", &p);
+    text_model = model = epd_test_write_model(tmpdir, "model", &p);
+    epd_test_tiny_vision_params(&p);
+    p.hp.max_context = 128;
+    vision_model = epd_test_write_model(tmpdir, "vision", &p);
     return 0;
 }
 
@@ -224,7 +479,14 @@ int main(void)
         cmocka_unit_test(test_text_is_utf8_and_seeded),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_stops_at_context),
+        cmocka_unit_test(test_image_reproducible_and_matches_api),
+        cmocka_unit_test(test_images_differ),
+        cmocka_unit_test(test_image_errors),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);
 }
+
+/* gcc checks for static functions declared but never defined (the HDR
+ * writer, compiled out) at the end of the file. */
+#pragma GCC diagnostic ignored "-Wunused-function"

@@ -485,7 +485,7 @@ static void test_jpeg_bad_huffman_table(void **state)
 {
     /* stb 2.27 trusts a DHT's code counts and overflows its tables when
      * they add up to more than 256 (found by fuzz_epd_image): refused
-     * before stb sees it. */
+     * before stb sees it.  Likewise a scan using an undefined table. */
     unsigned char *px = make_pixels(32, 32, 3);
     buf_t f = make_jpeg(px, 32, 32, 3, 90);
     epd_image_t img;
@@ -525,6 +525,20 @@ static void test_jpeg_bad_huffman_table(void **state)
         assert_int_equal(info.width, 16);
         assert_int_equal(epd_image_decode(jpg, sizeof(jpg), 0, &img), EPD_ERR_MALFORMED);
     }
+    /* a scan naming Huffman tables no DHT defined: stb would decode with
+     * whatever its unzeroed tables hold (found by fuzz_epd_image) */
+    px = make_pixels(32, 32, 3);
+    f = make_jpeg(px, 32, 32, 3, 90);
+    for (i = 2; i + 6 < f.len; i++) {
+        if (f.data[i] == 0xff && f.data[i + 1] == 0xda) {
+            break;
+        }
+    }
+    assert_true(i + 6 < f.len);
+    f.data[i + 6] = 0x33; /* component 1: DC table 3, AC table 3 */
+    assert_int_equal(epd_image_decode(f.data, f.len, 0, &img), EPD_ERR_MALFORMED);
+    free(f.data);
+    free(px);
 }
 
 static void check_alloc_failures(const buf_t *f, const char *what)

@@ -43,7 +43,7 @@ static void ref_load(ref_model_t *m, const char *dir, const epd_ref_hparams_t *h
     epd_st_file_t *f;
 
     m->hp = *hp;
-    m->n = epd_ref_tensor_count(hp);
+    m->n = epd_ref_lm_tensor_count(hp); /* the language model (vision tensors follow) */
     m->w = calloc(m->n, sizeof(*m->w));
     assert_non_null(m->w);
     assert_int_equal(epd_st_open(epd_test_path(dir, "model.safetensors"), &f), EPD_OK);

@@ -8,7 +8,7 @@ source "$(dirname "$0")/lib.sh"
 
 # slow enough per decode step that a 1500-token request is still running
 # when the drain comes (~4 s colocated; no EOS before)
-mkmodel "$T/m" --layers 6 --dim 256 --heads 8 --kv-heads 2 --layer-pattern LA --ffn 512 \
+mkmodel "$T/m" --layers 6 --dim 256 --heads 8 --kv-heads 2 --layer-pattern LA --ffn 512 --vision 0 \
   --max-context 4096 --seed 3
 start_daemon d decode --model "$T/m" --worker-id decode-x --kv-blocks 256 --state-slots 16
 start_daemon p prefill --model "$T/m" --worker-id prefill-x

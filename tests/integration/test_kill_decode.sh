@@ -8,7 +8,7 @@ source "$(dirname "$0")/lib.sh"
 
 LEASE_MS=3000
 PEER_MS=1500
-mkmodel "$T/m" --layers 6 --dim 256 --heads 8 --kv-heads 2 --layer-pattern LA --ffn 512 \
+mkmodel "$T/m" --layers 6 --dim 256 --heads 8 --kv-heads 2 --layer-pattern LA --ffn 512 --vision 0 \
   --max-context 4096 --seed 3
 start_daemon d decode --model "$T/m" --worker-id decode-k --lease-ms $LEASE_MS \
   --peer-timeout-ms $PEER_MS --kv-blocks 1024 --state-slots 32

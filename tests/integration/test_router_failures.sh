@@ -21,7 +21,7 @@ source "$(dirname "$0")/lib.sh"
 
 # slow enough per decode step that 1200-token streams are still running when
 # the kill comes
-mkmodel "$T/m" --layers 6 --dim 256 --heads 8 --kv-heads 2 --layer-pattern LA --ffn 512 \
+mkmodel "$T/m" --layers 6 --dim 256 --heads 8 --kv-heads 2 --layer-pattern LA --ffn 512 --vision 0 \
   --max-context 4096 --seed 3
 start_router r --model "$T/m" --heartbeat-ms 200 --dead-after-ms 1000
 for i in 0 1; do

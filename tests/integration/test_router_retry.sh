@@ -6,7 +6,7 @@
 # leaves READY.
 source "$(dirname "$0")/lib.sh"
 
-mkmodel "$T/m" --layers 6 --dim 256 --heads 8 --kv-heads 2 --layer-pattern LA --ffn 512 \
+mkmodel "$T/m" --layers 6 --dim 256 --heads 8 --kv-heads 2 --layer-pattern LA --ffn 512 --vision 0 \
   --max-context 4096 --seed 3
 start_router r --model "$T/m" --heartbeat-ms 200 --dead-after-ms 1000 --policy round-robin
 start_daemon d0 decode --model "$T/m" --worker-id decode-0 --kv-blocks 2048 --state-slots 32 \
