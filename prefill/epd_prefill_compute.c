@@ -378,8 +378,9 @@ err_free:
 
 epd_status_t epd_prefill_compute_submit(epd_prefill_compute_t *c, epd_prefill_job_t *job)
 {
+    /* runs and encodes in FIFO order; releases on their own queue */
     epd_status_t st =
-        epd_spsc_queue_push(job->kind == EPD_PREFILL_JOB_RUN ? &c->jobs : &c->releases, job);
+        epd_spsc_queue_push(job->kind == EPD_PREFILL_JOB_RELEASE ? &c->releases : &c->jobs, job);
 
     if (st != EPD_OK) {
         epd_log_error(EPD_PREFILL_COMP, 0,

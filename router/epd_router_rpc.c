@@ -108,14 +108,29 @@ static int epd__register(epd_router_t *rt, const void *req, size_t req_len, void
     if (rr->worker == NULL || rr->worker->epoch == NULL || !epd__id_ok(rr->worker->worker_id)) {
         snprintf(why, sizeof(why), "worker identity, epoch or id missing or malformed");
     } else if (rr->worker->role != EPD__ROLE__ROLE_PREFILL &&
-               rr->worker->role != EPD__ROLE__ROLE_DECODE) {
-        snprintf(why, sizeof(why), "worker '%.100s': only prefill and decode workers register",
+               rr->worker->role != EPD__ROLE__ROLE_DECODE &&
+               rr->worker->role != EPD__ROLE__ROLE_ENCODER) {
+        snprintf(why, sizeof(why),
+                 "worker '%.100s': only prefill, decode and encoder workers register",
                  rr->worker->worker_id);
     } else if (rr->data_plane_address.len == 0 || rr->data_plane_address.len > EPD_XPORT_ADDR_MAX) {
         snprintf(why, sizeof(why), "worker '%.100s': empty or oversized data-plane address",
                  rr->worker->worker_id);
     } else if (rr->transport == NULL || strlen(rr->transport) >= sizeof(info->transport)) {
         snprintf(why, sizeof(why), "worker '%.100s': bad transport", rr->worker->worker_id);
+    } else if (rr->worker->role == EPD__ROLE__ROLE_ENCODER &&
+               (rr->capacity == NULL || rr->capacity->image_embeddings == 0 ||
+                rr->capacity->image_embeddings != rt->info->image_embeddings ||
+                rr->capacity->embed_dim != rt->info->embed_dim || rr->capacity->embed_slots == 0)) {
+        snprintf(why, sizeof(why),
+                 "encoder '%.100s': its images (%u x %u floats, %u at once) do not match the "
+                 "router's model (%u x %u)",
+                 rr->worker->worker_id, rr->capacity != NULL ? rr->capacity->image_embeddings : 0,
+                 rr->capacity != NULL ? rr->capacity->embed_dim : 0,
+                 rr->capacity != NULL ? rr->capacity->embed_slots : 0,
+                 rt->info->image_embeddings, rt->info->embed_dim);
+    } else if (rr->worker->role == EPD__ROLE__ROLE_ENCODER) {
+        /* no KV: nothing more to compare */
     } else if (rr->kv_layout == NULL || rr->capacity == NULL) {
         snprintf(why, sizeof(why), "worker '%.100s': no KV layout or capacity",
                  rr->worker->worker_id);
@@ -133,10 +148,19 @@ static int epd__register(epd_router_t *rt, const void *req, size_t req_len, void
                strlen(rr->kv_layout->layer_pattern) >= EPD_CLIENT_PATTERN_MAX) {
         snprintf(why, sizeof(why), "worker '%.100s': oversized layer pattern",
                  rr->worker->worker_id);
-    } else if (strcmp(rr->transport, rt->transport) != 0) {
+    } else if (rr->worker->role == EPD__ROLE__ROLE_PREFILL && rr->capacity->embed_slots > 0 &&
+               (rr->capacity->image_embeddings != rt->info->image_embeddings ||
+                rr->capacity->embed_dim != rt->info->embed_dim)) {
+        snprintf(why, sizeof(why),
+                 "worker '%.100s': its images (%u x %u floats) differ from the router's model "
+                 "(%u x %u)",
+                 rr->worker->worker_id, rr->capacity->image_embeddings, rr->capacity->embed_dim,
+                 rt->info->image_embeddings, rt->info->embed_dim);
+    }
+    if (why[0] == '\0' && strcmp(rr->transport, rt->transport) != 0) {
         snprintf(why, sizeof(why), "worker '%.100s' serves transport '%s', the router '%s'",
                  rr->worker->worker_id, rr->transport, rt->transport);
-    } else if (rr->worker->model != NULL && rr->worker->model[0] != '\0' &&
+    } else if (why[0] == '\0' && rr->worker->model != NULL && rr->worker->model[0] != '\0' &&
                strcmp(rr->worker->model, rt->model_name) != 0) {
         epd_log_warn(EPD_ROUTER_LOG, 0,
                      "worker '%s' serves model '%s', the router '%s' (same layout: accepted)",
@@ -173,15 +197,20 @@ static int epd__register(epd_router_t *rt, const void *req, size_t req_len, void
     memcpy(info->address, rr->data_plane_address.data, rr->data_plane_address.len);
     info->address_len = rr->data_plane_address.len;
     info->serving = 1;
-    info->n_layers = rr->kv_layout->n_layers;
-    snprintf(info->layer_pattern, sizeof(info->layer_pattern), "%s",
-             rr->kv_layout->layer_pattern != NULL ? rr->kv_layout->layer_pattern : "");
-    info->block_tokens = rr->kv_layout->block_tokens;
-    info->n_kv_heads = rr->kv_layout->n_kv_heads;
-    info->head_dim = rr->kv_layout->head_dim;
-    info->kv_dtype = rr->kv_layout->dtype;
-    info->block_bytes = rr->kv_layout->block_bytes;
-    info->state_bytes = rr->kv_layout->state_bytes;
+    if (rr->kv_layout != NULL) {
+        info->n_layers = rr->kv_layout->n_layers;
+        snprintf(info->layer_pattern, sizeof(info->layer_pattern), "%s",
+                 rr->kv_layout->layer_pattern != NULL ? rr->kv_layout->layer_pattern : "");
+        info->block_tokens = rr->kv_layout->block_tokens;
+        info->n_kv_heads = rr->kv_layout->n_kv_heads;
+        info->head_dim = rr->kv_layout->head_dim;
+        info->kv_dtype = rr->kv_layout->dtype;
+        info->block_bytes = rr->kv_layout->block_bytes;
+        info->state_bytes = rr->kv_layout->state_bytes;
+    }
+    info->embed_slots = rr->capacity->embed_slots;
+    info->image_embeddings = rr->capacity->image_embeddings;
+    info->embed_dim = rr->capacity->embed_dim;
     info->kv_blocks_total = rr->capacity->kv_blocks_total;
     info->state_slots_total = rr->capacity->state_slots_total;
     info->max_batch = rr->capacity->max_batch;
@@ -217,7 +246,7 @@ static int epd__register(epd_router_t *rt, const void *req, size_t req_len, void
     epd_log_info(EPD_ROUTER_LOG, 0,
                  "worker '%.100s' (%s) registered: control %s, %u KV blocks, max batch %u, epoch "
                  "%llu/%016llx",
-                 info->worker_id, info->role == EPD_CLIENT_ROLE_PREFILL ? "prefill" : "decode",
+                 info->worker_id, epd_router_pool_name(epd_router_pool_of(info->role)),
                  w->control_addr, info->kv_blocks_total, info->max_batch,
                  (unsigned long long)info->epoch_start_ns, (unsigned long long)info->epoch_nonce);
     epd_free(info);

@@ -51,6 +51,9 @@ typedef struct {
     int64_t dead_after_ms;
     int64_t max_retries;
     int64_t request_timeout_ms;
+    int64_t max_images;
+    int64_t max_image_bytes;
+    int64_t max_image_pixels;
     int64_t max_connections;
     int64_t max_body_bytes;
     int64_t peer_timeout_ms;
@@ -222,6 +225,9 @@ static int epd_router_run(const epd_router_flags_t *fl)
     rt->dead_after_ms = (uint32_t)fl->dead_after_ms;
     rt->max_retries = (uint32_t)fl->max_retries;
     rt->request_timeout_ms = (uint32_t)fl->request_timeout_ms;
+    rt->max_images = (uint32_t)fl->max_images;
+    rt->max_image_bytes = (uint64_t)fl->max_image_bytes;
+    rt->max_image_pixels = (uint64_t)fl->max_image_pixels;
     rt->epoch_start_ns = epd_time_wall_ns();
     rt->epoch_nonce = epd_rng_entropy();
     if (fl->served_model_name != NULL && fl->served_model_name[0] != '\0') {
@@ -288,6 +294,11 @@ static int epd_router_run(const epd_router_flags_t *fl)
     cc.provider = fl->provider;
     cc.peer_timeout_ms = (uint32_t)fl->peer_timeout_ms;
     cc.connect_timeout_ms = (uint32_t)fl->connect_timeout_ms;
+    if (rt->info->image_embeddings > 0) {
+        /* an image travels in one message (to its encoder, or inline to a
+         * prefill worker): room for the largest one */
+        cc.max_msg_size = (size_t)16 << 20;
+    }
     if (fl->worker_id != NULL && fl->worker_id[0] != '\0') {
         snprintf(client_id, sizeof(client_id), "%s", fl->worker_id);
     } else {
@@ -419,8 +430,11 @@ int main(int argc, char **argv)
         .dead_after_ms = 2000,
         .max_retries = 2,
         .request_timeout_ms = 300000,
+        .max_images = 8,
+        .max_image_bytes = 8 << 20,
+        .max_image_pixels = (int64_t)(4096 * 4096),
         .max_connections = 4096,
-        .max_body_bytes = 4 << 20,
+        .max_body_bytes = 16 << 20,
         .peer_timeout_ms = 3000,
         .connect_timeout_ms = 3000,
         .trace = NULL,
@@ -444,6 +458,12 @@ int main(int argc, char **argv)
          "resubmissions of a request that failed before its first token"},
         {"request-timeout-ms", EPD_OPT_INT, &fl.request_timeout_ms, 1, 3600000,
          "deadline of each request"},
+        {"max-images", EPD_OPT_INT, &fl.max_images, 0, 8,
+         "images per chat request (beyond: 400; 8 at most)"},
+        {"max-image-bytes", EPD_OPT_INT, &fl.max_image_bytes, 1, 15 << 20,
+         "encoded size of one image, after base64 (beyond: 400)"},
+        {"max-image-pixels", EPD_OPT_INT, &fl.max_image_pixels, 1, (int64_t)1 << 32,
+         "width x height of one image, read from its header (beyond: 400)"},
         {"max-connections", EPD_OPT_INT, &fl.max_connections, 1, 1 << 20,
          "HTTP connections at once (beyond: 503)"},
         {"max-body-bytes", EPD_OPT_INT, &fl.max_body_bytes, 1024, 1 << 30,

@@ -619,7 +619,8 @@ static int ctl_status(const char *addr)
  * other, with a count of workers per state. */
 static int ctl_workers(const char *addr)
 {
-    static const Epd__Role roles[2] = {EPD__ROLE__ROLE_PREFILL, EPD__ROLE__ROLE_DECODE};
+    static const Epd__Role roles[3] = {EPD__ROLE__ROLE_PREFILL, EPD__ROLE__ROLE_DECODE,
+                                       EPD__ROLE__ROLE_ENCODER};
     ProtobufCMessage *msg = NULL;
     Epd__StatusResponse *st;
 
@@ -627,7 +628,7 @@ static int ctl_workers(const char *addr)
         return 1;
     }
     st = (Epd__StatusResponse *)msg;
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < 3; r++) {
         unsigned counts[5] = {0};
 
         for (size_t i = 0; i < st->n_workers; i++) {
@@ -649,8 +650,12 @@ static int ctl_workers(const char *addr)
             if (w->worker == NULL || w->worker->role != roles[r]) {
                 continue;
             }
-            snprintf(kv, sizeof(kv), "%u/%u", w->load != NULL ? w->load->kv_blocks_free : 0,
-                     w->capacity != NULL ? w->capacity->kv_blocks_total : 0);
+            if (roles[r] == EPD__ROLE__ROLE_ENCODER) {
+                snprintf(kv, sizeof(kv), "-");
+            } else {
+                snprintf(kv, sizeof(kv), "%u/%u", w->load != NULL ? w->load->kv_blocks_free : 0,
+                         w->capacity != NULL ? w->capacity->kv_blocks_total : 0);
+            }
             printf("  %-24s %-9s %8u %8u %14llu %13s %9llu\n", w->worker->worker_id,
                    ctl_state_name(w->state), w->load != NULL ? w->load->running_requests : 0,
                    w->load != NULL ? w->load->queue_depth : 0,
