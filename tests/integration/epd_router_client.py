@@ -17,6 +17,17 @@
   stop URL MODEL_DIR GEN_BIN --prompt-file F --max-tokens N
       a stop string (an ASCII character of epd-generate's text) ends the
       answer before it, finish_reason "stop", streaming and not.
+  images URL MODEL_DIR GEN_BIN --images A.png,B.jpg --text T --max-tokens N
+       [--stream] [--temperature T --seed S] [--expect-error STATUS]
+      One chat request whose user message is T cut at each "<|image|>"
+      into text parts with an image_url part (a base64 data: URL) for each
+      image in between (no marker: the images first); its text must equal
+      `epd-generate --prompt <chat template of T> --image A.png,B.jpg`.
+      With --expect-error the request must fail with that HTTP status.
+  imgload URL MODEL_DIR GEN_BIN --images A,B,C --clients C --requests R
+       --max-tokens N
+      C concurrent clients, R requests in all, request k with image k % n
+      (and every third one two images); every answer equals epd-generate's.
   raw URL METHOD PATH [BODY]
       prints "STATUS" then the body (for the bad-input checks).
 Exit 0 when everything matched; 1 with a line on stderr otherwise.
@@ -34,12 +45,45 @@ def fail(msg):
     sys.exit(1)
 
 
+import base64
+
+MARKER = "<|image|>"
+
+
+def data_url(path):
+    kind = "jpeg" if path.lower().endswith((".jpg", ".jpeg")) else "png"
+    return "data:image/%s;base64,%s" % (kind, base64.b64encode(open(path, "rb").read()).decode())
+
+
+def image_content(text, images):
+    """The content parts of T with its markers replaced by the images (the
+    images first when T has no marker), and the template text for
+    epd-generate."""
+    pieces = text.split(MARKER)
+    if len(pieces) == 1:
+        pieces = [""] * len(images) + pieces
+        template = MARKER * len(images) + text
+    else:
+        template = text
+    if len(pieces) != len(images) + 1:
+        fail("%d markers for %d images" % (len(pieces) - 1, len(images)))
+    parts = []
+    for i, piece in enumerate(pieces):
+        if piece:
+            parts.append({"type": "text", "text": piece})
+        if i < len(images):
+            parts.append({"type": "image_url", "image_url": {"url": data_url(images[i])}})
+    return parts, template
+
+
 def chat_prompt(content):
     return "<|user|>\n%s\n<|assistant|>\n" % content
 
 
-def generate(gen_bin, model, prompt, max_tokens, sampling):
+def generate(gen_bin, model, prompt, max_tokens, sampling, images=None):
     args = [gen_bin, "--model", model, "--prompt", prompt, "--max-tokens", str(max_tokens)]
+    if images:
+        args += ["--image", ",".join(images)]
     for k, v in sampling.items():
         args += ["--" + k.replace("_", "-"), str(v)]
     out = subprocess.run(args, stdout=subprocess.PIPE, check=True).stdout
@@ -58,6 +102,7 @@ def request(url, chat, prompt, max_tokens, stream, sampling, conn=None):
     body = {"model": MODEL_NAME, "max_tokens": max_tokens, "stream": stream}
     body.update(sampling)
     if chat:
+        # prompt: text, or content parts (a list) for images
         body["messages"] = [{"role": "user", "content": prompt}]
         path = "/v1/chat/completions"
     else:
@@ -290,6 +335,86 @@ def cmd_stop(url, model, gen_bin, flags):
     print("ok stop %r after %d characters" % (stop, pick))
 
 
+def cmd_images(url, model, gen_bin, flags):
+    images = flags["images"].split(",")
+    text = flags["text"]
+    max_tokens = int(flags["max_tokens"])
+    s = sampling_of(flags)
+    if "temperature" not in s:
+        s["temperature"] = 0.0
+    parts, template = image_content(text, images)
+    status, got, finish, usage = request(url, True, parts, max_tokens, flags.get("stream", False), s)
+    if "expect_error" in flags:
+        if status != int(flags["expect_error"]):
+            fail("wanted HTTP %s, got %d %r" % (flags["expect_error"], status, got[:300]))
+        print("ok HTTP %d: %s" % (status, got[:300].decode("utf-8", "replace")))
+        return
+    if status != 200:
+        fail("HTTP %d: %r" % (status, got[:300]))
+    want = generate(gen_bin, model, chat_prompt(template), max_tokens, gen_sampling(s), images)
+    if got != want:
+        fail("router text differs from epd-generate --image's\n  generate: %r\n  router:   %r" %
+             (want, got))
+    print("ok %d images stream=%s: %d bytes finish=%s usage=%s" %
+          (len(images), flags.get("stream", False), len(got), finish, json.dumps(usage)))
+
+
+def cmd_imgload(url, model, gen_bin, flags):
+    images = flags["images"].split(",")
+    clients = int(flags["clients"])
+    total = int(flags["requests"])
+    max_tokens = int(flags.get("max_tokens", "8"))
+    s = {"temperature": 0.0}
+    cases = []
+    for k in range(len(images)):
+        one = [images[k]]
+        two = [images[k], images[(k + 1) % len(images)]]
+        cases.append(("Look at %s." % MARKER, one))
+        cases.append(("Compare %s with %s." % (MARKER, MARKER), two))
+    want = {}
+    for i, (text, imgs) in enumerate(cases):
+        _, template = image_content(text, imgs)
+        want[i] = generate(gen_bin, model, chat_prompt(template), max_tokens, gen_sampling(s), imgs)
+    lock = threading.Lock()
+    state = {"next": 0, "ok": 0, "errors": []}
+
+    def worker(ci):
+        conn = conn_for(url)
+        while True:
+            with lock:
+                k = state["next"]
+                if k >= total:
+                    break
+                state["next"] += 1
+            i = (k % len(images)) * 2 + (1 if k % 3 == 2 else 0)
+            text, imgs = cases[i]
+            parts, _ = image_content(text, imgs)
+            try:
+                status, got, _, _ = request(url, True, parts, max_tokens, k % 2 == 1, s, conn)
+            except Exception as e:  # noqa: BLE001 — reported below
+                status, got = -1, repr(e).encode()
+                conn.close()
+                conn = conn_for(url)
+            with lock:
+                if status != 200:
+                    state["errors"].append("request %d: HTTP %d %r" % (k, status, got[:200]))
+                elif got != want[i]:
+                    state["errors"].append("request %d (case %d) differs: %r vs %r" %
+                                           (k, i, got, want[i]))
+                else:
+                    state["ok"] += 1
+        conn.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if state["errors"]:
+        fail("%d of %d failed; first: %s" % (len(state["errors"]), total, state["errors"][0]))
+    print("ok %d image requests from %d clients" % (state["ok"], clients))
+
+
 def cmd_raw(url, method, path, body):
     """A raw socket: the server may answer (413) and close before the whole
     body is sent; the answer is still read."""
@@ -346,6 +471,10 @@ def main():
         cmd_multi(url, model, gen_bin, flags)
     elif cmd == "stop":
         cmd_stop(url, model, gen_bin, flags)
+    elif cmd == "images":
+        cmd_images(url, model, gen_bin, flags)
+    elif cmd == "imgload":
+        cmd_imgload(url, model, gen_bin, flags)
     else:
         fail("unknown command %r" % cmd)
 

@@ -63,6 +63,16 @@ mkmodel() {
 
 TINY_MODEL_FLAGS=(--layers 3 --dim 64 --heads 4 --kv-heads 2 --layer-pattern LLA --ffn 128
                   --vocab 258 --vision 0 --max-context 2048 --seed 7)
+# the same language model with a small vision encoder: 32 x 32 input, 8 x 8
+# patches, 2 x 2 merge -> 4 embeddings per image
+TINY_VISION_FLAGS=(--layers 3 --dim 64 --heads 4 --kv-heads 2 --layer-pattern LLA --ffn 128
+                   --vocab 259 --max-context 2048 --seed 7 --image-size 32 --patch-size 8
+                   --vision-dim 32 --vision-layers 2 --vision-heads 2 --vision-ffn 64)
+
+# mkimage KIND OUT [W H SEED]: a test image (tests/integration/epd_itest_image.c)
+mkimage() {
+  "$ITEST/epd-itest-image" "$@" || fail "epd-itest-image $*"
+}
 
 # start_daemon NAME prefill|decode [flags...]: starts build/bin/epd-NAME's
 # role with a ready file $T/NAME.ready, log $T/NAME.log; sets NAME_PID and

@@ -19,6 +19,11 @@ endef
 
 $(eval $(call epd_itest_prog,epd-itest-storm,tests/integration/epd_itest_storm.c tests/integration/epd_itest_colo.c))
 $(eval $(call epd_itest_prog,epd-itest-raw,tests/integration/epd_itest_raw.c))
+$(eval $(call epd_itest_prog,epd-itest-image,tests/integration/epd_itest_image.c))
+# stb_image_write's JPEG writer shifts negative ints (undefined, harmless)
+ifneq ($(findstring undefined,$(SANITIZER)),)
+$(epd-itest-image_OBJS): EPD_CFLAGS += -fno-sanitize=shift
+endif
 
 ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_disagg_ucx_tcp.sh \
@@ -34,4 +39,5 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_router_policies.sh \
              tests/integration/test_router_retry.sh \
              tests/integration/test_openai_sdk.sh \
-             tests/integration/test_router_rejoin.sh
+             tests/integration/test_router_rejoin.sh \
+             tests/integration/test_multimodal_local.sh
