@@ -109,8 +109,50 @@ static const refusal_t refusals[] = {
      "messages[0].content", NULL, "Invalid type"},
     {H,
      "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+     "[{\"type\": \"input_audio\", \"input_audio\": {}}]}]}",
+     400, "messages[0].content[0].type", NULL, "only \"text\" and \"image_url\""},
+    /* images: data: URLs of base64 images only */
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
      "[{\"type\": \"image_url\", \"image_url\": {\"url\": \"x\"}}]}]}",
-     400, "messages[0].content[0].type", NULL, "only \"text\""},
+     400, "messages[0].content[0].image_url.url", "invalid_image_url", "must be a data: URL"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+     "[{\"type\": \"image_url\", \"image_url\": {\"url\": \"https://x.org/a.png\"}}]}]}",
+     400, "messages[0].content[0].image_url.url", "invalid_image_url", "does not fetch images"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+     "[{\"type\": \"image_url\", \"image_url\": \"HTTP://x.org/a.png\"}]}]}",
+     400, "messages[0].content[0].image_url.url", "invalid_image_url", "remote URL"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+     "[{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:text/plain;base64,aGk=\"}}]}]}",
+     400, "messages[0].content[0].image_url.url", "invalid_image_url", "of an image"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+     "[{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png,aGk=\"}}]}]}",
+     400, "messages[0].content[0].image_url.url", "invalid_image_url", "base64 data: URL"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+     "[{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,\"}}]}]}",
+     400, "messages[0].content[0].image_url.url", "invalid_image_url", "no image data"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+     "[{\"type\": \"text\", \"text\": \"a\"}, {\"type\": \"image_url\", "
+     "\"image_url\": {\"url\": \"data:image/png;base64,aG!k\"}}]}]}",
+     400, "messages[0].content[1].image_url.url", "invalid_image_url", "not valid base64"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+     "[{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,aGk==\"}}]}]}",
+     400, "messages[0].content[0].image_url.url", "invalid_image_url", "not valid base64"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+     "[{\"type\": \"image_url\", \"image_url\": {}}]}]}",
+     400, "messages[0].content[0].image_url.url", NULL, "Missing required"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+     "[{\"type\": \"image_url\", \"image_url\": {\"url\": 5}}]}]}",
+     400, "messages[0].content[0].image_url.url", NULL, "Invalid type"},
     {H,
      "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
      "[{\"type\": \"text\", \"text\": 4}]}]}",
@@ -284,6 +326,64 @@ static void test_chat_template(void **state)
     assert_string_equal(req->prompt, "<|user|>\nq\n<|assistant|>\n");
     assert_false(req->has_max_tokens);
     epd_oai_request_destroy(req);
+}
+
+/* Image parts: decoded from their data: URLs, in prompt order, each at
+ * the byte offset of the rendered template where it stands. */
+static void test_chat_images(void **state)
+{
+    epd_oai_request_t *req;
+    const char *before = "<|user|>\nLook: ";
+
+    (void)state;
+    /* "hi" = aGk=, "abc" = YWJj (unpadded form accepted too: YWI for "ab") */
+    req = parse_ok(H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": ["
+                      "{\"type\": \"text\", \"text\": \"Look: \"},"
+                      "{\"type\": \"image_url\", \"image_url\": {\"url\": "
+                      "\"data:image/png;base64,aGk=\", \"detail\": \"low\"}},"
+                      "{\"type\": \"text\", \"text\": \" and \"},"
+                      "{\"type\": \"image_url\", \"image_url\": \"DATA:image/jpeg;BASE64,YWJj\"}]},"
+                      "{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
+                      "\"image_url\": {\"url\": \"data:image/png;base64,YWI\"}}]}]}");
+    assert_string_equal(req->prompt, "<|user|>\nLook:  and \n<|user|>\n\n<|assistant|>\n");
+    assert_int_equal(req->n_images, 3);
+    assert_int_equal(req->images[0].len, 2);
+    assert_memory_equal(req->images[0].data, "hi", 2);
+    assert_int_equal(req->images[0].prompt_offset, strlen(before));
+    assert_int_equal(req->images[0].message, 0);
+    assert_int_equal(req->images[0].part, 1);
+    assert_int_equal(req->images[1].len, 3);
+    assert_memory_equal(req->images[1].data, "abc", 3);
+    assert_int_equal(req->images[1].prompt_offset, strlen("<|user|>\nLook:  and "));
+    assert_int_equal(req->images[1].part, 3);
+    assert_int_equal(req->images[2].len, 2);
+    assert_memory_equal(req->images[2].data, "ab", 2);
+    assert_int_equal(req->images[2].prompt_offset, strlen("<|user|>\nLook:  and \n<|user|>\n"));
+    assert_int_equal(req->images[2].message, 1);
+    epd_oai_request_destroy(req);
+    /* more than EPD_OAI_MAX_IMAGES */
+    {
+        char *body = malloc(200 + (EPD_OAI_MAX_IMAGES + 1) * 80);
+        size_t n = 0;
+        epd_oai_error_t err;
+
+        assert_non_null(body);
+        n += (size_t)sprintf(body + n, "{\"model\": \"tiny\", \"messages\": [{\"role\": "
+                                       "\"user\", \"content\": [");
+        for (int i = 0; i <= EPD_OAI_MAX_IMAGES; i++) {
+            n += (size_t)sprintf(body + n, "%s{\"type\": \"image_url\", \"image_url\": "
+                                           "\"data:image/png;base64,aGk=\"}",
+                                 i ? "," : "");
+        }
+        n += (size_t)sprintf(body + n, "]}]}");
+        req = NULL;
+        assert_int_equal(epd_oai_request_parse(H, body, n, models, N_MODELS, CONTEXT, &req, &err),
+                         EPD_ERR_INVALID_PARAM);
+        assert_null(req);
+        assert_int_equal(err.http_status, 400);
+        assert_non_null(strstr(err.message, "images in one request"));
+        free(body);
+    }
 }
 
 static void test_check_length(void **state)
@@ -717,6 +817,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_completion_fields),
         cmocka_unit_test(test_chat_template),
+        cmocka_unit_test(test_chat_images),
         cmocka_unit_test(test_check_length),
         cmocka_unit_test(test_response_encode),
         cmocka_unit_test(test_stream_multibyte_byte_by_byte),
