@@ -1,0 +1,4 @@
+# encoder/: the encoder daemon, epd-encoder (main.c plus its modules; see
+# encoder/epd_encoder_int.h for who does what).
+ENCODER_SRCS := $(wildcard encoder/*.c)
+$(eval $(call epd_prog,epd-encoder,$(ENCODER_SRCS),epd_xport epd_proto epd_engine epd_common))
