@@ -23,19 +23,19 @@
 #define EPD_ENCODER_COMP "encoder"
 
 struct epd_encoder_compute {
-    epd_engine_t *engine;    /* compute thread (after create) */
-    epd_spsc_queue_t jobs;   /* loop -> compute, FIFO */
-    epd_spsc_queue_t done;   /* compute -> loop */
-    sem_t sem;               /* counts submitted jobs (+1 to stop) */
-    uv_async_t async;        /* wakes the loop for finished jobs */
+    epd_engine_t *engine;  /* compute thread (after create) */
+    epd_spsc_queue_t jobs; /* loop -> compute, FIFO */
+    epd_spsc_queue_t done; /* compute -> loop */
+    sem_t sem;             /* counts submitted jobs (+1 to stop) */
+    uv_async_t async;      /* wakes the loop for finished jobs */
     pthread_t thread;
     int thread_started;
     atomic_int stop;
-    uint64_t submitted;      /* loop thread */
+    uint64_t submitted; /* loop thread */
     atomic_uint_fast64_t started;
     epd_encoder_job_cb_t cb;
     void *cb_arg;
-    int trace_named;         /* compute thread: its trace track is named */
+    int trace_named; /* compute thread: its trace track is named */
 };
 
 /* Compute thread: hand a finished job back.  The queue is sized so this
@@ -65,6 +65,22 @@ static int epd_encoder_job_canceled(epd_encoder_job_t *job)
     return atomic_load_explicit(&job->cancel, memory_order_acquire) != 0;
 }
 
+/* The format the magic bytes claim (0 for neither), for error messages:
+ * read here rather than by epd_image_probe, which logs what it refuses and
+ * epd_image_decode already did. */
+static int epd_encoder_magic_format(const unsigned char *p, size_t len)
+{
+    static const unsigned char png[8] = {0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a};
+
+    if (len >= sizeof(png) && memcmp(p, png, sizeof(png)) == 0) {
+        return EPD_IMAGE_PNG;
+    }
+    if (len >= 3 && p[0] == 0xff && p[1] == 0xd8 && p[2] == 0xff) {
+        return EPD_IMAGE_JPEG;
+    }
+    return 0;
+}
+
 static void epd_encoder_compute_run(epd_encoder_compute_t *c, epd_encoder_job_t *job)
 {
     epd_image_info_t info;
@@ -88,17 +104,21 @@ static void epd_encoder_compute_run(epd_encoder_compute_t *c, epd_encoder_job_t 
         st = EPD_ERR_CANCELED;
         goto out;
     }
-    /* the header first (no allocation): its size names the pixel-guard
-     * refusal in the loop's error message */
-    if (epd_image_probe(job->image, job->image_len, &info) == EPD_OK) {
-        job->width = info.width;
-        job->height = info.height;
-        job->format = (int)info.format;
-    }
     st = epd_image_decode(job->image, job->image_len, job->max_pixels, &img);
     job->decoded_ns = epd_time_now_ns();
     epd_trace_span(job->trace, "decode image", "compute", job->req_id, (int32_t)job->media_index,
                    job->started_ns, job->decoded_ns);
+    job->format = epd_encoder_magic_format(job->image, job->image_len);
+    if (st == EPD_OK) {
+        job->width = img.width;
+        job->height = img.height;
+    } else if (st == EPD_ERR_TOO_LONG &&
+               epd_image_probe(job->image, job->image_len, &info) == EPD_OK) {
+        /* the declared size names the refusal (a header that probes is not
+         * logged again) */
+        job->width = info.width;
+        job->height = info.height;
+    }
     if (st != EPD_OK) {
         goto out;
     }

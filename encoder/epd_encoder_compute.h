@@ -56,21 +56,21 @@
  */
 typedef struct {
     /* inputs (loop, before submit) */
-    const void *image;   /* the encoded bytes, borrowed from the request */
+    const void *image; /* the encoded bytes, borrowed from the request */
     size_t image_len;
     uint64_t max_pixels; /* the pixel guard of epd_image_decode */
     float *out;          /* [image_embeddings][embed_dim] f32: a slot of the region */
     size_t out_bytes;    /* image_embeddings * embed_dim * 4 */
     uint64_t req_id;     /* for traces and logs */
     uint32_t media_index;
-    epd_trace_t *trace;  /* NULL = off: "decode image" and "encode" spans */
-    void *owner;         /* the request; passed back untouched */
-    atomic_int cancel;   /* nonzero: finish with EPD_ERR_CANCELED at the next check */
+    epd_trace_t *trace; /* NULL = off: "decode image" and "encode" spans */
+    void *owner;        /* the request; passed back untouched */
+    atomic_int cancel;  /* nonzero: finish with EPD_ERR_CANCELED at the next check */
     /* results (compute, before the push back) */
-    epd_status_t status; /* EPD_OK, an epd_image_decode or encode error, or
-                          * EPD_ERR_CANCELED */
-    uint32_t width, height; /* as the header declares them (0 when it did not probe) */
-    int format;             /* epd_image_format_t, 0 when the header did not probe */
+    epd_status_t status;    /* EPD_OK, an epd_image_decode or encode error, or
+                             * EPD_ERR_CANCELED */
+    uint32_t width, height; /* decoded size; the declared one for EPD_ERR_TOO_LONG; else 0 */
+    int format;             /* epd_image_format_t the magic bytes claim, 0 for neither */
     uint64_t checksum;      /* xxh3-64 (seed 0) of out[0..out_bytes) when EPD_OK */
     uint64_t started_ns;    /* epd_time_now_ns at the start of the job */
     uint64_t decoded_ns;    /* after the image decode (0 when it did not run) */

@@ -51,12 +51,12 @@
 #include "epd_xport_uv.h"
 
 #define EPD_ENCODER_LOG "encoder"
-#define EPD_ENCODER_ID_MAX 128     /* worker id bytes, NUL included */
-#define EPD_ENCODER_MEDIA_MAX 8    /* media per request (proto/README.md rule 13) */
-#define EPD_ENCODER_STASH_MAX 256  /* reservations that came before their EncodeRequest */
-#define EPD_ENCODER_TOMB_MAX 4096  /* recently ended (request, media) and aborted ids */
+#define EPD_ENCODER_ID_MAX 128      /* worker id bytes, NUL included */
+#define EPD_ENCODER_MEDIA_MAX 8     /* media per request (proto/README.md rule 13) */
+#define EPD_ENCODER_STASH_MAX 256   /* reservations that came before their EncodeRequest */
+#define EPD_ENCODER_TOMB_MAX 4096   /* recently ended (request, media) and aborted ids */
 #define EPD_ENCODER_OUTBOX_MAX 1024 /* replies waiting for transport room */
-#define EPD_ENCODER_KNOWN_P 64     /* prefill worker ids seen (abort answers) */
+#define EPD_ENCODER_KNOWN_P 64      /* prefill worker ids seen (abort answers) */
 /* The transport's largest message (transport/epd_xport.h: at most 16 MiB),
  * and the room an EncodeRequest needs beyond its image bytes: the frame
  * header, the envelope, the hash, ids and a prefill address of up to
@@ -121,7 +121,7 @@ typedef struct epd_encoder_req {
     uint32_t slot;
     float *out; /* the slot: [image_embeddings][embed_dim] f32 in srv->region */
     epd_encoder_job_t job;
-    int compute_done; /* the job came back */
+    int compute_done;  /* the job came back */
     uint64_t ready_ns; /* embeddings computed (loop clock; 0 = not yet) */
     /* the reservation (valid when have_resv) */
     int have_resv;
@@ -146,8 +146,8 @@ typedef struct epd_encoder_req {
 /* A reply not tied to a live request (refusals of early or late
  * reservations, answers to aborts) that met backpressure. */
 typedef struct {
-    epd_xport_ep_t *ep;        /* an accepted endpoint, or NULL when `peer` */
-    epd_encoder_peer_t *peer;  /* counted ref; its ep is used */
+    epd_xport_ep_t *ep;           /* an accepted endpoint, or NULL when `peer` */
+    epd_encoder_peer_t *peer;     /* counted ref; its ep is used */
     Epd__Envelope__BodyCase kind; /* ERROR or QUIESCED */
     uint64_t id;
     int32_t status;

@@ -128,8 +128,8 @@ epd_status_t epd__encoder_send(epd_encoder_srv_t *srv, epd_xport_ep_t *ep,
     }
     st = epd_msg_encode(&env, srv->tx_buf, srv->tx_cap, &len);
     if (st != EPD_OK) {
-        epd_log_error(EPD_ENCODER_LOG, 0, "cannot encode a %s message: %s",
-                      epd_msg_body_name(&env), epd_status_string(st));
+        epd_log_error(EPD_ENCODER_LOG, 0, "cannot encode a %s message: %s", epd_msg_body_name(&env),
+                      epd_status_string(st));
         return st;
     }
     return epd_xport_send(ep, srv->tx_buf, len, flags);
@@ -547,7 +547,8 @@ static int epd_encoder_id_bound_to(const epd_encoder_srv_t *srv, uint64_t id,
                                    const Epd__Envelope *env)
 {
     for (const epd_encoder_req_t *req = srv->all; req != NULL; req = req->all_next) {
-        if (req->id == id && epd__encoder_peer_usable(req->peer) && epd_encoder_is_peer(req->peer, env)) {
+        if (req->id == id && epd__encoder_peer_usable(req->peer) &&
+            epd_encoder_is_peer(req->peer, env)) {
             return 1;
         }
     }
@@ -599,10 +600,9 @@ void epd__encoder_msg_tick(epd_encoder_srv_t *srv, uint64_t now)
     for (uint32_t i = 0; i < srv->n_stash;) {
         if (srv->stash[i].expires_ns <= now) {
             /* its Error and WritesQuiesced go out through the kill */
-            epd__encoder_id_kill(srv, srv->stash[i].env->embed_reservation->request_id,
-                                EPD_ERR_NOT_FOUND,
-                                "no EncodeRequest for this image arrived within the lease", NULL,
-                                NULL);
+            epd__encoder_id_kill(
+                srv, srv->stash[i].env->embed_reservation->request_id, EPD_ERR_NOT_FOUND,
+                "no EncodeRequest for this image arrived within the lease", NULL, NULL);
             i = 0; /* the kill reordered the stash */
         } else {
             i++;
@@ -805,8 +805,9 @@ static void epd_encoder_on_encode(epd_encoder_srv_t *srv, epd_xport_ep_t *ep,
     }
     epd_encoder_known_p_add(srv, e->prefill_worker_id);
     epd_encoder_tomb_clear(srv, id, media);
-    epd_log_debug(EPD_ENCODER_LOG, id, "media %u admitted: %zu bytes into slot %u, for prefill '%s'",
-                  media, e->image.len, req->slot, peer->worker_id);
+    epd_log_debug(EPD_ENCODER_LOG, id,
+                  "media %u admitted: %zu bytes into slot %u, for prefill '%s'", media,
+                  e->image.len, req->slot, peer->worker_id);
     si = epd_encoder_stash_find(srv, id, media);
     if (si >= 0) {
         epd_xport_ep_t *sep;
@@ -916,7 +917,7 @@ static void epd_encoder_on_stop(epd_encoder_srv_t *srv, epd_xport_ep_t *ep,
      * the id is bound to it here (nothing of it in flight); a client's
      * never does */
     epd__encoder_id_kill(srv, id, EPD_ERR_CANCELED, msg,
-                        from_p || epd_encoder_known_p(srv, who) ? env : NULL, ep);
+                         from_p || epd_encoder_known_p(srv, who) ? env : NULL, ep);
 }
 
 /* ------------------------------------------------------ transport upcalls */

@@ -132,8 +132,7 @@ static void epd_encoder_dirty_id(epd_encoder_srv_t *srv, uint64_t id)
     }
 }
 
-static void epd_encoder_req_block(epd_encoder_srv_t *srv, epd_encoder_req_t *req,
-                                  const char *what)
+static void epd_encoder_req_block(epd_encoder_srv_t *srv, epd_encoder_req_t *req, const char *what)
 {
     if (!req->backpressured) {
         req->backpressured = 1;
@@ -204,8 +203,8 @@ epd_status_t epd__encoder_req_admit(epd_encoder_srv_t *srv, const Epd__EncodeReq
     }
     /* the slot: the loop owns it while free */
     req->slot = srv->free_slots[--srv->n_free_slots];
-    req->out = (float *)((char *)epd_xport_mr_addr(srv->region) +
-                         (size_t)req->slot * srv->slot_stride);
+    req->out =
+        (float *)((char *)epd_xport_mr_addr(srv->region) + (size_t)req->slot * srv->slot_stride);
 
     req->job.image = req->image;
     req->job.image_len = req->image_len;
@@ -494,8 +493,8 @@ void epd__encoder_req_reserved(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
     req->t_resv_ns = epd_time_now_ns();
     if (req->ready_ns != 0) {
         /* the embeddings waited for somewhere to go */
-        epd_trace_span(srv->trace, "reservation wait", "wait", req->id,
-                       (int32_t)req->media_index, req->ready_ns, req->t_resv_ns);
+        epd_trace_span(srv->trace, "reservation wait", "wait", req->id, (int32_t)req->media_index,
+                       req->ready_ns, req->t_resv_ns);
     }
     if (req->list != EPD_ENCODER_LIST_BLOCKED) {
         (void)epd_encoder_advance(srv, req);
@@ -509,8 +508,8 @@ void epd__encoder_req_reserved(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
 static void epd_encoder_job_message(const epd_encoder_srv_t *srv, const epd_encoder_job_t *j,
                                     char *msg, size_t cap)
 {
-    const char *fmt = j->format != 0 ? epd_image_format_name((epd_image_format_t)j->format)
-                                     : "PNG/JPEG";
+    const char *fmt =
+        j->format != 0 ? epd_image_format_name((epd_image_format_t)j->format) : "PNG/JPEG";
 
     switch (j->status) {
     case EPD_ERR_MALFORMED:
@@ -546,8 +545,8 @@ void epd__encoder_on_job(void *arg, epd_encoder_job_t *job)
     epd_free(req->image); /* the compute thread is done reading it */
     req->image = NULL;
     req->job.image = NULL;
-    epd_trace_span(srv->trace, "queued", "wait", req->id, (int32_t)req->media_index,
-                   req->t_recv_ns, job->started_ns);
+    epd_trace_span(srv->trace, "queued", "wait", req->id, (int32_t)req->media_index, req->t_recv_ns,
+                   job->started_ns);
     if (req->failed) {
         /* aborted or failed meanwhile: the embeddings (if any) are discarded */
     } else if (job->status == EPD_OK) {

@@ -261,8 +261,8 @@ static int epd_encoder_run(const epd_encoder_flags_t *fl)
     ecfg.max_batch = 1;
     st = epd_engine_open(fl->engine, &ecfg, &engine);
     if (st != EPD_OK) {
-        epd_log_error(EPD_ENCODER_LOG, 0, "cannot open model '%s' with engine '%s': %s",
-                      fl->model, fl->engine, epd_status_string(st));
+        epd_log_error(EPD_ENCODER_LOG, 0, "cannot open model '%s' with engine '%s': %s", fl->model,
+                      fl->engine, epd_status_string(st));
         epd_free(srv);
         return 1;
     }
@@ -405,8 +405,8 @@ static int epd_encoder_run(const epd_encoder_flags_t *fl)
                      "lease %u ms; transport %s",
                      srv->model_name, srv->info->image_embeddings, srv->info->embed_dim,
                      srv->slot_bytes, srv->slots, (unsigned long long)region_bytes,
-                     (unsigned long long)srv->max_image_bytes,
-                     (unsigned long long)srv->max_pixels, srv->lease_ms, desc);
+                     (unsigned long long)srv->max_image_bytes, (unsigned long long)srv->max_pixels,
+                     srv->lease_ms, desc);
     }
     if (fl->ready_file != NULL && fl->ready_file[0] != '\0' &&
         epd_encoder_ready_file(fl->ready_file, line) != 0) {
