@@ -83,9 +83,11 @@ static int epd_encoder_magic_format(const unsigned char *p, size_t len)
 
 static void epd_encoder_compute_run(epd_encoder_compute_t *c, epd_encoder_job_t *job)
 {
+    unsigned char hash[EPD_CONTENT_HASH_BYTES];
     epd_image_info_t info;
     epd_image_view_t view;
     epd_image_t img;
+    uint64_t t_hashed;
     epd_status_t st;
 
     memset(&img, 0, sizeof(img));
@@ -95,6 +97,7 @@ static void epd_encoder_compute_run(epd_encoder_compute_t *c, epd_encoder_job_t 
     job->width = job->height = 0;
     job->format = 0;
     job->checksum = 0;
+    job->bad_hash = 0;
     if (job->trace != NULL && !c->trace_named) {
         epd_trace_thread_name(job->trace, "encoder compute");
         c->trace_named = 1;
@@ -104,10 +107,20 @@ static void epd_encoder_compute_run(epd_encoder_compute_t *c, epd_encoder_job_t 
         st = EPD_ERR_CANCELED;
         goto out;
     }
+    /* the cache key must name its bytes (proto/README.md rule 16) */
+    epd_content_hash(job->image, job->image_len, hash);
+    t_hashed = epd_time_now_ns();
+    epd_trace_span(job->trace, "verify hash", "compute", job->req_id, (int32_t)job->media_index,
+                   job->started_ns, t_hashed);
+    if (memcmp(hash, job->content_hash, sizeof(hash)) != 0) {
+        job->bad_hash = 1;
+        st = EPD_ERR_INVALID_PARAM;
+        goto out;
+    }
     st = epd_image_decode(job->image, job->image_len, job->max_pixels, &img);
     job->decoded_ns = epd_time_now_ns();
     epd_trace_span(job->trace, "decode image", "compute", job->req_id, (int32_t)job->media_index,
-                   job->started_ns, job->decoded_ns);
+                   t_hashed, job->decoded_ns);
     job->format = epd_encoder_magic_format(job->image, job->image_len);
     if (st == EPD_OK) {
         job->width = img.width;

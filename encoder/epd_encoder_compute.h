@@ -2,10 +2,12 @@
  * epd_encoder_compute.h — the encoder's compute thread.
  *
  * The compute thread owns the engine and runs one job at a time, in FIFO
- * order: decode one image (epd_image_decode, PNG / JPEG to RGB8, with the
- * pixel guard) and run it through the engine's vision encoder
- * (epd_engine_encode_image) straight into the job's output buffer — a slot
- * of the encoder's registered region, the source of the one-sided write.
+ * order: check that the image's bytes are what its content hash names
+ * (BLAKE2b-256, ~1.5 ms per MiB: kept off the loop thread), decode it
+ * (epd_image_decode: PNG / JPEG to RGB8, with the pixel guard) and run it
+ * through the engine's vision encoder (epd_engine_encode_image) straight
+ * into the job's output buffer — a slot of the encoder's registered
+ * region, the source of the one-sided write.
  * It also computes the checksum the EmbedComplete carries (xxh3-64, seed 0,
  * of the output bytes), where the bytes were just produced, so that the
  * loop thread only posts the write.
@@ -58,17 +60,19 @@ typedef struct {
     /* inputs (loop, before submit) */
     const void *image; /* the encoded bytes, borrowed from the request */
     size_t image_len;
-    uint64_t max_pixels; /* the pixel guard of epd_image_decode */
-    float *out;          /* [image_embeddings][embed_dim] f32: a slot of the region */
-    size_t out_bytes;    /* image_embeddings * embed_dim * 4 */
-    uint64_t req_id;     /* for traces and logs */
+    const unsigned char *content_hash; /* [EPD_CONTENT_HASH_BYTES] the request names, borrowed */
+    uint64_t max_pixels;               /* the pixel guard of epd_image_decode */
+    float *out;                        /* [image_embeddings][embed_dim] f32: a slot of the region */
+    size_t out_bytes;                  /* image_embeddings * embed_dim * 4 */
+    uint64_t req_id;                   /* for traces and logs */
     uint32_t media_index;
-    epd_trace_t *trace; /* NULL = off: "decode image" and "encode" spans */
+    epd_trace_t *trace; /* NULL = off: "verify hash", "decode image", "encode" spans */
     void *owner;        /* the request; passed back untouched */
     atomic_int cancel;  /* nonzero: finish with EPD_ERR_CANCELED at the next check */
     /* results (compute, before the push back) */
     epd_status_t status;    /* EPD_OK, an epd_image_decode or encode error, or
-                             * EPD_ERR_CANCELED */
+                             * EPD_ERR_INVALID_PARAM (bad_hash), or EPD_ERR_CANCELED */
+    int bad_hash;           /* the bytes are not what content_hash names */
     uint32_t width, height; /* decoded size; the declared one for EPD_ERR_TOO_LONG; else 0 */
     int format;             /* epd_image_format_t the magic bytes claim, 0 for neither */
     uint64_t checksum;      /* xxh3-64 (seed 0) of out[0..out_bytes) when EPD_OK */

@@ -118,6 +118,7 @@ typedef struct epd_encoder_req {
     /* the image and the slot */
     unsigned char *image; /* [image_len], freed once compute is done with it */
     size_t image_len;
+    unsigned char content_hash[EPD_CONTENT_HASH_BYTES]; /* as the EncodeRequest names it */
     uint32_t slot;
     float *out; /* the slot: [image_embeddings][embed_dim] f32 in srv->region */
     epd_encoder_job_t job;

@@ -716,7 +716,6 @@ static void epd_encoder_on_encode(epd_encoder_srv_t *srv, epd_xport_ep_t *ep,
     uint32_t media = e->media_index;
     epd_encoder_epoch_t want = epd__encoder_epoch_of(e->encoder_epoch);
     epd_encoder_epoch_t p_epoch = epd__encoder_epoch_of(e->prefill_epoch);
-    unsigned char hash[EPD_CONTENT_HASH_BYTES];
     epd_encoder_peer_t *peer = NULL;
     epd_encoder_req_t *req = NULL;
     uint64_t t_recv = epd_time_now_ns();
@@ -765,17 +764,9 @@ static void epd_encoder_on_encode(epd_encoder_srv_t *srv, epd_xport_ep_t *ep,
         st = EPD_ERR_CANCELED;
         snprintf(msg, sizeof(msg), "request %llu was aborted or failed here",
                  (unsigned long long)id);
-    } else {
-        /* the cache key must name its bytes: BLAKE2b-256 over the image
-         * (~1 ms per MiB on this loop thread; bounded by --max-image-bytes) */
-        epd_content_hash(e->image.data, e->image.len, hash);
-        if (memcmp(hash, e->content_hash.data, sizeof(hash)) != 0) {
-            st = EPD_ERR_INVALID_PARAM;
-            snprintf(msg, sizeof(msg), "content_hash is not the BLAKE2b-256 of the image");
-        } else if (srv->n_free_slots == 0) {
-            st = EPD_ERR_NO_CAPACITY;
-            snprintf(msg, sizeof(msg), "no free slot: %u images in flight", srv->slots);
-        }
+    } else if (srv->n_free_slots == 0) {
+        st = EPD_ERR_NO_CAPACITY;
+        snprintf(msg, sizeof(msg), "no free slot: %u images in flight", srv->slots);
     }
     if (st == EPD_OK) {
         st = epd_encoder_peer_get(srv, e->prefill_worker_id, &p_epoch, e->prefill_address.data,

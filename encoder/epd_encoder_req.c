@@ -189,6 +189,7 @@ epd_status_t epd__encoder_req_admit(epd_encoder_srv_t *srv, const Epd__EncodeReq
     }
     memcpy(req->image, e->image.data, e->image.len);
     req->image_len = e->image.len;
+    memcpy(req->content_hash, e->content_hash.data, sizeof(req->content_hash));
     req->id = e->request_id;
     req->media_index = e->media_index;
     req->srv = srv;
@@ -208,6 +209,7 @@ epd_status_t epd__encoder_req_admit(epd_encoder_srv_t *srv, const Epd__EncodeReq
 
     req->job.image = req->image;
     req->job.image_len = req->image_len;
+    req->job.content_hash = req->content_hash;
     req->job.max_pixels = srv->max_pixels;
     req->job.out = req->out;
     req->job.out_bytes = srv->slot_bytes;
@@ -475,7 +477,7 @@ static void epd_encoder_maybe_finish(epd_encoder_srv_t *srv, epd_encoder_req_t *
         const epd_encoder_job_t *j = &req->job;
 
         epd_log_debug(EPD_ENCODER_LOG, req->id,
-                      "media %u done: %ux%u %s, %zu bytes; queued %.3f ms, decode %.3f ms, "
+                      "media %u done: %ux%u %s, %zu bytes; queued %.3f ms, hash + decode %.3f ms, "
                       "encode %.3f ms, reservation %+.3f ms after ready, write %.3f ms",
                       req->media_index, j->width, j->height,
                       epd_image_format_name((epd_image_format_t)j->format), req->image_len,
@@ -511,6 +513,11 @@ static void epd_encoder_job_message(const epd_encoder_srv_t *srv, const epd_enco
     const char *fmt =
         j->format != 0 ? epd_image_format_name((epd_image_format_t)j->format) : "PNG/JPEG";
 
+    if (j->bad_hash) {
+        snprintf(msg, cap, "content_hash is not the BLAKE2b-256 of the image (%zu bytes)",
+                 j->image_len);
+        return;
+    }
     switch (j->status) {
     case EPD_ERR_MALFORMED:
         snprintf(msg, cap, "image does not decode: corrupt or truncated %s data (%zu bytes)", fmt,

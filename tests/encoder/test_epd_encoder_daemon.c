@@ -19,9 +19,11 @@
  *   - a corrupt image, a non-image, a PNG header declaring 60000 x 60000:
  *     Error EPD_ERR_MALFORMED / UNSUPPORTED / TOO_LONG to the client and to
  *     the prefill worker (then WritesQuiesced), nothing written;
- *   - a wrong or short content hash, a stale encoder epoch, no prefill
- *     named, a media index past 8, an empty image, bytes over the limit, a
- *     duplicate, no free slot: each its Error to the client;
+ *   - a content hash of other bytes: Error EPD_ERR_INVALID_PARAM to the
+ *     client and the prefill worker (it is checked on the compute thread);
+ *     a short hash, a stale encoder epoch, no prefill named, a media index
+ *     past 8, an empty image, bytes over the limit, a duplicate, no free
+ *     slot: each its Error to the client;
  *   - a reservation of the wrong size, one outside its region, a garbage
  *     key: Error to client and prefill, WritesQuiesced, nothing written;
  *   - Abort before the reservation: WritesQuiesced, nothing written, a late
@@ -1182,12 +1184,15 @@ static void test_refusals(void **state)
     const char *msg;
 
     (void)state;
-    /* a hash of other bytes */
+    /* a hash of other bytes (checked on the compute thread, so the prefill
+     * worker hears of it too) */
     enc_make(&e, make_png(16, 16, 9, 0), 0);
     e.hash[5] ^= 1;
     send_encode(&e);
     msg = expect_error(&w->client, e.id, EPD_ERR_INVALID_PARAM);
     assert_non_null(strstr(msg, "BLAKE2b"));
+    expect_error(&w->prefill, e.id, EPD_ERR_INVALID_PARAM);
+    expect_quiesced(e.id);
     /* a hash of the wrong length */
     e.id = ((uint64_t)0xE5 << 40) + ++w->next_id;
     epd_content_hash(e.img.data, e.img.len, e.hash);
@@ -1461,9 +1466,15 @@ static void test_drain(void **state)
 
 static void test_sigterm(void **state)
 {
-    static const char *spans[] = {
-        "EncodeRequest received", "\"queued\"",  "decode image",       "\"encode\"",
-        "reservation wait",       "embed write", "EmbedComplete sent", "EmbedReservation received"};
+    static const char *spans[] = {"EncodeRequest received",
+                                  "\"queued\"",
+                                  "verify hash",
+                                  "decode image",
+                                  "\"encode\"",
+                                  "reservation wait",
+                                  "embed write",
+                                  "EmbedComplete sent",
+                                  "EmbedReservation received"};
     unsigned char *json;
     size_t len;
     int status = 0;
