@@ -510,8 +510,10 @@ static void dec_send(dec_daemon_t *d, dec_link_t *l, Epd__Envelope *env, unsigne
     dec_link_send_raw(d, l, d->txbuf, len, flags);
 }
 
-static void dec_send_error(dec_daemon_t *d, dec_link_t *l, uint64_t id, epd_status_t status,
-                           const char *msg)
+/* An Error naming `culprit` (NULL: none), the worker whose failure this
+ * relays (the request's prefill worker), for the client's retries. */
+static void dec_send_error_by(dec_daemon_t *d, dec_link_t *l, uint64_t id, epd_status_t status,
+                              const char *msg, const char *culprit)
 {
     Epd__Envelope env = EPD__ENVELOPE__INIT;
     Epd__Error e = EPD__ERROR__INIT;
@@ -519,9 +521,18 @@ static void dec_send_error(dec_daemon_t *d, dec_link_t *l, uint64_t id, epd_stat
     e.request_id = id;
     e.status = status;
     e.message = (char *)msg;
+    if (culprit != NULL && culprit[0] != '\0') {
+        e.culprit = (char *)culprit;
+    }
     env.body_case = EPD__ENVELOPE__BODY_ERROR;
     env.error = &e;
     dec_send(d, l, &env, 0);
+}
+
+static void dec_send_error(dec_daemon_t *d, dec_link_t *l, uint64_t id, epd_status_t status,
+                           const char *msg)
+{
+    dec_send_error_by(d, l, id, status, msg, NULL);
 }
 
 static void dec_send_refused(dec_daemon_t *d, dec_link_t *l, uint64_t id, epd_status_t status,
@@ -1427,8 +1438,14 @@ static void dec_on_peer_failure(dec_daemon_t *d, dec_link_t *from, const Epd__En
         dec_req_stream(d, r, r->n_sent, EPD__FINISH_REASON__FINISH_ABORT);
     } else {
         epd_log_warn(COMP, id, "%s (%s)", msg, epd_msg_body_name(env));
-        dec_send_error(d, r->client, r->id, status < 0 ? (epd_status_t)status : EPD_ERR_CANCELED,
-                       msg);
+        /* relayed: the failure is the prefill worker's (or the one it
+         * names, e.g. its encoder) */
+        dec_send_error_by(d, r->client, r->id,
+                          status < 0 ? (epd_status_t)status : EPD_ERR_CANCELED, msg,
+                          env->body_case == EPD__ENVELOPE__BODY_ERROR &&
+                                  env->error->culprit != NULL && env->error->culprit[0] != '\0'
+                              ? env->error->culprit
+                              : env->sender->worker_id);
     }
     dec_req_client_done(r);
     /* Abort makes P answer WritesQuiesced, which releases the blocks */

@@ -401,7 +401,11 @@ void epd__prefill_peers_reap(epd_prefill_srv_t *srv)
                     epd_prefill_forget_in_ep(srv, in);
                     epd_xport_ep_close(in);
                 }
+                /* freeing its slots drops their references: hold one so
+                 * that the peer is freed below, not inside */
+                peer->n_reqs++;
                 epd__prefill_media_encoder_gone(srv, peer);
+                peer->n_reqs--;
             }
         }
         if (peer->state == EPD_PREFILL_PEER_DEAD && peer->ep == NULL && peer->n_reqs == 0) {

@@ -171,7 +171,7 @@ static epd_status_t epd__dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
             media[k].pos = r->img_pos[k];
             media[k].n = rt->info->image_embeddings;
             ew[k] = NULL;
-            if (epd_router_cache_has(pw, r->img_hash[k], now_ns)) {
+            if (!r->no_hints && epd_router_cache_has(pw, r->img_hash[k], now_ns)) {
                 r->img_src[k] = EPD_ROUTER_IMG_CACHE;
                 continue;
             }
@@ -565,8 +565,9 @@ static void epd__on_error_event(epd_router_t *rt, epd_router_req_t *r, const epd
     /* a cache hint the prefill worker disproved: it did not hold an image
      * we sent without an encoder; forget the hints, go again with one */
     stale_hint = ev->kind == EPD_CLIENT_EV_ERROR && ev->status == EPD_ERR_NOT_FOUND &&
-                 reporter == pw && r->n_images > 0;
+                 (reporter == pw || culprit == pw) && r->n_images > 0 && !r->no_hints;
     if (stale_hint) {
+        r->no_hints = 1; /* at most once per request: the next attempt encodes */
         for (uint32_t k = 0; k < r->n_images; k++) {
             if (r->img_src[k] == EPD_ROUTER_IMG_CACHE) {
                 epd_router_cache_forget(pw, r->img_hash[k]);
@@ -590,8 +591,9 @@ static void epd__on_error_event(epd_router_t *rt, epd_router_req_t *r, const epd
         epd__req_free(rt, r);
         return;
     }
-    if (r->n_out == 0 && (epd__retryable(ev) || stale_hint) && r->attempts <= rt->max_retries &&
-        now < r->deadline_ns) {
+    /* a disproved hint is nobody's failure: it gets one attempt on top */
+    if (r->n_out == 0 && (epd__retryable(ev) || stale_hint) &&
+        r->attempts <= rt->max_retries + (uint32_t)r->no_hints && now < r->deadline_ns) {
         int enc_dead = 0;
 
         for (uint32_t k = 0; k < r->n_images; k++) {

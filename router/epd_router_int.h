@@ -58,6 +58,7 @@ typedef struct epd_router_req {
     uint8_t img_src[EPD_CLIENT_MEDIA_MAX];             /* EPD_ROUTER_IMG_* */
     uint32_t n_avoid;
     uint32_t attempts;
+    int no_hints;    /* a cache hint failed once: no more cache-only images */
     uint32_t n_out;       /* tokens received */
     int prefill_counted;  /* prompt tokens still counted in pw->queued_tokens */
     int stream_started;   /* HTTP SSE headers sent */

@@ -40,4 +40,6 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_router_retry.sh \
              tests/integration/test_openai_sdk.sh \
              tests/integration/test_router_rejoin.sh \
-             tests/integration/test_multimodal_local.sh
+             tests/integration/test_multimodal_local.sh \
+             tests/integration/test_multimodal_ucx_shm.sh \
+             tests/integration/test_multimodal_ofi_tcp.sh
