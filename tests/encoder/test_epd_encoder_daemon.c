@@ -24,6 +24,8 @@
  *     a short hash, a stale encoder epoch, no prefill named, a media index
  *     past 8, an empty image, bytes over the limit, a duplicate, no free
  *     slot: each its Error to the client;
+ *   - frames that do not decode (junk, truncated, corrupted) are dropped,
+ *     a message kind an encoder does not take gets EPD_ERR_UNSUPPORTED;
  *   - a reservation of the wrong size, one outside its region, a garbage
  *     key: Error to client and prefill, WritesQuiesced, nothing written;
  *   - Abort before the reservation: WritesQuiesced, nothing written, a late
@@ -1261,6 +1263,56 @@ static void test_refusals(void **state)
     expect_region_is_shadow();
 }
 
+/* Frames that do not decode are dropped (counted, logged), a message kind
+ * an encoder does not handle gets EPD_ERR_UNSUPPORTED, and the daemon
+ * serves on. */
+static void test_garbage(void **state)
+{
+    Epd__Envelope env = EPD__ENVELOPE__INIT;
+    Epd__TokenChunk tc = EPD__TOKEN_CHUNK__INIT;
+    unsigned char junk[300], frame[512];
+    epd_rng_t rng;
+    size_t len;
+    char *log;
+    enc_t e;
+
+    (void)state;
+    epd_rng_seed(&rng, 99);
+    epd_rng_fill(&rng, junk, sizeof(junk));
+    assert_int_equal(epd_xport_send(w->client.to_e, junk, sizeof(junk), 0), EPD_OK);
+    /* a valid frame cut short, and one with a flipped body byte */
+    tc.request_id = 5150;
+    env.body_case = EPD__ENVELOPE__BODY_TOKENS;
+    env.tokens = &tc;
+    {
+        Epd__SenderRef sender = EPD__SENDER_REF__INIT;
+        Epd__Epoch epoch = EPD__EPOCH__INIT;
+
+        epoch.start_time_ns = 333;
+        epoch.nonce = 444;
+        sender.worker_id = (char *)"fake-client";
+        sender.epoch = &epoch;
+        env.sender = &sender;
+        assert_int_equal(epd_msg_encode(&env, frame, sizeof(frame), &len), EPD_OK);
+        assert_int_equal(epd_xport_send(w->client.to_e, frame, len - 3, 0), EPD_OK);
+        frame[len - 1] ^= 0x40;
+        assert_int_equal(epd_xport_send(w->client.to_e, frame, len, 0), EPD_OK);
+    }
+    /* a well-formed message of a kind the encoder does not take */
+    send_env(&w->client, &env, NULL);
+    expect_error(&w->client, 5150, EPD_ERR_UNSUPPORTED);
+    /* still serving */
+    enc_make(&e, make_jpeg(30, 30, 80), 0);
+    send_encode(&e);
+    send_reservation(&e, NULL);
+    expect_complete(&e);
+    wait_idle();
+    enc_cleanup(&e);
+    log = daemon_log();
+    assert_non_null(strstr(log, "undecodable request-plane frame"));
+    epd_free(log);
+}
+
 static void spoil_bytes(Epd__EmbedReservation *r)
 {
     r->bytes -= 4;
@@ -1509,6 +1561,7 @@ int main(void)
         cmocka_unit_test(test_several_at_once),
         cmocka_unit_test(test_bad_images),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_garbage),
         cmocka_unit_test(test_bad_reservations),
         cmocka_unit_test(test_abort),
         cmocka_unit_test(test_lease),
