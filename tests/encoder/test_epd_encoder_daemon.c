@@ -439,7 +439,11 @@ static void expect_quiesced(uint64_t id)
     msg_free(m);
 }
 
-static void send_env(side_t *s, Epd__Envelope *env, const Epd__Epoch *sender_epoch)
+/* Sends env on s's endpoint as `as` (a side's name and epoch; may be
+ * another side, to play a client and a prefill worker sharing one
+ * endpoint), with sender_epoch instead when not NULL. */
+static void send_env_as(side_t *s, const side_t *as, Epd__Envelope *env,
+                        const Epd__Epoch *sender_epoch)
 {
     Epd__SenderRef sender = EPD__SENDER_REF__INIT;
     Epd__Epoch epoch = EPD__EPOCH__INIT;
@@ -449,10 +453,10 @@ static void send_env(side_t *s, Epd__Envelope *env, const Epd__Epoch *sender_epo
     if (sender_epoch != NULL) {
         epoch = *sender_epoch;
     } else {
-        epoch.start_time_ns = s == &w->client ? 333 : P_START;
-        epoch.nonce = s == &w->client ? 444 : w->p_nonce;
+        epoch.start_time_ns = as == &w->client ? 333 : P_START;
+        epoch.nonce = as == &w->client ? 444 : w->p_nonce;
     }
-    sender.worker_id = (char *)s->name;
+    sender.worker_id = (char *)as->name;
     sender.epoch = &epoch;
     env->sender = &sender;
     env->seq = 1;
@@ -462,6 +466,11 @@ static void send_env(side_t *s, Epd__Envelope *env, const Epd__Epoch *sender_epo
     assert_int_equal(epd_msg_encode(env, buf, cap, &len), EPD_OK);
     assert_int_equal(epd_xport_send(s->to_e, buf, len, 0), EPD_OK);
     epd_free(buf);
+}
+
+static void send_env(side_t *s, Epd__Envelope *env, const Epd__Epoch *sender_epoch)
+{
+    send_env_as(s, s, env, sender_epoch);
 }
 
 /* --------------------------------------------------------------- images */
@@ -698,7 +707,8 @@ static void send_reservation(const enc_t *e, void (*tweak)(Epd__EmbedReservation
     send_env(&w->prefill, &env, NULL);
 }
 
-static void send_abort(side_t *s, uint64_t id)
+/* An Abort from `as` on s's endpoint. */
+static void send_abort_as(side_t *s, const side_t *as, uint64_t id)
 {
     Epd__Envelope env = EPD__ENVELOPE__INIT;
     Epd__Abort a = EPD__ABORT__INIT;
@@ -708,7 +718,12 @@ static void send_abort(side_t *s, uint64_t id)
     a.reason = (char *)"test abort";
     env.body_case = EPD__ENVELOPE__BODY_ABORT;
     env.abort = &a;
-    send_env(s, &env, NULL);
+    send_env_as(s, as, &env, NULL);
+}
+
+static void send_abort(side_t *s, uint64_t id)
+{
+    send_abort_as(s, s, id);
 }
 
 /* The region holds exactly the shadow (nothing written outside what was
@@ -1389,6 +1404,15 @@ static void test_abort(void **state)
     expect_quiesced(e.id);
     send_encode(&e);
     expect_error(&w->client, e.id, EPD_ERR_CANCELED);
+    /* the same with the client's abort on the prefill worker's endpoint (a
+     * client and a prefill worker sharing one, as epd-encoder-load does):
+     * the stashed reservation's sender still gets its WritesQuiesced */
+    e.id = ((uint64_t)0xE5 << 40) + ++w->next_id;
+    send_reservation(&e, NULL);
+    pump(20);
+    send_abort_as(&w->prefill, &w->client, e.id);
+    expect_error(&w->prefill, e.id, EPD_ERR_CANCELED);
+    expect_quiesced(e.id);
     wait_idle();
     expect_region_is_shadow();
     enc_cleanup(&e);
