@@ -570,6 +570,11 @@ static int epd_encoder_id_bound_to(const epd_encoder_srv_t *srv, uint64_t id,
 void epd__encoder_id_kill(epd_encoder_srv_t *srv, uint64_t id, epd_status_t status, const char *msg,
                           const Epd__Envelope *p_env, epd_xport_ep_t *p_ep)
 {
+    /* endpoints already given their WritesQuiesced here: one each (a client
+     * and a prefill worker may share one); at most one per stashed media
+     * plus the asker */
+    epd_xport_ep_t *quiesced[EPD_ENCODER_MEDIA_MAX + 1];
+    uint32_t n_quiesced = 0;
     int si;
 
     epd__encoder_tomb_add(srv, id, EPD_ENCODER_MEDIA_ALL, EPD_ENCODER_TOMB_ABORTED);
@@ -581,17 +586,31 @@ void epd__encoder_id_kill(epd_encoder_srv_t *srv, uint64_t id, epd_status_t stat
     while ((si = epd_encoder_stash_find(srv, id, EPD_ENCODER_MEDIA_ALL)) >= 0) {
         epd_xport_ep_t *sep;
         Epd__Envelope *senv = epd_encoder_stash_take(srv, (uint32_t)si, &sep);
+        int again = 0;
 
         EPD_ENCODER_WARN(srv, id, "dropping the early reservation of media %u from '%s': %s",
                          senv->embed_reservation->media_index, senv->sender->worker_id, msg);
         epd_encoder_reply(srv, sep, EPD__ENVELOPE__BODY_ERROR, id, status, msg);
-        if (!epd_encoder_id_bound_to(srv, id, senv) && sep != p_ep) {
+        for (uint32_t i = 0; i < n_quiesced; i++) {
+            again |= quiesced[i] == sep;
+        }
+        if (sep != NULL && !again && !epd_encoder_id_bound_to(srv, id, senv)) {
             epd_encoder_reply(srv, sep, EPD__ENVELOPE__BODY_QUIESCED, id, EPD_OK, NULL);
+            if (n_quiesced < EPD_ENCODER_MEDIA_MAX) {
+                quiesced[n_quiesced++] = sep;
+            }
         }
         epd_msg_free(senv);
     }
     if (p_env != NULL && p_ep != NULL && !epd_encoder_id_bound_to(srv, id, p_env)) {
-        epd_encoder_reply(srv, p_ep, EPD__ENVELOPE__BODY_QUIESCED, id, EPD_OK, NULL);
+        int again = 0;
+
+        for (uint32_t i = 0; i < n_quiesced; i++) {
+            again |= quiesced[i] == p_ep;
+        }
+        if (!again) {
+            epd_encoder_reply(srv, p_ep, EPD__ENVELOPE__BODY_QUIESCED, id, EPD_OK, NULL);
+        }
     }
 }
 

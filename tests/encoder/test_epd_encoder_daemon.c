@@ -24,6 +24,8 @@
  *     a short hash, a stale encoder epoch, no prefill named, a media index
  *     past 8, an empty image, bytes over the limit, a duplicate, no free
  *     slot: each its Error to the client;
+ *   - frames that do not decode (junk, truncated, corrupted) are dropped,
+ *     a message kind an encoder does not take gets EPD_ERR_UNSUPPORTED;
  *   - a reservation of the wrong size, one outside its region, a garbage
  *     key: Error to client and prefill, WritesQuiesced, nothing written;
  *   - Abort before the reservation: WritesQuiesced, nothing written, a late
@@ -437,7 +439,11 @@ static void expect_quiesced(uint64_t id)
     msg_free(m);
 }
 
-static void send_env(side_t *s, Epd__Envelope *env, const Epd__Epoch *sender_epoch)
+/* Sends env on s's endpoint as `as` (a side's name and epoch; may be
+ * another side, to play a client and a prefill worker sharing one
+ * endpoint), with sender_epoch instead when not NULL. */
+static void send_env_as(side_t *s, const side_t *as, Epd__Envelope *env,
+                        const Epd__Epoch *sender_epoch)
 {
     Epd__SenderRef sender = EPD__SENDER_REF__INIT;
     Epd__Epoch epoch = EPD__EPOCH__INIT;
@@ -447,10 +453,10 @@ static void send_env(side_t *s, Epd__Envelope *env, const Epd__Epoch *sender_epo
     if (sender_epoch != NULL) {
         epoch = *sender_epoch;
     } else {
-        epoch.start_time_ns = s == &w->client ? 333 : P_START;
-        epoch.nonce = s == &w->client ? 444 : w->p_nonce;
+        epoch.start_time_ns = as == &w->client ? 333 : P_START;
+        epoch.nonce = as == &w->client ? 444 : w->p_nonce;
     }
-    sender.worker_id = (char *)s->name;
+    sender.worker_id = (char *)as->name;
     sender.epoch = &epoch;
     env->sender = &sender;
     env->seq = 1;
@@ -460,6 +466,11 @@ static void send_env(side_t *s, Epd__Envelope *env, const Epd__Epoch *sender_epo
     assert_int_equal(epd_msg_encode(env, buf, cap, &len), EPD_OK);
     assert_int_equal(epd_xport_send(s->to_e, buf, len, 0), EPD_OK);
     epd_free(buf);
+}
+
+static void send_env(side_t *s, Epd__Envelope *env, const Epd__Epoch *sender_epoch)
+{
+    send_env_as(s, s, env, sender_epoch);
 }
 
 /* --------------------------------------------------------------- images */
@@ -696,7 +707,8 @@ static void send_reservation(const enc_t *e, void (*tweak)(Epd__EmbedReservation
     send_env(&w->prefill, &env, NULL);
 }
 
-static void send_abort(side_t *s, uint64_t id)
+/* An Abort from `as` on s's endpoint. */
+static void send_abort_as(side_t *s, const side_t *as, uint64_t id)
 {
     Epd__Envelope env = EPD__ENVELOPE__INIT;
     Epd__Abort a = EPD__ABORT__INIT;
@@ -706,7 +718,12 @@ static void send_abort(side_t *s, uint64_t id)
     a.reason = (char *)"test abort";
     env.body_case = EPD__ENVELOPE__BODY_ABORT;
     env.abort = &a;
-    send_env(s, &env, NULL);
+    send_env_as(s, as, &env, NULL);
+}
+
+static void send_abort(side_t *s, uint64_t id)
+{
+    send_abort_as(s, s, id);
 }
 
 /* The region holds exactly the shadow (nothing written outside what was
@@ -1261,6 +1278,56 @@ static void test_refusals(void **state)
     expect_region_is_shadow();
 }
 
+/* Frames that do not decode are dropped (counted, logged), a message kind
+ * an encoder does not handle gets EPD_ERR_UNSUPPORTED, and the daemon
+ * serves on. */
+static void test_garbage(void **state)
+{
+    Epd__Envelope env = EPD__ENVELOPE__INIT;
+    Epd__TokenChunk tc = EPD__TOKEN_CHUNK__INIT;
+    unsigned char junk[300], frame[512];
+    epd_rng_t rng;
+    size_t len;
+    char *log;
+    enc_t e;
+
+    (void)state;
+    epd_rng_seed(&rng, 99);
+    epd_rng_fill(&rng, junk, sizeof(junk));
+    assert_int_equal(epd_xport_send(w->client.to_e, junk, sizeof(junk), 0), EPD_OK);
+    /* a valid frame cut short, and one with a flipped body byte */
+    tc.request_id = 5150;
+    env.body_case = EPD__ENVELOPE__BODY_TOKENS;
+    env.tokens = &tc;
+    {
+        Epd__SenderRef sender = EPD__SENDER_REF__INIT;
+        Epd__Epoch epoch = EPD__EPOCH__INIT;
+
+        epoch.start_time_ns = 333;
+        epoch.nonce = 444;
+        sender.worker_id = (char *)"fake-client";
+        sender.epoch = &epoch;
+        env.sender = &sender;
+        assert_int_equal(epd_msg_encode(&env, frame, sizeof(frame), &len), EPD_OK);
+        assert_int_equal(epd_xport_send(w->client.to_e, frame, len - 3, 0), EPD_OK);
+        frame[len - 1] ^= 0x40;
+        assert_int_equal(epd_xport_send(w->client.to_e, frame, len, 0), EPD_OK);
+    }
+    /* a well-formed message of a kind the encoder does not take */
+    send_env(&w->client, &env, NULL);
+    expect_error(&w->client, 5150, EPD_ERR_UNSUPPORTED);
+    /* still serving */
+    enc_make(&e, make_jpeg(30, 30, 80), 0);
+    send_encode(&e);
+    send_reservation(&e, NULL);
+    expect_complete(&e);
+    wait_idle();
+    enc_cleanup(&e);
+    log = daemon_log();
+    assert_non_null(strstr(log, "undecodable request-plane frame"));
+    epd_free(log);
+}
+
 static void spoil_bytes(Epd__EmbedReservation *r)
 {
     r->bytes -= 4;
@@ -1337,6 +1404,15 @@ static void test_abort(void **state)
     expect_quiesced(e.id);
     send_encode(&e);
     expect_error(&w->client, e.id, EPD_ERR_CANCELED);
+    /* the same with the client's abort on the prefill worker's endpoint (a
+     * client and a prefill worker sharing one, as epd-encoder-load does):
+     * the stashed reservation's sender still gets its WritesQuiesced */
+    e.id = ((uint64_t)0xE5 << 40) + ++w->next_id;
+    send_reservation(&e, NULL);
+    pump(20);
+    send_abort_as(&w->prefill, &w->client, e.id);
+    expect_error(&w->prefill, e.id, EPD_ERR_CANCELED);
+    expect_quiesced(e.id);
     wait_idle();
     expect_region_is_shadow();
     enc_cleanup(&e);
@@ -1509,6 +1585,7 @@ int main(void)
         cmocka_unit_test(test_several_at_once),
         cmocka_unit_test(test_bad_images),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_garbage),
         cmocka_unit_test(test_bad_reservations),
         cmocka_unit_test(test_abort),
         cmocka_unit_test(test_lease),
