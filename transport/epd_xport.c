@@ -25,8 +25,10 @@
  *     is held until the writes posted before it completed locally, then a
  *     backend flush ran, then it is sent.
  *   - bounds: ops come from a pool sized by max_inflight (plus a reserve for
- *     the core's own fence flushes); held message copies from a lazily grown
- *     pool with a fixed cap.  The write/send paths never allocate.
+ *     the core's own fence flushes); held copies of small messages (up to
+ *     64 KiB) from a lazily grown pool with a fixed cap, so the write/send
+ *     paths never allocate for them; a large message held (an image) gets
+ *     a copy of its own size, all of those bounded in bytes.
  *
  * Re-entrancy: user callbacks may post, close endpoints or deregister
  * regions.  An endpoint closed while any core call is on the stack is parked
@@ -103,8 +105,9 @@ struct epd__held {
     epd__held_t *next;
     size_t len;
     bool fenced;
+    bool large;            /* sized to its message, freed when sent */
     uint64_t fence_target; /* writes 1..target must land first */
-    unsigned char *buf;    /* [max_msg_size] */
+    unsigned char *buf;    /* [held_small] or, when large, [len] */
 };
 
 struct epd_xport_rkey {
@@ -170,9 +173,11 @@ struct epd_xport {
     epd__core_op_t *op_pool;   /* [max_inflight + reserve] */
     epd__core_op_t *op_free;
     uint32_t user_ops;         /* user writes+flushes in flight */
-    epd__held_t *held_free;
-    uint32_t held_count;       /* held buffers allocated */
+    epd__held_t *held_free;    /* small copies, recycled */
+    uint32_t held_count;       /* small copies allocated */
     uint32_t held_max;
+    size_t held_small;         /* bytes of a small copy: min(max_msg_size, 64 KiB) */
+    size_t held_large_bytes;   /* bytes of large copies now held */
     uint64_t next_timer_ns;
     uint64_t timer_step_ns;
     uint64_t log_window_ns;
@@ -313,10 +318,32 @@ static void epd__op_put(epd_xport_t *x, epd__core_op_t *op)
     x->op_free = op;
 }
 
-static epd__held_t *epd__held_get(epd_xport_t *x)
+/* A copy for a message of `len` bytes.  Small ones (the request plane's
+ * usual, fenced completions among them) come from a pool that grows lazily
+ * up to held_max and is then recycled: the send path does not allocate.
+ * A large one (an image, up to max_msg_size) is allocated to its size and
+ * freed once sent, all of them together bounded by EPD__XPORT_HELD_BYTES —
+ * sizing every copy to max_msg_size would pin megabytes per held
+ * completion. */
+static epd__held_t *epd__held_get(epd_xport_t *x, size_t len)
 {
-    epd__held_t *h = x->held_free;
+    epd__held_t *h;
 
+    if (len > x->held_small) {
+        if (x->held_large_bytes + len > EPD__XPORT_HELD_BYTES) {
+            return NULL;
+        }
+        h = epd_malloc(sizeof(*h) + len);
+        if (h == NULL) {
+            return NULL;
+        }
+        memset(h, 0, sizeof(*h));
+        h->buf = (unsigned char *)(h + 1);
+        h->large = true;
+        x->held_large_bytes += len;
+        return h;
+    }
+    h = x->held_free;
     if (h != NULL) {
         x->held_free = h->next;
         h->next = NULL;
@@ -327,7 +354,7 @@ static epd__held_t *epd__held_get(epd_xport_t *x)
     }
     /* Grows lazily up to the cap, then recycles: most users never hold a
      * message, and the cap bounds what a slow handshake can pin. */
-    h = epd_calloc(1, sizeof(*h) + x->cfg.max_msg_size);
+    h = epd_calloc(1, sizeof(*h) + x->held_small);
     if (h == NULL) {
         return NULL;
     }
@@ -338,6 +365,11 @@ static epd__held_t *epd__held_get(epd_xport_t *x)
 
 static void epd__held_put(epd_xport_t *x, epd__held_t *h)
 {
+    if (h->large) {
+        x->held_large_bytes -= h->len;
+        epd_free(h);
+        return;
+    }
     h->next = x->held_free;
     x->held_free = h;
 }
@@ -920,7 +952,8 @@ epd_status_t epd_xport_create(const epd_xport_config_t *config, epd_xport_t **x_
         x->id = epd_rng_next(&x->rng);
     } while (x->id == 0);
 
-    x->held_max = (uint32_t)(EPD__XPORT_HELD_BYTES / config->max_msg_size);
+    x->held_small = config->max_msg_size < 64 * 1024 ? config->max_msg_size : 64 * 1024;
+    x->held_max = (uint32_t)(EPD__XPORT_HELD_BYTES / x->held_small);
     x->held_max = x->held_max > EPD__XPORT_HELD_MAX ? EPD__XPORT_HELD_MAX
                   : x->held_max < 16                ? 16
                                                     : x->held_max;
@@ -1163,7 +1196,7 @@ epd_status_t epd_xport_send(epd_xport_ep_t *ep, const void *buf, size_t len, uns
         }
         return st;
     }
-    h = epd__held_get(x);
+    h = epd__held_get(x, len);
     if (h == NULL) {
         return EPD_ERR_NO_RESOURCE;
     }

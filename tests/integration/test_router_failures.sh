@@ -23,7 +23,7 @@ source "$(dirname "$0")/lib.sh"
 # the kill comes
 mkmodel "$T/m" --layers 6 --dim 256 --heads 8 --kv-heads 2 --layer-pattern LA --ffn 512 --vision 0 \
   --max-context 4096 --seed 3
-start_router r --model "$T/m" --heartbeat-ms 200 --dead-after-ms 1000
+start_router r --model "$T/m" --heartbeat-ms 200 --dead-after-ms 1000 --max-body-bytes $((4 << 20))
 for i in 0 1; do
   start_daemon "d$i" decode --model "$T/m" --worker-id "decode-$i" --kv-blocks 1024 \
     --state-slots 32 --router "$r_ADDR"
