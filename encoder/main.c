@@ -313,13 +313,16 @@ static int epd_encoder_run(const epd_encoder_flags_t *fl)
     srv->n_free_slots = srv->slots;
 
     /* the transport, bound to this (the loop) thread; an EncodeRequest
-     * carries the image itself, so messages up to the image limit plus
-     * headroom must arrive whole */
+     * carries the image itself: messages up to the transport's own limit
+     * arrive whole, so an image over --max-image-bytes is refused with a
+     * clear EPD_ERR_TOO_LONG instead of being dropped by the transport
+     * (held and send copies are sized to each message, so the large limit
+     * costs nothing for small ones) */
     epd_xport_config_init(&xcfg);
     xcfg.backend = fl->transport;
     xcfg.expect = fl->expect;
     xcfg.provider = fl->provider;
-    xcfg.max_msg_size = (size_t)srv->max_image_bytes + EPD_ENCODER_MSG_HEADROOM;
+    xcfg.max_msg_size = EPD_ENCODER_MSG_LIMIT;
     xcfg.max_inflight = (uint32_t)fl->max_inflight_writes;
     xcfg.peer_timeout_ms = srv->peer_timeout_ms;
     xcfg.connect_timeout_ms = srv->connect_timeout_ms;

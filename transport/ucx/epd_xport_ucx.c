@@ -92,6 +92,7 @@ struct epd__ucx_tx {
     void *req;
     epd__ucx_ep_t *ep;
     epd__ucx_tx_t *prev, *next;
+    size_t large; /* 0: a pooled copy of tx_small bytes; else its own size */
     unsigned char data[];
 };
 
@@ -159,6 +160,8 @@ struct epd__ucx {
     epd__ucx_tx_t *tx_free;
     uint32_t tx_count;
     uint32_t tx_max;
+    size_t tx_small;       /* bytes of a pooled copy: min(msg_cap, 64 KiB + header) */
+    size_t tx_large_bytes; /* bytes of large copies UCX holds now */
     uint64_t dropped;
     bool half_wired;              /* an endpoint may have been closed mid wire-up */
     char resources[160];
@@ -307,10 +310,27 @@ static void epd__ucx_op_cb(void *request, ucs_status_t status, void *user_data)
 
 /* ------------------------------------------------------------ tx copies */
 
-static epd__ucx_tx_t *epd__ucx_tx_get(epd__ucx_t *be)
+/* A send copy for `len` bytes: small ones pooled (the steady state
+ * allocates nothing), a large one (an image) of its own size, freed when
+ * UCX is done with it, all of those bounded in bytes. */
+static epd__ucx_tx_t *epd__ucx_tx_get(epd__ucx_t *be, size_t len)
 {
-    epd__ucx_tx_t *tx = be->tx_free;
+    epd__ucx_tx_t *tx;
 
+    if (len > be->tx_small) {
+        if (be->tx_large_bytes + len > EPD__UCX_TX_BYTES) {
+            return NULL;
+        }
+        tx = epd_malloc(sizeof(*tx) + len);
+        if (tx == NULL) {
+            return NULL;
+        }
+        memset(tx, 0, sizeof(*tx));
+        tx->large = len;
+        be->tx_large_bytes += len;
+        return tx;
+    }
+    tx = be->tx_free;
     if (tx != NULL) {
         be->tx_free = tx->next;
         tx->next = NULL;
@@ -320,7 +340,7 @@ static epd__ucx_tx_t *epd__ucx_tx_get(epd__ucx_t *be)
         return NULL;
     }
     /* grows to the cap, then recycles: the steady state allocates nothing */
-    tx = epd_malloc(sizeof(*tx) + be->msg_cap);
+    tx = epd_malloc(sizeof(*tx) + be->tx_small);
     if (tx == NULL) {
         return NULL;
     }
@@ -331,6 +351,11 @@ static epd__ucx_tx_t *epd__ucx_tx_get(epd__ucx_t *be)
 
 static void epd__ucx_tx_put(epd__ucx_t *be, epd__ucx_tx_t *tx)
 {
+    if (tx->large != 0) {
+        be->tx_large_bytes -= tx->large;
+        epd_free(tx);
+        return;
+    }
     tx->req = NULL;
     tx->ep = NULL;
     tx->prev = NULL;
@@ -518,7 +543,8 @@ static epd_status_t epd__ucx_create(epd_xport_t *core, const epd_xport_config_t 
     be->core = core;
     be->efd = -1;
     be->msg_cap = 64 + config->max_msg_size; /* the core's frame header is 48 bytes */
-    be->tx_max = (uint32_t)(EPD__UCX_TX_BYTES / be->msg_cap);
+    be->tx_small = be->msg_cap < 64 + 64 * 1024 ? be->msg_cap : 64 + 64 * 1024;
+    be->tx_max = (uint32_t)(EPD__UCX_TX_BYTES / be->tx_small);
     be->tx_max = be->tx_max > EPD__UCX_TX_MAX ? EPD__UCX_TX_MAX : be->tx_max < 16 ? 16 : be->tx_max;
     epd_rng_seed(&be->rng, epd_rng_entropy());
     be->ring = epd_calloc(EPD__UCX_RING, sizeof(*be->ring));
@@ -959,7 +985,7 @@ static epd_status_t epd__ucx_send(void *arg, const void *hdr, size_t hdr_len, co
     if (hdr_len + len > be->msg_cap) {
         return EPD_ERR_TOO_LONG;
     }
-    tx = epd__ucx_tx_get(be);
+    tx = epd__ucx_tx_get(be, hdr_len + len);
     if (tx == NULL) {
         return EPD_ERR_NO_RESOURCE;
     }
