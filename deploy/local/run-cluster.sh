@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # `make run`: a local epd cluster on 127.0.0.1 — epd-router plus the
-# prefill and decode pools of deploy/local/cluster.conf (1 + 1 by default),
-# each worker registering with the router (--router).  Writes the default
+# encoder, prefill and decode pools of deploy/local/cluster.conf (1 + 1 + 1
+# by default; encoders only for a model with a vision encoder), each worker
+# registering with the router (--router).  Writes the default
 # model to $BUILD/models/default when absent.  Prints the endpoint and a
 # curl line, serves until Ctrl-C (or SIGTERM), then stops every daemon
 # (SIGTERM, then SIGKILL after 10 s) and exits.
 #
 #   deploy/local/run-cluster.sh [BUILD] [CLUSTER_FILE]
-#   env overrides: PORT, PREFILL, DECODE, POLICY, TRANSPORT, ENGINE, MODEL
+#   env overrides: PORT, PREFILL, DECODE, ENCODER, POLICY, TRANSPORT, ENGINE, MODEL
 set -euo pipefail
 build=${1:-build}
 conf=${2:-$(dirname "$0")/cluster.conf}
@@ -15,8 +16,8 @@ bin="$build/bin"
 
 # the cluster file, under any environment overrides
 declare -A env_over=()
-for k in PREFILL DECODE POLICY PORT TRANSPORT ENGINE MODEL DECODE_KV_BLOCKS DECODE_STATE_SLOTS \
-         HEARTBEAT_MS; do
+for k in PREFILL DECODE ENCODER POLICY PORT TRANSPORT ENGINE MODEL DECODE_KV_BLOCKS \
+         DECODE_STATE_SLOTS HEARTBEAT_MS; do
   if [ -n "${!k:-}" ]; then env_over[$k]=${!k}; fi
 done
 while IFS= read -r line || [ -n "$line" ]; do
@@ -30,13 +31,15 @@ while IFS= read -r line || [ -n "$line" ]; do
 done <"$conf"
 for k in "${!env_over[@]}"; do printf -v "$k" '%s' "${env_over[$k]}"; done
 MODEL=${MODEL:-$build/models/default}
-for k in PREFILL DECODE PORT; do
+ENCODER=${ENCODER:-0}
+for k in PREFILL DECODE ENCODER PORT; do
   [[ "${!k}" =~ ^[0-9]+$ ]] || { echo "run-cluster: $k=${!k} is not a number" >&2; exit 1; }
 done
 [ "$PREFILL" -ge 1 ] && [ "$DECODE" -ge 1 ] || { echo "run-cluster: PREFILL and DECODE must be >= 1" >&2; exit 1; }
 
 if [ "$ENGINE" = ref ] && { [ ! -f "$MODEL/config.json" ] || [ ! -f "$MODEL/model.safetensors" ]; }; then
   echo "writing the default model to $MODEL"
+  mkdir -p "$(dirname "$MODEL")"
   "$bin/epd-mkmodel" --out "$MODEL" >/dev/null
 fi
 
@@ -115,8 +118,19 @@ for i in $(seq 0 $((DECODE - 1))); do
     --worker-id "decode-$i" --transport "$TRANSPORT" --router "$ctl" \
     --kv-blocks "$DECODE_KV_BLOCKS" --state-slots "$DECODE_STATE_SLOTS"
 done
+# encoders: only a model with a vision encoder has images to encode
+vision=0
+if [ "$ENGINE" = ref ] && grep -q '"vision_config"' "$MODEL/config.json" 2>/dev/null; then
+  vision=1
+else
+  ENCODER=0
+fi
+for i in $(seq 0 $((ENCODER - 1))); do
+  start "encoder-$i" "$run/encoder-$i.ready" "$bin/epd-encoder" --model "$MODEL" \
+    --engine "$ENGINE" --worker-id "encoder-$i" --transport "$TRANSPORT" --router "$ctl"
+done
 # every worker READY in the router's registry
-want=$((PREFILL + DECODE))
+want=$((PREFILL + DECODE + ENCODER))
 for i in $(seq 1 100); do
   n=$("$bin/epd-ctl" status "$ctl" 2>/dev/null | grep -c 'state=READY' || true)
   [ "$n" = "$want" ] && break
@@ -127,10 +141,20 @@ done
 name=$(basename "$MODEL")
 cat <<INFO
 
-epd cluster up: router + $PREFILL prefill + $DECODE decode ($POLICY, $TRANSPORT), model '$name'
+epd cluster up: router + $ENCODER encoder + $PREFILL prefill + $DECODE decode ($POLICY, $TRANSPORT), model '$name'
   endpoint:  http://127.0.0.1:$PORT/v1   (OpenAI API; GET /health, /metrics)
   try:       curl -s http://127.0.0.1:$PORT/v1/completions -H 'Content-Type: application/json' \\
                -d '{"model": "$name", "prompt": "The disaggregated cluster", "max_tokens": 32, "temperature": 0}'
+INFO
+if [ "$vision" = 1 ]; then
+  cat <<INFO
+  an image:  IMG=\$(base64 -w0 picture.png); curl -s http://127.0.0.1:$PORT/v1/chat/completions \\
+               -H 'Content-Type: application/json' -d '{"model": "$name", "max_tokens": 32, "messages":
+               [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+               {"type": "image_url", "image_url": {"url": "data:image/png;base64,'\$IMG'"}}]}]}'
+INFO
+fi
+cat <<INFO
   workers:   $bin/epd-ctl workers $ctl
   logs:      $run
 Ctrl-C stops every daemon.
