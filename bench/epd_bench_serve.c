@@ -53,7 +53,20 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sodium.h>
 #include <uv.h>
+
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#define STB_IMAGE_WRITE_STATIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wshadow"
+#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#include <stb/stb_image_write.h>
+#pragma GCC diagnostic pop
 
 #include "epd_alloc.h"
 #include "epd_bench.h"
@@ -76,6 +89,7 @@ typedef struct {
     uint64_t at_ns; /* arrival, from the phase's start */
     uint32_t text_off, text_len;
     uint32_t max_tokens;
+    int32_t image; /* index into the image pool, -1: none */
     uint64_t seed;
     int32_t *tokens; /* direct phase: BOS + bytes (tokenized here) */
     uint32_t n_tokens;
@@ -119,7 +133,8 @@ typedef struct sv_conn {
     struct sv_conn *next_idle;
     int connected;
     int closing;
-    int idx; /* request in flight, -1 none */
+    int idx;         /* request in flight, -1 none */
+    sv_phase_t *ph;  /* the phase that request belongs to */
     char *wbuf;
     /* response parsing */
     char *in;
@@ -153,6 +168,12 @@ struct sv {
     int64_t warmup;
     int chat;
     int keep;
+    int64_t n_images;   /* --images: distinct images per path (0: text requests) */
+    int64_t image_size; /* their width and height */
+    char **img_url;     /* [2 * n_images] data: URLs */
+    size_t *img_url_len;
+    double img0[6], img1[6]; /* the router's image counters before / after */
+    char enc_ctl_buf[64];
     /* workload */
     char *text;
     sv_work_t *work;
@@ -178,7 +199,7 @@ struct sv {
     /* our cluster */
     char tmp[PATH_MAX];
     char bindir[PATH_MAX];
-    pid_t pids[3];
+    pid_t pids[4];
     char router_buf[64], router_ctl_buf[64], p_ctl_buf[64], d_ctl_buf[64];
     char model_buf[PATH_MAX + 16];
     /* the router's epd_router_ttft_seconds over the run (/metrics deltas) */
@@ -345,8 +366,104 @@ static int sv_workload(sv_t *b)
         w->text_off = (uint32_t)(sv_rand(&s) % (SV_TEXT_BYTES - w->text_len));
         w->max_tokens = olo + (uint32_t)(sv_rand(&s) % (ohi - olo + 1));
         w->seed = sv_rand(&s);
+        w->image = -1;
+        if (b->n_images > 0) {
+            /* each path its own pool of --images distinct images (a cache
+             * hit on one path is never a miss filled by the other) */
+            w->image = (int32_t)((i & 1u) * (uint32_t)b->n_images +
+                                 (uint32_t)(sv_rand(&s) % (uint64_t)b->n_images));
+        }
     }
     return 0;
+}
+
+/* ------------------------------------------------------------ images */
+
+typedef struct {
+    unsigned char *data;
+    size_t len, cap;
+} sv_png_t;
+
+static void sv_png_write(void *ctx, void *data, int size)
+{
+    sv_png_t *p = ctx;
+
+    if (size <= 0 || p->data == NULL) {
+        return;
+    }
+    if (p->len + (size_t)size > p->cap) {
+        size_t cap = (p->len + (size_t)size) * 2;
+        unsigned char *n = epd_realloc(p->data, cap);
+
+        if (n == NULL) {
+            epd_free(p->data);
+            p->data = NULL;
+            return;
+        }
+        p->data = n;
+        p->cap = cap;
+    }
+    memcpy(p->data + p->len, data, (size_t)size);
+    p->len += (size_t)size;
+}
+
+/* 2 x --images distinct PNGs (seeded noise over colour bands, one pool per
+ * path), as data: URLs ready to go into a request body. */
+static int sv_images_make(sv_t *b)
+{
+    uint32_t n = 2 * (uint32_t)b->n_images;
+    int side = (int)b->image_size;
+    unsigned char *px = epd_malloc((size_t)side * side * 3);
+
+    b->img_url = epd_calloc(n, sizeof(*b->img_url));
+    b->img_url_len = epd_calloc(n, sizeof(*b->img_url_len));
+    if (px == NULL || b->img_url == NULL || b->img_url_len == NULL) {
+        epd_free(px);
+        return -1;
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        uint64_t s = (uint64_t)b->seed * 1000003u + k + 1;
+        sv_png_t png = {epd_malloc(1 << 16), 0, 1 << 16};
+        size_t b64;
+
+        for (int i = 0; i < side * side; i++) {
+            uint64_t r = sv_rand(&s);
+
+            px[3 * i] = (unsigned char)((i % side) * 2 + (r & 0x3f));
+            px[3 * i + 1] = (unsigned char)((i / side) * 3 + ((r >> 8) & 0x3f));
+            px[3 * i + 2] = (unsigned char)(k * 37 + ((r >> 16) & 0x3f));
+        }
+        if (png.data == NULL || !stbi_write_png_to_func(sv_png_write, &png, side, side, 3, px,
+                                                        side * 3) ||
+            png.data == NULL) {
+            epd_free(png.data);
+            epd_free(px);
+            return -1;
+        }
+        b64 = sodium_base64_encoded_len(png.len, sodium_base64_VARIANT_ORIGINAL);
+        b->img_url[k] = epd_malloc(b64 + 32);
+        if (b->img_url[k] == NULL) {
+            epd_free(png.data);
+            epd_free(px);
+            return -1;
+        }
+        memcpy(b->img_url[k], "data:image/png;base64,", 22);
+        sodium_bin2base64(b->img_url[k] + 22, b64, png.data, png.len,
+                          sodium_base64_VARIANT_ORIGINAL);
+        b->img_url_len[k] = strlen(b->img_url[k]);
+        epd_free(png.data);
+    }
+    epd_free(px);
+    return 0;
+}
+
+static void sv_images_free(sv_t *b)
+{
+    for (int64_t k = 0; b->img_url != NULL && k < 2 * b->n_images; k++) {
+        epd_free(b->img_url[k]);
+    }
+    epd_free(b->img_url);
+    epd_free(b->img_url_len);
 }
 
 /* -------------------------------------------------------- HTTP (router) */
@@ -373,10 +490,10 @@ static void sv_conn_close(sv_conn_t *c)
     }
     c->closing = 1;
     if (c->idx >= 0) {
-        sv_res_t *r = &b->hph->res[c->idx];
+        sv_res_t *r = &c->ph->res[c->idx];
 
         if (!r->done) {
-            sv_err(b->hph, r, "connection lost");
+            sv_err(c->ph, r, "connection lost");
             sv_finish(b, r, sv_now());
         }
         c->idx = -1;
@@ -395,8 +512,8 @@ static void sv_conn_close(sv_conn_t *c)
 static void sv_sse_data(sv_conn_t *c, char *data, uint64_t now)
 {
     sv_t *b = c->b;
-    sv_res_t *r = &b->hph->res[c->idx];
-    const char *key = b->chat ? "\"content\":\"" : "\"text\":\"";
+    sv_res_t *r = &c->ph->res[c->idx];
+    const char *key = b->chat || b->n_images > 0 ? "\"content\":\"" : "\"text\":\"";
     char *p;
 
     if (strcmp(data, "[DONE]") == 0) {
@@ -410,7 +527,7 @@ static void sv_sse_data(sv_conn_t *c, char *data, uint64_t now)
     }
     p = strstr(data, key);
     if (p != NULL && p[strlen(key)] != '"') {
-        sv_token_event(b->hph, r, now);
+        sv_token_event(c->ph, r, now);
     }
     p = strstr(data, "\"completion_tokens\":");
     if (p != NULL) {
@@ -470,7 +587,7 @@ static int sv_sse_feed(sv_conn_t *c, const char *data, size_t len, uint64_t now)
 static void sv_http_done(sv_conn_t *c, uint64_t now)
 {
     sv_t *b = c->b;
-    sv_res_t *r = &b->hph->res[c->idx];
+    sv_res_t *r = &c->ph->res[c->idx];
 
     if (c->status != 200) {
         char kind[48];
@@ -479,13 +596,13 @@ static void sv_http_done(sv_conn_t *c, uint64_t now)
         if (c->sse != NULL) {
             c->sse[c->sse_len] = '\0'; /* the error body (not SSE) */
         }
-        sv_err_ex(b->hph, r, kind, c->sse != NULL ? c->sse : NULL);
+        sv_err_ex(c->ph, r, kind, c->sse != NULL ? c->sse : NULL);
     } else if (c->saw_error) {
-        sv_err_ex(b->hph, r, "error event in stream", c->errmsg);
+        sv_err_ex(c->ph, r, "error event in stream", c->errmsg);
     } else if (!c->saw_done) {
-        sv_err(b->hph, r, "stream without [DONE]");
+        sv_err(c->ph, r, "stream without [DONE]");
     } else if (r->t_first == 0) {
-        sv_err(b->hph, r, "no text generated");
+        sv_err(c->ph, r, "no text generated");
     }
     sv_finish(b, r, now);
     c->idx = -1;
@@ -654,9 +771,9 @@ static void sv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         return;
     }
     if (sv_http_parse(c, now) != 0) {
-        sv_res_t *r = &c->b->hph->res[c->idx];
+        sv_res_t *r = &c->ph->res[c->idx];
 
-        sv_err(c->b->hph, r, "bad HTTP response");
+        sv_err(c->ph, r, "bad HTTP response");
         sv_finish(c->b, r, now);
         c->idx = -1;
         sv_conn_close(c);
@@ -678,19 +795,35 @@ static void sv_http_send(sv_conn_t *c)
 {
     sv_t *b = c->b;
     const sv_work_t *w = &b->work[c->idx];
-    char body[SV_TEXT_BYTES / 2 + 512];
+    size_t cap = SV_TEXT_BYTES / 2 + 512 + (w->image >= 0 ? b->img_url_len[w->image] + 128 : 0);
+    char *body = epd_malloc(cap);
     int bl, hl;
     uv_buf_t ub;
 
-    if (b->chat) {
-        bl = snprintf(body, sizeof(body),
+    if (body == NULL) {
+        sv_conn_close(c);
+        return;
+    }
+    if (w->image >= 0) {
+        /* a chat message with one image; the second path's requests ask
+         * the prefill worker to encode it itself (no encoder pool) */
+        bl = snprintf(body, cap,
+                      "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":["
+                      "{\"type\":\"text\",\"text\":\"%.*s\"},{\"type\":\"image_url\",\"image_url\":"
+                      "{\"url\":\"%s\"}}]}],\"max_tokens\":%u,\"temperature\":0,\"seed\":%llu,"
+                      "\"stream\":true,\"stream_options\":{\"include_usage\":true}%s}",
+                      b->model_name, (int)w->text_len, b->text + w->text_off, b->img_url[w->image],
+                      w->max_tokens, (unsigned long long)(w->seed >> 1),
+                      c->ph == b->dph ? ",\"epd_encode\":\"local\"" : "");
+    } else if (b->chat) {
+        bl = snprintf(body, cap,
                       "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"%.*s\"}],"
                       "\"max_tokens\":%u,\"temperature\":0,\"seed\":%llu,\"stream\":true,"
                       "\"stream_options\":{\"include_usage\":true}}",
                       b->model_name, (int)w->text_len, b->text + w->text_off, w->max_tokens,
                       (unsigned long long)(w->seed >> 1));
     } else {
-        bl = snprintf(body, sizeof(body),
+        bl = snprintf(body, cap,
                       "{\"model\":\"%s\",\"prompt\":\"%.*s\",\"max_tokens\":%u,"
                       "\"temperature\":0,\"seed\":%llu,\"stream\":true,"
                       "\"stream_options\":{\"include_usage\":true}}",
@@ -699,21 +832,24 @@ static void sv_http_send(sv_conn_t *c)
     }
     c->wbuf = epd_malloc((size_t)bl + 256);
     if (c->wbuf == NULL) {
+        epd_free(body);
         sv_conn_close(c);
         return;
     }
     hl = snprintf(c->wbuf, 256,
                   "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
                   "Accept: text/event-stream\r\nContent-Length: %d\r\n\r\n",
-                  b->chat ? "/v1/chat/completions" : "/v1/completions", b->router, bl);
+                  b->chat || w->image >= 0 ? "/v1/chat/completions" : "/v1/completions",
+                  b->router, bl);
     memcpy(c->wbuf + hl, body, (size_t)bl);
+    epd_free(body);
     ub = uv_buf_init(c->wbuf, (unsigned)(hl + bl));
     c->wr.data = c;
     c->saw_done = 0;
     c->saw_error = 0;
     c->status = 0;
     c->state = 0;
-    b->hph->res[c->idx].t_send = sv_now();
+    c->ph->res[c->idx].t_send = sv_now();
     if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &ub, 1, sv_on_write) != 0) {
         epd_free(c->wbuf);
         c->wbuf = NULL;
@@ -735,7 +871,7 @@ static void sv_on_connect(uv_connect_t *req, int status)
     sv_http_send(c);
 }
 
-static void sv_http_start(sv_t *b, uint32_t i)
+static void sv_http_start(sv_t *b, uint32_t i, sv_phase_t *ph)
 {
     sv_conn_t *c = b->idle;
 
@@ -743,22 +879,24 @@ static void sv_http_start(sv_t *b, uint32_t i)
         b->idle = c->next_idle;
         c->next_idle = NULL;
         c->idx = (int)i;
+        c->ph = ph;
         sv_http_send(c);
         return;
     }
     c = epd_calloc(1, sizeof(*c));
     if (c == NULL) {
-        sv_err(b->hph, &b->hph->res[i], "out of memory");
-        sv_finish(b, &b->hph->res[i], sv_now());
+        sv_err(ph, &ph->res[i], "out of memory");
+        sv_finish(b, &ph->res[i], sv_now());
         return;
     }
     c->b = b;
     c->idx = (int)i;
+    c->ph = ph;
     c->tcp.data = c;
     c->connect.data = c;
     uv_tcp_init(&b->loop, &c->tcp);
     b->n_conns++;
-    b->hph->res[i].t_send = sv_now(); /* the connect is part of the latency */
+    ph->res[i].t_send = sv_now(); /* the connect is part of the latency */
     if (uv_tcp_connect(&c->connect, &c->tcp, (const struct sockaddr *)&b->addr, sv_on_connect) !=
         0) {
         sv_conn_close(c);
@@ -853,10 +991,11 @@ static void sv_launch_due(sv_t *b)
     while (b->next < b->n_work && b->t0 + b->work[b->next].at_ns <= now) {
         uint32_t i = b->next++;
         int direct = b->mode == 1 || (b->mode == 2 && (i & 1u));
-        sv_phase_t *ph = direct ? b->dph : b->hph;
+        int second = (b->mode == 2 || b->mode == 3) && (i & 1u); /* odd arrivals: dph */
+        sv_phase_t *ph = b->mode == 3 ? (second ? b->dph : b->hph) : direct ? b->dph : b->hph;
 
-        if (b->mode == 2) {
-            (direct ? b->hph : b->dph)->res[i].unused = 1;
+        if (b->mode == 2 || b->mode == 3) {
+            (second ? b->hph : b->dph)->res[i].unused = 1;
         }
         b->inflight++;
         if (b->inflight > (uint32_t)b->max_inflight) {
@@ -870,7 +1009,7 @@ static void sv_launch_due(sv_t *b)
         if (direct) {
             sv_direct_start(b, i);
         } else {
-            sv_http_start(b, i);
+            sv_http_start(b, i, ph);
         }
     }
 }
@@ -929,10 +1068,12 @@ static int sv_phase_init(sv_t *b, sv_phase_t *ph, const char *name)
 }
 
 /* Runs the workload once: mode 0 all through the router (hph), 1 all
- * direct (dph), 2 alternating (even arrivals router, odd direct). */
+ * direct (dph), 2 alternating (even arrivals router, odd direct), 3
+ * alternating through the router (images: even arrivals with the encoder
+ * pool, hph; odd ones encoded by prefill, dph). */
 static int sv_run_phase(sv_t *b, int mode, sv_phase_t *hph, sv_phase_t *dph)
 {
-    int direct = mode != 0;
+    int direct = mode == 1 || mode == 2;
 
     b->mode = mode;
     b->hph = hph;
@@ -1091,16 +1232,26 @@ static void sv_print(sv_t *b, sv_phase_t *phs, int n_ph)
     sv_stats_t st[2];
     int ir = -1, id = -1;
 
-    printf("\nepd-bench serve: %.0f req/s offered for %.1f s (%u requests, first %lld not "
-           "counted), prompt %s bytes, output %s tokens, %s, paths: %s\n",
-           b->rate, b->duration_s, b->n_work, (long long)b->warmup, b->prompt_len, b->output_len,
-           b->chat ? "chat" : "completions",
-           strcmp(b->phases, "ab") == 0 ? "alternating router/direct (half the rate each)"
-                                        : b->phases);
-    printf("%-7s %7s %6s %8s %9s | %8s %8s %8s | %7s %7s %7s | %8s %8s %8s\n", "path", "ok",
+    if (b->n_images > 0) {
+        printf("\nepd-bench serve: %.0f req/s offered for %.1f s (%u requests, first %lld not "
+               "counted), chat with one %lldx%lld PNG + %s bytes of text, output %s tokens; "
+               "paths alternating (half the rate each): encoders = the encoder pool encodes "
+               "the images, local = the prefill worker does (\"epd_encode\": \"local\"); each "
+               "path draws from its own %lld images\n",
+               b->rate, b->duration_s, b->n_work, (long long)b->warmup, (long long)b->image_size,
+               (long long)b->image_size, b->prompt_len, b->output_len, (long long)b->n_images);
+    } else {
+        printf("\nepd-bench serve: %.0f req/s offered for %.1f s (%u requests, first %lld not "
+               "counted), prompt %s bytes, output %s tokens, %s, paths: %s\n",
+               b->rate, b->duration_s, b->n_work, (long long)b->warmup, b->prompt_len,
+               b->output_len, b->chat ? "chat" : "completions",
+               strcmp(b->phases, "ab") == 0 ? "alternating router/direct (half the rate each)"
+                                            : b->phases);
+    }
+    printf("%-8s %7s %6s %8s %9s | %8s %8s %8s | %7s %7s %7s | %8s %8s %8s\n", "path", "ok",
            "errors", "req/s", "tok/s", "ttft_p50", "ttft_p90", "ttft_p99", "itl_p50", "itl_p90",
            "itl_p99", "e2e_p50", "e2e_p90", "e2e_p99");
-    printf("%-7s %7s %6s %8s %9s | %8s %8s %8s | %7s %7s %7s | %8s %8s %8s\n", "", "", "", "", "",
+    printf("%-8s %7s %6s %8s %9s | %8s %8s %8s | %7s %7s %7s | %8s %8s %8s\n", "", "", "", "", "",
            "ms", "ms", "ms", "ms", "ms", "ms", "ms", "ms", "ms");
     for (int k = 0; k < n_ph; k++) {
         sv_stats_t *s = &st[k];
@@ -1111,7 +1262,7 @@ static void sv_print(sv_t *b, sv_phase_t *phs, int n_ph)
         } else {
             id = k;
         }
-        printf("%-7s %7llu %6llu %8.1f %9.0f | %8.3f %8.3f %8.3f | %7.3f %7.3f %7.3f | %8.3f "
+        printf("%-8s %7llu %6llu %8.1f %9.0f | %8.3f %8.3f %8.3f | %7.3f %7.3f %7.3f | %8.3f "
                "%8.3f %8.3f\n",
                phs[k].name, (unsigned long long)s->ok, (unsigned long long)s->err, s->rps, s->tps,
                s->ttft[0], s->ttft[1], s->ttft[2], s->itl[0], s->itl[1], s->itl[2], s->e2e[0],
@@ -1124,7 +1275,23 @@ static void sv_print(sv_t *b, sv_phase_t *phs, int n_ph)
                    phs[k].errs[e].example[0] != '\0' ? "  e.g. " : "", phs[k].errs[e].example);
         }
     }
-    if (ir >= 0 && id >= 0) {
+    if (b->n_images > 0) {
+        double d[6];
+
+        for (int k = 0; k < 6; k++) {
+            d[k] = b->img1[k] - b->img0[k];
+        }
+        printf("images (the router's /metrics over the run): %.0f, cache hits %.0f (hit rate "
+               "%.1f%%), encoded by the encoder pool %.0f, by prefill %.0f, stale hints %.0f, "
+               "retries %.0f\n",
+               d[0], d[1], d[0] > 0 ? 100.0 * d[1] / d[0] : 0.0, d[2], d[3], d[4], d[5]);
+        if (n_ph == 2) {
+            printf("encoder pool vs prefill encoding (encoders - local): TTFT p50 %+.3f ms, p99 "
+                   "%+.3f ms; E2E p50 %+.3f ms\n",
+                   st[0].ttft[0] - st[1].ttft[0], st[0].ttft[2] - st[1].ttft[2],
+                   st[0].e2e[0] - st[1].e2e[0]);
+        }
+    } else if (ir >= 0 && id >= 0) {
         printf("router adds (router - direct): TTFT p50 %+.0f us, p99 %+.0f us; E2E p50 %+.0f us, "
                "p99 %+.0f us\n",
                (st[ir].ttft[0] - st[id].ttft[0]) * 1e3, (st[ir].ttft[2] - st[id].ttft[2]) * 1e3,
@@ -1191,6 +1358,57 @@ static int sv_metrics_ttft(const sv_t *b, double *sum_p, uint64_t *count_p)
     epd_free(buf);
     return rc;
 }
+
+/* The values of the router's `n` counters `names` (GET /metrics; blocking,
+ * 5 s at most; before and after the run only).  Absent ones read 0. */
+static int sv_metrics_get(const sv_t *b, const char *const *names, int n, double *out)
+{
+    struct timeval tv = {.tv_sec = 5, .tv_usec = 0};
+    char req[256], *buf;
+    size_t len = 0, cap = 1 << 20;
+    int fd, rn, rc = -1;
+
+    buf = epd_malloc(cap + 1);
+    if (buf == NULL) {
+        return -1;
+    }
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) {
+        epd_free(buf);
+        return -1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    rn = snprintf(req, sizeof(req),
+                  "GET /metrics HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", b->router);
+    if (connect(fd, (const struct sockaddr *)&b->addr, sizeof(b->addr)) == 0 &&
+        write(fd, req, (size_t)rn) == rn) {
+        ssize_t got;
+
+        while (len < cap && (got = read(fd, buf + len, cap - len)) > 0) {
+            len += (size_t)got;
+        }
+        buf[len] = '\0';
+        for (int i = 0; i < n; i++) {
+            char key[128];
+            char *p;
+
+            snprintf(key, sizeof(key), "\n%s ", names[i]);
+            p = strstr(buf, key);
+            out[i] = p != NULL ? strtod(p + strlen(key), NULL) : 0.0;
+        }
+        rc = 0;
+    }
+    close(fd);
+    epd_free(buf);
+    return rc;
+}
+
+static const char *const sv_img_metrics[6] = {
+    "epd_router_images_total",         "epd_router_image_cache_hits_total",
+    "epd_router_images_encoded_total", "epd_router_images_local_total",
+    "epd_router_image_cache_stale_total", "epd_router_retries_total",
+};
 
 /* ------------------------------------------------------------ the cluster */
 
@@ -1361,6 +1579,25 @@ static int sv_cluster_start(sv_t *b)
     }
     if (b->sim_model != NULL) {
         snprintf(model, sizeof(model), "%s", b->sim_model);
+    } else if (b->n_images > 0) {
+        /* images: epd-mkmodel's default model (ref, with its vision encoder) */
+        char mk[PATH_MAX + 32], mklog[PATH_MAX + 16];
+        int status = 0;
+        pid_t pid;
+
+        snprintf(model, sizeof(model), "%s/vlm", b->tmp);
+        snprintf(mk, sizeof(mk), "%s/epd-mkmodel", b->bindir);
+        snprintf(mklog, sizeof(mklog), "%s/mkmodel.log", b->tmp);
+        {
+            char *argv[] = {mk, "--out", model, NULL};
+
+            pid = sv_spawn(argv, mklog);
+        }
+        if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+            WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "serve: epd-mkmodel failed (log: %s)\n", mklog);
+            return -1;
+        }
     } else {
         snprintf(model, sizeof(model), "%s/sim", b->tmp);
         if (sv_write_sim(b, model) != 0) {
@@ -1449,7 +1686,28 @@ static int sv_cluster_start(sv_t *b)
     }
     b->prefill_ctl = b->p_ctl_buf;
     b->decode_ctl = b->d_ctl_buf;
-    if (sv_wait_workers(b->router_ctl, 2) != 0) {
+    if (b->n_images > 0) {
+        char eexe[PATH_MAX + 32], eready[PATH_MAX + 16], elog[PATH_MAX + 16];
+
+        snprintf(eexe, sizeof(eexe), "%s/epd-encoder", b->bindir);
+        snprintf(eready, sizeof(eready), "%s/encoder.ready", b->tmp);
+        snprintf(elog, sizeof(elog), "%s/encoder.log", b->tmp);
+        {
+            char *argv[] = {eexe,        "--model",     model,      "--engine",
+                            (char *)b->engine_name,     "--worker-id", "encoder-0",
+                            "--router",  b->router_ctl_buf,         "--ready-file",
+                            eready,      "--log-level", "warn",     NULL};
+
+            b->pids[3] = sv_spawn(argv, elog);
+        }
+        if (b->pids[3] < 0 ||
+            sv_wait_ready(eready, b->pids[3], "control", b->enc_ctl_buf,
+                          sizeof(b->enc_ctl_buf)) != 0) {
+            fprintf(stderr, "serve: the encoder did not start (log: %s)\n", elog);
+            return -1;
+        }
+    }
+    if (sv_wait_workers(b->router_ctl, b->n_images > 0 ? 3 : 2) != 0) {
         fprintf(stderr, "serve: the workers did not become READY at the router (logs in %s)\n",
                 b->tmp);
         return -1;
@@ -1461,7 +1719,7 @@ static int sv_cluster_start(sv_t *b)
 
 static void sv_cluster_stop(sv_t *b)
 {
-    for (int i = 2; i >= 0; i--) {
+    for (int i = 3; i >= 0; i--) {
         sv_kill(b->pids[i]);
         b->pids[i] = 0;
     }
@@ -1552,6 +1810,11 @@ int epd_bench_serve_main(int argc, char **argv)
         {"seed", EPD_OPT_INT, &b.seed, 0, 1e15, "workload seed"},
         {"chat", EPD_OPT_BOOL, &b.chat, 0, 0, "POST /v1/chat/completions instead of completions"},
         {"keep", EPD_OPT_BOOL, &b.keep, 0, 0, "keep the cluster's temp folder (logs)"},
+        {"images", EPD_OPT_INT, &b.n_images, 0, 100000,
+         "multimodal mix: every request a chat with one PNG drawn from N distinct images per "
+         "path; paths encoders vs local (prefill encodes) alternate; own cluster: ref with "
+         "vision + 1 encoder (0: text requests)"},
+        {"image-size", EPD_OPT_INT, &b.image_size, 8, 4096, "the images' width and height"},
     };
     epd_opts_t o = {.prog = "epd-bench serve",
                     .summary = "serving load (Poisson arrivals) through the router vs straight "
@@ -1573,6 +1836,7 @@ int epd_bench_serve_main(int argc, char **argv)
     b.max_inflight = 4096;
     b.warmup = 200;
     b.seed = 1;
+    b.image_size = 224;
     signal(SIGPIPE, SIG_IGN);
     status = epd_opts_parse(&o, argc, argv, &argi);
     if (status != EPD_OK) {
@@ -1594,6 +1858,40 @@ int epd_bench_serve_main(int argc, char **argv)
         slash = strrchr(b.bindir, '/');
         if (slash != NULL) {
             *slash = '\0';
+        }
+    }
+    if (b.n_images > 0) {
+        /* the multimodal mix: ref with its vision encoder, chat, both
+         * router paths interleaved; a lighter default load */
+        int rate_given = 0, dur_given = 0, warm_given = 0;
+
+        for (int k = 1; k < argc; k++) {
+            rate_given |= strncmp(argv[k], "--rate", 6) == 0;
+            dur_given |= strncmp(argv[k], "--duration", 10) == 0;
+            warm_given |= strncmp(argv[k], "--warmup", 8) == 0;
+        }
+        if (!rate_given) {
+            b.rate = 8;
+        }
+        if (!dur_given) {
+            b.duration_s = 30;
+        }
+        if (!warm_given) {
+            b.warmup = 8;
+        }
+        if (strcmp(b.engine_name, "sim") == 0) {
+            b.engine_name = "ref";
+        }
+        if (strcmp(b.model_name, "bench-sim") == 0) {
+            b.model_name = "bench-vlm";
+        }
+        if (strcmp(b.prompt_len, "16:128") == 0) {
+            b.prompt_len = "16:64";
+        }
+        b.phases = "ab";
+        if (sv_images_make(&b) != 0) {
+            fprintf(stderr, "serve: cannot make the images\n");
+            goto out;
         }
     }
     if (sv_workload(&b) != 0) {
@@ -1626,6 +1924,19 @@ int epd_bench_serve_main(int argc, char **argv)
         if (!want_r && !want_d) {
             fprintf(stderr, "serve: --phases wants router, direct, router,direct or ab\n");
             goto out_cluster;
+        }
+        if (b.n_images > 0) {
+            (void)sv_metrics_get(&b, sv_img_metrics, 6, b.img0);
+            fprintf(stderr, "serve: images: encoders and local interleaved, %u requests at "
+                            "%.1f/s\n",
+                    b.n_work, b.rate);
+            if (sv_phase_init(&b, &phs[0], "encoders") == 0 &&
+                sv_phase_init(&b, &phs[1], "local") == 0 &&
+                sv_run_phase(&b, 3, &phs[0], &phs[1]) == 0) {
+                n_ph = 2;
+            }
+            (void)sv_metrics_get(&b, sv_img_metrics, 6, b.img1);
+            want_r = want_d = ab = 0;
         }
         if (want_d && (b.prefill_ctl == NULL || b.decode_ctl == NULL || b.model_dir == NULL)) {
             fprintf(stderr, "serve: the direct path needs --prefill, --decode and --model with "
@@ -1673,6 +1984,21 @@ int epd_bench_serve_main(int argc, char **argv)
         sv_print(&b, phs, n_ph);
         rc = 0;
     }
+    if (rc == 0 && b.n_images > 0 && b.enc_ctl_buf[0] != '\0') {
+        /* the encoder alone, saturated: images/s at a few in flight */
+        char exe[PATH_MAX + 32], w[16], cmd[2 * PATH_MAX + 256];
+
+        snprintf(exe, sizeof(exe), "%s/epd-encoder-load", b.bindir);
+        snprintf(w, sizeof(w), "%lld", (long long)b.image_size);
+        snprintf(cmd, sizeof(cmd),
+                 "'%s' --encoder %s --images 100 --inflight 4 --width %s --height %s --format png "
+                 "2>&1 | sed 's/^/encoder alone (epd-encoder-load, 4 in flight): /'",
+                 exe, b.enc_ctl_buf, w, w);
+        fflush(stdout);
+        if (system(cmd) != 0) {
+            fprintf(stderr, "serve: epd-encoder-load failed\n");
+        }
+    }
     for (int k = 0; k < 2; k++) {
         epd_free(phs[k].res);
         epd_free(phs[k].itl_us);
@@ -1698,6 +2024,7 @@ out:
     epd_free(b.work);
     epd_free(b.deferred);
     epd_free(b.text);
+    sv_images_free(&b);
     epd_opts_cleanup(&o);
     return rc;
 }

@@ -828,7 +828,28 @@ static epd_status_t parse_fields(epd_oai_kind_t kind, json_t *root, const char *
             return status;
         }
     }
-    return parse_stop(root, req, err);
+    status = parse_stop(root, req, err);
+    if (status != EPD_OK) {
+        return status;
+    }
+    {
+        /* extension: "epd_encode": "local" makes the prefill worker encode
+         * this request's images itself, as if there were no encoder pool
+         * (epd-bench serve --images compares the two); "auto" (the
+         * default) lets the router choose */
+        json_t *enc = opt_field(root, "epd_encode");
+
+        if (enc != NULL) {
+            if (!json_is_string(enc) || (strcmp(json_string_value(enc), "local") != 0 &&
+                                         strcmp(json_string_value(enc), "auto") != 0)) {
+                epd_oai_error_set(err, 400, "epd_encode", NULL,
+                                  "'epd_encode' must be \"auto\" or \"local\".");
+                return EPD_ERR_INVALID_PARAM;
+            }
+            req->encode_local = strcmp(json_string_value(enc), "local") == 0;
+        }
+    }
+    return EPD_OK;
 }
 
 epd_status_t epd_oai_request_parse(epd_oai_kind_t kind, const void *body, size_t len,

@@ -34,6 +34,9 @@
  *                      with stream true)
  *   stop               a string or an array of at most 4 non-empty strings,
  *                      kept as text (the router maps them)
+ *   epd_encode         (extension) "auto" (default) or "local": the
+ *                      prefill worker encodes the images itself even when
+ *                      encoders are registered (benchmarks compare both)
  *
  * Chat template (documented, simple, model-agnostic): each message becomes
  * "<|ROLE|>\nCONTENT\n" in order (text parts of an array content are
@@ -110,6 +113,7 @@ typedef struct {
     size_t n_stop;
     epd_oai_image_t *images; /* owned [n_images], in prompt order (chat only) */
     size_t n_images;
+    int encode_local; /* extension "epd_encode": "local": no encoder pool for its images */
 } epd_oai_request_t;
 
 typedef struct {

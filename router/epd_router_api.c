@@ -177,8 +177,10 @@ static epd_status_t epd__dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
             }
             media[k].image = im->data;
             media[k].image_len = im->len;
-            ew[k] = epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_ENCODER, NULL, 0, r->avoid,
-                                             r->n_avoid);
+            ew[k] = r->oai->encode_local
+                        ? NULL
+                        : epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_ENCODER, NULL, 0,
+                                                   r->avoid, r->n_avoid);
             if (ew[k] != NULL) {
                 media[k].encoder = ew[k]->cw;
                 r->img_src[k] = EPD_ROUTER_IMG_ENCODER;

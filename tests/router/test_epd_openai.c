@@ -111,6 +111,10 @@ static const refusal_t refusals[] = {
      "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
      "[{\"type\": \"input_audio\", \"input_audio\": {}}]}]}",
      400, "messages[0].content[0].type", NULL, "only \"text\" and \"image_url\""},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+     "\"epd_encode\": \"remote\"}",
+     400, "epd_encode", NULL, "must be \"auto\" or \"local\""},
     /* images: data: URLs of base64 images only */
     {H,
      "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
@@ -360,6 +364,11 @@ static void test_chat_images(void **state)
     assert_memory_equal(req->images[2].data, "ab", 2);
     assert_int_equal(req->images[2].prompt_offset, strlen("<|user|>\nLook:  and \n<|user|>\n"));
     assert_int_equal(req->images[2].message, 1);
+    assert_false(req->encode_local);
+    epd_oai_request_destroy(req);
+    req = parse_ok(H, "{\"model\": \"tiny\", \"epd_encode\": \"local\", \"messages\": "
+                      "[{\"role\": \"user\", \"content\": \"q\"}]}");
+    assert_true(req->encode_local);
     epd_oai_request_destroy(req);
     /* more than EPD_OAI_MAX_IMAGES */
     {
