@@ -1156,7 +1156,11 @@ int epd_bench_overhead_main(int argc, char **argv)
         static char prof[PATH_MAX];
 
         if (b.profiles == NULL) {
+            /* build/bin or build/san/bin */
             snprintf(prof, sizeof(prof), "%s/../../engine/profiles", b.bindir);
+            if (access(prof, R_OK) != 0) {
+                snprintf(prof, sizeof(prof), "%s/../../../engine/profiles", b.bindir);
+            }
             if (access(prof, R_OK) != 0) {
                 snprintf(prof, sizeof(prof), "engine/profiles");
             }

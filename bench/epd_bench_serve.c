@@ -1436,7 +1436,7 @@ static pid_t sv_spawn(char *const argv[], const char *log)
     return pid;
 }
 
-static void sv_kill(pid_t pid)
+static void sv_kill(pid_t pid, const char *name)
 {
     uint64_t end;
     int status;
@@ -1448,10 +1448,20 @@ static void sv_kill(pid_t pid)
     end = sv_now() + 10 * EPD_NSEC_PER_SEC;
     while (sv_now() < end) {
         if (waitpid(pid, &status, WNOHANG) == pid) {
+            /* a daemon that crashed on the way out is a bug worth a line */
+            if (WIFSIGNALED(status)) {
+                fprintf(stderr, "serve: %s (pid %d) died of signal %d on SIGTERM\n", name,
+                        (int)pid, WTERMSIG(status));
+            } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+                fprintf(stderr, "serve: %s (pid %d) exited %d on SIGTERM\n", name, (int)pid,
+                        WEXITSTATUS(status));
+            }
             return;
         }
         epd_time_sleep_ns(10 * EPD_NSEC_PER_MSEC);
     }
+    fprintf(stderr, "serve: %s (pid %d) did not exit within 10 s of SIGTERM: killed\n", name,
+            (int)pid);
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
 }
@@ -1719,8 +1729,10 @@ static int sv_cluster_start(sv_t *b)
 
 static void sv_cluster_stop(sv_t *b)
 {
+    static const char *const names[4] = {"router", "decode", "prefill", "encoder"};
+
     for (int i = 3; i >= 0; i--) {
-        sv_kill(b->pids[i]);
+        sv_kill(b->pids[i], names[i]);
         b->pids[i] = 0;
     }
 }

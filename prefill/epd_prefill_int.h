@@ -152,6 +152,13 @@ typedef struct {
     size_t data_len;
     uint64_t t_start_ns;      /* reservation sent / local encode queued */
     int hit;                  /* READY from the cache at arrival */
+    /* its source, kept from the GenerateRequest until it is placed (the
+     * request waits when no slot is free): an encoder, or data (then
+     * `data` above holds the bytes), or neither (it must be cached) */
+    char enc_id[EPD_PREFILL_ID_MAX];
+    epd_prefill_epoch_t enc_epoch;
+    unsigned char *enc_addr; /* owned; NULL: no encoder */
+    size_t enc_addr_len;
 } epd_prefill_media_t;
 
 /* One layer's writes of one request: the completion callbacks' argument, so
@@ -229,6 +236,11 @@ struct epd_prefill_req {
     epd_prefill_media_t *media; /* [n_media] */
     uint32_t n_media;
     uint32_t media_pending;
+    /* waiting for embedding slots (srv->park_head FIFO): nothing of the
+     * region is held meanwhile; failed after lease_ms */
+    int parked;
+    uint64_t t_park_ns;
+    struct epd_prefill_req *park_next;
     uint32_t encodes_inflight;
     int run_submitted;
     epd_embed_span_t *spans;          /* [n_media], the run's */
@@ -327,6 +339,9 @@ typedef struct epd_prefill_srv {
     epd_prefill_eslot_t *eslots; /* [embed_slots] */
     uint64_t max_image_pixels;   /* local encodes' pixel guard */
     uint64_t embed_hits, embed_misses, embed_local; /* images: cached, from an encoder, ours */
+    uint64_t embed_parked;     /* requests that waited for slots */
+    epd_prefill_req_t *park_head, *park_tail; /* waiting for slots, in arrival order */
+    int embed_room;            /* a slot came free: the pump places the parked */
     uint64_t layer_notices;    /* landed LayerDones sent */
     uint64_t layer_notices_skipped; /* refused by backpressure (decode verifies at the end) */
     epd_trace_t *trace;     /* --trace; NULL = off */
@@ -387,6 +402,8 @@ void epd__prefill_req_submit_run(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 void epd__prefill_req_fail(epd_prefill_srv_t *srv, epd_prefill_req_t *req, epd_status_t status,
                            const char *msg, int tell_client, int tell_d, int quiesce);
 void epd__prefill_req_dirty(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
+/* Starts the pump (idle handle) if it is not running. */
+void epd__prefill_pump_kick(epd_prefill_srv_t *srv);
 /* The reservation just became valid: post what is ready. */
 void epd__prefill_req_reserved(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
 void epd__prefill_on_event(void *arg, epd_prefill_ev_t *ev);
@@ -407,7 +424,9 @@ epd_status_t epd__prefill_media_check(const epd_prefill_srv_t *srv, const Epd__G
                                       char *msg, size_t cap);
 /* Starts an admitted request's media (rule 15): cache hits pinned,
  * reservations sent to encoders, local encodes queued; submits the run when
- * nothing is pending.  May fail the request (it stays live until it
+ * nothing is pending.  When the free and evictable slots do not cover its
+ * uncached images (or requests wait already), the request waits, holding
+ * no slot, until they do.  May fail the request (it stays live until it
  * finishes as usual). */
 void epd__prefill_media_start(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
                               const Epd__GenerateRequest *g);
@@ -431,8 +450,12 @@ int epd__prefill_media_from_encoder(const epd_prefill_req_t *req, const Epd__Env
 /* An encoder peer is dead and both its endpoints are closed: its
  * quarantined slots are free. */
 void epd__prefill_media_encoder_gone(epd_prefill_srv_t *srv, epd_prefill_peer_t *peer);
-/* Periodic: reservation leases of waiting images. */
+/* Periodic: reservation leases of waiting images, and of requests waiting
+ * for slots. */
 void epd__prefill_media_tick(epd_prefill_srv_t *srv, uint64_t now);
+/* Pump only: places the requests waiting for slots, in order, while the
+ * first of them fits. */
+void epd__prefill_media_unpark(epd_prefill_srv_t *srv);
 
 /* ---- epd_prefill_rpc.c ---- */
 int epd__prefill_on_rpc(void *arg, const char *method, const void *req, size_t req_len,

@@ -110,12 +110,23 @@ static void epd_prefill_slot_set_enc(epd_prefill_srv_t *srv, epd_prefill_eslot_t
     }
 }
 
+/* A slot came free or evictable: requests waiting for slots get a look
+ * from the pump (never placed from here: callers may be iterating). */
+static void epd_prefill_embed_room(epd_prefill_srv_t *srv)
+{
+    if (srv->park_head != NULL) {
+        srv->embed_room = 1;
+        epd__prefill_pump_kick(srv);
+    }
+}
+
 static void epd_prefill_slot_free(epd_prefill_srv_t *srv, epd_prefill_eslot_t *slot)
 {
     epd_prefill_slot_set_enc(srv, slot, NULL);
     slot->state = EPD_PREFILL_ES_FREE;
     slot->pins = 0;
     slot->req_id = 0;
+    epd_prefill_embed_room(srv);
 }
 
 /* A READY slot holding `hash`, or NULL. */
@@ -262,8 +273,62 @@ static epd_status_t epd_prefill_send_embed_reservation(epd_prefill_srv_t *srv,
     return epd__prefill_send(srv, m->enc->ep, EPD__ENVELOPE__BODY_EMBED_RESERVATION, &er, 0);
 }
 
-void epd__prefill_media_start(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
-                              const Epd__GenerateRequest *g)
+/* Do the free and evictable slots cover req's uncached images?  Cached
+ * ones are not pinned here: a waiting request holds nothing. */
+static int epd_prefill_media_fits(epd_prefill_srv_t *srv, const epd_prefill_req_t *req)
+{
+    uint32_t misses = 0, avail = 0;
+
+    for (uint32_t i = 0; i < req->n_media; i++) {
+        misses += epd_prefill_cache_find(srv, req->media[i].hash) == NULL;
+    }
+    if (misses == 0) {
+        return 1;
+    }
+    for (uint32_t j = 0; j < srv->embed_slots && avail < misses; j++) {
+        const epd_prefill_eslot_t *s = &srv->eslots[j];
+        int mine = 0;
+
+        if (s->state == EPD_PREFILL_ES_FREE) {
+            avail++;
+            continue;
+        }
+        if (s->state != EPD_PREFILL_ES_READY || s->pins > 0) {
+            continue;
+        }
+        for (uint32_t i = 0; i < req->n_media && !mine; i++) {
+            mine = memcmp(s->hash, req->media[i].hash, 32) == 0;
+        }
+        avail += !mine; /* one of ours is a hit, not a slot to evict */
+    }
+    return avail >= misses;
+}
+
+static void epd_prefill_park_remove(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+{
+    epd_prefill_req_t **pp = &srv->park_head;
+
+    if (!req->parked) {
+        return;
+    }
+    while (*pp != NULL && *pp != req) {
+        pp = &(*pp)->park_next;
+    }
+    if (*pp == req) {
+        *pp = req->park_next;
+    }
+    srv->park_tail = NULL;
+    for (epd_prefill_req_t *r = srv->park_head; r != NULL; r = r->park_next) {
+        srv->park_tail = r;
+    }
+    req->park_next = NULL;
+    req->parked = 0;
+}
+
+/* Places every image of req (fits() said the slots are there): hits
+ * pinned, reservations sent, local encodes queued; the run is submitted
+ * when nothing is pending.  May fail the request. */
+static void epd_prefill_media_place(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
     uint64_t now = epd_time_now_ns();
     uint32_t hits = 0;
@@ -272,17 +337,12 @@ void epd__prefill_media_start(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
     /* every image counts as pending until placed; the cached ones are
      * subtracted at the end, so the run cannot start half way through */
     req->media_pending = req->n_media;
+    /* hits first: pinned, so that a miss below cannot evict one of them */
     for (uint32_t i = 0; i < req->n_media; i++) {
-        const Epd__MediaRef *mr = g->media[i];
         epd_prefill_media_t *m = &req->media[i];
-        epd_prefill_eslot_t *slot;
-        epd_status_t st;
+        epd_prefill_eslot_t *slot = epd_prefill_cache_find(srv, m->hash);
 
-        m->pos = mr->placeholder_pos;
-        m->n = mr->n_embeddings;
-        memcpy(m->hash, mr->content_hash.data, 32);
         m->t_start_ns = now;
-        slot = epd_prefill_cache_find(srv, m->hash);
         if (slot != NULL) {
             slot->pins++;
             m->slot = slot;
@@ -291,10 +351,18 @@ void epd__prefill_media_start(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
             hits++;
             srv->embed_hits++;
             epd_trace_instant(srv->trace, "image cached", "wait", req->id, (int32_t)i, now);
+        }
+    }
+    for (uint32_t i = 0; i < req->n_media; i++) {
+        epd_prefill_media_t *m = &req->media[i];
+        epd_prefill_eslot_t *slot;
+        epd_status_t st;
+
+        if (m->hit) {
             continue;
         }
-        if ((mr->encoder_worker_id == NULL || mr->encoder_worker_id[0] == '\0') &&
-            mr->data.len == 0) {
+        if (m->enc_addr == NULL && m->data == NULL) {
+            /* cached when it arrived, evicted while it waited for slots */
             snprintf(msg, sizeof(msg),
                      "image %u is not cached here and the request names no encoder for it", i);
             epd__prefill_req_fail(srv, req, EPD_ERR_NOT_FOUND, msg, 1, 1, 1);
@@ -312,16 +380,15 @@ void epd__prefill_media_start(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
         slot->req_id = req->id;
         slot->media_index = i;
         m->slot = slot;
-        if (mr->encoder_worker_id != NULL && mr->encoder_worker_id[0] != '\0') {
-            epd_prefill_epoch_t e = epd__prefill_epoch_of(mr->encoder_epoch);
+        if (m->enc_addr != NULL) {
             epd_prefill_peer_t *enc = NULL;
 
-            st = epd__prefill_peer_get(srv, EPD_PREFILL_ROLE_ENCODER, mr->encoder_worker_id, &e,
-                                       mr->encoder_address.data, mr->encoder_address.len, &enc);
+            st = epd__prefill_peer_get(srv, EPD_PREFILL_ROLE_ENCODER, m->enc_id, &m->enc_epoch,
+                                       m->enc_addr, m->enc_addr_len, &enc);
             if (st != EPD_OK) {
                 slot->state = EPD_PREFILL_ES_FREE;
                 m->slot = NULL;
-                snprintf(msg, sizeof(msg), "encoder '%.60s': %s", mr->encoder_worker_id,
+                snprintf(msg, sizeof(msg), "encoder '%.60s': %s", m->enc_id,
                          st == EPD_ERR_STALE_EPOCH ? "a newer epoch of it is known"
                                                    : epd_status_string(st));
                 epd__prefill_req_fail(srv, req, st == EPD_ERR_STALE_EPOCH ? st : EPD_ERR_PEER_DEAD,
@@ -350,16 +417,6 @@ void epd__prefill_media_start(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
             epd_prefill_job_t *job = &req->encode_jobs[i];
             epd_prefill_ev_t *ev = &req->encode_evs[i];
 
-            m->data = epd_malloc(mr->data.len);
-            if (m->data == NULL) {
-                slot->state = EPD_PREFILL_ES_FREE;
-                m->slot = NULL;
-                epd__prefill_req_fail(srv, req, EPD_ERR_NO_MEMORY, "out of memory for an image",
-                                      1, 1, 1);
-                return;
-            }
-            memcpy(m->data, mr->data.data, mr->data.len);
-            m->data_len = mr->data.len;
             memset(job, 0, sizeof(*job));
             memset(ev, 0, sizeof(*ev));
             ev->kind = EPD_PREFILL_EV_ENCODED;
@@ -394,11 +451,88 @@ void epd__prefill_media_start(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
     }
 }
 
+void epd__prefill_media_start(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
+                              const Epd__GenerateRequest *g)
+{
+    char msg[200];
+
+    /* copy every image's source: placing may come later */
+    for (uint32_t i = 0; i < req->n_media; i++) {
+        const Epd__MediaRef *mr = g->media[i];
+        epd_prefill_media_t *m = &req->media[i];
+
+        m->pos = mr->placeholder_pos;
+        m->n = mr->n_embeddings;
+        memcpy(m->hash, mr->content_hash.data, 32);
+        if (mr->encoder_worker_id != NULL && mr->encoder_worker_id[0] != '\0') {
+            snprintf(m->enc_id, sizeof(m->enc_id), "%s", mr->encoder_worker_id);
+            m->enc_epoch = epd__prefill_epoch_of(mr->encoder_epoch);
+            m->enc_addr = epd_malloc(mr->encoder_address.len);
+            if (m->enc_addr == NULL) {
+                epd__prefill_req_fail(srv, req, EPD_ERR_NO_MEMORY,
+                                      "out of memory for an encoder address", 1, 1, 1);
+                return;
+            }
+            memcpy(m->enc_addr, mr->encoder_address.data, mr->encoder_address.len);
+            m->enc_addr_len = mr->encoder_address.len;
+        } else if (mr->data.len > 0) {
+            m->data = epd_malloc(mr->data.len);
+            if (m->data == NULL) {
+                epd__prefill_req_fail(srv, req, EPD_ERR_NO_MEMORY, "out of memory for an image",
+                                      1, 1, 1);
+                return;
+            }
+            memcpy(m->data, mr->data.data, mr->data.len);
+            m->data_len = mr->data.len;
+        } else if (epd_prefill_cache_find(srv, m->hash) == NULL) {
+            snprintf(msg, sizeof(msg),
+                     "image %u is not cached here and the request names no encoder for it", i);
+            epd__prefill_req_fail(srv, req, EPD_ERR_NOT_FOUND, msg, 1, 1, 1);
+            return;
+        }
+    }
+    if (srv->park_head == NULL && epd_prefill_media_fits(srv, req)) {
+        epd_prefill_media_place(srv, req);
+        return;
+    }
+    /* every slot is busy (or others wait already, first come first
+     * served): wait, holding nothing, until requests before us finish */
+    req->parked = 1;
+    req->t_park_ns = epd_time_now_ns();
+    req->park_next = NULL;
+    if (srv->park_tail != NULL) {
+        srv->park_tail->park_next = req;
+    } else {
+        srv->park_head = req;
+    }
+    srv->park_tail = req;
+    srv->embed_parked++;
+    epd_trace_instant(srv->trace, "waiting for embedding slots", "wait", req->id, -1,
+                      req->t_park_ns);
+    epd_log_debug(EPD_PREFILL_MEDIA_LOG, req->id, "%u images: every embedding slot is busy, waiting",
+                  req->n_media);
+}
+
+void epd__prefill_media_unpark(epd_prefill_srv_t *srv)
+{
+    epd_prefill_req_t *req;
+
+    while ((req = srv->park_head) != NULL && epd_prefill_media_fits(srv, req)) {
+        epd_prefill_park_remove(srv, req);
+        epd_trace_span(srv->trace, "wait for embedding slots", "wait", req->id, -1,
+                       req->t_park_ns, epd_time_now_ns());
+        epd_prefill_media_place(srv, req);
+        epd__prefill_req_dirty(srv, req);
+    }
+}
+
 /* --------------------------------------------------------------- releases */
 
 void epd__prefill_media_release(epd_prefill_srv_t *srv, epd_prefill_req_t *req, int final)
 {
     uint64_t now = epd_time_now_ns();
+
+    epd_prefill_park_remove(srv, req); /* failed while it waited for slots */
 
     for (uint32_t i = 0; i < req->n_media; i++) {
         epd_prefill_media_t *m = &req->media[i];
@@ -424,8 +558,8 @@ void epd__prefill_media_release(epd_prefill_srv_t *srv, epd_prefill_req_t *req, 
             m->slot = NULL;
             m->state = EPD_PREFILL_MEDIA_GONE;
         } else if (m->state == EPD_PREFILL_MEDIA_READY && final) {
-            if (m->slot->pins > 0) {
-                m->slot->pins--;
+            if (m->slot->pins > 0 && --m->slot->pins == 0) {
+                epd_prefill_embed_room(srv);
             }
             m->slot->used_ns = now;
             m->slot = NULL;
@@ -650,6 +784,17 @@ void epd__prefill_media_encoder_gone(epd_prefill_srv_t *srv, epd_prefill_peer_t 
 void epd__prefill_media_tick(epd_prefill_srv_t *srv, uint64_t now)
 {
     uint64_t lease_ns = (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
+
+    /* in arrival order: only the first ones can have waited that long */
+    while (srv->park_head != NULL && now - srv->park_head->t_park_ns > lease_ns) {
+        epd_prefill_req_t *req = srv->park_head;
+        char msg[200];
+
+        snprintf(msg, sizeof(msg),
+                 "no embedding slot came free within %u ms (all %u busy with other requests)",
+                 srv->lease_ms, srv->embed_slots);
+        epd__prefill_req_fail(srv, req, EPD_ERR_NO_CAPACITY, msg, 1, 1, 1); /* unparks it */
+    }
 
     for (epd_prefill_req_t *req = srv->all; req != NULL; req = req->all_next) {
         if (req->failed) {

@@ -109,6 +109,11 @@ static void epd_prefill_pump_start(epd_prefill_srv_t *srv)
     }
 }
 
+void epd__prefill_pump_kick(epd_prefill_srv_t *srv)
+{
+    epd_prefill_pump_start(srv);
+}
+
 void epd__prefill_req_dirty(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
     if (req->list == EPD_PREFILL_LIST_DIRTY) {
@@ -159,6 +164,7 @@ static void epd_prefill_req_free(epd_prefill_req_t *req)
 {
     for (uint32_t i = 0; i < req->n_media; i++) {
         epd_free(req->media[i].data);
+        epd_free(req->media[i].enc_addr);
     }
     epd_free(req->media);
     epd_free(req->spans);
@@ -871,6 +877,10 @@ void epd__prefill_on_pump(uv_idle_t *idle)
         epd_prefill_unblock_all(srv);
     }
     for (;;) {
+        if (srv->embed_room) {
+            srv->embed_room = 0;
+            epd__prefill_media_unpark(srv);
+        }
         while ((req = srv->dirty_head) != NULL) {
             epd_prefill_list_remove(srv, req);
             if (epd_prefill_advance(srv, req) == 0) {
@@ -878,7 +888,7 @@ void epd__prefill_on_pump(uv_idle_t *idle)
             }
         }
         epd__prefill_peers_reap(srv);
-        if (srv->dirty_head == NULL) {
+        if (srv->dirty_head == NULL && !srv->embed_room) {
             break;
         }
     }

@@ -103,15 +103,18 @@ start_daemon() {
   [ -n "$addr" ] || fail "ready file of '$name' has no control=ADDR: $line"
   printf -v "${name}_PID" '%s' "$pid"
   printf -v "${name}_ADDR" '%s' "$addr"
+  printf -v "${name}_STOPPED" '%s' 0
   DAEMONS+=("$name")
 }
 
 # stop_daemon NAME [SIGNAL]: kills by PID and reaps (default SIGTERM, then
-# SIGKILL after 10 s).  Returns the daemon's exit status in STOP_RC.
+# SIGKILL after 10 s).  Returns the daemon's exit status in STOP_RC.  The
+# only way a test may end a daemon: finish_ok fails on any other that is gone.
 stop_daemon() {
   local name=$1 sig=${2:-TERM}
   local pidvar="${name}_PID"
   local pid=${!pidvar}
+  printf -v "${name}_STOPPED" '%s' 1
   kill -"$sig" "$pid" 2>/dev/null || true
   local i
   for i in $(seq 1 100); do
@@ -124,17 +127,26 @@ stop_daemon() {
 }
 
 # finish_ok: the end of a passing test.  Every daemon still running gets
-# SIGTERM and must exit 0 (sanitizer builds: leak checks run then); no
+# SIGTERM and must exit 0 (sanitizer builds: leak checks run then), and
+# every other must have been stopped by the test (stop_daemon); no
 # daemon log may hold a sanitizer report (also those of daemons killed or
 # restarted during the test).
 finish_ok() {
   local name pidvar
+  local stopvar rc
   for name in "${DAEMONS[@]:-}"; do
     [ -n "$name" ] || continue
     pidvar="${name}_PID"
+    stopvar="${name}_STOPPED"
     if kill -0 "${!pidvar}" 2>/dev/null; then
       stop_daemon "$name" TERM
       [ "$STOP_RC" = 0 ] || fail "daemon '$name' exited $STOP_RC on SIGTERM"
+    elif [ "${!stopvar}" != 1 ]; then
+      # gone although the test never stopped it: a crash that retries on
+      # other workers hid from the test's own checks
+      rc=0
+      wait "${!pidvar}" 2>/dev/null || rc=$?
+      fail "daemon '$name' died during the test (status $rc; log $T/$name.log)"
     fi
   done
   if grep -El "ERROR: (Address|Leak)Sanitizer|runtime error:|ThreadSanitizer" "$T"/*.log 2>/dev/null; then

@@ -106,7 +106,7 @@ if [ "$conf" = ucx-shm ]; then
   start_daemon e2 encoder --model "$T/m" --worker-id encoder-2 --router "$r_ADDR" \
     --peer-timeout-ms 1500 "${XFLAGS[@]}"
   wait_router_state "$r_ADDR" encoder-2 READY
-  kill -KILL "$e0_PID"
+  stop_daemon e0 KILL
   for i in 0 1 2; do
     wait "${kpids[$i]}" || fail "request $i after the encoder died: $(cat "$T/k$i.out")"
   done

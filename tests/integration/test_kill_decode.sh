@@ -36,7 +36,7 @@ done
 kill -0 "$ctl" 2>/dev/null || fail "the request ended before the kill: $(cat "$T/ctl.out" "$T/ctl.err")"
 note "SIGKILL decode (prefill running_requests=$run, decode free $free/$total)"
 t0=$(date +%s%N)
-kill -KILL "$d_PID"
+stop_daemon d KILL
 rc=0
 wait "$ctl" || rc=$?
 ms=$((($(date +%s%N) - t0) / 1000000))

@@ -41,7 +41,7 @@ done
 kill -0 "$ctl" 2>/dev/null || fail "the request ended before the kill: $(cat "$T/ctl.out" "$T/ctl.err")"
 note "SIGKILL prefill (running_requests=$run, decode free $free/$total)"
 t0=$(date +%s%N)
-kill -KILL "$p_PID"
+stop_daemon p KILL
 rc=0
 wait "$ctl" || rc=$?
 ms=$((($(date +%s%N) - t0) / 1000000))

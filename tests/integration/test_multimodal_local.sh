@@ -4,7 +4,8 @@
 # (proto/README.md rule 15), and the answers equal `epd-generate --image`:
 #  - one PNG, one JPEG, two images in one message, streaming and not;
 #  - the same image again is a cache hit (no encode) with the same answer;
-#  - concurrent clients over a few images;
+#  - concurrent clients over a few images, also more at once than the
+#    prefill worker has embedding slots for (requests wait for a slot);
 #  - bad images and image URLs get a 400 with an OpenAI error, and the
 #    router and workers keep serving.
 source "$(dirname "$0")/lib.sh"
@@ -91,5 +92,20 @@ check_bad nourl 400 "image_url.url"
 check_bad truncated 400 "image"
 router_client images "$H" "$T/m" "$G" --images "$T/c.png" --text "Still fine? <|image|>" \
   --max-tokens 8 || fail "a good image after the bad ones"
+
+note "more images at once than the prefill worker holds: requests wait for slots"
+# prefill-0 drained at the router; prefill-1 caches 2 images while 6
+# clients send 1 or 2 of 6 images each: without waiting, most would fail
+# with 'every embedding slot is in use'
+"$BIN/epd-ctl" drain "$r_ADDR" --worker-id prefill-0 >/dev/null || fail "drain prefill-0"
+wait_router_state "$r_ADDR" prefill-0 DRAINING
+start_daemon p1 prefill --model "$T/m" --worker-id prefill-1 --router "$r_ADDR" --embed-slots 2
+wait_router_state "$r_ADDR" prefill-1 READY
+for i in 4 5 6 7; do
+  mkimage png "$T/s$i.png" $((20 + i)) $((40 - i)) "$i"
+done
+router_client imgload "$H" "$T/m" "$G" \
+  --images "$T/a.png,$T/b.jpg,$T/s4.png,$T/s5.png,$T/s6.png,$T/s7.png" --clients 6 \
+  --requests 36 --max-tokens 4 || fail "image load on 2 slots"
 wait_blocks_free "$d_ADDR"
 finish_ok
