@@ -102,3 +102,14 @@ void epd_log_write(epd_log_level_t level, const char *component, uint64_t req_id
         /* Nowhere left to report a failed log write. */
     }
 }
+
+int epd_log_limit_ok(epd_log_limit_t *l, uint32_t burst)
+{
+    uint64_t now = epd_time_now_ns();
+
+    if (now - l->window_ns > EPD_NSEC_PER_SEC) {
+        l->window_ns = now;
+        l->count = 0;
+    }
+    return l->count++ < burst;
+}

@@ -38,6 +38,17 @@ int epd_log_enabled(epd_log_level_t level);
 void epd_log_write(epd_log_level_t level, const char *component, uint64_t req_id,
                    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
+/* A rate limit for lines a peer can trigger at will (garbage, stale
+ * messages): at most `burst` pass per second of the monotonic clock.
+ * Zero-initialised; one per thread (not locked). */
+typedef struct {
+    uint64_t window_ns;
+    uint32_t count;
+} epd_log_limit_t;
+
+/* Nonzero when one more line may pass `l` now. */
+int epd_log_limit_ok(epd_log_limit_t *l, uint32_t burst);
+
 #define EPD_LOG(level, comp, req, ...)                  \
     do {                                                \
         if (epd_log_enabled(level)) {                   \

@@ -43,6 +43,7 @@
 #include "epd_encoder_compute.h"
 #include "epd_engine.h"
 #include "epd_hash.h"
+#include "epd_log.h"
 #include "epd_msg.h"
 #include "epd_registrar.h"
 #include "epd_rpc.h"
@@ -65,14 +66,7 @@
 #define EPD_ENCODER_MSG_HEADROOM (64u << 10)
 #define EPD_ENCODER_MEDIA_ALL UINT32_MAX /* a tombstone for every media of an id */
 
-typedef struct {
-    uint64_t start_time_ns;
-    uint64_t nonce;
-} epd_encoder_epoch_t;
-
-/* -1, 0, 1 as a is older than, equal to, newer than b. */
-int epd__encoder_epoch_cmp(const epd_encoder_epoch_t *a, const epd_encoder_epoch_t *b);
-epd_encoder_epoch_t epd__encoder_epoch_of(const Epd__Epoch *e);
+typedef epd_msg_epoch_t epd_encoder_epoch_t; /* epd_msg_epoch_cmp, epd_msg_epoch_of */
 
 typedef enum {
     EPD_ENCODER_PEER_CONNECTING = 1,
@@ -226,8 +220,7 @@ typedef struct epd_encoder_srv {
     uint64_t bad_frames;
     uint64_t received, served, failed_reqs, refused;
     uint64_t bytes_written; /* embedding bytes whose write completed */
-    uint64_t log_window_ns;
-    uint32_t log_count;
+    epd_log_limit_t log_limit;
     unsigned char *tx_buf; /* [tx_cap], loop thread scratch for frames */
     size_t tx_cap;
     epd_trace_t *trace;     /* --trace; NULL = off */

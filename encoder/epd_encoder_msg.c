@@ -52,37 +52,9 @@
 
 #define EPD_ENCODER_LOG_BURST 20 /* rate-limited warnings per second */
 
-int epd__encoder_epoch_cmp(const epd_encoder_epoch_t *a, const epd_encoder_epoch_t *b)
-{
-    if (a->start_time_ns != b->start_time_ns) {
-        return a->start_time_ns < b->start_time_ns ? -1 : 1;
-    }
-    if (a->nonce != b->nonce) {
-        return a->nonce < b->nonce ? -1 : 1;
-    }
-    return 0;
-}
-
-epd_encoder_epoch_t epd__encoder_epoch_of(const Epd__Epoch *e)
-{
-    epd_encoder_epoch_t out = {0, 0};
-
-    if (e != NULL) {
-        out.start_time_ns = e->start_time_ns;
-        out.nonce = e->nonce;
-    }
-    return out;
-}
-
 int epd__encoder_log_allowed(epd_encoder_srv_t *srv)
 {
-    uint64_t now = epd_time_now_ns();
-
-    if (now - srv->log_window_ns > EPD_NSEC_PER_SEC) {
-        srv->log_window_ns = now;
-        srv->log_count = 0;
-    }
-    return srv->log_count++ < EPD_ENCODER_LOG_BURST;
+    return epd_log_limit_ok(&srv->log_limit, EPD_ENCODER_LOG_BURST);
 }
 
 #define EPD_ENCODER_WARN(srv, req, ...)                                                            \
@@ -97,38 +69,16 @@ int epd__encoder_log_allowed(epd_encoder_srv_t *srv)
 epd_status_t epd__encoder_send(epd_encoder_srv_t *srv, epd_xport_ep_t *ep,
                                Epd__Envelope__BodyCase body_case, void *body, unsigned flags)
 {
-    Epd__Envelope env = EPD__ENVELOPE__INIT;
-    Epd__SenderRef sender = EPD__SENDER_REF__INIT;
-    Epd__Epoch epoch = EPD__EPOCH__INIT;
     epd_status_t st;
     size_t len;
 
     if (ep == NULL) {
         return EPD_ERR_INVALID_PARAM;
     }
-    epoch.start_time_ns = srv->epoch.start_time_ns;
-    epoch.nonce = srv->epoch.nonce;
-    sender.worker_id = srv->worker_id;
-    sender.epoch = &epoch;
-    env.sender = &sender;
-    env.seq = ++srv->seq;
-    env.body_case = body_case;
-    switch (body_case) {
-    case EPD__ENVELOPE__BODY_EMBED_COMPLETE:
-        env.embed_complete = body;
-        break;
-    case EPD__ENVELOPE__BODY_QUIESCED:
-        env.quiesced = body;
-        break;
-    case EPD__ENVELOPE__BODY_ERROR:
-        env.error = body;
-        break;
-    default:
-        return EPD_ERR_INVALID_PARAM;
-    }
-    st = epd_msg_encode(&env, srv->tx_buf, srv->tx_cap, &len);
+    st = epd_msg_encode_body(srv->worker_id, &srv->epoch, ++srv->seq, body_case, body, srv->tx_buf,
+                             srv->tx_cap, &len);
     if (st != EPD_OK) {
-        epd_log_error(EPD_ENCODER_LOG, 0, "cannot encode a %s message: %s", epd_msg_body_name(&env),
+        epd_log_error(EPD_ENCODER_LOG, 0, "cannot encode a message of kind %d: %s", (int)body_case,
                       epd_status_string(st));
         return st;
     }
@@ -469,7 +419,7 @@ static epd_status_t epd_encoder_peer_get(epd_encoder_srv_t *srv, const char *wor
         if (!peer->listed || strcmp(peer->worker_id, worker_id) != 0) {
             continue;
         }
-        cmp = epd__encoder_epoch_cmp(&peer->epoch, epoch);
+        cmp = epd_msg_epoch_cmp(&peer->epoch, epoch);
         if (cmp == 0) {
             *peer_p = peer;
             return EPD_OK;
@@ -504,7 +454,7 @@ static epd_status_t epd_encoder_peer_get(epd_encoder_srv_t *srv, const char *wor
 static int epd_encoder_sender_stale(epd_encoder_srv_t *srv, epd_xport_ep_t *ep,
                                     const Epd__Envelope *env)
 {
-    epd_encoder_epoch_t epoch = epd__encoder_epoch_of(env->sender->epoch);
+    epd_encoder_epoch_t epoch = epd_msg_epoch_of(env->sender->epoch);
 
     for (epd_encoder_peer_t *peer = srv->peers; peer != NULL; peer = peer->next) {
         int cmp;
@@ -512,7 +462,7 @@ static int epd_encoder_sender_stale(epd_encoder_srv_t *srv, epd_xport_ep_t *ep,
         if (!peer->listed || strcmp(peer->worker_id, env->sender->worker_id) != 0) {
             continue;
         }
-        cmp = epd__encoder_epoch_cmp(&peer->epoch, &epoch);
+        cmp = epd_msg_epoch_cmp(&peer->epoch, &epoch);
         if (cmp > 0) {
             uint64_t id = epd_msg_request_id(env);
 
@@ -534,10 +484,10 @@ static int epd_encoder_sender_stale(epd_encoder_srv_t *srv, epd_xport_ep_t *ep,
 /* Is `env`'s sender the prefill incarnation `peer` names? */
 static int epd_encoder_is_peer(const epd_encoder_peer_t *peer, const Epd__Envelope *env)
 {
-    epd_encoder_epoch_t epoch = epd__encoder_epoch_of(env->sender->epoch);
+    epd_encoder_epoch_t epoch = epd_msg_epoch_of(env->sender->epoch);
 
     return peer != NULL && strcmp(env->sender->worker_id, peer->worker_id) == 0 &&
-           epd__encoder_epoch_cmp(&epoch, &peer->epoch) == 0;
+           epd_msg_epoch_cmp(&epoch, &peer->epoch) == 0;
 }
 
 /* Is a live image of `id` bound to the prefill incarnation that sent
@@ -733,8 +683,8 @@ static void epd_encoder_on_encode(epd_encoder_srv_t *srv, epd_xport_ep_t *ep,
     const Epd__EncodeRequest *e = env->encode;
     uint64_t id = e->request_id;
     uint32_t media = e->media_index;
-    epd_encoder_epoch_t want = epd__encoder_epoch_of(e->encoder_epoch);
-    epd_encoder_epoch_t p_epoch = epd__encoder_epoch_of(e->prefill_epoch);
+    epd_encoder_epoch_t want = epd_msg_epoch_of(e->encoder_epoch);
+    epd_encoder_epoch_t p_epoch = epd_msg_epoch_of(e->prefill_epoch);
     epd_encoder_peer_t *peer = NULL;
     epd_encoder_req_t *req = NULL;
     uint64_t t_recv = epd_time_now_ns();
@@ -747,7 +697,7 @@ static void epd_encoder_on_encode(epd_encoder_srv_t *srv, epd_xport_ep_t *ep,
     if (srv->draining || srv->stopping) {
         st = EPD_ERR_DRAINING;
         snprintf(msg, sizeof(msg), "encoder worker '%.100s' is draining", srv->worker_id);
-    } else if (e->encoder_epoch == NULL || epd__encoder_epoch_cmp(&srv->epoch, &want) != 0) {
+    } else if (e->encoder_epoch == NULL || epd_msg_epoch_cmp(&srv->epoch, &want) != 0) {
         st = EPD_ERR_STALE_EPOCH;
         snprintf(msg, sizeof(msg), "request names another epoch of encoder worker '%.100s'",
                  srv->worker_id);

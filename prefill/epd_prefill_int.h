@@ -35,6 +35,7 @@
 
 #include "epd_engine.h"
 #include "epd_hash.h"
+#include "epd_log.h"
 #include "epd_msg.h"
 #include "epd_prefill_compute.h"
 #include "epd_prefill_plan.h"
@@ -52,19 +53,14 @@
 /* --write-group-bytes default: every layer as it finishes.  Measured with
  * `epd-bench overhead --groups per-layer,64K,256K,1M,4M,1024M` at 128, 256
  * and 1k tokens on shm and TCP (README.md "What disaggregation costs"): no
- * grouping ever shortened the transfer tail — a layer is one write (its
- * blocks coalesce) and no per-layer message goes out (LayerDone is only a
- * lease keep-alive), so posting early only hides more. */
+ * grouping shortened the transfer tail where it mattered — a layer is one
+ * write (its blocks coalesce), and since per-layer verification one small
+ * fenced LayerDone; re-measured with it, grouping moved the end-to-end
+ * medians within the noise, so posting early only hides more. */
 #define EPD_PREFILL_WRITE_GROUP_DEFAULT 0
 #define EPD_PREFILL_MEDIA_MAX 8 /* images per request (proto/README.md rule 13) */
 
-typedef struct {
-    uint64_t start_time_ns;
-    uint64_t nonce;
-} epd_prefill_epoch_t;
-
-/* -1, 0, 1 as a is older than, equal to, newer than b. */
-int epd__prefill_epoch_cmp(const epd_prefill_epoch_t *a, const epd_prefill_epoch_t *b);
+typedef epd_msg_epoch_t epd_prefill_epoch_t; /* epd_msg_epoch_cmp, epd_msg_epoch_of */
 
 typedef enum {
     EPD_PREFILL_ROLE_DECODE = 1, /* we write its KV reservations */
@@ -317,8 +313,7 @@ typedef struct epd_prefill_srv {
     int draining;
     uint64_t bad_frames;
     uint64_t served, failed_reqs;
-    uint64_t log_window_ns;
-    uint32_t log_count;
+    epd_log_limit_t log_limit;
     unsigned char *tx_buf; /* [tx_cap], loop thread scratch for frames */
     size_t tx_cap;
     /* write grouping: while compute runs, finished layers are posted only
@@ -368,7 +363,6 @@ void epd__prefill_peer_unref(epd_prefill_srv_t *srv, epd_prefill_peer_t *peer);
 epd_status_t epd__prefill_peer_get(epd_prefill_srv_t *srv, epd_prefill_role_t role,
                                    const char *worker_id, const epd_prefill_epoch_t *epoch,
                                    const void *addr, size_t addr_len, epd_prefill_peer_t **peer_p);
-epd_prefill_epoch_t epd__prefill_epoch_of(const Epd__Epoch *e);
 /* Closes endpoints of dead peers (pump only). */
 void epd__prefill_peers_reap(epd_prefill_srv_t *srv);
 /* Periodic: stash and tombstone expiry. */

@@ -466,7 +466,7 @@ void epd__prefill_media_start(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
         memcpy(m->hash, mr->content_hash.data, 32);
         if (mr->encoder_worker_id != NULL && mr->encoder_worker_id[0] != '\0') {
             snprintf(m->enc_id, sizeof(m->enc_id), "%s", mr->encoder_worker_id);
-            m->enc_epoch = epd__prefill_epoch_of(mr->encoder_epoch);
+            m->enc_epoch = epd_msg_epoch_of(mr->encoder_epoch);
             m->enc_addr = epd_malloc(mr->encoder_address.len);
             if (m->enc_addr == NULL) {
                 epd__prefill_req_fail(srv, req, EPD_ERR_NO_MEMORY,
@@ -628,13 +628,13 @@ void epd__prefill_media_on_encoded(epd_prefill_srv_t *srv, epd_prefill_req_t *re
 
 int epd__prefill_media_from_encoder(const epd_prefill_req_t *req, const Epd__Envelope *env)
 {
-    epd_prefill_epoch_t e = epd__prefill_epoch_of(env->sender->epoch);
+    epd_prefill_epoch_t e = epd_msg_epoch_of(env->sender->epoch);
 
     for (uint32_t i = 0; i < req->n_media; i++) {
         const epd_prefill_peer_t *enc = req->media[i].enc;
 
         if (enc != NULL && strcmp(enc->worker_id, env->sender->worker_id) == 0 &&
-            epd__prefill_epoch_cmp(&enc->epoch, &e) == 0) {
+            epd_msg_epoch_cmp(&enc->epoch, &e) == 0) {
             return 1;
         }
     }
@@ -643,10 +643,10 @@ int epd__prefill_media_from_encoder(const epd_prefill_req_t *req, const Epd__Env
 
 static int epd_prefill_is_peer(const epd_prefill_peer_t *peer, const Epd__Envelope *env)
 {
-    epd_prefill_epoch_t e = epd__prefill_epoch_of(env->sender->epoch);
+    epd_prefill_epoch_t e = epd_msg_epoch_of(env->sender->epoch);
 
     return peer != NULL && strcmp(peer->worker_id, env->sender->worker_id) == 0 &&
-           epd__prefill_epoch_cmp(&peer->epoch, &e) == 0;
+           epd_msg_epoch_cmp(&peer->epoch, &e) == 0;
 }
 
 /* A message from `ep` is from encoder `enc`: remember its endpoint (closed

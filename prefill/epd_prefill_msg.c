@@ -35,37 +35,9 @@
 
 #define EPD_PREFILL_LOG_BURST 20 /* rate-limited warnings per second */
 
-int epd__prefill_epoch_cmp(const epd_prefill_epoch_t *a, const epd_prefill_epoch_t *b)
-{
-    if (a->start_time_ns != b->start_time_ns) {
-        return a->start_time_ns < b->start_time_ns ? -1 : 1;
-    }
-    if (a->nonce != b->nonce) {
-        return a->nonce < b->nonce ? -1 : 1;
-    }
-    return 0;
-}
-
-epd_prefill_epoch_t epd__prefill_epoch_of(const Epd__Epoch *e)
-{
-    epd_prefill_epoch_t out = {0, 0};
-
-    if (e != NULL) {
-        out.start_time_ns = e->start_time_ns;
-        out.nonce = e->nonce;
-    }
-    return out;
-}
-
 int epd__prefill_log_allowed(epd_prefill_srv_t *srv)
 {
-    uint64_t now = epd_time_now_ns();
-
-    if (now - srv->log_window_ns > EPD_NSEC_PER_SEC) {
-        srv->log_window_ns = now;
-        srv->log_count = 0;
-    }
-    return srv->log_count++ < EPD_PREFILL_LOG_BURST;
+    return epd_log_limit_ok(&srv->log_limit, EPD_PREFILL_LOG_BURST);
 }
 
 #define EPD_PREFILL_WARN(srv, req, ...)                                                            \
@@ -80,50 +52,16 @@ int epd__prefill_log_allowed(epd_prefill_srv_t *srv)
 epd_status_t epd__prefill_send(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
                                Epd__Envelope__BodyCase body_case, void *body, unsigned flags)
 {
-    Epd__Envelope env = EPD__ENVELOPE__INIT;
-    Epd__SenderRef sender = EPD__SENDER_REF__INIT;
-    Epd__Epoch epoch = EPD__EPOCH__INIT;
     epd_status_t st;
     size_t len;
 
     if (ep == NULL) {
         return EPD_ERR_INVALID_PARAM;
     }
-    epoch.start_time_ns = srv->epoch.start_time_ns;
-    epoch.nonce = srv->epoch.nonce;
-    sender.worker_id = srv->worker_id;
-    sender.epoch = &epoch;
-    env.sender = &sender;
-    env.seq = ++srv->seq;
-    env.body_case = body_case;
-    switch (body_case) {
-    case EPD__ENVELOPE__BODY_LAYER_DONE:
-        env.layer_done = body;
-        break;
-    case EPD__ENVELOPE__BODY_PREFILL_COMPLETE:
-        env.prefill_complete = body;
-        break;
-    case EPD__ENVELOPE__BODY_QUIESCED:
-        env.quiesced = body;
-        break;
-    case EPD__ENVELOPE__BODY_ERROR:
-        env.error = body;
-        break;
-    case EPD__ENVELOPE__BODY_TOKENS:
-        env.tokens = body; /* prefill-only answer */
-        break;
-    case EPD__ENVELOPE__BODY_EMBED_RESERVATION:
-        env.embed_reservation = body;
-        break;
-    case EPD__ENVELOPE__BODY_ABORT:
-        env.abort = body; /* to an encoder */
-        break;
-    default:
-        return EPD_ERR_INVALID_PARAM;
-    }
-    st = epd_msg_encode(&env, srv->tx_buf, srv->tx_cap, &len);
+    st = epd_msg_encode_body(srv->worker_id, &srv->epoch, ++srv->seq, body_case, body, srv->tx_buf,
+                             srv->tx_cap, &len);
     if (st != EPD_OK) {
-        epd_log_error(EPD_PREFILL_LOG, 0, "cannot encode a %s message: %s", epd_msg_body_name(&env),
+        epd_log_error(EPD_PREFILL_LOG, 0, "cannot encode a message of kind %d: %s", (int)body_case,
                       epd_status_string(st));
         return st;
     }
@@ -428,7 +366,7 @@ epd_status_t epd__prefill_peer_get(epd_prefill_srv_t *srv, epd_prefill_role_t ro
         if (!peer->listed || peer->role != role || strcmp(peer->worker_id, worker_id) != 0) {
             continue;
         }
-        cmp = epd__prefill_epoch_cmp(&peer->epoch, epoch);
+        cmp = epd_msg_epoch_cmp(&peer->epoch, epoch);
         if (cmp == 0) {
             *peer_p = peer;
             return EPD_OK;
@@ -464,7 +402,7 @@ epd_status_t epd__prefill_peer_get(epd_prefill_srv_t *srv, epd_prefill_role_t ro
 static int epd_prefill_sender_stale(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
                                     const Epd__Envelope *env)
 {
-    epd_prefill_epoch_t epoch = epd__prefill_epoch_of(env->sender->epoch);
+    epd_prefill_epoch_t epoch = epd_msg_epoch_of(env->sender->epoch);
 
     for (epd_prefill_peer_t *peer = srv->peers; peer != NULL; peer = peer->next) {
         int cmp;
@@ -472,7 +410,7 @@ static int epd_prefill_sender_stale(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
         if (!peer->listed || strcmp(peer->worker_id, env->sender->worker_id) != 0) {
             continue;
         }
-        cmp = epd__prefill_epoch_cmp(&peer->epoch, &epoch);
+        cmp = epd_msg_epoch_cmp(&peer->epoch, &epoch);
         if (cmp > 0) {
             uint64_t id = epd_msg_request_id(env);
 
@@ -494,13 +432,13 @@ static int epd_prefill_sender_stale(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
 /* Is `env`'s sender the decode incarnation `req` is bound to? */
 static int epd_prefill_from_decode(const epd_prefill_req_t *req, const Epd__Envelope *env)
 {
-    epd_prefill_epoch_t epoch = epd__prefill_epoch_of(env->sender->epoch);
+    epd_prefill_epoch_t epoch = epd_msg_epoch_of(env->sender->epoch);
 
     if (req->peer == NULL) {
         return 0; /* prefill-only: no decode worker speaks about it */
     }
     return strcmp(env->sender->worker_id, req->peer->worker_id) == 0 &&
-           epd__prefill_epoch_cmp(&epoch, &req->peer->epoch) == 0;
+           epd_msg_epoch_cmp(&epoch, &req->peer->epoch) == 0;
 }
 
 /* --------------------------------------------------------------- handlers */
@@ -623,8 +561,8 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
     const epd_engine_info_t *info = srv->info;
     uint64_t id = g->request_id;
     epd_prefill_epoch_t own = srv->epoch;
-    epd_prefill_epoch_t want = epd__prefill_epoch_of(g->prefill_epoch);
-    epd_prefill_epoch_t d_epoch = epd__prefill_epoch_of(g->decode_epoch);
+    epd_prefill_epoch_t want = epd_msg_epoch_of(g->prefill_epoch);
+    epd_prefill_epoch_t d_epoch = epd_msg_epoch_of(g->decode_epoch);
     epd_sample_params_t sp;
     epd_prefill_peer_t *peer = NULL;
     epd_prefill_req_t *req = NULL;
@@ -641,7 +579,7 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
     if (srv->draining || srv->stopping) {
         st = EPD_ERR_DRAINING;
         snprintf(msg, sizeof(msg), "prefill worker '%s' is draining", srv->worker_id);
-    } else if (g->prefill_epoch == NULL || epd__prefill_epoch_cmp(&own, &want) != 0) {
+    } else if (g->prefill_epoch == NULL || epd_msg_epoch_cmp(&own, &want) != 0) {
         st = EPD_ERR_STALE_EPOCH;
         snprintf(msg, sizeof(msg), "request names another epoch of prefill worker '%s'",
                  srv->worker_id);

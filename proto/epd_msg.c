@@ -157,6 +157,90 @@ const char *epd_msg_body_name(const Epd__Envelope *env)
     }
 }
 
+int epd_msg_epoch_cmp(const epd_msg_epoch_t *a, const epd_msg_epoch_t *b)
+{
+    if (a->start_time_ns != b->start_time_ns) {
+        return a->start_time_ns < b->start_time_ns ? -1 : 1;
+    }
+    if (a->nonce != b->nonce) {
+        return a->nonce < b->nonce ? -1 : 1;
+    }
+    return 0;
+}
+
+epd_msg_epoch_t epd_msg_epoch_of(const Epd__Epoch *e)
+{
+    epd_msg_epoch_t out = {0, 0};
+
+    if (e != NULL) {
+        out.start_time_ns = e->start_time_ns;
+        out.nonce = e->nonce;
+    }
+    return out;
+}
+
+epd_status_t epd_msg_encode_body(const char *sender_id, const epd_msg_epoch_t *epoch,
+                                 uint64_t seq, Epd__Envelope__BodyCase body_case, void *body,
+                                 void *buf, size_t cap, size_t *len_p)
+{
+    Epd__Envelope env = EPD__ENVELOPE__INIT;
+    Epd__SenderRef sender = EPD__SENDER_REF__INIT;
+    Epd__Epoch ep = EPD__EPOCH__INIT;
+
+    if (body == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    ep.start_time_ns = epoch->start_time_ns;
+    ep.nonce = epoch->nonce;
+    sender.worker_id = (char *)sender_id;
+    sender.epoch = &ep;
+    env.sender = &sender;
+    env.seq = seq;
+    env.body_case = body_case;
+    switch (body_case) {
+    case EPD__ENVELOPE__BODY_GENERATE:
+        env.generate = body;
+        break;
+    case EPD__ENVELOPE__BODY_RESERVATION:
+        env.reservation = body;
+        break;
+    case EPD__ENVELOPE__BODY_REFUSED:
+        env.refused = body;
+        break;
+    case EPD__ENVELOPE__BODY_LAYER_DONE:
+        env.layer_done = body;
+        break;
+    case EPD__ENVELOPE__BODY_PREFILL_COMPLETE:
+        env.prefill_complete = body;
+        break;
+    case EPD__ENVELOPE__BODY_QUIESCED:
+        env.quiesced = body;
+        break;
+    case EPD__ENVELOPE__BODY_TOKENS:
+        env.tokens = body;
+        break;
+    case EPD__ENVELOPE__BODY_ABORT:
+        env.abort = body;
+        break;
+    case EPD__ENVELOPE__BODY_ERROR:
+        env.error = body;
+        break;
+    case EPD__ENVELOPE__BODY_ENCODE:
+        env.encode = body;
+        break;
+    case EPD__ENVELOPE__BODY_EMBED_RESERVATION:
+        env.embed_reservation = body;
+        break;
+    case EPD__ENVELOPE__BODY_EMBED_COMPLETE:
+        env.embed_complete = body;
+        break;
+    case EPD__ENVELOPE__BODY__NOT_SET:
+    default:
+        return EPD_ERR_INVALID_PARAM;
+    }
+    return epd_msg_encode(&env, buf, cap, len_p);
+}
+
 static epd_status_t epd_msg_refuse(const char **why_p, const char *why)
 {
     if (why_p != NULL) {

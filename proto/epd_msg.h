@@ -75,6 +75,28 @@ uint64_t epd_msg_request_id(const Epd__Envelope *env);
 /* A short name of the body case ("reservation"), for logs. */
 const char *epd_msg_body_name(const Epd__Envelope *env);
 
+/* A worker incarnation's epoch as a value (epd.Epoch on the wire). */
+typedef struct {
+    uint64_t start_time_ns;
+    uint64_t nonce;
+} epd_msg_epoch_t;
+
+/* -1, 0, 1 as a is older than, equal to, newer than b. */
+int epd_msg_epoch_cmp(const epd_msg_epoch_t *a, const epd_msg_epoch_t *b);
+
+/* The value of a wire Epoch (NULL: {0, 0}, older than any real one). */
+epd_msg_epoch_t epd_msg_epoch_of(const Epd__Epoch *e);
+
+/*
+ * Encodes one message from worker `sender_id` of `epoch` with sequence
+ * number `seq`: `body` (borrowed, of kind body_case) in an Envelope, framed
+ * into buf[0..cap) as epd_msg_encode does.  EPD_ERR_INVALID_PARAM for no
+ * body or an unknown kind, EPD_ERR_TOO_LONG when cap is too small.
+ */
+epd_status_t epd_msg_encode_body(const char *sender_id, const epd_msg_epoch_t *epoch,
+                                 uint64_t seq, Epd__Envelope__BodyCase body_case, void *body,
+                                 void *buf, size_t cap, size_t *len_p);
+
 /*
  * Control plane helpers (gRPC payloads are plain packed messages; gRPC
  * itself frames and checks them).  epd_proto_unpack returns a message owned

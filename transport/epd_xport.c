@@ -180,21 +180,14 @@ struct epd_xport {
     size_t held_large_bytes;   /* bytes of large copies now held */
     uint64_t next_timer_ns;
     uint64_t timer_step_ns;
-    uint64_t log_window_ns;
-    uint32_t log_count;
+    epd_log_limit_t log_limit;
 };
 
 /* ---------------------------------------------------------------- helpers */
 
 static bool epd__log_allowed(epd_xport_t *x)
 {
-    uint64_t now = epd_time_now_ns();
-
-    if (now - x->log_window_ns > EPD_NSEC_PER_SEC) {
-        x->log_window_ns = now;
-        x->log_count = 0;
-    }
-    return x->log_count++ < EPD__XPORT_LOG_BURST;
+    return epd_log_limit_ok(&x->log_limit, EPD__XPORT_LOG_BURST);
 }
 
 #define EPD__LOG_LIMITED(x, ...)                          \

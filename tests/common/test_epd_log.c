@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "epd_log.h"
+#include "epd_time.h"
 
 static int log_fds[2];
 static int saved_stderr;
@@ -82,12 +83,32 @@ static void test_level_parse(void **state)
     assert_int_equal(level, EPD_LOG_DEBUG);
 }
 
+/* The limiter lets `burst` lines through per window, then none until the
+ * window is over (moved back by hand: no sleeping in tests). */
+static void test_limit(void **state)
+{
+    epd_log_limit_t l = {0, 0};
+
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        assert_true(epd_log_limit_ok(&l, 3));
+    }
+    assert_false(epd_log_limit_ok(&l, 3));
+    assert_false(epd_log_limit_ok(&l, 3));
+    l.window_ns -= 2 * EPD_NSEC_PER_SEC; /* a second and more has passed */
+    assert_true(epd_log_limit_ok(&l, 3));
+    assert_true(epd_log_limit_ok(&l, 3));
+    assert_true(epd_log_limit_ok(&l, 3));
+    assert_false(epd_log_limit_ok(&l, 3));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_format_and_levels),
         cmocka_unit_test(test_truncation),
         cmocka_unit_test(test_level_parse),
+        cmocka_unit_test(test_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

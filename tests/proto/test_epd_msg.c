@@ -237,6 +237,89 @@ static void test_round_trip_every_body(void **state)
     }
 }
 
+/* The fixture's body, whichever it is (the oneof's union of pointers). */
+static void *fixture_body(msg_fixture_t *f)
+{
+    switch (f->env.body_case) {
+    case EPD__ENVELOPE__BODY_GENERATE:
+        return f->env.generate;
+    case EPD__ENVELOPE__BODY_RESERVATION:
+        return f->env.reservation;
+    case EPD__ENVELOPE__BODY_REFUSED:
+        return f->env.refused;
+    case EPD__ENVELOPE__BODY_LAYER_DONE:
+        return f->env.layer_done;
+    case EPD__ENVELOPE__BODY_PREFILL_COMPLETE:
+        return f->env.prefill_complete;
+    case EPD__ENVELOPE__BODY_QUIESCED:
+        return f->env.quiesced;
+    case EPD__ENVELOPE__BODY_TOKENS:
+        return f->env.tokens;
+    case EPD__ENVELOPE__BODY_ABORT:
+        return f->env.abort;
+    case EPD__ENVELOPE__BODY_ERROR:
+        return f->env.error;
+    default:
+        fail_msg("fixture body %d", (int)f->env.body_case);
+        return NULL;
+    }
+}
+
+/* epd_msg_encode_body (what the daemons send with) frames exactly what
+ * epd_msg_encode frames for the same envelope, for every body; no body or
+ * an unknown kind is refused. */
+static void test_encode_body_equals_encode(void **state)
+{
+    static unsigned char buf[8192];
+    static unsigned char mine[8192];
+    const epd_msg_epoch_t epoch = {1764428627000000000ULL, 0xfeedfacecafebeefULL};
+    msg_fixture_t f;
+    size_t len2 = 0;
+
+    (void)state;
+    for (int which = 0; which < N_BODIES; which++) {
+        size_t len = fixture_encode(&f, which, buf, sizeof(buf));
+
+        assert_int_equal(epd_msg_encode_body("prefill-0", &epoch, 77, f.env.body_case,
+                                             fixture_body(&f), mine, sizeof(mine), &len2),
+                         EPD_OK);
+        assert_int_equal(len2, len);
+        assert_memory_equal(mine, buf, len);
+    }
+    assert_int_equal(epd_msg_encode_body("p", &epoch, 1, EPD__ENVELOPE__BODY_ERROR, NULL, mine,
+                                         sizeof(mine), &len2),
+                     EPD_ERR_INVALID_PARAM);
+    assert_int_equal(epd_msg_encode_body("p", &epoch, 1, EPD__ENVELOPE__BODY__NOT_SET, &f, mine,
+                                         sizeof(mine), &len2),
+                     EPD_ERR_INVALID_PARAM);
+    assert_int_equal(epd_msg_encode_body("p", &epoch, 1, (Epd__Envelope__BodyCase)999, &f, mine,
+                                         sizeof(mine), &len2),
+                     EPD_ERR_INVALID_PARAM);
+}
+
+static void test_epoch_order(void **state)
+{
+    const epd_msg_epoch_t old = {100, 7}, same = {100, 7}, nonce = {100, 8}, later = {101, 0};
+    Epd__Epoch wire = EPD__EPOCH__INIT;
+    epd_msg_epoch_t v;
+
+    (void)state;
+    assert_int_equal(epd_msg_epoch_cmp(&old, &same), 0);
+    assert_int_equal(epd_msg_epoch_cmp(&old, &nonce), -1);
+    assert_int_equal(epd_msg_epoch_cmp(&nonce, &old), 1);
+    assert_int_equal(epd_msg_epoch_cmp(&nonce, &later), -1); /* start time first */
+    assert_int_equal(epd_msg_epoch_cmp(&later, &nonce), 1);
+    wire.start_time_ns = 101;
+    wire.nonce = 9;
+    v = epd_msg_epoch_of(&wire);
+    assert_int_equal(v.start_time_ns, 101);
+    assert_int_equal(v.nonce, 9);
+    v = epd_msg_epoch_of(NULL);
+    assert_int_equal(v.start_time_ns, 0);
+    assert_int_equal(v.nonce, 0);
+    assert_int_equal(epd_msg_epoch_cmp(&v, &old), -1);
+}
+
 static void test_encode_refuses_small_buffer_and_empty_body(void **state)
 {
     unsigned char buf[64];
@@ -494,6 +577,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_every_body),
+        cmocka_unit_test(test_encode_body_equals_encode),
+        cmocka_unit_test(test_epoch_order),
         cmocka_unit_test(test_encode_refuses_small_buffer_and_empty_body),
         cmocka_unit_test(test_every_truncation_refused),
         cmocka_unit_test(test_every_bit_flip_refused),
