@@ -24,10 +24,31 @@ for t in "$@"; do
   name=$(basename "$t")
   log="$logdir/$name.log"
   start=$(date +%s.%N)
-  # Each program runs in its own process group so a timeout kills every
-  # daemon it started too.
-  EPD_BUILD="$build" timeout -k 5 "$timeout_s" setsid "$t" >"$log" 2>&1 </dev/null
+  # Each program runs in a session of its own (setsid: its pid is the
+  # session's process group).  timeout signals only the program; whatever it
+  # leaves behind in that group — daemons of a program that was killed, or
+  # that died without stopping them — is killed here, by that group's id.
+  pidfile="$logdir/$name.pid"
+  rm -f "$pidfile"
+  EPD_BUILD="$build" timeout -k 5 "$timeout_s" \
+    setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' epd-test "$pidfile" "$t" \
+    >"$log" 2>&1 </dev/null
   rc=$?
+  if [ -s "$pidfile" ]; then
+    pgid=$(cat "$pidfile")
+    # a daemon signalled as the program ended may still be on its way out
+    for _ in 1 2 3 4 5; do
+      kill -0 -- "-$pgid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 -- "-$pgid" 2>/dev/null; then
+      echo "run.sh: processes of $name still running after it ended: killed" >>"$log"
+      ps -o pid=,args= -g "$pgid" >>"$log" 2>/dev/null || true
+      kill -KILL -- "-$pgid" 2>/dev/null || true
+      [ $rc -eq 0 ] && rc=1 # a test must stop what it starts
+    fi
+    rm -f "$pidfile"
+  fi
   secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   if [ $rc -eq 0 ]; then
     passed=$((passed + 1))
