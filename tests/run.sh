@@ -36,12 +36,14 @@ for t in "$@"; do
   rc=$?
   if [ -s "$pidfile" ]; then
     pgid=$(cat "$pidfile")
-    # a daemon signalled as the program ended may still be on its way out
-    for _ in 1 2 3 4 5; do
-      kill -0 -- "-$pgid" 2>/dev/null || break
+    # a daemon signalled as the program ended may still be on its way out;
+    # zombies (waiting for init to reap them) do not count
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      live=$(ps -o stat= -g "$pgid" 2>/dev/null | grep -vc '^Z')
+      [ "$live" -gt 0 ] || break
       sleep 0.1
     done
-    if kill -0 -- "-$pgid" 2>/dev/null; then
+    if [ "$live" -gt 0 ]; then
       echo "run.sh: processes of $name still running after it ended: killed" >>"$log"
       ps -o pid=,args= -g "$pgid" >>"$log" 2>/dev/null || true
       kill -KILL -- "-$pgid" 2>/dev/null || true
