@@ -32,7 +32,6 @@
  * lengths, XXH3 of the UCX bytes) and checked before UCX parses anything:
  * UCX trusts its own blobs, and garbage handed to it can crash it.
  */
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,35 +166,6 @@ struct epd__ucx {
     bool half_wired;              /* an endpoint may have been closed mid wire-up */
     char resources[160];
 };
-
-/* Workers left to process exit (see epd__ucx_destroy). */
-static atomic_uint epd__ucx_abandoned_n;
-
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define EPD__UCX_LSAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) && !defined(EPD__UCX_LSAN)
-#define EPD__UCX_LSAN 1
-#endif
-#ifdef EPD__UCX_LSAN
-/* LeakSanitizer asks this at exit.  A worker left to process exit still
- * holds UCX's objects for every endpoint open then, reachable only through
- * UCX's own tables (tagged pointers the leak scan does not follow), so
- * they show as lost.  That is the likely cause of what `make check` showed
- * once (not reproduced since): a prefill daemon whose encoder had been
- * stopped and killed exited 1 on SIGTERM with 56 UCX allocations "leaked"
- * (libucs/libuct only, nine sets of the same four, about one set per
- * endpoint it had open).  Only a
- * process that left a worker behind skips the check, and its log says so
- * (epd__ucx_destroy). */
-int __lsan_is_turned_off(void);
-__attribute__((visibility("default"))) int __lsan_is_turned_off(void)
-{
-    return atomic_load(&epd__ucx_abandoned_n) > 0;
-}
-#endif
 
 /* Address blob: header, then the UCX worker address. */
 typedef struct {
@@ -725,15 +695,8 @@ static void epd__ucx_destroy(void *arg)
          * the wire-up request of an endpoint force-closed before its tcp
          * lane connected.  The worker is never progressed again, so no
          * callback can reach freed memory; it goes with the process. */
-        atomic_fetch_add(&epd__ucx_abandoned_n, 1);
-#ifdef EPD__UCX_LSAN
-        epd_log_info(EPD__UCX_COMP, 0,
-                     "leaving the UCX worker to process exit (an endpoint closed mid wire-up): "
-                     "no leak check at exit");
-#else
         epd_log_debug(EPD__UCX_COMP, 0,
                       "leaving the UCX worker to process exit (an endpoint closed mid wire-up)");
-#endif
     } else {
         ucp_worker_destroy(be->worker);
         ucp_cleanup(be->ctx);
