@@ -307,19 +307,20 @@ static int epd_prefill_media_fits(epd_prefill_srv_t *srv, const epd_prefill_req_
 static void epd_prefill_park_remove(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
     epd_prefill_req_t **pp = &srv->park_head;
+    epd_prefill_req_t *prev = NULL;
 
     if (!req->parked) {
         return;
     }
     while (*pp != NULL && *pp != req) {
+        prev = *pp;
         pp = &(*pp)->park_next;
     }
     if (*pp == req) {
         *pp = req->park_next;
-    }
-    srv->park_tail = NULL;
-    for (epd_prefill_req_t *r = srv->park_head; r != NULL; r = r->park_next) {
-        srv->park_tail = r;
+        if (srv->park_tail == req) {
+            srv->park_tail = prev;
+        }
     }
     req->park_next = NULL;
     req->parked = 0;

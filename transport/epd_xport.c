@@ -46,6 +46,7 @@
 #include <string.h>
 
 #include "epd_alloc.h"
+#include "epd_bufpool.h"
 #include "epd_log.h"
 #include "epd_rng.h"
 #include "epd_time.h"
@@ -105,9 +106,8 @@ struct epd__held {
     epd__held_t *next;
     size_t len;
     bool fenced;
-    bool large;            /* sized to its message, freed when sent */
     uint64_t fence_target; /* writes 1..target must land first */
-    unsigned char *buf;    /* [held_small] or, when large, [len] */
+    unsigned char *buf;    /* [len], right after this header (x->held) */
 };
 
 struct epd_xport_rkey {
@@ -173,11 +173,7 @@ struct epd_xport {
     epd__core_op_t *op_pool;   /* [max_inflight + reserve] */
     epd__core_op_t *op_free;
     uint32_t user_ops;         /* user writes+flushes in flight */
-    epd__held_t *held_free;    /* small copies, recycled */
-    uint32_t held_count;       /* small copies allocated */
-    uint32_t held_max;
-    size_t held_small;         /* bytes of a small copy: min(max_msg_size, 64 KiB) */
-    size_t held_large_bytes;   /* bytes of large copies now held */
+    epd_bufpool_t held;        /* copies of held messages (epd__held_t + bytes) */
     uint64_t next_timer_ns;
     uint64_t timer_step_ns;
     epd_log_limit_t log_limit;
@@ -311,60 +307,22 @@ static void epd__op_put(epd_xport_t *x, epd__core_op_t *op)
     x->op_free = op;
 }
 
-/* A copy for a message of `len` bytes.  Small ones (the request plane's
- * usual, fenced completions among them) come from a pool that grows lazily
- * up to held_max and is then recycled: the send path does not allocate.
- * A large one (an image, up to max_msg_size) is allocated to its size and
- * freed once sent, all of them together bounded by EPD__XPORT_HELD_BYTES —
- * sizing every copy to max_msg_size would pin megabytes per held
- * completion. */
+/* A copy for a message of `len` bytes (epd_bufpool: small ones pooled,
+ * so the send path does not allocate for the request plane's usual
+ * messages; a large one, an image, sized to itself). */
 static epd__held_t *epd__held_get(epd_xport_t *x, size_t len)
 {
-    epd__held_t *h;
+    epd__held_t *h = epd_bufpool_get(&x->held, len);
 
-    if (len > x->held_small) {
-        if (x->held_large_bytes + len > EPD__XPORT_HELD_BYTES) {
-            return NULL;
-        }
-        h = epd_malloc(sizeof(*h) + len);
-        if (h == NULL) {
-            return NULL;
-        }
-        memset(h, 0, sizeof(*h));
-        h->buf = (unsigned char *)(h + 1);
-        h->large = true;
-        x->held_large_bytes += len;
-        return h;
-    }
-    h = x->held_free;
     if (h != NULL) {
-        x->held_free = h->next;
-        h->next = NULL;
-        return h;
+        h->buf = epd_bufpool_data(&x->held, h);
     }
-    if (x->held_count >= x->held_max) {
-        return NULL;
-    }
-    /* Grows lazily up to the cap, then recycles: most users never hold a
-     * message, and the cap bounds what a slow handshake can pin. */
-    h = epd_calloc(1, sizeof(*h) + x->held_small);
-    if (h == NULL) {
-        return NULL;
-    }
-    h->buf = (unsigned char *)(h + 1);
-    x->held_count++;
     return h;
 }
 
 static void epd__held_put(epd_xport_t *x, epd__held_t *h)
 {
-    if (h->large) {
-        x->held_large_bytes -= h->len;
-        epd_free(h);
-        return;
-    }
-    h->next = x->held_free;
-    x->held_free = h;
+    epd_bufpool_put(&x->held, h);
 }
 
 /* Sends one frame on the backend endpoint; updates sequence and tx time only
@@ -945,11 +903,15 @@ epd_status_t epd_xport_create(const epd_xport_config_t *config, epd_xport_t **x_
         x->id = epd_rng_next(&x->rng);
     } while (x->id == 0);
 
-    x->held_small = config->max_msg_size < 64 * 1024 ? config->max_msg_size : 64 * 1024;
-    x->held_max = (uint32_t)(EPD__XPORT_HELD_BYTES / x->held_small);
-    x->held_max = x->held_max > EPD__XPORT_HELD_MAX ? EPD__XPORT_HELD_MAX
-                  : x->held_max < 16                ? 16
-                                                    : x->held_max;
+    {
+        /* most users never hold a message: the pool grows lazily, and its
+         * cap bounds what a slow handshake can pin */
+        size_t small = config->max_msg_size < 64 * 1024 ? config->max_msg_size : 64 * 1024;
+        uint32_t max = (uint32_t)(EPD__XPORT_HELD_BYTES / small);
+
+        max = max > EPD__XPORT_HELD_MAX ? EPD__XPORT_HELD_MAX : max < 16 ? 16 : max;
+        epd_bufpool_init(&x->held, sizeof(epd__held_t), small, max, EPD__XPORT_HELD_BYTES);
+    }
     n_ops = config->max_inflight + EPD__XPORT_OP_RESERVE;
     x->op_pool = epd_calloc(n_ops, sizeof(*x->op_pool));
     if (x->op_pool == NULL) {
@@ -1002,11 +964,7 @@ void epd_xport_destroy(epd_xport_t *x)
     }
     epd__xport_leave(x);
     x->ops->destroy(x->be);
-    while (x->held_free != NULL) {
-        epd__held_t *h = x->held_free;
-        x->held_free = h->next;
-        epd_free(h);
-    }
+    epd_bufpool_cleanup(&x->held);
     epd_free(x->slots);
     epd_free(x->slot_gen);
     epd_free(x->op_pool);

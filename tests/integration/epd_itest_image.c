@@ -47,7 +47,7 @@ static void put32be(unsigned char *p, uint32_t v)
 
 static int itest_bomb(const char *out)
 {
-    /* signature, IHDR(60000 x 60000, 8-bit RGB), a stub IDAT, IEND; the
+    /* signature, IHDR(60000 x 60000, 8-bit RGB), an empty IDAT, IEND; the
      * CRCs are left zero (a header probe refuses it by size first) */
     unsigned char b[8 + 25 + 12 + 12];
     FILE *f;

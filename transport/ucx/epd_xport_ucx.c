@@ -33,6 +33,7 @@
  * UCX trusts its own blobs, and garbage handed to it can crash it.
  */
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,7 @@
 #include <ucp/api/ucp.h>
 
 #include "epd_alloc.h"
+#include "epd_bufpool.h"
 #include "epd_hash.h"
 #include "epd_log.h"
 #include "epd_rng.h"
@@ -92,8 +94,7 @@ struct epd__ucx_tx {
     void *req;
     epd__ucx_ep_t *ep;
     epd__ucx_tx_t *prev, *next;
-    size_t large; /* 0: a pooled copy of tx_small bytes; else its own size */
-    unsigned char data[];
+    unsigned char data[]; /* from be->tx (epd_bufpool) */
 };
 
 struct epd__ucx_ep {
@@ -157,11 +158,7 @@ struct epd__ucx {
     epd__xport_op_t *done_head, *done_tail;
     epd__ucx_rx_t *ring;          /* [EPD__UCX_RING] */
     uint32_t ring_head, ring_count;
-    epd__ucx_tx_t *tx_free;
-    uint32_t tx_count;
-    uint32_t tx_max;
-    size_t tx_small;       /* bytes of a pooled copy: min(msg_cap, 64 KiB + header) */
-    size_t tx_large_bytes; /* bytes of large copies UCX holds now */
+    epd_bufpool_t tx;      /* send copies UCX holds (epd__ucx_tx_t + bytes) */
     uint64_t dropped;
     bool half_wired;              /* an endpoint may have been closed mid wire-up */
     char resources[160];
@@ -310,57 +307,17 @@ static void epd__ucx_op_cb(void *request, ucs_status_t status, void *user_data)
 
 /* ------------------------------------------------------------ tx copies */
 
-/* A send copy for `len` bytes: small ones pooled (the steady state
- * allocates nothing), a large one (an image) of its own size, freed when
- * UCX is done with it, all of those bounded in bytes. */
+/* A send copy for `len` bytes (epd_bufpool: small ones pooled, so the
+ * steady state allocates nothing; a large one, an image, sized to itself
+ * and freed when UCX is done with it). */
 static epd__ucx_tx_t *epd__ucx_tx_get(epd__ucx_t *be, size_t len)
 {
-    epd__ucx_tx_t *tx;
-
-    if (len > be->tx_small) {
-        if (be->tx_large_bytes + len > EPD__UCX_TX_BYTES) {
-            return NULL;
-        }
-        tx = epd_malloc(sizeof(*tx) + len);
-        if (tx == NULL) {
-            return NULL;
-        }
-        memset(tx, 0, sizeof(*tx));
-        tx->large = len;
-        be->tx_large_bytes += len;
-        return tx;
-    }
-    tx = be->tx_free;
-    if (tx != NULL) {
-        be->tx_free = tx->next;
-        tx->next = NULL;
-        return tx;
-    }
-    if (be->tx_count >= be->tx_max) {
-        return NULL;
-    }
-    /* grows to the cap, then recycles: the steady state allocates nothing */
-    tx = epd_malloc(sizeof(*tx) + be->tx_small);
-    if (tx == NULL) {
-        return NULL;
-    }
-    memset(tx, 0, sizeof(*tx));
-    be->tx_count++;
-    return tx;
+    return epd_bufpool_get(&be->tx, len);
 }
 
 static void epd__ucx_tx_put(epd__ucx_t *be, epd__ucx_tx_t *tx)
 {
-    if (tx->large != 0) {
-        be->tx_large_bytes -= tx->large;
-        epd_free(tx);
-        return;
-    }
-    tx->req = NULL;
-    tx->ep = NULL;
-    tx->prev = NULL;
-    tx->next = be->tx_free;
-    be->tx_free = tx;
+    epd_bufpool_put(&be->tx, tx);
 }
 
 static void epd__ucx_tx_unlink(epd__ucx_tx_t *tx)
@@ -543,9 +500,13 @@ static epd_status_t epd__ucx_create(epd_xport_t *core, const epd_xport_config_t 
     be->core = core;
     be->efd = -1;
     be->msg_cap = 64 + config->max_msg_size; /* the core's frame header is 48 bytes */
-    be->tx_small = be->msg_cap < 64 + 64 * 1024 ? be->msg_cap : 64 + 64 * 1024;
-    be->tx_max = (uint32_t)(EPD__UCX_TX_BYTES / be->tx_small);
-    be->tx_max = be->tx_max > EPD__UCX_TX_MAX ? EPD__UCX_TX_MAX : be->tx_max < 16 ? 16 : be->tx_max;
+    {
+        size_t small = be->msg_cap < 64 + 64 * 1024 ? be->msg_cap : 64 + 64 * 1024;
+        uint32_t max = (uint32_t)(EPD__UCX_TX_BYTES / small);
+
+        max = max > EPD__UCX_TX_MAX ? EPD__UCX_TX_MAX : max < 16 ? 16 : max;
+        epd_bufpool_init(&be->tx, offsetof(epd__ucx_tx_t, data), small, max, EPD__UCX_TX_BYTES);
+    }
     epd_rng_seed(&be->rng, epd_rng_entropy());
     be->ring = epd_calloc(EPD__UCX_RING, sizeof(*be->ring));
     if (be->ring == NULL) {
@@ -701,11 +662,7 @@ static void epd__ucx_destroy(void *arg)
         ucp_worker_destroy(be->worker);
         ucp_cleanup(be->ctx);
     }
-    while (be->tx_free != NULL) {
-        epd__ucx_tx_t *tx = be->tx_free;
-        be->tx_free = tx->next;
-        epd_free(tx);
-    }
+    epd_bufpool_cleanup(&be->tx);
     epd_free(be->ring);
     epd_free(be);
 }
