@@ -42,9 +42,36 @@ TEST_LIBS   := $(shell pkg-config --libs $(TEST_PKGS) 2>/dev/null)
 
 WARN := -std=c11 -Wall -Wextra -Wshadow -Wstrict-prototypes -Werror
 CFLAGS ?= -O2 -g
-EPD_CPPFLAGS := -D_GNU_SOURCE -Icommon -Iproto -Itransport -Iengine \
-                -I$(BUILD)/gen $(PKG_CFLAGS) \
+EPD_CPPFLAGS := -D_GNU_SOURCE $(PKG_CFLAGS) \
                 -DEPD_WITH_UCX=$(EPD_WITH_UCX) -DEPD_WITH_OFI=$(EPD_WITH_OFI)
+
+# The layers (DESIGN.md "Layers inside the tree"): each folder compiles with
+# the include paths of what it may use and nothing above it, so an include
+# that goes up a layer (or sideways into another daemon) fails to build.
+#   common <- transport, engine <- proto <- daemon <- encoder, prefill, decode, router
+INC_common    := -Icommon
+INC_transport := $(INC_common) -Itransport
+INC_engine    := $(INC_common) -Iengine
+INC_proto     := $(INC_common) -Itransport -Iengine -Iproto -I$(BUILD)/gen
+INC_daemon    := $(INC_proto) -Idaemon
+INC_encoder   := $(INC_daemon) -Iencoder
+INC_prefill   := $(INC_daemon) -Iprefill
+INC_decode    := $(INC_daemon) -Idecode
+INC_router    := $(INC_daemon) -Irouter
+# benchmarks and tests stand above everything (tests reach internals)
+INC_all       := $(INC_daemon) -Iencoder -Iprefill -Idecode -Irouter
+$(BUILD)/obj/common/%.o:    EPD_INC = $(INC_common)
+$(BUILD)/obj/transport/%.o: EPD_INC = $(INC_transport)
+$(BUILD)/obj/engine/%.o:    EPD_INC = $(INC_engine)
+$(BUILD)/obj/proto/%.o:     EPD_INC = $(INC_proto)
+$(BUILD)/obj/gen/%.o:       EPD_INC = $(INC_proto)
+$(BUILD)/obj/daemon/%.o:    EPD_INC = $(INC_daemon)
+$(BUILD)/obj/encoder/%.o:   EPD_INC = $(INC_encoder)
+$(BUILD)/obj/prefill/%.o:   EPD_INC = $(INC_prefill)
+$(BUILD)/obj/decode/%.o:    EPD_INC = $(INC_decode)
+$(BUILD)/obj/router/%.o:    EPD_INC = $(INC_router)
+$(BUILD)/obj/bench/%.o:     EPD_INC = $(INC_all)
+$(BUILD)/obj/tests/%.o:     EPD_INC = $(INC_all) -Itests/common
 EPD_CFLAGS := $(WARN) $(CFLAGS) -pthread -fPIC -MMD -MP
 EPD_LDFLAGS := -pthread -rdynamic
 EPD_LDLIBS := $(PKG_LIBS) -ldl -lm
@@ -98,12 +125,12 @@ $(BUILD)/tests/$(1): $$($(1)_OBJS) $$(foreach l,$(3),$(BUILD)/lib/lib$$(l).a)
 endef
 
 # Each folder registers its pieces.  Order matters only for readability.
-MODULES := common proto transport engine encoder prefill decode router bench tests
+MODULES := common proto transport engine daemon encoder prefill decode router bench tests
 -include $(foreach m,$(MODULES),$(wildcard $(m)/module.mk))
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
-	@$(if $(filter 1,$(V)),,echo "  CC      $<";)$(CC) $(EPD_CPPFLAGS) $(EPD_CFLAGS) -c -o $@ $<
+	@$(if $(filter 1,$(V)),,echo "  CC      $<";)$(CC) $(EPD_INC) $(EPD_CPPFLAGS) $(EPD_CFLAGS) -c -o $@ $<
 
 # Generated headers must exist before anything compiles (they may be included
 # from any module); -MMD takes over after the first build.

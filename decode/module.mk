@@ -4,4 +4,4 @@
 # epd_decode_batch the compute thread (continuous batching).
 DECODE_LIB_SRCS := decode/epd_decode_blocks.c decode/epd_decode_check.c decode/epd_decode_batch.c
 $(eval $(call epd_lib,epd_decode,$(DECODE_LIB_SRCS)))
-$(eval $(call epd_prog,epd-decode,decode/main.c,epd_decode epd_xport epd_proto epd_engine epd_common))
+$(eval $(call epd_prog,epd-decode,decode/main.c,epd_decode epd_daemon epd_xport epd_proto epd_engine epd_common))

@@ -1,64 +1,32 @@
 /*
  * epd_encoder_compute.c — the compute thread (see the header for the
- * hand-offs and the queue sizing).
+ * hand-offs and the queue sizing; the queues, semaphore and wake-up are
+ * daemon/epd_handoff's).
  *
  * The engine and every decoded image belong to this thread alone.  The only
- * state shared with the loop thread is the two SPSC queues, the semaphore,
- * the atomics below and each job's cancel flag.
+ * state shared with the loop thread is the hand-off and each job's cancel
+ * flag.
  */
 #include "epd_encoder_compute.h"
 
-#include <errno.h>
-#include <pthread.h>
-#include <semaphore.h>
 #include <string.h>
 
 #include "epd_alloc.h"
+#include "epd_handoff.h"
 #include "epd_hash.h"
 #include "epd_image.h"
 #include "epd_log.h"
-#include "epd_queue.h"
 #include "epd_time.h"
 
 #define EPD_ENCODER_COMP "encoder"
 
 struct epd_encoder_compute {
-    epd_engine_t *engine;  /* compute thread (after create) */
-    epd_spsc_queue_t jobs; /* loop -> compute, FIFO */
-    epd_spsc_queue_t done; /* compute -> loop */
-    sem_t sem;             /* counts submitted jobs (+1 to stop) */
-    uv_async_t async;      /* wakes the loop for finished jobs */
-    pthread_t thread;
-    int thread_started;
-    atomic_int stop;
-    uint64_t submitted; /* loop thread */
-    atomic_uint_fast64_t started;
+    epd_engine_t *engine; /* compute thread (after create) */
+    epd_handoff_t *h;
     epd_encoder_job_cb_t cb;
     void *cb_arg;
     int trace_named; /* compute thread: its trace track is named */
 };
-
-/* Compute thread: hand a finished job back.  The queue is sized so this
- * succeeds at once; if the invariant is ever broken it retries with short
- * sleeps rather than dropping the job or blocking for good. */
-static void epd_encoder_compute_emit(epd_encoder_compute_t *c, epd_encoder_job_t *job)
-{
-    int warned = 0;
-
-    while (epd_spsc_queue_push(&c->done, job) != EPD_OK) {
-        if (!warned) {
-            epd_log_error(EPD_ENCODER_COMP, 0,
-                          "compute -> loop queue full (sizing invariant broken)");
-            warned = 1;
-        }
-        (void)uv_async_send(&c->async);
-        if (atomic_load(&c->stop)) {
-            return;
-        }
-        epd_time_sleep_ns(100 * EPD_NSEC_PER_USEC);
-    }
-    (void)uv_async_send(&c->async);
-}
 
 static int epd_encoder_job_canceled(epd_encoder_job_t *job)
 {
@@ -102,7 +70,6 @@ static void epd_encoder_compute_run(epd_encoder_compute_t *c, epd_encoder_job_t 
         epd_trace_thread_name(job->trace, "encoder compute");
         c->trace_named = 1;
     }
-    atomic_fetch_add(&c->started, 1);
     if (epd_encoder_job_canceled(job)) {
         st = EPD_ERR_CANCELED;
         goto out;
@@ -154,59 +121,66 @@ out:
     }
     job->status = st;
     /* last touch of the job: after the push the loop may free the request */
-    epd_encoder_compute_emit(c, job);
+    epd_handoff_post(c->h, job);
 }
 
-static void *epd_encoder_compute_main(void *arg)
+void epd_encoder_job_describe(const epd_encoder_job_t *j, uint64_t max_pixels, char *msg,
+                              size_t cap)
+{
+    const char *fmt =
+        j->format != 0 ? epd_image_format_name((epd_image_format_t)j->format) : "PNG/JPEG";
+
+    if (j->bad_hash) {
+        snprintf(msg, cap, "content_hash is not the BLAKE2b-256 of the image (%zu bytes)",
+                 j->image_len);
+        return;
+    }
+    switch (j->status) {
+    case EPD_ERR_MALFORMED:
+        snprintf(msg, cap, "image does not decode: corrupt or truncated %s data (%zu bytes)", fmt,
+                 j->image_len);
+        break;
+    case EPD_ERR_UNSUPPORTED:
+        snprintf(msg, cap,
+                 "image is not PNG or JPEG (or a JPEG kind the decoder lacks: lossless, "
+                 "arithmetic coding, 12-bit)");
+        break;
+    case EPD_ERR_TOO_LONG:
+        snprintf(msg, cap, "%s image of %u x %u pixels exceeds the limit of %llu pixels", fmt,
+                 j->width, j->height, (unsigned long long)max_pixels);
+        break;
+    case EPD_ERR_NO_MEMORY:
+        snprintf(msg, cap, "out of memory decoding or encoding a %u x %u %s image", j->width,
+                 j->height, fmt);
+        break;
+    default:
+        snprintf(msg, cap, "encoding the image failed: %s", epd_status_string(j->status));
+        break;
+    }
+}
+
+/* Compute thread: the hand-off's run callback. */
+static void epd_encoder_compute_on_job(void *arg, void *job, uint32_t queue)
+{
+    (void)queue;
+    epd_encoder_compute_run(arg, job);
+}
+
+/* Loop thread: a finished job. */
+static void epd_encoder_compute_on_done(void *arg, void *job)
 {
     epd_encoder_compute_t *c = arg;
 
-    for (;;) {
-        epd_encoder_job_t *job;
-
-        if (sem_wait(&c->sem) != 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            epd_log_error(EPD_ENCODER_COMP, 0, "compute thread: sem_wait failed: %s",
-                          strerror(errno));
-            break;
-        }
-        if (atomic_load(&c->stop)) {
-            break; /* shutting down: the loop no longer reads finished jobs */
-        }
-        job = epd_spsc_queue_pop(&c->jobs);
-        if (job == NULL) {
-            continue;
-        }
-        epd_encoder_compute_run(c, job);
-    }
-    return NULL;
-}
-
-/* Loop thread: hand every finished job back (uv_async_send coalesces). */
-static void epd_encoder_compute_on_async(uv_async_t *handle)
-{
-    epd_encoder_compute_t *c = handle->data;
-    epd_encoder_job_t *job;
-
-    while ((job = epd_spsc_queue_pop(&c->done)) != NULL) {
-        c->cb(c->cb_arg, job);
-    }
-}
-
-static void epd_encoder_compute_on_closed(uv_handle_t *handle)
-{
-    epd_free(handle->data);
+    c->cb(c->cb_arg, job);
 }
 
 epd_status_t epd_encoder_compute_create(uv_loop_t *loop, epd_engine_t *engine, uint32_t max_jobs,
                                         epd_encoder_job_cb_t cb, void *cb_arg,
                                         epd_encoder_compute_t **c_p)
 {
+    epd_handoff_config_t hc;
     epd_encoder_compute_t *c;
     epd_status_t st;
-    int rc;
 
     if (loop == NULL || engine == NULL || cb == NULL || max_jobs == 0 || c_p == NULL) {
         return EPD_ERR_INVALID_PARAM;
@@ -217,73 +191,41 @@ epd_status_t epd_encoder_compute_create(uv_loop_t *loop, epd_engine_t *engine, u
     }
     c->cb = cb;
     c->cb_arg = cb_arg;
-    atomic_init(&c->stop, 0);
-    atomic_init(&c->started, 0);
-    st = epd_spsc_queue_init(&c->jobs, max_jobs);
-    if (st != EPD_OK) {
-        goto err_free;
-    }
-    st = epd_spsc_queue_init(&c->done, max_jobs);
-    if (st != EPD_OK) {
-        goto err_cleanup_jobs;
-    }
-    if (sem_init(&c->sem, 0, 0) != 0) {
-        st = EPD_ERR_FATAL;
-        goto err_cleanup_done;
-    }
-    rc = uv_async_init(loop, &c->async, epd_encoder_compute_on_async);
-    if (rc != 0) {
-        epd_log_error(EPD_ENCODER_COMP, 0, "uv_async_init: %s", uv_strerror(rc));
-        st = EPD_ERR_FATAL;
-        goto err_destroy_sem;
-    }
-    c->async.data = c;
     c->engine = engine;
-    rc = pthread_create(&c->thread, NULL, epd_encoder_compute_main, c);
-    if (rc != 0) {
-        epd_log_error(EPD_ENCODER_COMP, 0, "cannot start the compute thread: %s", strerror(rc));
-        c->engine = NULL; /* the caller keeps it */
-        sem_destroy(&c->sem);
-        epd_spsc_queue_cleanup(&c->done);
-        epd_spsc_queue_cleanup(&c->jobs);
-        /* the handle is live: c is freed by its close callback */
-        uv_close((uv_handle_t *)&c->async, epd_encoder_compute_on_closed);
-        return EPD_ERR_FATAL;
+    memset(&hc, 0, sizeof(hc));
+    hc.name = "encoder compute";
+    hc.n_queues = 1;
+    hc.queue_cap[0] = max_jobs;
+    hc.event_cap = max_jobs;
+    hc.run = epd_encoder_compute_on_job;
+    hc.run_arg = c;
+    hc.on_event = epd_encoder_compute_on_done;
+    hc.event_arg = c;
+    st = epd_handoff_create(loop, &hc, &c->h);
+    if (st != EPD_OK) {
+        epd_log_error(EPD_ENCODER_COMP, 0, "cannot start the compute thread: %s",
+                      epd_status_string(st));
+        epd_free(c); /* the caller keeps the engine */
+        return st;
     }
-    c->thread_started = 1;
     *c_p = c;
     return EPD_OK;
-
-err_destroy_sem:
-    sem_destroy(&c->sem);
-err_cleanup_done:
-    epd_spsc_queue_cleanup(&c->done);
-err_cleanup_jobs:
-    epd_spsc_queue_cleanup(&c->jobs);
-err_free:
-    epd_free(c);
-    return st;
 }
 
 epd_status_t epd_encoder_compute_submit(epd_encoder_compute_t *c, epd_encoder_job_t *job)
 {
-    epd_status_t st = epd_spsc_queue_push(&c->jobs, job);
+    epd_status_t st = epd_handoff_submit(c->h, 0, job);
 
     if (st != EPD_OK) {
         epd_log_error(EPD_ENCODER_COMP, job->req_id,
                       "loop -> compute queue full (sizing invariant broken)");
-        return st;
     }
-    c->submitted++;
-    (void)sem_post(&c->sem);
-    return EPD_OK;
+    return st;
 }
 
 uint32_t epd_encoder_compute_backlog(const epd_encoder_compute_t *c)
 {
-    uint64_t started = atomic_load(&((epd_encoder_compute_t *)c)->started);
-
-    return c->submitted > started ? (uint32_t)(c->submitted - started) : 0;
+    return epd_handoff_backlog(c->h, 0);
 }
 
 void epd_encoder_compute_destroy(epd_encoder_compute_t *c)
@@ -291,14 +233,7 @@ void epd_encoder_compute_destroy(epd_encoder_compute_t *c)
     if (c == NULL) {
         return;
     }
-    atomic_store(&c->stop, 1);
-    if (c->thread_started) {
-        (void)sem_post(&c->sem);
-        pthread_join(c->thread, NULL);
-    }
+    epd_handoff_destroy(c->h); /* joins the thread: the engine is ours again */
     epd_engine_close(c->engine);
-    sem_destroy(&c->sem);
-    epd_spsc_queue_cleanup(&c->done);
-    epd_spsc_queue_cleanup(&c->jobs);
-    uv_close((uv_handle_t *)&c->async, epd_encoder_compute_on_closed);
+    epd_free(c);
 }

@@ -12,13 +12,10 @@
  * of the output bytes), where the bytes were just produced, so that the
  * loop thread only posts the write.
  *
- * Hand-offs, with no lock held across a compute or network call:
- *   loop -> compute: a bounded SPSC queue of job pointers plus a POSIX
- *     semaphore counting them; the compute thread sleeps in sem_wait when
- *     there is nothing to do.  sem_post never blocks, so the loop never
- *     waits for compute.
- *   compute -> loop: the finished job itself, pushed on a bounded SPSC
- *     queue, plus uv_async_send.
+ Hand-offs (daemon/epd_handoff.h), with no lock held across a compute or
+ * network call: loop -> compute, a bounded queue of job pointers and a
+ * semaphore; compute -> loop, the finished job itself on a bounded queue
+ * plus a uv_async wake-up.
  *
  * Sizing, so that neither push meets a full queue: a job lives inside one
  * request of the loop, every live request holds one slot, and a request
@@ -103,6 +100,11 @@ epd_status_t epd_encoder_compute_submit(epd_encoder_compute_t *c, epd_encoder_jo
 
 /* Jobs submitted and not started yet (the queue depth).  Loop thread. */
 uint32_t epd_encoder_compute_backlog(const epd_encoder_compute_t *c);
+
+/* The Error text of a failed job (what was wrong with the image) into
+ * msg[0..cap); max_pixels is the guard the job ran with.  Any thread. */
+void epd_encoder_job_describe(const epd_encoder_job_t *job, uint64_t max_pixels, char *msg,
+                              size_t cap);
 
 /*
  * Stops the thread after the job it is running (jobs still queued are

@@ -1,17 +1,23 @@
 /*
- * epd_encoder_int.h — the encoder daemon's internals, shared by its modules:
+ * epd_encoder_int.h — the encoder daemon's internals.
  *
- *   main.c                  flags, start-up, signals, ready file, shutdown
- *   epd_encoder_msg.c       request plane: transport callbacks, message
- *                           handlers, prefill peers (one endpoint per prefill
- *                           worker id + epoch), early reservations (stash),
- *                           tombstones, the outbox of small replies
- *   epd_encoder_req.c       one image's state machine: admission, compute
- *                           results, reservation, the write, EmbedComplete,
- *                           failure, abort and quiesce, leases, the pump
- *   epd_encoder_rpc.c       control plane (Health, Status, Drain), the
- *                           RegisterRequest and the registrar's load
+ *   main.c                  flags -> config -> the daemon runtime (daemon/),
+ *                           the embedding region, the compute thread
+ *   epd_encoder_msg.c       the message layer: checks every request-plane
+ *                           message that can be checked without the
+ *                           request table, refuses the bad ones, hands the
+ *                           rest to the request layer
+ *   epd_encoder_req.c       the request layer: the only place an image's
+ *                           state changes (epd_encoder_req_state_t, one
+ *                           switch), the request id as a whole (abort,
+ *                           tombstones, early reservations), leases
+ *   epd_encoder_resv.c      what a reservation must be to be written into
  *   epd_encoder_compute.c   the compute thread (own header)
+ *
+ * Calls go one way: main.c -> epd_encoder_msg.c -> epd_encoder_req.c ->
+ * epd_encoder_resv.c, epd_encoder_compute.c.  Upward only through callbacks registered at
+ * start: the daemon's ops (main.c fills them with the functions below),
+ * the compute thread's job callback, the transport's write completions.
  *
  * Unit of work: one image, i.e. one (request_id, media_index) pair — an
  * epd_encoder_req_t, holding one slot of the registered region from
@@ -21,94 +27,74 @@
  * compute thread reads and writes through a submitted job (see
  * epd_encoder_compute.h): the image bytes (read) and the request's slot
  * (written) until the job comes back.
- *
- * Re-entrancy rule (as prefill's): transport callbacks (write completions,
- * endpoint errors, messages) may run nested inside any epd_xport_* call.
- * They only record facts and mark requests dirty; requests are freed and
- * our endpoints to prefill workers closed (their remote keys die with them)
- * only by epd__encoder_on_pump, which runs at the top of the loop (a
- * uv_idle), never nested inside a transport call.  The one exception: an
- * accepted endpoint (a client's, or a prefill worker's own) that failed is
- * closed inside the error callback, after every pointer to it was dropped —
- * the transport parks it until its own stack unwinds.
  */
 #ifndef EPD_ENCODER_INT_H
 #define EPD_ENCODER_INT_H
 
-#include <stdatomic.h>
 #include <stdint.h>
 
-#include <uv.h>
-
+#include "epd_daemon.h"
 #include "epd_encoder_compute.h"
 #include "epd_engine.h"
 #include "epd_hash.h"
-#include "epd_log.h"
-#include "epd_msg.h"
-#include "epd_registrar.h"
-#include "epd_rpc.h"
-#include "epd_trace.h"
-#include "epd_xport.h"
-#include "epd_xport_uv.h"
+#include "epd_link.h"
+#include "epd_peer.h"
+#include "epd_reqtab.h"
+#include "epd_stash.h"
+#include "epd_tomb.h"
 
 #define EPD_ENCODER_LOG "encoder"
-#define EPD_ENCODER_ID_MAX 128      /* worker id bytes, NUL included */
 #define EPD_ENCODER_MEDIA_MAX 8     /* media per request (proto/README.md rule 13) */
 #define EPD_ENCODER_STASH_MAX 256   /* reservations that came before their EncodeRequest */
 #define EPD_ENCODER_TOMB_MAX 4096   /* recently ended (request, media) and aborted ids */
-#define EPD_ENCODER_OUTBOX_MAX 1024 /* replies waiting for transport room */
-#define EPD_ENCODER_KNOWN_P 64      /* prefill worker ids seen (abort answers) */
 /* The transport's largest message (transport/epd_xport.h: at most 16 MiB),
  * and the room an EncodeRequest needs beyond its image bytes: the frame
  * header, the envelope, the hash, ids and a prefill address of up to
  * EPD_XPORT_ADDR_MAX bytes. */
 #define EPD_ENCODER_MSG_LIMIT (16u << 20)
 #define EPD_ENCODER_MSG_HEADROOM (64u << 10)
-#define EPD_ENCODER_MEDIA_ALL UINT32_MAX /* a tombstone for every media of an id */
 
-typedef epd_msg_epoch_t epd_encoder_epoch_t; /* epd_msg_epoch_cmp, epd_msg_epoch_of */
+/* Tombstone kinds (epd_tomb.h): how an id (or one image of it) ended. */
+#define EPD_ENCODER_TOMB_ENDED 1   /* one (id, media) ended here (done, failed, refused) */
+#define EPD_ENCODER_TOMB_ABORTED 2 /* every media of the id: aborted or failed as a whole */
 
+/* Where one image stands.  Transitions happen in epd_encoder_req.c's
+ * step function only:
+ *
+ *   ENCODING --job back, ok--> READY --reservation--> WRITING --written--> DONE
+ *      |  (a reservation may come while ENCODING: READY is skipped)
+ *      +----------any failure, abort, lease, peer death----> FAILED --let go--> DONE
+ *
+ * FAILED waits until the compute thread and the transport gave back the
+ * slot and every message it owes went out; DONE is freed at once. */
 typedef enum {
-    EPD_ENCODER_PEER_CONNECTING = 1,
-    EPD_ENCODER_PEER_UP,
-    EPD_ENCODER_PEER_DEAD, /* failed or retired: no more sends, ep closed by the pump */
-} epd_encoder_peer_state_t;
+    EPD_ENCODER_REQ_ENCODING = 1, /* the job is lent to the compute thread */
+    EPD_ENCODER_REQ_READY,        /* embeddings in the slot; no reservation yet */
+    EPD_ENCODER_REQ_WRITING,      /* the write is posted (or waits for room), EmbedComplete
+                                   * fenced behind it */
+    EPD_ENCODER_REQ_FAILED,
+    EPD_ENCODER_REQ_DONE,
+} epd_encoder_req_state_t;
 
-/* Our endpoint to one prefill worker incarnation (worker id + epoch): every
- * write and every message about its requests goes on it, so that the fence
- * of EmbedComplete / WritesQuiesced orders them behind the writes. */
-typedef struct epd_encoder_peer {
-    char worker_id[EPD_ENCODER_ID_MAX];
-    epd_encoder_epoch_t epoch;
-    epd_xport_ep_t *ep; /* ours (connected by us); NULL once closed */
-    epd_encoder_peer_state_t state;
-    epd_status_t dead_status;
-    uint32_t n_refs; /* requests and outbox entries bound to it (it lives while > 0) */
-    /* the prefill worker's packed key of its embedding region, unpacked once
-     * on ep and shared by every request naming the same key (as prefill does
-     * for decode's key: unpacking per request would map the region afresh
-     * each time).  Destroyed by closing ep. */
-    epd_xport_rkey_t *rkey;
-    unsigned char rkey_blob[EPD_XPORT_RKEY_MAX];
-    size_t rkey_len;
-    int listed;                    /* in srv->peers lookups (not retired) */
-    struct epd_encoder_peer *next; /* srv->peers */
-} epd_encoder_peer_t;
+/* What a failure owes (epd__encoder_req_fail's `tell`). */
+#define EPD_ENCODER_TELL_CLIENT 0x1u  /* an Error to the client */
+#define EPD_ENCODER_TELL_PREFILL 0x2u /* an Error to the prefill worker (which fails the
+                                       * whole request on it: the id ends here too) */
+#define EPD_ENCODER_QUIESCE 0x4u      /* WritesQuiesced to the prefill worker once nothing
+                                       * of the id is in flight */
 
 struct epd_encoder_srv;
 
 typedef struct epd_encoder_req {
+    epd_reqent_t ent; /* srv->reqs, keyed (id, media_index) */
     uint64_t id;
     uint32_t media_index;
+    epd_encoder_req_state_t state;
     struct epd_encoder_srv *srv;
-    struct epd_encoder_req *hnext;               /* srv->table chain */
-    struct epd_encoder_req *lprev, *lnext;       /* srv->dirty or srv->blocked */
-    int list;                                    /* 0 none, 1 dirty, 2 blocked */
-    struct epd_encoder_req *all_prev, *all_next; /* srv->all */
     /* who asked */
-    epd_xport_ep_t *client_ep; /* NULL once that endpoint failed */
-    char client_id[EPD_ENCODER_ID_MAX];
-    epd_encoder_peer_t *peer; /* the prefill worker (counted ref) */
+    epd_link_t *client; /* counted reference */
+    char client_id[EPD_WORKER_ID_MAX];
+    epd_peer_t *peer; /* the prefill worker (counted reference) */
     /* the image and the slot */
     unsigned char *image; /* [image_len], freed once compute is done with it */
     size_t image_len;
@@ -116,193 +102,82 @@ typedef struct epd_encoder_req {
     uint32_t slot;
     float *out; /* the slot: [image_embeddings][embed_dim] f32 in srv->region */
     epd_encoder_job_t job;
-    int compute_done;  /* the job came back */
-    uint64_t ready_ns; /* embeddings computed (loop clock; 0 = not yet) */
-    /* the reservation (valid when have_resv) */
-    int have_resv;
+    /* facts the step function reads */
+    int compute_done;   /* the job came back */
+    int have_resv;      /* a valid reservation (below) */
+    int write_inflight; /* posted, not completed */
+    int complete_sent;  /* EmbedComplete queued on the link */
+    /* the reservation */
     uint64_t offset, bytes, region_size;
-    epd_xport_rkey_t *rkey; /* on peer->ep; NULL once that ep closed */
-    int rkey_shared;        /* rkey is peer->rkey (borrowed, not destroyed here) */
-    /* the write */
-    int write_posted, write_inflight;
-    int complete_sent; /* EmbedComplete queued on the transport */
-    int backpressured; /* a post was refused (logged once) */
+    epd_xport_rkey_t *rkey; /* on the peer's link; NULL once that link closed */
+    int rkey_shared;        /* the peer's (borrowed, not destroyed here) */
+    int backpressured;      /* the write was refused for room (logged once) */
     /* clocks (epd_time_now_ns) */
-    uint64_t t_recv_ns, t_resv_ns, t_posted_ns, t_written_ns, deadline_ns;
-    /* outcome */
-    int failed; /* failed or aborted: no more writes */
+    uint64_t t_recv_ns, ready_ns, t_resv_ns, t_posted_ns, t_written_ns, deadline_ns;
+    /* FAILED: what it still owes */
     epd_status_t fail_status;
     char fail_msg[200];
-    int tell_client;   /* Error to the client pending */
-    int tell_p;        /* Error to the prefill worker pending */
-    int need_quiesced; /* WritesQuiesced to the prefill worker pending */
+    unsigned owe; /* EPD_ENCODER_TELL_* / QUIESCE not yet sent */
 } epd_encoder_req_t;
 
-/* A reply not tied to a live request (refusals of early or late
- * reservations, answers to aborts) that met backpressure. */
-typedef struct {
-    epd_xport_ep_t *ep;           /* an accepted endpoint, or NULL when `peer` */
-    epd_encoder_peer_t *peer;     /* counted ref; its ep is used */
-    Epd__Envelope__BodyCase kind; /* ERROR or QUIESCED */
-    uint64_t id;
-    int32_t status;
-    char text[160];
-} epd_encoder_out_t;
-
-typedef enum {
-    EPD_ENCODER_TOMB_ENDED = 1, /* one (id, media) ended here (done, failed, refused) */
-    EPD_ENCODER_TOMB_ABORTED,   /* every media of the id: aborted */
-} epd_encoder_tomb_kind_t;
-
 typedef struct epd_encoder_srv {
-    /* configuration (flags) */
-    const char *model_dir;
-    char model_name[128]; /* last path component of model_dir */
-    const char *engine_name;
-    char worker_id[EPD_ENCODER_ID_MAX];
-    const char *transport;
+    epd_daemon_t *d;
+    const epd_engine_info_t *info;
+    /* configuration */
     uint32_t slots;
     uint64_t max_image_bytes, max_pixels;
-    uint32_t lease_ms, peer_timeout_ms, connect_timeout_ms;
-    /* identity */
-    epd_encoder_epoch_t epoch;
-    uint64_t seq; /* envelope sequence */
-    /* loop and its handles */
-    uv_loop_t *loop;
-    uv_idle_t pump;
-    int pump_on;
-    uv_timer_t timer; /* leases, deadlines, stash and tombstone expiry, retries */
-    uv_signal_t sigterm, sigint, sigusr1;
-    int stopping;
-    /* engine, region, compute */
-    const epd_engine_info_t *info;
+    uint32_t lease_ms;
     size_t slot_bytes;  /* image_embeddings * embed_dim * 4 */
     size_t slot_stride; /* slot_bytes rounded up to 64 */
-    epd_xport_t *x;
-    epd_xport_uv_t *xuv;
     epd_xport_mr_t *region; /* [slots][slot_stride] bytes, the writes' source */
     epd_encoder_compute_t *compute;
-    epd_rpc_server_t *rpc;
-    epd_registrar_t *registrar; /* --router; NULL = not registering */
-    const void *addr;           /* our data-plane address (borrowed from x) */
-    size_t addr_len;
     uint32_t *free_slots; /* stack, lowest on top */
     uint32_t n_free_slots;
-    /* requests, by (id, media_index) */
-    epd_encoder_req_t **table; /* [table_size] chains */
-    uint32_t table_size;
-    uint32_t n_live;
-    epd_encoder_req_t *all;
-    epd_encoder_req_t *dirty_head, *dirty_tail;
-    epd_encoder_req_t *blocked_head, *blocked_tail;
-    int room; /* a write completed: retry the blocked */
-    epd_encoder_peer_t *peers;
-    /* early reservations, tombstones, known prefill workers, outbox */
-    struct epd_encoder_stash {
-        Epd__Envelope *env; /* owned: an EmbedReservation */
-        epd_xport_ep_t *ep; /* where it came from (NULL once that ep failed) */
-        uint64_t expires_ns;
-    } stash[EPD_ENCODER_STASH_MAX];
-    uint32_t n_stash;
-    struct epd_encoder_tomb {
-        uint64_t id;
-        uint32_t media; /* EPD_ENCODER_MEDIA_ALL for an aborted id */
-        epd_encoder_tomb_kind_t kind;
-        uint64_t expires_ns;
-    } tombs[EPD_ENCODER_TOMB_MAX];
-    uint32_t tomb_next;
-    char known_p[EPD_ENCODER_KNOWN_P][EPD_ENCODER_ID_MAX];
-    uint32_t known_p_next;
-    epd_encoder_out_t outbox[EPD_ENCODER_OUTBOX_MAX]; /* ring */
-    uint32_t out_head, n_out;
-    /* state and counters */
-    int draining;
-    uint64_t bad_frames;
+    epd_reqtab_t reqs; /* live images, by (id, media_index) */
+    int room;          /* a write completed: retry the blocked */
+    epd_stash_t *stash; /* early reservations, keyed (id, media) */
+    epd_tombs_t *tombs;
+    /* counters */
     uint64_t received, served, failed_reqs, refused;
     uint64_t bytes_written; /* embedding bytes whose write completed */
-    epd_log_limit_t log_limit;
-    unsigned char *tx_buf; /* [tx_cap], loop thread scratch for frames */
-    size_t tx_cap;
-    epd_trace_t *trace;     /* --trace; NULL = off */
-    const char *trace_path; /* where the JSON goes at exit / SIGUSR1 */
+    epd_trace_t *trace;     /* the daemon's (NULL = off) */
 } epd_encoder_srv_t;
 
-/* ---- epd_encoder_msg.c ---- */
-void epd__encoder_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len);
-void epd__encoder_on_accept(void *arg, epd_xport_ep_t *ep);
-void epd__encoder_on_ep_error(void *arg, epd_xport_ep_t *ep, epd_status_t status);
-/* Sends a body of `body_case` to `ep` (flags: fence).  EPD_OK,
- * EPD_ERR_NO_RESOURCE (retry later) or the endpoint's error. */
-epd_status_t epd__encoder_send(epd_encoder_srv_t *srv, epd_xport_ep_t *ep,
-                               Epd__Envelope__BodyCase body_case, void *body, unsigned flags);
-epd_status_t epd__encoder_send_error(epd_encoder_srv_t *srv, epd_xport_ep_t *ep, uint64_t id,
-                                     epd_status_t status, const char *msg);
-epd_status_t epd__encoder_send_quiesced(epd_encoder_srv_t *srv, epd_xport_ep_t *ep, uint64_t id);
-void epd__encoder_peer_unref(epd_encoder_srv_t *srv, epd_encoder_peer_t *peer);
-int epd__encoder_peer_usable(const epd_encoder_peer_t *peer);
-/* Closes endpoints of dead peers, frees unreferenced ones (pump only). */
-void epd__encoder_peers_reap(epd_encoder_srv_t *srv);
-/* Retries the outbox (pump and tick). */
-void epd__encoder_outbox_flush(epd_encoder_srv_t *srv);
-/* Periodic: stash expiry. */
-void epd__encoder_msg_tick(epd_encoder_srv_t *srv, uint64_t now);
-void epd__encoder_tomb_add(epd_encoder_srv_t *srv, uint64_t id, uint32_t media,
-                           epd_encoder_tomb_kind_t kind);
-/*
- * Ends request `id` here as a whole: a tombstone (later EncodeRequests of it
- * are refused EPD_ERR_CANCELED, later reservations answered at once), every
- * live image of it fails with `status` and owes its prefill worker a
- * WritesQuiesced (sent fenced once no write of the id is in flight), every
- * stashed reservation of it gets Error(status, msg) and WritesQuiesced.
- * `p_env`/`p_ep` (may be NULL): a prefill worker's message that asked for
- * it; its sender gets WritesQuiesced on p_ep at once when no live image of
- * the id is bound to it.  Nested-safe (frees nothing).
- */
-void epd__encoder_id_kill(epd_encoder_srv_t *srv, uint64_t id, epd_status_t status, const char *msg,
-                          const Epd__Envelope *p_env, epd_xport_ep_t *p_ep);
-/* Applies an EmbedReservation to `req` (validation, rkey); fails req when
- * invalid. */
-void epd__encoder_apply_reservation(epd_encoder_srv_t *srv, epd_encoder_req_t *req,
-                                    const Epd__EmbedReservation *r);
-/* Rate-limited warning gate. */
-int epd__encoder_log_allowed(epd_encoder_srv_t *srv);
+/* ---- epd_encoder_msg.c (the daemon's on_msg) ---- */
+int epd__encoder_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env);
+
+/* ---- epd_encoder_resv.c ---- */
+/* Checks reservation `r` for an image bound to `peer` and takes its key
+ * (*rkey_p; *shared_p = 1: the peer's, borrowed).  EPD_OK, or the refusal
+ * with msg[0..cap) saying why (EPD_ERR_PEER_DEAD: the worker is gone). */
+epd_status_t epd__encoder_resv_take(epd_encoder_srv_t *srv, epd_peer_t *peer,
+                                    const Epd__EmbedReservation *r, epd_xport_rkey_t **rkey_p,
+                                    int *shared_p, char *msg, size_t cap);
 
 /* ---- epd_encoder_req.c ---- */
-epd_encoder_req_t *epd__encoder_req_find(epd_encoder_srv_t *srv, uint64_t id, uint32_t media);
-/* Admits a validated EncodeRequest: a slot, a copy of the image, the compute
- * job.  On success *req_p is live (in the table); EPD_ERR_NO_CAPACITY or
- * EPD_ERR_NO_MEMORY otherwise (nothing kept). */
-epd_status_t epd__encoder_req_admit(epd_encoder_srv_t *srv, const Epd__EncodeRequest *e,
-                                    epd_xport_ep_t *client_ep, const char *client_id,
-                                    epd_encoder_peer_t *peer, uint64_t t_recv_ns,
-                                    epd_encoder_req_t **req_p);
-/* Fails (or aborts) one image: the compute job is canceled (an encode
- * running is discarded), nothing more is posted; tell_client / tell_p
- * queue an Error; quiesce queues a WritesQuiesced for the prefill worker,
- * sent (fenced) once no write of this request id is or will be in flight.
- * The first call wins the status; later calls only add what they ask for. */
-void epd__encoder_req_fail(epd_encoder_srv_t *srv, epd_encoder_req_t *req, epd_status_t status,
-                           const char *msg, int tell_client, int tell_p, int quiesce);
-void epd__encoder_req_dirty(epd_encoder_srv_t *srv, epd_encoder_req_t *req);
-/* The reservation just became valid: post what is ready. */
-void epd__encoder_req_reserved(epd_encoder_srv_t *srv, epd_encoder_req_t *req);
-void epd__encoder_on_job(void *arg, epd_encoder_job_t *job);
-void epd__encoder_on_pump(uv_idle_t *idle);
-void epd__encoder_pump_start(epd_encoder_srv_t *srv);
-void epd__encoder_tick(epd_encoder_srv_t *srv, uint64_t now);
-/* Frees every request (shutdown, after the transport and compute are gone). */
-void epd__encoder_reqs_free_all(epd_encoder_srv_t *srv);
-
-/* ---- epd_encoder_rpc.c ---- */
-int epd__encoder_on_rpc(void *arg, const char *method, const void *req, size_t req_len,
-                        void **resp_p, size_t *resp_len_p, char *err, size_t err_cap);
-/* The RegisterRequest for the router (identity with role ENCODER, transport,
- * data-plane and control addresses, capacity, the model's layout), packed
- * into an epd_malloc buffer. */
-epd_status_t epd__encoder_register_pack(epd_encoder_srv_t *srv, const char *control_address,
-                                        void **buf_p, size_t *len_p);
-/* epd_registrar callbacks (loop thread): the load, and the router's drain. */
-void epd__encoder_registrar_load(void *arg, epd_registrar_load_t *load_p);
-void epd__encoder_registrar_drain(void *arg);
+/* Tables, stash, tombstones, the free slots (after the region is made). */
+epd_status_t epd__encoder_reqs_init(epd_encoder_srv_t *srv);
+/* Frees every image (after epd_daemon_serve returned: the compute thread
+ * and the transport hold nothing any more). */
+void epd__encoder_reqs_cleanup(epd_encoder_srv_t *srv);
+/* A checked EncodeRequest from `from` (its sender the client). */
+void epd__encoder_req_encode(epd_encoder_srv_t *srv, epd_link_t *from, const Epd__Envelope *env);
+/* A checked EmbedReservation; returns nonzero when `env` was kept. */
+int epd__encoder_req_reservation(epd_encoder_srv_t *srv, epd_link_t *from, Epd__Envelope *env);
+/* An Abort or Error about `id` (reason: its text). */
+void epd__encoder_req_stop(epd_encoder_srv_t *srv, epd_link_t *from, const Epd__Envelope *env,
+                           uint64_t id, const char *reason);
+/* The message layer refused the EncodeRequest of (id, media) with `status`
+ * (`msg`): counted, and that image's reservation is answered at once. */
+void epd__encoder_req_refused(epd_encoder_srv_t *srv, uint64_t id, uint32_t media,
+                              epd_status_t status, const char *msg);
+/* Callbacks registered by main.c: the compute thread's, the daemon's. */
+void epd__encoder_req_on_job(void *arg, epd_encoder_job_t *job);
+void epd__encoder_req_on_peer_dead(void *arg, epd_peer_t *peer, epd_status_t status,
+                                   const char *why);
+int epd__encoder_req_on_pump(void *arg);
+void epd__encoder_req_on_tick(void *arg, uint64_t now_ns);
+void epd__encoder_req_load(void *arg, epd_daemon_load_t *load_p);
+void epd__encoder_req_on_stop(void *arg);
 
 #endif

@@ -1,34 +1,29 @@
 /*
- * epd_encoder_req.c — one image's life on the encoder, on the loop thread.
+ * epd_encoder_req.c — the encoder's request layer: one image's life, and a
+ * request id as a whole, on the loop thread (encoder/README.md tells the
+ * story; proto/README.md rules 13-20 the protocol).
  *
- *   EncodeRequest admitted: a slot, a copy of the bytes, the compute job
- *     queued at once (no wait for the reservation)
- *     │                                   EmbedReservation (before or after)
- *     ▼                                     │ validated, key unpacked once
- *   job back: embeddings in the slot,       │ per prefill incarnation
- *     checksum computed ───────────┬────────┘
- *                                  ▼
- *            one epd_xport_write slot -> prefill's region at `offset`,
- *            then EmbedComplete fenced behind it on the same endpoint
- *                                  ▼
- *            write callback: the slot is free, the request is freed
+ *   ENCODING  admitted: a slot, a copy of the bytes, the job queued at once
+ *   READY     the job came back: embeddings in the slot, checksum computed
+ *   WRITING   reservation applied (key unpacked once per prefill
+ *             incarnation): one write slot -> prefill's region, EmbedComplete
+ *             fenced behind it on the same link
+ *   DONE      write completed: the slot is free, the image is freed
+ *   FAILED    failure, abort, lease or peer death: waits until the compute
+ *             thread and the transport gave the slot back and what it owes
+ *             (EPD_ENCODER_TELL_*) went out, then DONE
  *
- * Failure and abort share one path (epd__encoder_req_fail): the job's
- * cancel flag (an encode already running finishes and is discarded),
- * nothing more is posted, pending Errors go out, and WritesQuiesced goes to
- * the prefill worker once no write of the request id is in flight there.
- * The slot is lent to the compute thread until the job came back and to
- * the transport until the write callback: only then does it return to the
- * free stack.
- *
- * Leases: an image whose embeddings are ready and whose reservation has not
- * come within lease_ms fails (EPD_ERR_TIMEOUT to client and prefill); the
- * EncodeRequest's deadline_ms bounds the whole of it (EPD_ERR_TIMEOUT).
- *
- * Backpressure: a write or send refused with EPD_ERR_NO_RESOURCE leaves the
- * request on the blocked list where it was; the blocked list is retried
- * after the next write completion and on the periodic tick.  Nothing is
- * dropped and nothing waits.
+ * Every transition is made by epd_encoder_req_step (one switch) from the
+ * facts events record.  WritesQuiesced{request_id} speaks for every image
+ * of that id, so an id is ended as a whole (epd_encoder_id_kill) before any
+ * WritesQuiesced for it goes out: every live image fails, its early
+ * reservations (daemon/epd_stash) are answered, and a tombstone
+ * (daemon/epd_tomb) refuses what comes later.  WritesQuiesced goes fenced
+ * on our link to the prefill worker once no write of the id is in flight
+ * there, or at once on the asker's link when no image of the id was bound
+ * to it.  Messages never wait (the links queue them in order); a write
+ * refused for room parks the image on the blocked list, retried after the
+ * next write completion and on the tick.
  */
 #include <stdio.h>
 #include <string.h>
@@ -39,116 +34,80 @@
 #include "epd_log.h"
 #include "epd_time.h"
 
-enum { EPD_ENCODER_LIST_NONE = 0, EPD_ENCODER_LIST_DIRTY, EPD_ENCODER_LIST_BLOCKED };
+#define EPD_ENCODER_WARN(srv, req, ...)                                                            \
+    epd_daemon_refuse_log((srv)->d, req, __VA_ARGS__)
+
+/* Refuses a message: one rate-limited line and an Error to its sender. */
+static void epd_encoder_refuse(epd_encoder_srv_t *srv, epd_link_t *to, uint64_t id,
+                               epd_status_t status, const char *msg)
+{
+    srv->refused++;
+    epd_daemon_refuse_log(srv->d, id, "%s (%s)", msg, epd_status_name(status));
+    (void)epd_link_send_error(to, id, status, msg, NULL);
+}
+
+static void epd_encoder_id_kill(epd_encoder_srv_t *srv, uint64_t id, epd_status_t status,
+                                const char *msg, const Epd__Envelope *asker_env,
+                                epd_link_t *asker);
 
 /* ------------------------------------------------------------ bookkeeping */
 
-static uint32_t epd_encoder_hash_key(const epd_encoder_srv_t *srv, uint64_t id, uint32_t media)
+static epd_encoder_req_t *epd_encoder_req_of(epd_reqent_t *e)
 {
-    uint64_t h = (id ^ ((uint64_t)media << 56)) * 0x9E3779B97F4A7C15ull;
-
-    return (uint32_t)(h >> 32) & (srv->table_size - 1);
+    return e != NULL ? EPD_REQ_OF(e, epd_encoder_req_t, ent) : NULL;
 }
 
-epd_encoder_req_t *epd__encoder_req_find(epd_encoder_srv_t *srv, uint64_t id, uint32_t media)
+/* The walk over every live image (newest first). */
+static epd_encoder_req_t *epd_encoder_first(const epd_encoder_srv_t *srv)
 {
-    epd_encoder_req_t *r;
-
-    for (r = srv->table[epd_encoder_hash_key(srv, id, media)]; r != NULL; r = r->hnext) {
-        if (r->id == id && r->media_index == media) {
-            return r;
-        }
-    }
-    return NULL;
+    return epd_encoder_req_of(epd_reqtab_first(&srv->reqs));
 }
 
-static void epd_encoder_list_remove(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
+static epd_encoder_req_t *epd_encoder_next(const epd_encoder_req_t *req)
 {
-    epd_encoder_req_t **head, **tail;
-
-    if (req->list == EPD_ENCODER_LIST_NONE) {
-        return;
-    }
-    head = req->list == EPD_ENCODER_LIST_DIRTY ? &srv->dirty_head : &srv->blocked_head;
-    tail = req->list == EPD_ENCODER_LIST_DIRTY ? &srv->dirty_tail : &srv->blocked_tail;
-    if (req->lprev != NULL) {
-        req->lprev->lnext = req->lnext;
-    } else {
-        *head = req->lnext;
-    }
-    if (req->lnext != NULL) {
-        req->lnext->lprev = req->lprev;
-    } else {
-        *tail = req->lprev;
-    }
-    req->lprev = req->lnext = NULL;
-    req->list = EPD_ENCODER_LIST_NONE;
+    return epd_encoder_req_of(epd_reqtab_next(&req->ent));
 }
 
-static void epd_encoder_list_append(epd_encoder_srv_t *srv, epd_encoder_req_t *req, int which)
+static epd_encoder_req_t *epd_encoder_req_find(epd_encoder_srv_t *srv, uint64_t id, uint32_t media)
 {
-    epd_encoder_req_t **head =
-        which == EPD_ENCODER_LIST_DIRTY ? &srv->dirty_head : &srv->blocked_head;
-    epd_encoder_req_t **tail =
-        which == EPD_ENCODER_LIST_DIRTY ? &srv->dirty_tail : &srv->blocked_tail;
-
-    req->lprev = *tail;
-    req->lnext = NULL;
-    if (*tail != NULL) {
-        (*tail)->lnext = req;
-    } else {
-        *head = req;
-    }
-    *tail = req;
-    req->list = which;
+    return epd_encoder_req_of(epd_reqtab_find(&srv->reqs, id, media));
 }
 
-void epd__encoder_pump_start(epd_encoder_srv_t *srv)
+/* Marks an image for a step at the top of the loop. */
+static void epd_encoder_dirty(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
 {
-    if (!srv->pump_on && !srv->stopping) {
-        srv->pump_on = 1;
-        uv_idle_start(&srv->pump, epd__encoder_on_pump);
+    if (epd_reqtab_dirty(&srv->reqs, &req->ent)) {
+        epd_daemon_kick(srv->d);
     }
-}
-
-void epd__encoder_req_dirty(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
-{
-    if (req->list == EPD_ENCODER_LIST_DIRTY) {
-        return;
-    }
-    epd_encoder_list_remove(srv, req);
-    epd_encoder_list_append(srv, req, EPD_ENCODER_LIST_DIRTY);
-    epd__encoder_pump_start(srv);
 }
 
 /* Every live image of request `id`: one of them changed what the others'
  * WritesQuiesced waits for. */
 static void epd_encoder_dirty_id(epd_encoder_srv_t *srv, uint64_t id)
 {
-    for (epd_encoder_req_t *r = srv->all; r != NULL; r = r->all_next) {
+    for (epd_encoder_req_t *r = epd_encoder_first(srv); r != NULL; r = epd_encoder_next(r)) {
         if (r->id == id) {
-            epd__encoder_req_dirty(srv, r);
+            epd_encoder_dirty(srv, r);
         }
     }
 }
 
-static void epd_encoder_req_block(epd_encoder_srv_t *srv, epd_encoder_req_t *req, const char *what)
+static void epd_encoder_block(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
 {
     if (!req->backpressured) {
         req->backpressured = 1;
         epd_log_debug(EPD_ENCODER_LOG, req->id,
-                      "media %u: transport backpressure on %s: retrying after progress",
-                      req->media_index, what);
+                      "media %u: transport backpressure on the embedding write: retrying after "
+                      "progress",
+                      req->media_index);
     }
-    epd_encoder_list_remove(srv, req);
-    epd_encoder_list_append(srv, req, EPD_ENCODER_LIST_BLOCKED);
+    epd_reqtab_block(&srv->reqs, &req->ent);
 }
 
-/* Requests parked on backpressure go back to the dirty list. */
 static void epd_encoder_unblock_all(epd_encoder_srv_t *srv)
 {
-    while (srv->blocked_head != NULL) {
-        epd__encoder_req_dirty(srv, srv->blocked_head);
+    if (epd_reqtab_unblock_all(&srv->reqs)) {
+        epd_daemon_kick(srv->d);
     }
 }
 
@@ -159,21 +118,384 @@ static epd_status_t epd_encoder_peer_status(epd_status_t st)
     return epd_status_scope(st) >= EPD_SCOPE_CONNECTION ? EPD_ERR_PEER_DEAD : st;
 }
 
-/* -------------------------------------------------------------- admission */
+/* Is `who` a prefill worker this encoder knows (one named by an
+ * EncodeRequest here)?  Its Abort for an id never seen is answered with
+ * WritesQuiesced: it may hold a slot for it. */
+static int epd_encoder_known_p(const epd_encoder_srv_t *srv, const char *who)
+{
+    epd_peer_t *p = epd_peer_find(srv->d, who);
+
+    return p != NULL && epd_peer_role(p) == EPD__ROLE__ROLE_PREFILL;
+}
+
+/* ---------------------------------------------------------------- failure */
+
+/*
+ * Fails (or aborts) one image: the first call wins the status and message;
+ * `tell` says what it owes (EPD_ENCODER_TELL_*, EPD_ENCODER_QUIESCE); later
+ * calls only add QUIESCE.  The step function does the rest.  An image that
+ * owes its prefill worker an Error ends its request id here as a whole.
+ * Nested-safe: frees nothing.
+ */
+static void epd_encoder_fail(epd_encoder_srv_t *srv, epd_encoder_req_t *req, epd_status_t status,
+                             const char *msg, unsigned tell)
+{
+    int first = req->fail_status == EPD_OK;
+
+    if (req->state == EPD_ENCODER_REQ_DONE) {
+        return;
+    }
+    if (first) {
+        req->fail_status = status != EPD_OK ? status : EPD_ERR_FATAL;
+        snprintf(req->fail_msg, sizeof(req->fail_msg), "%s", msg);
+        atomic_store_explicit(&req->job.cancel, 1, memory_order_release);
+        req->owe |= tell & (EPD_ENCODER_TELL_CLIENT | EPD_ENCODER_TELL_PREFILL);
+        srv->failed_reqs++;
+        if (status == EPD_ERR_CANCELED) {
+            epd_log_debug(EPD_ENCODER_LOG, req->id, "media %u stopped: %s", req->media_index, msg);
+        } else {
+            EPD_ENCODER_WARN(srv, req->id, "media %u failed: %s (%s)", req->media_index, msg,
+                             epd_status_name(status));
+        }
+    }
+    req->owe |= tell & EPD_ENCODER_QUIESCE;
+    epd_encoder_dirty(srv, req);
+    if (first && (tell & EPD_ENCODER_TELL_PREFILL) != 0) {
+        char why[200];
+
+        /* the prefill worker fails the whole request on this Error: end the
+         * id here too, so that its WritesQuiesced can go out */
+        snprintf(why, sizeof(why), "media %u of this request failed: %.150s", req->media_index,
+                 msg);
+        epd_encoder_id_kill(srv, req->id, EPD_ERR_CANCELED, why, NULL, NULL);
+    }
+}
+
+/* ----------------------------------------------------------------- writes */
+
+/* Write completion (loop thread, possibly nested in a transport call): only
+ * bookkeeping; the step at the top of the loop does the rest. */
+static void epd_encoder_on_write(void *arg, epd_status_t status)
+{
+    epd_encoder_req_t *req = arg;
+    epd_encoder_srv_t *srv = req->srv;
+
+    req->write_inflight = 0;
+    req->t_written_ns = epd_time_now_ns();
+    epd_trace_span(srv->trace, "embed write", "xfer", req->id, (int32_t)req->media_index,
+                   req->t_posted_ns, req->t_written_ns);
+    if (status == EPD_OK) {
+        srv->bytes_written += srv->slot_bytes;
+    } else {
+        char msg[200];
+
+        snprintf(msg, sizeof(msg), "the embedding write to prefill '%.80s' failed: %s",
+                 epd_peer_id(req->peer), epd_status_string(status));
+        epd_encoder_fail(srv, req, epd_encoder_peer_status(status), msg,
+                         EPD_ENCODER_TELL_CLIENT | EPD_ENCODER_TELL_PREFILL | EPD_ENCODER_QUIESCE);
+    }
+    epd_encoder_dirty_id(srv, req->id);
+    if (epd_reqtab_has_blocked(&srv->reqs)) {
+        srv->room = 1;
+        epd_daemon_kick(srv->d);
+    }
+}
+
+/* Is a WritesQuiesced for req's id to req's prefill worker true now: every
+ * image of the id bound to that worker here will post nothing more, has no
+ * write in flight and no Error still to send ahead of it? */
+static int epd_encoder_quiesce_ready(const epd_encoder_srv_t *srv, const epd_encoder_req_t *req)
+{
+    for (const epd_encoder_req_t *r = epd_encoder_first(srv); r != NULL; r = epd_encoder_next(r)) {
+        if (r->id != req->id || r->peer != req->peer) {
+            continue;
+        }
+        if (r->write_inflight || (r->owe & EPD_ENCODER_TELL_PREFILL) != 0 ||
+            (r->fail_status == EPD_OK && !r->complete_sent)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Sends what a failed image still owes (messages never wait: the links
+ * queue them in order). */
+static void epd_encoder_send_owed(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
+{
+    epd_link_t *plink = epd_peer_link(req->peer);
+
+    if ((req->owe & EPD_ENCODER_TELL_CLIENT) != 0) {
+        (void)epd_link_send_error(req->client, req->id, req->fail_status, req->fail_msg, NULL);
+        req->owe &= ~EPD_ENCODER_TELL_CLIENT;
+    }
+    if (!epd_peer_usable(req->peer)) {
+        /* nothing of ours lands there any more (its links close) */
+        req->owe &= ~(EPD_ENCODER_TELL_PREFILL | EPD_ENCODER_QUIESCE);
+        return;
+    }
+    if ((req->owe & EPD_ENCODER_TELL_PREFILL) != 0) {
+        (void)epd_link_send_error(plink, req->id, req->fail_status, req->fail_msg, NULL);
+        req->owe &= ~EPD_ENCODER_TELL_PREFILL;
+        epd_encoder_dirty_id(srv, req->id); /* siblings' WritesQuiesced waited for it */
+    }
+    if ((req->owe & EPD_ENCODER_QUIESCE) != 0 && epd_encoder_quiesce_ready(srv, req)) {
+        /* fenced on our link: behind every write posted on it */
+        (void)epd_link_send_quiesced(plink, req->id);
+        for (epd_encoder_req_t *r = epd_encoder_first(srv); r != NULL; r = epd_encoder_next(r)) {
+            if (r->id == req->id && r->peer == req->peer) {
+                r->owe &= ~EPD_ENCODER_QUIESCE;
+                epd_encoder_dirty(srv, r);
+            }
+        }
+        epd_log_debug(EPD_ENCODER_LOG, req->id, "writes quiesced towards prefill '%s'",
+                      epd_peer_id(req->peer));
+    }
+}
+
+/* Posts the write; returns -1 when parked on backpressure. */
+static int epd_encoder_post_write(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
+{
+    char msg[200];
+    epd_status_t st;
+
+    if (!epd_peer_usable(req->peer) || req->rkey == NULL) {
+        epd_encoder_fail(srv, req, EPD_ERR_PEER_DEAD, "prefill worker is gone",
+                         EPD_ENCODER_TELL_CLIENT);
+        return 0;
+    }
+    st = epd_xport_write(epd_link_ep(epd_peer_link(req->peer)), req->out, srv->slot_bytes,
+                         srv->region, req->rkey, req->offset, epd_encoder_on_write, req);
+    if (st == EPD_ERR_NO_RESOURCE) {
+        epd_encoder_block(srv, req);
+        return -1;
+    }
+    if (st != EPD_INPROGRESS && st != EPD_OK) {
+        snprintf(msg, sizeof(msg), "posting the embedding write to prefill '%.80s': %s",
+                 epd_peer_id(req->peer), epd_status_string(st));
+        epd_encoder_fail(srv, req, epd_encoder_peer_status(st), msg,
+                         EPD_ENCODER_TELL_CLIENT | EPD_ENCODER_TELL_PREFILL | EPD_ENCODER_QUIESCE);
+        return 0;
+    }
+    req->write_inflight = 1;
+    req->t_posted_ns = epd_time_now_ns();
+    return 0;
+}
+
+/* EmbedComplete, fenced: the prefill worker sees it only after the write
+ * landed. */
+static void epd_encoder_send_complete(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
+{
+    Epd__EmbedComplete ec = EPD__EMBED_COMPLETE__INIT;
+    char msg[200];
+    epd_status_t st;
+
+    ec.request_id = req->id;
+    ec.media_index = req->media_index;
+    ec.n_embeddings = srv->info->image_embeddings;
+    ec.embed_dim = srv->info->embed_dim;
+    ec.checksum = req->job.checksum;
+    st = epd_link_send(epd_peer_link(req->peer), EPD__ENVELOPE__BODY_EMBED_COMPLETE, &ec,
+                       EPD_XPORT_SEND_FENCE);
+    if (st != EPD_OK) {
+        snprintf(msg, sizeof(msg), "sending EmbedComplete to prefill '%.80s': %s",
+                 epd_peer_id(req->peer), epd_status_string(st));
+        epd_encoder_fail(srv, req, epd_encoder_peer_status(st), msg, EPD_ENCODER_TELL_CLIENT);
+        return;
+    }
+    req->complete_sent = 1;
+    srv->served++;
+    epd_trace_instant(srv->trace, "EmbedComplete sent", "msg", req->id, (int32_t)req->media_index,
+                      epd_time_now_ns());
+}
+
+/* ------------------------------------------------------------------- step */
+
+/*
+ * Moves an image as far as its facts allow: the only place its state
+ * changes.  Returns -1 when the write waits for transport room (the image
+ * is on the blocked list), 0 otherwise.
+ */
+static int epd_encoder_req_step(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
+{
+    for (;;) {
+        epd_encoder_req_state_t from = req->state;
+
+        if (req->fail_status != EPD_OK && from != EPD_ENCODER_REQ_DONE) {
+            req->state = EPD_ENCODER_REQ_FAILED;
+        }
+        switch (req->state) {
+        case EPD_ENCODER_REQ_ENCODING:
+            if (req->compute_done) {
+                req->state = EPD_ENCODER_REQ_READY; /* a failed job failed the image */
+            }
+            break;
+        case EPD_ENCODER_REQ_READY:
+            if (req->have_resv) {
+                if (epd_encoder_post_write(srv, req) != 0) {
+                    return -1;
+                }
+                if (req->write_inflight) {
+                    req->state = EPD_ENCODER_REQ_WRITING;
+                }
+            }
+            break;
+        case EPD_ENCODER_REQ_WRITING:
+            if (!req->complete_sent) {
+                epd_encoder_send_complete(srv, req);
+            }
+            if (req->complete_sent && !req->write_inflight) {
+                req->state = EPD_ENCODER_REQ_DONE;
+            }
+            break;
+        case EPD_ENCODER_REQ_FAILED:
+            epd_encoder_send_owed(srv, req);
+            if (req->compute_done && !req->write_inflight && req->owe == 0) {
+                req->state = EPD_ENCODER_REQ_DONE;
+            }
+            break;
+        case EPD_ENCODER_REQ_DONE:
+            break;
+        }
+        if (req->state == from &&
+            (req->fail_status == EPD_OK || from == EPD_ENCODER_REQ_FAILED ||
+             from == EPD_ENCODER_REQ_DONE)) {
+            return 0; /* nothing more to do until the next event */
+        }
+    }
+}
+
+/* ----------------------------------------------------------------- freeing */
 
 static void epd_encoder_req_free(epd_encoder_req_t *req)
 {
+    epd_link_unref(req->client);
     epd_free(req->image);
     epd_free(req);
 }
 
-epd_status_t epd__encoder_req_admit(epd_encoder_srv_t *srv, const Epd__EncodeRequest *e,
-                                    epd_xport_ep_t *client_ep, const char *client_id,
-                                    epd_encoder_peer_t *peer, uint64_t t_recv_ns,
-                                    epd_encoder_req_t **req_p)
+/* A DONE image: out of every list, its slot back, freed.  Pump only. */
+static void epd_encoder_req_destroy(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
+{
+    if (req->fail_status == EPD_OK && epd_log_enabled(EPD_LOG_DEBUG)) {
+        const epd_encoder_job_t *j = &req->job;
+
+        epd_log_debug(EPD_ENCODER_LOG, req->id,
+                      "media %u done: %ux%u %s, %zu bytes; queued %.3f ms, hash + decode %.3f ms, "
+                      "encode %.3f ms, reservation %+.3f ms after ready, write %.3f ms",
+                      req->media_index, j->width, j->height,
+                      epd_image_format_name((epd_image_format_t)j->format), req->image_len,
+                      (double)(j->started_ns - req->t_recv_ns) / 1e6,
+                      (double)(j->decoded_ns - j->started_ns) / 1e6,
+                      (double)(j->finished_ns - j->decoded_ns) / 1e6,
+                      ((double)req->t_resv_ns - (double)req->ready_ns) / 1e6,
+                      (double)(req->t_written_ns - req->t_posted_ns) / 1e6);
+    }
+    epd_reqtab_remove(&srv->reqs, &req->ent);
+    /* a late or second reservation of it is answered at once */
+    epd_tombs_add(srv->tombs, req->id, req->media_index, EPD_ENCODER_TOMB_ENDED);
+    srv->free_slots[srv->n_free_slots++] = req->slot;
+    if (req->rkey != NULL && !req->rkey_shared) {
+        epd_xport_rkey_destroy(req->rkey);
+    }
+    epd_peer_unref(req->peer);
+    epd_encoder_req_free(req);
+}
+
+/* Steps one image and frees it when it is done. */
+static void epd_encoder_advance(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
+{
+    if (epd_encoder_req_step(srv, req) == 0 && req->state == EPD_ENCODER_REQ_DONE) {
+        epd_encoder_req_destroy(srv, req);
+    }
+}
+
+/* -------------------------------------------------------------- the id */
+
+/* Is a live image of `id` bound to the prefill incarnation that sent
+ * `env`, on a link that still works?  Then its WritesQuiesced goes fenced
+ * on that link, never ahead of it on another. */
+static int epd_encoder_id_bound_to(const epd_encoder_srv_t *srv, uint64_t id,
+                                   const Epd__Envelope *env)
+{
+    for (const epd_encoder_req_t *req = epd_encoder_first(srv); req != NULL;
+         req = epd_encoder_next(req)) {
+        if (req->id == id && epd_peer_usable(req->peer) && epd_peer_is_sender(req->peer, env)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/*
+ * Ends request `id` here as a whole (see the top of the file): a tombstone,
+ * every live image of it fails with `status` (no Error: whoever caused this
+ * knows; a WritesQuiesced for its prefill worker once its write is not in
+ * flight), every stashed reservation of it gets Error(status, msg) and
+ * WritesQuiesced on the link it came on.  `asker_env` / `asker`: a prefill
+ * worker's message that asked for it (an Abort, Error or reservation): its
+ * sender gets WritesQuiesced too — at once on `asker` when no live image of
+ * the id is bound to it, else through those images.  Nested-safe.
+ */
+static void epd_encoder_id_kill(epd_encoder_srv_t *srv, uint64_t id, epd_status_t status,
+                                const char *msg, const Epd__Envelope *asker_env,
+                                epd_link_t *asker)
+{
+    /* links already given their WritesQuiesced here: one each (a client and
+     * a prefill worker may share one); at most one per stashed media plus
+     * the asker */
+    epd_link_t *quiesced[EPD_ENCODER_MEDIA_MAX + 1];
+    uint32_t n_quiesced = 0;
+    Epd__Envelope *senv;
+    epd_link_t *sl;
+
+    epd_tombs_add(srv->tombs, id, EPD_TOMB_ALL, EPD_ENCODER_TOMB_ABORTED);
+    for (epd_encoder_req_t *req = epd_encoder_first(srv); req != NULL;
+         req = epd_encoder_next(req)) {
+        if (req->id == id) {
+            epd_encoder_fail(srv, req, status, msg, EPD_ENCODER_QUIESCE);
+        }
+    }
+    while ((senv = epd_stash_take_any(srv->stash, id, &sl)) != NULL) {
+        int again = 0;
+
+        EPD_ENCODER_WARN(srv, id, "dropping the early reservation of media %u from '%s': %s",
+                         senv->embed_reservation->media_index, senv->sender->worker_id, msg);
+        (void)epd_link_send_error(sl, id, status, msg, NULL);
+        for (uint32_t i = 0; i < n_quiesced; i++) {
+            again |= quiesced[i] == sl;
+        }
+        if (sl != NULL && !again && !epd_encoder_id_bound_to(srv, id, senv)) {
+            (void)epd_link_send_quiesced(sl, id);
+            if (n_quiesced < EPD_ENCODER_MEDIA_MAX) {
+                quiesced[n_quiesced++] = sl;
+            }
+        }
+        epd_msg_free(senv);
+        epd_link_unref(sl);
+    }
+    if (asker_env != NULL && asker != NULL && !epd_encoder_id_bound_to(srv, id, asker_env)) {
+        int again = 0;
+
+        for (uint32_t i = 0; i < n_quiesced; i++) {
+            again |= quiesced[i] == asker;
+        }
+        if (!again) {
+            (void)epd_link_send_quiesced(asker, id);
+        }
+    }
+}
+
+/* -------------------------------------------------------------- admission */
+
+/* Admits a checked EncodeRequest: a slot, a copy of the image, the compute
+ * job.  On success *req_p is live (in the table); EPD_ERR_NO_CAPACITY or
+ * EPD_ERR_NO_MEMORY otherwise (nothing kept). */
+static epd_status_t epd_encoder_admit(epd_encoder_srv_t *srv, const Epd__EncodeRequest *e,
+                                      epd_link_t *client, const char *client_id,
+                                      epd_peer_t *peer, uint64_t t_recv_ns,
+                                      epd_encoder_req_t **req_p)
 {
     epd_encoder_req_t *req;
-    uint32_t h;
 
     if (srv->n_free_slots == 0) {
         return EPD_ERR_NO_CAPACITY;
@@ -192,10 +514,13 @@ epd_status_t epd__encoder_req_admit(epd_encoder_srv_t *srv, const Epd__EncodeReq
     memcpy(req->content_hash, e->content_hash.data, sizeof(req->content_hash));
     req->id = e->request_id;
     req->media_index = e->media_index;
+    req->state = EPD_ENCODER_REQ_ENCODING;
+    req->fail_status = EPD_OK;
     req->srv = srv;
-    req->client_ep = client_ep;
+    req->client = client;
+    epd_link_ref(client);
     snprintf(req->client_id, sizeof(req->client_id), "%s", client_id);
-    req->peer = peer;
+    req->peer = peer; /* the caller's reference becomes the image's */
     req->t_recv_ns = t_recv_ns;
     if (e->deadline_ms != 0) {
         uint64_t ms = e->deadline_ms > 86400000ull ? 86400000ull : e->deadline_ms;
@@ -206,7 +531,6 @@ epd_status_t epd__encoder_req_admit(epd_encoder_srv_t *srv, const Epd__EncodeReq
     req->slot = srv->free_slots[--srv->n_free_slots];
     req->out =
         (float *)((char *)epd_xport_mr_addr(srv->region) + (size_t)req->slot * srv->slot_stride);
-
     req->job.image = req->image;
     req->job.image_len = req->image_len;
     req->job.content_hash = req->content_hash;
@@ -220,329 +544,246 @@ epd_status_t epd__encoder_req_admit(epd_encoder_srv_t *srv, const Epd__EncodeReq
     atomic_init(&req->job.cancel, 0);
     if (epd_encoder_compute_submit(srv->compute, &req->job) != EPD_OK) {
         srv->free_slots[srv->n_free_slots++] = req->slot;
+        req->peer = NULL;
         epd_encoder_req_free(req);
         return EPD_ERR_NO_CAPACITY;
     }
-
-    h = epd_encoder_hash_key(srv, req->id, req->media_index);
-    req->hnext = srv->table[h];
-    srv->table[h] = req;
-    req->all_next = srv->all;
-    if (srv->all != NULL) {
-        srv->all->all_prev = req;
-    }
-    srv->all = req;
-    srv->n_live++;
-    peer->n_refs++;
+    req->ent.id = req->id;
+    req->ent.sub = req->media_index;
+    epd_reqtab_insert(&srv->reqs, &req->ent);
     *req_p = req;
     return EPD_OK;
 }
 
-/* ---------------------------------------------------------------- failure */
+/* ------------------------------------------------------------ reservation */
 
-void epd__encoder_req_fail(epd_encoder_srv_t *srv, epd_encoder_req_t *req, epd_status_t status,
-                           const char *msg, int tell_client, int tell_p, int quiesce)
+/* Applies a checked EmbedReservation to `req`; fails req when it cannot be
+ * served (epd_encoder_resv.c says why). */
+static void epd_encoder_apply_reservation(epd_encoder_srv_t *srv, epd_encoder_req_t *req,
+                                          const Epd__EmbedReservation *r)
 {
-    int first = !req->failed;
-
-    if (first) {
-        req->failed = 1;
-        req->fail_status = status;
-        snprintf(req->fail_msg, sizeof(req->fail_msg), "%s", msg);
-        atomic_store_explicit(&req->job.cancel, 1, memory_order_release);
-        req->tell_client = tell_client && req->client_ep != NULL;
-        req->tell_p = tell_p;
-        srv->failed_reqs++;
-        if (status == EPD_ERR_CANCELED) {
-            epd_log_debug(EPD_ENCODER_LOG, req->id, "media %u stopped: %s", req->media_index, msg);
-        } else if (epd__encoder_log_allowed(srv)) {
-            epd_log_warn(EPD_ENCODER_LOG, req->id, "media %u failed: %s (%s)", req->media_index,
-                         msg, epd_status_name(status));
-        }
-    }
-    if (quiesce) {
-        req->need_quiesced = 1;
-    }
-    epd__encoder_req_dirty(srv, req);
-    if (first && tell_p) {
-        char why[200];
-
-        /* the prefill worker fails the whole request on this Error: end the
-         * id here too, so that its WritesQuiesced can go out (it speaks for
-         * every image of the id) */
-        snprintf(why, sizeof(why), "media %u of this request failed: %.150s", req->media_index,
-                 msg);
-        epd__encoder_id_kill(srv, req->id, EPD_ERR_CANCELED, why, NULL, NULL);
-    }
-}
-
-/* ----------------------------------------------------------------- writes */
-
-/* Write completion (loop thread, possibly nested in a transport call): only
- * bookkeeping; the pump does the rest. */
-static void epd_encoder_on_write(void *arg, epd_status_t status)
-{
-    epd_encoder_req_t *req = arg;
-    epd_encoder_srv_t *srv = req->srv;
-
-    req->write_inflight = 0;
-    req->t_written_ns = epd_time_now_ns();
-    epd_trace_span(srv->trace, "embed write", "xfer", req->id, (int32_t)req->media_index,
-                   req->t_posted_ns, req->t_written_ns);
-    if (status == EPD_OK) {
-        srv->bytes_written += srv->slot_bytes;
-    } else if (!req->failed) {
-        char msg[200];
-
-        snprintf(msg, sizeof(msg), "the embedding write to prefill '%.80s' failed: %s",
-                 req->peer->worker_id, epd_status_string(status));
-        epd__encoder_req_fail(srv, req, epd_encoder_peer_status(status), msg, 1, 1, 1);
-    }
-    epd_encoder_dirty_id(srv, req->id);
-    if (srv->blocked_head != NULL) {
-        srv->room = 1;
-        epd__encoder_pump_start(srv);
-    }
-}
-
-/* Is a WritesQuiesced for req's id to req's prefill worker true now: every
- * image of the id bound to that worker here will post nothing more, has no
- * write in flight and no Error still to send ahead of it? */
-static int epd_encoder_quiesce_ready(const epd_encoder_srv_t *srv, const epd_encoder_req_t *req)
-{
-    for (const epd_encoder_req_t *r = srv->all; r != NULL; r = r->all_next) {
-        if (r->id != req->id || r->peer != req->peer) {
-            continue;
-        }
-        if (r->write_inflight || r->tell_p || !(r->failed || r->complete_sent)) {
-            return 0;
-        }
-    }
-    return 1;
-}
-
-/* Sends what a failed image still owes; returns -1 when parked on
- * backpressure. */
-static int epd_encoder_send_failure(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
-{
-    epd_status_t st;
-
-    if (req->tell_client) {
-        if (req->client_ep != NULL) {
-            st = epd__encoder_send_error(srv, req->client_ep, req->id, req->fail_status,
-                                         req->fail_msg);
-            if (st == EPD_ERR_NO_RESOURCE) {
-                epd_encoder_req_block(srv, req, "an Error to the client");
-                return -1;
-            }
-        }
-        req->tell_client = 0;
-    }
-    if (!epd__encoder_peer_usable(req->peer)) {
-        req->tell_p = 0;
-        req->need_quiesced = 0;
-        return 0;
-    }
-    if (req->tell_p) {
-        st = epd__encoder_send_error(srv, req->peer->ep, req->id, req->fail_status, req->fail_msg);
-        if (st == EPD_ERR_NO_RESOURCE) {
-            epd_encoder_req_block(srv, req, "an Error to the prefill worker");
-            return -1;
-        }
-        req->tell_p = 0;
-        epd_encoder_dirty_id(srv, req->id); /* siblings' WritesQuiesced waited for it */
-    }
-    if (req->need_quiesced && epd_encoder_quiesce_ready(srv, req)) {
-        /* fenced on our endpoint: behind every write posted on it */
-        st = epd__encoder_send_quiesced(srv, req->peer->ep, req->id);
-        if (st == EPD_ERR_NO_RESOURCE) {
-            epd_encoder_req_block(srv, req, "WritesQuiesced");
-            return -1;
-        }
-        for (epd_encoder_req_t *r = srv->all; r != NULL; r = r->all_next) {
-            if (r->id == req->id && r->peer == req->peer) {
-                r->need_quiesced = 0;
-                epd__encoder_req_dirty(srv, r);
-            }
-        }
-        epd_log_debug(EPD_ENCODER_LOG, req->id, "writes quiesced towards prefill '%s'",
-                      req->peer->worker_id);
-    }
-    return 0;
-}
-
-/* Moves an image forward as far as it can go without freeing it. */
-static int epd_encoder_advance(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
-{
-    Epd__EmbedComplete ec = EPD__EMBED_COMPLETE__INIT;
     char msg[200];
     epd_status_t st;
 
-    if (req->failed) {
-        return epd_encoder_send_failure(srv, req);
-    }
-    if (!req->compute_done || req->job.status != EPD_OK || !req->have_resv) {
-        return 0;
-    }
-    if (!epd__encoder_peer_usable(req->peer) || req->rkey == NULL) {
-        epd__encoder_req_fail(srv, req, EPD_ERR_PEER_DEAD, "prefill worker is gone", 1, 0, 0);
-        return epd_encoder_send_failure(srv, req);
-    }
-    if (!req->write_posted) {
-        st = epd_xport_write(req->peer->ep, req->out, srv->slot_bytes, srv->region, req->rkey,
-                             req->offset, epd_encoder_on_write, req);
-        if (st == EPD_ERR_NO_RESOURCE) {
-            epd_encoder_req_block(srv, req, "the embedding write");
-            return -1;
-        }
-        if (st != EPD_INPROGRESS && st != EPD_OK) {
-            snprintf(msg, sizeof(msg), "posting the embedding write to prefill '%.80s': %s",
-                     req->peer->worker_id, epd_status_string(st));
-            epd__encoder_req_fail(srv, req, epd_encoder_peer_status(st), msg, 1, 1, 1);
-            return epd_encoder_send_failure(srv, req);
-        }
-        req->write_posted = 1;
-        req->write_inflight = 1;
-        req->t_posted_ns = epd_time_now_ns();
-    }
-    if (!req->complete_sent) {
-        ec.request_id = req->id;
-        ec.media_index = req->media_index;
-        ec.n_embeddings = srv->info->image_embeddings;
-        ec.embed_dim = srv->info->embed_dim;
-        ec.checksum = req->job.checksum;
-        /* fenced: the prefill worker sees it only after the write landed */
-        st = epd__encoder_send(srv, req->peer->ep, EPD__ENVELOPE__BODY_EMBED_COMPLETE, &ec,
-                               EPD_XPORT_SEND_FENCE);
-        if (st == EPD_ERR_NO_RESOURCE) {
-            epd_encoder_req_block(srv, req, "EmbedComplete");
-            return -1;
-        }
-        if (st != EPD_OK) {
-            snprintf(msg, sizeof(msg), "sending EmbedComplete to prefill '%.80s': %s",
-                     req->peer->worker_id, epd_status_string(st));
-            epd__encoder_req_fail(srv, req, epd_encoder_peer_status(st), msg, 1, 0, 0);
-            return epd_encoder_send_failure(srv, req);
-        }
-        req->complete_sent = 1;
-        srv->served++;
-        epd_trace_instant(srv->trace, "EmbedComplete sent", "msg", req->id,
-                          (int32_t)req->media_index, epd_time_now_ns());
-    }
-    return 0;
-}
-
-static void epd_encoder_req_destroy(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
-{
-    epd_encoder_req_t **pp = &srv->table[epd_encoder_hash_key(srv, req->id, req->media_index)];
-
-    while (*pp != NULL && *pp != req) {
-        pp = &(*pp)->hnext;
-    }
-    if (*pp == req) {
-        *pp = req->hnext;
-    }
-    if (req->all_prev != NULL) {
-        req->all_prev->all_next = req->all_next;
-    } else {
-        srv->all = req->all_next;
-    }
-    if (req->all_next != NULL) {
-        req->all_next->all_prev = req->all_prev;
-    }
-    epd_encoder_list_remove(srv, req);
-    /* a late or second reservation of it is answered at once */
-    epd__encoder_tomb_add(srv, req->id, req->media_index, EPD_ENCODER_TOMB_ENDED);
-    srv->free_slots[srv->n_free_slots++] = req->slot;
-    srv->n_live--;
-    if (req->rkey != NULL && !req->rkey_shared) {
-        epd_xport_rkey_destroy(req->rkey);
-    }
-    epd__encoder_peer_unref(srv, req->peer);
-    epd_encoder_req_free(req);
-}
-
-/* Frees an image when neither the compute thread nor the transport holds
- * anything of it and nothing is owed to anyone.  Pump only. */
-static void epd_encoder_maybe_finish(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
-{
-    if (!req->compute_done || req->write_inflight || req->tell_client || req->tell_p ||
-        req->need_quiesced) {
+    st = epd__encoder_resv_take(srv, req->peer, r, &req->rkey, &req->rkey_shared, msg,
+                                sizeof(msg));
+    if (st != EPD_OK) {
+        epd_encoder_fail(srv, req, st, msg,
+                         st == EPD_ERR_PEER_DEAD && epd_peer_state(req->peer) == EPD_PEER_DEAD
+                             ? EPD_ENCODER_TELL_CLIENT
+                             : EPD_ENCODER_TELL_CLIENT | EPD_ENCODER_TELL_PREFILL |
+                                   EPD_ENCODER_QUIESCE);
         return;
     }
-    if (!req->failed && !req->complete_sent) {
-        return; /* waiting for the reservation or for room to post */
-    }
-    if (req->complete_sent && !req->failed && epd_log_enabled(EPD_LOG_DEBUG)) {
-        const epd_encoder_job_t *j = &req->job;
-
-        epd_log_debug(EPD_ENCODER_LOG, req->id,
-                      "media %u done: %ux%u %s, %zu bytes; queued %.3f ms, hash + decode %.3f ms, "
-                      "encode %.3f ms, reservation %+.3f ms after ready, write %.3f ms",
-                      req->media_index, j->width, j->height,
-                      epd_image_format_name((epd_image_format_t)j->format), req->image_len,
-                      (double)(j->started_ns - req->t_recv_ns) / 1e6,
-                      (double)(j->decoded_ns - j->started_ns) / 1e6,
-                      (double)(j->finished_ns - j->decoded_ns) / 1e6,
-                      ((double)req->t_resv_ns - (double)req->ready_ns) / 1e6,
-                      (double)(req->t_written_ns - req->t_posted_ns) / 1e6);
-    }
-    epd_encoder_req_destroy(srv, req);
-}
-
-void epd__encoder_req_reserved(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
-{
+    req->offset = r->offset;
+    req->bytes = r->bytes;
+    req->region_size = r->region_size;
+    req->have_resv = 1;
     req->t_resv_ns = epd_time_now_ns();
+    epd_log_debug(EPD_ENCODER_LOG, req->id, "media %u: reservation at offset %llu (%s)",
+                  req->media_index, (unsigned long long)r->offset,
+                  req->ready_ns != 0 ? "embeddings ready" : "still encoding");
     if (req->ready_ns != 0) {
         /* the embeddings waited for somewhere to go */
         epd_trace_span(srv->trace, "reservation wait", "wait", req->id, (int32_t)req->media_index,
                        req->ready_ns, req->t_resv_ns);
     }
-    if (req->list != EPD_ENCODER_LIST_BLOCKED) {
-        (void)epd_encoder_advance(srv, req);
+    if (!epd_reqtab_is_blocked(&req->ent)) {
+        epd_encoder_advance(srv, req); /* the lean path: post the write right here */
     }
-    epd__encoder_req_dirty(srv, req);
+}
+
+/* A reservation for a live image. */
+static void epd_encoder_reservation_for(epd_encoder_srv_t *srv, epd_encoder_req_t *req,
+                                        epd_link_t *from, const Epd__Envelope *env)
+{
+    if (!epd_peer_is_sender(req->peer, env)) {
+        epd_encoder_refuse(srv, from, req->id, EPD_ERR_INVALID_PARAM,
+                           "sender is not the prefill worker this image is for");
+        return;
+    }
+    if (req->fail_status != EPD_OK) {
+        return; /* its Error (and WritesQuiesced) are on their way */
+    }
+    if (req->have_resv) {
+        epd_encoder_refuse(srv, from, req->id, EPD_ERR_EXISTS,
+                           "a second reservation for this image");
+        return;
+    }
+    epd_encoder_apply_reservation(srv, req, env->embed_reservation);
+}
+
+/* ------------------------------------------------------ from the messages */
+
+void epd__encoder_req_refused(epd_encoder_srv_t *srv, uint64_t id, uint32_t media,
+                              epd_status_t status, const char *msg)
+{
+    srv->refused++;
+    if (status == EPD_ERR_EXISTS) {
+        return; /* the live image keeps its reservation */
+    }
+    epd_tombs_add(srv->tombs, id, media, EPD_ENCODER_TOMB_ENDED);
+    if (epd_stash_has(srv->stash, id, media)) {
+        epd_encoder_id_kill(srv, id, status, msg, NULL, NULL);
+    }
+}
+
+void epd__encoder_req_encode(epd_encoder_srv_t *srv, epd_link_t *from, const Epd__Envelope *env)
+{
+    const Epd__EncodeRequest *e = env->encode;
+    uint64_t id = e->request_id;
+    uint32_t media = e->media_index;
+    epd_msg_epoch_t p_epoch = epd_msg_epoch_of(e->prefill_epoch);
+    epd_peer_t *peer = NULL;
+    epd_encoder_req_t *req = NULL;
+    uint64_t t_recv = epd_time_now_ns();
+    Epd__Envelope *senv;
+    epd_link_t *sl;
+    char msg[200];
+    epd_status_t st = EPD_OK;
+
+    srv->received++;
+    if (epd_encoder_req_find(srv, id, media) != NULL) {
+        st = EPD_ERR_EXISTS;
+        snprintf(msg, sizeof(msg), "media %u of request %llu is already being encoded here", media,
+                 (unsigned long long)id);
+    } else if (epd_tombs_find(srv->tombs, id, media) == EPD_ENCODER_TOMB_ABORTED) {
+        st = EPD_ERR_CANCELED;
+        snprintf(msg, sizeof(msg), "request %llu was aborted or failed here",
+                 (unsigned long long)id);
+    } else if (srv->n_free_slots == 0) {
+        st = EPD_ERR_NO_CAPACITY;
+        snprintf(msg, sizeof(msg), "no free slot: %u images in flight", srv->slots);
+    }
+    if (st == EPD_OK) {
+        st = epd_peer_get(srv->d, EPD__ROLE__ROLE_PREFILL, e->prefill_worker_id, &p_epoch,
+                          e->prefill_address.data, e->prefill_address.len, &peer);
+        if (st != EPD_OK) {
+            snprintf(msg, sizeof(msg), "prefill worker '%.60s': %s", e->prefill_worker_id,
+                     st == EPD_ERR_STALE_EPOCH ? "a newer epoch of it is known"
+                                               : epd_status_string(st));
+        }
+    }
+    if (st == EPD_OK) {
+        st = epd_encoder_admit(srv, e, from, env->sender->worker_id, peer, t_recv, &req);
+        if (st != EPD_OK) {
+            epd_peer_unref(peer);
+            snprintf(msg, sizeof(msg), "cannot admit the image: %s", epd_status_string(st));
+        }
+    }
+    if (st != EPD_OK) {
+        epd_daemon_refuse_log(srv->d, id, "%s (%s)", msg, epd_status_name(st));
+        (void)epd_link_send_error(from, id, st, msg, NULL);
+        epd__encoder_req_refused(srv, id, media, st, msg);
+        return;
+    }
+    epd_tombs_clear(srv->tombs, id, media);
+    epd_log_debug(EPD_ENCODER_LOG, id, "media %u admitted: %zu bytes into slot %u, for prefill '%s'",
+                  media, e->image.len, req->slot, epd_peer_id(peer));
+    senv = epd_stash_take(srv->stash, id, media, &sl);
+    if (senv != NULL) {
+        if (epd_peer_is_sender(peer, senv)) {
+            epd_encoder_reservation_for(srv, req, sl, senv);
+        } else {
+            /* someone else reserved for this image: refuse that, keep waiting */
+            epd_encoder_refuse(srv, sl, id, EPD_ERR_INVALID_PARAM,
+                               "sender is not the prefill worker this image is for");
+        }
+        epd_msg_free(senv);
+        epd_link_unref(sl);
+    }
+}
+
+int epd__encoder_req_reservation(epd_encoder_srv_t *srv, epd_link_t *from, Epd__Envelope *env)
+{
+    const Epd__EmbedReservation *r = env->embed_reservation;
+    uint64_t id = r->request_id;
+    uint32_t media = r->media_index;
+    epd_encoder_req_t *req = epd_encoder_req_find(srv, id, media);
+    uint64_t lease_ms;
+    char msg[200];
+    int tomb;
+
+    if (req != NULL) {
+        epd_encoder_reservation_for(srv, req, from, env);
+        return 0;
+    }
+    tomb = epd_tombs_find(srv->tombs, id, media);
+    if (tomb != 0 || media >= EPD_ENCODER_MEDIA_MAX) {
+        snprintf(msg, sizeof(msg), "no such image here (media %u of request %llu %s)", media,
+                 (unsigned long long)id,
+                 media >= EPD_ENCODER_MEDIA_MAX     ? "is out of range"
+                 : tomb == EPD_ENCODER_TOMB_ABORTED ? "was aborted"
+                                                    : "ended");
+        EPD_ENCODER_WARN(srv, id, "reservation refused: %s", msg);
+        (void)epd_link_send_error(from, id, EPD_ERR_NOT_FOUND, msg, NULL);
+        epd_encoder_id_kill(srv, id, EPD_ERR_NOT_FOUND, msg, env, from);
+        return 0;
+    }
+    if (epd_stash_has(srv->stash, id, media)) {
+        epd_encoder_refuse(srv, from, id, EPD_ERR_EXISTS, "a second reservation for this image");
+        return 0;
+    }
+    /* may have overtaken the client's EncodeRequest: keep it for its lease */
+    lease_ms = r->lease_ms != 0 ? r->lease_ms : srv->lease_ms;
+    if (epd_stash_put(srv->stash, env, from, id, media,
+                      epd_time_now_ns() + lease_ms * EPD_NSEC_PER_MSEC) != EPD_OK) {
+        snprintf(msg, sizeof(msg), "%d reservations already wait for their EncodeRequest",
+                 EPD_ENCODER_STASH_MAX);
+        EPD_ENCODER_WARN(srv, id, "reservation refused: %s", msg);
+        (void)epd_link_send_error(from, id, EPD_ERR_NO_CAPACITY, msg, NULL);
+        epd_encoder_id_kill(srv, id, EPD_ERR_NO_CAPACITY, msg, env, from);
+        return 0;
+    }
+    epd_log_debug(EPD_ENCODER_LOG, id, "reservation of media %u before its EncodeRequest: kept",
+                  media);
+    return 1;
+}
+
+void epd__encoder_req_stop(epd_encoder_srv_t *srv, epd_link_t *from, const Epd__Envelope *env,
+                           uint64_t id, const char *reason)
+{
+    const char *who = env->sender->worker_id;
+    int live = 0, allowed = 0, from_p = 0;
+    char msg[200];
+
+    for (epd_encoder_req_t *req = epd_encoder_first(srv); req != NULL;
+         req = epd_encoder_next(req)) {
+        if (req->id == id) {
+            live = 1;
+            if (strcmp(who, req->client_id) == 0) {
+                allowed = 1;
+            }
+            if (epd_peer_is_sender(req->peer, env)) {
+                allowed = from_p = 1;
+            }
+        }
+    }
+    if (live && !allowed) {
+        if (env->body_case == EPD__ENVELOPE__BODY_ABORT) {
+            epd_encoder_refuse(srv, from, id, EPD_ERR_NOT_FOUND,
+                               "abort from neither the client nor the prefill worker of this "
+                               "request");
+        } else {
+            EPD_ENCODER_WARN(srv, id, "ignoring an error from '%s', a stranger to this request",
+                             who);
+        }
+        return;
+    }
+    snprintf(msg, sizeof(msg), "%s from '%.60s': %.100s",
+             env->body_case == EPD__ENVELOPE__BODY_ABORT ? "abort" : "error", who,
+             reason != NULL ? reason : "");
+    epd_log_debug(EPD_ENCODER_LOG, id, "%s (%s)", msg, live ? "live here" : "not live here");
+    /* a prefill worker's own link gets WritesQuiesced when no image of the
+     * id is bound to it here (nothing of it in flight); a client's never
+     * does */
+    epd_encoder_id_kill(srv, id, EPD_ERR_CANCELED, msg,
+                        from_p || epd_encoder_known_p(srv, who) ? env : NULL, from);
 }
 
 /* ------------------------------------------------------------ compute back */
 
-/* The Error text of a compute failure: what was wrong with the image. */
-static void epd_encoder_job_message(const epd_encoder_srv_t *srv, const epd_encoder_job_t *j,
-                                    char *msg, size_t cap)
-{
-    const char *fmt =
-        j->format != 0 ? epd_image_format_name((epd_image_format_t)j->format) : "PNG/JPEG";
-
-    if (j->bad_hash) {
-        snprintf(msg, cap, "content_hash is not the BLAKE2b-256 of the image (%zu bytes)",
-                 j->image_len);
-        return;
-    }
-    switch (j->status) {
-    case EPD_ERR_MALFORMED:
-        snprintf(msg, cap, "image does not decode: corrupt or truncated %s data (%zu bytes)", fmt,
-                 j->image_len);
-        break;
-    case EPD_ERR_UNSUPPORTED:
-        snprintf(msg, cap,
-                 "image is not PNG or JPEG (or a JPEG kind the decoder lacks: lossless, "
-                 "arithmetic coding, 12-bit)");
-        break;
-    case EPD_ERR_TOO_LONG:
-        snprintf(msg, cap, "%s image of %u x %u pixels exceeds the limit of %llu pixels", fmt,
-                 j->width, j->height, (unsigned long long)srv->max_pixels);
-        break;
-    case EPD_ERR_NO_MEMORY:
-        snprintf(msg, cap, "out of memory decoding or encoding a %u x %u %s image", j->width,
-                 j->height, fmt);
-        break;
-    default:
-        snprintf(msg, cap, "encoding the image failed: %s", epd_status_string(j->status));
-        break;
-    }
-}
-
-void epd__encoder_on_job(void *arg, epd_encoder_job_t *job)
+void epd__encoder_req_on_job(void *arg, epd_encoder_job_t *job)
 {
     epd_encoder_srv_t *srv = arg;
     epd_encoder_req_t *req = job->owner;
@@ -554,92 +795,178 @@ void epd__encoder_on_job(void *arg, epd_encoder_job_t *job)
     req->job.image = NULL;
     epd_trace_span(srv->trace, "queued", "wait", req->id, (int32_t)req->media_index, req->t_recv_ns,
                    job->started_ns);
-    if (req->failed) {
+    if (req->fail_status != EPD_OK) {
         /* aborted or failed meanwhile: the embeddings (if any) are discarded */
     } else if (job->status == EPD_OK) {
         req->ready_ns = epd_time_now_ns();
-        if (req->have_resv && req->list != EPD_ENCODER_LIST_BLOCKED) {
+        if (req->have_resv && !epd_reqtab_is_blocked(&req->ent)) {
             /* the lean path: post the write right here, at the top of the loop */
-            (void)epd_encoder_advance(srv, req);
+            epd_encoder_advance(srv, req);
+            return;
         }
     } else {
-        epd_encoder_job_message(srv, job, msg, sizeof(msg));
-        epd__encoder_req_fail(srv, req, job->status, msg, 1, 1, 1);
+        epd_encoder_job_describe(job, srv->max_pixels, msg, sizeof(msg));
+        epd_encoder_fail(srv, req, job->status, msg,
+                         EPD_ENCODER_TELL_CLIENT | EPD_ENCODER_TELL_PREFILL | EPD_ENCODER_QUIESCE);
     }
-    epd__encoder_req_dirty(srv, req);
+    epd_encoder_dirty(srv, req);
 }
 
-/* -------------------------------------------------------------------- pump */
+/* --------------------------------------------------------- daemon upcalls */
 
-void epd__encoder_on_pump(uv_idle_t *idle)
+void epd__encoder_req_on_peer_dead(void *arg, epd_peer_t *peer, epd_status_t status,
+                                   const char *why)
 {
-    epd_encoder_srv_t *srv = idle->data;
+    epd_encoder_srv_t *srv = arg;
+    char msg[200];
+
+    (void)status;
+    snprintf(msg, sizeof(msg), "prefill worker '%.80s' %s", epd_peer_id(peer), why);
+    epd_log_warn(EPD_ENCODER_LOG, 0, "%s: failing its images", msg);
+    for (epd_encoder_req_t *req = epd_encoder_first(srv); req != NULL;
+         req = epd_encoder_next(req)) {
+        if (req->peer == peer) {
+            /* keys unpacked on its link die when the link closes */
+            req->rkey = NULL;
+            req->rkey_shared = 0;
+            epd_encoder_fail(srv, req, EPD_ERR_PEER_DEAD, msg, EPD_ENCODER_TELL_CLIENT);
+        }
+    }
+}
+
+int epd__encoder_req_on_pump(void *arg)
+{
+    epd_encoder_srv_t *srv = arg;
     epd_encoder_req_t *req;
 
     if (srv->room) {
         srv->room = 0;
         epd_encoder_unblock_all(srv);
     }
-    for (;;) {
-        while ((req = srv->dirty_head) != NULL) {
-            epd_encoder_list_remove(srv, req);
-            if (epd_encoder_advance(srv, req) == 0) {
-                epd_encoder_maybe_finish(srv, req);
-            }
-        }
-        epd__encoder_peers_reap(srv);
-        epd__encoder_outbox_flush(srv);
-        if (srv->dirty_head == NULL) {
-            break;
-        }
+    while ((req = epd_encoder_req_of(epd_reqtab_pop_dirty(&srv->reqs))) != NULL) {
+        epd_encoder_advance(srv, req);
     }
-    if (srv->dirty_head == NULL && !srv->room) {
-        srv->pump_on = 0;
-        uv_idle_stop(&srv->pump);
-    }
+    return srv->room;
 }
 
-void epd__encoder_tick(epd_encoder_srv_t *srv, uint64_t now)
+void epd__encoder_req_on_tick(void *arg, uint64_t now)
 {
+    epd_encoder_srv_t *srv = arg;
     uint64_t lease_ns = (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
+    const unsigned all = EPD_ENCODER_TELL_CLIENT | EPD_ENCODER_TELL_PREFILL | EPD_ENCODER_QUIESCE;
+    Epd__Envelope *senv;
+    epd_link_t *sl;
     char msg[200];
 
-    for (epd_encoder_req_t *req = srv->all; req != NULL; req = req->all_next) {
-        if (!req->failed && !req->complete_sent && req->deadline_ns != 0 &&
-            now >= req->deadline_ns) {
+    for (epd_encoder_req_t *req = epd_encoder_first(srv); req != NULL;
+         req = epd_encoder_next(req)) {
+        if (req->fail_status != EPD_OK) {
+            if (req->owe != 0) {
+                epd_encoder_dirty(srv, req); /* a safety net for what it waits on */
+            }
+            continue;
+        }
+        if (!req->complete_sent && req->deadline_ns != 0 && now >= req->deadline_ns) {
             snprintf(msg, sizeof(msg), "the request's deadline of %llu ms passed (%s)",
                      (unsigned long long)((req->deadline_ns - req->t_recv_ns) / EPD_NSEC_PER_MSEC),
                      !req->compute_done ? "still encoding"
                      : !req->have_resv  ? "no reservation yet"
                                         : "writing");
-            epd__encoder_req_fail(srv, req, EPD_ERR_TIMEOUT, msg, 1, 1, 1);
-        } else if (!req->failed && req->ready_ns != 0 && !req->have_resv &&
-                   now - req->ready_ns > lease_ns) {
+            epd_encoder_fail(srv, req, EPD_ERR_TIMEOUT, msg, all);
+        } else if (req->ready_ns != 0 && !req->have_resv && now - req->ready_ns > lease_ns) {
             snprintf(msg, sizeof(msg),
                      "no EmbedReservation from prefill '%.80s' within %u ms of the embeddings "
                      "being ready",
-                     req->peer->worker_id, srv->lease_ms);
-            epd__encoder_req_fail(srv, req, EPD_ERR_TIMEOUT, msg, 1, 1, 1);
-        } else if (req->failed && (req->need_quiesced || req->tell_client || req->tell_p)) {
-            epd__encoder_req_dirty(srv, req); /* a safety net for what it waits on */
+                     epd_peer_id(req->peer), srv->lease_ms);
+            epd_encoder_fail(srv, req, EPD_ERR_TIMEOUT, msg, all);
         }
     }
-    epd__encoder_msg_tick(srv, now);
-    epd__encoder_outbox_flush(srv);
-    if (srv->blocked_head != NULL) {
-        epd_encoder_unblock_all(srv);
+    while ((senv = epd_stash_take_expired(srv->stash, now, &sl)) != NULL) {
+        uint64_t id = senv->embed_reservation->request_id;
+
+        /* back in, so that the kill answers it with the rest of its id */
+        if (epd_stash_put(srv->stash, senv, sl, id, senv->embed_reservation->media_index, 0) !=
+            EPD_OK) {
+            epd_msg_free(senv);
+        }
+        epd_link_unref(sl);
+        epd_encoder_id_kill(srv, id, EPD_ERR_NOT_FOUND,
+                            "no EncodeRequest for this image arrived within the lease", NULL, NULL);
+    }
+    epd_encoder_unblock_all(srv);
+}
+
+void epd__encoder_req_load(void *arg, epd_daemon_load_t *load_p)
+{
+    epd_encoder_srv_t *srv = arg;
+    uint32_t queued = srv->compute != NULL ? epd_encoder_compute_backlog(srv->compute) : 0;
+
+    if (queued > epd_reqtab_count(&srv->reqs)) {
+        queued = epd_reqtab_count(&srv->reqs);
+    }
+    load_p->queue_depth = queued;
+    load_p->running_requests = epd_reqtab_count(&srv->reqs) - queued;
+}
+
+void epd__encoder_req_on_stop(void *arg)
+{
+    epd_encoder_srv_t *srv = arg;
+
+    epd_log_info(EPD_ENCODER_LOG, 0,
+                 "stopping: %u images in flight; %llu EncodeRequests received, %llu images "
+                 "written, %llu failed or aborted, %llu refused since start",
+                 epd_reqtab_count(&srv->reqs), (unsigned long long)srv->received, (unsigned long long)srv->served,
+                 (unsigned long long)srv->failed_reqs, (unsigned long long)srv->refused);
+    for (epd_encoder_req_t *req = epd_encoder_first(srv); req != NULL;
+         req = epd_encoder_next(req)) {
+        atomic_store(&req->job.cancel, 1);
     }
 }
 
-void epd__encoder_reqs_free_all(epd_encoder_srv_t *srv)
-{
-    while (srv->all != NULL) {
-        epd_encoder_req_t *req = srv->all;
+/* ------------------------------------------------------------------- life */
 
-        srv->all = req->all_next;
-        epd_encoder_req_free(req);
+epd_status_t epd__encoder_reqs_init(epd_encoder_srv_t *srv)
+{
+    uint64_t ttl_ms = (uint64_t)srv->lease_ms * 10;
+    epd_status_t st;
+
+    st = epd_reqtab_init(&srv->reqs, srv->slots);
+    if (st != EPD_OK) {
+        return st;
     }
-    srv->dirty_head = srv->dirty_tail = NULL;
-    srv->blocked_head = srv->blocked_tail = NULL;
-    srv->n_live = 0;
+    srv->free_slots = epd_calloc(srv->slots, sizeof(*srv->free_slots));
+    if (srv->free_slots == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    for (uint32_t i = 0; i < srv->slots; i++) {
+        srv->free_slots[i] = srv->slots - 1 - i; /* lowest on top */
+    }
+    srv->n_free_slots = srv->slots;
+    st = epd_stash_create(EPD_ENCODER_STASH_MAX, &srv->stash);
+    if (st != EPD_OK) {
+        return st;
+    }
+    /* a tombstone outlives every lease a late message could still be under */
+    return epd_tombs_create(EPD_ENCODER_TOMB_MAX,
+                            (ttl_ms < 60000 ? 60000 : ttl_ms) * EPD_NSEC_PER_MSEC, &srv->tombs);
+}
+
+void epd__encoder_reqs_cleanup(epd_encoder_srv_t *srv)
+{
+    epd_encoder_req_t *req;
+
+    if (srv->reqs.table_ != NULL) {
+        while ((req = epd_encoder_first(srv)) != NULL) {
+            epd_reqtab_remove(&srv->reqs, &req->ent);
+            epd_peer_unref(req->peer);
+            epd_encoder_req_free(req);
+        }
+    }
+    epd_reqtab_cleanup(&srv->reqs);
+    epd_stash_destroy(srv->stash);
+    srv->stash = NULL;
+    epd_tombs_destroy(srv->tombs);
+    srv->tombs = NULL;
+    epd_free(srv->free_slots);
+    srv->free_slots = NULL;
 }

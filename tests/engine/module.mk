@@ -13,7 +13,7 @@ $(test_epd_engine_dlopen_OBJS): EPD_CPPFLAGS += -DEPD_TEST_TOY_SO='"$(abspath $(
 $(BUILD)/tests/test_epd_engine_dlopen: $(ENGINE_TOY_SO)
 $(ENGINE_TOY_SO): tests/engine/epd_engine_toy.c engine/epd_engine.h common/epd_alloc.h
 	@mkdir -p $(@D)
-	@$(if $(filter 1,$(V)),,echo "  SO      $@";)$(CC) $(EPD_CPPFLAGS) $(WARN) $(CFLAGS) -fPIC -shared \
+	@$(if $(filter 1,$(V)),,echo "  SO      $@";)$(CC) $(INC_engine) $(EPD_CPPFLAGS) $(WARN) $(CFLAGS) -fPIC -shared \
 		$(if $(SANITIZER),-fsanitize=$(SANITIZER) -fno-sanitize-recover=all) -o $@ $<
 
 # epd-generate is exercised as a program (exit codes, stdout, stderr).

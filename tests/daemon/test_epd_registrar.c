@@ -1,5 +1,5 @@
 /*
- * Tests of proto/epd_registrar.c against a fake router: an epd_rpc server
+ * Tests of daemon/epd_registrar.c against a fake router: an epd_rpc server
  * on its own thread and loop answering RegisterWorker and Heartbeat, while
  * the registrar's loop (this thread) plays the daemon.  The fake router
  * checks every field, refuses the first registration, answers known=false

@@ -1,0 +1,152 @@
+/*
+ * epd_daemon_flags.c — the flags every daemon shares and the start of every
+ * daemon's main(): one table, one set of limits, one check, so that
+ * --worker-id, --peer-timeout-ms or an address mean the same everywhere.
+ */
+#include <signal.h>
+#include <string.h>
+
+#include "epd_addr.h"
+#include "epd_daemon.h"
+#include "epd_log.h"
+
+#define EPD_DAEMON_OPTS_MAX 96
+
+void epd_daemon_flags_init(epd_daemon_flags_t *f)
+{
+    memset(f, 0, sizeof(*f));
+    f->engine = "ref";
+    f->transport = "ucx";
+    f->expect = "any";
+    f->control_addr = "127.0.0.1:0";
+    f->trace_events = 1 << 20;
+    f->log_level = "info";
+    f->peer_timeout_ms = 3000;
+    f->connect_timeout_ms = 3000;
+}
+
+/* The common flags of `which` into opts[], returning how many. */
+static size_t epd_daemon_common_opts(epd_daemon_flags_t *f, unsigned which, epd_opt_t *opts)
+{
+    size_t n = 0;
+
+    opts[n++] = (epd_opt_t){"model", EPD_OPT_STRING, &f->model, 0, 0,
+                            "model folder (config.json + model.safetensors)"};
+    opts[n++] = (epd_opt_t){"engine", EPD_OPT_STRING, &f->engine, 0, 0,
+                            "engine: built-in name (ref, sim) or path to a .so"};
+    opts[n++] = (epd_opt_t){"worker-id", EPD_OPT_STRING, &f->worker_id, 0, 0,
+                            "this daemon's name in the cluster, 1-127 bytes (default ROLE-PID)"};
+    opts[n++] = (epd_opt_t){"transport", EPD_OPT_STRING, &f->transport, 0, 0,
+                            "request- and data-plane transport: ucx or ofi"};
+    opts[n++] = (epd_opt_t){"expect-transport", EPD_OPT_STRING, &f->expect, 0, 0,
+                            "refuse peers reached other than by: any, shm, tcp, rdma"};
+    opts[n++] = (epd_opt_t){"provider", EPD_OPT_STRING, &f->provider, 0, 0,
+                            "libfabric provider hint (ofi)"};
+    opts[n++] = (epd_opt_t){"control-addr", EPD_OPT_STRING, &f->control_addr, 0, 0,
+                            "gRPC control address HOST:PORT or [HOST]:PORT (port 0: ephemeral)"};
+    if ((which & EPD_DAEMON_FLAG_REGISTER) != 0) {
+        opts[n++] = (epd_opt_t){"router", EPD_OPT_STRING, &f->router, 0, 0,
+                                "register with the router's control service HOST:PORT and "
+                                "heartbeat the load (absent: no registration)"};
+    }
+    opts[n++] = (epd_opt_t){"ready-file", EPD_OPT_STRING, &f->ready_file, 0, 0,
+                            "write 'control=... pid=... worker=... transport=...' here once "
+                            "serving"};
+    opts[n++] = (epd_opt_t){"peer-timeout-ms", EPD_OPT_INT, &f->peer_timeout_ms, 10, 3600000,
+                            "silence after which a peer is declared dead"};
+    opts[n++] = (epd_opt_t){"connect-timeout-ms", EPD_OPT_INT, &f->connect_timeout_ms, 10,
+                            3600000, "deadline of a transport handshake"};
+    opts[n++] = (epd_opt_t){"trace", EPD_OPT_STRING, &f->trace, 0, 0,
+                            "record a per-request trace; Chrome trace JSON written to FILE at "
+                            "exit and on SIGUSR1"};
+    opts[n++] = (epd_opt_t){"trace-events", EPD_OPT_INT, &f->trace_events, 1024, 1 << 26,
+                            "trace buffer capacity in events (64 bytes each; later events are "
+                            "dropped)"};
+    opts[n++] = (epd_opt_t){"log-level", EPD_OPT_STRING, &f->log_level, 0, 0,
+                            "error, warn, info, debug or trace"};
+    return n;
+}
+
+/* One line naming the flag and the problem; returns 0 (do not go on). */
+static int epd_daemon_bad(const char *prog, int *exit_p, const char *flag, const char *value,
+                          const char *why)
+{
+    epd_log_error(prog, 0, "--%s '%s': %s", flag, value != NULL ? value : "", why);
+    *exit_p = 1;
+    return 0;
+}
+
+static int epd_daemon_check_addr(const char *prog, int *exit_p, const char *flag,
+                                 const char *value)
+{
+    char host[EPD_ADDR_HOST_MAX];
+    const char *why = NULL;
+    uint16_t port;
+
+    if (value == NULL || value[0] == '\0') {
+        return 1;
+    }
+    if (epd_addr_split(value, host, sizeof(host), &port, &why) != EPD_OK) {
+        return epd_daemon_bad(prog, exit_p, flag, value, why);
+    }
+    return 1;
+}
+
+int epd_daemon_main(const char *prog, const char *summary, unsigned which,
+                    epd_daemon_flags_t *flags, const epd_opt_t *role_opts, size_t n_role_opts,
+                    int argc, char **argv, epd_opts_t *opts_p, int *exit_p)
+{
+    static epd_opt_t table[EPD_DAEMON_OPTS_MAX];
+    epd_log_level_t level;
+    epd_status_t st;
+    size_t n;
+    int argi;
+
+    signal(SIGPIPE, SIG_IGN);
+    n = epd_daemon_common_opts(flags, which, table);
+    if (n + n_role_opts > EPD_DAEMON_OPTS_MAX) {
+        epd_log_error(prog, 0, "too many flags (%zu)", n + n_role_opts);
+        *exit_p = 1;
+        return 0;
+    }
+    memcpy(table + n, role_opts, n_role_opts * sizeof(*role_opts));
+    memset(opts_p, 0, sizeof(*opts_p));
+    opts_p->prog = prog;
+    opts_p->summary = summary;
+    opts_p->opts = table;
+    opts_p->n_opts = n + n_role_opts;
+    st = epd_opts_parse(opts_p, argc, argv, &argi);
+    if (st == EPD_ERR_CANCELED) {
+        *exit_p = 0; /* --help */
+        return 0;
+    }
+    if (st != EPD_OK) {
+        *exit_p = 1;
+        return 0;
+    }
+    if (argi != argc) {
+        return epd_daemon_bad(prog, exit_p, "", argv[argi],
+                              "unexpected argument (flags are --name value)");
+    }
+    if (epd_log_level_parse(flags->log_level, &level) != EPD_OK) {
+        return epd_daemon_bad(prog, exit_p, "log-level", flags->log_level,
+                              "want error, warn, info, debug or trace");
+    }
+    if (flags->model == NULL || flags->model[0] == '\0') {
+        return epd_daemon_bad(prog, exit_p, "model", "", "a model folder is required");
+    }
+    if (strcmp(flags->transport, "ucx") != 0 && strcmp(flags->transport, "ofi") != 0) {
+        return epd_daemon_bad(prog, exit_p, "transport", flags->transport, "want ucx or ofi");
+    }
+    if (flags->worker_id != NULL &&
+        (flags->worker_id[0] == '\0' || strlen(flags->worker_id) >= EPD_WORKER_ID_MAX)) {
+        return epd_daemon_bad(prog, exit_p, "worker-id", flags->worker_id,
+                              "want 1 to 127 bytes");
+    }
+    if (!epd_daemon_check_addr(prog, exit_p, "control-addr", flags->control_addr) ||
+        !epd_daemon_check_addr(prog, exit_p, "router", flags->router)) {
+        return 0;
+    }
+    epd_log_set_level(level);
+    return 1;
+}

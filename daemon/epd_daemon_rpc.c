@@ -1,0 +1,223 @@
+/*
+ * epd_daemon_rpc.c — a worker's control plane (proto/epd_control.proto):
+ * Health, Status and Drain answered from what the role reports (its load
+ * through ops->load, its capacity and KV layout set once), and the
+ * RegisterRequest + registrar that make it a member of the router's
+ * registry (--router).  RegisterWorker and Heartbeat are the router's: a
+ * worker answers them UNIMPLEMENTED.  Handlers run on the loop thread (see
+ * epd_rpc.h), so they read the daemon's state without locks.
+ *
+ * A role with a control plane of its own (the router) answers first
+ * (ops->on_rpc); EPD_DAEMON_RPC_PASS hands the call to the code here.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "epd_alloc.h"
+#include "epd_daemon_int.h"
+
+/* Storage for the nested messages of one answer (caller's stack). */
+typedef struct {
+    Epd__WorkerIdentity ident;
+    Epd__Epoch epoch;
+    Epd__Load load;
+    Epd__Capacity cap;
+} epd_daemon_rpc_parts_t;
+
+static void epd_daemon_load_now(epd_daemon_t *d, epd_daemon_load_t *l)
+{
+    memset(l, 0, sizeof(*l));
+    d->ops.load(d->cfg.arg, l);
+    l->draining = d->draining != 0;
+}
+
+static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
+{
+    epd_daemon_load_t l;
+
+    epd__worker_identity__init(&p->ident);
+    epd__epoch__init(&p->epoch);
+    epd__load__init(&p->load);
+    epd__capacity__init(&p->cap);
+    p->epoch.start_time_ns = d->epoch.start_time_ns;
+    p->epoch.nonce = d->epoch.nonce;
+    p->ident.worker_id = d->worker_id;
+    p->ident.role = (Epd__Role)d->cfg.role;
+    p->ident.model = d->model_name;
+    p->ident.epoch = &p->epoch;
+    epd_daemon_load_now(d, &l);
+    p->load.queue_depth = l.queue_depth;
+    p->load.queued_tokens = l.queued_tokens;
+    p->load.kv_blocks_free = l.kv_blocks_free;
+    p->load.state_slots_free = l.state_slots_free;
+    p->load.running_requests = l.running_requests;
+    p->load.kv_bytes_sent = l.kv_bytes_sent;
+    p->load.kv_bytes_received = l.kv_bytes_received;
+    p->load.draining = l.draining != 0;
+    p->cap.kv_blocks_total = d->capacity.kv_blocks_total;
+    p->cap.block_tokens = d->capacity.block_tokens;
+    p->cap.state_slots_total = d->capacity.state_slots_total;
+    p->cap.max_batch = d->capacity.max_batch;
+    p->cap.max_context = d->capacity.max_context;
+    p->cap.embed_slots = d->capacity.embed_slots;
+    p->cap.image_embeddings = d->capacity.image_embeddings;
+    p->cap.embed_dim = d->capacity.embed_dim;
+}
+
+/* Packs `msg` into a buffer from epd_malloc (taken by the server). */
+static int epd_daemon_rpc_pack(const ProtobufCMessage *msg, void **resp_p, size_t *resp_len_p,
+                               char *err, size_t err_cap)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    void *buf = epd_malloc(n > 0 ? n : 1);
+
+    if (buf == NULL) {
+        snprintf(err, err_cap, "out of memory");
+        return EPD_RPC_INTERNAL;
+    }
+    protobuf_c_message_pack(msg, buf);
+    *resp_p = buf;
+    *resp_len_p = n;
+    return EPD_RPC_OK;
+}
+
+void epd_daemon_drain(epd_daemon_t *d, const char *who)
+{
+    if (d->draining) {
+        return;
+    }
+    d->draining = 1;
+    epd_log_info(d->log, 0, "draining (%s): new requests are refused, running ones finish", who);
+    d->ops.on_drain(d->cfg.arg);
+}
+
+static int epd_daemon_on_drain_rpc(epd_daemon_t *d, const void *req, size_t req_len,
+                                   void **resp_p, size_t *resp_len_p, char *err, size_t err_cap)
+{
+    Epd__DrainResponse r = EPD__DRAIN_RESPONSE__INIT;
+    ProtobufCMessage *m = NULL;
+    Epd__DrainRequest *dr;
+
+    if (epd_proto_unpack(&epd__drain_request__descriptor, req, req_len, &m) != EPD_OK) {
+        snprintf(err, err_cap, "malformed DrainRequest");
+        return EPD_RPC_INVALID_ARGUMENT;
+    }
+    dr = (Epd__DrainRequest *)m;
+    if (dr->worker_id == NULL || strcmp(dr->worker_id, d->worker_id) != 0) {
+        snprintf(err, err_cap, "no worker '%.100s' here (this is '%.100s')",
+                 dr->worker_id != NULL ? dr->worker_id : "", d->worker_id);
+        epd_proto_free(m);
+        return EPD_RPC_NOT_FOUND;
+    }
+    epd_proto_free(m);
+    epd_daemon_drain(d, "Drain RPC");
+    r.ok = 1;
+    return epd_daemon_rpc_pack(&r.base, resp_p, resp_len_p, err, err_cap);
+}
+
+int epd__daemon_on_rpc(void *arg, const char *method, const void *req, size_t req_len,
+                       void **resp_p, size_t *resp_len_p, char *err, size_t err_cap)
+{
+    epd_daemon_t *d = arg;
+    epd_daemon_rpc_parts_t p;
+    int rc;
+
+    rc = d->ops.on_rpc(d->cfg.arg, method, req, req_len, resp_p, resp_len_p, err, err_cap);
+    if (rc != EPD_DAEMON_RPC_PASS) {
+        return rc;
+    }
+    if (strcmp(method, EPD_RPC_HEALTH) == 0) {
+        Epd__HealthResponse h = EPD__HEALTH_RESPONSE__INIT;
+
+        epd_daemon_rpc_fill(d, &p);
+        h.serving = !d->draining && !d->stopping;
+        h.worker = &p.ident;
+        h.load = &p.load;
+        h.transport = (char *)d->fl->transport;
+        h.data_plane_address.data = (uint8_t *)(uintptr_t)d->addr;
+        h.data_plane_address.len = d->addr_len;
+        h.kv_layout = d->have_layout ? &d->layout_msg : NULL;
+        h.capacity = &p.cap;
+        h.draining = d->draining != 0;
+        return epd_daemon_rpc_pack(&h.base, resp_p, resp_len_p, err, err_cap);
+    }
+    if (strcmp(method, EPD_RPC_STATUS) == 0) {
+        Epd__StatusResponse s = EPD__STATUS_RESPONSE__INIT;
+        Epd__WorkerStatus w = EPD__WORKER_STATUS__INIT;
+        Epd__WorkerStatus *ws[1] = {&w};
+
+        epd_daemon_rpc_fill(d, &p);
+        w.worker = &p.ident;
+        w.state = d->draining ? EPD__WORKER_STATE__WORKER_STATE_DRAINING
+                              : EPD__WORKER_STATE__WORKER_STATE_READY;
+        w.load = &p.load;
+        w.capacity = &p.cap;
+        s.n_workers = 1;
+        s.workers = ws;
+        return epd_daemon_rpc_pack(&s.base, resp_p, resp_len_p, err, err_cap);
+    }
+    if (strcmp(method, EPD_RPC_DRAIN) == 0) {
+        return epd_daemon_on_drain_rpc(d, req, req_len, resp_p, resp_len_p, err, err_cap);
+    }
+    if (strcmp(method, EPD_RPC_REGISTER) == 0 || strcmp(method, EPD_RPC_HEARTBEAT) == 0) {
+        snprintf(err, err_cap, "%s is served by the router, not by a %s worker", method, d->log);
+        return EPD_RPC_UNIMPLEMENTED;
+    }
+    snprintf(err, err_cap, "unknown method %s", method);
+    return EPD_RPC_UNIMPLEMENTED;
+}
+
+/* ------------------------------------------------------------ registration */
+
+static void epd_daemon_registrar_load(void *arg, epd_registrar_load_t *load_p)
+{
+    epd_daemon_load_now(arg, load_p);
+}
+
+static void epd_daemon_registrar_drain(void *arg)
+{
+    epd_daemon_drain(arg, "asked by the router");
+}
+
+epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
+{
+    Epd__RegisterRequest r = EPD__REGISTER_REQUEST__INIT;
+    epd_registrar_config_t cfg;
+    epd_daemon_rpc_parts_t p;
+    epd_status_t st;
+    size_t n;
+    void *buf;
+
+    if (d->fl->router == NULL || d->fl->router[0] == '\0') {
+        return EPD_OK;
+    }
+    epd_daemon_rpc_fill(d, &p);
+    r.worker = &p.ident;
+    r.transport = (char *)d->fl->transport;
+    r.data_plane_address.data = (uint8_t *)(uintptr_t)d->addr;
+    r.data_plane_address.len = d->addr_len;
+    r.control_address = (char *)control_address;
+    r.capacity = &p.cap;
+    r.kv_layout = d->have_layout ? &d->layout_msg : NULL;
+    n = protobuf_c_message_get_packed_size(&r.base);
+    buf = epd_malloc(n);
+    if (buf == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    protobuf_c_message_pack(&r.base, buf);
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.router = d->fl->router;
+    cfg.request = buf;
+    cfg.request_len = n;
+    cfg.load_cb = epd_daemon_registrar_load;
+    cfg.drain_cb = epd_daemon_registrar_drain;
+    cfg.cb_arg = d;
+    cfg.log_component = d->log;
+    st = epd_registrar_start(&d->loop, &cfg, &d->registrar);
+    epd_free(buf);
+    if (st != EPD_OK) {
+        epd_log_error(d->log, 0, "cannot register with the router '%s': %s", d->fl->router,
+                      epd_status_string(st));
+    }
+    return st;
+}
