@@ -140,6 +140,10 @@ $(ALL_OBJS): | $(GEN_HDRS)
 
 .PHONY: all deps check test run bench clean san-test fuzz
 
+# Builds use every core; tests run one program at a time (each starts its
+# own daemons and some judge liveness by timeouts).
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+
 all: $(ALL_LIBS) $(ALL_PROGS) $(ALL_TESTS)
 
 deps:
@@ -155,9 +159,6 @@ san-test:
 	@$(MAKE) --no-print-directory BUILD=build/san CC=$(SAN_CC) \
 		SANITIZER=address,undefined CFLAGS="-O1 -g" test
 
-# Builds use every core; tests run one program at a time (each starts its
-# own daemons and some judge liveness by timeouts).
-NPROC := $(shell nproc 2>/dev/null || echo 2)
 check: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all
 	@$(MAKE) --no-print-directory test
@@ -171,7 +172,11 @@ fuzz:
 	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang \
 		SANITIZER=fuzzer-no-link,address,undefined CFLAGS="-O1 -g" FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz-run
 
-run: all
+# Like check, run installs what is missing first, then builds in a second
+# make: the package flags (pkg-config) are read when a make starts, so the
+# build must start after the packages exist.
+run: deps
+	@$(MAKE) --no-print-directory -j$(NPROC) all
 	@./deploy/local/run-cluster.sh $(BUILD)
 
 bench: all

@@ -109,7 +109,9 @@ int epd_daemon_main(const char *prog, const char *summary, unsigned which,
         *exit_p = 1;
         return 0;
     }
-    memcpy(table + n, role_opts, n_role_opts * sizeof(*role_opts));
+    if (n_role_opts > 0) {
+        memcpy(table + n, role_opts, n_role_opts * sizeof(*role_opts));
+    }
     memset(opts_p, 0, sizeof(*opts_p));
     opts_p->prog = prog;
     opts_p->summary = summary;
@@ -125,8 +127,9 @@ int epd_daemon_main(const char *prog, const char *summary, unsigned which,
         return 0;
     }
     if (argi != argc) {
-        return epd_daemon_bad(prog, exit_p, "", argv[argi],
-                              "unexpected argument (flags are --name value)");
+        epd_log_error(prog, 0, "unexpected argument '%s' (flags are --name value)", argv[argi]);
+        *exit_p = 1;
+        return 0;
     }
     if (epd_log_level_parse(flags->log_level, &level) != EPD_OK) {
         return epd_daemon_bad(prog, exit_p, "log-level", flags->log_level,

@@ -92,8 +92,9 @@ enum { EPD__UCX_OP_NONE = 0, EPD__UCX_OP_OUT, EPD__UCX_OP_DONE };
 
 struct epd__ucx_tx {
     void *req;
-    epd__ucx_ep_t *ep;
-    epd__ucx_tx_t *prev, *next;
+    epd__ucx_t *be;
+    epd__ucx_ep_t *ep; /* NULL: an orphan, its endpoint destroyed while UCX held it */
+    epd__ucx_tx_t *prev, *next; /* ep->tx_head, or be->tx_orphans */
     unsigned char data[]; /* from be->tx (epd_bufpool) */
 };
 
@@ -159,6 +160,13 @@ struct epd__ucx {
     epd__ucx_rx_t *ring;          /* [EPD__UCX_RING] */
     uint32_t ring_head, ring_count;
     epd_bufpool_t tx;      /* send copies UCX holds (epd__ucx_tx_t + bytes) */
+    /* Send copies of destroyed endpoints that UCX still holds: a send
+     * pending on an endpoint that is closed (force) is not always completed
+     * by the close, and UCX may still transmit its bytes afterwards.  Such
+     * a copy goes back to the pool only when its callback says UCX is done
+     * with it — returned earlier, it was reused by the next send and the
+     * peer received one frame's length with another frame's header. */
+    epd__ucx_tx_t *tx_orphans;
     uint64_t dropped;
     bool half_wired;              /* an endpoint may have been closed mid wire-up */
     char resources[160];
@@ -324,8 +332,10 @@ static void epd__ucx_tx_unlink(epd__ucx_tx_t *tx)
 {
     if (tx->prev != NULL) {
         tx->prev->next = tx->next;
-    } else {
+    } else if (tx->ep != NULL) {
         tx->ep->tx_head = tx->next;
+    } else {
+        tx->be->tx_orphans = tx->next;
     }
     if (tx->next != NULL) {
         tx->next->prev = tx->prev;
@@ -337,12 +347,12 @@ static void epd__ucx_tx_cb(void *request, ucs_status_t status, void *user_data)
 {
     epd__ucx_tx_t *tx = user_data;
     epd__ucx_ep_t *ep = tx->ep;
-    epd__ucx_t *be = ep->be;
+    epd__ucx_t *be = tx->be;
 
     epd__ucx_tx_unlink(tx);
     epd__ucx_tx_put(be, tx);
     ucp_request_free(request);
-    if (status != UCS_OK && status != UCS_ERR_CANCELED) {
+    if (ep != NULL && status != UCS_OK && status != UCS_ERR_CANCELED) {
         epd__ucx_note_fail(ep, epd__ucx_status(status));
     }
 }
@@ -649,6 +659,15 @@ static void epd__ucx_destroy(void *arg)
         be->ring_head = (be->ring_head + 1) % EPD__UCX_RING;
         be->ring_count--;
     }
+    /* orphaned sends get the close wait to finish; the rest are released
+     * without their callbacks, and their copies freed once the worker is
+     * gone (or never progressed again) */
+    while (be->tx_orphans != NULL && epd_time_now_ns() < deadline) {
+        ucp_worker_progress(be->worker);
+    }
+    for (epd__ucx_tx_t *tx = be->tx_orphans; tx != NULL; tx = tx->next) {
+        ucp_request_free(tx->req);
+    }
     epd_free(be->blob);
     ucp_worker_release_address(be->worker, be->uaddr);
     if (be->half_wired) {
@@ -661,6 +680,12 @@ static void epd__ucx_destroy(void *arg)
     } else {
         ucp_worker_destroy(be->worker);
         ucp_cleanup(be->ctx);
+    }
+    while (be->tx_orphans != NULL) {
+        epd__ucx_tx_t *tx = be->tx_orphans;
+
+        be->tx_orphans = tx->next;
+        epd__ucx_tx_put(be, tx);
     }
     epd_bufpool_cleanup(&be->tx);
     epd_free(be->ring);
@@ -876,13 +901,19 @@ static void epd__ucx_ep_destroy(void *arg)
         }
         epd__ucx_done_add(be, op, EPD_ERR_CANCELED);
     }
+    /* send copies UCX still holds stay UCX's until their callback (which
+     * frees them): orphans of the backend, not of this endpoint */
     while (ep->tx_head != NULL) {
         epd__ucx_tx_t *tx = ep->tx_head;
+
         epd__ucx_tx_unlink(tx);
-        if (tx->req != NULL) {
-            ucp_request_free(tx->req);
+        tx->ep = NULL;
+        tx->prev = NULL;
+        tx->next = be->tx_orphans;
+        if (be->tx_orphans != NULL) {
+            be->tx_orphans->prev = tx;
         }
-        epd__ucx_tx_put(be, tx);
+        be->tx_orphans = tx;
     }
     /* take this endpoint's finished ops off the shared done list first:
      * completing them runs user callbacks that may add to it */
@@ -959,6 +990,7 @@ static epd_status_t epd__ucx_send(void *arg, const void *hdr, size_t hdr_len, co
     p.user_data = tx;
     p.flags = UCP_AM_SEND_FLAG_EAGER;
     tx->ep = ep;
+    tx->be = be;
     req = ucp_am_send_nbx(ep->ep, EPD__UCX_AM_MSG, NULL, 0, tx->data, hdr_len + len, &p);
     if (req == NULL) {
         epd__ucx_tx_put(be, tx);
