@@ -171,11 +171,18 @@ static void epd_trace_json_string(FILE *f, const char *s)
 
 epd_status_t epd_trace_write_json(epd_trace_t *t, const char *path, uint64_t req_id)
 {
-    FILE *f = fopen(path, "w");
     size_t n = atomic_load(&t->next);
     unsigned n_threads = atomic_load(&t->n_threads);
+    char tmp[4096];
     int first = 1;
+    FILE *f;
 
+    /* written beside the target and renamed over it: a reader (a tool
+     * polling for the file after SIGUSR1) never sees half a trace */
+    if (snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof(tmp)) {
+        return EPD_ERR_IO;
+    }
+    f = fopen(tmp, "w");
     if (f == NULL) {
         return EPD_ERR_IO;
     }
@@ -230,7 +237,8 @@ epd_status_t epd_trace_write_json(epd_trace_t *t, const char *path, uint64_t req
         fprintf(f, "}}");
     }
     fprintf(f, "\n]}\n");
-    if (fclose(f) != 0) {
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        unlink(tmp);
         return EPD_ERR_IO;
     }
     return EPD_OK;

@@ -418,12 +418,9 @@ epd_status_t epd_daemon_create(const epd_daemon_config_t *config, epd_daemon_t *
                           (long long)fl->trace_events, epd_status_string(st));
             goto err_destroy;
         }
-        {
-            char tname[64];
-
-            snprintf(tname, sizeof(tname), "%s loop", d->log);
-            epd_trace_thread_name(d->trace, tname);
-        }
+        /* the recorder keeps the pointer until it writes (at destroy) */
+        snprintf(d->trace_thread, sizeof(d->trace_thread), "%s loop", d->log);
+        epd_trace_thread_name(d->trace, d->trace_thread);
     }
     if (config->with_xport) {
         st = epd_daemon_make_xport(d);

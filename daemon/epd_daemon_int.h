@@ -104,6 +104,7 @@ struct epd_daemon {
     int stop_done; /* step 2 ran */
     int draining;
     epd_trace_t *trace;
+    char trace_thread[64]; /* the loop thread's track name (the recorder borrows it) */
     /* transport */
     epd_xport_t *x;  /* ours (with_xport) */
     epd_xport_t *dx; /* the one driven: ours or the role's */

@@ -64,23 +64,6 @@ static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
     p->cap.embed_dim = d->capacity.embed_dim;
 }
 
-/* Packs `msg` into a buffer from epd_malloc (taken by the server). */
-static int epd_daemon_rpc_pack(const ProtobufCMessage *msg, void **resp_p, size_t *resp_len_p,
-                               char *err, size_t err_cap)
-{
-    size_t n = protobuf_c_message_get_packed_size(msg);
-    void *buf = epd_malloc(n > 0 ? n : 1);
-
-    if (buf == NULL) {
-        snprintf(err, err_cap, "out of memory");
-        return EPD_RPC_INTERNAL;
-    }
-    protobuf_c_message_pack(msg, buf);
-    *resp_p = buf;
-    *resp_len_p = n;
-    return EPD_RPC_OK;
-}
-
 void epd_daemon_drain(epd_daemon_t *d, const char *who)
 {
     if (d->draining) {
@@ -112,7 +95,7 @@ static int epd_daemon_on_drain_rpc(epd_daemon_t *d, const void *req, size_t req_
     epd_proto_free(m);
     epd_daemon_drain(d, "Drain RPC");
     r.ok = 1;
-    return epd_daemon_rpc_pack(&r.base, resp_p, resp_len_p, err, err_cap);
+    return epd_proto_answer(&r.base, resp_p, resp_len_p, err, err_cap);
 }
 
 int epd__daemon_on_rpc(void *arg, const char *method, const void *req, size_t req_len,
@@ -139,7 +122,7 @@ int epd__daemon_on_rpc(void *arg, const char *method, const void *req, size_t re
         h.kv_layout = d->have_layout ? &d->layout_msg : NULL;
         h.capacity = &p.cap;
         h.draining = d->draining != 0;
-        return epd_daemon_rpc_pack(&h.base, resp_p, resp_len_p, err, err_cap);
+        return epd_proto_answer(&h.base, resp_p, resp_len_p, err, err_cap);
     }
     if (strcmp(method, EPD_RPC_STATUS) == 0) {
         Epd__StatusResponse s = EPD__STATUS_RESPONSE__INIT;
@@ -154,7 +137,7 @@ int epd__daemon_on_rpc(void *arg, const char *method, const void *req, size_t re
         w.capacity = &p.cap;
         s.n_workers = 1;
         s.workers = ws;
-        return epd_daemon_rpc_pack(&s.base, resp_p, resp_len_p, err, err_cap);
+        return epd_proto_answer(&s.base, resp_p, resp_len_p, err, err_cap);
     }
     if (strcmp(method, EPD_RPC_DRAIN) == 0) {
         return epd_daemon_on_drain_rpc(d, req, req_len, resp_p, resp_len_p, err, err_cap);

@@ -270,12 +270,35 @@ int epd__peer_on_sender(epd_daemon_t *d, epd_link_t *from, const Epd__Envelope *
     return 0;
 }
 
+uint32_t epd_peer_adopt_strays(epd_peer_t *peer)
+{
+    uint64_t xid = peer->link != NULL ? epd_link_peer_xid(peer->link) : 0;
+    uint32_t n = 0;
+
+    if (xid == 0 || peer->closed) {
+        return 0;
+    }
+    for (epd_link_t *l = peer->d->links; l != NULL; l = l->next) {
+        if (l->kind == EPD_LINK_IN && l->peer == NULL && !l->closed && l->ep != NULL &&
+            epd_link_peer_xid(l) == xid) {
+            l->peer = peer;
+            l->peer_next = peer->in_links;
+            peer->in_links = l;
+            epd_link_ref(l);
+            n++;
+        }
+    }
+    return n;
+}
+
 /* ----------------------------------------------------------------- reaping */
 
 static void epd_peer_close(epd_peer_t *p)
 {
     epd_daemon_t *d = p->d;
 
+    /* its endpoints to us it wrote on but never spoke on close too */
+    (void)epd_peer_adopt_strays(p);
     p->rkey = NULL; /* dies with the endpoint */
     p->rkey_len = 0;
     if (p->link != NULL) {

@@ -91,6 +91,19 @@ uint64_t epd_peer_heard_ns(const epd_peer_t *peer);
 epd_status_t epd_peer_rkey(epd_peer_t *peer, const void *blob, size_t len,
                            epd_xport_rkey_t **rkey_p, int *shared_p);
 
+/*
+ * Adopts as this incarnation's own every IN link nobody adopted yet whose
+ * endpoint comes from the same transport worker as our link to it (known
+ * once that link's handshake completed), so that they close with it.  An
+ * IN link is otherwise adopted when a message of the incarnation arrives
+ * on it: a peer that wrote into our memory on its endpoint before it spoke
+ * there would leave that endpoint open after on_peer_closed.  The daemon
+ * calls it itself when it closes a dead incarnation (before
+ * on_peer_closed); a role may call it earlier, e.g. from on_peer_dead.
+ * Returns how many it adopted.  Nested-safe (it only links records).
+ */
+uint32_t epd_peer_adopt_strays(epd_peer_t *peer);
+
 /* A pointer of the role's (untouched by the daemon). */
 void epd_peer_set_user(epd_peer_t *peer, void *user);
 void *epd_peer_user(const epd_peer_t *peer);

@@ -3,6 +3,9 @@
 #include "epd_decode_check.h"
 
 #include <math.h>
+#include <string.h>
+
+#include "epd_daemon.h"
 
 static epd_status_t epd__refuse(const char **why_p, const char *why, epd_status_t status)
 {
@@ -64,6 +67,13 @@ epd_status_t epd_decode_check_generate(const epd_decode_limits_t *lim,
     return EPD_OK;
 }
 
+int epd_decode_check_prefill_named(const Epd__GenerateRequest *g)
+{
+    return g->prefill_worker_id != NULL && g->prefill_worker_id[0] != '\0' &&
+           strlen(g->prefill_worker_id) < EPD_WORKER_ID_MAX && g->prefill_epoch != NULL &&
+           g->prefill_address.len > 0 && g->prefill_address.len <= EPD_XPORT_ADDR_MAX;
+}
+
 epd_status_t epd_decode_check_kv_layer(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
                                        const uint32_t *ids, uint32_t n_ids, uint32_t slot,
                                        uint32_t layer, uint64_t sum, epd_hash_state_t *h,
@@ -117,6 +127,77 @@ epd_status_t epd_decode_check_kv(const epd_kv_layout_t *layout, const epd_kv_poo
             *bad_layer_p = l;
         }
         if (st != EPD_OK) {
+            return st;
+        }
+    }
+    return EPD_OK;
+}
+
+/* Hashes `layer` against `sum` and records a match in *seen. */
+static epd_status_t epd__verify_layer(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
+                                      const uint32_t *ids, uint32_t n_ids, uint32_t slot,
+                                      uint32_t layer, uint64_t sum, epd_hash_state_t *h,
+                                      epd_decode_kv_seen_t *seen, const char **why_p)
+{
+    uint64_t bytes = 0;
+    epd_status_t st;
+
+    st = epd_decode_check_kv_layer(layout, pool, ids, n_ids, slot, layer, sum, h, &bytes);
+    if (st != EPD_OK) {
+        return epd__refuse(why_p,
+                           st == EPD_ERR_CORRUPT ? "KV checksum mismatch: the cache is corrupt"
+                                                 : "KV verification failed",
+                           st);
+    }
+    seen->ok[layer] = 1;
+    seen->sums[layer] = sum;
+    seen->n_ok++;
+    seen->bytes += bytes;
+    return EPD_OK;
+}
+
+epd_status_t epd_decode_check_landed(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
+                                     const uint32_t *ids, uint32_t n_ids, uint32_t slot,
+                                     uint32_t layer, uint64_t sum, epd_hash_state_t *h,
+                                     epd_decode_kv_seen_t *seen, const char **why_p)
+{
+    if (layer >= layout->n_layers) {
+        return epd__refuse(why_p, "LayerDone: layer outside the model", EPD_ERR_INVALID_PARAM);
+    }
+    if (seen->ok[layer]) {
+        return seen->sums[layer] == sum
+                   ? EPD_OK
+                   : epd__refuse(why_p, "LayerDone: a second, different checksum for one layer",
+                                 EPD_ERR_INVALID_PARAM);
+    }
+    return epd__verify_layer(layout, pool, ids, n_ids, slot, layer, sum, h, seen, why_p);
+}
+
+epd_status_t epd_decode_check_completed(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
+                                        const uint32_t *ids, uint32_t n_ids, uint32_t slot,
+                                        const uint64_t *sums, size_t n_sums, epd_hash_state_t *h,
+                                        epd_decode_kv_seen_t *seen, const char **why_p,
+                                        uint32_t *bad_layer_p)
+{
+    if (n_sums != layout->n_layers) {
+        return epd__refuse(why_p, "PrefillComplete: wrong number of layer checksums",
+                           EPD_ERR_INVALID_PARAM);
+    }
+    for (uint32_t l = 0; l < layout->n_layers; l++) {
+        epd_status_t st;
+
+        if (seen->ok[l]) {
+            if (seen->sums[l] != sums[l]) {
+                return epd__refuse(why_p,
+                                   "PrefillComplete: a layer checksum differs from its "
+                                   "LayerDone's",
+                                   EPD_ERR_INVALID_PARAM);
+            }
+            continue;
+        }
+        st = epd__verify_layer(layout, pool, ids, n_ids, slot, l, sums[l], h, seen, why_p);
+        if (st != EPD_OK) {
+            *bad_layer_p = l;
             return st;
         }
     }

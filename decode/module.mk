@@ -1,7 +1,10 @@
-# decode/: the decode daemon.  main.c is the loop thread (requests, peers,
-# endpoints, control plane); epd_decode_blocks is the KV block/slot
-# lifecycle, epd_decode_check the pure request and KV checks,
-# epd_decode_batch the compute thread (continuous batching).
+# decode/: the decode daemon, epd-decode (main.c plus its modules; see
+# decode/epd_decode_int.h for who does what), on the daemon runtime.  The
+# role parts below the request layer — epd_decode_blocks (the KV block /
+# slot lifecycle), epd_decode_check (the pure checks and the KV
+# verification), epd_decode_batch (the compute thread: continuous
+# batching) — are a library of their own, which their unit tests link.
 DECODE_LIB_SRCS := decode/epd_decode_blocks.c decode/epd_decode_check.c decode/epd_decode_batch.c
+DECODE_SRCS := decode/main.c decode/epd_decode_msg.c decode/epd_decode_req.c
 $(eval $(call epd_lib,epd_decode,$(DECODE_LIB_SRCS)))
-$(eval $(call epd_prog,epd-decode,decode/main.c,epd_decode epd_daemon epd_xport epd_proto epd_engine epd_common))
+$(eval $(call epd_prog,epd-decode,$(DECODE_SRCS),epd_decode epd_daemon epd_xport epd_proto epd_engine epd_common))

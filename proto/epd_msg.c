@@ -4,10 +4,12 @@
  */
 #include "epd_msg.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "epd_alloc.h"
 #include "epd_hash.h"
+#include "epd_rpc.h"
 
 static void *epd_proto_alloc(void *data, size_t size)
 {
@@ -322,4 +324,20 @@ void epd_proto_free(ProtobufCMessage *msg)
     if (msg != NULL) {
         protobuf_c_message_free_unpacked(msg, &epd_proto_allocator);
     }
+}
+
+int epd_proto_answer(const ProtobufCMessage *msg, void **resp_p, size_t *resp_len_p, char *err,
+                     size_t err_cap)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    void *buf = epd_malloc(n > 0 ? n : 1);
+
+    if (buf == NULL) {
+        snprintf(err, err_cap, "out of memory");
+        return EPD_RPC_INTERNAL;
+    }
+    protobuf_c_message_pack(msg, buf);
+    *resp_p = buf;
+    *resp_len_p = n;
+    return EPD_RPC_OK;
 }

@@ -106,4 +106,12 @@ epd_status_t epd_proto_unpack(const ProtobufCMessageDescriptor *desc, const void
                               size_t len, ProtobufCMessage **msg_p);
 void epd_proto_free(ProtobufCMessage *msg);
 
+/*
+ * A gRPC handler's answer (epd_rpc_handler_cb_t): packs `msg` into a buffer
+ * from epd_malloc for *resp_p (taken by the server) and returns
+ * EPD_RPC_OK, or EPD_RPC_INTERNAL with "out of memory" in err.
+ */
+int epd_proto_answer(const ProtobufCMessage *msg, void **resp_p, size_t *resp_len_p, char *err,
+                     size_t err_cap);
+
 #endif

@@ -1,7 +1,9 @@
 /*
  * Unit tests of decode/epd_decode_check.c: GenerateRequest validation
- * (every refusal named) and KV verification against per-layer checksums
- * computed the way the prefill side computes them.
+ * (every refusal named), whether a prefill worker is named, and KV
+ * verification against per-layer checksums computed the way the prefill
+ * side computes them — all at once, and as a request sees it (landed
+ * layers first, the rest at completion).
  */
 #include "epd_test.h"
 
@@ -9,6 +11,7 @@
 #include <string.h>
 
 #include "epd_alloc.h"
+#include "epd_daemon.h"
 #include "epd_decode_check.h"
 #include "epd_rng.h"
 #include "epd_test_engine_util.h"
@@ -100,69 +103,93 @@ static void test_generate_checks(void **state)
     assert_int_equal(epd_decode_check_generate(&lim, &g, &sp, &why), EPD_OK);
 }
 
-/* A pool for layout "LA..." with random contents; checksums hashed the way
- * prefill does (blocks in table order per attention layer, the slot per
- * linear layer). */
-static void test_kv_checksums(void **state)
-{
-    epd_mkmodel_params_t p;
-    const char *dir = epd_test_tmpdir();
-    const char *model;
-    epd_engine_config_t cfg = {0};
-    const epd_engine_info_t *info;
+/* A pool for layout "LA..." with random contents and the checksums of
+ * request blocks {5, 1, 3} + slot 2, hashed the way prefill does (blocks in
+ * table order per attention layer, the slot per linear layer). */
+typedef struct {
+    const char *dir;
     epd_engine_t *engine;
+    const epd_engine_info_t *info;
     epd_kv_pool_t pool;
     epd_hash_state_t *h;
     uint64_t sums[EPD_KV_MAX_LAYERS];
-    uint32_t ids[3] = {5, 1, 3};
-    uint32_t slot = 2;
-    uint32_t bad = 99;
+    uint32_t ids[3];
+    uint32_t slot;
+} kv_fix_t;
+
+static void kv_fix_open(kv_fix_t *f)
+{
+    epd_mkmodel_params_t p;
+    epd_engine_config_t cfg = {0};
     epd_rng_t rng;
 
-    (void)state;
+    memset(f, 0, sizeof(*f));
+    f->ids[0] = 5;
+    f->ids[1] = 1;
+    f->ids[2] = 3;
+    f->slot = 2;
+    f->dir = epd_test_tmpdir();
     epd_test_tiny_params(&p);
-    model = epd_test_write_model(dir, "tiny", &p);
-    cfg.model_dir = model;
-    assert_int_equal(epd_engine_open("ref", &cfg, &engine), EPD_OK);
-    info = epd_engine_info(engine);
-    assert_true(info->kv.n_linear_layers > 0 && info->kv.n_attn_layers > 0);
-    epd_test_pool(engine, 8, 4, &pool);
+    cfg.model_dir = epd_test_write_model(f->dir, "tiny", &p);
+    assert_int_equal(epd_engine_open("ref", &cfg, &f->engine), EPD_OK);
+    f->info = epd_engine_info(f->engine);
+    assert_true(f->info->kv.n_linear_layers > 0 && f->info->kv.n_attn_layers > 0);
+    epd_test_pool(f->engine, 8, 4, &f->pool);
     epd_rng_seed(&rng, 3);
-    epd_rng_fill(&rng, pool.base, pool.bytes);
-    assert_int_equal(epd_hash_state_create(0, &h), EPD_OK);
-
-    for (uint32_t l = 0; l < info->kv.n_layers; l++) {
+    epd_rng_fill(&rng, f->pool.base, f->pool.bytes);
+    assert_int_equal(epd_hash_state_create(0, &f->h), EPD_OK);
+    for (uint32_t l = 0; l < f->info->kv.n_layers; l++) {
         uint64_t off;
 
-        if (info->kv.kind[l] == EPD_LAYER_LINEAR) {
-            assert_int_equal(epd_kv_state_offset(&info->kv, 8, 4, l, slot, &off), EPD_OK);
-            sums[l] = epd_hash64((unsigned char *)pool.base + off, info->kv.state_bytes, 0);
+        if (f->info->kv.kind[l] == EPD_LAYER_LINEAR) {
+            assert_int_equal(epd_kv_state_offset(&f->info->kv, 8, 4, l, f->slot, &off), EPD_OK);
+            f->sums[l] =
+                epd_hash64((unsigned char *)f->pool.base + off, f->info->kv.state_bytes, 0);
         } else {
-            size_t n = 3 * info->kv.block_bytes;
+            size_t n = 3 * f->info->kv.block_bytes;
             unsigned char *cat = epd_malloc(n);
 
             for (int i = 0; i < 3; i++) {
-                assert_int_equal(epd_kv_block_offset(&info->kv, 8, l, ids[i], &off), EPD_OK);
-                memcpy(cat + i * info->kv.block_bytes, (unsigned char *)pool.base + off,
-                       info->kv.block_bytes);
+                assert_int_equal(epd_kv_block_offset(&f->info->kv, 8, l, f->ids[i], &off), EPD_OK);
+                memcpy(cat + i * f->info->kv.block_bytes, (unsigned char *)f->pool.base + off,
+                       f->info->kv.block_bytes);
             }
-            sums[l] = epd_hash64(cat, n, 0);
+            f->sums[l] = epd_hash64(cat, n, 0);
             epd_free(cat);
         }
     }
-    assert_int_equal(
-        epd_decode_check_kv(&info->kv, &pool, ids, 3, slot, sums, info->kv.n_layers, h, &bad),
-        EPD_OK);
+}
+
+static void kv_fix_close(kv_fix_t *f)
+{
+    epd_hash_state_destroy(f->h);
+    epd_free(f->pool.base);
+    epd_engine_close(f->engine);
+    epd_test_rmtree(f->dir);
+}
+
+static void test_kv_checksums(void **state)
+{
+    kv_fix_t F;
+    const epd_engine_info_t *info;
+    uint32_t bad = 99;
+
+    (void)state;
+    kv_fix_open(&F);
+    info = F.info;
+    assert_int_equal(epd_decode_check_kv(&info->kv, &F.pool, F.ids, 3, F.slot, F.sums,
+                                         info->kv.n_layers, F.h, &bad),
+                     EPD_OK);
     /* wrong number of checksums */
-    assert_int_equal(
-        epd_decode_check_kv(&info->kv, &pool, ids, 3, slot, sums, info->kv.n_layers - 1, h, &bad),
-        EPD_ERR_INVALID_PARAM);
+    assert_int_equal(epd_decode_check_kv(&info->kv, &F.pool, F.ids, 3, F.slot, F.sums,
+                                         info->kv.n_layers - 1, F.h, &bad),
+                     EPD_ERR_INVALID_PARAM);
     /* blocks in another order hash differently */
     {
         uint32_t swapped[3] = {1, 5, 3};
 
-        assert_int_equal(epd_decode_check_kv(&info->kv, &pool, swapped, 3, slot, sums,
-                                             info->kv.n_layers, h, &bad),
+        assert_int_equal(epd_decode_check_kv(&info->kv, &F.pool, swapped, 3, F.slot, F.sums,
+                                             info->kv.n_layers, F.h, &bad),
                          EPD_ERR_CORRUPT);
     }
     /* one flipped byte in the last attention layer's last block */
@@ -170,13 +197,13 @@ static void test_kv_checksums(void **state)
         if (info->kv.kind[l] == EPD_LAYER_ATTENTION) {
             uint64_t off;
 
-            assert_int_equal(epd_kv_block_offset(&info->kv, 8, l, ids[2], &off), EPD_OK);
-            ((unsigned char *)pool.base)[off + info->kv.block_bytes - 1] ^= 0x40;
-            assert_int_equal(epd_decode_check_kv(&info->kv, &pool, ids, 3, slot, sums,
-                                                 info->kv.n_layers, h, &bad),
+            assert_int_equal(epd_kv_block_offset(&info->kv, 8, l, F.ids[2], &off), EPD_OK);
+            ((unsigned char *)F.pool.base)[off + info->kv.block_bytes - 1] ^= 0x40;
+            assert_int_equal(epd_decode_check_kv(&info->kv, &F.pool, F.ids, 3, F.slot, F.sums,
+                                                 info->kv.n_layers, F.h, &bad),
                              EPD_ERR_CORRUPT);
             assert_int_equal(bad, l);
-            ((unsigned char *)pool.base)[off + info->kv.block_bytes - 1] ^= 0x40;
+            ((unsigned char *)F.pool.base)[off + info->kv.block_bytes - 1] ^= 0x40;
             break;
         }
     }
@@ -185,13 +212,13 @@ static void test_kv_checksums(void **state)
         if (info->kv.kind[l] == EPD_LAYER_LINEAR) {
             uint64_t off;
 
-            assert_int_equal(epd_kv_state_offset(&info->kv, 8, 4, l, slot, &off), EPD_OK);
-            ((unsigned char *)pool.base)[off] ^= 1;
-            assert_int_equal(epd_decode_check_kv(&info->kv, &pool, ids, 3, slot, sums,
-                                                 info->kv.n_layers, h, &bad),
+            assert_int_equal(epd_kv_state_offset(&info->kv, 8, 4, l, F.slot, &off), EPD_OK);
+            ((unsigned char *)F.pool.base)[off] ^= 1;
+            assert_int_equal(epd_decode_check_kv(&info->kv, &F.pool, F.ids, 3, F.slot, F.sums,
+                                                 info->kv.n_layers, F.h, &bad),
                              EPD_ERR_CORRUPT);
             assert_int_equal(bad, l);
-            ((unsigned char *)pool.base)[off] ^= 1;
+            ((unsigned char *)F.pool.base)[off] ^= 1;
             break;
         }
     }
@@ -199,14 +226,111 @@ static void test_kv_checksums(void **state)
     {
         uint32_t outside[1] = {8};
 
-        assert_int_equal(epd_decode_check_kv(&info->kv, &pool, outside, 1, slot, sums,
-                                             info->kv.n_layers, h, &bad),
+        assert_int_equal(epd_decode_check_kv(&info->kv, &F.pool, outside, 1, F.slot, F.sums,
+                                             info->kv.n_layers, F.h, &bad),
                          EPD_ERR_INVALID_PARAM);
     }
-    epd_hash_state_destroy(h);
-    epd_free(pool.base);
-    epd_engine_close(engine);
-    epd_test_rmtree(dir);
+    kv_fix_close(&F);
+}
+
+/* Verification as a request sees it: landed LayerDones one by one, then
+ * PrefillComplete for the rest, with what was verified remembered. */
+static void test_kv_landed_then_completed(void **state)
+{
+    kv_fix_t F;
+    uint64_t seen_sums[EPD_KV_MAX_LAYERS], sums[EPD_KV_MAX_LAYERS];
+    uint8_t seen_ok[EPD_KV_MAX_LAYERS];
+    epd_decode_kv_seen_t seen;
+    const epd_kv_layout_t *kv;
+    const char *why = NULL;
+    uint32_t bad = 99, n;
+
+    (void)state;
+    kv_fix_open(&F);
+    kv = &F.info->kv;
+    n = kv->n_layers;
+    memset(seen_ok, 0, sizeof(seen_ok));
+    seen = (epd_decode_kv_seen_t){.sums = seen_sums, .ok = seen_ok};
+    /* a layer outside the model */
+    assert_int_equal(epd_decode_check_landed(kv, &F.pool, F.ids, 3, F.slot, n, 0, F.h, &seen, &why),
+                     EPD_ERR_INVALID_PARAM);
+    assert_non_null(strstr(why, "outside the model"));
+    /* layer 0 lands and matches; again with the same sum: nothing new */
+    assert_int_equal(
+        epd_decode_check_landed(kv, &F.pool, F.ids, 3, F.slot, 0, F.sums[0], F.h, &seen, &why),
+        EPD_OK);
+    assert_int_equal(seen.n_ok, 1);
+    assert_true(seen.ok[0] && seen.bytes > 0);
+    assert_int_equal(
+        epd_decode_check_landed(kv, &F.pool, F.ids, 3, F.slot, 0, F.sums[0], F.h, &seen, &why),
+        EPD_OK);
+    assert_int_equal(seen.n_ok, 1);
+    /* ... and with another sum: refused, not read as corruption */
+    assert_int_equal(
+        epd_decode_check_landed(kv, &F.pool, F.ids, 3, F.slot, 0, F.sums[0] ^ 1, F.h, &seen, &why),
+        EPD_ERR_INVALID_PARAM);
+    assert_non_null(strstr(why, "second"));
+    /* PrefillComplete disagreeing with the landed layer 0 */
+    memcpy(sums, F.sums, sizeof(sums));
+    sums[0] ^= 1;
+    assert_int_equal(
+        epd_decode_check_completed(kv, &F.pool, F.ids, 3, F.slot, sums, n, F.h, &seen, &why, &bad),
+        EPD_ERR_INVALID_PARAM);
+    assert_non_null(strstr(why, "LayerDone"));
+    /* a wrong number of sums */
+    assert_int_equal(epd_decode_check_completed(kv, &F.pool, F.ids, 3, F.slot, F.sums, n - 1, F.h,
+                                                &seen, &why, &bad),
+                     EPD_ERR_INVALID_PARAM);
+    /* the rest verified at completion */
+    assert_int_equal(epd_decode_check_completed(kv, &F.pool, F.ids, 3, F.slot, F.sums, n, F.h,
+                                                &seen, &why, &bad),
+                     EPD_OK);
+    assert_int_equal(seen.n_ok, n);
+    /* corruption of a layer that never landed is found at completion */
+    memset(seen_ok, 0, sizeof(seen_ok));
+    seen = (epd_decode_kv_seen_t){.sums = seen_sums, .ok = seen_ok};
+    memcpy(sums, F.sums, sizeof(sums));
+    sums[n - 1] ^= 1;
+    assert_int_equal(
+        epd_decode_check_completed(kv, &F.pool, F.ids, 3, F.slot, sums, n, F.h, &seen, &why, &bad),
+        EPD_ERR_CORRUPT);
+    assert_int_equal(bad, n - 1);
+    assert_non_null(strstr(why, "corrupt"));
+    kv_fix_close(&F);
+}
+
+/* Can the prefill worker a GenerateRequest names be told about it? */
+static void test_prefill_named(void **state)
+{
+    Epd__GenerateRequest g;
+    Epd__Epoch e = EPD__EPOCH__INIT;
+    char long_id[EPD_WORKER_ID_MAX + 1];
+    uint8_t addr[4] = {1, 2, 3, 4};
+
+    (void)state;
+    epd__generate_request__init(&g);
+    g.prefill_worker_id = (char *)"prefill-0";
+    g.prefill_epoch = &e;
+    g.prefill_address.data = addr;
+    g.prefill_address.len = sizeof(addr);
+    assert_true(epd_decode_check_prefill_named(&g));
+    memset(long_id, 'p', sizeof(long_id));
+    long_id[EPD_WORKER_ID_MAX - 1] = '\0'; /* 127 bytes: the longest id */
+    g.prefill_worker_id = long_id;
+    assert_true(epd_decode_check_prefill_named(&g));
+    long_id[EPD_WORKER_ID_MAX - 1] = 'p';
+    long_id[EPD_WORKER_ID_MAX] = '\0'; /* 128 */
+    assert_false(epd_decode_check_prefill_named(&g));
+    g.prefill_worker_id = (char *)"";
+    assert_false(epd_decode_check_prefill_named(&g));
+    g.prefill_worker_id = (char *)"prefill-0";
+    g.prefill_epoch = NULL;
+    assert_false(epd_decode_check_prefill_named(&g));
+    g.prefill_epoch = &e;
+    g.prefill_address.len = 0;
+    assert_false(epd_decode_check_prefill_named(&g));
+    g.prefill_address.len = EPD_XPORT_ADDR_MAX + 1;
+    assert_false(epd_decode_check_prefill_named(&g));
 }
 
 int main(void)
@@ -214,6 +338,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_checks),
         cmocka_unit_test(test_kv_checksums),
+        cmocka_unit_test(test_kv_landed_then_completed),
+        cmocka_unit_test(test_prefill_named),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

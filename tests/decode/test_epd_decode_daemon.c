@@ -17,6 +17,8 @@
  *   - P dies (its transport goes away): EPD_ERR_PEER_DEAD, blocks back;
  *   - refusals: unknown id, duplicate id, stale decode epoch, invalid
  *     sampling, no capacity (KvRefused), stale prefill epoch;
+ *   - a retired prefill incarnation's own endpoint closes with it even if
+ *     it never spoke there (its writes would travel on it);
  *   - Status load fields and SIGTERM → exit 0.
  */
 #include "epd_test.h"
@@ -72,7 +74,7 @@ static struct {
     unsigned char d_addr[EPD_XPORT_ADDR_MAX];
     size_t d_addr_len;
     side_t c, p;
-    side_t *extra; /* another client, progressed too when set */
+    side_t *extra, *extra2; /* other sides, progressed too when set */
     /* the fake prefill's engine and local pool */
     epd_engine_t *engine;
     const epd_engine_info_t *info;
@@ -144,6 +146,9 @@ static void poll_ms(int ms)
         }
         if (T.extra != NULL && T.extra->x != NULL) {
             epd_xport_poll(T.extra->x, 0);
+        }
+        if (T.extra2 != NULL && T.extra2->x != NULL) {
+            epd_xport_poll(T.extra2->x, 0);
         }
         if (T.p.x != NULL) {
             epd_xport_poll(T.p.x, 1);
@@ -273,13 +278,14 @@ static void wait_full(int ms)
 static void start_daemon(void)
 {
     const char *build = getenv("EPD_BUILD");
-    char bin[512], ready[512], logf[512], blocks[16], lease[16];
+    char bin[512], ready[512], logf[512], trace[512], blocks[16], lease[16];
     uint64_t end;
     FILE *f;
 
     snprintf(bin, sizeof(bin), "%s/bin/epd-decode", build != NULL ? build : "build");
     snprintf(ready, sizeof(ready), "%s/decode.ready", T.dir);
     snprintf(logf, sizeof(logf), "%s/decode.log", T.dir);
+    snprintf(trace, sizeof(trace), "%s/decode.trace.json", T.dir);
     snprintf(blocks, sizeof(blocks), "%d", KV_BLOCKS);
     snprintf(lease, sizeof(lease), "%d", LEASE_MS);
     T.pid = fork();
@@ -294,7 +300,8 @@ static void start_daemon(void)
         dup2(fd, 1);
         execl(bin, bin, "--model", T.model, "--ready-file", ready, "--kv-blocks", blocks,
               "--state-slots", "8", "--max-batch", "4", "--lease-ms", lease, "--peer-timeout-ms",
-              "5000", "--worker-id", "dtest", "--log-level", "debug", (char *)NULL);
+              "5000", "--worker-id", "dtest", "--log-level", "debug", "--trace", trace,
+              (char *)NULL);
         _exit(127);
     }
     end = epd_time_now_ns() + 60 * EPD_NSEC_PER_SEC;
@@ -337,6 +344,35 @@ static int setup(void **state)
     return 0;
 }
 
+/* The trace written at exit (--trace) names the loop's track and holds the
+ * requests' events (the track name is borrowed by the recorder until it
+ * writes: a name that did not outlive start-up came out as garbage). */
+static void check_trace(void)
+{
+    char path[512];
+    char *text;
+    long n;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/decode.trace.json", T.dir);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    n = ftell(f);
+    assert_true(n > 0);
+    rewind(f);
+    text = epd_calloc(1, (size_t)n + 1);
+    assert_int_equal(fread(text, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    if (strstr(text, "\"args\":{\"name\":\"decode loop\"}") == NULL) {
+        fail_msg("the trace does not name the decode loop's track: %.300s", text);
+    }
+    assert_non_null(strstr(text, "\"name\":\"epd-decode dtest\""));
+    assert_non_null(strstr(text, "\"KV held\""));
+    assert_non_null(strstr(text, "\"first decode step\""));
+    epd_free(text);
+}
+
 static int teardown(void **state)
 {
     int st = 0;
@@ -371,6 +407,7 @@ static int teardown(void **state)
     }
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 0);
+    check_trace();
     if (getenv("EPD_TEST_KEEP") != NULL) {
         print_message("kept %s\n", T.dir);
     } else {
@@ -1161,6 +1198,73 @@ static void test_prefill_restart_epoch(void **state)
     side_close(&po);
 }
 
+/*
+ * The fence holds for an endpoint a prefill incarnation opened to us but
+ * never spoke on (its writes would travel on it): when the incarnation
+ * dies, that endpoint is closed with it before its blocks come back.  Here
+ * a newer epoch retires the old one, which is still alive: what the old
+ * one sends on its own endpoint afterwards must not arrive (while it was
+ * open, decode answered it EPD_ERR_STALE_EPOCH).
+ */
+static void test_silent_endpoint_closes_with_its_incarnation(void **state)
+{
+    static side_t po, pn;
+    Epd__Envelope e = EPD__ENVELOPE__INIT;
+    Epd__WritesQuiesced q = EPD__WRITES_QUIESCED__INIT;
+    Epd__Epoch ep = EPD__EPOCH__INIT;
+    Epd__SenderRef sr = EPD__SENDER_REF__INIT;
+    Epd__Envelope *env;
+    rq_t a, b;
+    size_t len;
+
+    (void)state;
+    side_open(&po, "prefill-silent", 7000); /* connected to decode, never speaks there */
+    side_open(&pn, "prefill-silent-new", 8000);
+    T.extra = &po;
+    T.extra2 = &pn;
+    rq_init(&a, 121, 20, 20);
+    send_generate_to(&T.c, &po, &a, T.d_start, 7000, "silent-prefill");
+    env = take(&po, a.id, EPD__ENVELOPE__BODY_RESERVATION, 5000);
+    assert_non_null(env);
+    epd_msg_free(env);
+    rq_init(&b, 122, 20, 20);
+    send_generate_to(&T.c, &pn, &b, T.d_start, 8000, "silent-prefill");
+    /* sent once every endpoint of the old incarnation is closed */
+    expect_error(a.id, EPD_ERR_PEER_DEAD, 3000);
+    env = take(&pn, b.id, EPD__ENVELOPE__BODY_RESERVATION, 5000);
+    assert_non_null(env);
+    epd_msg_free(env);
+    q.request_id = a.id;
+    e.body_case = EPD__ENVELOPE__BODY_QUIESCED;
+    e.quiesced = &q;
+    ep.start_time_ns = 7000;
+    ep.nonce = po.nonce;
+    sr.worker_id = "silent-prefill";
+    sr.epoch = &ep;
+    e.sender = &sr;
+    e.seq = ++po.seq;
+    assert_int_equal(epd_msg_encode(&e, T.buf, sizeof(T.buf), &len), EPD_OK);
+    (void)epd_xport_send(po.ep, T.buf, len, 0); /* may fail: the endpoint is gone */
+    env = take(&po, a.id, EPD__ENVELOPE__BODY_ERROR, 500);
+    if (env != NULL) {
+        fail_msg("decode still hears the dead incarnation's own endpoint: Error %s (%s)",
+                 epd_status_name((epd_status_t)env->error->status), env->error->message);
+    }
+    send_abort(&T.c, "test-client", b.id);
+    assert_int_equal(collect(&b, 3000), 0);
+    env = take(&pn, b.id, EPD__ENVELOPE__BODY_ABORT, 3000);
+    assert_non_null(env);
+    epd_msg_free(env);
+    q.request_id = b.id;
+    e.sender = NULL;
+    send_env(&pn, "silent-prefill", &e, 0);
+    wait_full(3000);
+    T.extra = NULL;
+    T.extra2 = NULL;
+    side_close(&pn);
+    side_close(&po);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1176,6 +1280,7 @@ int main(void)
         cmocka_unit_test(test_client_death),
         cmocka_unit_test(test_prefill_death),
         cmocka_unit_test(test_prefill_restart_epoch),
+        cmocka_unit_test(test_silent_endpoint_closes_with_its_incarnation),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,0 +1,211 @@
+/*
+ * epd_decode_int.h — the decode daemon's internals.
+ *
+ *   main.c                 flags -> config -> the daemon runtime (daemon/),
+ *                          the engine, the KV pool, the block allocator, the
+ *                          compute thread and its wake-up
+ *   epd_decode_msg.c       the message layer: checks every request-plane
+ *                          message as far as it can without the request
+ *                          table, refuses the bad ones, hands the rest to
+ *                          the request layer
+ *   epd_decode_req.c       the request layer: the only place a request's
+ *                          state changes (epd_decode_req_state_t, one
+ *                          switch), leases, deadlines, the peers' and
+ *                          clients' deaths, the compute thread's results
+ *   epd_decode_blocks.c    the KV block / state-slot lifecycle (own header)
+ *   epd_decode_check.c     the pure checks and the KV verification (own header)
+ *   epd_decode_batch.c     the compute thread: continuous batching (own header)
+ *
+ * Calls go one way: main.c -> epd_decode_msg.c -> epd_decode_req.c ->
+ * epd_decode_blocks.c, epd_decode_check.c, epd_decode_batch.c (main.c also
+ * calls the request layer's start-up, shutdown and daemon callbacks, and
+ * sets the parts up).  Upward only through callbacks registered at start:
+ * the daemon's ops (main.c fills them with the functions below) and the
+ * compute thread's wake-up (a uv_async of main.c's that calls
+ * epd__decode_req_on_batch).
+ *
+ * Threads: everything here belongs to the loop thread, except what the
+ * compute thread reads and writes through a submitted sequence (see
+ * epd_decode_batch.h) and the KV pool it reads (the blocks of RUNNING
+ * requests, ACTIVE: nobody writes them).
+ */
+#ifndef EPD_DECODE_INT_H
+#define EPD_DECODE_INT_H
+
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "epd_daemon.h"
+#include "epd_decode_batch.h"
+#include "epd_decode_blocks.h"
+#include "epd_decode_check.h"
+#include "epd_engine.h"
+#include "epd_hash.h"
+#include "epd_layout.h"
+#include "epd_link.h"
+#include "epd_peer.h"
+#include "epd_reqtab.h"
+
+#define EPD_DECODE_LOG "decode"
+#define EPD_DECODE_CHUNK_MAX 4096u /* tokens per TokenChunk */
+#define EPD_DECODE_JOIN_QUEUE 256u /* loop -> compute: sequences waiting to join the batch */
+
+/*
+ * Where one request stands; its blocks are in the matching state of
+ * epd_decode_blocks.h (RESERVED; ACTIVE for READY and RUNNING;
+ * QUARANTINED; FREE).  Transitions happen in epd_decode_req.c's step
+ * function only:
+ *
+ *   RESERVED --PrefillComplete verified--> READY --joins the batch--> RUNNING
+ *    |  |       (the first token ends it: DONE)  |                     |
+ *    |  |                      failure, abort: DONE     final entry back: DONE
+ *    |  +--KvReservation never went out--> DONE (unreserved)
+ *    +--failure, abort, lease, deadline, P dead--> QUARANTINED
+ *                   --P quiesced / completed, or its incarnation closed--> DONE
+ *
+ * DONE is freed at once.
+ */
+typedef enum {
+    EPD_DECODE_REQ_RESERVED = 1, /* blocks RESERVED: its prefill worker may be writing */
+    EPD_DECODE_REQ_READY,        /* KV verified, blocks ACTIVE, first token sent; waits
+                                  * to join the batch */
+    EPD_DECODE_REQ_RUNNING,      /* its sequence is lent to the compute thread */
+    EPD_DECODE_REQ_QUARANTINED,  /* answered; blocks QUARANTINED until its prefill
+                                  * worker can write no more */
+    EPD_DECODE_REQ_DONE,         /* blocks FREE: freed at once */
+} epd_decode_req_state_t;
+
+/* What a failure owes (epd_decode_fail's `owe`), each sent once:
+ *   TELL_CLIENT  an Error{fail_status, fail_msg, culprit} to the client;
+ *   END_CLIENT   a final TokenChunk{finish ABORT} to the client;
+ *   ABORT_P      an Abort{p_status, p_reason} to its prefill worker, which
+ *                may still be writing (RESERVED only). */
+#define EPD_DECODE_TELL_CLIENT 0x1u
+#define EPD_DECODE_END_CLIENT 0x2u
+#define EPD_DECODE_ABORT_P 0x4u
+
+struct epd_decode_srv;
+
+typedef struct epd_decode_request {
+    epd_reqent_t ent; /* srv->reqs, keyed (id, 0) */
+    uint64_t id;
+    epd_decode_req_state_t state;
+    struct epd_decode_srv *srv;
+    /* who asked and who writes */
+    epd_link_t *client;   /* counted reference: its GenerateRequest came on it, replies go back */
+    uint64_t client_hash; /* epd_hash64 of the client's worker id (its Abort must match) */
+    epd_peer_t *peer;     /* the prefill incarnation (counted reference); KvReservation and
+                           * Abort go on our link to it */
+    /* the request, in the same allocation as the struct */
+    uint32_t n_prompt, max_tokens;
+    uint32_t n_blocks;        /* reserved: prompt + max_tokens */
+    uint32_t n_prompt_blocks; /* the ones the prefill worker writes */
+    uint32_t slot;            /* state slot, or EPD_DECODE_NO_SLOT */
+    uint32_t *blocks;         /* [n_blocks] */
+    uint32_t *stop_ids;       /* [n_stop] */
+    uint32_t n_stop;
+    epd_decode_kv_seen_t kv; /* per-layer verification so far ([n_layers] arrays) */
+    epd_decode_seq_t seq;    /* lent to the compute thread while RUNNING; seq.tokens
+                              * [max_tokens] int32 */
+    uint32_t n_sent;         /* tokens sent to the client */
+    /* facts the step function reads */
+    int resv_unsent;  /* the KvReservation never went out: nobody can write */
+    int kv_verified;  /* PrefillComplete checked out: the first token is seq.tokens[0] */
+    int first_finish; /* Epd__FinishReason the first token already ends it with */
+    int p_done;       /* PrefillComplete or WritesQuiesced from its prefill incarnation:
+                       * nothing of it is in flight any more */
+    int p_closed;     /* every endpoint of that incarnation is closed (on_peer_closed) */
+    int client_done;  /* the client has its final answer, or is gone */
+    int compute_done; /* the compute thread handed the sequence back (final entry) */
+    int abort_asked;  /* RUNNING: epd_decode_seq_abort was called */
+    /* clocks (epd_time_now_ns) */
+    uint64_t t_recv_ns;
+    uint64_t lease_ns;      /* RESERVED: its prefill worker must speak before this... */
+    uint64_t lease_cap_ns;  /* ...or, while it speaks about other requests, before this */
+    uint64_t deadline_ns;   /* the whole request (0: none) */
+    uint64_t abort_sent_ns; /* QUARANTINED: the last Abort to its prefill worker */
+    uint64_t t_join_ns;     /* trace: KV held and verified (0: first step traced) */
+    /* a failure: what it still owes */
+    epd_status_t fail_status;
+    char fail_msg[200];
+    char culprit[EPD_WORKER_ID_MAX]; /* the Error's culprit ("": none) */
+    epd_status_t p_status;           /* the Abort to the prefill worker */
+    char p_reason[200];
+    unsigned owe; /* EPD_DECODE_TELL_CLIENT / END_CLIENT / ABORT_P not yet sent */
+} epd_decode_request_t;
+
+typedef struct epd_decode_srv {
+    epd_daemon_t *d;
+    epd_engine_t *engine; /* the compute thread uses it while the batch runs */
+    const epd_engine_info_t *info;
+    /* configuration */
+    uint32_t lease_ms;
+    uint32_t max_batch;
+    /* the KV pool: registered, written by prefill workers, read by the
+     * compute thread; freed with the transport (after every endpoint closed) */
+    epd_xport_mr_t *mr;
+    epd_kv_pool_t pool;
+    unsigned char rkey[EPD_XPORT_RKEY_MAX]; /* its packed key, in every KvReservation */
+    size_t rkey_len;
+    Epd__KvLayout layout_msg; /* in every KvReservation (pattern below) */
+    char pattern[EPD_LAYOUT_PATTERN_MAX];
+    epd_decode_blocks_t *blocks;
+    epd_hash_state_t *hash; /* verification scratch */
+    epd_decode_batch_t *batch;
+    uv_async_t wake; /* the compute thread's wake-up (main.c's) */
+    int wake_ready;
+    epd_reqtab_t reqs; /* live requests, by id; blocked = READY waiting for queue room */
+    uint32_t n_ready;  /* requests READY */
+    /* counters */
+    uint64_t received, served, failed_reqs, refused;
+    uint64_t kv_bytes_received; /* verified KV of requests that joined */
+    epd_trace_t *trace;         /* the daemon's (NULL = off) */
+} epd_decode_srv_t;
+
+/* ---- epd_decode_msg.c (the daemon's on_msg) ---- */
+int epd__decode_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env);
+
+/* ---- epd_decode_req.c ---- */
+/* The request table (after the pool, blocks and batch exist). */
+epd_status_t epd__decode_reqs_init(epd_decode_srv_t *srv);
+/* Frees every request (after epd_daemon_serve returned: the compute thread
+ * is joined, the endpoints are closed). */
+void epd__decode_reqs_cleanup(epd_decode_srv_t *srv);
+/* Is request `id` live here? */
+int epd__decode_req_live(const epd_decode_srv_t *srv, uint64_t id);
+/* The message layer refused GenerateRequest `env` with `status` (`why`):
+ * its prefill worker, when it can be named, hears it too (KvRefused), so
+ * that it does not wait for a reservation. */
+void epd__decode_req_refused(epd_decode_srv_t *srv, const Epd__Envelope *env, epd_status_t status,
+                             const char *why);
+/* A checked GenerateRequest from `from` (sampling parameters in *sp). */
+void epd__decode_req_generate(epd_decode_srv_t *srv, epd_link_t *from, const Epd__Envelope *env,
+                              const epd_sample_params_t *sp);
+/* PrefillComplete / landed-or-not LayerDone; `bad` is the message layer's
+ * verdict on its fields (EPD_OK, or the status with `why`): a bad one is
+ * still its sender's word that no write of it is in flight (PrefillComplete)
+ * but fails the request. */
+void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd__Envelope *env,
+                              epd_status_t bad, const char *why);
+void epd__decode_req_layer_done(epd_decode_srv_t *srv, epd_link_t *from, const Epd__Envelope *env,
+                                epd_status_t bad, const char *why);
+void epd__decode_req_quiesced(epd_decode_srv_t *srv, epd_link_t *from, const Epd__Envelope *env);
+/* An Abort (from the client or the prefill worker). */
+void epd__decode_req_abort(epd_decode_srv_t *srv, epd_link_t *from, const Epd__Envelope *env);
+/* An Error or KvRefused about request `id` (status, text: its fields). */
+void epd__decode_req_failed_by(epd_decode_srv_t *srv, epd_link_t *from, const Epd__Envelope *env,
+                               uint64_t id, int32_t status, const char *text);
+/* The compute thread woke the loop (main.c's uv_async). */
+void epd__decode_req_on_batch(epd_decode_srv_t *srv);
+/* Callbacks of the daemon's ops, registered by main.c. */
+void epd__decode_req_on_link_down(void *arg, epd_link_t *link, epd_status_t status);
+void epd__decode_req_on_peer_dead(void *arg, epd_peer_t *peer, epd_status_t status,
+                                  const char *why);
+void epd__decode_req_on_peer_closed(void *arg, epd_peer_t *peer);
+int epd__decode_req_on_pump(void *arg);
+void epd__decode_req_on_tick(void *arg, uint64_t now_ns);
+void epd__decode_req_load(void *arg, epd_daemon_load_t *load_p);
+void epd__decode_req_on_stop(void *arg);
+
+#endif
