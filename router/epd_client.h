@@ -1,6 +1,6 @@
 /*
  * epd_client.h — the client side of the request plane (proto/README.md):
- * what epd-ctl uses now and the router will use next.
+ * what epd-router, epd-ctl, the benchmarks and the integration tests use.
  *
  * A client is one transport worker (epd_xport_t) plus the requests it has
  * submitted.  It learns a worker (prefill or decode) from the worker's
@@ -159,6 +159,11 @@ typedef struct {
     /* identity carried in every envelope's sender */
     const char *worker_id; /* default "ctl-<pid>" (copied) */
     int role;              /* EPD_CLIENT_ROLE_TOOL (default) or _ROUTER */
+    /* the epoch (both 0, the default: a fresh one, see epd_client_create);
+     * a daemon gives its own, so that its request plane and its control
+     * plane speak as one incarnation */
+    uint64_t epoch_start_ns;
+    uint64_t epoch_nonce;
     /* control plane */
     int rpc_timeout_ms; /* Health calls of epd_client_add_worker; default 3000 */
     /* events */
@@ -171,7 +176,8 @@ void epd_client_config_init(epd_client_config_t *config);
 
 /*
  * Creates a client (owned by the caller: epd_client_destroy) bound to the
- * calling thread, with a fresh epoch (wall clock + epd_rng_entropy).
+ * calling thread, with the configured epoch or a fresh one (wall clock +
+ * epd_rng_entropy).
  * `config` is borrowed for the call.  EPD_ERR_INVALID_PARAM without an
  * event callback; the transport's errors (EPD_ERR_CONFIG).
  */
@@ -268,9 +274,17 @@ epd_status_t epd_client_submit(epd_client_t *client, const epd_client_request_t 
 /*
  * Asks both workers to stop request `request_id` (Abort to each).  The
  * terminal event still comes from the workers (a chunk with finish ABORT
- * from the decode worker), or from the deadline.  EPD_ERR_NOT_FOUND when
- * the request already ended (its terminal event was delivered).  Sends
- * refused by backpressure are retried by epd_client_tick.  Owner thread.
+ * from the decode worker), or from the deadline.  From now on the request
+ * ends as aborted whatever order the workers' answers cross in: an Error
+ * (or Abort, or KvRefused) from any of its workers ends it as an ERROR
+ * with status EPD_ERR_CANCELED and that worker's text, never with the
+ * status the worker gave (NOT_FOUND, when our Abort reached it after it
+ * let the request go); an Error or Abort from the prefill worker alone
+ * does not end it (the decode worker gives the final answer).  A chunk that finished
+ * normally before the Abort landed is still reported as it is.
+ * EPD_ERR_NOT_FOUND when the request already ended (its terminal event
+ * was delivered).  Sends refused by backpressure are retried by
+ * epd_client_tick.  Owner thread.
  */
 epd_status_t epd_client_abort(epd_client_t *client, uint64_t request_id);
 

@@ -86,7 +86,13 @@ typedef struct {
     uint64_t body_timeout_ms;      /* end of headers → end of body */
     size_t max_stream_backlog;     /* unsent bytes of a stream before the close */
     epd_http_handler_cb_t handler; /* required */
-    void *arg;                     /* handed to handler */
+    void *arg;                     /* handed to handler and closed */
+    /* optional: after epd_http_server_destroy, called once from the loop
+     * when the server has closed its last handle — every connection is
+     * closed, every abort callback has run, its memory is freed — so an
+     * application that must abort its requests upstream on shutdown knows
+     * when that is done.  NULL: not told. */
+    void (*closed)(void *arg);
 } epd_http_config_t;
 
 /* Fills `config` with defaults: 127.0.0.1:0, 16 KiB headers, 4 MiB body,
@@ -115,8 +121,9 @@ unsigned epd_http_server_connections(const epd_http_server_t *server);
  * request the application still holds fires from the loop afterwards (a
  * request without one stays valid until the application finishes it).
  * Memory is released by close callbacks: the caller must run the loop
- * until it returns (every handle closed) before closing the loop.  No
- * handler is called after this.  NULL is a no-op.  Loop thread. */
+ * until it returns (every handle closed) before closing the loop; the
+ * last of them calls config->closed.  No handler is called after this.
+ * NULL is a no-op.  Loop thread. */
 void epd_http_server_destroy(epd_http_server_t *server);
 
 /* Request accessors.  Every pointer returned is owned by `req` and valid

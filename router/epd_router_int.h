@@ -1,13 +1,36 @@
 /*
- * epd_router_int.h — the router daemon's shared state (internal to
- * router/main.c, epd_router_api.c and epd_router_rpc.c).
+ * epd_router_int.h — the router daemon's shared state and who calls whom
+ * among its files:
  *
- * One libuv loop thread owns everything here: the registry, the HTTP
- * server and its requests, the request-plane client (its xport driven by
- * epd_xport_uv, epd_client_tick from the timer) and the gRPC handlers
- * (epd_rpc runs them on this loop).  Nothing takes a lock.  The only work
- * off the loop is forwarding Drain to a worker (a blocking gRPC call, on
- * libuv's thread pool).
+ *   main.c                 flags -> config, the daemon runtime (daemon/),
+ *                          the role's callbacks, the stop order
+ *   epd_router_rpc.c       the control plane: RegisterWorker, Heartbeat,
+ *                          Drain, Status, Health (through ops->on_rpc)
+ *   epd_router_api.c       the HTTP intake: routes, a generation request
+ *                          parsed, checked and tokenized
+ *   epd_router_req.c       a request's attempts: workers chosen, submitted,
+ *                          the client's events, retries, aborts, deadlines
+ *   epd_router_answer.c    what the HTTP client sees: errors, the JSON
+ *                          answer or the SSE stream, text and stop strings
+ *   epd_router_registry.c  workers, their states and the policies
+ *   epd_router_metrics.c   counters, histograms, /metrics
+ *
+ * Calls go one way, down this order:
+ *   main.c -> epd_router_rpc.c, epd_router_api.c, epd_router_req.c
+ *   epd_router_api.c -> epd_router_req.c -> epd_router_answer.c
+ *   (each of them) -> epd_router_registry.c, epd_router_metrics.c
+ * and below all of them the libraries: the request-plane client
+ * (epd_client*.c), the HTTP server (epd_http_*.c), the OpenAI layer
+ * (epd_openai_*.c).  Upward only through callbacks registered at start-up:
+ * the daemon's ops (main.c), the HTTP handler and each request's abort
+ * callback, the client's event callback.
+ *
+ * One libuv loop thread, the daemon runtime's, owns everything here: the
+ * registry, the HTTP server and its requests, the request-plane client
+ * (its xport driven by the runtime; epd_client_tick from the runtime's
+ * tick) and the gRPC handlers (run on this loop).  Nothing takes a lock.
+ * The only work off the loop is forwarding Drain to a worker (a blocking
+ * gRPC call, on libuv's thread pool).
  */
 #ifndef EPD_ROUTER_INT_H
 #define EPD_ROUTER_INT_H
@@ -17,6 +40,7 @@
 #include <uv.h>
 
 #include "epd_client.h"
+#include "epd_daemon.h"
 #include "epd_engine.h"
 #include "epd_http.h"
 #include "epd_openai.h"
@@ -24,9 +48,9 @@
 #include "epd_router_registry.h"
 #include "epd_rpc.h"
 #include "epd_trace.h"
-#include "epd_xport_uv.h"
 
 #define EPD_ROUTER_LOG "router"
+#define EPD_ROUTER_JSON "application/json"
 #define EPD_ROUTER_MAX_AVOID 8
 /* Where an image's embeddings come from (epd_router_req_t.img_src). */
 #define EPD_ROUTER_IMG_CACHE 0   /* the prefill worker's embedding cache */
@@ -82,7 +106,8 @@ typedef struct epd_router_req {
 } epd_router_req_t;
 
 struct epd_router {
-    uv_loop_t *loop;
+    epd_daemon_t *d;  /* the runtime (loop, identity, control plane, signals) */
+    uv_loop_t *loop;  /* the daemon's */
     /* flags */
     const char *model_dir;
     const char *transport; /* "ucx" or "ofi" */
@@ -95,17 +120,14 @@ struct epd_router {
     uint64_t max_image_bytes; /* encoded, per image */
     uint64_t max_image_pixels;
     /* state */
-    epd_engine_t *engine; /* tokenizer only */
+    epd_msg_epoch_t epoch; /* the daemon's: Health, RegisterResponse, ids */
+    epd_engine_t *engine;  /* tokenizer only */
     const epd_engine_info_t *info;
     epd_router_registry_t reg;
     epd_client_t *client;
-    epd_xport_uv_t *xuv;
+    /* until its last close callback ran after the stop (config.closed):
+     * then NULL, and the runtime may stop the transport */
     epd_http_server_t *http;
-    epd_rpc_server_t *rpc;
-    uv_timer_t timer;
-    uv_signal_t sigterm, sigint;
-    uint64_t epoch_start_ns;
-    uint64_t epoch_nonce;
     epd_router_req_t *reqs; /* every live request */
     uint32_t n_reqs;
     uint64_t id_counter;
@@ -117,25 +139,55 @@ struct epd_router {
     size_t tok_scratch_cap;
     char *detok_scratch;
     size_t detok_scratch_cap;
-    /* --trace: per-request spans on the loop thread, keyed by the request
-     * id the workers see (the attempt's epd_client id), so the router's
-     * trace merges with the prefill and decode daemons' */
+    /* --trace (the daemon's recorder, NULL when off): per-request spans on
+     * the loop thread, keyed by the request id the workers see (the
+     * attempt's epd_client id), so the router's trace merges with the
+     * prefill and decode daemons' */
     epd_trace_t *trace;
-    const char *trace_path;
-    uv_signal_t sigusr1;
 };
 
-/* HTTP handler (epd_http_handler_cb_t), arg = the router. */
-void epd__router_on_http(epd_http_req_t *req, void *arg);
-/* Request-plane events (epd_client_event_cb_t), arg = the router. */
-void epd__router_on_event(void *arg, const epd_client_event_t *ev);
-/* gRPC control handler (epd_rpc_handler_cb_t), arg = the router. */
+/* ---- epd_router_rpc.c ---- */
+/* The router's side of epd.Control (ops->on_rpc, arg = the router): it
+ * answers every method itself (never EPD_DAEMON_RPC_PASS). */
 int epd__router_on_rpc(void *arg, const char *method, const void *req, size_t req_len,
                        void **resp_p, size_t *resp_len_p, char *err, size_t err_cap);
+
+/* ---- epd_router_api.c ---- */
+/* HTTP handler (epd_http_handler_cb_t), arg = the router. */
+void epd__router_on_http(epd_http_req_t *req, void *arg);
+
+/* ---- epd_router_req.c ---- */
+/* Takes a parsed, tokenized request `r` (owned from here: it frees it):
+ * lists it, hears of its client going away, and dispatches its first
+ * attempt (or answers why it cannot). */
+void epd__router_req_start(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns);
+/* Request-plane events (epd_client_event_cb_t), arg = the router. */
+void epd__router_on_event(void *arg, const epd_client_event_t *ev);
+/* Deadlines of requests waiting for a retry, and registry upkeep. */
+void epd__router_tick(epd_router_t *rt, uint64_t now_ns);
 /* Frees every request without answering (shutdown, after the client is
  * destroyed). */
 void epd__router_reqs_free_all(epd_router_t *rt);
-/* Deadlines of requests waiting for a retry, and registry upkeep. */
-void epd__router_tick(epd_router_t *rt, uint64_t now_ns);
+
+/* ---- epd_router_answer.c ---- */
+/* An OpenAI error JSON with its status (rt->out as scratch); finishes
+ * `http`. */
+void epd__router_respond_error(epd_router_t *rt, epd_http_req_t *http, const epd_oai_error_t *err);
+void epd__router_respond_simple_error(epd_router_t *rt, epd_http_req_t *http, int status,
+                                      const char *msg);
+/* Ends the HTTP side of `r` with an error (counted as `kind`): an HTTP
+ * error answer before the stream started, an error event after; `fmt`
+ * takes the two strings a and b.  r->done afterwards. */
+void epd__router_fail_http(epd_router_t *rt, epd_router_req_t *r, epd_router_err_kind_t kind,
+                           int http_status, const char *fmt, const char *a, const char *b);
+/* The generation finished well (EOS, max_tokens or a stop string): the
+ * JSON answer, or the rest of the stream and its end. */
+void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish_t finish);
+/* Detokenizes ids[0..n) onto r->text: 0, or -1 out of memory. */
+int epd__router_text_append(epd_router_t *rt, epd_router_req_t *r, const uint32_t *ids, uint32_t n);
+/* After new text: 1 when a stop string ends the generation (the text cut
+ * before it); 0 after streaming what can no longer be part of a match;
+ * -1 out of memory. */
+int epd__router_after_text(epd_router_t *rt, epd_router_req_t *r);
 
 #endif

@@ -10,7 +10,7 @@
 
 #include "epd_alloc.h"
 
-static const double epd__bounds[EPD_ROUTER_HISTO_BUCKETS] = {
+static const double epd_router_bounds[EPD_ROUTER_HISTO_BUCKETS] = {
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
     0.25,   0.5,     1.0,    2.5,   5.0,    10.0,  20.0, 30.0,  45.0, 60.0,
 };
@@ -19,7 +19,7 @@ void epd_router_histo_observe(epd_router_histo_t *h, double seconds)
 {
     size_t i = 0;
 
-    while (i < EPD_ROUTER_HISTO_BUCKETS && seconds > epd__bounds[i]) {
+    while (i < EPD_ROUTER_HISTO_BUCKETS && seconds > epd_router_bounds[i]) {
         i++;
     }
     h->counts[i]++;
@@ -69,15 +69,15 @@ void epd_router_text_cleanup(epd_router_text_t *t)
     memset(t, 0, sizeof(*t));
 }
 
-static void epd__histo(epd_router_text_t *t, const char *name, const char *help,
-                       const epd_router_histo_t *h)
+static void epd_router_metrics_histo(epd_router_text_t *t, const char *name, const char *help,
+                                     const epd_router_histo_t *h)
 {
     uint64_t cum = 0;
 
     epd_router_text_printf(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     for (size_t i = 0; i < EPD_ROUTER_HISTO_BUCKETS; i++) {
         cum += h->counts[i];
-        epd_router_text_printf(t, "%s_bucket{le=\"%g\"} %llu\n", name, epd__bounds[i],
+        epd_router_text_printf(t, "%s_bucket{le=\"%g\"} %llu\n", name, epd_router_bounds[i],
                                (unsigned long long)cum);
     }
     cum += h->counts[EPD_ROUTER_HISTO_BUCKETS];
@@ -85,13 +85,14 @@ static void epd__histo(epd_router_text_t *t, const char *name, const char *help,
                            (unsigned long long)cum, name, h->sum, name, (unsigned long long)h->n);
 }
 
-static void epd__counter(epd_router_text_t *t, const char *name, const char *help, uint64_t v)
+static void epd_router_metrics_counter(epd_router_text_t *t, const char *name, const char *help,
+                                       uint64_t v)
 {
     epd_router_text_printf(t, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name,
                            (unsigned long long)v);
 }
 
-static const char *const epd__err_names[EPD_ROUTER_ERR_KINDS] = {
+static const char *const epd_router_err_names[EPD_ROUTER_ERR_KINDS] = {
     "bad_request", "no_workers", "upstream", "timeout", "client_gone", "internal",
 };
 
@@ -102,7 +103,8 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
     static const char *const kinds[2] = {"completions", "chat"};
     uint32_t counts[EPD_ROUTER_POOLS][5];
 
-    epd__counter(t, "epd_router_http_requests_total", "HTTP requests received", m->http_requests);
+    epd_router_metrics_counter(t, "epd_router_http_requests_total", "HTTP requests received",
+                               m->http_requests);
     epd_router_text_printf(t, "# HELP epd_router_requests_total Generation requests accepted\n"
                               "# TYPE epd_router_requests_total counter\n");
     for (int k = 0; k < 2; k++) {
@@ -112,45 +114,52 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                                    (unsigned long long)m->requests[k][s]);
         }
     }
-    epd__counter(t, "epd_router_requests_ok_total", "Generations finished (stop or length)", m->ok);
+    epd_router_metrics_counter(t, "epd_router_requests_ok_total",
+                               "Generations finished (stop or length)", m->ok);
     epd_router_text_printf(t, "# HELP epd_router_errors_total Requests that ended in an error\n"
                               "# TYPE epd_router_errors_total counter\n");
     for (int e = 0; e < EPD_ROUTER_ERR_KINDS; e++) {
-        epd_router_text_printf(t, "epd_router_errors_total{kind=\"%s\"} %llu\n", epd__err_names[e],
-                               (unsigned long long)m->errors[e]);
+        epd_router_text_printf(t, "epd_router_errors_total{kind=\"%s\"} %llu\n",
+                               epd_router_err_names[e], (unsigned long long)m->errors[e]);
     }
-    epd__counter(t, "epd_router_retries_total", "Requests sent again to another worker",
-                 m->retries);
-    epd__counter(t, "epd_router_prompt_tokens_total", "Prompt tokens (BOS included)",
-                 m->prompt_tokens);
-    epd__counter(t, "epd_router_completion_tokens_total", "Tokens generated", m->completion_tokens);
-    epd__counter(t, "epd_router_registrations_total", "RegisterWorker calls accepted",
-                 m->registrations);
-    epd__counter(t, "epd_router_heartbeats_total", "Heartbeats received", m->heartbeats);
-    epd__counter(t, "epd_router_workers_died_total", "Workers whose endpoint failed",
-                 m->workers_died);
-    epd__counter(t, "epd_router_kv_bytes_sent_total",
-                 "KV and recurrent-state bytes prefill workers wrote to decode workers "
-                 "(from their heartbeats)",
-                 m->kv_bytes_sent);
-    epd__counter(t, "epd_router_kv_bytes_received_total",
-                 "KV bytes decode workers received and verified (from their heartbeats)",
-                 m->kv_bytes_received);
-    epd__counter(t, "epd_router_images_total", "Images of requests that got their first token",
-                 m->images);
-    epd__counter(t, "epd_router_image_bytes_total", "Encoded bytes of the images received",
-                 m->image_bytes);
-    epd__counter(t, "epd_router_image_cache_hits_total",
-                 "Images whose embeddings a prefill worker had cached (no encoder involved)",
-                 m->image_cache_hits);
-    epd__counter(t, "epd_router_images_encoded_total", "Images encoded by the encoder pool",
-                 m->images_encoded);
-    epd__counter(t, "epd_router_images_local_total",
-                 "Images encoded by the prefill worker itself (no encoder available)",
-                 m->images_local);
-    epd__counter(t, "epd_router_image_cache_stale_total",
-                 "Cache hints a prefill worker disproved (the request went again with an encoder)",
-                 m->image_cache_stale);
+    epd_router_metrics_counter(t, "epd_router_retries_total",
+                               "Requests sent again to another worker", m->retries);
+    epd_router_metrics_counter(t, "epd_router_prompt_tokens_total", "Prompt tokens (BOS included)",
+                               m->prompt_tokens);
+    epd_router_metrics_counter(t, "epd_router_completion_tokens_total", "Tokens generated",
+                               m->completion_tokens);
+    epd_router_metrics_counter(t, "epd_router_registrations_total", "RegisterWorker calls accepted",
+                               m->registrations);
+    epd_router_metrics_counter(t, "epd_router_heartbeats_total", "Heartbeats received",
+                               m->heartbeats);
+    epd_router_metrics_counter(t, "epd_router_workers_died_total", "Workers whose endpoint failed",
+                               m->workers_died);
+    epd_router_metrics_counter(
+        t, "epd_router_kv_bytes_sent_total",
+        "KV and recurrent-state bytes prefill workers wrote to decode workers "
+        "(from their heartbeats)",
+        m->kv_bytes_sent);
+    epd_router_metrics_counter(
+        t, "epd_router_kv_bytes_received_total",
+        "KV bytes decode workers received and verified (from their heartbeats)",
+        m->kv_bytes_received);
+    epd_router_metrics_counter(t, "epd_router_images_total",
+                               "Images of requests that got their first token", m->images);
+    epd_router_metrics_counter(t, "epd_router_image_bytes_total",
+                               "Encoded bytes of the images received", m->image_bytes);
+    epd_router_metrics_counter(
+        t, "epd_router_image_cache_hits_total",
+        "Images whose embeddings a prefill worker had cached (no encoder involved)",
+        m->image_cache_hits);
+    epd_router_metrics_counter(t, "epd_router_images_encoded_total",
+                               "Images encoded by the encoder pool", m->images_encoded);
+    epd_router_metrics_counter(t, "epd_router_images_local_total",
+                               "Images encoded by the prefill worker itself (no encoder available)",
+                               m->images_local);
+    epd_router_metrics_counter(
+        t, "epd_router_image_cache_stale_total",
+        "Cache hints a prefill worker disproved (the request went again with an encoder)",
+        m->image_cache_stale);
     epd_router_text_printf(t,
                            "# HELP epd_router_image_cache_hit_ratio Image cache hits over images\n"
                            "# TYPE epd_router_image_cache_hit_ratio gauge\n"
@@ -161,12 +170,15 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                            "# TYPE epd_router_requests_in_flight gauge\n"
                            "epd_router_requests_in_flight %u\n",
                            live);
-    epd__histo(t, "epd_router_ttft_seconds", "Time from request arrival to the first token",
-               &m->ttft);
-    epd__histo(t, "epd_router_itl_seconds", "Time between token chunks of a request", &m->itl);
-    epd__histo(t, "epd_router_e2e_seconds", "Time from request arrival to its end", &m->e2e);
-    epd__histo(t, "epd_router_dispatch_seconds",
-               "Router's own time from request arrival to submission to the workers", &m->dispatch);
+    epd_router_metrics_histo(t, "epd_router_ttft_seconds",
+                             "Time from request arrival to the first token", &m->ttft);
+    epd_router_metrics_histo(t, "epd_router_itl_seconds", "Time between token chunks of a request",
+                             &m->itl);
+    epd_router_metrics_histo(t, "epd_router_e2e_seconds", "Time from request arrival to its end",
+                             &m->e2e);
+    epd_router_metrics_histo(t, "epd_router_dispatch_seconds",
+                             "Router's own time from request arrival to submission to the workers",
+                             &m->dispatch);
 
     epd_router_registry_counts(reg, counts);
     epd_router_text_printf(t, "# HELP epd_router_workers Workers per pool and state\n"
@@ -225,7 +237,9 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
             int dec = w->info.role == EPD_CLIENT_ROLE_DECODE;
 
             epd_router_text_printf(
-                t, "epd_router_worker_kv_bytes_total{worker=\"%s\",pool=\"%s\",direction=\"%s\"} %llu\n",
+                t,
+                "epd_router_worker_kv_bytes_total{worker=\"%s\",pool=\"%s\",direction=\"%s\"} "
+                "%llu\n",
                 w->info.worker_id, dec ? "decode" : "prefill", dec ? "received" : "sent",
                 (unsigned long long)(dec ? w->hb_kv_bytes_received : w->hb_kv_bytes_sent));
         }

@@ -65,7 +65,7 @@ void epd_router_registry_init(epd_router_registry_t *reg, epd_router_policy_t po
     reg->dead_after_ms = dead_after_ms;
 }
 
-static void epd__worker_free(epd_router_worker_t *w)
+static void epd_router_worker_free(epd_router_worker_t *w)
 {
     epd_free(w->cache);
     epd_free(w->cache_used);
@@ -78,7 +78,7 @@ void epd_router_registry_cleanup(epd_router_registry_t *reg)
         epd_router_worker_t *w = reg->workers;
 
         reg->workers = w->next;
-        epd__worker_free(w);
+        epd_router_worker_free(w);
     }
 }
 
@@ -155,7 +155,7 @@ epd_router_worker_t *epd_router_registry_add(epd_router_registry_t *reg,
         w->cache = epd_calloc(info->embed_slots, sizeof(*w->cache));
         w->cache_used = epd_calloc(info->embed_slots, sizeof(*w->cache_used));
         if (w->cache == NULL || w->cache_used == NULL) {
-            epd__worker_free(w);
+            epd_router_worker_free(w);
             return NULL;
         }
     }
@@ -196,7 +196,7 @@ void epd_router_registry_tick(epd_router_registry_t *reg, uint64_t now_ns, uint3
         if (w->state == EPD_ROUTER_DEAD) {
             if (w->refs == 0 && now_ns - w->dead_ns > EPD__DEAD_GRACE_NS) {
                 *pp = w->next;
-                epd__worker_free(w);
+                epd_router_worker_free(w);
                 continue;
             }
         } else if (now_ns - w->last_hb_ns > dead_after_ns) {
@@ -211,14 +211,14 @@ void epd_router_registry_tick(epd_router_registry_t *reg, uint64_t now_ns, uint3
     }
 }
 
-static int epd__eligible(const epd_router_worker_t *w, int role)
+static int epd_router_eligible(const epd_router_worker_t *w, int role)
 {
     return w->state == EPD_ROUTER_READY && w->info.role == role && w->cw != NULL &&
            epd_client_worker_state(w->cw) == EPD_OK;
 }
 
-static int epd__avoided(const epd_router_worker_t *w, epd_router_worker_t *const *avoid,
-                        size_t n_avoid)
+static int epd_router_avoided(const epd_router_worker_t *w, epd_router_worker_t *const *avoid,
+                              size_t n_avoid)
 {
     for (size_t i = 0; i < n_avoid; i++) {
         if (avoid[i] == w) {
@@ -230,7 +230,7 @@ static int epd__avoided(const epd_router_worker_t *w, epd_router_worker_t *const
 
 /* Lower is better.  Decode: in-flight per batch slot (scaled), then free
  * blocks; prefill: queued prompt tokens, then the heartbeat's queue. */
-static uint64_t epd__load_score(const epd_router_worker_t *w)
+static uint64_t epd_router_load_score(const epd_router_worker_t *w)
 {
     if (w->info.role == EPD_CLIENT_ROLE_ENCODER) {
         uint32_t slots = w->info.embed_slots > 0 ? w->info.embed_slots : 1;
@@ -250,8 +250,8 @@ static uint64_t epd__load_score(const epd_router_worker_t *w)
     return ((w->queued_tokens + w->hb_queued_tokens) << 8) + w->inflight;
 }
 
-static epd_router_worker_t *epd__least_load(epd_router_registry_t *reg, int role,
-                                            epd_router_worker_t *const *avoid, size_t n_avoid)
+static epd_router_worker_t *epd_router_least_load(epd_router_registry_t *reg, int role,
+                                                  epd_router_worker_t *const *avoid, size_t n_avoid)
 {
     epd_router_worker_t *best = NULL;
     uint64_t best_score = 0;
@@ -259,10 +259,10 @@ static epd_router_worker_t *epd__least_load(epd_router_registry_t *reg, int role
     for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
         uint64_t s;
 
-        if (!epd__eligible(w, role) || epd__avoided(w, avoid, n_avoid)) {
+        if (!epd_router_eligible(w, role) || epd_router_avoided(w, avoid, n_avoid)) {
             continue;
         }
-        s = epd__load_score(w);
+        s = epd_router_load_score(w);
         /* ties go to the one that served fewer (spreads an idle cluster) */
         if (best == NULL || s < best_score || (s == best_score && w->served < best->served)) {
             best = w;
@@ -272,14 +272,15 @@ static epd_router_worker_t *epd__least_load(epd_router_registry_t *reg, int role
     return best;
 }
 
-static epd_router_worker_t *epd__round_robin(epd_router_registry_t *reg, int role,
-                                             epd_router_worker_t *const *avoid, size_t n_avoid)
+static epd_router_worker_t *epd_router_round_robin(epd_router_registry_t *reg, int role,
+                                                   epd_router_worker_t *const *avoid,
+                                                   size_t n_avoid)
 {
     uint32_t *cursor = &reg->rr[epd_router_pool_of(role)];
     uint32_t n = 0, k = 0;
 
     for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
-        n += epd__eligible(w, role) && !epd__avoided(w, avoid, n_avoid);
+        n += epd_router_eligible(w, role) && !epd_router_avoided(w, avoid, n_avoid);
     }
     if (n == 0) {
         return NULL;
@@ -287,16 +288,16 @@ static epd_router_worker_t *epd__round_robin(epd_router_registry_t *reg, int rol
     /* the list is newest first; walk it oldest-stable by index modulo n */
     k = (*cursor)++ % n;
     for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
-        if (epd__eligible(w, role) && !epd__avoided(w, avoid, n_avoid) && k-- == 0) {
+        if (epd_router_eligible(w, role) && !epd_router_avoided(w, avoid, n_avoid) && k-- == 0) {
             return w;
         }
     }
     return NULL;
 }
 
-static epd_router_worker_t *epd__affinity(epd_router_registry_t *reg, const uint32_t *prompt,
-                                          uint32_t n_prompt, epd_router_worker_t *const *avoid,
-                                          size_t n_avoid)
+static epd_router_worker_t *epd_router_affinity(epd_router_registry_t *reg, const uint32_t *prompt,
+                                                uint32_t n_prompt,
+                                                epd_router_worker_t *const *avoid, size_t n_avoid)
 {
     epd_router_worker_t *best = NULL;
     epd_router_worker_t *least;
@@ -304,7 +305,7 @@ static epd_router_worker_t *epd__affinity(epd_router_registry_t *reg, const uint
     uint64_t key;
     uint32_t n_key;
 
-    least = epd__least_load(reg, EPD_CLIENT_ROLE_PREFILL, avoid, n_avoid);
+    least = epd_router_least_load(reg, EPD_CLIENT_ROLE_PREFILL, avoid, n_avoid);
     if (least == NULL) {
         return NULL;
     }
@@ -312,7 +313,8 @@ static epd_router_worker_t *epd__affinity(epd_router_registry_t *reg, const uint
         uint32_t bt;
         uint64_t weight;
 
-        if (!epd__eligible(w, EPD_CLIENT_ROLE_PREFILL) || epd__avoided(w, avoid, n_avoid)) {
+        if (!epd_router_eligible(w, EPD_CLIENT_ROLE_PREFILL) ||
+            epd_router_avoided(w, avoid, n_avoid)) {
             continue;
         }
         bt = w->info.block_tokens > 0 ? w->info.block_tokens : 16;
@@ -341,14 +343,15 @@ epd_router_worker_t *epd_router_registry_pick(epd_router_registry_t *reg, int ro
 
         switch (role == EPD_CLIENT_ROLE_ENCODER ? EPD_ROUTER_POLICY_LEAST_LOAD : reg->policy) {
         case EPD_ROUTER_POLICY_ROUND_ROBIN:
-            w = epd__round_robin(reg, role, avoid, na);
+            w = epd_router_round_robin(reg, role, avoid, na);
             break;
         case EPD_ROUTER_POLICY_PREFIX_AFFINITY:
-            w = role == EPD_CLIENT_ROLE_PREFILL ? epd__affinity(reg, prompt, n_prompt, avoid, na)
-                                                : epd__least_load(reg, role, avoid, na);
+            w = role == EPD_CLIENT_ROLE_PREFILL
+                    ? epd_router_affinity(reg, prompt, n_prompt, avoid, na)
+                    : epd_router_least_load(reg, role, avoid, na);
             break;
         default:
-            w = epd__least_load(reg, role, avoid, na);
+            w = epd_router_least_load(reg, role, avoid, na);
             break;
         }
         if (w != NULL || n_avoid == 0) {
@@ -359,8 +362,8 @@ epd_router_worker_t *epd_router_registry_pick(epd_router_registry_t *reg, int ro
 }
 
 /* Hints of `w` for the images, without touching their LRU order. */
-static uint32_t epd__cache_hits(const epd_router_worker_t *w, const unsigned char (*hashes)[32],
-                                uint32_t n_images)
+static uint32_t epd_router_cache_hits(const epd_router_worker_t *w,
+                                      const unsigned char (*hashes)[32], uint32_t n_images)
 {
     uint32_t hits = 0;
 
@@ -391,16 +394,16 @@ epd_router_worker_t *epd_router_registry_pick_images(epd_router_registry_t *reg,
     if (w == NULL || n_images == 0) {
         return w;
     }
-    best_hits = epd__cache_hits(w, hashes, n_images);
+    best_hits = epd_router_cache_hits(w, hashes, n_images);
     for (epd_router_worker_t *c = reg->workers; c != NULL && best_hits < n_images; c = c->next) {
         uint32_t hits;
 
-        if (c == w || !epd__eligible(c, EPD_CLIENT_ROLE_PREFILL) ||
-            epd__avoided(c, avoid, n_avoid) ||
+        if (c == w || !epd_router_eligible(c, EPD_CLIENT_ROLE_PREFILL) ||
+            epd_router_avoided(c, avoid, n_avoid) ||
             c->queued_tokens > w->queued_tokens + EPD_ROUTER_AFFINITY_SLACK_TOKENS) {
             continue;
         }
-        hits = epd__cache_hits(c, hashes, n_images);
+        hits = epd_router_cache_hits(c, hashes, n_images);
         if (hits > best_hits) {
             best = c;
             best_hits = hits;

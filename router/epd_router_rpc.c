@@ -15,7 +15,10 @@
  *                   the worker's own control address from libuv's thread
  *                   pool (a blocking gRPC call must not run on the loop).
  *   Status          every worker with its state, load and capacity.
- *   Health          the router itself (role ROUTER).
+ *   Health          the router itself (role ROUTER), under the daemon's
+ *                   identity (worker id, epoch).
+ * The daemon runtime serves epd.Control and hands every call here first
+ * (ops->on_rpc); the router answers all of them itself.
  */
 #include <stdio.h>
 #include <string.h>
@@ -26,26 +29,10 @@
 #include "epd_router_int.h"
 #include "epd_time.h"
 
-#define EPD__DRAIN_FORWARD_TIMEOUT_MS 3000
+#define EPD_ROUTER_DRAIN_FORWARD_TIMEOUT_MS 3000
 
-static int epd__pack(const ProtobufCMessage *msg, void **resp_p, size_t *resp_len_p, char *err,
-                     size_t err_cap)
-{
-    size_t n = protobuf_c_message_get_packed_size(msg);
-    void *buf = epd_malloc(n > 0 ? n : 1);
-
-    if (buf == NULL) {
-        snprintf(err, err_cap, "out of memory");
-        return EPD_RPC_INTERNAL;
-    }
-    protobuf_c_message_pack(msg, buf);
-    *resp_p = buf;
-    *resp_len_p = n;
-    return EPD_RPC_OK;
-}
-
-static int epd__unpack(const ProtobufCMessageDescriptor *desc, const void *req, size_t len,
-                       ProtobufCMessage **msg_p)
+static int epd_router_rpc_unpack(const ProtobufCMessageDescriptor *desc, const void *req,
+                                 size_t len, ProtobufCMessage **msg_p)
 {
     static const unsigned char empty = 0;
 
@@ -53,7 +40,7 @@ static int epd__unpack(const ProtobufCMessageDescriptor *desc, const void *req, 
 }
 
 /* Worker ids go into logs and metric labels: a conservative alphabet. */
-static int epd__id_ok(const char *id)
+static int epd_router_id_ok(const char *id)
 {
     size_t n = id != NULL ? strlen(id) : 0;
 
@@ -71,17 +58,17 @@ static int epd__id_ok(const char *id)
     return 1;
 }
 
-static int epd__refuse_register(Epd__RegisterResponse *resp, const char *why, void **resp_p,
-                                size_t *resp_len_p, char *err, size_t err_cap)
+static int epd_router_refuse_register(Epd__RegisterResponse *resp, const char *why, void **resp_p,
+                                      size_t *resp_len_p, char *err, size_t err_cap)
 {
     resp->accepted = 0;
     resp->reason = (char *)why;
     epd_log_warn(EPD_ROUTER_LOG, 0, "RegisterWorker refused: %s", why);
-    return epd__pack(&resp->base, resp_p, resp_len_p, err, err_cap);
+    return epd_proto_answer(&resp->base, resp_p, resp_len_p, err, err_cap);
 }
 
-static int epd__register(epd_router_t *rt, const void *req, size_t req_len, void **resp_p,
-                         size_t *resp_len_p, char *err, size_t err_cap)
+static int epd_router_register(epd_router_t *rt, const void *req, size_t req_len, void **resp_p,
+                               size_t *resp_len_p, char *err, size_t err_cap)
 {
     Epd__RegisterResponse resp = EPD__REGISTER_RESPONSE__INIT;
     Epd__Epoch repoch = EPD__EPOCH__INIT;
@@ -95,17 +82,18 @@ static int epd__register(epd_router_t *rt, const void *req, size_t req_len, void
     uint64_t now = epd_time_now_ns();
     int rc;
 
-    repoch.start_time_ns = rt->epoch_start_ns;
-    repoch.nonce = rt->epoch_nonce;
+    repoch.start_time_ns = rt->epoch.start_time_ns;
+    repoch.nonce = rt->epoch.nonce;
     resp.router_epoch = &repoch;
     resp.heartbeat_interval_ms = rt->heartbeat_ms;
-    if (epd__unpack(&epd__register_request__descriptor, req, req_len, &m) != 0) {
+    if (epd_router_rpc_unpack(&epd__register_request__descriptor, req, req_len, &m) != 0) {
         snprintf(err, err_cap, "malformed RegisterRequest");
         return EPD_RPC_INVALID_ARGUMENT;
     }
     rr = (Epd__RegisterRequest *)m;
     why[0] = '\0';
-    if (rr->worker == NULL || rr->worker->epoch == NULL || !epd__id_ok(rr->worker->worker_id)) {
+    if (rr->worker == NULL || rr->worker->epoch == NULL ||
+        !epd_router_id_ok(rr->worker->worker_id)) {
         snprintf(why, sizeof(why), "worker identity, epoch or id missing or malformed");
     } else if (rr->worker->role != EPD__ROLE__ROLE_PREFILL &&
                rr->worker->role != EPD__ROLE__ROLE_DECODE &&
@@ -167,7 +155,7 @@ static int epd__register(epd_router_t *rt, const void *req, size_t req_len, void
                      rr->worker->worker_id, rr->worker->model, rt->model_name);
     }
     if (why[0] != '\0') {
-        rc = epd__refuse_register(&resp, why, resp_p, resp_len_p, err, err_cap);
+        rc = epd_router_refuse_register(&resp, why, resp_p, resp_len_p, err, err_cap);
         epd_proto_free(m);
         return rc;
     }
@@ -177,7 +165,7 @@ static int epd__register(epd_router_t *rt, const void *req, size_t req_len, void
         /* the same incarnation again (it missed our answer): accepted as is */
         old->last_hb_ns = now;
         resp.accepted = 1;
-        rc = epd__pack(&resp.base, resp_p, resp_len_p, err, err_cap);
+        rc = epd_proto_answer(&resp.base, resp_p, resp_len_p, err, err_cap);
         epd_proto_free(m);
         return rc;
     }
@@ -221,7 +209,7 @@ static int epd__register(epd_router_t *rt, const void *req, size_t req_len, void
         snprintf(why, sizeof(why), "worker '%.100s': cannot connect to its data-plane address",
                  info->worker_id);
         epd_free(info);
-        rc = epd__refuse_register(&resp, why, resp_p, resp_len_p, err, err_cap);
+        rc = epd_router_refuse_register(&resp, why, resp_p, resp_len_p, err, err_cap);
         epd_proto_free(m);
         return rc;
     }
@@ -251,13 +239,13 @@ static int epd__register(epd_router_t *rt, const void *req, size_t req_len, void
                  (unsigned long long)info->epoch_start_ns, (unsigned long long)info->epoch_nonce);
     epd_free(info);
     resp.accepted = 1;
-    rc = epd__pack(&resp.base, resp_p, resp_len_p, err, err_cap);
+    rc = epd_proto_answer(&resp.base, resp_p, resp_len_p, err, err_cap);
     epd_proto_free(m);
     return rc;
 }
 
-static int epd__heartbeat(epd_router_t *rt, const void *req, size_t req_len, void **resp_p,
-                          size_t *resp_len_p, char *err, size_t err_cap)
+static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_len, void **resp_p,
+                                size_t *resp_len_p, char *err, size_t err_cap)
 {
     Epd__HeartbeatResponse resp = EPD__HEARTBEAT_RESPONSE__INIT;
     ProtobufCMessage *m = NULL;
@@ -265,7 +253,7 @@ static int epd__heartbeat(epd_router_t *rt, const void *req, size_t req_len, voi
     epd_router_worker_t *w;
     int rc;
 
-    if (epd__unpack(&epd__heartbeat_request__descriptor, req, req_len, &m) != 0) {
+    if (epd_router_rpc_unpack(&epd__heartbeat_request__descriptor, req, req_len, &m) != 0) {
         snprintf(err, err_cap, "malformed HeartbeatRequest");
         return EPD_RPC_INVALID_ARGUMENT;
     }
@@ -304,7 +292,7 @@ static int epd__heartbeat(epd_router_t *rt, const void *req, size_t req_len, voi
         resp.known = 1;
         resp.drain = w->drain_asked != 0;
     }
-    rc = epd__pack(&resp.base, resp_p, resp_len_p, err, err_cap);
+    rc = epd_proto_answer(&resp.base, resp_p, resp_len_p, err, err_cap);
     epd_proto_free(m);
     return rc;
 }
@@ -318,12 +306,12 @@ typedef struct {
     char worker_id[EPD_CLIENT_NAME_MAX];
     epd_status_t status;
     char err[256];
-} epd__drain_fwd_t;
+} epd_router_drain_fwd_t;
 
 /* libuv thread pool: the blocking forward. */
-static void epd__drain_fwd_work(uv_work_t *work)
+static void epd_router_drain_fwd_work(uv_work_t *work)
 {
-    epd__drain_fwd_t *f = work->data;
+    epd_router_drain_fwd_t *f = work->data;
     Epd__DrainRequest dr = EPD__DRAIN_REQUEST__INIT;
     epd_rpc_client_t *rpc = NULL;
     unsigned char buf[EPD_CLIENT_NAME_MAX + 16];
@@ -342,15 +330,15 @@ static void epd__drain_fwd_work(uv_work_t *work)
     if (f->status != EPD_OK) {
         return;
     }
-    f->status = epd_rpc_call(rpc, EPD_RPC_DRAIN, buf, len, EPD__DRAIN_FORWARD_TIMEOUT_MS, &resp,
-                             &resp_len, f->err, sizeof(f->err));
+    f->status = epd_rpc_call(rpc, EPD_RPC_DRAIN, buf, len, EPD_ROUTER_DRAIN_FORWARD_TIMEOUT_MS,
+                             &resp, &resp_len, f->err, sizeof(f->err));
     epd_free(resp);
     epd_rpc_client_destroy(rpc);
 }
 
-static void epd__drain_fwd_done(uv_work_t *work, int status)
+static void epd_router_drain_fwd_done(uv_work_t *work, int status)
 {
-    epd__drain_fwd_t *f = work->data;
+    epd_router_drain_fwd_t *f = work->data;
 
     (void)status;
     f->rt->drains_in_flight--;
@@ -366,17 +354,17 @@ static void epd__drain_fwd_done(uv_work_t *work, int status)
     epd_free(f);
 }
 
-static int epd__drain(epd_router_t *rt, const void *req, size_t req_len, void **resp_p,
-                      size_t *resp_len_p, char *err, size_t err_cap)
+static int epd_router_drain(epd_router_t *rt, const void *req, size_t req_len, void **resp_p,
+                            size_t *resp_len_p, char *err, size_t err_cap)
 {
     Epd__DrainResponse resp = EPD__DRAIN_RESPONSE__INIT;
     ProtobufCMessage *m = NULL;
     Epd__DrainRequest *dr;
     epd_router_worker_t *w;
-    epd__drain_fwd_t *f;
+    epd_router_drain_fwd_t *f;
     int rc;
 
-    if (epd__unpack(&epd__drain_request__descriptor, req, req_len, &m) != 0) {
+    if (epd_router_rpc_unpack(&epd__drain_request__descriptor, req, req_len, &m) != 0) {
         snprintf(err, err_cap, "malformed DrainRequest");
         return EPD_RPC_INVALID_ARGUMENT;
     }
@@ -405,7 +393,8 @@ static int epd__drain(epd_router_t *rt, const void *req, size_t req_len, void **
             f->work.data = f;
             snprintf(f->addr, sizeof(f->addr), "%s", w->control_addr);
             snprintf(f->worker_id, sizeof(f->worker_id), "%s", w->info.worker_id);
-            if (uv_queue_work(rt->loop, &f->work, epd__drain_fwd_work, epd__drain_fwd_done) == 0) {
+            if (uv_queue_work(rt->loop, &f->work, epd_router_drain_fwd_work,
+                              epd_router_drain_fwd_done) == 0) {
                 rt->drains_in_flight++;
             } else {
                 epd_free(f);
@@ -413,14 +402,14 @@ static int epd__drain(epd_router_t *rt, const void *req, size_t req_len, void **
         }
     }
     resp.ok = 1;
-    rc = epd__pack(&resp.base, resp_p, resp_len_p, err, err_cap);
+    rc = epd_proto_answer(&resp.base, resp_p, resp_len_p, err, err_cap);
     return rc;
 }
 
 /* ------------------------------------------------------------- Status */
 
-static int epd__status(epd_router_t *rt, void **resp_p, size_t *resp_len_p, char *err,
-                       size_t err_cap)
+static int epd_router_status(epd_router_t *rt, void **resp_p, size_t *resp_len_p, char *err,
+                             size_t err_cap)
 {
     Epd__StatusResponse s = EPD__STATUS_RESPONSE__INIT;
     uint64_t now = epd_time_now_ns();
@@ -481,29 +470,29 @@ static int epd__status(epd_router_t *rt, void **resp_p, size_t *resp_len_p, char
     }
     s.n_workers = n;
     s.workers = list;
-    rc = epd__pack(&s.base, resp_p, resp_len_p, err, err_cap);
+    rc = epd_proto_answer(&s.base, resp_p, resp_len_p, err, err_cap);
     epd_free(list);
     epd_free(p);
     return rc;
 }
 
-static int epd__health(epd_router_t *rt, void **resp_p, size_t *resp_len_p, char *err,
-                       size_t err_cap)
+static int epd_router_rpc_health(epd_router_t *rt, void **resp_p, size_t *resp_len_p, char *err,
+                                 size_t err_cap)
 {
     Epd__HealthResponse h = EPD__HEALTH_RESPONSE__INIT;
     Epd__WorkerIdentity ident = EPD__WORKER_IDENTITY__INIT;
     Epd__Epoch epoch = EPD__EPOCH__INIT;
 
-    epoch.start_time_ns = rt->epoch_start_ns;
-    epoch.nonce = rt->epoch_nonce;
-    ident.worker_id = (char *)epd_client_id(rt->client);
+    epoch.start_time_ns = rt->epoch.start_time_ns;
+    epoch.nonce = rt->epoch.nonce;
+    ident.worker_id = (char *)epd_daemon_worker_id(rt->d);
     ident.role = EPD__ROLE__ROLE_ROUTER;
     ident.model = rt->model_name;
     ident.epoch = &epoch;
     h.serving = !rt->stopping;
     h.worker = &ident;
     h.transport = "";
-    return epd__pack(&h.base, resp_p, resp_len_p, err, err_cap);
+    return epd_proto_answer(&h.base, resp_p, resp_len_p, err, err_cap);
 }
 
 int epd__router_on_rpc(void *arg, const char *method, const void *req, size_t req_len,
@@ -512,19 +501,19 @@ int epd__router_on_rpc(void *arg, const char *method, const void *req, size_t re
     epd_router_t *rt = arg;
 
     if (strcmp(method, EPD_RPC_REGISTER) == 0) {
-        return epd__register(rt, req, req_len, resp_p, resp_len_p, err, err_cap);
+        return epd_router_register(rt, req, req_len, resp_p, resp_len_p, err, err_cap);
     }
     if (strcmp(method, EPD_RPC_HEARTBEAT) == 0) {
-        return epd__heartbeat(rt, req, req_len, resp_p, resp_len_p, err, err_cap);
+        return epd_router_heartbeat(rt, req, req_len, resp_p, resp_len_p, err, err_cap);
     }
     if (strcmp(method, EPD_RPC_DRAIN) == 0) {
-        return epd__drain(rt, req, req_len, resp_p, resp_len_p, err, err_cap);
+        return epd_router_drain(rt, req, req_len, resp_p, resp_len_p, err, err_cap);
     }
     if (strcmp(method, EPD_RPC_STATUS) == 0) {
-        return epd__status(rt, resp_p, resp_len_p, err, err_cap);
+        return epd_router_status(rt, resp_p, resp_len_p, err, err_cap);
     }
     if (strcmp(method, EPD_RPC_HEALTH) == 0) {
-        return epd__health(rt, resp_p, resp_len_p, err, err_cap);
+        return epd_router_rpc_health(rt, resp_p, resp_len_p, err, err_cap);
     }
     snprintf(err, err_cap, "unknown method %s", method);
     return EPD_RPC_UNIMPLEMENTED;

@@ -2,8 +2,8 @@
 # against a scripted fake worker over a real loopback transport.
 $(eval $(call epd_test,test_epd_client,tests/router/test_epd_client.c,epd_router epd_xport epd_proto epd_common))
 $(test_epd_client_OBJS): EPD_CPPFLAGS += -Irouter
-# router/epd_openai (request parsing, response and SSE encoding) and
-# router/epd_http (a real server on loopback driven by raw sockets).
+# router/epd_openai_*.c (request parsing, response and SSE encoding) and
+# router/epd_http_*.c (a real server on loopback driven by raw sockets).
 $(eval $(call epd_test,test_epd_openai,tests/router/test_epd_openai.c,epd_api epd_engine epd_common))
 $(test_epd_openai_OBJS): EPD_CPPFLAGS += -Irouter
 $(eval $(call epd_test,test_epd_http,tests/router/test_epd_http.c,epd_api epd_engine epd_common))

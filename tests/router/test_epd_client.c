@@ -4,7 +4,8 @@
  * loopback, both ends in this process and thread) to a scripted fake
  * worker that plays prefill and decode: the GenerateRequest both receive,
  * chunk streaming, out-of-order chunks, foreign senders and old epochs,
- * unknown ids, garbage frames, errors, refusals, deadlines, aborts and a
+ * unknown ids, garbage frames, errors, refusals, deadlines, aborts (an
+ * aborted request ends as aborted whatever its workers answer) and a
  * dying worker — each request ends in exactly one terminal event.
  */
 #include "epd_test.h"
@@ -692,6 +693,73 @@ static void test_abort(void **state)
     assert_int_equal(fx->ev[0].finish, EPD_CLIENT_FINISH_ABORT);
 }
 
+/* Sends an Error for request `id` from the fake decode worker. */
+static void decode_error(fx_t *fx, uint64_t id, epd_status_t status, const char *message)
+{
+    Epd__Envelope env = EPD__ENVELOPE__INIT;
+    Epd__Error er = EPD__ERROR__INIT;
+
+    er.request_id = id;
+    er.status = status;
+    er.message = (char *)message;
+    env.body_case = EPD__ENVELOPE__BODY_ERROR;
+    env.error = &er;
+    fake_send(&fx->fake, ep_of(fx, id, 1), "fake-decode", 2000, 0x2222, &env);
+}
+
+/* The storm race, client side: an aborted request ends as aborted however
+ * the workers' answers cross the Abort — decode answering NOT_FOUND
+ * because our Abort reached it after it had let the request go, or its
+ * own failure on the way while we aborted — never as that status. */
+static void test_abort_ends_as_aborted(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t a = submit(fx, 4, 5000);
+    uint64_t b = submit(fx, 4, 5000);
+    Epd__Envelope env = EPD__ENVELOPE__INIT;
+    Epd__Error er = EPD__ERROR__INIT;
+
+    pump_rx(fx, 4);
+    /* a: aborted; prefill says CANCELED (not the answer), then decode says
+     * it does not know the request any more */
+    assert_int_equal(epd_client_abort(fx->client, a), EPD_OK);
+    pump_rx(fx, 6);
+    er.request_id = a;
+    er.status = EPD_ERR_CANCELED;
+    er.message = "aborted";
+    env.body_case = EPD__ENVELOPE__BODY_ERROR;
+    env.error = &er;
+    fake_send(&fx->pfake, ep_of(fx, a, 0), "fake-prefill", 1000, 0x1111, &env);
+    pump(fx, 50);
+    assert_int_equal(fx->n_ev, 0);
+    decode_error(fx, a, EPD_ERR_NOT_FOUND, "unknown request id");
+    pump_ev(fx, 1, 3000);
+    assert_int_equal(fx->ev[0].id, a);
+    assert_int_equal(fx->ev[0].kind, EPD_CLIENT_EV_ERROR);
+    assert_int_equal(fx->ev[0].terminal, 1);
+    assert_int_equal(fx->ev[0].status, EPD_ERR_CANCELED);
+    assert_string_equal(fx->ev[0].message, "unknown request id");
+    assert_string_equal(fx->ev[0].from, "fake-decode");
+    /* b: decode's own failure is on its way when the caller aborts (the
+     * client reads it only after the abort): still an abort */
+    decode_error(fx, b, EPD_ERR_NOT_FOUND, "no such request of this client");
+    assert_int_equal(epd_client_abort(fx->client, b), EPD_OK);
+    pump_ev(fx, 2, 3000);
+    assert_int_equal(fx->ev[1].id, b);
+    assert_int_equal(fx->ev[1].kind, EPD_CLIENT_EV_ERROR);
+    assert_int_equal(fx->ev[1].status, EPD_ERR_CANCELED);
+    assert_string_equal(fx->ev[1].message, "no such request of this client");
+    pump(fx, 100);
+    assert_int_equal(fx->n_ev, 2);
+    assert_int_equal(epd_client_live(fx->client), 0);
+    /* a request nobody aborted still reports what its worker said */
+    b = submit(fx, 4, 5000);
+    pump_rx(fx, 10); /* 4 requests, 2 aborts each for a and b */
+    decode_error(fx, b, EPD_ERR_NOT_FOUND, "unknown request id");
+    pump_ev(fx, 3, 3000);
+    assert_int_equal(fx->ev[2].status, EPD_ERR_NOT_FOUND);
+}
+
 static void test_many_requests_one_terminal_each(void **state)
 {
     fx_t *fx = *state;
@@ -930,6 +998,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_deadline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_abort_ends_as_aborted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_requests_one_terminal_each, setup, teardown),
         cmocka_unit_test_setup_teardown(test_submit_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_on_uv_loop, setup, teardown),

@@ -1,5 +1,5 @@
 /*
- * Tests of router/epd_http.c: a real server on 127.0.0.1 (ephemeral port)
+ * Tests of router/epd_http_*.c: a real server on 127.0.0.1 (ephemeral port)
  * runs on a libuv loop in the test's main thread, and a client thread
  * speaks raw HTTP to it over blocking sockets (each read has a timeout).
  * The client records what it saw; the main thread asserts once the loop
@@ -52,6 +52,8 @@ struct fx {
     atomic_int late_status; /* what a late epd_http_respond returned, + 1000 */
     epd_http_req_t *late;
     uv_timer_t late_timer;
+    int closed;           /* config.closed calls */
+    int aborts_at_closed; /* abort callbacks that had fired by then */
     /* set by the client thread, checked after join */
     int ok[MAX_NOTES];
     char note[MAX_NOTES][512];
@@ -234,6 +236,15 @@ static void *client_main(void *arg)
     return NULL;
 }
 
+/* config.closed: the server's last close callback ran. */
+static void on_closed(void *arg)
+{
+    fx_t *fx = arg;
+
+    fx->closed++;
+    fx->aborts_at_closed = atomic_load(&fx->aborts);
+}
+
 static void on_done(uv_async_t *async)
 {
     fx_t *fx = async->data;
@@ -260,6 +271,7 @@ static void run(epd_http_config_t *cfg, client_fn_t client)
     assert_int_equal(uv_timer_init(&fx->loop, &fx->late_timer), 0);
     fx->late_timer.data = fx;
     cfg->handler = handler;
+    cfg->closed = on_closed;
     cfg->arg = fx;
     assert_int_equal(epd_http_server_create(&fx->loop, cfg, &fx->srv), EPD_OK);
     fx->port = epd_http_server_port(fx->srv);
@@ -269,6 +281,9 @@ static void run(epd_http_config_t *cfg, client_fn_t client)
     uv_run(&fx->loop, UV_RUN_DEFAULT);
     pthread_join(fx->thread, NULL);
     assert_int_equal(uv_loop_close(&fx->loop), 0);
+    /* told once that the server is gone, after every abort callback */
+    assert_int_equal(fx->closed, 1);
+    assert_int_equal(fx->aborts_at_closed, atomic_load(&fx->aborts));
     for (i = 0; i < fx->n_notes; i++) {
         if (!fx->ok[i]) {
             print_error("client check failed: %s\n", fx->note[i]);
@@ -942,6 +957,7 @@ static void test_destroy_mid_stream(void **state)
     (void)state;
     config_short(&cfg);
     run(&cfg, client_destroy_mid_stream);
+    /* (run: the stream's abort callback ran before config.closed) */
 }
 
 static void client_alloc_failures(fx_t *fx)
@@ -980,16 +996,24 @@ static void test_alloc_failures(void **state)
     run(&cfg, client_alloc_failures);
 }
 
+static void count_closed(void *arg)
+{
+    (*(int *)arg)++;
+}
+
 static void test_create_refusals(void **state)
 {
     uv_loop_t loop;
     epd_http_config_t cfg;
     epd_http_server_t *srv = (epd_http_server_t *)0x1;
     epd_http_server_t *first = NULL;
+    int closed = 0;
 
     (void)state;
     assert_int_equal(uv_loop_init(&loop), 0);
     epd_http_config_init(&cfg);
+    cfg.closed = count_closed;
+    cfg.arg = &closed;
     assert_int_equal(epd_http_server_create(&loop, &cfg, &srv),
                      EPD_ERR_INVALID_PARAM); /* no handler */
     cfg.handler = handler;
@@ -1005,6 +1029,7 @@ static void test_create_refusals(void **state)
     epd_http_server_destroy(NULL);
     uv_run(&loop, UV_RUN_DEFAULT);
     assert_int_equal(uv_loop_close(&loop), 0);
+    assert_int_equal(closed, 1); /* `first` only: a failed create says nothing */
     assert_string_equal(epd_http_status_text(413), "Payload Too Large");
 }
 

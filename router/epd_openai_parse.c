@@ -1,19 +1,17 @@
 /*
- * epd_openai.c — OpenAI request parsing and response encoding (design:
- * epd_openai.h).
+ * epd_openai_parse.c — OpenAI request bodies (design: epd_openai.h):
+ * POST /v1/completions and /v1/chat/completions parsed with jansson and
+ * validated field by field, the chat template rendered, images decoded
+ * from their data: URLs; and the length check the router makes once it
+ * has tokenized the prompt.
  *
  * Parsing walks a jansson tree field by field; each refusal says which
  * field and why, in the wording OpenAI uses ("Missing required parameter:
  * 'model'.", "Invalid type for 'temperature': expected a number, but got a
- * string instead.").  Encoding appends to a reusable buffer through a small
- * writer whose failure is sticky, so an encoder checks once at the end and
- * rolls the buffer back to where it started: an encode either appends all
- * of its output or nothing.
+ * string instead.").  Refusals are filled with epd_oai_error_set
+ * (epd_openai_json.c); nothing here encodes output.
  */
-#include "epd_openai.h"
-
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -22,218 +20,9 @@
 #include <sodium.h>
 
 #include "epd_alloc.h"
-#include "epd_utf8.h"
+#include "epd_openai_int.h"
 
-/* ------------------------------------------------------------ buffers */
-
-void epd_oai_buf_reset(epd_oai_buf_t *buf)
-{
-    buf->len = 0;
-    if (buf->data != NULL) {
-        buf->data[0] = '\0';
-    }
-}
-
-void epd_oai_buf_cleanup(epd_oai_buf_t *buf)
-{
-    epd_free(buf->data);
-    buf->data = NULL;
-    buf->len = 0;
-    buf->cap = 0;
-}
-
-/* Room for `n` more bytes plus a NUL. */
-static int buf_reserve(epd_oai_buf_t *buf, size_t n)
-{
-    size_t need;
-    size_t cap;
-    char *data;
-
-    if (n > SIZE_MAX / 2 - buf->len) {
-        return -1;
-    }
-    need = buf->len + n + 1;
-    if (need <= buf->cap) {
-        return 0;
-    }
-    cap = buf->cap < 256 ? 256 : buf->cap;
-    while (cap < need) {
-        cap *= 2;
-    }
-    data = epd_realloc(buf->data, cap);
-    if (data == NULL) {
-        return -1;
-    }
-    buf->data = data;
-    buf->cap = cap;
-    return 0;
-}
-
-typedef struct {
-    epd_oai_buf_t *buf;
-    size_t start;
-    int failed;
-} writer_t;
-
-static void w_begin(writer_t *w, epd_oai_buf_t *buf)
-{
-    w->buf = buf;
-    w->start = buf->len;
-    w->failed = 0;
-}
-
-static void w_put(writer_t *w, const char *s, size_t n)
-{
-    if (w->failed) {
-        return;
-    }
-    if (buf_reserve(w->buf, n) != 0) {
-        w->failed = 1;
-        return;
-    }
-    memcpy(w->buf->data + w->buf->len, s, n);
-    w->buf->len += n;
-    w->buf->data[w->buf->len] = '\0';
-}
-
-static void w_puts(writer_t *w, const char *s)
-{
-    w_put(w, s, strlen(s));
-}
-
-static void w_int(writer_t *w, int64_t v)
-{
-    char tmp[32];
-    int n = snprintf(tmp, sizeof(tmp), "%" PRId64, v);
-
-    w_put(w, tmp, (size_t)n);
-}
-
-/* A JSON string of s[0..n), which must be valid UTF-8 (it comes from a
- * jansson string or from epd_utf8_repair). */
-static void w_str(writer_t *w, const char *s, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    size_t i;
-    size_t run = 0;
-
-    w_put(w, "\"", 1);
-    for (i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        char esc[6];
-        size_t elen = 2;
-
-        if (c >= 0x20 && c != '"' && c != '\\') {
-            continue;
-        }
-        w_put(w, s + run, i - run);
-        run = i + 1;
-        esc[0] = '\\';
-        switch (c) {
-        case '"':
-            esc[1] = '"';
-            break;
-        case '\\':
-            esc[1] = '\\';
-            break;
-        case '\n':
-            esc[1] = 'n';
-            break;
-        case '\r':
-            esc[1] = 'r';
-            break;
-        case '\t':
-            esc[1] = 't';
-            break;
-        case '\b':
-            esc[1] = 'b';
-            break;
-        case '\f':
-            esc[1] = 'f';
-            break;
-        default:
-            esc[1] = 'u';
-            esc[2] = '0';
-            esc[3] = '0';
-            esc[4] = hex[c >> 4];
-            esc[5] = hex[c & 15];
-            elen = 6;
-            break;
-        }
-        w_put(w, esc, elen);
-    }
-    w_put(w, s + run, n - run);
-    w_put(w, "\"", 1);
-}
-
-static void w_cstr_or_null(writer_t *w, const char *s)
-{
-    if (s == NULL || s[0] == '\0') {
-        w_puts(w, "null");
-    } else {
-        w_str(w, s, strlen(s));
-    }
-}
-
-static epd_status_t w_end(writer_t *w)
-{
-    if (w->failed) {
-        w->buf->len = w->start;
-        if (w->buf->data != NULL) {
-            w->buf->data[w->start] = '\0';
-        }
-        return EPD_ERR_NO_MEMORY;
-    }
-    return EPD_OK;
-}
-
-/* ------------------------------------------------------------ errors */
-
-static void copy_trunc(char *dst, size_t cap, const char *src)
-{
-    snprintf(dst, cap, "%s", src != NULL ? src : "");
-}
-
-void epd_oai_error_set(epd_oai_error_t *err, int http_status, const char *param, const char *code,
-                       const char *fmt, ...)
-{
-    va_list ap;
-
-    err->http_status = http_status;
-    copy_trunc(err->type, sizeof(err->type),
-               http_status >= 500 ? "server_error" : "invalid_request_error");
-    copy_trunc(err->param, sizeof(err->param), param);
-    copy_trunc(err->code, sizeof(err->code), code);
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof(err->message), fmt, ap);
-    va_end(ap);
-}
-
-static void w_error_object(writer_t *w, const epd_oai_error_t *err)
-{
-    w_puts(w, "{\"error\":{\"message\":");
-    w_str(w, err->message, strlen(err->message));
-    w_puts(w, ",\"type\":");
-    w_str(w, err->type, strlen(err->type));
-    w_puts(w, ",\"param\":");
-    w_cstr_or_null(w, err->param);
-    w_puts(w, ",\"code\":");
-    w_cstr_or_null(w, err->code);
-    w_puts(w, "}}");
-}
-
-epd_status_t epd_oai_error_encode(const epd_oai_error_t *err, epd_oai_buf_t *out)
-{
-    writer_t w;
-
-    w_begin(&w, out);
-    w_error_object(&w, err);
-    return w_end(&w);
-}
-
-/* ------------------------------------------------------------ parsing */
-
-static const char *json_type_name(const json_t *v)
+static const char *epd_oai_json_type_name(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT:
@@ -255,26 +44,26 @@ static const char *json_type_name(const json_t *v)
     return "a value";
 }
 
-static void type_error(epd_oai_error_t *err, const char *param, const char *expected,
-                       const json_t *got)
+static void epd_oai_type_error(epd_oai_error_t *err, const char *param, const char *expected,
+                               const json_t *got)
 {
     epd_oai_error_set(err, 400, param, NULL,
                       "Invalid type for '%s': expected %s, but got %s instead.", param, expected,
-                      json_type_name(got));
+                      epd_oai_json_type_name(got));
 }
 
-static void missing_error(epd_oai_error_t *err, const char *param)
+static void epd_oai_missing_error(epd_oai_error_t *err, const char *param)
 {
     epd_oai_error_set(err, 400, param, NULL, "Missing required parameter: '%s'.", param);
 }
 
-static void oom_error(epd_oai_error_t *err)
+static void epd_oai_oom_error(epd_oai_error_t *err)
 {
     epd_oai_error_set(err, 500, NULL, NULL, "The server is out of memory.");
 }
 
 /* An optional field: NULL when absent or JSON null. */
-static json_t *opt_field(json_t *obj, const char *name)
+static json_t *epd_oai_opt_field(json_t *obj, const char *name)
 {
     json_t *v = json_object_get(obj, name);
 
@@ -300,12 +89,12 @@ void epd_oai_request_destroy(epd_oai_request_t *req)
     epd_free(req);
 }
 
-static epd_status_t parse_prompt(json_t *root, epd_oai_request_t *req, epd_oai_error_t *err)
+static epd_status_t epd_oai_parse_prompt(json_t *root, epd_oai_request_t *req, epd_oai_error_t *err)
 {
-    json_t *v = opt_field(root, "prompt");
+    json_t *v = epd_oai_opt_field(root, "prompt");
 
     if (v == NULL) {
-        missing_error(err, "prompt");
+        epd_oai_missing_error(err, "prompt");
         return EPD_ERR_INVALID_PARAM;
     }
     if (json_is_array(v)) {
@@ -317,20 +106,20 @@ static epd_status_t parse_prompt(json_t *root, epd_oai_request_t *req, epd_oai_e
         }
         v = json_array_get(v, 0);
     } else if (!json_is_string(v)) {
-        type_error(err, "prompt", "a string", v);
+        epd_oai_type_error(err, "prompt", "a string", v);
         return EPD_ERR_INVALID_PARAM;
     }
     req->prompt_len = json_string_length(v);
     req->prompt = epd_strndup(json_string_value(v), req->prompt_len);
     if (req->prompt == NULL) {
-        oom_error(err);
+        epd_oai_oom_error(err);
         return EPD_ERR_NO_MEMORY;
     }
     return EPD_OK;
 }
 
 /* The URL of an image part: {"image_url": {"url": URL}} or {"image_url": URL}. */
-static json_t *image_part_url(json_t *part)
+static json_t *epd_oai_image_part_url(json_t *part)
 {
     json_t *iu = json_object_get(part, "image_url");
 
@@ -342,10 +131,10 @@ static json_t *image_part_url(json_t *part)
 
 /* Checks an image part's URL (a data: URL of an image, base64) and, when
  * `img` is not NULL, decodes it there (img->data owned by the caller). */
-static epd_status_t image_part(json_t *part, size_t i, size_t j, epd_oai_image_t *img,
-                               epd_oai_error_t *err)
+static epd_status_t epd_oai_image_part(json_t *part, size_t i, size_t j, epd_oai_image_t *img,
+                                       epd_oai_error_t *err)
 {
-    json_t *url = image_part_url(part);
+    json_t *url = epd_oai_image_part_url(part);
     char param[96];
     const char *u;
     const char *comma;
@@ -355,11 +144,11 @@ static epd_status_t image_part(json_t *part, size_t i, size_t j, epd_oai_image_t
 
     snprintf(param, sizeof(param), "messages[%zu].content[%zu].image_url.url", i, j);
     if (url == NULL) {
-        missing_error(err, param);
+        epd_oai_missing_error(err, param);
         return EPD_ERR_INVALID_PARAM;
     }
     if (!json_is_string(url)) {
-        type_error(err, param, "a string", url);
+        epd_oai_type_error(err, param, "a string", url);
         return EPD_ERR_INVALID_PARAM;
     }
     u = json_string_value(url);
@@ -396,7 +185,7 @@ static epd_status_t image_part(json_t *part, size_t i, size_t j, epd_oai_image_t
     cap = b64_len / 4 * 3 + 3;
     out = epd_malloc(cap);
     if (out == NULL) {
-        oom_error(err);
+        epd_oai_oom_error(err);
         return EPD_ERR_NO_MEMORY;
     }
     /* strict base64 (libsodium): padded, or unpadded, nothing else */
@@ -425,9 +214,9 @@ static epd_status_t image_part(json_t *part, size_t i, size_t j, epd_oai_image_t
  * otherwise the text goes to dst, which is the rendered prompt at offset
  * `at`, and each image part is decoded into req->images (its
  * prompt_offset where it stands). */
-static epd_status_t message_content(json_t *content, size_t i, char *dst, size_t at,
-                                    epd_oai_request_t *req, size_t *len_p, size_t *n_images_p,
-                                    epd_oai_error_t *err)
+static epd_status_t epd_oai_message_content(json_t *content, size_t i, char *dst, size_t at,
+                                            epd_oai_request_t *req, size_t *len_p,
+                                            size_t *n_images_p, epd_oai_error_t *err)
 {
     char param[64];
     size_t len = 0;
@@ -447,9 +236,9 @@ static epd_status_t message_content(json_t *content, size_t i, char *dst, size_t
     if (!json_is_array(content)) {
         snprintf(param, sizeof(param), "messages[%zu].content", i);
         if (content == NULL) {
-            missing_error(err, param);
+            epd_oai_missing_error(err, param);
         } else {
-            type_error(err, param, "a string or an array of content parts", content);
+            epd_oai_type_error(err, param, "a string or an array of content parts", content);
         }
         return EPD_ERR_INVALID_PARAM;
     }
@@ -460,17 +249,17 @@ static epd_status_t message_content(json_t *content, size_t i, char *dst, size_t
 
         snprintf(param, sizeof(param), "messages[%zu].content[%zu]", i, j);
         if (!json_is_object(part)) {
-            type_error(err, param, "an object", part);
+            epd_oai_type_error(err, param, "an object", part);
             return EPD_ERR_INVALID_PARAM;
         }
         type = json_object_get(part, "type");
         if (json_is_string(type) && strcmp(json_string_value(type), "image_url") == 0) {
             if (dst == NULL) {
-                status = image_part(part, i, j, NULL, err);
+                status = epd_oai_image_part(part, i, j, NULL, err);
             } else {
                 epd_oai_image_t *img = &req->images[req->n_images];
 
-                status = image_part(part, i, j, img, err);
+                status = epd_oai_image_part(part, i, j, img, err);
                 if (status == EPD_OK) {
                     img->prompt_offset = at + len;
                     req->n_images++;
@@ -494,9 +283,9 @@ static epd_status_t message_content(json_t *content, size_t i, char *dst, size_t
         if (!json_is_string(text)) {
             snprintf(param, sizeof(param), "messages[%zu].content[%zu].text", i, j);
             if (text == NULL) {
-                missing_error(err, param);
+                epd_oai_missing_error(err, param);
             } else {
-                type_error(err, param, "a string", text);
+                epd_oai_type_error(err, param, "a string", text);
             }
             return EPD_ERR_INVALID_PARAM;
         }
@@ -510,10 +299,11 @@ static epd_status_t message_content(json_t *content, size_t i, char *dst, size_t
     return EPD_OK;
 }
 
-static epd_status_t parse_messages(json_t *root, epd_oai_request_t *req, epd_oai_error_t *err)
+static epd_status_t epd_oai_parse_messages(json_t *root, epd_oai_request_t *req,
+                                           epd_oai_error_t *err)
 {
     static const char tail[] = "<|assistant|>\n";
-    json_t *msgs = opt_field(root, "messages");
+    json_t *msgs = epd_oai_opt_field(root, "messages");
     size_t total = sizeof(tail) - 1;
     size_t total_images = 0;
     size_t pos = 0;
@@ -521,11 +311,11 @@ static epd_status_t parse_messages(json_t *root, epd_oai_request_t *req, epd_oai
     epd_status_t status;
 
     if (msgs == NULL) {
-        missing_error(err, "messages");
+        epd_oai_missing_error(err, "messages");
         return EPD_ERR_INVALID_PARAM;
     }
     if (!json_is_array(msgs)) {
-        type_error(err, "messages", "an array", msgs);
+        epd_oai_type_error(err, "messages", "an array", msgs);
         return EPD_ERR_INVALID_PARAM;
     }
     if (json_array_size(msgs) == 0) {
@@ -542,17 +332,17 @@ static epd_status_t parse_messages(json_t *root, epd_oai_request_t *req, epd_oai
 
         snprintf(param, sizeof(param), "messages[%zu]", i);
         if (!json_is_object(m)) {
-            type_error(err, param, "an object", m);
+            epd_oai_type_error(err, param, "an object", m);
             return EPD_ERR_INVALID_PARAM;
         }
         role = json_object_get(m, "role");
         snprintf(param, sizeof(param), "messages[%zu].role", i);
         if (role == NULL) {
-            missing_error(err, param);
+            epd_oai_missing_error(err, param);
             return EPD_ERR_INVALID_PARAM;
         }
         if (!json_is_string(role)) {
-            type_error(err, param, "a string", role);
+            epd_oai_type_error(err, param, "a string", role);
             return EPD_ERR_INVALID_PARAM;
         }
         r = json_string_value(role);
@@ -563,7 +353,8 @@ static epd_status_t parse_messages(json_t *root, epd_oai_request_t *req, epd_oai
                               param);
             return EPD_ERR_INVALID_PARAM;
         }
-        status = message_content(opt_field(m, "content"), i, NULL, 0, req, &clen, &cimg, err);
+        status = epd_oai_message_content(epd_oai_opt_field(m, "content"), i, NULL, 0, req, &clen,
+                                         &cimg, err);
         if (status != EPD_OK) {
             return status;
         }
@@ -581,7 +372,7 @@ static epd_status_t parse_messages(json_t *root, epd_oai_request_t *req, epd_oai
         req->images = epd_calloc(total_images, sizeof(*req->images));
     }
     if (req->prompt == NULL || (total_images > 0 && req->images == NULL)) {
-        oom_error(err);
+        epd_oai_oom_error(err);
         return EPD_ERR_NO_MEMORY;
     }
     for (i = 0; i < json_array_size(msgs); i++) {
@@ -590,8 +381,8 @@ static epd_status_t parse_messages(json_t *root, epd_oai_request_t *req, epd_oai
         size_t clen, cimg;
 
         pos += (size_t)sprintf(req->prompt + pos, "<|%s|>\n", r);
-        status = message_content(opt_field(m, "content"), i, req->prompt + pos, pos, req, &clen,
-                                 &cimg, err);
+        status = epd_oai_message_content(epd_oai_opt_field(m, "content"), i, req->prompt + pos, pos,
+                                         req, &clen, &cimg, err);
         if (status != EPD_OK) {
             return status; /* out of memory only: pass 1 validated everything */
         }
@@ -603,17 +394,17 @@ static epd_status_t parse_messages(json_t *root, epd_oai_request_t *req, epd_oai
     return EPD_OK;
 }
 
-static epd_status_t parse_number(json_t *root, const char *name, double lo, double hi, int lo_open,
-                                 double *value_p, epd_oai_error_t *err)
+static epd_status_t epd_oai_parse_number(json_t *root, const char *name, double lo, double hi,
+                                         int lo_open, double *value_p, epd_oai_error_t *err)
 {
-    json_t *v = opt_field(root, name);
+    json_t *v = epd_oai_opt_field(root, name);
     double d;
 
     if (v == NULL) {
         return EPD_OK;
     }
     if (!json_is_number(v)) {
-        type_error(err, name, "a number", v);
+        epd_oai_type_error(err, name, "a number", v);
         return EPD_ERR_INVALID_PARAM;
     }
     d = json_number_value(v);
@@ -627,16 +418,16 @@ static epd_status_t parse_number(json_t *root, const char *name, double lo, doub
 }
 
 /* An optional integer field: *present_p 1 and *value_p set when given. */
-static epd_status_t parse_int(json_t *root, const char *name, int64_t *value_p, int *present_p,
-                              epd_oai_error_t *err)
+static epd_status_t epd_oai_parse_int(json_t *root, const char *name, int64_t *value_p,
+                                      int *present_p, epd_oai_error_t *err)
 {
-    json_t *v = opt_field(root, name);
+    json_t *v = epd_oai_opt_field(root, name);
 
     if (v == NULL) {
         return EPD_OK;
     }
     if (!json_is_integer(v)) {
-        type_error(err, name, "an integer", v);
+        epd_oai_type_error(err, name, "an integer", v);
         return EPD_ERR_INVALID_PARAM;
     }
     *value_p = (int64_t)json_integer_value(v);
@@ -644,26 +435,26 @@ static epd_status_t parse_int(json_t *root, const char *name, int64_t *value_p, 
     return EPD_OK;
 }
 
-static epd_status_t parse_bool(json_t *obj, const char *name, const char *param, int *value_p,
-                               epd_oai_error_t *err)
+static epd_status_t epd_oai_parse_bool(json_t *obj, const char *name, const char *param,
+                                       int *value_p, epd_oai_error_t *err)
 {
-    json_t *v = opt_field(obj, name);
+    json_t *v = epd_oai_opt_field(obj, name);
 
     if (v == NULL) {
         return EPD_OK;
     }
     if (!json_is_boolean(v)) {
-        type_error(err, param, "a boolean", v);
+        epd_oai_type_error(err, param, "a boolean", v);
         return EPD_ERR_INVALID_PARAM;
     }
     *value_p = json_is_true(v);
     return EPD_OK;
 }
 
-static epd_status_t add_stop(epd_oai_request_t *req, json_t *s, epd_oai_error_t *err)
+static epd_status_t epd_oai_add_stop(epd_oai_request_t *req, json_t *s, epd_oai_error_t *err)
 {
     if (!json_is_string(s)) {
-        type_error(err, "stop", "a string or an array of strings", s);
+        epd_oai_type_error(err, "stop", "a string or an array of strings", s);
         return EPD_ERR_INVALID_PARAM;
     }
     if (json_string_length(s) == 0) {
@@ -672,16 +463,16 @@ static epd_status_t add_stop(epd_oai_request_t *req, json_t *s, epd_oai_error_t 
     }
     req->stop[req->n_stop] = epd_strndup(json_string_value(s), json_string_length(s));
     if (req->stop[req->n_stop] == NULL) {
-        oom_error(err);
+        epd_oai_oom_error(err);
         return EPD_ERR_NO_MEMORY;
     }
     req->n_stop++;
     return EPD_OK;
 }
 
-static epd_status_t parse_stop(json_t *root, epd_oai_request_t *req, epd_oai_error_t *err)
+static epd_status_t epd_oai_parse_stop(json_t *root, epd_oai_request_t *req, epd_oai_error_t *err)
 {
-    json_t *v = opt_field(root, "stop");
+    json_t *v = epd_oai_opt_field(root, "stop");
     size_t i;
     epd_status_t status;
 
@@ -689,7 +480,7 @@ static epd_status_t parse_stop(json_t *root, epd_oai_request_t *req, epd_oai_err
         return EPD_OK;
     }
     if (!json_is_array(v)) {
-        return add_stop(req, v, err);
+        return epd_oai_add_stop(req, v, err);
     }
     if (json_array_size(v) > EPD_OAI_MAX_STOP) {
         epd_oai_error_set(err, 400, "stop", NULL, "'stop' takes at most %d sequences, got %zu.",
@@ -697,7 +488,7 @@ static epd_status_t parse_stop(json_t *root, epd_oai_request_t *req, epd_oai_err
         return EPD_ERR_INVALID_PARAM;
     }
     for (i = 0; i < json_array_size(v); i++) {
-        status = add_stop(req, json_array_get(v, i), err);
+        status = epd_oai_add_stop(req, json_array_get(v, i), err);
         if (status != EPD_OK) {
             return status;
         }
@@ -705,9 +496,10 @@ static epd_status_t parse_stop(json_t *root, epd_oai_request_t *req, epd_oai_err
     return EPD_OK;
 }
 
-static epd_status_t parse_fields(epd_oai_kind_t kind, json_t *root, const char *const *models,
-                                 size_t n_models, int64_t max_context, epd_oai_request_t *req,
-                                 epd_oai_error_t *err)
+static epd_status_t epd_oai_parse_fields(epd_oai_kind_t kind, json_t *root,
+                                         const char *const *models, size_t n_models,
+                                         int64_t max_context, epd_oai_request_t *req,
+                                         epd_oai_error_t *err)
 {
     const char *mt_name = "max_tokens";
     json_t *v;
@@ -717,13 +509,13 @@ static epd_status_t parse_fields(epd_oai_kind_t kind, json_t *root, const char *
     size_t i;
     epd_status_t status;
 
-    v = opt_field(root, "model");
+    v = epd_oai_opt_field(root, "model");
     if (v == NULL) {
-        missing_error(err, "model");
+        epd_oai_missing_error(err, "model");
         return EPD_ERR_INVALID_PARAM;
     }
     if (!json_is_string(v)) {
-        type_error(err, "model", "a string", v);
+        epd_oai_type_error(err, "model", "a string", v);
         return EPD_ERR_INVALID_PARAM;
     }
     for (i = 0; i < n_models; i++) {
@@ -738,19 +530,20 @@ static epd_status_t parse_fields(epd_oai_kind_t kind, json_t *root, const char *
     }
     req->model = epd_strdup(json_string_value(v));
     if (req->model == NULL) {
-        oom_error(err);
+        epd_oai_oom_error(err);
         return EPD_ERR_NO_MEMORY;
     }
 
-    status = kind == EPD_OAI_CHAT ? parse_messages(root, req, err) : parse_prompt(root, req, err);
+    status = kind == EPD_OAI_CHAT ? epd_oai_parse_messages(root, req, err)
+                                  : epd_oai_parse_prompt(root, req, err);
     if (status != EPD_OK) {
         return status;
     }
 
-    if (kind == EPD_OAI_CHAT && opt_field(root, "max_completion_tokens") != NULL) {
+    if (kind == EPD_OAI_CHAT && epd_oai_opt_field(root, "max_completion_tokens") != NULL) {
         mt_name = "max_completion_tokens";
     }
-    status = parse_int(root, mt_name, &req->max_tokens, &req->has_max_tokens, err);
+    status = epd_oai_parse_int(root, mt_name, &req->max_tokens, &req->has_max_tokens, err);
     if (status != EPD_OK) {
         return status;
     }
@@ -767,18 +560,18 @@ static epd_status_t parse_fields(epd_oai_kind_t kind, json_t *root, const char *
         return EPD_ERR_INVALID_PARAM;
     }
 
-    status = parse_number(root, "temperature", 0.0, 2.0, 0, &req->temperature, err);
+    status = epd_oai_parse_number(root, "temperature", 0.0, 2.0, 0, &req->temperature, err);
     if (status != EPD_OK) {
         return status;
     }
-    status = parse_number(root, "top_p", 0.0, 1.0, 1, &req->top_p, err);
+    status = epd_oai_parse_number(root, "top_p", 0.0, 1.0, 1, &req->top_p, err);
     if (status != EPD_OK) {
         return status;
     }
     {
         int has_top_k = 0;
 
-        status = parse_int(root, "top_k", &req->top_k, &has_top_k, err);
+        status = epd_oai_parse_int(root, "top_k", &req->top_k, &has_top_k, err);
         if (status != EPD_OK) {
             return status;
         }
@@ -793,11 +586,11 @@ static epd_status_t parse_fields(epd_oai_kind_t kind, json_t *root, const char *
             req->top_k = 0;
         }
     }
-    status = parse_int(root, "seed", &req->seed, &req->has_seed, err);
+    status = epd_oai_parse_int(root, "seed", &req->seed, &req->has_seed, err);
     if (status != EPD_OK) {
         return status;
     }
-    status = parse_int(root, "n", &n, &has_n, err);
+    status = epd_oai_parse_int(root, "n", &n, &has_n, err);
     if (status != EPD_OK) {
         return status;
     }
@@ -807,14 +600,14 @@ static epd_status_t parse_fields(epd_oai_kind_t kind, json_t *root, const char *
             "'n' must be 1: this server returns one choice per request (got %" PRId64 ").", n);
         return EPD_ERR_INVALID_PARAM;
     }
-    status = parse_bool(root, "stream", "stream", &req->stream, err);
+    status = epd_oai_parse_bool(root, "stream", "stream", &req->stream, err);
     if (status != EPD_OK) {
         return status;
     }
-    opts = opt_field(root, "stream_options");
+    opts = epd_oai_opt_field(root, "stream_options");
     if (opts != NULL) {
         if (!json_is_object(opts)) {
-            type_error(err, "stream_options", "an object", opts);
+            epd_oai_type_error(err, "stream_options", "an object", opts);
             return EPD_ERR_INVALID_PARAM;
         }
         if (!req->stream) {
@@ -822,13 +615,13 @@ static epd_status_t parse_fields(epd_oai_kind_t kind, json_t *root, const char *
                               "'stream_options' is only allowed when 'stream' is true.");
             return EPD_ERR_INVALID_PARAM;
         }
-        status = parse_bool(opts, "include_usage", "stream_options.include_usage",
-                            &req->include_usage, err);
+        status = epd_oai_parse_bool(opts, "include_usage", "stream_options.include_usage",
+                                    &req->include_usage, err);
         if (status != EPD_OK) {
             return status;
         }
     }
-    status = parse_stop(root, req, err);
+    status = epd_oai_parse_stop(root, req, err);
     if (status != EPD_OK) {
         return status;
     }
@@ -837,7 +630,7 @@ static epd_status_t parse_fields(epd_oai_kind_t kind, json_t *root, const char *
          * this request's images itself, as if there were no encoder pool
          * (epd-bench serve --images compares the two); "auto" (the
          * default) lets the router choose */
-        json_t *enc = opt_field(root, "epd_encode");
+        json_t *enc = epd_oai_opt_field(root, "epd_encode");
 
         if (enc != NULL) {
             if (!json_is_string(enc) || (strcmp(json_string_value(enc), "local") != 0 &&
@@ -885,20 +678,20 @@ epd_status_t epd_oai_request_parse(epd_oai_kind_t kind, const void *body, size_t
     }
     if (!json_is_object(root)) {
         epd_oai_error_set(err, 400, NULL, NULL, "The request body must be a JSON object, not %s.",
-                          json_type_name(root));
+                          epd_oai_json_type_name(root));
         status = EPD_ERR_INVALID_PARAM;
         goto err_decref;
     }
     req = epd_calloc(1, sizeof(*req));
     if (req == NULL) {
-        oom_error(err);
+        epd_oai_oom_error(err);
         status = EPD_ERR_NO_MEMORY;
         goto err_decref;
     }
     req->kind = kind;
     req->temperature = 1.0;
     req->top_p = 1.0;
-    status = parse_fields(kind, root, models, n_models, max_context, req, err);
+    status = epd_oai_parse_fields(kind, root, models, n_models, max_context, req, err);
     if (status != EPD_OK) {
         goto err_destroy_req;
     }
@@ -954,299 +747,3 @@ epd_status_t epd_oai_check_length(const epd_oai_request_t *req, int64_t prompt_t
     return EPD_OK;
 }
 
-/* ------------------------------------------------------------ responses */
-
-void epd_oai_make_id(epd_oai_kind_t kind, uint64_t nonce, char id[EPD_OAI_ID_MAX])
-{
-    snprintf(id, EPD_OAI_ID_MAX, "%s-%016" PRIx64, kind == EPD_OAI_CHAT ? "chatcmpl" : "cmpl",
-             nonce);
-}
-
-static const char *finish_name(epd_oai_finish_t finish)
-{
-    return finish == EPD_OAI_FINISH_LENGTH ? "length" : "stop";
-}
-
-static void w_head(writer_t *w, const char *id, const char *object, int64_t created,
-                   const char *model)
-{
-    w_puts(w, "{\"id\":");
-    w_str(w, id, strlen(id));
-    w_puts(w, ",\"object\":\"");
-    w_puts(w, object);
-    w_puts(w, "\",\"created\":");
-    w_int(w, created);
-    w_puts(w, ",\"model\":");
-    w_str(w, model, strlen(model));
-}
-
-static void w_usage(writer_t *w, int64_t prompt_tokens, int64_t completion_tokens)
-{
-    w_puts(w, "\"usage\":{\"prompt_tokens\":");
-    w_int(w, prompt_tokens);
-    w_puts(w, ",\"completion_tokens\":");
-    w_int(w, completion_tokens);
-    w_puts(w, ",\"total_tokens\":");
-    w_int(w, prompt_tokens + completion_tokens);
-    w_puts(w, "}");
-}
-
-epd_status_t epd_oai_response_encode(epd_oai_kind_t kind, const char *id, const char *model,
-                                     int64_t created, const void *text, size_t len,
-                                     epd_oai_finish_t finish, int64_t prompt_tokens,
-                                     int64_t completion_tokens, epd_oai_buf_t *out)
-{
-    char *fixed;
-    size_t flen = 0;
-    writer_t w;
-
-    if (id == NULL || model == NULL || (text == NULL && len > 0) || len > SIZE_MAX / 4) {
-        return EPD_ERR_INVALID_PARAM;
-    }
-    fixed = epd_malloc(EPD_UTF8_REPAIR_MAX(len) + 1);
-    if (fixed == NULL) {
-        return EPD_ERR_NO_MEMORY;
-    }
-    if (len > 0 && epd_utf8_repair(text, len, fixed, EPD_UTF8_REPAIR_MAX(len), &flen) != EPD_OK) {
-        epd_free(fixed);
-        return EPD_ERR_INVALID_PARAM; /* unreachable: the bound always suffices */
-    }
-    w_begin(&w, out);
-    w_head(&w, id, kind == EPD_OAI_CHAT ? "chat.completion" : "text_completion", created, model);
-    w_puts(&w, ",\"choices\":[{\"index\":0,");
-    if (kind == EPD_OAI_CHAT) {
-        w_puts(&w, "\"message\":{\"role\":\"assistant\",\"content\":");
-        w_str(&w, fixed, flen);
-        w_puts(&w, "}");
-    } else {
-        w_puts(&w, "\"text\":");
-        w_str(&w, fixed, flen);
-    }
-    w_puts(&w, ",\"logprobs\":null,\"finish_reason\":\"");
-    w_puts(&w, finish_name(finish));
-    w_puts(&w, "\"}],");
-    w_usage(&w, prompt_tokens, completion_tokens);
-    w_puts(&w, "}");
-    epd_free(fixed);
-    return w_end(&w);
-}
-
-epd_status_t epd_oai_models_encode(const char *const *models, size_t n_models, int64_t created,
-                                   epd_oai_buf_t *out)
-{
-    writer_t w;
-    size_t i;
-
-    if (models == NULL && n_models > 0) {
-        return EPD_ERR_INVALID_PARAM;
-    }
-    w_begin(&w, out);
-    w_puts(&w, "{\"object\":\"list\",\"data\":[");
-    for (i = 0; i < n_models; i++) {
-        w_puts(&w, i > 0 ? ",{\"id\":" : "{\"id\":");
-        w_str(&w, models[i], strlen(models[i]));
-        w_puts(&w, ",\"object\":\"model\",\"created\":");
-        w_int(&w, created);
-        w_puts(&w, ",\"owned_by\":\"epd\"}");
-    }
-    w_puts(&w, "]}");
-    return w_end(&w);
-}
-
-/* ------------------------------------------------------------ streaming */
-
-epd_status_t epd_oai_stream_init(epd_oai_stream_t *stream, epd_oai_kind_t kind, const char *id,
-                                 const char *model, int64_t created, int include_usage)
-{
-    char *copy;
-
-    if (stream == NULL || id == NULL || model == NULL || strlen(id) >= EPD_OAI_ID_MAX) {
-        return EPD_ERR_INVALID_PARAM;
-    }
-    copy = epd_strdup(model);
-    if (copy == NULL) {
-        return EPD_ERR_NO_MEMORY;
-    }
-    memset(stream, 0, sizeof(*stream));
-    stream->kind = kind;
-    snprintf(stream->id, sizeof(stream->id), "%s", id);
-    stream->model = copy;
-    stream->created = created;
-    stream->include_usage = include_usage != 0;
-    return EPD_OK;
-}
-
-void epd_oai_stream_cleanup(epd_oai_stream_t *stream)
-{
-    epd_free(stream->model);
-    stream->model = NULL;
-    epd_oai_buf_cleanup(&stream->scratch);
-}
-
-/* One choice chunk as an SSE event: text (valid UTF-8) or, with
- * `finish` >= 0, the closing chunk. */
-static void w_chunk(writer_t *w, epd_oai_stream_t *s, const char *text, size_t len, int finish)
-{
-    int chat = s->kind == EPD_OAI_CHAT;
-
-    w_puts(w, "data: ");
-    w_head(w, s->id, chat ? "chat.completion.chunk" : "text_completion", s->created, s->model);
-    w_puts(w, ",\"choices\":[{\"index\":0,");
-    if (chat) {
-        w_puts(w, "\"delta\":{");
-        if (!s->role_sent) {
-            w_puts(w, "\"role\":\"assistant\"");
-            if (finish < 0 || len > 0) {
-                w_puts(w, ",");
-            } else {
-                w_puts(w, ",\"content\":\"\"");
-            }
-        }
-        if (finish < 0 || len > 0) {
-            w_puts(w, "\"content\":");
-            w_str(w, text, len);
-        }
-        w_puts(w, "}");
-        s->role_sent = 1;
-    } else {
-        w_puts(w, "\"text\":");
-        w_str(w, text, len);
-    }
-    w_puts(w, ",\"logprobs\":null,\"finish_reason\":");
-    if (finish >= 0) {
-        w_puts(w, "\"");
-        w_puts(w, finish_name((epd_oai_finish_t)finish));
-        w_puts(w, "\"");
-    } else {
-        w_puts(w, "null");
-    }
-    w_puts(w, "}]");
-    if (s->include_usage) {
-        w_puts(w, ",\"usage\":null");
-    }
-    w_puts(w, "}\n\n");
-}
-
-/* Repairs raw[0..n) into the scratch buffer after offset `at`; returns the
- * repaired text through *text_p and *len_p, or -1 when out of memory. */
-static int scratch_repair(epd_oai_stream_t *s, size_t at, const unsigned char *raw, size_t n,
-                          const char **text_p, size_t *len_p)
-{
-    size_t out_len = 0;
-
-    s->scratch.len = at;
-    if (buf_reserve(&s->scratch, EPD_UTF8_REPAIR_MAX(n)) != 0) {
-        return -1;
-    }
-    if (n > 0) {
-        epd_utf8_repair(raw, n, s->scratch.data + at, EPD_UTF8_REPAIR_MAX(n), &out_len);
-    }
-    *text_p = s->scratch.data + at;
-    *len_p = out_len;
-    return 0;
-}
-
-epd_status_t epd_oai_stream_text(epd_oai_stream_t *stream, const void *bytes, size_t len,
-                                 epd_oai_buf_t *out)
-{
-    size_t n;
-    size_t tail;
-    const char *text;
-    size_t tlen;
-    int role_sent = stream->role_sent;
-    writer_t w;
-
-    if (stream->finished || (bytes == NULL && len > 0)) {
-        return EPD_ERR_INVALID_PARAM;
-    }
-    if (len > SIZE_MAX / 8) {
-        return EPD_ERR_NO_MEMORY;
-    }
-    /* scratch = [held tail + bytes][repaired complete part] */
-    n = stream->tail_len + len;
-    stream->scratch.len = 0;
-    if (buf_reserve(&stream->scratch, n + EPD_UTF8_REPAIR_MAX(n)) != 0) {
-        return EPD_ERR_NO_MEMORY;
-    }
-    memcpy(stream->scratch.data, stream->tail, stream->tail_len);
-    if (len > 0) {
-        memcpy(stream->scratch.data + stream->tail_len, bytes, len);
-    }
-    tail = epd_utf8_incomplete_tail(stream->scratch.data, n);
-    if (n - tail == 0) {
-        memcpy(stream->tail, stream->scratch.data, n); /* n == tail <= 3 */
-        stream->tail_len = n;
-        return EPD_OK;
-    }
-    /* Room reserved above: the repair cannot move the raw bytes. */
-    text = stream->scratch.data + n;
-    epd_utf8_repair(stream->scratch.data, n - tail, stream->scratch.data + n,
-                    EPD_UTF8_REPAIR_MAX(n), &tlen);
-    w_begin(&w, out);
-    w_chunk(&w, stream, text, tlen, -1);
-    if (w_end(&w) != EPD_OK) {
-        stream->role_sent = role_sent;
-        return EPD_ERR_NO_MEMORY;
-    }
-    memmove(stream->tail, stream->scratch.data + n - tail, tail);
-    stream->tail_len = tail;
-    return EPD_OK;
-}
-
-epd_status_t epd_oai_stream_finish(epd_oai_stream_t *stream, epd_oai_finish_t finish,
-                                   int64_t prompt_tokens, int64_t completion_tokens,
-                                   epd_oai_buf_t *out)
-{
-    int role_sent = stream->role_sent;
-    unsigned char held[4];
-    const char *text;
-    size_t tlen;
-    writer_t w;
-
-    if (stream->finished) {
-        return EPD_ERR_INVALID_PARAM;
-    }
-    memcpy(held, stream->tail, stream->tail_len);
-    w_begin(&w, out);
-    if (stream->tail_len > 0) {
-        if (scratch_repair(stream, 0, held, stream->tail_len, &text, &tlen) != 0) {
-            return EPD_ERR_NO_MEMORY;
-        }
-        w_chunk(&w, stream, text, tlen, -1);
-    }
-    w_chunk(&w, stream, "", 0, (int)finish);
-    if (stream->include_usage) {
-        w_puts(&w, "data: ");
-        w_head(&w, stream->id,
-               stream->kind == EPD_OAI_CHAT ? "chat.completion.chunk" : "text_completion",
-               stream->created, stream->model);
-        w_puts(&w, ",\"choices\":[],");
-        w_usage(&w, prompt_tokens, completion_tokens);
-        w_puts(&w, "}\n\n");
-    }
-    w_puts(&w, "data: [DONE]\n\n");
-    if (w_end(&w) != EPD_OK) {
-        stream->role_sent = role_sent;
-        return EPD_ERR_NO_MEMORY;
-    }
-    stream->tail_len = 0;
-    stream->finished = 1;
-    return EPD_OK;
-}
-
-epd_status_t epd_oai_stream_error(epd_oai_stream_t *stream, const epd_oai_error_t *err,
-                                  epd_oai_buf_t *out)
-{
-    writer_t w;
-
-    w_begin(&w, out);
-    w_puts(&w, "data: ");
-    w_error_object(&w, err);
-    w_puts(&w, "\n\ndata: [DONE]\n\n");
-    if (w_end(&w) != EPD_OK) {
-        return EPD_ERR_NO_MEMORY;
-    }
-    stream->finished = 1;
-    stream->tail_len = 0;
-    return EPD_OK;
-}

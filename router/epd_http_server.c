@@ -1,0 +1,528 @@
+/*
+ * epd_http_server.c — the HTTP server's intake (see epd_http_int.h): the
+ * listener and accepting (max_connections, a spare handle to shed a
+ * connection when out of memory), reading into a connection's input
+ * buffer, and the http-parser callbacks that build a request and hand it
+ * to the application's handler — one request per connection at a time,
+ * pipelined bytes held back until its answer is flushed.
+ *
+ * Stands on epd_http_conn.c (writes, timers, closing) and calls nothing
+ * of epd_http_respond.c: answering is the application's business.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "epd_alloc.h"
+#include "epd_http_int.h"
+#include "epd_log.h"
+
+static void epd_http_conn_process(epd_http_conn_t *conn);
+static void epd_http_on_listener_closed(uv_handle_t *handle);
+
+/* ------------------------------------------------------------ parser callbacks */
+
+static epd_http_conn_t *epd_http_conn_of(http_parser *parser)
+{
+    return parser->data;
+}
+
+/* Appends header bytes to the request, counting them against the limit. */
+static int epd_http_hbuf_append(epd_http_conn_t *conn, const char *at, size_t len, int counted)
+{
+    epd_http_req_t *req = conn->req;
+
+    if (counted) {
+        req->header_bytes += len;
+        if (req->header_bytes > conn->server->config.max_header_bytes) {
+            conn->fail_status = 431;
+            return -1;
+        }
+    }
+    if (req->hlen + len > req->hcap) {
+        conn->fail_status = 431; /* unreachable while the counts hold */
+        return -1;
+    }
+    memcpy(req->hbuf + req->hlen, at, len);
+    req->hlen += len;
+    return 0;
+}
+
+/* Moves the header collector to `phase`, terminating the string in
+ * progress. */
+static int epd_http_req_phase(epd_http_conn_t *conn, epd_http_hdr_phase_t phase)
+{
+    epd_http_req_t *req = conn->req;
+
+    if (req->phase == phase) {
+        return 0;
+    }
+    if (epd_http_hbuf_append(conn, "", 1, 0) != 0) {
+        return -1;
+    }
+    if (phase == EPD_HTTP_PHASE_FIELD) {
+        if (req->n_hdr == EPD_HTTP_MAX_HEADERS) {
+            conn->fail_status = 431;
+            return -1;
+        }
+        req->hdr[req->n_hdr].name_off = req->hlen;
+        req->hdr[req->n_hdr].val_off = req->hlen; /* until a value starts */
+        req->n_hdr++;
+    } else if (phase == EPD_HTTP_PHASE_VALUE) {
+        req->hdr[req->n_hdr - 1].val_off = req->hlen;
+    }
+    req->phase = phase;
+    return 0;
+}
+
+static int epd_http_on_message_begin(http_parser *parser)
+{
+    epd_http_conn_t *conn = epd_http_conn_of(parser);
+
+    conn->req = epd__http_req_create(&conn->server->config);
+    if (conn->req == NULL) {
+        epd_log_error(EPD_HTTP_LOG, 0, "no memory for a request");
+        conn->fail_status = 503;
+        return -1;
+    }
+    conn->req->conn = conn;
+    conn->state = EPD_HTTP_CONN_HEAD;
+    epd__http_conn_timer(conn, conn->server->config.header_timeout_ms);
+    return 0;
+}
+
+static int epd_http_on_url(http_parser *parser, const char *at, size_t len)
+{
+    return epd_http_hbuf_append(epd_http_conn_of(parser), at, len, 1);
+}
+
+static int epd_http_on_header_field(http_parser *parser, const char *at, size_t len)
+{
+    epd_http_conn_t *conn = epd_http_conn_of(parser);
+
+    if (epd_http_req_phase(conn, EPD_HTTP_PHASE_FIELD) != 0) {
+        return -1;
+    }
+    /* ": " and CRLF count too, so the limit matches the bytes on the wire. */
+    return epd_http_hbuf_append(conn, at, len, 1);
+}
+
+static int epd_http_on_header_value(http_parser *parser, const char *at, size_t len)
+{
+    epd_http_conn_t *conn = epd_http_conn_of(parser);
+
+    if (conn->req->phase != EPD_HTTP_PHASE_VALUE) {
+        if (epd_http_req_phase(conn, EPD_HTTP_PHASE_VALUE) != 0) {
+            return -1;
+        }
+        conn->req->header_bytes += 4;
+    }
+    return epd_http_hbuf_append(conn, at, len, 1);
+}
+
+static int epd_http_on_headers_complete(http_parser *parser)
+{
+    epd_http_conn_t *conn = epd_http_conn_of(parser);
+    epd_http_req_t *req = conn->req;
+    const epd_http_config_t *config = &conn->server->config;
+    const char *expect;
+
+    if (epd_http_req_phase(conn, EPD_HTTP_PHASE_DONE) != 0) {
+        return -1;
+    }
+    snprintf(req->method, sizeof(req->method), "%s",
+             http_method_str((enum http_method)parser->method));
+    req->http_minor = parser->http_major == 1 ? parser->http_minor : 0;
+    req->keep_alive = http_should_keep_alive(parser) && !parser->upgrade;
+
+    if (parser->content_length != ULLONG_MAX && parser->content_length > config->max_body_bytes) {
+        conn->fail_status = 413;
+        return -1;
+    }
+    if (parser->content_length != ULLONG_MAX && parser->content_length > 0) {
+        req->body_cap = (size_t)parser->content_length + 1;
+        req->body = epd_malloc(req->body_cap);
+        if (req->body == NULL) {
+            conn->fail_status = 503;
+            return -1;
+        }
+    }
+    expect = epd_http_req_header(req, "expect");
+    if (expect != NULL && strcasecmp(expect, "100-continue") == 0 &&
+        ((parser->flags & F_CHUNKED) ||
+         (parser->content_length != ULLONG_MAX && parser->content_length > 0))) {
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        if (epd__http_conn_write(conn, cont, sizeof(cont) - 1, NULL, 0, NULL, 0) != EPD_OK) {
+            conn->fail_status = 503;
+            return -1;
+        }
+    }
+    conn->state = EPD_HTTP_CONN_BODY;
+    epd__http_conn_timer(conn, config->body_timeout_ms);
+    return 0;
+}
+
+static int epd_http_on_body(http_parser *parser, const char *at, size_t len)
+{
+    epd_http_conn_t *conn = epd_http_conn_of(parser);
+    epd_http_req_t *req = conn->req;
+    size_t max = conn->server->config.max_body_bytes;
+
+    if (len > max || req->body_len > max - len) {
+        conn->fail_status = 413;
+        return -1;
+    }
+    if (req->body_len + len + 1 > req->body_cap) {
+        /* Chunked: grow geometrically, never past the limit. */
+        size_t cap = req->body_cap < 4096 ? 4096 : req->body_cap * 2;
+        char *body;
+
+        if (cap < req->body_len + len + 1) {
+            cap = req->body_len + len + 1;
+        }
+        if (cap > max + 1) {
+            cap = max + 1;
+        }
+        body = epd_realloc(req->body, cap);
+        if (body == NULL) {
+            conn->fail_status = 503;
+            return -1;
+        }
+        req->body = body;
+        req->body_cap = cap;
+    }
+    memcpy(req->body + req->body_len, at, len);
+    req->body_len += len;
+    return 0;
+}
+
+static int epd_http_on_message_complete(http_parser *parser)
+{
+    epd_http_conn_t *conn = epd_http_conn_of(parser);
+
+    if (parser->upgrade) {
+        conn->req->keep_alive = 0; /* the bytes after it are another protocol */
+    }
+    conn->state = EPD_HTTP_CONN_BUSY;
+    uv_timer_stop(&conn->timer);
+    http_parser_pause(parser, 1);
+    return 0;
+}
+
+/* ------------------------------------------------------------ reading */
+
+static void epd_http_on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
+{
+    epd_http_conn_t *conn = handle->data;
+
+    (void)suggested;
+    *buf = uv_buf_init(conn->inbuf + conn->in_len, (unsigned)(sizeof(conn->inbuf) - conn->in_len));
+}
+
+static void epd_http_on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
+
+static void epd_http_conn_read_start(epd_http_conn_t *conn)
+{
+    if (conn->closing || conn->reading || conn->in_len == sizeof(conn->inbuf)) {
+        return;
+    }
+    if (uv_read_start((uv_stream_t *)&conn->tcp, epd_http_on_alloc, epd_http_on_read) == 0) {
+        conn->reading = 1;
+    } else {
+        epd__http_conn_close(conn);
+    }
+}
+
+static void epd_http_conn_dispatch(epd_http_conn_t *conn)
+{
+    epd_http_req_t *req = conn->req;
+
+    if (req->body == NULL) {
+        req->body = epd_malloc(1);
+        if (req->body == NULL) {
+            epd__http_conn_fail(conn, 503, "out of memory");
+            return;
+        }
+        req->body_cap = 1;
+    }
+    req->body[req->body_len] = '\0';
+    if (!req->keep_alive) {
+        conn->close_after = 1;
+    }
+    req->held = 1;
+    conn->server->config.handler(req, conn->server->config.arg);
+}
+
+/* Parses what is buffered, up to the end of one request, and hands a
+ * complete request to the application. */
+static void epd_http_conn_process(epd_http_conn_t *conn)
+{
+    while (!conn->closing && conn->state <= EPD_HTTP_CONN_BODY && conn->in_off < conn->in_len) {
+        size_t avail = conn->in_len - conn->in_off;
+        size_t n = http_parser_execute(&conn->parser, &conn->server->settings,
+                                       conn->inbuf + conn->in_off, avail);
+        enum http_errno err = HTTP_PARSER_ERRNO(&conn->parser);
+
+        conn->in_off += n;
+        if (err == HPE_PAUSED) {
+            break;
+        }
+        if (err != HPE_OK || conn->fail_status != 0) {
+            if (conn->fail_status == 413) {
+                epd__http_conn_fail(conn, 413, "request body too large");
+            } else if (conn->fail_status == 431 || err == HPE_HEADER_OVERFLOW) {
+                epd__http_conn_fail(conn, 431, "request header fields too large");
+            } else if (conn->fail_status != 0) {
+                epd__http_conn_fail(conn, conn->fail_status, "out of memory");
+            } else {
+                epd_log_debug(EPD_HTTP_LOG, 0, "malformed request: %s",
+                              http_errno_description(err));
+                epd__http_conn_fail(conn, 400, "malformed HTTP request");
+            }
+            return;
+        }
+        if (n < avail) {
+            /* An upgrade stops the parser short of the data; not served. */
+            epd__http_conn_fail(conn, 400, "protocol upgrade not supported");
+            return;
+        }
+    }
+    if (conn->in_off == conn->in_len) {
+        conn->in_off = conn->in_len = 0;
+    } else if (conn->in_off > 0) {
+        memmove(conn->inbuf, conn->inbuf + conn->in_off, conn->in_len - conn->in_off);
+        conn->in_len -= conn->in_off;
+        conn->in_off = 0;
+    }
+    if (conn->closing) {
+        return;
+    }
+    if (conn->state == EPD_HTTP_CONN_BUSY && conn->req != NULL && !conn->req->held) {
+        epd_http_conn_dispatch(conn);
+    }
+    if (conn->closing) {
+        return;
+    }
+    if (conn->state == EPD_HTTP_CONN_FLUSH && conn->close_after) {
+        return; /* reading is pointless now */
+    }
+    if (conn->in_len == sizeof(conn->inbuf)) {
+        /* Full of pipelined bytes: stop until this request is answered. */
+        if (conn->reading) {
+            uv_read_stop((uv_stream_t *)&conn->tcp);
+            conn->reading = 0;
+        }
+        return;
+    }
+    epd_http_conn_read_start(conn);
+}
+
+static void epd_http_on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+    epd_http_conn_t *conn = stream->data;
+
+    (void)buf;
+    if (nread == 0 || conn->closing) {
+        return;
+    }
+    if (nread < 0) {
+        if (conn->state == EPD_HTTP_CONN_FLUSH && nread == UV_EOF) {
+            /* The answer is complete; let it go out, then close. */
+            conn->close_after = 1;
+            uv_read_stop(stream);
+            conn->reading = 0;
+            return;
+        }
+        if (nread != UV_EOF) {
+            epd_log_debug(EPD_HTTP_LOG, 0, "read: %s", uv_strerror((int)nread));
+        }
+        epd__http_conn_close(conn);
+        return;
+    }
+    conn->in_len += (size_t)nread;
+    if (conn->state <= EPD_HTTP_CONN_BODY) {
+        epd_http_conn_process(conn);
+    } else if (conn->in_len == sizeof(conn->inbuf)) {
+        uv_read_stop(stream);
+        conn->reading = 0;
+    }
+}
+
+/* ------------------------------------------------------------ accepting */
+
+static void epd_http_on_drop_closed(uv_handle_t *handle)
+{
+    epd_http_server_t *server = handle->data;
+
+    server->drop_busy = 0;
+    epd__http_server_maybe_free(server);
+}
+
+static void epd_http_on_connection(uv_stream_t *listener, int status)
+{
+    epd_http_server_t *server = listener->data;
+    epd_http_conn_t *conn;
+
+    if (status < 0) {
+        epd_log_warn(EPD_HTTP_LOG, 0, "accept: %s", uv_strerror(status));
+        return;
+    }
+    conn = epd_calloc(1, sizeof(*conn));
+    if (conn == NULL) {
+        /* libuv stops watching the listener until the pending connection
+         * is accepted: take it off with the spare handle and close it. */
+        epd_log_error(EPD_HTTP_LOG, 0, "no memory for a connection: dropping it");
+        if (!server->drop_busy && uv_tcp_init(server->loop, &server->drop) == 0) {
+            server->drop_busy = 1;
+            server->drop.data = server;
+            uv_accept(listener, (uv_stream_t *)&server->drop);
+            uv_close((uv_handle_t *)&server->drop, epd_http_on_drop_closed);
+        }
+        return;
+    }
+    conn->server = server;
+    uv_tcp_init(server->loop, &conn->tcp);
+    uv_timer_init(server->loop, &conn->timer);
+    conn->tcp.data = conn;
+    conn->timer.data = conn;
+    conn->handles_open = 2;
+    http_parser_init(&conn->parser, HTTP_REQUEST);
+    conn->parser.data = conn;
+    conn->next = server->conns;
+    if (server->conns != NULL) {
+        server->conns->prev = conn;
+    }
+    server->conns = conn;
+
+    if (uv_accept(listener, (uv_stream_t *)&conn->tcp) != 0) {
+        conn->refused = 1; /* never counted */
+        epd__http_conn_close(conn);
+        return;
+    }
+    uv_tcp_nodelay(&conn->tcp, 1);
+    if (server->n_live >= server->config.max_connections) {
+        conn->refused = 1;
+        epd_log_warn(EPD_HTTP_LOG, 0, "connection refused: %u connections open (the limit)",
+                     server->n_live);
+        epd__http_conn_fail(conn, 503, "too many connections");
+        return;
+    }
+    server->n_live++;
+    conn->state = EPD_HTTP_CONN_IDLE;
+    epd__http_conn_timer(conn, server->config.idle_timeout_ms);
+    epd_http_conn_read_start(conn);
+}
+
+/* ------------------------------------------------------------ server */
+
+epd_status_t epd_http_server_create(uv_loop_t *loop, const epd_http_config_t *config,
+                                    epd_http_server_t **server_p)
+{
+    epd_http_server_t *server;
+    struct sockaddr_storage addr;
+    struct sockaddr_storage bound;
+    int namelen = sizeof(bound);
+    epd_status_t status;
+    int rc;
+
+    if (loop == NULL || config == NULL || server_p == NULL || config->handler == NULL ||
+        config->host == NULL || config->max_header_bytes == 0 || config->max_connections == 0 ||
+        config->idle_timeout_ms == 0 || config->header_timeout_ms == 0 ||
+        config->body_timeout_ms == 0 || config->max_stream_backlog == 0 ||
+        config->max_body_bytes > (size_t)1 << 40 || config->max_header_bytes > (size_t)1 << 24) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (uv_ip4_addr(config->host, config->port, (struct sockaddr_in *)&addr) != 0 &&
+        uv_ip6_addr(config->host, config->port, (struct sockaddr_in6 *)&addr) != 0) {
+        epd_log_error(EPD_HTTP_LOG, 0, "cannot parse listen host '%s' (an IP literal)",
+                      config->host);
+        return EPD_ERR_BAD_ADDRESS;
+    }
+    server = epd_calloc(1, sizeof(*server));
+    if (server == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    server->loop = loop;
+    server->config = *config;
+    server->config.host = NULL; /* borrowed only during create */
+    server->resume = epd_http_conn_process;
+    http_parser_settings_init(&server->settings);
+    server->settings.on_message_begin = epd_http_on_message_begin;
+    server->settings.on_url = epd_http_on_url;
+    server->settings.on_header_field = epd_http_on_header_field;
+    server->settings.on_header_value = epd_http_on_header_value;
+    server->settings.on_headers_complete = epd_http_on_headers_complete;
+    server->settings.on_body = epd_http_on_body;
+    server->settings.on_message_complete = epd_http_on_message_complete;
+
+    rc = uv_tcp_init(loop, &server->listener);
+    if (rc != 0) {
+        status = EPD_ERR_IO;
+        goto err_free_server;
+    }
+    server->listener.data = server;
+    rc = uv_tcp_bind(&server->listener, (const struct sockaddr *)&addr, 0);
+    if (rc == 0) {
+        rc = uv_listen((uv_stream_t *)&server->listener, 511, epd_http_on_connection);
+    }
+    if (rc != 0) {
+        epd_log_error(EPD_HTTP_LOG, 0, "cannot listen on %s:%u: %s", config->host, config->port,
+                      uv_strerror(rc));
+        status = rc == UV_EADDRINUSE ? EPD_ERR_EXISTS : EPD_ERR_IO;
+        goto err_close_listener;
+    }
+    rc = uv_tcp_getsockname(&server->listener, (struct sockaddr *)&bound, &namelen);
+    if (rc != 0) {
+        status = EPD_ERR_IO;
+        goto err_close_listener;
+    }
+    server->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                     : ((struct sockaddr_in *)&bound)->sin_port);
+    epd_log_info(EPD_HTTP_LOG, 0, "listening on %s:%u", config->host, server->port);
+    *server_p = server;
+    return EPD_OK;
+
+err_close_listener:
+    /* The handle lives inside server: the close callback frees it. */
+    server->closing = 1;
+    uv_close((uv_handle_t *)&server->listener, epd_http_on_listener_closed);
+    return status;
+err_free_server:
+    epd_free(server);
+    return status;
+}
+
+static void epd_http_on_listener_closed(uv_handle_t *handle)
+{
+    epd_http_server_t *server = handle->data;
+
+    server->listener_closed = 1;
+    epd__http_server_maybe_free(server);
+}
+
+uint16_t epd_http_server_port(const epd_http_server_t *server)
+{
+    return server->port;
+}
+
+unsigned epd_http_server_connections(const epd_http_server_t *server)
+{
+    return server->n_live;
+}
+
+void epd_http_server_destroy(epd_http_server_t *server)
+{
+    epd_http_conn_t *conn;
+    epd_http_conn_t *next;
+
+    if (server == NULL || server->closing) {
+        return;
+    }
+    server->closing = 1;
+    server->destroyed = 1;
+    uv_close((uv_handle_t *)&server->listener, epd_http_on_listener_closed);
+    for (conn = server->conns; conn != NULL; conn = next) {
+        next = conn->next;
+        epd__http_conn_close(conn);
+    }
+}

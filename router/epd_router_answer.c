@@ -1,0 +1,233 @@
+/*
+ * epd_router_answer.c — what a generation request answers its HTTP client
+ * (see epd_router_int.h): an OpenAI error JSON, the full JSON answer, or
+ * the SSE stream — started at the first text, so that a failure before it
+ * can still be an HTTP error status — and the generated text itself:
+ * detokenized as the chunks come, stop strings matched on the raw bytes
+ * (a stream holds back the last longest-stop - 1 bytes until they cannot
+ * start a match).
+ *
+ * The bottom of the request's layers: it knows the HTTP side of a request
+ * (r->http, r->stream, r->text) and nothing of its attempts or workers,
+ * and calls nothing of epd_router_req.c or epd_router_api.c.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "epd_alloc.h"
+#include "epd_router_int.h"
+#include "epd_time.h"
+
+void epd__router_respond_error(epd_router_t *rt, epd_http_req_t *http, const epd_oai_error_t *err)
+{
+    epd_oai_buf_reset(&rt->out);
+    if (epd_oai_error_encode(err, &rt->out) != EPD_OK) {
+        (void)epd_http_respond(http, 500, EPD_ROUTER_JSON, "{}", 2);
+        return;
+    }
+    (void)epd_http_respond(http, err->http_status, EPD_ROUTER_JSON, rt->out.data, rt->out.len);
+}
+
+void epd__router_respond_simple_error(epd_router_t *rt, epd_http_req_t *http, int status,
+                                      const char *msg)
+{
+    epd_oai_error_t err;
+
+    epd_oai_error_set(&err, status, NULL, NULL, "%s", msg);
+    epd__router_respond_error(rt, http, &err);
+}
+
+/* Ends the HTTP side with an error: an HTTP error answer before the
+ * stream started, an error event after. */
+void epd__router_fail_http(epd_router_t *rt, epd_router_req_t *r, epd_router_err_kind_t kind,
+                           int http_status, const char *fmt, const char *a, const char *b)
+{
+    epd_oai_error_t err;
+
+    rt->m.errors[kind]++;
+    if (r->done) {
+        return;
+    }
+    epd_oai_error_set(&err, http_status, NULL, NULL, fmt, a, b);
+    if (http_status >= 500) {
+        snprintf(err.type, sizeof(err.type), "server_error");
+    }
+    if (r->stream_started) {
+        epd_oai_buf_reset(&rt->out);
+        if (epd_oai_stream_error(&r->stream, &err, &rt->out) == EPD_OK) {
+            (void)epd_http_stream_send(r->http, rt->out.data, rt->out.len);
+        }
+        (void)epd_http_stream_end(r->http);
+    } else {
+        epd__router_respond_error(rt, r->http, &err);
+    }
+    epd_router_histo_observe(&rt->m.e2e, (double)(epd_time_now_ns() - r->t_arrival_ns) / 1e9);
+    epd_trace_span(rt->trace, "request (failed)", "router", r->trace_id, -1, r->t_arrival_ns,
+                   epd_time_now_ns());
+    r->http = NULL;
+    r->done = 1;
+}
+
+static int epd_router_stream_start(epd_router_t *rt, epd_router_req_t *r)
+{
+    if (r->stream_started) {
+        return 0;
+    }
+    if (epd_oai_stream_init(&r->stream, r->oai->kind, r->id, rt->model_name, r->created,
+                            r->oai->include_usage) != EPD_OK) {
+        return -1;
+    }
+    r->stream_started = 1;
+    (void)epd_http_stream_start(r->http, 200);
+    return 0;
+}
+
+/* Hands text[sent..upto) to the stream. */
+static void epd_router_stream_emit(epd_router_t *rt, epd_router_req_t *r, size_t upto)
+{
+    if (upto <= r->sent) {
+        return;
+    }
+    epd_oai_buf_reset(&rt->out);
+    if (epd_oai_stream_text(&r->stream, r->text + r->sent, upto - r->sent, &rt->out) == EPD_OK) {
+        r->sent = upto;
+        if (rt->out.len > 0) {
+            /* a failure here means the client is gone: its abort callback follows */
+            (void)epd_http_stream_send(r->http, rt->out.data, rt->out.len);
+        }
+    }
+}
+
+/* The generation finished well (EOS, max_tokens or a stop string). */
+void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish_t finish)
+{
+    uint64_t now = epd_time_now_ns();
+
+    if (r->done) {
+        return;
+    }
+    rt->m.ok++;
+    rt->m.completion_tokens += r->n_out;
+    if (r->oai->stream) {
+        if (epd_router_stream_start(rt, r) != 0) {
+            epd__router_fail_http(rt, r, EPD_ROUTER_ERR_INTERNAL, 500, "out of memory%s%s", "", "");
+            return;
+        }
+        epd_router_stream_emit(rt, r, r->text_len);
+        epd_oai_buf_reset(&rt->out);
+        if (epd_oai_stream_finish(&r->stream, finish, r->n_prompt, r->n_out, &rt->out) == EPD_OK) {
+            (void)epd_http_stream_send(r->http, rt->out.data, rt->out.len);
+        }
+        (void)epd_http_stream_end(r->http);
+    } else {
+        epd_oai_buf_reset(&rt->out);
+        if (epd_oai_response_encode(r->oai->kind, r->id, rt->model_name, r->created, r->text,
+                                    r->text_len, finish, r->n_prompt, r->n_out,
+                                    &rt->out) != EPD_OK) {
+            epd__router_respond_simple_error(rt, r->http, 500, "out of memory");
+        } else {
+            (void)epd_http_respond(r->http, 200, EPD_ROUTER_JSON, rt->out.data, rt->out.len);
+        }
+    }
+    epd_router_histo_observe(&rt->m.e2e, (double)(now - r->t_arrival_ns) / 1e9);
+    epd_trace_span(rt->trace, "request", "router", r->trace_id, -1, r->t_arrival_ns,
+                   epd_time_now_ns());
+    r->http = NULL;
+    r->done = 1;
+}
+
+int epd__router_text_append(epd_router_t *rt, epd_router_req_t *r, const uint32_t *ids, uint32_t n)
+{
+    size_t len = 0;
+    epd_status_t st;
+
+    if (n == 0) {
+        return 0;
+    }
+    if (rt->tok_scratch_cap < n) {
+        int32_t *p = epd_realloc(rt->tok_scratch, (size_t)n * 2 * sizeof(*p));
+
+        if (p == NULL) {
+            return -1;
+        }
+        rt->tok_scratch = p;
+        rt->tok_scratch_cap = (size_t)n * 2;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        rt->tok_scratch[i] = (int32_t)ids[i];
+    }
+    for (;;) {
+        st = epd_engine_detokenize(rt->engine, rt->tok_scratch, n, rt->detok_scratch,
+                                   rt->detok_scratch_cap, &len);
+        if (st != EPD_ERR_TOO_LONG) {
+            break;
+        }
+        {
+            size_t cap = rt->detok_scratch_cap * 2 + (size_t)n * 8 + 64;
+            char *p = epd_realloc(rt->detok_scratch, cap);
+
+            if (p == NULL) {
+                return -1;
+            }
+            rt->detok_scratch = p;
+            rt->detok_scratch_cap = cap;
+        }
+    }
+    if (st != EPD_OK) {
+        return -1;
+    }
+    if (r->text_len + len + 1 > r->text_cap) {
+        size_t cap = (r->text_len + len + 1) * 2 + 64;
+        char *p = epd_realloc(r->text, cap);
+
+        if (p == NULL) {
+            return -1;
+        }
+        r->text = p;
+        r->text_cap = cap;
+    }
+    memcpy(r->text + r->text_len, rt->detok_scratch, len);
+    r->text_len += len;
+    return 0;
+}
+
+/* After new text: a stop string ends the generation (returns 1); else the
+ * text that can no longer be part of a stop match is streamed. */
+int epd__router_after_text(epd_router_t *rt, epd_router_req_t *r)
+{
+    size_t hold = r->max_stop_len > 0 ? r->max_stop_len - 1 : 0;
+    size_t cut = SIZE_MAX;
+
+    for (size_t i = 0; i < r->oai->n_stop; i++) {
+        const char *s = r->oai->stop[i];
+        size_t sl = strlen(s);
+        const char *m;
+
+        if (r->text_len < r->sent + sl) {
+            continue;
+        }
+        m = memmem(r->text + r->sent, r->text_len - r->sent, s, sl);
+        if (m != NULL && (size_t)(m - r->text) < cut) {
+            cut = (size_t)(m - r->text);
+        }
+    }
+    if (cut != SIZE_MAX) {
+        r->text_len = cut;
+        return 1;
+    }
+    if (r->text_len > hold) {
+        size_t upto = r->text_len - hold;
+
+        if (r->oai->stream) {
+            if (upto > r->sent) {
+                if (epd_router_stream_start(rt, r) != 0) {
+                    return -1;
+                }
+                epd_router_stream_emit(rt, r, upto);
+            }
+        } else if (upto > r->sent) {
+            r->sent = upto;
+        }
+    }
+    return 0;
+}

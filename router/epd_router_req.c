@@ -1,0 +1,566 @@
+/*
+ * epd_router_req.c — a generation request's life behind the HTTP intake
+ * (see epd_router_int.h): its attempts, each a prefill and a decode
+ * worker (and an encoder per image) chosen by the registry's policy and
+ * submitted through the request-plane client; the client's events for
+ * them; retries; aborts; deadlines.
+ *
+ * Failures: an attempt that fails before any token (a refusal for
+ * capacity, a draining or dead worker) is sent again to other workers, at
+ * most --max-retries times, within the request's deadline; after tokens
+ * went out, a failure ends the stream with an error event.  A client that
+ * disconnects aborts the attempt on every worker.  The request's memory
+ * lives until the client's terminal event for its attempt (or at once
+ * when no attempt is in flight).
+ *
+ * Called by epd_router_api.c (a new request) and, through callbacks
+ * registered at start-up, by the client (its events), the HTTP server
+ * (a client gone) and the daemon's tick; calls epd_router_answer.c for
+ * everything the HTTP client sees, never epd_router_api.c.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "epd_alloc.h"
+#include "epd_log.h"
+#include "epd_router_int.h"
+#include "epd_time.h"
+
+static void epd_router_req_free(epd_router_t *rt, epd_router_req_t *r)
+{
+    if (r->prev != NULL) {
+        r->prev->next = r->next;
+    } else {
+        rt->reqs = r->next;
+    }
+    if (r->next != NULL) {
+        r->next->prev = r->prev;
+    }
+    rt->n_reqs--;
+    epd_oai_request_destroy(r->oai);
+    epd_oai_stream_cleanup(&r->stream);
+    epd_free(r->img_hash);
+    epd_free(r->img_pos);
+    epd_free(r->prompt);
+    epd_free(r->text);
+    epd_free(r);
+}
+
+void epd__router_reqs_free_all(epd_router_t *rt)
+{
+    while (rt->reqs != NULL) {
+        epd_router_req_t *r = rt->reqs;
+
+        if (r->pw != NULL) {
+            epd_router_worker_unref(r->pw);
+        }
+        if (r->dw != NULL) {
+            epd_router_worker_unref(r->dw);
+        }
+        for (uint32_t k = 0; k < r->n_images; k++) {
+            if (r->img_enc[k] != NULL) {
+                epd_router_worker_unref(r->img_enc[k]);
+            }
+        }
+        epd_router_req_free(rt, r);
+    }
+}
+
+/* The attempt in flight ended (its terminal event came): give back the
+ * workers' load and references. */
+static void epd_router_attempt_end(epd_router_req_t *r)
+{
+    if (r->pw != NULL) {
+        if (r->prefill_counted) {
+            r->pw->queued_tokens -= r->n_prompt;
+            r->prefill_counted = 0;
+        }
+        r->pw->inflight--;
+        epd_router_worker_unref(r->pw);
+        r->pw = NULL;
+    }
+    if (r->dw != NULL) {
+        r->dw->inflight--;
+        epd_router_worker_unref(r->dw);
+        r->dw = NULL;
+    }
+    for (uint32_t k = 0; k < r->n_images; k++) {
+        if (r->img_enc[k] != NULL) {
+            r->img_enc[k]->inflight--;
+            epd_router_worker_unref(r->img_enc[k]);
+            r->img_enc[k] = NULL;
+        }
+    }
+    r->client_id = 0;
+    r->upstream_aborted = 0;
+}
+
+static void epd_router_abort_upstream(epd_router_t *rt, epd_router_req_t *r)
+{
+    if (r->client_id != 0 && !r->upstream_aborted) {
+        r->upstream_aborted = 1;
+        (void)epd_client_abort(rt->client, r->client_id);
+    }
+}
+
+/* Submits an attempt to a prefill and a decode worker chosen by the
+ * policy.  EPD_OK; EPD_ERR_UNREACHABLE (no eligible worker),
+ * EPD_ERR_NO_RESOURCE (transport backpressure: the tick tries again),
+ * EPD_ERR_TOO_LONG, other submit errors. */
+static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns)
+{
+    epd_client_request_t q;
+    epd_status_t st = EPD_ERR_UNREACHABLE;
+
+    for (int tries = 0; tries < 4; tries++) {
+        epd_router_worker_t *pw, *dw;
+        uint64_t left_ms;
+
+        epd_client_media_t media[EPD_CLIENT_MEDIA_MAX];
+        epd_router_worker_t *ew[EPD_CLIENT_MEDIA_MAX];
+
+        pw = r->n_images > 0
+                 ? epd_router_registry_pick_images(&rt->reg, r->prompt, r->n_prompt,
+                                                   (const unsigned char(*)[32])r->img_hash,
+                                                   r->n_images, r->avoid, r->n_avoid, now_ns)
+                 : epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_PREFILL, r->prompt,
+                                            r->n_prompt, r->avoid, r->n_avoid);
+        dw = epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_DECODE, r->prompt, r->n_prompt,
+                                      r->avoid, r->n_avoid);
+        if (pw == NULL || dw == NULL) {
+            return EPD_ERR_UNREACHABLE;
+        }
+        /* each image: the prefill worker's cache when we believe it holds
+         * it, else the least loaded encoder, else the prefill worker itself */
+        for (uint32_t k = 0; k < r->n_images; k++) {
+            const epd_oai_image_t *im = &r->oai->images[k];
+
+            memset(&media[k], 0, sizeof(media[k]));
+            media[k].hash = r->img_hash[k];
+            media[k].pos = r->img_pos[k];
+            media[k].n = rt->info->image_embeddings;
+            ew[k] = NULL;
+            if (!r->no_hints && epd_router_cache_has(pw, r->img_hash[k], now_ns)) {
+                r->img_src[k] = EPD_ROUTER_IMG_CACHE;
+                continue;
+            }
+            media[k].image = im->data;
+            media[k].image_len = im->len;
+            ew[k] = r->oai->encode_local
+                        ? NULL
+                        : epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_ENCODER, NULL, 0,
+                                                   r->avoid, r->n_avoid);
+            if (ew[k] != NULL) {
+                media[k].encoder = ew[k]->cw;
+                r->img_src[k] = EPD_ROUTER_IMG_ENCODER;
+            } else {
+                media[k].inline_data = 1;
+                r->img_src[k] = EPD_ROUTER_IMG_INLINE;
+            }
+        }
+        left_ms = r->deadline_ns > now_ns ? (r->deadline_ns - now_ns) / 1000000ull : 0;
+        if (left_ms == 0) {
+            return EPD_ERR_TIMEOUT;
+        }
+        memset(&q, 0, sizeof(q));
+        q.prompt = r->prompt;
+        q.n_prompt = r->n_prompt;
+        q.temperature = (float)r->oai->temperature;
+        q.top_p = (float)r->oai->top_p;
+        q.top_k = r->oai->top_k > 0 ? (uint32_t)r->oai->top_k : 0;
+        q.seed = r->seed;
+        q.max_tokens = r->max_new;
+        q.prefill = pw->cw;
+        q.decode = dw->cw;
+        q.deadline_ms = (uint32_t)(left_ms > UINT32_MAX ? UINT32_MAX : left_ms);
+        q.user = r;
+        q.media = r->n_images > 0 ? media : NULL;
+        q.n_media = r->n_images;
+        st = epd_client_submit(rt->client, &q, &r->client_id);
+        if (st == EPD_OK) {
+            for (uint32_t k = 0; k < r->n_images; k++) {
+                r->img_enc[k] = ew[k];
+                if (ew[k] != NULL) {
+                    epd_router_worker_ref(ew[k]);
+                    ew[k]->inflight++;
+                    ew[k]->served++;
+                }
+            }
+            if (rt->trace != NULL) {
+                uint64_t t = epd_time_now_ns();
+
+                if (r->attempts == 0) {
+                    epd_trace_span(rt->trace, "parse + tokenize", "router", r->client_id, -1,
+                                   r->t_arrival_ns, r->t_parsed_ns);
+                    epd_trace_span(rt->trace, "choose + submit", "router", r->client_id, -1,
+                                   r->t_parsed_ns, t);
+                } else {
+                    epd_trace_instant(rt->trace, "resubmitted", "router", r->client_id,
+                                      (int32_t)r->attempts, t);
+                }
+                r->t_submit_ns = t;
+            }
+            r->trace_id = r->client_id;
+            r->pw = pw;
+            r->dw = dw;
+            epd_router_worker_ref(pw);
+            epd_router_worker_ref(dw);
+            pw->inflight++;
+            dw->inflight++;
+            pw->served++;
+            dw->served++;
+            pw->queued_tokens += r->n_prompt;
+            r->prefill_counted = 1;
+            if (r->attempts++ == 0) {
+                epd_router_histo_observe(&rt->m.dispatch, (double)(now_ns - r->t_arrival_ns) / 1e9);
+            }
+            return EPD_OK;
+        }
+        if (st != EPD_ERR_PEER_DEAD) {
+            return st;
+        }
+        /* an endpoint that failed since the pick: never pick it again */
+        {
+            int bad_p = epd_client_worker_state(pw->cw) != EPD_OK;
+            int bad_d = epd_client_worker_state(dw->cw) != EPD_OK;
+            int bad_e = 0;
+
+            for (uint32_t k = 0; k < r->n_images; k++) {
+                if (ew[k] != NULL && ew[k]->state != EPD_ROUTER_DEAD &&
+                    epd_client_worker_state(ew[k]->cw) != EPD_OK) {
+                    epd_router_worker_kill(ew[k], now_ns);
+                    rt->m.workers_died++;
+                    bad_e = 1;
+                }
+            }
+            if (!bad_p && !bad_d) {
+                if (bad_e) {
+                    continue;
+                }
+                return st;
+            }
+            if (bad_p) {
+                epd_router_worker_kill(pw, now_ns);
+                rt->m.workers_died++;
+            }
+            if (bad_d) {
+                epd_router_worker_kill(dw, now_ns);
+                rt->m.workers_died++;
+            }
+        }
+    }
+    return st;
+}
+
+static int epd_router_retryable(const epd_client_event_t *ev)
+{
+    if (ev->kind == EPD_CLIENT_EV_REFUSED) {
+        return 1;
+    }
+    if (ev->culprit != NULL && ev->culprit[0] != '\0' &&
+        (ev->status == EPD_ERR_TIMEOUT || ev->status == EPD_ERR_CANCELED)) {
+        return 1; /* another worker (an encoder) let it down: try another */
+    }
+    switch (ev->status) {
+    case EPD_ERR_PEER_DEAD:
+    case EPD_ERR_DRAINING:
+    case EPD_ERR_NO_CAPACITY:
+    case EPD_ERR_UNREACHABLE:
+    case EPD_ERR_CONNECTION_RESET:
+    case EPD_ERR_TRANSPORT:
+    case EPD_ERR_STALE_EPOCH:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Dispatch failed for good: answer with the reason. */
+static void epd_router_dispatch_failed(epd_router_t *rt, epd_router_req_t *r, epd_status_t st)
+{
+    if (st == EPD_ERR_UNREACHABLE) {
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_NO_WORKERS, 503,
+                              "no prefill or decode worker is available%s%s", "", "");
+    } else if (st == EPD_ERR_TIMEOUT) {
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_TIMEOUT, 504, "request timed out%s%s", "", "");
+    } else if (st == EPD_ERR_TOO_LONG) {
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_BAD_REQUEST, 400,
+                              "the prompt does not fit in one request-plane message%s%s", "", "");
+    } else {
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_UPSTREAM, 502,
+                              "cannot submit the request: %s%s", epd_status_string(st), "");
+    }
+}
+
+/* The worker of the failed attempt an event blames by name, or NULL. */
+static epd_router_worker_t *epd_router_attempt_worker(epd_router_worker_t *pw,
+                                                      epd_router_worker_t *dw,
+                                                      epd_router_worker_t *const *ew,
+                                                      uint32_t n_images, const char *id)
+{
+    if (id == NULL || id[0] == '\0') {
+        return NULL;
+    }
+    if (strcmp(id, pw->info.worker_id) == 0) {
+        return pw;
+    }
+    if (strcmp(id, dw->info.worker_id) == 0) {
+        return dw;
+    }
+    for (uint32_t k = 0; k < n_images; k++) {
+        if (ew[k] != NULL && strcmp(id, ew[k]->info.worker_id) == 0) {
+            return ew[k];
+        }
+    }
+    return NULL;
+}
+
+static void epd_router_avoid(epd_router_req_t *r, epd_router_worker_t *w)
+{
+    for (uint32_t i = 0; i < r->n_avoid; i++) {
+        if (r->avoid[i] == w) {
+            return;
+        }
+    }
+    if (r->n_avoid < EPD_ROUTER_MAX_AVOID) {
+        r->avoid[r->n_avoid++] = w;
+    }
+}
+
+static void epd_router_on_error_event(epd_router_t *rt, epd_router_req_t *r,
+                                      const epd_client_event_t *ev)
+{
+    epd_router_worker_t *pw = r->pw, *dw = r->dw;
+    epd_router_worker_t *ew[EPD_CLIENT_MEDIA_MAX];
+    epd_router_worker_t *culprit, *reporter;
+    uint64_t now = epd_time_now_ns();
+    int stale_hint;
+    epd_status_t st;
+
+    memcpy(ew, r->img_enc, sizeof(ew));
+    culprit = epd_router_attempt_worker(pw, dw, ew, r->n_images, ev->culprit);
+    reporter = epd_router_attempt_worker(pw, dw, ew, r->n_images, ev->from);
+    /* a cache hint the prefill worker disproved: it did not hold an image
+     * we sent without an encoder; forget the hints, go again with one */
+    stale_hint = ev->kind == EPD_CLIENT_EV_ERROR && ev->status == EPD_ERR_NOT_FOUND &&
+                 (reporter == pw || culprit == pw) && r->n_images > 0 && !r->no_hints;
+    if (stale_hint) {
+        r->no_hints = 1; /* at most once per request: the next attempt encodes */
+        for (uint32_t k = 0; k < r->n_images; k++) {
+            if (r->img_src[k] == EPD_ROUTER_IMG_CACHE) {
+                epd_router_cache_forget(pw, r->img_hash[k]);
+            }
+        }
+        rt->m.image_cache_stale++;
+    }
+    epd_router_attempt_end(r);
+    if (r->done) {
+        epd_router_req_free(rt, r);
+        return;
+    }
+    if (r->n_images > 0 && ev->kind == EPD_CLIENT_EV_ERROR && r->n_out == 0 &&
+        (ev->status == EPD_ERR_MALFORMED || ev->status == EPD_ERR_UNSUPPORTED ||
+         ev->status == EPD_ERR_TOO_LONG) &&
+        reporter != NULL && reporter != dw) {
+        /* the image itself is bad (its encoder, or the prefill worker
+         * encoding it, could not decode it): the client's fault */
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_BAD_REQUEST, 400,
+                              "an image of the request: %s%s", ev->message, "");
+        epd_router_req_free(rt, r);
+        return;
+    }
+    /* a disproved hint is nobody's failure: it gets one attempt on top */
+    if (r->n_out == 0 && (epd_router_retryable(ev) || stale_hint) &&
+        r->attempts <= rt->max_retries + (uint32_t)r->no_hints && now < r->deadline_ns) {
+        int enc_dead = 0;
+
+        for (uint32_t k = 0; k < r->n_images; k++) {
+            if (ew[k] != NULL && epd_client_worker_state(ew[k]->cw) != EPD_OK) {
+                epd_router_avoid(r, ew[k]);
+                enc_dead = 1;
+            }
+        }
+        if (stale_hint) {
+            /* nobody failed */
+        } else if (culprit != NULL) {
+            epd_router_avoid(r, culprit);
+        } else if (!enc_dead) {
+            /* avoid the worker that failed (both when it cannot be told) */
+            int blame_p =
+                ev->kind != EPD_CLIENT_EV_REFUSED &&
+                (strcmp(ev->from, pw->info.worker_id) == 0 ||
+                 epd_client_worker_state(pw->cw) != EPD_OK || strcmp(ev->from, "client") == 0);
+            int blame_d = ev->kind == EPD_CLIENT_EV_REFUSED ||
+                          strcmp(ev->from, dw->info.worker_id) == 0 ||
+                          epd_client_worker_state(dw->cw) != EPD_OK;
+
+            if (reporter != NULL && reporter != pw && reporter != dw) {
+                epd_router_avoid(r, reporter); /* an encoder */
+            } else {
+                if (blame_p) {
+                    epd_router_avoid(r, pw);
+                }
+                if (blame_d) {
+                    epd_router_avoid(r, dw);
+                }
+            }
+        }
+        rt->m.retries++;
+        epd_log_info(EPD_ROUTER_LOG, ev->request_id,
+                     "attempt %u failed before its first token (%s from %s: %s): retrying",
+                     r->attempts, epd_status_name(ev->status), ev->from, ev->message);
+        st = epd_router_dispatch(rt, r, now);
+        if (st == EPD_OK || st == EPD_ERR_NO_RESOURCE) {
+            return;
+        }
+        epd_router_dispatch_failed(rt, r, st);
+        epd_router_req_free(rt, r);
+        return;
+    }
+    if (ev->status == EPD_ERR_TIMEOUT) {
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_TIMEOUT, 504, "request timed out (%s%s)",
+                              ev->from, "");
+    } else if (ev->kind == EPD_CLIENT_EV_REFUSED) {
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_UPSTREAM, 503, "no decode capacity: %s%s",
+                              ev->message, "");
+    } else {
+        char why[300];
+
+        snprintf(why, sizeof(why), "%s: %s", epd_status_name(ev->status), ev->message);
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_UPSTREAM, 502,
+                              "the request failed (reported by %s): %s",
+                              strcmp(ev->from, "client") == 0 ? "the router" : ev->from, why);
+    }
+    epd_router_req_free(rt, r);
+}
+
+void epd__router_on_event(void *arg, const epd_client_event_t *ev)
+{
+    epd_router_t *rt = arg;
+    epd_router_req_t *r = ev->user;
+    uint64_t now = epd_time_now_ns();
+
+    if (ev->kind != EPD_CLIENT_EV_TOKENS) {
+        epd_router_on_error_event(rt, r, ev);
+        return;
+    }
+    if (ev->n_tokens > 0) {
+        if (r->n_out == 0) {
+            /* the prefill worker ran with every image's embeddings: it has
+             * them cached now */
+            for (uint32_t k = 0; k < r->n_images && r->pw != NULL; k++) {
+                epd_router_cache_add(r->pw, r->img_hash[k], now);
+                rt->m.images++;
+                rt->m.image_cache_hits += r->img_src[k] == EPD_ROUTER_IMG_CACHE;
+                rt->m.images_encoded += r->img_src[k] == EPD_ROUTER_IMG_ENCODER;
+                rt->m.images_local += r->img_src[k] == EPD_ROUTER_IMG_INLINE;
+            }
+            epd_router_histo_observe(&rt->m.ttft, (double)(now - r->t_arrival_ns) / 1e9);
+            epd_trace_span(rt->trace, "wait for first token", "router", ev->request_id, -1,
+                           r->t_submit_ns, now);
+            if (r->prefill_counted && r->pw != NULL) {
+                r->pw->queued_tokens -= r->n_prompt;
+                r->prefill_counted = 0;
+            }
+        } else {
+            epd_router_histo_observe(&rt->m.itl, (double)(now - r->t_last_ns) / 1e9);
+        }
+        r->t_last_ns = now;
+        epd_trace_instant(rt->trace, "TokenChunk received", "msg", ev->request_id, -1, now);
+        r->n_out += ev->n_tokens;
+        if (!r->done) {
+            int stop;
+
+            if (epd__router_text_append(rt, r, ev->tokens, ev->n_tokens) != 0) {
+                epd__router_fail_http(rt, r, EPD_ROUTER_ERR_INTERNAL, 500,
+                                      "cannot detokenize the output%s%s", "", "");
+                epd_router_abort_upstream(rt, r);
+            } else if ((stop = epd__router_after_text(rt, r)) != 0) {
+                if (stop > 0) {
+                    epd__router_finish_ok(rt, r, EPD_OAI_FINISH_STOP);
+                } else {
+                    epd__router_fail_http(rt, r, EPD_ROUTER_ERR_INTERNAL, 500, "out of memory%s%s",
+                                          "", "");
+                }
+                epd_router_abort_upstream(rt, r);
+            }
+        }
+    }
+    if (!ev->terminal) {
+        return;
+    }
+    epd_router_attempt_end(r);
+    if (!r->done) {
+        if (ev->finish == EPD_CLIENT_FINISH_LENGTH || ev->finish == EPD_CLIENT_FINISH_STOP) {
+            epd__router_finish_ok(rt, r,
+                                  ev->finish == EPD_CLIENT_FINISH_STOP ? EPD_OAI_FINISH_STOP
+                                                                       : EPD_OAI_FINISH_LENGTH);
+        } else {
+            epd__router_fail_http(rt, r, EPD_ROUTER_ERR_UPSTREAM, 502,
+                                  "the request ended with finish %s (from %s)",
+                                  epd_client_finish_name(ev->finish), ev->from);
+        }
+    }
+    epd_router_req_free(rt, r);
+}
+
+/* The HTTP client went away. */
+static void epd_router_on_http_abort(epd_http_req_t *http, void *arg)
+{
+    epd_router_req_t *r = arg;
+    epd_router_t *rt = r->rt;
+
+    (void)http;
+    r->http = NULL;
+    if (!r->done) {
+        r->done = 1;
+        rt->m.errors[EPD_ROUTER_ERR_CLIENT_GONE]++;
+    }
+    if (r->client_id != 0) {
+        epd_router_abort_upstream(rt, r);
+    } else {
+        epd_router_req_free(rt, r); /* no attempt in flight (waiting to dispatch) */
+    }
+}
+
+void epd__router_tick(epd_router_t *rt, uint64_t now_ns)
+{
+    uint32_t died = 0;
+
+    epd_router_registry_tick(&rt->reg, now_ns, &died);
+    rt->m.workers_died += died;
+    /* requests waiting for the transport to take their submit */
+    for (epd_router_req_t *r = rt->reqs, *next; r != NULL; r = next) {
+        epd_status_t st;
+
+        next = r->next;
+        if (r->client_id != 0 || r->done) {
+            continue;
+        }
+        st = epd_router_dispatch(rt, r, now_ns);
+        if (st == EPD_OK || (st == EPD_ERR_NO_RESOURCE && now_ns < r->deadline_ns)) {
+            continue;
+        }
+        epd_router_dispatch_failed(rt, r, st == EPD_ERR_NO_RESOURCE ? EPD_ERR_TIMEOUT : st);
+        epd_router_req_free(rt, r);
+    }
+}
+
+void epd__router_req_start(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns)
+{
+    epd_status_t st;
+
+    r->next = rt->reqs;
+    if (rt->reqs != NULL) {
+        rt->reqs->prev = r;
+    }
+    rt->reqs = r;
+    rt->n_reqs++;
+    epd_http_req_set_abort(r->http, epd_router_on_http_abort, r);
+    st = epd_router_dispatch(rt, r, now_ns);
+    if (st == EPD_OK || st == EPD_ERR_NO_RESOURCE) {
+        return;
+    }
+    epd_router_dispatch_failed(rt, r, st);
+    epd_router_req_free(rt, r);
+}
