@@ -749,7 +749,16 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
             dargv[n++] = (char *)xp->provider;
         }
         dargv[n] = NULL;
-        memcpy(pargv, dargv, sizeof(char *) * (size_t)(n + 1));
+        /* prefill takes decode's flags but --max-batch (a decode setting) */
+        n = 0;
+        for (int i = 0; dargv[i] != NULL; i++) {
+            if (strcmp(dargv[i], "--max-batch") == 0) {
+                i++;
+                continue;
+            }
+            pargv[n++] = dargv[i];
+        }
+        pargv[n] = NULL;
         pargv[0] = pexe;
         pargv[8] = "bench-prefill";
         pargv[10] = p_ready;

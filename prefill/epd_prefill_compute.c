@@ -1,42 +1,37 @@
 /*
  * epd_prefill_compute.c — the compute thread (see the header for the
- * hand-offs and the queue sizing).
+ * hand-offs and the queue sizing; the queues, semaphore and wake-up are
+ * daemon/epd_handoff's).
  *
- * The engine, the logits buffer and the sampler scratch belong to this
- * thread alone.  The only state shared with the loop thread is the two SPSC
- * queues, the semaphore, the atomics below and each job's cancel flag.
+ * The engine, the logits buffer, the sampler scratch and the checksum
+ * state belong to this thread alone.  The only state shared with the loop
+ * thread is the hand-off, the backlog counters below and each job's cancel
+ * flag.
  */
 #include "epd_prefill_compute.h"
 
-#include <errno.h>
-#include <pthread.h>
-#include <semaphore.h>
 #include <string.h>
 
 #include "epd_alloc.h"
+#include "epd_handoff.h"
 #include "epd_hash.h"
 #include "epd_image.h"
 #include "epd_log.h"
-#include "epd_queue.h"
 #include "epd_time.h"
 
 #define EPD_PREFILL_COMP "prefill"
 
+/* The hand-off's queues (releases first: the lowest number is taken first). */
+enum { EPD_PREFILL_Q_RELEASE = 0, EPD_PREFILL_Q_RUN, EPD_PREFILL_N_QUEUES };
+
 struct epd_prefill_compute {
-    epd_engine_t *engine;
+    epd_engine_t *engine; /* compute thread (after create) */
     const epd_engine_info_t *info;
     epd_kv_pool_t pool;
     float *logits;                 /* [vocab], compute thread */
     epd_sample_scratch_t *scratch; /* compute thread */
     epd_hash_state_t *hash;        /* compute thread: layer checksums */
-    epd_spsc_queue_t jobs;         /* loop -> compute: runs, FIFO */
-    epd_spsc_queue_t releases;     /* loop -> compute: releases, before the next run */
-    epd_spsc_queue_t events;       /* compute -> loop */
-    sem_t sem;                     /* counts submitted jobs (+1 to stop) */
-    uv_async_t async;              /* wakes the loop for events */
-    pthread_t thread;
-    int thread_started;
-    atomic_int stop;
+    epd_handoff_t *h;
     /* backlog: runs submitted (loop) minus runs started (compute) */
     uint64_t submitted_runs;   /* loop thread */
     uint64_t submitted_tokens; /* loop thread */
@@ -54,26 +49,11 @@ typedef struct {
     uint64_t layer_start_ns; /* the current layer's compute started here */
 } epd_prefill_sink_ctx_t;
 
-/* Compute thread: hand one event to the loop.  The queue is sized so this
- * succeeds at once; if the invariant is ever broken it retries with short
- * sleeps rather than dropping an event or blocking for good. */
+/* Compute thread: hands one event to the loop (the hand-off retries with
+ * short sleeps should the sizing invariant ever break). */
 static void epd_prefill_compute_emit(epd_prefill_compute_t *c, epd_prefill_ev_t *ev)
 {
-    int warned = 0;
-
-    while (epd_spsc_queue_push(&c->events, ev) != EPD_OK) {
-        if (!warned) {
-            epd_log_error(EPD_PREFILL_COMP, 0,
-                          "compute -> loop event queue full (sizing invariant broken)");
-            warned = 1;
-        }
-        (void)uv_async_send(&c->async);
-        if (atomic_load(&c->stop)) {
-            return;
-        }
-        epd_time_sleep_ns(100 * EPD_NSEC_PER_USEC);
-    }
-    (void)uv_async_send(&c->async);
+    epd_handoff_post(c->h, ev);
 }
 
 /* The checksum of one layer of a request's local KV (see layer_sums). */
@@ -222,57 +202,41 @@ static void epd_prefill_compute_encode(epd_prefill_compute_t *c, epd_prefill_job
     epd_prefill_compute_emit(c, ev);
 }
 
-static void *epd_prefill_compute_main(void *arg)
+/* Compute thread: the hand-off's run callback. */
+static void epd_prefill_compute_on_job(void *arg, void *job_v, uint32_t queue)
+{
+    epd_prefill_compute_t *c = arg;
+    epd_prefill_job_t *job = job_v;
+
+    (void)queue;
+    switch (job->kind) {
+    case EPD_PREFILL_JOB_RELEASE:
+        epd_engine_release(c->engine, &c->pool, &job->seq);
+        epd_prefill_compute_emit(c, job->done_ev);
+        break;
+    case EPD_PREFILL_JOB_ENCODE:
+        epd_prefill_compute_encode(c, job);
+        break;
+    case EPD_PREFILL_JOB_RUN:
+        epd_prefill_compute_run(c, job);
+        break;
+    }
+}
+
+/* Loop thread: one event, in posting order. */
+static void epd_prefill_compute_on_event(void *arg, void *ev)
 {
     epd_prefill_compute_t *c = arg;
 
-    for (;;) {
-        epd_prefill_job_t *job;
-
-        if (sem_wait(&c->sem) != 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            epd_log_error(EPD_PREFILL_COMP, 0, "compute thread: sem_wait failed: %s",
-                          strerror(errno));
-            break;
-        }
-        /* releases first: a finished request's blocks and slot must not wait
-         * behind every run queued after it, only behind the one running */
-        while ((job = epd_spsc_queue_pop(&c->releases)) != NULL) {
-            if (!atomic_load(&c->stop)) {
-                epd_engine_release(c->engine, &c->pool, &job->seq);
-                epd_prefill_compute_emit(c, job->done_ev);
-            }
-        }
-        job = epd_spsc_queue_pop(&c->jobs);
-        if (job == NULL) {
-            if (atomic_load(&c->stop)) {
-                break;
-            }
-            continue;
-        }
-        if (atomic_load(&c->stop)) {
-            continue; /* shutting down: the loop no longer reads events */
-        }
-        if (job->kind == EPD_PREFILL_JOB_ENCODE) {
-            epd_prefill_compute_encode(c, job);
-            continue;
-        }
-        epd_prefill_compute_run(c, job);
-    }
-    return NULL;
+    c->cb(c->cb_arg, ev);
 }
 
-/* Loop thread: drain every event (uv_async_send coalesces wake-ups). */
-static void epd_prefill_compute_on_async(uv_async_t *handle)
+static void epd_prefill_compute_free(epd_prefill_compute_t *c)
 {
-    epd_prefill_compute_t *c = handle->data;
-    epd_prefill_ev_t *ev;
-
-    while ((ev = epd_spsc_queue_pop(&c->events)) != NULL) {
-        c->cb(c->cb_arg, ev);
-    }
+    epd_hash_state_destroy(c->hash);
+    epd_sample_scratch_destroy(c->scratch);
+    epd_free(c->logits);
+    epd_free(c);
 }
 
 epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
@@ -280,10 +244,9 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
                                         uint32_t max_media, epd_prefill_ev_cb_t cb, void *cb_arg,
                                         epd_prefill_compute_t **c_p)
 {
+    epd_handoff_config_t hc;
     epd_prefill_compute_t *c;
     epd_status_t st;
-    uint64_t n_events;
-    int rc;
 
     if (engine == NULL || pool == NULL || cb == NULL || max_requests == 0) {
         return EPD_ERR_INVALID_PARAM;
@@ -297,7 +260,6 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
     c->pool = *pool;
     c->cb = cb;
     c->cb_arg = cb_arg;
-    atomic_init(&c->stop, 0);
     atomic_init(&c->started_runs, 0);
     atomic_init(&c->started_tokens, 0);
     c->logits = epd_calloc(c->info->vocab_size, sizeof(*c->logits));
@@ -307,83 +269,50 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
     }
     st = epd_sample_scratch_create(c->info->vocab_size, &c->scratch);
     if (st != EPD_OK) {
-        goto err_free_logits;
+        goto err_free;
     }
     st = epd_hash_state_create(0, &c->hash);
     if (st != EPD_OK) {
-        goto err_free_scratch;
+        goto err_free;
     }
-    st = epd_spsc_queue_init(&c->jobs, (size_t)max_requests * (1 + (size_t)max_media));
+    memset(&hc, 0, sizeof(hc));
+    hc.name = "prefill compute";
+    hc.n_queues = EPD_PREFILL_N_QUEUES;
+    hc.queue_cap[EPD_PREFILL_Q_RELEASE] = max_requests;
+    hc.queue_cap[EPD_PREFILL_Q_RUN] = (size_t)max_requests * (1 + (size_t)max_media);
+    /* the size argument of the header: each live request posts at most
+     * n_layers + 2 + max_media events */
+    hc.event_cap = (size_t)max_requests * ((size_t)c->info->kv.n_layers + 2 + max_media);
+    hc.run = epd_prefill_compute_on_job;
+    hc.run_arg = c;
+    hc.on_event = epd_prefill_compute_on_event;
+    hc.event_arg = c;
+    st = epd_handoff_create(loop, &hc, &c->h);
     if (st != EPD_OK) {
-        goto err_free_hash;
+        epd_log_error(EPD_PREFILL_COMP, 0, "cannot start the compute thread: %s",
+                      epd_status_string(st));
+        goto err_free;
     }
-    st = epd_spsc_queue_init(&c->releases, max_requests);
-    if (st != EPD_OK) {
-        goto err_cleanup_jobs;
-    }
-    /* the size argument of the header: each live request queues at most
-     * n_layers + 2 events */
-    n_events = (uint64_t)max_requests * ((uint64_t)c->info->kv.n_layers + 2 + max_media);
-    st = epd_spsc_queue_init(&c->events, (size_t)n_events);
-    if (st != EPD_OK) {
-        goto err_cleanup_releases;
-    }
-    if (sem_init(&c->sem, 0, 0) != 0) {
-        st = EPD_ERR_FATAL;
-        goto err_cleanup_events;
-    }
-    rc = uv_async_init(loop, &c->async, epd_prefill_compute_on_async);
-    if (rc != 0) {
-        epd_log_error(EPD_PREFILL_COMP, 0, "uv_async_init: %s", uv_strerror(rc));
-        st = EPD_ERR_FATAL;
-        goto err_destroy_sem;
-    }
-    c->async.data = c;
-    rc = pthread_create(&c->thread, NULL, epd_prefill_compute_main, c);
-    if (rc != 0) {
-        epd_log_error(EPD_PREFILL_COMP, 0, "cannot start the compute thread: %s", strerror(rc));
-        /* the async handle is closed by destroy's path: free c from its
-         * close callback */
-        c->engine = NULL;
-        epd_prefill_compute_destroy(c);
-        return EPD_ERR_FATAL;
-    }
-    c->thread_started = 1;
     epd_log_info(EPD_PREFILL_COMP, 0,
                  "compute thread started: run queue %zu, release queue %zu, event queue %zu "
                  "(%u requests x (%u layers + 2 + %u images))",
-                 c->jobs.mask + 1, c->releases.mask + 1, c->events.mask + 1, max_requests,
-                 c->info->kv.n_layers, max_media);
+                 hc.queue_cap[EPD_PREFILL_Q_RUN], hc.queue_cap[EPD_PREFILL_Q_RELEASE],
+                 hc.event_cap, max_requests, c->info->kv.n_layers, max_media);
     *c_p = c;
     return EPD_OK;
 
-err_destroy_sem:
-    sem_destroy(&c->sem);
-err_cleanup_events:
-    epd_spsc_queue_cleanup(&c->events);
-err_cleanup_releases:
-    epd_spsc_queue_cleanup(&c->releases);
-err_cleanup_jobs:
-    epd_spsc_queue_cleanup(&c->jobs);
-err_free_hash:
-    epd_hash_state_destroy(c->hash);
-err_free_scratch:
-    epd_sample_scratch_destroy(c->scratch);
-err_free_logits:
-    epd_free(c->logits);
 err_free:
-    epd_free(c);
+    epd_prefill_compute_free(c); /* the caller keeps the engine */
     return st;
 }
 
 epd_status_t epd_prefill_compute_submit(epd_prefill_compute_t *c, epd_prefill_job_t *job)
 {
-    /* runs and encodes in FIFO order; releases on their own queue */
-    epd_status_t st =
-        epd_spsc_queue_push(job->kind == EPD_PREFILL_JOB_RELEASE ? &c->releases : &c->jobs, job);
+    epd_status_t st = epd_handoff_submit(
+        c->h, job->kind == EPD_PREFILL_JOB_RELEASE ? EPD_PREFILL_Q_RELEASE : EPD_PREFILL_Q_RUN, job);
 
     if (st != EPD_OK) {
-        epd_log_error(EPD_PREFILL_COMP, 0,
+        epd_log_error(EPD_PREFILL_COMP, job->seq.req_id,
                       "loop -> compute job queue full (sizing invariant broken)");
         return st;
     }
@@ -391,7 +320,6 @@ epd_status_t epd_prefill_compute_submit(epd_prefill_compute_t *c, epd_prefill_jo
         c->submitted_runs++;
         c->submitted_tokens += job->n_tokens;
     }
-    (void)sem_post(&c->sem);
     return EPD_OK;
 }
 
@@ -404,28 +332,12 @@ void epd_prefill_compute_backlog(epd_prefill_compute_t *c, uint32_t *jobs_p, uin
     *tokens_p = c->submitted_tokens - toks;
 }
 
-static void epd_prefill_compute_on_closed(uv_handle_t *handle)
-{
-    epd_free(handle->data);
-}
-
 void epd_prefill_compute_destroy(epd_prefill_compute_t *c)
 {
     if (c == NULL) {
         return;
     }
-    atomic_store(&c->stop, 1);
-    if (c->thread_started) {
-        (void)sem_post(&c->sem);
-        pthread_join(c->thread, NULL);
-    }
+    epd_handoff_destroy(c->h); /* joins the thread: the engine is ours again */
     epd_engine_close(c->engine);
-    sem_destroy(&c->sem);
-    epd_spsc_queue_cleanup(&c->events);
-    epd_spsc_queue_cleanup(&c->releases);
-    epd_spsc_queue_cleanup(&c->jobs);
-    epd_hash_state_destroy(c->hash);
-    epd_sample_scratch_destroy(c->scratch);
-    epd_free(c->logits);
-    uv_close((uv_handle_t *)&c->async, epd_prefill_compute_on_closed);
+    epd_prefill_compute_free(c);
 }

@@ -1,23 +1,23 @@
 /*
  * epd_prefill_compute.h — prefill's compute thread.
  *
- * The compute thread owns the engine and runs one job at a time, in FIFO
- * order.  Hand-offs, in both directions without a lock held across a
- * compute or network call:
+ * The compute thread owns the engine and runs one job at a time.  The
+ * hand-offs are daemon/epd_handoff's, with no lock held across a compute or
+ * network call:
  *
- *   loop -> compute: two bounded SPSC queues of jobs (pointers into the
- *     request that owns them) — runs, in FIFO order, and releases, which
- *     go before the next run so that a finished request's local blocks wait
- *     behind at most the run in progress, never behind the whole backlog —
- *     plus a POSIX semaphore counting them; the compute thread sleeps in
- *     sem_wait when there is nothing to do.  sem_post never blocks, so the
- *     loop thread never waits for compute.
- *   compute -> loop: a bounded SPSC queue of events (pointers into the
- *     request, prepared by the loop at admission) plus uv_async_send.  The
- *     engine's layer-done sink only pushes "layer L of request R done" and
- *     wakes the loop, before the next layer starts; it then checks the
- *     request's cancel flag and stops the engine at this layer boundary
- *     (EPD_ERR_CANCELED) when the loop set it.
+ *   loop -> compute: two bounded queues of jobs (pointers into the request
+ *     that owns them) and the hand-off's semaphore.  Queue 0 holds
+ *     releases, queue 1 runs and local image encodes in FIFO order; the
+ *     thread always takes a release first, so that a finished request's
+ *     local blocks wait behind at most the run in progress, never behind
+ *     the whole backlog.  sem_post never blocks: the loop never waits for
+ *     compute.
+ *   compute -> loop: the hand-off's bounded event queue (pointers into the
+ *     request, prepared by the loop at admission) plus its uv_async.  The
+ *     engine's layer-done sink only checksums the layer, posts "layer L of
+ *     request R done" and wakes the loop, before the next layer starts; it
+ *     then checks the request's cancel flag and stops the engine at this
+ *     layer boundary (EPD_ERR_CANCELED) when the loop set it.
  *
  * Sizing, so that the sink never meets a full queue: every event pointer
  * lives inside a request, a request produces at most n_layers + 2 +
@@ -32,8 +32,8 @@
  * (a broken invariant) is logged and retried with short sleeps while the
  * thread is not being stopped — it never blocks forever.
  *
- * Threads: create, submit, stats and destroy on the loop thread; the event
- * callback runs on the loop thread (from the uv_async).
+ * Threads: create, submit, backlog and destroy on the loop thread; the
+ * event callback runs on the loop thread (from the hand-off's uv_async).
  */
 #ifndef EPD_PREFILL_COMPUTE_H
 #define EPD_PREFILL_COMPUTE_H
@@ -121,8 +121,9 @@ typedef struct epd_prefill_compute epd_prefill_compute_t;
 typedef void (*epd_prefill_ev_cb_t)(void *arg, epd_prefill_ev_t *ev);
 
 /*
- * Starts the compute thread for `engine` (taken: closed by destroy) computing
- * into `pool` (borrowed; the caller keeps it alive until destroy).  A request
+ * Starts the compute thread for `engine` (taken: closed by destroy; on
+ * failure the caller keeps it) computing into `pool` (borrowed; the caller
+ * keeps it alive until destroy).  A request
  * queues at most one run, one release and max_media encodes (the queues are
  * sized for max_requests of them).  Loop thread (the uv_async is created on
  * `loop`).  *c_p owned by the caller.

@@ -1,29 +1,52 @@
 /*
- * epd_prefill_int.h — the prefill daemon's internals, shared by its modules:
+ * epd_prefill_int.h — the prefill daemon's internals.
  *
- *   main.c                  flags, start-up, signals, shutdown
- *   epd_prefill_msg.c       request plane: transport callbacks, message
- *                           handlers, decode peers, epochs, early
- *                           reservations, tombstones of aborted ids
- *   epd_prefill_xfer.c      the per-request state machine: admission,
- *                           posting writes per finished layer, checksums,
- *                           completion, failure, abort, release
- *   epd_prefill_rpc.c       control plane (Health, Status, Drain)
+ *   main.c                  flags -> config -> the daemon runtime (daemon/),
+ *                           the local KV pool, the embedding region, the
+ *                           compute thread, the callbacks the runtime calls
+ *   epd_prefill_msg.c       the message layer: checks every request-plane
+ *                           message as far as it can be checked without the
+ *                           request table, refuses the bad ones, hands the
+ *                           rest to the request layer
+ *   epd_prefill_req.c       the request layer: the only place a request's
+ *                           state changes (epd_prefill_req_state_t, one
+ *                           step switch), the request id as a whole (abort,
+ *                           tombstones, early reservations), leases, the
+ *                           images a request waits for
+ *   epd_prefill_ids.c       request ids with no live request: early
+ *                           reservations (stash), how ended ids ended
+ *                           (tombstones), the answers to late messages
+ *   epd_prefill_pool.c      the local KV pool (its free blocks and slots)
+ *                           and a request's memory
+ *   epd_prefill_xfer.c      one request's KV transfer: the reservation and
+ *                           its key, posting the writes, their completions,
+ *                           LayerDone, PrefillComplete
+ *   epd_prefill_media.c     the embedding region: its slots (the encoders'
+ *                           landing zone and the image cache), placing a
+ *                           request's images, quarantine, EmbedReservation /
+ *                           Abort to encoders, checks
  *   epd_prefill_compute.c   the compute thread (own header)
- *   epd_prefill_plan.c      pure write-plan arithmetic (own header)
+ *   epd_prefill_plan.c      the pure write plan (own header)
+ *
+ * Calls go one way: main.c -> epd_prefill_msg.c -> epd_prefill_req.c ->
+ * the parts (epd_prefill_ids.c, epd_prefill_pool.c, epd_prefill_media.c,
+ * epd_prefill_xfer.c) -> epd_prefill_compute.c, epd_prefill_plan.c; among
+ * the parts: pool -> xfer, plan; xfer -> plan; media -> compute.
+ * main.c also calls the request layer and the parts to set them up.  A
+ * part never calls the request layer: it answers with return values, and
+ * reaches it only through callbacks registered at start-up — the daemon's
+ * ops (main.c), the compute thread's event callback, srv->on_written
+ * (write completions).
  *
  * Threads: everything here belongs to the loop thread, except what the
- * compute thread reads through a submitted job (see epd_prefill_compute.h).
+ * compute thread reads and writes through a submitted job (see
+ * epd_prefill_compute.h): the prompt, the block table, the layer checksums
+ * and the embedding slots of the request until the job's last event.
  *
- * Re-entrancy rule: transport callbacks (write completions, endpoint
- * errors, messages) may run nested inside any epd_xport_* call.  They only
- * record facts and mark requests dirty; requests are freed and our
- * endpoints to decode workers closed (their remote keys die with them) only
- * by epd__prefill_on_pump, which runs at the top of the loop (a uv_idle),
- * never nested inside a transport call.  The one exception: an accepted
- * endpoint (a client's, or a decode worker's own) that failed is closed
- * inside the error callback, after every pointer to it was dropped — the
- * transport parks it until its own stack unwinds.
+ * Re-entrancy: transport callbacks (write completions) and the daemon's
+ * on_peer_dead may run nested inside a transport call; they only record
+ * facts and mark requests dirty.  Requests are freed only by the pump (the
+ * daemon's on_pump, at the top of the loop).
  */
 #ifndef EPD_PREFILL_INT_H
 #define EPD_PREFILL_INT_H
@@ -31,23 +54,22 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include <uv.h>
-
+#include "epd_daemon.h"
 #include "epd_engine.h"
 #include "epd_hash.h"
-#include "epd_log.h"
+#include "epd_link.h"
 #include "epd_msg.h"
+#include "epd_peer.h"
 #include "epd_prefill_compute.h"
 #include "epd_prefill_plan.h"
-#include "epd_registrar.h"
-#include "epd_rpc.h"
+#include "epd_reqtab.h"
 #include "epd_sample.h"
+#include "epd_stash.h"
+#include "epd_tomb.h"
 #include "epd_trace.h"
 #include "epd_xport.h"
-#include "epd_xport_uv.h"
 
 #define EPD_PREFILL_LOG "prefill"
-#define EPD_PREFILL_ID_MAX 128    /* worker id bytes, NUL included */
 #define EPD_PREFILL_STASH_MAX 256 /* reservations that came before their request */
 #define EPD_PREFILL_TOMB_MAX 4096 /* recently aborted / failed request ids */
 /* --write-group-bytes default: every layer as it finishes.  Measured with
@@ -59,58 +81,67 @@
  * medians within the noise, so posting early only hides more. */
 #define EPD_PREFILL_WRITE_GROUP_DEFAULT 0
 #define EPD_PREFILL_MEDIA_MAX 8 /* images per request (proto/README.md rule 13) */
+#define EPD_PREFILL_HASH_BYTES 32 /* MediaRef.content_hash: BLAKE2b-256 */
+/* The largest request-plane message: images may come inline (a cluster
+ * without encoders) when the model has vision; 64 KiB otherwise. */
+#define EPD_PREFILL_MSG_IMAGES (16u << 20)
+#define EPD_PREFILL_MSG_TEXT (64u << 10)
 
-typedef epd_msg_epoch_t epd_prefill_epoch_t; /* epd_msg_epoch_cmp, epd_msg_epoch_of */
+/* Tombstone kinds (daemon/epd_tomb.h): how an id ended here, so that a late
+ * KvReservation is answered the way the request really ended — an aborted
+ * request must end as an abort whatever order the messages cross in. */
+#define EPD_PREFILL_TOMB_ABORTED 1 /* an Abort (client, decode, encoder) ended it */
+#define EPD_PREFILL_TOMB_FAILED 2  /* it failed here */
 
+/*
+ * Where one request stands.  Transitions happen in epd_prefill_req.c's step
+ * function only, driven by facts the events record:
+ *
+ *   MEDIA --every image READY, run queued--> COMPUTING --DONE event--> COMPUTED
+ *   COMPUTED --every layer posted, PrefillComplete (prefill only: the first
+ *             token) sent--> LANDING --last write completed--> RELEASING
+ *   any --failure, abort, lease, peer death--> FAILED --compute and the
+ *             transport gave everything back, owed messages sent--> RELEASING
+ *   RELEASING --RELEASED event--> DONE (freed at once)
+ *
+ * A request without images starts in COMPUTING (its run is queued at
+ * admission).  Layers are written as they finish whenever the reservation
+ * is there, in COMPUTING and COMPUTED alike.
+ */
 typedef enum {
-    EPD_PREFILL_ROLE_DECODE = 1, /* we write its KV reservations */
-    EPD_PREFILL_ROLE_ENCODER,    /* it writes our embedding slots */
-} epd_prefill_role_t;
+    EPD_PREFILL_REQ_MEDIA = 1, /* waiting for its images: slots (possibly waiting for
+                                * them, holding none), encoders' writes, local encodes */
+    EPD_PREFILL_REQ_COMPUTING, /* the run is lent to the compute thread */
+    EPD_PREFILL_REQ_COMPUTED,  /* the run is back (ok): the rest of the writes, then
+                                * PrefillComplete fenced behind them */
+    EPD_PREFILL_REQ_LANDING,   /* PrefillComplete sent: waiting for write completions */
+    EPD_PREFILL_REQ_FAILED,    /* failed or aborted: see `owe` */
+    EPD_PREFILL_REQ_RELEASING, /* the release job is lent to the compute thread */
+    EPD_PREFILL_REQ_DONE,
+} epd_prefill_req_state_t;
 
-typedef enum {
-    EPD_PREFILL_PEER_CONNECTING = 1,
-    EPD_PREFILL_PEER_UP,
-    EPD_PREFILL_PEER_DEAD, /* failed or retired: no more sends, ep closed by the pump */
-} epd_prefill_peer_state_t;
+/* What a failure owes (epd_prefill_req.c's fail `tell`). */
+#define EPD_PREFILL_TELL_CLIENT 0x1u /* an Error to the client */
+#define EPD_PREFILL_TELL_DECODE 0x2u /* an Error to the decode worker */
+#define EPD_PREFILL_QUIESCE 0x4u     /* WritesQuiesced to the decode worker once no
+                                      * write of the request is in flight */
+#define EPD_PREFILL_TELL_ALL (EPD_PREFILL_TELL_CLIENT | EPD_PREFILL_TELL_DECODE | EPD_PREFILL_QUIESCE)
+#define EPD_PREFILL_ABORTED 0x8u     /* an Abort ended it (its tombstone says so) */
 
-/* Our endpoint to one decode or encoder worker incarnation (worker id +
- * epoch). */
-typedef struct epd_prefill_peer {
-    char worker_id[EPD_PREFILL_ID_MAX];
-    epd_prefill_epoch_t epoch;
-    epd_prefill_role_t role;
-    /* an encoder's own endpoint to us (where its messages arrive), so that
-     * it is closed too when the encoder is declared dead: only then can the
-     * slots it might still write be recycled */
-    epd_xport_ep_t *in_ep;
-    epd_xport_ep_t *ep; /* ours (connected by us); NULL once closed */
-    epd_prefill_peer_state_t state;
-    epd_status_t dead_status;
-    uint32_t n_reqs; /* requests and embedding slots bound to it (it lives while > 0) */
-    /* decode's packed key of its KV region, unpacked once on ep and shared by
-     * every request that names the same key: unpacking per request would
-     * map the region afresh each time (on shared memory every page of every
-     * request's KV then faults in again — measured: most of the transfer
-     * time).  Destroyed by closing ep. */
-    epd_xport_rkey_t *rkey;
-    unsigned char rkey_blob[EPD_XPORT_RKEY_MAX];
-    size_t rkey_len;
-    int listed;                    /* in srv->peers (lookup by id) */
-    struct epd_prefill_peer *next; /* srv->peers */
-} epd_prefill_peer_t;
-
-typedef struct epd_prefill_req epd_prefill_req_t;
 struct epd_prefill_srv;
+
+/* ------------------------------------------------------- embedding slots */
 
 /* One slot of the embedding region: one image's embeddings
  * ([image_embeddings][embed_dim] f32).  Lifecycle (proto/README.md rules
  * 15-19):
- *   FREE -> WAITING (taken for a request: an encoder's write, or our own
+ *   FREE -> WAITING (taken for an image: an encoder's write, or our own
  *   encode) -> READY (verified; cached under `hash`; pinned while requests
- *   use it, the least recently used unpinned one is taken first when no
+ *   use it; the least recently used unpinned one is taken first when no
  *   slot is FREE) ... -> FREE (taken again as WAITING);
  *   WAITING -> QUARANTINED (its request ended while an encoder may still
- *   write) -> FREE once that encoder quiesced or was declared dead. */
+ *   write) -> FREE once that encoder quiesced, sent its late EmbedComplete,
+ *   or is dead and every endpoint of it closed. */
 typedef enum {
     EPD_PREFILL_ES_FREE = 0,
     EPD_PREFILL_ES_WAITING,
@@ -121,47 +152,68 @@ typedef enum {
 typedef struct {
     uint32_t idx;
     epd_prefill_es_state_t state;
-    unsigned char hash[32];  /* READY: the image's content hash */
-    uint32_t pins;           /* READY: requests whose prefill reads it */
-    uint64_t req_id;         /* WAITING / QUARANTINED: taken for this request */
-    uint32_t media_index;    /* ... and this image of it */
-    struct epd_prefill_peer *enc; /* WAITING / QUARANTINED: the encoder that writes
-                                   * it (counted ref), NULL for our own encode */
-    uint64_t used_ns;        /* last unpinned (LRU) */
+    unsigned char hash[EPD_PREFILL_HASH_BYTES]; /* READY: the image's content hash */
+    uint32_t pins;        /* READY: requests whose prefill reads it */
+    uint64_t req_id;      /* WAITING / QUARANTINED: taken for this request */
+    uint32_t media_index; /* ... and this image of it */
+    epd_peer_t *enc;      /* WAITING / QUARANTINED: the encoder that writes it
+                           * (counted reference), NULL for our own encode */
+    uint64_t used_ns;     /* last unpinned (LRU) */
 } epd_prefill_eslot_t;
 
-/* Where one image of a request stands. */
+/* Where one image of a request stands (the media part's: which slot it
+ * holds and why; the request layer counts what is pending). */
 typedef enum {
-    EPD_PREFILL_MEDIA_ENCODER = 1, /* waiting for its encoder's EmbedComplete */
-    EPD_PREFILL_MEDIA_LOCAL,       /* our compute thread encodes it */
-    EPD_PREFILL_MEDIA_READY,       /* its slot is READY and pinned by us */
-    EPD_PREFILL_MEDIA_GONE,        /* given back (quarantined, freed or unpinned) */
+    EPD_PREFILL_MEDIA_UNPLACED = 0, /* no slot yet (the request may wait for slots) */
+    EPD_PREFILL_MEDIA_ENCODER,      /* waiting for its encoder's EmbedComplete */
+    EPD_PREFILL_MEDIA_LOCAL,        /* our compute thread encodes it (job lent) */
+    EPD_PREFILL_MEDIA_READY,        /* its slot is READY and pinned by the request */
+    EPD_PREFILL_MEDIA_GONE,         /* given back (quarantined, freed or unpinned) */
 } epd_prefill_media_state_t;
 
 typedef struct {
     epd_prefill_media_state_t state;
-    uint32_t pos, n;          /* placeholder positions [pos, pos + n) */
-    unsigned char hash[32];
+    uint32_t pos, n; /* placeholder positions [pos, pos + n) */
+    unsigned char hash[EPD_PREFILL_HASH_BYTES];
     epd_prefill_eslot_t *slot;
-    struct epd_prefill_peer *enc; /* ENCODER: counted ref */
-    unsigned char *data;      /* LOCAL: the encoded image (owned) */
+    epd_peer_t *enc;     /* ENCODER (and after): the encoder, counted reference */
+    unsigned char *data; /* an inline image for our own encode (owned) */
     size_t data_len;
-    uint64_t t_start_ns;      /* reservation sent / local encode queued */
-    int hit;                  /* READY from the cache at arrival */
+    uint64_t t_start_ns; /* reservation sent / local encode queued */
+    int hit;             /* READY from the cache at placement */
     /* its source, kept from the GenerateRequest until it is placed (the
-     * request waits when no slot is free): an encoder, or data (then
-     * `data` above holds the bytes), or neither (it must be cached) */
-    char enc_id[EPD_PREFILL_ID_MAX];
-    epd_prefill_epoch_t enc_epoch;
-    unsigned char *enc_addr; /* owned; NULL: no encoder */
+     * request may wait for slots): an encoder (enc_addr != NULL), or data,
+     * or neither (it must be cached) */
+    char enc_id[EPD_WORKER_ID_MAX];
+    epd_msg_epoch_t enc_epoch;
+    unsigned char *enc_addr; /* owned */
     size_t enc_addr_len;
+    /* our own encode: lent to the compute thread until ev comes back */
+    epd_prefill_job_t job;
+    epd_prefill_ev_t ev;
 } epd_prefill_media_t;
 
-/* One layer's writes of one request: the completion callbacks' argument, so
- * that a layer's "KV write" trace span runs from its first post to its last
- * completion. */
+/* A request waiting for embedding slots (the media part's FIFO, first come
+ * first served: waiting requests hold no slot, so they cannot deadlock
+ * each other). */
+typedef struct epd_prefill_waiter {
+    struct epd_prefill_waiter *next;
+    const epd_prefill_media_t *media; /* [n], borrowed from the request */
+    uint32_t n;
+    uint64_t id;
+    uint64_t since_ns;
+    int waiting; /* in srv's FIFO */
+} epd_prefill_waiter_t;
+
+/* ---------------------------------------------------------- KV transfer */
+
+typedef struct epd_prefill_xfer epd_prefill_xfer_t;
+
+/* One layer's writes of one request: the completion callbacks' argument,
+ * so that a layer's "KV write" trace span runs from its first post to its
+ * last completion. */
 typedef struct {
-    epd_prefill_req_t *req;
+    epd_prefill_xfer_t *x;
     uint32_t layer;
     uint32_t inflight;  /* posted, not completed */
     int all_posted;     /* every write of the layer is posted */
@@ -171,295 +223,315 @@ typedef struct {
     uint64_t bytes;     /* posted so far */
 } epd_prefill_lw_t;
 
-struct epd_prefill_req {
-    uint64_t id;
+/* One request's KV transfer (the xfer part's; inside the request).  The
+ * request layer reads have_resv, writes_inflight and post_layer as facts. */
+struct epd_prefill_xfer {
     struct epd_prefill_srv *srv;
-    epd_prefill_req_t *hnext;               /* srv->table chain */
-    epd_prefill_req_t *lprev, *lnext;       /* srv->dirty or srv->blocked */
-    int list;                               /* 0 none, 1 dirty, 2 blocked */
-    epd_prefill_req_t *all_prev, *all_next; /* srv->all */
+    uint64_t id;
+    epd_peer_t *peer;           /* the decode worker (borrowed from the request) */
+    epd_prefill_place_t local;  /* our blocks (borrowed from the request) and slot */
+    /* the reservation (valid when have_resv) */
+    int have_resv;
+    uint32_t *remote_blocks;    /* [n_blocks] */
+    epd_prefill_place_t remote; /* block_ids = remote_blocks */
+    uint64_t region_size;
+    epd_xport_rkey_t *rkey;     /* unpacked on the peer's link; NULL once it died */
+    int rkey_shared;            /* the peer's (borrowed, not destroyed here) */
+    uint32_t d_lease_ms;        /* decode's lease on the reservation */
+    /* posting: one cursor over layers in order, writes in order */
+    uint32_t post_layer, post_idx;
+    uint32_t writes_inflight;
+    uint64_t writes_posted, writes_coalesced;
+    epd_prefill_lw_t *lw;       /* [n_layers] */
+    uint64_t *checksums;        /* [n_layers], written by the compute thread (layer_sums) */
+    uint64_t last_d_msg_ns;     /* decode's lease keep-alive (LayerDone) */
+    int backpressured;          /* a post was refused (logged once) */
+};
+
+/* -------------------------------------------------------------- request */
+
+typedef struct epd_prefill_req {
+    epd_reqent_t ent; /* srv->reqs, keyed (id, 0) */
+    uint64_t id;
+    epd_prefill_req_state_t state;
+    struct epd_prefill_srv *srv;
     /* who asked */
-    epd_xport_ep_t *client_ep; /* NULL once that endpoint failed */
-    char client_id[EPD_PREFILL_ID_MAX];
-    epd_prefill_peer_t *peer; /* the decode worker (counted ref) */
+    epd_link_t *client; /* counted reference */
+    char client_id[EPD_WORKER_ID_MAX];
+    epd_peer_t *peer;   /* the decode worker (counted); NULL: prefill only */
+    int prefill_only;   /* no decode, no writes: the first token to the client */
     /* the prompt and its local placement */
-    int32_t *tokens; /* [n_tokens] */
+    int32_t *tokens;        /* [n_tokens] */
     uint32_t n_tokens;
     uint32_t n_blocks;      /* prompt blocks */
     uint32_t *local_blocks; /* [n_blocks] */
     uint32_t slot;          /* local state slot */
-    /* the reservation (valid when have_resv) */
-    int have_resv;
-    uint32_t *remote_blocks; /* [n_blocks] */
-    epd_prefill_place_t remote;
-    uint64_t region_size;
-    epd_xport_rkey_t *rkey; /* on peer->ep; NULL once that ep closed */
-    int rkey_shared;        /* rkey is peer->rkey (borrowed, not destroyed here) */
-    /* compute hand-off */
+    epd_prefill_xfer_t xfer;
+    /* compute hand-off (lent from submit until the job's last event) */
     epd_prefill_job_t run_job, release_job;
     epd_prefill_ev_t *evs; /* [n_layers + 2]: layers, DONE, RELEASED */
     atomic_int cancel;
+    /* facts the step function reads */
+    int run_submitted;
+    uint32_t layers_done;
     int compute_done; /* DONE consumed */
     epd_status_t compute_status;
     int32_t first_token;
-    uint32_t layers_done;
-    int release_queued, released;
-    /* transfer */
-    uint32_t post_layer, post_idx; /* next write to post */
-    uint32_t writes_inflight;
-    uint64_t writes_posted;
-    uint64_t *checksums;      /* [n_layers], written by the compute thread (run_job.layer_sums) */
-    uint64_t last_d_msg_ns;   /* lease keep-alive (LayerDone) */
-    uint32_t d_lease_ms;      /* decode's lease on the reservation */
-    uint64_t compute_done_ns; /* P's lease on the reservation */
-    /* timings (loop thread clock), for the per-request debug line */
-    uint64_t t_admit_ns, t_start_ns, t_resv_ns, t_complete_ns;
-    /* outcome */
-    int failed; /* failed or aborted: no more writes */
-    epd_status_t fail_status;
-    char fail_msg[160];
-    char fail_culprit[EPD_PREFILL_ID_MAX]; /* the worker that caused it, if not us or the client */
-    int tell_client;   /* Error to the client pending */
-    int tell_d;        /* Error to decode pending */
-    int need_quiesced; /* WritesQuiesced to decode pending */
-    int complete_sent;
-    int backpressured; /* a post was refused (logged once) */
-    /* prefill-only (GenerateRequest.prefill_only): no decode, no writes;
-     * the first token goes to the client in a TokenChunk */
-    int prefill_only;
-    /* media (multimodal prompts): the run is submitted once media_pending
-     * reaches 0; encodes_inflight counts ENCODE jobs lent to compute */
+    int complete_sent; /* PrefillComplete (or the first token) went out */
+    int released;      /* RELEASED consumed */
+    /* images: the run is queued once media_pending is 0 */
     epd_prefill_media_t *media; /* [n_media] */
     uint32_t n_media;
-    uint32_t media_pending;
-    /* waiting for embedding slots (srv->park_head FIFO): nothing of the
-     * region is held meanwhile; failed after lease_ms */
-    int parked;
-    uint64_t t_park_ns;
-    struct epd_prefill_req *park_next;
-    uint32_t encodes_inflight;
-    int run_submitted;
-    epd_embed_span_t *spans;          /* [n_media], the run's */
-    epd_prefill_job_t *encode_jobs;   /* [n_media] */
-    epd_prefill_ev_t *encode_evs;     /* [n_media] */
-    epd_prefill_lw_t *lw;      /* [n_layers] */
-    uint64_t t_first_layer_ns; /* layer 0 done (loop clock) */
-    uint64_t writes_coalesced; /* block writes merged into a neighbour */
-};
+    uint32_t media_pending;    /* images not READY yet (set when placed) */
+    uint32_t encodes_inflight; /* local encodes lent to the compute thread */
+    epd_embed_span_t *spans;   /* [n_media], the run's */
+    epd_prefill_waiter_t wait; /* waiting for slots (wait.waiting), holding none */
+    /* clocks (epd_time_now_ns), for traces and the debug line */
+    uint64_t t_admit_ns, t_start_ns, t_resv_ns, t_complete_ns, compute_done_ns,
+        t_first_layer_ns;
+    /* FAILED: why, and what it still owes */
+    epd_status_t fail_status;
+    char fail_msg[160];
+    char fail_culprit[EPD_WORKER_ID_MAX]; /* the worker that caused it, if not us or the client */
+    unsigned owe;                         /* EPD_PREFILL_TELL_* / QUIESCE not yet sent */
+} epd_prefill_req_t;
 
 typedef struct epd_prefill_srv {
-    /* configuration (flags) */
-    const char *model_dir;
-    char model_name[128]; /* last path component of model_dir */
-    const char *engine_name;
-    char worker_id[EPD_PREFILL_ID_MAX];
-    const char *transport;
-    const char *expect;
-    const char *provider;
-    const char *control_addr;
-    const char *ready_file;
-    uint32_t kv_blocks, state_slots, block_tokens;
-    uint32_t lease_ms, peer_timeout_ms, connect_timeout_ms;
-    /* identity */
-    epd_prefill_epoch_t epoch;
-    uint64_t seq; /* envelope sequence */
-    /* loop and its handles */
-    uv_loop_t *loop;
-    uv_idle_t pump;
-    int pump_on;
-    uv_timer_t timer; /* leases, stash and tombstone expiry, retries */
-    uv_signal_t sigterm, sigint, sigusr1;
-    int stopping;
-    /* engine, pool, compute */
+    epd_daemon_t *d;
     const epd_engine_info_t *info;
-    epd_xport_t *x;
-    epd_xport_uv_t *xuv;
+    epd_trace_t *trace; /* the daemon's (NULL = off) */
+    /* configuration (flags) */
+    uint32_t kv_blocks, state_slots, lease_ms;
+    /* while compute runs, finished layers are posted only once at least
+     * this many of their bytes wait (0: every layer at once); after compute
+     * everything left goes at once */
+    uint64_t write_group_bytes;
+    /* after each layer's writes, a LayerDone (landed) fenced behind them, so
+     * decode verifies that layer while the next ones compute */
+    int layer_notify;
+    uint32_t embed_slots;
+    uint64_t max_image_pixels; /* local encodes' pixel guard */
+    /* the local KV pool, registered: the writes' source (the pool part's) */
     epd_xport_mr_t *pool_mr;
     epd_kv_pool_t pool;
+    uint32_t *free_blocks, n_free_blocks; /* stack, lowest on top */
+    uint32_t *free_slots, n_free_slots;   /* stack, lowest on top */
     epd_prefill_compute_t *compute;
-    epd_rpc_server_t *rpc;
-    epd_registrar_t *registrar; /* --router; NULL = not registering */
-    const void *addr;           /* our data-plane address (borrowed from x) */
-    size_t addr_len;
-    /* local pool allocation */
-    uint32_t *free_blocks; /* stack */
-    uint32_t n_free_blocks;
-    uint32_t *free_slots; /* stack */
-    uint32_t n_free_slots;
-    /* requests */
-    epd_prefill_req_t **table; /* [table_size] chains, by id */
-    uint32_t table_size;
-    uint32_t n_live;
-    epd_prefill_req_t *all;
-    epd_prefill_req_t *dirty_head, *dirty_tail;
-    epd_prefill_req_t *blocked_head, *blocked_tail;
+    /* requests (the request layer's) */
+    epd_reqtab_t reqs;
     int room; /* a write completed: retry the blocked */
-    epd_prefill_peer_t *peers;
-    /* early reservations, tombstones */
-    struct epd_prefill_stash {
-        Epd__Envelope *env; /* owned */
-        epd_xport_ep_t *ep; /* where it came from */
-        uint64_t expires_ns;
-    } stash[EPD_PREFILL_STASH_MAX];
-    uint32_t n_stash;
-    struct epd_prefill_tomb {
-        uint64_t id;
-        uint64_t expires_ns;
-    } tombs[EPD_PREFILL_TOMB_MAX];
-    uint32_t tomb_next;
-    char known_d[32][EPD_PREFILL_ID_MAX]; /* decode worker ids seen in requests */
-    uint32_t known_d_next;
-    /* state */
-    int draining;
-    uint64_t bad_frames;
-    uint64_t served, failed_reqs;
-    epd_log_limit_t log_limit;
-    unsigned char *tx_buf; /* [tx_cap], loop thread scratch for frames */
-    size_t tx_cap;
-    /* write grouping: while compute runs, finished layers are posted only
-     * once at least this many of their bytes wait (0: every layer at once);
-     * after compute everything left goes at once */
-    uint64_t write_group_bytes;
-    /* per-layer verification: after each layer's writes, a LayerDone
-     * (landed = true) fenced behind them, so decode hashes that layer while
-     * the next ones compute (--layer-notify; 0 = only PrefillComplete) */
-    int layer_notify;
-    uint64_t kv_bytes_sent;    /* bytes of layers whose writes all landed */
-    /* the embedding region (engines with vision; embed_slots 0 = none) */
-    uint32_t embed_slots;
+    /* ids with no live request (the ids part's) */
+    epd_stash_t *stash; /* early KvReservation / KvRefused, keyed (id, 0) */
+    epd_tombs_t *tombs;
+    /* write completions of the xfer part (registered by the request layer
+     * at start-up): facts into the request, a kick of the pump */
+    void (*on_written)(struct epd_prefill_srv *srv, epd_prefill_xfer_t *x, epd_status_t status);
+    /* the embedding region (the media part's; embed_slots 0 = none) */
     uint64_t embed_slot_bytes; /* image_embeddings * embed_dim * 4 */
     epd_xport_mr_t *embed_mr;
     unsigned char embed_rkey[EPD_XPORT_RKEY_MAX];
     size_t embed_rkey_len;
     epd_prefill_eslot_t *eslots; /* [embed_slots] */
-    uint64_t max_image_pixels;   /* local encodes' pixel guard */
+    epd_prefill_waiter_t *wait_head, *wait_tail; /* waiting for slots, in arrival order */
+    int embed_room; /* a slot came free: the pump places the waiting */
+    /* counters */
+    uint64_t received, served, failed_reqs, refused;
+    uint64_t kv_bytes_sent;         /* bytes of layers whose writes all landed */
+    uint64_t layer_notices;         /* landed LayerDones sent */
+    uint64_t layer_notices_skipped; /* skipped: the link had messages waiting */
     uint64_t embed_hits, embed_misses, embed_local; /* images: cached, from an encoder, ours */
-    uint64_t embed_parked;     /* requests that waited for slots */
-    epd_prefill_req_t *park_head, *park_tail; /* waiting for slots, in arrival order */
-    int embed_room;            /* a slot came free: the pump places the parked */
-    uint64_t layer_notices;    /* landed LayerDones sent */
-    uint64_t layer_notices_skipped; /* refused by backpressure (decode verifies at the end) */
-    epd_trace_t *trace;     /* --trace; NULL = off */
-    const char *trace_path; /* where the JSON goes at exit / SIGUSR1 */
+    uint64_t embed_parked; /* requests that waited for slots */
 } epd_prefill_srv_t;
 
-/* ---- epd_prefill_msg.c ---- */
-void epd__prefill_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len);
-void epd__prefill_on_accept(void *arg, epd_xport_ep_t *ep);
-void epd__prefill_on_ep_error(void *arg, epd_xport_ep_t *ep, epd_status_t status);
-/* Sends an envelope body of `body_case` with `body` to `ep` (flags: fence).
- * EPD_OK, EPD_ERR_NO_RESOURCE (retry later) or the endpoint's error. */
-epd_status_t epd__prefill_send(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
-                               Epd__Envelope__BodyCase body_case, void *body, unsigned flags);
-epd_status_t epd__prefill_send_error(epd_prefill_srv_t *srv, epd_xport_ep_t *ep, uint64_t id,
-                                     epd_status_t status, const char *msg);
-/* The same naming the worker that caused the failure (Error.culprit). */
-epd_status_t epd__prefill_send_error_by(epd_prefill_srv_t *srv, epd_xport_ep_t *ep, uint64_t id,
-                                        epd_status_t status, const char *msg, const char *culprit);
-void epd__prefill_peer_unref(epd_prefill_srv_t *srv, epd_prefill_peer_t *peer);
-/* The peer for (worker_id, epoch) of `role`, connecting when new (a newer
- * epoch retires the older one).  EPD_ERR_STALE_EPOCH when a newer one is
- * known. */
-epd_status_t epd__prefill_peer_get(epd_prefill_srv_t *srv, epd_prefill_role_t role,
-                                   const char *worker_id, const epd_prefill_epoch_t *epoch,
-                                   const void *addr, size_t addr_len, epd_prefill_peer_t **peer_p);
-/* Closes endpoints of dead peers (pump only). */
-void epd__prefill_peers_reap(epd_prefill_srv_t *srv);
-/* Periodic: stash and tombstone expiry. */
-void epd__prefill_msg_tick(epd_prefill_srv_t *srv, uint64_t now);
-void epd__prefill_tomb_add(epd_prefill_srv_t *srv, uint64_t id);
-/* Applies a KvReservation to `req` (validation, rkey); fails req when invalid. */
-void epd__prefill_apply_reservation(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
-                                    const Epd__KvReservation *r);
-/* Rate-limited warning. */
-int epd__prefill_log_allowed(epd_prefill_srv_t *srv);
+/* ---- epd_prefill_msg.c (the daemon's on_msg) ---- */
+int epd__prefill_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env);
+
+/* ---- epd_prefill_req.c ---- */
+/* The request table; registers srv->on_written. */
+epd_status_t epd__prefill_reqs_init(epd_prefill_srv_t *srv);
+/* Frees every request (after epd_daemon_serve returned: the compute
+ * thread and the transport hold nothing any more). */
+void epd__prefill_reqs_cleanup(epd_prefill_srv_t *srv);
+/* A checked GenerateRequest (sampling `sp` parsed) from `from`. */
+void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const Epd__Envelope *env,
+                               const epd_sample_params_t *sp);
+/* The message layer refused the GenerateRequest `id` with `status`: an
+ * early reservation of it is answered. */
+void epd__prefill_req_refused(epd_prefill_srv_t *srv, uint64_t id, epd_status_t status,
+                              const char *msg);
+/* A KvReservation or KvRefused; returns nonzero when `env` was kept. */
+int epd__prefill_req_reservation(epd_prefill_srv_t *srv, epd_link_t *from, Epd__Envelope *env);
+void epd__prefill_req_abort(epd_prefill_srv_t *srv, epd_link_t *from, const Epd__Envelope *env);
+void epd__prefill_req_error(epd_prefill_srv_t *srv, epd_link_t *from, const Epd__Envelope *env);
+/* From encoders: EmbedComplete, WritesQuiesced. */
+void epd__prefill_req_embed_complete(epd_prefill_srv_t *srv, const Epd__Envelope *env);
+void epd__prefill_req_quiesced(epd_prefill_srv_t *srv, const Epd__Envelope *env);
+/* Callbacks registered by main.c: the compute thread's, the daemon's. */
+void epd__prefill_req_on_event(void *arg, epd_prefill_ev_t *ev);
+void epd__prefill_req_on_peer_dead(void *arg, epd_peer_t *peer, epd_status_t status,
+                                   const char *why);
+void epd__prefill_req_on_peer_closed(void *arg, epd_peer_t *peer);
+int epd__prefill_req_on_pump(void *arg);
+void epd__prefill_req_on_tick(void *arg, uint64_t now_ns);
+void epd__prefill_req_on_stop(void *arg);
+
+/* ---- epd_prefill_ids.c ---- */
+/* The stash and the tombstones (start-up); cleanup frees what is kept. */
+epd_status_t epd__prefill_ids_init(epd_prefill_srv_t *srv);
+void epd__prefill_ids_cleanup(epd_prefill_srv_t *srv);
+/* Request `id` ended here (EPD_PREFILL_TOMB_*); how it ended, 0: it did not
+ * (recently). */
+void epd__prefill_ids_end(epd_prefill_srv_t *srv, uint64_t id, int kind);
+int epd__prefill_ids_ended(const epd_prefill_srv_t *srv, uint64_t id);
+/* Answers a reservation or refusal `env` for an id that ended `kind` on
+ * `to`: after an abort Error EPD_ERR_CANCELED "aborted", else (a
+ * reservation) Error EPD_ERR_NOT_FOUND; then WritesQuiesced. */
+void epd__prefill_ids_answer(epd_prefill_srv_t *srv, epd_link_t *to, const Epd__Envelope *env,
+                             int kind);
+/* A reservation or refusal for an id with no live request: answered when
+ * the id ended here, else kept for a lease (returns nonzero: env taken, a
+ * reference to `from` added). */
+int epd__prefill_ids_early(epd_prefill_srv_t *srv, epd_link_t *from, Epd__Envelope *env);
+/* Takes the kept message of `id` (the caller frees it and takes the
+ * reference *from_p), or NULL. */
+Epd__Envelope *epd__prefill_ids_take(epd_prefill_srv_t *srv, uint64_t id, epd_link_t **from_p);
+/* Answers a kept message whose request will never run here (a
+ * reservation: Error{status, why} + WritesQuiesced); takes env and from. */
+void epd__prefill_ids_drop(epd_prefill_srv_t *srv, Epd__Envelope *env, epd_link_t *from,
+                           epd_status_t status, const char *why);
+/* The GenerateRequest `id` was refused: its kept message is answered. */
+void epd__prefill_ids_refused(epd_prefill_srv_t *srv, uint64_t id, epd_status_t status,
+                              const char *msg);
+/* An Abort for an id with no live request. */
+void epd__prefill_ids_abort(epd_prefill_srv_t *srv, epd_link_t *from, const Epd__Envelope *env);
+/* Periodic: kept messages whose lease passed are answered. */
+void epd__prefill_ids_expire(epd_prefill_srv_t *srv, uint64_t now_ns);
+
+/* ---- epd_prefill_pool.c ---- */
+/* The local pool, registered on the daemon's transport (it goes with it),
+ * checked against `engine`, and its free stacks.  Logs a failure. */
+epd_status_t epd__prefill_pool_init(epd_prefill_srv_t *srv, epd_engine_t *engine);
+void epd__prefill_pool_cleanup(epd_prefill_srv_t *srv);
+/* A request for checked GenerateRequest `g`: its memory, its local blocks
+ * and state slot, its run and release jobs (not submitted), its transfer
+ * to `peer` (NULL: prefill only; on success the caller's reference becomes
+ * the request's).  Who asked and its state are the caller's to set.
+ * EPD_ERR_NO_CAPACITY or EPD_ERR_NO_MEMORY (nothing kept). */
+epd_status_t epd__prefill_pool_admit(epd_prefill_srv_t *srv, const Epd__GenerateRequest *g,
+                                     const epd_sample_params_t *sp, epd_peer_t *peer,
+                                     epd_prefill_req_t **req_p);
+/* Its blocks and slot back, its references dropped, its memory freed
+ * (nothing may hold any of it any more). */
+void epd__prefill_pool_free(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
 
 /* ---- epd_prefill_xfer.c ---- */
-epd_prefill_req_t *epd__prefill_req_find(epd_prefill_srv_t *srv, uint64_t id);
-/* Admits a validated request: local blocks and slot, compute job (queued
- * at once without media; with n_media > 0 the caller starts the media and
- * the run follows when they are ready).  On success *req_p is live (in the
- * table); EPD_ERR_NO_CAPACITY or EPD_ERR_NO_MEMORY otherwise (nothing
- * kept). */
-epd_status_t epd__prefill_req_admit(epd_prefill_srv_t *srv, uint64_t id, const uint32_t *tokens,
-                                    uint32_t n_tokens, const epd_sample_params_t *sample,
-                                    uint32_t n_media, epd_xport_ep_t *client_ep,
-                                    const char *client_id, epd_prefill_peer_t *peer,
-                                    epd_prefill_req_t **req_p);
-/* Queues the run of an admitted request whose media are all READY (or
- * that has none).  Fails the request when the queue refuses it. */
-void epd__prefill_req_submit_run(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
-/* Fails (or aborts) a request: stops compute at the next layer, stops
- * posting; tell_client / tell_d queue an Error; quiesce queues a
- * WritesQuiesced for decode once no write is in flight.  First call wins
- * the status; later calls only add what they ask for. */
-void epd__prefill_req_fail(epd_prefill_srv_t *srv, epd_prefill_req_t *req, epd_status_t status,
-                           const char *msg, int tell_client, int tell_d, int quiesce);
-void epd__prefill_req_dirty(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
-/* Starts the pump (idle handle) if it is not running. */
-void epd__prefill_pump_kick(epd_prefill_srv_t *srv);
-/* The reservation just became valid: post what is ready. */
-void epd__prefill_req_reserved(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
-void epd__prefill_on_event(void *arg, epd_prefill_ev_t *ev);
-void epd__prefill_on_pump(uv_idle_t *idle);
-void epd__prefill_tick(epd_prefill_srv_t *srv, uint64_t now);
-/* Frees every request (shutdown, after the transport and compute are gone). */
-void epd__prefill_reqs_free_all(epd_prefill_srv_t *srv);
+/* Sets up x for request `id` to decode `peer` (borrowed) from our blocks
+ * local_blocks[0..n_blocks) (borrowed) and `slot`: its arrays.  EPD_OK or
+ * EPD_ERR_NO_MEMORY. */
+epd_status_t epd__prefill_xfer_init(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint64_t id,
+                                    epd_peer_t *peer, const uint32_t *local_blocks,
+                                    uint32_t n_blocks, uint32_t slot);
+/* Frees x's arrays and the key it unpacked for itself. */
+void epd__prefill_xfer_cleanup(epd_prefill_xfer_t *x);
+/* Checks reservation `r` (layout, blocks, region, the key unpacked on our
+ * link to the peer and covering the region) and takes it into x.  EPD_OK,
+ * or the refusal with msg[0..cap) saying why (EPD_ERR_PEER_DEAD: the decode
+ * worker is gone). */
+epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
+                                    const Epd__KvReservation *r, char *msg, size_t cap);
+/* Posts every write of layers [post_layer, layers_done) that may go now
+ * (write grouping while compute runs), with a LayerDone after each layer.
+ * EPD_OK; EPD_ERR_NO_RESOURCE when the transport pushed back (the cursor
+ * stays: post again after room was made); another error with msg[0..cap)
+ * when the transfer cannot go on. */
+epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
+                                    uint32_t layers_done, int compute_done, char *msg, size_t cap);
+/* PrefillComplete{first_token, n_tokens, checksums}, fenced behind every
+ * write; EPD_OK or the link's failure. */
+epd_status_t epd__prefill_xfer_complete(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
+                                        int32_t first_token, uint32_t n_tokens);
+/* Prefill only: TokenChunk{index 0, [first_token], finish LENGTH} to the
+ * client (a failure is logged: the request is over either way). */
+void epd__prefill_xfer_first_token(epd_prefill_srv_t *srv, epd_link_t *client, uint64_t id,
+                                   int32_t first_token);
+/* Decode's lease keep-alive during a long layer: the last posted layer's
+ * LayerDone again, at most every lease/4. */
+void epd__prefill_xfer_keepalive(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint64_t now_ns);
+/* The peer's link is going: its key dies with it. */
+void epd__prefill_xfer_forget_key(epd_prefill_xfer_t *x);
+/* A transport failure seen by one request: connection-scope errors become
+ * EPD_ERR_PEER_DEAD, a request-scope one keeps its code. */
+epd_status_t epd__prefill_xfer_peer_status(epd_status_t st);
 
 /* ---- epd_prefill_media.c ---- */
 /* Allocates and registers the embedding region when the engine has vision
- * and embed_slots > 0 (loop thread, start-up, after the transport). */
+ * and embed_slots > 0 (start-up; it goes with the transport). */
 epd_status_t epd__prefill_media_init(epd_prefill_srv_t *srv);
-/* Deregisters the region (while the transport lives) and frees the slots. */
 void epd__prefill_media_cleanup(epd_prefill_srv_t *srv);
-/* Checks GenerateRequest.media against the prompt and the engine (rule 14);
- * EPD_OK, or the refusal with msg. */
-epd_status_t epd__prefill_media_check(const epd_prefill_srv_t *srv, const Epd__GenerateRequest *g,
-                                      char *msg, size_t cap);
-/* Starts an admitted request's media (rule 15): cache hits pinned,
- * reservations sent to encoders, local encodes queued; submits the run when
- * nothing is pending.  When the free and evictable slots do not cover its
- * uncached images (or requests wait already), the request waits, holding
- * no slot, until they do.  May fail the request (it stays live until it
- * finishes as usual). */
-void epd__prefill_media_start(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
-                              const Epd__GenerateRequest *g);
-/* Gives back what the request's media hold: slots an encoder may still
- * write are quarantined (with an Abort to it); with `final` (the run is
- * done, or will never run) READY slots are unpinned too.  Idempotent. */
-void epd__prefill_media_release(epd_prefill_srv_t *srv, epd_prefill_req_t *req, int final);
-/* A failed request whose run never started: once no encode is lent to
- * compute, it counts as computed (canceled), so it can finish. */
-void epd__prefill_media_settle(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
-/* ENCODED event of media `index`. */
-void epd__prefill_media_on_encoded(epd_prefill_srv_t *srv, epd_prefill_req_t *req, uint32_t index,
-                                   epd_status_t status);
-/* Messages from encoders (EmbedComplete, WritesQuiesced). */
-void epd__prefill_media_on_complete(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
-                                    const Epd__Envelope *env);
-void epd__prefill_media_on_quiesced(epd_prefill_srv_t *srv, epd_xport_ep_t *ep,
-                                    const Epd__Envelope *env);
-/* Is `env`'s sender the encoder of one of req's waiting images? */
-int epd__prefill_media_from_encoder(const epd_prefill_req_t *req, const Epd__Envelope *env);
-/* An encoder peer is dead and both its endpoints are closed: its
- * quarantined slots are free. */
-void epd__prefill_media_encoder_gone(epd_prefill_srv_t *srv, epd_prefill_peer_t *peer);
-/* Periodic: reservation leases of waiting images, and of requests waiting
- * for slots. */
-void epd__prefill_media_tick(epd_prefill_srv_t *srv, uint64_t now);
-/* Pump only: places the requests waiting for slots, in order, while the
- * first of them fits. */
-void epd__prefill_media_unpark(epd_prefill_srv_t *srv);
-
-/* ---- epd_prefill_rpc.c ---- */
-int epd__prefill_on_rpc(void *arg, const char *method, const void *req, size_t req_len,
-                        void **resp_p, size_t *resp_len_p, char *err, size_t err_cap);
-/* The RegisterRequest for the router (identity, transport, data-plane and
- * control addresses, capacity, layout), packed into an epd_malloc buffer. */
-epd_status_t epd__prefill_register_pack(epd_prefill_srv_t *srv, const char *control_address,
-                                        void **buf_p, size_t *len_p);
-/* epd_registrar callbacks (loop thread): the load, and the router's drain. */
-void epd__prefill_registrar_load(void *arg, epd_registrar_load_t *load_p);
-void epd__prefill_registrar_drain(void *arg);
+/* Copies image `i`'s source from `mr` into m.  EPD_OK, or EPD_ERR_NOT_FOUND
+ * (not cached here and no source) / EPD_ERR_NO_MEMORY with msg. */
+epd_status_t epd__prefill_media_copy(epd_prefill_srv_t *srv, epd_prefill_media_t *m, uint32_t i,
+                                     const Epd__MediaRef *mr, char *msg, size_t cap);
+/* May m[0..n) be placed now: nobody waits for slots before them, and the
+ * free and evictable slots cover their uncached images? */
+int epd__prefill_media_fits(epd_prefill_srv_t *srv, const epd_prefill_media_t *m, uint32_t n);
+/* w (filled: media, n, id) waits for slots at the end of the FIFO. */
+void epd__prefill_media_wait(epd_prefill_srv_t *srv, epd_prefill_waiter_t *w);
+/* Takes w out of the FIFO (no-op when it does not wait). */
+void epd__prefill_media_unwait(epd_prefill_srv_t *srv, epd_prefill_waiter_t *w);
+/* The first waiter, taken out of the FIFO when its images fit now (NULL:
+ * none does); the pump places it. */
+epd_prefill_waiter_t *epd__prefill_media_next_fit(epd_prefill_srv_t *srv);
+/* The first waiter when it has waited longer than the lease, or NULL. */
+epd_prefill_waiter_t *epd__prefill_media_overdue(epd_prefill_srv_t *srv, uint64_t now_ns);
+/* The first of m[0..n) whose encoder has been silent for the lease, or
+ * NULL. */
+const epd_prefill_media_t *epd__prefill_media_silent(const epd_prefill_srv_t *srv,
+                                                     const epd_prefill_media_t *m, uint32_t n,
+                                                     uint64_t now_ns);
+/*
+ * Places every image of m[0..n) of request `id` (the slots are there:
+ * epd__prefill_media_fits): cached ones pinned, then a slot for each other
+ * one — its encoder (one link per incarnation, epd_peer_get) gets an
+ * EmbedReservation, or our compute thread encodes it (the job lent, its
+ * event's owner `owner`).  Stops at once when *failed (the request's
+ * failure status) is no longer EPD_OK: retiring an older encoder
+ * incarnation may fail the very request being placed.  *pending_p: the
+ * images still to come; *encodes_p: the encodes submitted (both also on
+ * failure).  EPD_OK, or the failure with msg and *culprit_p (the encoder
+ * to name in the client's Error, or NULL); what was placed stays placed
+ * for the caller to give back.
+ */
+epd_status_t epd__prefill_media_place(epd_prefill_srv_t *srv, epd_prefill_media_t *m, uint32_t n,
+                                      uint64_t id, void *owner, const epd_status_t *failed,
+                                      uint32_t *pending_p, uint32_t *encodes_p, char *msg,
+                                      size_t cap, const char **culprit_p);
+/* The rows of m's slot, for the run. */
+const float *epd__prefill_media_rows(const epd_prefill_srv_t *srv, const epd_prefill_media_t *m);
+/* Our own encode of m came back with `status`: READY (EPD_OK) or its slot
+ * free (GONE) and what was wrong with the image in msg. */
+void epd__prefill_media_encoded(epd_prefill_srv_t *srv, epd_prefill_media_t *m,
+                                epd_status_t status, char *msg, size_t cap);
+/* Checks an EmbedComplete for m (fenced behind the write: the bytes are
+ * final): READY, or the slot free (GONE) and the refusal with msg. */
+epd_status_t epd__prefill_media_verify(epd_prefill_srv_t *srv, epd_prefill_media_t *m,
+                                       const Epd__EmbedComplete *ec, char *msg, size_t cap);
+/* Gives back what m holds for request `id`: a slot its encoder may still
+ * write is quarantined (an Abort{reason} goes to the encoder); with `final`
+ * (the run is done, or will never run) a READY slot is unpinned too.
+ * Idempotent. */
+void epd__prefill_media_give_back(epd_prefill_srv_t *srv, epd_prefill_media_t *m, uint64_t id,
+                                  const char *reason, int final);
+/* Is `env`'s sender m's encoder (that incarnation)? */
+int epd__prefill_media_from(const epd_prefill_media_t *m, const Epd__Envelope *env);
+/* `env`'s sender quiesced request `id`: its quarantined slots of it are
+ * free.  Returns how many. */
+uint32_t epd__prefill_media_quiesced(epd_prefill_srv_t *srv, uint64_t id, const Epd__Envelope *env);
+/* A late EmbedComplete for a quarantined slot frees it; nonzero when one was. */
+int epd__prefill_media_late(epd_prefill_srv_t *srv, const Epd__EmbedComplete *ec,
+                            const Epd__Envelope *env);
+/* Encoder `peer` is dead and every endpoint of it closed: its quarantined
+ * slots are free. */
+void epd__prefill_media_encoder_gone(epd_prefill_srv_t *srv, epd_peer_t *peer);
 
 #endif

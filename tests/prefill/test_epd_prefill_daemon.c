@@ -15,7 +15,8 @@
  *     WritesQuiesced to decode, nothing written anywhere;
  *   - abort from the client before the reservation: decode gets
  *     WritesQuiesced and never PrefillComplete; abort for an unknown id from
- *     decode: WritesQuiesced;
+ *     decode: WritesQuiesced; a reservation (or KvRefused) after the
+ *     client's Abort: Error EPD_ERR_CANCELED "aborted" + WritesQuiesced;
  *   - no reservation within the lease: Error EPD_ERR_TIMEOUT to the client;
  *     KvRefused: the client gets the refusal's status;
  *   - out of local slots: EPD_ERR_NO_CAPACITY; a live id again:
@@ -818,9 +819,10 @@ static void test_abort(void **state)
     send_abort(&w->client, r.id);
     expect_quiesced(r.id);
     wait_idle();
-    /* a late reservation for the aborted id is refused, never written */
+    /* a late reservation for the aborted id is answered as an abort, never
+     * written */
     send_reservation(&r, NULL);
-    expect_error(&w->decode, r.id, EPD_ERR_NOT_FOUND);
+    expect_error(&w->decode, r.id, EPD_ERR_CANCELED);
     expect_quiesced(r.id);
     assert_null(expect_msg(&w->decode, EPD__ENVELOPE__BODY_PREFILL_COMPLETE, r.id, 300));
     /* the client hears nothing from prefill about its own abort */
@@ -831,6 +833,70 @@ static void test_abort(void **state)
     /* from decode for an id prefill never saw: WritesQuiesced at once */
     send_abort(&w->decode, 987654321);
     expect_quiesced(987654321);
+    wait_idle();
+    assert_true(region_is_zero());
+}
+
+/* The client's Abort, THEN decode's KvReservation (they come from different
+ * senders on different links, so they may cross in this order): the
+ * request must end as an abort — Error EPD_ERR_CANCELED "aborted" (decode
+ * then ends the stream with finish ABORT, not with an error) and
+ * WritesQuiesced — whether the request was live when the Abort came, or
+ * the Abort came first of all; a KvRefused after the Abort too.  Before
+ * the fix the reservation was answered EPD_ERR_NOT_FOUND, which decode
+ * relayed to the client as a failure. */
+static void test_abort_then_reservation(void **state)
+{
+    Epd__Envelope env = EPD__ENVELOPE__INIT;
+    Epd__KvRefused rf = EPD__KV_REFUSED__INIT;
+    Epd__Envelope *err;
+    req_t r;
+
+    (void)state;
+    region_clear();
+    /* live when the Abort came: aborted, quiesced, gone */
+    req_make(&r, 50);
+    send_generate(&r, NULL);
+    pump(5);
+    send_abort(&w->client, r.id);
+    expect_quiesced(r.id);
+    wait_idle();
+    send_reservation(&r, NULL);
+    err = expect_msg(&w->decode, EPD__ENVELOPE__BODY_ERROR, r.id, WAIT_MS);
+    assert_non_null(err);
+    if (err->error->status != EPD_ERR_CANCELED) {
+        fail_msg("reservation after the client's Abort: Error %s (%s), want EPD_ERR_CANCELED",
+                 epd_status_name((epd_status_t)err->error->status), err->error->message);
+    }
+    assert_string_equal(err->error->message, "aborted");
+    epd_msg_free(err);
+    expect_quiesced(r.id);
+    assert_null(expect_msg(&w->decode, EPD__ENVELOPE__BODY_PREFILL_COMPLETE, r.id, 100));
+
+    /* the Abort before anything else of the id: the same answer */
+    req_make(&r, 50);
+    send_abort(&w->client, r.id);
+    pump(20);
+    send_reservation(&r, NULL);
+    expect_error(&w->decode, r.id, EPD_ERR_CANCELED);
+    expect_quiesced(r.id);
+
+    /* decode refused after the Abort: told it was aborted too */
+    req_make(&r, 50);
+    send_generate(&r, NULL);
+    send_abort(&w->client, r.id);
+    expect_quiesced(r.id);
+    wait_idle();
+    rf.request_id = r.id;
+    rf.status = EPD_ERR_NO_CAPACITY;
+    rf.reason = (char *)"decode is full";
+    env.body_case = EPD__ENVELOPE__BODY_REFUSED;
+    env.refused = &rf;
+    send_env(&w->decode, &env);
+    expect_error(&w->decode, r.id, EPD_ERR_CANCELED);
+    expect_quiesced(r.id);
+    /* the client hears nothing from prefill about its own aborts */
+    assert_null(expect_msg(&w->client, EPD__ENVELOPE__BODY_ERROR, r.id, 10));
     wait_idle();
     assert_true(region_is_zero());
 }
@@ -934,8 +1000,10 @@ static void test_decode_dies(void **state)
 }
 
 /* The decode worker restarts (same id, newer epoch): requests bound to the
- * old incarnation fail at once, its messages are refused, the new one
- * serves. */
+ * old incarnation fail at once, every endpoint of it is closed (ours, and
+ * its own to us: nothing of it may land any more), its messages are
+ * refused, the new one — which connects anew, as a restarted process
+ * does — serves. */
 static void test_decode_new_epoch(void **state)
 {
     req_t a, b;
@@ -949,6 +1017,16 @@ static void test_decode_new_epoch(void **state)
     req_make(&b, 30);
     send_generate(&b, NULL);
     expect_error(&w->client, a.id, EPD_ERR_PEER_DEAD);
+    /* the old incarnation's own endpoint to prefill was closed with it */
+    for (int i = 0; i < 500 && w->decode.failed_eps == 0; i++) {
+        pump(10);
+    }
+    assert_true(w->decode.failed_eps > 0);
+    epd_xport_ep_close(w->decode.to_p);
+    assert_int_equal(epd_xport_connect(w->decode.x, w->health->data_plane_address.data,
+                                       w->health->data_plane_address.len, NULL, NULL,
+                                       &w->decode.to_p),
+                     EPD_INPROGRESS);
     w->decode_nonce = 222;
     send_reservation(&b, NULL); /* from the old incarnation */
     expect_error(&w->decode, b.id, EPD_ERR_STALE_EPOCH);
@@ -1012,6 +1090,7 @@ int main(void)
         cmocka_unit_test(test_reservation_after_prefill),
         cmocka_unit_test(test_bad_reservations),
         cmocka_unit_test(test_abort),
+        cmocka_unit_test(test_abort_then_reservation),
         cmocka_unit_test(test_lease_and_refusal),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_decode_dies),
