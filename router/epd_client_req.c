@@ -118,17 +118,23 @@ static epd_status_t epd_client_send_abort(epd_client_t *c, epd_client_worker_t *
     return epd_client_send_env(c, w, &env);
 }
 
-/* Sends Abort to the request's workers (those named by the flags); an Abort
- * that cannot be sent now is left pending for epd_client_tick, one that
- * cannot be sent at all (dead endpoint) is dropped. */
-static void epd_client_abort_sides(epd_client_t *c, epd__client_req_t *r, int to_p, int to_d,
+/* Whom epd_client_abort_sides sends Abort to (the encoders of the request's
+ * images go with either). */
+#define EPD_CLIENT_ABORT_PREFILL 0x1u
+#define EPD_CLIENT_ABORT_DECODE 0x2u
+#define EPD_CLIENT_ABORT_ALL (EPD_CLIENT_ABORT_PREFILL | EPD_CLIENT_ABORT_DECODE)
+
+/* Sends Abort to the request's workers named by `to` (EPD_CLIENT_ABORT_*);
+ * an Abort that cannot be sent now is left pending for epd_client_tick,
+ * one that cannot be sent at all (dead endpoint) is dropped. */
+static void epd_client_abort_sides(epd_client_t *c, epd__client_req_t *r, unsigned to,
                                    epd_status_t why, const char *reason)
 {
     epd_status_t s;
 
     /* the encoders of its images always (a no-op for them once done) */
     for (uint32_t i = 0; i < r->n_enc; i++) {
-        if ((to_p || to_d) && r->enc[i]->state == EPD_OK) {
+        if (to != 0 && r->enc[i]->state == EPD_OK) {
             s = epd_client_send_abort(c, r->enc[i], r->id, why, reason);
             if (s == EPD_ERR_NO_RESOURCE) {
                 r->abort_pending_e |= 1u << i;
@@ -137,11 +143,11 @@ static void epd_client_abort_sides(epd_client_t *c, epd__client_req_t *r, int to
             }
         }
     }
-    if (to_d) {
+    if ((to & EPD_CLIENT_ABORT_DECODE) != 0) {
         s = epd_client_send_abort(c, r->decode, r->id, why, reason);
         r->abort_pending_d = s == EPD_ERR_NO_RESOURCE;
     }
-    if (to_p) {
+    if ((to & EPD_CLIENT_ABORT_PREFILL) != 0) {
         s = epd_client_send_abort(c, r->prefill, r->id, why, reason);
         r->abort_pending_p = s == EPD_ERR_NO_RESOURCE;
     }
@@ -203,7 +209,7 @@ static void epd_client_on_chunk(epd_client_t *c, epd__client_req_t *r, const Epd
         snprintf(msg, sizeof(msg), "token chunk out of order: index %u, expected %u", tc->index,
                  r->next_index);
         epd_log_warn(EPD__CLIENT_LOG, r->id, "%s (from %s)", msg, r->decode->info.worker_id);
-        epd_client_abort_sides(c, r, 1, 1, EPD_ERR_MALFORMED, msg);
+        epd_client_abort_sides(c, r, EPD_CLIENT_ABORT_ALL, EPD_ERR_MALFORMED, msg);
         epd_client_req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_MALFORMED, msg,
                             r->decode->info.worker_id);
         return;
@@ -212,7 +218,7 @@ static void epd_client_on_chunk(epd_client_t *c, epd__client_req_t *r, const Epd
         snprintf(msg, sizeof(msg), "token chunk beyond max_tokens: %zu tokens at index %u of %u",
                  tc->n_tokens, tc->index, r->max_tokens);
         epd_log_warn(EPD__CLIENT_LOG, r->id, "%s (from %s)", msg, r->decode->info.worker_id);
-        epd_client_abort_sides(c, r, 1, 1, EPD_ERR_MALFORMED, msg);
+        epd_client_abort_sides(c, r, EPD_CLIENT_ABORT_ALL, EPD_ERR_MALFORMED, msg);
         epd_client_req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_MALFORMED, msg,
                             r->decode->info.worker_id);
         return;
@@ -220,7 +226,7 @@ static void epd_client_on_chunk(epd_client_t *c, epd__client_req_t *r, const Epd
     if ((int)tc->finish < EPD_CLIENT_FINISH_NONE || (int)tc->finish > EPD_CLIENT_FINISH_ERROR) {
         snprintf(msg, sizeof(msg), "token chunk with unknown finish reason %d", (int)tc->finish);
         epd_log_warn(EPD__CLIENT_LOG, r->id, "%s (from %s)", msg, r->decode->info.worker_id);
-        epd_client_abort_sides(c, r, 1, 1, EPD_ERR_MALFORMED, msg);
+        epd_client_abort_sides(c, r, EPD_CLIENT_ABORT_ALL, EPD_ERR_MALFORMED, msg);
         epd_client_req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_MALFORMED, msg,
                             r->decode->info.worker_id);
         return;
@@ -326,7 +332,8 @@ void epd__client_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t 
                 epd_log_info(EPD__CLIENT_LOG, id, "%s from encoder %s: %s: %s",
                              epd_msg_body_name(env), env->sender->worker_id, epd_status_name(st),
                              text);
-                epd_client_abort_sides(c, r, 1, 1, st, "an image of the request failed");
+                epd_client_abort_sides(c, r, EPD_CLIENT_ABORT_ALL, st,
+                                       "an image of the request failed");
                 epd__client_copy_str(from, sizeof(from), env->sender->worker_id);
                 epd_client_req_fail(c, r, EPD_CLIENT_EV_ERROR, st, text, from);
                 goto out;
@@ -374,7 +381,9 @@ void epd__client_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t 
                      from_p ? "prefill" : "decode", env->sender->worker_id, epd_status_name(st),
                      text);
         /* the other side may still hold the request: tell it */
-        epd_client_abort_sides(c, r, !from_p, !from_d, st, "the other worker failed the request");
+        epd_client_abort_sides(
+            c, r, (from_p ? 0 : EPD_CLIENT_ABORT_PREFILL) | (from_d ? 0 : EPD_CLIENT_ABORT_DECODE),
+            st, "the other worker failed the request");
         epd__client_copy_str(from, sizeof(from), env->sender->worker_id);
         epd__client_copy_str(c->culprit, sizeof(c->culprit), is_err ? env->error->culprit : NULL);
         epd_client_req_fail(c, r, EPD_CLIENT_EV_ERROR, st, text, from);
@@ -394,7 +403,7 @@ void epd__client_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t 
         if (!from_d) {
             /* the decode worker tells the prefill worker itself; a refusal
              * relayed by the prefill side leaves decode unaware */
-            epd_client_abort_sides(c, r, 0, 1, EPD_ERR_NO_CAPACITY,
+            epd_client_abort_sides(c, r, EPD_CLIENT_ABORT_DECODE, EPD_ERR_NO_CAPACITY,
                                    "refused by the prefill worker");
         }
         epd__client_copy_str(from, sizeof(from), env->sender->worker_id);
@@ -442,8 +451,10 @@ void epd__client_worker_failed(epd_client_t *c, epd_client_worker_t *w, epd_stat
                 uses |= r->enc[i] == w;
             }
             if (uses) {
-                epd_client_abort_sides(c, r, r->prefill != w, r->decode != w, EPD_ERR_PEER_DEAD,
-                                       msg);
+                unsigned to = (r->prefill != w ? EPD_CLIENT_ABORT_PREFILL : 0) |
+                              (r->decode != w ? EPD_CLIENT_ABORT_DECODE : 0);
+
+                epd_client_abort_sides(c, r, to, EPD_ERR_PEER_DEAD, msg);
                 epd_client_req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_PEER_DEAD, msg, "client");
                 /* the callback may have ended or added requests anywhere:
                  * restart this bucket */
@@ -660,7 +671,7 @@ epd_status_t epd_client_abort(epd_client_t *c, uint64_t request_id)
         return EPD_ERR_NOT_FOUND;
     }
     r->aborted = 1;
-    epd_client_abort_sides(c, r, 1, 1, EPD_ERR_CANCELED, "client abort");
+    epd_client_abort_sides(c, r, EPD_CLIENT_ABORT_ALL, EPD_ERR_CANCELED, "client abort");
     return EPD_OK;
 }
 
@@ -685,12 +696,15 @@ void epd_client_tick(epd_client_t *c)
                 snprintf(msg, sizeof(msg), "no answer within the request's deadline");
                 epd_log_warn(EPD__CLIENT_LOG, r->id, "%s (prefill %s, decode %s)", msg,
                              r->prefill->info.worker_id, r->decode->info.worker_id);
-                epd_client_abort_sides(c, r, 1, 1, EPD_ERR_TIMEOUT, msg);
+                epd_client_abort_sides(c, r, EPD_CLIENT_ABORT_ALL, EPD_ERR_TIMEOUT, msg);
                 epd_client_req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_TIMEOUT, msg, "client");
                 next = c->buckets[b];
             } else if (r->abort_pending_p || r->abort_pending_d || r->abort_pending_e != 0) {
-                epd_client_abort_sides(c, r, r->abort_pending_p || r->abort_pending_e != 0,
-                                       r->abort_pending_d, EPD_ERR_CANCELED, "client abort");
+                unsigned to =
+                    (r->abort_pending_p || r->abort_pending_e != 0 ? EPD_CLIENT_ABORT_PREFILL : 0) |
+                    (r->abort_pending_d ? EPD_CLIENT_ABORT_DECODE : 0);
+
+                epd_client_abort_sides(c, r, to, EPD_ERR_CANCELED, "client abort");
             }
             r = next;
         }

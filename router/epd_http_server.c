@@ -27,12 +27,17 @@ static epd_http_conn_t *epd_http_conn_of(http_parser *parser)
     return parser->data;
 }
 
-/* Appends header bytes to the request, counting them against the limit. */
-static int epd_http_hbuf_append(epd_http_conn_t *conn, const char *at, size_t len, int counted)
+/* How epd_http_hbuf_append treats its bytes: bytes of the wire count against
+ * max_header_bytes; the NUL terminators the collector adds do not. */
+#define EPD_HTTP_HBUF_WIRE 0x1u
+#define EPD_HTTP_HBUF_ADDED 0x0u
+
+/* Appends header bytes to the request (`how`: EPD_HTTP_HBUF_*). */
+static int epd_http_hbuf_append(epd_http_conn_t *conn, const char *at, size_t len, unsigned how)
 {
     epd_http_req_t *req = conn->req;
 
-    if (counted) {
+    if ((how & EPD_HTTP_HBUF_WIRE) != 0) {
         req->header_bytes += len;
         if (req->header_bytes > conn->server->config.max_header_bytes) {
             conn->fail_status = 431;
@@ -57,7 +62,7 @@ static int epd_http_req_phase(epd_http_conn_t *conn, epd_http_hdr_phase_t phase)
     if (req->phase == phase) {
         return 0;
     }
-    if (epd_http_hbuf_append(conn, "", 1, 0) != 0) {
+    if (epd_http_hbuf_append(conn, "", 1, EPD_HTTP_HBUF_ADDED) != 0) {
         return -1;
     }
     if (phase == EPD_HTTP_PHASE_FIELD) {
@@ -93,7 +98,7 @@ static int epd_http_on_message_begin(http_parser *parser)
 
 static int epd_http_on_url(http_parser *parser, const char *at, size_t len)
 {
-    return epd_http_hbuf_append(epd_http_conn_of(parser), at, len, 1);
+    return epd_http_hbuf_append(epd_http_conn_of(parser), at, len, EPD_HTTP_HBUF_WIRE);
 }
 
 static int epd_http_on_header_field(http_parser *parser, const char *at, size_t len)
@@ -104,7 +109,7 @@ static int epd_http_on_header_field(http_parser *parser, const char *at, size_t 
         return -1;
     }
     /* ": " and CRLF count too, so the limit matches the bytes on the wire. */
-    return epd_http_hbuf_append(conn, at, len, 1);
+    return epd_http_hbuf_append(conn, at, len, EPD_HTTP_HBUF_WIRE);
 }
 
 static int epd_http_on_header_value(http_parser *parser, const char *at, size_t len)
@@ -117,7 +122,7 @@ static int epd_http_on_header_value(http_parser *parser, const char *at, size_t 
         }
         conn->req->header_bytes += 4;
     }
-    return epd_http_hbuf_append(conn, at, len, 1);
+    return epd_http_hbuf_append(conn, at, len, EPD_HTTP_HBUF_WIRE);
 }
 
 static int epd_http_on_headers_complete(http_parser *parser)

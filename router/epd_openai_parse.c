@@ -394,8 +394,12 @@ static epd_status_t epd_oai_parse_messages(json_t *root, epd_oai_request_t *req,
     return EPD_OK;
 }
 
+/* The range epd_oai_parse_number accepts: [lo, hi], or (lo, hi]. */
+#define EPD_OAI_RANGE_CLOSED 0x0u
+#define EPD_OAI_RANGE_LO_OPEN 0x1u
+
 static epd_status_t epd_oai_parse_number(json_t *root, const char *name, double lo, double hi,
-                                         int lo_open, double *value_p, epd_oai_error_t *err)
+                                         unsigned range, double *value_p, epd_oai_error_t *err)
 {
     json_t *v = epd_oai_opt_field(root, name);
     double d;
@@ -408,9 +412,9 @@ static epd_status_t epd_oai_parse_number(json_t *root, const char *name, double 
         return EPD_ERR_INVALID_PARAM;
     }
     d = json_number_value(v);
-    if (d < lo || d > hi || (lo_open && d == lo)) {
+    if (d < lo || d > hi || ((range & EPD_OAI_RANGE_LO_OPEN) != 0 && d == lo)) {
         epd_oai_error_set(err, 400, name, NULL, "'%s' must be in %s%g, %g], got %g.", name,
-                          lo_open ? "(" : "[", lo, hi, d);
+                          (range & EPD_OAI_RANGE_LO_OPEN) != 0 ? "(" : "[", lo, hi, d);
         return EPD_ERR_INVALID_PARAM;
     }
     *value_p = d;
@@ -560,11 +564,12 @@ static epd_status_t epd_oai_parse_fields(epd_oai_kind_t kind, json_t *root,
         return EPD_ERR_INVALID_PARAM;
     }
 
-    status = epd_oai_parse_number(root, "temperature", 0.0, 2.0, 0, &req->temperature, err);
+    status = epd_oai_parse_number(root, "temperature", 0.0, 2.0, EPD_OAI_RANGE_CLOSED,
+                                  &req->temperature, err);
     if (status != EPD_OK) {
         return status;
     }
-    status = epd_oai_parse_number(root, "top_p", 0.0, 1.0, 1, &req->top_p, err);
+    status = epd_oai_parse_number(root, "top_p", 0.0, 1.0, EPD_OAI_RANGE_LO_OPEN, &req->top_p, err);
     if (status != EPD_OK) {
         return status;
     }

@@ -8,8 +8,11 @@
  * start a match).
  *
  * The bottom of the request's layers: it knows the HTTP side of a request
- * (r->http, r->stream, r->text) and nothing of its attempts or workers,
- * and calls nothing of epd_router_req.c or epd_router_api.c.
+ * (r->http, r->stream, r->text) and nothing of its attempts, workers or
+ * state, and calls nothing of epd_router_req.c or epd_router_api.c.  It
+ * only records facts the request's step reads: r->http NULL once the
+ * request is answered (the HTTP request is finished then), and
+ * r->stream_started once the SSE headers went out.
  */
 #include <stdio.h>
 #include <string.h>
@@ -45,8 +48,8 @@ void epd__router_fail_http(epd_router_t *rt, epd_router_req_t *r, epd_router_err
     epd_oai_error_t err;
 
     rt->m.errors[kind]++;
-    if (r->done) {
-        return;
+    if (r->http == NULL) {
+        return; /* answered already, or the client is gone */
     }
     epd_oai_error_set(&err, http_status, NULL, NULL, fmt, a, b);
     if (http_status >= 500) {
@@ -64,8 +67,7 @@ void epd__router_fail_http(epd_router_t *rt, epd_router_req_t *r, epd_router_err
     epd_router_histo_observe(&rt->m.e2e, (double)(epd_time_now_ns() - r->t_arrival_ns) / 1e9);
     epd_trace_span(rt->trace, "request (failed)", "router", r->trace_id, -1, r->t_arrival_ns,
                    epd_time_now_ns());
-    r->http = NULL;
-    r->done = 1;
+    r->http = NULL; /* finished: the fact the request's step reads */
 }
 
 static int epd_router_stream_start(epd_router_t *rt, epd_router_req_t *r)
@@ -103,7 +105,7 @@ void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish
 {
     uint64_t now = epd_time_now_ns();
 
-    if (r->done) {
+    if (r->http == NULL) {
         return;
     }
     rt->m.ok++;
@@ -132,8 +134,7 @@ void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish
     epd_router_histo_observe(&rt->m.e2e, (double)(now - r->t_arrival_ns) / 1e9);
     epd_trace_span(rt->trace, "request", "router", r->trace_id, -1, r->t_arrival_ns,
                    epd_time_now_ns());
-    r->http = NULL;
-    r->done = 1;
+    r->http = NULL; /* finished: the fact the request's step reads */
 }
 
 int epd__router_text_append(epd_router_t *rt, epd_router_req_t *r, const uint32_t *ids, uint32_t n)

@@ -7,8 +7,9 @@
  * (count, size, format, pixels: the header only), tokenize with the
  * engine's tokenizer (BOS added, as epd-generate does; each image's
  * placeholder tokens where it stands), check the length, and hand the
- * request to epd_router_req.c, which owns it from there (its attempts,
- * retries and events).  Generated text equals epd-generate's for the same
+ * request to epd_router_req.c, which owns it from there (its state, its
+ * attempts, retries and events): built here PARSED, as epd_calloc leaves
+ * it; this file records its facts and never sets its state.  Generated text equals epd-generate's for the same
  * prompt and sampling settings: an absent seed is 0 (epd-generate's
  * default), so outputs are reproducible.
  *

@@ -8,8 +8,10 @@
  *                          Drain, Status, Health (through ops->on_rpc)
  *   epd_router_api.c       the HTTP intake: routes, a generation request
  *                          parsed, checked and tokenized
- *   epd_router_req.c       a request's attempts: workers chosen, submitted,
- *                          the client's events, retries, aborts, deadlines
+ *   epd_router_req.c       a request's life (its state, below, changes
+ *                          there only): attempts, workers chosen,
+ *                          submitted, the client's events, retries,
+ *                          aborts, deadlines
  *   epd_router_answer.c    what the HTTP client sees: errors, the JSON
  *                          answer or the SSE stream, text and stop strings
  *   epd_router_registry.c  workers, their states and the policies
@@ -31,6 +33,27 @@
  * tick) and the gRPC handlers (run on this loop).  Nothing takes a lock.
  * The only work off the loop is forwarding Drain to a worker (a blocking
  * gRPC call, on libuv's thread pool).
+ *
+ * A generation request (epd_router_req_t) stands in one state
+ * (epd_router_req_state_t); every transition is made by epd_router_req.c's
+ * step function (one switch) from the facts events record — the HTTP side
+ * finished (r->http NULL: answered by epd_router_answer.c, or the client
+ * went away), tokens received (r->n_out) — and from the attempt's terminal
+ * event, handed to the step as the client delivers it:
+ *
+ *   PARSED --listed--> WAITING --submit accepted--> SUBMITTED --first token--> STREAMING
+ *                      | |  ^                         |  |  |                    |  |
+ *                      | |  +--failed before a token,-+  |  |                    |  |
+ *                      | |     retryable: again now      |  |                    |  |
+ *                      | +--no room: stays (the tick     |  +--terminal event:---+  |
+ *                      |    submits again)               |     answered --> DONE    |
+ *                      +--cannot submit (answered),      |                          |
+ *                         the client gone --> DONE       +--HTTP side finished:-----+
+ *                                                           Abort sent --> ABORTING
+ *                                                  ABORTING --terminal event--> DONE
+ *
+ * DONE is freed at once; a request is DONE only once its HTTP side is
+ * finished and no attempt of it is in flight.
  */
 #ifndef EPD_ROUTER_INT_H
 #define EPD_ROUTER_INT_H
@@ -59,17 +82,36 @@
 
 typedef struct epd_router epd_router_t;
 
+/* Where a generation request stands (the diagram above); changed by
+ * epd_router_req.c's step function only. */
+typedef enum {
+    EPD_ROUTER_REQ_PARSED = 0, /* built by the intake (as epd_calloc left it), not listed */
+    EPD_ROUTER_REQ_WAITING,    /* listed, no attempt in flight: the next one is submitted
+                                * when stepped (at once, or by the tick after backpressure) */
+    EPD_ROUTER_REQ_SUBMITTED,  /* an attempt in flight, no token yet: its prompt counts in
+                                * pw->queued_tokens; a failure may be retried */
+    EPD_ROUTER_REQ_STREAMING,  /* tokens arriving: a failure ends the request */
+    EPD_ROUTER_REQ_ABORTING,   /* the HTTP side finished while an attempt is in flight:
+                                * Abort sent, waiting for the attempt's terminal event */
+    EPD_ROUTER_REQ_DONE,       /* HTTP side finished, no attempt in flight: freed at once */
+} epd_router_req_state_t;
+
 /* One HTTP generation request, from parse to its last client event. */
 typedef struct epd_router_req {
     epd_router_t *rt;
-    epd_http_req_t *http; /* NULL once answered or the client is gone */
+    epd_router_req_state_t state;
+    /* a fact the step reads: NULL once the HTTP side is finished — answered
+     * (epd_router_answer.c) or the client gone (its abort callback) */
+    epd_http_req_t *http;
     epd_oai_request_t *oai;
     uint32_t *prompt; /* token ids, BOS first */
     uint32_t n_prompt;
     uint32_t max_new;
     uint64_t seed;
-    uint64_t client_id;      /* the epd_client request id of the attempt in flight, 0: none */
-    epd_router_worker_t *pw; /* referenced while an attempt runs */
+    /* the attempt in flight (SUBMITTED, STREAMING, ABORTING): its
+     * epd_client request id, its workers (referenced) */
+    uint64_t client_id;
+    epd_router_worker_t *pw;
     epd_router_worker_t *dw;
     epd_router_worker_t *avoid[EPD_ROUTER_MAX_AVOID]; /* failed on earlier attempts (not referenced:
                                                          compared only) */
@@ -79,15 +121,16 @@ typedef struct epd_router_req {
     uint32_t *img_pos;             /* [n_images] first placeholder position */
     /* the attempt in flight: where each image's embeddings come from */
     epd_router_worker_t *img_enc[EPD_CLIENT_MEDIA_MAX]; /* the encoder (referenced) or NULL */
-    uint8_t img_src[EPD_CLIENT_MEDIA_MAX];             /* EPD_ROUTER_IMG_* */
+    uint8_t img_src[EPD_CLIENT_MEDIA_MAX];              /* EPD_ROUTER_IMG_* */
     uint32_t n_avoid;
     uint32_t attempts;
-    int no_hints;    /* a cache hint failed once: no more cache-only images */
-    uint32_t n_out;       /* tokens received */
-    int prefill_counted;  /* prompt tokens still counted in pw->queued_tokens */
-    int stream_started;   /* HTTP SSE headers sent */
-    int done;             /* the HTTP side is finished (answered or gone) */
-    int upstream_aborted; /* Abort sent for the attempt in flight */
+    /* facts */
+    int no_hints;       /* a cache hint failed once: no more cache-only images */
+    uint32_t n_out;     /* tokens received (from the one attempt that produced any): the
+                         * first ends SUBMITTED; while 0, the attempt's prompt counts in
+                         * pw->queued_tokens */
+    int stream_started; /* HTTP SSE headers sent (epd_router_answer.c): an error is then an
+                         * event of the stream, not an HTTP status */
     uint64_t t_arrival_ns;
     uint64_t t_parsed_ns; /* body parsed and prompt tokenized (trace) */
     uint64_t t_submit_ns; /* the attempt in flight was submitted (trace) */
@@ -102,12 +145,12 @@ typedef struct epd_router_req {
     size_t text_cap;
     size_t sent; /* bytes of text already handed to the stream encoder */
     size_t max_stop_len;
-    struct epd_router_req *prev, *next; /* all requests */
+    struct epd_router_req *prev, *next; /* all requests (listed from WAITING to DONE) */
 } epd_router_req_t;
 
 struct epd_router {
-    epd_daemon_t *d;  /* the runtime (loop, identity, control plane, signals) */
-    uv_loop_t *loop;  /* the daemon's */
+    epd_daemon_t *d; /* the runtime (loop, identity, control plane, signals) */
+    uv_loop_t *loop; /* the daemon's */
     /* flags */
     const char *model_dir;
     const char *transport; /* "ucx" or "ofi" */
@@ -157,19 +200,22 @@ int epd__router_on_rpc(void *arg, const char *method, const void *req, size_t re
 void epd__router_on_http(epd_http_req_t *req, void *arg);
 
 /* ---- epd_router_req.c ---- */
-/* Takes a parsed, tokenized request `r` (owned from here: it frees it):
- * lists it, hears of its client going away, and dispatches its first
- * attempt (or answers why it cannot). */
+/* Takes a parsed, tokenized request `r` (PARSED, as epd_calloc left it;
+ * owned from here: it frees it): lists it, hears of its client going away,
+ * and submits its first attempt (or answers why it cannot). */
 void epd__router_req_start(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns);
 /* Request-plane events (epd_client_event_cb_t), arg = the router. */
 void epd__router_on_event(void *arg, const epd_client_event_t *ev);
-/* Deadlines of requests waiting for a retry, and registry upkeep. */
+/* Registry upkeep, and WAITING requests submitted again (or failed past
+ * their deadline). */
 void epd__router_tick(epd_router_t *rt, uint64_t now_ns);
 /* Frees every request without answering (shutdown, after the client is
  * destroyed). */
 void epd__router_reqs_free_all(epd_router_t *rt);
 
 /* ---- epd_router_answer.c ---- */
+/* The HTTP side of a request only: it records facts (r->http NULL once
+ * answered, r->stream_started) and never changes r->state. */
 /* An OpenAI error JSON with its status (rt->out as scratch); finishes
  * `http`. */
 void epd__router_respond_error(epd_router_t *rt, epd_http_req_t *http, const epd_oai_error_t *err);
@@ -177,11 +223,13 @@ void epd__router_respond_simple_error(epd_router_t *rt, epd_http_req_t *http, in
                                       const char *msg);
 /* Ends the HTTP side of `r` with an error (counted as `kind`): an HTTP
  * error answer before the stream started, an error event after; `fmt`
- * takes the two strings a and b.  r->done afterwards. */
+ * takes the two strings a and b.  r->http is NULL afterwards (a no-op but
+ * for the count when it already was). */
 void epd__router_fail_http(epd_router_t *rt, epd_router_req_t *r, epd_router_err_kind_t kind,
                            int http_status, const char *fmt, const char *a, const char *b);
 /* The generation finished well (EOS, max_tokens or a stop string): the
- * JSON answer, or the rest of the stream and its end. */
+ * JSON answer, or the rest of the stream and its end.  r->http is NULL
+ * afterwards (a no-op when it already was). */
 void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish_t finish);
 /* Detokenizes ids[0..n) onto r->text: 0, or -1 out of memory. */
 int epd__router_text_append(epd_router_t *rt, epd_router_req_t *r, const uint32_t *ids, uint32_t n);

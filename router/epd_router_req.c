@@ -5,6 +5,40 @@
  * submitted through the request-plane client; the client's events for
  * them; retries; aborts; deadlines.
  *
+ *   PARSED     built by the intake (epd_router_api.c), not yet listed
+ *   WAITING    listed, no attempt in flight: before the first, after one
+ *              that failed and may be retried, or while the transport
+ *              refuses the submit for room (EPD_ERR_NO_RESOURCE)
+ *   SUBMITTED  an attempt in flight, no token yet: its prompt counts in its
+ *              prefill worker's queued tokens; a failure may be retried
+ *   STREAMING  tokens arriving: the text goes to the client as it comes
+ *   ABORTING   the HTTP side finished while the attempt runs (a stop
+ *              string, a failure of ours, the client gone): Abort sent to
+ *              its workers, waiting for its terminal event
+ *   DONE       the HTTP side finished and no attempt in flight: freed
+ *
+ *   from        what happened                                 to
+ *   PARSED      epd__router_req_start: listed                 WAITING
+ *   WAITING     a submit accepted                             SUBMITTED
+ *               no room in the transport, deadline ahead      WAITING (the tick
+ *                                                               submits again)
+ *               no worker, deadline, a submit error           DONE (answered)
+ *               the client gone                               DONE
+ *   SUBMITTED   the first token                               STREAMING
+ *   SUBMITTED,  terminal event: failed before a token,        WAITING (submits
+ *   STREAMING     retryable, retries and deadline left          again at once)
+ *               any other terminal event                      DONE (answered)
+ *               the HTTP side finished                        ABORTING (Abort sent)
+ *   ABORTING    terminal event                                DONE
+ *
+ * Every transition is made by epd_router_req_step (one switch) from the
+ * facts events record — the HTTP side finished (r->http NULL: answered by
+ * epd_router_answer.c, or the client's abort callback here), tokens
+ * received (r->n_out, with the text they decode to) — and from the
+ * attempt's terminal event, which the step reads while the client
+ * delivers it.  Event handlers record and call the step
+ * (epd_router_req_advance), which frees a DONE request.
+ *
  * Failures: an attempt that fails before any token (a refusal for
  * capacity, a draining or dead worker) is sent again to other workers, at
  * most --max-retries times, within the request's deadline; after tokens
@@ -18,6 +52,7 @@
  * (a client gone) and the daemon's tick; calls epd_router_answer.c for
  * everything the HTTP client sees, never epd_router_api.c.
  */
+#include <assert.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,6 +60,19 @@
 #include "epd_log.h"
 #include "epd_router_int.h"
 #include "epd_time.h"
+
+/* ------------------------------------------------------------ bookkeeping */
+
+static void epd_router_req_list(epd_router_t *rt, epd_router_req_t *r)
+{
+    r->prev = NULL;
+    r->next = rt->reqs;
+    if (rt->reqs != NULL) {
+        rt->reqs->prev = r;
+    }
+    rt->reqs = r;
+    rt->n_reqs++;
+}
 
 static void epd_router_req_free(epd_router_t *rt, epd_router_req_t *r)
 {
@@ -51,6 +99,7 @@ void epd__router_reqs_free_all(epd_router_t *rt)
     while (rt->reqs != NULL) {
         epd_router_req_t *r = rt->reqs;
 
+        /* an attempt in flight holds its workers (the registry goes next) */
         if (r->pw != NULL) {
             epd_router_worker_unref(r->pw);
         }
@@ -67,13 +116,13 @@ void epd__router_reqs_free_all(epd_router_t *rt)
 }
 
 /* The attempt in flight ended (its terminal event came): give back the
- * workers' load and references. */
+ * workers' load and references.  Its prompt still counts in the prefill
+ * worker's queued tokens while no token came. */
 static void epd_router_attempt_end(epd_router_req_t *r)
 {
     if (r->pw != NULL) {
-        if (r->prefill_counted) {
+        if (r->n_out == 0) {
             r->pw->queued_tokens -= r->n_prompt;
-            r->prefill_counted = 0;
         }
         r->pw->inflight--;
         epd_router_worker_unref(r->pw);
@@ -92,16 +141,9 @@ static void epd_router_attempt_end(epd_router_req_t *r)
         }
     }
     r->client_id = 0;
-    r->upstream_aborted = 0;
 }
 
-static void epd_router_abort_upstream(epd_router_t *rt, epd_router_req_t *r)
-{
-    if (r->client_id != 0 && !r->upstream_aborted) {
-        r->upstream_aborted = 1;
-        (void)epd_client_abort(rt->client, r->client_id);
-    }
-}
+/* --------------------------------------------------------------- dispatch */
 
 /* Submits an attempt to a prefill and a decode worker chosen by the
  * policy.  EPD_OK; EPD_ERR_UNREACHABLE (no eligible worker),
@@ -209,8 +251,7 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
             dw->inflight++;
             pw->served++;
             dw->served++;
-            pw->queued_tokens += r->n_prompt;
-            r->prefill_counted = 1;
+            pw->queued_tokens += r->n_prompt; /* until the first token (n_out 0) */
             if (r->attempts++ == 0) {
                 epd_router_histo_observe(&rt->m.dispatch, (double)(now_ns - r->t_arrival_ns) / 1e9);
             }
@@ -327,15 +368,26 @@ static void epd_router_avoid(epd_router_req_t *r, epd_router_worker_t *w)
     }
 }
 
-static void epd_router_on_error_event(epd_router_t *rt, epd_router_req_t *r,
-                                      const epd_client_event_t *ev)
+/* ------------------------------------------------------ an attempt's end */
+
+/* What the end of an attempt leads to (epd_router_attempt_over). */
+typedef enum {
+    EPD_ROUTER_ATTEMPT_FINAL, /* the request is over: answered now, or before */
+    EPD_ROUTER_ATTEMPT_RETRY, /* failed before its first token, retries and time left:
+                               * another attempt, on other workers */
+} epd_router_attempt_next_t;
+
+/* The attempt failed (an ERROR or REFUSED event, `ev`): what it tells of
+ * the workers (a disproved cache hint, whom to avoid), the workers let go,
+ * then a retry, or the answer. */
+static epd_router_attempt_next_t epd_router_attempt_failed(epd_router_t *rt, epd_router_req_t *r,
+                                                           const epd_client_event_t *ev,
+                                                           uint64_t now)
 {
     epd_router_worker_t *pw = r->pw, *dw = r->dw;
     epd_router_worker_t *ew[EPD_CLIENT_MEDIA_MAX];
     epd_router_worker_t *culprit, *reporter;
-    uint64_t now = epd_time_now_ns();
     int stale_hint;
-    epd_status_t st;
 
     memcpy(ew, r->img_enc, sizeof(ew));
     culprit = epd_router_attempt_worker(pw, dw, ew, r->n_images, ev->culprit);
@@ -353,10 +405,11 @@ static void epd_router_on_error_event(epd_router_t *rt, epd_router_req_t *r,
         }
         rt->m.image_cache_stale++;
     }
+    /* the workers stay valid (unreferenced entries are freed by the
+     * registry's tick only): compared and named below */
     epd_router_attempt_end(r);
-    if (r->done) {
-        epd_router_req_free(rt, r);
-        return;
+    if (r->http == NULL) {
+        return EPD_ROUTER_ATTEMPT_FINAL; /* nobody to answer or retry for */
     }
     if (r->n_images > 0 && ev->kind == EPD_CLIENT_EV_ERROR && r->n_out == 0 &&
         (ev->status == EPD_ERR_MALFORMED || ev->status == EPD_ERR_UNSUPPORTED ||
@@ -366,8 +419,7 @@ static void epd_router_on_error_event(epd_router_t *rt, epd_router_req_t *r,
          * encoding it, could not decode it): the client's fault */
         epd__router_fail_http(rt, r, EPD_ROUTER_ERR_BAD_REQUEST, 400,
                               "an image of the request: %s%s", ev->message, "");
-        epd_router_req_free(rt, r);
-        return;
+        return EPD_ROUTER_ATTEMPT_FINAL;
     }
     /* a disproved hint is nobody's failure: it gets one attempt on top */
     if (r->n_out == 0 && (epd_router_retryable(ev) || stale_hint) &&
@@ -409,13 +461,7 @@ static void epd_router_on_error_event(epd_router_t *rt, epd_router_req_t *r,
         epd_log_info(EPD_ROUTER_LOG, ev->request_id,
                      "attempt %u failed before its first token (%s from %s: %s): retrying",
                      r->attempts, epd_status_name(ev->status), ev->from, ev->message);
-        st = epd_router_dispatch(rt, r, now);
-        if (st == EPD_OK || st == EPD_ERR_NO_RESOURCE) {
-            return;
-        }
-        epd_router_dispatch_failed(rt, r, st);
-        epd_router_req_free(rt, r);
-        return;
+        return EPD_ROUTER_ATTEMPT_RETRY;
     }
     if (ev->status == EPD_ERR_TIMEOUT) {
         epd__router_fail_http(rt, r, EPD_ROUTER_ERR_TIMEOUT, 504, "request timed out (%s%s)",
@@ -431,7 +477,163 @@ static void epd_router_on_error_event(epd_router_t *rt, epd_router_req_t *r,
                               "the request failed (reported by %s): %s",
                               strcmp(ev->from, "client") == 0 ? "the router" : ev->from, why);
     }
-    epd_router_req_free(rt, r);
+    return EPD_ROUTER_ATTEMPT_FINAL;
+}
+
+/* The attempt's terminal event `ev` came (its tokens, if any, already
+ * recorded): the workers let go, then a retry, or the answer unless the
+ * HTTP side is finished. */
+static epd_router_attempt_next_t epd_router_attempt_over(epd_router_t *rt, epd_router_req_t *r,
+                                                         const epd_client_event_t *ev, uint64_t now)
+{
+    if (ev->kind != EPD_CLIENT_EV_TOKENS) {
+        return epd_router_attempt_failed(rt, r, ev, now);
+    }
+    epd_router_attempt_end(r);
+    if (r->http == NULL) {
+        return EPD_ROUTER_ATTEMPT_FINAL;
+    }
+    if (ev->finish == EPD_CLIENT_FINISH_LENGTH || ev->finish == EPD_CLIENT_FINISH_STOP) {
+        epd__router_finish_ok(rt, r,
+                              ev->finish == EPD_CLIENT_FINISH_STOP ? EPD_OAI_FINISH_STOP
+                                                                   : EPD_OAI_FINISH_LENGTH);
+    } else {
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_UPSTREAM, 502,
+                              "the request ended with finish %s (from %s)",
+                              epd_client_finish_name(ev->finish), ev->from);
+    }
+    return EPD_ROUTER_ATTEMPT_FINAL;
+}
+
+/* ------------------------------------------------------------------- step */
+
+static void epd_router_on_http_abort(epd_http_req_t *http, void *arg);
+
+/*
+ * Moves a request as far as its facts allow: the only place its state
+ * changes.  `end` is the attempt's terminal event while the client
+ * delivers it (borrowed; NULL otherwise); it is read once.
+ */
+static void epd_router_req_step(epd_router_t *rt, epd_router_req_t *r,
+                                const epd_client_event_t *end, uint64_t now_ns)
+{
+    for (;;) {
+        epd_router_req_state_t from = r->state;
+        epd_status_t st;
+
+        switch (r->state) {
+        case EPD_ROUTER_REQ_PARSED:
+            epd_router_req_list(rt, r);
+            epd_http_req_set_abort(r->http, epd_router_on_http_abort, r);
+            r->state = EPD_ROUTER_REQ_WAITING;
+            break;
+        case EPD_ROUTER_REQ_WAITING:
+            if (r->http == NULL) {
+                r->state = EPD_ROUTER_REQ_DONE; /* the client left between attempts */
+                break;
+            }
+            st = epd_router_dispatch(rt, r, now_ns);
+            if (st == EPD_OK) {
+                r->state = EPD_ROUTER_REQ_SUBMITTED;
+            } else if (st != EPD_ERR_NO_RESOURCE || now_ns >= r->deadline_ns) {
+                epd_router_dispatch_failed(rt, r, st == EPD_ERR_NO_RESOURCE ? EPD_ERR_TIMEOUT : st);
+                r->state = EPD_ROUTER_REQ_DONE;
+            }
+            /* else the transport had no room: stays, the tick submits again */
+            break;
+        case EPD_ROUTER_REQ_SUBMITTED:
+        case EPD_ROUTER_REQ_STREAMING:
+            if (end != NULL) {
+                epd_router_attempt_next_t next = epd_router_attempt_over(rt, r, end, now_ns);
+
+                end = NULL;
+                r->state =
+                    next == EPD_ROUTER_ATTEMPT_RETRY ? EPD_ROUTER_REQ_WAITING : EPD_ROUTER_REQ_DONE;
+            } else if (r->http == NULL) {
+                /* answered (a stop string, a failure of ours) or the client
+                 * gone: stop the attempt; its terminal event still comes */
+                (void)epd_client_abort(rt->client, r->client_id);
+                r->state = EPD_ROUTER_REQ_ABORTING;
+            } else if (r->state == EPD_ROUTER_REQ_SUBMITTED && r->n_out > 0) {
+                r->state = EPD_ROUTER_REQ_STREAMING;
+            }
+            break;
+        case EPD_ROUTER_REQ_ABORTING:
+            if (end != NULL) {
+                (void)epd_router_attempt_over(rt, r, end, now_ns); /* nothing to answer */
+                end = NULL;
+                r->state = EPD_ROUTER_REQ_DONE;
+            }
+            break;
+        case EPD_ROUTER_REQ_DONE:
+            break;
+        }
+        if (r->state == from) {
+            return; /* nothing more until the next event */
+        }
+    }
+}
+
+/* Steps a request and frees it when it is done. */
+static void epd_router_req_advance(epd_router_t *rt, epd_router_req_t *r,
+                                   const epd_client_event_t *end, uint64_t now_ns)
+{
+    epd_router_req_step(rt, r, end, now_ns);
+    if (r->state == EPD_ROUTER_REQ_DONE) {
+        assert(r->http == NULL && r->pw == NULL);
+        epd_router_req_free(rt, r);
+    }
+}
+
+/* ------------------------------------------------------------ the events */
+
+/* The attempt's first tokens: the prefill worker ran with every image's
+ * embeddings (it has them cached now), and its prompt no longer waits. */
+static void epd_router_first_tokens(epd_router_t *rt, epd_router_req_t *r,
+                                    const epd_client_event_t *ev, uint64_t now)
+{
+    for (uint32_t k = 0; k < r->n_images && r->pw != NULL; k++) {
+        epd_router_cache_add(r->pw, r->img_hash[k], now);
+        rt->m.images++;
+        rt->m.image_cache_hits += r->img_src[k] == EPD_ROUTER_IMG_CACHE;
+        rt->m.images_encoded += r->img_src[k] == EPD_ROUTER_IMG_ENCODER;
+        rt->m.images_local += r->img_src[k] == EPD_ROUTER_IMG_INLINE;
+    }
+    epd_router_histo_observe(&rt->m.ttft, (double)(now - r->t_arrival_ns) / 1e9);
+    epd_trace_span(rt->trace, "wait for first token", "router", ev->request_id, -1, r->t_submit_ns,
+                   now);
+    if (r->pw != NULL) {
+        r->pw->queued_tokens -= r->n_prompt; /* counted since the submit */
+    }
+}
+
+/* Tokens of the attempt in flight (any state of it): recorded, and their
+ * text goes to the client while its HTTP side is open — the text may end
+ * it (a stop string; a failure of ours). */
+static void epd_router_on_tokens(epd_router_t *rt, epd_router_req_t *r,
+                                 const epd_client_event_t *ev, uint64_t now)
+{
+    int stop;
+
+    if (r->n_out == 0) {
+        epd_router_first_tokens(rt, r, ev, now);
+    } else {
+        epd_router_histo_observe(&rt->m.itl, (double)(now - r->t_last_ns) / 1e9);
+    }
+    r->t_last_ns = now;
+    epd_trace_instant(rt->trace, "TokenChunk received", "msg", ev->request_id, -1, now);
+    r->n_out += ev->n_tokens;
+    if (r->http == NULL) {
+        return; /* answered, or the client is gone: ABORTING */
+    }
+    if (epd__router_text_append(rt, r, ev->tokens, ev->n_tokens) != 0) {
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_INTERNAL, 500,
+                              "cannot detokenize the output%s%s", "", "");
+    } else if ((stop = epd__router_after_text(rt, r)) > 0) {
+        epd__router_finish_ok(rt, r, EPD_OAI_FINISH_STOP);
+    } else if (stop < 0) {
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_INTERNAL, 500, "out of memory%s%s", "", "");
+    }
 }
 
 void epd__router_on_event(void *arg, const epd_client_event_t *ev)
@@ -440,87 +642,27 @@ void epd__router_on_event(void *arg, const epd_client_event_t *ev)
     epd_router_req_t *r = ev->user;
     uint64_t now = epd_time_now_ns();
 
-    if (ev->kind != EPD_CLIENT_EV_TOKENS) {
-        epd_router_on_error_event(rt, r, ev);
-        return;
+    if (ev->kind == EPD_CLIENT_EV_TOKENS && ev->n_tokens > 0) {
+        epd_router_on_tokens(rt, r, ev, now);
     }
-    if (ev->n_tokens > 0) {
-        if (r->n_out == 0) {
-            /* the prefill worker ran with every image's embeddings: it has
-             * them cached now */
-            for (uint32_t k = 0; k < r->n_images && r->pw != NULL; k++) {
-                epd_router_cache_add(r->pw, r->img_hash[k], now);
-                rt->m.images++;
-                rt->m.image_cache_hits += r->img_src[k] == EPD_ROUTER_IMG_CACHE;
-                rt->m.images_encoded += r->img_src[k] == EPD_ROUTER_IMG_ENCODER;
-                rt->m.images_local += r->img_src[k] == EPD_ROUTER_IMG_INLINE;
-            }
-            epd_router_histo_observe(&rt->m.ttft, (double)(now - r->t_arrival_ns) / 1e9);
-            epd_trace_span(rt->trace, "wait for first token", "router", ev->request_id, -1,
-                           r->t_submit_ns, now);
-            if (r->prefill_counted && r->pw != NULL) {
-                r->pw->queued_tokens -= r->n_prompt;
-                r->prefill_counted = 0;
-            }
-        } else {
-            epd_router_histo_observe(&rt->m.itl, (double)(now - r->t_last_ns) / 1e9);
-        }
-        r->t_last_ns = now;
-        epd_trace_instant(rt->trace, "TokenChunk received", "msg", ev->request_id, -1, now);
-        r->n_out += ev->n_tokens;
-        if (!r->done) {
-            int stop;
-
-            if (epd__router_text_append(rt, r, ev->tokens, ev->n_tokens) != 0) {
-                epd__router_fail_http(rt, r, EPD_ROUTER_ERR_INTERNAL, 500,
-                                      "cannot detokenize the output%s%s", "", "");
-                epd_router_abort_upstream(rt, r);
-            } else if ((stop = epd__router_after_text(rt, r)) != 0) {
-                if (stop > 0) {
-                    epd__router_finish_ok(rt, r, EPD_OAI_FINISH_STOP);
-                } else {
-                    epd__router_fail_http(rt, r, EPD_ROUTER_ERR_INTERNAL, 500, "out of memory%s%s",
-                                          "", "");
-                }
-                epd_router_abort_upstream(rt, r);
-            }
-        }
-    }
-    if (!ev->terminal) {
-        return;
-    }
-    epd_router_attempt_end(r);
-    if (!r->done) {
-        if (ev->finish == EPD_CLIENT_FINISH_LENGTH || ev->finish == EPD_CLIENT_FINISH_STOP) {
-            epd__router_finish_ok(rt, r,
-                                  ev->finish == EPD_CLIENT_FINISH_STOP ? EPD_OAI_FINISH_STOP
-                                                                       : EPD_OAI_FINISH_LENGTH);
-        } else {
-            epd__router_fail_http(rt, r, EPD_ROUTER_ERR_UPSTREAM, 502,
-                                  "the request ended with finish %s (from %s)",
-                                  epd_client_finish_name(ev->finish), ev->from);
-        }
-    }
-    epd_router_req_free(rt, r);
+    /* an ERROR or a REFUSED is always an attempt's last event */
+    epd_router_req_advance(rt, r, ev->terminal || ev->kind != EPD_CLIENT_EV_TOKENS ? ev : NULL,
+                           now);
 }
 
-/* The HTTP client went away. */
+/* The HTTP client went away (the HTTP request is invalid once this
+ * returns). */
 static void epd_router_on_http_abort(epd_http_req_t *http, void *arg)
 {
     epd_router_req_t *r = arg;
     epd_router_t *rt = r->rt;
 
     (void)http;
-    r->http = NULL;
-    if (!r->done) {
-        r->done = 1;
+    if (r->http != NULL) {
+        r->http = NULL;
         rt->m.errors[EPD_ROUTER_ERR_CLIENT_GONE]++;
     }
-    if (r->client_id != 0) {
-        epd_router_abort_upstream(rt, r);
-    } else {
-        epd_router_req_free(rt, r); /* no attempt in flight (waiting to dispatch) */
-    }
+    epd_router_req_advance(rt, r, NULL, epd_time_now_ns());
 }
 
 void epd__router_tick(epd_router_t *rt, uint64_t now_ns)
@@ -531,36 +673,15 @@ void epd__router_tick(epd_router_t *rt, uint64_t now_ns)
     rt->m.workers_died += died;
     /* requests waiting for the transport to take their submit */
     for (epd_router_req_t *r = rt->reqs, *next; r != NULL; r = next) {
-        epd_status_t st;
-
         next = r->next;
-        if (r->client_id != 0 || r->done) {
-            continue;
+        if (r->state == EPD_ROUTER_REQ_WAITING) {
+            epd_router_req_advance(rt, r, NULL, now_ns);
         }
-        st = epd_router_dispatch(rt, r, now_ns);
-        if (st == EPD_OK || (st == EPD_ERR_NO_RESOURCE && now_ns < r->deadline_ns)) {
-            continue;
-        }
-        epd_router_dispatch_failed(rt, r, st == EPD_ERR_NO_RESOURCE ? EPD_ERR_TIMEOUT : st);
-        epd_router_req_free(rt, r);
     }
 }
 
 void epd__router_req_start(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns)
 {
-    epd_status_t st;
-
-    r->next = rt->reqs;
-    if (rt->reqs != NULL) {
-        rt->reqs->prev = r;
-    }
-    rt->reqs = r;
-    rt->n_reqs++;
-    epd_http_req_set_abort(r->http, epd_router_on_http_abort, r);
-    st = epd_router_dispatch(rt, r, now_ns);
-    if (st == EPD_OK || st == EPD_ERR_NO_RESOURCE) {
-        return;
-    }
-    epd_router_dispatch_failed(rt, r, st);
-    epd_router_req_free(rt, r);
+    assert(r->state == EPD_ROUTER_REQ_PARSED);
+    epd_router_req_advance(rt, r, NULL, now_ns);
 }
