@@ -47,6 +47,9 @@
     X(EPD_ERR_PEER_DEAD, -200, "peer declared dead")                                 \
     X(EPD_ERR_STALE_EPOCH, -201, "message from a stale peer epoch")                  \
     X(EPD_ERR_DRAINING, -202, "peer is draining")                                    \
+    /* the peer is not a proven member of the cluster (no or another secret, a    \
+     * forged frame): another try with the same peer fails the same way */         \
+    X(EPD_ERR_AUTH, -203, "authentication failed: peer not proven a cluster member") \
     /* node scope */                                                                 \
     X(EPD_ERR_CONFIG, -300, "configuration error")                                   \
     X(EPD_ERR_FATAL, -301, "fatal internal error")

@@ -33,6 +33,26 @@
  * EPD_ERR_NO_RESOURCE (nothing was queued: progress, then retry), or fails
  * at once with another error (nothing was queued, no callback).
  *
+ * Trust (DESIGN.md "Trust boundary"): with a cluster secret configured on
+ * both ends, the handshake is a mutual challenge-response on that secret
+ * (HELLO with the initiator's identity and a fresh nonce; HELLO_ACK with the
+ * acceptor's identity, its nonce and a MAC over the transcript; HELLO_FIN
+ * with the initiator's MAC over it), binding each side's worker id, role
+ * and epoch to the endpoint; every later frame on the endpoint carries a
+ * MAC under a per-connection key derived from the secret, both nonces and
+ * both identities.  A frame whose MAC does not verify fails its endpoint
+ * with EPD_ERR_AUTH.  A peer without the secret (or with another one)
+ * cannot complete a handshake with this worker in either direction, and the
+ * acceptor never calls accept_cb: a worker with a secret drops a HELLO it
+ * cannot verify unanswered, before it parses the address blob in it (so an
+ * outsider cannot make the library parse crafted bytes), logging why and
+ * counting it — the connector's connect times out (EPD_ERR_TIMEOUT); a
+ * worker without a secret answers a HELLO that authenticates with a
+ * refusal — the connector's connect fails with EPD_ERR_AUTH.
+ * Payloads are authenticated, not encrypted; one-sided writes are not
+ * MAC'd (their keys go only to authenticated peers and grant remote write
+ * only: epd_xport_mr_alloc_ex).
+ *
  * Peer failure: when a peer dies (library error, or no traffic — not even
  * the core's keepalives — for `peer_timeout_ms`, which is how death is seen
  * on UCX shared memory where the library reports nothing), the endpoint's
@@ -57,15 +77,37 @@ typedef struct epd_xport_rkey epd_xport_rkey_t; /* a peer's region, unpacked on 
 #define EPD_XPORT_RKEY_MAX 4096
 #define EPD_XPORT_ADDR_MAX 8192
 
+/* Cluster secret lengths accepted by epd_xport_create (bytes). */
+#define EPD_XPORT_SECRET_MIN 16
+#define EPD_XPORT_SECRET_MAX 1024
+
+/* Longest worker id of an identity, without its NUL. */
+#define EPD_XPORT_WORKER_ID_MAX 127
+
+/* A worker incarnation: same meaning as epd.Epoch on the request plane. */
+typedef struct {
+    uint64_t start_time_ns;
+    uint64_t nonce;
+} epd_xport_epoch_t;
+
+/* Who a worker says it is in the handshake.  worker_id is NUL-terminated
+ * printable ASCII without spaces (bytes 0x21..0x7e), "" for none; role is
+ * the caller's role number (the transport does not interpret it). */
+typedef struct {
+    char worker_id[EPD_XPORT_WORKER_ID_MAX + 1];
+    int32_t role;
+    epd_xport_epoch_t epoch;
+} epd_xport_identity_t;
+
 /* Flags of epd_xport_send. */
 #define EPD_XPORT_SEND_FENCE 0x1u /* deliver after every earlier write on this ep landed */
 
 /* A message from a peer: `data` is borrowed for the duration of the call. */
 typedef void (*epd_xport_msg_cb_t)(void *arg, epd_xport_ep_t *ep, const void *data, size_t len);
 
-/* A peer connected to us (its handshake arrived): `ep` is now usable for
- * replies and is owned by the callee's owner (close it with
- * epd_xport_ep_close when done). */
+/* A peer connected to us (its handshake completed — with a secret, only
+ * after it proved itself): `ep` is now usable for replies and is owned by
+ * the callee's owner (close it with epd_xport_ep_close when done). */
 typedef void (*epd_xport_accept_cb_t)(void *arg, epd_xport_ep_t *ep);
 
 /* An endpoint failed (peer dead, unreachable, stale, or connect timed out);
@@ -100,6 +142,20 @@ typedef struct {
     epd_xport_accept_cb_t accept_cb; /* may be NULL: incoming eps are still accepted */
     epd_xport_err_cb_t err_cb;  /* may be NULL */
     void *cb_arg;               /* passed to the three callbacks above */
+    /*
+     * The cluster secret: NULL / 0 for none (any HELLO is accepted, frames
+     * carry no MAC: the behaviour and wire format of epd without
+     * authentication), else EPD_XPORT_SECRET_MIN..EPD_XPORT_SECRET_MAX bytes,
+     * the same on every member.  Borrowed for the duration of
+     * epd_xport_create only: the transport keeps a key derived from it
+     * (wiped at destroy), never the pointer.
+     */
+    const void *secret;
+    size_t secret_len;
+    /* This worker's identity, presented in every handshake (proven when a
+     * secret is set, merely claimed otherwise); copied at create.  All zero
+     * (epd_xport_config_init): none presented. */
+    epd_xport_identity_t identity;
 } epd_xport_config_t;
 
 /* Fills `config` with the defaults above (backend "ucx"). */
@@ -128,12 +184,30 @@ void epd_xport_describe(epd_xport_t *x, char *buf, size_t len);
 /* 64-bit identity of this worker (random at creation; carried in handshakes). */
 uint64_t epd_xport_id(const epd_xport_t *x);
 
+/* 1 when this worker was created with a cluster secret (every endpoint it
+ * has is then authenticated), else 0. */
+int epd_xport_authenticating(const epd_xport_t *x);
+
+/* Counters of refusals, for metrics; monotonic from create. */
+typedef struct {
+    uint64_t handshakes_refused; /* handshakes that failed authentication, both roles */
+    uint64_t frames_forged;      /* frames whose MAC did not verify (each failed its endpoint) */
+    uint64_t frames_dropped;     /* malformed, stale or unroutable frames dropped */
+} epd_xport_stats_t;
+
+/* Copies the counters into *stats_p.  Owning thread. */
+void epd_xport_stats(const epd_xport_t *x, epd_xport_stats_t *stats_p);
+
 /*
  * Connects to the peer whose address blob is given (copied).  Returns
  * EPD_INPROGRESS with *ep_p set: the endpoint may be used at once (sends and
  * writes queue behind the handshake), and `cb` runs once with EPD_OK when
- * the peer answered, or an error (EPD_ERR_TIMEOUT after connect_timeout_ms
- * when nobody answers, EPD_ERR_CONFIG when the expectation is not met).
+ * the peer answered (with a secret: proved itself, and was sent our proof),
+ * or an error (EPD_ERR_TIMEOUT after connect_timeout_ms when nobody answers
+ * — also what a worker with a cluster secret does to a HELLO it cannot
+ * verify —, EPD_ERR_CONFIG when the expectation is not met, EPD_ERR_AUTH
+ * when this side has a secret and the peer none, or the peer's proof does
+ * not verify).
  * EPD_ERR_BAD_ADDRESS at once for a malformed blob (no ep, no callback).
  */
 epd_status_t epd_xport_connect(epd_xport_t *x, const void *blob, size_t len,
@@ -146,6 +220,20 @@ void epd_xport_ep_close(epd_xport_ep_t *ep);
 
 /* The peer's worker id (from the handshake; 0 before it completed). */
 uint64_t epd_xport_ep_peer_id(const epd_xport_ep_t *ep);
+
+/*
+ * The identity the peer presented in the handshake, into *id_p (all zero
+ * when it presented none), and in *authenticated_p 1 when the handshake
+ * proved it under the cluster secret (the peer holds the secret and was the
+ * one to answer on this endpoint), else 0 — the daemon checks every
+ * envelope's claimed sender against an authenticated identity.  EPD_OK once
+ * the handshake completed (the endpoint was delivered by accept_cb or its
+ * connect callback ran with EPD_OK; still EPD_OK after it failed later);
+ * EPD_INPROGRESS before (nothing written); EPD_ERR_INVALID_PARAM for NULL
+ * arguments.  Owning thread.
+ */
+epd_status_t epd_xport_ep_identity(const epd_xport_ep_t *ep, epd_xport_identity_t *id_p,
+                                   int *authenticated_p);
 
 /* A one-line description of the lanes the library chose for this endpoint. */
 void epd_xport_ep_describe(epd_xport_ep_t *ep, char *buf, size_t len);
@@ -164,16 +252,37 @@ void *epd_xport_ep_user(const epd_xport_ep_t *ep);
  */
 epd_status_t epd_xport_send(epd_xport_ep_t *ep, const void *buf, size_t len, unsigned flags);
 
+/* Access of a region (epd_xport_mr_alloc_ex / epd_xport_mr_reg_ex). */
+#define EPD_XPORT_MR_LOCAL 0x0u        /* a write source only: no key, nothing remote */
+#define EPD_XPORT_MR_REMOTE_WRITE 0x1u /* peers holding its packed key may write into it */
+
 /*
- * Allocates and registers a region of `size` bytes meant to receive writes,
- * letting the backend allocate it where that enables true one-sided writes
- * (UCX UCP_MEM_MAP_ALLOCATE on shared memory).  Owned by the caller
- * (epd_xport_mr_dereg frees the memory too).  Contents are zeroed.
+ * Allocates and registers a region of `size` bytes with `access`:
+ *   - EPD_XPORT_MR_REMOTE_WRITE: meant to receive writes (decode's KV pool,
+ *     prefill's embedding slots).  Peers may write into it with its packed
+ *     key and do nothing else: no remote read on any backend (libfabric
+ *     without delivery complete reads a separate 1-byte sink to order its
+ *     flushes, never the region).  The backend allocates it where that
+ *     enables true one-sided writes (UCX UCP_MEM_MAP_ALLOCATE on shared
+ *     memory).  It may also be the source of writes.
+ *   - EPD_XPORT_MR_LOCAL: only ever the source of writes (prefill's local KV
+ *     pool, the encoder's output): no remote access at all.  It has no
+ *     packed key (epd_xport_mr_pack refuses), and a write naming it anyway
+ *     (a forged key) is refused by the receiving side.
+ * Owned by the caller (epd_xport_mr_dereg frees the memory too).  Contents
+ * are zeroed.  EPD_ERR_INVALID_PARAM for other access bits.
  */
-epd_status_t epd_xport_mr_alloc(epd_xport_t *x, size_t size, epd_xport_mr_t **mr_p);
+epd_status_t epd_xport_mr_alloc_ex(epd_xport_t *x, size_t size, unsigned access,
+                                   epd_xport_mr_t **mr_p);
 
 /* Registers existing memory [addr, addr+size) (borrowed: it must outlive the
- * region).  Owned by the caller (epd_xport_mr_dereg). */
+ * region) with `access` as above.  Owned by the caller (epd_xport_mr_dereg). */
+epd_status_t epd_xport_mr_reg_ex(epd_xport_t *x, void *addr, size_t size, unsigned access,
+                                 epd_xport_mr_t **mr_p);
+
+/* epd_xport_mr_alloc_ex / epd_xport_mr_reg_ex with EPD_XPORT_MR_REMOTE_WRITE
+ * (what every region was before access existed). */
+epd_status_t epd_xport_mr_alloc(epd_xport_t *x, size_t size, epd_xport_mr_t **mr_p);
 epd_status_t epd_xport_mr_reg(epd_xport_t *x, void *addr, size_t size, epd_xport_mr_t **mr_p);
 
 /* Deregisters (and frees, for mr_alloc regions).  Writes into it that a peer
@@ -184,7 +293,10 @@ void *epd_xport_mr_addr(const epd_xport_mr_t *mr);
 size_t epd_xport_mr_size(const epd_xport_mr_t *mr);
 
 /* Packs the region's remote key (with its size) into buf[0..cap);
- * *len_p gets the packed length.  EPD_ERR_NO_RESOURCE when cap is too small. */
+ * *len_p gets the packed length.  EPD_ERR_NO_RESOURCE when cap is too small,
+ * EPD_ERR_INVALID_PARAM for an EPD_XPORT_MR_LOCAL region (it has none).
+ * The key lets its holder write anywhere in the region: give it only to
+ * authenticated peers (epd_xport_ep_identity). */
 epd_status_t epd_xport_mr_pack(epd_xport_mr_t *mr, void *buf, size_t cap, size_t *len_p);
 
 /* Unpacks a peer's packed key for use on `ep` (owned by the caller; also

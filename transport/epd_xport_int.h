@@ -5,7 +5,9 @@
  * The core (transport/epd_xport.c) owns every object the user sees and does
  * everything that is the same on every library: the handshake (HELLO /
  * HELLO_ACK carrying worker ids and address blobs, so each side has an
- * endpoint to the other), keepalives and the peer-silence timeout, fences,
+ * endpoint to the other; with a cluster secret also identities, nonces,
+ * MACs and a HELLO_FIN), the MAC of every later frame, keepalives and the
+ * peer-silence timeout, fences,
  * the bound on operations in flight, range checks, message framing.  A
  * backend only moves bytes:
  *
@@ -13,6 +15,7 @@
  *     peer by calling epd__xport_deliver(core, bytes, len) from its progress.
  *     Messages on one backend endpoint must arrive in order.  The core puts
  *     the sender's id in the frame, so a backend needs no reply endpoint.
+ *     A frame is at most epd__xport_frame_cap(config->max_msg_size) bytes.
  *   - `write`: local bytes into a peer's region at an offset; completion
  *     through epd__xport_op_done(op, status) from progress.  Whether it is an
  *     RMA put or a rendezvous message received into the region is the
@@ -39,6 +42,19 @@ typedef struct epd__xport_op {
     _Alignas(16) unsigned char be_priv[64];
     /* core-private fields follow in epd_xport.c's container */
 } epd__xport_op_t;
+
+/* Bytes the core puts in front of a payload (48-byte header, then a 16-byte
+ * MAC tag on authenticated endpoints), and the largest payload of the
+ * core's own frames (a HELLO: identity block, nonce, address blob). */
+#define EPD__XPORT_FRAME_ROOM 64
+#define EPD__XPORT_CTRL_MAX (256 + EPD_XPORT_ADDR_MAX)
+
+/* Largest frame a backend must carry for a config's max_msg_size. */
+static inline size_t epd__xport_frame_cap(size_t max_msg_size)
+{
+    return EPD__XPORT_FRAME_ROOM +
+           (max_msg_size > EPD__XPORT_CTRL_MAX ? max_msg_size : EPD__XPORT_CTRL_MAX);
+}
 
 typedef struct {
     size_t size; /* sizeof(epd__xport_backend_ops_t), checked by the core */
@@ -76,12 +92,20 @@ typedef struct {
                           void *be_rkey, uint64_t remote_offset, epd__xport_op_t *op);
     epd_status_t (*flush)(void *be_ep, epd__xport_op_t *op);
 
-    /* Memory.  mr_alloc returns zeroed memory at *addr_p. */
-    epd_status_t (*mr_alloc)(void *be, size_t size, void **addr_p, void **be_mr_p);
-    epd_status_t (*mr_reg)(void *be, void *addr, size_t size, void **be_mr_p);
+    /* Memory.  mr_alloc returns zeroed memory at *addr_p.  `access` is
+     * EPD_XPORT_MR_REMOTE_WRITE (peers may write into the region and do
+     * nothing else: no remote read, ever) or EPD_XPORT_MR_LOCAL (only a
+     * source of this worker's writes: no remote access at all, and a write
+     * that names it anyway is refused on arrival).  Keys that name a region
+     * must not be guessable (random, or chosen by the provider). */
+    epd_status_t (*mr_alloc)(void *be, size_t size, unsigned access, void **addr_p, void **be_mr_p);
+    epd_status_t (*mr_reg)(void *be, void *addr, size_t size, unsigned access, void **be_mr_p);
     void (*mr_dereg)(void *be, void *be_mr);
     /* Packs what a peer needs to write into the region (key, base address,
-     * size, region id, ...) into buf[0..cap). */
+     * size, region id, ...) into buf[0..cap).  The core calls it for
+     * EPD_XPORT_MR_REMOTE_WRITE regions only (tests call it for any region,
+     * through epd__xport_mr_pack_any: a backend may refuse a local one with
+     * EPD_ERR_UNSUPPORTED when it has no key at all). */
     epd_status_t (*mr_pack)(void *be, void *be_mr, void *buf, size_t cap, size_t *len_p);
     /* Unpacks (validated: EPD_ERR_BAD_RKEY) for use on be_ep; *size_p gets
      * the remote region's size. */
@@ -107,6 +131,24 @@ void epd__xport_ep_failed(epd_xport_ep_t *core_ep, epd_status_t status);
  * core calls it itself for every delivered message, a backend may call it
  * for other signs of life. */
 void epd__xport_ep_alive(epd_xport_ep_t *core_ep);
+
+/* For tests and fuzzers only. */
+
+/* epd_xport_create with a backend that is not in the core's table (an
+ * in-process loopback, for deterministic tests of the core). */
+epd_status_t epd__xport_create_ops(const epd__xport_backend_ops_t *ops,
+                                   const epd_xport_config_t *config, epd_xport_t **x_p);
+
+/* Calls `tap(arg, frame, len)` with every frame handed to
+ * epd__xport_deliver on `x`, before the core looks at it (NULL: off) — lets a
+ * test capture real frames to tamper with or replay. */
+typedef void (*epd__xport_tap_cb_t)(void *arg, const void *frame, size_t len);
+void epd__xport_set_tap(epd_xport_t *x, epd__xport_tap_cb_t tap, void *arg);
+
+/* The backend's packed key of any region, EPD_XPORT_MR_LOCAL ones included:
+ * what an attacker who learned (or guessed) a source region's key would
+ * hold; epd_xport_mr_pack refuses those. */
+epd_status_t epd__xport_mr_pack_any(epd_xport_mr_t *mr, void *buf, size_t cap, size_t *len_p);
 
 /* The backends, each compiled in unless switched off (EPD_WITH_UCX=0 /
  * EPD_WITH_OFI=0). */

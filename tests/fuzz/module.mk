@@ -1,21 +1,59 @@
 # tests/fuzz: libFuzzer targets, one per decoder of bytes from the network or
 # a file.  Built and run by `make fuzz` (clang, in build/fuzz); not part of
-# `make all` because they need -fsanitize=fuzzer.
+# `make all` because they need -fsanitize=fuzzer.  Each target's seeds are
+# committed in tests/fuzz/corpus/<target>/ and fed to it first.
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_NAMES := $(patsubst tests/fuzz/%.c,%,$(FUZZ_SRCS))
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
-FUZZ_LIBS := $(BUILD)/lib/libepd_api.a $(BUILD)/lib/libepd_proto.a $(BUILD)/lib/libepd_engine.a \
-             $(BUILD)/lib/libepd_common.a
+FUZZ_LIBS := $(BUILD)/lib/libepd_api.a $(BUILD)/lib/libepd_proto.a $(BUILD)/lib/libepd_xport.a \
+             $(BUILD)/lib/libepd_engine.a $(BUILD)/lib/libepd_common.a
+# the transport core's target runs two workers on the in-process loopback
+# backend of tests/transport
+FUZZ_LOOP_OBJ := $(BUILD)/obj/tests/transport/epd_xport_loop.o
+# named objects (not intermediates make deletes after a build, then fails
+# to rebuild when only a header changed), after the generated headers
+FUZZ_OBJS := $(patsubst tests/fuzz/%.c,$(BUILD)/obj/tests/fuzz/%.o,$(FUZZ_SRCS))
+ALL_OBJS += $(FUZZ_OBJS)
 $(BUILD)/obj/tests/fuzz/fuzz_epd_openai.o: EPD_CPPFLAGS += -Irouter
+$(BUILD)/obj/tests/fuzz/fuzz_epd_xport_frame.o \
+$(BUILD)/obj/tests/fuzz-replay/fuzz_epd_xport_frame.o: EPD_CPPFLAGS += -Itests/transport
+$(BUILD)/fuzz/fuzz_epd_xport_frame: $(FUZZ_LOOP_OBJ)
 
 $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(FUZZ_LIBS)
 	@mkdir -p $(@D)
 	@$(if $(filter 1,$(V)),,echo "  LD      $@";)$(CC) $(EPD_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(EPD_LDLIBS)
 
+# Seeds first (read-only), then what the fuzzer found, kept in the build.
 .PHONY: fuzz-run
 fuzz-run: $(FUZZ_TARGETS)
 	@set -o pipefail; for t in $(FUZZ_TARGETS); do \
-	  mkdir -p $(BUILD)/corpus/$$(basename $$t); \
+	  n=$$(basename $$t); mkdir -p $(BUILD)/corpus/$$n; \
 	  echo "fuzzing $$t for $(FUZZ_SECONDS)s"; \
-	  $$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(BUILD)/corpus/$$(basename $$t) \
+	  mkdir -p $(BUILD)/fuzz/artifacts; \
+	  $$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=$(BUILD)/fuzz/artifacts/ $(BUILD)/corpus/$$n \
+	    $$(test -d tests/fuzz/corpus/$$n && echo tests/fuzz/corpus/$$n) \
 	    2>&1 | tail -n 4 || exit 1; \
 	done
+
+# The regression replay (part of `make all` and `make check`, no libFuzzer
+# needed): every target's LLVMFuzzerTestOneInput over its seed corpus, from
+# sources compiled a second time with the entry points renamed.
+FUZZ_REPLAY_OBJS := $(patsubst %,$(BUILD)/obj/tests/fuzz-replay/%.o,$(FUZZ_NAMES))
+FUZZ_REPLAY_MAIN := $(BUILD)/obj/tests/fuzz/epd_fuzz_replay.o
+ALL_OBJS += $(FUZZ_REPLAY_OBJS) $(FUZZ_REPLAY_MAIN)
+ALL_TESTS += $(BUILD)/tests/test_fuzz_replay
+$(FUZZ_REPLAY_OBJS) $(FUZZ_REPLAY_MAIN): EPD_CPPFLAGS += -Irouter
+$(FUZZ_REPLAY_MAIN): EPD_CPPFLAGS += '-DEPD_FUZZ_LIST=$(foreach n,$(FUZZ_NAMES),X($(n)))' \
+                                     -DEPD_FUZZ_CORPUS='"$(CURDIR)/tests/fuzz/corpus"'
+$(FUZZ_REPLAY_MAIN): tests/fuzz/module.mk
+
+$(BUILD)/obj/tests/fuzz-replay/%.o: tests/fuzz/%.c
+	@mkdir -p $(@D)
+	@$(if $(filter 1,$(V)),,echo "  CC      $< (replay)";)$(CC) $(EPD_INC) $(EPD_CPPFLAGS) \
+		$(EPD_CFLAGS) -DEPD_FUZZ_REPLAY -DLLVMFuzzerTestOneInput=$*_one \
+		-DLLVMFuzzerInitialize=$*_init -c -o $@ $<
+
+$(BUILD)/tests/test_fuzz_replay: $(FUZZ_REPLAY_MAIN) $(FUZZ_REPLAY_OBJS) $(FUZZ_LOOP_OBJ) $(FUZZ_LIBS)
+	@mkdir -p $(@D)
+	@$(if $(filter 1,$(V)),,echo "  LD      $@";)$(CC) $(EPD_LDFLAGS) -o $@ $^ $(EPD_LDLIBS)

@@ -23,6 +23,14 @@
  *                                 fence overtaken by a write;
  *   SEQ {seq, xxh3, payload}      random sizes up to max_msg_size; the peer
  *                                 checks order and content, END asks RESULT.
+ *
+ * The trust boundary (DESIGN.md): a peer may be started with a cluster
+ * secret ("--peer CONF FD MODE", MODE a | b | none) and an identity; over
+ * the socketpair the test then asks it for what it saw ('S': accepts,
+ * messages, refusals, the identity of its last accepted endpoint) and has
+ * it connect back ('C'), so both directions of every handshake are checked
+ * from both ends.  The peer also keeps a local (source-only) region and
+ * hands over the key an attacker would need for it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -72,15 +80,35 @@ typedef struct {
 static const epd_test_conf_t epd_test_confs[] = {
 #if EPD_WITH_UCX
     /* shared memory, every lane iface-connected (posix AM, cma rma_bw) */
-    {"ucx-shm", "ucx", "shm", "tcp", NULL, {"UCX_TLS=posix,cma,tcp", "UCX_NET_DEVICES=lo", NULL}, 0},
+    {"ucx-shm",
+     "ucx",
+     "shm",
+     "tcp",
+     NULL,
+     {"UCX_TLS=posix,cma,tcp", "UCX_NET_DEVICES=lo", NULL},
+     0},
     /* shared memory next to a wired-up tcp lane (rma_bw): the closing of
      * half-wired endpoints matters here (see epd__ucx_ep_destroy) */
-    {"ucx-posix-tcp", "ucx", "shm", "tcp", NULL, {"UCX_TLS=posix,tcp", "UCX_NET_DEVICES=lo", NULL}, 0},
+    {"ucx-posix-tcp",
+     "ucx",
+     "shm",
+     "tcp",
+     NULL,
+     {"UCX_TLS=posix,tcp", "UCX_NET_DEVICES=lo", NULL},
+     0},
     {"ucx-sysv", "ucx", "shm", "tcp", NULL, {"UCX_TLS=sysv,tcp", "UCX_NET_DEVICES=lo", NULL}, 1},
     {"ucx-tcp", "ucx", "tcp", "shm", NULL, {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo", NULL}, 0},
 #endif
 #if EPD_WITH_OFI
     {"ofi-tcp", "ofi", "tcp", "shm", "tcp;ofi_rxm", {"FI_PROVIDER=tcp;ofi_rxm", NULL}, 0},
+    /* writes without delivery complete: flushes read the target's sink */
+    {"ofi-tcp-readflush",
+     "ofi",
+     "tcp",
+     "shm",
+     "tcp;ofi_rxm",
+     {"FI_PROVIDER=tcp;ofi_rxm", "EPD_OFI_DELIVERY_COMPLETE=0", NULL},
+     1},
 #endif
 };
 #define N_CONFS (sizeof(epd_test_confs) / sizeof(epd_test_confs[0]))
@@ -124,6 +152,12 @@ typedef struct {
 } m_seq_t;
 
 static const epd_test_conf_t *conf;
+
+/* Cluster secrets of the trust-boundary tests. */
+static const char secret_a[] = "conformance cluster secret A, 32+";
+static const char secret_b[] = "conformance cluster secret B, 32+";
+#define LOCAL_SIZE ((size_t)1 << 20) /* the peer's local region (region 2 of CHECK) */
+#define PEER_ROLE 3
 static uint32_t peer_timeout_ms = PEER_TIMEOUT_MS;
 static uint32_t max_inflight = 4096;
 static char self_path[4096];
@@ -209,10 +243,23 @@ static int chan_read(int fd, epd_xport_t *x, void *buf, uint32_t cap, uint32_t *
 
 /* ------------------------------------------------------------ the peer */
 
+/* What a peer reports over the socketpair ('S'). */
+typedef struct {
+    uint32_t accepts;
+    uint32_t msgs;
+    uint64_t handshakes_refused;
+    uint64_t frames_forged;
+    int32_t last_authed; /* -1: nothing accepted */
+    int32_t last_role;
+    char last_id[EPD_XPORT_WORKER_ID_MAX + 1];
+} peer_report_t;
+
 typedef struct {
     epd_xport_t *x;
     epd_xport_mr_t *mr;
     epd_xport_mr_t *reg_mr;
+    epd_xport_mr_t *local_mr;
+    peer_report_t report;
     epd_xport_ep_t *reply_ep;
     m_result_t pending;   /* a reply to send from the main loop */
     int have_pending;
@@ -225,8 +272,9 @@ static void peer_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len
 {
     peer_t *pr = arg;
     m_hdr_t h;
-    epd_xport_mr_t *mrs[2] = {pr->mr, pr->reg_mr};
+    epd_xport_mr_t *mrs[3] = {pr->mr, pr->reg_mr, pr->local_mr};
 
+    pr->report.msgs++;
     if (len < sizeof(h)) {
         return;
     }
@@ -237,7 +285,7 @@ static void peer_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len
         for (uint32_t i = 0; i < h.n; i++) {
             m_check_t c;
             memcpy(&c, (const char *)data + sizeof(h) + i * sizeof(c), sizeof(c));
-            if (c.region < 2 && c.offset + c.len <= epd_xport_mr_size(mrs[c.region]) &&
+            if (c.region < 3 && c.offset + c.len <= epd_xport_mr_size(mrs[c.region]) &&
                 epd_hash64((const unsigned char *)epd_xport_mr_addr(mrs[c.region]) + c.offset,
                            c.len, 0) == c.hash) {
                 r.ok++;
@@ -268,6 +316,37 @@ static void peer_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len
     }
 }
 
+static void peer_accept(void *arg, epd_xport_ep_t *ep)
+{
+    peer_t *pr = arg;
+    epd_xport_identity_t id;
+    int authed = 0;
+
+    pr->report.accepts++;
+    if (epd_xport_ep_identity(ep, &id, &authed) == EPD_OK) {
+        pr->report.last_authed = authed;
+        pr->report.last_role = id.role;
+        memcpy(pr->report.last_id, id.worker_id, sizeof(pr->report.last_id));
+    }
+}
+
+/* A secret (MODE "a" / "b" / "none") and an identity into `cfg`; NULL mode:
+ * neither, the configuration every older test runs with. */
+static void apply_trust(epd_xport_config_t *cfg, const char *mode, const char *who, int role)
+{
+    if (mode == NULL) {
+        return;
+    }
+    if (strcmp(mode, "a") == 0 || strcmp(mode, "b") == 0) {
+        cfg->secret = mode[0] == 'a' ? secret_a : secret_b;
+        cfg->secret_len = strlen(cfg->secret);
+    }
+    snprintf(cfg->identity.worker_id, sizeof(cfg->identity.worker_id), "%s-%d", who, (int)getpid());
+    cfg->identity.role = role;
+    cfg->identity.epoch.start_time_ns = epd_time_now_ns();
+    cfg->identity.epoch.nonce = (uint64_t)getpid() * 7919u;
+}
+
 static epd_xport_config_t test_config(epd_xport_msg_cb_t cb, void *arg)
 {
     epd_xport_config_t cfg;
@@ -284,22 +363,71 @@ static epd_xport_config_t test_config(epd_xport_msg_cb_t cb, void *arg)
     return cfg;
 }
 
-static int peer_main(int fd)
+typedef struct {
+    int calls;
+    epd_status_t status;
+} peer_conn_t;
+
+static void peer_connect_cb(void *arg, epd_status_t status)
+{
+    peer_conn_t *c = arg;
+
+    if (c->calls++ == 0) {
+        c->status = status;
+    }
+}
+
+/* The peer connects to the address the test sent ('C') and answers with
+ * the connect's status (int32), progressing meanwhile. */
+static void peer_connect_back(peer_t *pr, int fd)
+{
+    unsigned char blob[EPD_XPORT_ADDR_MAX];
+    uint32_t len;
+    epd_xport_ep_t *ep = NULL;
+    peer_conn_t c = {0, EPD_OK};
+    int32_t answer;
+    epd_status_t st;
+    uint64_t deadline = epd_time_now_ns() + 10 * EPD_NSEC_PER_SEC;
+
+    if (chan_read(fd, pr->x, blob, sizeof(blob), &len, 5000) != 0) {
+        return;
+    }
+    st = epd_xport_connect(pr->x, blob, len, peer_connect_cb, &c, &ep);
+    if (st == EPD_INPROGRESS) {
+        while (c.calls == 0 && epd_time_now_ns() < deadline) {
+            epd_xport_poll(pr->x, 1);
+        }
+        st = c.calls != 0 ? c.status : EPD_ERR_TIMEOUT;
+    }
+    answer = (int32_t)st;
+    (void)chan_write(fd, &answer, sizeof(answer));
+    /* a connected endpoint stays open for the test to look at; a failed one
+     * goes */
+    if (ep != NULL && st != EPD_OK) {
+        epd_xport_ep_close(ep);
+    }
+}
+
+static int peer_main(int fd, const char *mode)
 {
     peer_t pr;
     epd_xport_config_t cfg;
     const void *blob;
     size_t blob_len;
     unsigned char key[EPD_XPORT_RKEY_MAX];
-    size_t key_len, key2_len;
+    size_t key_len, key2_len, key3_len = 0;
     unsigned char key2[EPD_XPORT_RKEY_MAX];
+    unsigned char key3[EPD_XPORT_RKEY_MAX];
     void *reg_mem = epd_calloc(1, REG_SIZE);
     uint64_t deadline = epd_time_now_ns() + 120 * EPD_NSEC_PER_SEC;
 
     epd_status_t st;
 
     memset(&pr, 0, sizeof(pr));
+    pr.report.last_authed = -1;
     cfg = test_config(peer_msg, &pr);
+    cfg.accept_cb = peer_accept;
+    apply_trust(&cfg, mode, "peer", PEER_ROLE);
     st = epd_xport_create(&cfg, &pr.x);
     if (st != EPD_OK) {
         fprintf(stderr, "peer %d: epd_xport_create: %s\n", (int)getpid(), epd_status_name(st));
@@ -310,12 +438,20 @@ static int peer_main(int fd)
         (st = epd_xport_mr_pack(pr.mr, key, sizeof(key), &key_len)) != EPD_OK ||
         (st = reg_mem == NULL ? EPD_ERR_NO_MEMORY : EPD_OK) != EPD_OK ||
         (st = epd_xport_mr_reg(pr.x, reg_mem, REG_SIZE, &pr.reg_mr)) != EPD_OK ||
-        (st = epd_xport_mr_pack(pr.reg_mr, key2, sizeof(key2), &key2_len)) != EPD_OK) {
+        (st = epd_xport_mr_pack(pr.reg_mr, key2, sizeof(key2), &key2_len)) != EPD_OK ||
+        (st = epd_xport_mr_alloc_ex(pr.x, LOCAL_SIZE, EPD_XPORT_MR_LOCAL, &pr.local_mr)) !=
+            EPD_OK) {
         fprintf(stderr, "peer %d: region set-up: %s\n", (int)getpid(), epd_status_name(st));
         return 3;
     }
-    if (chan_write(fd, blob, (uint32_t)blob_len) != 0 || chan_write(fd, key, (uint32_t)key_len) != 0 ||
-        chan_write(fd, key2, (uint32_t)key2_len) != 0) {
+    /* the key an attacker would need for the local region (none may exist) */
+    if (epd__xport_mr_pack_any(pr.local_mr, key3, sizeof(key3), &key3_len) != EPD_OK) {
+        key3_len = 0;
+    }
+    if (chan_write(fd, blob, (uint32_t)blob_len) != 0 ||
+        chan_write(fd, key, (uint32_t)key_len) != 0 ||
+        chan_write(fd, key2, (uint32_t)key2_len) != 0 ||
+        chan_write(fd, key3, (uint32_t)key3_len) != 0) {
         fprintf(stderr, "peer %d: side channel: %s\n", (int)getpid(), strerror(errno));
         return 4;
     }
@@ -331,13 +467,25 @@ static int peer_main(int fd)
                 pr.have_pending = 0;
             }
         }
-        /* parent gone: stop */
-        if (poll(&pfd, 1, 0) > 0 && read(fd, &c, 1) <= 0) {
-            break;
+        /* parent gone: stop; else its commands */
+        if (poll(&pfd, 1, 0) > 0) {
+            if (read(fd, &c, 1) <= 0) {
+                break;
+            }
+            if (c == 'S') {
+                epd_xport_stats_t xs;
+                epd_xport_stats(pr.x, &xs);
+                pr.report.handshakes_refused = xs.handshakes_refused;
+                pr.report.frames_forged = xs.frames_forged;
+                (void)chan_write(fd, &pr.report, sizeof(pr.report));
+            } else if (c == 'C') {
+                peer_connect_back(&pr, fd);
+            }
         }
     }
     epd_xport_mr_dereg(pr.mr);
     epd_xport_mr_dereg(pr.reg_mr);
+    epd_xport_mr_dereg(pr.local_mr);
     epd_xport_destroy(pr.x);
     epd_free(reg_mem);
     return 0;
@@ -353,6 +501,7 @@ typedef struct {
     epd_status_t err_status;
     uint64_t err_ns;
     int accepts;
+    epd_xport_ep_t *accepted; /* the latest */
 } host_t;
 
 typedef struct {
@@ -364,6 +513,8 @@ typedef struct {
     uint32_t key_len;
     unsigned char key2[EPD_XPORT_RKEY_MAX]; /* of the peer's mr_reg region */
     uint32_t key2_len;
+    unsigned char key3[EPD_XPORT_RKEY_MAX]; /* its local region's, had it leaked (may be empty) */
+    uint32_t key3_len;
 } peer_proc_t;
 
 static void host_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
@@ -392,8 +543,8 @@ static void host_accept(void *arg, epd_xport_ep_t *ep)
 {
     host_t *h = arg;
 
-    (void)ep;
     h->accepts++;
+    h->accepted = ep;
 }
 
 static void host_init(host_t *h, const char *expect)
@@ -408,7 +559,7 @@ static void host_init(host_t *h, const char *expect)
     assert_int_equal(epd_xport_create(&cfg, &h->x), EPD_OK);
 }
 
-static void peer_start(peer_proc_t *p, epd_xport_t *x)
+static void peer_start_mode(peer_proc_t *p, epd_xport_t *x, const char *mode)
 {
     int sv[2];
     char fd_arg[16];
@@ -420,7 +571,11 @@ static void peer_start(peer_proc_t *p, epd_xport_t *x)
     assert_true(p->pid >= 0);
     if (p->pid == 0) {
         close(sv[0]);
-        execl(self_path, self_path, "--peer", conf->name, fd_arg, (char *)NULL);
+        if (mode != NULL) {
+            execl(self_path, self_path, "--peer", conf->name, fd_arg, mode, (char *)NULL);
+        } else {
+            execl(self_path, self_path, "--peer", conf->name, fd_arg, (char *)NULL);
+        }
         _exit(127);
     }
     close(sv[1]);
@@ -428,7 +583,8 @@ static void peer_start(peer_proc_t *p, epd_xport_t *x)
     p->fd = sv[0];
     if (chan_read(p->fd, x, p->blob, sizeof(p->blob), &p->blob_len, 20000) != 0 ||
         chan_read(p->fd, x, p->key, sizeof(p->key), &p->key_len, 20000) != 0 ||
-        chan_read(p->fd, x, p->key2, sizeof(p->key2), &p->key2_len, 20000) != 0) {
+        chan_read(p->fd, x, p->key2, sizeof(p->key2), &p->key2_len, 20000) != 0 ||
+        chan_read(p->fd, x, p->key3, sizeof(p->key3), &p->key3_len, 20000) != 0) {
         int status = 0;
         kill(p->pid, SIGKILL);
         waitpid(p->pid, &status, 0);
@@ -436,6 +592,11 @@ static void peer_start(peer_proc_t *p, epd_xport_t *x)
                  WIFSIGNALED(status) ? "signal" : "exit status",
                  WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
     }
+}
+
+static void peer_start(peer_proc_t *p, epd_xport_t *x)
+{
+    peer_start_mode(p, x, NULL);
 }
 
 static void peer_stop(peer_proc_t *p)
@@ -1398,6 +1559,459 @@ static void test_close_with_inflight(void **state)
     epd_free(local);
 }
 
+/* ------------------------------------------------- the trust boundary */
+
+static void host_init_trust(host_t *h, const char *expect, const char *mode)
+{
+    epd_xport_config_t cfg;
+
+    memset(h, 0, sizeof(*h));
+    cfg = test_config(host_msg, h);
+    cfg.expect = expect;
+    cfg.err_cb = host_err;
+    cfg.accept_cb = host_accept;
+    apply_trust(&cfg, mode, "host", 1);
+    assert_int_equal(epd_xport_create(&cfg, &h->x), EPD_OK);
+}
+
+/* What the peer saw so far ('S'). */
+static peer_report_t peer_report(peer_proc_t *p, epd_xport_t *x)
+{
+    peer_report_t r;
+    uint32_t len = 0;
+    char c = 'S';
+
+    assert_int_equal(write(p->fd, &c, 1), 1);
+    assert_int_equal(chan_read(p->fd, x, &r, sizeof(r), &len, 10000), 0);
+    assert_int_equal(len, sizeof(r));
+    return r;
+}
+
+/* Has the peer connect to `h` ('C'); its connect's status. */
+static epd_status_t peer_connect_to(peer_proc_t *p, host_t *h)
+{
+    const void *blob;
+    size_t blob_len;
+    int32_t st = 0;
+    uint32_t len = 0;
+    char c = 'C';
+
+    assert_int_equal(epd_xport_address(h->x, &blob, &blob_len), EPD_OK);
+    assert_int_equal(write(p->fd, &c, 1), 1);
+    assert_int_equal(chan_write(p->fd, blob, (uint32_t)blob_len), 0);
+    assert_int_equal(chan_read(p->fd, h->x, &st, sizeof(st), &len, 20000), 0);
+    assert_int_equal(len, sizeof(st));
+    return (epd_status_t)st;
+}
+
+/* Round trips of a small request-plane message (END -> RESULT), µs each. */
+static double round_trip_us(host_t *h, epd_xport_ep_t *ep, int n)
+{
+    m_hdr_t end = {.type = M_END};
+    uint64_t t0 = epd_time_now_ns();
+
+    for (int i = 0; i < n; i++) {
+        (void)ask(h, ep, &end, sizeof(end), 0);
+    }
+    return (double)(epd_time_now_ns() - t0) / 1e3 / n;
+}
+
+/* Same secret on both ends: connected both ways, each end sees the other's
+ * proven identity, messages and writes work.  Prints the round trip of a
+ * request-plane message with and without authentication. */
+static void test_auth_connect(void **state)
+{
+    host_t h, h0;
+    peer_proc_t p, p0;
+    epd_xport_ep_t *ep, *ep0;
+    epd_xport_rkey_t *rk;
+    epd_xport_mr_t *lmr;
+    epd_xport_identity_t id;
+    epd_xport_stats_t xs;
+    peer_report_t r;
+    char want[EPD_XPORT_WORKER_ID_MAX + 1];
+    int authed = -1;
+    epd_rng_t rng;
+    double us_auth, us_plain;
+
+    (void)state;
+    host_init_trust(&h, conf->expect, "a");
+    peer_start_mode(&p, h.x, "a");
+    ep = connect_peer(&h, &p, &rk);
+    assert_int_equal(epd_xport_ep_identity(ep, &id, &authed), EPD_OK);
+    assert_int_equal(authed, 1);
+    snprintf(want, sizeof(want), "peer-%d", (int)p.pid);
+    assert_string_equal(id.worker_id, want);
+    assert_int_equal(id.role, PEER_ROLE);
+    assert_int_equal(id.epoch.nonce, (uint64_t)p.pid * 7919u);
+
+    assert_int_equal(epd_xport_mr_alloc(h.x, (size_t)8 << 20, &lmr), EPD_OK);
+    epd_rng_seed(&rng, 1234);
+    epd_rng_fill(&rng, epd_xport_mr_addr(lmr), epd_xport_mr_size(lmr));
+    write_batch(&h, ep, rk, 0, lmr, 4096, 200, &rng);
+    write_batch(&h, ep, rk, 0, lmr, 1 << 20, 4, &rng);
+
+    r = peer_report(&p, h.x);
+    snprintf(want, sizeof(want), "host-%d", (int)getpid());
+    assert_int_equal(r.accepts, 1);
+    assert_int_equal(r.last_authed, 1);
+    assert_string_equal(r.last_id, want);
+    assert_int_equal(r.last_role, 1);
+    assert_int_equal(r.handshakes_refused + r.frames_forged, 0);
+
+    /* the other way: the peer connects to us */
+    assert_int_equal(peer_connect_to(&p, &h), EPD_OK);
+    assert_int_equal(wait_flag(h.x, &h.accepts, 1, 5000), 0);
+    assert_non_null(h.accepted);
+    assert_int_equal(epd_xport_ep_identity(h.accepted, &id, &authed), EPD_OK);
+    assert_int_equal(authed, 1);
+    snprintf(want, sizeof(want), "peer-%d", (int)p.pid);
+    assert_string_equal(id.worker_id, want);
+
+    /* the same round trips without a secret, for comparison: interleaved,
+     * best of 5 (the machine is shared) */
+    host_init(&h0, conf->expect);
+    peer_start(&p0, h0.x);
+    ep0 = connect_peer(&h0, &p0, NULL);
+    assert_int_equal(epd_xport_ep_identity(ep0, &id, &authed), EPD_OK);
+    assert_int_equal(authed, 0);
+    us_auth = us_plain = 1e9;
+    for (int i = 0; i < 5; i++) {
+        double a = round_trip_us(&h, ep, 400), b = round_trip_us(&h0, ep0, 400);
+        us_auth = a < us_auth ? a : us_auth;
+        us_plain = b < us_plain ? b : us_plain;
+    }
+    epd_xport_stats(h.x, &xs);
+    assert_int_equal(xs.handshakes_refused + xs.frames_forged, 0);
+    assert_int_equal(h.errs, 0);
+    printf("[%s] request-plane round trip (8-byte ask, 32-byte answer): %.2f us authenticated, "
+           "%.2f us without a secret\n",
+           conf->name, us_auth, us_plain);
+    send_quit(&h0, ep0);
+    epd_xport_ep_close(ep0);
+    peer_stop(&p0);
+    epd_xport_destroy(h0.x);
+
+    send_quit(&h, ep);
+    epd_xport_rkey_destroy(rk);
+    epd_xport_ep_close(ep);
+    epd_xport_mr_dereg(lmr);
+    peer_stop(&p);
+    epd_xport_destroy(h.x);
+}
+
+/* One end with a secret and the other without, or another secret: no
+ * handshake completes in either direction; the acceptor accepts nothing,
+ * delivers nothing and counts the refusal; the connector fails with
+ * EPD_ERR_AUTH where the acceptor has no secret (it answers the refusal),
+ * EPD_ERR_TIMEOUT where it has one (it drops a HELLO it cannot verify
+ * unanswered, before parsing the address in it). */
+static void refused_pair(const char *host_mode, const char *peer_mode, epd_status_t want_out,
+                         epd_status_t want_in)
+{
+    host_t h;
+    peer_proc_t p;
+    comp_t c = {0};
+    epd_xport_ep_t *ep = NULL;
+    epd_xport_stats_t xs;
+    peer_report_t r;
+    uint64_t t0;
+    double ms;
+    unsigned char one = 1;
+
+    host_init_trust(&h, conf->expect, host_mode);
+    peer_start_mode(&p, h.x, peer_mode);
+    /* we connect to it */
+    t0 = epd_time_now_ns();
+    assert_int_equal(epd_xport_connect(h.x, p.blob, p.blob_len, comp_cb, &c, &ep), EPD_INPROGRESS);
+    assert_int_equal(wait_flag(h.x, &c.calls, 1, CONNECT_TIMEOUT_MS + 3000), 0);
+    ms = (double)(epd_time_now_ns() - t0) / 1e6;
+    printf("[%s] host %s -> peer %s: %s after %.0f ms\n", conf->name, host_mode, peer_mode,
+           epd_status_name(c.status), ms);
+    assert_int_equal(c.status, want_out);
+    assert_int_equal(h.errs, 1);
+    assert_int_equal(h.err_status, want_out);
+    assert_int_equal(epd_xport_send(ep, &one, 1, 0), want_out);
+    epd_xport_ep_close(ep);
+    /* it connects to us */
+    assert_int_equal(peer_connect_to(&p, &h), want_in);
+    for (int i = 0; i < 20; i++) {
+        epd_xport_poll(h.x, 1);
+    }
+    assert_int_equal(h.accepts, 0);
+    assert_int_equal(h.have_result, 0);
+    epd_xport_stats(h.x, &xs);
+    assert_true(xs.handshakes_refused >= 1);
+    r = peer_report(&p, h.x);
+    assert_int_equal(r.accepts, 0);
+    assert_int_equal(r.msgs, 0);
+    assert_true(r.handshakes_refused >= 1);
+    peer_stop(&p);
+    epd_xport_destroy(h.x);
+}
+
+static void test_auth_refused(void **state)
+{
+    (void)state;
+    refused_pair("a", "b", EPD_ERR_TIMEOUT, EPD_ERR_TIMEOUT);
+    refused_pair("a", "none", EPD_ERR_AUTH, EPD_ERR_TIMEOUT);
+    refused_pair("none", "a", EPD_ERR_TIMEOUT, EPD_ERR_AUTH);
+}
+
+/* Frames of the peer captured as they arrive, to tamper with. */
+static unsigned char tap_frame[1024];
+static size_t tap_len;
+
+static void tap_record(void *arg, const void *frame, size_t len)
+{
+    (void)arg;
+    /* the latest request-plane message (type 3) that fits */
+    if (len >= 48 && len <= sizeof(tap_frame) && ((const unsigned char *)frame)[6] == 3) {
+        memcpy(tap_frame, frame, len);
+        tap_len = len;
+    }
+}
+
+/* A frame of an authenticated connection changed on the way (one payload
+ * byte), or stripped of its MAC, is not delivered and fails the endpoint
+ * with EPD_ERR_AUTH. */
+static void test_auth_tampered(void **state)
+{
+    host_t h;
+    peer_proc_t p;
+    epd_xport_ep_t *ep;
+    epd_xport_stats_t xs;
+    m_hdr_t end = {.type = M_END};
+    unsigned char bad[1024];
+    uint64_t seq;
+
+    (void)state;
+    host_init_trust(&h, conf->expect, "a");
+    peer_start_mode(&p, h.x, "a");
+    epd__xport_set_tap(h.x, tap_record, NULL);
+    for (int round = 0; round < 2; round++) {
+        ep = connect_peer(&h, &p, NULL);
+        h.errs = 0;
+        tap_len = 0;
+        (void)ask(&h, ep, &end, sizeof(end), 0);
+        assert_int_equal(tap_len, 48 + 16 + sizeof(m_result_t)); /* header, tag, payload */
+        assert_int_equal(tap_frame[7] & 0x4, 0x4);               /* the MAC flag */
+        memcpy(bad, tap_frame, tap_len);
+        memcpy(&seq, bad + 40, sizeof(seq));
+        seq++; /* the next number: only the MAC can refuse it */
+        memcpy(bad + 40, &seq, sizeof(seq));
+        h.have_result = 0;
+        if (round == 0) {
+            bad[tap_len - 1] ^= 0x01; /* one payload bit (ok count) */
+            epd__xport_deliver(h.x, bad, tap_len);
+        } else {
+            bad[7] &= (unsigned char)~0x4u; /* no MAC flag, no tag */
+            memmove(bad + 48, bad + 64, tap_len - 64);
+            epd__xport_deliver(h.x, bad, tap_len - 16);
+        }
+        assert_int_equal(h.have_result, 0);
+        assert_int_equal(h.errs, 1);
+        assert_int_equal(h.err_status, EPD_ERR_AUTH);
+        assert_int_equal(epd_xport_send(ep, &end, sizeof(end), 0), EPD_ERR_AUTH);
+        epd_xport_ep_close(ep);
+    }
+    epd_xport_stats(h.x, &xs);
+    assert_int_equal(xs.frames_forged, 2);
+    epd__xport_set_tap(h.x, NULL, NULL);
+    peer_stop(&p);
+    epd_xport_destroy(h.x);
+}
+
+/* Asks the peer whether [off, off+len) of `region` are still all zero. */
+static void expect_zero(host_t *h, epd_xport_ep_t *ep, const uint64_t *regions,
+                        const uint64_t *offs, int n, uint64_t len)
+{
+    unsigned char *zero = epd_calloc(1, len);
+    struct {
+        m_hdr_t h;
+        m_check_t c[8];
+    } msg;
+    m_result_t r;
+
+    assert_non_null(zero);
+    assert_true(n <= 8);
+    msg.h.type = M_CHECK;
+    msg.h.n = (uint32_t)n;
+    for (int i = 0; i < n; i++) {
+        msg.c[i].offset = offs[i];
+        msg.c[i].len = len;
+        msg.c[i].hash = epd_hash64(zero, len, 0);
+        msg.c[i].region = regions[i];
+    }
+    r = ask(h, ep, &msg, sizeof(m_hdr_t) + (size_t)n * sizeof(m_check_t), 0);
+    assert_int_equal(r.bad, 0);
+    assert_int_equal(r.ok, n);
+    epd_free(zero);
+}
+
+/* A local (source-only) region: no packed key; a source of writes that
+ * land; and a write naming it anyway (the key an attacker would hold)
+ * leaves it untouched. */
+static void test_local_region(void **state)
+{
+    host_t h, h2;
+    peer_proc_t p;
+    epd_xport_ep_t *ep, *ep2;
+    epd_xport_rkey_t *rk, *frk = NULL;
+    epd_xport_mr_t *src;
+    unsigned char key[EPD_XPORT_RKEY_MAX];
+    size_t key_len;
+    epd_rng_t rng;
+    comp_t c1 = {0}, c2 = {0};
+    const uint64_t regions[2] = {2, 2};
+    const uint64_t offs[2] = {0, LOCAL_SIZE - 65536};
+    epd_status_t st;
+
+    (void)state;
+    host_init(&h, conf->expect);
+    peer_start(&p, h.x);
+    ep = connect_peer(&h, &p, &rk);
+    assert_int_equal(epd_xport_mr_alloc_ex(h.x, (size_t)4 << 20, EPD_XPORT_MR_LOCAL, &src), EPD_OK);
+    assert_int_equal(epd_xport_mr_pack(src, key, sizeof(key), &key_len), EPD_ERR_INVALID_PARAM);
+    epd_rng_seed(&rng, 77);
+    epd_rng_fill(&rng, epd_xport_mr_addr(src), epd_xport_mr_size(src));
+    write_batch(&h, ep, rk, 0, src, 4096, 100, &rng);
+    write_batch(&h, ep, rk, 0, src, 1 << 20, 3, &rng);
+
+    if (p.key3_len == 0) {
+        printf("[%s] the peer's local region has no key at all (nothing registered)\n", conf->name);
+    } else {
+        st = epd_xport_rkey_unpack(ep, p.key3, p.key3_len, &frk);
+        printf("[%s] the local region's key unpacks: %s\n", conf->name, epd_status_name(st));
+        if (st == EPD_OK) {
+            st =
+                epd_xport_write(ep, epd_xport_mr_addr(src), 65536, src, frk, offs[0], comp_cb, &c1);
+            if (st == EPD_INPROGRESS) {
+                st = epd_xport_write(ep, epd_xport_mr_addr(src), 65536, src, frk, offs[1], comp_cb,
+                                     &c2);
+            }
+            printf("[%s] writes into the local region: posted %s\n", conf->name,
+                   epd_status_name(st));
+            if (st == EPD_INPROGRESS) {
+                assert_int_equal(wait_flag(h.x, &c2.calls, 1, 10000), 0);
+                assert_int_equal(wait_flag(h.x, &c1.calls, 1, 10000), 0);
+                printf("[%s] ... completed %s / %s\n", conf->name, epd_status_name(c1.status),
+                       epd_status_name(c2.status));
+            }
+            epd_xport_rkey_destroy(frk);
+        }
+    }
+    /* a fresh worker asks (the first endpoint may have failed) */
+    host_init(&h2, conf->expect);
+    ep2 = connect_peer(&h2, &p, NULL);
+    expect_zero(&h2, ep2, regions, offs, 2, 65536);
+    send_quit(&h2, ep2);
+    epd_xport_ep_close(ep2);
+    epd_xport_destroy(h2.x);
+    epd_xport_rkey_destroy(rk);
+    epd_xport_ep_close(ep);
+    epd_xport_mr_dereg(src);
+    peer_stop(&p);
+    epd_xport_destroy(h.x);
+}
+
+/* libfabric: a write with a key guessed from a real one (its neighbours,
+ * a flipped bit, random values) lands in none of the peer's regions. */
+typedef struct {
+    uint64_t magic;
+    uint16_t version;
+    uint16_t hdr_len;
+    uint32_t raw_len;
+    uint64_t base;
+    uint64_t size;
+    uint64_t key;
+    uint64_t raw_base;
+    uint32_t has_sink;
+    uint32_t sink_raw_len;
+    uint64_t sink_addr;
+    uint64_t sink_key;
+    uint64_t sink_raw_base;
+    uint64_t check;
+} ofi_rkey_wire_t; /* transport/ofi's packed key, version 2: what an attacker knows */
+
+static void test_guessed_keys(void **state)
+{
+    host_t h, h2, hg;
+    peer_proc_t p;
+    epd_xport_ep_t *ep, *ep2;
+    ofi_rkey_wire_t w;
+    unsigned char forged[EPD_XPORT_RKEY_MAX];
+    unsigned char data[64];
+    uint64_t guesses[8];
+    epd_rng_t rng;
+    const uint64_t regions[3] = {0, 1, 2};
+    const uint64_t offs[3] = {0, 0, 0};
+    int landed_ok = 0;
+
+    (void)state;
+    if (strcmp(conf->backend, "ofi") != 0) {
+        printf("[%s] guessed keys: libfabric only (UCX writes name a random region id)\n",
+               conf->name);
+        return;
+    }
+    host_init(&h, conf->expect);
+    peer_start(&p, h.x);
+    assert_true(p.key_len >= sizeof(w));
+    memcpy(&w, p.key, sizeof(w));
+    assert_int_equal(w.version, 2);
+    assert_int_equal(w.hdr_len, sizeof(w));
+    assert_int_equal(w.raw_len, 0); /* mr_mode 0 providers here: plain 64-bit keys */
+    epd_rng_seed(&rng, epd_rng_entropy());
+    guesses[0] = w.key + 1;
+    guesses[1] = w.key - 1;
+    guesses[2] = w.key + 2;
+    guesses[3] = w.key ^ 1;
+    for (int i = 4; i < 8; i++) {
+        guesses[i] = epd_rng_next(&rng);
+    }
+    memset(data, 0xee, sizeof(data));
+    for (int i = 0; i < 8; i++) {
+        epd_xport_rkey_t *rk = NULL;
+        comp_t c = {0};
+        ofi_rkey_wire_t f = w;
+        epd_status_t st;
+        uint64_t hh;
+
+        f.key = guesses[i];
+        memcpy(forged, p.key, p.key_len);
+        hh = epd_hash64(&f, sizeof(f) - 8, 0x6570645f6f666921ull);
+        f.check = epd_hash64(forged + sizeof(f), p.key_len - sizeof(f), hh);
+        memcpy(forged, &f, sizeof(f));
+        /* a worker of its own per guess: tcp;ofi_rxm answers a bad key by
+         * tearing the whole connection down, every endpoint on it */
+        host_init(&hg, conf->expect);
+        ep = connect_peer(&hg, &p, NULL);
+        assert_int_equal(epd_xport_rkey_unpack(ep, forged, p.key_len, &rk), EPD_OK);
+        st = epd_xport_write(ep, data, sizeof(data), NULL, rk, 0, comp_cb, &c);
+        if (st == EPD_INPROGRESS) {
+            assert_int_equal(wait_flag(hg.x, &c.calls, 1, 10000), 0);
+            st = c.status;
+        }
+        landed_ok += st == EPD_OK;
+        printf("[%s] write with guessed key #%d (%s): %s\n", conf->name, i,
+               i < 4 ? "a neighbour of the real one" : "random", epd_status_name(st));
+        epd_xport_rkey_destroy(rk);
+        epd_xport_ep_close(ep);
+        epd_xport_destroy(hg.x);
+    }
+    /* from a fresh worker: every region still zero where the guesses aimed */
+    host_init(&h2, conf->expect);
+    ep2 = connect_peer(&h2, &p, NULL);
+    expect_zero(&h2, ep2, regions, offs, 3, sizeof(data));
+    printf("[%s] %d of 8 guessed-key writes reported success; none landed\n", conf->name,
+           landed_ok);
+    send_quit(&h2, ep2);
+    epd_xport_ep_close(ep2);
+    epd_xport_destroy(h2.x);
+    peer_stop(&p);
+    epd_xport_destroy(h.x);
+}
+
 /* ---------------------------------------------------------------- main */
 
 static int run_conf(const char *name)
@@ -1413,6 +2027,11 @@ static int run_conf(const char *name)
         cmocka_unit_test(test_peer_killed),
         cmocka_unit_test(test_close_in_callbacks),
         cmocka_unit_test(test_large_held_messages),
+        cmocka_unit_test(test_auth_connect),
+        cmocka_unit_test(test_auth_refused),
+        cmocka_unit_test(test_auth_tampered),
+        cmocka_unit_test(test_local_region),
+        cmocka_unit_test(test_guessed_keys),
     };
     char group[64];
     int rc;
@@ -1440,13 +2059,13 @@ int main(int argc, char **argv)
     }
     self_path[n] = '\0';
     signal(SIGPIPE, SIG_IGN);
-    if (argc == 4 && strcmp(argv[1], "--peer") == 0) {
+    if ((argc == 4 || argc == 5) && strcmp(argv[1], "--peer") == 0) {
         conf = find_conf(argv[2]);
         if (conf == NULL) {
             return 2;
         }
         apply_env(conf);
-        return peer_main(atoi(argv[3]));
+        return peer_main(atoi(argv[3]), argc == 5 ? argv[4] : NULL);
     }
     if (argc == 3 && strcmp(argv[1], "--conf") == 0) {
         return run_conf(argv[2]);

@@ -24,7 +24,11 @@
  *   - VIRT_ADDR: the packed key carries the region's virtual address as base
  *     and the writer adds the offset; without it the base is 0 (offsets).
  *   - PROV_KEY: the key is fi_mr_key() after registration; without it the
- *     worker hands out its own unique keys (a counter per domain).
+ *     worker picks each key at random (libsodium; a collision with a key in
+ *     use, -FI_ENOKEY, draws again), within the provider's mr_key_size: a
+ *     key is the only thing standing between a peer that can reach the
+ *     endpoint and the region, so it must not be guessable (it used to be
+ *     a counter from 1).
  *   - ENDPOINT: every region is bound to the endpoint (fi_mr_bind) and
  *     enabled (fi_mr_enable) before use.
  *   - ALLOCATED: only memory that exists is ever registered (heap buffers),
@@ -33,6 +37,12 @@
  *     are mapped on the writer with fi_mr_map_raw / fi_mr_unmap_key.
  * Every provider on the build machines returns mr_mode = 0; the other paths
  * exist for verbs / EFA clusters.
+ *
+ * Access: a region that receives writes is registered FI_REMOTE_WRITE (and
+ * FI_WRITE: it may also be the local source of a write), never
+ * FI_REMOTE_READ; a local (source-only) region is registered only where the
+ * provider needs local registration (FI_MR_LOCAL), with FI_WRITE alone, so
+ * with mr_mode 0 it has no key at all.
  *
  * Messages and their order: rxm delivers messages up to its eager limit
  * (16 KiB by default) in order, but sends larger ones by segmentation or
@@ -64,13 +74,20 @@
  * bookkeeping: it completes once no write posted before it on that endpoint
  * is still outstanding.  When the provider does not offer delivery
  * complete (verbs), writes complete at transmit, and a flush whose writes
- * have completed locally posts a 1-byte fi_read of the last written byte:
- * the read is ordered after the writes (FI_ORDER_RAW), so its completion
- * means they landed.  Writes longer than the provider's max_msg_size (or
- * the EPD_OFI_WRITE_CHUNK environment variable, a test knob) are split into
- * parts; the op completes once every part did, with the first error.
- * EPD_OFI_DELIVERY_COMPLETE=0 (a test knob) takes the read-flushed path on
- * providers that have delivery complete.
+ * have completed locally posts a 1-byte fi_read from the target's flush
+ * sink: the read is ordered after the writes on this endpoint pair
+ * (FI_ORDER_RAW orders transmission on the endpoint, whatever the address;
+ * the target executes them in order), so its completion means they landed.
+ * The sink is one zero byte each worker registers FI_REMOTE_READ (its key
+ * travels in every packed key of that worker's regions); that is all of a
+ * worker's memory a peer can ever read.  It used to read back the last
+ * byte written, which needed FI_REMOTE_READ on every region: any holder of
+ * a KV pool's key could read every request's KV in it.  Writes longer
+ * than the provider's max_msg_size (or the EPD_OFI_WRITE_CHUNK environment
+ * variable, a test knob) are split into parts; the op completes once every
+ * part did, with the first error.  EPD_OFI_DELIVERY_COMPLETE=0 (a test
+ * knob) takes the read-flushed path on providers that have delivery
+ * complete.
  *
  * Completions: one CQ (FI_CQ_FORMAT_DATA) with FI_WAIT_FD where the
  * provider has one (get_fd = fi_control(FI_GETWAIT), arm = fi_trywait);
@@ -134,6 +151,7 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <sodium.h>
 
 #include "epd_alloc.h"
 #include "epd_hash.h"
@@ -170,7 +188,10 @@
 
 #define EPD__OFI_ADDR_MAGIC 0x4f46494155445045ull /* "EPDUAIFO" */
 #define EPD__OFI_RKEY_MAGIC 0x4f46494b45595045ull /* "EPYEKIFO" */
-#define EPD__OFI_WIRE_VERSION 1u
+#define EPD__OFI_WIRE_VERSION 1u /* address blobs */
+#define EPD__OFI_RKEY_VERSION 2u /* packed keys: 2 added the flush sink */
+#define EPD__OFI_SINK_BYTES 64   /* the flush sink's buffer (one byte is read) */
+#define EPD__OFI_KEY_TRIES 16    /* random keys drawn before giving up on -FI_ENOKEY */
 #define EPD__OFI_PROV_LEN 32
 #define EPD__OFI_CHECK_SEED 0x6570645f6f666921ull
 
@@ -189,7 +210,8 @@ typedef struct {
     uint64_t check;               /* epd__ofi_blob_check of the blob */
 } epd__ofi_addr_hdr_t;
 
-/* Packed remote key: this header, then raw_len raw key bytes (FI_MR_RAW). */
+/* Packed remote key: this header, then raw_len raw key bytes (FI_MR_RAW),
+ * then sink_raw_len raw key bytes of the flush sink. */
 typedef struct {
     uint64_t magic;
     uint16_t version;
@@ -199,6 +221,11 @@ typedef struct {
     uint64_t size;     /* bytes in the region */
     uint64_t key;      /* fi_mr_key, unused with raw keys */
     uint64_t raw_base; /* fi_mr_raw_attr base address, for fi_mr_map_raw */
+    uint32_t has_sink; /* 1: the worker has a flush sink (no delivery complete) */
+    uint32_t sink_raw_len;
+    uint64_t sink_addr; /* remote address of the sink's byte */
+    uint64_t sink_key;  /* unused with raw keys */
+    uint64_t sink_raw_base;
     uint64_t check;    /* epd__ofi_blob_check of the blob */
 } epd__ofi_rkey_hdr_t;
 
@@ -269,6 +296,8 @@ struct epd__ofi_req {
     size_t posted;  /* bytes handed to the provider so far */
     uint64_t raddr; /* remote address of byte 0 */
     uint64_t key;
+    uint64_t sink_addr; /* non-DC: the target's flush sink */
+    uint64_t sink_key;
     void *desc;            /* local descriptor (FI_MR_LOCAL) */
     struct fid_mr *tmp_mr; /* on-the-fly registration of local */
     uint32_t parts_out;    /* parts posted and not yet completed */
@@ -294,7 +323,7 @@ struct epd__ofi_ep {
     epd_status_t failed;                    /* EPD_OK or the failure reported */
     bool fail_reported;
     bool closing;           /* destroyed: a zombie until inflight drops to 0 */
-    bool have_flush_target; /* non-DC flush: a byte we wrote, to read back */
+    bool have_flush_target; /* non-DC flush: the peer's sink, to read */
     uint64_t flush_raddr;
     uint64_t flush_key;
     char peer[96];
@@ -302,10 +331,11 @@ struct epd__ofi_ep {
 
 typedef struct {
     epd__ofi_t *be;
-    struct fid_mr *mr;
+    struct fid_mr *mr; /* NULL: a local region on a provider without FI_MR_LOCAL */
     void *addr;
     size_t size;
     void *alloc; /* mr_alloc: the block to free */
+    bool remote_write;
     uint64_t key;
     uint64_t raw_base;
     size_t raw_len;
@@ -318,7 +348,10 @@ typedef struct {
     uint64_t base;
     uint64_t size;
     uint64_t key;
-    bool mapped; /* raw key mapped with fi_mr_map_raw */
+    uint64_t sink_addr;
+    uint64_t sink_key;
+    bool mapped;      /* raw key mapped with fi_mr_map_raw */
+    bool sink_mapped; /* the sink's raw key too */
 } epd__ofi_rkey_t;
 
 typedef struct {
@@ -341,7 +374,7 @@ struct epd__ofi {
     int wait_fd; /* -1: no fd from the provider */
     uint64_t mr_mode;
     bool dc; /* writes use FI_DELIVERY_COMPLETE */
-    uint64_t next_key;
+    uint64_t key_mask; /* keys we pick stay within the provider's mr_key_size */
     size_t inject_size;
     size_t write_chunk;
     size_t max_total; /* largest message: max_msg_size + header room */
@@ -375,6 +408,16 @@ struct epd__ofi {
     epd__ofi_xfer_t *parts_free;
     unsigned char *scratch; /* target of flush reads */
     struct fid_mr *scratch_mr;
+    /* Non-DC only: the one byte (of EPD__OFI_SINK_BYTES, zero) peers read to
+     * order their flushes; FI_REMOTE_READ, the only such registration. */
+    struct epd__ofi_sink {
+        unsigned char *buf;
+        struct fid_mr *mr;
+        uint64_t key;
+        uint64_t raw_base;
+        size_t raw_len;
+        unsigned char raw[EPD__OFI_MAX_RAW_KEY];
+    } sink;
 
     epd__ofi_req_t *reqs;
     epd__ofi_req_t *req_free;
@@ -490,10 +533,17 @@ static epd_status_t epd__ofi_reg(epd__ofi_t *be, void *addr, size_t size, uint64
     uint64_t key = 0;
     int ret;
 
-    if ((be->mr_mode & FI_MR_PROV_KEY) == 0) {
-        key = be->next_key++;
+    for (int tries = 0;; tries++) {
+        if ((be->mr_mode & FI_MR_PROV_KEY) == 0) {
+            randombytes_buf(&key, sizeof(key));
+            key &= be->key_mask;
+        }
+        ret = fi_mr_reg(be->domain, addr, size, access, 0, key, 0, &mr, NULL);
+        if (ret != -FI_ENOKEY || (be->mr_mode & FI_MR_PROV_KEY) != 0 ||
+            tries + 1 >= EPD__OFI_KEY_TRIES) {
+            break;
+        }
     }
-    ret = fi_mr_reg(be->domain, addr, size, access, 0, key, 0, &mr, NULL);
     if (ret != 0) {
         epd_log_error(EPD__OFI_LOG, 0, "fi_mr_reg(%zu bytes) failed: %s", size, fi_strerror(-ret));
         return ret == -FI_ENOMEM ? EPD_ERR_NO_MEMORY : EPD_ERR_TRANSPORT;
@@ -804,8 +854,8 @@ static epd_status_t epd__ofi_write_post(epd__ofi_t *be, epd__ofi_req_t *req)
         req->ep->inflight++;
         if (!be->dc) {
             req->ep->have_flush_target = true;
-            req->ep->flush_raddr = riov.addr + chunk - 1;
-            req->ep->flush_key = riov.key;
+            req->ep->flush_raddr = req->sink_addr;
+            req->ep->flush_key = req->sink_key;
         }
     }
     return EPD_OK;
@@ -1267,6 +1317,10 @@ static void epd__ofi_close_all(epd__ofi_t *be)
         fi_close(&be->scratch_mr->fid);
         be->scratch_mr = NULL;
     }
+    if (be->sink.mr != NULL) {
+        fi_close(&be->sink.mr->fid);
+        be->sink.mr = NULL;
+    }
     if (be->domain != NULL) {
         fi_close(&be->domain->fid);
         be->domain = NULL;
@@ -1291,6 +1345,7 @@ static void epd__ofi_free_mem(epd__ofi_t *be)
     epd_free(be->inject_buf);
     epd_free(be->parts);
     epd_free(be->scratch);
+    epd_free(be->sink.buf);
     epd_free(be->reqs);
     for (unsigned i = 0; i < EPD__OFI_REASM; i++) {
         epd_free(be->reasm[i].buf);
@@ -1547,6 +1602,39 @@ static epd_status_t epd__ofi_make_address(epd__ofi_t *be)
     return EPD_OK;
 }
 
+/* The flush sink (see the top of the file): registered remote-read, and
+ * its key kept (raw where the provider wants raw keys) for mr_pack. */
+static epd_status_t epd__ofi_make_sink(epd__ofi_t *be)
+{
+    struct epd__ofi_sink *k = &be->sink;
+    epd_status_t status;
+
+    k->buf = epd_calloc(1, EPD__OFI_SINK_BYTES);
+    if (k->buf == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    status = epd__ofi_reg(be, k->buf, EPD__OFI_SINK_BYTES, FI_REMOTE_READ, &k->mr);
+    if (status != EPD_OK) {
+        return status;
+    }
+    k->key = fi_mr_key(k->mr);
+    if ((be->mr_mode & FI_MR_RAW) != 0) {
+        size_t raw_len = sizeof(k->raw);
+        int ret = fi_mr_raw_attr(k->mr, &k->raw_base, k->raw, &raw_len, 0);
+
+        if (ret != 0 || raw_len == 0 || raw_len > sizeof(k->raw)) {
+            epd_log_error(EPD__OFI_LOG, 0, "fi_mr_raw_attr (flush sink) failed: %s",
+                          fi_strerror(-ret));
+            return EPD_ERR_TRANSPORT;
+        }
+        k->raw_len = raw_len;
+    } else if (k->key == FI_KEY_NOTAVAIL) {
+        epd_log_error(EPD__OFI_LOG, 0, "provider returned no key for the flush sink");
+        return EPD_ERR_TRANSPORT;
+    }
+    return EPD_OK;
+}
+
 static epd_status_t epd__ofi_make_pools(epd__ofi_t *be, size_t max_inflight)
 {
     epd_status_t status;
@@ -1604,6 +1692,12 @@ static epd_status_t epd__ofi_make_pools(epd__ofi_t *be, size_t max_inflight)
             }
         }
     }
+    if (!be->dc) {
+        status = epd__ofi_make_sink(be);
+        if (status != EPD_OK) {
+            return status;
+        }
+    }
     return EPD_OK;
 }
 
@@ -1642,7 +1736,6 @@ static epd_status_t epd__ofi_create(epd_xport_t *core, const epd_xport_config_t 
     }
     be->core = core;
     be->wait_fd = -1;
-    be->next_key = 1;
     be->max_total = max_msg + EPD__OFI_HDR_ROOM;
     be->nonce = epd_rng_entropy() << 24;
     be->rx_count = EPD__OFI_RX_SLOTS;
@@ -1658,6 +1751,9 @@ static epd_status_t epd__ofi_create(epd_xport_t *core, const epd_xport_config_t 
         goto err_free;
     }
     be->mr_mode = be->info->domain_attr->mr_mode;
+    be->key_mask = be->info->domain_attr->mr_key_size > 0 && be->info->domain_attr->mr_key_size < 8
+                       ? (UINT64_C(1) << (8 * be->info->domain_attr->mr_key_size)) - 1
+                       : UINT64_MAX;
     if ((be->mr_mode & FI_MR_RAW) != 0 &&
         be->info->domain_attr->mr_key_size > EPD__OFI_MAX_RAW_KEY) {
         epd_log_error(EPD__OFI_LOG, 0, "provider %s needs %zu-byte raw keys (at most %u supported)",
@@ -2166,6 +2262,8 @@ static epd_status_t epd__ofi_write(void *arg, const void *local, size_t len, voi
     req->len = len;
     req->raddr = rkey->base + remote_offset;
     req->key = rkey->key;
+    req->sink_addr = rkey->sink_addr;
+    req->sink_key = rkey->sink_key;
     req->status = EPD_OK;
 
     if ((be->mr_mode & FI_MR_LOCAL) != 0 && len != 0) {
@@ -2239,15 +2337,10 @@ static epd_status_t epd__ofi_flush(void *arg, epd__xport_op_t *op)
 
 /* ---------------------------------------------------------------- ops: memory */
 
-static uint64_t epd__ofi_mr_access(const epd__ofi_t *be)
-{
-    uint64_t access = FI_WRITE | FI_REMOTE_WRITE;
-
-    if (!be->dc) {
-        access |= FI_READ | FI_REMOTE_READ;
-    }
-    return access;
-}
+/* A region that receives writes: remote write and nothing else remote (the
+ * flush sink takes the reads of providers without delivery complete);
+ * FI_WRITE because it may also be the source of this worker's writes. */
+#define EPD__OFI_ACCESS_RECV (FI_WRITE | FI_REMOTE_WRITE)
 
 static epd_status_t epd__ofi_mr_finish(epd__ofi_t *be, epd__ofi_mr_t *mr)
 {
@@ -2269,7 +2362,8 @@ static epd_status_t epd__ofi_mr_finish(epd__ofi_t *be, epd__ofi_mr_t *mr)
     return EPD_OK;
 }
 
-static epd_status_t epd__ofi_mr_reg(void *arg, void *addr, size_t size, void **be_mr_p)
+static epd_status_t epd__ofi_mr_reg(void *arg, void *addr, size_t size, unsigned access,
+                                    void **be_mr_p)
 {
     epd__ofi_t *be = arg;
     epd__ofi_mr_t *mr;
@@ -2285,7 +2379,21 @@ static epd_status_t epd__ofi_mr_reg(void *arg, void *addr, size_t size, void **b
     mr->be = be;
     mr->addr = addr;
     mr->size = size;
-    status = epd__ofi_reg(be, addr, size, epd__ofi_mr_access(be), &mr->mr);
+    mr->remote_write = (access & EPD_XPORT_MR_REMOTE_WRITE) != 0;
+    if (!mr->remote_write) {
+        /* a source only: registered where the provider needs a descriptor
+         * for local buffers, with local write-source access alone; without
+         * FI_MR_LOCAL nothing is registered, so there is no key to guess */
+        if ((be->mr_mode & FI_MR_LOCAL) != 0) {
+            status = epd__ofi_reg(be, addr, size, FI_WRITE, &mr->mr);
+            if (status != EPD_OK) {
+                goto err_free;
+            }
+        }
+        *be_mr_p = mr;
+        return EPD_OK;
+    }
+    status = epd__ofi_reg(be, addr, size, EPD__OFI_ACCESS_RECV, &mr->mr);
     if (status != EPD_OK) {
         goto err_free;
     }
@@ -2303,7 +2411,8 @@ err_free:
     return status;
 }
 
-static epd_status_t epd__ofi_mr_alloc(void *arg, size_t size, void **addr_p, void **be_mr_p)
+static epd_status_t epd__ofi_mr_alloc(void *arg, size_t size, unsigned access, void **addr_p,
+                                      void **be_mr_p)
 {
     epd__ofi_t *be = arg;
     void *mem;
@@ -2317,7 +2426,7 @@ static epd_status_t epd__ofi_mr_alloc(void *arg, size_t size, void **addr_p, voi
     if (mem == NULL) {
         return EPD_ERR_NO_MEMORY;
     }
-    status = epd__ofi_mr_reg(be, mem, size, &mr);
+    status = epd__ofi_mr_reg(be, mem, size, access, &mr);
     if (status != EPD_OK) {
         epd_free(mem);
         return status;
@@ -2336,7 +2445,9 @@ static void epd__ofi_mr_dereg(void *arg, void *be_mr)
     if (mr == NULL) {
         return;
     }
-    fi_close(&mr->mr->fid);
+    if (mr->mr != NULL) {
+        fi_close(&mr->mr->fid);
+    }
     epd_free(mr->alloc);
     epd_free(mr);
 }
@@ -2351,24 +2462,44 @@ static epd_status_t epd__ofi_mr_pack(void *arg, void *be_mr, void *buf, size_t c
     if (be == NULL || mr == NULL || buf == NULL || len_p == NULL) {
         return EPD_ERR_INVALID_PARAM;
     }
-    need = sizeof(hdr) + mr->raw_len;
+    if (mr->mr == NULL) {
+        return EPD_ERR_UNSUPPORTED; /* a local region never registered: no key exists */
+    }
+    if (!mr->remote_write) {
+        /* tests only (epd__xport_mr_pack_any): the local registration's key */
+        mr->key = fi_mr_key(mr->mr);
+    }
+    need = sizeof(hdr) + mr->raw_len + be->sink.raw_len;
     if (cap < need) {
         return EPD_ERR_NO_RESOURCE;
     }
     memset(&hdr, 0, sizeof(hdr));
     hdr.magic = EPD__OFI_RKEY_MAGIC;
-    hdr.version = EPD__OFI_WIRE_VERSION;
+    hdr.version = EPD__OFI_RKEY_VERSION;
     hdr.hdr_len = sizeof(hdr);
     hdr.raw_len = (uint32_t)mr->raw_len;
     hdr.base = (be->mr_mode & FI_MR_VIRT_ADDR) != 0 ? (uint64_t)(uintptr_t)mr->addr : 0;
     hdr.size = mr->size;
     hdr.key = mr->key;
     hdr.raw_base = mr->raw_base;
-    hdr.check = epd__ofi_blob_check(&hdr, sizeof(hdr), mr->raw, mr->raw_len);
+    if (be->sink.mr != NULL) {
+        hdr.has_sink = 1;
+        hdr.sink_raw_len = (uint32_t)be->sink.raw_len;
+        hdr.sink_addr =
+            (be->mr_mode & FI_MR_VIRT_ADDR) != 0 ? (uint64_t)(uintptr_t)be->sink.buf : 0;
+        hdr.sink_key = be->sink.key;
+        hdr.sink_raw_base = be->sink.raw_base;
+    }
     memcpy(buf, &hdr, sizeof(hdr));
     if (mr->raw_len != 0) {
         memcpy((unsigned char *)buf + sizeof(hdr), mr->raw, mr->raw_len);
     }
+    if (be->sink.raw_len != 0) {
+        memcpy((unsigned char *)buf + sizeof(hdr) + mr->raw_len, be->sink.raw, be->sink.raw_len);
+    }
+    hdr.check = epd__ofi_blob_check(&hdr, sizeof(hdr), (unsigned char *)buf + sizeof(hdr),
+                                    need - sizeof(hdr));
+    memcpy(buf, &hdr, sizeof(hdr));
     *len_p = need;
     return EPD_OK;
 }
@@ -2380,7 +2511,9 @@ static epd_status_t epd__ofi_rkey_unpack(void *arg, const void *blob, size_t len
     epd__ofi_t *be;
     epd__ofi_rkey_hdr_t hdr;
     epd__ofi_rkey_t *rkey;
+    const unsigned char *raw;
     bool want_raw;
+    int ret;
 
     if (ep == NULL || be_rkey_p == NULL || size_p == NULL) {
         return EPD_ERR_INVALID_PARAM;
@@ -2391,13 +2524,23 @@ static epd_status_t epd__ofi_rkey_unpack(void *arg, const void *blob, size_t len
         return EPD_ERR_BAD_RKEY;
     }
     memcpy(&hdr, blob, sizeof(hdr));
-    if (hdr.magic != EPD__OFI_RKEY_MAGIC || hdr.version != EPD__OFI_WIRE_VERSION ||
+    raw = (const unsigned char *)blob + sizeof(hdr);
+    if (hdr.magic != EPD__OFI_RKEY_MAGIC || hdr.version != EPD__OFI_RKEY_VERSION ||
         hdr.hdr_len != sizeof(hdr) || hdr.raw_len > EPD__OFI_MAX_RAW_KEY ||
-        (size_t)hdr.raw_len != len - sizeof(hdr) || (hdr.raw_len != 0) != want_raw ||
+        hdr.sink_raw_len > EPD__OFI_MAX_RAW_KEY || hdr.has_sink > 1 ||
+        (size_t)hdr.raw_len + hdr.sink_raw_len != len - sizeof(hdr) ||
+        (hdr.raw_len != 0) != want_raw || (hdr.sink_raw_len != 0) != (want_raw && hdr.has_sink) ||
+        (hdr.has_sink == 0 &&
+         (hdr.sink_addr != 0 || hdr.sink_key != 0 || hdr.sink_raw_base != 0)) ||
         hdr.size == 0 || hdr.size > SIZE_MAX || hdr.base > UINT64_MAX - hdr.size ||
-        hdr.check != epd__ofi_blob_check(&hdr, sizeof(hdr),
-                                         (const unsigned char *)blob + sizeof(hdr), hdr.raw_len)) {
+        hdr.check != epd__ofi_blob_check(&hdr, sizeof(hdr), raw, len - sizeof(hdr))) {
         epd_log_warn(EPD__OFI_LOG, 0, "remote key refused (%zu bytes): malformed", len);
+        return EPD_ERR_BAD_RKEY;
+    }
+    if (!be->dc && !hdr.has_sink) {
+        epd_log_warn(EPD__OFI_LOG, 0,
+                     "remote key refused: its worker has no flush sink (it uses delivery "
+                     "complete, this worker does not: a configuration mismatch)");
         return EPD_ERR_BAD_RKEY;
     }
     rkey = epd_calloc(1, sizeof(*rkey));
@@ -2409,11 +2552,10 @@ static epd_status_t epd__ofi_rkey_unpack(void *arg, const void *blob, size_t len
     rkey->base = hdr.base;
     rkey->size = hdr.size;
     rkey->key = hdr.key;
+    rkey->sink_addr = hdr.sink_addr;
+    rkey->sink_key = hdr.sink_key;
     if (want_raw) {
-        int ret = fi_mr_map_raw(be->domain, hdr.raw_base,
-                                (uint8_t *)((const unsigned char *)blob + sizeof(hdr)), hdr.raw_len,
-                                &rkey->key, 0);
-
+        ret = fi_mr_map_raw(be->domain, hdr.raw_base, (uint8_t *)raw, hdr.raw_len, &rkey->key, 0);
         if (ret != 0) {
             epd_log_warn(EPD__OFI_LOG, 0, "remote key refused: fi_mr_map_raw: %s",
                          fi_strerror(-ret));
@@ -2421,6 +2563,18 @@ static epd_status_t epd__ofi_rkey_unpack(void *arg, const void *blob, size_t len
             return EPD_ERR_BAD_RKEY;
         }
         rkey->mapped = true;
+        if (hdr.has_sink && !be->dc) {
+            ret = fi_mr_map_raw(be->domain, hdr.sink_raw_base, (uint8_t *)raw + hdr.raw_len,
+                                hdr.sink_raw_len, &rkey->sink_key, 0);
+            if (ret != 0) {
+                epd_log_warn(EPD__OFI_LOG, 0, "remote key refused: fi_mr_map_raw (sink): %s",
+                             fi_strerror(-ret));
+                (void)fi_mr_unmap_key(be->domain, rkey->key);
+                epd_free(rkey);
+                return EPD_ERR_BAD_RKEY;
+            }
+            rkey->sink_mapped = true;
+        }
     }
     *be_rkey_p = rkey;
     *size_p = (size_t)hdr.size;
@@ -2436,6 +2590,9 @@ static void epd__ofi_rkey_destroy(void *be_rkey)
     }
     if (rkey->mapped) {
         (void)fi_mr_unmap_key(rkey->be->domain, rkey->key);
+    }
+    if (rkey->sink_mapped) {
+        (void)fi_mr_unmap_key(rkey->be->domain, rkey->sink_key);
     }
     epd_free(rkey);
 }
