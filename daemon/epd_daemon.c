@@ -58,8 +58,7 @@ void epd_daemon_op_link_down_none(void *arg, epd_link_t *link, epd_status_t stat
     (void)status;
 }
 
-void epd_daemon_op_peer_dead_none(void *arg, epd_peer_t *peer, epd_status_t status,
-                                  const char *why)
+void epd_daemon_op_peer_dead_none(void *arg, epd_peer_t *peer, epd_status_t status, const char *why)
 {
     (void)arg;
     (void)peer;
@@ -116,6 +115,13 @@ int epd_daemon_op_stopped_now(void *arg)
     return 1;
 }
 
+epd_status_t epd_daemon_op_setup_none(void *arg, epd_daemon_t *d)
+{
+    (void)arg;
+    (void)d;
+    return EPD_OK;
+}
+
 /* ------------------------------------------------------- transport upcalls */
 
 static void epd_daemon_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
@@ -130,8 +136,9 @@ static void epd_daemon_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, s
     }
     if (epd_msg_decode(data, len, &env, &why) != EPD_OK) {
         d->bad_frames++;
-        epd_daemon_refuse_log(d, 0, "undecodable request-plane frame of %zu bytes: %s (%llu so far)",
-                              len, why != NULL ? why : "?", (unsigned long long)d->bad_frames);
+        epd_daemon_refuse_log(d, 0,
+                              "undecodable request-plane frame of %zu bytes: %s (%llu so far)", len,
+                              why != NULL ? why : "?", (unsigned long long)d->bad_frames);
         return;
     }
     if (epd__peer_on_sender(d, from, env)) {
@@ -279,6 +286,18 @@ void epd_daemon_stop(epd_daemon_t *d)
         return;
     }
     d->stopping = 1;
+    {
+        epd_daemon_load_t l;
+
+        memset(&l, 0, sizeof(l));
+        d->ops.load(d->cfg.arg, &l);
+        epd_log_info(d->log, 0,
+                     "stopping: %u running, %u queued; since start %llu received, %llu served, "
+                     "%llu failed or aborted, %llu refused",
+                     l.running_requests, l.queue_depth, (unsigned long long)d->counts.received,
+                     (unsigned long long)d->counts.served, (unsigned long long)d->counts.failed,
+                     (unsigned long long)d->counts.refused);
+    }
     d->ops.on_stop(d->cfg.arg);
     epd_registrar_stop(d->registrar);
     d->registrar = NULL;
@@ -293,8 +312,9 @@ static void epd_daemon_on_signal(uv_signal_t *sig, int signum)
 {
     epd_daemon_t *d = sig->data;
 
-    epd_log_info(d->log, 0, "signal %d: stopping (%llu refusals, %llu undecodable frames since "
-                            "start)",
+    epd_log_info(d->log, 0,
+                 "signal %d: stopping (%llu refusals, %llu undecodable frames since "
+                 "start)",
                  signum, (unsigned long long)d->refusals, (unsigned long long)d->bad_frames);
     epd_daemon_stop(d);
 }
@@ -576,6 +596,23 @@ epd_status_t epd_daemon_serve(epd_daemon_t *d, const char *ready_prefix)
     return st;
 }
 
+int epd_daemon_run(const epd_daemon_config_t *config)
+{
+    epd_daemon_t *d = NULL;
+    epd_status_t st;
+
+    st = epd_daemon_create(config, &d);
+    if (st == EPD_OK) {
+        st = config->ops->setup(config->arg, d);
+        if (st == EPD_OK) {
+            st = epd_daemon_serve(d, d->ready_prefix[0] != '\0' ? d->ready_prefix : NULL);
+        }
+    }
+    config->ops->cleanup(config->arg);
+    epd_daemon_destroy(d);
+    return st == EPD_OK ? 0 : 1;
+}
+
 void epd_daemon_destroy(epd_daemon_t *d)
 {
     if (d == NULL) {
@@ -645,6 +682,11 @@ epd_trace_t *epd_daemon_trace(epd_daemon_t *d)
     return d->trace;
 }
 
+epd_daemon_counts_t *epd_daemon_counts(epd_daemon_t *d)
+{
+    return &d->counts;
+}
+
 int epd_daemon_stopping(const epd_daemon_t *d)
 {
     return d->stopping;
@@ -675,6 +717,11 @@ void epd_daemon_set_kv_layout(epd_daemon_t *d, const epd_kv_layout_t *kv)
 {
     epd_layout_to_msg(kv, &d->layout_msg, d->pattern);
     d->have_layout = 1;
+}
+
+void epd_daemon_set_ready_prefix(epd_daemon_t *d, const char *prefix)
+{
+    snprintf(d->ready_prefix, sizeof(d->ready_prefix), "%s", prefix != NULL ? prefix : "");
 }
 
 void epd_daemon_drive_xport(epd_daemon_t *d, epd_xport_t *x)

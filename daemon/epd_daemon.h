@@ -73,19 +73,19 @@ typedef struct epd_peer epd_peer_t; /* epd_peer.h */
 
 /* The flags every daemon shares (what epd_daemon_main parses into). */
 typedef struct {
-    const char *model;        /* --model DIR (required) */
-    const char *engine;       /* --engine (default "ref") */
-    const char *worker_id;    /* --worker-id (NULL: <role>-<pid>) */
-    const char *transport;    /* --transport ucx|ofi */
-    const char *expect;       /* --expect-transport any|shm|tcp|rdma */
-    const char *provider;     /* --provider (ofi) */
-    const char *control_addr; /* --control-addr HOST:PORT */
-    const char *router;       /* --router HOST:PORT (workers only; NULL: none) */
-    const char *ready_file;   /* --ready-file PATH */
-    const char *trace;        /* --trace FILE */
-    int64_t trace_events;     /* --trace-events */
-    const char *log_level;    /* --log-level */
-    int64_t peer_timeout_ms;  /* --peer-timeout-ms */
+    const char *model;          /* --model DIR (required) */
+    const char *engine;         /* --engine (default "ref") */
+    const char *worker_id;      /* --worker-id (NULL: <role>-<pid>) */
+    const char *transport;      /* --transport ucx|ofi */
+    const char *expect;         /* --expect-transport any|shm|tcp|rdma */
+    const char *provider;       /* --provider (ofi) */
+    const char *control_addr;   /* --control-addr HOST:PORT */
+    const char *router;         /* --router HOST:PORT (workers only; NULL: none) */
+    const char *ready_file;     /* --ready-file PATH */
+    const char *trace;          /* --trace FILE */
+    int64_t trace_events;       /* --trace-events */
+    const char *log_level;      /* --log-level */
+    int64_t peer_timeout_ms;    /* --peer-timeout-ms */
     int64_t connect_timeout_ms; /* --connect-timeout-ms */
 } epd_daemon_flags_t;
 
@@ -96,19 +96,30 @@ typedef struct {
  * timeouts 3000 ms, trace buffer 1M events, log level info). */
 void epd_daemon_flags_init(epd_daemon_flags_t *f);
 
+/* The role's start: runs with the parsed, checked flags; returns the
+ * process exit code. */
+typedef int (*epd_daemon_run_cb_t)(const epd_daemon_flags_t *flags, void *arg);
+
 /*
- * The whole of a daemon's main() before its role starts: parses argv with
- * the common flags (those of `which`) followed by the role's own
- * (role_opts[0..n_role_opts), stored wherever they point), checks the
- * common ones (log level, transport, worker id length, --model present,
- * every address flag a HOST:PORT) and sets the log level.  Returns 1 when
- * the program should go on; 0 with *exit_p set when it should exit now
- * (--help: 0; a bad flag: 1, after one line saying which and why).  The
- * parsed strings live in *opts_p until epd_opts_cleanup(opts_p).
+ * The whole of a daemon's main(): the common flags (those of `which`, with
+ * their defaults) followed by the role's own (role_opts[0..n_role_opts),
+ * stored wherever they point) are parsed from argv and checked (log level,
+ * transport, worker id length, --model present, every address flag a
+ * HOST:PORT), the log level set, then run(flags, arg) starts the role.
+ * Returns the exit code: run's, 0 after --help, 1 for a bad flag (after
+ * one line saying which and why).  The parsed strings live until it
+ * returns.
  */
 int epd_daemon_main(const char *prog, const char *summary, unsigned which,
-                    epd_daemon_flags_t *flags, const epd_opt_t *role_opts, size_t n_role_opts,
-                    int argc, char **argv, epd_opts_t *opts_p, int *exit_p);
+                    const epd_opt_t *role_opts, size_t n_role_opts, epd_daemon_run_cb_t run,
+                    void *arg, int argc, char **argv);
+
+/* Opens the model of --model with --engine (blocking: at start-up, before
+ * the loop runs); logs why it cannot, under `log`.  *engine_p owned by the
+ * caller (epd_engine_close). */
+epd_status_t epd_daemon_engine_open(const epd_daemon_flags_t *flags, const char *log,
+                                    uint32_t block_tokens, uint32_t max_batch,
+                                    epd_engine_t **engine_p);
 
 /* ------------------------------------------------------------------ roles */
 
@@ -181,6 +192,15 @@ typedef struct {
     int (*stopped)(void *arg);
     /* Shutdown step 5: join compute threads (the loop no longer runs). */
     void (*on_exit)(void *arg);
+    /* epd_daemon_run only: the role on the created daemon, before it serves
+     * (regions on epd_daemon_xport, compute threads on epd_daemon_loop,
+     * capacity and layout).  EPD_OK to serve; an error (logged) ends the
+     * run. */
+    epd_status_t (*setup)(void *arg, epd_daemon_t *d);
+    /* epd_daemon_run only: after serving (or a failed create or setup):
+     * free what the role holds.  Compute threads are joined and the
+     * transport is gone; links and peers may still be unreferenced. */
+    void (*cleanup)(void *arg);
 } epd_daemon_ops_t;
 
 /* Stubs for the slots a role does not need. */
@@ -196,17 +216,18 @@ void epd_daemon_op_none(void *arg); /* on_drain, on_stop, on_exit */
 int epd_daemon_op_rpc_pass(void *arg, const char *method, const void *req, size_t req_len,
                            void **resp_p, size_t *resp_len_p, char *err, size_t err_cap);
 int epd_daemon_op_stopped_now(void *arg);
+epd_status_t epd_daemon_op_setup_none(void *arg, epd_daemon_t *d);
 
 typedef struct {
-    const char *role_name; /* "prefill": log component, default worker id prefix */
-    int role;              /* EPD__ROLE__ROLE_* (identity on the control plane) */
+    const char *role_name;           /* "prefill": log component, default worker id prefix */
+    int role;                        /* EPD__ROLE__ROLE_* (identity on the control plane) */
     const epd_daemon_flags_t *flags; /* borrowed for the daemon's life */
     /* the transport (0: this daemon makes none; a role that makes its own
      * hands it to epd_daemon_drive_xport) */
     int with_xport;
-    size_t max_msg_size;   /* largest request-plane message (default 64 KiB) */
-    uint32_t max_inflight; /* writes posted at once (0: the transport's default) */
-    uint32_t tick_ms;      /* period of ops->on_tick (0: 20 ms) */
+    size_t max_msg_size;         /* largest request-plane message (default 64 KiB) */
+    uint32_t max_inflight;       /* writes posted at once (0: the transport's default) */
+    uint32_t tick_ms;            /* period of ops->on_tick (0: 20 ms) */
     const epd_daemon_ops_t *ops; /* borrowed for the daemon's life */
     void *arg;
 } epd_daemon_config_t;
@@ -232,6 +253,14 @@ epd_status_t epd_daemon_create(const epd_daemon_config_t *config, epd_daemon_t *
  */
 epd_status_t epd_daemon_serve(epd_daemon_t *d, const char *ready_prefix);
 
+/*
+ * A daemon's life in one call: epd_daemon_create, ops->setup,
+ * epd_daemon_serve, ops->cleanup, epd_daemon_destroy (cleanup runs whatever
+ * failed, so the role frees in one place).  Returns the process exit code:
+ * 0 after a signal-driven stop, 1 when anything failed (logged).
+ */
+int epd_daemon_run(const epd_daemon_config_t *config);
+
 /* Writes the trace (--trace), frees links, peers and the loop.  After
  * epd_daemon_serve returned (or instead of it, after create).  NULL is a
  * no-op. */
@@ -240,13 +269,13 @@ void epd_daemon_destroy(epd_daemon_t *d);
 /* ------------------------------------------------------------- accessors */
 
 uv_loop_t *epd_daemon_loop(epd_daemon_t *d);
-epd_xport_t *epd_daemon_xport(epd_daemon_t *d);       /* NULL without one */
+epd_xport_t *epd_daemon_xport(epd_daemon_t *d); /* NULL without one */
 const char *epd_daemon_worker_id(const epd_daemon_t *d);
 epd_msg_epoch_t epd_daemon_epoch(const epd_daemon_t *d);
 const char *epd_daemon_model_name(const epd_daemon_t *d); /* basename of --model */
 const char *epd_daemon_log(const epd_daemon_t *d);        /* the role name */
 const epd_daemon_flags_t *epd_daemon_flags(const epd_daemon_t *d);
-epd_trace_t *epd_daemon_trace(epd_daemon_t *d);           /* NULL: tracing off */
+epd_trace_t *epd_daemon_trace(epd_daemon_t *d); /* NULL: tracing off */
 int epd_daemon_stopping(const epd_daemon_t *d);
 int epd_daemon_draining(const epd_daemon_t *d);
 /* The data-plane address (borrowed from the transport). */
@@ -256,9 +285,24 @@ int epd_daemon_control_port(const epd_daemon_t *d);
 
 /* --------------------------------------------------------------- helpers */
 
+/* What every role counts of its requests since start; the role increments
+ * the fields (loop thread), the daemon reports them when it stops. */
+typedef struct {
+    uint64_t received; /* requests (or images) taken in */
+    uint64_t served;   /* finished as asked */
+    uint64_t failed;   /* failed or aborted */
+    uint64_t refused;  /* refused at the door */
+} epd_daemon_counts_t;
+
+epd_daemon_counts_t *epd_daemon_counts(epd_daemon_t *d);
+
 /* What the control plane says about this worker; call before serve. */
 void epd_daemon_set_capacity(epd_daemon_t *d, const epd_daemon_capacity_t *cap);
 void epd_daemon_set_kv_layout(epd_daemon_t *d, const epd_kv_layout_t *kv); /* copied */
+
+/* What the ready line written by epd_daemon_run starts with (e.g. the
+ * router's "http=HOST:PORT"), copied; call from ops->setup. */
+void epd_daemon_set_ready_prefix(epd_daemon_t *d, const char *prefix);
 
 /* Drives a transport the role made itself (the router's client) instead
  * of the daemon's own; borrowed until epd_daemon_serve returns, which

@@ -30,40 +30,81 @@ static size_t epd_daemon_common_opts(epd_daemon_flags_t *f, unsigned which, epd_
 {
     size_t n = 0;
 
-    opts[n++] = (epd_opt_t){"model", EPD_OPT_STRING, &f->model, 0, 0,
-                            "model folder (config.json + model.safetensors)"};
-    opts[n++] = (epd_opt_t){"engine", EPD_OPT_STRING, &f->engine, 0, 0,
-                            "engine: built-in name (ref, sim) or path to a .so"};
-    opts[n++] = (epd_opt_t){"worker-id", EPD_OPT_STRING, &f->worker_id, 0, 0,
+    opts[n++] = (epd_opt_t){
+        "model", EPD_OPT_STRING, &f->model, 0, 0, "model folder (config.json + model.safetensors)"};
+    opts[n++] = (epd_opt_t){"engine",   EPD_OPT_STRING,
+                            &f->engine, 0,
+                            0,          "engine: built-in name (ref, sim) or path to a .so"};
+    opts[n++] = (epd_opt_t){"worker-id",
+                            EPD_OPT_STRING,
+                            &f->worker_id,
+                            0,
+                            0,
                             "this daemon's name in the cluster, 1-127 bytes (default ROLE-PID)"};
-    opts[n++] = (epd_opt_t){"transport", EPD_OPT_STRING, &f->transport, 0, 0,
+    opts[n++] = (epd_opt_t){"transport",
+                            EPD_OPT_STRING,
+                            &f->transport,
+                            0,
+                            0,
                             "request- and data-plane transport: ucx or ofi"};
-    opts[n++] = (epd_opt_t){"expect-transport", EPD_OPT_STRING, &f->expect, 0, 0,
+    opts[n++] = (epd_opt_t){"expect-transport",
+                            EPD_OPT_STRING,
+                            &f->expect,
+                            0,
+                            0,
                             "refuse peers reached other than by: any, shm, tcp, rdma"};
-    opts[n++] = (epd_opt_t){"provider", EPD_OPT_STRING, &f->provider, 0, 0,
-                            "libfabric provider hint (ofi)"};
-    opts[n++] = (epd_opt_t){"control-addr", EPD_OPT_STRING, &f->control_addr, 0, 0,
+    opts[n++] = (epd_opt_t){
+        "provider", EPD_OPT_STRING, &f->provider, 0, 0, "libfabric provider hint (ofi)"};
+    opts[n++] = (epd_opt_t){"control-addr",
+                            EPD_OPT_STRING,
+                            &f->control_addr,
+                            0,
+                            0,
                             "gRPC control address HOST:PORT or [HOST]:PORT (port 0: ephemeral)"};
     if ((which & EPD_DAEMON_FLAG_REGISTER) != 0) {
-        opts[n++] = (epd_opt_t){"router", EPD_OPT_STRING, &f->router, 0, 0,
+        opts[n++] = (epd_opt_t){"router",
+                                EPD_OPT_STRING,
+                                &f->router,
+                                0,
+                                0,
                                 "register with the router's control service HOST:PORT and "
                                 "heartbeat the load (absent: no registration)"};
     }
-    opts[n++] = (epd_opt_t){"ready-file", EPD_OPT_STRING, &f->ready_file, 0, 0,
+    opts[n++] = (epd_opt_t){"ready-file",
+                            EPD_OPT_STRING,
+                            &f->ready_file,
+                            0,
+                            0,
                             "write 'control=... pid=... worker=... transport=...' here once "
                             "serving"};
-    opts[n++] = (epd_opt_t){"peer-timeout-ms", EPD_OPT_INT, &f->peer_timeout_ms, 10, 3600000,
+    opts[n++] = (epd_opt_t){"peer-timeout-ms",
+                            EPD_OPT_INT,
+                            &f->peer_timeout_ms,
+                            10,
+                            3600000,
                             "silence after which a peer is declared dead"};
-    opts[n++] = (epd_opt_t){"connect-timeout-ms", EPD_OPT_INT, &f->connect_timeout_ms, 10,
-                            3600000, "deadline of a transport handshake"};
-    opts[n++] = (epd_opt_t){"trace", EPD_OPT_STRING, &f->trace, 0, 0,
+    opts[n++] = (epd_opt_t){"connect-timeout-ms",
+                            EPD_OPT_INT,
+                            &f->connect_timeout_ms,
+                            10,
+                            3600000,
+                            "deadline of a transport handshake"};
+    opts[n++] = (epd_opt_t){"trace",
+                            EPD_OPT_STRING,
+                            &f->trace,
+                            0,
+                            0,
                             "record a per-request trace; Chrome trace JSON written to FILE at "
                             "exit and on SIGUSR1"};
-    opts[n++] = (epd_opt_t){"trace-events", EPD_OPT_INT, &f->trace_events, 1024, 1 << 26,
+    opts[n++] = (epd_opt_t){"trace-events",
+                            EPD_OPT_INT,
+                            &f->trace_events,
+                            1024,
+                            1 << 26,
                             "trace buffer capacity in events (64 bytes each; later events are "
                             "dropped)"};
-    opts[n++] = (epd_opt_t){"log-level", EPD_OPT_STRING, &f->log_level, 0, 0,
-                            "error, warn, info, debug or trace"};
+    opts[n++] = (epd_opt_t){
+        "log-level", EPD_OPT_STRING, &f->log_level, 0, 0, "error, warn, info, debug or trace"};
     return n;
 }
 
@@ -76,8 +117,7 @@ static int epd_daemon_bad(const char *prog, int *exit_p, const char *flag, const
     return 0;
 }
 
-static int epd_daemon_check_addr(const char *prog, int *exit_p, const char *flag,
-                                 const char *value)
+static int epd_daemon_check_addr(const char *prog, int *exit_p, const char *flag, const char *value)
 {
     char host[EPD_ADDR_HOST_MAX];
     const char *why = NULL;
@@ -92,9 +132,11 @@ static int epd_daemon_check_addr(const char *prog, int *exit_p, const char *flag
     return 1;
 }
 
-int epd_daemon_main(const char *prog, const char *summary, unsigned which,
-                    epd_daemon_flags_t *flags, const epd_opt_t *role_opts, size_t n_role_opts,
-                    int argc, char **argv, epd_opts_t *opts_p, int *exit_p)
+/* Parses and checks; 1 to go on, 0 with *exit_p set to stop. */
+static int epd_daemon_parse(const char *prog, const char *summary, unsigned which,
+                            epd_daemon_flags_t *flags, const epd_opt_t *role_opts,
+                            size_t n_role_opts, int argc, char **argv, epd_opts_t *opts_p,
+                            int *exit_p)
 {
     static epd_opt_t table[EPD_DAEMON_OPTS_MAX];
     epd_log_level_t level;
@@ -143,8 +185,7 @@ int epd_daemon_main(const char *prog, const char *summary, unsigned which,
     }
     if (flags->worker_id != NULL &&
         (flags->worker_id[0] == '\0' || strlen(flags->worker_id) >= EPD_WORKER_ID_MAX)) {
-        return epd_daemon_bad(prog, exit_p, "worker-id", flags->worker_id,
-                              "want 1 to 127 bytes");
+        return epd_daemon_bad(prog, exit_p, "worker-id", flags->worker_id, "want 1 to 127 bytes");
     }
     if (!epd_daemon_check_addr(prog, exit_p, "control-addr", flags->control_addr) ||
         !epd_daemon_check_addr(prog, exit_p, "router", flags->router)) {
@@ -152,4 +193,40 @@ int epd_daemon_main(const char *prog, const char *summary, unsigned which,
     }
     epd_log_set_level(level);
     return 1;
+}
+
+int epd_daemon_main(const char *prog, const char *summary, unsigned which,
+                    const epd_opt_t *role_opts, size_t n_role_opts, epd_daemon_run_cb_t run,
+                    void *arg, int argc, char **argv)
+{
+    epd_daemon_flags_t flags;
+    epd_opts_t opts;
+    int rc = 1;
+
+    epd_daemon_flags_init(&flags);
+    if (epd_daemon_parse(prog, summary, which, &flags, role_opts, n_role_opts, argc, argv, &opts,
+                         &rc)) {
+        rc = run(&flags, arg);
+    }
+    epd_opts_cleanup(&opts);
+    return rc;
+}
+
+epd_status_t epd_daemon_engine_open(const epd_daemon_flags_t *flags, const char *log,
+                                    uint32_t block_tokens, uint32_t max_batch,
+                                    epd_engine_t **engine_p)
+{
+    epd_engine_config_t ecfg;
+    epd_status_t st;
+
+    memset(&ecfg, 0, sizeof(ecfg));
+    ecfg.model_dir = flags->model;
+    ecfg.block_tokens = block_tokens;
+    ecfg.max_batch = max_batch;
+    st = epd_engine_open(flags->engine, &ecfg, engine_p);
+    if (st != EPD_OK) {
+        epd_log_error(log, 0, "cannot open model '%s' with engine '%s': %s", flags->model,
+                      flags->engine, epd_status_string(st));
+    }
+    return st;
 }

@@ -104,6 +104,7 @@ struct epd_daemon {
     int stop_done; /* step 2 ran */
     int draining;
     epd_trace_t *trace;
+    char ready_prefix[EPD_ADDR_MAX + 16]; /* epd_daemon_run's ready line starts so */
     char trace_thread[64]; /* the loop thread's track name (the recorder borrows it) */
     /* transport */
     epd_xport_t *x;  /* ours (with_xport) */
@@ -130,6 +131,7 @@ struct epd_daemon {
     int links_dirty; /* a link went down or closed: the pump looks */
     epd_peer_t *peers;
     int peers_dirty; /* a peer died: the pump closes it */
+    epd_daemon_counts_t counts;
     /* refusals */
     uint64_t refusals, bad_frames;
     epd_log_limit_t refuse_limit;

@@ -392,6 +392,15 @@ epd_status_t epd_link_send_abort(epd_link_t *link, uint64_t id, epd_status_t sta
     return epd_link_send(link, EPD__ENVELOPE__BODY_ABORT, &a, 0);
 }
 
+void epd_link_refuse(epd_link_t *link, uint64_t id, epd_status_t status, const char *msg)
+{
+    if (link == NULL) {
+        return;
+    }
+    epd_daemon_refuse_log(link->d, id, "%s (%s)", msg, epd_status_name(status));
+    (void)epd_link_send_error(link, id, status, msg, NULL);
+}
+
 epd_status_t epd_link_send_quiesced(epd_link_t *link, uint64_t id)
 {
     Epd__WritesQuiesced q = EPD__WRITES_QUIESCED__INIT;

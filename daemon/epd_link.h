@@ -106,6 +106,9 @@ epd_status_t epd_link_send_refused(epd_link_t *link, uint64_t id, epd_status_t s
 /* Abort{id, status, reason} */
 epd_status_t epd_link_send_abort(epd_link_t *link, uint64_t id, epd_status_t status,
                                  const char *reason);
+/* Refuses a message that came on `link`: one rate-limited line (the
+ * daemon's refusal log: "MSG (STATUS)") and an Error{id, status, msg} back. */
+void epd_link_refuse(epd_link_t *link, uint64_t id, epd_status_t status, const char *msg);
 /* WritesQuiesced{id}, fenced behind every write posted on the link. */
 epd_status_t epd_link_send_quiesced(epd_link_t *link, uint64_t id);
 

@@ -8,7 +8,7 @@
 
 enum { EPD_REQTAB_NONE = 0, EPD_REQTAB_DIRTY, EPD_REQTAB_BLOCKED };
 
-epd_status_t epd_reqtab_init(epd_reqtab_t *t, uint32_t expected)
+epd_status_t epd_reqtab_init(epd_reqtab_t *t, uint32_t expected, size_t ent_offset)
 {
     uint32_t size = 16;
 
@@ -24,6 +24,7 @@ epd_status_t epd_reqtab_init(epd_reqtab_t *t, uint32_t expected)
     t->all_ = NULL;
     t->dirty_head_ = t->dirty_tail_ = NULL;
     t->blocked_head_ = t->blocked_tail_ = NULL;
+    t->offset_ = ent_offset;
     return EPD_OK;
 }
 
@@ -199,4 +200,32 @@ int epd_reqtab_has_blocked(const epd_reqtab_t *t)
 int epd_reqtab_has_dirty(const epd_reqtab_t *t)
 {
     return t->dirty_head_ != NULL;
+}
+
+/* The request holding entry e (NULL for NULL). */
+static void *epd_reqtab_owner(const epd_reqtab_t *t, const epd_reqent_t *e)
+{
+    return e != NULL ? (void *)((char *)(uintptr_t)e - t->offset_) : NULL;
+}
+
+void *epd_reqtab_find_req(const epd_reqtab_t *t, uint64_t id, uint32_t sub)
+{
+    return epd_reqtab_owner(t, epd_reqtab_find(t, id, sub));
+}
+
+void *epd_reqtab_first_req(const epd_reqtab_t *t)
+{
+    return epd_reqtab_owner(t, t->all_);
+}
+
+void *epd_reqtab_next_req(const epd_reqtab_t *t, const void *req)
+{
+    const epd_reqent_t *e = (const epd_reqent_t *)(const void *)((const char *)req + t->offset_);
+
+    return epd_reqtab_owner(t, e->all_next_);
+}
+
+void *epd_reqtab_pop_dirty_req(epd_reqtab_t *t)
+{
+    return epd_reqtab_owner(t, epd_reqtab_pop_dirty(t));
 }

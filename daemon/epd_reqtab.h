@@ -38,13 +38,16 @@ typedef struct {
     epd_reqent_t *all_;
     epd_reqent_t *dirty_head_, *dirty_tail_;
     epd_reqent_t *blocked_head_, *blocked_tail_;
+    size_t offset_; /* of the entry in its request */
 } epd_reqtab_t;
 
 /* The request that embeds entry `e` as member `field`. */
-#define EPD_REQ_OF(e, type, field) ((type *)(void *)((char *)(e) - offsetof(type, field)))
+#define EPD_REQ_OF(e, type, field) ((type *)(void *)((char *)(e)-offsetof(type, field)))
 
-/* Sizes the table for about `expected` live entries (caller's storage). */
-epd_status_t epd_reqtab_init(epd_reqtab_t *t, uint32_t expected);
+/* Sizes the table for about `expected` live entries (caller's storage);
+ * each entry sits at ent_offset in its request (offsetof(type, field)), so
+ * the *_req calls below hand back the request itself. */
+epd_status_t epd_reqtab_init(epd_reqtab_t *t, uint32_t expected, size_t ent_offset);
 /* Frees the table; the entries are the owner's. */
 void epd_reqtab_cleanup(epd_reqtab_t *t);
 
@@ -59,6 +62,12 @@ uint32_t epd_reqtab_count(const epd_reqtab_t *t);
  * after taking its next). */
 epd_reqent_t *epd_reqtab_first(const epd_reqtab_t *t);
 epd_reqent_t *epd_reqtab_next(const epd_reqent_t *e);
+
+/* The same, returning the requests (NULL: none). */
+void *epd_reqtab_find_req(const epd_reqtab_t *t, uint64_t id, uint32_t sub);
+void *epd_reqtab_first_req(const epd_reqtab_t *t);
+void *epd_reqtab_next_req(const epd_reqtab_t *t, const void *req);
+void *epd_reqtab_pop_dirty_req(epd_reqtab_t *t);
 
 /* Work lists.  dirty: appends `e` unless it is dirty already (a blocked one
  * moves); returns nonzero when it was not dirty before. */

@@ -158,7 +158,6 @@ typedef struct epd_decode_srv {
     epd_reqtab_t reqs; /* live requests, by id; blocked = READY waiting for queue room */
     uint32_t n_ready;  /* requests READY */
     /* counters */
-    uint64_t received, served, failed_reqs, refused;
     uint64_t kv_bytes_received; /* verified KV of requests that joined */
     epd_trace_t *trace;         /* the daemon's (NULL = off) */
 } epd_decode_srv_t;

@@ -31,7 +31,7 @@
 static void epd_decode_refuse(epd_decode_srv_t *srv, epd_link_t *from, const Epd__Envelope *env,
                               uint64_t id, epd_status_t status, const char *what)
 {
-    srv->refused++;
+    epd_daemon_counts(srv->d)->refused++;
     epd_daemon_refuse_log(srv->d, id, "%s from %s: %s (%s)", epd_msg_body_name(env),
                           env->sender->worker_id, what, epd_status_name(status));
     if (env->body_case != EPD__ENVELOPE__BODY_ERROR) {
@@ -88,7 +88,7 @@ static void epd_decode_on_generate(epd_decode_srv_t *srv, epd_link_t *from,
     epd_status_t st;
     int tell = 0;
 
-    srv->received++;
+    epd_daemon_counts(srv->d)->received++;
     st = epd_decode_check_generate_msg(srv, g, &sp, &why, &tell);
     if (st != EPD_OK) {
         epd_decode_refuse(srv, from, env, g->request_id, st, why);

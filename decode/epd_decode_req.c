@@ -41,30 +41,9 @@
 
 /* ------------------------------------------------------------ bookkeeping */
 
-static epd_decode_request_t *epd_decode_req_of(epd_reqent_t *e)
-{
-    return e != NULL ? EPD_REQ_OF(e, epd_decode_request_t, ent) : NULL;
-}
-
-/* The walk over every live request (newest first). */
-static epd_decode_request_t *epd_decode_first(const epd_decode_srv_t *srv)
-{
-    return epd_decode_req_of(epd_reqtab_first(&srv->reqs));
-}
-
-static epd_decode_request_t *epd_decode_next(const epd_decode_request_t *req)
-{
-    return epd_decode_req_of(epd_reqtab_next(&req->ent));
-}
-
-static epd_decode_request_t *epd_decode_find(const epd_decode_srv_t *srv, uint64_t id)
-{
-    return epd_decode_req_of(epd_reqtab_find(&srv->reqs, id, 0));
-}
-
 int epd__decode_req_live(const epd_decode_srv_t *srv, uint64_t id)
 {
-    return epd_decode_find(srv, id) != NULL;
+    return epd_reqtab_find_req(&srv->reqs, id, 0) != NULL;
 }
 
 /* Marks a request for a step at the top of the loop. */
@@ -80,7 +59,7 @@ static void epd_decode_dirty(epd_decode_srv_t *srv, epd_decode_request_t *req)
 static void epd_decode_refuse(epd_decode_srv_t *srv, epd_link_t *to, const Epd__Envelope *env,
                               uint64_t id, epd_status_t status, const char *what)
 {
-    srv->refused++;
+    epd_daemon_counts(srv->d)->refused++;
     epd_daemon_refuse_log(srv->d, id, "%s from %s: %s (%s)", epd_msg_body_name(env),
                           env->sender->worker_id, what, epd_status_name(status));
     if (env->body_case != EPD__ENVELOPE__BODY_ERROR) {
@@ -215,7 +194,7 @@ static void epd_decode_fail(epd_decode_srv_t *srv, epd_decode_request_t *req, ep
         owe &= ~EPD_DECODE_ABORT_P; /* nothing of P in flight */
     }
     req->owe = owe;
-    srv->failed_reqs++;
+    epd_daemon_counts(srv->d)->failed++;
     epd_decode_dirty(srv, req);
 }
 
@@ -252,7 +231,7 @@ static void epd_decode_finish_run(epd_decode_srv_t *srv, epd_decode_request_t *r
         epd_decode_stream(req, n,
                           fin == EPD_DECODE_FINISH_STOP ? EPD__FINISH_REASON__FINISH_STOP
                                                         : EPD__FINISH_REASON__FINISH_LENGTH);
-        srv->served++;
+        epd_daemon_counts(srv->d)->served++;
         break;
     case EPD_DECODE_FINISH_ABORT:
         /* asked by the loop: the client was answered then (or is gone) */
@@ -268,7 +247,7 @@ static void epd_decode_finish_run(epd_decode_srv_t *srv, epd_decode_request_t *r
                                       "decode step failed", NULL);
             req->client_done = 1;
         }
-        srv->failed_reqs++;
+        epd_daemon_counts(srv->d)->failed++;
         break;
     }
     epd_log_debug(EPD_DECODE_LOG, req->id, "finished after %u tokens", n);
@@ -287,7 +266,7 @@ static void epd_decode_activate(epd_decode_srv_t *srv, epd_decode_request_t *req
     epd_decode_stream(req, 1, (Epd__FinishReason)req->first_finish);
     if (req->first_finish != EPD__FINISH_REASON__FINISH_NONE) {
         epd_decode_blocks_to(srv, req, epd_decode_blocks_retire, "retire");
-        srv->served++;
+        epd_daemon_counts(srv->d)->served++;
         req->state = EPD_DECODE_REQ_DONE;
         return;
     }
@@ -396,7 +375,7 @@ static void epd_decode_run_dirty(epd_decode_srv_t *srv)
 {
     epd_decode_request_t *req;
 
-    while ((req = epd_decode_req_of(epd_reqtab_pop_dirty(&srv->reqs))) != NULL) {
+    while ((req = epd_reqtab_pop_dirty_req(&srv->reqs)) != NULL) {
         epd_decode_advance(srv, req);
     }
 }
@@ -528,7 +507,7 @@ void epd__decode_req_generate(epd_decode_srv_t *srv, epd_link_t *from, const Epd
     }
     st = epd_decode_admit(srv, env, sp, from, peer, t_recv, &req, &why);
     if (st != EPD_OK) {
-        srv->refused++;
+        epd_daemon_counts(srv->d)->refused++;
         epd_daemon_refuse_log(srv->d, g->request_id, "GenerateRequest from %s: %s (%s)",
                               env->sender->worker_id, why, epd_status_name(st));
         if (st == EPD_ERR_NO_CAPACITY) {
@@ -567,7 +546,7 @@ static epd_decode_request_t *epd_decode_of_p(epd_decode_srv_t *srv, epd_link_t *
                                              const Epd__Envelope *env, uint64_t id,
                                              int answer_unknown)
 {
-    epd_decode_request_t *req = epd_decode_find(srv, id);
+    epd_decode_request_t *req = epd_reqtab_find_req(&srv->reqs, id, 0);
 
     if (req == NULL || req->p_done) {
         if (answer_unknown) {
@@ -747,7 +726,7 @@ void epd__decode_req_failed_by(epd_decode_srv_t *srv, epd_link_t *from, const Ep
 void epd__decode_req_abort(epd_decode_srv_t *srv, epd_link_t *from, const Epd__Envelope *env)
 {
     const Epd__Abort *a = env->abort;
-    epd_decode_request_t *req = epd_decode_find(srv, a->request_id);
+    epd_decode_request_t *req = epd_reqtab_find_req(&srv->reqs, a->request_id, 0);
     const char *sid = env->sender->worker_id;
 
     if (req != NULL && !req->p_done && strcmp(epd_peer_id(req->peer), sid) == 0) {
@@ -811,8 +790,8 @@ void epd__decode_req_on_link_down(void *arg, epd_link_t *link, epd_status_t stat
     epd_decode_request_t *req, *next;
     uint32_t n = 0;
 
-    for (req = epd_decode_first(srv); req != NULL; req = next) {
-        next = epd_decode_next(req);
+    for (req = epd_reqtab_first_req(&srv->reqs); req != NULL; req = next) {
+        next = epd_reqtab_next_req(&srv->reqs, req);
         if (req->client != link || req->client_done) {
             continue;
         }
@@ -839,8 +818,8 @@ void epd__decode_req_on_peer_dead(void *arg, epd_peer_t *peer, epd_status_t stat
     adopted = epd_peer_adopt_strays(peer);
     snprintf(msg, sizeof(msg), "prefill worker %.80s %.80s before completing the request",
              epd_peer_id(peer), why);
-    for (epd_decode_request_t *req = epd_decode_first(srv); req != NULL;
-         req = epd_decode_next(req)) {
+    for (epd_decode_request_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
+         req = epd_reqtab_next_req(&srv->reqs, req)) {
         if (req->peer == peer && !req->p_done && req->state == EPD_DECODE_REQ_RESERVED) {
             epd_decode_fail(srv, req, EPD_ERR_PEER_DEAD, msg, EPD_DECODE_TELL_CLIENT);
             n++;
@@ -858,8 +837,8 @@ void epd__decode_req_on_peer_closed(void *arg, epd_peer_t *peer)
     epd_decode_request_t *req, *next;
     uint32_t n = 0;
 
-    for (req = epd_decode_first(srv); req != NULL; req = next) {
-        next = epd_decode_next(req);
+    for (req = epd_reqtab_first_req(&srv->reqs); req != NULL; req = next) {
+        next = epd_reqtab_next_req(&srv->reqs, req);
         if (req->peer != peer || req->p_done) {
             continue;
         }
@@ -887,7 +866,7 @@ void epd__decode_req_on_tick(void *arg, uint64_t now)
     uint64_t lease = (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
     epd_decode_request_t *req, *next;
 
-    for (req = epd_decode_first(srv); req != NULL; req = next) {
+    for (req = epd_reqtab_first_req(&srv->reqs); req != NULL; req = next) {
         int late = req->deadline_ns != 0 && now > req->deadline_ns && !req->client_done;
         /* a reservation's lease runs while P says nothing about it; a P
          * that is speaking about other requests is alive and works through
@@ -895,7 +874,7 @@ void epd__decode_req_on_tick(void *arg, uint64_t now)
         int expired = req->state == EPD_DECODE_REQ_RESERVED && now > req->lease_ns &&
                       (now > epd_peer_heard_ns(req->peer) + lease || now > req->lease_cap_ns);
 
-        next = epd_decode_next(req);
+        next = epd_reqtab_next_req(&srv->reqs, req);
         if (req->fail_status != EPD_OK && req->state != EPD_DECODE_REQ_QUARANTINED) {
             continue;
         }
@@ -941,14 +920,10 @@ void epd__decode_req_on_stop(void *arg)
 {
     epd_decode_srv_t *srv = arg;
 
-    epd_log_info(EPD_DECODE_LOG, 0,
-                 "stopping: %u requests live (%u blocks quarantined); %llu GenerateRequests "
-                 "received, %llu served, %llu failed or aborted, %llu messages refused since "
-                 "start",
+    /* the daemon logged the counts; what only decode knows */
+    epd_log_info(EPD_DECODE_LOG, 0, "%u requests live, %u blocks quarantined",
                  epd_reqtab_count(&srv->reqs),
-                 epd_decode_blocks_count(srv->blocks, EPD_DECODE_BLK_QUARANTINED),
-                 (unsigned long long)srv->received, (unsigned long long)srv->served,
-                 (unsigned long long)srv->failed_reqs, (unsigned long long)srv->refused);
+                 epd_decode_blocks_count(srv->blocks, EPD_DECODE_BLK_QUARANTINED));
 }
 
 /* ------------------------------------------------------------------- life */
@@ -956,7 +931,7 @@ void epd__decode_req_on_stop(void *arg)
 epd_status_t epd__decode_reqs_init(epd_decode_srv_t *srv)
 {
     /* every live request holds at least one block */
-    return epd_reqtab_init(&srv->reqs, srv->pool.n_blocks);
+    return epd_reqtab_init(&srv->reqs, srv->pool.n_blocks, offsetof(epd_decode_request_t, ent));
 }
 
 void epd__decode_reqs_cleanup(epd_decode_srv_t *srv)
@@ -966,7 +941,7 @@ void epd__decode_reqs_cleanup(epd_decode_srv_t *srv)
     if (srv->reqs.table_ == NULL) {
         return;
     }
-    while ((req = epd_decode_first(srv)) != NULL) {
+    while ((req = epd_reqtab_first_req(&srv->reqs)) != NULL) {
         epd_decode_destroy(srv, req);
     }
     epd_reqtab_cleanup(&srv->reqs);

@@ -29,6 +29,9 @@ typedef struct {
     int64_t lease_ms;
 } epd_decode_flags_t;
 
+/* The parsed role flags (main owns them; setup reads them). */
+static const epd_decode_flags_t *epd_decode_fl;
+
 /* Compute thread: sequences were queued for the loop. */
 static void epd_decode_wake(void *arg)
 {
@@ -55,21 +58,6 @@ static void epd_decode_on_exit(void *arg)
         srv->wake_ready = 0;
     }
 }
-
-static const epd_daemon_ops_t epd_decode_ops = {
-    .on_msg = epd__decode_on_msg,
-    .on_link_down = epd__decode_req_on_link_down, /* a client's: abort its requests */
-    .on_peer_dead = epd__decode_req_on_peer_dead,
-    .on_peer_closed = epd__decode_req_on_peer_closed, /* its quarantined blocks come back */
-    .on_pump = epd__decode_req_on_pump,
-    .on_tick = epd__decode_req_on_tick, /* leases, deadlines, Abort re-sends */
-    .load = epd__decode_req_load,
-    .on_drain = epd_daemon_op_none, /* new requests see epd_daemon_draining */
-    .on_rpc = epd_daemon_op_rpc_pass,
-    .on_stop = epd__decode_req_on_stop,
-    .stopped = epd_daemon_op_stopped_now,
-    .on_exit = epd_decode_on_exit,
-};
 
 /* The KV pool, registered for the prefill workers' writes, and its key. */
 static epd_status_t epd_decode_pool(epd_decode_srv_t *srv, const epd_decode_flags_t *fl,
@@ -154,25 +142,58 @@ static epd_status_t epd_decode_setup(epd_decode_srv_t *srv, const epd_decode_fla
     return EPD_OK;
 }
 
-static int epd_decode_run(const epd_daemon_flags_t *dfl, const epd_decode_flags_t *fl)
+/* ops->setup: the daemon exists (loop, transport) */
+static epd_status_t epd_decode_on_setup(void *arg, epd_daemon_t *d)
 {
-    epd_engine_config_t ecfg;
+    epd_decode_srv_t *srv = arg;
+
+    srv->d = d;
+    srv->trace = epd_daemon_trace(d);
+    return epd_decode_setup(srv, epd_decode_fl);
+}
+
+/* ops->cleanup: the compute thread is joined and every endpoint closed (the
+ * pool went with the transport): only memory is left */
+static void epd_decode_on_cleanup(void *arg)
+{
+    epd_decode_srv_t *srv = arg;
+
+    epd_decode_on_exit(srv);
+    epd__decode_reqs_cleanup(srv);
+    epd_hash_state_destroy(srv->hash);
+    epd_decode_blocks_destroy(srv->blocks);
+    epd_engine_close(srv->engine);
+}
+
+static const epd_daemon_ops_t epd_decode_ops = {
+    .on_msg = epd__decode_on_msg,
+    .on_link_down = epd__decode_req_on_link_down, /* a client's: abort its requests */
+    .on_peer_dead = epd__decode_req_on_peer_dead,
+    .on_peer_closed = epd__decode_req_on_peer_closed, /* its quarantined blocks come back */
+    .on_pump = epd__decode_req_on_pump,
+    .on_tick = epd__decode_req_on_tick, /* leases, deadlines, Abort re-sends */
+    .load = epd__decode_req_load,
+    .on_drain = epd_daemon_op_none, /* new requests see epd_daemon_draining */
+    .on_rpc = epd_daemon_op_rpc_pass,
+    .on_stop = epd__decode_req_on_stop,
+    .stopped = epd_daemon_op_stopped_now,
+    .on_exit = epd_decode_on_exit,
+    .setup = epd_decode_on_setup,
+    .cleanup = epd_decode_on_cleanup,
+};
+
+static int epd_decode_run(const epd_daemon_flags_t *dfl, void *arg)
+{
     epd_daemon_config_t dc;
     epd_decode_srv_t srv;
-    epd_status_t st;
 
+    epd_decode_fl = arg;
     memset(&srv, 0, sizeof(srv));
-    srv.lease_ms = (uint32_t)fl->lease_ms;
-    srv.max_batch = (uint32_t)fl->max_batch;
+    srv.lease_ms = (uint32_t)epd_decode_fl->lease_ms;
+    srv.max_batch = (uint32_t)epd_decode_fl->max_batch;
     /* the model (blocking: before the loop runs) */
-    memset(&ecfg, 0, sizeof(ecfg));
-    ecfg.model_dir = dfl->model;
-    ecfg.block_tokens = (uint32_t)fl->block_tokens;
-    ecfg.max_batch = srv.max_batch;
-    st = epd_engine_open(dfl->engine, &ecfg, &srv.engine);
-    if (st != EPD_OK) {
-        epd_log_error(EPD_DECODE_LOG, 0, "cannot open model '%s' with engine '%s': %s", dfl->model,
-                      dfl->engine, epd_status_string(st));
+    if (epd_daemon_engine_open(dfl, EPD_DECODE_LOG, (uint32_t)epd_decode_fl->block_tokens,
+                               srv.max_batch, &srv.engine) != EPD_OK) {
         return 1;
     }
     srv.info = epd_engine_info(srv.engine);
@@ -182,7 +203,6 @@ static int epd_decode_run(const epd_daemon_flags_t *dfl, const epd_decode_flags_
         epd_engine_close(srv.engine);
         return 1;
     }
-
     memset(&dc, 0, sizeof(dc));
     dc.role_name = EPD_DECODE_LOG;
     dc.role = EPD__ROLE__ROLE_DECODE;
@@ -192,30 +212,11 @@ static int epd_decode_run(const epd_daemon_flags_t *dfl, const epd_decode_flags_
     dc.tick_ms = srv.lease_ms / 8 > 10 ? srv.lease_ms / 8 : 10;
     dc.ops = &epd_decode_ops;
     dc.arg = &srv;
-    st = epd_daemon_create(&dc, &srv.d);
-    if (st != EPD_OK) {
-        epd_engine_close(srv.engine);
-        return 1;
-    }
-    srv.trace = epd_daemon_trace(srv.d);
-    st = epd_decode_setup(&srv, fl);
-    if (st == EPD_OK) {
-        st = epd_daemon_serve(srv.d, NULL);
-    }
-    /* the compute thread is joined and every endpoint closed (the pool went
-     * with the transport): only memory is left */
-    epd_decode_on_exit(&srv);
-    epd__decode_reqs_cleanup(&srv);
-    epd_hash_state_destroy(srv.hash);
-    epd_decode_blocks_destroy(srv.blocks);
-    epd_daemon_destroy(srv.d);
-    epd_engine_close(srv.engine);
-    return st == EPD_OK ? 0 : 1;
+    return epd_daemon_run(&dc);
 }
 
 int main(int argc, char **argv)
 {
-    epd_daemon_flags_t dfl;
     epd_decode_flags_t fl = {
         .kv_blocks = 4096,
         .state_slots = 256,
@@ -233,16 +234,8 @@ int main(int argc, char **argv)
          "fail a reservation whose prefill worker says nothing about it this long (up to 4 "
          "leases while it speaks about others); quarantined blocks re-send their Abort as often"},
     };
-    epd_opts_t o;
-    int rc = 1;
-
-    epd_daemon_flags_init(&dfl);
-    if (epd_daemon_main("epd-decode",
-                        "decode worker: KV reservations, continuous batching, token streams",
-                        EPD_DAEMON_FLAG_REGISTER, &dfl, opts, sizeof(opts) / sizeof(opts[0]), argc,
-                        argv, &o, &rc)) {
-        rc = epd_decode_run(&dfl, &fl);
-    }
-    epd_opts_cleanup(&o);
-    return rc;
+    return epd_daemon_main("epd-decode",
+                           "decode worker: KV reservations, continuous batching, token streams",
+                           EPD_DAEMON_FLAG_REGISTER, opts, sizeof(opts) / sizeof(opts[0]),
+                           epd_decode_run, &fl, argc, argv);
 }

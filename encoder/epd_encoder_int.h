@@ -131,6 +131,7 @@ typedef struct epd_encoder_srv {
     size_t slot_stride; /* slot_bytes rounded up to 64 */
     epd_xport_mr_t *region; /* [slots][slot_stride] bytes, the writes' source */
     epd_encoder_compute_t *compute;
+    epd_engine_t *engine; /* until the compute thread takes it (setup) */
     uint32_t *free_slots; /* stack, lowest on top */
     uint32_t n_free_slots;
     epd_reqtab_t reqs; /* live images, by (id, media_index) */
@@ -138,7 +139,6 @@ typedef struct epd_encoder_srv {
     epd_stash_t *stash; /* early reservations, keyed (id, media) */
     epd_tombs_t *tombs;
     /* counters */
-    uint64_t received, served, failed_reqs, refused;
     uint64_t bytes_written; /* embedding bytes whose write completed */
     epd_trace_t *trace;     /* the daemon's (NULL = off) */
 } epd_encoder_srv_t;

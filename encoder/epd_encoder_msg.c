@@ -19,17 +19,10 @@
 #include "epd_encoder_int.h"
 #include "epd_time.h"
 
-static void epd_encoder_refuse(epd_encoder_srv_t *srv, epd_link_t *from, uint64_t id,
-                               epd_status_t status, const char *what)
-{
-    epd_daemon_refuse_log(srv->d, id, "%s (%s)", what, epd_status_name(status));
-    (void)epd_link_send_error(from, id, status, what, NULL);
-}
-
 /* The checks of an EncodeRequest that need no request table; EPD_OK or the
  * refusal (msg says why). */
-static epd_status_t epd_encoder_check_encode(const epd_encoder_srv_t *srv,
-                                             const Epd__Envelope *env, char *msg, size_t cap)
+static epd_status_t epd_encoder_check_encode(const epd_encoder_srv_t *srv, const Epd__Envelope *env,
+                                             char *msg, size_t cap)
 {
     const Epd__EncodeRequest *e = env->encode;
     epd_msg_epoch_t own = epd_daemon_epoch(srv->d);
@@ -64,8 +57,8 @@ static epd_status_t epd_encoder_check_encode(const epd_encoder_srv_t *srv,
         return EPD_ERR_TOO_LONG;
     }
     if (e->content_hash.len != EPD_CONTENT_HASH_BYTES) {
-        snprintf(msg, cap, "content_hash of %zu bytes, want %d (BLAKE2b-256)",
-                 e->content_hash.len, EPD_CONTENT_HASH_BYTES);
+        snprintf(msg, cap, "content_hash of %zu bytes, want %d (BLAKE2b-256)", e->content_hash.len,
+                 EPD_CONTENT_HASH_BYTES);
         return EPD_ERR_INVALID_PARAM;
     }
     if (e->prefill_worker_id == NULL || e->prefill_worker_id[0] == '\0' ||
@@ -87,7 +80,7 @@ static void epd_encoder_on_encode(epd_encoder_srv_t *srv, epd_link_t *from,
                       (int32_t)env->encode->media_index, epd_time_now_ns());
     st = epd_encoder_check_encode(srv, env, msg, sizeof(msg));
     if (st != EPD_OK) {
-        epd_encoder_refuse(srv, from, env->encode->request_id, st, msg);
+        epd_link_refuse(from, env->encode->request_id, st, msg);
         /* the image ended here before it began: its reservation (early or
          * late) is answered at once */
         epd__encoder_req_refused(srv, env->encode->request_id, env->encode->media_index, st, msg);
@@ -116,8 +109,8 @@ int epd__encoder_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env)
         epd__encoder_req_stop(srv, from, env, env->error->request_id, env->error->message);
         return 0;
     default:
-        epd_encoder_refuse(srv, from, epd_msg_request_id(env), EPD_ERR_UNSUPPORTED,
-                           "message kind not handled by an encoder worker");
+        epd_link_refuse(from, epd_msg_request_id(env), EPD_ERR_UNSUPPORTED,
+                        "message kind not handled by an encoder worker");
         return 0;
     }
 }

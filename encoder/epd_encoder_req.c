@@ -34,44 +34,20 @@
 #include "epd_log.h"
 #include "epd_time.h"
 
-#define EPD_ENCODER_WARN(srv, req, ...)                                                            \
-    epd_daemon_refuse_log((srv)->d, req, __VA_ARGS__)
+#define EPD_ENCODER_WARN(srv, req, ...) epd_daemon_refuse_log((srv)->d, req, __VA_ARGS__)
 
 /* Refuses a message: one rate-limited line and an Error to its sender. */
 static void epd_encoder_refuse(epd_encoder_srv_t *srv, epd_link_t *to, uint64_t id,
                                epd_status_t status, const char *msg)
 {
-    srv->refused++;
-    epd_daemon_refuse_log(srv->d, id, "%s (%s)", msg, epd_status_name(status));
-    (void)epd_link_send_error(to, id, status, msg, NULL);
+    epd_daemon_counts(srv->d)->refused++;
+    epd_link_refuse(to, id, status, msg);
 }
 
 static void epd_encoder_id_kill(epd_encoder_srv_t *srv, uint64_t id, epd_status_t status,
-                                const char *msg, const Epd__Envelope *asker_env,
-                                epd_link_t *asker);
+                                const char *msg, const Epd__Envelope *asker_env, epd_link_t *asker);
 
 /* ------------------------------------------------------------ bookkeeping */
-
-static epd_encoder_req_t *epd_encoder_req_of(epd_reqent_t *e)
-{
-    return e != NULL ? EPD_REQ_OF(e, epd_encoder_req_t, ent) : NULL;
-}
-
-/* The walk over every live image (newest first). */
-static epd_encoder_req_t *epd_encoder_first(const epd_encoder_srv_t *srv)
-{
-    return epd_encoder_req_of(epd_reqtab_first(&srv->reqs));
-}
-
-static epd_encoder_req_t *epd_encoder_next(const epd_encoder_req_t *req)
-{
-    return epd_encoder_req_of(epd_reqtab_next(&req->ent));
-}
-
-static epd_encoder_req_t *epd_encoder_req_find(epd_encoder_srv_t *srv, uint64_t id, uint32_t media)
-{
-    return epd_encoder_req_of(epd_reqtab_find(&srv->reqs, id, media));
-}
 
 /* Marks an image for a step at the top of the loop. */
 static void epd_encoder_dirty(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
@@ -85,7 +61,8 @@ static void epd_encoder_dirty(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
  * WritesQuiesced waits for. */
 static void epd_encoder_dirty_id(epd_encoder_srv_t *srv, uint64_t id)
 {
-    for (epd_encoder_req_t *r = epd_encoder_first(srv); r != NULL; r = epd_encoder_next(r)) {
+    for (epd_encoder_req_t *r = epd_reqtab_first_req(&srv->reqs); r != NULL;
+         r = epd_reqtab_next_req(&srv->reqs, r)) {
         if (r->id == id) {
             epd_encoder_dirty(srv, r);
         }
@@ -150,7 +127,7 @@ static void epd_encoder_fail(epd_encoder_srv_t *srv, epd_encoder_req_t *req, epd
         snprintf(req->fail_msg, sizeof(req->fail_msg), "%s", msg);
         atomic_store_explicit(&req->job.cancel, 1, memory_order_release);
         req->owe |= tell & (EPD_ENCODER_TELL_CLIENT | EPD_ENCODER_TELL_PREFILL);
-        srv->failed_reqs++;
+        epd_daemon_counts(srv->d)->failed++;
         if (status == EPD_ERR_CANCELED) {
             epd_log_debug(EPD_ENCODER_LOG, req->id, "media %u stopped: %s", req->media_index, msg);
         } else {
@@ -206,7 +183,8 @@ static void epd_encoder_on_write(void *arg, epd_status_t status)
  * write in flight and no Error still to send ahead of it? */
 static int epd_encoder_quiesce_ready(const epd_encoder_srv_t *srv, const epd_encoder_req_t *req)
 {
-    for (const epd_encoder_req_t *r = epd_encoder_first(srv); r != NULL; r = epd_encoder_next(r)) {
+    for (const epd_encoder_req_t *r = epd_reqtab_first_req(&srv->reqs); r != NULL;
+         r = epd_reqtab_next_req(&srv->reqs, r)) {
         if (r->id != req->id || r->peer != req->peer) {
             continue;
         }
@@ -241,7 +219,8 @@ static void epd_encoder_send_owed(epd_encoder_srv_t *srv, epd_encoder_req_t *req
     if ((req->owe & EPD_ENCODER_QUIESCE) != 0 && epd_encoder_quiesce_ready(srv, req)) {
         /* fenced on our link: behind every write posted on it */
         (void)epd_link_send_quiesced(plink, req->id);
-        for (epd_encoder_req_t *r = epd_encoder_first(srv); r != NULL; r = epd_encoder_next(r)) {
+        for (epd_encoder_req_t *r = epd_reqtab_first_req(&srv->reqs); r != NULL;
+             r = epd_reqtab_next_req(&srv->reqs, r)) {
             if (r->id == req->id && r->peer == req->peer) {
                 r->owe &= ~EPD_ENCODER_QUIESCE;
                 epd_encoder_dirty(srv, r);
@@ -303,7 +282,7 @@ static void epd_encoder_send_complete(epd_encoder_srv_t *srv, epd_encoder_req_t 
         return;
     }
     req->complete_sent = 1;
-    srv->served++;
+    epd_daemon_counts(srv->d)->served++;
     epd_trace_instant(srv->trace, "EmbedComplete sent", "msg", req->id, (int32_t)req->media_index,
                       epd_time_now_ns());
 }
@@ -356,9 +335,8 @@ static int epd_encoder_req_step(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
         case EPD_ENCODER_REQ_DONE:
             break;
         }
-        if (req->state == from &&
-            (req->fail_status == EPD_OK || from == EPD_ENCODER_REQ_FAILED ||
-             from == EPD_ENCODER_REQ_DONE)) {
+        if (req->state == from && (req->fail_status == EPD_OK || from == EPD_ENCODER_REQ_FAILED ||
+                                   from == EPD_ENCODER_REQ_DONE)) {
             return 0; /* nothing more to do until the next event */
         }
     }
@@ -417,8 +395,8 @@ static void epd_encoder_advance(epd_encoder_srv_t *srv, epd_encoder_req_t *req)
 static int epd_encoder_id_bound_to(const epd_encoder_srv_t *srv, uint64_t id,
                                    const Epd__Envelope *env)
 {
-    for (const epd_encoder_req_t *req = epd_encoder_first(srv); req != NULL;
-         req = epd_encoder_next(req)) {
+    for (const epd_encoder_req_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
+         req = epd_reqtab_next_req(&srv->reqs, req)) {
         if (req->id == id && epd_peer_usable(req->peer) && epd_peer_is_sender(req->peer, env)) {
             return 1;
         }
@@ -437,8 +415,7 @@ static int epd_encoder_id_bound_to(const epd_encoder_srv_t *srv, uint64_t id,
  * the id is bound to it, else through those images.  Nested-safe.
  */
 static void epd_encoder_id_kill(epd_encoder_srv_t *srv, uint64_t id, epd_status_t status,
-                                const char *msg, const Epd__Envelope *asker_env,
-                                epd_link_t *asker)
+                                const char *msg, const Epd__Envelope *asker_env, epd_link_t *asker)
 {
     /* links already given their WritesQuiesced here: one each (a client and
      * a prefill worker may share one); at most one per stashed media plus
@@ -449,8 +426,8 @@ static void epd_encoder_id_kill(epd_encoder_srv_t *srv, uint64_t id, epd_status_
     epd_link_t *sl;
 
     epd_tombs_add(srv->tombs, id, EPD_TOMB_ALL, EPD_ENCODER_TOMB_ABORTED);
-    for (epd_encoder_req_t *req = epd_encoder_first(srv); req != NULL;
-         req = epd_encoder_next(req)) {
+    for (epd_encoder_req_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
+         req = epd_reqtab_next_req(&srv->reqs, req)) {
         if (req->id == id) {
             epd_encoder_fail(srv, req, status, msg, EPD_ENCODER_QUIESCE);
         }
@@ -491,9 +468,8 @@ static void epd_encoder_id_kill(epd_encoder_srv_t *srv, uint64_t id, epd_status_
  * job.  On success *req_p is live (in the table); EPD_ERR_NO_CAPACITY or
  * EPD_ERR_NO_MEMORY otherwise (nothing kept). */
 static epd_status_t epd_encoder_admit(epd_encoder_srv_t *srv, const Epd__EncodeRequest *e,
-                                      epd_link_t *client, const char *client_id,
-                                      epd_peer_t *peer, uint64_t t_recv_ns,
-                                      epd_encoder_req_t **req_p)
+                                      epd_link_t *client, const char *client_id, epd_peer_t *peer,
+                                      uint64_t t_recv_ns, epd_encoder_req_t **req_p)
 {
     epd_encoder_req_t *req;
 
@@ -565,8 +541,7 @@ static void epd_encoder_apply_reservation(epd_encoder_srv_t *srv, epd_encoder_re
     char msg[200];
     epd_status_t st;
 
-    st = epd__encoder_resv_take(srv, req->peer, r, &req->rkey, &req->rkey_shared, msg,
-                                sizeof(msg));
+    st = epd__encoder_resv_take(srv, req->peer, r, &req->rkey, &req->rkey_shared, msg, sizeof(msg));
     if (st != EPD_OK) {
         epd_encoder_fail(srv, req, st, msg,
                          st == EPD_ERR_PEER_DEAD && epd_peer_state(req->peer) == EPD_PEER_DEAD
@@ -618,7 +593,7 @@ static void epd_encoder_reservation_for(epd_encoder_srv_t *srv, epd_encoder_req_
 void epd__encoder_req_refused(epd_encoder_srv_t *srv, uint64_t id, uint32_t media,
                               epd_status_t status, const char *msg)
 {
-    srv->refused++;
+    epd_daemon_counts(srv->d)->refused++;
     if (status == EPD_ERR_EXISTS) {
         return; /* the live image keeps its reservation */
     }
@@ -642,8 +617,8 @@ void epd__encoder_req_encode(epd_encoder_srv_t *srv, epd_link_t *from, const Epd
     char msg[200];
     epd_status_t st = EPD_OK;
 
-    srv->received++;
-    if (epd_encoder_req_find(srv, id, media) != NULL) {
+    epd_daemon_counts(srv->d)->received++;
+    if (epd_reqtab_find_req(&srv->reqs, id, media) != NULL) {
         st = EPD_ERR_EXISTS;
         snprintf(msg, sizeof(msg), "media %u of request %llu is already being encoded here", media,
                  (unsigned long long)id);
@@ -678,8 +653,9 @@ void epd__encoder_req_encode(epd_encoder_srv_t *srv, epd_link_t *from, const Epd
         return;
     }
     epd_tombs_clear(srv->tombs, id, media);
-    epd_log_debug(EPD_ENCODER_LOG, id, "media %u admitted: %zu bytes into slot %u, for prefill '%s'",
-                  media, e->image.len, req->slot, epd_peer_id(peer));
+    epd_log_debug(EPD_ENCODER_LOG, id,
+                  "media %u admitted: %zu bytes into slot %u, for prefill '%s'", media,
+                  e->image.len, req->slot, epd_peer_id(peer));
     senv = epd_stash_take(srv->stash, id, media, &sl);
     if (senv != NULL) {
         if (epd_peer_is_sender(peer, senv)) {
@@ -699,7 +675,7 @@ int epd__encoder_req_reservation(epd_encoder_srv_t *srv, epd_link_t *from, Epd__
     const Epd__EmbedReservation *r = env->embed_reservation;
     uint64_t id = r->request_id;
     uint32_t media = r->media_index;
-    epd_encoder_req_t *req = epd_encoder_req_find(srv, id, media);
+    epd_encoder_req_t *req = epd_reqtab_find_req(&srv->reqs, id, media);
     uint64_t lease_ms;
     char msg[200];
     int tomb;
@@ -747,8 +723,8 @@ void epd__encoder_req_stop(epd_encoder_srv_t *srv, epd_link_t *from, const Epd__
     int live = 0, allowed = 0, from_p = 0;
     char msg[200];
 
-    for (epd_encoder_req_t *req = epd_encoder_first(srv); req != NULL;
-         req = epd_encoder_next(req)) {
+    for (epd_encoder_req_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
+         req = epd_reqtab_next_req(&srv->reqs, req)) {
         if (req->id == id) {
             live = 1;
             if (strcmp(who, req->client_id) == 0) {
@@ -823,8 +799,8 @@ void epd__encoder_req_on_peer_dead(void *arg, epd_peer_t *peer, epd_status_t sta
     (void)status;
     snprintf(msg, sizeof(msg), "prefill worker '%.80s' %s", epd_peer_id(peer), why);
     epd_log_warn(EPD_ENCODER_LOG, 0, "%s: failing its images", msg);
-    for (epd_encoder_req_t *req = epd_encoder_first(srv); req != NULL;
-         req = epd_encoder_next(req)) {
+    for (epd_encoder_req_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
+         req = epd_reqtab_next_req(&srv->reqs, req)) {
         if (req->peer == peer) {
             /* keys unpacked on its link die when the link closes */
             req->rkey = NULL;
@@ -843,7 +819,7 @@ int epd__encoder_req_on_pump(void *arg)
         srv->room = 0;
         epd_encoder_unblock_all(srv);
     }
-    while ((req = epd_encoder_req_of(epd_reqtab_pop_dirty(&srv->reqs))) != NULL) {
+    while ((req = epd_reqtab_pop_dirty_req(&srv->reqs)) != NULL) {
         epd_encoder_advance(srv, req);
     }
     return srv->room;
@@ -858,8 +834,8 @@ void epd__encoder_req_on_tick(void *arg, uint64_t now)
     epd_link_t *sl;
     char msg[200];
 
-    for (epd_encoder_req_t *req = epd_encoder_first(srv); req != NULL;
-         req = epd_encoder_next(req)) {
+    for (epd_encoder_req_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
+         req = epd_reqtab_next_req(&srv->reqs, req)) {
         if (req->fail_status != EPD_OK) {
             if (req->owe != 0) {
                 epd_encoder_dirty(srv, req); /* a safety net for what it waits on */
@@ -912,13 +888,8 @@ void epd__encoder_req_on_stop(void *arg)
 {
     epd_encoder_srv_t *srv = arg;
 
-    epd_log_info(EPD_ENCODER_LOG, 0,
-                 "stopping: %u images in flight; %llu EncodeRequests received, %llu images "
-                 "written, %llu failed or aborted, %llu refused since start",
-                 epd_reqtab_count(&srv->reqs), (unsigned long long)srv->received, (unsigned long long)srv->served,
-                 (unsigned long long)srv->failed_reqs, (unsigned long long)srv->refused);
-    for (epd_encoder_req_t *req = epd_encoder_first(srv); req != NULL;
-         req = epd_encoder_next(req)) {
+    for (epd_encoder_req_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
+         req = epd_reqtab_next_req(&srv->reqs, req)) {
         atomic_store(&req->job.cancel, 1);
     }
 }
@@ -930,7 +901,7 @@ epd_status_t epd__encoder_reqs_init(epd_encoder_srv_t *srv)
     uint64_t ttl_ms = (uint64_t)srv->lease_ms * 10;
     epd_status_t st;
 
-    st = epd_reqtab_init(&srv->reqs, srv->slots);
+    st = epd_reqtab_init(&srv->reqs, srv->slots, offsetof(epd_encoder_req_t, ent));
     if (st != EPD_OK) {
         return st;
     }
@@ -956,7 +927,7 @@ void epd__encoder_reqs_cleanup(epd_encoder_srv_t *srv)
     epd_encoder_req_t *req;
 
     if (srv->reqs.table_ != NULL) {
-        while ((req = epd_encoder_first(srv)) != NULL) {
+        while ((req = epd_reqtab_first_req(&srv->reqs)) != NULL) {
             epd_reqtab_remove(&srv->reqs, &req->ent);
             epd_peer_unref(req->peer);
             epd_encoder_req_free(req);

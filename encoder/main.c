@@ -39,30 +39,17 @@ static void epd_encoder_on_exit(void *arg)
     srv->compute = NULL;
 }
 
-static const epd_daemon_ops_t epd_encoder_ops = {
-    .on_msg = epd__encoder_on_msg,
-    .on_link_down = epd_daemon_op_link_down_none, /* images hold their client's link */
-    .on_peer_dead = epd__encoder_req_on_peer_dead,
-    .on_peer_closed = epd_daemon_op_peer_closed_none, /* we write; nothing of theirs lands here */
-    .on_pump = epd__encoder_req_on_pump,
-    .on_tick = epd__encoder_req_on_tick,
-    .load = epd__encoder_req_load,
-    .on_drain = epd_daemon_op_none,
-    .on_rpc = epd_daemon_op_rpc_pass,
-    .on_stop = epd__encoder_req_on_stop,
-    .stopped = epd_daemon_op_stopped_now,
-    .on_exit = epd_encoder_on_exit,
-};
-
 /* The role on a created daemon: the region, the tables, the compute thread
  * (which takes the engine).  EPD_OK or the failure (logged). */
-static epd_status_t epd_encoder_setup(epd_encoder_srv_t *srv, const epd_encoder_flags_t *fl,
-                                      epd_engine_t **engine_p)
+static epd_status_t epd_encoder_setup(void *arg, epd_daemon_t *d)
 {
+    epd_encoder_srv_t *srv = arg;
     epd_daemon_capacity_t cap;
     uint64_t region_bytes;
     epd_status_t st;
 
+    srv->d = d;
+    srv->trace = epd_daemon_trace(d);
     /* the slots, registered: the source of the one-sided writes, and where
      * the compute thread encodes into */
     region_bytes = (uint64_t)srv->slots * srv->slot_stride;
@@ -77,12 +64,12 @@ static epd_status_t epd_encoder_setup(epd_encoder_srv_t *srv, const epd_encoder_
         epd_log_error(EPD_ENCODER_LOG, 0, "out of memory");
         return st;
     }
-    st = epd_encoder_compute_create(epd_daemon_loop(srv->d), *engine_p, srv->slots,
+    st = epd_encoder_compute_create(epd_daemon_loop(srv->d), srv->engine, srv->slots,
                                     epd__encoder_req_on_job, srv, &srv->compute);
     if (st != EPD_OK) {
         return st;
     }
-    *engine_p = NULL; /* the compute thread owns it now */
+    srv->engine = NULL; /* the compute thread owns it now */
     memset(&cap, 0, sizeof(cap));
     cap.embed_slots = srv->slots;
     cap.image_embeddings = srv->info->image_embeddings;
@@ -100,17 +87,43 @@ static epd_status_t epd_encoder_setup(epd_encoder_srv_t *srv, const epd_encoder_
                  srv->slot_bytes, srv->slots, (unsigned long long)region_bytes,
                  (unsigned long long)srv->max_image_bytes, (unsigned long long)srv->max_pixels,
                  srv->lease_ms);
-    (void)fl;
     return EPD_OK;
 }
 
-static int epd_encoder_run(const epd_daemon_flags_t *dfl, const epd_encoder_flags_t *fl)
+/* ops->cleanup: the compute thread is joined and the transport gone (the
+ * region with it): only memory is left */
+static void epd_encoder_cleanup(void *arg)
 {
+    epd_encoder_srv_t *srv = arg;
+
+    epd_encoder_compute_destroy(srv->compute);
+    srv->compute = NULL;
+    epd_engine_close(srv->engine);
+    epd__encoder_reqs_cleanup(srv);
+}
+
+static const epd_daemon_ops_t epd_encoder_ops = {
+    .on_msg = epd__encoder_on_msg,
+    .on_link_down = epd_daemon_op_link_down_none, /* images hold their client's link */
+    .on_peer_dead = epd__encoder_req_on_peer_dead,
+    .on_peer_closed = epd_daemon_op_peer_closed_none, /* we write; nothing of theirs lands here */
+    .on_pump = epd__encoder_req_on_pump,
+    .on_tick = epd__encoder_req_on_tick,
+    .load = epd__encoder_req_load,
+    .on_drain = epd_daemon_op_none,
+    .on_rpc = epd_daemon_op_rpc_pass,
+    .on_stop = epd__encoder_req_on_stop,
+    .stopped = epd_daemon_op_stopped_now,
+    .on_exit = epd_encoder_on_exit,
+    .setup = epd_encoder_setup,
+    .cleanup = epd_encoder_cleanup,
+};
+
+static int epd_encoder_run(const epd_daemon_flags_t *dfl, void *arg)
+{
+    const epd_encoder_flags_t *fl = arg;
     epd_daemon_config_t dc;
-    epd_engine_config_t ecfg;
     epd_encoder_srv_t srv;
-    epd_engine_t *engine = NULL;
-    epd_status_t st;
 
     memset(&srv, 0, sizeof(srv));
     srv.slots = (uint32_t)fl->slots;
@@ -118,26 +131,19 @@ static int epd_encoder_run(const epd_daemon_flags_t *dfl, const epd_encoder_flag
     srv.max_pixels = (uint64_t)fl->max_pixels;
     srv.lease_ms = (uint32_t)fl->lease_ms;
     /* the model (blocking: before the loop runs) */
-    memset(&ecfg, 0, sizeof(ecfg));
-    ecfg.model_dir = dfl->model;
-    ecfg.max_batch = 1;
-    st = epd_engine_open(dfl->engine, &ecfg, &engine);
-    if (st != EPD_OK) {
-        epd_log_error(EPD_ENCODER_LOG, 0, "cannot open model '%s' with engine '%s': %s",
-                      dfl->model, dfl->engine, epd_status_string(st));
+    if (epd_daemon_engine_open(dfl, EPD_ENCODER_LOG, 0, 1, &srv.engine) != EPD_OK) {
         return 1;
     }
-    srv.info = epd_engine_info(engine);
+    srv.info = epd_engine_info(srv.engine);
     if (srv.info->image_embeddings == 0 || srv.info->embed_dim == 0) {
         epd_log_error(EPD_ENCODER_LOG, 0,
                       "model '%s' (engine '%s') has no vision encoder: nothing to encode with",
                       dfl->model, dfl->engine);
-        epd_engine_close(engine);
+        epd_engine_close(srv.engine);
         return 1;
     }
     srv.slot_bytes = (size_t)srv.info->image_embeddings * srv.info->embed_dim * sizeof(float);
     srv.slot_stride = (srv.slot_bytes + 63) & ~(size_t)63;
-
     memset(&dc, 0, sizeof(dc));
     dc.role_name = EPD_ENCODER_LOG;
     dc.role = EPD__ROLE__ROLE_ENCODER;
@@ -152,28 +158,11 @@ static int epd_encoder_run(const epd_daemon_flags_t *dfl, const epd_encoder_flag
     dc.max_inflight = (uint32_t)fl->max_inflight_writes;
     dc.ops = &epd_encoder_ops;
     dc.arg = &srv;
-    st = epd_daemon_create(&dc, &srv.d);
-    if (st != EPD_OK) {
-        epd_engine_close(engine);
-        return 1;
-    }
-    srv.trace = epd_daemon_trace(srv.d);
-    st = epd_encoder_setup(&srv, fl, &engine);
-    if (st == EPD_OK) {
-        st = epd_daemon_serve(srv.d, NULL);
-    }
-    /* the compute thread is joined and the transport gone (the region
-     * with it): only memory is left */
-    epd_encoder_compute_destroy(srv.compute);
-    epd_engine_close(engine);
-    epd__encoder_reqs_cleanup(&srv);
-    epd_daemon_destroy(srv.d);
-    return st == EPD_OK ? 0 : 1;
+    return epd_daemon_run(&dc);
 }
 
 int main(int argc, char **argv)
 {
-    epd_daemon_flags_t dfl;
     epd_encoder_flags_t fl = {
         .slots = 16,
         .max_image_bytes = 8 << 20,
@@ -196,16 +185,8 @@ int main(int argc, char **argv)
         {"max-inflight-writes", EPD_OPT_INT, &fl.max_inflight_writes, 1, 1 << 24,
          "embedding writes posted at once; more wait (backpressure) until earlier ones complete"},
     };
-    epd_opts_t o;
-    int rc = 1;
-
-    epd_daemon_flags_init(&dfl);
-    if (epd_daemon_main("epd-encoder",
-                        "encoder worker: images in, embeddings written into prefill's slots",
-                        EPD_DAEMON_FLAG_REGISTER, &dfl, opts, sizeof(opts) / sizeof(opts[0]),
-                        argc, argv, &o, &rc)) {
-        rc = epd_encoder_run(&dfl, &fl);
-    }
-    epd_opts_cleanup(&o);
-    return rc;
+    return epd_daemon_main("epd-encoder",
+                           "encoder worker: images in, embeddings written into prefill's slots",
+                           EPD_DAEMON_FLAG_REGISTER, opts, sizeof(opts) / sizeof(opts[0]),
+                           epd_encoder_run, &fl, argc, argv);
 }

@@ -317,6 +317,7 @@ typedef struct epd_prefill_srv {
     uint32_t *free_blocks, n_free_blocks; /* stack, lowest on top */
     uint32_t *free_slots, n_free_slots;   /* stack, lowest on top */
     epd_prefill_compute_t *compute;
+    epd_engine_t *engine; /* until the compute thread takes it (setup) */
     /* requests (the request layer's) */
     epd_reqtab_t reqs;
     int room; /* a write completed: retry the blocked */
@@ -335,7 +336,6 @@ typedef struct epd_prefill_srv {
     epd_prefill_waiter_t *wait_head, *wait_tail; /* waiting for slots, in arrival order */
     int embed_room; /* a slot came free: the pump places the waiting */
     /* counters */
-    uint64_t received, served, failed_reqs, refused;
     uint64_t kv_bytes_sent;         /* bytes of layers whose writes all landed */
     uint64_t layer_notices;         /* landed LayerDones sent */
     uint64_t layer_notices_skipped; /* skipped: the link had messages waiting */

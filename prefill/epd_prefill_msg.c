@@ -19,13 +19,6 @@
 #include "epd_prefill_int.h"
 #include "epd_time.h"
 
-static void epd_prefill_refuse(epd_prefill_srv_t *srv, epd_link_t *from, uint64_t id,
-                               epd_status_t status, const char *what)
-{
-    epd_daemon_refuse_log(srv->d, id, "%s (%s)", what, epd_status_name(status));
-    (void)epd_link_send_error(from, id, status, what, NULL);
-}
-
 /* GenerateRequest.media against the prompt and the engine (rule 14). */
 static epd_status_t epd_prefill_check_media(const epd_prefill_srv_t *srv,
                                             const Epd__GenerateRequest *g, char *msg, size_t cap)
@@ -77,15 +70,14 @@ static epd_status_t epd_prefill_check_media(const epd_prefill_srv_t *srv,
         }
         for (uint32_t p = m->placeholder_pos; p < m->placeholder_pos + m->n_embeddings; p++) {
             if ((int32_t)g->prompt_tokens[p] != info->image_token) {
-                snprintf(msg, cap, "media %zu: prompt position %u is not the image token %d", i,
-                         p, info->image_token);
+                snprintf(msg, cap, "media %zu: prompt position %u is not the image token %d", i, p,
+                         info->image_token);
                 return EPD_ERR_INVALID_PARAM;
             }
         }
         if (has_enc && (strlen(m->encoder_worker_id) >= EPD_WORKER_ID_MAX ||
                         m->encoder_epoch == NULL || m->encoder_address.len == 0)) {
-            snprintf(msg, cap, "media %zu names an encoder without a (valid) epoch and address",
-                     i);
+            snprintf(msg, cap, "media %zu names an encoder without a (valid) epoch and address", i);
             return EPD_ERR_INVALID_PARAM;
         }
         prev_end = (uint64_t)m->placeholder_pos + m->n_embeddings;
@@ -96,8 +88,7 @@ static epd_status_t epd_prefill_check_media(const epd_prefill_srv_t *srv,
         n_tok += (int32_t)g->prompt_tokens[p] == info->image_token;
     }
     if (n_tok != covered) {
-        snprintf(msg, cap, "the prompt holds %u image tokens, its images cover %u", n_tok,
-                 covered);
+        snprintf(msg, cap, "the prompt holds %u image tokens, its images cover %u", n_tok, covered);
         return EPD_ERR_INVALID_PARAM;
     }
     return EPD_OK;
@@ -147,10 +138,9 @@ static epd_status_t epd_prefill_check_generate(const epd_prefill_srv_t *srv,
     if (g->n_media > 0 && (st = epd_prefill_check_media(srv, g, msg, cap)) != EPD_OK) {
         return st;
     }
-    if (!g->prefill_only &&
-        (g->decode_worker_id == NULL || g->decode_worker_id[0] == '\0' ||
-         strlen(g->decode_worker_id) >= EPD_WORKER_ID_MAX || g->decode_epoch == NULL ||
-         g->decode_address.len == 0)) {
+    if (!g->prefill_only && (g->decode_worker_id == NULL || g->decode_worker_id[0] == '\0' ||
+                             strlen(g->decode_worker_id) >= EPD_WORKER_ID_MAX ||
+                             g->decode_epoch == NULL || g->decode_address.len == 0)) {
         snprintf(msg, cap, "request names no (valid) decode worker, epoch and address");
         return EPD_ERR_INVALID_PARAM;
     }
@@ -186,7 +176,7 @@ static void epd_prefill_on_generate(epd_prefill_srv_t *srv, epd_link_t *from,
 
     st = epd_prefill_check_generate(srv, env, &sp, msg, sizeof(msg));
     if (st != EPD_OK) {
-        epd_prefill_refuse(srv, from, id, st, msg);
+        epd_link_refuse(from, id, st, msg);
         /* it ended here before it began: an early reservation is answered */
         epd__prefill_req_refused(srv, id, st, msg);
         return;
@@ -218,8 +208,8 @@ int epd__prefill_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env)
         epd__prefill_req_quiesced(srv, env);
         return 0;
     default:
-        epd_prefill_refuse(srv, from, epd_msg_request_id(env), EPD_ERR_UNSUPPORTED,
-                           "message kind not handled by a prefill worker");
+        epd_link_refuse(from, epd_msg_request_id(env), EPD_ERR_UNSUPPORTED,
+                        "message kind not handled by a prefill worker");
         return 0;
     }
 }

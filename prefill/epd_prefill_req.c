@@ -47,26 +47,6 @@ static void epd_prefill_advance(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
 
 /* ------------------------------------------------------------ bookkeeping */
 
-static epd_prefill_req_t *epd_prefill_req_of(epd_reqent_t *e)
-{
-    return e != NULL ? EPD_REQ_OF(e, epd_prefill_req_t, ent) : NULL;
-}
-
-static epd_prefill_req_t *epd_prefill_first(const epd_prefill_srv_t *srv)
-{
-    return epd_prefill_req_of(epd_reqtab_first(&srv->reqs));
-}
-
-static epd_prefill_req_t *epd_prefill_next(const epd_prefill_req_t *req)
-{
-    return epd_prefill_req_of(epd_reqtab_next(&req->ent));
-}
-
-static epd_prefill_req_t *epd_prefill_find(const epd_prefill_srv_t *srv, uint64_t id)
-{
-    return epd_prefill_req_of(epd_reqtab_find(&srv->reqs, id, 0));
-}
-
 /* Marks a request for a step at the top of the loop. */
 static void epd_prefill_dirty(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
@@ -86,14 +66,6 @@ static void epd_prefill_unblock_all(epd_prefill_srv_t *srv)
 static int epd_prefill_from_decode(const epd_prefill_req_t *req, const Epd__Envelope *env)
 {
     return req->peer != NULL && epd_peer_is_sender(req->peer, env);
-}
-
-/* Refuses a message: one rate-limited line and an Error to its sender. */
-static void epd_prefill_refuse(epd_prefill_srv_t *srv, epd_link_t *to, uint64_t id,
-                               epd_status_t status, const char *msg)
-{
-    epd_daemon_refuse_log(srv->d, id, "%s (%s)", msg, epd_status_name(status));
-    (void)epd_link_send_error(to, id, status, msg, NULL);
 }
 
 /* ---------------------------------------------------------------- failure */
@@ -119,7 +91,7 @@ static void epd_prefill_fail(epd_prefill_srv_t *srv, epd_prefill_req_t *req, epd
                  culprit != NULL ? culprit : "");
         atomic_store_explicit(&req->cancel, 1, memory_order_release);
         req->owe |= tell & (EPD_PREFILL_TELL_CLIENT | EPD_PREFILL_TELL_DECODE);
-        srv->failed_reqs++;
+        epd_daemon_counts(srv->d)->failed++;
         /* a late GenerateRequest or reservation of the id never starts
          * writing again; it learns how the id ended */
         epd__prefill_ids_end(srv, req->id,
@@ -229,7 +201,7 @@ static void epd_prefill_send_complete(epd_prefill_srv_t *srv, epd_prefill_req_t 
     }
     req->complete_sent = 1;
     req->t_complete_ns = epd_time_now_ns();
-    srv->served++;
+    epd_daemon_counts(srv->d)->served++;
     epd_trace_instant(srv->trace, "PrefillComplete sent", "msg", req->id, -1, req->t_complete_ns);
 }
 
@@ -274,7 +246,7 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
                 epd__prefill_xfer_first_token(srv, req->client, req->id, req->first_token);
                 req->complete_sent = 1;
                 req->t_complete_ns = epd_time_now_ns();
-                srv->served++;
+                epd_daemon_counts(srv->d)->served++;
             } else {
                 if (epd_prefill_post(srv, req) != 0) {
                     return -1;
@@ -417,8 +389,8 @@ static void epd_prefill_reservation_for(epd_prefill_srv_t *srv, epd_prefill_req_
     epd_status_t st;
 
     if (!epd_prefill_from_decode(req, env)) {
-        epd_prefill_refuse(srv, from, req->id, EPD_ERR_INVALID_PARAM,
-                           "sender is not the decode worker of this request");
+        epd_link_refuse(from, req->id, EPD_ERR_INVALID_PARAM,
+                        "sender is not the decode worker of this request");
         return;
     }
     if (env->body_case == EPD__ENVELOPE__BODY_REFUSED) {
@@ -439,7 +411,7 @@ static void epd_prefill_reservation_for(epd_prefill_srv_t *srv, epd_prefill_req_
         return;
     }
     if (req->xfer.have_resv) {
-        epd_prefill_refuse(srv, from, req->id, EPD_ERR_EXISTS, "a second reservation");
+        epd_link_refuse(from, req->id, EPD_ERR_EXISTS, "a second reservation");
         return;
     }
     st = epd__prefill_xfer_take(srv, &req->xfer, env->reservation, msg, sizeof(msg));
@@ -466,7 +438,7 @@ static void epd_prefill_reservation_for(epd_prefill_srv_t *srv, epd_prefill_req_
 void epd__prefill_req_refused(epd_prefill_srv_t *srv, uint64_t id, epd_status_t status,
                               const char *msg)
 {
-    srv->refused++;
+    epd_daemon_counts(srv->d)->refused++;
     epd__prefill_ids_refused(srv, id, status, msg);
 }
 
@@ -484,8 +456,8 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
     char msg[200];
     epd_status_t st = EPD_OK;
 
-    srv->received++;
-    if (epd_prefill_find(srv, id) != NULL) {
+    epd_daemon_counts(srv->d)->received++;
+    if (epd_reqtab_find_req(&srv->reqs, id, 0) != NULL) {
         st = EPD_ERR_EXISTS;
         snprintf(msg, sizeof(msg), "request id %llu is already live", (unsigned long long)id);
     } else if (epd__prefill_ids_ended(srv, id) != 0) {
@@ -511,7 +483,8 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
             st = EPD_ERR_NO_CAPACITY;
         }
         if (st == EPD_ERR_NO_CAPACITY) {
-            snprintf(msg, sizeof(msg), "no local capacity for %zu tokens (%u blocks, %u slots free)",
+            snprintf(msg, sizeof(msg),
+                     "no local capacity for %zu tokens (%u blocks, %u slots free)",
                      g->n_prompt_tokens, srv->n_free_blocks, srv->n_free_slots);
         } else if (st != EPD_OK) {
             snprintf(msg, sizeof(msg), "cannot admit the request: %s", epd_status_string(st));
@@ -521,7 +494,7 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
         }
     }
     if (st != EPD_OK) {
-        epd_prefill_refuse(srv, from, id, st, msg);
+        epd_link_refuse(from, id, st, msg);
         epd__prefill_req_refused(srv, id, st, msg);
         return;
     }
@@ -560,7 +533,7 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
 int epd__prefill_req_reservation(epd_prefill_srv_t *srv, epd_link_t *from, Epd__Envelope *env)
 {
     uint64_t id = epd_msg_request_id(env);
-    epd_prefill_req_t *req = epd_prefill_find(srv, id);
+    epd_prefill_req_t *req = epd_reqtab_find_req(&srv->reqs, id, 0);
 
     if (req == NULL) {
         return epd__prefill_ids_early(srv, from, env);
@@ -572,7 +545,7 @@ int epd__prefill_req_reservation(epd_prefill_srv_t *srv, epd_link_t *from, Epd__
 void epd__prefill_req_abort(epd_prefill_srv_t *srv, epd_link_t *from, const Epd__Envelope *env)
 {
     uint64_t id = env->abort->request_id;
-    epd_prefill_req_t *req = epd_prefill_find(srv, id);
+    epd_prefill_req_t *req = epd_reqtab_find_req(&srv->reqs, id, 0);
     const char *who = env->sender->worker_id;
     char msg[200];
 
@@ -581,8 +554,8 @@ void epd__prefill_req_abort(epd_prefill_srv_t *srv, epd_link_t *from, const Epd_
         return;
     }
     if (strcmp(who, req->client_id) != 0 && !epd_prefill_from_decode(req, env)) {
-        epd_prefill_refuse(srv, from, id, EPD_ERR_NOT_FOUND,
-                           "abort from neither the client nor the decode worker of this request");
+        epd_link_refuse(from, id, EPD_ERR_NOT_FOUND,
+                        "abort from neither the client nor the decode worker of this request");
         return;
     }
     snprintf(msg, sizeof(msg), "abort from '%.60s': %.100s", who,
@@ -594,15 +567,16 @@ void epd__prefill_req_abort(epd_prefill_srv_t *srv, epd_link_t *from, const Epd_
 void epd__prefill_req_error(epd_prefill_srv_t *srv, epd_link_t *from, const Epd__Envelope *env)
 {
     const Epd__Error *e = env->error;
-    epd_prefill_req_t *req = epd_prefill_find(srv, e->request_id);
+    epd_prefill_req_t *req = epd_reqtab_find_req(&srv->reqs, e->request_id, 0);
     epd_status_t st = e->status < 0 ? (epd_status_t)e->status : EPD_ERR_TRANSPORT;
     const char *who = env->sender->worker_id;
     char msg[200];
 
     (void)from; /* an Error is never answered */
     if (req == NULL) {
-        epd_log_debug(EPD_PREFILL_LOG, e->request_id, "error from '%s' about an unknown request: %s",
-                      who, e->message != NULL ? e->message : "");
+        epd_log_debug(EPD_PREFILL_LOG, e->request_id,
+                      "error from '%s' about an unknown request: %s", who,
+                      e->message != NULL ? e->message : "");
         return;
     }
     for (uint32_t i = 0; i < req->n_media; i++) {
@@ -631,7 +605,7 @@ void epd__prefill_req_error(epd_prefill_srv_t *srv, epd_link_t *from, const Epd_
 void epd__prefill_req_embed_complete(epd_prefill_srv_t *srv, const Epd__Envelope *env)
 {
     const Epd__EmbedComplete *ec = env->embed_complete;
-    epd_prefill_req_t *req = epd_prefill_find(srv, ec->request_id);
+    epd_prefill_req_t *req = epd_reqtab_find_req(&srv->reqs, ec->request_id, 0);
     epd_prefill_media_t *m = NULL;
     char msg[200];
     epd_status_t st;
@@ -662,7 +636,7 @@ void epd__prefill_req_embed_complete(epd_prefill_srv_t *srv, const Epd__Envelope
 void epd__prefill_req_quiesced(epd_prefill_srv_t *srv, const Epd__Envelope *env)
 {
     uint64_t id = env->quiesced->request_id;
-    epd_prefill_req_t *req = epd_prefill_find(srv, id);
+    epd_prefill_req_t *req = epd_reqtab_find_req(&srv->reqs, id, 0);
     uint32_t freed = epd__prefill_media_quiesced(srv, id, env);
     char msg[200];
 
@@ -738,8 +712,8 @@ void epd__prefill_req_on_event(void *arg, epd_prefill_ev_t *ev)
         m = &req->media[ev->layer];
         req->encodes_inflight--;
         /* a failed request's embeddings are discarded */
-        epd__prefill_media_encoded(srv, m, req->fail_status != EPD_OK ? EPD_ERR_CANCELED : ev->status,
-                                   msg, sizeof(msg));
+        epd__prefill_media_encoded(
+            srv, m, req->fail_status != EPD_OK ? EPD_ERR_CANCELED : ev->status, msg, sizeof(msg));
         if (req->fail_status == EPD_OK && ev->status != EPD_OK) {
             epd_prefill_fail(srv, req, ev->status, msg, EPD_PREFILL_TELL_ALL, NULL);
         } else if (req->fail_status == EPD_OK) {
@@ -764,8 +738,8 @@ static void epd_prefill_on_written(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x
     if (status != EPD_OK && req->fail_status == EPD_OK) {
         snprintf(msg, sizeof(msg), "a KV write to decode '%.80s' failed: %s",
                  epd_peer_id(req->peer), epd_status_string(status));
-        epd_prefill_fail(srv, req, epd__prefill_xfer_peer_status(status), msg,
-                         EPD_PREFILL_TELL_ALL, NULL);
+        epd_prefill_fail(srv, req, epd__prefill_xfer_peer_status(status), msg, EPD_PREFILL_TELL_ALL,
+                         NULL);
     }
     if (x->writes_inflight == 0) {
         epd_prefill_dirty(srv, req);
@@ -792,8 +766,8 @@ void epd__prefill_req_on_peer_dead(void *arg, epd_peer_t *peer, epd_status_t sta
     snprintf(msg, sizeof(msg), "%s worker '%.80s' %s",
              role == EPD__ROLE__ROLE_ENCODER ? "encoder" : "decode", epd_peer_id(peer), why);
     epd_log_warn(EPD_PREFILL_LOG, 0, "%s: failing its requests", msg);
-    for (epd_prefill_req_t *req = epd_prefill_first(srv); req != NULL;
-         req = epd_prefill_next(req)) {
+    for (epd_prefill_req_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
+         req = epd_reqtab_next_req(&srv->reqs, req)) {
         if (req->peer == peer) {
             /* keys unpacked on its link die when the link closes */
             epd__prefill_xfer_forget_key(&req->xfer);
@@ -840,7 +814,7 @@ int epd__prefill_req_on_pump(void *arg)
                 epd_prefill_dirty(srv, req);
             }
         }
-        while ((req = epd_prefill_req_of(epd_reqtab_pop_dirty(&srv->reqs))) != NULL) {
+        while ((req = epd_reqtab_pop_dirty_req(&srv->reqs)) != NULL) {
             epd_prefill_advance(srv, req);
         }
     } while (srv->embed_room);
@@ -858,8 +832,8 @@ void epd__prefill_req_on_tick(void *arg, uint64_t now)
     if (epd_daemon_stopping(srv->d)) {
         return;
     }
-    for (epd_prefill_req_t *req = epd_prefill_first(srv); req != NULL;
-         req = epd_prefill_next(req)) {
+    for (epd_prefill_req_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
+         req = epd_reqtab_next_req(&srv->reqs, req)) {
         if (req->state == EPD_PREFILL_REQ_FAILED || req->state == EPD_PREFILL_REQ_LANDING) {
             epd_prefill_dirty(srv, req); /* a safety net for what it waits on */
             continue;
@@ -879,8 +853,8 @@ void epd__prefill_req_on_tick(void *arg, uint64_t now)
             epd__prefill_xfer_keepalive(srv, &req->xfer, now);
         }
         if ((m = epd__prefill_media_silent(srv, req->media, req->n_media, now)) != NULL) {
-            snprintf(msg, sizeof(msg), "no embeddings from encoder '%.60s' within %u ms",
-                     m->enc_id, srv->lease_ms);
+            snprintf(msg, sizeof(msg), "no embeddings from encoder '%.60s' within %u ms", m->enc_id,
+                     srv->lease_ms);
             epd_prefill_fail(srv, req, EPD_ERR_TIMEOUT, msg, EPD_PREFILL_TELL_ALL, m->enc_id);
         }
     }
@@ -900,15 +874,9 @@ void epd__prefill_req_on_stop(void *arg)
 {
     epd_prefill_srv_t *srv = arg;
 
-    epd_log_info(EPD_PREFILL_LOG, 0,
-                 "stopping: %u requests live; %llu received, %llu completed, %llu failed or "
-                 "aborted, %llu refused since start",
-                 epd_reqtab_count(&srv->reqs), (unsigned long long)srv->received,
-                 (unsigned long long)srv->served, (unsigned long long)srv->failed_reqs,
-                 (unsigned long long)srv->refused);
     /* the compute thread ends its run at the next layer boundary */
-    for (epd_prefill_req_t *req = epd_prefill_first(srv); req != NULL;
-         req = epd_prefill_next(req)) {
+    for (epd_prefill_req_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
+         req = epd_reqtab_next_req(&srv->reqs, req)) {
         atomic_store(&req->cancel, 1);
     }
 }
@@ -918,7 +886,7 @@ void epd__prefill_req_on_stop(void *arg)
 epd_status_t epd__prefill_reqs_init(epd_prefill_srv_t *srv)
 {
     srv->on_written = epd_prefill_on_written;
-    return epd_reqtab_init(&srv->reqs, srv->state_slots);
+    return epd_reqtab_init(&srv->reqs, srv->state_slots, offsetof(epd_prefill_req_t, ent));
 }
 
 void epd__prefill_reqs_cleanup(epd_prefill_srv_t *srv)
@@ -926,7 +894,7 @@ void epd__prefill_reqs_cleanup(epd_prefill_srv_t *srv)
     epd_prefill_req_t *req;
 
     if (srv->reqs.table_ != NULL) {
-        while ((req = epd_prefill_first(srv)) != NULL) {
+        while ((req = epd_reqtab_first_req(&srv->reqs)) != NULL) {
             epd_reqtab_remove(&srv->reqs, &req->ent);
             /* its key died with the link it was unpacked on (closed by now) */
             epd__prefill_xfer_forget_key(&req->xfer);

@@ -67,35 +67,23 @@ static void epd_prefill_load(void *arg, epd_daemon_load_t *load_p)
     load_p->kv_bytes_sent = srv->kv_bytes_sent;
 }
 
-static const epd_daemon_ops_t epd_prefill_ops = {
-    .on_msg = epd__prefill_on_msg,
-    .on_link_down = epd_daemon_op_link_down_none, /* requests hold their client's link */
-    .on_peer_dead = epd__prefill_req_on_peer_dead,
-    .on_peer_closed = epd__prefill_req_on_peer_closed, /* an encoder's quarantined slots */
-    .on_pump = epd__prefill_req_on_pump,
-    .on_tick = epd__prefill_req_on_tick,
-    .load = epd_prefill_load,
-    .on_drain = epd_daemon_op_none, /* new requests are refused; running ones finish */
-    .on_rpc = epd_daemon_op_rpc_pass,
-    .on_stop = epd__prefill_req_on_stop,
-    .stopped = epd_daemon_op_stopped_now,
-    .on_exit = epd_prefill_on_exit,
-};
-
 /* The role on a created daemon: the local pool, the embedding region, the
  * request tables, the compute thread (which takes the engine), what the
  * control plane says.  EPD_OK or the failure (logged). */
-static epd_status_t epd_prefill_setup(epd_prefill_srv_t *srv, epd_engine_t **engine_p)
+static epd_status_t epd_prefill_setup(void *arg, epd_daemon_t *d)
 {
+    epd_prefill_srv_t *srv = arg;
     const epd_engine_info_t *info = srv->info;
     char pattern[EPD_LAYOUT_PATTERN_MAX];
     epd_daemon_capacity_t cap;
     Epd__KvLayout lm;
     epd_status_t st;
 
+    srv->d = d;
+    srv->trace = epd_daemon_trace(d);
     /* the local KV pool (the writes' source) and the embedding region
      * (the encoders' landing zone), both registered on the transport */
-    st = epd__prefill_pool_init(srv, *engine_p);
+    st = epd__prefill_pool_init(srv, srv->engine);
     if (st != EPD_OK) {
         return st;
     }
@@ -111,14 +99,14 @@ static epd_status_t epd_prefill_setup(epd_prefill_srv_t *srv, epd_engine_t **eng
         epd_log_error(EPD_PREFILL_LOG, 0, "out of memory");
         return st;
     }
-    st = epd_prefill_compute_create(epd_daemon_loop(srv->d), *engine_p, &srv->pool,
+    st = epd_prefill_compute_create(epd_daemon_loop(srv->d), srv->engine, &srv->pool,
                                     srv->state_slots,
                                     srv->embed_slots > 0 ? EPD_PREFILL_MEDIA_MAX : 0,
                                     epd__prefill_req_on_event, srv, &srv->compute);
     if (st != EPD_OK) {
         return st;
     }
-    *engine_p = NULL; /* the compute thread owns it now */
+    srv->engine = NULL; /* the compute thread owns it now */
     memset(&cap, 0, sizeof(cap));
     cap.kv_blocks_total = srv->kv_blocks;
     cap.block_tokens = info->kv.block_tokens;
@@ -140,13 +128,43 @@ static epd_status_t epd_prefill_setup(epd_prefill_srv_t *srv, epd_engine_t **eng
     return EPD_OK;
 }
 
-static int epd_prefill_run(const epd_daemon_flags_t *dfl, const epd_prefill_flags_t *fl)
+/* ops->cleanup: the compute thread is joined and the transport gone (the
+ * pool and the embedding region with it): only memory is left */
+static void epd_prefill_cleanup(void *arg)
 {
+    epd_prefill_srv_t *srv = arg;
+
+    epd_prefill_compute_destroy(srv->compute);
+    srv->compute = NULL;
+    epd_engine_close(srv->engine);
+    epd__prefill_reqs_cleanup(srv);
+    epd__prefill_ids_cleanup(srv);
+    epd__prefill_media_cleanup(srv);
+    epd__prefill_pool_cleanup(srv);
+}
+
+static const epd_daemon_ops_t epd_prefill_ops = {
+    .on_msg = epd__prefill_on_msg,
+    .on_link_down = epd_daemon_op_link_down_none, /* requests hold their client's link */
+    .on_peer_dead = epd__prefill_req_on_peer_dead,
+    .on_peer_closed = epd__prefill_req_on_peer_closed, /* an encoder's quarantined slots */
+    .on_pump = epd__prefill_req_on_pump,
+    .on_tick = epd__prefill_req_on_tick,
+    .load = epd_prefill_load,
+    .on_drain = epd_daemon_op_none, /* new requests are refused; running ones finish */
+    .on_rpc = epd_daemon_op_rpc_pass,
+    .on_stop = epd__prefill_req_on_stop,
+    .stopped = epd_daemon_op_stopped_now,
+    .on_exit = epd_prefill_on_exit,
+    .setup = epd_prefill_setup,
+    .cleanup = epd_prefill_cleanup,
+};
+
+static int epd_prefill_run(const epd_daemon_flags_t *dfl, void *arg)
+{
+    const epd_prefill_flags_t *fl = arg;
     epd_daemon_config_t dc;
-    epd_engine_config_t ecfg;
     epd_prefill_srv_t srv;
-    epd_engine_t *engine = NULL;
-    epd_status_t st;
 
     memset(&srv, 0, sizeof(srv));
     srv.kv_blocks = (uint32_t)fl->kv_blocks;
@@ -157,17 +175,11 @@ static int epd_prefill_run(const epd_daemon_flags_t *dfl, const epd_prefill_flag
     srv.embed_slots = (uint32_t)fl->embed_slots;
     srv.max_image_pixels = (uint64_t)fl->max_image_pixels;
     /* the model (blocking: before the loop runs) */
-    memset(&ecfg, 0, sizeof(ecfg));
-    ecfg.model_dir = dfl->model;
-    ecfg.block_tokens = (uint32_t)fl->block_tokens;
-    ecfg.max_batch = 1;
-    st = epd_engine_open(dfl->engine, &ecfg, &engine);
-    if (st != EPD_OK) {
-        epd_log_error(EPD_PREFILL_LOG, 0, "cannot open model '%s' with engine '%s': %s",
-                      dfl->model, dfl->engine, epd_status_string(st));
+    if (epd_daemon_engine_open(dfl, EPD_PREFILL_LOG, (uint32_t)fl->block_tokens, 1, &srv.engine) !=
+        EPD_OK) {
         return 1;
     }
-    srv.info = epd_engine_info(engine);
+    srv.info = epd_engine_info(srv.engine);
 
     memset(&dc, 0, sizeof(dc));
     dc.role_name = EPD_PREFILL_LOG;
@@ -175,37 +187,16 @@ static int epd_prefill_run(const epd_daemon_flags_t *dfl, const epd_prefill_flag
     dc.flags = dfl;
     dc.with_xport = 1;
     /* images may come inline (a cluster without encoders): room for them */
-    dc.max_msg_size = srv.info->image_embeddings > 0 && srv.embed_slots > 0
-                          ? EPD_PREFILL_MSG_IMAGES
-                          : EPD_PREFILL_MSG_TEXT;
+    dc.max_msg_size = srv.info->image_embeddings > 0 && srv.embed_slots > 0 ? EPD_PREFILL_MSG_IMAGES
+                                                                            : EPD_PREFILL_MSG_TEXT;
     dc.max_inflight = (uint32_t)fl->max_inflight_writes;
     dc.ops = &epd_prefill_ops;
     dc.arg = &srv;
-    st = epd_daemon_create(&dc, &srv.d);
-    if (st != EPD_OK) {
-        epd_engine_close(engine);
-        return 1;
-    }
-    srv.trace = epd_daemon_trace(srv.d);
-    st = epd_prefill_setup(&srv, &engine);
-    if (st == EPD_OK) {
-        st = epd_daemon_serve(srv.d, NULL);
-    }
-    /* the compute thread is joined and the transport gone (the pool and
-     * the embedding region with it): only memory is left */
-    epd_prefill_compute_destroy(srv.compute);
-    epd_engine_close(engine);
-    epd__prefill_reqs_cleanup(&srv);
-    epd__prefill_ids_cleanup(&srv);
-    epd__prefill_media_cleanup(&srv);
-    epd__prefill_pool_cleanup(&srv);
-    epd_daemon_destroy(srv.d);
-    return st == EPD_OK ? 0 : 1;
+    return epd_daemon_run(&dc);
 }
 
 int main(int argc, char **argv)
 {
-    epd_daemon_flags_t dfl;
     epd_prefill_flags_t fl = {
         .kv_blocks = 2048,
         .state_slots = 64,
@@ -239,15 +230,8 @@ int main(int argc, char **argv)
         {"max-image-pixels", EPD_OPT_INT, &fl.max_image_pixels, 1, (int64_t)1 << 40,
          "width x height limit of an image this worker decodes itself (no encoder pool)"},
     };
-    epd_opts_t o;
-    int rc = 1;
-
-    epd_daemon_flags_init(&dfl);
-    if (epd_daemon_main("epd-prefill", "prefill worker: prompts in, KV streamed to decode per layer",
-                        EPD_DAEMON_FLAG_REGISTER, &dfl, opts, sizeof(opts) / sizeof(opts[0]), argc,
-                        argv, &o, &rc)) {
-        rc = epd_prefill_run(&dfl, &fl);
-    }
-    epd_opts_cleanup(&o);
-    return rc;
+    return epd_daemon_main("epd-prefill",
+                           "prefill worker: prompts in, KV streamed to decode per layer",
+                           EPD_DAEMON_FLAG_REGISTER, opts, sizeof(opts) / sizeof(opts[0]),
+                           epd_prefill_run, &fl, argc, argv);
 }

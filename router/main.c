@@ -87,6 +87,19 @@ static int epd_router_stopped(void *arg)
     return rt->http == NULL;
 }
 
+/* What the start-up needs beyond the router's state: the parsed flags and
+ * what main checked of them (the process holds one router). */
+static struct {
+    const epd_daemon_flags_t *dfl;
+    const epd_router_flags_t *fl;
+    epd_router_policy_t policy;
+    char http_host[EPD_ADDR_HOST_MAX];
+    uint16_t http_port;
+} epd_router_start;
+
+static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d);
+static void epd_router_cleanup(void *arg);
+
 static const epd_daemon_ops_t epd_router_ops = {
     .on_msg = epd_daemon_op_msg_none, /* the client's transport calls it back, not the runtime's */
     .on_link_down = epd_daemon_op_link_down_none,
@@ -95,34 +108,45 @@ static const epd_daemon_ops_t epd_router_ops = {
     .on_pump = epd_daemon_op_pump_none,
     .on_tick = epd_router_on_tick,
     .load = epd_daemon_op_load_none, /* Health and Status are the router's own */
-    .on_drain = epd_daemon_op_none,   /* Drain names a worker: epd_router_rpc.c */
+    .on_drain = epd_daemon_op_none,  /* Drain names a worker: epd_router_rpc.c */
     .on_rpc = epd__router_on_rpc,
     .on_stop = epd_router_on_stop,
     .stopped = epd_router_stopped,
     .on_exit = epd_daemon_op_none, /* no threads of its own */
+    .setup = epd_router_setup,
+    .cleanup = epd_router_cleanup,
 };
 
 /* ------------------------------------------------------------ start-up */
 
 /* The role on a created daemon: the tokenizer, the registry, the client on
  * the runtime's loop, the HTTP server.  EPD_OK or the failure (logged). */
-static epd_status_t epd_router_setup(epd_router_t *rt, const epd_daemon_flags_t *dfl,
-                                     const epd_router_flags_t *fl, epd_router_policy_t policy,
-                                     const char *http_host, uint16_t http_port)
+static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
 {
-    epd_engine_config_t ecfg;
+    const epd_daemon_flags_t *dfl = epd_router_start.dfl;
+    const epd_router_flags_t *fl = epd_router_start.fl;
+    epd_router_policy_t policy = epd_router_start.policy;
+    const char *http_host = epd_router_start.http_host;
+    uint16_t http_port = epd_router_start.http_port;
+    char http_addr[EPD_ADDR_MAX];
+    char prefix[EPD_ADDR_MAX + 8];
+    epd_router_t *rt = arg;
     epd_client_config_t cc;
     epd_http_config_t hc;
     epd_status_t st;
 
+    rt->d = d;
+    rt->loop = epd_daemon_loop(d);
+    rt->epoch = epd_daemon_epoch(d);
+    rt->trace = epd_daemon_trace(d);
+    snprintf(rt->model_name, sizeof(rt->model_name), "%s",
+             fl->served_model_name != NULL && fl->served_model_name[0] != '\0'
+                 ? fl->served_model_name
+                 : epd_daemon_model_name(d));
+
     /* the tokenizer (blocking: before the loop runs) */
-    memset(&ecfg, 0, sizeof(ecfg));
-    ecfg.model_dir = dfl->model;
-    ecfg.max_batch = 1;
-    st = epd_engine_open(dfl->engine, &ecfg, &rt->engine);
+    st = epd_daemon_engine_open(dfl, EPD_ROUTER_LOG, 0, 1, &rt->engine);
     if (st != EPD_OK) {
-        epd_log_error(EPD_ROUTER_LOG, 0, "cannot open model '%s' with engine '%s': %s",
-                      dfl->model, dfl->engine, epd_status_string(st));
         return st;
     }
     rt->info = epd_engine_info(rt->engine);
@@ -175,7 +199,28 @@ static epd_status_t epd_router_setup(epd_router_t *rt, const epd_daemon_flags_t 
                  dfl->model, rt->info->max_context, rt->info->kv.n_layers, rt->model_name,
                  epd_router_policy_name(policy), rt->heartbeat_ms, rt->dead_after_ms,
                  rt->max_retries, dfl->transport);
+    /* the ready line: "http=HOST:PORT control=... pid=... worker=...
+     * transport=..." (tests and scripts read http= and control=) */
+    (void)epd_addr_join(http_host, epd_http_server_port(rt->http), http_addr, sizeof(http_addr));
+    snprintf(prefix, sizeof(prefix), "http=%s", http_addr);
+    epd_daemon_set_ready_prefix(d, prefix);
     return EPD_OK;
+}
+
+/* ops->cleanup: served (or never started): the HTTP server is gone and the
+ * runtime no longer drives the client's transport; what is left is memory */
+static void epd_router_cleanup(void *arg)
+{
+    epd_router_t *rt = arg;
+
+    epd_client_destroy(rt->client);
+    rt->client = NULL;
+    epd__router_reqs_free_all(rt);
+    epd_router_registry_cleanup(&rt->reg);
+    epd_oai_buf_cleanup(&rt->out);
+    epd_free(rt->tok_scratch);
+    epd_free(rt->detok_scratch);
+    epd_engine_close(rt->engine);
 }
 
 static int epd_router_bad(const char *flag, const char *value, const char *why)
@@ -184,21 +229,21 @@ static int epd_router_bad(const char *flag, const char *value, const char *why)
     return 1;
 }
 
-static int epd_router_run(const epd_daemon_flags_t *dfl, const epd_router_flags_t *fl)
+static int epd_router_run(const epd_daemon_flags_t *dfl, void *arg)
 {
+    const epd_router_flags_t *fl = arg;
     char http_host[EPD_ADDR_HOST_MAX];
-    char http_addr[EPD_ADDR_MAX];
-    char prefix[EPD_ADDR_MAX + 8];
     epd_router_policy_t policy;
     epd_daemon_config_t dc;
     const char *why = NULL;
     uint16_t http_port;
     epd_router_t *rt;
-    epd_status_t st;
+    int rc;
 
     if (epd_router_policy_parse(fl->policy, &policy) != EPD_OK) {
-        return epd_router_bad("policy", fl->policy, "want round-robin, least-load or "
-                                                    "prefix-affinity");
+        return epd_router_bad("policy", fl->policy,
+                              "want round-robin, least-load or "
+                              "prefix-affinity");
     }
     if (epd_addr_split(fl->listen, http_host, sizeof(http_host), &http_port, &why) != EPD_OK) {
         return epd_router_bad("listen", fl->listen, why);
@@ -211,20 +256,6 @@ static int epd_router_run(const epd_daemon_flags_t *dfl, const epd_router_flags_
         epd_log_error(EPD_ROUTER_LOG, 0, "out of memory");
         return 1;
     }
-    memset(&dc, 0, sizeof(dc));
-    dc.role_name = EPD_ROUTER_LOG;
-    dc.role = EPD__ROLE__ROLE_ROUTER;
-    dc.flags = dfl;
-    dc.with_xport = 0; /* the client's (epd_daemon_drive_xport) */
-    dc.ops = &epd_router_ops;
-    dc.arg = rt;
-    if (epd_daemon_create(&dc, &rt->d) != EPD_OK) {
-        epd_free(rt);
-        return 1;
-    }
-    rt->loop = epd_daemon_loop(rt->d);
-    rt->epoch = epd_daemon_epoch(rt->d);
-    rt->trace = epd_daemon_trace(rt->d);
     rt->model_dir = dfl->model;
     rt->transport = dfl->transport;
     rt->heartbeat_ms = (uint32_t)fl->heartbeat_ms;
@@ -234,38 +265,25 @@ static int epd_router_run(const epd_daemon_flags_t *dfl, const epd_router_flags_
     rt->max_images = (uint32_t)fl->max_images;
     rt->max_image_bytes = (uint64_t)fl->max_image_bytes;
     rt->max_image_pixels = (uint64_t)fl->max_image_pixels;
-    snprintf(rt->model_name, sizeof(rt->model_name), "%s",
-             fl->served_model_name != NULL && fl->served_model_name[0] != '\0'
-                 ? fl->served_model_name
-                 : epd_daemon_model_name(rt->d));
-
-    st = epd_router_setup(rt, dfl, fl, policy, http_host, http_port);
-    if (st == EPD_OK) {
-        /* the ready line: "http=HOST:PORT control=... pid=... worker=...
-         * transport=..." (tests and scripts read http= and control=) */
-        (void)epd_addr_join(http_host, epd_http_server_port(rt->http), http_addr,
-                            sizeof(http_addr));
-        snprintf(prefix, sizeof(prefix), "http=%s", http_addr);
-        st = epd_daemon_serve(rt->d, prefix);
-    }
-    /* served (or never started): the HTTP server is gone and the runtime
-     * no longer drives the client's transport; what is left is memory */
-    epd_client_destroy(rt->client);
-    rt->client = NULL;
-    epd__router_reqs_free_all(rt);
-    epd_router_registry_cleanup(&rt->reg);
-    epd_oai_buf_cleanup(&rt->out);
-    epd_free(rt->tok_scratch);
-    epd_free(rt->detok_scratch);
-    epd_engine_close(rt->engine);
-    epd_daemon_destroy(rt->d);
+    epd_router_start.dfl = dfl;
+    epd_router_start.fl = fl;
+    epd_router_start.policy = policy;
+    snprintf(epd_router_start.http_host, sizeof(epd_router_start.http_host), "%s", http_host);
+    epd_router_start.http_port = http_port;
+    memset(&dc, 0, sizeof(dc));
+    dc.role_name = EPD_ROUTER_LOG;
+    dc.role = EPD__ROLE__ROLE_ROUTER;
+    dc.flags = dfl;
+    dc.with_xport = 0; /* the client's (epd_daemon_drive_xport) */
+    dc.ops = &epd_router_ops;
+    dc.arg = rt;
+    rc = epd_daemon_run(&dc);
     epd_free(rt);
-    return st == EPD_OK ? 0 : 1;
+    return rc;
 }
 
 int main(int argc, char **argv)
 {
-    epd_daemon_flags_t dfl;
     epd_router_flags_t fl = {
         .listen = "127.0.0.1:8000",
         .served_model_name = NULL,
@@ -306,17 +324,6 @@ int main(int argc, char **argv)
         {"max-body-bytes", EPD_OPT_INT, &fl.max_body_bytes, 1024, 1 << 30,
          "largest request body (beyond: 413)"},
     };
-    epd_opts_t o;
-    int rc = 1;
-
-    /* the common flags as every daemon takes them; --model names the
-     * tokenizer's model, --worker-id the router's name on the request
-     * plane, --control-addr where workers register; no --router */
-    epd_daemon_flags_init(&dfl);
-    if (epd_daemon_main("epd-router", "OpenAI-compatible HTTP front door of an epd cluster", 0,
-                        &dfl, opts, sizeof(opts) / sizeof(opts[0]), argc, argv, &o, &rc)) {
-        rc = epd_router_run(&dfl, &fl);
-    }
-    epd_opts_cleanup(&o);
-    return rc;
+    return epd_daemon_main("epd-router", "OpenAI-compatible HTTP front door of an epd cluster", 0,
+                           opts, sizeof(opts) / sizeof(opts[0]), epd_router_run, &fl, argc, argv);
 }

@@ -167,29 +167,23 @@ static const epd_daemon_ops_t epd_testd_ops = {
     .on_stop = epd_daemon_op_none,
     .stopped = epd_daemon_op_stopped_now,
     .on_exit = epd_daemon_op_none,
+    .setup = epd_daemon_op_setup_none, /* it drives create/serve/destroy itself */
+    .cleanup = epd_daemon_op_none,
 };
 
-int main(int argc, char **argv)
+static int epd_testd_run(const epd_daemon_flags_t *fl, void *arg)
 {
-    epd_daemon_flags_t fl;
     epd_daemon_config_t dc;
     epd_daemon_capacity_t cap;
     epd_testd_t t;
-    epd_opts_t o;
     epd_status_t st;
-    int rc = 1;
 
-    epd_daemon_flags_init(&fl);
-    if (!epd_daemon_main("epd-daemon-testd", "a test role on the daemon runtime",
-                         EPD_DAEMON_FLAG_REGISTER, &fl, NULL, 0, argc, argv, &o, &rc)) {
-        epd_opts_cleanup(&o);
-        return rc;
-    }
+    (void)arg;
     memset(&t, 0, sizeof(t));
     memset(&dc, 0, sizeof(dc));
     dc.role_name = "testd";
     dc.role = EPD__ROLE__ROLE_PREFILL;
-    dc.flags = &fl;
+    dc.flags = fl;
     dc.with_xport = 1;
     dc.ops = &epd_testd_ops;
     dc.arg = &t;
@@ -204,6 +198,11 @@ int main(int argc, char **argv)
         epd_peer_unref(t.peer);
         epd_daemon_destroy(t.d);
     }
-    epd_opts_cleanup(&o);
     return st == EPD_OK ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    return epd_daemon_main("epd-daemon-testd", "a test role on the daemon runtime",
+                           EPD_DAEMON_FLAG_REGISTER, NULL, 0, epd_testd_run, NULL, argc, argv);
 }

@@ -131,7 +131,7 @@ static void test_reqtab(void **state)
     int n = 0;
 
     (void)state;
-    assert_int_equal(epd_reqtab_init(&t, 4), EPD_OK);
+    assert_int_equal(epd_reqtab_init(&t, 4, offsetof(rq_t, ent)), EPD_OK);
     for (int i = 0; i < 40; i++) {
         memset(&r[i], 0, sizeof(r[i]));
         r[i].tag = i;
@@ -146,6 +146,12 @@ static void test_reqtab(void **state)
         assert_int_equal(EPD_REQ_OF(e, rq_t, ent)->tag, i);
     }
     assert_null(epd_reqtab_find(&t, 1000, 2));
+    /* the same, as requests */
+    assert_ptr_equal(epd_reqtab_find_req(&t, 1001, 1), &r[3]);
+    assert_null(epd_reqtab_find_req(&t, 1000, 2));
+    assert_ptr_equal(epd_reqtab_first_req(&t), &r[39]);
+    assert_ptr_equal(epd_reqtab_next_req(&t, &r[39]), &r[38]);
+    assert_null(epd_reqtab_next_req(&t, &r[0]));
     /* the walk: every entry once, newest first */
     for (e = epd_reqtab_first(&t); e != NULL; e = epd_reqtab_next(e)) {
         int tag = EPD_REQ_OF(e, rq_t, ent)->tag;
@@ -172,7 +178,7 @@ static void test_reqtab(void **state)
     assert_true(epd_reqtab_unblock_all(&t));
     assert_false(epd_reqtab_has_blocked(&t));
     assert_ptr_equal(epd_reqtab_pop_dirty(&t), &r[1].ent);
-    assert_ptr_equal(epd_reqtab_pop_dirty(&t), &r[7].ent);
+    assert_ptr_equal(epd_reqtab_pop_dirty_req(&t), &r[7]);
     /* removing an entry takes it off its list too */
     epd_reqtab_remove(&t, &r[5].ent);
     assert_null(epd_reqtab_pop_dirty(&t));
