@@ -1,8 +1,12 @@
 /*
  * epd_addr.c — HOST:PORT parsing (see epd_addr.h).
  */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "epd_addr.h"
 
@@ -82,4 +86,32 @@ epd_status_t epd_addr_join(const char *host, uint16_t port, char *out, size_t ca
         n = snprintf(out, cap, "%s:%u", host, (unsigned)port);
     }
     return n < 0 || (size_t)n >= cap ? EPD_ERR_TOO_LONG : EPD_OK;
+}
+
+int epd_addr_is_loopback(const char *host)
+{
+    struct addrinfo hints, *res = NULL, *ai;
+    int all = 1;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0 || res == NULL) {
+        return 0;
+    }
+    for (ai = res; ai != NULL && all; ai = ai->ai_next) {
+        if (ai->ai_family == AF_INET) {
+            const struct sockaddr_in *a = (const struct sockaddr_in *)(const void *)ai->ai_addr;
+
+            all = (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+        } else if (ai->ai_family == AF_INET6) {
+            const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)(const void *)ai->ai_addr;
+
+            all = IN6_IS_ADDR_LOOPBACK(&a->sin6_addr);
+        } else {
+            all = 0;
+        }
+    }
+    freeaddrinfo(res);
+    return all;
 }

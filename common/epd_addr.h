@@ -31,6 +31,11 @@
 epd_status_t epd_addr_split(const char *addr, char *host, size_t cap, uint16_t *port_p,
                             const char **why_p);
 
+/* Nonzero when every address `host` names is a loopback one (127.0.0.0/8,
+ * ::1; a name is resolved, e.g. "localhost").  0 for anything else, and for
+ * a name that does not resolve. */
+int epd_addr_is_loopback(const char *host);
+
 /* Joins host and port into out[0..cap) ("[::1]:80" when host holds a
  * colon).  EPD_ERR_TOO_LONG when it does not fit. */
 epd_status_t epd_addr_join(const char *host, uint16_t port, char *out, size_t cap);

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -124,6 +125,39 @@ epd_status_t epd_daemon_op_setup_none(void *arg, epd_daemon_t *d)
 
 /* ------------------------------------------------------- transport upcalls */
 
+/* With a cluster secret every endpoint is authenticated and names its
+ * peer (worker id, epoch): an envelope must be sent as that peer — a member
+ * may not speak for another (abort its requests, quiesce its writes, inject
+ * tokens into its streams).  Refused ones are counted and logged (limited). */
+static int epd_daemon_sender_ok(epd_daemon_t *d, epd_xport_ep_t *ep, const Epd__Envelope *env)
+{
+    epd_xport_identity_t id;
+    epd_msg_epoch_t e;
+    int authenticated = 0;
+
+    if (d->secret.len == 0) {
+        return 1;
+    }
+    if (epd_xport_ep_identity(ep, &id, &authenticated) != EPD_OK || !authenticated) {
+        d->forged++;
+        epd_daemon_refuse_log(d, epd_msg_request_id(env), "%s on an endpoint not authenticated",
+                              epd_msg_body_name(env));
+        return 0;
+    }
+    e = epd_msg_epoch_of(env->sender->epoch);
+    if (strcmp(env->sender->worker_id, id.worker_id) != 0 ||
+        e.start_time_ns != id.epoch.start_time_ns || e.nonce != id.epoch.nonce) {
+        d->forged++;
+        epd_daemon_refuse_log(d, epd_msg_request_id(env),
+                              "%s claims to come from '%s' but its endpoint is '%s''s (%llu so "
+                              "far)",
+                              epd_msg_body_name(env), env->sender->worker_id, id.worker_id,
+                              (unsigned long long)d->forged);
+        return 0;
+    }
+    return 1;
+}
+
 static void epd_daemon_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
 {
     epd_daemon_t *d = arg;
@@ -139,6 +173,10 @@ static void epd_daemon_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, s
         epd_daemon_refuse_log(d, 0,
                               "undecodable request-plane frame of %zu bytes: %s (%llu so far)", len,
                               why != NULL ? why : "?", (unsigned long long)d->bad_frames);
+        return;
+    }
+    if (!epd_daemon_sender_ok(d, ep, env)) {
+        epd_msg_free(env);
         return;
     }
     if (epd__peer_on_sender(d, from, env)) {
@@ -343,6 +381,53 @@ static void epd_daemon_model_basename(epd_daemon_t *d, const char *model)
     snprintf(d->model_name, sizeof(d->model_name), "%.*s", (int)(end - start), start);
 }
 
+/*
+ * The cluster secret, or — without one — the loopback-only rule: a daemon
+ * that cannot tell members from strangers serves only its own host.  The
+ * control port must be a loopback address; UCX's network devices are
+ * narrowed to lo (libfabric binds 127.0.0.1 by default).
+ */
+static epd_status_t epd_daemon_membership(epd_daemon_t *d)
+{
+    const epd_daemon_flags_t *fl = d->fl;
+    char host[EPD_ADDR_HOST_MAX];
+    const char *devs;
+    char why[256];
+    uint16_t port;
+    epd_status_t st;
+
+    if (fl->cluster_secret_file != NULL && fl->cluster_secret_file[0] != '\0') {
+        st = epd_secret_load(fl->cluster_secret_file, &d->secret, why, sizeof(why));
+        if (st != EPD_OK) {
+            epd_log_error(d->log, 0, "--cluster-secret-file: %s", why);
+        }
+        return st;
+    }
+    if (epd_addr_split(fl->control_addr, host, sizeof(host), &port, NULL) != EPD_OK ||
+        !epd_addr_is_loopback(host)) {
+        epd_log_error(d->log, 0,
+                      "--control-addr %s is not a loopback address: without "
+                      "--cluster-secret-file a daemon serves its own host only",
+                      fl->control_addr);
+        return EPD_ERR_CONFIG;
+    }
+    devs = getenv("UCX_NET_DEVICES");
+    if (devs == NULL || devs[0] == '\0') {
+        setenv("UCX_NET_DEVICES", "lo", 1);
+    } else if (strcmp(devs, "lo") != 0) {
+        epd_log_error(d->log, 0,
+                      "UCX_NET_DEVICES=%s reaches beyond loopback: without "
+                      "--cluster-secret-file a daemon serves its own host only",
+                      devs);
+        return EPD_ERR_CONFIG;
+    }
+    epd_log_info(d->log, 0,
+                 "no cluster secret: serving this host only (control %s, data plane on "
+                 "loopback); give every member --cluster-secret-file to serve other hosts",
+                 fl->control_addr);
+    return EPD_OK;
+}
+
 static epd_status_t epd_daemon_make_xport(epd_daemon_t *d)
 {
     const epd_daemon_flags_t *fl = d->fl;
@@ -359,6 +444,15 @@ static epd_status_t epd_daemon_make_xport(epd_daemon_t *d)
     }
     xc.peer_timeout_ms = (uint32_t)fl->peer_timeout_ms;
     xc.connect_timeout_ms = (uint32_t)fl->connect_timeout_ms;
+    if (d->secret.len > 0) {
+        /* every endpoint proves both ends members and names them */
+        xc.secret = d->secret.bytes;
+        xc.secret_len = d->secret.len;
+    }
+    snprintf(xc.identity.worker_id, sizeof(xc.identity.worker_id), "%s", d->worker_id);
+    xc.identity.role = d->cfg.role;
+    xc.identity.epoch.start_time_ns = d->epoch.start_time_ns;
+    xc.identity.epoch.nonce = d->epoch.nonce;
     xc.msg_cb = epd_daemon_on_msg;
     xc.accept_cb = epd_daemon_on_accept;
     xc.err_cb = epd_daemon_on_ep_error;
@@ -441,6 +535,10 @@ epd_status_t epd_daemon_create(const epd_daemon_config_t *config, epd_daemon_t *
         /* the recorder keeps the pointer until it writes (at destroy) */
         snprintf(d->trace_thread, sizeof(d->trace_thread), "%s loop", d->log);
         epd_trace_thread_name(d->trace, d->trace_thread);
+    }
+    st = epd_daemon_membership(d);
+    if (st != EPD_OK) {
+        goto err_destroy;
     }
     if (config->with_xport) {
         st = epd_daemon_make_xport(d);
@@ -637,6 +735,7 @@ void epd_daemon_destroy(epd_daemon_t *d)
     epd_daemon_trace_write(d);
     epd_trace_destroy(d->trace);
     epd_free(d->tx_buf);
+    epd_secret_wipe(&d->secret);
     epd_free(d);
 }
 
@@ -680,6 +779,12 @@ const epd_daemon_flags_t *epd_daemon_flags(const epd_daemon_t *d)
 epd_trace_t *epd_daemon_trace(epd_daemon_t *d)
 {
     return d->trace;
+}
+
+void epd_daemon_secret(const epd_daemon_t *d, const void **secret_p, size_t *len_p)
+{
+    *secret_p = d->secret.len > 0 ? d->secret.bytes : NULL;
+    *len_p = d->secret.len;
 }
 
 epd_daemon_counts_t *epd_daemon_counts(epd_daemon_t *d)

@@ -87,6 +87,7 @@ typedef struct {
     const char *log_level;      /* --log-level */
     int64_t peer_timeout_ms;    /* --peer-timeout-ms */
     int64_t connect_timeout_ms; /* --connect-timeout-ms */
+    const char *cluster_secret_file; /* --cluster-secret-file (NULL: no secret: loopback only) */
 } epd_daemon_flags_t;
 
 /* Which common flags a program takes (epd_daemon_main). */
@@ -295,6 +296,11 @@ typedef struct {
 } epd_daemon_counts_t;
 
 epd_daemon_counts_t *epd_daemon_counts(epd_daemon_t *d);
+
+/* The cluster secret (--cluster-secret-file), borrowed for the daemon's
+ * life; NULL / 0 without one.  Without a secret the daemon binds loopback
+ * only (control port and data plane) and says so once. */
+void epd_daemon_secret(const epd_daemon_t *d, const void **secret_p, size_t *len_p);
 
 /* What the control plane says about this worker; call before serve. */
 void epd_daemon_set_capacity(epd_daemon_t *d, const epd_daemon_capacity_t *cap);

@@ -70,6 +70,14 @@ static size_t epd_daemon_common_opts(epd_daemon_flags_t *f, unsigned which, epd_
                                 "register with the router's control service HOST:PORT and "
                                 "heartbeat the load (absent: no registration)"};
     }
+    opts[n++] = (epd_opt_t){"cluster-secret-file",
+                            EPD_OPT_STRING,
+                            &f->cluster_secret_file,
+                            0,
+                            0,
+                            "the cluster's shared secret (mode 0600, 16-1024 bytes): members "
+                            "prove it to each other on every endpoint and control call "
+                            "(absent: this host only, over loopback)"};
     opts[n++] = (epd_opt_t){"ready-file",
                             EPD_OPT_STRING,
                             &f->ready_file,
@@ -186,6 +194,12 @@ static int epd_daemon_parse(const char *prog, const char *summary, unsigned whic
     if (flags->worker_id != NULL &&
         (flags->worker_id[0] == '\0' || strlen(flags->worker_id) >= EPD_WORKER_ID_MAX)) {
         return epd_daemon_bad(prog, exit_p, "worker-id", flags->worker_id, "want 1 to 127 bytes");
+    }
+    for (const char *c = flags->worker_id; c != NULL && *c != '\0'; c++) {
+        if (*c < 0x21 || *c > 0x7e) {
+            return epd_daemon_bad(prog, exit_p, "worker-id", flags->worker_id,
+                                  "want printable ASCII without spaces");
+        }
     }
     if (!epd_daemon_check_addr(prog, exit_p, "control-addr", flags->control_addr) ||
         !epd_daemon_check_addr(prog, exit_p, "router", flags->router)) {

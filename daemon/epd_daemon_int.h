@@ -32,6 +32,7 @@
 #include "epd_log.h"
 #include "epd_peer.h"
 #include "epd_registrar.h"
+#include "epd_secret.h"
 #include "epd_rpc.h"
 #include "epd_xport_uv.h"
 
@@ -132,6 +133,8 @@ struct epd_daemon {
     epd_peer_t *peers;
     int peers_dirty; /* a peer died: the pump closes it */
     epd_daemon_counts_t counts;
+    epd_secret_t secret; /* --cluster-secret-file (len 0: none) */
+    uint64_t forged;     /* envelopes whose sender is not their link's identity */
     /* refusals */
     uint64_t refusals, bad_frames;
     epd_log_limit_t refuse_limit;

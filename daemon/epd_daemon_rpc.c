@@ -9,6 +9,11 @@
  *
  * A role with a control plane of its own (the router) answers first
  * (ops->on_rpc); EPD_DAEMON_RPC_PASS hands the call to the code here.
+ *
+ * With a cluster secret (epd_daemon_secret) the control server requires
+ * every call but Health to be signed with it (epd_rpc.h: checked on the
+ * server's thread, so the handlers below never see an unauthenticated
+ * call), and the registrar signs its own.
  */
 #include <stdio.h>
 #include <string.h>
@@ -162,6 +167,28 @@ static void epd_daemon_registrar_drain(void *arg)
     epd_daemon_drain(arg, "asked by the router");
 }
 
+/* Called by epd__daemon_register right after the control server started,
+ * before the loop first runs: no call can have reached a handler yet. */
+static epd_status_t epd_daemon_rpc_secure(epd_daemon_t *d)
+{
+    const void *secret = NULL;
+    size_t len = 0;
+    epd_status_t st;
+
+    epd_daemon_secret(d, &secret, &len);
+    if (len == 0) {
+        return EPD_OK;
+    }
+    st = epd_rpc_server_set_auth(d->rpc, secret, len);
+    if (st != EPD_OK) {
+        epd_log_error(d->log, 0, "cannot require the cluster secret on the control plane: %s",
+                      epd_status_string(st));
+        return st;
+    }
+    epd_log_info(d->log, 0, "control plane: every call but Health must carry the cluster secret");
+    return EPD_OK;
+}
+
 epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
 {
     Epd__RegisterRequest r = EPD__REGISTER_REQUEST__INIT;
@@ -171,6 +198,10 @@ epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
     size_t n;
     void *buf;
 
+    st = epd_daemon_rpc_secure(d);
+    if (st != EPD_OK) {
+        return st;
+    }
     if (d->fl->router == NULL || d->fl->router[0] == '\0') {
         return EPD_OK;
     }
@@ -196,6 +227,7 @@ epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
     cfg.drain_cb = epd_daemon_registrar_drain;
     cfg.cb_arg = d;
     cfg.log_component = d->log;
+    epd_daemon_secret(d, &cfg.secret, &cfg.secret_len);
     st = epd_registrar_start(&d->loop, &cfg, &d->registrar);
     epd_free(buf);
     if (st != EPD_OK) {

@@ -24,6 +24,11 @@
  * After a failed call the gRPC channel is made anew, so a router that comes
  * (back) up is reached on the next attempt rather than after gRPC's own
  * reconnect backoff (which grows to minutes).
+ *
+ * With a cluster secret every call is signed (epd_rpc_client_set_auth): a
+ * router that requires the secret refuses calls from a worker without it,
+ * or with another one (EPD_ERR_AUTH, logged once per minute like any
+ * failure; the registrar keeps trying — the secrets may be fixed).
  */
 #ifndef EPD_REGISTRAR_H
 #define EPD_REGISTRAR_H
@@ -66,6 +71,8 @@ typedef struct {
     uint32_t retry_ms;         /* between RegisterWorker attempts; 0: 1000 */
     uint32_t call_timeout_ms;  /* deadline of one call; 0: 300 */
     uint32_t publish_ms;       /* load snapshot period on the loop; 0: 100 */
+    const void *secret;        /* the cluster secret (copied; wiped at stop); NULL: calls */
+    size_t secret_len;         /* are not signed.  EPD_RPC_SECRET_MIN..MAX bytes */
 } epd_registrar_config_t;
 
 /* What the registrar did so far (any thread; for tests and logs). */
@@ -84,7 +91,7 @@ typedef struct {
  * publish timer on `loop` and the thread, which registers at once.  Loop
  * thread.  On EPD_OK *reg_p is owned by the caller (epd_registrar_stop).
  * EPD_ERR_INVALID_PARAM when the request does not unpack or lacks a worker
- * id or epoch, or `router` is empty.
+ * id or epoch, `router` is empty, or the secret's length is out of range.
  */
 epd_status_t epd_registrar_start(uv_loop_t *loop, const epd_registrar_config_t *config,
                                  epd_registrar_t **reg_p);

@@ -71,7 +71,9 @@ static epd_status_t epd_decode_pool(epd_decode_srv_t *srv, const epd_decode_flag
                       (long long)fl->kv_blocks, n_slots);
         return EPD_ERR_INVALID_PARAM;
     }
-    st = epd_xport_mr_alloc(epd_daemon_xport(srv->d), (size_t)bytes, &srv->mr);
+    /* prefill workers write into it; nothing else is remotely possible */
+    st = epd_xport_mr_alloc_ex(epd_daemon_xport(srv->d), (size_t)bytes, EPD_XPORT_MR_REMOTE_WRITE,
+                               &srv->mr);
     if (st != EPD_OK) {
         epd_log_error(EPD_DECODE_LOG, 0, "cannot allocate the KV pool (%llu bytes): %s",
                       (unsigned long long)bytes, epd_status_string(st));

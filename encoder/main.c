@@ -53,7 +53,8 @@ static epd_status_t epd_encoder_setup(void *arg, epd_daemon_t *d)
     /* the slots, registered: the source of the one-sided writes, and where
      * the compute thread encodes into */
     region_bytes = (uint64_t)srv->slots * srv->slot_stride;
-    st = epd_xport_mr_alloc(epd_daemon_xport(srv->d), (size_t)region_bytes, &srv->region);
+    st = epd_xport_mr_alloc_ex(epd_daemon_xport(srv->d), (size_t)region_bytes, EPD_XPORT_MR_LOCAL,
+                               &srv->region);
     if (st != EPD_OK) {
         epd_log_error(EPD_ENCODER_LOG, 0, "cannot allocate a %llu-byte embedding region: %s",
                       (unsigned long long)region_bytes, epd_status_string(st));

@@ -117,7 +117,6 @@ epd_status_t epd_client_create(const epd_client_config_t *config, epd_client_t *
         c->epoch_start_ns = epd_time_wall_ns();
         c->epoch_nonce = epd_rng_entropy();
     }
-    c->id_high = (epd_rng_entropy() & 0x7fffffffULL) << 32;
     c->txbuf = epd_malloc(config->max_msg_size);
     if (c->txbuf == NULL) {
         status = EPD_ERR_NO_MEMORY;
@@ -134,6 +133,15 @@ epd_status_t epd_client_create(const epd_client_config_t *config, epd_client_t *
     if (config->connect_timeout_ms > 0) {
         xc.connect_timeout_ms = config->connect_timeout_ms;
     }
+    if (config->secret != NULL && config->secret_len > 0) {
+        xc.secret = config->secret;
+        xc.secret_len = config->secret_len;
+        c->authenticating = 1;
+    }
+    snprintf(xc.identity.worker_id, sizeof(xc.identity.worker_id), "%s", c->worker_id);
+    xc.identity.role = config->role;
+    xc.identity.epoch.start_time_ns = c->epoch_start_ns;
+    xc.identity.epoch.nonce = c->epoch_nonce;
     xc.msg_cb = epd__client_on_msg;
     xc.accept_cb = epd_client_on_accept;
     xc.err_cb = epd_client_on_err;

@@ -156,6 +156,11 @@ typedef struct {
     uint32_t peer_timeout_ms;    /* default 3000 */
     uint32_t connect_timeout_ms; /* default 3000 */
     size_t max_msg_size;         /* default 64 KiB */
+    /* the cluster secret (NULL/0: none, loopback clusters only): every
+     * endpoint authenticates both ends and names them (borrowed for
+     * epd_client_create) */
+    const void *secret;
+    size_t secret_len;
     /* identity carried in every envelope's sender */
     const char *worker_id; /* default "ctl-<pid>" (copied) */
     int role;              /* EPD_CLIENT_ROLE_TOOL (default) or _ROUTER */
@@ -307,6 +312,7 @@ typedef struct {
     uint64_t unknown_ids;    /* named no live request */
     uint64_t foreign_sender; /* sender not one of the request's workers */
     uint64_t unexpected;     /* a body the client never expects */
+    uint64_t forged;         /* sender not its endpoint's authenticated identity */
 } epd_client_stats_t;
 
 void epd_client_stats(const epd_client_t *client, epd_client_stats_t *stats_p);

@@ -3,7 +3,14 @@
  * endpoints, /v1/models, /health, /metrics) and each generation request
  * up to its first attempt.
  *
- * A generation request: parse and validate (epd_openai), check its images
+ * Keys and connection limits are the HTTP server's (config.keys and the
+ * caps, set by main.c): a /v1 request without the key never reaches this
+ * file.
+ *
+ * A generation request: parse and validate (epd_openai, under the JSON
+ * limits), refuse a prompt whose bytes could not fit in the context
+ * whatever its tokens (before tokenizing it: the tokenizer's work and
+ * scratch stay bounded by the context, not by the body), check its images
  * (count, size, format, pixels: the header only), tokenize with the
  * engine's tokenizer (BOS added, as epd-generate does; each image's
  * placeholder tokens where it stands), check the length, and hand the
@@ -167,11 +174,26 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
     epd_status_t st;
 
     body = epd_http_req_body(http, &body_len);
-    st = epd_oai_request_parse(kind, body, body_len, models, 1, rt->info->max_context, &oai, &err);
+    st = epd_oai_request_parse_limited(kind, body, body_len, models, 1, rt->info->max_context,
+                                       &rt->json_limits, &oai, &err);
     if (st != EPD_OK) {
         rt->m.errors[st == EPD_ERR_NO_MEMORY ? EPD_ROUTER_ERR_INTERNAL
                                              : EPD_ROUTER_ERR_BAD_REQUEST]++;
         epd__router_respond_error(rt, http, &err);
+        return;
+    }
+    if (rt->max_prompt_bytes != 0 && oai->prompt_len > rt->max_prompt_bytes) {
+        const char *what = kind == EPD_OAI_CHAT ? "messages" : "prompt";
+
+        rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
+        epd_oai_error_set(&err, 400, what, "context_length_exceeded",
+                          "This model's maximum context length is %u tokens. However, your %s is "
+                          "%zu bytes, more than %llu tokens of this model's tokenizer can hold. "
+                          "Please reduce the length of the %s.",
+                          rt->info->max_context, what, oai->prompt_len,
+                          (unsigned long long)rt->info->max_context, what);
+        epd__router_respond_error(rt, http, &err);
+        epd_oai_request_destroy(oai);
         return;
     }
     if (oai->n_images > 0 && epd_router_check_images(rt, oai, &err) != EPD_OK) {
@@ -345,6 +367,9 @@ void epd__router_on_http(epd_http_req_t *http, void *arg)
     } else if (strcmp(path, "/metrics") == 0 && get) {
         epd_router_text_t t = {0};
 
+        if (rt->http != NULL) {
+            epd_http_server_stats(rt->http, &rt->m.http);
+        }
         if (epd_router_metrics_render(&rt->m, &rt->reg, rt->n_reqs, &t) != EPD_OK) {
             epd__router_respond_simple_error(rt, http, 500, "out of memory");
         } else {

@@ -162,6 +162,12 @@ struct epd_router {
     uint32_t max_images;      /* per request */
     uint64_t max_image_bytes; /* encoded, per image */
     uint64_t max_image_pixels;
+    epd_oai_limits_t json_limits; /* a request body's JSON */
+    epd_http_keys_t *keys;        /* --api-key-file (owned by main.c's run), NULL: none */
+    /* a prompt of more bytes cannot fit in the context whatever its tokens
+     * (max_context x the most bytes one token spells): refused before it
+     * is tokenized; 0: no bound known */
+    uint64_t max_prompt_bytes;
     /* state */
     epd_msg_epoch_t epoch; /* the daemon's: Health, RegisterResponse, ids */
     epd_engine_t *engine;  /* tokenizer only */

@@ -122,6 +122,30 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
         epd_router_text_printf(t, "epd_router_errors_total{kind=\"%s\"} %llu\n",
                                epd_router_err_names[e], (unsigned long long)m->errors[e]);
     }
+    epd_router_metrics_counter(t, "epd_router_http_auth_failures_total",
+                               "HTTP requests refused 401: no API key, or not one of the keys",
+                               m->http.auth_failures);
+    epd_router_text_printf(t,
+                           "# HELP epd_router_http_refused_total HTTP connections and requests "
+                           "refused by a limit of the front door\n"
+                           "# TYPE epd_router_http_refused_total counter\n"
+                           "epd_router_http_refused_total{limit=\"max_connections\"} %llu\n"
+                           "epd_router_http_refused_total{limit=\"per_address\"} %llu\n"
+                           "epd_router_http_refused_total{limit=\"body_budget\"} %llu\n"
+                           "epd_router_http_refused_total{limit=\"header_timeout\"} %llu\n",
+                           (unsigned long long)m->http.refused_max_conns,
+                           (unsigned long long)m->http.refused_per_addr,
+                           (unsigned long long)m->http.refused_body_budget,
+                           (unsigned long long)m->http.header_timeouts);
+    epd_router_text_printf(t,
+                           "# HELP epd_router_http_connections HTTP connections open\n"
+                           "# TYPE epd_router_http_connections gauge\n"
+                           "epd_router_http_connections %u\n"
+                           "# HELP epd_router_http_buffered_body_bytes Request body bytes held "
+                           "(counted against --max-buffered-body-bytes)\n"
+                           "# TYPE epd_router_http_buffered_body_bytes gauge\n"
+                           "epd_router_http_buffered_body_bytes %zu\n",
+                           m->http.connections, m->http.buffered_body_bytes);
     epd_router_metrics_counter(t, "epd_router_retries_total",
                                "Requests sent again to another worker", m->retries);
     epd_router_metrics_counter(t, "epd_router_prompt_tokens_total", "Prompt tokens (BOS included)",

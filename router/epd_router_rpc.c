@@ -13,12 +13,17 @@
  *                   drain=true once a drain was asked.
  *   Drain           by worker id: DRAINING here at once, and forwarded to
  *                   the worker's own control address from libuv's thread
- *                   pool (a blocking gRPC call must not run on the loop).
+ *                   pool (a blocking gRPC call must not run on the loop),
+ *                   signed with the cluster secret when there is one.
  *   Status          every worker with its state, load and capacity.
  *   Health          the router itself (role ROUTER), under the daemon's
  *                   identity (worker id, epoch).
  * The daemon runtime serves epd.Control and hands every call here first
- * (ops->on_rpc); the router answers all of them itself.
+ * (ops->on_rpc); the router answers all of them itself.  With a cluster
+ * secret the runtime's server has already authenticated every call but
+ * Health (epd_rpc.h) before it gets here: a RegisterWorker — a new epoch
+ * under a live worker's id above all — a Heartbeat's load or a Drain comes
+ * from a member, and an outsider's never reaches the registry.
  */
 #include <stdio.h>
 #include <string.h>
@@ -302,6 +307,8 @@ static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_le
 typedef struct {
     uv_work_t work;
     epd_router_t *rt;
+    const void *secret; /* the daemon's (it outlives its loop's work); NULL: none */
+    size_t secret_len;
     char addr[256];
     char worker_id[EPD_CLIENT_NAME_MAX];
     epd_status_t status;
@@ -329,6 +336,13 @@ static void epd_router_drain_fwd_work(uv_work_t *work)
     f->status = epd_rpc_client_create(f->addr, &rpc);
     if (f->status != EPD_OK) {
         return;
+    }
+    if (f->secret != NULL) {
+        f->status = epd_rpc_client_set_auth(rpc, f->secret, f->secret_len);
+        if (f->status != EPD_OK) {
+            epd_rpc_client_destroy(rpc);
+            return;
+        }
     }
     f->status = epd_rpc_call(rpc, EPD_RPC_DRAIN, buf, len, EPD_ROUTER_DRAIN_FORWARD_TIMEOUT_MS,
                              &resp, &resp_len, f->err, sizeof(f->err));
@@ -391,6 +405,7 @@ static int epd_router_drain(epd_router_t *rt, const void *req, size_t req_len, v
         if (f != NULL) {
             f->rt = rt;
             f->work.data = f;
+            epd_daemon_secret(rt->d, &f->secret, &f->secret_len);
             snprintf(f->addr, sizeof(f->addr), "%s", w->control_addr);
             snprintf(f->worker_id, sizeof(f->worker_id), "%s", w->info.worker_id);
             if (uv_queue_work(rt->loop, &f->work, epd_router_drain_fwd_work,

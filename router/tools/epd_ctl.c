@@ -5,11 +5,18 @@
  *                  (--prompt TEXT | --prompt-file F) --max-tokens N
  *                  [--temperature T --top-p P --top-k K --seed S --tokens
  *                   --timeout-ms MS --transport ucx|ofi --expect-transport C
- *                   --provider STR]
+ *                   --provider STR --cluster-secret-file PATH]
  *   epd-ctl health ADDR
- *   epd-ctl status ADDR
- *   epd-ctl drain ADDR --worker-id ID
- *   epd-ctl workers ROUTER
+ *   epd-ctl status ADDR [--cluster-secret-file PATH]
+ *   epd-ctl drain ADDR --worker-id ID [--cluster-secret-file PATH]
+ *   epd-ctl workers ROUTER [--cluster-secret-file PATH]
+ *
+ * A daemon with a cluster secret answers only Health to a caller without
+ * it: status, workers and drain then need --cluster-secret-file (the same
+ * file the daemons were given); their calls are signed with it (epd_rpc.h).
+ * submit takes it too, for the request plane (every endpoint authenticated).
+ * Without the flag, the file EPD_CLUSTER_SECRET_FILE names is used, if set
+ * (scripts that call epd-ctl many times).
  *
  * submit is a one-request client of the request plane (router/epd_client):
  * Health on both control addresses, the same GenerateRequest to both
@@ -35,11 +42,15 @@
 #include "epd_log.h"
 #include "epd_msg.h"
 #include "epd_rpc.h"
+#include "epd_secret.h"
 #include "epd_utf8.h"
 
 #define CTL_RPC_TIMEOUT_MS 5000
 
 static volatile sig_atomic_t ctl_interrupted;
+
+/* --cluster-secret-file of a control command (len 0: none); wiped at exit */
+static epd_secret_t ctl_secret;
 
 /* Consulted only by LeakSanitizer builds: UCX and libfabric keep some
  * process-wide allocations until exit; they are not epd's. */
@@ -95,6 +106,8 @@ static const char *ctl_state_name(int state)
         return "UNSPECIFIED";
     }
 }
+
+static int ctl_load_secret(const char *path);
 
 /* ------------------------------------------------------------- submit */
 
@@ -265,6 +278,7 @@ typedef struct {
     const char *expect;
     const char *provider;
     const char *log_level;
+    const char *secret_file;
 } ctl_submit_args_t;
 
 static int ctl_submit_run(const ctl_submit_args_t *a)
@@ -331,6 +345,10 @@ static int ctl_submit_run(const ctl_submit_args_t *a)
     cc.expect = a->expect;
     cc.provider = a->provider;
     cc.rpc_timeout_ms = CTL_RPC_TIMEOUT_MS;
+    if (ctl_secret.len > 0) {
+        cc.secret = ctl_secret.bytes;
+        cc.secret_len = ctl_secret.len;
+    }
     cc.event_cb = ctl_on_event;
     cc.cb_arg = &s;
     status = epd_client_create(&cc, &client);
@@ -459,6 +477,8 @@ static int ctl_submit(int argc, char **argv)
         {"expect-transport", EPD_OPT_STRING, &a.expect, 0, 0, "any, shm, tcp or rdma"},
         {"provider", EPD_OPT_STRING, &a.provider, 0, 0, "libfabric provider (ofi)"},
         {"log-level", EPD_OPT_STRING, &a.log_level, 0, 0, "error, warn, info, debug, trace"},
+        {"cluster-secret-file", EPD_OPT_STRING, &a.secret_file, 0, 0,
+         "the cluster secret (the daemons' file): authenticates the request plane"},
     };
     epd_opts_t o = {.prog = "epd-ctl submit",
                     .summary = "send one request through a prefill and a decode worker",
@@ -486,6 +506,8 @@ static int ctl_submit(int argc, char **argv)
         rc = ctl_fail("submit: --top-p must be in (0, 1]");
     } else if (epd_log_level_parse(a.log_level, &level) != EPD_OK) {
         rc = ctl_fail("submit: bad --log-level");
+    } else if (ctl_load_secret(a.secret_file) != 0) {
+        rc = 1;
     } else {
         if (getenv("EPD_LOG_LEVEL") == NULL) {
             epd_log_set_level(level);
@@ -514,12 +536,29 @@ static int ctl_call(const char *addr, const char *method, const void *req, size_
                 epd_status_string(status));
         return 1;
     }
+    if (ctl_secret.len > 0) {
+        status = epd_rpc_client_set_auth(rpc, ctl_secret.bytes, ctl_secret.len);
+        if (status != EPD_OK) {
+            epd_rpc_client_destroy(rpc);
+            fprintf(stderr, "epd-ctl: cannot use the cluster secret: %s\n",
+                    epd_status_string(status));
+            return 1;
+        }
+    }
     status = epd_rpc_call(rpc, method, req, req_len, CTL_RPC_TIMEOUT_MS, &resp, &resp_len, err,
                           sizeof(err));
     epd_rpc_client_destroy(rpc);
     if (status != EPD_OK) {
         fprintf(stderr, "epd-ctl: %s on %s: %s%s%s\n", method, addr, epd_status_name(status),
                 err[0] ? ": " : "", err);
+        if (status == EPD_ERR_AUTH) {
+            fprintf(stderr, "epd-ctl: %s\n",
+                    ctl_secret.len == 0
+                        ? "the daemon requires the cluster secret: pass --cluster-secret-file PATH "
+                          "(the file the daemons were given)"
+                        : "the daemon refused this cluster secret: not the daemons' file, or "
+                          "the clocks differ by more than 30 s");
+        }
         epd_free(resp);
         return 1;
     }
@@ -667,16 +706,69 @@ static int ctl_workers(const char *addr)
     return 0;
 }
 
+/* Loads --cluster-secret-file (or else $EPD_CLUSTER_SECRET_FILE) into
+ * ctl_secret; 0, or 1 after a message. */
+static int ctl_load_secret(const char *path)
+{
+    char why[256];
+
+    if (path == NULL || path[0] == '\0') {
+        path = getenv("EPD_CLUSTER_SECRET_FILE");
+    }
+    if (path == NULL || path[0] == '\0') {
+        return 0;
+    }
+    if (epd_secret_load(path, &ctl_secret, why, sizeof(why)) != EPD_OK) {
+        fprintf(stderr, "epd-ctl: --cluster-secret-file: %s\n", why);
+        return 1;
+    }
+    return 0;
+}
+
+/* `CMD ADDR [--cluster-secret-file PATH]`: argv[0] is ADDR.  0 on success
+ * (the secret loaded when given); 1 after a message; -1 for --help. */
+static int ctl_control_flags(const char *cmd, int argc, char **argv)
+{
+    const char *secret_file = NULL;
+    char prog[64];
+    const epd_opt_t opts[] = {
+        {"cluster-secret-file", EPD_OPT_STRING, &secret_file, 0, 0,
+         "the cluster secret (the daemons' file): needed for every call but health"},
+    };
+    epd_opts_t o = {.prog = prog, .summary = "a control-plane call", .opts = opts, .n_opts = 1};
+    epd_status_t status;
+    int argi;
+    int rc;
+
+    snprintf(prog, sizeof(prog), "epd-ctl %s ADDR", cmd);
+    status = epd_opts_parse(&o, argc, argv, &argi);
+    if (status != EPD_OK) {
+        epd_opts_cleanup(&o);
+        return status == EPD_ERR_CANCELED ? -1 : 1;
+    }
+    if (argi != argc) {
+        fprintf(stderr, "epd-ctl: %s takes the control address and flags only\n", cmd);
+        rc = 1;
+    } else {
+        rc = ctl_load_secret(secret_file);
+    }
+    epd_opts_cleanup(&o);
+    return rc;
+}
+
 static int ctl_drain(const char *addr, int argc, char **argv)
 {
     const char *worker_id = NULL;
+    const char *secret_file = NULL;
     const epd_opt_t opts[] = {
         {"worker-id", EPD_OPT_STRING, &worker_id, 0, 0, "the worker's id (must match)"},
+        {"cluster-secret-file", EPD_OPT_STRING, &secret_file, 0, 0,
+         "the cluster secret (the daemons' file)"},
     };
     epd_opts_t o = {.prog = "epd-ctl drain ADDR",
                     .summary = "stop a worker taking new requests",
                     .opts = opts,
-                    .n_opts = 1};
+                    .n_opts = 2};
     Epd__DrainRequest req = EPD__DRAIN_REQUEST__INIT;
     ProtobufCMessage *msg = NULL;
     Epd__DrainResponse *d;
@@ -692,7 +784,10 @@ static int ctl_drain(const char *addr, int argc, char **argv)
         return status == EPD_ERR_CANCELED ? 0 : 1;
     }
     if (argi != argc || worker_id == NULL || worker_id[0] == '\0') {
-        rc = ctl_fail("drain: usage: epd-ctl drain ADDR --worker-id ID");
+        rc = ctl_fail("drain: usage: epd-ctl drain ADDR --worker-id ID [--cluster-secret-file F]");
+        goto out;
+    }
+    if (ctl_load_secret(secret_file) != 0) {
         goto out;
     }
     req.worker_id = (char *)worker_id;
@@ -731,13 +826,17 @@ static void ctl_usage(FILE *out)
             "  workers ROUTER      the router's workers as a table per pool (state, load)\n"
             "  drain ADDR --worker-id ID\n"
             "                      stop the worker taking new requests\n"
+            "  status, workers and drain take --cluster-secret-file PATH (default:\n"
+            "  $EPD_CLUSTER_SECRET_FILE): daemons with a cluster secret answer only health\n"
+            "  without it; submit takes it for the request plane\n"
             "  (epd-ctl submit --help lists every flag)\n");
 }
 
-int main(int argc, char **argv)
+static int ctl_main(int argc, char **argv)
 {
     struct sigaction sa;
     const char *cmd;
+    int rc;
 
     if (argc < 2) {
         ctl_usage(stderr);
@@ -766,9 +865,9 @@ int main(int argc, char **argv)
         if (strcmp(cmd, "drain") == 0) {
             return ctl_drain(argv[2], argc - 2, argv + 2);
         }
-        if (argc != 3) {
-            fprintf(stderr, "epd-ctl: %s takes one argument, the control address\n", cmd);
-            return 1;
+        rc = ctl_control_flags(cmd, argc - 2, argv + 2);
+        if (rc != 0) {
+            return rc < 0 ? 0 : rc;
         }
         if (strcmp(cmd, "workers") == 0) {
             return ctl_workers(argv[2]);
@@ -778,4 +877,12 @@ int main(int argc, char **argv)
     fprintf(stderr, "epd-ctl: unknown command '%s'\n", cmd);
     ctl_usage(stderr);
     return 1;
+}
+
+int main(int argc, char **argv)
+{
+    int rc = ctl_main(argc, argv);
+
+    epd_secret_wipe(&ctl_secret);
+    return rc;
 }
