@@ -168,6 +168,7 @@ struct epd_router {
      * (max_context x the most bytes one token spells): refused before it
      * is tokenized; 0: no bound known */
     uint64_t max_prompt_bytes;
+    int ready_without_encoder; /* --ready-without-encoder: /ready needs no encoder */
     /* state */
     epd_msg_epoch_t epoch; /* the daemon's: Health, RegisterResponse, ids */
     epd_engine_t *engine;  /* tokenizer only */
