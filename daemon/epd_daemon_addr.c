@@ -21,7 +21,9 @@
  * Every name is resolved once, here, at start: a daemon binds, advertises
  * and registers numeric addresses that never change under it (a name that
  * later resolves elsewhere does not move a running cluster).  IPv4 and
- * IPv6 alike; with an IPv6 data address UCX is told to prefer inet6
+ * IPv6 alike; UCX connects without blocking (UCX_TCP_CONN_NB=y, unless
+ * set: a blocking connect to an unreachable peer stalls the loop); with an
+ * IPv6 data address UCX is told to prefer inet6
  * (UCX_TCP_AF_PRIO, unless set) — but for ::1: UCX 1.13's tcp serves lo
  * over IPv4 only, and loopback is this host either way.
  *
@@ -163,6 +165,7 @@ static epd_status_t epd_daemon_ucx_env(epd_daemon_t *d, int secret)
 {
     const char *devs = getenv("UCX_NET_DEVICES");
     const char *prio = getenv("UCX_TCP_AF_PRIO");
+    const char *nb = getenv("UCX_TCP_CONN_NB");
 
     if (devs == NULL || devs[0] == '\0') {
         setenv("UCX_NET_DEVICES", d->data_iface, 1);
@@ -178,6 +181,14 @@ static epd_status_t epd_daemon_ucx_env(epd_daemon_t *d, int secret)
         epd_log_info(d->log, 0,
                      "data plane: UCX_NET_DEVICES=%s as set (the data address %s is on %s)",
                      devs, d->data_host, d->data_iface);
+    }
+    /* UCX's default is a blocking connect() on the thread creating the
+     * endpoint — the loop: a peer whose packets are dropped (a partition, a
+     * host cut off) would stall this daemon until the kernel gives up on the
+     * SYN, its heartbeats and keepalives with it, and every other member
+     * would declare it dead (found by tests/multihost/test_mh_partition.sh) */
+    if (nb == NULL || nb[0] == '\0') {
+        setenv("UCX_TCP_CONN_NB", "y", 1);
     }
     /* UCX 1.13's tcp runs on lo over IPv4 only: an IPv6 loopback data
      * address stays on lo as is (the same host either way) */
