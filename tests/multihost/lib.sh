@@ -18,6 +18,7 @@
 #
 #   EPD_BUILD          build folder whose binaries are tested (default build)
 #   EPD_MH_KEEP        1: keep the temp dir (logs) for a look afterwards
+#   EPD_MH_TRANSPORT   ucx (default) or ofi: the transport of the fault tests
 #
 # Without root, namespaces or nftables the test prints SKIP and passes.
 set -euo pipefail
@@ -33,6 +34,7 @@ export UCX_TLS=${UCX_TLS:-tcp}
 export EPD_LOG_LEVEL=${EPD_LOG_LEVEL:-info}
 
 MH="epdmh$$"
+MH_TR=${EPD_MH_TRANSPORT:-ucx}
 MH_NET=10.77.0
 MH_HOSTS=()
 PIDS=()
@@ -355,3 +357,29 @@ mh_cluster() {
   mh_start d2 d2 decode "${w[@]}" --worker-id decode-2
   mh_wait_ready r "$r_HTTP"
 }
+
+# mh_delay NAME HOST PEER_IP DELAY_MS: every TCP connection HOST opens to
+# PEER_IP goes through a delay relay (epd_mh_delay.py) in HOST: DELAY_MS
+# more each way.  nftables in HOST redirects them (nat output, table
+# mhdelay_NAME) to the relay on 127.0.0.1; the relay's own connections are
+# marked and pass.  Its stats ("connections=N bytes=B") are kept in
+# $T/NAME.stats.
+mh_delay() {
+  local name=$1 host=$2 peer=$3 ms=$4 port i
+  mh_in "$host" "$PYTHON3" "$MH_DIR/epd_mh_delay.py" --listen 127.0.0.1:0 --delay-ms "$ms" \
+    --mark 0x4d --ready-file "$T/$name.relay" --stats-file "$T/$name.stats" \
+    >>"$T/$name.log" 2>&1 &
+  PIDS+=("$!")
+  printf -v "${name}_PID" '%s' "$!"
+  for i in $(seq 1 100); do
+    [ -s "$T/$name.relay" ] && break
+    sleep 0.1
+  done
+  port=$(sed -n 's/^port=//p' "$T/$name.relay" 2>/dev/null)
+  [ -n "$port" ] || fail "the delay relay $name did not start: $(cat "$T/$name.log")"
+  mh_nft "$host" "table ip mhdelay_$name {
+  chain out { type nat hook output priority -100; policy accept;
+    meta mark != 0x4d ip daddr $peer meta l4proto tcp redirect to :$port; }
+}"
+}
+

@@ -13,8 +13,8 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-note "six hosts, ucx-tcp, round-robin"
-mh_cluster ucx --policy round-robin
+note "six hosts, $MH_TR, round-robin"
+mh_cluster "$MH_TR" --policy round-robin
 G="$BIN/epd-generate"
 metric() { mh_metric r "$r_HTTP" "$1"; }
 
