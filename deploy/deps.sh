@@ -19,6 +19,7 @@ PACKAGES=(
   libsodium-dev                   # BLAKE2b-256 content hashes of images (the embedding cache key)
   libcmocka-dev                   # unit tests
   python3 curl procps iproute2    # integration test helpers
+  nftables util-linux             # tests/multihost: nft (faults), nsenter (hosts)
 )
 
 missing=()

@@ -10,6 +10,11 @@
  *   epd-ctl status ADDR [--cluster-secret-file PATH]
  *   epd-ctl drain ADDR --worker-id ID [--cluster-secret-file PATH]
  *   epd-ctl workers ROUTER [--cluster-secret-file PATH]
+ *   epd-ctl probe ADDR [--service NAME]
+ *
+ * probe is grpc.health.v1.Health/Check, as an orchestrator's gRPC probe
+ * calls it: prints SERVING or NOT_SERVING and exits 0 only for SERVING
+ * (a container's HEALTHCHECK, a script waiting for a daemon).
  *
  * A daemon with a cluster secret answers only Health to a caller without
  * it: status, workers and drain then need --cluster-secret-file (the same
@@ -37,6 +42,7 @@
 
 #include "epd_alloc.h"
 #include "epd_client.h"
+#include "epd_grpc_health.pb-c.h"
 #include "epd_config.h"
 #include "epd_engine.h"
 #include "epd_log.h"
@@ -618,6 +624,7 @@ static int ctl_health(const char *addr)
     printf("serving=%d\ndraining=%d\n", h->serving, h->draining);
     ctl_print_identity("\n", h->worker);
     printf("transport=%s\ndata_plane_address_bytes=%zu\n", h->transport, h->data_plane_address.len);
+    printf("control_address=%s\ndata_address=%s\n", h->control_address, h->data_address);
     if (h->kv_layout != NULL) {
         printf("kv_layers=%u\nlayer_pattern=%s\nkv_block_tokens=%u\nkv_heads=%u\nhead_dim=%u\n"
                "kv_dtype=%d\nblock_bytes=%llu\nstate_bytes=%llu\n",
@@ -648,14 +655,55 @@ static int ctl_status(const char *addr)
         printf("state=%s ", ctl_state_name(w->state));
         ctl_print_load(" ", w->load);
         ctl_print_capacity(" ", w->capacity);
-        printf("last_heartbeat_age_ms=%llu\n", (unsigned long long)w->last_heartbeat_age_ms);
+        printf("last_heartbeat_age_ms=%llu control_address=%s data_address=%s",
+               (unsigned long long)w->last_heartbeat_age_ms, w->control_address,
+               w->data_address);
+        if (w->link[0] != '\0') {
+            printf(" link=\"%s\"", w->link);
+        }
+        printf("\n");
     }
     epd_proto_free(msg);
     return 0;
 }
 
+/* The class of the router's link to a worker ("tcp: lanes..." -> "tcp"). */
+static void ctl_link_class(const char *link, char *out, size_t cap)
+{
+    size_t n = strcspn(link, ":");
+
+    snprintf(out, cap, "%.*s", (int)n, n > 0 ? link : "-");
+}
+
+/* The worker's own links to other workers by class: "tcp=2 shm=1" or "-". */
+static void ctl_peer_links(const Epd__Load *l, char *out, size_t cap)
+{
+    size_t used = 0;
+
+    out[0] = '\0';
+    if (l != NULL) {
+        const struct {
+            const char *name;
+            uint32_t n;
+        } c[4] = {{"shm", l->links_shm}, {"tcp", l->links_tcp}, {"rdma", l->links_rdma},
+                  {"other", l->links_other}};
+
+        for (int i = 0; i < 4; i++) {
+            if (c[i].n > 0 && used < cap) {
+                used += (size_t)snprintf(out + used, cap - used, "%s%s=%u", used > 0 ? " " : "",
+                                         c[i].name, c[i].n);
+            }
+        }
+    }
+    if (out[0] == '\0') {
+        snprintf(out, cap, "-");
+    }
+}
+
 /* `workers ROUTER`: the router's Status as a table, one pool after the
- * other, with a count of workers per state. */
+ * other, with a count of workers per state, each worker's advertised
+ * control address, the class of the router's link to it (LINK) and of its
+ * own links to other workers (PEER_LINKS): what each link really uses. */
 static int ctl_workers(const char *addr)
 {
     static const Epd__Role roles[3] = {EPD__ROLE__ROLE_PREFILL, EPD__ROLE__ROLE_DECODE,
@@ -680,11 +728,13 @@ static int ctl_workers(const char *addr)
         }
         printf("%s pool: %u READY, %u DRAINING, %u SUSPECT, %u DEAD\n", ctl_role_name(roles[r]),
                counts[1], counts[2], counts[3], counts[4]);
-        printf("  %-24s %-9s %8s %8s %14s %13s %9s\n", "WORKER", "STATE", "RUNNING", "QUEUE",
-               "QUEUED_TOKENS", "KV_FREE", "HB_AGE_MS");
+        printf("  %-24s %-9s %8s %8s %14s %13s %9s  %-22s %-5s %s\n", "WORKER", "STATE", "RUNNING",
+               "QUEUE", "QUEUED_TOKENS", "KV_FREE", "HB_AGE_MS", "ADDRESS", "LINK", "PEER_LINKS");
         for (size_t i = 0; i < st->n_workers; i++) {
             const Epd__WorkerStatus *w = st->workers[i];
             char kv[32];
+            char cls[16];
+            char peers[96];
 
             if (w->worker == NULL || w->worker->role != roles[r]) {
                 continue;
@@ -695,11 +745,14 @@ static int ctl_workers(const char *addr)
                 snprintf(kv, sizeof(kv), "%u/%u", w->load != NULL ? w->load->kv_blocks_free : 0,
                          w->capacity != NULL ? w->capacity->kv_blocks_total : 0);
             }
-            printf("  %-24s %-9s %8u %8u %14llu %13s %9llu\n", w->worker->worker_id,
+            ctl_link_class(w->link, cls, sizeof(cls));
+            ctl_peer_links(w->load, peers, sizeof(peers));
+            printf("  %-24s %-9s %8u %8u %14llu %13s %9llu  %-22s %-5s %s\n", w->worker->worker_id,
                    ctl_state_name(w->state), w->load != NULL ? w->load->running_requests : 0,
                    w->load != NULL ? w->load->queue_depth : 0,
                    (unsigned long long)(w->load != NULL ? w->load->queued_tokens : 0), kv,
-                   (unsigned long long)w->last_heartbeat_age_ms);
+                   (unsigned long long)w->last_heartbeat_age_ms,
+                   w->control_address[0] != '\0' ? w->control_address : "-", cls, peers);
         }
     }
     epd_proto_free(msg);
@@ -811,6 +864,53 @@ out:
     return rc;
 }
 
+/* `probe ADDR [--service NAME]`: grpc.health.v1.Health/Check as a
+ * kubelet's gRPC probe calls it (no secret needed); exit 0 only when the
+ * answer is SERVING. */
+static int ctl_probe(const char *addr, int argc, char **argv)
+{
+    const char *service = "";
+    const epd_opt_t opts[] = {
+        {"service", EPD_OPT_STRING, &service, 0, 0,
+         "the service to ask about ('' the daemon, or its role: router, prefill, ...)"},
+    };
+    epd_opts_t o = {.prog = "epd-ctl probe ADDR",
+                    .summary = "grpc.health.v1.Health/Check: exit 0 when SERVING",
+                    .opts = opts,
+                    .n_opts = 1};
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    Grpc__Health__V1__HealthCheckResponse *r;
+    ProtobufCMessage *msg = NULL;
+    unsigned char buf[256];
+    size_t len;
+    epd_status_t status;
+    int argi;
+    int rc = 1;
+
+    status = epd_opts_parse(&o, argc, argv, &argi);
+    if (status != EPD_OK) {
+        epd_opts_cleanup(&o);
+        return status == EPD_ERR_CANCELED ? 0 : 1;
+    }
+    if (argi != argc || strlen(service) > 128) {
+        rc = ctl_fail("probe: usage: epd-ctl probe ADDR [--service NAME]");
+        goto out;
+    }
+    req.service = (char *)service;
+    len = grpc__health__v1__health_check_request__pack(&req, buf);
+    if (ctl_call(addr, EPD_RPC_GRPC_HEALTH_CHECK, buf, len,
+                 &grpc__health__v1__health_check_response__descriptor, &msg) != 0) {
+        goto out;
+    }
+    r = (Grpc__Health__V1__HealthCheckResponse *)msg;
+    rc = r->status != GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    printf("%s\n", rc == 0 ? "SERVING" : r->status == 2 ? "NOT_SERVING" : "UNKNOWN");
+    epd_proto_free(msg);
+out:
+    epd_opts_cleanup(&o);
+    return rc;
+}
+
 static void ctl_usage(FILE *out)
 {
     fprintf(out,
@@ -823,7 +923,11 @@ static void ctl_usage(FILE *out)
             "                      ids with --tokens); exit 1 on error, refusal or timeout\n"
             "  health ADDR         print a worker's Health answer\n"
             "  status ADDR         print a worker's Status answer (one line per worker)\n"
-            "  workers ROUTER      the router's workers as a table per pool (state, load)\n"
+            "  workers ROUTER      the router's workers as a table per pool (state, load,\n"
+            "                      address, the class of each link: shm, tcp, rdma)\n"
+            "  probe ADDR [--service NAME]\n"
+            "                      grpc.health.v1.Health/Check (what a kubelet's gRPC probe\n"
+            "                      calls): prints SERVING or NOT_SERVING, exit 0 when SERVING\n"
             "  drain ADDR --worker-id ID\n"
             "                      stop the worker taking new requests\n"
             "  status, workers and drain take --cluster-secret-file PATH (default:\n"
@@ -856,7 +960,7 @@ static int ctl_main(int argc, char **argv)
         return ctl_submit(argc - 1, argv + 1);
     }
     if (strcmp(cmd, "health") == 0 || strcmp(cmd, "status") == 0 || strcmp(cmd, "drain") == 0 ||
-        strcmp(cmd, "workers") == 0) {
+        strcmp(cmd, "workers") == 0 || strcmp(cmd, "probe") == 0) {
         if (argc < 3 || argv[2][0] == '-') {
             fprintf(stderr, "epd-ctl: %s: the worker's control address HOST:PORT is required\n",
                     cmd);
@@ -864,6 +968,9 @@ static int ctl_main(int argc, char **argv)
         }
         if (strcmp(cmd, "drain") == 0) {
             return ctl_drain(argv[2], argc - 2, argv + 2);
+        }
+        if (strcmp(cmd, "probe") == 0) {
+            return ctl_probe(argv[2], argc - 2, argv + 2);
         }
         rc = ctl_control_flags(cmd, argc - 2, argv + 2);
         if (rc != 0) {
