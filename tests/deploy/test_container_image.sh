@@ -5,7 +5,9 @@
 # prefill on h2, decode on h3, each a container of the image run with
 # `--network ns:/run/netns/...` — with the cluster secret and an API key
 # mounted as 0600 files: one completion through the router equals
-# epd-generate's (greedy, the model mounted read-only at /models).  Every
+# epd-generate's (greedy, the model mounted read-only at /models); the
+# k8s preStop command (epd-ctl drain --self --wait-ms) run in the prefill
+# container drains it (DRAINING at the router).  Every
 # container and namespace is removed on exit, also on failure.
 # Needs root, podman and runc (make deps installs them): else SKIP.
 source "$(dirname "$0")/../integration/lib.sh"
@@ -98,6 +100,17 @@ note "a completion through the router, from h1, equals epd-generate"
 completion_equals_generate 1 "http://$RIP:8000" "$KEY" "$T/m" "Containers on three hosts" 12
 code=$(on_host 1 curl -s -o /dev/null -w '%{http_code}' --max-time 10 "http://$RIP:8000/v1/models")
 [ "$code" = 401 ] || fail "/v1/models without the key: HTTP $code, want 401"
+
+note "the preStop hook of deploy/k8s: epd-ctl drain --self --wait-ms inside the prefill container"
+"${PODMAN[@]}" exec "prefill-$$" epd-ctl drain "$(host_ip 2):7001" --self --wait-ms 10000 \
+  --cluster-secret-file /run/secrets/epd/cluster-secret || fail "epd-ctl drain --self in the container"
+ok=0
+for i in $(seq 1 100); do
+  on_host 1 "$BIN/epd-ctl" status "$RIP:7000" | grep -q '^worker=prefill-0 .*state=DRAINING' &&
+    { ok=1; break; }
+  sleep 0.1
+done
+[ $ok = 1 ] || fail "prefill-0 not DRAINING at the router after drain --self"
 
 note "SIGTERM (podman stop): every container exits 0"
 for c in decode prefill router; do

@@ -55,8 +55,13 @@ for w in decode-0:decode prefill-0:prefill encoder-0:encoder; do
   grep -q "^epd_router_worker_queue_depth{worker=\"$id\",pool=\"$pool\"} " "$T/router.prom" ||
     fail "no epd_router_worker_queue_depth series for $id"
 done
+# the autoscalers' signals (deploy/k8s/prometheus/rules.yaml)
 grep -q '^epd_router_worker_kv_blocks_free{worker="decode-0"} ' "$T/router.prom" ||
   fail "no epd_router_worker_kv_blocks_free for decode-0"
+grep -q '^epd_router_worker_kv_blocks{worker="decode-0"} 512$' "$T/router.prom" ||
+  fail "no epd_router_worker_kv_blocks 512 for decode-0"
+grep -q '^epd_router_worker_queued_tokens{worker="prefill-0"} ' "$T/router.prom" ||
+  fail "no epd_router_worker_queued_tokens for prefill-0"
 for n in d p e; do
   a="${n}_ADDR"
   "$BIN/epd-ctl" health "${!a}" >"$T/health.$n" || fail "epd-ctl health ${!a}"
