@@ -149,6 +149,8 @@ all: $(ALL_LIBS) $(ALL_PROGS) $(ALL_TESTS)
 
 deps:
 	@./deploy/deps.sh
+	@./tests/deploy/k8s_node_deps.sh build/k8s-node || \
+		echo "deps: the npm packages of the k8s manifest check are not installed (offline?)"
 
 # Every test: unit (cmocka) and integration, each in its own process with a
 # timeout; then the same suite built with ASan + UBSan by clang.

@@ -2,3 +2,4 @@
 # read (metrics), each an executable shell test run by tests/run.sh.
 ALL_TESTS += tests/deploy/test_metrics_promtool.sh
 ALL_TESTS += tests/deploy/test_container_image.sh
+ALL_TESTS += tests/deploy/test_k8s_manifests.sh
