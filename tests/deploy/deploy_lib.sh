@@ -23,7 +23,7 @@ deploy_on_exit() {
 deploy_cleanup() {
   local rc=$? i
   for ((i = ${#DEPLOY_CLEANUPS[@]} - 1; i >= 0; i--)); do
-    eval "${DEPLOY_CLEANUPS[$i]}" >/dev/null 2>&1 || true
+    (eval "${DEPLOY_CLEANUPS[$i]}") >/dev/null 2>&1 || true
   done
   for ((i = 1; i <= NS_HOSTS; i++)); do
     ip netns del "$NS-h$i" 2>/dev/null || true
