@@ -1,7 +1,7 @@
 # deploy/slurm/epd-job.sh — the body of the epd sbatch scripts (sourced
 # by epd-cluster.sbatch and epd-cluster-het.sbatch inside the job).
 #
-# epd_job_run "ROUTER_SRUN_ARGS" "WORKERS_SRUN_ARGS": makes the job folder
+# epd_job_run "ROUTER_SRUN_ARGS" "WORKERS_SRUN_ARGS" WORKER_NODES: makes the job folder
 # and a fresh cluster secret (0600) in it, starts the router as one job
 # step, waits for it, starts each pool as a step of its own (EPD_PREFILL,
 # EPD_DECODE, EPD_ENCODER tasks, spread cyclically over the worker nodes),
@@ -16,7 +16,7 @@ epd_die() {
 }
 
 epd_job_run() {
-  local router_args=$1 worker_args=$2
+  local router_args=$1 worker_args=$2 worker_nodes=${3:-1}
   : "${EPD_MODEL:?EPD_MODEL: the model folder, on a filesystem every node sees}"
   export EPD_BIN=${EPD_BIN:-$SLURM_SUBMIT_DIR/build/bin}
   export EPD_JOB_DIR=${EPD_JOB_DIR:-$SLURM_SUBMIT_DIR/epd-job-$SLURM_JOB_ID}
@@ -50,7 +50,7 @@ epd_job_run() {
     n=${!role}
     [ "$n" -gt 0 ] || continue
     # shellcheck disable=SC2086
-    srun $worker_args --ntasks="$n" --distribution=cyclic --overlap --overcommit --job-name="epd-$role" \
+    srun $worker_args --nodes=$((n < worker_nodes ? n : worker_nodes)) --ntasks="$n" --distribution=cyclic --overlap --overcommit --job-name="epd-$role" \
       --output="$EPD_JOB_DIR/$role-%t.log" "$step" "$role" &
   done
   local want=$((prefill + decode + encoder)) ready=0
