@@ -8,7 +8,7 @@
  *                   --provider STR --cluster-secret-file PATH]
  *   epd-ctl health ADDR
  *   epd-ctl status ADDR [--cluster-secret-file PATH]
- *   epd-ctl drain ADDR --worker-id ID [--cluster-secret-file PATH]
+ *   epd-ctl drain ADDR (--worker-id ID | --self) [--wait-ms MS] [--cluster-secret-file PATH]
  *   epd-ctl workers ROUTER [--cluster-secret-file PATH]
  *   epd-ctl probe ADDR [--service NAME]
  *
@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "epd_alloc.h"
 #include "epd_client.h"
@@ -809,19 +810,82 @@ static int ctl_control_flags(const char *cmd, int argc, char **argv)
     return rc;
 }
 
+/* The worker id a daemon's Health names (Health needs no secret), into
+ * id[cap]; 0 on success. */
+static int ctl_own_id(const char *addr, char *id, size_t cap)
+{
+    ProtobufCMessage *msg = NULL;
+    Epd__HealthResponse *h;
+    int rc = 1;
+
+    if (ctl_call(addr, EPD_RPC_HEALTH, NULL, 0, &epd__health_response__descriptor, &msg) != 0) {
+        return 1;
+    }
+    h = (Epd__HealthResponse *)msg;
+    if (h->worker != NULL && h->worker->worker_id != NULL && h->worker->worker_id[0] != '\0' &&
+        strlen(h->worker->worker_id) < cap) {
+        snprintf(id, cap, "%s", h->worker->worker_id);
+        rc = 0;
+    } else {
+        ctl_fail("drain --self: the Health answer names no worker");
+    }
+    epd_proto_free(msg);
+    return rc;
+}
+
+/* --wait-ms: until the worker's Health shows no request running or
+ * queued, polled every 200 ms, at most wait_ms; 0 when idle in time. */
+static int ctl_wait_idle(const char *addr, int64_t wait_ms)
+{
+    int64_t waited = 0;
+
+    for (;;) {
+        ProtobufCMessage *msg = NULL;
+        Epd__HealthResponse *h;
+        int idle;
+
+        if (ctl_call(addr, EPD_RPC_HEALTH, NULL, 0, &epd__health_response__descriptor, &msg) !=
+            0) {
+            return 1; /* gone: nothing left to wait for, but say so */
+        }
+        h = (Epd__HealthResponse *)msg;
+        idle = h->load == NULL || (h->load->running_requests == 0 && h->load->queue_depth == 0);
+        epd_proto_free(msg);
+        if (idle) {
+            printf("idle=1 waited_ms=%lld\n", (long long)waited);
+            return 0;
+        }
+        if (waited >= wait_ms) {
+            printf("idle=0 waited_ms=%lld\n", (long long)waited);
+            return 1;
+        }
+        struct timespec ts = {0, 200 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        waited += 200;
+    }
+}
+
 static int ctl_drain(const char *addr, int argc, char **argv)
 {
     const char *worker_id = NULL;
     const char *secret_file = NULL;
+    int self = 0;
+    int64_t wait_ms = 0;
+    char own_id[256];
     const epd_opt_t opts[] = {
         {"worker-id", EPD_OPT_STRING, &worker_id, 0, 0, "the worker's id (must match)"},
+        {"self", EPD_OPT_BOOL, &self, 0, 0,
+         "drain whichever worker serves ADDR (its id from its Health): for a preStop hook, "
+         "where the pod's name is not at hand"},
+        {"wait-ms", EPD_OPT_INT, &wait_ms, 0, 86400000,
+         "then wait until it runs and queues no request, at most this long (exit 1 if not)"},
         {"cluster-secret-file", EPD_OPT_STRING, &secret_file, 0, 0,
          "the cluster secret (the daemons' file)"},
     };
     epd_opts_t o = {.prog = "epd-ctl drain ADDR",
                     .summary = "stop a worker taking new requests",
                     .opts = opts,
-                    .n_opts = 2};
+                    .n_opts = 4};
     Epd__DrainRequest req = EPD__DRAIN_REQUEST__INIT;
     ProtobufCMessage *msg = NULL;
     Epd__DrainResponse *d;
@@ -836,12 +900,19 @@ static int ctl_drain(const char *addr, int argc, char **argv)
         epd_opts_cleanup(&o);
         return status == EPD_ERR_CANCELED ? 0 : 1;
     }
-    if (argi != argc || worker_id == NULL || worker_id[0] == '\0') {
-        rc = ctl_fail("drain: usage: epd-ctl drain ADDR --worker-id ID [--cluster-secret-file F]");
+    if (argi != argc || (self != 0) == (worker_id != NULL && worker_id[0] != '\0')) {
+        rc = ctl_fail("drain: usage: epd-ctl drain ADDR (--worker-id ID | --self) [--wait-ms MS] "
+                      "[--cluster-secret-file F]");
         goto out;
     }
     if (ctl_load_secret(secret_file) != 0) {
         goto out;
+    }
+    if (self) {
+        if (ctl_own_id(addr, own_id, sizeof(own_id)) != 0) {
+            goto out;
+        }
+        worker_id = own_id;
     }
     req.worker_id = (char *)worker_id;
     len = epd__drain_request__get_packed_size(&req);
@@ -858,6 +929,9 @@ static int ctl_drain(const char *addr, int argc, char **argv)
     printf("ok=%d%s%s\n", d->ok, d->reason[0] ? " reason=" : "", d->reason);
     rc = d->ok ? 0 : 1;
     epd_proto_free(msg);
+    if (rc == 0 && wait_ms > 0) {
+        rc = ctl_wait_idle(addr, wait_ms);
+    }
 out:
     epd_free(buf);
     epd_opts_cleanup(&o);
@@ -928,7 +1002,7 @@ static void ctl_usage(FILE *out)
             "  probe ADDR [--service NAME]\n"
             "                      grpc.health.v1.Health/Check (what a kubelet's gRPC probe\n"
             "                      calls): prints SERVING or NOT_SERVING, exit 0 when SERVING\n"
-            "  drain ADDR --worker-id ID\n"
+            "  drain ADDR (--worker-id ID | --self) [--wait-ms MS]\n"
             "                      stop the worker taking new requests\n"
             "  status, workers and drain take --cluster-secret-file PATH (default:\n"
             "  $EPD_CLUSTER_SECRET_FILE): daemons with a cluster secret answer only health\n"
