@@ -18,10 +18,13 @@
  *      produced its KV (its QKV projection, epd_sim_timing.c), and calls
  *      the sink there — the transfer of layer l overlaps the rest of layer l
  *      (attention, MLP) and layers l+1..;
- *   4. waits until E_l + time_l (+ the kernel).
- * Deadlines are absolute from t0 (clock_nanosleep, TIMER_ABSTIME, or a
- * spin): oversleeping never accumulates and the host's work is inside the
- * modelled time, not added to it.  A decode step writes every request's
+ *   4. goes on with layer l+1 (its stamps are the host's share of launching
+ *      it early); after the last layer, waits until the modelled end.
+ * Deadlines are absolute from t0: oversleeping never accumulates and the
+ * host's work is inside the modelled time, not added to it.  Sleep mode
+ * sleeps (clock_nanosleep, TIMER_ABSTIME) through waits of 100 us or more
+ * and spins through shorter ones: a timer costs 25-40 us of CPU on a
+ * virtual machine and wakes about as late, more than a short layer.  A decode step writes every request's
  * stamp of each layer, then waits once for the sum of its layers' times.
  *
  * The bytes.  KV "produced on the device" is not computed: a block's body
@@ -76,6 +79,10 @@
 #define EPD_SIM_STATE_KEY 0x5374617465ull /* "State" */
 #define EPD_SIM_LOGIT_FLOOR (-20.0f)
 #define EPD_SIM_LOGIT_CANDIDATES 8
+#define EPD_SIM_AHEAD 8      /* blocks whose stamps are prefetched ahead */
+#define EPD_SIM_SUM_UNITS 64 /* units' stamps gathered per hash update */
+/* sleep mode: waits shorter than this are spun (see epd_sim_wait_until) */
+#define EPD_SIM_SPIN_BELOW_NS (100 * EPD_NSEC_PER_USEC)
 
 /* The template digests of one pool: 0 = the unit's template is not written
  * yet (a digest of 0 only costs a rewrite). */
@@ -213,29 +220,51 @@ static void epd_sim_stamp_rows(epd_engine_impl_t *e, const epd_kv_pool_t *pool,
     uint32_t first = pos / bt;
     uint32_t last = (end - 1) / bt;
 
-    for (uint32_t i = first; i <= last; i++) {
-        uint32_t id = seq->block_table[i];
-        unsigned char *b = epd_sim_block(e, pool, layer, id);
-        uint32_t hi = (i + 1) * bt < end ? (i + 1) * bt : end; /* one past the block's last */
-        epd_kv_stamp_t st = {.req_id = seq->req_id,
-                             .tag = seq->stamp_tag,
-                             .hk = h[hi - 1 - pos] ^ e->key[layer],
-                             .layer = layer,
-                             .index = i,
-                             .count = hi - i * bt};
+    unsigned char buf[EPD_SIM_SUM_UNITS * EPD_KV_STAMP_BYTES]; /* stamps to hash, in order */
+    uint32_t n_buf = 0;
 
-        st.body = epd_sim_template(e, &dig[id], b, bb,
-                                   epd_sim_mix(e->key[layer] ^ ((uint64_t)id + 1) * EPD_SIM_C));
-        epd_kv_stamp_put(b, bb, &st);
-    }
     if (sum != NULL) {
         epd_hash_state_reset(sum, 0);
-        for (uint32_t i = 0; i <= last; i++) {
-            const unsigned char *b = epd_sim_block(e, pool, layer, seq->block_table[i]);
+    }
+    for (uint32_t i = sum != NULL ? 0 : first; i <= last; i++) {
+        uint32_t id = seq->block_table[i];
+        unsigned char *b = epd_sim_block(e, pool, layer, id);
 
-            epd_hash_state_update(sum, b, EPD_KV_STAMP_HALF);
-            epd_hash_state_update(sum, b + bb - EPD_KV_STAMP_HALF, EPD_KV_STAMP_HALF);
+        if (i + EPD_SIM_AHEAD <= last) {
+            /* the stamps a few blocks ahead are cache misses (a block's two
+             * ends, blocks apart): start them now so that they overlap */
+            unsigned char *a = epd_sim_block(e, pool, layer, seq->block_table[i + EPD_SIM_AHEAD]);
+
+            __builtin_prefetch(a, 1);
+            __builtin_prefetch(a + bb - EPD_KV_STAMP_HALF, 1);
         }
+        if (i >= first) {
+            uint32_t hi = (i + 1) * bt < end ? (i + 1) * bt : end; /* past the block's last */
+            epd_kv_stamp_t st = {.req_id = seq->req_id,
+                                 .tag = seq->stamp_tag,
+                                 .hk = h[hi - 1 - pos] ^ e->key[layer],
+                                 .layer = layer,
+                                 .index = i,
+                                 .count = hi - i * bt};
+
+            st.body = epd_sim_template(
+                e, &dig[id], b, bb, epd_sim_mix(e->key[layer] ^ ((uint64_t)id + 1) * EPD_SIM_C));
+            epd_kv_stamp_put(b, bb, &st);
+        }
+        if (sum != NULL) {
+            /* gathered, hashed in large pieces (one update per unit costs
+             * more than the hash itself) */
+            memcpy(buf + (size_t)n_buf * EPD_KV_STAMP_BYTES, b, EPD_KV_STAMP_HALF);
+            memcpy(buf + (size_t)n_buf * EPD_KV_STAMP_BYTES + EPD_KV_STAMP_HALF,
+                   b + bb - EPD_KV_STAMP_HALF, EPD_KV_STAMP_HALF);
+            if (++n_buf == EPD_SIM_SUM_UNITS) {
+                epd_hash_state_update(sum, buf, sizeof(buf));
+                n_buf = 0;
+            }
+        }
+    }
+    if (sum != NULL && n_buf > 0) {
+        epd_hash_state_update(sum, buf, (size_t)n_buf * EPD_KV_STAMP_BYTES);
     }
 }
 
@@ -332,14 +361,27 @@ static void epd_sim_logits(const epd_engine_impl_t *e, uint64_t h, float *logits
 
 /* ---- time ------------------------------------------------------------------ */
 
+static void epd_sim_spin_until(uint64_t deadline_ns)
+{
+    while (epd_time_now_ns() < deadline_ns) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+}
+
 static void epd_sim_wait_until(const epd_engine_impl_t *e, uint64_t deadline_ns)
 {
-    if (e->conf.mode == EPD_SIM_SPIN) {
-        while (epd_time_now_ns() < deadline_ns) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-        }
+    uint64_t now = epd_time_now_ns();
+
+    if (now >= deadline_ns) {
+        return;
+    }
+    /* a wait shorter than a timer's own cost is spun: a clock_nanosleep
+     * costs 25-40 us of CPU on a virtual machine (and wakes as late), more
+     * than spinning through a short layer */
+    if (e->conf.mode == EPD_SIM_SPIN || deadline_ns - now < EPD_SIM_SPIN_BELOW_NS) {
+        epd_sim_spin_until(deadline_ns);
         return;
     }
 #if defined(__linux__)
@@ -628,9 +670,12 @@ static epd_status_t epd_sim_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *p
                 return status;
             }
         }
+        /* no wait for the layer's end: the next event (the next layer's
+         * KV) comes after it; the host's share of the next layer goes
+         * ahead, as a host enqueues a device's kernels ahead */
         elapsed += layer_s + kernel_s;
-        epd_sim_wait_until(e, t0 + epd_sim_ns(elapsed));
     }
+    epd_sim_wait_until(e, t0 + epd_sim_ns(elapsed));
     return EPD_OK;
 }
 
