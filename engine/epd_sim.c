@@ -14,17 +14,21 @@
  *      stamps: the result of a device checksum kernel, whose modelled time
  *      (the layer's bytes / the devices' memory bandwidth) is added to the
  *      layer;
- *   3. waits until E_l + ready_l (+ the kernel): where the modelled layer has
- *      produced its KV (its QKV projection, epd_sim_timing.c), and calls
- *      the sink there — the transfer of layer l overlaps the rest of layer l
- *      (attention, MLP) and layers l+1..;
+ *   3. calls the sink once the clock has passed E_l + ready_l (+ the
+ *      kernel): where the modelled layer has produced its KV (its QKV
+ *      projection, epd_sim_timing.c) — the transfer of layer l overlaps the
+ *      rest of layer l (attention, MLP) and layers l+1..; never before;
  *   4. goes on with layer l+1 (its stamps are the host's share of launching
  *      it early); after the last layer, waits until the modelled end.
  * Deadlines are absolute from t0: oversleeping never accumulates and the
  * host's work is inside the modelled time, not added to it.  Sleep mode
- * sleeps (clock_nanosleep, TIMER_ABSTIME) through waits of 100 us or more
- * and spins through shorter ones: a timer costs 25-40 us of CPU on a
- * virtual machine and wakes about as late, more than a short layer.  A decode step writes every request's
+ * sleeps (clock_nanosleep, TIMER_ABSTIME), at most once per 200 us except
+ * for the first and the last layer's readiness and the end (layers ready
+ * in between are reported at the next wake-up: late by less than that,
+ * never early), and spins only through waits under 20 us: a timer costs
+ * 25-40 us of CPU on a virtual machine and wakes about as late, and a
+ * compute thread that spins through short layers takes a core from the
+ * transfer it models a device for.  A decode step writes every request's
  * stamp of each layer, then waits once for the sum of its layers' times.
  *
  * The bytes.  KV "produced on the device" is not computed: a block's body
@@ -82,7 +86,12 @@
 #define EPD_SIM_AHEAD 8      /* blocks whose stamps are prefetched ahead */
 #define EPD_SIM_SUM_UNITS 64 /* units' stamps gathered per hash update */
 /* sleep mode: waits shorter than this are spun (see epd_sim_wait_until) */
-#define EPD_SIM_SPIN_BELOW_NS (100 * EPD_NSEC_PER_USEC)
+#define EPD_SIM_SPIN_BELOW_NS (20 * EPD_NSEC_PER_USEC)
+/* sleep mode: how late a timer usually wakes here; precise waits spin that
+ * long after it (see epd_sim_wait_until) */
+#define EPD_SIM_EARLY_NS (60 * EPD_NSEC_PER_USEC)
+/* sleep mode: wake-ups at least this far apart (see epd_sim_prefill) */
+#define EPD_SIM_WAKE_MIN_NS (200 * EPD_NSEC_PER_USEC)
 
 /* The template digests of one pool: 0 = the unit's template is not written
  * yet (a digest of 0 only costs a rewrite). */
@@ -107,7 +116,10 @@ struct epd_engine_impl {
     uint64_t *d_hash;      /* [max_batch] decode scratch */
     epd_hash_state_t *sum; /* prefill scratch: a layer's checksum */
     epd_sim_tmpl_t tmpl;   /* compute thread */
-    int warned;            /* the host-too-slow line was written */
+    /* prefill scratch: each layer's report and when its KV exists */
+    epd_layer_done_t done[EPD_KV_MAX_LAYERS];
+    uint64_t ready_ns[EPD_KV_MAX_LAYERS];
+    int warned; /* the host-too-slow line was written */
 };
 
 /* ---- bytes ----------------------------------------------------------------- */
@@ -370,16 +382,23 @@ static void epd_sim_spin_until(uint64_t deadline_ns)
     }
 }
 
-static void epd_sim_wait_until(const epd_engine_impl_t *e, uint64_t deadline_ns)
+/* Waits until deadline_ns; `precise`: sleeps only until a timer's usual
+ * lateness before it and spins the rest (the end of a prefill, its last
+ * layer's readiness: what A and the transfer's tail are measured against). */
+static void epd_sim_wait_until(const epd_engine_impl_t *e, uint64_t deadline_ns, int precise)
 {
     uint64_t now = epd_time_now_ns();
 
     if (now >= deadline_ns) {
         return;
     }
+    if (precise && e->conf.mode == EPD_SIM_SLEEP && deadline_ns - now > EPD_SIM_EARLY_NS) {
+        epd_sim_wait_until(e, deadline_ns - EPD_SIM_EARLY_NS, 0);
+        epd_sim_spin_until(deadline_ns);
+        return;
+    }
     /* a wait shorter than a timer's own cost is spun: a clock_nanosleep
-     * costs 25-40 us of CPU on a virtual machine (and wakes as late), more
-     * than spinning through a short layer */
+     * costs 25-40 us of CPU on a virtual machine (and wakes as late) */
     if (e->conf.mode == EPD_SIM_SPIN || deadline_ns - now < EPD_SIM_SPIN_BELOW_NS) {
         epd_sim_spin_until(deadline_ns);
         return;
@@ -601,15 +620,39 @@ static epd_status_t epd_sim_detokenize(const epd_engine_impl_t *e, const int32_t
 
 /* ---- prefill / decode ------------------------------------------------------- */
 
+/* Reports the layers whose KV exists by now (their readiness is past):
+ * pending layers [*next, n) in order.  A sink's refusal stops it. */
+static epd_status_t epd_sim_fire(epd_engine_impl_t *e, const epd_engine_sink_t *sink,
+                                 uint32_t *next, uint32_t n)
+{
+    uint64_t now = epd_time_now_ns();
+
+    while (*next < n && e->ready_ns[*next] <= now) {
+        uint32_t l = (*next)++;
+
+        if (sink != NULL && sink->cb != NULL) {
+            epd_status_t st = sink->cb(sink->ctx, l, &e->done[l]);
+
+            if (st != EPD_OK) {
+                return st;
+            }
+        }
+    }
+    return EPD_OK;
+}
+
 static epd_status_t epd_sim_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *pool,
                                     const epd_prefill_args_t *args, const epd_engine_sink_t *sink,
                                     float *logits)
 {
     const epd_kv_layout_t *kv = &e->info.kv;
     uint64_t t0 = epd_time_now_ns();
+    uint64_t last_wake = t0;
     uint32_t T = args->n_tokens;
     uint32_t start = args->start;
     uint32_t end = start + T;
+    uint32_t L = kv->n_layers;
+    uint32_t next = 0; /* the first layer not reported yet */
     uint64_t *h = e->p_hash;
     epd_hash_state_t *sum = args->want_sums ? e->sum : NULL;
     double elapsed = 0.0; /* modelled seconds of layers 0..l-1 (and their kernels) */
@@ -626,56 +669,77 @@ static epd_status_t epd_sim_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *p
         h[i] = epd_sim_chain(h[i - 1], args->tokens[i]);
     }
     epd_sim_logits(e, h[T - 1], logits);
-    for (uint32_t l = 0; l < kv->n_layers; l++) {
+    for (uint32_t l = 0; l < L; l++) {
         double layer_s = epd_sim_prefill_seconds(&e->timing, l, start, T);
         double ready_s = epd_sim_prefill_ready_seconds(&e->timing, l, start, T);
         double kernel_s = 0.0;
         uint64_t host_start = epd_time_now_ns();
-        epd_layer_done_t done;
+        epd_layer_done_t *done = &e->done[l];
 
-        memset(&done, 0, sizeof(done));
-        done.req_id = args->seq.req_id;
-        done.layer = l;
-        done.kind = (epd_layer_kind_t)kv->kind[l];
-        done.tok_start = start;
-        done.tok_end = end;
+        /* the host's share of layer l: its stamps (launching it, early) */
+        memset(done, 0, sizeof(*done));
+        done->req_id = args->seq.req_id;
+        done->layer = l;
+        done->kind = (epd_layer_kind_t)kv->kind[l];
+        done->tok_start = start;
+        done->tok_end = end;
         if (kv->kind[l] == EPD_LAYER_ATTENTION) {
             epd_sim_stamp_rows(e, pool, &args->seq, l, start, end, h, sum);
-            done.first_block = start / kv->block_tokens;
-            done.n_blocks = (end - 1) / kv->block_tokens - done.first_block + 1;
-            done.block_ids = args->seq.block_table + done.first_block;
+            done->first_block = start / kv->block_tokens;
+            done->n_blocks = (end - 1) / kv->block_tokens - done->first_block + 1;
+            done->block_ids = args->seq.block_table + done->first_block;
             kernel_s = (double)((end - 1) / kv->block_tokens + 1) * (double)kv->block_bytes;
         } else {
             epd_sim_stamp_state(e, pool, &args->seq, l, end, h[T - 1], sum);
-            done.state_slot = args->seq.state_slot;
+            done->state_slot = args->seq.state_slot;
             kernel_s = (double)kv->state_bytes;
         }
         if (sum != NULL) {
             /* the device's checksum kernel reads the layer once */
             kernel_s = epd_sim_bytes_seconds(&e->timing, kernel_s);
-            done.has_sum = 1;
-            done.sum_kind = EPD_KV_SUM_STAMPED;
-            done.sum = epd_hash_state_digest(sum);
+            done->has_sum = 1;
+            done->sum_kind = EPD_KV_SUM_STAMPED;
+            done->sum = epd_hash_state_digest(sum);
         } else {
             kernel_s = 0.0;
         }
         epd_sim_check_host(e, args->seq.req_id, "prefill", epd_time_now_ns() - host_start,
                            ready_s);
-        /* the layer's KV (and its checksum) exist from here on: report it
-         * now, while the modelled layer goes on with attention and MLP */
-        epd_sim_wait_until(e, t0 + epd_sim_ns(elapsed + ready_s + kernel_s));
-        if (sink != NULL && sink->cb != NULL) {
-            status = sink->cb(sink->ctx, l, &done);
-            if (status != EPD_OK) {
-                return status;
-            }
-        }
-        /* no wait for the layer's end: the next event (the next layer's
-         * KV) comes after it; the host's share of the next layer goes
-         * ahead, as a host enqueues a device's kernels ahead */
+        /* the layer's KV (and its checksum) exist from here on, while the
+         * modelled layer goes on with attention and MLP */
+        e->ready_ns[l] = t0 + epd_sim_ns(elapsed + ready_s + kernel_s);
         elapsed += layer_s + kernel_s;
+        /* Report what exists by now.  In sleep mode, a layer that is not
+         * ready yet is waited for only when it is the first or the last,
+         * or when its readiness is at least EPD_SIM_WAKE_MIN_NS after the
+         * last wake-up: the others ride on the next wake-up, reported late
+         * by less than that (never early) — a timer costs 25-40 us of CPU
+         * on a VM, and a thread that spins through short layers takes a
+         * core the transfer needs. */
+        for (;;) {
+            uint64_t due;
+
+            status = epd_sim_fire(e, sink, &next, l + 1);
+            if (status != EPD_OK || next > l) {
+                break;
+            }
+            due = e->ready_ns[next];
+            if (e->conf.mode == EPD_SIM_SLEEP && next != 0 && next + 1 != L && l + 1 < L &&
+                due < last_wake + EPD_SIM_WAKE_MIN_NS) {
+                break; /* the next layer's host share first; it rides on a later wake-up */
+            }
+            if (e->conf.mode == EPD_SIM_SLEEP && next != 0 && next + 1 != L &&
+                due < last_wake + EPD_SIM_WAKE_MIN_NS) {
+                due = last_wake + EPD_SIM_WAKE_MIN_NS;
+            }
+            epd_sim_wait_until(e, due, next + 1 == L);
+            last_wake = epd_time_now_ns();
+        }
+        if (status != EPD_OK) {
+            return status;
+        }
     }
-    epd_sim_wait_until(e, t0 + epd_sim_ns(elapsed));
+    epd_sim_wait_until(e, t0 + epd_sim_ns(elapsed), 1);
     return EPD_OK;
 }
 
@@ -702,7 +766,7 @@ static epd_status_t epd_sim_decode(epd_engine_impl_t *e, const epd_kv_pool_t *po
         epd_sim_logits(e, e->d_hash[b], logits + (size_t)b * e->info.vocab_size);
     }
     epd_sim_check_host(e, reqs[0].seq.req_id, "decode", epd_time_now_ns() - t0, step_s);
-    epd_sim_wait_until(e, t0 + epd_sim_ns(step_s));
+    epd_sim_wait_until(e, t0 + epd_sim_ns(step_s), 0);
     return EPD_OK;
 }
 
