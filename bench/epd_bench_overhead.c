@@ -221,6 +221,9 @@ static pid_t ob_spawn(char *const argv[], const ob_xport_t *xp, const char *log)
         if (xp->provider != NULL) {
             setenv("FI_PROVIDER", xp->provider, 1);
         }
+        /* ref runs OpenBLAS on one thread (epd_ref.c); without this its
+         * library still starts idle worker threads at load */
+        setenv("OPENBLAS_NUM_THREADS", "1", 0);
         execv(argv[0], argv);
         _exit(127);
     }
@@ -490,7 +493,10 @@ static void ob_cpu_account(ob_t *b, int which, int li, int arm)
         if (now[i].ns <= before) {
             continue;
         }
-        snprintf(name, sizeof(name), "%c:%.28s", which == 0 ? 'p' : 'd', now[i].name);
+        /* the main thread is the daemon's loop; threads that inherit its
+         * name are a library's (OpenBLAS's, UCX's) */
+        snprintf(name, sizeof(name), "%c:%.28s", which == 0 ? 'p' : 'd',
+                 now[i].tid == (which == 0 ? b->pid_p : b->pid_d) ? "loop" : now[i].name);
         for (k = 0; k < b->n_cpu[li]; k++) {
             if (strcmp(b->cpu_tab[li][k].name, name) == 0) {
                 break;
