@@ -161,6 +161,7 @@ typedef struct {
     int n_groups;
     int reps, reps_long, reps_ref, warmup;
     int zero; /* run the Z arm */
+    double scale; /* 0: each sim engine's own */
     int tsv;
     int cpu;  /* print the per-thread CPU lines */
     const char *verify; /* decode's --verify */
@@ -1074,13 +1075,13 @@ static int ob_model_dir(ob_t *b, const ob_engine_t *e, char *dir, size_t cap)
         char model[PATH_MAX], accel[PATH_MAX];
         epd_status_t st;
 
-        snprintf(dir, cap, "%s/sim-%s", b->tmp, e->name);
+        snprintf(dir, cap, "%s/sim-%s-%g", b->tmp, e->name, b->scale > 0.0 ? b->scale : e->scale);
         snprintf(model, sizeof(model), "%s/%s", b->profiles, e->profile);
         snprintf(accel, sizeof(accel), "%s/%s", b->profiles, e->accel);
         memset(&o, 0, sizeof(o));
         o.model = model;
         o.accel = accel;
-        o.scale = e->scale;
+        o.scale = b->scale > 0.0 ? b->scale : e->scale;
         o.devices = e->devices;
         o.mode = EPD_SIM_SLEEP;
         o.seed = 1;
@@ -1496,6 +1497,8 @@ static void ob_usage(void)
            "  --reps-ref N         repetitions per length with ref (slow on a CPU) [6]\n"
            "  --warmup N           repetitions not counted, per length [1]\n"
            "  --no-zero            without the zero-byte arm (Z)\n"
+           "  --scale S            sim engines at scale S (0 < S <= 1) instead of their own\n"
+           "                       (dense-70b 0.05, hybrid-320b 0.1): 1 is the full-size KV\n"
            "  --verify MODE        decode's --verify for stamped KV: stamps or full [stamps]\n"
            "  --tsv                tab-separated rows (engine xport tokens ovh_pct floor_pct\n"
            "                       excess_pct bound ...; the header names every column)\n"
@@ -1584,6 +1587,9 @@ int epd_bench_overhead_main(int argc, char **argv)
         } else if (strcmp(a, "--warmup") == 0) {
             b.warmup = atoi(v);
             bad = b.warmup < 0;
+        } else if (strcmp(a, "--scale") == 0) {
+            b.scale = atof(v);
+            bad = !(b.scale > 0.0 && b.scale <= 1.0);
         } else if (strcmp(a, "--verify") == 0) {
             b.verify = v;
             bad = strcmp(v, "stamps") != 0 && strcmp(v, "full") != 0;
