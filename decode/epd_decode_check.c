@@ -236,3 +236,27 @@ epd_status_t epd_decode_seen_result(epd_decode_kv_seen_t *seen, uint32_t layer,
     }
     return EPD_OK;
 }
+
+void epd_decode_seen_trust(epd_decode_kv_seen_t *seen, uint32_t n_layers)
+{
+    for (uint32_t l = 0; l < n_layers; l++) {
+        if (seen->state[l] == EPD_DECODE_KV_WAIT) {
+            seen->state[l] = EPD_DECODE_KV_OK;
+            seen->n_ok++;
+        }
+    }
+}
+
+int epd_decode_first_finish(uint32_t first_token, int32_t eos_token, const uint32_t *stop_ids,
+                            uint32_t n_stop, uint32_t max_tokens)
+{
+    if ((int32_t)first_token == eos_token) {
+        return EPD__FINISH_REASON__FINISH_STOP;
+    }
+    for (uint32_t i = 0; i < n_stop; i++) {
+        if (stop_ids[i] == first_token) {
+            return EPD__FINISH_REASON__FINISH_STOP;
+        }
+    }
+    return max_tokens == 1 ? EPD__FINISH_REASON__FINISH_LENGTH : EPD__FINISH_REASON__FINISH_NONE;
+}

@@ -147,6 +147,15 @@ epd_status_t epd_decode_seen_completed(epd_decode_kv_seen_t *seen, uint32_t n_la
                                        const uint64_t *sums, size_t n_sums, int kind,
                                        uint8_t *newly, const char **why_p);
 
+/* Protocol-only requests (nothing is written): every layer not checked
+ * yet stands verified as it is. */
+void epd_decode_seen_trust(epd_decode_kv_seen_t *seen, uint32_t n_layers);
+
+/* How the first token ends a request of max_tokens (Epd__FinishReason):
+ * STOP for EOS or a stop id, LENGTH when it is the only token, else NONE. */
+int epd_decode_first_finish(uint32_t first_token, int32_t eos_token, const uint32_t *stop_ids,
+                            uint32_t n_stop, uint32_t max_tokens);
+
 /* A layer's check came back with `status`: OK marks it verified (its bytes
  * counted).  Returns what the request fails with: the check's status, or
  * EPD_ERR_INVALID_PARAM (*why_p) when it matched the LayerDone's sum that

@@ -217,36 +217,16 @@ static void epd_decode_fail_kv(epd_decode_srv_t *srv, epd_decode_request_t *req,
     epd_decode_fail(srv, req, st, why, EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
 }
 
-/* A layer's check (on the verifier) failed: the client gets the error and
- * P is told to stop unless it is done already. */
-static void epd_decode_fail_check(epd_decode_srv_t *srv, epd_decode_request_t *req,
-                                  uint32_t layer, epd_status_t st, const char *why)
-{
-    epd_log_error(EPD_DECODE_LOG, req->id,
-                  "KV of layer %u from %s fails its check (%s): request failed, never generated",
-                  layer, epd_peer_id(req->peer), why != NULL ? why : epd_status_string(st));
-    epd_decode_fail(srv, req, st, why != NULL ? why : "KV verification failed",
-                    EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
-}
-
 /* Lends layer `layer`'s check (marked CHECKING, its sum recorded) to the
  * verifier; a refusal is a broken sizing invariant: the request fails. */
 static void epd_decode_check_lend(epd_decode_srv_t *srv, epd_decode_request_t *req, uint32_t layer)
 {
     epd_decode_vjob_t *j = &req->vjobs[layer];
+    epd_kv_stamp_expect_t x = {
+        .req_id = req->id, .tag = srv->stamp_tag, .n_tokens = req->n_prompt, .full = srv->verify_full};
 
-    j->owner = req;
-    j->req_id = req->id;
-    j->layer = layer;
-    j->sum = req->kv.sums[layer];
-    j->kind = (epd_kv_sum_kind_t)req->kv.kind;
-    j->ids = req->blocks;
-    j->n_ids = req->n_prompt_blocks;
-    j->slot = req->seq.slot;
-    j->expect.req_id = req->id;
-    j->expect.tag = srv->stamp_tag;
-    j->expect.n_tokens = req->n_prompt;
-    j->expect.full = srv->verify_full;
+    epd_decode_vjob_init(j, req, layer, req->kv.sums[layer], (epd_kv_sum_kind_t)req->kv.kind,
+                         req->blocks, req->n_prompt_blocks, req->seq.slot, &x);
     if (epd_decode_verify_submit(srv->verify, j) != EPD_OK) {
         epd_log_error(EPD_DECODE_LOG, req->id, "verifier queue full (sizing invariant broken)");
         (void)epd_decode_seen_result(&req->kv, layer, EPD_ERR_NO_RESOURCE, 0, NULL);
@@ -255,14 +235,6 @@ static void epd_decode_check_lend(epd_decode_srv_t *srv, epd_decode_request_t *r
         return;
     }
     req->v_lent++;
-}
-
-/* PrefillComplete came and every layer checked out: the KV is held. */
-static void epd_decode_maybe_verified(const epd_decode_srv_t *srv, epd_decode_request_t *req)
-{
-    if (req->pc_seen && req->kv.n_ok == srv->info->kv.n_layers) {
-        req->kv_verified = 1;
-    }
 }
 
 /* ------------------------------------------------------------------- step */
@@ -652,13 +624,7 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
         st = bad;
         why = bad_why;
     } else if (req->protocol_only) {
-        /* nothing was written: every layer stands as it is */
-        for (uint32_t l = 0; l < n_layers; l++) {
-            if (req->kv.state[l] == EPD_DECODE_KV_WAIT) {
-                req->kv.state[l] = EPD_DECODE_KV_OK;
-                req->kv.n_ok++;
-            }
-        }
+        epd_decode_seen_trust(&req->kv, n_layers); /* nothing was written */
     } else {
         /* the layers not checked as they landed (all of them when P sends
          * no landed LayerDones): to the verifier */
@@ -677,21 +643,12 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
         return;
     }
     req->seq.tokens[0] = (int32_t)pc->first_token;
-    req->first_finish = EPD__FINISH_REASON__FINISH_NONE;
-    for (uint32_t i = 0; i < req->n_stop; i++) {
-        if (req->stop_ids[i] == pc->first_token) {
-            req->first_finish = EPD__FINISH_REASON__FINISH_STOP;
-        }
-    }
-    if ((int32_t)pc->first_token == srv->info->eos_token) {
-        req->first_finish = EPD__FINISH_REASON__FINISH_STOP;
-    } else if (req->first_finish == EPD__FINISH_REASON__FINISH_NONE &&
-               (req->max_tokens == 1 || req->protocol_only)) {
-        /* protocol only: never decode from blocks nothing was written into */
-        req->first_finish = EPD__FINISH_REASON__FINISH_LENGTH;
-    }
+    /* protocol only: never decode from blocks nothing was written into */
+    req->first_finish = epd_decode_first_finish(pc->first_token, srv->info->eos_token,
+                                                req->stop_ids, req->n_stop,
+                                                req->protocol_only ? 1 : req->max_tokens);
     req->pc_seen = 1;
-    epd_decode_maybe_verified(srv, req);
+    req->kv_verified = req->kv.n_ok == n_layers; /* else when the last check is back */
     epd_decode_advance(srv, req); /* the lean path: first token and the batch, right here */
 }
 
@@ -857,13 +814,15 @@ void epd__decode_req_on_verified(void *arg, epd_decode_vjob_t *job)
 
     req->v_lent--;
     st = epd_decode_seen_result(&req->kv, job->layer, job->status, job->bytes, &why);
-    if (req->state == EPD_DECODE_REQ_RESERVED && req->fail_status == EPD_OK) {
-        if (st != EPD_OK) {
-            epd_decode_fail_check(srv, req, job->layer, st, why);
-        } else {
-            epd_decode_maybe_verified(srv, req);
-        }
+    if (req->state == EPD_DECODE_REQ_RESERVED && req->fail_status == EPD_OK && st != EPD_OK) {
+        epd_log_error(EPD_DECODE_LOG, req->id,
+                      "KV of layer %u from %s fails its check (%s): request failed, never generated",
+                      job->layer, epd_peer_id(req->peer), why != NULL ? why : epd_status_string(st));
+        epd_decode_fail(srv, req, st, why != NULL ? why : "KV verification failed",
+                        EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
     }
+    /* PrefillComplete came and every layer checked out: the KV is held */
+    req->kv_verified = req->pc_seen && req->kv.n_ok == srv->info->kv.n_layers;
     epd_decode_advance(srv, req);
 }
 

@@ -28,6 +28,22 @@ struct epd_decode_verify {
     int named; /* verifier thread: its trace track is named */
 };
 
+void epd_decode_vjob_init(epd_decode_vjob_t *j, void *owner, uint32_t layer, uint64_t sum,
+                          epd_kv_sum_kind_t kind, const uint32_t *ids, uint32_t n_ids,
+                          uint32_t slot, const epd_kv_stamp_expect_t *x)
+{
+    memset(j, 0, sizeof(*j));
+    j->owner = owner;
+    j->req_id = x->req_id;
+    j->layer = layer;
+    j->sum = sum;
+    j->kind = kind;
+    j->ids = ids;
+    j->n_ids = n_ids;
+    j->slot = slot;
+    j->expect = *x;
+}
+
 /* The modelled device kernel lasts until `deadline` (absolute): sleep out
  * what the host's check did not already take. */
 static void epd_decode_verify_until(uint64_t deadline_ns)

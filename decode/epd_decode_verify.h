@@ -55,6 +55,12 @@ typedef struct {
     uint64_t start_ns, end_ns;
 } epd_decode_vjob_t;
 
+/* Fills job `j` for layer `layer` of request `owner` (its id in x->req_id):
+ * check `sum` of `kind` over blocks ids[0..n_ids) (borrowed) or `slot`. */
+void epd_decode_vjob_init(epd_decode_vjob_t *j, void *owner, uint32_t layer, uint64_t sum,
+                          epd_kv_sum_kind_t kind, const uint32_t *ids, uint32_t n_ids,
+                          uint32_t slot, const epd_kv_stamp_expect_t *x);
+
 typedef struct epd_decode_verify epd_decode_verify_t;
 
 /* Called on the loop thread once per job, in the order they finished. */
