@@ -35,7 +35,8 @@
  *             the union of its "KV write" spans (first post -> last
  *             completion of each layer), median over the B requests
  *   floor     the least B - A that this link and this compute allow, per B
- *             request from its own trace: layer l's KV exists at r_l (the
+ *             request from its own trace (its own link bandwidth, the row's
+ *             message latency): layer l's KV exists at r_l (the
  *             end of its "compute" span: the engine's sink), compute ends
  *             at e; a link of bandwidth `link` that is never idle while
  *             bytes wait finishes at max_l (r_l + bytes(l..L-1) / link),
@@ -936,7 +937,9 @@ static void ob_row(const ob_t *b, uint32_t len, ob_row_t *row)
         if (r->n_tokens != len || r->warmup || !r->ok || r->arm != OB_ARM_B) {
             continue;
         }
-        vfl[nfl++] = ob_req_floor(b, r, row->link_gbs * 1e9,
+        double bw = ob_req_bw(b, r); /* the link as this request found it */
+
+        vfl[nfl++] = ob_req_floor(b, r, bw > 0.0 ? bw : row->link_gbs * 1e9,
                                   isnan(row->msg_us) ? 0.0 : row->msg_us * 1e3, &lb);
         nlink += lb;
     }
