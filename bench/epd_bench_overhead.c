@@ -842,7 +842,7 @@ typedef struct {
     double zd_ms;                  /* Z - A paired */
     double msg_us, link_gbs, floor_ms;
     int link_bound;
-    double queue_ms, resv_ms, tail_ms, verify_ms, step1_ms;
+    double queue_ms, resv_ms, tail_ms, verify_ms, step1_ms, b_compute_ms;
     int a_flag;
 } ob_row_t;
 
@@ -851,7 +851,7 @@ static void ob_row(const ob_t *b, uint32_t len, ob_row_t *row)
     static double va[OB_MAX_REQS], vb[OB_MAX_REQS], vz[OB_MAX_REQS], vd[OB_MAX_REQS],
         vzd[OB_MAX_REQS], vc[OB_MAX_REQS], vmsg[OB_MAX_REQS * 4], vbw[OB_MAX_REQS],
         vfl[OB_MAX_REQS], vq[OB_MAX_REQS], vr[OB_MAX_REQS], vt[OB_MAX_REQS], vv[OB_MAX_REQS],
-        vs[OB_MAX_REQS];
+        vs[OB_MAX_REQS], vbc[OB_MAX_REQS];
     int na = 0, nb = 0, nz = 0, nd = 0, nzd = 0, nmsg = 0, nbw = 0, nfl = 0, nlink = 0;
 
     memset(row, 0, sizeof(*row));
@@ -880,6 +880,7 @@ static void ob_row(const ob_t *b, uint32_t len, ob_row_t *row)
             vt[nb] = r->d_held - r->c_end;
             vv[nb] = r->pc_recv > 0 ? r->d_held - r->pc_recv : 0.0;
             vs[nb] = r->step1;
+            vbc[nb] = r->c_end - r->c_start;
             nb++;
             if ((vbw[nbw] = ob_req_bw(b, r)) > 0.0) {
                 nbw++;
@@ -930,6 +931,7 @@ static void ob_row(const ob_t *b, uint32_t len, ob_row_t *row)
     row->tail_ms = ob_median(vt, nb) / 1e6;
     row->verify_ms = ob_median(vv, nb) / 1e6;
     row->step1_ms = ob_median(vs, nb) / 1e6;
+    row->b_compute_ms = ob_median(vbc, nb) / 1e6;
     for (int i = 0; i < b->n_reqs; i++) {
         const ob_req_t *r = &b->reqs[i];
         int lb = 0;
@@ -1002,8 +1004,10 @@ static void ob_print_row(const ob_t *b, const ob_engine_t *e, const ob_xport_t *
            e->name, xp->name, len, w->n_pairs, m, w->a_ms, w->a_flag ? "!" : " ", w->b_ms,
            w->d_ms, ci, ovh, msg, bw, w->floor_ms, fl, ovh - fl,
            w->link_bound ? "link" : "compute", z);
-    printf("%-28s tail %.3f  verify %.3f  queue %.3f  resv %.3f  step1 %.3f ms%s\n", "",
-           w->tail_ms, w->verify_ms, w->queue_ms, w->resv_ms, w->step1_ms,
+    printf("%-28s compute A %.3f B %.3f  tail %.3f  verify %.3f  queue %.3f  resv %.3f  step1 "
+           "%.3f ms%s\n",
+           "", w->a_compute_ms, w->b_compute_ms, w->tail_ms, w->verify_ms, w->queue_ms, w->resv_ms,
+           w->step1_ms,
            w->a_flag ? "  (A! = A's compute took > 2% longer than the model)" : "");
 }
 
