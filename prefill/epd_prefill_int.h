@@ -74,7 +74,7 @@
 #define EPD_PREFILL_TOMB_MAX 4096 /* recently aborted / failed request ids */
 /* --write-group-bytes default: every layer as it finishes.  Measured with
  * `epd-bench overhead --groups per-layer,64K,256K,1M,4M,1024M` at 128, 256
- * and 1k tokens on shm and TCP (README.md "What disaggregation costs"): no
+ * and 1k tokens on shm and TCP (the README's overhead section of the time): no
  * grouping shortened the transfer tail where it mattered — a layer is one
  * write (its blocks coalesce), and since per-layer verification one small
  * fenced LayerDone; re-measured with it, grouping moved the end-to-end
