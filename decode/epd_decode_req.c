@@ -808,7 +808,6 @@ void epd__decode_req_on_verified(void *arg, epd_decode_vjob_t *job)
 {
     epd_decode_srv_t *srv = arg;
     epd_decode_request_t *req = job->owner;
-
     const char *why = job->why;
     epd_status_t st;
 

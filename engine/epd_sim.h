@@ -3,8 +3,9 @@
  *
  * `sim` is a timing model behind the engine interface (epd_engine.h): it
  * spends, per layer, the time a named accelerator would spend on a named
- * model, writes KV of the real (or scaled) size filled with deterministic
- * pseudo-random bytes, and reports each layer to the sink as `ref` does.  A
+ * model, leaves KV of the real (or scaled) size in the pool — per-request
+ * stamps (epd_kv_stamp.h) around block templates written once per pool —
+ * and reports each layer to the sink where its KV exists in the model.  A
  * daemon selects it with `--engine sim --model DIR`, where DIR holds a
  * `sim.conf` (see epd_sim_conf_load).  This header is for the tests and the
  * benchmarks that need the same numbers the engine uses; daemons only need
