@@ -345,6 +345,92 @@ static void test_kv_landed_then_completed(void **state)
     kv_fix_close(&F);
 }
 
+/* Kind STAMPED through decode's one-layer check: stamped units (as a
+ * stamping engine leaves them) check out by their stamps, a misplaced
+ * block fails it, the kind decides how the sum is read, and only a full
+ * check sees a changed body. */
+static void test_kv_stamped(void **state)
+{
+    const epd_kv_stamp_expect_t x = {.req_id = 9, .tag = 4, .n_tokens = 40};
+    epd_kv_stamp_expect_t xf = x;
+    uint32_t swapped[3];
+    const epd_kv_layout_t *kv;
+    uint64_t sums[EPD_KV_MAX_LAYERS];
+    const char *why = NULL;
+    uint64_t bytes = 0;
+    kv_fix_t F;
+
+    (void)state;
+    kv_fix_open(&F);
+    kv = &F.info->kv;
+    xf.full = 1;
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        uint32_t n = kv->kind[l] == EPD_LAYER_LINEAR ? 1 : 3;
+
+        epd_hash_state_reset(F.h, 0);
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t off, len;
+            unsigned char *u;
+            epd_kv_stamp_t st = {.req_id = 9, .tag = 4, .hk = 100 + l, .layer = l};
+
+            if (n == 1) {
+                assert_int_equal(epd_kv_state_offset(kv, 8, 4, l, F.slot, &off), EPD_OK);
+                len = kv->state_bytes;
+                st.count = 40;
+            } else {
+                assert_int_equal(epd_kv_block_offset(kv, 8, l, F.ids[i], &off), EPD_OK);
+                len = kv->block_bytes;
+                st.index = i;
+                st.count = i < 2 ? 16 : 8;
+            }
+            u = (unsigned char *)F.pool.base + off;
+            st.body = epd_kv_stamp_body(u, len);
+            epd_kv_stamp_put(u, len, &st);
+            epd_hash_state_update(F.h, u, EPD_KV_STAMP_HALF);
+            epd_hash_state_update(F.h, u + len - EPD_KV_STAMP_HALF, EPD_KV_STAMP_HALF);
+        }
+        sums[l] = epd_hash_state_digest(F.h);
+    }
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        assert_int_equal(epd_decode_check_layer(kv, &F.pool, F.ids, 3, F.slot, l, sums[l],
+                                                EPD_KV_SUM_STAMPED, &xf, F.h, &bytes, &why),
+                         EPD_OK);
+        /* the same sum read as kind BYTES is another checksum */
+        assert_int_equal(epd_decode_check_layer(kv, &F.pool, F.ids, 3, F.slot, l, sums[l],
+                                                EPD_KV_SUM_BYTES, &x, F.h, &bytes, &why),
+                         EPD_ERR_CORRUPT);
+    }
+    /* blocks 0 and 2 of the attention layers swapped: misplaced */
+    swapped[0] = F.ids[2];
+    swapped[1] = F.ids[1];
+    swapped[2] = F.ids[0];
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        if (kv->kind[l] == EPD_LAYER_ATTENTION) {
+            assert_int_equal(epd_decode_check_layer(kv, &F.pool, swapped, 3, F.slot, l, sums[l],
+                                                    EPD_KV_SUM_STAMPED, &x, F.h, &bytes, &why),
+                             EPD_ERR_CORRUPT);
+            assert_non_null(strstr(why, "misplaced"));
+            /* a changed body: stamps intact, only the full check sees it */
+            {
+                uint64_t off;
+
+                assert_int_equal(epd_kv_block_offset(kv, 8, l, F.ids[1], &off), EPD_OK);
+                ((unsigned char *)F.pool.base)[off + kv->block_bytes / 2] ^= 2;
+                assert_int_equal(epd_decode_check_layer(kv, &F.pool, F.ids, 3, F.slot, l, sums[l],
+                                                        EPD_KV_SUM_STAMPED, &x, F.h, &bytes,
+                                                        &why),
+                                 EPD_OK);
+                assert_int_equal(epd_decode_check_layer(kv, &F.pool, F.ids, 3, F.slot, l, sums[l],
+                                                        EPD_KV_SUM_STAMPED, &xf, F.h, &bytes,
+                                                        &why),
+                                 EPD_ERR_CORRUPT);
+            }
+            break;
+        }
+    }
+    kv_fix_close(&F);
+}
+
 /* Can the prefill worker a GenerateRequest names be told about it? */
 static void test_prefill_named(void **state)
 {
@@ -385,6 +471,7 @@ int main(void)
         cmocka_unit_test(test_generate_checks),
         cmocka_unit_test(test_kv_checksums),
         cmocka_unit_test(test_kv_landed_then_completed),
+        cmocka_unit_test(test_kv_stamped),
         cmocka_unit_test(test_prefill_named),
     };
 
