@@ -80,6 +80,7 @@
 #include "epd_engine.h"
 #include "epd_msg.h"
 #include "epd_rng.h"
+#include "epd_secret.h"
 #include "epd_sim.h"
 #include "epd_time.h"
 #include "epd_xport.h"
@@ -173,6 +174,10 @@ typedef struct {
     int keep;
     char bindir[1024];
     char tmp[256];
+    /* the cluster secret the bench makes for its daemons and itself (0600
+     * in tmp): the request plane authenticated, as in a deployment */
+    char secret_file[320];
+    epd_secret_t secret;
     /* state of one configuration */
     epd_xport_t *x;
     epd_xport_ep_t *ep_p, *ep_d;
@@ -203,6 +208,33 @@ typedef struct {
 } ob_t;
 
 /* ------------------------------------------------------------ processes */
+
+/* Writes 32 fresh random bytes to b->secret_file (created 0600 in b->tmp,
+ * never overwritten) and loads them into b->secret (wiped at exit).  0, or
+ * -1 after a message. */
+static int ob_make_secret(ob_t *b)
+{
+    unsigned char key[32];
+    char why[256];
+    int fd;
+
+    snprintf(b->secret_file, sizeof(b->secret_file), "%s/cluster-secret", b->tmp);
+    for (size_t i = 0; i < sizeof(key); i += 8) {
+        uint64_t v = epd_rng_entropy();
+
+        memcpy(key + i, &v, 8);
+    }
+    fd = open(b->secret_file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, key, sizeof(key)) != (ssize_t)sizeof(key) || close(fd) != 0) {
+        fprintf(stderr, "overhead: cannot write %s: %s\n", b->secret_file, strerror(errno));
+        return -1;
+    }
+    if (epd_secret_load(b->secret_file, &b->secret, why, sizeof(why)) != EPD_OK) {
+        fprintf(stderr, "overhead: %s\n", why);
+        return -1;
+    }
+    return 0;
+}
 
 static pid_t ob_spawn(char *const argv[], const ob_xport_t *xp, const char *log)
 {
@@ -1201,6 +1233,8 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
         dargv[n++] = "30000";
         dargv[n++] = "--log-level";
         dargv[n++] = getenv("EPD_BENCH_LOG_LEVEL") != NULL ? getenv("EPD_BENCH_LOG_LEVEL") : "warn";
+        dargv[n++] = "--cluster-secret-file";
+        dargv[n++] = b->secret_file;
         if (xp->provider != NULL) {
             dargv[n++] = "--provider";
             dargv[n++] = (char *)xp->provider;
@@ -1265,6 +1299,13 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
     xc.msg_cb = ob_on_msg;
     xc.err_cb = ob_on_err;
     xc.cb_arg = b;
+    xc.secret = b->secret.bytes;
+    xc.secret_len = b->secret.len;
+    snprintf(xc.identity.worker_id, sizeof(xc.identity.worker_id), "bench-overhead-%d",
+             (int)getpid());
+    xc.identity.role = EPD_CLIENT_ROLE_TOOL;
+    xc.identity.epoch.start_time_ns = b->epoch_start;
+    xc.identity.epoch.nonce = b->epoch_nonce;
     if (epd_xport_create(&xc, &b->x) != EPD_OK) {
         fprintf(stderr, "overhead: cannot start the client transport %s\n", xp->name);
         goto out;
@@ -1655,6 +1696,9 @@ int epd_bench_overhead_main(int argc, char **argv)
         fprintf(stderr, "overhead: mkdtemp: %s\n", strerror(errno));
         return 1;
     }
+    if (ob_make_secret(&b) != 0) {
+        return 1;
+    }
     b.txbuf = malloc(1 << 20);
     b.epoch_start = epd_time_wall_ns();
     b.epoch_nonce = epd_rng_entropy();
@@ -1706,5 +1750,6 @@ int epd_bench_overhead_main(int argc, char **argv)
         }
     }
     free(b.txbuf);
+    epd_secret_wipe(&b.secret);
     return rc;
 }

@@ -14,6 +14,7 @@
 
 #include "epd_alloc.h"
 #include "epd_handoff.h"
+#include "epd_hash.h"
 #include "epd_image.h"
 #include "epd_log.h"
 #include "epd_time.h"
