@@ -57,6 +57,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <uv.h>
@@ -101,6 +102,7 @@ typedef struct {
     uint32_t max_tokens;
     const char *attach;
     const char *secret_path;
+    const char *like; /* --attach: a worker whose layout the fleet copies */
     double hold_s;
     int keep;
     /* the cluster */
@@ -952,7 +954,10 @@ static void fl_usage(FILE *out)
             "  --max-tokens N      tokens per request (default 8)\n"
             "  --keep              keep the cluster's folder (logs, secret) under $TMPDIR\n"
             "  --attach HOST:PORT  only run a fleet of the largest size against this router's\n"
-            "                      control port (no cluster, no table); needs --secret-file\n"
+            "                      control port (no cluster, no table), until --hold ends or\n"
+            "                      SIGTERM / SIGINT; needs --like and --secret-file\n"
+            "  --like HOST:PORT    with --attach: a prefill or decode worker's control port;\n"
+            "                      the fleet copies its model's KV layout and capacity\n"
             "  --secret-file F     the cluster secret (with --attach)\n"
             "  --hold S            with --attach: seconds to hold the fleet (default 5)\n"
             "Simulated workers register and heartbeat like daemons but never serve (see the\n"
@@ -981,40 +986,50 @@ static int fl_parse_sizes(fl_t *b, const char *s)
     return b->n_sizes > 0 ? 0 : -1;
 }
 
-/* --attach: the fleet only, against a router someone else runs. */
+/* --attach: the fleet only, against a router someone else runs, until
+ * --hold seconds passed or SIGTERM / SIGINT came. */
 static int fl_attach(fl_t *b)
 {
     char why[256];
     uint32_t size = b->sizes[b->n_sizes - 1];
+    struct timespec ts;
+    sigset_t set;
     uint64_t hb, failed;
+    int sig;
 
-    if (b->secret_path == NULL ||
+    if (b->secret_path == NULL || b->like == NULL ||
         epd_secret_load(b->secret_path, &b->secret, why, sizeof(why)) != EPD_OK) {
-        fprintf(stderr, "fleet: --attach needs a readable --secret-file%s%s\n",
+        fprintf(stderr, "fleet: --attach needs --like and a readable --secret-file%s%s\n",
                 b->secret_path != NULL ? ": " : "", b->secret_path != NULL ? why : "");
         return 2;
     }
     snprintf(b->router_ctl, sizeof(b->router_ctl), "%s", b->attach);
-    /* the layout of the model of `--engine sim` under fl_write_sim */
-    b->layout.n_layers = 4;
-    snprintf(b->layout.layer_pattern, sizeof(b->layout.layer_pattern), "A");
-    b->layout.block_tokens = 16;
-    b->layout.n_kv_heads = 4;
-    b->layout.head_dim = 64;
-    b->layout.kv_blocks_total = 8192;
-    b->layout.max_batch = 64;
-    b->layout.max_context = 4096;
+    snprintf(b->prefill_ctl, sizeof(b->prefill_ctl), "%s", b->like);
+    if (fl_layout(b) != 0) {
+        return 1;
+    }
+    /* blocked before any thread starts (ours, gRPC's), so that only the
+     * sigtimedwait below takes them */
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
     if (fl_fleet_start(b) != 0 || fl_grow(b, size) != 0) {
         fl_fleet_stop(b);
         return 1;
     }
     printf("fleet: %u simulated workers started against %s\n", size, b->attach);
     fflush(stdout);
-    epd_time_sleep_ns((uint64_t)(b->hold_s * 1e9));
+    ts.tv_sec = (time_t)b->hold_s;
+    ts.tv_nsec = (long)((b->hold_s - (double)ts.tv_sec) * 1e9);
+    do {
+        sig = sigtimedwait(&set, NULL, &ts);
+    } while (sig < 0 && errno == EINTR);
     hb = fl_heartbeats(b, &failed);
     fl_fleet_stop(b);
-    printf("fleet: stopped after %.1f s, %llu heartbeats accepted, %llu failed\n", b->hold_s,
-           (unsigned long long)hb, (unsigned long long)failed);
+    printf("fleet: stopped (%s), %llu heartbeats accepted, %llu failed\n",
+           sig > 0 ? "signal" : "--hold ended", (unsigned long long)hb,
+           (unsigned long long)failed);
     return 0;
 }
 
@@ -1059,6 +1074,8 @@ int epd_bench_fleet_main(int argc, char **argv)
             b.max_tokens = (uint32_t)strtoul(v, NULL, 10);
         } else if (strcmp(argv[i], "--attach") == 0) {
             b.attach = v;
+        } else if (strcmp(argv[i], "--like") == 0) {
+            b.like = v;
         } else if (strcmp(argv[i], "--secret-file") == 0) {
             b.secret_path = v;
         } else if (strcmp(argv[i], "--hold") == 0) {
