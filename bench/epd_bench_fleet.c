@@ -318,7 +318,11 @@ static void *fl_thread(void *arg)
     xc.identity.epoch.start_time_ns = epd_time_wall_ns();
     xc.identity.epoch.nonce = epd_rng_entropy();
     if (uv_loop_init(&b->loop) != 0) {
-        goto report;
+        pthread_mutex_lock(&b->mu);
+        b->started = -1;
+        pthread_cond_broadcast(&b->cv);
+        pthread_mutex_unlock(&b->mu);
+        return NULL;
     }
     st = epd_xport_create(&xc, &b->x);
     if (st == EPD_OK) {
@@ -336,7 +340,6 @@ static void *fl_thread(void *arg)
         epd_xport_uv_stop(b->xuv);
         b->xuv = NULL;
     }
-report:
     pthread_mutex_lock(&b->mu);
     b->started = ok ? 1 : -1;
     pthread_cond_broadcast(&b->cv);
@@ -1027,9 +1030,11 @@ static int fl_attach(fl_t *b)
     } while (sig < 0 && errno == EINTR);
     hb = fl_heartbeats(b, &failed);
     fl_fleet_stop(b);
-    printf("fleet: stopped (%s), %llu heartbeats accepted, %llu failed\n",
+    printf("fleet: stopped (%s), %llu heartbeats accepted, %llu failed, %llu request-plane "
+           "endpoints accepted, %llu messages to simulated workers\n",
            sig > 0 ? "signal" : "--hold ended", (unsigned long long)hb,
-           (unsigned long long)failed);
+           (unsigned long long)failed, (unsigned long long)atomic_load(&b->accepted),
+           (unsigned long long)atomic_load(&b->strays));
     return 0;
 }
 
