@@ -472,7 +472,7 @@ static double fl_rss_mib(pid_t pid)
 }
 
 /* Polls the router's Status until at least `want` workers are READY (the
- * sim ones counted in *sims_p).  0, or -1 after timeout_s. */
+ * READY count in *ready_p).  0, or -1 after timeout_s. */
 static int fl_wait_ready(const fl_t *b, uint32_t want, double timeout_s, uint32_t *ready_p)
 {
     epd_rpc_client_t *c = NULL;
