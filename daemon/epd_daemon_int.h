@@ -137,6 +137,7 @@ struct epd_daemon {
     uint64_t forged;     /* envelopes whose sender is not their link's identity */
     /* refusals */
     uint64_t refusals, bad_frames;
+    uint64_t fault_msgs; /* messages handled, for <role>.die_after_msgs */
     epd_log_limit_t refuse_limit;
     uint64_t refuse_window_ns;
     uint64_t refuse_suppressed;

@@ -30,6 +30,7 @@
 
 #include "epd_alloc.h"
 #include "epd_encoder_int.h"
+#include "epd_fault.h"
 #include "epd_image.h"
 #include "epd_log.h"
 #include "epd_time.h"
@@ -241,6 +242,15 @@ static int epd_encoder_post_write(epd_encoder_srv_t *srv, epd_encoder_req_t *req
         epd_encoder_fail(srv, req, EPD_ERR_PEER_DEAD, "prefill worker is gone",
                          EPD_ENCODER_TELL_CLIENT);
         return 0;
+    }
+    if (epd_fault_any() && epd_fault_once("encoder.pause_before_write")) {
+        /* the fence tests: stopped with the embeddings and the reservation
+         * in hand; continued, the write goes out before the loop hears
+         * anything of the prefill worker (common/epd_fault.h) */
+        epd_log_warn(EPD_ENCODER_LOG, req->id,
+                     "fault point encoder.pause_before_write: stopping before image %u's write",
+                     req->media_index);
+        epd_fault_pause("encoder.pause_before_write");
     }
     st = epd_xport_write(epd_link_ep(epd_peer_link(req->peer)), req->out, srv->slot_bytes,
                          srv->region, req->rkey, req->offset, epd_encoder_on_write, req);

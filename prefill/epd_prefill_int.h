@@ -246,6 +246,10 @@ struct epd_prefill_xfer {
     uint64_t *checksums;        /* [n_layers], written by the compute thread (layer_sums) */
     uint64_t last_d_msg_ns;     /* decode's lease keep-alive (LayerDone) */
     int backpressured;          /* a post was refused (logged once) */
+    /* fault point prefill.pause_after_layer (common/epd_fault.h): this
+     * transfer is the one that stops the process once its later layers are
+     * computed (0: not armed for it) */
+    int fault_pause;
 };
 
 /* -------------------------------------------------------------- request */
