@@ -301,6 +301,9 @@ static void epd_daemon_on_tick(uv_timer_t *timer)
     if (d->flush_head != NULL) {
         epd__link_flush_all(d);
     }
+    if (d->owed != NULL && !d->stopping) {
+        epd__peer_owed_flush(d, epd_time_now_ns());
+    }
     d->ops.on_tick(d->cfg.arg, epd_time_now_ns());
 }
 
@@ -699,7 +702,9 @@ epd_status_t epd_daemon_serve(epd_daemon_t *d, const char *ready_prefix)
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sigusr1, NULL);
     uv_run(&d->loop, UV_RUN_NOWAIT);
-    /* step 5: the role's threads, then whatever handle is left */
+    /* step 5: the role's threads, then whatever handle is left (the
+     * grants go first: the role may deregister its regions) */
+    epd__peer_close_grants(d);
     d->ops.on_exit(d->cfg.arg);
     uv_walk(&d->loop, epd_daemon_close_walk, NULL);
     uv_run(&d->loop, UV_RUN_DEFAULT);

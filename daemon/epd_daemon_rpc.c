@@ -34,6 +34,13 @@ static void epd_daemon_load_now(epd_daemon_t *d, epd_daemon_load_t *l)
     memset(l, 0, sizeof(*l));
     d->ops.load(d->cfg.arg, l);
     l->draining = d->draining != 0;
+    if (d->x != NULL) {
+        epd_xport_stats_t xs;
+
+        epd_xport_stats(d->x, &xs);
+        l->late_writes_refused = xs.writes_refused_late + xs.writes_refused_range;
+        l->grants_held = xs.grants_held;
+    }
 }
 
 static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
@@ -59,6 +66,9 @@ static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
     p->load.kv_bytes_sent = l.kv_bytes_sent;
     p->load.kv_bytes_received = l.kv_bytes_received;
     p->load.draining = l.draining != 0;
+    p->load.quarantined = l.quarantined;
+    p->load.late_writes_refused = l.late_writes_refused;
+    p->load.grants_held = l.grants_held;
     p->cap.kv_blocks_total = d->capacity.kv_blocks_total;
     p->cap.block_tokens = d->capacity.block_tokens;
     p->cap.state_slots_total = d->capacity.state_slots_total;

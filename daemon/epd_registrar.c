@@ -63,6 +63,8 @@ struct epd_registrar {
     atomic_uint_fast32_t l_queue_depth, l_kv_blocks_free, l_state_slots_free, l_running;
     atomic_uint_fast64_t l_queued_tokens, l_bytes_sent, l_bytes_received;
     atomic_int l_draining;
+    atomic_uint_fast32_t l_quarantined, l_grants_held;
+    atomic_uint_fast64_t l_late_refused;
     /* thread -> loop */
     atomic_int drain_posted; /* drain reported to the loop (once) */
     atomic_int drain_delivered;
@@ -87,6 +89,9 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
     atomic_store_explicit(&reg->l_bytes_sent, load->kv_bytes_sent, memory_order_relaxed);
     atomic_store_explicit(&reg->l_bytes_received, load->kv_bytes_received, memory_order_relaxed);
     atomic_store_explicit(&reg->l_draining, load->draining != 0, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_quarantined, load->quarantined, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_grants_held, load->grants_held, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_late_refused, load->late_writes_refused, memory_order_relaxed);
     atomic_store_explicit(&reg->seq, s + 2, memory_order_release);
 }
 
@@ -115,6 +120,10 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
         l.kv_bytes_received =
             (uint64_t)atomic_load_explicit(&reg->l_bytes_received, memory_order_relaxed);
         l.draining = atomic_load_explicit(&reg->l_draining, memory_order_relaxed);
+        l.quarantined = (uint32_t)atomic_load_explicit(&reg->l_quarantined, memory_order_relaxed);
+        l.grants_held = (uint32_t)atomic_load_explicit(&reg->l_grants_held, memory_order_relaxed);
+        l.late_writes_refused =
+            (uint64_t)atomic_load_explicit(&reg->l_late_refused, memory_order_relaxed);
         atomic_thread_fence(memory_order_acquire);
         s2 = atomic_load_explicit(&reg->seq, memory_order_relaxed);
         if (s1 == s2) {
@@ -293,6 +302,9 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     load.kv_bytes_sent = l.kv_bytes_sent;
     load.kv_bytes_received = l.kv_bytes_received;
     load.draining = l.draining != 0;
+    load.quarantined = l.quarantined;
+    load.late_writes_refused = l.late_writes_refused;
+    load.grants_held = l.grants_held;
     hb.worker_id = reg->worker_id;
     hb.epoch = &epoch;
     hb.load = &load;

@@ -52,6 +52,12 @@ typedef struct {
     uint64_t kv_bytes_sent;     /* data plane, monotonic (prefill: written) */
     uint64_t kv_bytes_received; /* data plane, monotonic (decode: received and verified) */
     int draining;               /* the worker takes no new work */
+    /* the fence (proto/README.md rules 25-29): memory held for writers
+     * that may still write (the role's), late writes refused and grants
+     * held (the daemon's, from its transport) */
+    uint32_t quarantined;
+    uint64_t late_writes_refused;
+    uint32_t grants_held;
 } epd_registrar_load_t;
 
 /* Loop thread: write the daemon's current load into *load_p. */

@@ -162,6 +162,13 @@ typedef struct epd_decode_srv {
     epd_trace_t *trace;         /* the daemon's (NULL = off) */
 } epd_decode_srv_t;
 
+/* ---- epd_decode_fence.c ---- */
+/* The pool's write check (epd_xport_mr_set_check; arg: the server; the
+ * grant's user: the writer's peer record): nonzero when every block or
+ * state slot of [off, off + len) is RESERVED by one live request of that
+ * writer incarnation. */
+int epd__decode_fence_check(void *arg, void *grant_user, uint64_t off, uint64_t len);
+
 /* ---- epd_decode_msg.c (the daemon's on_msg) ---- */
 int epd__decode_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env);
 

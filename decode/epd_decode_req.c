@@ -154,13 +154,22 @@ static void epd_decode_send_owed(epd_decode_request_t *req)
 static epd_status_t epd_decode_send_reservation(epd_decode_srv_t *srv, epd_decode_request_t *req)
 {
     Epd__KvReservation kr = EPD__KV_RESERVATION__INIT;
+    const void *key;
+    size_t key_len;
+    epd_status_t st;
 
+    /* the fence: the key of this prefill incarnation's own grant, revoked
+     * when it is retired (rule 25) — never the pool's own key */
+    st = epd_peer_grant(req->peer, srv->mr, &key, &key_len);
+    if (st != EPD_OK) {
+        return st;
+    }
     kr.request_id = req->id;
     kr.n_block_ids = req->n_prompt_blocks;
     kr.block_ids = req->blocks;
     kr.state_slot = req->seq.slot;
-    kr.rkey.data = srv->rkey;
-    kr.rkey.len = srv->rkey_len;
+    kr.rkey.data = (uint8_t *)(uintptr_t)key;
+    kr.rkey.len = key_len;
     kr.region_size = epd_xport_mr_size(srv->mr);
     kr.layout = &srv->layout_msg;
     kr.lease_ms = srv->lease_ms;
@@ -338,7 +347,12 @@ static void epd_decode_step(epd_decode_srv_t *srv, epd_decode_request_t *req)
             }
             break;
         case EPD_DECODE_REQ_QUARANTINED:
-            if (req->p_done || req->p_closed) {
+            /* rule 8 with the fence (rule 26): its prefill incarnation's
+             * word, or that incarnation retired and nothing it was granted
+             * can land any more — its endpoints closed and its grant
+             * settled (revoked where the transport checks every write;
+             * where it cannot, its process ended) */
+            if (req->p_done || (req->p_closed && epd_peer_fenced(req->peer))) {
                 epd_decode_blocks_to(srv, req, epd_decode_blocks_release, "release");
                 req->state = EPD_DECODE_REQ_DONE;
             }
@@ -837,20 +851,27 @@ void epd__decode_req_on_peer_closed(void *arg, epd_peer_t *peer)
     epd_decode_request_t *req, *next;
     uint32_t n = 0;
 
+    uint32_t held = 0;
+
     for (req = epd_reqtab_first_req(&srv->reqs); req != NULL; req = next) {
         next = epd_reqtab_next_req(&srv->reqs, req);
         if (req->peer != peer || req->p_done) {
             continue;
         }
-        /* nothing of that incarnation can land any more */
+        uint64_t id = req->id;
+
+        /* nothing of that incarnation travels on an endpoint any more; its
+         * one-sided writes are the fence's (epd_peer_fenced) */
         req->p_closed = 1;
-        epd_decode_advance(srv, req);
+        epd_decode_advance(srv, req); /* may free it */
         n++;
+        held += epd_reqtab_find_req(&srv->reqs, id, 0) != NULL;
     }
     if (n > 0) {
         epd_log_info(EPD_DECODE_LOG, 0,
-                     "prefill worker %s: its endpoints are closed; %u requests' blocks released",
-                     epd_peer_id(peer), n);
+                     "prefill worker %s: its endpoints are closed; %u requests' blocks released, "
+                     "%u held until nothing it was granted can land (%s)",
+                     epd_peer_id(peer), n - held, held, epd_peer_fence_state(peer));
     }
 }
 
@@ -864,6 +885,8 @@ void epd__decode_req_on_tick(void *arg, uint64_t now)
 {
     epd_decode_srv_t *srv = arg;
     uint64_t lease = (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
+    /* a retired writer is asked once per its silence limit */
+    uint64_t ask = (uint64_t)epd_daemon_flags(srv->d)->peer_timeout_ms * EPD_NSEC_PER_MSEC;
     epd_decode_request_t *req, *next;
 
     for (req = epd_reqtab_first_req(&srv->reqs); req != NULL; req = next) {
@@ -885,6 +908,16 @@ void epd__decode_req_on_tick(void *arg, uint64_t now)
             epd_log_warn(EPD_DECODE_LOG, req->id, "%s: failing the request", why);
             epd_decode_fail(srv, req, EPD_ERR_TIMEOUT, why,
                             EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
+            epd_decode_advance(srv, req);
+        } else if (req->state == EPD_DECODE_REQ_QUARANTINED && req->p_closed) {
+            /* its writer retired: the fence settles on its own (the last
+             * receive under its grant landing, its process ending) — or
+             * that incarnation confirms, asked on a new link (rule 28) */
+            if (!epd_peer_fenced(req->peer) && now - req->abort_sent_ns > ask) {
+                req->abort_sent_ns = now;
+                (void)epd_peer_ask_quiesced(req->peer, req->id,
+                                            "retired: confirm no write of this request can land");
+            }
             epd_decode_advance(srv, req);
         } else if (req->state == EPD_DECODE_REQ_QUARANTINED && now - req->abort_sent_ns > lease &&
                    epd_peer_usable(req->peer)) {
@@ -914,6 +947,7 @@ void epd__decode_req_load(void *arg, epd_daemon_load_t *load_p)
     load_p->state_slots_free = epd_decode_blocks_slots_free(srv->blocks);
     load_p->running_requests = srv->batch != NULL ? epd_decode_batch_running(srv->batch) : 0;
     load_p->kv_bytes_received = srv->kv_bytes_received;
+    load_p->quarantined = epd_decode_blocks_count(srv->blocks, EPD_DECODE_BLK_QUARANTINED);
 }
 
 void epd__decode_req_on_stop(void *arg)

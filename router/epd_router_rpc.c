@@ -274,6 +274,9 @@ static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_le
             w->hb_kv_blocks_free = hb->load->kv_blocks_free;
             w->hb_state_slots_free = hb->load->state_slots_free;
             w->hb_running = hb->load->running_requests;
+            w->hb_quarantined = hb->load->quarantined;
+            w->hb_late_writes_refused = hb->load->late_writes_refused;
+            w->hb_grants_held = hb->load->grants_held;
             if (hb->load->kv_bytes_sent > w->hb_kv_bytes_sent) {
                 rt->m.kv_bytes_sent += hb->load->kv_bytes_sent - w->hb_kv_bytes_sent;
                 w->hb_kv_bytes_sent = hb->load->kv_bytes_sent;
@@ -471,6 +474,9 @@ static int epd_router_status(epd_router_t *rt, void **resp_p, size_t *resp_len_p
         q->load.kv_blocks_free = w->hb_kv_blocks_free;
         q->load.state_slots_free = w->hb_state_slots_free;
         q->load.running_requests = w->hb_running;
+        q->load.quarantined = w->hb_quarantined;
+        q->load.late_writes_refused = w->hb_late_writes_refused;
+        q->load.grants_held = w->hb_grants_held;
         q->cap.kv_blocks_total = w->info.kv_blocks_total;
         q->cap.block_tokens = w->info.block_tokens;
         q->cap.state_slots_total = w->info.state_slots_total;

@@ -345,6 +345,8 @@ static int st_run_retrying(st_req_t *r, epd_client_worker_t *p, epd_client_worke
 }
 
 /* Decode's free blocks and slots, from its Status (-1: no answer). */
+static uint32_t st_quarantined; /* the last Load.quarantined read */
+
 static int st_decode_free(const char *addr, uint32_t *free_p, uint32_t *total_p,
                           uint32_t *sfree_p, uint32_t *stotal_p)
 {
@@ -372,6 +374,7 @@ static int st_decode_free(const char *addr, uint32_t *free_p, uint32_t *total_p,
     *total_p = st->workers[0]->capacity->kv_blocks_total;
     *sfree_p = st->workers[0]->load->state_slots_free;
     *stotal_p = st->workers[0]->capacity->state_slots_total;
+    st_quarantined = st->workers[0]->load->quarantined;
     rc = 0;
 out:
     epd_proto_free(msg);
@@ -393,8 +396,9 @@ static int st_pool_full(const char *addr)
         }
         st_poll_ms(100);
     }
-    printf("stall: decode kv_blocks_free %u/%u state_slots_free %u/%u\n", fr, tot, sf, stt);
-    if (got != 0 || fr != tot || sf != stt) {
+    printf("stall: decode kv_blocks_free %u/%u state_slots_free %u/%u quarantined %u\n", fr, tot,
+           sf, stt, st_quarantined);
+    if (got != 0 || fr != tot || sf != stt || st_quarantined != 0) {
         fprintf(stderr, "stall: decode's pool did not come back to full (a leaked block)\n");
         return 0;
     }
@@ -496,6 +500,7 @@ static int st_kv(void)
     uint32_t total = (uint32_t)a->kv_tokens;
     static st_req_t A, B, C, D;
     char buf[300];
+    uint32_t held = 0;
     int ok = 1;
 
     /* A: a long prompt (its later layers are many writes); B: a short one
@@ -524,6 +529,17 @@ static int st_kv(void)
     }
     /* decode may need its peer timeout to retire the stopped incarnation */
     st_poll_ms((int)a->peer_timeout_ms);
+    {
+        uint32_t fr = 0, tot = 0, sf = 0, stt = 0;
+
+        if (st_decode_free(a->decode, &fr, &tot, &sf, &stt) == 0) {
+            /* what decode holds for the stopped writer (its Load, /metrics) */
+            printf("stall: while the writer is stopped decode reports %u blocks quarantined, "
+                   "%u/%u free\n",
+                   st_quarantined, fr, tot);
+            held = st_quarantined;
+        }
+    }
     S.cont_on_first = &B;
     if (st_run_retrying(&B, pb, dw, 4 * (uint64_t)a->peer_timeout_ms, until, 0) != 0) {
         fprintf(stderr, "stall: request B never ended\n");
@@ -537,6 +553,10 @@ static int st_kv(void)
                ? "(decode let the stopped writer's memory go: revoked)"
                : "(decode held the stopped writer's memory in quarantine)");
     ok &= st_equal(&B);
+    if (S.continued_ns < B.t_first_ns && held == 0) {
+        fprintf(stderr, "stall: decode held A's blocks but reported none quarantined\n");
+        ok = 0;
+    }
     /* the continued prefill worker had time to post its late writes; the
      * pool must serve correctly through both prefill workers */
     st_poll_ms(300);
@@ -652,6 +672,7 @@ static int st_embed(void)
     static st_image_t ia, ib;
     static st_req_t A, B, C;
     char buf[300];
+    uint32_t held = 0;
     int ok = 1;
 
     if (S.info->image_embeddings == 0) {
@@ -685,9 +706,24 @@ static int st_embed(void)
         ok = 0;
     }
     st_poll_ms((int)a->peer_timeout_ms);
+    {
+        uint32_t fr = 0, tot = 0, sf = 0, stt = 0;
+
+        if (st_decode_free(a->prefill_a, &fr, &tot, &sf, &stt) == 0) {
+            /* what the prefill worker holds for the stopped encoder */
+            printf("stall: while the encoder is stopped the prefill worker reports %u embedding "
+                   "slots quarantined\n",
+                   st_quarantined);
+            held = st_quarantined;
+        }
+    }
     if (st_run_retrying(&B, pw, dw, 4 * (uint64_t)a->peer_timeout_ms, until, 0) != 0) {
         fprintf(stderr, "stall: request B never ended\n");
         return 0;
+    }
+    if (S.continued && held == 0) {
+        fprintf(stderr, "stall: the prefill worker held the slot but reported none quarantined\n");
+        ok = 0;
     }
     printf("stall: B %s\n", S.continued ? "was placed only after the encoder was continued "
                                           "(the slot was held in quarantine)"
