@@ -492,6 +492,19 @@ void *epd_peer_user(const epd_peer_t *peer)
 
 /* ------------------------------------------------------------ epoch rule */
 
+/* Is a dead record of exactly (worker_id, epoch) still held by someone? */
+static int epd_peer_retired_held(epd_daemon_t *d, const char *worker_id,
+                                 const epd_msg_epoch_t *epoch)
+{
+    for (epd_peer_t *p = d->peers; p != NULL; p = p->next) {
+        if (p->state == EPD_PEER_DEAD && p->refs > 0 && strcmp(p->worker_id, worker_id) == 0 &&
+            epd_msg_epoch_cmp(&p->epoch, epoch) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int epd__peer_on_sender(epd_daemon_t *d, epd_link_t *from, const Epd__Envelope *env)
 {
     epd_msg_epoch_t e = epd_msg_epoch_of(env->sender->epoch);
@@ -502,10 +515,12 @@ int epd__peer_on_sender(epd_daemon_t *d, epd_link_t *from, const Epd__Envelope *
         return 0;
     }
     cmp = epd_msg_epoch_cmp(&e, &p->epoch);
-    if (cmp < 0 && env->body_case == EPD__ENVELOPE__BODY_QUIESCED) {
-        /* a retired incarnation confirming that its writes are quiesced:
-         * the fence's proof (rule 28) — it frees only memory held for that
-         * very incarnation (the role matches it against its own record) */
+    if (cmp < 0 && env->body_case == EPD__ENVELOPE__BODY_QUIESCED &&
+        epd_peer_retired_held(d, env->sender->worker_id, &e)) {
+        /* a retired incarnation whose record something still holds (its
+         * quarantined memory) confirms that its writes are quiesced: the
+         * fence's proof (rule 28) — it frees only memory held for that very
+         * incarnation (the role matches it against its own record) */
         return 0;
     }
     if (cmp < 0) {
