@@ -8,5 +8,6 @@ int epd_bench_engine_main(int argc, char **argv);
 int epd_bench_xfer_main(int argc, char **argv);
 int epd_bench_overhead_main(int argc, char **argv);
 int epd_bench_serve_main(int argc, char **argv);
+int epd_bench_fleet_main(int argc, char **argv);
 
 #endif

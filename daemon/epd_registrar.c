@@ -63,6 +63,7 @@ struct epd_registrar {
     atomic_uint_fast32_t l_queue_depth, l_kv_blocks_free, l_state_slots_free, l_running;
     atomic_uint_fast64_t l_queued_tokens, l_bytes_sent, l_bytes_received;
     atomic_int l_draining;
+    atomic_uint_fast32_t l_links[EPD_REGISTRAR_LINK_CLASSES];
     atomic_uint_fast32_t l_quarantined, l_grants_held;
     atomic_uint_fast64_t l_late_refused;
     /* thread -> loop */
@@ -89,6 +90,9 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
     atomic_store_explicit(&reg->l_bytes_sent, load->kv_bytes_sent, memory_order_relaxed);
     atomic_store_explicit(&reg->l_bytes_received, load->kv_bytes_received, memory_order_relaxed);
     atomic_store_explicit(&reg->l_draining, load->draining != 0, memory_order_relaxed);
+    for (int i = 0; i < EPD_REGISTRAR_LINK_CLASSES; i++) {
+        atomic_store_explicit(&reg->l_links[i], load->links[i], memory_order_relaxed);
+    }
     atomic_store_explicit(&reg->l_quarantined, load->quarantined, memory_order_relaxed);
     atomic_store_explicit(&reg->l_grants_held, load->grants_held, memory_order_relaxed);
     atomic_store_explicit(&reg->l_late_refused, load->late_writes_refused, memory_order_relaxed);
@@ -120,6 +124,9 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
         l.kv_bytes_received =
             (uint64_t)atomic_load_explicit(&reg->l_bytes_received, memory_order_relaxed);
         l.draining = atomic_load_explicit(&reg->l_draining, memory_order_relaxed);
+        for (int i = 0; i < EPD_REGISTRAR_LINK_CLASSES; i++) {
+            l.links[i] = (uint32_t)atomic_load_explicit(&reg->l_links[i], memory_order_relaxed);
+        }
         l.quarantined = (uint32_t)atomic_load_explicit(&reg->l_quarantined, memory_order_relaxed);
         l.grants_held = (uint32_t)atomic_load_explicit(&reg->l_grants_held, memory_order_relaxed);
         l.late_writes_refused =
@@ -282,7 +289,7 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     Epd__Epoch epoch = EPD__EPOCH__INIT;
     Epd__Load load = EPD__LOAD__INIT;
     epd_registrar_load_t l;
-    unsigned char buf[256];
+    unsigned char buf[512];
     void *resp = NULL;
     size_t len = 0, n;
     char err[EPD_REG_ERR_CAP] = "";
@@ -302,6 +309,10 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     load.kv_bytes_sent = l.kv_bytes_sent;
     load.kv_bytes_received = l.kv_bytes_received;
     load.draining = l.draining != 0;
+    load.links_shm = l.links[EPD_REGISTRAR_LINK_SHM];
+    load.links_tcp = l.links[EPD_REGISTRAR_LINK_TCP];
+    load.links_rdma = l.links[EPD_REGISTRAR_LINK_RDMA];
+    load.links_other = l.links[EPD_REGISTRAR_LINK_OTHER];
     load.quarantined = l.quarantined;
     load.late_writes_refused = l.late_writes_refused;
     load.grants_held = l.grants_held;
@@ -309,7 +320,7 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     hb.epoch = &epoch;
     hb.load = &load;
     n = protobuf_c_message_get_packed_size(&hb.base);
-    if (n > sizeof(buf)) { /* a 127-byte id and five varints: cannot happen */
+    if (n > sizeof(buf)) { /* a 127-byte id, an epoch and 12 varints: cannot happen */
         snprintf(why, why_cap, "heartbeat too large");
         return -1;
     }

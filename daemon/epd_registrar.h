@@ -42,6 +42,15 @@
 
 typedef struct epd_registrar epd_registrar_t;
 
+/* Classes of the lanes of a worker's links (epd.Load links_*). */
+enum {
+    EPD_REGISTRAR_LINK_SHM,
+    EPD_REGISTRAR_LINK_TCP,
+    EPD_REGISTRAR_LINK_RDMA,
+    EPD_REGISTRAR_LINK_OTHER,
+    EPD_REGISTRAR_LINK_CLASSES
+};
+
 /* The fields of epd.Load the daemon reports. */
 typedef struct {
     uint32_t queue_depth;   /* requests waiting */
@@ -52,6 +61,9 @@ typedef struct {
     uint64_t kv_bytes_sent;     /* data plane, monotonic (prefill: written) */
     uint64_t kv_bytes_received; /* data plane, monotonic (decode: received and verified) */
     int draining;               /* the worker takes no new work */
+    /* live endpoints this worker opened to other workers, by lane class
+     * (filled by the daemon, not the role) */
+    uint32_t links[EPD_REGISTRAR_LINK_CLASSES];
     /* the fence (proto/README.md rules 25-29): memory held for writers
      * that may still write (the role's), late writes refused and grants
      * held (the daemon's, from its transport) */

@@ -15,16 +15,20 @@
  * and counted (epd_xport_stats.writes_refused_range) — a wrong-headed or
  * late writer cannot land in another request's KV through this path.
  *
- * Runs inside the transport's progress (it only reads the block table and
- * the request table); loop thread.
+ * The check runs inside the transport's progress (it only reads the block
+ * table and the request table).  Also here: the key a reservation carries
+ * (the writer's own grant), the asking of a retired writer to confirm, and
+ * the line that says what a closed incarnation left held.  Loop thread.
  */
 #include "epd_decode_int.h"
+#include "epd_log.h"
+#include "epd_time.h"
 
 /* Is a block (slot) of state `st` owned by `owner` writable by `who` now?
  * One write is one request's: every unit it touches has the owner of the
  * first (*last, 0 before it). */
-static int epd_decode_fence_owned(epd_decode_srv_t *srv, epd_decode_blk_state_t st,
-                                  uint64_t owner, const epd_peer_t *who, uint64_t *last)
+static int epd_decode_fence_owned(epd_decode_srv_t *srv, epd_decode_blk_state_t st, uint64_t owner,
+                                  const epd_peer_t *who, uint64_t *last)
 {
     const epd_decode_request_t *req;
 
@@ -84,4 +88,44 @@ int epd__decode_fence_check(void *arg, void *grant_user, uint64_t off, uint64_t 
         }
     }
     return 1;
+}
+
+epd_status_t epd__decode_fence_key(epd_decode_srv_t *srv, const epd_decode_request_t *req,
+                                   ProtobufCBinaryData *key_p)
+{
+    const void *key;
+    size_t len;
+    epd_status_t st = epd_peer_grant(req->peer, srv->mr, &key, &len);
+
+    if (st == EPD_OK) {
+        key_p->data = (uint8_t *)(uintptr_t)key;
+        key_p->len = len;
+    }
+    return st;
+}
+
+void epd__decode_fence_ask(epd_decode_srv_t *srv, epd_decode_request_t *req, uint64_t now)
+{
+    /* a retired writer is asked once per its silence limit */
+    uint64_t ask = (uint64_t)epd_daemon_flags(srv->d)->peer_timeout_ms * EPD_NSEC_PER_MSEC;
+
+    if (!epd_peer_fenced(req->peer) && now - req->abort_sent_ns > ask) {
+        req->abort_sent_ns = now;
+        (void)epd_peer_ask_quiesced(req->peer, req->id,
+                                    "retired: confirm no write of this request can land");
+    }
+}
+
+void epd__decode_fence_closed(epd_decode_srv_t *srv, epd_peer_t *peer, uint32_t n)
+{
+    uint32_t held = 0;
+
+    for (const epd_decode_request_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
+         req = epd_reqtab_next_req(&srv->reqs, req)) {
+        held += req->peer == peer && !req->p_done;
+    }
+    epd_log_info(EPD_DECODE_LOG, 0,
+                 "prefill worker %s: its endpoints are closed; %u requests' blocks released, %u "
+                 "held until nothing it was granted can land (%s)",
+                 epd_peer_id(peer), n - held, held, epd_peer_fence_state(peer));
 }

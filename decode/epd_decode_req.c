@@ -154,13 +154,8 @@ static void epd_decode_send_owed(epd_decode_request_t *req)
 static epd_status_t epd_decode_send_reservation(epd_decode_srv_t *srv, epd_decode_request_t *req)
 {
     Epd__KvReservation kr = EPD__KV_RESERVATION__INIT;
-    const void *key;
-    size_t key_len;
-    epd_status_t st;
+    epd_status_t st = epd__decode_fence_key(srv, req, &kr.rkey); /* its own grant's */
 
-    /* the fence: the key of this prefill incarnation's own grant, revoked
-     * when it is retired (rule 25) — never the pool's own key */
-    st = epd_peer_grant(req->peer, srv->mr, &key, &key_len);
     if (st != EPD_OK) {
         return st;
     }
@@ -168,13 +163,12 @@ static epd_status_t epd_decode_send_reservation(epd_decode_srv_t *srv, epd_decod
     kr.n_block_ids = req->n_prompt_blocks;
     kr.block_ids = req->blocks;
     kr.state_slot = req->seq.slot;
-    kr.rkey.data = (uint8_t *)(uintptr_t)key;
-    kr.rkey.len = key_len;
     kr.region_size = epd_xport_mr_size(srv->mr);
     kr.layout = &srv->layout_msg;
     kr.lease_ms = srv->lease_ms;
     kr.pool_blocks = srv->pool.n_blocks;
     kr.pool_state_slots = srv->pool.n_state_slots;
+    kr.stamped_sums = 1; /* we check either kind */
     return epd_link_send(epd_peer_link(req->peer), EPD__ENVELOPE__BODY_RESERVATION, &kr, 0);
 }
 
@@ -223,6 +217,26 @@ static void epd_decode_fail_kv(epd_decode_srv_t *srv, epd_decode_request_t *req,
         epd_decode_refuse(srv, from, env, req->id, st, why);
     }
     epd_decode_fail(srv, req, st, why, EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
+}
+
+/* Lends layer `layer`'s check (marked CHECKING, its sum recorded) to the
+ * verifier; a refusal is a broken sizing invariant: the request fails. */
+static void epd_decode_check_lend(epd_decode_srv_t *srv, epd_decode_request_t *req, uint32_t layer)
+{
+    epd_decode_vjob_t *j = &req->vjobs[layer];
+    epd_kv_stamp_expect_t x = {
+        .req_id = req->id, .tag = srv->stamp_tag, .n_tokens = req->n_prompt, .full = srv->verify_full};
+
+    epd_decode_vjob_init(j, req, layer, req->kv.sums[layer], (epd_kv_sum_kind_t)req->kv.kind,
+                         req->blocks, req->n_prompt_blocks, req->seq.slot, &x);
+    if (epd_decode_verify_submit(srv->verify, j) != EPD_OK) {
+        epd_log_error(EPD_DECODE_LOG, req->id, "verifier queue full (sizing invariant broken)");
+        (void)epd_decode_seen_result(&req->kv, layer, EPD_ERR_NO_RESOURCE, 0, NULL);
+        epd_decode_fail(srv, req, EPD_ERR_NO_RESOURCE, "verifier queue full",
+                        EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
+        return;
+    }
+    req->v_lent++;
 }
 
 /* ------------------------------------------------------------------- step */
@@ -347,11 +361,8 @@ static void epd_decode_step(epd_decode_srv_t *srv, epd_decode_request_t *req)
             }
             break;
         case EPD_DECODE_REQ_QUARANTINED:
-            /* rule 8 with the fence (rule 26): its prefill incarnation's
-             * word, or that incarnation retired and nothing it was granted
-             * can land any more — its endpoints closed and its grant
-             * settled (revoked where the transport checks every write;
-             * where it cannot, its process ended) */
+            /* its prefill incarnation's word, or it retired and is fenced
+             * (proto/README.md rule 29) */
             if (req->p_done || (req->p_closed && epd_peer_fenced(req->peer))) {
                 epd_decode_blocks_to(srv, req, epd_decode_blocks_release, "release");
                 req->state = EPD_DECODE_REQ_DONE;
@@ -380,7 +391,8 @@ static void epd_decode_destroy(epd_decode_srv_t *srv, epd_decode_request_t *req)
 static void epd_decode_advance(epd_decode_srv_t *srv, epd_decode_request_t *req)
 {
     epd_decode_step(srv, req);
-    if (req->state == EPD_DECODE_REQ_DONE) {
+    if (req->state == EPD_DECODE_REQ_DONE && req->v_lent == 0) {
+        /* (with checks still lent, their return frees it) */
         epd_decode_destroy(srv, req);
     }
 }
@@ -414,9 +426,9 @@ static epd_status_t epd_decode_admit(epd_decode_srv_t *srv, const Epd__Envelope 
     epd_status_t st;
     size_t sz;
 
-    /* one allocation: the struct, per-layer sums (8-aligned right after
-     * it), tokens, block ids, stop ids, per-layer flags */
-    sz = sizeof(*req) + (size_t)kv->n_layers * sizeof(uint64_t) +
+    /* one allocation: the struct, the per-layer checks and sums (8-aligned
+     * right after it), tokens, block ids, stop ids, per-layer states */
+    sz = sizeof(*req) + (size_t)kv->n_layers * (sizeof(epd_decode_vjob_t) + sizeof(uint64_t)) +
          (size_t)g->sampling->max_tokens * sizeof(int32_t) + (size_t)n_blocks * sizeof(uint32_t) +
          (size_t)n_stop * sizeof(uint32_t) + kv->n_layers;
     req = epd_calloc(1, sz);
@@ -424,11 +436,13 @@ static epd_status_t epd_decode_admit(epd_decode_srv_t *srv, const Epd__Envelope 
         *why_p = "out of memory";
         return EPD_ERR_NO_MEMORY;
     }
-    req->kv.sums = (uint64_t *)(req + 1);
+    req->vjobs = (epd_decode_vjob_t *)(req + 1);
+    req->kv.sums = (uint64_t *)(req->vjobs + kv->n_layers);
     req->seq.tokens = (int32_t *)(req->kv.sums + kv->n_layers);
     req->blocks = (uint32_t *)(req->seq.tokens + g->sampling->max_tokens);
     req->stop_ids = req->blocks + n_blocks;
-    req->kv.ok = (uint8_t *)(req->stop_ids + n_stop);
+    req->kv.state = (uint8_t *)(req->stop_ids + n_stop);
+    req->kv.kind = -1;
     st = epd_decode_blocks_reserve(srv->blocks, g->request_id, n_blocks, kv->n_linear_layers > 0,
                                    req->blocks, &req->slot);
     if (st != EPD_OK) {
@@ -451,6 +465,7 @@ static epd_status_t epd_decode_admit(epd_decode_srv_t *srv, const Epd__Envelope 
     req->n_blocks = n_blocks;
     req->n_prompt_blocks = (uint32_t)epd_decode_div_up(req->n_prompt, kv->block_tokens);
     req->n_stop = n_stop;
+    req->protocol_only = g->protocol_only;
     if (n_stop > 0) {
         memcpy(req->stop_ids, g->sampling->stop_token_ids, n_stop * sizeof(uint32_t));
     }
@@ -591,7 +606,6 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
     epd_decode_request_t *req = epd_decode_of_p(srv, from, env, pc->request_id, 1);
     uint32_t n_layers = srv->info->kv.n_layers;
     uint64_t t_recv = epd_time_now_ns();
-    uint32_t bad_layer = 0, n_ok;
     const char *why = NULL;
     epd_status_t st = EPD_OK;
 
@@ -607,42 +621,38 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
         epd_decode_advance(srv, req);
         return;
     }
-    n_ok = req->kv.n_ok;
     if (pc->n_prompt_tokens != req->n_prompt) {
         st = EPD_ERR_INVALID_PARAM;
         why = "PrefillComplete: prompt length differs from the request's";
     } else if (bad != EPD_OK) {
         st = bad;
         why = bad_why;
+    } else if (req->protocol_only) {
+        epd_decode_seen_trust(&req->kv, n_layers); /* nothing was written */
     } else {
-        /* the layers not verified as they landed (all of them when P sends
-         * no landed LayerDones) */
-        st = epd_decode_check_completed(
-            &srv->info->kv, &srv->pool, req->blocks, req->n_prompt_blocks, req->seq.slot,
-            pc->layer_checksums, pc->n_layer_checksums, srv->hash, &req->kv, &why, &bad_layer);
-        if (n_ok < n_layers) {
-            epd_trace_span(srv->trace, "verify KV", "compute", req->id, -1, t_recv,
-                           epd_time_now_ns());
+        /* the layers not checked as they landed (all of them when P sends
+         * no landed LayerDones): to the verifier */
+        st = epd_decode_seen_completed(&req->kv, n_layers, pc->layer_checksums,
+                                       pc->n_layer_checksums, (int)pc->checksum_kind, srv->newly,
+                                       &why);
+        for (uint32_t l = 0; st == EPD_OK && l < n_layers; l++) {
+            if (srv->newly[l]) {
+                epd_decode_check_lend(srv, req, l);
+            }
         }
     }
     if (st != EPD_OK) {
-        epd_decode_fail_kv(srv, req, from, env, st, why, bad_layer);
+        epd_decode_fail_kv(srv, req, from, env, st, why, 0);
         epd_decode_advance(srv, req);
         return;
     }
     req->seq.tokens[0] = (int32_t)pc->first_token;
-    req->first_finish = EPD__FINISH_REASON__FINISH_NONE;
-    for (uint32_t i = 0; i < req->n_stop; i++) {
-        if (req->stop_ids[i] == pc->first_token) {
-            req->first_finish = EPD__FINISH_REASON__FINISH_STOP;
-        }
-    }
-    if ((int32_t)pc->first_token == srv->info->eos_token) {
-        req->first_finish = EPD__FINISH_REASON__FINISH_STOP;
-    } else if (req->first_finish == EPD__FINISH_REASON__FINISH_NONE && req->max_tokens == 1) {
-        req->first_finish = EPD__FINISH_REASON__FINISH_LENGTH;
-    }
-    req->kv_verified = 1;
+    /* protocol only: never decode from blocks nothing was written into */
+    req->first_finish = epd_decode_first_finish(pc->first_token, srv->info->eos_token,
+                                                req->stop_ids, req->n_stop,
+                                                req->protocol_only ? 1 : req->max_tokens);
+    req->pc_seen = 1;
+    req->kv_verified = req->kv.n_ok == n_layers; /* else when the last check is back */
     epd_decode_advance(srv, req); /* the lean path: first token and the batch, right here */
 }
 
@@ -651,15 +661,14 @@ void epd__decode_req_layer_done(epd_decode_srv_t *srv, epd_link_t *from, const E
 {
     const Epd__LayerDone *ld = env->layer_done;
     epd_decode_request_t *req = epd_decode_of_p(srv, from, env, ld->request_id, 0);
-    uint64_t now = epd_time_now_ns();
     const char *why = NULL;
     epd_status_t st;
-    int hashed;
+    int check = 0;
 
     if (req == NULL || req->state != EPD_DECODE_REQ_RESERVED || req->fail_status != EPD_OK) {
         return;
     }
-    req->lease_ns = now + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
+    req->lease_ns = epd_time_now_ns() + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
     if (!ld->landed) {
         return; /* a keep-alive */
     }
@@ -669,16 +678,17 @@ void epd__decode_req_layer_done(epd_decode_srv_t *srv, epd_link_t *from, const E
         return;
     }
     /* fenced behind the layer's writes: its bytes are final here */
-    hashed = !req->kv.ok[ld->layer];
-    st = epd_decode_check_landed(&srv->info->kv, &srv->pool, req->blocks, req->n_prompt_blocks,
-                                 req->seq.slot, ld->layer, ld->checksum, srv->hash, &req->kv, &why);
-    if (hashed) {
-        epd_trace_span(srv->trace, "verify layer", "compute", req->id, (int32_t)ld->layer, now,
-                       epd_time_now_ns());
-    }
+    st = epd_decode_seen_landed(&req->kv, srv->info->kv.n_layers, ld->layer, ld->checksum,
+                                (int)ld->checksum_kind, &check, &why);
     if (st != EPD_OK) {
         epd_decode_fail_kv(srv, req, from, env, st, why, ld->layer);
         epd_decode_advance(srv, req);
+        return;
+    }
+    if (check && req->protocol_only) {
+        (void)epd_decode_seen_result(&req->kv, ld->layer, EPD_OK, 0, NULL);
+    } else if (check) {
+        epd_decode_check_lend(srv, req, ld->layer);
     }
 }
 
@@ -796,6 +806,29 @@ void epd__decode_req_on_batch(epd_decode_srv_t *srv)
     epd_decode_run_dirty(srv);
 }
 
+/* ----------------------------------------------------------- verifier back */
+
+void epd__decode_req_on_verified(void *arg, epd_decode_vjob_t *job)
+{
+    epd_decode_srv_t *srv = arg;
+    epd_decode_request_t *req = job->owner;
+    const char *why = job->why;
+    epd_status_t st;
+
+    req->v_lent--;
+    st = epd_decode_seen_result(&req->kv, job->layer, job->status, job->bytes, &why);
+    if (req->state == EPD_DECODE_REQ_RESERVED && req->fail_status == EPD_OK && st != EPD_OK) {
+        epd_log_error(EPD_DECODE_LOG, req->id,
+                      "KV of layer %u from %s fails its check (%s): request failed, never generated",
+                      job->layer, epd_peer_id(req->peer), why != NULL ? why : epd_status_string(st));
+        epd_decode_fail(srv, req, st, why != NULL ? why : "KV verification failed",
+                        EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
+    }
+    /* PrefillComplete came and every layer checked out: the KV is held */
+    req->kv_verified = req->pc_seen && req->kv.n_ok == srv->info->kv.n_layers;
+    epd_decode_advance(srv, req);
+}
+
 /* --------------------------------------------------------- daemon upcalls */
 
 void epd__decode_req_on_link_down(void *arg, epd_link_t *link, epd_status_t status)
@@ -851,27 +884,19 @@ void epd__decode_req_on_peer_closed(void *arg, epd_peer_t *peer)
     epd_decode_request_t *req, *next;
     uint32_t n = 0;
 
-    uint32_t held = 0;
-
     for (req = epd_reqtab_first_req(&srv->reqs); req != NULL; req = next) {
         next = epd_reqtab_next_req(&srv->reqs, req);
         if (req->peer != peer || req->p_done) {
             continue;
         }
-        uint64_t id = req->id;
-
-        /* nothing of that incarnation travels on an endpoint any more; its
-         * one-sided writes are the fence's (epd_peer_fenced) */
+        /* nothing of it travels on an endpoint any more; its one-sided
+         * writes are the fence's (epd_peer_fenced) */
         req->p_closed = 1;
-        epd_decode_advance(srv, req); /* may free it */
+        epd_decode_advance(srv, req);
         n++;
-        held += epd_reqtab_find_req(&srv->reqs, id, 0) != NULL;
     }
     if (n > 0) {
-        epd_log_info(EPD_DECODE_LOG, 0,
-                     "prefill worker %s: its endpoints are closed; %u requests' blocks released, "
-                     "%u held until nothing it was granted can land (%s)",
-                     epd_peer_id(peer), n - held, held, epd_peer_fence_state(peer));
+        epd__decode_fence_closed(srv, peer, n);
     }
 }
 
@@ -885,8 +910,6 @@ void epd__decode_req_on_tick(void *arg, uint64_t now)
 {
     epd_decode_srv_t *srv = arg;
     uint64_t lease = (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
-    /* a retired writer is asked once per its silence limit */
-    uint64_t ask = (uint64_t)epd_daemon_flags(srv->d)->peer_timeout_ms * EPD_NSEC_PER_MSEC;
     epd_decode_request_t *req, *next;
 
     for (req = epd_reqtab_first_req(&srv->reqs); req != NULL; req = next) {
@@ -910,14 +933,8 @@ void epd__decode_req_on_tick(void *arg, uint64_t now)
                             EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
             epd_decode_advance(srv, req);
         } else if (req->state == EPD_DECODE_REQ_QUARANTINED && req->p_closed) {
-            /* its writer retired: the fence settles on its own (the last
-             * receive under its grant landing, its process ending) — or
-             * that incarnation confirms, asked on a new link (rule 28) */
-            if (!epd_peer_fenced(req->peer) && now - req->abort_sent_ns > ask) {
-                req->abort_sent_ns = now;
-                (void)epd_peer_ask_quiesced(req->peer, req->id,
-                                            "retired: confirm no write of this request can land");
-            }
+            /* its writer retired: fenced by now, or asked to confirm */
+            epd__decode_fence_ask(srv, req, now);
             epd_decode_advance(srv, req);
         } else if (req->state == EPD_DECODE_REQ_QUARANTINED && now - req->abort_sent_ns > lease &&
                    epd_peer_usable(req->peer)) {

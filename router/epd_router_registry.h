@@ -67,7 +67,8 @@ typedef enum {
 
 typedef struct epd_router_worker {
     epd_client_worker_info_t info; /* identity, address, layout, capacity */
-    char control_addr[256];        /* the worker's own gRPC address */
+    char control_addr[256];        /* the worker's own gRPC address (advertised) */
+    char data_addr[64];            /* its data plane's IP (RegisterRequest.data_address) */
     epd_client_worker_t *cw;       /* the request-plane client's handle (owned by the client) */
     epd_router_state_t state;
     int drain_asked;   /* Drain came through the router */
@@ -83,6 +84,7 @@ typedef struct epd_router_worker {
     uint32_t hb_running;
     uint64_t hb_kv_bytes_sent;     /* data-plane counters (monotonic per incarnation) */
     uint64_t hb_kv_bytes_received;
+    uint32_t hb_links[4]; /* its links to other workers by class: shm, tcp, rdma, other */
     /* the fence (proto/README.md "Late writes: the fence"): memory held
      * for writers that may still write, late writes refused, grants held */
     uint32_t hb_quarantined;
