@@ -64,6 +64,8 @@ struct epd_registrar {
     atomic_uint_fast64_t l_queued_tokens, l_bytes_sent, l_bytes_received;
     atomic_int l_draining;
     atomic_uint_fast32_t l_links[EPD_REGISTRAR_LINK_CLASSES];
+    atomic_uint_fast32_t l_quarantined, l_grants_held;
+    atomic_uint_fast64_t l_late_refused;
     /* thread -> loop */
     atomic_int drain_posted; /* drain reported to the loop (once) */
     atomic_int drain_delivered;
@@ -91,6 +93,9 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
     for (int i = 0; i < EPD_REGISTRAR_LINK_CLASSES; i++) {
         atomic_store_explicit(&reg->l_links[i], load->links[i], memory_order_relaxed);
     }
+    atomic_store_explicit(&reg->l_quarantined, load->quarantined, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_grants_held, load->grants_held, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_late_refused, load->late_writes_refused, memory_order_relaxed);
     atomic_store_explicit(&reg->seq, s + 2, memory_order_release);
 }
 
@@ -122,6 +127,10 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
         for (int i = 0; i < EPD_REGISTRAR_LINK_CLASSES; i++) {
             l.links[i] = (uint32_t)atomic_load_explicit(&reg->l_links[i], memory_order_relaxed);
         }
+        l.quarantined = (uint32_t)atomic_load_explicit(&reg->l_quarantined, memory_order_relaxed);
+        l.grants_held = (uint32_t)atomic_load_explicit(&reg->l_grants_held, memory_order_relaxed);
+        l.late_writes_refused =
+            (uint64_t)atomic_load_explicit(&reg->l_late_refused, memory_order_relaxed);
         atomic_thread_fence(memory_order_acquire);
         s2 = atomic_load_explicit(&reg->seq, memory_order_relaxed);
         if (s1 == s2) {
@@ -304,6 +313,9 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     load.links_tcp = l.links[EPD_REGISTRAR_LINK_TCP];
     load.links_rdma = l.links[EPD_REGISTRAR_LINK_RDMA];
     load.links_other = l.links[EPD_REGISTRAR_LINK_OTHER];
+    load.quarantined = l.quarantined;
+    load.late_writes_refused = l.late_writes_refused;
+    load.grants_held = l.grants_held;
     hb.worker_id = reg->worker_id;
     hb.epoch = &epoch;
     hb.load = &load;

@@ -64,6 +64,12 @@ typedef struct {
     /* live endpoints this worker opened to other workers, by lane class
      * (filled by the daemon, not the role) */
     uint32_t links[EPD_REGISTRAR_LINK_CLASSES];
+    /* the fence (proto/README.md rules 25-29): memory held for writers
+     * that may still write (the role's), late writes refused and grants
+     * held (the daemon's, from its transport) */
+    uint32_t quarantined;
+    uint64_t late_writes_refused;
+    uint32_t grants_held;
 } epd_registrar_load_t;
 
 /* Loop thread: write the daemon's current load into *load_p. */

@@ -311,6 +311,17 @@ uint64_t epd_decode_blocks_owner(const epd_decode_blocks_t *blocks, uint32_t id)
     return id < blocks->blk.n ? blocks->blk.owner[id] : 0;
 }
 
+epd_decode_blk_state_t epd_decode_blocks_slot_state(const epd_decode_blocks_t *blocks, uint32_t id)
+{
+    return id < blocks->slot.n ? (epd_decode_blk_state_t)blocks->slot.state[id]
+                               : EPD_DECODE_BLK_FREE;
+}
+
+uint64_t epd_decode_blocks_slot_owner(const epd_decode_blocks_t *blocks, uint32_t id)
+{
+    return id < blocks->slot.n ? blocks->slot.owner[id] : 0;
+}
+
 const char *epd_decode_blk_state_name(epd_decode_blk_state_t state)
 {
     switch (state) {

@@ -108,6 +108,10 @@ uint32_t epd_decode_blocks_slots_count(const epd_decode_blocks_t *blocks,
 epd_decode_blk_state_t epd_decode_blocks_state(const epd_decode_blocks_t *blocks, uint32_t id);
 uint64_t epd_decode_blocks_owner(const epd_decode_blocks_t *blocks, uint32_t id);
 
+/* The same of one state slot (the fence's write check). */
+epd_decode_blk_state_t epd_decode_blocks_slot_state(const epd_decode_blocks_t *blocks, uint32_t id);
+uint64_t epd_decode_blocks_slot_owner(const epd_decode_blocks_t *blocks, uint32_t id);
+
 /* A static name of a state ("QUARANTINED"). */
 const char *epd_decode_blk_state_name(epd_decode_blk_state_t state);
 

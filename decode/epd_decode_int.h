@@ -176,6 +176,25 @@ typedef struct epd_decode_srv {
     epd_trace_t *trace;         /* the daemon's (NULL = off) */
 } epd_decode_srv_t;
 
+/* ---- epd_decode_fence.c ---- */
+/* The pool's write check (epd_xport_mr_set_check; arg: the server; the
+ * grant's user: the writer's peer record): nonzero when every block or
+ * state slot of [off, off + len) is RESERVED by one live request of that
+ * writer incarnation. */
+int epd__decode_fence_check(void *arg, void *grant_user, uint64_t off, uint64_t len);
+/* The key a KvReservation for `req` carries: its prefill incarnation's own
+ * grant (epd_peer_grant; borrowed while the peer record lives), never the
+ * pool's own key (rule 25). */
+epd_status_t epd__decode_fence_key(epd_decode_srv_t *srv, const epd_decode_request_t *req,
+                                   ProtobufCBinaryData *key_p);
+/* A QUARANTINED request whose writer retired and is not fenced yet: asks
+ * that incarnation to confirm (epd_peer_ask_quiesced), at most once per
+ * --peer-timeout-ms (rule 28). */
+void epd__decode_fence_ask(epd_decode_srv_t *srv, epd_decode_request_t *req, uint64_t now);
+/* Logs what the closing of prefill incarnation `peer` released: `n` of its
+ * requests were quarantined; those still live wait for its fence. */
+void epd__decode_fence_closed(epd_decode_srv_t *srv, epd_peer_t *peer, uint32_t n);
+
 /* ---- epd_decode_msg.c (the daemon's on_msg) ---- */
 int epd__decode_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env);
 

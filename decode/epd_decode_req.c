@@ -154,13 +154,15 @@ static void epd_decode_send_owed(epd_decode_request_t *req)
 static epd_status_t epd_decode_send_reservation(epd_decode_srv_t *srv, epd_decode_request_t *req)
 {
     Epd__KvReservation kr = EPD__KV_RESERVATION__INIT;
+    epd_status_t st = epd__decode_fence_key(srv, req, &kr.rkey); /* its own grant's */
 
+    if (st != EPD_OK) {
+        return st;
+    }
     kr.request_id = req->id;
     kr.n_block_ids = req->n_prompt_blocks;
     kr.block_ids = req->blocks;
     kr.state_slot = req->seq.slot;
-    kr.rkey.data = srv->rkey;
-    kr.rkey.len = srv->rkey_len;
     kr.region_size = epd_xport_mr_size(srv->mr);
     kr.layout = &srv->layout_msg;
     kr.lease_ms = srv->lease_ms;
@@ -359,7 +361,9 @@ static void epd_decode_step(epd_decode_srv_t *srv, epd_decode_request_t *req)
             }
             break;
         case EPD_DECODE_REQ_QUARANTINED:
-            if (req->p_done || req->p_closed) {
+            /* its prefill incarnation's word, or it retired and is fenced
+             * (proto/README.md rule 29) */
+            if (req->p_done || (req->p_closed && epd_peer_fenced(req->peer))) {
                 epd_decode_blocks_to(srv, req, epd_decode_blocks_release, "release");
                 req->state = EPD_DECODE_REQ_DONE;
             }
@@ -885,15 +889,14 @@ void epd__decode_req_on_peer_closed(void *arg, epd_peer_t *peer)
         if (req->peer != peer || req->p_done) {
             continue;
         }
-        /* nothing of that incarnation can land any more */
+        /* nothing of it travels on an endpoint any more; its one-sided
+         * writes are the fence's (epd_peer_fenced) */
         req->p_closed = 1;
         epd_decode_advance(srv, req);
         n++;
     }
     if (n > 0) {
-        epd_log_info(EPD_DECODE_LOG, 0,
-                     "prefill worker %s: its endpoints are closed; %u requests' blocks released",
-                     epd_peer_id(peer), n);
+        epd__decode_fence_closed(srv, peer, n);
     }
 }
 
@@ -929,6 +932,10 @@ void epd__decode_req_on_tick(void *arg, uint64_t now)
             epd_decode_fail(srv, req, EPD_ERR_TIMEOUT, why,
                             EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
             epd_decode_advance(srv, req);
+        } else if (req->state == EPD_DECODE_REQ_QUARANTINED && req->p_closed) {
+            /* its writer retired: fenced by now, or asked to confirm */
+            epd__decode_fence_ask(srv, req, now);
+            epd_decode_advance(srv, req);
         } else if (req->state == EPD_DECODE_REQ_QUARANTINED && now - req->abort_sent_ns > lease &&
                    epd_peer_usable(req->peer)) {
             /* P has not confirmed yet: ask again (it answers WritesQuiesced
@@ -957,6 +964,7 @@ void epd__decode_req_load(void *arg, epd_daemon_load_t *load_p)
     load_p->state_slots_free = epd_decode_blocks_slots_free(srv->blocks);
     load_p->running_requests = srv->batch != NULL ? epd_decode_batch_running(srv->batch) : 0;
     load_p->kv_bytes_received = srv->kv_bytes_received;
+    load_p->quarantined = epd_decode_blocks_count(srv->blocks, EPD_DECODE_BLK_QUARANTINED);
 }
 
 void epd__decode_req_on_stop(void *arg)

@@ -85,6 +85,10 @@ static epd_status_t epd_decode_pool(epd_decode_srv_t *srv, const epd_decode_flag
                       (unsigned long long)bytes, epd_status_string(st));
         return st;
     }
+    /* the fence: writes that reach this worker's check land only in blocks
+     * reserved for a request of their writer (epd_decode_fence.c); each
+     * writer gets a key of its own (epd_peer_grant, in KvReservation) */
+    epd_xport_mr_set_check(srv->mr, epd__decode_fence_check, srv);
     st = epd_xport_mr_pack(srv->mr, srv->rkey, sizeof(srv->rkey), &srv->rkey_len);
     if (st != EPD_OK) {
         epd_log_error(EPD_DECODE_LOG, 0, "cannot pack the KV pool's key: %s",

@@ -133,7 +133,6 @@ void epd__prefill_ids_abort(epd_prefill_srv_t *srv, epd_link_t *from, const Epd_
 {
     uint64_t id = env->abort->request_id;
     const char *who = env->sender->worker_id;
-    epd_peer_t *p = epd_peer_find(srv->d, who);
     epd_link_t *sl;
     Epd__Envelope *senv;
 
@@ -143,8 +142,10 @@ void epd__prefill_ids_abort(epd_prefill_srv_t *srv, epd_link_t *from, const Epd_
     senv = epd_stash_take(srv->stash, id, 0, &sl);
     if (senv != NULL) {
         epd__prefill_ids_drop(srv, senv, sl, EPD_ERR_CANCELED, "aborted");
-    } else if (p != NULL && epd_peer_role(p) == EPD__ROLE__ROLE_DECODE) {
-        /* a decode worker we write to may hold blocks for it (rule 7) */
+    } else if (epd_peer_may_quiesce(srv->d, from, env, EPD__ROLE__ROLE_DECODE)) {
+        /* a decode worker we write to may hold blocks for it (rule 7) —
+         * also one that retired us and asks before reusing them (the
+         * fence); not while a write of ours to it may still move */
         (void)epd_link_send_quiesced(from, id);
     }
     epd_log_debug(EPD_PREFILL_LOG, id, "abort from '%s' for a request not live here", who);

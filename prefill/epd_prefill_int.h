@@ -164,6 +164,7 @@ typedef struct {
     epd_peer_t *enc;      /* WAITING / QUARANTINED: the encoder that writes it
                            * (counted reference), NULL for our own encode */
     uint64_t used_ns;     /* last unpinned (LRU) */
+    uint64_t asked_ns;    /* QUARANTINED: the last time its retired encoder was asked */
 } epd_prefill_eslot_t;
 
 /* Where one image of a request stands (the media part's: which slot it
@@ -262,6 +263,10 @@ struct epd_prefill_xfer {
     int sum_kind;               /* the request's epd_kv_sum_kind_t once chosen, else -1 */
     uint64_t last_d_msg_ns;     /* decode's lease keep-alive (LayerDone) */
     int backpressured;          /* a post was refused (logged once) */
+    /* fault point prefill.pause_after_layer (common/epd_fault.h): this
+     * transfer is the one that stops the process once its later layers are
+     * computed (0: not armed for it) */
+    int fault_pause;
 };
 
 /* -------------------------------------------------------------- request */
@@ -353,8 +358,6 @@ typedef struct epd_prefill_srv {
     /* the embedding region (the media part's; embed_slots 0 = none) */
     uint64_t embed_slot_bytes; /* image_embeddings * embed_dim * 4 */
     epd_xport_mr_t *embed_mr;
-    unsigned char embed_rkey[EPD_XPORT_RKEY_MAX];
-    size_t embed_rkey_len;
     epd_prefill_eslot_t *eslots; /* [embed_slots] */
     epd_prefill_waiter_t *wait_head, *wait_tail; /* waiting for slots, in arrival order */
     int embed_room; /* a slot came free: the pump places the waiting */
@@ -556,7 +559,12 @@ uint32_t epd__prefill_media_quiesced(epd_prefill_srv_t *srv, uint64_t id, const 
 int epd__prefill_media_late(epd_prefill_srv_t *srv, const Epd__EmbedComplete *ec,
                             const Epd__Envelope *env);
 /* Encoder `peer` is dead and every endpoint of it closed: its quarantined
- * slots are free. */
+ * slots are free once its fence settled (epd_peer_fenced), else held. */
 void epd__prefill_media_encoder_gone(epd_prefill_srv_t *srv, epd_peer_t *peer);
+/* Tick: frees quarantined slots of retired encoders whose fence settled;
+ * asks the others to confirm (epd_peer_ask_quiesced). */
+void epd__prefill_media_tick(epd_prefill_srv_t *srv, uint64_t now_ns);
+/* Slots held in quarantine now (Load.quarantined). */
+uint32_t epd__prefill_media_quarantined(const epd_prefill_srv_t *srv);
 
 #endif

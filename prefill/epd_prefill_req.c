@@ -125,8 +125,18 @@ static void epd_prefill_send_owed(epd_prefill_srv_t *srv, epd_prefill_req_t *req
         req->owe &= ~EPD_PREFILL_TELL_CLIENT;
     }
     if (!epd_peer_usable(req->peer)) {
-        /* nothing of ours lands there any more (its links close) */
-        req->owe &= ~(EPD_PREFILL_TELL_DECODE | EPD_PREFILL_QUIESCE);
+        /* its links are gone.  It may still hold memory for our writes in
+         * quarantine (a retired writer's one-sided writes are not stopped
+         * by closing endpoints): once every write of ours for this request
+         * completed, the daemon tells that incarnation so on a new link
+         * (rule 28) */
+        req->owe &= ~EPD_PREFILL_TELL_DECODE;
+        if ((req->owe & EPD_PREFILL_QUIESCE) != 0 && req->xfer.writes_inflight == 0) {
+            if (req->peer != NULL) {
+                epd_peer_owe_quiesced(req->peer, req->id);
+            }
+            req->owe &= ~EPD_PREFILL_QUIESCE;
+        }
         return;
     }
     dl = epd_peer_link(req->peer);
@@ -778,9 +788,11 @@ void epd__prefill_req_on_peer_dead(void *arg, epd_peer_t *peer, epd_status_t sta
     for (epd_prefill_req_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
          req = epd_reqtab_next_req(&srv->reqs, req)) {
         if (req->peer == peer) {
-            /* keys unpacked on its link die when the link closes */
+            /* keys unpacked on its link die when the link closes; it hears
+             * WritesQuiesced once our writes for it completed (rule 28) */
             epd__prefill_xfer_forget_key(&req->xfer);
-            epd_prefill_fail(srv, req, EPD_ERR_PEER_DEAD, msg, EPD_PREFILL_TELL_CLIENT, NULL);
+            epd_prefill_fail(srv, req, EPD_ERR_PEER_DEAD, msg,
+                             EPD_PREFILL_TELL_CLIENT | EPD_PREFILL_QUIESCE, NULL);
             continue;
         }
         for (uint32_t i = 0; i < req->n_media; i++) {
@@ -854,6 +866,7 @@ void epd__prefill_req_on_tick(void *arg, uint64_t now)
     if (epd_daemon_stopping(srv->d)) {
         return;
     }
+    epd__prefill_media_tick(srv, now); /* retired encoders' quarantined slots */
     for (epd_prefill_req_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
          req = epd_reqtab_next_req(&srv->reqs, req)) {
         if (req->state == EPD_PREFILL_REQ_FAILED || req->state == EPD_PREFILL_REQ_LANDING) {

@@ -66,6 +66,7 @@ static void epd_prefill_load(void *arg, epd_daemon_load_t *load_p)
     load_p->state_slots_free = srv->n_free_slots;
     load_p->running_requests = epd_reqtab_count(&srv->reqs);
     load_p->kv_bytes_sent = srv->kv_bytes_sent;
+    load_p->quarantined = epd__prefill_media_quarantined(srv);
 }
 
 /* A SIGTERM drain ends when no request is left (none queued for compute,

@@ -253,6 +253,43 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                                    w->info.worker_id, w->hb_kv_blocks_free);
         }
     }
+    /* the fence (proto/README.md "Late writes: the fence") */
+    epd_router_text_printf(t, "# HELP epd_router_worker_quarantined Memory a worker holds for "
+                              "writers that may still write into it: decode KV blocks, prefill "
+                              "embedding slots (its last heartbeat)\n"
+                              "# TYPE epd_router_worker_quarantined gauge\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD) {
+            epd_router_text_printf(
+                t, "epd_router_worker_quarantined{worker=\"%s\",pool=\"%s\"} %u\n",
+                w->info.worker_id, epd_router_pool_name(epd_router_pool_of(w->info.role)),
+                w->hb_quarantined);
+        }
+    }
+    epd_router_text_printf(t, "# HELP epd_router_worker_late_writes_refused_total Writes a worker "
+                              "refused: from a retired writer, or outside what it was granted "
+                              "(its last heartbeat; per incarnation)\n"
+                              "# TYPE epd_router_worker_late_writes_refused_total counter\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD) {
+            epd_router_text_printf(
+                t, "epd_router_worker_late_writes_refused_total{worker=\"%s\",pool=\"%s\"} %llu\n",
+                w->info.worker_id, epd_router_pool_name(epd_router_pool_of(w->info.role)),
+                (unsigned long long)w->hb_late_writes_refused);
+        }
+    }
+    epd_router_text_printf(t, "# HELP epd_router_worker_grants_held Retired writers a worker waits "
+                              "on: they may still write without its check until their process "
+                              "ends or they confirm (its last heartbeat)\n"
+                              "# TYPE epd_router_worker_grants_held gauge\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD) {
+            epd_router_text_printf(
+                t, "epd_router_worker_grants_held{worker=\"%s\",pool=\"%s\"} %u\n",
+                w->info.worker_id, epd_router_pool_name(epd_router_pool_of(w->info.role)),
+                w->hb_grants_held);
+        }
+    }
     /* the autoscalers' signals (deploy/k8s): decode KV usage needs the
      * total beside the free count; prefill backlog is queued prompt tokens */
     epd_router_text_printf(t, "# HELP epd_router_worker_kv_blocks KV blocks of a decode "

@@ -85,6 +85,11 @@ typedef struct epd_router_worker {
     uint64_t hb_kv_bytes_sent;     /* data-plane counters (monotonic per incarnation) */
     uint64_t hb_kv_bytes_received;
     uint32_t hb_links[4]; /* its links to other workers by class: shm, tcp, rdma, other */
+    /* the fence (proto/README.md "Late writes: the fence"): memory held
+     * for writers that may still write, late writes refused, grants held */
+    uint32_t hb_quarantined;
+    uint64_t hb_late_writes_refused;
+    uint32_t hb_grants_held;
     /* router-side load */
     uint32_t inflight;      /* requests sent here, not yet ended */
     uint64_t queued_tokens; /* prefill: prompt tokens not yet past their first token */

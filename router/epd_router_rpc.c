@@ -280,6 +280,9 @@ static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_le
             w->hb_links[1] = hb->load->links_tcp;
             w->hb_links[2] = hb->load->links_rdma;
             w->hb_links[3] = hb->load->links_other;
+            w->hb_quarantined = hb->load->quarantined;
+            w->hb_late_writes_refused = hb->load->late_writes_refused;
+            w->hb_grants_held = hb->load->grants_held;
             if (hb->load->kv_bytes_sent > w->hb_kv_bytes_sent) {
                 rt->m.kv_bytes_sent += hb->load->kv_bytes_sent - w->hb_kv_bytes_sent;
                 w->hb_kv_bytes_sent = hb->load->kv_bytes_sent;
@@ -482,6 +485,9 @@ static int epd_router_status(epd_router_t *rt, void **resp_p, size_t *resp_len_p
         q->load.links_tcp = w->hb_links[1];
         q->load.links_rdma = w->hb_links[2];
         q->load.links_other = w->hb_links[3];
+        q->load.quarantined = w->hb_quarantined;
+        q->load.late_writes_refused = w->hb_late_writes_refused;
+        q->load.grants_held = w->hb_grants_held;
         q->cap.kv_blocks_total = w->info.kv_blocks_total;
         q->cap.block_tokens = w->info.block_tokens;
         q->cap.state_slots_total = w->info.state_slots_total;
