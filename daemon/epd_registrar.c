@@ -62,6 +62,7 @@ struct epd_registrar {
     atomic_uint seq;
     atomic_uint_fast32_t l_queue_depth, l_kv_blocks_free, l_state_slots_free, l_running;
     atomic_uint_fast64_t l_queued_tokens, l_bytes_sent, l_bytes_received;
+    atomic_uint_fast64_t l_preemptions, l_recomputed, l_wasted;
     atomic_int l_draining;
     /* thread -> loop */
     atomic_int drain_posted; /* drain reported to the loop (once) */
@@ -86,6 +87,9 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
     atomic_store_explicit(&reg->l_running, load->running_requests, memory_order_relaxed);
     atomic_store_explicit(&reg->l_bytes_sent, load->kv_bytes_sent, memory_order_relaxed);
     atomic_store_explicit(&reg->l_bytes_received, load->kv_bytes_received, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_preemptions, load->preemptions, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_recomputed, load->recomputed_tokens, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_wasted, load->wasted_prefill_tokens, memory_order_relaxed);
     atomic_store_explicit(&reg->l_draining, load->draining != 0, memory_order_relaxed);
     atomic_store_explicit(&reg->seq, s + 2, memory_order_release);
 }
@@ -114,6 +118,11 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
         l.kv_bytes_sent = (uint64_t)atomic_load_explicit(&reg->l_bytes_sent, memory_order_relaxed);
         l.kv_bytes_received =
             (uint64_t)atomic_load_explicit(&reg->l_bytes_received, memory_order_relaxed);
+        l.preemptions = (uint64_t)atomic_load_explicit(&reg->l_preemptions, memory_order_relaxed);
+        l.recomputed_tokens =
+            (uint64_t)atomic_load_explicit(&reg->l_recomputed, memory_order_relaxed);
+        l.wasted_prefill_tokens =
+            (uint64_t)atomic_load_explicit(&reg->l_wasted, memory_order_relaxed);
         l.draining = atomic_load_explicit(&reg->l_draining, memory_order_relaxed);
         atomic_thread_fence(memory_order_acquire);
         s2 = atomic_load_explicit(&reg->seq, memory_order_relaxed);
@@ -273,7 +282,7 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     Epd__Epoch epoch = EPD__EPOCH__INIT;
     Epd__Load load = EPD__LOAD__INIT;
     epd_registrar_load_t l;
-    unsigned char buf[256];
+    unsigned char buf[512];
     void *resp = NULL;
     size_t len = 0, n;
     char err[EPD_REG_ERR_CAP] = "";
@@ -292,12 +301,16 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     load.running_requests = l.running_requests;
     load.kv_bytes_sent = l.kv_bytes_sent;
     load.kv_bytes_received = l.kv_bytes_received;
+    load.preemptions = l.preemptions;
+    load.recomputed_tokens = l.recomputed_tokens;
+    load.wasted_prefill_tokens = l.wasted_prefill_tokens;
     load.draining = l.draining != 0;
     hb.worker_id = reg->worker_id;
     hb.epoch = &epoch;
     hb.load = &load;
     n = protobuf_c_message_get_packed_size(&hb.base);
-    if (n > sizeof(buf)) { /* a 127-byte id and five varints: cannot happen */
+    if (n > sizeof(buf)) { /* a 127-byte id, an epoch and a Load of
+                            * 11 varints: under 320 bytes */
         snprintf(why, why_cap, "heartbeat too large");
         return -1;
     }

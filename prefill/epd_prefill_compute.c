@@ -47,6 +47,7 @@ typedef struct {
     epd_prefill_compute_t *c;
     epd_prefill_job_t *job;
     uint64_t layer_start_ns; /* the current layer's compute started here */
+    int hold;                /* a resume: layers are handed over after the decode tail */
 } epd_prefill_sink_ctx_t;
 
 /* Compute thread: hands one event to the loop (the hand-off retries with
@@ -81,6 +82,17 @@ static uint64_t epd_prefill_compute_layer_sum(epd_prefill_compute_t *c, const ep
     return epd_hash_state_digest(c->hash);
 }
 
+/* Layer `layer` of the job is final in the local pool: its checksum, and
+ * the event that hands it to the loop. */
+static void epd_prefill_compute_hand_over(epd_prefill_compute_t *c, epd_prefill_job_t *job,
+                                          uint32_t layer)
+{
+    if (job->layer_sums != NULL) {
+        job->layer_sums[layer] = epd_prefill_compute_layer_sum(c, &job->seq, layer);
+    }
+    epd_prefill_compute_emit(c, &job->layer_evs[layer]);
+}
+
 /* The engine's layer-done sink, on the compute thread: push, wake, and stop
  * at this layer boundary when the loop canceled the request.  Nothing else:
  * the writes are posted by the loop thread. */
@@ -94,9 +106,6 @@ static epd_status_t epd_prefill_compute_sink(void *ctx, uint32_t layer,
     if (layer >= s->c->info->kv.n_layers) {
         return EPD_ERR_FATAL;
     }
-    if (s->job->layer_sums != NULL) {
-        s->job->layer_sums[layer] = epd_prefill_compute_layer_sum(s->c, &s->job->seq, layer);
-    }
     if (s->job->trace != NULL) {
         /* one clock read per layer: the span ends where the next begins */
         now = epd_time_now_ns();
@@ -105,7 +114,9 @@ static epd_status_t epd_prefill_compute_sink(void *ctx, uint32_t layer,
         s->layer_start_ns = now;
         s->job->done_ev->layer_end_ns = now;
     }
-    epd_prefill_compute_emit(s->c, &s->job->layer_evs[layer]);
+    if (!s->hold) {
+        epd_prefill_compute_hand_over(s->c, s->job, layer);
+    }
     if (atomic_load_explicit(s->job->cancel, memory_order_acquire)) {
         return EPD_ERR_CANCELED;
     }
@@ -133,9 +144,37 @@ static void epd_prefill_compute_clear_tail(epd_prefill_compute_t *c, const epd_p
     }
 }
 
+/* A resume's tail (rule 28): the generated tokens through the decode path,
+ * one at a time at their positions (batch-invariant: what decode computed
+ * for them, bit for bit), then every layer handed over.  The logits of the
+ * last one are left in c->logits. */
+static epd_status_t epd_prefill_compute_tail(epd_prefill_compute_t *c, epd_prefill_job_t *job)
+{
+    uint32_t first = job->n_tokens - job->n_decode;
+    uint64_t t0 = epd_time_now_ns();
+    epd_status_t status = EPD_OK;
+
+    for (uint32_t j = 0; status == EPD_OK && j < job->n_decode; j++) {
+        epd_decode_req_t r = {.seq = job->seq, .pos = first + j, .token = job->tokens[first + j]};
+
+        if (atomic_load_explicit(job->cancel, memory_order_acquire)) {
+            return EPD_ERR_CANCELED;
+        }
+        status = epd_engine_decode(c->engine, &c->pool, &r, 1, c->logits);
+    }
+    if (job->trace != NULL) {
+        epd_trace_span(job->trace, "decode tail (resume)", "compute", job->seq.req_id, -1, t0,
+                       epd_time_now_ns());
+    }
+    for (uint32_t l = 0; status == EPD_OK && l < c->info->kv.n_layers; l++) {
+        epd_prefill_compute_hand_over(c, job, l);
+    }
+    return status;
+}
+
 static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t *job)
 {
-    epd_prefill_sink_ctx_t sctx = {.c = c, .job = job};
+    epd_prefill_sink_ctx_t sctx = {.c = c, .job = job, .hold = job->n_decode > 0};
     epd_engine_sink_t sink = {.cb = epd_prefill_compute_sink, .ctx = &sctx};
     epd_prefill_args_t args;
     epd_prefill_ev_t *ev = job->done_ev;
@@ -157,16 +196,20 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
         memset(&args, 0, sizeof(args));
         args.seq = job->seq;
         args.tokens = job->tokens;
-        args.n_tokens = job->n_tokens;
+        args.n_tokens = job->n_tokens - job->n_decode;
         args.start = 0;
         args.embeds = job->embeds;
         args.n_embeds = job->n_embeds;
         epd_prefill_compute_clear_tail(c, job);
         status = epd_engine_prefill(c->engine, &c->pool, &args, &sink, c->logits);
+        if (status == EPD_OK && job->n_decode > 0) {
+            status = epd_prefill_compute_tail(c, job);
+        }
         if (status == EPD_OK) {
-            /* step 0 of the stateless sampler: the colocated first token */
-            status = epd_sample_token(&job->sample, c->scratch, c->logits, c->info->vocab_size, 0,
-                                      &token);
+            /* step n_decode of the stateless sampler (0: the colocated first
+             * token; a resume's: the token the stream continues with) */
+            status = epd_sample_token(&job->sample, c->scratch, c->logits, c->info->vocab_size,
+                                      job->n_decode, &token);
         }
     }
     ev->status = status;

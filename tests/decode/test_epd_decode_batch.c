@@ -143,7 +143,6 @@ static void disagg_prefill(epd_engine_t *engine, const epd_kv_pool_t *pool, breq
     memset(&r->seq, 0, sizeof(r->seq));
     r->seq.req_id = id;
     r->seq.block_table = r->table;
-    r->seq.n_blocks = n_blocks;
     r->seq.slot = slot;
     r->seq.n_prompt = r->n_prompt;
     r->seq.max_tokens = r->max_tokens;
@@ -151,7 +150,7 @@ static void disagg_prefill(epd_engine_t *engine, const epd_kv_pool_t *pool, breq
     r->seq.stop_ids = r->stop;
     r->seq.n_stop = r->n_stop;
     r->seq.tokens = r->tokens;
-    epd_decode_seq_init(&r->seq);
+    epd_decode_seq_init(&r->seq, 1, n_blocks);
     r->tokens[0] = tok;
     r->seen = 1;
     epd_free(logits);
