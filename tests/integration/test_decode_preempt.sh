@@ -32,10 +32,17 @@ run_cluster() {
   D=${!da}
 }
 
-# preempted_burst SAMPLING: 10 long requests at once; all must succeed.
+# preempted_burst SAMPLING: 10 long requests at once; all must succeed,
+# and the decode worker itself (its Status, not a heartbeat) counts
+# preemptions during this very burst: these answers went through a resume.
 preempted_burst() {
+  local before after
+  before=$(status_field "$D" preemptions)
   router_client burst "$H" "$T/$MODEL" "$G" --count 10 --max-tokens 160 --min-tokens 120 \
     --prompts 8 --sampling "$1" --no-429 || fail "a preempted request's answer ($1 sampling)"
+  after=$(status_field "$D" preemptions)
+  echo "decode preemptions during the $1 burst: $((after - before))"
+  [ "${after:-0}" -gt "${before:-0}" ] || fail "no request was preempted in the $1 burst"
 }
 
 # metric_positive NAME: waits (heartbeats) until the router's counter > 0.
