@@ -7,8 +7,9 @@
 # stopped.  Every answer — greedy and seeded, streaming and not, completions
 # and chat — equals epd-generate's (one uninterrupted stream, the same
 # tokens); the router's /metrics count preemptions and recomputed tokens;
-# no block is held at the end.  Then the same with a model without linear
-# layers (no state slot to rebuild).
+# no block is held at the end; clients that leave mid-burst leave no block
+# held either.  Then the same with a model without linear layers (no state
+# slot to rebuild).
 source "$(dirname "$0")/lib.sh"
 
 G="$BIN/epd-generate"
@@ -56,6 +57,31 @@ metric_positive() {
   fail "$1 is ${n:-absent} after the burst"
 }
 
+# clients_leave: 10 long streams at once; once the decode worker has
+# preempted one of them, every client disconnects (the client process is
+# killed): the requests — running, preempted, or being prefilled again —
+# are aborted, no block stays held, and the worker serves on.
+clients_leave() {
+  local before now i pid
+  before=$(status_field "$D" preemptions)
+  "$PYTHON3" "$(dirname "$0")/epd_router_client.py" burst "$H" "$T/$MODEL" "$G" --count 10 \
+    --max-tokens 160 --min-tokens 120 --prompts 8 --sampling seeded --no-429 \
+    >"$T/leave.out" 2>&1 &
+  pid=$!
+  for i in $(seq 1 600); do
+    now=$(status_field "$D" preemptions)
+    [ "${now:-0}" -gt "${before:-0}" ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ "${now:-0}" -gt "${before:-0}" ] || fail "no preemption before the clients left"
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  wait_blocks_free "$D" 60
+  n=$(status_field "$D" running_requests)
+  [ "${n:-1}" = 0 ] || fail "decode still runs $n requests after every client left"
+}
+
 for MODEL in hybrid dense; do
   if [ "$MODEL" = hybrid ]; then
     run_cluster hybrid "${TINY_MODEL_FLAGS[@]}"
@@ -67,6 +93,12 @@ for MODEL in hybrid dense; do
   preempted_burst greedy
   note "$MODEL: seeded requests preempted and resumed"
   preempted_burst seeded
+  if [ "$MODEL" = hybrid ]; then
+    note "$MODEL: clients leave while their requests are preempted and resumed"
+    clients_leave
+    note "$MODEL: and the worker serves on"
+    preempted_burst greedy
+  fi
   metric_positive epd_router_decode_preemptions_total
   metric_positive epd_router_decode_recomputed_tokens_total
   n=$(router_metric "$H" 'epd_router_worker_preemptions_total{worker="decode-'"$MODEL"'"}')
