@@ -284,6 +284,16 @@ static void epd_daemon_on_tick(uv_timer_t *timer)
         epd__link_flush_all(d);
     }
     d->ops.on_tick(d->cfg.arg, epd_time_now_ns());
+    if (d->term_drain && !d->stopping) {
+        if (d->ops.idle(d->cfg.arg)) {
+            epd_log_info(d->log, 0, "drained: nothing left running; stopping");
+            epd_daemon_stop(d);
+        } else if (epd_time_now_ns() >= d->term_deadline_ns) {
+            epd_log_warn(d->log, 0, "drain grace (%lld ms) over with requests still running: "
+                         "stopping anyway", (long long)d->fl->drain_grace_ms);
+            epd_daemon_stop(d);
+        }
+    }
 }
 
 /* ------------------------------------------------------------------- trace */
@@ -350,6 +360,19 @@ static void epd_daemon_on_signal(uv_signal_t *sig, int signum)
 {
     epd_daemon_t *d = sig->data;
 
+    if (signum == SIGTERM && !d->term_drain && d->fl->drain_grace_ms > 0) {
+        /* as a kubelet expects: take no new work, let the running finish
+         * (the tick stops the daemon once the role is idle) */
+        d->term_drain = 1;
+        d->term_deadline_ns =
+            epd_time_now_ns() + (uint64_t)d->fl->drain_grace_ms * EPD_NSEC_PER_MSEC;
+        epd_log_info(d->log, 0,
+                     "SIGTERM: draining for at most %lld ms, then stopping (SIGTERM again or "
+                     "SIGINT: stop now)",
+                     (long long)d->fl->drain_grace_ms);
+        epd_daemon_drain(d, "SIGTERM");
+        return;
+    }
     epd_log_info(d->log, 0,
                  "signal %d: stopping (%llu refusals, %llu undecodable frames since "
                  "start)",
@@ -381,53 +404,6 @@ static void epd_daemon_model_basename(epd_daemon_t *d, const char *model)
     snprintf(d->model_name, sizeof(d->model_name), "%.*s", (int)(end - start), start);
 }
 
-/*
- * The cluster secret, or — without one — the loopback-only rule: a daemon
- * that cannot tell members from strangers serves only its own host.  The
- * control port must be a loopback address; UCX's network devices are
- * narrowed to lo (libfabric binds 127.0.0.1 by default).
- */
-static epd_status_t epd_daemon_membership(epd_daemon_t *d)
-{
-    const epd_daemon_flags_t *fl = d->fl;
-    char host[EPD_ADDR_HOST_MAX];
-    const char *devs;
-    char why[256];
-    uint16_t port;
-    epd_status_t st;
-
-    if (fl->cluster_secret_file != NULL && fl->cluster_secret_file[0] != '\0') {
-        st = epd_secret_load(fl->cluster_secret_file, &d->secret, why, sizeof(why));
-        if (st != EPD_OK) {
-            epd_log_error(d->log, 0, "--cluster-secret-file: %s", why);
-        }
-        return st;
-    }
-    if (epd_addr_split(fl->control_addr, host, sizeof(host), &port, NULL) != EPD_OK ||
-        !epd_addr_is_loopback(host)) {
-        epd_log_error(d->log, 0,
-                      "--control-addr %s is not a loopback address: without "
-                      "--cluster-secret-file a daemon serves its own host only",
-                      fl->control_addr);
-        return EPD_ERR_CONFIG;
-    }
-    devs = getenv("UCX_NET_DEVICES");
-    if (devs == NULL || devs[0] == '\0') {
-        setenv("UCX_NET_DEVICES", "lo", 1);
-    } else if (strcmp(devs, "lo") != 0) {
-        epd_log_error(d->log, 0,
-                      "UCX_NET_DEVICES=%s reaches beyond loopback: without "
-                      "--cluster-secret-file a daemon serves its own host only",
-                      devs);
-        return EPD_ERR_CONFIG;
-    }
-    epd_log_info(d->log, 0,
-                 "no cluster secret: serving this host only (control %s, data plane on "
-                 "loopback); give every member --cluster-secret-file to serve other hosts",
-                 fl->control_addr);
-    return EPD_OK;
-}
-
 static epd_status_t epd_daemon_make_xport(epd_daemon_t *d)
 {
     const epd_daemon_flags_t *fl = d->fl;
@@ -438,6 +414,7 @@ static epd_status_t epd_daemon_make_xport(epd_daemon_t *d)
     xc.backend = fl->transport;
     xc.expect = fl->expect;
     xc.provider = fl->provider;
+    xc.bind_host = d->data_host; /* ofi binds it; ucx runs on its interface */
     xc.max_msg_size = d->cfg.max_msg_size;
     if (d->cfg.max_inflight > 0) {
         xc.max_inflight = d->cfg.max_inflight;
@@ -536,7 +513,7 @@ epd_status_t epd_daemon_create(const epd_daemon_config_t *config, epd_daemon_t *
         snprintf(d->trace_thread, sizeof(d->trace_thread), "%s loop", d->log);
         epd_trace_thread_name(d->trace, d->trace_thread);
     }
-    st = epd_daemon_membership(d);
+    st = epd__daemon_addresses(d);
     if (st != EPD_OK) {
         goto err_destroy;
     }
@@ -586,10 +563,8 @@ static int epd_daemon_ready_file(const char *path, const char *line)
 static epd_status_t epd_daemon_start(epd_daemon_t *d, const char *ready_prefix)
 {
     const epd_daemon_flags_t *fl = d->fl;
-    char control[EPD_ADDR_MAX];
     char line[1024];
     char desc[512];
-    uint16_t port;
     epd_status_t st;
 
     if (d->dx != NULL) {
@@ -603,28 +578,25 @@ static epd_status_t epd_daemon_start(epd_daemon_t *d, const char *ready_prefix)
             return st;
         }
     }
-    st = epd_addr_split(fl->control_addr, d->control_host, sizeof(d->control_host), &port, NULL);
+    st = epd_rpc_server_create(&d->loop, d->control_bind, epd__daemon_on_rpc, d, &d->rpc);
     if (st != EPD_OK) {
-        epd_log_error(d->log, 0, "--control-addr '%s': want HOST:PORT", fl->control_addr);
-        return st;
-    }
-    st = epd_rpc_server_create(&d->loop, fl->control_addr, epd__daemon_on_rpc, d, &d->rpc);
-    if (st != EPD_OK) {
-        epd_log_error(d->log, 0, "cannot serve the control plane on %s: %s", fl->control_addr,
+        epd_log_error(d->log, 0, "cannot serve the control plane on %s: %s", d->control_bind,
                       epd_status_string(st));
         return st;
     }
     d->rpc_port = epd_rpc_server_port(d->rpc);
+    /* what the ready line, the registration and Health tell others */
+    (void)epd_addr_join(d->advertise_host, (uint16_t)d->rpc_port, d->control_advertised,
+                        sizeof(d->control_advertised));
     uv_timer_start(&d->tick, epd_daemon_on_tick, d->cfg.tick_ms, d->cfg.tick_ms);
     uv_signal_start(&d->sigterm, epd_daemon_on_signal, SIGTERM);
     uv_signal_start(&d->sigint, epd_daemon_on_signal, SIGINT);
     uv_signal_start(&d->sigusr1, epd_daemon_on_sigusr1, SIGUSR1);
 
-    (void)epd_addr_join(d->control_host, (uint16_t)d->rpc_port, control, sizeof(control));
     snprintf(line, sizeof(line), "%s%scontrol=%s pid=%d worker=%s transport=%s\n",
              ready_prefix != NULL ? ready_prefix : "",
-             ready_prefix != NULL && ready_prefix[0] != '\0' ? " " : "", control, (int)getpid(),
-             d->worker_id, fl->transport);
+             ready_prefix != NULL && ready_prefix[0] != '\0' ? " " : "", d->control_advertised,
+             (int)getpid(), d->worker_id, fl->transport);
     if (d->dx != NULL) {
         epd_xport_describe(d->dx, desc, sizeof(desc));
         epd_log_info(d->log, 0, "transport %s", desc);
@@ -636,7 +608,7 @@ static epd_status_t epd_daemon_start(epd_daemon_t *d, const char *ready_prefix)
         return EPD_ERR_CONFIG;
     }
     epd_log_info(d->log, 0, "ready: %.*s", (int)strlen(line) - 1, line);
-    return epd__daemon_register(d, control);
+    return epd__daemon_register(d, d->control_advertised);
 }
 
 epd_status_t epd_daemon_serve(epd_daemon_t *d, const char *ready_prefix)
@@ -811,6 +783,16 @@ void epd_daemon_address(const epd_daemon_t *d, const void **addr_p, size_t *len_
 int epd_daemon_control_port(const epd_daemon_t *d)
 {
     return d->rpc_port;
+}
+
+const char *epd_daemon_advertise_host(const epd_daemon_t *d)
+{
+    return d->advertise_host;
+}
+
+const char *epd_daemon_data_host(const epd_daemon_t *d)
+{
+    return d->data_host;
 }
 
 void epd_daemon_set_capacity(epd_daemon_t *d, const epd_daemon_capacity_t *cap)

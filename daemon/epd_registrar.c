@@ -64,6 +64,7 @@ struct epd_registrar {
     atomic_uint_fast64_t l_queued_tokens, l_bytes_sent, l_bytes_received;
     atomic_uint_fast64_t l_preemptions, l_recomputed, l_wasted;
     atomic_int l_draining;
+    atomic_uint_fast32_t l_links[EPD_REGISTRAR_LINK_CLASSES];
     /* thread -> loop */
     atomic_int drain_posted; /* drain reported to the loop (once) */
     atomic_int drain_delivered;
@@ -91,6 +92,9 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
     atomic_store_explicit(&reg->l_recomputed, load->recomputed_tokens, memory_order_relaxed);
     atomic_store_explicit(&reg->l_wasted, load->wasted_prefill_tokens, memory_order_relaxed);
     atomic_store_explicit(&reg->l_draining, load->draining != 0, memory_order_relaxed);
+    for (int i = 0; i < EPD_REGISTRAR_LINK_CLASSES; i++) {
+        atomic_store_explicit(&reg->l_links[i], load->links[i], memory_order_relaxed);
+    }
     atomic_store_explicit(&reg->seq, s + 2, memory_order_release);
 }
 
@@ -124,6 +128,9 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
         l.wasted_prefill_tokens =
             (uint64_t)atomic_load_explicit(&reg->l_wasted, memory_order_relaxed);
         l.draining = atomic_load_explicit(&reg->l_draining, memory_order_relaxed);
+        for (int i = 0; i < EPD_REGISTRAR_LINK_CLASSES; i++) {
+            l.links[i] = (uint32_t)atomic_load_explicit(&reg->l_links[i], memory_order_relaxed);
+        }
         atomic_thread_fence(memory_order_acquire);
         s2 = atomic_load_explicit(&reg->seq, memory_order_relaxed);
         if (s1 == s2) {
@@ -305,12 +312,16 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     load.recomputed_tokens = l.recomputed_tokens;
     load.wasted_prefill_tokens = l.wasted_prefill_tokens;
     load.draining = l.draining != 0;
+    load.links_shm = l.links[EPD_REGISTRAR_LINK_SHM];
+    load.links_tcp = l.links[EPD_REGISTRAR_LINK_TCP];
+    load.links_rdma = l.links[EPD_REGISTRAR_LINK_RDMA];
+    load.links_other = l.links[EPD_REGISTRAR_LINK_OTHER];
     hb.worker_id = reg->worker_id;
     hb.epoch = &epoch;
     hb.load = &load;
     n = protobuf_c_message_get_packed_size(&hb.base);
     if (n > sizeof(buf)) { /* a 127-byte id, an epoch and a Load of
-                            * 11 varints: under 320 bytes */
+                            * 15 varints: under 350 bytes */
         snprintf(why, why_cap, "heartbeat too large");
         return -1;
     }

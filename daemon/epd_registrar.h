@@ -42,6 +42,15 @@
 
 typedef struct epd_registrar epd_registrar_t;
 
+/* Classes of the lanes of a worker's links (epd.Load links_*). */
+enum {
+    EPD_REGISTRAR_LINK_SHM,
+    EPD_REGISTRAR_LINK_TCP,
+    EPD_REGISTRAR_LINK_RDMA,
+    EPD_REGISTRAR_LINK_OTHER,
+    EPD_REGISTRAR_LINK_CLASSES
+};
+
 /* The fields of epd.Load the daemon reports. */
 typedef struct {
     uint32_t queue_depth;   /* requests waiting */
@@ -57,6 +66,9 @@ typedef struct {
     uint64_t recomputed_tokens;
     uint64_t wasted_prefill_tokens;
     int draining;               /* the worker takes no new work */
+    /* live endpoints this worker opened to other workers, by lane class
+     * (filled by the daemon, not the role) */
+    uint32_t links[EPD_REGISTRAR_LINK_CLASSES];
 } epd_registrar_load_t;
 
 /* Loop thread: write the daemon's current load into *load_p. */

@@ -204,6 +204,15 @@ static void epd_decode_on_stop(void *arg)
                  (unsigned long long)srv->preemptions, (unsigned long long)srv->recomputed_tokens);
 }
 
+/* A SIGTERM drain ends when no request is left (reserved, receiving KV,
+ * waiting for the batch or decoding). */
+static int epd_decode_idle(void *arg)
+{
+    epd_decode_srv_t *srv = arg;
+
+    return epd_reqtab_count(&srv->reqs) == 0;
+}
+
 static const epd_daemon_ops_t epd_decode_ops = {
     .on_msg = epd__decode_on_msg,
     .on_link_down = epd__decode_req_on_link_down, /* a client's: abort its requests */
@@ -216,6 +225,7 @@ static const epd_daemon_ops_t epd_decode_ops = {
     .on_rpc = epd_daemon_op_rpc_pass,
     .on_stop = epd_decode_on_stop,
     .stopped = epd_daemon_op_stopped_now,
+    .idle = epd_decode_idle,
     .on_exit = epd_decode_on_exit,
     .setup = epd_decode_on_setup,
     .cleanup = epd_decode_on_cleanup,

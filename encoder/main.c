@@ -103,6 +103,15 @@ static void epd_encoder_cleanup(void *arg)
     epd__encoder_reqs_cleanup(srv);
 }
 
+/* A SIGTERM drain ends when no image is left (queued, encoding or being
+ * written). */
+static int epd_encoder_idle(void *arg)
+{
+    epd_encoder_srv_t *srv = arg;
+
+    return epd_reqtab_count(&srv->reqs) == 0;
+}
+
 static const epd_daemon_ops_t epd_encoder_ops = {
     .on_msg = epd__encoder_on_msg,
     .on_link_down = epd_daemon_op_link_down_none, /* images hold their client's link */
@@ -115,6 +124,7 @@ static const epd_daemon_ops_t epd_encoder_ops = {
     .on_rpc = epd_daemon_op_rpc_pass,
     .on_stop = epd__encoder_req_on_stop,
     .stopped = epd_daemon_op_stopped_now,
+    .idle = epd_encoder_idle,
     .on_exit = epd_encoder_on_exit,
     .setup = epd_encoder_setup,
     .cleanup = epd_encoder_cleanup,

@@ -563,6 +563,14 @@ static void epd_rpc_refuse_auth(epd_rpc_server_t *s, epd__rpc_call_t *c, epd_log
     epd_rpc_send_answer(c, code, why, NULL, 0);
 }
 
+/* The methods anyone may call: whether a daemon serves is no secret, and
+ * probes (a kubelet's) cannot sign. */
+static int epd_rpc_method_open(const char *method)
+{
+    return strcmp(method, EPD_RPC_HEALTH) == 0 || strcmp(method, EPD_RPC_GRPC_HEALTH_CHECK) == 0 ||
+           strcmp(method, EPD_RPC_GRPC_HEALTH_WATCH) == 0;
+}
+
 /* The cq thread: 0 when the call may go on (authenticated, or exempt);
  * otherwise it was answered. */
 static int epd_rpc_authenticate(epd_rpc_server_t *s, epd__rpc_call_t *c)
@@ -573,7 +581,7 @@ static int epd_rpc_authenticate(epd_rpc_server_t *s, epd__rpc_call_t *c)
     const char *why = "?";
     epd_status_t st;
 
-    if (auth == NULL || strcmp(c->method, EPD_RPC_HEALTH) == 0) {
+    if (auth == NULL || epd_rpc_method_open(c->method)) {
         return 0;
     }
     for (size_t i = 0; i < c->request_md.count; i++) {
@@ -677,7 +685,7 @@ static void epd_rpc_on_async(uv_async_t *handle)
         char err[256] = "";
         int code;
 
-        if (s->auth_on_loop && !c->authenticated && strcmp(c->method, EPD_RPC_HEALTH) != 0) {
+        if (s->auth_on_loop && !c->authenticated && !epd_rpc_method_open(c->method)) {
             /* taken by the cq thread before the secret was set */
             epd_rpc_refuse_auth(s, c, &s->auth_log_loop, EPD_RPC_UNAUTHENTICATED,
                                 "arrived before the server required authentication: retry");

@@ -14,8 +14,9 @@
  * tools (epd-ctl) and for daemon threads that are not the loop thread.
  *
  * Authentication (a cluster secret set on the server: every call but
- * /epd.Control/Health must prove its sender a member of the cluster, and
- * cannot be replayed).  The client sends one request metadata entry
+ * /epd.Control/Health and /grpc.health.v1.Health/ (orchestrators' probes)
+ * must prove its sender a member of the cluster, and cannot be replayed).
+ * The client sends one request metadata entry
  *
  *   x-epd-auth: v1:<unix time, ms, decimal>:<nonce, 16 random bytes, 32 hex>:<MAC, 64 hex>
  *

@@ -126,6 +126,7 @@ epd_status_t epd_client_create(const epd_client_config_t *config, epd_client_t *
     xc.backend = config->backend != NULL ? config->backend : "ucx";
     xc.expect = config->expect;
     xc.provider = config->provider;
+    xc.bind_host = config->bind_host;
     xc.max_msg_size = config->max_msg_size;
     if (config->peer_timeout_ms > 0) {
         xc.peer_timeout_ms = config->peer_timeout_ms;
@@ -257,6 +258,22 @@ const epd_client_worker_info_t *epd_client_worker_info(const epd_client_worker_t
 epd_status_t epd_client_worker_state(const epd_client_worker_t *w)
 {
     return w->state;
+}
+
+void epd_client_worker_link(epd_client_worker_t *w, char *buf, size_t len)
+{
+    char desc[512];
+
+    if (len == 0) {
+        return;
+    }
+    if (w->ep == NULL || w->state != EPD_OK) {
+        snprintf(buf, len, "down: %s", epd_status_name(w->state != EPD_OK ? w->state
+                                                                            : EPD_ERR_PEER_DEAD));
+        return;
+    }
+    epd_xport_ep_describe(w->ep, desc, sizeof(desc));
+    snprintf(buf, len, "%s: %s", epd_xport_ep_class(w->ep), desc);
 }
 
 int epd_client_poll(epd_client_t *c, int timeout_ms)

@@ -156,6 +156,7 @@ typedef struct {
     const char *backend;         /* "ucx" (default) or "ofi" */
     const char *expect;          /* NULL/"any", "shm", "tcp", "rdma" */
     const char *provider;        /* ofi provider hint, NULL = default */
+    const char *bind_host;       /* ofi: the local address to bind (NULL: 127.0.0.1) */
     uint32_t peer_timeout_ms;    /* default 3000 */
     uint32_t connect_timeout_ms; /* default 3000 */
     size_t max_msg_size;         /* default 64 KiB */
@@ -222,6 +223,11 @@ const epd_client_worker_info_t *epd_client_worker_info(const epd_client_worker_t
 
 /* EPD_OK while the worker's endpoint is usable; its failure otherwise. */
 epd_status_t epd_client_worker_state(const epd_client_worker_t *worker);
+
+/* What the client's endpoint to the worker really uses, into buf[0..len):
+ * "CLASS: LANES" (class "shm", "tcp", "rdma" or "other"; the transport's
+ * description of the lanes), "down: STATUS" once it failed.  Owner thread. */
+void epd_client_worker_link(epd_client_worker_t *worker, char *buf, size_t len);
 
 /* Images per request the client accepts (proto/README.md rule 13). */
 #define EPD_CLIENT_MEDIA_MAX 8

@@ -1,6 +1,6 @@
 /*
  * epd_router_api.c — the router's HTTP intake: the routes (the OpenAI
- * endpoints, /v1/models, /health, /metrics) and each generation request
+ * endpoints, /v1/models, /health, /ready, /metrics) and each generation request
  * up to its first attempt.
  *
  * Keys and connection limits are the HTTP server's (config.keys and the
@@ -289,6 +289,39 @@ static void epd_router_health(epd_router_t *rt, epd_http_req_t *http)
     (void)epd_http_respond(http, 200, EPD_ROUTER_JSON, body, (size_t)n);
 }
 
+/* GET /ready, for load balancers and kubelets (/health is liveness): 200
+ * only while the router can serve a request — at least one READY prefill
+ * and one READY decode worker, and a READY encoder when the model has
+ * vision (unless --ready-without-encoder: the prefill workers encode) —
+ * and is not draining; else 503 with the reason. */
+static void epd_router_ready(epd_router_t *rt, epd_http_req_t *http)
+{
+    uint32_t counts[EPD_ROUTER_POOLS][5];
+    uint32_t p, dc, e;
+    const char *why = NULL;
+    char body[384];
+    int n;
+
+    epd_router_registry_counts(&rt->reg, counts);
+    p = counts[EPD_ROUTER_POOL_PREFILL][EPD_ROUTER_READY];
+    dc = counts[EPD_ROUTER_POOL_DECODE][EPD_ROUTER_READY];
+    e = counts[EPD_ROUTER_POOL_ENCODER][EPD_ROUTER_READY];
+    if (epd_daemon_draining(rt->d)) {
+        why = "draining";
+    } else if (p == 0) {
+        why = "no READY prefill worker";
+    } else if (dc == 0) {
+        why = "no READY decode worker";
+    } else if (e == 0 && rt->info->image_embeddings > 0 && !rt->ready_without_encoder) {
+        why = "no READY encoder (the model has vision)";
+    }
+    n = snprintf(body, sizeof(body),
+                 "{\"ready\":%s,\"prefill_ready\":%u,\"decode_ready\":%u,\"encoder_ready\":%u%s%s%s}",
+                 why == NULL ? "true" : "false", p, dc, e, why != NULL ? ",\"reason\":\"" : "",
+                 why != NULL ? why : "", why != NULL ? "\"" : "");
+    (void)epd_http_respond(http, why == NULL ? 200 : 503, EPD_ROUTER_JSON, body, (size_t)n);
+}
+
 /* GET /v1/models/{id}: the model object, or 404 model_not_found. */
 static void epd_router_model(epd_router_t *rt, epd_http_req_t *http, const char *id)
 {
@@ -346,6 +379,12 @@ void epd__router_on_http(epd_http_req_t *http, void *arg)
         epd__router_respond_simple_error(rt, http, 503, "the router is shutting down");
         return;
     }
+    if (post && epd_daemon_draining(rt->d) &&
+        (strcmp(path, "/v1/completions") == 0 || strcmp(path, "/v1/chat/completions") == 0)) {
+        /* SIGTERM: what is running finishes, nothing new starts */
+        epd__router_respond_simple_error(rt, http, 503, "the router is draining");
+        return;
+    }
     if (strcmp(path, "/v1/completions") == 0 && post) {
         epd_router_generate(rt, http, EPD_OAI_COMPLETION);
     } else if (strcmp(path, "/v1/chat/completions") == 0 && post) {
@@ -364,6 +403,8 @@ void epd__router_on_http(epd_http_req_t *http, void *arg)
         epd_router_model(rt, http, path + 11);
     } else if (strcmp(path, "/health") == 0 && get) {
         epd_router_health(rt, http);
+    } else if (strcmp(path, "/ready") == 0 && get) {
+        epd_router_ready(rt, http);
     } else if (strcmp(path, "/metrics") == 0 && get) {
         epd_router_text_t t = {0};
 
@@ -380,7 +421,7 @@ void epd__router_on_http(epd_http_req_t *http, void *arg)
         epd_router_text_cleanup(&t);
     } else if (strcmp(path, "/v1/completions") == 0 || strcmp(path, "/v1/chat/completions") == 0 ||
                strcmp(path, "/v1/models") == 0 || strcmp(path, "/health") == 0 ||
-               strcmp(path, "/metrics") == 0) {
+               strcmp(path, "/ready") == 0 || strcmp(path, "/metrics") == 0) {
         rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
         epd__router_respond_simple_error(rt, http, 405, "method not allowed on this path");
     } else {

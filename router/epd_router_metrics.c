@@ -290,6 +290,26 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                                    w->info.worker_id, (unsigned long long)w->hb_preemptions);
         }
     }
+    /* the autoscalers' signals (deploy/k8s): decode KV usage needs the
+     * total beside the free count; prefill backlog is queued prompt tokens */
+    epd_router_text_printf(t, "# HELP epd_router_worker_kv_blocks KV blocks of a decode "
+                              "worker (its registration)\n"
+                              "# TYPE epd_router_worker_kv_blocks gauge\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD && w->info.role == EPD_CLIENT_ROLE_DECODE) {
+            epd_router_text_printf(t, "epd_router_worker_kv_blocks{worker=\"%s\"} %u\n",
+                                   w->info.worker_id, w->info.kv_blocks_total);
+        }
+    }
+    epd_router_text_printf(t, "# HELP epd_router_worker_queued_tokens Prompt tokens waiting on a "
+                              "prefill worker (its last heartbeat)\n"
+                              "# TYPE epd_router_worker_queued_tokens gauge\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD && w->info.role == EPD_CLIENT_ROLE_PREFILL) {
+            epd_router_text_printf(t, "epd_router_worker_queued_tokens{worker=\"%s\"} %llu\n",
+                                   w->info.worker_id, (unsigned long long)w->hb_queued_tokens);
+        }
+    }
     epd_router_text_printf(t, "# HELP epd_router_worker_kv_bytes_total KV bytes a worker moved "
                               "over the data plane (its last heartbeat; per incarnation)\n"
                               "# TYPE epd_router_worker_kv_bytes_total counter\n");

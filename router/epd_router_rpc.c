@@ -236,6 +236,8 @@ static int epd_router_register(epd_router_t *rt, const void *req, size_t req_len
     w->cw = cw;
     snprintf(w->control_addr, sizeof(w->control_addr), "%s",
              rr->control_address != NULL ? rr->control_address : "");
+    snprintf(w->data_addr, sizeof(w->data_addr), "%s",
+             rr->data_address != NULL ? rr->data_address : "");
     rt->m.registrations++;
     epd_log_info(EPD_ROUTER_LOG, 0,
                  "worker '%.100s' (%s) registered: control %s, %u KV blocks, max batch %u, epoch "
@@ -275,6 +277,10 @@ static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_le
             w->hb_kv_blocks_free = hb->load->kv_blocks_free;
             w->hb_state_slots_free = hb->load->state_slots_free;
             w->hb_running = hb->load->running_requests;
+            w->hb_links[0] = hb->load->links_shm;
+            w->hb_links[1] = hb->load->links_tcp;
+            w->hb_links[2] = hb->load->links_rdma;
+            w->hb_links[3] = hb->load->links_other;
             if (hb->load->kv_bytes_sent > w->hb_kv_bytes_sent) {
                 rt->m.kv_bytes_sent += hb->load->kv_bytes_sent - w->hb_kv_bytes_sent;
                 w->hb_kv_bytes_sent = hb->load->kv_bytes_sent;
@@ -454,6 +460,7 @@ static int epd_router_status(epd_router_t *rt, void **resp_p, size_t *resp_len_p
         Epd__Epoch epoch;
         Epd__Load load;
         Epd__Capacity cap;
+        char link[256];
     } * p;
     Epd__WorkerStatus **list;
 
@@ -489,6 +496,10 @@ static int epd_router_status(epd_router_t *rt, void **resp_p, size_t *resp_len_p
         q->load.kv_blocks_free = w->hb_kv_blocks_free;
         q->load.state_slots_free = w->hb_state_slots_free;
         q->load.running_requests = w->hb_running;
+        q->load.links_shm = w->hb_links[0];
+        q->load.links_tcp = w->hb_links[1];
+        q->load.links_rdma = w->hb_links[2];
+        q->load.links_other = w->hb_links[3];
         q->cap.kv_blocks_total = w->info.kv_blocks_total;
         q->cap.block_tokens = w->info.block_tokens;
         q->cap.state_slots_total = w->info.state_slots_total;
@@ -499,6 +510,14 @@ static int epd_router_status(epd_router_t *rt, void **resp_p, size_t *resp_len_p
         q->ws.load = &q->load;
         q->ws.capacity = &q->cap;
         q->ws.last_heartbeat_age_ms = (now - w->last_hb_ns) / 1000000ull;
+        q->ws.control_address = w->control_addr;
+        q->ws.data_address = w->data_addr;
+        if (w->cw != NULL && w->state != EPD_ROUTER_DEAD) {
+            epd_client_worker_link(w->cw, q->link, sizeof(q->link));
+        } else {
+            snprintf(q->link, sizeof(q->link), "down");
+        }
+        q->ws.link = q->link;
         list[i] = &q->ws;
     }
     s.n_workers = n;

@@ -63,6 +63,7 @@ typedef struct {
     int64_t max_body_bytes;
     const char *api_key_file;
     int allow_unauthenticated;
+    int ready_without_encoder;
     int64_t header_timeout_ms;
     int64_t max_connections_per_addr;
     int64_t max_buffered_body_bytes;
@@ -108,6 +109,24 @@ static int epd_router_stopped(void *arg)
     return rt->http == NULL;
 }
 
+/* SIGTERM (the runtime's drain): new generation requests get 503 and
+ * /ready says so; those in flight finish. */
+static void epd_router_on_drain(void *arg)
+{
+    epd_router_t *rt = arg;
+
+    epd_log_info(EPD_ROUTER_LOG, 0, "draining: %u requests in flight finish, new ones get 503",
+                 rt->n_reqs);
+}
+
+/* The drain is over when no request is left. */
+static int epd_router_idle(void *arg)
+{
+    epd_router_t *rt = arg;
+
+    return rt->n_reqs == 0;
+}
+
 /* What the start-up needs beyond the router's state: the parsed flags and
  * what main checked of them (the process holds one router). */
 static struct {
@@ -130,10 +149,11 @@ static const epd_daemon_ops_t epd_router_ops = {
     .on_pump = epd_daemon_op_pump_none,
     .on_tick = epd_router_on_tick,
     .load = epd_daemon_op_load_none, /* Health and Status are the router's own */
-    .on_drain = epd_daemon_op_none,  /* Drain names a worker: epd_router_rpc.c */
+    .on_drain = epd_router_on_drain, /* SIGTERM (a Drain RPC names a worker: epd_router_rpc.c) */
     .on_rpc = epd__router_on_rpc,
     .on_stop = epd_router_on_stop,
     .stopped = epd_router_stopped,
+    .idle = epd_router_idle,
     .on_exit = epd_daemon_op_none, /* no threads of its own */
     .setup = epd_router_setup,
     .cleanup = epd_router_cleanup,
@@ -267,6 +287,7 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
     cc.backend = dfl->transport;
     cc.expect = dfl->expect;
     cc.provider = dfl->provider;
+    cc.bind_host = epd_daemon_data_host(d); /* --data-addr, resolved */
     cc.peer_timeout_ms = (uint32_t)dfl->peer_timeout_ms;
     cc.connect_timeout_ms = (uint32_t)dfl->connect_timeout_ms;
     if (rt->info->image_embeddings > 0) {
@@ -316,7 +337,8 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
                  rt->max_retries, rt->max_queue, rt->queue_timeout_ms, dfl->transport);
     /* the ready line: "http=HOST:PORT control=... pid=... worker=...
      * transport=..." (tests and scripts read http= and control=) */
-    (void)epd_addr_join(http_host, epd_http_server_port(rt->http), http_addr, sizeof(http_addr));
+    (void)epd_addr_join(epd_addr_is_wildcard(http_host) ? epd_daemon_advertise_host(d) : http_host,
+                        epd_http_server_port(rt->http), http_addr, sizeof(http_addr));
     snprintf(prefix, sizeof(prefix), "http=%s", http_addr);
     epd_daemon_set_ready_prefix(d, prefix);
     return EPD_OK;
@@ -363,6 +385,15 @@ static int epd_router_run(const epd_daemon_flags_t *dfl, void *arg)
     }
     if (epd_addr_split(fl->listen, http_host, sizeof(http_host), &http_port, &why) != EPD_OK) {
         return epd_router_bad("listen", fl->listen, why);
+    }
+    {
+        /* resolved once: the HTTP server binds a numeric address */
+        char num[EPD_ADDR_HOST_MAX];
+
+        if (epd_addr_resolve(http_host, num, sizeof(num), &why) != EPD_OK) {
+            return epd_router_bad("listen", fl->listen, why);
+        }
+        snprintf(http_host, sizeof(http_host), "%s", num);
     }
     if (fl->served_model_name != NULL && strlen(fl->served_model_name) >= EPD_CLIENT_NAME_MAX) {
         return epd_router_bad("served-model-name", fl->served_model_name, "too long");
@@ -424,6 +455,7 @@ static int epd_router_run(const epd_daemon_flags_t *dfl, void *arg)
     rt->queue_timeout_ms = (uint32_t)fl->queue_timeout_ms;
     epd_rng_seed(&rt->rng, epd_rng_entropy());
     rt->max_images = (uint32_t)fl->max_images;
+    rt->ready_without_encoder = fl->ready_without_encoder;
     rt->max_image_bytes = (uint64_t)fl->max_image_bytes;
     rt->max_image_pixels = (uint64_t)fl->max_image_pixels;
     epd_router_start.dfl = dfl;
@@ -525,6 +557,9 @@ int main(int argc, char **argv)
          "'Authorization: Bearer KEY' (else 401); /health and /metrics stay open"},
         {"allow-unauthenticated", EPD_OPT_BOOL, &fl.allow_unauthenticated, 0, 0,
          "serve HTTP on a non-loopback --listen address without --api-key-file"},
+        {"ready-without-encoder", EPD_OPT_BOOL, &fl.ready_without_encoder, 0, 0,
+         "GET /ready needs no READY encoder for a vision model (the prefill workers encode "
+         "images themselves)"},
     };
     return epd_daemon_main("epd-router", "OpenAI-compatible HTTP front door of an epd cluster", 0,
                            opts, sizeof(opts) / sizeof(opts[0]), epd_router_run, &fl, argc, argv);

@@ -8,8 +8,13 @@
  *                   --provider STR --cluster-secret-file PATH]
  *   epd-ctl health ADDR
  *   epd-ctl status ADDR [--cluster-secret-file PATH]
- *   epd-ctl drain ADDR --worker-id ID [--cluster-secret-file PATH]
+ *   epd-ctl drain ADDR (--worker-id ID | --self) [--wait-ms MS] [--cluster-secret-file PATH]
  *   epd-ctl workers ROUTER [--cluster-secret-file PATH]
+ *   epd-ctl probe ADDR [--service NAME]
+ *
+ * probe is grpc.health.v1.Health/Check, as an orchestrator's gRPC probe
+ * calls it: prints SERVING or NOT_SERVING and exits 0 only for SERVING
+ * (a container's HEALTHCHECK, a script waiting for a daemon).
  *
  * A daemon with a cluster secret answers only Health to a caller without
  * it: status, workers and drain then need --cluster-secret-file (the same
@@ -34,9 +39,12 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "epd_alloc.h"
 #include "epd_client.h"
+#include "epd_ctl_control.h"
+#include "epd_grpc_health.pb-c.h"
 #include "epd_config.h"
 #include "epd_engine.h"
 #include "epd_log.h"
@@ -45,12 +53,9 @@
 #include "epd_secret.h"
 #include "epd_utf8.h"
 
-#define CTL_RPC_TIMEOUT_MS 5000
 
 static volatile sig_atomic_t ctl_interrupted;
 
-/* --cluster-secret-file of a control command (len 0: none); wiped at exit */
-static epd_secret_t ctl_secret;
 
 /* Consulted only by LeakSanitizer builds: UCX and libfabric keep some
  * process-wide allocations until exit; they are not epd's. */
@@ -67,47 +72,7 @@ static void ctl_on_signal(int sig)
     ctl_interrupted++;
 }
 
-static int ctl_fail(const char *what)
-{
-    fprintf(stderr, "epd-ctl: %s\n", what);
-    return 1;
-}
 
-static const char *ctl_role_name(int role)
-{
-    switch (role) {
-    case EPD__ROLE__ROLE_ENCODER:
-        return "encoder";
-    case EPD__ROLE__ROLE_PREFILL:
-        return "prefill";
-    case EPD__ROLE__ROLE_DECODE:
-        return "decode";
-    case EPD__ROLE__ROLE_ROUTER:
-        return "router";
-    case EPD__ROLE__ROLE_TOOL:
-        return "tool";
-    default:
-        return "unspecified";
-    }
-}
-
-static const char *ctl_state_name(int state)
-{
-    switch (state) {
-    case EPD__WORKER_STATE__WORKER_STATE_READY:
-        return "READY";
-    case EPD__WORKER_STATE__WORKER_STATE_DRAINING:
-        return "DRAINING";
-    case EPD__WORKER_STATE__WORKER_STATE_SUSPECT:
-        return "SUSPECT";
-    case EPD__WORKER_STATE__WORKER_STATE_DEAD:
-        return "DEAD";
-    default:
-        return "UNSPECIFIED";
-    }
-}
-
-static int ctl_load_secret(const char *path);
 
 /* ------------------------------------------------------------- submit */
 
@@ -316,7 +281,7 @@ static int ctl_submit_run(const ctl_submit_args_t *a)
         text_len = strlen(text);
     }
     if (text_len == 0) {
-        rc = ctl_fail("the prompt must not be empty");
+        rc = epd_ctl_fail("the prompt must not be empty");
         goto out;
     }
     status = epd_engine_open(a->engine, &ecfg, &s.engine);
@@ -328,12 +293,12 @@ static int ctl_submit_run(const ctl_submit_args_t *a)
     itok = epd_calloc(text_len + 1, sizeof(*itok));
     utok = epd_calloc(text_len + 1, sizeof(*utok));
     if (itok == NULL || utok == NULL) {
-        ctl_fail("out of memory");
+        epd_ctl_fail("out of memory");
         goto out;
     }
     status = epd_engine_tokenize(s.engine, text, text_len, 1, itok, text_len + 1, &n_tok);
     if (status != EPD_OK) {
-        ctl_fail("cannot tokenize the prompt");
+        epd_ctl_fail("cannot tokenize the prompt");
         goto out;
     }
     for (size_t i = 0; i < n_tok; i++) {
@@ -345,9 +310,9 @@ static int ctl_submit_run(const ctl_submit_args_t *a)
     cc.expect = a->expect;
     cc.provider = a->provider;
     cc.rpc_timeout_ms = CTL_RPC_TIMEOUT_MS;
-    if (ctl_secret.len > 0) {
-        cc.secret = ctl_secret.bytes;
-        cc.secret_len = ctl_secret.len;
+    if (epd_ctl_secret.len > 0) {
+        cc.secret = epd_ctl_secret.bytes;
+        cc.secret_len = epd_ctl_secret.len;
     }
     cc.event_cb = ctl_on_event;
     cc.cb_arg = &s;
@@ -370,12 +335,12 @@ static int ctl_submit_run(const ctl_submit_args_t *a)
     }
     if (epd_client_worker_info(pw)->role != EPD_CLIENT_ROLE_PREFILL) {
         fprintf(stderr, "epd-ctl: %s is a %s worker, not prefill\n", a->prefill,
-                ctl_role_name(epd_client_worker_info(pw)->role));
+                epd_ctl_role_name(epd_client_worker_info(pw)->role));
         goto out;
     }
     if (epd_client_worker_info(dw)->role != EPD_CLIENT_ROLE_DECODE) {
         fprintf(stderr, "epd-ctl: %s is a %s worker, not decode\n", a->decode,
-                ctl_role_name(epd_client_worker_info(dw)->role));
+                epd_ctl_role_name(epd_client_worker_info(dw)->role));
         goto out;
     }
     if (strcmp(epd_client_worker_info(pw)->transport, a->transport) != 0 ||
@@ -495,18 +460,18 @@ static int ctl_submit(int argc, char **argv)
         return status == EPD_ERR_CANCELED ? 0 : 1;
     }
     if (argi != argc) {
-        rc = ctl_fail("submit: unexpected argument (flags are --name value)");
+        rc = epd_ctl_fail("submit: unexpected argument (flags are --name value)");
     } else if (a.prefill == NULL || a.decode == NULL) {
-        rc = ctl_fail("submit: --prefill HOST:PORT and --decode HOST:PORT are required");
+        rc = epd_ctl_fail("submit: --prefill HOST:PORT and --decode HOST:PORT are required");
     } else if (a.model == NULL || a.model[0] == '\0') {
-        rc = ctl_fail("submit: --model DIR is required (its tokenizer)");
+        rc = epd_ctl_fail("submit: --model DIR is required (its tokenizer)");
     } else if ((a.prompt == NULL) == (a.prompt_file == NULL)) {
-        rc = ctl_fail("submit: give exactly one of --prompt TEXT and --prompt-file F");
+        rc = epd_ctl_fail("submit: give exactly one of --prompt TEXT and --prompt-file F");
     } else if (!(a.top_p > 0.0)) {
-        rc = ctl_fail("submit: --top-p must be in (0, 1]");
+        rc = epd_ctl_fail("submit: --top-p must be in (0, 1]");
     } else if (epd_log_level_parse(a.log_level, &level) != EPD_OK) {
-        rc = ctl_fail("submit: bad --log-level");
-    } else if (ctl_load_secret(a.secret_file) != 0) {
+        rc = epd_ctl_fail("submit: bad --log-level");
+    } else if (epd_ctl_load_secret(a.secret_file) != 0) {
         rc = 1;
     } else {
         if (getenv("EPD_LOG_LEVEL") == NULL) {
@@ -518,300 +483,6 @@ static int ctl_submit(int argc, char **argv)
     return rc;
 }
 
-/* ------------------------------------------------------------- control */
-
-static int ctl_call(const char *addr, const char *method, const void *req, size_t req_len,
-                    const ProtobufCMessageDescriptor *desc, ProtobufCMessage **msg_p)
-{
-    static const unsigned char empty = 0;
-    epd_rpc_client_t *rpc = NULL;
-    void *resp = NULL;
-    size_t resp_len = 0;
-    char err[256] = "";
-    epd_status_t status;
-
-    status = epd_rpc_client_create(addr, &rpc);
-    if (status != EPD_OK) {
-        fprintf(stderr, "epd-ctl: cannot open a channel to %s: %s\n", addr,
-                epd_status_string(status));
-        return 1;
-    }
-    if (ctl_secret.len > 0) {
-        status = epd_rpc_client_set_auth(rpc, ctl_secret.bytes, ctl_secret.len);
-        if (status != EPD_OK) {
-            epd_rpc_client_destroy(rpc);
-            fprintf(stderr, "epd-ctl: cannot use the cluster secret: %s\n",
-                    epd_status_string(status));
-            return 1;
-        }
-    }
-    status = epd_rpc_call(rpc, method, req, req_len, CTL_RPC_TIMEOUT_MS, &resp, &resp_len, err,
-                          sizeof(err));
-    epd_rpc_client_destroy(rpc);
-    if (status != EPD_OK) {
-        fprintf(stderr, "epd-ctl: %s on %s: %s%s%s\n", method, addr, epd_status_name(status),
-                err[0] ? ": " : "", err);
-        if (status == EPD_ERR_AUTH) {
-            fprintf(stderr, "epd-ctl: %s\n",
-                    ctl_secret.len == 0
-                        ? "the daemon requires the cluster secret: pass --cluster-secret-file PATH "
-                          "(the file the daemons were given)"
-                        : "the daemon refused this cluster secret: not the daemons' file, or "
-                          "the clocks differ by more than 30 s");
-        }
-        epd_free(resp);
-        return 1;
-    }
-    status = epd_proto_unpack(desc, resp_len > 0 ? resp : &empty, resp_len, msg_p);
-    epd_free(resp);
-    if (status != EPD_OK) {
-        fprintf(stderr, "epd-ctl: %s on %s: the answer does not decode\n", method, addr);
-        return 1;
-    }
-    return 0;
-}
-
-static void ctl_print_load(const char *sep, const Epd__Load *l)
-{
-    if (l == NULL) {
-        return;
-    }
-    printf("queue_depth=%u%squeued_tokens=%llu%skv_blocks_free=%u%sstate_slots_free=%u%s"
-           "running_requests=%u%spreemptions=%llu%srecomputed_tokens=%llu%s",
-           l->queue_depth, sep, (unsigned long long)l->queued_tokens, sep, l->kv_blocks_free, sep,
-           l->state_slots_free, sep, l->running_requests, sep,
-           (unsigned long long)l->preemptions, sep, (unsigned long long)l->recomputed_tokens,
-           sep);
-}
-
-static void ctl_print_capacity(const char *sep, const Epd__Capacity *cap)
-{
-    if (cap == NULL) {
-        return;
-    }
-    printf("kv_blocks_total=%u%sblock_tokens=%u%sstate_slots_total=%u%smax_batch=%u%s"
-           "max_context=%u%s",
-           cap->kv_blocks_total, sep, cap->block_tokens, sep, cap->state_slots_total, sep,
-           cap->max_batch, sep, cap->max_context, sep);
-}
-
-static void ctl_print_identity(const char *sep, const Epd__WorkerIdentity *w)
-{
-    if (w == NULL) {
-        return;
-    }
-    printf("worker=%s%srole=%s%smodel=%s%s", w->worker_id, sep, ctl_role_name(w->role), sep,
-           w->model, sep);
-    if (w->epoch != NULL) {
-        printf("epoch=%llu/%016llx%s", (unsigned long long)w->epoch->start_time_ns,
-               (unsigned long long)w->epoch->nonce, sep);
-    }
-}
-
-static int ctl_health(const char *addr)
-{
-    ProtobufCMessage *msg = NULL;
-    Epd__HealthResponse *h;
-
-    if (ctl_call(addr, EPD_RPC_HEALTH, NULL, 0, &epd__health_response__descriptor, &msg) != 0) {
-        return 1;
-    }
-    h = (Epd__HealthResponse *)msg;
-    printf("serving=%d\ndraining=%d\n", h->serving, h->draining);
-    ctl_print_identity("\n", h->worker);
-    printf("transport=%s\ndata_plane_address_bytes=%zu\n", h->transport, h->data_plane_address.len);
-    if (h->kv_layout != NULL) {
-        printf("kv_layers=%u\nlayer_pattern=%s\nkv_block_tokens=%u\nkv_heads=%u\nhead_dim=%u\n"
-               "kv_dtype=%d\nblock_bytes=%llu\nstate_bytes=%llu\n",
-               h->kv_layout->n_layers, h->kv_layout->layer_pattern, h->kv_layout->block_tokens,
-               h->kv_layout->n_kv_heads, h->kv_layout->head_dim, (int)h->kv_layout->dtype,
-               (unsigned long long)h->kv_layout->block_bytes,
-               (unsigned long long)h->kv_layout->state_bytes);
-    }
-    ctl_print_capacity("\n", h->capacity);
-    ctl_print_load("\n", h->load);
-    epd_proto_free(msg);
-    return 0;
-}
-
-static int ctl_status(const char *addr)
-{
-    ProtobufCMessage *msg = NULL;
-    Epd__StatusResponse *st;
-
-    if (ctl_call(addr, EPD_RPC_STATUS, NULL, 0, &epd__status_response__descriptor, &msg) != 0) {
-        return 1;
-    }
-    st = (Epd__StatusResponse *)msg;
-    for (size_t i = 0; i < st->n_workers; i++) {
-        const Epd__WorkerStatus *w = st->workers[i];
-
-        ctl_print_identity(" ", w->worker);
-        printf("state=%s ", ctl_state_name(w->state));
-        ctl_print_load(" ", w->load);
-        ctl_print_capacity(" ", w->capacity);
-        printf("last_heartbeat_age_ms=%llu\n", (unsigned long long)w->last_heartbeat_age_ms);
-    }
-    epd_proto_free(msg);
-    return 0;
-}
-
-/* `workers ROUTER`: the router's Status as a table, one pool after the
- * other, with a count of workers per state. */
-static int ctl_workers(const char *addr)
-{
-    static const Epd__Role roles[3] = {EPD__ROLE__ROLE_PREFILL, EPD__ROLE__ROLE_DECODE,
-                                       EPD__ROLE__ROLE_ENCODER};
-    ProtobufCMessage *msg = NULL;
-    Epd__StatusResponse *st;
-
-    if (ctl_call(addr, EPD_RPC_STATUS, NULL, 0, &epd__status_response__descriptor, &msg) != 0) {
-        return 1;
-    }
-    st = (Epd__StatusResponse *)msg;
-    for (int r = 0; r < 3; r++) {
-        unsigned counts[5] = {0};
-
-        for (size_t i = 0; i < st->n_workers; i++) {
-            const Epd__WorkerStatus *w = st->workers[i];
-
-            if (w->worker != NULL && w->worker->role == roles[r] && (int)w->state >= 0 &&
-                w->state <= 4) {
-                counts[w->state]++;
-            }
-        }
-        printf("%s pool: %u READY, %u DRAINING, %u SUSPECT, %u DEAD\n", ctl_role_name(roles[r]),
-               counts[1], counts[2], counts[3], counts[4]);
-        printf("  %-24s %-9s %8s %8s %14s %13s %9s\n", "WORKER", "STATE", "RUNNING", "QUEUE",
-               "QUEUED_TOKENS", "KV_FREE", "HB_AGE_MS");
-        for (size_t i = 0; i < st->n_workers; i++) {
-            const Epd__WorkerStatus *w = st->workers[i];
-            char kv[32];
-
-            if (w->worker == NULL || w->worker->role != roles[r]) {
-                continue;
-            }
-            if (roles[r] == EPD__ROLE__ROLE_ENCODER) {
-                snprintf(kv, sizeof(kv), "-");
-            } else {
-                snprintf(kv, sizeof(kv), "%u/%u", w->load != NULL ? w->load->kv_blocks_free : 0,
-                         w->capacity != NULL ? w->capacity->kv_blocks_total : 0);
-            }
-            printf("  %-24s %-9s %8u %8u %14llu %13s %9llu\n", w->worker->worker_id,
-                   ctl_state_name(w->state), w->load != NULL ? w->load->running_requests : 0,
-                   w->load != NULL ? w->load->queue_depth : 0,
-                   (unsigned long long)(w->load != NULL ? w->load->queued_tokens : 0), kv,
-                   (unsigned long long)w->last_heartbeat_age_ms);
-        }
-    }
-    epd_proto_free(msg);
-    return 0;
-}
-
-/* Loads --cluster-secret-file (or else $EPD_CLUSTER_SECRET_FILE) into
- * ctl_secret; 0, or 1 after a message. */
-static int ctl_load_secret(const char *path)
-{
-    char why[256];
-
-    if (path == NULL || path[0] == '\0') {
-        path = getenv("EPD_CLUSTER_SECRET_FILE");
-    }
-    if (path == NULL || path[0] == '\0') {
-        return 0;
-    }
-    if (epd_secret_load(path, &ctl_secret, why, sizeof(why)) != EPD_OK) {
-        fprintf(stderr, "epd-ctl: --cluster-secret-file: %s\n", why);
-        return 1;
-    }
-    return 0;
-}
-
-/* `CMD ADDR [--cluster-secret-file PATH]`: argv[0] is ADDR.  0 on success
- * (the secret loaded when given); 1 after a message; -1 for --help. */
-static int ctl_control_flags(const char *cmd, int argc, char **argv)
-{
-    const char *secret_file = NULL;
-    char prog[64];
-    const epd_opt_t opts[] = {
-        {"cluster-secret-file", EPD_OPT_STRING, &secret_file, 0, 0,
-         "the cluster secret (the daemons' file): needed for every call but health"},
-    };
-    epd_opts_t o = {.prog = prog, .summary = "a control-plane call", .opts = opts, .n_opts = 1};
-    epd_status_t status;
-    int argi;
-    int rc;
-
-    snprintf(prog, sizeof(prog), "epd-ctl %s ADDR", cmd);
-    status = epd_opts_parse(&o, argc, argv, &argi);
-    if (status != EPD_OK) {
-        epd_opts_cleanup(&o);
-        return status == EPD_ERR_CANCELED ? -1 : 1;
-    }
-    if (argi != argc) {
-        fprintf(stderr, "epd-ctl: %s takes the control address and flags only\n", cmd);
-        rc = 1;
-    } else {
-        rc = ctl_load_secret(secret_file);
-    }
-    epd_opts_cleanup(&o);
-    return rc;
-}
-
-static int ctl_drain(const char *addr, int argc, char **argv)
-{
-    const char *worker_id = NULL;
-    const char *secret_file = NULL;
-    const epd_opt_t opts[] = {
-        {"worker-id", EPD_OPT_STRING, &worker_id, 0, 0, "the worker's id (must match)"},
-        {"cluster-secret-file", EPD_OPT_STRING, &secret_file, 0, 0,
-         "the cluster secret (the daemons' file)"},
-    };
-    epd_opts_t o = {.prog = "epd-ctl drain ADDR",
-                    .summary = "stop a worker taking new requests",
-                    .opts = opts,
-                    .n_opts = 2};
-    Epd__DrainRequest req = EPD__DRAIN_REQUEST__INIT;
-    ProtobufCMessage *msg = NULL;
-    Epd__DrainResponse *d;
-    unsigned char *buf = NULL;
-    size_t len;
-    epd_status_t status;
-    int argi;
-    int rc = 1;
-
-    status = epd_opts_parse(&o, argc, argv, &argi);
-    if (status != EPD_OK) {
-        epd_opts_cleanup(&o);
-        return status == EPD_ERR_CANCELED ? 0 : 1;
-    }
-    if (argi != argc || worker_id == NULL || worker_id[0] == '\0') {
-        rc = ctl_fail("drain: usage: epd-ctl drain ADDR --worker-id ID [--cluster-secret-file F]");
-        goto out;
-    }
-    if (ctl_load_secret(secret_file) != 0) {
-        goto out;
-    }
-    req.worker_id = (char *)worker_id;
-    len = epd__drain_request__get_packed_size(&req);
-    buf = epd_malloc(len > 0 ? len : 1);
-    if (buf == NULL) {
-        rc = ctl_fail("out of memory");
-        goto out;
-    }
-    epd__drain_request__pack(&req, buf);
-    if (ctl_call(addr, EPD_RPC_DRAIN, buf, len, &epd__drain_response__descriptor, &msg) != 0) {
-        goto out;
-    }
-    d = (Epd__DrainResponse *)msg;
-    printf("ok=%d%s%s\n", d->ok, d->reason[0] ? " reason=" : "", d->reason);
-    rc = d->ok ? 0 : 1;
-    epd_proto_free(msg);
-out:
-    epd_free(buf);
-    epd_opts_cleanup(&o);
-    return rc;
-}
 
 static void ctl_usage(FILE *out)
 {
@@ -825,8 +496,12 @@ static void ctl_usage(FILE *out)
             "                      ids with --tokens); exit 1 on error, refusal or timeout\n"
             "  health ADDR         print a worker's Health answer\n"
             "  status ADDR         print a worker's Status answer (one line per worker)\n"
-            "  workers ROUTER      the router's workers as a table per pool (state, load)\n"
-            "  drain ADDR --worker-id ID\n"
+            "  workers ROUTER      the router's workers as a table per pool (state, load,\n"
+            "                      address, the class of each link: shm, tcp, rdma)\n"
+            "  probe ADDR [--service NAME]\n"
+            "                      grpc.health.v1.Health/Check (what a kubelet's gRPC probe\n"
+            "                      calls): prints SERVING or NOT_SERVING, exit 0 when SERVING\n"
+            "  drain ADDR (--worker-id ID | --self) [--wait-ms MS]\n"
             "                      stop the worker taking new requests\n"
             "  status, workers and drain take --cluster-secret-file PATH (default:\n"
             "  $EPD_CLUSTER_SECRET_FILE): daemons with a cluster secret answer only health\n"
@@ -858,23 +533,26 @@ static int ctl_main(int argc, char **argv)
         return ctl_submit(argc - 1, argv + 1);
     }
     if (strcmp(cmd, "health") == 0 || strcmp(cmd, "status") == 0 || strcmp(cmd, "drain") == 0 ||
-        strcmp(cmd, "workers") == 0) {
+        strcmp(cmd, "workers") == 0 || strcmp(cmd, "probe") == 0) {
         if (argc < 3 || argv[2][0] == '-') {
             fprintf(stderr, "epd-ctl: %s: the worker's control address HOST:PORT is required\n",
                     cmd);
             return 1;
         }
         if (strcmp(cmd, "drain") == 0) {
-            return ctl_drain(argv[2], argc - 2, argv + 2);
+            return epd_ctl_drain(argv[2], argc - 2, argv + 2);
         }
-        rc = ctl_control_flags(cmd, argc - 2, argv + 2);
+        if (strcmp(cmd, "probe") == 0) {
+            return epd_ctl_probe(argv[2], argc - 2, argv + 2);
+        }
+        rc = epd_ctl_control_flags(cmd, argc - 2, argv + 2);
         if (rc != 0) {
             return rc < 0 ? 0 : rc;
         }
         if (strcmp(cmd, "workers") == 0) {
-            return ctl_workers(argv[2]);
+            return epd_ctl_workers(argv[2]);
         }
-        return strcmp(cmd, "health") == 0 ? ctl_health(argv[2]) : ctl_status(argv[2]);
+        return strcmp(cmd, "health") == 0 ? epd_ctl_health(argv[2]) : epd_ctl_status(argv[2]);
     }
     fprintf(stderr, "epd-ctl: unknown command '%s'\n", cmd);
     ctl_usage(stderr);
@@ -885,6 +563,6 @@ int main(int argc, char **argv)
 {
     int rc = ctl_main(argc, argv);
 
-    epd_secret_wipe(&ctl_secret);
+    epd_secret_wipe(&epd_ctl_secret);
     return rc;
 }

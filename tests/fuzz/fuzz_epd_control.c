@@ -61,6 +61,12 @@ epd_status_t epd_client_worker_state(const epd_client_worker_t *worker)
     return EPD_OK;
 }
 
+void epd_client_worker_link(epd_client_worker_t *worker, char *buf, size_t len)
+{
+    (void)worker;
+    snprintf(buf, len, "tcp: fuzz");
+}
+
 const char *epd_daemon_worker_id(const epd_daemon_t *d)
 {
     (void)d;
