@@ -5,7 +5,8 @@
 # rest 429 with Retry-After and OpenAI's rate-limit error body; nothing is
 # a 5xx, and every 200 equals epd-generate's answer.  Once with decode KV
 # on demand (the default), once with the up-front reservation
-# (--kv-reserve upfront); no block is held at the end of either.
+# (--kv-reserve upfront); no block is held at the end of either.  Then
+# the prefill pool full instead of the decode pool: the same answers.
 source "$(dirname "$0")/lib.sh"
 
 G="$BIN/epd-generate"
@@ -43,6 +44,28 @@ burst() {
 
 burst on-demand
 burst upfront
+
+# the prefill pool full instead: a prefill worker with 2 state slots (2
+# prompts at once) in place of the first, a roomy decode worker; the same
+# answers (200 equal to epd-generate, or 429 with Retry-After), never a 5xx
+note "prefill pool full: 300 requests at once"
+stop_daemon p
+[ "$STOP_RC" = 0 ] || fail "prefill exited $STOP_RC"
+wait_router_state "$r_ADDR" prefill-0 DEAD 10
+start_daemon ps prefill --model "$T/m" --worker-id prefill-small --state-slots 2 \
+  --router "$r_ADDR"
+start_daemon dbig decode --model "$T/m" --worker-id decode-big --kv-blocks 4096 \
+  --state-slots 512 --router "$r_ADDR"
+wait_router_state "$r_ADDR" prefill-small READY
+wait_router_state "$r_ADDR" decode-big READY
+r0=$(router_metric "$H" epd_router_capacity_retries_total)
+out=$(router_client burst "$H" "$T/m" "$G" --count 300 --max-tokens 32 --long-every 7) ||
+  fail "prefill full: a request was neither 200 equal to epd-generate nor 429 with Retry-After"
+echo "$out"
+r1=$(router_metric "$H" epd_router_capacity_retries_total)
+echo "capacity retries during the prefill-full burst: $((r1 - r0))"
+[ "$r1" -gt "$r0" ] || fail "the small prefill pool never refused for room"
+wait_blocks_free "$dbig_ADDR"
 for k in upstream timeout no_workers internal; do
   n=$(router_metric "$H" "epd_router_errors_total{kind=\"$k\"}")
   [ "${n:-0}" = 0 ] || fail "$n requests ended as $k"
