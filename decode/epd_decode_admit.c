@@ -39,7 +39,8 @@ epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
     uint32_t max_tokens = g->sampling->max_tokens;
     uint32_t max_blocks =
         (uint32_t)epd_decode_div_up((uint64_t)n_prompt + max_tokens, kv->block_tokens);
-    int grows = srv->headroom > 0 && !epd_decode_has_images(srv, g);
+    /* (protocol-only requests end at their first token: nothing to grow) */
+    int grows = srv->headroom > 0 && !g->protocol_only && !epd_decode_has_images(srv, g);
     uint32_t n_blocks = epd__decode_kv_admit_blocks(srv, n_prompt, n_prompt, max_tokens, grows);
     uint32_t n_stop = (uint32_t)g->sampling->n_stop_token_ids;
     epd_decode_request_t *req;
@@ -50,10 +51,10 @@ epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
         *why_p = "request id already live"; /* as a resume's prefill-side id */
         return EPD_ERR_EXISTS;
     }
-    /* one allocation: the struct, per-layer sums (8-aligned right after
-     * it), tokens, block ids, stop ids, the prompt (to resume it), per-layer
-     * flags */
-    sz = sizeof(*req) + (size_t)kv->n_layers * sizeof(uint64_t) +
+    /* one allocation: the struct, the per-layer checks and sums (8-aligned
+     * right after it), tokens, block ids, stop ids, the prompt (to resume
+     * it), per-layer states */
+    sz = sizeof(*req) + (size_t)kv->n_layers * (sizeof(epd_decode_vjob_t) + sizeof(uint64_t)) +
          (size_t)max_tokens * sizeof(int32_t) + (size_t)max_blocks * sizeof(uint32_t) +
          (size_t)n_stop * sizeof(uint32_t) + (grows ? (size_t)n_prompt * sizeof(uint32_t) : 0) +
          kv->n_layers;
@@ -62,12 +63,14 @@ epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
         *why_p = "out of memory";
         return EPD_ERR_NO_MEMORY;
     }
-    req->kv.sums = (uint64_t *)(req + 1);
+    req->vjobs = (epd_decode_vjob_t *)(req + 1);
+    req->kv.sums = (uint64_t *)(req->vjobs + kv->n_layers);
     req->seq.tokens = (int32_t *)(req->kv.sums + kv->n_layers);
     req->blocks = (uint32_t *)(req->seq.tokens + max_tokens);
     req->stop_ids = req->blocks + max_blocks;
     req->prompt = grows ? req->stop_ids + n_stop : NULL;
-    req->kv.ok = (uint8_t *)(req->stop_ids + n_stop + (grows ? n_prompt : 0));
+    req->kv.state = (uint8_t *)(req->stop_ids + n_stop + (grows ? n_prompt : 0));
+    req->kv.kind = -1;
     if (max_blocks <= srv->pool.n_blocks && epd__decode_kv_may_admit(srv, n_blocks)) {
         st = epd_decode_blocks_reserve(srv->blocks, g->request_id, n_blocks,
                                        kv->n_linear_layers > 0, req->blocks, &req->slot);
@@ -100,6 +103,7 @@ epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
     req->max_blocks = max_blocks;
     req->n_prompt_blocks = (uint32_t)epd_decode_div_up(req->n_prompt, kv->block_tokens);
     req->n_stop = n_stop;
+    req->protocol_only = g->protocol_only;
     if (n_stop > 0) {
         memcpy(req->stop_ids, g->sampling->stop_token_ids, n_stop * sizeof(uint32_t));
     }

@@ -22,21 +22,26 @@
  *   epd_decode_blocks.c    the KV block / state-slot lifecycle (own header)
  *   epd_decode_check.c     the pure checks and the KV verification (own header)
  *   epd_decode_batch.c     the compute thread: continuous batching (own header)
+ *   epd_decode_verify.c    the verifier thread: the KV checks off the loop (own header)
  *
  * Calls go one way: main.c -> epd_decode_msg.c -> epd_decode_req.c ->
  * epd_decode_admit.c, epd_decode_send.c, epd_decode_kv.c,
- * epd_decode_blocks.c, epd_decode_check.c, epd_decode_batch.c (the message
- * layer also calls epd_decode_admit.c's refusal; main.c also
+ * epd_decode_blocks.c, epd_decode_check.c, epd_decode_batch.c,
+ * epd_decode_verify.c (-> epd_decode_check.c) (the message layer also
+ * calls epd_decode_admit.c's refusal; main.c also
  * calls the request layer's start-up, shutdown and daemon callbacks, and
  * sets the parts up).  Upward only through callbacks registered at start:
  * the daemon's ops (main.c fills them with the functions below) and the
  * compute thread's wake-up (a uv_async of main.c's that calls
- * epd__decode_req_on_batch).
+ * epd__decode_req_on_batch) and the verifier's results
+ * (epd__decode_req_on_verified, registered by main.c).
  *
  * Threads: everything here belongs to the loop thread, except what the
  * compute thread reads and writes through a submitted sequence (see
  * epd_decode_batch.h) and the KV pool it reads (the blocks of RUNNING
- * requests, ACTIVE: nobody writes them).
+ * requests, ACTIVE: nobody writes them), and what the verifier thread
+ * reads and writes through a lent job (a layer's blocks, the job's
+ * results: epd_decode_verify.h).
  */
 #ifndef EPD_DECODE_INT_H
 #define EPD_DECODE_INT_H
@@ -49,6 +54,7 @@
 #include "epd_decode_batch.h"
 #include "epd_decode_blocks.h"
 #include "epd_decode_check.h"
+#include "epd_decode_verify.h"
 #include "epd_engine.h"
 #include "epd_hash.h"
 #include "epd_layout.h"
@@ -131,12 +137,17 @@ typedef struct epd_decode_request {
     uint32_t *stop_ids;       /* [n_stop] */
     uint32_t n_stop;
     epd_decode_kv_seen_t kv; /* per-layer verification so far ([n_layers] arrays) */
+    epd_decode_vjob_t *vjobs; /* [n_layers]: a layer's check, lent to the verifier */
+    uint32_t v_lent;          /* jobs lent: the request is freed only once they are back */
     epd_decode_seq_t seq;    /* lent to the compute thread while RUNNING; seq.tokens
                               * [max_tokens] int32 */
     uint32_t n_sent;         /* tokens sent to the client */
     /* facts the step function reads */
     int resv_unsent;  /* the KvReservation never went out: nobody can write */
-    int kv_verified;  /* PrefillComplete checked out: the first token is seq.tokens[0] */
+    int protocol_only; /* GenerateRequest.protocol_only: no KV, ends at the first token */
+    int pc_seen;      /* PrefillComplete came and was consistent: the first token is
+                       * seq.tokens[0]; the checks of the layers may still run */
+    int kv_verified;  /* ...and every layer checked out */
     int first_finish; /* Epd__FinishReason the first token already ends it with */
     int p_done;       /* PrefillComplete or WritesQuiesced from its prefill incarnation:
                        * nothing of it is in flight any more */
@@ -184,7 +195,10 @@ typedef struct epd_decode_srv {
     Epd__KvLayout layout_msg; /* in every KvReservation (pattern below) */
     char pattern[EPD_LAYOUT_PATTERN_MAX];
     epd_decode_blocks_t *blocks;
-    epd_hash_state_t *hash; /* verification scratch */
+    int verify_full;     /* --verify full: STAMPED checks hash every body too */
+    uint64_t stamp_tag;  /* our incarnation's tag, in every stamp written for us */
+    uint8_t *newly;      /* [n_layers] scratch of epd_decode_seen_completed */
+    epd_decode_verify_t *verify; /* the verifier thread */
     epd_decode_batch_t *batch;
     uv_async_t wake; /* the compute thread's wake-up (main.c's) */
     int wake_ready;
@@ -257,6 +271,9 @@ int epd__decode_kv_grow(epd_decode_srv_t *srv, epd_decode_request_t *req);
 /* The preemption victim (rule 26): the newest READY or RUNNING request
  * that grows and is not leaving already; NULL when none. */
 epd_decode_request_t *epd__decode_kv_victim(epd_decode_srv_t *srv);
+/* Marks req as waiting (or no longer) for the blocks of its next step,
+ * kept in srv->n_hungry. */
+void epd__decode_kv_hungry(epd_decode_srv_t *srv, epd_decode_request_t *req, int hungry);
 /* Blocks the hungry requests lack, all together. */
 uint64_t epd__decode_kv_short(const epd_decode_srv_t *srv);
 /* The queue of PREEMPTED requests, oldest (first arrival) first. */
@@ -296,6 +313,8 @@ void epd__decode_req_failed_by(epd_decode_srv_t *srv, epd_link_t *from, const Ep
                                uint64_t id, int32_t status, const char *text);
 /* The compute thread woke the loop (main.c's uv_async). */
 void epd__decode_req_on_batch(epd_decode_srv_t *srv);
+/* A layer's check came back from the verifier thread (its callback). */
+void epd__decode_req_on_verified(void *arg, epd_decode_vjob_t *job);
 /* Callbacks of the daemon's ops, registered by main.c. */
 void epd__decode_req_on_link_down(void *arg, epd_link_t *link, epd_status_t status);
 void epd__decode_req_on_peer_dead(void *arg, epd_peer_t *peer, epd_status_t status,

@@ -88,6 +88,14 @@ epd_decode_request_t *epd__decode_kv_victim(epd_decode_srv_t *srv)
     return NULL;
 }
 
+void epd__decode_kv_hungry(epd_decode_srv_t *srv, epd_decode_request_t *req, int hungry)
+{
+    if (req->hungry != hungry) {
+        req->hungry = hungry;
+        srv->n_hungry = hungry ? srv->n_hungry + 1 : srv->n_hungry - 1;
+    }
+}
+
 uint64_t epd__decode_kv_short(const epd_decode_srv_t *srv)
 {
     uint64_t n = 0;

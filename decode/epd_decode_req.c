@@ -157,6 +157,30 @@ static void epd_decode_fail_kv(epd_decode_srv_t *srv, epd_decode_request_t *req,
     epd_decode_fail(srv, req, st, why, EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
 }
 
+/* Lends layer `layer`'s check (marked CHECKING, its sum recorded) to the
+ * verifier; a refusal is a broken sizing invariant: the request fails. */
+static void epd_decode_check_lend(epd_decode_srv_t *srv, epd_decode_request_t *req, uint32_t layer)
+{
+    epd_decode_vjob_t *j = &req->vjobs[layer];
+    /* P knows the request by its prefill-side id and wrote prompt + the
+     * tokens of a resume */
+    epd_kv_stamp_expect_t x = {.req_id = req->pid,
+                               .tag = srv->stamp_tag,
+                               .n_tokens = req->n_prompt + req->n_resume,
+                               .full = srv->verify_full};
+
+    epd_decode_vjob_init(j, req, layer, req->kv.sums[layer], (epd_kv_sum_kind_t)req->kv.kind,
+                         req->blocks, req->n_prompt_blocks, req->seq.slot, &x);
+    if (epd_decode_verify_submit(srv->verify, j) != EPD_OK) {
+        epd_log_error(EPD_DECODE_LOG, req->id, "verifier queue full (sizing invariant broken)");
+        (void)epd_decode_seen_result(&req->kv, layer, EPD_ERR_NO_RESOURCE, 0, NULL);
+        epd_decode_fail(srv, req, EPD_ERR_NO_RESOURCE, "verifier queue full",
+                        EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
+        return;
+    }
+    req->v_lent++;
+}
+
 /* ------------------------------------------------------------------- step */
 
 /* RESERVED -> READY (or DONE when the first token ends it): the blocks are
@@ -195,14 +219,6 @@ static int epd_decode_join(epd_decode_srv_t *srv, epd_decode_request_t *req)
     return 0;
 }
 
-static void epd_decode_hungry(epd_decode_srv_t *srv, epd_decode_request_t *req, int hungry)
-{
-    if (req->hungry != hungry) {
-        req->hungry = hungry;
-        srv->n_hungry = hungry ? srv->n_hungry + 1 : srv->n_hungry - 1;
-    }
-}
-
 /*
  * A RUNNING request's next step lacks blocks (rule 26): while the blocks
  * the hungry lack exceed the free ones and those already on their way
@@ -219,7 +235,7 @@ static void epd_decode_reclaim(epd_decode_srv_t *srv)
         v->preempt = 1;
         if (v->hungry) {
             need -= v->short_by;
-            epd_decode_hungry(srv, v, 0);
+            epd__decode_kv_hungry(srv, v, 0);
         }
         v->incoming = v->n_blocks;
         srv->blocks_incoming += v->n_blocks;
@@ -279,9 +295,13 @@ static epd_status_t epd_decode_resume(epd_decode_srv_t *srv, epd_decode_request_
     req->n_prompt_blocks = (uint32_t)epd_decode_div_up((uint64_t)req->n_prompt + k,
                                                        kv->block_tokens);
     req->p_done = req->p_closed = req->kv_verified = req->resv_unsent = 0;
+    /* a fresh verification (no check is out: the request ran) */
+    req->pc_seen = 0;
     req->kv.n_ok = 0;
+    req->kv.n_checking = 0;
+    req->kv.kind = -1;
     req->kv.bytes = 0;
-    memset(req->kv.ok, 0, kv->n_layers);
+    memset(req->kv.state, 0, kv->n_layers);
     req->lease_ns = now + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
     req->lease_cap_ns = req->lease_ns + 3 * (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
     epd_decode_seq_init(&req->seq, k + 1, n_blocks);
@@ -355,7 +375,7 @@ static void epd_decode_step(epd_decode_srv_t *srv, epd_decode_request_t *req)
                 req->abort_asked = 1;
             }
             if (req->compute_done) {
-                epd_decode_hungry(srv, req, 0);
+                epd__decode_kv_hungry(srv, req, 0);
                 if (req->preempt && req->fail_status == EPD_OK &&
                     atomic_load(&req->seq.finish) == EPD_DECODE_FINISH_ABORT) {
                     /* what it made so far is final: the client has it now */
@@ -370,7 +390,7 @@ static void epd_decode_step(epd_decode_srv_t *srv, epd_decode_request_t *req)
             } else if (req->grows && !req->preempt && req->fail_status == EPD_OK) {
                 int short_now = epd__decode_kv_grow(srv, req) != 0;
 
-                epd_decode_hungry(srv, req, short_now);
+                epd__decode_kv_hungry(srv, req, short_now);
                 if (short_now) {
                     epd_decode_reclaim(srv);
                 }
@@ -380,7 +400,9 @@ static void epd_decode_step(epd_decode_srv_t *srv, epd_decode_request_t *req)
             if (req->owe != 0) {
                 epd__decode_send_owed(req); /* an end that came while a resume waited */
             }
-            if (req->p_done || req->p_closed) {
+            if ((req->p_done || req->p_closed) && !(req->resume_again && req->v_lent > 0)) {
+                /* (a resume to retry waits for its checks to come back:
+                 * on_verified steps it) */
                 epd_decode_blocks_to(srv, req, epd_decode_blocks_release, "release");
                 if (req->resume_again) {
                     /* its resume's prefill had no room: in line again */
@@ -431,7 +453,7 @@ static void epd_decode_step(epd_decode_srv_t *srv, epd_decode_request_t *req)
 /* A DONE request: out of every list, its references dropped, freed. */
 static void epd_decode_destroy(epd_decode_srv_t *srv, epd_decode_request_t *req)
 {
-    epd_decode_hungry(srv, req, 0);
+    epd__decode_kv_hungry(srv, req, 0);
     epd__decode_kv_unqueue(srv, req);
     epd_reqtab_remove(&srv->reqs, &req->ent);
     epd_reqtab_remove(&srv->by_pid, &req->pent);
@@ -444,7 +466,8 @@ static void epd_decode_destroy(epd_decode_srv_t *srv, epd_decode_request_t *req)
 static void epd_decode_advance(epd_decode_srv_t *srv, epd_decode_request_t *req)
 {
     epd_decode_step(srv, req);
-    if (req->state == EPD_DECODE_REQ_DONE) {
+    if (req->state == EPD_DECODE_REQ_DONE && req->v_lent == 0) {
+        /* (with checks still lent, their return frees it) */
         epd_decode_destroy(srv, req);
     }
 }
@@ -579,7 +602,6 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
     epd_decode_request_t *req = epd_decode_of_p(srv, from, env, pc->request_id, 1);
     uint32_t n_layers = srv->info->kv.n_layers;
     uint64_t t_recv = epd_time_now_ns();
-    uint32_t bad_layer = 0, n_ok;
     const char *why = NULL;
     epd_status_t st = EPD_OK;
 
@@ -595,44 +617,40 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
         epd_decode_advance(srv, req);
         return;
     }
-    n_ok = req->kv.n_ok;
     if (pc->n_prompt_tokens != req->n_prompt + req->n_resume) {
         st = EPD_ERR_INVALID_PARAM;
         why = "PrefillComplete: prompt length differs from the request's";
     } else if (bad != EPD_OK) {
         st = bad;
         why = bad_why;
+    } else if (req->protocol_only) {
+        epd_decode_seen_trust(&req->kv, n_layers); /* nothing was written */
     } else {
-        /* the layers not verified as they landed (all of them when P sends
-         * no landed LayerDones) */
-        st = epd_decode_check_completed(
-            &srv->info->kv, &srv->pool, req->blocks, req->n_prompt_blocks, req->seq.slot,
-            pc->layer_checksums, pc->n_layer_checksums, srv->hash, &req->kv, &why, &bad_layer);
-        if (n_ok < n_layers) {
-            epd_trace_span(srv->trace, "verify KV", "compute", req->id, -1, t_recv,
-                           epd_time_now_ns());
+        /* the layers not checked as they landed (all of them when P sends
+         * no landed LayerDones): to the verifier */
+        st = epd_decode_seen_completed(&req->kv, n_layers, pc->layer_checksums,
+                                       pc->n_layer_checksums, (int)pc->checksum_kind, srv->newly,
+                                       &why);
+        for (uint32_t l = 0; st == EPD_OK && l < n_layers; l++) {
+            if (srv->newly[l]) {
+                epd_decode_check_lend(srv, req, l);
+            }
         }
     }
     if (st != EPD_OK) {
-        epd_decode_fail_kv(srv, req, from, env, st, why, bad_layer);
+        epd_decode_fail_kv(srv, req, from, env, st, why, 0);
         epd_decode_advance(srv, req);
         return;
     }
     /* the next token of the stream: the first, or where a resume stopped */
     req->seq.tokens[req->n_resume] = (int32_t)pc->first_token;
-    req->first_finish = EPD__FINISH_REASON__FINISH_NONE;
-    for (uint32_t i = 0; i < req->n_stop; i++) {
-        if (req->stop_ids[i] == pc->first_token) {
-            req->first_finish = EPD__FINISH_REASON__FINISH_STOP;
-        }
-    }
-    if ((int32_t)pc->first_token == srv->info->eos_token) {
-        req->first_finish = EPD__FINISH_REASON__FINISH_STOP;
-    } else if (req->first_finish == EPD__FINISH_REASON__FINISH_NONE &&
-               req->n_resume + 1 >= req->max_tokens) {
-        req->first_finish = EPD__FINISH_REASON__FINISH_LENGTH;
-    }
-    req->kv_verified = 1;
+    /* protocol only: never decode from blocks nothing was written into */
+    req->first_finish = epd_decode_first_finish(pc->first_token, srv->info->eos_token,
+                                                req->stop_ids, req->n_stop,
+                                                req->protocol_only ? 1
+                                                                   : req->max_tokens - req->n_resume);
+    req->pc_seen = 1;
+    req->kv_verified = req->kv.n_ok == n_layers; /* else when the last check is back */
     epd_decode_advance(srv, req); /* the lean path: first token and the batch, right here */
 }
 
@@ -641,15 +659,14 @@ void epd__decode_req_layer_done(epd_decode_srv_t *srv, epd_link_t *from, const E
 {
     const Epd__LayerDone *ld = env->layer_done;
     epd_decode_request_t *req = epd_decode_of_p(srv, from, env, ld->request_id, 0);
-    uint64_t now = epd_time_now_ns();
     const char *why = NULL;
     epd_status_t st;
-    int hashed;
+    int check = 0;
 
     if (req == NULL || req->state != EPD_DECODE_REQ_RESERVED || req->fail_status != EPD_OK) {
         return;
     }
-    req->lease_ns = now + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
+    req->lease_ns = epd_time_now_ns() + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
     if (!ld->landed) {
         return; /* a keep-alive */
     }
@@ -659,16 +676,17 @@ void epd__decode_req_layer_done(epd_decode_srv_t *srv, epd_link_t *from, const E
         return;
     }
     /* fenced behind the layer's writes: its bytes are final here */
-    hashed = !req->kv.ok[ld->layer];
-    st = epd_decode_check_landed(&srv->info->kv, &srv->pool, req->blocks, req->n_prompt_blocks,
-                                 req->seq.slot, ld->layer, ld->checksum, srv->hash, &req->kv, &why);
-    if (hashed) {
-        epd_trace_span(srv->trace, "verify layer", "compute", req->id, (int32_t)ld->layer, now,
-                       epd_time_now_ns());
-    }
+    st = epd_decode_seen_landed(&req->kv, srv->info->kv.n_layers, ld->layer, ld->checksum,
+                                (int)ld->checksum_kind, &check, &why);
     if (st != EPD_OK) {
         epd_decode_fail_kv(srv, req, from, env, st, why, ld->layer);
         epd_decode_advance(srv, req);
+        return;
+    }
+    if (check && req->protocol_only) {
+        (void)epd_decode_seen_result(&req->kv, ld->layer, EPD_OK, 0, NULL);
+    } else if (check) {
+        epd_decode_check_lend(srv, req, ld->layer);
     }
 }
 
@@ -794,6 +812,29 @@ void epd__decode_req_on_batch(epd_decode_srv_t *srv)
     /* the compute thread took sequences off its queue: the waiting join */
     epd_reqtab_unblock_all(&srv->reqs);
     epd_decode_run_dirty(srv);
+}
+
+/* ----------------------------------------------------------- verifier back */
+
+void epd__decode_req_on_verified(void *arg, epd_decode_vjob_t *job)
+{
+    epd_decode_srv_t *srv = arg;
+    epd_decode_request_t *req = job->owner;
+    const char *why = job->why;
+    epd_status_t st;
+
+    req->v_lent--;
+    st = epd_decode_seen_result(&req->kv, job->layer, job->status, job->bytes, &why);
+    if (req->state == EPD_DECODE_REQ_RESERVED && req->fail_status == EPD_OK && st != EPD_OK) {
+        epd_log_error(EPD_DECODE_LOG, req->id,
+                      "KV of layer %u from %s fails its check (%s): request failed, never generated",
+                      job->layer, epd_peer_id(req->peer), why != NULL ? why : epd_status_string(st));
+        epd_decode_fail(srv, req, st, why != NULL ? why : "KV verification failed",
+                        EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
+    }
+    /* PrefillComplete came and every layer checked out: the KV is held */
+    req->kv_verified = req->pc_seen && req->kv.n_ok == srv->info->kv.n_layers;
+    epd_decode_advance(srv, req);
 }
 
 /* --------------------------------------------------------- daemon upcalls */

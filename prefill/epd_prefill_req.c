@@ -158,6 +158,12 @@ static int epd_prefill_post(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 
     st = epd__prefill_xfer_post(srv, &req->xfer, req->layers_done, req->compute_done, msg,
                                 sizeof(msg));
+    if (st == EPD_OK && req->xfer.more && !req->more_listed) {
+        /* a burst went out: the loop's events first, the rest at the next
+         * pump (epd__prefill_req_on_pump) */
+        req->more_listed = 1;
+        srv->n_more++;
+    }
     if (st == EPD_ERR_NO_RESOURCE) {
         epd_reqtab_block(&srv->reqs, &req->ent);
         return -1;
@@ -334,6 +340,9 @@ static void epd_prefill_req_destroy(epd_prefill_srv_t *srv, epd_prefill_req_t *r
         /* compute nobody took (rule 29 keeps this low under pressure) */
         srv->wasted_prefill_tokens +=
             (uint64_t)req->n_tokens * req->layers_done / srv->info->kv.n_layers;
+    }
+    if (req->more_listed) {
+        srv->n_more--;
     }
     epd_reqtab_remove(&srv->reqs, &req->ent);
     epd__prefill_media_unwait(srv, &req->wait);
@@ -850,6 +859,19 @@ int epd__prefill_req_on_pump(void *arg)
             epd_prefill_advance(srv, req);
         }
     } while (srv->embed_room);
+    if (srv->n_more > 0) {
+        /* posting that stopped after a burst goes on at the next pass, after
+         * the loop polled its events */
+        for (req = epd_reqtab_first_req(&srv->reqs); req != NULL;
+             req = epd_reqtab_next_req(&srv->reqs, req)) {
+            if (req->more_listed) {
+                req->more_listed = 0;
+                srv->n_more--;
+                epd_prefill_dirty(srv, req);
+            }
+        }
+        return 1;
+    }
     return srv->room;
 }
 
@@ -920,7 +942,13 @@ void epd__prefill_req_on_stop(void *arg)
 
 epd_status_t epd__prefill_reqs_init(epd_prefill_srv_t *srv)
 {
+    epd_status_t st;
+
     srv->on_written = epd_prefill_on_written;
+    st = epd_hash_state_create(0, &srv->hash);
+    if (st != EPD_OK) {
+        return st;
+    }
     return epd_reqtab_init(&srv->reqs, srv->state_slots, offsetof(epd_prefill_req_t, ent));
 }
 
@@ -937,4 +965,6 @@ void epd__prefill_reqs_cleanup(epd_prefill_srv_t *srv)
         }
     }
     epd_reqtab_cleanup(&srv->reqs);
+    epd_hash_state_destroy(srv->hash);
+    srv->hash = NULL;
 }
