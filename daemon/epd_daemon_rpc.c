@@ -92,6 +92,9 @@ static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
     p->load.running_requests = l.running_requests;
     p->load.kv_bytes_sent = l.kv_bytes_sent;
     p->load.kv_bytes_received = l.kv_bytes_received;
+    p->load.preemptions = l.preemptions;
+    p->load.recomputed_tokens = l.recomputed_tokens;
+    p->load.wasted_prefill_tokens = l.wasted_prefill_tokens;
     p->load.draining = l.draining != 0;
     p->load.links_shm = l.links[EPD_REGISTRAR_LINK_SHM];
     p->load.links_tcp = l.links[EPD_REGISTRAR_LINK_TCP];
@@ -108,6 +111,7 @@ static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
     p->cap.embed_slots = d->capacity.embed_slots;
     p->cap.image_embeddings = d->capacity.image_embeddings;
     p->cap.embed_dim = d->capacity.embed_dim;
+    p->cap.kv_headroom_tokens = d->capacity.kv_headroom_tokens;
 }
 
 void epd_daemon_drain(epd_daemon_t *d, const char *who)

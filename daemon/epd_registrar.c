@@ -62,6 +62,7 @@ struct epd_registrar {
     atomic_uint seq;
     atomic_uint_fast32_t l_queue_depth, l_kv_blocks_free, l_state_slots_free, l_running;
     atomic_uint_fast64_t l_queued_tokens, l_bytes_sent, l_bytes_received;
+    atomic_uint_fast64_t l_preemptions, l_recomputed, l_wasted;
     atomic_int l_draining;
     atomic_uint_fast32_t l_links[EPD_REGISTRAR_LINK_CLASSES];
     atomic_uint_fast32_t l_quarantined, l_grants_held;
@@ -89,6 +90,9 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
     atomic_store_explicit(&reg->l_running, load->running_requests, memory_order_relaxed);
     atomic_store_explicit(&reg->l_bytes_sent, load->kv_bytes_sent, memory_order_relaxed);
     atomic_store_explicit(&reg->l_bytes_received, load->kv_bytes_received, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_preemptions, load->preemptions, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_recomputed, load->recomputed_tokens, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_wasted, load->wasted_prefill_tokens, memory_order_relaxed);
     atomic_store_explicit(&reg->l_draining, load->draining != 0, memory_order_relaxed);
     for (int i = 0; i < EPD_REGISTRAR_LINK_CLASSES; i++) {
         atomic_store_explicit(&reg->l_links[i], load->links[i], memory_order_relaxed);
@@ -123,6 +127,11 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
         l.kv_bytes_sent = (uint64_t)atomic_load_explicit(&reg->l_bytes_sent, memory_order_relaxed);
         l.kv_bytes_received =
             (uint64_t)atomic_load_explicit(&reg->l_bytes_received, memory_order_relaxed);
+        l.preemptions = (uint64_t)atomic_load_explicit(&reg->l_preemptions, memory_order_relaxed);
+        l.recomputed_tokens =
+            (uint64_t)atomic_load_explicit(&reg->l_recomputed, memory_order_relaxed);
+        l.wasted_prefill_tokens =
+            (uint64_t)atomic_load_explicit(&reg->l_wasted, memory_order_relaxed);
         l.draining = atomic_load_explicit(&reg->l_draining, memory_order_relaxed);
         for (int i = 0; i < EPD_REGISTRAR_LINK_CLASSES; i++) {
             l.links[i] = (uint32_t)atomic_load_explicit(&reg->l_links[i], memory_order_relaxed);
@@ -308,6 +317,9 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     load.running_requests = l.running_requests;
     load.kv_bytes_sent = l.kv_bytes_sent;
     load.kv_bytes_received = l.kv_bytes_received;
+    load.preemptions = l.preemptions;
+    load.recomputed_tokens = l.recomputed_tokens;
+    load.wasted_prefill_tokens = l.wasted_prefill_tokens;
     load.draining = l.draining != 0;
     load.links_shm = l.links[EPD_REGISTRAR_LINK_SHM];
     load.links_tcp = l.links[EPD_REGISTRAR_LINK_TCP];
@@ -320,7 +332,8 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     hb.epoch = &epoch;
     hb.load = &load;
     n = protobuf_c_message_get_packed_size(&hb.base);
-    if (n > sizeof(buf)) { /* a 127-byte id, an epoch and 12 varints: cannot happen */
+    if (n > sizeof(buf)) { /* a 127-byte id, an epoch and a Load of
+                            * 15 varints: under 350 bytes */
         snprintf(why, why_cap, "heartbeat too large");
         return -1;
     }

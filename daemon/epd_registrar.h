@@ -60,6 +60,11 @@ typedef struct {
     uint32_t running_requests;
     uint64_t kv_bytes_sent;     /* data plane, monotonic (prefill: written) */
     uint64_t kv_bytes_received; /* data plane, monotonic (decode: received and verified) */
+    /* overload, monotonic (epd.Load 16-18): decode's preemptions and the
+     * tokens recomputed to resume them; prefill's wasted prompt tokens */
+    uint64_t preemptions;
+    uint64_t recomputed_tokens;
+    uint64_t wasted_prefill_tokens;
     int draining;               /* the worker takes no new work */
     /* live endpoints this worker opened to other workers, by lane class
      * (filled by the daemon, not the role) */

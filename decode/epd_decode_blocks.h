@@ -23,6 +23,10 @@
  *    │              or P declared dead / restarted  │
  *    └──────────────────────────────────────────────┘
  *
+ * One more edge, FREE → ACTIVE (grow): a request whose KV grows on
+ * demand takes blocks for the tokens it generates; no remote side ever
+ * learns of them, so they never pass through RESERVED.
+ *
  * RESERVED→QUARANTINED→FREE is the only way back from a reservation P may
  * have seen, so a block P could still write is never free.  Each transition
  * names the request that owns the blocks; a call naming a block that is not
@@ -71,6 +75,13 @@ void epd_decode_blocks_destroy(epd_decode_blocks_t *blocks);
  */
 epd_status_t epd_decode_blocks_reserve(epd_decode_blocks_t *blocks, uint64_t owner, uint32_t n,
                                        int want_slot, uint32_t *ids, uint32_t *slot_p);
+
+/* FREE → ACTIVE: n (>= 1) more blocks for `owner`, a request that
+ * generates (its KV on demand, proto/README.md rule 30) — nobody remote
+ * ever writes them, so they skip RESERVED.  The ids go to ids[0..n).
+ * EPD_ERR_NO_CAPACITY when fewer are free (nothing taken). */
+epd_status_t epd_decode_blocks_grow(epd_decode_blocks_t *blocks, uint64_t owner, uint32_t n,
+                                    uint32_t *ids);
 
 /* RESERVED → ACTIVE (PrefillComplete verified). */
 epd_status_t epd_decode_blocks_activate(epd_decode_blocks_t *blocks, uint64_t owner,

@@ -93,7 +93,7 @@ static void epd_decode_on_generate(epd_decode_srv_t *srv, epd_link_t *from,
     if (st != EPD_OK) {
         epd_decode_refuse(srv, from, env, g->request_id, st, why);
         if (tell) {
-            epd__decode_req_refused(srv, env, st, why);
+            epd__decode_admit_refused(srv, env, st, why);
         }
         return;
     }

@@ -7,7 +7,9 @@
  * KvRefused), so their messages may cross in any order:
  *   - a reservation may overtake its GenerateRequest: it is kept
  *     (daemon/epd_stash, bounded) for a lease and taken when the request
- *     arrives; one never claimed is answered Error + WritesQuiesced;
+ *     arrives; one never claimed is answered Error + WritesQuiesced, and
+ *     one that finds the stash full Error EPD_ERR_NO_CAPACITY +
+ *     WritesQuiesced (backpressure, retried for room like a refusal);
  *   - a request that ended here leaves a tombstone (daemon/epd_tomb) of its
  *     kind, aborted or failed: a late GenerateRequest is refused (writing
  *     after "quiesced" is the very recycle race the protocol exists to
@@ -86,11 +88,25 @@ int epd__prefill_ids_early(epd_prefill_srv_t *srv, epd_link_t *from, Epd__Envelo
         epd__prefill_ids_answer(srv, from, env, kind);
         return 0;
     }
-    if (epd_stash_has(srv->stash, id, 0) ||
-        epd_stash_put(srv->stash, env, from, id, 0,
-                      epd_time_now_ns() + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC) != EPD_OK) {
-        /* a second one, or too many waiting: no request will take it */
+    if (epd_stash_has(srv->stash, id, 0)) {
+        /* a second one: no request will take it */
         epd__prefill_ids_answer(srv, from, env, EPD_PREFILL_TOMB_FAILED);
+        return 0;
+    }
+    if (epd_stash_put(srv->stash, env, from, id, 0,
+                      epd_time_now_ns() + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC) != EPD_OK) {
+        /* too many reservations ahead of their requests: this worker is out
+         * of room for one more, as when it refuses a request for capacity —
+         * so decode and the client hear "no capacity" (retried after a
+         * backoff), never "no such request" (a failure) */
+        if (env->body_case == EPD__ENVELOPE__BODY_RESERVATION) {
+            epd_daemon_refuse_log(srv->d, id, "reservation before its request: stash full");
+            (void)epd_link_send_error(from, id, EPD_ERR_NO_CAPACITY,
+                                      "prefill worker busy: too many reservations ahead of "
+                                      "their requests",
+                                      NULL);
+            (void)epd_link_send_quiesced(from, id);
+        }
         return 0;
     }
     epd_log_debug(EPD_PREFILL_LOG, id, "%s before its request: kept", epd_msg_body_name(env));

@@ -300,6 +300,7 @@ typedef struct epd_prefill_req {
     epd_status_t compute_status;
     int32_t first_token;
     int complete_sent; /* PrefillComplete (or the first token) went out */
+    int hold;          /* admitted under pressure: its run waits for the reservation */
     int released;      /* RELEASED consumed */
     /* images: the run is queued once media_pending is 0 */
     epd_prefill_media_t *media; /* [n_media] */
@@ -339,6 +340,10 @@ typedef struct epd_prefill_srv {
     uint32_t n_more;        /* requests whose posting stopped after a burst */
     uint32_t embed_slots;
     uint64_t max_image_pixels; /* local encodes' pixel guard */
+    /* rule 34: after a decode worker refused a reservation, runs admitted
+     * until pressure_until_ns wait for their reservation before computing */
+    int hold_under_pressure;
+    uint64_t pressure_until_ns;
     /* the local KV pool, registered: the writes' source (the pool part's) */
     epd_xport_mr_t *pool_mr;
     epd_kv_pool_t pool;
@@ -367,6 +372,9 @@ typedef struct epd_prefill_srv {
     uint64_t layer_notices_skipped; /* skipped: the link had messages waiting */
     uint64_t embed_hits, embed_misses, embed_local; /* images: cached, from an encoder, ours */
     uint64_t embed_parked; /* requests that waited for slots */
+    uint64_t runs_held;    /* runs that waited for their reservation (rule 34) */
+    uint64_t wasted_prefill_tokens; /* prompt tokens x layers computed / n_layers for
+                                     * requests that ended without PrefillComplete */
 } epd_prefill_srv_t;
 
 /* ---- epd_prefill_msg.c (the daemon's on_msg) ---- */

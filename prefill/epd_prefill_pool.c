@@ -158,6 +158,7 @@ epd_status_t epd__prefill_pool_admit(epd_prefill_srv_t *srv, const Epd__Generate
     req->run_job.seq.state_slot = req->slot;
     req->run_job.tokens = req->tokens;
     req->run_job.n_tokens = n_tokens;
+    req->run_job.n_decode = g->resume_generated;
     req->run_job.sample = *sp;
     req->run_job.cancel = &req->cancel;
     req->run_job.layer_evs = req->evs;

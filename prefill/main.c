@@ -36,6 +36,7 @@ typedef struct {
     int layer_notify;
     int64_t embed_slots;
     int64_t max_image_pixels;
+    int hold_under_pressure;
 } epd_prefill_flags_t;
 
 /* Shutdown step 5 (daemon/epd_daemon.h): the compute thread writes into
@@ -67,6 +68,7 @@ static void epd_prefill_load(void *arg, epd_daemon_load_t *load_p)
     load_p->running_requests = epd_reqtab_count(&srv->reqs);
     load_p->kv_bytes_sent = srv->kv_bytes_sent;
     load_p->quarantined = epd__prefill_media_quarantined(srv);
+    load_p->wasted_prefill_tokens = srv->wasted_prefill_tokens;
 }
 
 /* A SIGTERM drain ends when no request is left (none queued for compute,
@@ -187,6 +189,7 @@ static int epd_prefill_run(const epd_daemon_flags_t *dfl, void *arg)
     srv.layer_notify = fl->layer_notify;
     srv.embed_slots = (uint32_t)fl->embed_slots;
     srv.max_image_pixels = (uint64_t)fl->max_image_pixels;
+    srv.hold_under_pressure = fl->hold_under_pressure;
     /* the model (blocking: before the loop runs) */
     if (epd_daemon_engine_open(dfl, EPD_PREFILL_LOG, (uint32_t)fl->block_tokens, 1, &srv.engine) !=
         EPD_OK) {
@@ -221,6 +224,7 @@ int main(int argc, char **argv)
         .layer_notify = 1,
         .embed_slots = 64,
         .max_image_pixels = (int64_t)EPD_IMAGE_MAX_PIXELS_DEFAULT,
+        .hold_under_pressure = 1,
     };
     const epd_opt_t opts[] = {
         {"kv-blocks", EPD_OPT_INT, &fl.kv_blocks, 1, 1 << 24, "local KV blocks"},
@@ -246,6 +250,10 @@ int main(int argc, char **argv)
          "writes and the embedding cache (0: no images)"},
         {"max-image-pixels", EPD_OPT_INT, &fl.max_image_pixels, 1, (int64_t)1 << 40,
          "width x height limit of an image this worker decodes itself (no encoder pool)"},
+        {"hold-under-pressure", EPD_OPT_BOOL, &fl.hold_under_pressure, 0, 0,
+         "once a decode worker refused a reservation (within the last lease), start a prompt's "
+         "compute only when its reservation is in (proto/README.md rule 34; "
+         "--no-hold-under-pressure: always at once, before the reservation)"},
     };
     return epd_daemon_main("epd-prefill",
                            "prefill worker: prompts in, KV streamed to decode per layer",

@@ -204,6 +204,7 @@ static int epd_router_register(epd_router_t *rt, const void *req, size_t req_len
     info->embed_slots = rr->capacity->embed_slots;
     info->image_embeddings = rr->capacity->image_embeddings;
     info->embed_dim = rr->capacity->embed_dim;
+    info->kv_headroom_tokens = rr->capacity->kv_headroom_tokens;
     info->kv_blocks_total = rr->capacity->kv_blocks_total;
     info->state_slots_total = rr->capacity->state_slots_total;
     info->max_batch = rr->capacity->max_batch;
@@ -291,6 +292,23 @@ static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_le
                 rt->m.kv_bytes_received += hb->load->kv_bytes_received - w->hb_kv_bytes_received;
                 w->hb_kv_bytes_received = hb->load->kv_bytes_received;
             }
+            if (hb->load->preemptions > w->hb_preemptions) {
+                rt->m.preemptions += hb->load->preemptions - w->hb_preemptions;
+                w->hb_preemptions = hb->load->preemptions;
+            }
+            if (hb->load->recomputed_tokens > w->hb_recomputed_tokens) {
+                rt->m.recomputed_tokens += hb->load->recomputed_tokens - w->hb_recomputed_tokens;
+                w->hb_recomputed_tokens = hb->load->recomputed_tokens;
+            }
+            if (hb->load->wasted_prefill_tokens > w->hb_wasted_prefill_tokens) {
+                rt->m.wasted_prefill_tokens +=
+                    hb->load->wasted_prefill_tokens - w->hb_wasted_prefill_tokens;
+                w->hb_wasted_prefill_tokens = hb->load->wasted_prefill_tokens;
+            }
+            /* its free blocks are current again: what we sent since the
+             * last one is in them, and a refusal for room is history */
+            w->kv_pending = 0;
+            w->cap_refused = 0;
             if (hb->load->draining && !w->self_draining) {
                 /* drained through its own Drain RPC (epd-ctl drain WORKER):
                  * no new work from now on, as if drained through us */

@@ -663,10 +663,12 @@ static void *hammer_reader(void *arg)
         if (l.queued_tokens != 1000ull * l.queue_depth ||
             l.kv_blocks_free != 5000 - l.queue_depth || l.state_slots_free != l.queue_depth % 7 ||
             l.running_requests != l.queue_depth + 1 || l.kv_bytes_sent != 3ull * l.queue_depth ||
-            l.kv_bytes_received != 7ull * l.queue_depth || l.draining != (int)(l.queue_depth & 1) ||
-            l.links[0] != l.queue_depth || l.links[3] != l.queue_depth + 3 ||
-            l.quarantined != l.queue_depth % 5 || l.late_writes_refused != 11ull * l.queue_depth ||
-            l.grants_held != l.queue_depth % 3) {
+            l.kv_bytes_received != 7ull * l.queue_depth || l.preemptions != 11ull * l.queue_depth ||
+            l.recomputed_tokens != 13ull * l.queue_depth ||
+            l.wasted_prefill_tokens != 17ull * l.queue_depth ||
+            l.draining != (int)(l.queue_depth & 1) || l.links[0] != l.queue_depth ||
+            l.links[3] != l.queue_depth + 3 || l.quarantined != l.queue_depth % 5 ||
+            l.late_writes_refused != 19ull * l.queue_depth || l.grants_held != l.queue_depth % 3) {
             h->torn++;
         }
     }
@@ -699,10 +701,10 @@ static void test_seqlock(void **state)
     assert_int_equal(pthread_create(&t, NULL, hammer_reader, &h), 0);
     /* until the reader has read plenty while the writer wrote */
     for (uint32_t v = 1; v <= 20000000 && atomic_load(&h.reads) < 200000; v++) {
-        epd_registrar_load_t l = {v,        1000ull * v,  5000 - v,
-                                  v % 7,    v + 1,        3ull * v,
-                                  7ull * v, (int)(v & 1), {v, v + 1, v + 2, v + 3},
-                                  v % 5,    11ull * v,    v % 3};
+        epd_registrar_load_t l = {v,         1000ull * v, 5000 - v,  v % 7,
+                                  v + 1,     3ull * v,    7ull * v,  11ull * v,
+                                  13ull * v, 17ull * v,   (int)(v & 1), {v, v + 1, v + 2, v + 3},
+                                  v % 5,     19ull * v,   v % 3};
 
         epd_registrar_publish(d.reg, &l);
     }

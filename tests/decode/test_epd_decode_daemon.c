@@ -320,7 +320,9 @@ static void start_daemon(void)
         execl(bin, bin, "--model", T.model, "--ready-file", ready, "--kv-blocks", blocks,
               "--state-slots", "8", "--max-batch", "4", "--lease-ms", lease, "--peer-timeout-ms",
               "5000", "--worker-id", "dtest", "--log-level", "debug", "--trace", trace,
-              (char *)NULL);
+              /* the reservation's mechanics at fixed sizes (KV on demand:
+               * tests/integration/test_decode_preempt.sh) */
+              "--kv-reserve", "upfront", (char *)NULL);
         _exit(127);
     }
     end = epd_time_now_ns() + 60 * EPD_NSEC_PER_SEC;

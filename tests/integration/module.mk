@@ -62,3 +62,6 @@ ALL_TESTS += tests/integration/test_trust_ucx_shm.sh \
 ALL_TESTS += tests/integration/test_addresses.sh
 # epd-bench fleet's simulated workers: READY at the router, DEAD once stopped (#15)
 ALL_TESTS += tests/integration/test_fleet.sh
+# overload: the router's queue and 429s, decode KV on demand with preemption
+ALL_TESTS += tests/integration/test_router_burst.sh \
+             tests/integration/test_decode_preempt.sh
