@@ -20,6 +20,14 @@ uint64_t epd_hash64(const void *data, size_t len, uint64_t seed)
     return XXH3_64bits_withSeed(data, len, seed);
 }
 
+void epd_hash128(const void *data, size_t len, uint64_t seed, uint8_t out[16])
+{
+    XXH128_canonical_t c;
+
+    XXH128_canonicalFromHash(&c, XXH3_128bits_withSeed(data, len, seed));
+    memcpy(out, c.digest, 16);
+}
+
 epd_status_t epd_hash_state_create(uint64_t seed, epd_hash_state_t **state_p)
 {
     /* XXH3_state_t wants 64-byte alignment; epd_malloc gives 16, so the
@@ -72,4 +80,19 @@ void epd_content_hash(const void *data, size_t len, unsigned char out[EPD_CONTEN
         memset(out, 0, EPD_CONTENT_HASH_BYTES);
     }
     crypto_generichash(out, EPD_CONTENT_HASH_BYTES, data, len, NULL, 0);
+}
+
+void epd_content_hash_v(const void *const *parts, const size_t *lens, size_t n,
+                        unsigned char out[EPD_CONTENT_HASH_BYTES])
+{
+    crypto_generichash_state st;
+
+    if (sodium_init() < 0) {
+        memset(out, 0, EPD_CONTENT_HASH_BYTES);
+    }
+    crypto_generichash_init(&st, NULL, 0, EPD_CONTENT_HASH_BYTES);
+    for (size_t i = 0; i < n; i++) {
+        crypto_generichash_update(&st, parts[i], lens[i]);
+    }
+    crypto_generichash_final(&st, out, EPD_CONTENT_HASH_BYTES);
 }

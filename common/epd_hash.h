@@ -20,6 +20,8 @@
 
 /* XXH3-64 of `len` bytes at `data` with `seed`. */
 uint64_t epd_hash64(const void *data, size_t len, uint64_t seed);
+/* XXH3-128 of the same, in its canonical (big-endian) byte order. */
+void epd_hash128(const void *data, size_t len, uint64_t seed, uint8_t out[16]);
 
 typedef struct epd_hash_state epd_hash_state_t;
 
@@ -40,5 +42,9 @@ uint64_t epd_hash_state_digest(const epd_hash_state_t *state);
 /* BLAKE2b-256 (unkeyed) of `len` bytes at `data` into out[0..32): the key
  * of the embedding cache (an image's encoded bytes).  Any thread. */
 void epd_content_hash(const void *data, size_t len, unsigned char out[EPD_CONTENT_HASH_BYTES]);
+/* BLAKE2b-256 of the concatenation of parts[i][0..lens[i]), i < n: the
+ * chain hashes of the prefix cache (daemon/epd_prefix.h).  Any thread. */
+void epd_content_hash_v(const void *const *parts, const size_t *lens, size_t n,
+                        unsigned char out[EPD_CONTENT_HASH_BYTES]);
 
 #endif

@@ -56,6 +56,7 @@
 #include "epd_alloc.h"
 #include "epd_engine.h"
 #include "epd_engine_int.h"
+#include "epd_hash.h"
 #include "epd_log.h"
 #include "epd_rng.h"
 #include "epd_sim.h"
@@ -184,15 +185,22 @@ static void epd_sim_fill_rows(const epd_engine_impl_t *e, const epd_kv_pool_t *p
     }
 }
 
-/* Writes the state of linear layer `layer` after a prefix with hash h. */
-static void epd_sim_fill_state(const epd_engine_impl_t *e, const epd_kv_pool_t *pool, uint32_t slot,
-                               uint32_t layer, uint64_t h)
+/* Writes the state of linear layer `layer` after a prefix with hash h into
+ * s (state_bytes). */
+static void epd_sim_fill_state_at(const epd_engine_impl_t *e, unsigned char *s, uint32_t layer,
+                                  uint64_t h)
 {
-    unsigned char *s = epd_sim_state(e, pool, layer, slot);
     uint64_t hk = h ^ e->key[layer];
 
     epd_sim_fill(e, s, e->info.kv.state_bytes, epd_sim_mix(hk ^ EPD_SIM_STATE_KEY));
     memcpy(s, &hk, 8);
+}
+
+/* Writes the state of linear layer `layer` after a prefix with hash h. */
+static void epd_sim_fill_state(const epd_engine_impl_t *e, const epd_kv_pool_t *pool, uint32_t slot,
+                               uint32_t layer, uint64_t h)
+{
+    epd_sim_fill_state_at(e, epd_sim_state(e, pool, layer, slot), layer, h);
 }
 
 /* The prefix hash of tokens [0, pos], read back from the pool. */
@@ -398,6 +406,13 @@ static epd_status_t epd_sim_open(const epd_engine_config_t *config, epd_engine_i
         e->key[l] = epd_rng_next(&rng);
     }
     e->logit_key = epd_rng_next(&rng);
+    /* the bytes are a function of the seed (the table and keys), the layout
+     * and the vocabulary: the digest of the first and the last */
+    {
+        uint64_t id[2] = {e->conf.seed, e->info.vocab_size};
+
+        epd_hash128(id, sizeof(id), 0x73696d /* "sim" */, e->info.model_digest);
+    }
     epd_log_debug(EPD_SIM_LOG, 0,
                   "%s: %s on %u x %s, scale %g (KV x%.4g, state x%.4g), %s; %u layers (%u "
                   "attention), %u-token blocks of %llu bytes (%u x %u %s), state %llu bytes, "
@@ -472,12 +487,22 @@ static epd_status_t epd_sim_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *p
         done.tok_start = start;
         done.tok_end = start + T;
         if (kv->kind[l] == EPD_LAYER_ATTENTION) {
-            epd_sim_fill_rows(e, pool, &args->seq, l, start, T, h);
-            done.first_block = start / kv->block_tokens;
+            /* replayed positions keep the KV a prefix cache gave them */
+            uint32_t from = args->replay_end > start ? args->replay_end : start;
+
+            epd_sim_fill_rows(e, pool, &args->seq, l, from, start + T - from, h + (from - start));
+            done.tok_start = from;
+            done.first_block = from / kv->block_tokens;
             done.n_blocks = (start + T - 1) / kv->block_tokens - done.first_block + 1;
             done.block_ids = args->seq.block_table + done.first_block;
             bytes = (uint64_t)T * kv->block_bytes / kv->block_tokens;
         } else {
+            for (uint32_t c = 0; c < args->n_ckpts; c++) {
+                epd_sim_fill_state_at(e,
+                                      (unsigned char *)args->ckpts[c].dst +
+                                          (size_t)kv->kind_index[l] * kv->state_bytes,
+                                      l, h[args->ckpts[c].pos - 1 - start]);
+            }
             epd_sim_fill_state(e, pool, args->seq.state_slot, l, h[T - 1]);
             done.state_slot = args->seq.state_slot;
             bytes = kv->state_bytes;
