@@ -82,17 +82,26 @@ void epd_content_hash(const void *data, size_t len, unsigned char out[EPD_CONTEN
     crypto_generichash(out, EPD_CONTENT_HASH_BYTES, data, len, NULL, 0);
 }
 
-void epd_content_hash_v(const void *const *parts, const size_t *lens, size_t n,
-                        unsigned char out[EPD_CONTENT_HASH_BYTES])
-{
-    crypto_generichash_state st;
+_Static_assert(sizeof(crypto_generichash_state) <= sizeof(((epd_content_hash_state_t *)0)->opaque_),
+               "epd_content_hash_state_t is too small for libsodium's state");
 
+void epd_content_hash_init(epd_content_hash_state_t *st)
+{
     if (sodium_init() < 0) {
-        memset(out, 0, EPD_CONTENT_HASH_BYTES);
+        /* cannot happen (see epd_content_hash) */
+        memset(st, 0, sizeof(*st));
     }
-    crypto_generichash_init(&st, NULL, 0, EPD_CONTENT_HASH_BYTES);
-    for (size_t i = 0; i < n; i++) {
-        crypto_generichash_update(&st, parts[i], lens[i]);
-    }
-    crypto_generichash_final(&st, out, EPD_CONTENT_HASH_BYTES);
+    crypto_generichash_init((crypto_generichash_state *)(void *)st->opaque_, NULL, 0,
+                            EPD_CONTENT_HASH_BYTES);
+}
+
+void epd_content_hash_update(epd_content_hash_state_t *st, const void *data, size_t len)
+{
+    crypto_generichash_update((crypto_generichash_state *)(void *)st->opaque_, data, len);
+}
+
+void epd_content_hash_final(epd_content_hash_state_t *st, unsigned char out[EPD_CONTENT_HASH_BYTES])
+{
+    crypto_generichash_final((crypto_generichash_state *)(void *)st->opaque_, out,
+                             EPD_CONTENT_HASH_BYTES);
 }
