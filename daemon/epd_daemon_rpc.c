@@ -21,6 +21,7 @@ typedef struct {
     Epd__WorkerIdentity ident;
     Epd__Epoch epoch;
     Epd__Load load;
+    Epd__PrefixCacheStats prefix;
     Epd__Capacity cap;
 } epd_daemon_rpc_parts_t;
 
@@ -53,6 +54,9 @@ static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
     p->load.running_requests = l.running_requests;
     p->load.kv_bytes_sent = l.kv_bytes_sent;
     p->load.kv_bytes_received = l.kv_bytes_received;
+    epd__prefix_cache_stats__init(&p->prefix);
+    epd_prefix_stats_to_msg(&l.prefix, &p->prefix);
+    p->load.prefix = &p->prefix;
     p->load.draining = l.draining != 0;
     p->cap.kv_blocks_total = d->capacity.kv_blocks_total;
     p->cap.block_tokens = d->capacity.block_tokens;

@@ -60,6 +60,7 @@ struct epd_registrar {
     atomic_uint_fast32_t l_queue_depth, l_kv_blocks_free, l_state_slots_free, l_running;
     atomic_uint_fast64_t l_queued_tokens, l_bytes_sent, l_bytes_received;
     atomic_int l_draining;
+    atomic_uint_fast64_t l_prefix[EPD_PREFIX_STATS_WORDS];
     /* thread -> loop */
     atomic_int drain_posted; /* drain reported to the loop (once) */
     atomic_int drain_delivered;
@@ -84,6 +85,12 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
     atomic_store_explicit(&reg->l_bytes_sent, load->kv_bytes_sent, memory_order_relaxed);
     atomic_store_explicit(&reg->l_bytes_received, load->kv_bytes_received, memory_order_relaxed);
     atomic_store_explicit(&reg->l_draining, load->draining != 0, memory_order_relaxed);
+    for (size_t i = 0; i < EPD_PREFIX_STATS_WORDS; i++) {
+        uint64_t w;
+
+        memcpy(&w, (const char *)&load->prefix + i * sizeof(w), sizeof(w));
+        atomic_store_explicit(&reg->l_prefix[i], w, memory_order_relaxed);
+    }
     atomic_store_explicit(&reg->seq, s + 2, memory_order_release);
 }
 
@@ -112,6 +119,11 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
         l.kv_bytes_received =
             (uint64_t)atomic_load_explicit(&reg->l_bytes_received, memory_order_relaxed);
         l.draining = atomic_load_explicit(&reg->l_draining, memory_order_relaxed);
+        for (size_t i = 0; i < EPD_PREFIX_STATS_WORDS; i++) {
+            uint64_t w = (uint64_t)atomic_load_explicit(&reg->l_prefix[i], memory_order_relaxed);
+
+            memcpy((char *)&l.prefix + i * sizeof(w), &w, sizeof(w));
+        }
         atomic_thread_fence(memory_order_acquire);
         s2 = atomic_load_explicit(&reg->seq, memory_order_relaxed);
         if (s1 == s2) {
@@ -247,8 +259,9 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     Epd__HeartbeatRequest hb = EPD__HEARTBEAT_REQUEST__INIT;
     Epd__Epoch epoch = EPD__EPOCH__INIT;
     Epd__Load load = EPD__LOAD__INIT;
+    Epd__PrefixCacheStats prefix = EPD__PREFIX_CACHE_STATS__INIT;
     epd_registrar_load_t l;
-    unsigned char buf[256];
+    unsigned char buf[512];
     void *resp = NULL;
     size_t len = 0, n;
     char err[EPD_REG_ERR_CAP] = "";
@@ -268,11 +281,13 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     load.kv_bytes_sent = l.kv_bytes_sent;
     load.kv_bytes_received = l.kv_bytes_received;
     load.draining = l.draining != 0;
+    epd_prefix_stats_to_msg(&l.prefix, &prefix);
+    load.prefix = &prefix;
     hb.worker_id = reg->worker_id;
     hb.epoch = &epoch;
     hb.load = &load;
     n = protobuf_c_message_get_packed_size(&hb.base);
-    if (n > sizeof(buf)) { /* a 127-byte id and five varints: cannot happen */
+    if (n > sizeof(buf)) { /* a 127-byte id and some twenty varints: cannot happen */
         snprintf(why, why_cap, "heartbeat too large");
         return -1;
     }
@@ -539,4 +554,40 @@ void epd_registrar_stop(epd_registrar_t *reg)
     uv_timer_stop(&reg->timer);
     uv_close((uv_handle_t *)&reg->timer, epd_registrar_on_closed);
     uv_close((uv_handle_t *)&reg->async, epd_registrar_on_closed);
+}
+
+void epd_prefix_stats_to_msg(const epd_prefix_stats_t *s, Epd__PrefixCacheStats *m)
+{
+    m->requests = s->requests;
+    m->prompt_tokens = s->prompt_tokens;
+    m->hit_tokens = s->hit_tokens;
+    m->computed_tokens = s->computed_tokens;
+    m->replayed_tokens = s->replayed_tokens;
+    m->replay_cut = s->replay_cut;
+    m->checkpoints_taken = s->checkpoints_taken;
+    m->checkpoints_restored = s->checkpoints_restored;
+    m->checkpoints_dropped = s->checkpoints_dropped;
+    m->evictions = s->evictions;
+    m->cached_blocks = s->cached_blocks;
+    m->checkpoints_held = s->checkpoints_held;
+}
+
+void epd_prefix_stats_from_msg(const Epd__PrefixCacheStats *m, epd_prefix_stats_t *s_p)
+{
+    memset(s_p, 0, sizeof(*s_p));
+    if (m == NULL) {
+        return;
+    }
+    s_p->requests = m->requests;
+    s_p->prompt_tokens = m->prompt_tokens;
+    s_p->hit_tokens = m->hit_tokens;
+    s_p->computed_tokens = m->computed_tokens;
+    s_p->replayed_tokens = m->replayed_tokens;
+    s_p->replay_cut = m->replay_cut;
+    s_p->checkpoints_taken = m->checkpoints_taken;
+    s_p->checkpoints_restored = m->checkpoints_restored;
+    s_p->checkpoints_dropped = m->checkpoints_dropped;
+    s_p->evictions = m->evictions;
+    s_p->cached_blocks = m->cached_blocks;
+    s_p->checkpoints_held = m->checkpoints_held;
 }

@@ -37,6 +37,22 @@
 
 typedef struct epd_registrar epd_registrar_t;
 
+/* epd.PrefixCacheStats (epd_common.proto): a prefix cache's counters and
+ * size; every field a uint64_t (the registrar copies it word by word). */
+typedef struct {
+    uint64_t requests, prompt_tokens, hit_tokens, computed_tokens, replayed_tokens, replay_cut;
+    uint64_t checkpoints_taken, checkpoints_restored, checkpoints_dropped, evictions;
+    uint64_t cached_blocks, checkpoints_held;
+} epd_prefix_stats_t;
+
+#define EPD_PREFIX_STATS_WORDS (sizeof(epd_prefix_stats_t) / sizeof(uint64_t))
+
+struct Epd__PrefixCacheStats;
+/* Fills the message's fields (the caller's, initialised) from `s`. */
+void epd_prefix_stats_to_msg(const epd_prefix_stats_t *s, struct Epd__PrefixCacheStats *m);
+/* The other way (m may be NULL: all zero). */
+void epd_prefix_stats_from_msg(const struct Epd__PrefixCacheStats *m, epd_prefix_stats_t *s_p);
+
 /* The fields of epd.Load the daemon reports. */
 typedef struct {
     uint32_t queue_depth;   /* requests waiting */
@@ -47,6 +63,7 @@ typedef struct {
     uint64_t kv_bytes_sent;     /* data plane, monotonic (prefill: written) */
     uint64_t kv_bytes_received; /* data plane, monotonic (decode: received and verified) */
     int draining;               /* the worker takes no new work */
+    epd_prefix_stats_t prefix;  /* all zero: no prefix cache */
 } epd_registrar_load_t;
 
 /* Loop thread: write the daemon's current load into *load_p. */

@@ -556,7 +556,8 @@ static void *hammer_reader(void *arg)
         if (l.queued_tokens != 1000ull * l.queue_depth ||
             l.kv_blocks_free != 5000 - l.queue_depth || l.state_slots_free != l.queue_depth % 7 ||
             l.running_requests != l.queue_depth + 1 || l.kv_bytes_sent != 3ull * l.queue_depth ||
-            l.kv_bytes_received != 7ull * l.queue_depth || l.draining != (int)(l.queue_depth & 1)) {
+            l.kv_bytes_received != 7ull * l.queue_depth || l.draining != (int)(l.queue_depth & 1) ||
+            l.prefix.requests != l.queue_depth || l.prefix.checkpoints_held != 9ull * l.queue_depth) {
             h->torn++;
         }
     }
@@ -590,7 +591,10 @@ static void test_seqlock(void **state)
     /* until the reader has read plenty while the writer wrote */
     for (uint32_t v = 1; v <= 20000000 && atomic_load(&h.reads) < 200000; v++) {
         epd_registrar_load_t l = {v, 1000ull * v, 5000 - v, v % 7, v + 1, 3ull * v, 7ull * v,
-                                  (int)(v & 1)};
+                                  (int)(v & 1), {0}};
+
+        l.prefix.requests = v;
+        l.prefix.checkpoints_held = 9ull * v;
 
         epd_registrar_publish(d.reg, &l);
     }
