@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "epd_router_registry.h"
+#include "epd_registrar.h"
 #include "epd_status.h"
 
 #define EPD_ROUTER_HISTO_BUCKETS 20
@@ -51,6 +52,9 @@ typedef struct {
      * incarnation's monotonic counters, so they survive worker restarts) */
     uint64_t kv_bytes_sent;     /* written by prefill workers */
     uint64_t kv_bytes_received; /* received and verified by decode workers */
+    /* the prefill workers' prefix caches, summed the same way (the two
+     * gauges at the end stay 0: per worker below) */
+    epd_prefix_stats_t prefix;
     /* images: where their embeddings came from, counted once an attempt
      * got its first token; stale = a cache hint the prefill worker
      * disproved (retried with an encoder) */

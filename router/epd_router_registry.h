@@ -47,6 +47,7 @@
 #include <stdint.h>
 
 #include "epd_client.h"
+#include "epd_registrar.h"
 #include "epd_status.h"
 
 #define EPD_ROUTER_AFFINITY_SLACK_TOKENS 4096
@@ -83,6 +84,7 @@ typedef struct epd_router_worker {
     uint32_t hb_running;
     uint64_t hb_kv_bytes_sent;     /* data-plane counters (monotonic per incarnation) */
     uint64_t hb_kv_bytes_received;
+    epd_prefix_stats_t hb_prefix; /* its prefix cache (prefill; per incarnation) */
     /* router-side load */
     uint32_t inflight;      /* requests sent here, not yet ended */
     uint64_t queued_tokens; /* prefill: prompt tokens not yet past their first token */

@@ -218,6 +218,8 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
         q.user = r;
         q.media = r->n_images > 0 ? media : NULL;
         q.n_media = r->n_images;
+        q.cache_salt = r->oai->cache_salt;
+        q.cache_salt_len = r->oai->cache_salt != NULL ? strlen(r->oai->cache_salt) : 0;
         st = epd_client_submit(rt->client, &q, &r->client_id);
         if (st == EPD_OK) {
             for (uint32_t k = 0; k < r->n_images; k++) {

@@ -244,6 +244,30 @@ static int epd_router_register(epd_router_t *rt, const void *req, size_t req_len
     return rc;
 }
 
+
+/* The prefix-cache counters of worker w's heartbeat: the increments of its
+ * incarnation's monotonic counters into the router's totals, its gauges
+ * kept for the per-worker series. */
+static void epd_router_prefix_heartbeat(epd_router_t *rt, epd_router_worker_t *w,
+                                        const Epd__PrefixCacheStats *msg)
+{
+    epd_prefix_stats_t now;
+    uint64_t cur[EPD_PREFIX_STATS_WORDS], old[EPD_PREFIX_STATS_WORDS], sum[EPD_PREFIX_STATS_WORDS];
+
+    epd_prefix_stats_from_msg(msg, &now);
+    memcpy(cur, &now, sizeof(cur));
+    memcpy(old, &w->hb_prefix, sizeof(old));
+    memcpy(sum, &rt->m.prefix, sizeof(sum));
+    /* the counters: every word but the two gauges at the end */
+    for (size_t i = 0; i + 2 < EPD_PREFIX_STATS_WORDS; i++) {
+        if (cur[i] > old[i]) {
+            sum[i] += cur[i] - old[i];
+        }
+    }
+    memcpy(&rt->m.prefix, sum, sizeof(sum));
+    w->hb_prefix = now;
+}
+
 static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_len, void **resp_p,
                                 size_t *resp_len_p, char *err, size_t err_cap)
 {
@@ -277,6 +301,7 @@ static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_le
                 rt->m.kv_bytes_received += hb->load->kv_bytes_received - w->hb_kv_bytes_received;
                 w->hb_kv_bytes_received = hb->load->kv_bytes_received;
             }
+            epd_router_prefix_heartbeat(rt, w, hb->load->prefix);
             if (hb->load->draining && !w->self_draining) {
                 /* drained through its own Drain RPC (epd-ctl drain WORKER):
                  * no new work from now on, as if drained through us */

@@ -169,4 +169,28 @@ router_client images "$r_HTTP" "$T/vis" "$G" --images "$T/i2.png" --max-tokens 1
 h2=$(counter hit_tokens)
 # the block holding position 111 (96..111) has another image: 6 blocks
 [ $((h2 - h1)) = 96 ] || fail "another image at the same place hit $((h2 - h1)) tokens, want 96"
+
+note "cache_salt: a tenant's blocks serve only the same salt; the router's /metrics count hits"
+complete() { # SALT: the text of a greedy completion of $LONG with that salt
+  curl -s --max-time 60 "$r_HTTP/v1/completions" -d "{\"model\": \"vis\", \"prompt\": \"$LONG salted\",
+    \"max_tokens\": 8, \"temperature\": 0, \"cache_salt\": \"$1\"}" |
+    "$PYTHON3" -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["text"])'
+}
+t1=$(complete tenant-1)
+h3=$(counter hit_tokens)
+t2=$(complete tenant-2)
+h4=$(counter hit_tokens)
+[ "$h4" = "$h3" ] || fail "another salt hit $((h4 - h3)) tokens"
+t3=$(complete tenant-1)
+h5=$(counter hit_tokens)
+[ $((h5 - h4)) = 96 ] || fail "the same salt hit $((h5 - h4)) tokens, want 96"
+[ "$t1" = "$t2" ] && [ "$t1" = "$t3" ] || fail "salted answers differ: '$t1' '$t2' '$t3'"
+for i in $(seq 1 50); do # the heartbeat carries the counters
+  [ "$(router_metric "$r_HTTP" epd_router_prefix_hit_tokens_total)" = "$h5" ] && break
+  sleep 0.1
+done
+[ "$(router_metric "$r_HTTP" epd_router_prefix_hit_tokens_total)" = "$h5" ] ||
+  fail "router: epd_router_prefix_hit_tokens_total=$(router_metric "$r_HTTP" epd_router_prefix_hit_tokens_total), the worker says $h5"
+[ -n "$(router_metric "$r_HTTP" 'epd_router_worker_prefix_cached_blocks{worker="prefill-v"}')" ] ||
+  fail "no per-worker cached blocks in /metrics"
 finish_ok
