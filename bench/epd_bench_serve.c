@@ -1737,6 +1737,37 @@ static void sv_cluster_stop(sv_t *b)
     }
 }
 
+pid_t epd_bench_spawn(char *const argv[], const char *log)
+{
+    return sv_spawn(argv, log);
+}
+
+void epd_bench_kill(pid_t pid, const char *name)
+{
+    sv_kill(pid, name);
+}
+
+int epd_bench_wait_ready(const char *path, pid_t pid, const char *key, char *out, size_t cap)
+{
+    return sv_wait_ready(path, pid, key, out, cap);
+}
+
+int epd_bench_bindir(char *out, size_t cap)
+{
+    ssize_t n = readlink("/proc/self/exe", out, cap - 1);
+    char *slash;
+
+    if (n <= 0) {
+        return -1;
+    }
+    out[n] = '\0';
+    slash = strrchr(out, '/');
+    if (slash != NULL) {
+        *slash = '\0';
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------ main */
 
 static int sv_tokenize(sv_t *b)
@@ -1790,6 +1821,7 @@ static int sv_tokenize(sv_t *b)
 int epd_bench_serve_main(int argc, char **argv)
 {
     static sv_t b;
+    static const char *workload_help = "default";
     sv_phase_t phs[2];
     double m_sum0 = 0, m_sum1 = 0;
     uint64_t m_count0 = UINT64_MAX, m_count1 = 0;
@@ -1827,6 +1859,9 @@ int epd_bench_serve_main(int argc, char **argv)
          "path; paths encoders vs local (prefill encodes) alternate; own cluster: ref with "
          "vision + 1 encoder (0: text requests)"},
         {"image-size", EPD_OPT_INT, &b.image_size, 8, 4096, "the images' width and height"},
+        {"workload", EPD_OPT_STRING, &workload_help, 0, 0,
+         "shared-prefix: the prefix cache off vs on, its own options (--workload shared-prefix "
+         "--help)"},
     };
     epd_opts_t o = {.prog = "epd-bench serve",
                     .summary = "serving load (Poisson arrivals) through the router vs straight "
@@ -1850,6 +1885,12 @@ int epd_bench_serve_main(int argc, char **argv)
     b.seed = 1;
     b.image_size = 224;
     signal(SIGPIPE, SIG_IGN);
+    for (int k = 1; k < argc; k++) {
+        /* the prefix-cache workloads are their own benchmark */
+        if (strncmp(argv[k], "--workload", 10) == 0) {
+            return epd_bench_prefix_main(argc, argv);
+        }
+    }
     status = epd_opts_parse(&o, argc, argv, &argi);
     if (status != EPD_OK) {
         epd_opts_cleanup(&o);
