@@ -38,6 +38,7 @@
 #include "epd_bench.h"
 #include "epd_client.h"
 #include "epd_config.h"
+#include "epd_log.h"
 #include "epd_msg.h"
 #include "epd_rpc.h"
 #include "epd_time.h"
@@ -534,6 +535,9 @@ int epd_bench_prefix_main(int argc, char **argv)
     b.block_tokens = 16;
     b.seed = 1;
     signal(SIGPIPE, SIG_IGN);
+    if (getenv("EPD_LOG_LEVEL") == NULL) {
+        epd_log_set_level(EPD_LOG_WARN); /* the client's connection lines */
+    }
     st = epd_opts_parse(&o, argc, argv, &argi);
     if (st != EPD_OK) {
         epd_opts_cleanup(&o);

@@ -18,6 +18,8 @@
  *                           (tombstones), the answers to late messages
  *   epd_prefill_pool.c      the local KV pool (its free blocks and slots)
  *                           and a request's memory
+ *   epd_prefill_cache.c     the prefix cache: cached blocks a request
+ *                           starts from, checkpoints, eviction
  *   epd_prefill_xfer.c      one request's KV transfer: the reservation and
  *                           its key, posting the writes, their completions,
  *                           LayerDone, PrefillComplete
@@ -29,9 +31,10 @@
  *   epd_prefill_plan.c      the pure write plan (own header)
  *
  * Calls go one way: main.c -> epd_prefill_msg.c -> epd_prefill_req.c ->
- * the parts (epd_prefill_ids.c, epd_prefill_pool.c, epd_prefill_media.c,
- * epd_prefill_xfer.c) -> epd_prefill_compute.c, epd_prefill_plan.c; among
- * the parts: pool -> xfer, plan; xfer -> plan; media -> compute.
+ * the parts (epd_prefill_ids.c, epd_prefill_pool.c, epd_prefill_cache.c,
+ * epd_prefill_media.c, epd_prefill_xfer.c) -> epd_prefill_compute.c,
+ * epd_prefill_plan.c; among the parts: pool -> cache, xfer, plan;
+ * xfer -> plan; media -> compute.
  * main.c also calls the request layer and the parts to set them up.  A
  * part never calls the request layer: it answers with return values, and
  * reaches it only through callbacks registered at start-up — the daemon's
