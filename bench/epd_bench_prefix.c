@@ -3,8 +3,9 @@
  * prefix cache buys (README.md "Prefix cache").
  *
  * For each model (text: attention only; hybrid: linear + attention) and
- * each cache setting (prefill started with --no-prefix-cache, then with
- * the cache on), a fresh prefill and decode worker pair from build/bin and
+ * each cache setting — off (both workers --no-prefix-cache), prefill (its
+ * prefix cache on, decode-side reuse off), on (both) — a fresh prefill and
+ * decode worker pair from build/bin and
  * two workloads, run one request at a time (closed loop: TTFT is the
  * prefill's work, not queueing behind earlier prompts):
  *   shared-prefix  a system prompt of --system-len bytes, then --questions
@@ -19,7 +20,7 @@
  * p50 / p99 (submit -> first token), prompt tokens, prefill tokens
  * computed (the prefill's Load.prefix counters; with the cache off every
  * prompt token), KV bytes the prefill wrote to decode (Load.kv_bytes_sent)
- * and the hit ratio; then TTFT p50 with the cache over without.  It prints
+ * and the hit ratio (prefill's); then TTFT p50 with both over without.  It prints
  * a table; it never judges.
  */
 #include <limits.h>
@@ -137,7 +138,8 @@ static int pb_mkmodel(pb_t *b, char *const argv[])
     return 0;
 }
 
-/* Starts decode and prefill (cache on or off) on `model`. */
+/* Starts decode and prefill on `model`: cache 0 both caches off, 1 the
+ * prefill's prefix cache only, 2 that and decode-side reuse. */
 static int pb_pair_start(pb_t *b, const char *model, const char *tag, int cache)
 {
     char dexe[PATH_MAX + 32], pexe[PATH_MAX + 32], bt[16];
@@ -154,7 +156,8 @@ static int pb_pair_start(pb_t *b, const char *model, const char *tag, int cache)
         char *argv[] = {dexe,           "--model",       (char *)model, "--worker-id",
                         "decode-0",     "--ready-file",  dready,        "--kv-blocks",
                         "8192",         "--state-slots", "64",          "--block-tokens",
-                        bt,             "--log-level",   "warn",        NULL};
+                        bt,             cache == 2 ? "--prefix-cache" : "--no-prefix-cache",
+                        "--log-level",  "warn",          NULL};
 
         b->pids[0] = epd_bench_spawn(argv, dlog);
     }
@@ -406,7 +409,7 @@ static int pb_run(pb_t *b, int cache, pb_row_t rows[2])
         uint32_t total = w == 0 ? (uint32_t)b->questions : (uint32_t)(b->chats * b->turns);
         uint64_t cs = s;
 
-        r->cache = cache ? "on" : "off";
+        r->cache = cache == 0 ? "off" : cache == 1 ? "prefill" : "on";
         r->workload = w == 0 ? "shared-prefix" : "multi-turn";
         r->ttft_ms = epd_calloc(total, sizeof(double));
         r->n = 0;
@@ -468,21 +471,21 @@ out:
 
 static void pb_print(const pb_row_t *rows, int n_rows)
 {
-    printf("%-7s %-13s %-5s %5s | %10s %10s | %9s %9s %7s | %9s\n", "model", "workload", "cache",
+    printf("%-7s %-13s %-7s %5s | %10s %10s | %9s %9s %7s | %9s\n", "model", "workload", "cache",
            "reqs", "ttft_p50", "ttft_p99", "prompt", "computed", "hit", "kv_MB");
     for (int i = 0; i < n_rows; i++) {
         const pb_row_t *r = &rows[i];
 
-        printf("%-7s %-13s %-5s %5u | %10.2f %10.2f | %9llu %9llu %6.1f%% | %9.2f\n", r->model,
+        printf("%-7s %-13s %-7s %5u | %10.2f %10.2f | %9llu %9llu %6.1f%% | %9.2f\n", r->model,
                r->workload, r->cache, r->n, pb_pct(r->ttft_ms, r->n, 0.5),
                pb_pct(r->ttft_ms, r->n, 0.99), (unsigned long long)r->prompt_tokens,
                (unsigned long long)r->computed,
                r->prompt_tokens > 0 ? 100.0 * (double)r->hit / (double)r->prompt_tokens : 0.0,
                (double)r->kv_bytes / 1e6);
     }
-    printf("TTFT p50 with the cache / without (ms):\n");
-    for (int i = 0; i + 1 < n_rows; i++) {
-        const pb_row_t *off = &rows[i], *on = &rows[i + 1];
+    printf("TTFT p50 with both caches / without (ms):\n");
+    for (int i = 0; i + 2 < n_rows; i++) {
+        const pb_row_t *off = &rows[i], *on = &rows[i + 2];
 
         if (strcmp(off->model, on->model) == 0 && strcmp(off->workload, on->workload) == 0 &&
             strcmp(off->cache, "off") == 0 && strcmp(on->cache, "on") == 0) {
@@ -497,7 +500,7 @@ static void pb_print(const pb_row_t *rows, int n_rows)
 int epd_bench_prefix_main(int argc, char **argv)
 {
     static pb_t b;
-    pb_row_t rows[8];
+    pb_row_t rows[12];
     int n_rows = 0;
     const char *workload = NULL;
     int rc = 1;
@@ -517,7 +520,8 @@ int epd_bench_prefix_main(int argc, char **argv)
         {"keep", EPD_OPT_BOOL, &b.keep, 0, 0, "keep the temp folder (models, logs)"},
     };
     epd_opts_t o = {.prog = "epd-bench serve --workload shared-prefix",
-                    .summary = "prefix cache off vs on: shared system prompt and multi-turn chats",
+                    .summary = "prefix caches off / prefill only / prefill and decode: a shared system "
+                               "prompt, multi-turn chats",
                     .opts = opts,
                     .n_opts = sizeof(opts) / sizeof(opts[0])};
     epd_status_t st;
@@ -571,11 +575,12 @@ int epd_bench_prefix_main(int argc, char **argv)
                 goto out;
             }
         }
-        for (int cache = 0; cache < 2; cache++) {
+        for (int cache = 0; cache < 3; cache++) {
+            static const char *const what[3] = {"off", "prefill only", "prefill and decode"};
             char tag[32];
 
-            snprintf(tag, sizeof(tag), "%s-%s", name, cache ? "on" : "off");
-            fprintf(stderr, "serve: %s model, prefix cache %s\n", name, cache ? "on" : "off");
+            snprintf(tag, sizeof(tag), "%s-%d", name, cache);
+            fprintf(stderr, "serve: %s model, prefix cache %s\n", name, what[cache]);
             if (pb_pair_start(&b, dir, tag, cache) != 0 || pb_client_start(&b) != 0) {
                 pb_pair_stop(&b);
                 goto out;
@@ -591,12 +596,16 @@ int epd_bench_prefix_main(int argc, char **argv)
             }
             n_rows += 2;
         }
-        /* rows: off shared, off multi, on shared, on multi -> pair them up */
+        /* rows: (shared, multi) per setting -> every shared row, then
+         * every multi-turn one */
         {
-            pb_row_t t = rows[n_rows - 3];
+            pb_row_t t[6];
 
-            rows[n_rows - 3] = rows[n_rows - 2];
-            rows[n_rows - 2] = t;
+            memcpy(t, &rows[n_rows - 6], sizeof(t));
+            for (int k = 0; k < 3; k++) {
+                rows[n_rows - 6 + k] = t[2 * k];
+                rows[n_rows - 3 + k] = t[2 * k + 1];
+            }
         }
     }
     pb_print(rows, n_rows);

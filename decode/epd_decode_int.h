@@ -15,9 +15,11 @@
  *   epd_decode_blocks.c    the KV block / state-slot lifecycle (own header)
  *   epd_decode_check.c     the pure checks and the KV verification (own header)
  *   epd_decode_batch.c     the compute thread: continuous batching (own header)
+ *   epd_decode_cache.c     decode-side reuse: finished prompts' blocks kept
  *
  * Calls go one way: main.c -> epd_decode_msg.c -> epd_decode_req.c ->
- * epd_decode_blocks.c, epd_decode_check.c, epd_decode_batch.c (main.c also
+ * epd_decode_cache.c, epd_decode_blocks.c, epd_decode_check.c,
+ * epd_decode_batch.c; epd_decode_cache.c -> epd_decode_blocks.c (main.c also
  * calls the request layer's start-up, shutdown and daemon callbacks, and
  * sets the parts up).  Upward only through callbacks registered at start:
  * the daemon's ops (main.c fills them with the functions below) and the
@@ -42,9 +44,12 @@
 #include "epd_decode_check.h"
 #include "epd_engine.h"
 #include "epd_hash.h"
+#include "epd_kvcache.h"
 #include "epd_layout.h"
 #include "epd_link.h"
 #include "epd_peer.h"
+#include "epd_prefix.h"
+#include "epd_registrar.h"
 #include "epd_reqtab.h"
 
 #define EPD_DECODE_LOG "decode"
@@ -103,6 +108,11 @@ typedef struct epd_decode_request {
     uint32_t n_prompt_blocks; /* the ones the prefill worker writes */
     uint32_t slot;            /* state slot, or EPD_DECODE_NO_SLOT */
     uint32_t *blocks;         /* [n_blocks] */
+    /* decode-side reuse (the cache part's): blocks[0..n_cached) are the
+     * prefix cache's (pinned, read-only, never owned by the request) */
+    uint32_t n_cached;
+    epd_prefix_hash_t *keys; /* [n_keys]: the prompt's full blocks; NULL: no reuse */
+    uint32_t n_keys;
     uint32_t *stop_ids;       /* [n_stop] */
     uint32_t n_stop;
     epd_decode_kv_seen_t kv; /* per-layer verification so far ([n_layers] arrays) */
@@ -157,10 +167,36 @@ typedef struct epd_decode_srv {
     int wake_ready;
     epd_reqtab_t reqs; /* live requests, by id; blocked = READY waiting for queue room */
     uint32_t n_ready;  /* requests READY */
+    /* decode-side reuse (the cache part's; pcache NULL: off) */
+    int prefix_cache;
+    const char *engine_name;
+    epd_kvcache_t *pcache;
+    epd_prefix_hash_t proot;
+    struct {
+        uint64_t requests, prompt_tokens, hit_tokens, evictions;
+    } pc;
     /* counters */
     uint64_t kv_bytes_received; /* verified KV of requests that joined */
     epd_trace_t *trace;         /* the daemon's (NULL = off) */
 } epd_decode_srv_t;
+
+/* ---- epd_decode_cache.c ---- */
+/* Decode-side reuse on (srv->prefix_cache, a model with attention layers)
+ * or nothing; after the pool and blocks. */
+epd_status_t epd__decode_cache_init(epd_decode_srv_t *srv, const char *engine_name);
+void epd__decode_cache_cleanup(epd_decode_srv_t *srv);
+/* Admission of `req` (its blocks array of n_blocks): the leading blocks of
+ * g's prompt the cache holds, pinned into req->blocks[0..k), and room made
+ * for the other n_blocks - k (evicting).  Returns k (req->n_cached). */
+uint32_t epd__decode_cache_admit(epd_decode_srv_t *srv, epd_decode_request_t *req,
+                                 const Epd__GenerateRequest *g, uint32_t n_blocks);
+/* `req` is about to retire its blocks, its KV verified: when it ended well
+ * its own full prompt blocks join the cache (req->n_cached grows). */
+void epd__decode_cache_finished(epd_decode_srv_t *srv, epd_decode_request_t *req);
+/* `req` is freed: its pins dropped, its keys freed. */
+void epd__decode_cache_drop(epd_decode_srv_t *srv, epd_decode_request_t *req);
+uint32_t epd__decode_cache_evictable(const epd_decode_srv_t *srv);
+void epd__decode_cache_stats(const epd_decode_srv_t *srv, epd_prefix_stats_t *s_p);
 
 /* ---- epd_decode_msg.c (the daemon's on_msg) ---- */
 int epd__decode_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env);

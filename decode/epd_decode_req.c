@@ -77,7 +77,9 @@ typedef epd_status_t (*epd_decode_blk_op_t)(epd_decode_blocks_t *blocks, uint64_
 static void epd_decode_blocks_to(epd_decode_srv_t *srv, const epd_decode_request_t *req,
                                  epd_decode_blk_op_t op, const char *name)
 {
-    epd_status_t st = op(srv->blocks, req->id, req->blocks, req->n_blocks, req->slot);
+    /* the request's own blocks: the cached head is lent, never owned */
+    epd_status_t st = op(srv->blocks, req->id, req->blocks + req->n_cached,
+                         req->n_blocks - req->n_cached, req->slot);
 
     if (st != EPD_OK) {
         epd_log_error(EPD_DECODE_LOG, req->id, "block allocator refused %s: %s (a bug)", name,
@@ -166,6 +168,7 @@ static epd_status_t epd_decode_send_reservation(epd_decode_srv_t *srv, epd_decod
     kr.lease_ms = srv->lease_ms;
     kr.pool_blocks = srv->pool.n_blocks;
     kr.pool_state_slots = srv->pool.n_state_slots;
+    kr.cached_blocks = req->n_cached;
     return epd_link_send(epd_peer_link(req->peer), EPD__ENVELOPE__BODY_RESERVATION, &kr, 0);
 }
 
@@ -258,13 +261,17 @@ static void epd_decode_finish_run(epd_decode_srv_t *srv, epd_decode_request_t *r
 static void epd_decode_activate(epd_decode_srv_t *srv, epd_decode_request_t *req)
 {
     epd_decode_blocks_to(srv, req, epd_decode_blocks_activate, "activate");
-    srv->kv_bytes_received += req->kv.bytes;
+    /* received: what prefill wrote (not the cached head it skipped) */
+    srv->kv_bytes_received += req->kv.bytes - (uint64_t)req->n_cached *
+                                                  srv->info->kv.n_attn_layers *
+                                                  srv->info->kv.block_bytes;
     /* the decode side holds all of the prompt's KV, verified: the end of the
      * transfer (epd-bench overhead measures up to here) */
     req->t_join_ns = epd_time_now_ns();
     epd_trace_instant(srv->trace, "KV held", "xfer", req->id, -1, req->t_join_ns);
     epd_decode_stream(req, 1, (Epd__FinishReason)req->first_finish);
     if (req->first_finish != EPD__FINISH_REASON__FINISH_NONE) {
+        epd__decode_cache_finished(srv, req);
         epd_decode_blocks_to(srv, req, epd_decode_blocks_retire, "retire");
         epd_daemon_counts(srv->d)->served++;
         req->state = EPD_DECODE_REQ_DONE;
@@ -333,6 +340,7 @@ static void epd_decode_step(epd_decode_srv_t *srv, epd_decode_request_t *req)
             }
             if (req->compute_done) {
                 epd_decode_finish_run(srv, req);
+                epd__decode_cache_finished(srv, req);
                 epd_decode_blocks_to(srv, req, epd_decode_blocks_retire, "retire");
                 req->state = EPD_DECODE_REQ_DONE;
             }
@@ -356,6 +364,7 @@ static void epd_decode_step(epd_decode_srv_t *srv, epd_decode_request_t *req)
 static void epd_decode_destroy(epd_decode_srv_t *srv, epd_decode_request_t *req)
 {
     epd_reqtab_remove(&srv->reqs, &req->ent);
+    epd__decode_cache_drop(srv, req);
     epd_link_unref(req->client);
     epd_peer_unref(req->peer);
     epd_free(req);
@@ -398,6 +407,7 @@ static epd_status_t epd_decode_admit(epd_decode_srv_t *srv, const Epd__Envelope 
     uint32_t n_stop = (uint32_t)g->sampling->n_stop_token_ids;
     epd_decode_request_t *req;
     epd_status_t st;
+    uint32_t k;
     size_t sz;
 
     /* one allocation: the struct, per-layer sums (8-aligned right after
@@ -415,9 +425,14 @@ static epd_status_t epd_decode_admit(epd_decode_srv_t *srv, const Epd__Envelope 
     req->blocks = (uint32_t *)(req->seq.tokens + g->sampling->max_tokens);
     req->stop_ids = req->blocks + n_blocks;
     req->kv.ok = (uint8_t *)(req->stop_ids + n_stop);
-    st = epd_decode_blocks_reserve(srv->blocks, g->request_id, n_blocks, kv->n_linear_layers > 0,
-                                   req->blocks, &req->slot);
+    k = epd__decode_cache_admit(srv, req, g, n_blocks); /* the cached head, pinned */
+    st = epd_decode_blocks_reserve(srv->blocks, g->request_id, n_blocks - k,
+                                   kv->n_linear_layers > 0, req->blocks + k, &req->slot);
+    if (st == EPD_ERR_INVALID_PARAM && k == n_blocks) {
+        st = EPD_ERR_NO_CAPACITY; /* cannot happen: the last block is never cached */
+    }
     if (st != EPD_OK) {
+        epd__decode_cache_drop(srv, req);
         epd_free(req);
         *why_p = st != EPD_ERR_NO_CAPACITY ? "reservation failed"
                  : n_blocks > srv->pool.n_blocks
@@ -910,7 +925,8 @@ void epd__decode_req_load(void *arg, epd_daemon_load_t *load_p)
 
     load_p->queue_depth =
         srv->n_ready + (srv->batch != NULL ? epd_decode_batch_queued(srv->batch) : 0);
-    load_p->kv_blocks_free = epd_decode_blocks_free(srv->blocks);
+    load_p->kv_blocks_free = epd_decode_blocks_free(srv->blocks) + epd__decode_cache_evictable(srv);
+    epd__decode_cache_stats(srv, &load_p->prefix);
     load_p->state_slots_free = epd_decode_blocks_slots_free(srv->blocks);
     load_p->running_requests = srv->batch != NULL ? epd_decode_batch_running(srv->batch) : 0;
     load_p->kv_bytes_received = srv->kv_bytes_received;

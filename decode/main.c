@@ -27,6 +27,7 @@ typedef struct {
     int64_t block_tokens;
     int64_t max_batch;
     int64_t lease_ms;
+    int prefix_cache;
 } epd_decode_flags_t;
 
 /* The parsed role flags (main owns them; setup reads them). */
@@ -114,6 +115,11 @@ static epd_status_t epd_decode_setup(epd_decode_srv_t *srv, const epd_decode_fla
         epd_log_error(EPD_DECODE_LOG, 0, "out of memory");
         return EPD_ERR_NO_MEMORY;
     }
+    srv->prefix_cache = fl->prefix_cache;
+    st = epd__decode_cache_init(srv, epd_engine_name(srv->engine));
+    if (st != EPD_OK) {
+        return st;
+    }
     uv_async_init(epd_daemon_loop(srv->d), &srv->wake, epd_decode_on_wake);
     srv->wake.data = srv;
     srv->wake_ready = 1;
@@ -160,6 +166,7 @@ static void epd_decode_on_cleanup(void *arg)
 
     epd_decode_on_exit(srv);
     epd__decode_reqs_cleanup(srv);
+    epd__decode_cache_cleanup(srv);
     epd_hash_state_destroy(srv->hash);
     epd_decode_blocks_destroy(srv->blocks);
     epd_engine_close(srv->engine);
@@ -223,6 +230,7 @@ int main(int argc, char **argv)
         .block_tokens = 16,
         .max_batch = 32,
         .lease_ms = 5000,
+        .prefix_cache = 1,
     };
     const epd_opt_t opts[] = {
         {"kv-blocks", EPD_OPT_INT, &fl.kv_blocks, 1, 1 << 24, "KV blocks in the pool"},
@@ -233,6 +241,10 @@ int main(int argc, char **argv)
         {"lease-ms", EPD_OPT_INT, &fl.lease_ms, 10, 3600000,
          "fail a reservation whose prefill worker says nothing about it this long (up to 4 "
          "leases while it speaks about others); quarantined blocks re-send their Abort as often"},
+        {"prefix-cache", EPD_OPT_BOOL, &fl.prefix_cache, 0, 0,
+         "keep a finished request's full prompt blocks; a later prompt that starts with them "
+         "(the next turn of a chat) gets them back and prefill does not write them again "
+         "(--no-prefix-cache: every prompt block is written)"},
     };
     return epd_daemon_main("epd-decode",
                            "decode worker: KV reservations, continuous batching, token streams",

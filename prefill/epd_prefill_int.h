@@ -243,6 +243,7 @@ struct epd_prefill_xfer {
     epd_xport_rkey_t *rkey;     /* unpacked on the peer's link; NULL once it died */
     int rkey_shared;            /* the peer's (borrowed, not destroyed here) */
     uint32_t d_lease_ms;        /* decode's lease on the reservation */
+    uint32_t skip;              /* leading blocks decode holds already (not written) */
     /* posting: one cursor over layers in order, writes in order */
     uint32_t post_layer, post_idx;
     uint32_t writes_inflight;

@@ -120,6 +120,11 @@ epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
                  (unsigned long long)r->region_size);
         return st == EPD_ERR_NO_MEMORY ? st : EPD_ERR_OUT_OF_RANGE;
     }
+    if (r->cached_blocks > place.n_blocks) {
+        snprintf(msg, cap, "reservation refused: %u cached blocks of %u", r->cached_blocks,
+                 place.n_blocks);
+        return EPD_ERR_OUT_OF_RANGE;
+    }
     if (r->rkey.len == 0 || r->rkey.len > EPD_XPORT_RKEY_MAX) {
         snprintf(msg, cap, "reservation refused: remote key of %zu bytes", r->rkey.len);
         return EPD_ERR_BAD_RKEY;
@@ -152,6 +157,7 @@ epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
     x->rkey = rkey;
     x->rkey_shared = shared;
     x->d_lease_ms = r->lease_ms;
+    x->skip = r->cached_blocks; /* decode's own copy of them is the same bits (rule 22) */
     x->last_d_msg_ns = epd_time_now_ns();
     x->have_resv = 1;
     return EPD_OK;
@@ -170,7 +176,7 @@ static void epd_prefill_lw_done(epd_prefill_srv_t *srv, epd_prefill_lw_t *lw)
     if (!lw->failed) {
         srv->kv_bytes_sent += lw->bytes;
     }
-    if (srv->trace != NULL) {
+    if (srv->trace != NULL && lw->posted_ns != 0) { /* 0: decode held every block */
         epd_trace_span(srv->trace, "KV write", "xfer", lw->x->id, (int32_t)lw->layer,
                        lw->posted_ns, epd_time_now_ns());
     }
@@ -285,6 +291,9 @@ static epd_status_t epd_prefill_post_layer(epd_prefill_srv_t *srv, epd_prefill_x
     epd_prefill_lw_t *lw = &x->lw[layer];
     char *base = srv->pool.base;
 
+    if (kv->kind[layer] == EPD_LAYER_ATTENTION && x->post_idx < x->skip) {
+        x->post_idx = x->skip; /* decode holds those blocks */
+    }
     while (x->post_idx < n) {
         epd_prefill_write_t w, next;
         uint32_t span = 1;
@@ -303,7 +312,7 @@ static epd_status_t epd_prefill_post_layer(epd_prefill_srv_t *srv, epd_prefill_x
             w.len += next.len;
             span++;
         }
-        if (lw->inflight == 0 && x->post_idx == 0) {
+        if (lw->posted_ns == 0) {
             lw->posted_ns = epd_time_now_ns();
         }
         st = epd_xport_write(epd_link_ep(epd_peer_link(x->peer)), base + w.local_off,

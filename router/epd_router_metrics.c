@@ -187,6 +187,16 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
         "KV bytes decode workers received and verified (from their heartbeats)",
         m->kv_bytes_received);
     epd_router_metrics_prefix(t, reg, &m->prefix);
+    epd_router_metrics_counter(t, "epd_router_decode_prefix_requests_total",
+                               "Prompts decode workers looked up among the blocks they kept",
+                               m->dprefix.requests);
+    epd_router_metrics_counter(t, "epd_router_decode_prefix_hit_tokens_total",
+                               "Prompt tokens whose KV a decode worker still held, so prefill did "
+                               "not write it again (decode-side reuse)",
+                               m->dprefix.hit_tokens);
+    epd_router_metrics_counter(t, "epd_router_decode_prefix_evictions_total",
+                               "Kept blocks decode workers evicted for room",
+                               m->dprefix.evictions);
     epd_router_metrics_counter(t, "epd_router_images_total",
                                "Images of requests that got their first token", m->images);
     epd_router_metrics_counter(t, "epd_router_image_bytes_total",

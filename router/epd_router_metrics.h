@@ -55,6 +55,7 @@ typedef struct {
     /* the prefill workers' prefix caches, summed the same way (the two
      * gauges at the end stay 0: per worker below) */
     epd_prefix_stats_t prefix;
+    epd_prefix_stats_t dprefix; /* the decode workers' (decode-side reuse) */
     /* images: where their embeddings came from, counted once an attempt
      * got its first token; stale = a cache hint the prefill worker
      * disproved (retried with an encoder) */

@@ -251,20 +251,22 @@ static int epd_router_register(epd_router_t *rt, const void *req, size_t req_len
 static void epd_router_prefix_heartbeat(epd_router_t *rt, epd_router_worker_t *w,
                                         const Epd__PrefixCacheStats *msg)
 {
+    epd_prefix_stats_t *total =
+        w->info.role == EPD_CLIENT_ROLE_DECODE ? &rt->m.dprefix : &rt->m.prefix;
     epd_prefix_stats_t now;
     uint64_t cur[EPD_PREFIX_STATS_WORDS], old[EPD_PREFIX_STATS_WORDS], sum[EPD_PREFIX_STATS_WORDS];
 
     epd_prefix_stats_from_msg(msg, &now);
     memcpy(cur, &now, sizeof(cur));
     memcpy(old, &w->hb_prefix, sizeof(old));
-    memcpy(sum, &rt->m.prefix, sizeof(sum));
+    memcpy(sum, total, sizeof(sum));
     /* the counters: every word but the two gauges at the end */
     for (size_t i = 0; i + 2 < EPD_PREFIX_STATS_WORDS; i++) {
         if (cur[i] > old[i]) {
             sum[i] += cur[i] - old[i];
         }
     }
-    memcpy(&rt->m.prefix, sum, sizeof(sum));
+    memcpy(total, sum, sizeof(sum));
     w->hb_prefix = now;
 }
 

@@ -541,6 +541,8 @@ static void ctl_print_load(const char *sep, const Epd__Load *l)
            "running_requests=%u%s",
            l->queue_depth, sep, (unsigned long long)l->queued_tokens, sep, l->kv_blocks_free, sep,
            l->state_slots_free, sep, l->running_requests, sep);
+    printf("kv_bytes_sent=%llu%skv_bytes_received=%llu%s", (unsigned long long)l->kv_bytes_sent,
+           sep, (unsigned long long)l->kv_bytes_received, sep);
     if (l->prefix != NULL && l->prefix->requests > 0) {
         const Epd__PrefixCacheStats *p = l->prefix;
 

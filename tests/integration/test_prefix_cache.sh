@@ -131,6 +131,29 @@ done
 [ "$(counter evictions)" -gt 0 ] || fail "no eviction in a 40-block pool"
 [ "$(counter cached_blocks)" -le 40 ] || fail "cached_blocks=$(counter cached_blocks) of 40"
 
+note "decode-side reuse: the next turn's prompt blocks decode kept are not written again"
+start_daemon d2 decode --model "$T/hybrid" --worker-id decode-2 --kv-blocks 512 --state-slots 16
+start_daemon d3 decode --model "$T/hybrid" --worker-id decode-3 --kv-blocks 512 --state-slots 16 \
+  --no-prefix-cache
+start_daemon p3 prefill --model "$T/hybrid" --worker-id prefill-3 --kv-blocks 512 --state-slots 16
+sent() { health_field "$p3_ADDR" kv_bytes_sent; }
+same_as_colocated "$T/hybrid" "$p3_ADDR" "$d2_ADDR" "$T/a" 12
+same_as_colocated "$T/hybrid" "$p3_ADDR" "$d3_ADDR" "$T/a" 12
+s0=$(sent)
+same_as_colocated "$T/hybrid" "$p3_ADDR" "$d3_ADDR" "$T/a_more" 12 --temperature 0.7 --seed 5
+s1=$(sent)
+[ "$(counter hit_tokens "$d2_ADDR")" = 0 ] || fail "decode hit before the second turn"
+same_as_colocated "$T/hybrid" "$p3_ADDR" "$d2_ADDR" "$T/a_more" 12 --temperature 0.7 --seed 5
+s2=$(sent)
+[ "$(counter hit_tokens "$d2_ADDR")" = 288 ] || fail "decode reused $(counter hit_tokens "$d2_ADDR") tokens, want 288"
+[ $((s2 - s1)) -lt $((s1 - s0)) ] || fail "with decode-side reuse prefill wrote $((s2 - s1)) bytes, without $((s1 - s0))"
+note "  KV bytes written for the second turn: $((s1 - s0)) without reuse, $((s2 - s1)) with"
+d_rx=$(health_field "$d2_ADDR" kv_bytes_received)
+p_tx=$(health_field "$p3_ADDR" kv_bytes_sent)
+d3_rx=$(health_field "$d3_ADDR" kv_bytes_received)
+[ $((d_rx + d3_rx)) = "$p_tx" ] || fail "bytes received by the decoders ($d_rx + $d3_rx) != sent ($p_tx)"
+same_as_colocated "$T/hybrid" "$p3_ADDR" "$d2_ADDR" "$T/a_more" 12 # a third time: all of it
+
 note "--no-prefix-cache: every prompt computed whole"
 start_daemon np prefill --model "$T/hybrid" --worker-id prefill-n --kv-blocks 256 --state-slots 4 \
   --no-prefix-cache
