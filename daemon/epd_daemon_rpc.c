@@ -186,6 +186,10 @@ epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
     r.control_address = (char *)control_address;
     r.capacity = &p.cap;
     r.kv_layout = d->have_layout ? &d->layout_msg : NULL;
+    if (d->have_prefix_root) {
+        r.prefix_root.data = d->prefix_root;
+        r.prefix_root.len = sizeof(d->prefix_root);
+    }
     n = protobuf_c_message_get_packed_size(&r.base);
     buf = epd_malloc(n);
     if (buf == NULL) {
@@ -200,6 +204,9 @@ epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
     cfg.drain_cb = epd_daemon_registrar_drain;
     cfg.cb_arg = d;
     cfg.log_component = d->log;
+    /* KV hints between two heartbeats: a pool's worth of evictions and
+     * insertions is plenty; more, and the router is told to reset */
+    cfg.hint_capacity = d->have_prefix_root ? EPD_DAEMON_HINTS_MAX : 0;
     st = epd_registrar_start(&d->loop, &cfg, &d->registrar);
     epd_free(buf);
     if (st != EPD_OK) {

@@ -70,24 +70,35 @@ uint32_t epd_prefix_chain(const epd_prefix_hash_t *root, uint32_t block_tokens,
                           const epd_prefix_media_t *media, uint32_t n_media,
                           epd_prefix_hash_t *out, uint32_t cap)
 {
-    uint32_t n = block_tokens > 0 ? n_tokens / block_tokens : 0;
-    const epd_prefix_hash_t *parent = root;
+    return epd_prefix_chain_from(root, block_tokens, tokens, n_tokens, media, n_media, 0, out,
+                                 cap);
+}
+
+uint32_t epd_prefix_chain_from(const epd_prefix_hash_t *parent_key, uint32_t block_tokens,
+                               const int32_t *tokens, uint32_t n_tokens,
+                               const epd_prefix_media_t *media, uint32_t n_media, uint32_t first,
+                               epd_prefix_hash_t *out, uint32_t cap)
+{
+    uint32_t full = block_tokens > 0 ? n_tokens / block_tokens : 0;
+    uint32_t n = full > first ? full - first : 0;
+    epd_prefix_hash_t parent = *parent_key;
     uint32_t m = 0; /* the first image that may meet this block or a later one */
 
     n = n < cap ? n : cap;
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t i = first + j;
         uint64_t lo = (uint64_t)i * block_tokens;
         uint64_t hi = lo + block_tokens;
         unsigned char buf[64 * 4];
         epd_content_hash_state_t st;
 
         epd_content_hash_init(&st);
-        epd_content_hash_update(&st, parent->b, EPD_PREFIX_HASH_BYTES);
+        epd_content_hash_update(&st, parent.b, EPD_PREFIX_HASH_BYTES);
         for (uint64_t t = lo; t < hi;) {
             uint32_t cnt = hi - t < 64 ? (uint32_t)(hi - t) : 64;
 
-            for (uint32_t j = 0; j < cnt; j++) {
-                epd_prefix_le32(buf + 4 * j, (uint32_t)tokens[t + j]);
+            for (uint32_t q = 0; q < cnt; q++) {
+                epd_prefix_le32(buf + 4 * q, (uint32_t)tokens[t + q]);
             }
             epd_content_hash_update(&st, buf, 4 * (size_t)cnt);
             t += cnt;
@@ -102,8 +113,8 @@ uint32_t epd_prefix_chain(const epd_prefix_hash_t *root, uint32_t block_tokens,
                 epd_content_hash_update(&st, media[k].hash, EPD_CONTENT_HASH_BYTES);
             }
         }
-        epd_content_hash_final(&st, out[i].b);
-        parent = &out[i];
+        epd_content_hash_final(&st, out[j].b);
+        parent = out[j];
     }
     return n;
 }

@@ -58,6 +58,14 @@ uint32_t epd_prefix_chain(const epd_prefix_hash_t *root, uint32_t block_tokens,
                           const epd_prefix_media_t *media, uint32_t n_media,
                           epd_prefix_hash_t *out, uint32_t cap);
 
+/* The same for blocks [first, first + cap) only, given `parent`: the key
+ * of block first - 1 (the root when first is 0).  Returns how many were
+ * written (the prompt's full blocks after `first`, at most cap). */
+uint32_t epd_prefix_chain_from(const epd_prefix_hash_t *parent, uint32_t block_tokens,
+                               const int32_t *tokens, uint32_t n_tokens,
+                               const epd_prefix_media_t *media, uint32_t n_media, uint32_t first,
+                               epd_prefix_hash_t *out, uint32_t cap);
+
 /* The first 8 bytes of a key as a number: what workers publish to the
  * router (a hint, never trusted for correctness). */
 uint64_t epd_prefix_hint(const epd_prefix_hash_t *h);

@@ -83,6 +83,8 @@ typedef struct {
     uint32_t retry_ms;         /* between RegisterWorker attempts; 0: 1000 */
     uint32_t call_timeout_ms;  /* deadline of one call; 0: 300 */
     uint32_t publish_ms;       /* load snapshot period on the loop; 0: 100 */
+    uint32_t hint_capacity;    /* KV-aware routing hints queued between
+                                * heartbeats (epd_registrar_hint); 0: none */
 } epd_registrar_config_t;
 
 /* What the registrar did so far (any thread; for tests and logs). */
@@ -108,6 +110,17 @@ epd_status_t epd_registrar_start(uv_loop_t *loop, const epd_registrar_config_t *
 
 /* Publishes `load` now (on top of the timer's); loop thread. */
 void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *load);
+
+/*
+ * A KV-aware routing hint (HeartbeatRequest.prefix_events): `hint`
+ * (epd_prefix_hint of a block key) was cached (added) or evicted.  Queued
+ * for the next heartbeats, in order (a lock-free ring: the loop thread
+ * writes, the registrar's thread reads).  When the ring is full, or a
+ * heartbeat carrying hints fails, the router is told to forget this
+ * worker's earlier hints (prefix_reset): hints are only hints, a lost one
+ * costs a worse choice, never a wrong answer.  Loop thread.
+ */
+void epd_registrar_hint(epd_registrar_t *reg, uint64_t hint, int added);
 
 /* The newest published load, consistent (seqlock); any thread. */
 void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p);

@@ -44,6 +44,7 @@ epd_status_t epd__decode_cache_init(epd_decode_srv_t *srv, const char *engine_na
         epd_log_error(EPD_DECODE_LOG, 0, "prefix cache: out of memory");
         return st;
     }
+    epd_daemon_set_prefix_root(srv->d, srv->proot.b); /* KV hints for the router */
     epd_log_info(EPD_DECODE_LOG, 0, "decode-side reuse on: finished prompts' blocks stay cached");
     return EPD_OK;
 }
@@ -77,11 +78,13 @@ void epd__decode_cache_stats(const epd_decode_srv_t *srv, epd_prefix_stats_t *s_
 static void epd_decode_cache_room(epd_decode_srv_t *srv, uint32_t need)
 {
     while (epd_decode_blocks_free(srv->blocks) < need) {
-        uint32_t b = epd_kvcache_evict(srv->pcache, NULL);
+        epd_prefix_hash_t key;
+        uint32_t b = epd_kvcache_evict(srv->pcache, &key);
 
         if (b == EPD_KVCACHE_NONE) {
             return;
         }
+        epd_daemon_prefix_hint(srv->d, epd_prefix_hint(&key), 0);
         if (epd_decode_blocks_uncache(srv->blocks, &b, 1) != EPD_OK) {
             epd_log_error(EPD_DECODE_LOG, 0, "cached block %u was not CACHED (a bug)", b);
             return;
@@ -187,6 +190,7 @@ void epd__decode_cache_finished(epd_decode_srv_t *srv, epd_decode_request_t *req
     for (uint32_t j = req->n_cached; j < i; j++) {
         /* cannot fail: the key is not cached (checked above), the block is ours */
         (void)epd_kvcache_insert(srv->pcache, &req->keys[j], req->blocks[j]);
+        epd_daemon_prefix_hint(srv->d, epd_prefix_hint(&req->keys[j]), 1);
     }
     req->n_cached = i;
 }

@@ -60,6 +60,8 @@ epd_status_t epd__prefill_cache_init(epd_prefill_srv_t *srv, const char *engine_
         epd_log_error(EPD_PREFILL_LOG, 0, "prefix cache: out of memory");
         return st;
     }
+    /* the router routes by what we hold (KV hints with the heartbeats) */
+    epd_daemon_set_prefix_root(srv->d, srv->proot.b);
     srv->ckpt_bytes = (uint64_t)kv->n_linear_layers * kv->state_bytes;
     if (srv->ckpt_bytes > 0) {
         uint64_t slots = srv->ckpt_budget / srv->ckpt_bytes;
@@ -133,11 +135,13 @@ uint32_t epd__prefill_cache_available(const epd_prefill_srv_t *srv)
  * stack (its checkpoint freed); 0 when none could be. */
 static int epd_prefill_cache_evict(epd_prefill_srv_t *srv)
 {
-    uint32_t b = epd_kvcache_evict(srv->pcache, NULL);
+    epd_prefix_hash_t key;
+    uint32_t b = epd_kvcache_evict(srv->pcache, &key);
 
     if (b == EPD_KVCACHE_NONE) {
         return 0;
     }
+    epd_daemon_prefix_hint(srv->d, epd_prefix_hint(&key), 0);
     if (srv->blk_ckpt != NULL && srv->blk_ckpt[b] != EPD_KVCACHE_NONE) {
         srv->ckpt_free[srv->n_ckpt_free++] = srv->blk_ckpt[b];
         srv->blk_ckpt[b] = EPD_KVCACHE_NONE;
@@ -328,7 +332,9 @@ void epd__prefill_cache_computed(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
     for (uint32_t i = req->hit_blocks; i < req->n_keys; i++) {
         /* EPD_ERR_EXISTS: another request computed the same block first;
          * ours stays the request's and is freed with it */
-        (void)epd_kvcache_insert(srv->pcache, &req->keys[i], req->local_blocks[i]);
+        if (epd_kvcache_insert(srv->pcache, &req->keys[i], req->local_blocks[i]) == EPD_OK) {
+            epd_daemon_prefix_hint(srv->d, epd_prefix_hint(&req->keys[i]), 1);
+        }
     }
     for (uint32_t j = 0; j < req->n_ckpts; j++) {
         uint32_t k = req->ckpts[j].pos / bt; /* the checkpoint ends block k - 1 */

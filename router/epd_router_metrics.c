@@ -274,6 +274,18 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                 (unsigned long long)w->served);
         }
     }
+    epd_router_text_printf(t, "# HELP epd_router_worker_kv_hints KV blocks the router believes a "
+                              "worker holds (KV-aware routing: its heartbeats' hints and the "
+                              "prompts sent to it)\n"
+                              "# TYPE epd_router_worker_kv_hints gauge\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD && w->hints != NULL && w->has_root) {
+            epd_router_text_printf(t, "epd_router_worker_kv_hints{worker=\"%s\",pool=\"%s\"} %u\n",
+                                   w->info.worker_id,
+                                   epd_router_pool_name(epd_router_pool_of(w->info.role)),
+                                   epd_router_hints_count(w->hints));
+        }
+    }
     epd_router_text_printf(t, "# HELP epd_router_worker_kv_blocks_free Free KV blocks of a decode "
                               "worker (its last heartbeat)\n"
                               "# TYPE epd_router_worker_kv_blocks_free gauge\n");

@@ -153,6 +153,34 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
 {
     epd_client_request_t q;
     epd_status_t st = EPD_ERR_UNREACHABLE;
+    epd_router_probe_t probe, *pp = NULL;
+    epd_prefix_media_t pm[EPD_CLIENT_MEDIA_MAX];
+    epd_prefix_hash_t salted;
+
+    if (rt->reg.policy == EPD_ROUTER_POLICY_PREFIX_AFFINITY) {
+        /* KV-aware: the prompt's block keys, hashed as far as a worker holds them */
+        memset(&probe, 0, sizeof(probe));
+        probe.plain = rt->prefix_plain.b;
+        probe.root = rt->prefix_plain.b;
+        if (r->oai->cache_salt != NULL) {
+            epd_prefix_root(epd_engine_name(rt->engine), rt->info, r->oai->cache_salt,
+                            strlen(r->oai->cache_salt), &salted);
+            probe.root = salted.b;
+        }
+        for (uint32_t k = 0; k < r->n_images && k < EPD_CLIENT_MEDIA_MAX; k++) {
+            pm[k] = (epd_prefix_media_t){.pos = r->img_pos[k],
+                                         .n = rt->info->image_embeddings,
+                                         .hash = r->img_hash[k]};
+        }
+        probe.media = pm;
+        probe.n_media = r->n_images;
+        probe.block_tokens = rt->info->kv.block_tokens;
+        probe.tokens = r->prompt;
+        probe.n_tokens = r->n_prompt;
+        probe.hints = rt->probe_hints;
+        probe.cap = rt->info->max_context / rt->info->kv.block_tokens;
+        pp = &probe;
+    }
 
     for (int tries = 0; tries < 4; tries++) {
         epd_router_worker_t *pw, *dw;
@@ -165,10 +193,10 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
                  ? epd_router_registry_pick_images(&rt->reg, r->prompt, r->n_prompt,
                                                    (const unsigned char(*)[32])r->img_hash,
                                                    r->n_images, r->avoid, r->n_avoid, now_ns)
-                 : epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_PREFILL, r->prompt,
-                                            r->n_prompt, r->avoid, r->n_avoid);
-        dw = epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_DECODE, r->prompt, r->n_prompt,
-                                      r->avoid, r->n_avoid);
+                 : epd_router_registry_pick_kv(&rt->reg, EPD_CLIENT_ROLE_PREFILL, pp, r->prompt,
+                                               r->n_prompt, r->avoid, r->n_avoid);
+        dw = epd_router_registry_pick_kv(&rt->reg, EPD_CLIENT_ROLE_DECODE, pp, r->prompt,
+                                         r->n_prompt, r->avoid, r->n_avoid);
         if (pw == NULL || dw == NULL) {
             return EPD_ERR_UNREACHABLE;
         }
@@ -254,6 +282,14 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
             pw->served++;
             dw->served++;
             pw->queued_tokens += r->n_prompt; /* until the first token (n_out 0) */
+            if (pp != NULL) {
+                /* they will hold the prompt's blocks: the next request with
+                 * this prefix goes there before any heartbeat says so */
+                epd_router_hints_expect(pw, pp);
+                if (r->n_images == 0) { /* decode never keeps a prompt with images */
+                    epd_router_hints_expect(dw, pp);
+                }
+            }
             if (r->attempts++ == 0) {
                 epd_router_histo_observe(&rt->m.dispatch, (double)(now_ns - r->t_arrival_ns) / 1e9);
             }

@@ -230,6 +230,18 @@ static int epd_router_register(epd_router_t *rt, const void *req, size_t req_len
     w->cw = cw;
     snprintf(w->control_addr, sizeof(w->control_addr), "%s",
              rr->control_address != NULL ? rr->control_address : "");
+    if (rr->prefix_root.len == sizeof(w->prefix_root) && info->kv_blocks_total > 0 &&
+        epd_router_hints_create(info->kv_blocks_total, &w->hints) == EPD_OK) {
+        /* its KV hints count only in the router's own namespace */
+        memcpy(w->prefix_root, rr->prefix_root.data, sizeof(w->prefix_root));
+        w->has_root = memcmp(w->prefix_root, rt->prefix_plain.b, sizeof(w->prefix_root)) == 0;
+        if (!w->has_root) {
+            epd_log_warn(EPD_ROUTER_LOG, 0,
+                         "worker '%s' caches KV under another model digest or layout: its "
+                         "KV hints are ignored",
+                         info->worker_id);
+        }
+    }
     rt->m.registrations++;
     epd_log_info(EPD_ROUTER_LOG, 0,
                  "worker '%.100s' (%s) registered: control %s, %u KV blocks, max batch %u, epoch "
@@ -304,6 +316,14 @@ static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_le
                 w->hb_kv_bytes_received = hb->load->kv_bytes_received;
             }
             epd_router_prefix_heartbeat(rt, w, hb->load->prefix);
+            if (w->hints != NULL) {
+                if (hb->prefix_reset) {
+                    epd_router_hints_clear(w->hints);
+                }
+                for (size_t i = 0; i < hb->n_prefix_events; i++) {
+                    epd_router_hints_apply(w->hints, hb->prefix_events[i]);
+                }
+            }
             if (hb->load->draining && !w->self_draining) {
                 /* drained through its own Drain RPC (epd-ctl drain WORKER):
                  * no new work from now on, as if drained through us */

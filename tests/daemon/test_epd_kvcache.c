@@ -86,6 +86,12 @@ static void test_chain(void **state)
     assert_int_equal(epd_prefix_chain(&root, 16, toks, 100, NULL, 0, h1, 8), 6); /* 100 / 16 */
     assert_int_equal(epd_prefix_chain(&root, 16, toks, 100, NULL, 0, h2, 3), 3);  /* cap */
     assert_int_equal(epd_prefix_chain(&root, 16, toks, 15, NULL, 0, h2, 8), 0);   /* no full block */
+    /* from the middle: the same keys as the whole chain */
+    assert_int_equal(epd_prefix_chain_from(&h1[2], 16, toks, 100, NULL, 0, 3, h2, 8), 3);
+    for (int i = 0; i < 3; i++) {
+        assert_true(same(&h1[3 + i], &h2[i]));
+    }
+    assert_int_equal(epd_prefix_chain_from(&h1[5], 16, toks, 100, NULL, 0, 6, h2, 8), 0);
     /* a token of block 2 changes keys 2.. and not 0, 1 */
     toks[40] = 'Z';
     epd_prefix_chain(&root, 16, toks, 100, NULL, 0, h2, 8);

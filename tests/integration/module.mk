@@ -43,4 +43,5 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_multimodal_local.sh \
              tests/integration/test_multimodal_ucx_shm.sh \
              tests/integration/test_multimodal_ofi_tcp.sh \
-             tests/integration/test_prefix_cache.sh
+             tests/integration/test_prefix_cache.sh \
+             tests/integration/test_router_kv_aware.sh
