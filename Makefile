@@ -10,6 +10,7 @@
 #                     with ASan+UBSan (clang) in build/san
 #   make run          start a local cluster (router + prefill + decode) on 127.0.0.1
 #   make bench        run the benchmarks
+#   make image        the container image localhost/epd:latest (podman, offline)
 #   make fuzz         run the libFuzzer targets (FUZZ_SECONDS each)
 #   make clean        remove build/
 #
@@ -138,7 +139,7 @@ $(ALL_OBJS): | $(GEN_HDRS)
 
 -include $(ALL_OBJS:.o=.d)
 
-.PHONY: all deps check test run bench clean san-test fuzz
+.PHONY: all deps check test run bench clean san-test fuzz image
 
 # Builds use every core; tests run one program at a time (each starts its
 # own daemons and some judge liveness by timeouts).
@@ -148,6 +149,8 @@ all: $(ALL_LIBS) $(ALL_PROGS) $(ALL_TESTS)
 
 deps:
 	@./deploy/deps.sh
+	@./tests/deploy/k8s_node_deps.sh build/k8s-node || \
+		echo "deps: the npm packages of the k8s manifest check are not installed (offline?)"
 
 # Every test: unit (cmocka) and integration, each in its own process with a
 # timeout; then the same suite built with ASan + UBSan by clang.
@@ -181,6 +184,12 @@ run: deps
 
 bench: all
 	@./bench/run.sh $(BUILD)
+
+# deploy/container: FROM scratch + the binaries and the libraries they load
+# (IMAGE=name:tag to choose the tag)
+IMAGE ?= localhost/epd:latest
+image: all
+	@./deploy/container/build.sh $(BUILD) $(IMAGE)
 
 clean:
 	rm -rf build

@@ -76,6 +76,7 @@
 #include "epd_msg.h"
 #include "epd_rng.h"
 #include "epd_rpc.h"
+#include "epd_secret.h"
 #include "epd_sim.h"
 #include "epd_time.h"
 #include "epd_xport_uv.h"
@@ -198,6 +199,10 @@ struct sv {
     epd_xport_uv_t *xuv;
     /* our cluster */
     char tmp[PATH_MAX];
+    /* the cluster secret the bench makes for its own daemons (mode 0600 in
+     * tmp): the figures are those of an authenticated cluster */
+    char secret_file[PATH_MAX + 16];
+    epd_secret_t secret;
     char bindir[PATH_MAX];
     pid_t pids[4];
     char router_buf[64], router_ctl_buf[64], p_ctl_buf[64], d_ctl_buf[64];
@@ -1094,6 +1099,8 @@ static int sv_run_phase(sv_t *b, int mode, sv_phase_t *hph, sv_phase_t *dph)
         cc.event_cb = sv_on_client_event;
         cc.cb_arg = b;
         cc.worker_id = "bench-serve";
+        cc.secret = b->secret.bytes;
+        cc.secret_len = b->secret.len;
         st = epd_client_create(&cc, &b->client);
         if (st == EPD_OK) {
             st = epd_client_add_worker(b->client, b->prefill_ctl, &b->pw);
@@ -1502,14 +1509,43 @@ static int sv_wait_ready(const char *path, pid_t pid, const char *key, char *out
     return -1;
 }
 
+/* Writes 32 fresh random bytes to b->secret_file (created 0600, never
+ * overwritten) and loads them into b->secret.  0, or -1 after a message. */
+static int sv_make_secret(sv_t *b)
+{
+    unsigned char key[32];
+    char why[256];
+    int fd;
+
+    snprintf(b->secret_file, sizeof(b->secret_file), "%s/cluster-secret", b->tmp);
+    for (size_t i = 0; i < sizeof(key); i += 8) {
+        uint64_t v = epd_rng_entropy();
+        memcpy(key + i, &v, 8);
+    }
+    fd = open(b->secret_file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, key, sizeof(key)) != (ssize_t)sizeof(key) || close(fd) != 0) {
+        fprintf(stderr, "serve: cannot write %s: %s\n", b->secret_file, strerror(errno));
+        return -1;
+    }
+    if (epd_secret_load(b->secret_file, &b->secret, why, sizeof(why)) != EPD_OK) {
+        fprintf(stderr, "serve: %s\n", why);
+        return -1;
+    }
+    return 0;
+}
+
 /* Polls the router's Status until `want` workers are READY. */
-static int sv_wait_workers(const char *ctl, int want)
+static int sv_wait_workers(const sv_t *b, const char *ctl, int want)
 {
     epd_rpc_client_t *c = NULL;
     uint64_t end = sv_now() + 30 * EPD_NSEC_PER_SEC;
     int ready = 0;
 
     if (epd_rpc_client_create(ctl, &c) != EPD_OK) {
+        return -1;
+    }
+    if (epd_rpc_client_set_auth(c, b->secret.bytes, b->secret.len) != EPD_OK) {
+        epd_rpc_client_destroy(c);
         return -1;
     }
     while (sv_now() < end) {
@@ -1587,6 +1623,9 @@ static int sv_cluster_start(sv_t *b)
     if (mkdtemp(b->tmp) == NULL) {
         return -1;
     }
+    if (sv_make_secret(b) != 0) {
+        return -1;
+    }
     if (b->sim_model != NULL) {
         snprintf(model, sizeof(model), "%s", b->sim_model);
     } else if (b->n_images > 0) {
@@ -1640,6 +1679,12 @@ static int sv_cluster_start(sv_t *b)
                         (char *)b->model_name,
                         "--ready-file",
                         rready,
+                        "--cluster-secret-file",
+                        b->secret_file,
+                        /* every waiting request holds a connection from
+                         * 127.0.0.1: no per-address cap */
+                        "--max-connections-per-addr",
+                        "0",
                         "--log-level",
                         "warn",
                         NULL};
@@ -1673,6 +1718,8 @@ static int sv_cluster_start(sv_t *b)
                         "256",
                         "--state-slots",
                         "1024",
+                        "--cluster-secret-file",
+                        b->secret_file,
                         "--log-level",
                         "warn",
                         NULL};
@@ -1684,6 +1731,7 @@ static int sv_cluster_start(sv_t *b)
             pexe,          "--model",     model,      "--engine",        (char *)b->engine_name,
             "--worker-id", "prefill-0",   "--router", b->router_ctl_buf, "--ready-file",
             pready,        "--kv-blocks", "8192",     "--state-slots",   "512",
+            "--cluster-secret-file", b->secret_file,
             "--log-level", "warn",        NULL};
 
         b->pids[2] = sv_spawn(argv, plog);
@@ -1706,7 +1754,8 @@ static int sv_cluster_start(sv_t *b)
             char *argv[] = {eexe,        "--model",     model,      "--engine",
                             (char *)b->engine_name,     "--worker-id", "encoder-0",
                             "--router",  b->router_ctl_buf,         "--ready-file",
-                            eready,      "--log-level", "warn",     NULL};
+                            eready,      "--cluster-secret-file",   b->secret_file,
+                            "--log-level", "warn",     NULL};
 
             b->pids[3] = sv_spawn(argv, elog);
         }
@@ -1717,7 +1766,7 @@ static int sv_cluster_start(sv_t *b)
             return -1;
         }
     }
-    if (sv_wait_workers(b->router_ctl, b->n_images > 0 ? 3 : 2) != 0) {
+    if (sv_wait_workers(b, b->router_ctl, b->n_images > 0 ? 3 : 2) != 0) {
         fprintf(stderr, "serve: the workers did not become READY at the router (logs in %s)\n",
                 b->tmp);
         return -1;
@@ -1822,6 +1871,7 @@ int epd_bench_serve_main(int argc, char **argv)
 {
     static sv_t b;
     static const char *workload_help = "default";
+    const char *ext_secret = NULL;
     sv_phase_t phs[2];
     double m_sum0 = 0, m_sum1 = 0;
     uint64_t m_count0 = UINT64_MAX, m_count1 = 0;
@@ -1862,6 +1912,9 @@ int epd_bench_serve_main(int argc, char **argv)
         {"workload", EPD_OPT_STRING, &workload_help, 0, 0,
          "shared-prefix: the prefix cache off vs on, its own options (--workload shared-prefix "
          "--help)"},
+        {"cluster-secret-file", EPD_OPT_STRING, &ext_secret, 0, 0,
+         "with --router: the cluster's secret (Status calls and the direct phase); an own "
+         "cluster gets a fresh one"},
     };
     epd_opts_t o = {.prog = "epd-bench serve",
                     .summary = "serving load (Poisson arrivals) through the router vs straight "
@@ -1954,6 +2007,13 @@ int epd_bench_serve_main(int argc, char **argv)
         if (sv_cluster_start(&b) != 0) {
             goto out_cluster;
         }
+    } else if (ext_secret != NULL) {
+        char why[256];
+
+        if (epd_secret_load(ext_secret, &b.secret, why, sizeof(why)) != EPD_OK) {
+            fprintf(stderr, "serve: --cluster-secret-file: %s\n", why);
+            goto out;
+        }
     }
     {
         const char *colon = strrchr(b.router, ':');
@@ -2039,14 +2099,15 @@ int epd_bench_serve_main(int argc, char **argv)
     }
     if (rc == 0 && b.n_images > 0 && b.enc_ctl_buf[0] != '\0') {
         /* the encoder alone, saturated: images/s at a few in flight */
-        char exe[PATH_MAX + 32], w[16], cmd[2 * PATH_MAX + 256];
+        char exe[PATH_MAX + 32], w[16], cmd[4 * PATH_MAX + 256];
 
         snprintf(exe, sizeof(exe), "%s/epd-encoder-load", b.bindir);
         snprintf(w, sizeof(w), "%lld", (long long)b.image_size);
         snprintf(cmd, sizeof(cmd),
                  "'%s' --encoder %s --images 100 --inflight 4 --width %s --height %s --format png "
+                 "--cluster-secret-file '%s' "
                  "2>&1 | sed 's/^/encoder alone (epd-encoder-load, 4 in flight): /'",
-                 exe, b.enc_ctl_buf, w, w);
+                 exe, b.enc_ctl_buf, w, w, b.secret_file);
         fflush(stdout);
         if (system(cmd) != 0) {
             fprintf(stderr, "serve: epd-encoder-load failed\n");
@@ -2078,6 +2139,7 @@ out:
     epd_free(b.deferred);
     epd_free(b.text);
     sv_images_free(&b);
+    epd_secret_wipe(&b.secret);
     epd_opts_cleanup(&o);
     return rc;
 }

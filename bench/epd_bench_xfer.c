@@ -34,6 +34,7 @@
 #include "epd_alloc.h"
 #include "epd_bench.h"
 #include "epd_log.h"
+#include "epd_rng.h"
 #include "epd_time.h"
 #include "epd_xport.h"
 
@@ -72,14 +73,26 @@ static const xb_conf_t xb_confs[] = {
  * tcp that epd needs only for wire-up. */
 static const char *const xb_ref_env_shm[] = {"UCX_TLS=posix,cma", "UCX_NET_DEVICES=lo", NULL};
 
+/* Message sizes of the latency sweep (request-plane frames: a LayerDone is
+ * ~60 B, a GenerateRequest with a long prompt several KiB). */
+#define XB_N_LAT_SIZES 4
+static const size_t xb_lat_sizes[XB_N_LAT_SIZES] = {64, 512, 4096, 65536};
+
 typedef struct {
     double gbps[XB_MAX_SIZES];
     double ref_gbps[XB_MAX_SIZES];
     double lat_us;
     double ref_lat_us;
+    double lat_sz_us[XB_N_LAT_SIZES];
     char lanes[256];
     int ok;
 } xb_result_t;
+
+/* The authenticated arm (a cluster secret on both ends: HELLO proof, a
+ * Poly1305 tag on every frame) runs right after the plain one, in the same
+ * configuration, without the reference tools. */
+static int xb_auth;
+static unsigned char xb_secret[32];
 
 static size_t xb_sizes[XB_MAX_SIZES] = {64 << 10, 256 << 10, 1 << 20, 16 << 20};
 static int xb_n_sizes = 4;
@@ -166,6 +179,19 @@ static void xb_peer_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t 
     (void)epd_xport_send(ep, data, len, 0);
 }
 
+/* Sets cfg's secret and identity for the authenticated arm. */
+static void xb_set_auth(epd_xport_config_t *cfg, const char *who)
+{
+    if (!xb_auth) {
+        return;
+    }
+    cfg->secret = xb_secret;
+    cfg->secret_len = sizeof(xb_secret);
+    snprintf(cfg->identity.worker_id, sizeof(cfg->identity.worker_id), "%s", who);
+    cfg->identity.epoch.start_time_ns = epd_time_wall_ns();
+    cfg->identity.epoch.nonce = (uint64_t)getpid();
+}
+
 static int xb_peer_main(const xb_conf_t *c, int fd)
 {
     epd_xport_config_t cfg;
@@ -180,6 +206,8 @@ static int xb_peer_main(const xb_conf_t *c, int fd)
     cfg.backend = c->backend;
     cfg.msg_cb = xb_peer_msg;
     cfg.peer_timeout_ms = XB_PEER_TIMEOUT_MS;
+    cfg.max_msg_size = 2 * xb_lat_sizes[XB_N_LAT_SIZES - 1];
+    xb_set_auth(&cfg, "xfer-peer");
     if (epd_xport_create(&cfg, &x) != EPD_OK) {
         return 2;
     }
@@ -331,16 +359,16 @@ static double xb_measure_bw(epd_xport_t *x, xb_host_t *h, epd_xport_ep_t *ep,
     return best;
 }
 
-static double xb_measure_lat(epd_xport_t *x, xb_host_t *h, epd_xport_ep_t *ep)
+static double xb_measure_lat(epd_xport_t *x, xb_host_t *h, epd_xport_ep_t *ep, size_t size)
 {
-    unsigned char msg[XB_LAT_SIZE];
+    unsigned char *msg = epd_malloc(size);
     double *samples = epd_calloc((size_t)xb_lat_iters, sizeof(double));
     double med = -1;
 
-    if (samples == NULL) {
-        return 0;
+    if (samples == NULL || msg == NULL) {
+        goto out;
     }
-    memset(msg, 0xab, sizeof(msg));
+    memset(msg, 0xab, size);
     for (int i = -1000; i < xb_lat_iters; i++) {
         int want = h->pongs + 1;
         uint64_t t0 = epd_time_now_ns();
@@ -348,7 +376,7 @@ static double xb_measure_lat(epd_xport_t *x, xb_host_t *h, epd_xport_ep_t *ep)
 
         epd_status_t st;
 
-        while ((st = epd_xport_send(ep, msg, sizeof(msg), 0)) == EPD_ERR_NO_RESOURCE) {
+        while ((st = epd_xport_send(ep, msg, size, 0)) == EPD_ERR_NO_RESOURCE) {
             epd_xport_progress(x);
         }
         while (st == EPD_OK && h->pongs < want && epd_time_now_ns() < deadline) {
@@ -366,6 +394,7 @@ static double xb_measure_lat(epd_xport_t *x, xb_host_t *h, epd_xport_ep_t *ep)
     med = samples[xb_lat_iters / 2];
 out:
     epd_free(samples);
+    epd_free(msg);
     return med;
 }
 
@@ -398,6 +427,8 @@ static int xb_host_main(const xb_conf_t *c, xb_result_t *r)
     cfg.peer_timeout_ms = XB_PEER_TIMEOUT_MS;
     cfg.err_cb = xb_host_err;
     cfg.cb_arg = &h;
+    cfg.max_msg_size = 2 * xb_lat_sizes[XB_N_LAT_SIZES - 1];
+    xb_set_auth(&cfg, "xfer-host");
     if (epd_xport_create(&cfg, &x) != EPD_OK) {
         return -1;
     }
@@ -407,8 +438,14 @@ static int xb_host_main(const xb_conf_t *c, xb_result_t *r)
     snprintf(fd_arg, sizeof(fd_arg), "%d", sv[1]);
     pid = fork();
     if (pid == 0) {
+        char hex[2 * sizeof(xb_secret) + 1];
+
         close(sv[0]);
-        execl(xb_self, xb_self, "xfer", "--peer", c->name, fd_arg, (char *)NULL);
+        for (size_t i = 0; i < sizeof(xb_secret); i++) {
+            snprintf(hex + 2 * i, 3, "%02x", xb_secret[i]);
+        }
+        execl(xb_self, xb_self, "xfer", "--peer", c->name, fd_arg, xb_auth ? hex : "-",
+              (char *)NULL);
         _exit(127);
     }
     close(sv[1]);
@@ -435,8 +472,11 @@ static int xb_host_main(const xb_conf_t *c, xb_result_t *r)
         return -1;
     }
     memset(epd_xport_mr_addr(lmr), 0x5a, max_size);
-    r->lat_us = xb_measure_lat(x, &h, ep);
-    r->ref_lat_us = xb_no_ref ? -1 : xb_ref_lat(c);
+    for (int i = 0; i < XB_N_LAT_SIZES; i++) {
+        r->lat_sz_us[i] = xb_measure_lat(x, &h, ep, xb_lat_sizes[i]);
+    }
+    r->lat_us = xb_measure_lat(x, &h, ep, XB_LAT_SIZE);
+    r->ref_lat_us = xb_no_ref || xb_auth ? -1 : xb_ref_lat(c);
     /* epd and the reference alternate, twice, best of each: the machine is
      * shared, and alternating exposes both to the same disturbances */
     for (int i = 0; i < xb_n_sizes; i++) {
@@ -444,7 +484,7 @@ static int xb_host_main(const xb_conf_t *c, xb_result_t *r)
         for (int round = 0; round < 2; round++) {
             double g = xb_measure_bw(x, &h, ep, rk, lmr, xb_sizes[i]);
             r->gbps[i] = g > r->gbps[i] ? g : r->gbps[i];
-            if (!xb_no_ref) {
+            if (!xb_no_ref && !xb_auth) {
                 g = xb_ref_bw(c, xb_sizes[i]);
                 r->ref_gbps[i] = g > r->ref_gbps[i] ? g : r->ref_gbps[i];
             }
@@ -689,10 +729,50 @@ static void xb_usage(void)
     printf("\n");
 }
 
+/* One arm of one configuration in a child process (the transports keep
+ * process-wide state): *r gets its figures, zeroed when it failed.  0, or
+ * -1 when no child could be made. */
+static int xb_run_arm(const xb_conf_t *c, xb_result_t *r)
+{
+    int pfd[2], status;
+    pid_t pid;
+
+    fprintf(stderr, "xfer: measuring %s%s ...\n", c->name, xb_auth ? " with a cluster secret" : "");
+    if (pipe(pfd) != 0) {
+        return -1;
+    }
+    fflush(stdout);
+    pid = fork();
+    if (pid < 0) {
+        close(pfd[0]);
+        close(pfd[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        xb_result_t mine;
+        memset(&mine, 0, sizeof(mine));
+        close(pfd[0]);
+        status = xb_host_main(c, &mine);
+        if (status == 0) {
+            (void)xb_write_all(pfd[1], &mine, sizeof(mine));
+        }
+        _exit(status == 0 ? 0 : 1);
+    }
+    close(pfd[1]);
+    if (xb_read_all(pfd[0], r, sizeof(*r)) != 0) {
+        memset(r, 0, sizeof(*r));
+        fprintf(stderr, "xfer: %s failed\n", c->name);
+    }
+    close(pfd[0]);
+    waitpid(pid, &status, 0);
+    return 0;
+}
+
 int epd_bench_xfer_main(int argc, char **argv)
 {
     const char *only = NULL;
     xb_result_t results[XB_N_CONFS > 0 ? XB_N_CONFS : 1];
+    xb_result_t auth[XB_N_CONFS > 0 ? XB_N_CONFS : 1];
     double ref_bw[XB_N_CONFS > 0 ? XB_N_CONFS : 1][XB_MAX_SIZES];
     double ref_lat[XB_N_CONFS > 0 ? XB_N_CONFS : 1];
     double mc[XB_MAX_SIZES];
@@ -703,7 +783,20 @@ int epd_bench_xfer_main(int argc, char **argv)
     }
     xb_self[sl] = '\0';
     signal(SIGPIPE, SIG_IGN);
-    if (argc == 4 && strcmp(argv[1], "--peer") == 0) {
+    if (argc == 5 && strcmp(argv[1], "--peer") == 0) {
+        if (strcmp(argv[4], "-") != 0) {
+            if (strlen(argv[4]) != 2 * sizeof(xb_secret)) {
+                return 2;
+            }
+            for (size_t i = 0; i < sizeof(xb_secret); i++) {
+                unsigned v;
+                if (sscanf(argv[4] + 2 * i, "%2x", &v) != 1) {
+                    return 2;
+                }
+                xb_secret[i] = (unsigned char)v;
+            }
+            xb_auth = 1;
+        }
         for (size_t i = 0; i < XB_N_CONFS; i++) {
             if (strcmp(xb_confs[i].name, argv[2]) == 0) {
                 xb_apply_env(xb_confs[i].env);
@@ -741,15 +834,17 @@ int epd_bench_xfer_main(int argc, char **argv)
     }
     xb_port = 20000 + (int)(getpid() % 20000);
     memset(results, 0, sizeof(results));
+    memset(auth, 0, sizeof(auth));
     /* the physical limit first, before any peer process exists */
     for (int s = 0; s < xb_n_sizes; s++) {
         mc[s] = xb_memcpy_gbps(xb_sizes[s]);
     }
 
+    for (size_t i = 0; i < sizeof(xb_secret); i += 8) {
+        uint64_t v = epd_rng_entropy();
+        memcpy(xb_secret + i, &v, 8);
+    }
     for (size_t c = 0; c < XB_N_CONFS; c++) {
-        int pfd[2], status;
-        pid_t pid;
-
         ref_lat[c] = -1;
         for (int s = 0; s < xb_n_sizes; s++) {
             ref_bw[c][s] = -1;
@@ -757,29 +852,13 @@ int epd_bench_xfer_main(int argc, char **argv)
         if (only != NULL && strcmp(only, xb_confs[c].name) != 0) {
             continue;
         }
-        fprintf(stderr, "xfer: measuring %s ...\n", xb_confs[c].name);
-        if (pipe(pfd) != 0) {
-            return 1;
-        }
-        fflush(stdout);
-        pid = fork();
-        if (pid == 0) {
-            xb_result_t r;
-            memset(&r, 0, sizeof(r));
-            close(pfd[0]);
-            status = xb_host_main(&xb_confs[c], &r);
-            if (status == 0) {
-                (void)xb_write_all(pfd[1], &r, sizeof(r));
+        for (int arm = 0; arm < 2; arm++) {
+            xb_auth = arm;
+            if (xb_run_arm(&xb_confs[c], arm ? &auth[c] : &results[c]) != 0) {
+                return 1;
             }
-            _exit(status == 0 ? 0 : 1);
         }
-        close(pfd[1]);
-        if (xb_read_all(pfd[0], &results[c], sizeof(results[c])) != 0) {
-            memset(&results[c], 0, sizeof(results[c]));
-            fprintf(stderr, "xfer: %s failed\n", xb_confs[c].name);
-        }
-        close(pfd[0]);
-        waitpid(pid, &status, 0);
+        xb_auth = 0;
         ref_lat[c] = results[c].ref_lat_us;
         for (int s = 0; s < xb_n_sizes; s++) {
             ref_bw[c][s] = results[c].ref_gbps[s];
@@ -823,6 +902,33 @@ int epd_bench_xfer_main(int argc, char **argv)
         }
         printf("%-8s %10.2f %10s %7s  %s %s\n", xb_confs[c].name, results[c].lat_us, ref, ratio,
                xb_confs[c].ref_kind, xb_confs[c].ref_lat);
+    }
+    printf("\nwhat the cluster secret costs: one-way message latency (us, median) and write\n"
+           "bandwidth (GB/s) without and with it (HELLO proof + a Poly1305 tag per frame;\n"
+           "one-sided writes carry no tag), measured one after the other\n");
+    printf("%-8s %-10s %10s %10s %10s\n", "config", "what", "plain", "secret", "delta");
+    for (size_t c = 0; c < XB_N_CONFS; c++) {
+        if (only != NULL && strcmp(only, xb_confs[c].name) != 0) {
+            continue;
+        }
+        for (int i = 0; i < XB_N_LAT_SIZES; i++) {
+            char sz[32], what[48];
+            xb_size_name(xb_lat_sizes[i], sz, sizeof(sz));
+            snprintf(what, sizeof(what), "msg %s", sz);
+            printf("%-8s %-10s %10.2f %10.2f %+10.2f\n", xb_confs[c].name, what,
+                   results[c].lat_sz_us[i], auth[c].lat_sz_us[i],
+                   auth[c].lat_sz_us[i] - results[c].lat_sz_us[i]);
+        }
+        for (int s = 0; s < xb_n_sizes; s++) {
+            char sz[32], what[48];
+            xb_size_name(xb_sizes[s], sz, sizeof(sz));
+            snprintf(what, sizeof(what), "write %s", sz);
+            printf("%-8s %-10s %10.2f %10.2f %+9.1f%%\n", xb_confs[c].name, what,
+                   results[c].gbps[s], auth[c].gbps[s],
+                   results[c].gbps[s] > 0
+                       ? 100.0 * (auth[c].gbps[s] - results[c].gbps[s]) / results[c].gbps[s]
+                       : 0.0);
+        }
     }
     printf("\nlanes chosen per configuration (epd_xport_ep_describe)\n");
     for (size_t c = 0; c < XB_N_CONFS; c++) {

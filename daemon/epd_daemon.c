@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -124,6 +125,39 @@ epd_status_t epd_daemon_op_setup_none(void *arg, epd_daemon_t *d)
 
 /* ------------------------------------------------------- transport upcalls */
 
+/* With a cluster secret every endpoint is authenticated and names its
+ * peer (worker id, epoch): an envelope must be sent as that peer — a member
+ * may not speak for another (abort its requests, quiesce its writes, inject
+ * tokens into its streams).  Refused ones are counted and logged (limited). */
+static int epd_daemon_sender_ok(epd_daemon_t *d, epd_xport_ep_t *ep, const Epd__Envelope *env)
+{
+    epd_xport_identity_t id;
+    epd_msg_epoch_t e;
+    int authenticated = 0;
+
+    if (d->secret.len == 0) {
+        return 1;
+    }
+    if (epd_xport_ep_identity(ep, &id, &authenticated) != EPD_OK || !authenticated) {
+        d->forged++;
+        epd_daemon_refuse_log(d, epd_msg_request_id(env), "%s on an endpoint not authenticated",
+                              epd_msg_body_name(env));
+        return 0;
+    }
+    e = epd_msg_epoch_of(env->sender->epoch);
+    if (strcmp(env->sender->worker_id, id.worker_id) != 0 ||
+        e.start_time_ns != id.epoch.start_time_ns || e.nonce != id.epoch.nonce) {
+        d->forged++;
+        epd_daemon_refuse_log(d, epd_msg_request_id(env),
+                              "%s claims to come from '%s' but its endpoint is '%s''s (%llu so "
+                              "far)",
+                              epd_msg_body_name(env), env->sender->worker_id, id.worker_id,
+                              (unsigned long long)d->forged);
+        return 0;
+    }
+    return 1;
+}
+
 static void epd_daemon_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
 {
     epd_daemon_t *d = arg;
@@ -139,6 +173,10 @@ static void epd_daemon_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, s
         epd_daemon_refuse_log(d, 0,
                               "undecodable request-plane frame of %zu bytes: %s (%llu so far)", len,
                               why != NULL ? why : "?", (unsigned long long)d->bad_frames);
+        return;
+    }
+    if (!epd_daemon_sender_ok(d, ep, env)) {
+        epd_msg_free(env);
         return;
     }
     if (epd__peer_on_sender(d, from, env)) {
@@ -246,6 +284,16 @@ static void epd_daemon_on_tick(uv_timer_t *timer)
         epd__link_flush_all(d);
     }
     d->ops.on_tick(d->cfg.arg, epd_time_now_ns());
+    if (d->term_drain && !d->stopping) {
+        if (d->ops.idle(d->cfg.arg)) {
+            epd_log_info(d->log, 0, "drained: nothing left running; stopping");
+            epd_daemon_stop(d);
+        } else if (epd_time_now_ns() >= d->term_deadline_ns) {
+            epd_log_warn(d->log, 0, "drain grace (%lld ms) over with requests still running: "
+                         "stopping anyway", (long long)d->fl->drain_grace_ms);
+            epd_daemon_stop(d);
+        }
+    }
 }
 
 /* ------------------------------------------------------------------- trace */
@@ -312,6 +360,19 @@ static void epd_daemon_on_signal(uv_signal_t *sig, int signum)
 {
     epd_daemon_t *d = sig->data;
 
+    if (signum == SIGTERM && !d->term_drain && d->fl->drain_grace_ms > 0) {
+        /* as a kubelet expects: take no new work, let the running finish
+         * (the tick stops the daemon once the role is idle) */
+        d->term_drain = 1;
+        d->term_deadline_ns =
+            epd_time_now_ns() + (uint64_t)d->fl->drain_grace_ms * EPD_NSEC_PER_MSEC;
+        epd_log_info(d->log, 0,
+                     "SIGTERM: draining for at most %lld ms, then stopping (SIGTERM again or "
+                     "SIGINT: stop now)",
+                     (long long)d->fl->drain_grace_ms);
+        epd_daemon_drain(d, "SIGTERM");
+        return;
+    }
     epd_log_info(d->log, 0,
                  "signal %d: stopping (%llu refusals, %llu undecodable frames since "
                  "start)",
@@ -353,12 +414,22 @@ static epd_status_t epd_daemon_make_xport(epd_daemon_t *d)
     xc.backend = fl->transport;
     xc.expect = fl->expect;
     xc.provider = fl->provider;
+    xc.bind_host = d->data_host; /* ofi binds it; ucx runs on its interface */
     xc.max_msg_size = d->cfg.max_msg_size;
     if (d->cfg.max_inflight > 0) {
         xc.max_inflight = d->cfg.max_inflight;
     }
     xc.peer_timeout_ms = (uint32_t)fl->peer_timeout_ms;
     xc.connect_timeout_ms = (uint32_t)fl->connect_timeout_ms;
+    if (d->secret.len > 0) {
+        /* every endpoint proves both ends members and names them */
+        xc.secret = d->secret.bytes;
+        xc.secret_len = d->secret.len;
+    }
+    snprintf(xc.identity.worker_id, sizeof(xc.identity.worker_id), "%s", d->worker_id);
+    xc.identity.role = d->cfg.role;
+    xc.identity.epoch.start_time_ns = d->epoch.start_time_ns;
+    xc.identity.epoch.nonce = d->epoch.nonce;
     xc.msg_cb = epd_daemon_on_msg;
     xc.accept_cb = epd_daemon_on_accept;
     xc.err_cb = epd_daemon_on_ep_error;
@@ -442,6 +513,10 @@ epd_status_t epd_daemon_create(const epd_daemon_config_t *config, epd_daemon_t *
         snprintf(d->trace_thread, sizeof(d->trace_thread), "%s loop", d->log);
         epd_trace_thread_name(d->trace, d->trace_thread);
     }
+    st = epd__daemon_addresses(d);
+    if (st != EPD_OK) {
+        goto err_destroy;
+    }
     if (config->with_xport) {
         st = epd_daemon_make_xport(d);
         if (st != EPD_OK) {
@@ -488,10 +563,8 @@ static int epd_daemon_ready_file(const char *path, const char *line)
 static epd_status_t epd_daemon_start(epd_daemon_t *d, const char *ready_prefix)
 {
     const epd_daemon_flags_t *fl = d->fl;
-    char control[EPD_ADDR_MAX];
     char line[1024];
     char desc[512];
-    uint16_t port;
     epd_status_t st;
 
     if (d->dx != NULL) {
@@ -505,28 +578,25 @@ static epd_status_t epd_daemon_start(epd_daemon_t *d, const char *ready_prefix)
             return st;
         }
     }
-    st = epd_addr_split(fl->control_addr, d->control_host, sizeof(d->control_host), &port, NULL);
+    st = epd_rpc_server_create(&d->loop, d->control_bind, epd__daemon_on_rpc, d, &d->rpc);
     if (st != EPD_OK) {
-        epd_log_error(d->log, 0, "--control-addr '%s': want HOST:PORT", fl->control_addr);
-        return st;
-    }
-    st = epd_rpc_server_create(&d->loop, fl->control_addr, epd__daemon_on_rpc, d, &d->rpc);
-    if (st != EPD_OK) {
-        epd_log_error(d->log, 0, "cannot serve the control plane on %s: %s", fl->control_addr,
+        epd_log_error(d->log, 0, "cannot serve the control plane on %s: %s", d->control_bind,
                       epd_status_string(st));
         return st;
     }
     d->rpc_port = epd_rpc_server_port(d->rpc);
+    /* what the ready line, the registration and Health tell others */
+    (void)epd_addr_join(d->advertise_host, (uint16_t)d->rpc_port, d->control_advertised,
+                        sizeof(d->control_advertised));
     uv_timer_start(&d->tick, epd_daemon_on_tick, d->cfg.tick_ms, d->cfg.tick_ms);
     uv_signal_start(&d->sigterm, epd_daemon_on_signal, SIGTERM);
     uv_signal_start(&d->sigint, epd_daemon_on_signal, SIGINT);
     uv_signal_start(&d->sigusr1, epd_daemon_on_sigusr1, SIGUSR1);
 
-    (void)epd_addr_join(d->control_host, (uint16_t)d->rpc_port, control, sizeof(control));
     snprintf(line, sizeof(line), "%s%scontrol=%s pid=%d worker=%s transport=%s\n",
              ready_prefix != NULL ? ready_prefix : "",
-             ready_prefix != NULL && ready_prefix[0] != '\0' ? " " : "", control, (int)getpid(),
-             d->worker_id, fl->transport);
+             ready_prefix != NULL && ready_prefix[0] != '\0' ? " " : "", d->control_advertised,
+             (int)getpid(), d->worker_id, fl->transport);
     if (d->dx != NULL) {
         epd_xport_describe(d->dx, desc, sizeof(desc));
         epd_log_info(d->log, 0, "transport %s", desc);
@@ -538,7 +608,7 @@ static epd_status_t epd_daemon_start(epd_daemon_t *d, const char *ready_prefix)
         return EPD_ERR_CONFIG;
     }
     epd_log_info(d->log, 0, "ready: %.*s", (int)strlen(line) - 1, line);
-    return epd__daemon_register(d, control);
+    return epd__daemon_register(d, d->control_advertised);
 }
 
 epd_status_t epd_daemon_serve(epd_daemon_t *d, const char *ready_prefix)
@@ -637,6 +707,7 @@ void epd_daemon_destroy(epd_daemon_t *d)
     epd_daemon_trace_write(d);
     epd_trace_destroy(d->trace);
     epd_free(d->tx_buf);
+    epd_secret_wipe(&d->secret);
     epd_free(d);
 }
 
@@ -682,6 +753,12 @@ epd_trace_t *epd_daemon_trace(epd_daemon_t *d)
     return d->trace;
 }
 
+void epd_daemon_secret(const epd_daemon_t *d, const void **secret_p, size_t *len_p)
+{
+    *secret_p = d->secret.len > 0 ? d->secret.bytes : NULL;
+    *len_p = d->secret.len;
+}
+
 epd_daemon_counts_t *epd_daemon_counts(epd_daemon_t *d)
 {
     return &d->counts;
@@ -706,6 +783,16 @@ void epd_daemon_address(const epd_daemon_t *d, const void **addr_p, size_t *len_
 int epd_daemon_control_port(const epd_daemon_t *d)
 {
     return d->rpc_port;
+}
+
+const char *epd_daemon_advertise_host(const epd_daemon_t *d)
+{
+    return d->advertise_host;
+}
+
+const char *epd_daemon_data_host(const epd_daemon_t *d)
+{
+    return d->data_host;
 }
 
 void epd_daemon_set_capacity(epd_daemon_t *d, const epd_daemon_capacity_t *cap)

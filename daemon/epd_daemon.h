@@ -15,7 +15,8 @@
  *   - the control plane: a gRPC server answering Health, Status and Drain
  *     from what the role reports (its load, capacity, KV layout), and
  *     registration + heartbeats with the router (epd_registrar.h);
- *   - SIGTERM / SIGINT (once) and SIGUSR1 (trace dump), the ready line and
+ *   - SIGTERM (drain, then stop), SIGINT (stop) and SIGUSR1 (trace dump), the
+ *     ready line and
  *     ready file, the trace recorder;
  *   - the tick (a timer calling the role every tick_ms), the pump
  *     (deferred work at the top of the loop, never nested inside a
@@ -24,7 +25,10 @@
  * A daemon's main.c fills an epd_daemon_config_t and an epd_daemon_ops_t
  * (its role's callbacks: the only upward calls), creates the daemon, sets
  * its role up on the daemon's loop and transport, and calls
- * epd_daemon_serve, which runs until a signal and then stops in this order:
+ * epd_daemon_serve, which runs until a signal and then stops in this order
+ * (SIGTERM first drains — no new requests, Health NOT_SERVING, the router
+ * told by the next heartbeat — until ops->idle or --drain-grace-ms, as a
+ * kubelet expects; a second SIGTERM, SIGINT, or a grace of 0 stop at once):
  *
  *   1. ops->on_stop: the role takes no more work and cancels its compute;
  *   2. the registrar and the gRPC server stop;
@@ -79,7 +83,12 @@ typedef struct {
     const char *transport;      /* --transport ucx|ofi */
     const char *expect;         /* --expect-transport any|shm|tcp|rdma */
     const char *provider;       /* --provider (ofi) */
-    const char *control_addr;   /* --control-addr HOST:PORT */
+    const char *control_addr;   /* --control-addr HOST:PORT (the control port's bind) */
+    const char *advertise_addr; /* --advertise-addr HOST others reach us at (NULL: the
+                                 * control host; required when that is a wildcard) */
+    const char *data_addr;      /* --data-addr HOST: the data plane's local address
+                                 * (NULL: the advertised host) */
+    int64_t drain_grace_ms;     /* --drain-grace-ms: SIGTERM drains this long at most */
     const char *router;         /* --router HOST:PORT (workers only; NULL: none) */
     const char *ready_file;     /* --ready-file PATH */
     const char *trace;          /* --trace FILE */
@@ -87,13 +96,15 @@ typedef struct {
     const char *log_level;      /* --log-level */
     int64_t peer_timeout_ms;    /* --peer-timeout-ms */
     int64_t connect_timeout_ms; /* --connect-timeout-ms */
+    const char *cluster_secret_file; /* --cluster-secret-file (NULL: no secret: loopback only) */
 } epd_daemon_flags_t;
 
 /* Which common flags a program takes (epd_daemon_main). */
 #define EPD_DAEMON_FLAG_REGISTER 0x1u /* --router: a worker that registers */
 
 /* Fills `f` with the common defaults (control 127.0.0.1:0, ucx, ref,
- * timeouts 3000 ms, trace buffer 1M events, log level info). */
+ * timeouts 3000 ms, drain grace 30000 ms, trace buffer 1M events, log
+ * level info). */
 void epd_daemon_flags_init(epd_daemon_flags_t *f);
 
 /* The role's start: runs with the parsed, checked flags; returns the
@@ -190,6 +201,10 @@ typedef struct {
     void (*on_stop)(void *arg);
     /* Shutdown step 3: nonzero once the role has let go. */
     int (*stopped)(void *arg);
+    /* Nonzero when the role holds no request (none running, queued or
+     * waiting on a peer): a drain started by SIGTERM stops the daemon then
+     * (--drain-grace-ms bounds the wait). */
+    int (*idle)(void *arg);
     /* Shutdown step 5: join compute threads (the loop no longer runs). */
     void (*on_exit)(void *arg);
     /* epd_daemon_run only: the role on the created daemon, before it serves
@@ -215,7 +230,7 @@ void epd_daemon_op_load_none(void *arg, epd_daemon_load_t *load_p);
 void epd_daemon_op_none(void *arg); /* on_drain, on_stop, on_exit */
 int epd_daemon_op_rpc_pass(void *arg, const char *method, const void *req, size_t req_len,
                            void **resp_p, size_t *resp_len_p, char *err, size_t err_cap);
-int epd_daemon_op_stopped_now(void *arg);
+int epd_daemon_op_stopped_now(void *arg); /* stopped, idle: always 1 */
 epd_status_t epd_daemon_op_setup_none(void *arg, epd_daemon_t *d);
 
 typedef struct {
@@ -282,6 +297,11 @@ int epd_daemon_draining(const epd_daemon_t *d);
 void epd_daemon_address(const epd_daemon_t *d, const void **addr_p, size_t *len_p);
 /* The control port bound by epd_daemon_serve (0 before). */
 int epd_daemon_control_port(const epd_daemon_t *d);
+/* Addresses resolved once at create (numeric, borrowed): the host others
+ * reach this daemon at (--advertise-addr, or the control host), and the
+ * data plane's local address (--data-addr, or the advertised host). */
+const char *epd_daemon_advertise_host(const epd_daemon_t *d);
+const char *epd_daemon_data_host(const epd_daemon_t *d);
 
 /* --------------------------------------------------------------- helpers */
 
@@ -295,6 +315,11 @@ typedef struct {
 } epd_daemon_counts_t;
 
 epd_daemon_counts_t *epd_daemon_counts(epd_daemon_t *d);
+
+/* The cluster secret (--cluster-secret-file), borrowed for the daemon's
+ * life; NULL / 0 without one.  Without a secret the daemon binds loopback
+ * only (control port and data plane) and says so once. */
+void epd_daemon_secret(const epd_daemon_t *d, const void **secret_p, size_t *len_p);
 
 /* What the control plane says about this worker; call before serve. */
 void epd_daemon_set_capacity(epd_daemon_t *d, const epd_daemon_capacity_t *cap);

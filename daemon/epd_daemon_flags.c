@@ -23,6 +23,7 @@ void epd_daemon_flags_init(epd_daemon_flags_t *f)
     f->log_level = "info";
     f->peer_timeout_ms = 3000;
     f->connect_timeout_ms = 3000;
+    f->drain_grace_ms = 30000;
 }
 
 /* The common flags of `which` into opts[], returning how many. */
@@ -61,6 +62,30 @@ static size_t epd_daemon_common_opts(epd_daemon_flags_t *f, unsigned which, epd_
                             0,
                             0,
                             "gRPC control address HOST:PORT or [HOST]:PORT (port 0: ephemeral)"};
+    opts[n++] = (epd_opt_t){"advertise-addr",
+                            EPD_OPT_STRING,
+                            &f->advertise_addr,
+                            0,
+                            0,
+                            "the host or IP other members reach this daemon's control port and "
+                            "data plane at (default: the --control-addr host; required when that "
+                            "is a wildcard like 0.0.0.0 or ::)"};
+    opts[n++] = (epd_opt_t){"data-addr",
+                            EPD_OPT_STRING,
+                            &f->data_addr,
+                            0,
+                            0,
+                            "the local IP (or name) the data plane binds: UCX runs on the "
+                            "interface owning it unless UCX_NET_DEVICES is set, libfabric binds "
+                            "it (default: the advertised host)"};
+    opts[n++] = (epd_opt_t){"drain-grace-ms",
+                            EPD_OPT_INT,
+                            &f->drain_grace_ms,
+                            0,
+                            3600000,
+                            "SIGTERM drains: no new requests, running ones get this long to "
+                            "finish, then the daemon exits 0 (0: stop at once; a second SIGTERM "
+                            "or SIGINT stops at once)"};
     if ((which & EPD_DAEMON_FLAG_REGISTER) != 0) {
         opts[n++] = (epd_opt_t){"router",
                                 EPD_OPT_STRING,
@@ -70,6 +95,14 @@ static size_t epd_daemon_common_opts(epd_daemon_flags_t *f, unsigned which, epd_
                                 "register with the router's control service HOST:PORT and "
                                 "heartbeat the load (absent: no registration)"};
     }
+    opts[n++] = (epd_opt_t){"cluster-secret-file",
+                            EPD_OPT_STRING,
+                            &f->cluster_secret_file,
+                            0,
+                            0,
+                            "the cluster's shared secret (mode 0600, 16-1024 bytes): members "
+                            "prove it to each other on every endpoint and control call "
+                            "(absent: this host only, over loopback)"};
     opts[n++] = (epd_opt_t){"ready-file",
                             EPD_OPT_STRING,
                             &f->ready_file,
@@ -132,6 +165,30 @@ static int epd_daemon_check_addr(const char *prog, int *exit_p, const char *flag
     return 1;
 }
 
+/* A bare host (name, IPv4, IPv6 with or without brackets), no port. */
+static int epd_daemon_check_host(const char *prog, int *exit_p, const char *flag,
+                                 const char *value)
+{
+    size_t n;
+
+    if (value == NULL) {
+        return 1;
+    }
+    n = strlen(value);
+    if (n == 0 || n >= EPD_ADDR_HOST_MAX) {
+        return epd_daemon_bad(prog, exit_p, flag, value, "want a host name or IP address");
+    }
+    if (value[0] == '[' ? value[n - 1] != ']' || n < 3 : strchr(value, ']') != NULL) {
+        return epd_daemon_bad(prog, exit_p, flag, value, "unbalanced brackets");
+    }
+    /* an IPv6 literal has two colons at least: one is a port */
+    if (value[0] != '[' && strchr(value, ':') != NULL && strchr(value, ':') == strrchr(value, ':')) {
+        return epd_daemon_bad(prog, exit_p, flag, value,
+                              "a host, not HOST:PORT (the ports are the daemon's own)");
+    }
+    return 1;
+}
+
 /* Parses and checks; 1 to go on, 0 with *exit_p set to stop. */
 static int epd_daemon_parse(const char *prog, const char *summary, unsigned which,
                             epd_daemon_flags_t *flags, const epd_opt_t *role_opts,
@@ -187,8 +244,16 @@ static int epd_daemon_parse(const char *prog, const char *summary, unsigned whic
         (flags->worker_id[0] == '\0' || strlen(flags->worker_id) >= EPD_WORKER_ID_MAX)) {
         return epd_daemon_bad(prog, exit_p, "worker-id", flags->worker_id, "want 1 to 127 bytes");
     }
+    for (const char *c = flags->worker_id; c != NULL && *c != '\0'; c++) {
+        if (*c < 0x21 || *c > 0x7e) {
+            return epd_daemon_bad(prog, exit_p, "worker-id", flags->worker_id,
+                                  "want printable ASCII without spaces");
+        }
+    }
     if (!epd_daemon_check_addr(prog, exit_p, "control-addr", flags->control_addr) ||
-        !epd_daemon_check_addr(prog, exit_p, "router", flags->router)) {
+        !epd_daemon_check_addr(prog, exit_p, "router", flags->router) ||
+        !epd_daemon_check_host(prog, exit_p, "advertise-addr", flags->advertise_addr) ||
+        !epd_daemon_check_host(prog, exit_p, "data-addr", flags->data_addr)) {
         return 0;
     }
     epd_log_set_level(level);

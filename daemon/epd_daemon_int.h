@@ -7,12 +7,15 @@
  *   epd_daemon_rpc.c    the control plane: Health / Status / Drain, drain,
  *                       the RegisterRequest and the registrar's callbacks
  *   epd_daemon_flags.c  the common flags and epd_daemon_main
+ *   epd_daemon_addr.c   addresses (bind, advertise, data) resolved once, the
+ *                       cluster secret or the loopback-only rule
  *   epd_daemon_log.c    rate-limited refusal lines
  *   epd_link.c          links and their outboxes
  *   epd_peer.c          peers by incarnation, the epoch rule
  *
  * Calls between them go one way (the file first named calls the others):
- *   epd_daemon.c -> epd_daemon_rpc.c, epd_peer.c, epd_link.c, epd_daemon_log.c
+ *   epd_daemon.c -> epd_daemon_rpc.c, epd_daemon_addr.c, epd_peer.c, epd_link.c,
+ *                   epd_daemon_log.c
  *   epd_peer.c -> epd_link.c -> epd_daemon_log.c
  * Lower files reach the loop's handles only through the fields below
  * (epd__daemon_pump_kick starts the pump handle with the callback
@@ -32,6 +35,7 @@
 #include "epd_log.h"
 #include "epd_peer.h"
 #include "epd_registrar.h"
+#include "epd_secret.h"
 #include "epd_rpc.h"
 #include "epd_xport_uv.h"
 
@@ -117,7 +121,17 @@ struct epd_daemon {
     /* control plane */
     epd_rpc_server_t *rpc;
     int rpc_port;
-    char control_host[EPD_ADDR_HOST_MAX];
+    /* addresses, resolved once at create (epd_daemon_addr.c) */
+    char control_bind[EPD_ADDR_MAX];        /* --control-addr, its host numeric */
+    char advertise_host[EPD_ADDR_HOST_MAX]; /* numeric: what others reach us at */
+    char data_host[EPD_ADDR_HOST_MAX];      /* numeric: the data plane's local address */
+    char data_iface[64];                    /* the interface holding data_host */
+    char router_addr[EPD_ADDR_MAX];         /* --router, its host numeric ("": none) */
+    char control_advertised[EPD_ADDR_MAX];  /* advertise_host:bound port (serving) */
+    /* SIGTERM drains (--drain-grace-ms): stop once the role is idle or at
+     * the deadline */
+    int term_drain;
+    uint64_t term_deadline_ns;
     epd_registrar_t *registrar;
     epd_daemon_capacity_t capacity;
     int have_layout;
@@ -135,6 +149,8 @@ struct epd_daemon {
     epd_peer_t *peers;
     int peers_dirty; /* a peer died: the pump closes it */
     epd_daemon_counts_t counts;
+    epd_secret_t secret; /* --cluster-secret-file (len 0: none) */
+    uint64_t forged;     /* envelopes whose sender is not their link's identity */
     /* refusals */
     uint64_t refusals, bad_frames;
     epd_log_limit_t refuse_limit;
@@ -185,6 +201,11 @@ void epd__peer_link_down(epd_peer_t *peer, epd_status_t status);
 int epd__peer_reap(epd_daemon_t *d);
 /* Destroy: frees every peer record. */
 void epd__peer_free_all(epd_daemon_t *d);
+
+/* ---- epd_daemon_addr.c ---- */
+/* The cluster secret (or the loopback-only rule), every address resolved
+ * once, UCX's devices for the data plane.  EPD_OK or the failure (logged). */
+epd_status_t epd__daemon_addresses(epd_daemon_t *d);
 
 /* ---- epd_daemon_rpc.c ---- */
 int epd__daemon_on_rpc(void *arg, const char *method, const void *req, size_t req_len,

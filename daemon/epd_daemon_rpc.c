@@ -9,12 +9,18 @@
  *
  * A role with a control plane of its own (the router) answers first
  * (ops->on_rpc); EPD_DAEMON_RPC_PASS hands the call to the code here.
+ *
+ * With a cluster secret (epd_daemon_secret) the control server requires
+ * every call but Health to be signed with it (epd_rpc.h: checked on the
+ * server's thread, so the handlers below never see an unauthenticated
+ * call), and the registrar signs its own.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "epd_alloc.h"
 #include "epd_daemon_int.h"
+#include "epd_grpc_health.pb-c.h"
 
 /* Storage for the nested messages of one answer (caller's stack). */
 typedef struct {
@@ -25,11 +31,37 @@ typedef struct {
     Epd__Capacity cap;
 } epd_daemon_rpc_parts_t;
 
+/* What each link really uses: the live endpoints this worker opened to
+ * other workers, by the class of the lanes the transport chose. */
+static void epd_daemon_link_classes(epd_daemon_t *d, uint32_t *links)
+{
+    for (epd_link_t *k = d->links; k != NULL; k = k->next) {
+        const char *cls;
+
+        if (k->kind != EPD_LINK_OUT || k->peer == NULL || k->ep == NULL || k->down || k->closed ||
+            !k->connected) {
+            continue;
+        }
+        cls = epd_xport_ep_class(k->ep);
+        if (strcmp(cls, "shm") == 0) {
+            links[EPD_REGISTRAR_LINK_SHM]++;
+        } else if (strcmp(cls, "tcp") == 0) {
+            links[EPD_REGISTRAR_LINK_TCP]++;
+        } else if (strcmp(cls, "rdma") == 0) {
+            links[EPD_REGISTRAR_LINK_RDMA]++;
+        } else {
+            links[EPD_REGISTRAR_LINK_OTHER]++;
+        }
+    }
+}
+
 static void epd_daemon_load_now(epd_daemon_t *d, epd_daemon_load_t *l)
 {
     memset(l, 0, sizeof(*l));
     d->ops.load(d->cfg.arg, l);
     l->draining = d->draining != 0;
+    memset(l->links, 0, sizeof(l->links));
+    epd_daemon_link_classes(d, l->links);
 }
 
 static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
@@ -58,6 +90,10 @@ static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
     epd_prefix_stats_to_msg(&l.prefix, &p->prefix);
     p->load.prefix = &p->prefix;
     p->load.draining = l.draining != 0;
+    p->load.links_shm = l.links[EPD_REGISTRAR_LINK_SHM];
+    p->load.links_tcp = l.links[EPD_REGISTRAR_LINK_TCP];
+    p->load.links_rdma = l.links[EPD_REGISTRAR_LINK_RDMA];
+    p->load.links_other = l.links[EPD_REGISTRAR_LINK_OTHER];
     p->cap.kv_blocks_total = d->capacity.kv_blocks_total;
     p->cap.block_tokens = d->capacity.block_tokens;
     p->cap.state_slots_total = d->capacity.state_slots_total;
@@ -102,6 +138,44 @@ static int epd_daemon_on_drain_rpc(epd_daemon_t *d, const void *req, size_t req_
     return epd_proto_answer(&r.base, resp_p, resp_len_p, err, err_cap);
 }
 
+/* grpc.health.v1.Health/Check, for orchestrators' probes (a kubelet's
+ * `grpc:` probe, grpc_health_probe): SERVING while the daemon serves,
+ * NOT_SERVING while it drains or stops.  The service "" is the daemon, its
+ * role's name ("prefill") too; any other is NOT_FOUND, as the protocol
+ * says.  Watch (a stream) is not served. */
+static int epd_daemon_grpc_health(epd_daemon_t *d, const char *method, const void *req,
+                                  size_t req_len, void **resp_p, size_t *resp_len_p, char *err,
+                                  size_t err_cap)
+{
+    Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    Grpc__Health__V1__HealthCheckRequest *q;
+    ProtobufCMessage *m = NULL;
+    int known;
+
+    if (strcmp(method, EPD_RPC_GRPC_HEALTH_WATCH) == 0) {
+        snprintf(err, err_cap, "Watch is not served: call Check");
+        return EPD_RPC_UNIMPLEMENTED;
+    }
+    if (epd_proto_unpack(&grpc__health__v1__health_check_request__descriptor, req, req_len, &m) !=
+        EPD_OK) {
+        snprintf(err, err_cap, "malformed HealthCheckRequest");
+        return EPD_RPC_INVALID_ARGUMENT;
+    }
+    q = (Grpc__Health__V1__HealthCheckRequest *)m;
+    known = q->service == NULL || q->service[0] == '\0' || strcmp(q->service, d->log) == 0;
+    if (!known) {
+        snprintf(err, err_cap, "unknown service '%.64s' (this daemon answers '' and '%s')",
+                 q->service, d->log);
+        epd_proto_free(m);
+        return EPD_RPC_NOT_FOUND;
+    }
+    epd_proto_free(m);
+    r.status = d->draining || d->stopping
+                   ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+                   : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    return epd_proto_answer(&r.base, resp_p, resp_len_p, err, err_cap);
+}
+
 int epd__daemon_on_rpc(void *arg, const char *method, const void *req, size_t req_len,
                        void **resp_p, size_t *resp_len_p, char *err, size_t err_cap)
 {
@@ -109,6 +183,10 @@ int epd__daemon_on_rpc(void *arg, const char *method, const void *req, size_t re
     epd_daemon_rpc_parts_t p;
     int rc;
 
+    if (strncmp(method, "/grpc.health.v1.Health/", 23) == 0) {
+        /* the daemon's, whatever the role: every control port answers it */
+        return epd_daemon_grpc_health(d, method, req, req_len, resp_p, resp_len_p, err, err_cap);
+    }
     rc = d->ops.on_rpc(d->cfg.arg, method, req, req_len, resp_p, resp_len_p, err, err_cap);
     if (rc != EPD_DAEMON_RPC_PASS) {
         return rc;
@@ -126,6 +204,8 @@ int epd__daemon_on_rpc(void *arg, const char *method, const void *req, size_t re
         h.kv_layout = d->have_layout ? &d->layout_msg : NULL;
         h.capacity = &p.cap;
         h.draining = d->draining != 0;
+        h.control_address = d->control_advertised;
+        h.data_address = d->data_host;
         return epd_proto_answer(&h.base, resp_p, resp_len_p, err, err_cap);
     }
     if (strcmp(method, EPD_RPC_STATUS) == 0) {
@@ -139,6 +219,8 @@ int epd__daemon_on_rpc(void *arg, const char *method, const void *req, size_t re
                               : EPD__WORKER_STATE__WORKER_STATE_READY;
         w.load = &p.load;
         w.capacity = &p.cap;
+        w.control_address = d->control_advertised;
+        w.data_address = d->data_host;
         s.n_workers = 1;
         s.workers = ws;
         return epd_proto_answer(&s.base, resp_p, resp_len_p, err, err_cap);
@@ -166,6 +248,28 @@ static void epd_daemon_registrar_drain(void *arg)
     epd_daemon_drain(arg, "asked by the router");
 }
 
+/* Called by epd__daemon_register right after the control server started,
+ * before the loop first runs: no call can have reached a handler yet. */
+static epd_status_t epd_daemon_rpc_secure(epd_daemon_t *d)
+{
+    const void *secret = NULL;
+    size_t len = 0;
+    epd_status_t st;
+
+    epd_daemon_secret(d, &secret, &len);
+    if (len == 0) {
+        return EPD_OK;
+    }
+    st = epd_rpc_server_set_auth(d->rpc, secret, len);
+    if (st != EPD_OK) {
+        epd_log_error(d->log, 0, "cannot require the cluster secret on the control plane: %s",
+                      epd_status_string(st));
+        return st;
+    }
+    epd_log_info(d->log, 0, "control plane: every call but Health must carry the cluster secret");
+    return EPD_OK;
+}
+
 epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
 {
     Epd__RegisterRequest r = EPD__REGISTER_REQUEST__INIT;
@@ -175,7 +279,11 @@ epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
     size_t n;
     void *buf;
 
-    if (d->fl->router == NULL || d->fl->router[0] == '\0') {
+    st = epd_daemon_rpc_secure(d);
+    if (st != EPD_OK) {
+        return st;
+    }
+    if (d->router_addr[0] == '\0') {
         return EPD_OK;
     }
     epd_daemon_rpc_fill(d, &p);
@@ -184,6 +292,7 @@ epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
     r.data_plane_address.data = (uint8_t *)(uintptr_t)d->addr;
     r.data_plane_address.len = d->addr_len;
     r.control_address = (char *)control_address;
+    r.data_address = d->data_host;
     r.capacity = &p.cap;
     r.kv_layout = d->have_layout ? &d->layout_msg : NULL;
     if (d->have_prefix_root) {
@@ -197,13 +306,14 @@ epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
     }
     protobuf_c_message_pack(&r.base, buf);
     memset(&cfg, 0, sizeof(cfg));
-    cfg.router = d->fl->router;
+    cfg.router = d->router_addr; /* resolved once, at create */
     cfg.request = buf;
     cfg.request_len = n;
     cfg.load_cb = epd_daemon_registrar_load;
     cfg.drain_cb = epd_daemon_registrar_drain;
     cfg.cb_arg = d;
     cfg.log_component = d->log;
+    epd_daemon_secret(d, &cfg.secret, &cfg.secret_len);
     /* KV hints between two heartbeats: a pool's worth of evictions and
      * insertions is plenty; more, and the router is told to reset */
     cfg.hint_capacity = d->have_prefix_root ? EPD_DAEMON_HINTS_MAX : 0;

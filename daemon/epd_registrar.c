@@ -19,6 +19,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -44,6 +45,8 @@ struct epd_registrar {
     char *router;
     void *request;
     size_t request_len;
+    unsigned char *secret; /* [secret_len], wiped at free; NULL: unsigned calls */
+    size_t secret_len;
     char worker_id[128];
     uint64_t epoch_start_ns, epoch_nonce;
     epd_registrar_load_cb_t load_cb;
@@ -68,6 +71,7 @@ struct epd_registrar {
     atomic_size_t hint_head, hint_tail; /* thread pops at head, loop pushes at tail */
     atomic_int hint_lost;               /* the ring overflowed: the router must reset */
     int hint_reset;                     /* thread: the next heartbeat resets */
+    atomic_uint_fast32_t l_links[EPD_REGISTRAR_LINK_CLASSES];
     /* thread -> loop */
     atomic_int drain_posted; /* drain reported to the loop (once) */
     atomic_int drain_delivered;
@@ -97,6 +101,9 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
 
         memcpy(&w, (const char *)&load->prefix + i * sizeof(w), sizeof(w));
         atomic_store_explicit(&reg->l_prefix[i], w, memory_order_relaxed);
+    }
+    for (int i = 0; i < EPD_REGISTRAR_LINK_CLASSES; i++) {
+        atomic_store_explicit(&reg->l_links[i], load->links[i], memory_order_relaxed);
     }
     atomic_store_explicit(&reg->seq, s + 2, memory_order_release);
 }
@@ -130,6 +137,9 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
             uint64_t w = (uint64_t)atomic_load_explicit(&reg->l_prefix[i], memory_order_relaxed);
 
             memcpy((char *)&l.prefix + i * sizeof(w), &w, sizeof(w));
+        }
+        for (int i = 0; i < EPD_REGISTRAR_LINK_CLASSES; i++) {
+            l.links[i] = (uint32_t)atomic_load_explicit(&reg->l_links[i], memory_order_relaxed);
         }
         atomic_thread_fence(memory_order_acquire);
         s2 = atomic_load_explicit(&reg->seq, memory_order_relaxed);
@@ -205,6 +215,24 @@ static int epd_registrar_stopping(epd_registrar_t *reg)
     return stop;
 }
 
+/* A channel to the router whose calls carry the secret, if any. */
+static int epd_registrar_connect(epd_registrar_t *reg, epd_rpc_client_t **client)
+{
+    if (*client != NULL) {
+        return 0;
+    }
+    if (epd_rpc_client_create(reg->router, client) != EPD_OK) {
+        return -1;
+    }
+    if (reg->secret != NULL &&
+        epd_rpc_client_set_auth(*client, reg->secret, reg->secret_len) != EPD_OK) {
+        epd_rpc_client_destroy(*client);
+        *client = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 /* A failed call: the channel is made anew before the next one (gRPC's
  * reconnect backoff would otherwise delay reaching a router that came up). */
 static void epd_registrar_reset_channel(epd_rpc_client_t **client)
@@ -226,14 +254,18 @@ static int epd_registrar_register(epd_registrar_t *reg, epd_rpc_client_t **clien
     int ok;
 
     atomic_fetch_add(&reg->n_attempts, 1);
-    if (*client == NULL && epd_rpc_client_create(reg->router, client) != EPD_OK) {
+    if (epd_registrar_connect(reg, client) != 0) {
         snprintf(why, why_cap, "cannot create a gRPC channel");
         return 0;
     }
     st = epd_rpc_call(*client, EPD_RPC_REGISTER, reg->request, reg->request_len,
                       (int)reg->call_timeout_ms, &resp, &len, err, sizeof(err));
     if (st != EPD_OK) {
-        snprintf(why, why_cap, "%s%s%s", epd_status_string(st), err[0] != '\0' ? ": " : "", err);
+        snprintf(why, why_cap, "%s%s%s%s", epd_status_string(st), err[0] != '\0' ? ": " : "", err,
+                 st != EPD_ERR_AUTH ? ""
+                 : reg->secret != NULL
+                     ? " (is --cluster-secret-file the router's file, and the clocks within 30 s?)"
+                     : " (the router requires --cluster-secret-file)");
         epd_registrar_reset_channel(client);
         return 0;
     }
@@ -309,6 +341,10 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     load.draining = l.draining != 0;
     epd_prefix_stats_to_msg(&l.prefix, &prefix);
     load.prefix = &prefix;
+    load.links_shm = l.links[EPD_REGISTRAR_LINK_SHM];
+    load.links_tcp = l.links[EPD_REGISTRAR_LINK_TCP];
+    load.links_rdma = l.links[EPD_REGISTRAR_LINK_RDMA];
+    load.links_other = l.links[EPD_REGISTRAR_LINK_OTHER];
     hb.worker_id = reg->worker_id;
     hb.epoch = &epoch;
     hb.load = &load;
@@ -338,7 +374,7 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
         return -1;
     }
     protobuf_c_message_pack(&hb.base, buf);
-    if (*client == NULL && epd_rpc_client_create(reg->router, client) != EPD_OK) {
+    if (epd_registrar_connect(reg, client) != 0) {
         snprintf(why, why_cap, "cannot create a gRPC channel");
         epd_free(buf);
         if (n_events > 0) {
@@ -485,6 +521,10 @@ static void epd_registrar_on_closed(uv_handle_t *h)
     epd_free(reg->router);
     epd_free(reg->request);
     epd_free(reg->hints);
+    if (reg->secret != NULL) {
+        sodium_memzero(reg->secret, reg->secret_len);
+        epd_free(reg->secret);
+    }
     epd_free(reg);
 }
 
@@ -500,6 +540,11 @@ epd_status_t epd_registrar_start(uv_loop_t *loop, const epd_registrar_config_t *
 
     if (config->router == NULL || config->router[0] == '\0' || config->load_cb == NULL ||
         config->request == NULL || config->request_len == 0) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if ((config->secret == NULL) != (config->secret_len == 0) ||
+        (config->secret != NULL &&
+         (config->secret_len < EPD_RPC_SECRET_MIN || config->secret_len > EPD_RPC_SECRET_MAX))) {
         return EPD_ERR_INVALID_PARAM;
     }
     if (epd_proto_unpack(&epd__register_request__descriptor, config->request, config->request_len,
@@ -526,7 +571,15 @@ epd_status_t epd_registrar_start(uv_loop_t *loop, const epd_registrar_config_t *
     rlen = strlen(config->router) + 1;
     reg->router = epd_malloc(rlen);
     reg->request = epd_malloc(config->request_len);
-    if (reg->router == NULL || reg->request == NULL) {
+    if (config->secret != NULL) {
+        reg->secret = epd_malloc(config->secret_len);
+        if (reg->secret != NULL) {
+            memcpy(reg->secret, config->secret, config->secret_len);
+            reg->secret_len = config->secret_len;
+        }
+    }
+    if (reg->router == NULL || reg->request == NULL ||
+        (config->secret != NULL && reg->secret == NULL)) {
         status = EPD_ERR_NO_MEMORY;
         goto err_free;
     }
@@ -611,6 +664,10 @@ err_free:
     epd_free(reg->router);
     epd_free(reg->request);
     epd_free(reg->hints);
+    if (reg->secret != NULL) {
+        sodium_memzero(reg->secret, reg->secret_len);
+        epd_free(reg->secret);
+    }
     epd_free(reg);
     return status;
 }

@@ -24,6 +24,11 @@
  * After a failed call the gRPC channel is made anew, so a router that comes
  * (back) up is reached on the next attempt rather than after gRPC's own
  * reconnect backoff (which grows to minutes).
+ *
+ * With a cluster secret every call is signed (epd_rpc_client_set_auth): a
+ * router that requires the secret refuses calls from a worker without it,
+ * or with another one (EPD_ERR_AUTH, logged once per minute like any
+ * failure; the registrar keeps trying — the secrets may be fixed).
  */
 #ifndef EPD_REGISTRAR_H
 #define EPD_REGISTRAR_H
@@ -53,6 +58,15 @@ void epd_prefix_stats_to_msg(const epd_prefix_stats_t *s, struct Epd__PrefixCach
 /* The other way (m may be NULL: all zero). */
 void epd_prefix_stats_from_msg(const struct Epd__PrefixCacheStats *m, epd_prefix_stats_t *s_p);
 
+/* Classes of the lanes of a worker's links (epd.Load links_*). */
+enum {
+    EPD_REGISTRAR_LINK_SHM,
+    EPD_REGISTRAR_LINK_TCP,
+    EPD_REGISTRAR_LINK_RDMA,
+    EPD_REGISTRAR_LINK_OTHER,
+    EPD_REGISTRAR_LINK_CLASSES
+};
+
 /* The fields of epd.Load the daemon reports. */
 typedef struct {
     uint32_t queue_depth;   /* requests waiting */
@@ -64,6 +78,9 @@ typedef struct {
     uint64_t kv_bytes_received; /* data plane, monotonic (decode: received and verified) */
     int draining;               /* the worker takes no new work */
     epd_prefix_stats_t prefix;  /* all zero: no prefix cache */
+    /* live endpoints this worker opened to other workers, by lane class
+     * (filled by the daemon, not the role) */
+    uint32_t links[EPD_REGISTRAR_LINK_CLASSES];
 } epd_registrar_load_t;
 
 /* Loop thread: write the daemon's current load into *load_p. */
@@ -85,6 +102,8 @@ typedef struct {
     uint32_t publish_ms;       /* load snapshot period on the loop; 0: 100 */
     uint32_t hint_capacity;    /* KV-aware routing hints queued between
                                 * heartbeats (epd_registrar_hint); 0: none */
+    const void *secret;        /* the cluster secret (copied; wiped at stop); NULL: calls */
+    size_t secret_len;         /* are not signed.  EPD_RPC_SECRET_MIN..MAX bytes */
 } epd_registrar_config_t;
 
 /* What the registrar did so far (any thread; for tests and logs). */
@@ -103,7 +122,7 @@ typedef struct {
  * publish timer on `loop` and the thread, which registers at once.  Loop
  * thread.  On EPD_OK *reg_p is owned by the caller (epd_registrar_stop).
  * EPD_ERR_INVALID_PARAM when the request does not unpack or lacks a worker
- * id or epoch, or `router` is empty.
+ * id or epoch, `router` is empty, or the secret's length is out of range.
  */
 epd_status_t epd_registrar_start(uv_loop_t *loop, const epd_registrar_config_t *config,
                                  epd_registrar_t **reg_p);

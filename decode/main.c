@@ -72,7 +72,9 @@ static epd_status_t epd_decode_pool(epd_decode_srv_t *srv, const epd_decode_flag
                       (long long)fl->kv_blocks, n_slots);
         return EPD_ERR_INVALID_PARAM;
     }
-    st = epd_xport_mr_alloc(epd_daemon_xport(srv->d), (size_t)bytes, &srv->mr);
+    /* prefill workers write into it; nothing else is remotely possible */
+    st = epd_xport_mr_alloc_ex(epd_daemon_xport(srv->d), (size_t)bytes, EPD_XPORT_MR_REMOTE_WRITE,
+                               &srv->mr);
     if (st != EPD_OK) {
         epd_log_error(EPD_DECODE_LOG, 0, "cannot allocate the KV pool (%llu bytes): %s",
                       (unsigned long long)bytes, epd_status_string(st));
@@ -172,6 +174,15 @@ static void epd_decode_on_cleanup(void *arg)
     epd_engine_close(srv->engine);
 }
 
+/* A SIGTERM drain ends when no request is left (reserved, receiving KV,
+ * waiting for the batch or decoding). */
+static int epd_decode_idle(void *arg)
+{
+    epd_decode_srv_t *srv = arg;
+
+    return epd_reqtab_count(&srv->reqs) == 0;
+}
+
 static const epd_daemon_ops_t epd_decode_ops = {
     .on_msg = epd__decode_on_msg,
     .on_link_down = epd__decode_req_on_link_down, /* a client's: abort its requests */
@@ -184,6 +195,7 @@ static const epd_daemon_ops_t epd_decode_ops = {
     .on_rpc = epd_daemon_op_rpc_pass,
     .on_stop = epd__decode_req_on_stop,
     .stopped = epd_daemon_op_stopped_now,
+    .idle = epd_decode_idle,
     .on_exit = epd_decode_on_exit,
     .setup = epd_decode_on_setup,
     .cleanup = epd_decode_on_cleanup,

@@ -19,6 +19,11 @@ PACKAGES=(
   libsodium-dev                   # BLAKE2b-256 content hashes of images (the embedding cache key)
   libcmocka-dev                   # unit tests
   python3 curl procps iproute2    # integration test helpers
+  nftables util-linux             # tests/multihost: nft (faults), nsenter (hosts)
+  prometheus                      # promtool: /metrics lint, the autoscalers' PromQL (tests/deploy)
+  nodejs                          # deploy/k8s render + schema check (npm packages cached in build/)
+  podman buildah runc catatonit   # deploy/container: image built offline, smoke-tested in namespaces
+  slurm-wlm munge                 # deploy/slurm: sbatch recipes tested on a two-node Slurm
 )
 
 missing=()
@@ -27,6 +32,12 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
+
+# npm: Debian's nodejs leaves it to the npm package, other builds of
+# nodejs (NodeSource's) bundle it and conflict with that package
+if ! command -v npm >/dev/null 2>&1 && ! printf '%s\n' "${missing[@]:-}" | grep -qx nodejs; then
+  missing+=(npm)
+fi
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "deps: all ${#PACKAGES[@]} packages present"
@@ -39,3 +50,6 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if ! command -v npm >/dev/null 2>&1; then
+  $SUDO apt-get install -y -qq --no-install-recommends npm
+fi

@@ -53,7 +53,8 @@ static epd_status_t epd_encoder_setup(void *arg, epd_daemon_t *d)
     /* the slots, registered: the source of the one-sided writes, and where
      * the compute thread encodes into */
     region_bytes = (uint64_t)srv->slots * srv->slot_stride;
-    st = epd_xport_mr_alloc(epd_daemon_xport(srv->d), (size_t)region_bytes, &srv->region);
+    st = epd_xport_mr_alloc_ex(epd_daemon_xport(srv->d), (size_t)region_bytes, EPD_XPORT_MR_LOCAL,
+                               &srv->region);
     if (st != EPD_OK) {
         epd_log_error(EPD_ENCODER_LOG, 0, "cannot allocate a %llu-byte embedding region: %s",
                       (unsigned long long)region_bytes, epd_status_string(st));
@@ -102,6 +103,15 @@ static void epd_encoder_cleanup(void *arg)
     epd__encoder_reqs_cleanup(srv);
 }
 
+/* A SIGTERM drain ends when no image is left (queued, encoding or being
+ * written). */
+static int epd_encoder_idle(void *arg)
+{
+    epd_encoder_srv_t *srv = arg;
+
+    return epd_reqtab_count(&srv->reqs) == 0;
+}
+
 static const epd_daemon_ops_t epd_encoder_ops = {
     .on_msg = epd__encoder_on_msg,
     .on_link_down = epd_daemon_op_link_down_none, /* images hold their client's link */
@@ -114,6 +124,7 @@ static const epd_daemon_ops_t epd_encoder_ops = {
     .on_rpc = epd_daemon_op_rpc_pass,
     .on_stop = epd__encoder_req_on_stop,
     .stopped = epd_daemon_op_stopped_now,
+    .idle = epd_encoder_idle,
     .on_exit = epd_encoder_on_exit,
     .setup = epd_encoder_setup,
     .cleanup = epd_encoder_cleanup,

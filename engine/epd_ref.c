@@ -16,6 +16,10 @@
  *    one thread: daemons own their threads.
  *  - Prefill allocates its activations per call (sized by the chunk); decode
  *    allocates nothing: its scratch is sized at open by max_batch.
+ *  - Decode is batch-invariant: every projection runs one request's row at
+ *    a time (sgemv), so a request's logits are bit for bit the same alone
+ *    or in any batch (one sgemm over the batch sums in another order, and
+ *    a seeded sample at a near-tie followed it: the storm test caught it).
  *  - The vision encoder (encode_image) is a ViT on the same kernels: the
  *    image is resized straight into the patch matrix [N][P*P*3], then every
  *    projection is one sgemm over all N patches and attention is two sgemms
@@ -133,6 +137,20 @@ static void epd_ref_matmul(const float *x, int ldx, int rows, int in, const floa
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, ldx, w, in, beta,
                 y, ldy);
+}
+
+/* The same product one row at a time: row b's result does not depend on
+ * how many rows share the call.  Decode uses it so that a request's logits
+ * are the same whether it runs alone or in a batch of any size (sgemm's
+ * summation order differs from sgemv's and with the row count, and a
+ * seeded sample at a near-tie would follow that difference). */
+static void epd_ref_matmul_rows(const float *x, int ldx, int rows, int in, const float *w, int out,
+                                float *y, int ldy, float beta)
+{
+    for (int b = 0; b < rows; b++) {
+        epd_ref_matmul(x + (size_t)b * (size_t)ldx, ldx, 1, in, w, out, y + (size_t)b * (size_t)ldy,
+                       ldy, beta);
+    }
 }
 
 static void epd_ref_rmsnorm(const float *x, const float *w, uint32_t dim, double eps, float *out)
@@ -944,9 +962,9 @@ static epd_status_t epd_ref_decode(epd_engine_impl_t *e, const epd_kv_pool_t *po
             epd_ref_rmsnorm(e->d_x + (size_t)b * dim, L->in_norm, dim, hp->rms_eps,
                             e->d_h + (size_t)b * dim);
         }
-        epd_ref_matmul(e->d_h, dim, B, dim, L->wq, qd, e->d_q, qd, 0.0f);
-        epd_ref_matmul(e->d_h, dim, B, dim, L->wk, kd, e->d_k, kd, 0.0f);
-        epd_ref_matmul(e->d_h, dim, B, dim, L->wv, kd, e->d_v, kd, 0.0f);
+        epd_ref_matmul_rows(e->d_h, dim, B, dim, L->wq, qd, e->d_q, qd, 0.0f);
+        epd_ref_matmul_rows(e->d_h, dim, B, dim, L->wk, kd, e->d_k, kd, 0.0f);
+        epd_ref_matmul_rows(e->d_h, dim, B, dim, L->wv, kd, e->d_v, kd, 0.0f);
         for (uint32_t b = 0; b < B; b++) {
             const epd_decode_req_t *r = &reqs[b];
             float *q = e->d_q + (size_t)b * qd;
@@ -968,23 +986,23 @@ static epd_status_t epd_ref_decode(epd_engine_impl_t *e, const epd_kv_pool_t *po
                 epd_ref_linear_step(e, epd_ref_state(e, pool, l, r->seq.state_slot), q, k, v, o);
             }
         }
-        epd_ref_matmul(e->d_o, qd, B, qd, L->wo, dim, e->d_x, dim, 1.0f);
+        epd_ref_matmul_rows(e->d_o, qd, B, qd, L->wo, dim, e->d_x, dim, 1.0f);
         for (uint32_t b = 0; b < B; b++) {
             epd_ref_rmsnorm(e->d_x + (size_t)b * dim, L->post_norm, dim, hp->rms_eps,
                             e->d_h + (size_t)b * dim);
         }
-        epd_ref_matmul(e->d_h, dim, B, dim, L->gate, hp->ffn, e->d_g, hp->ffn, 0.0f);
-        epd_ref_matmul(e->d_h, dim, B, dim, L->up, hp->ffn, e->d_u, hp->ffn, 0.0f);
+        epd_ref_matmul_rows(e->d_h, dim, B, dim, L->gate, hp->ffn, e->d_g, hp->ffn, 0.0f);
+        epd_ref_matmul_rows(e->d_h, dim, B, dim, L->up, hp->ffn, e->d_u, hp->ffn, 0.0f);
         for (size_t i = 0; i < (size_t)B * hp->ffn; i++) {
             e->d_g[i] = epd_ref_silu(e->d_g[i]) * e->d_u[i];
         }
-        epd_ref_matmul(e->d_g, hp->ffn, B, hp->ffn, L->down, dim, e->d_x, dim, 1.0f);
+        epd_ref_matmul_rows(e->d_g, hp->ffn, B, hp->ffn, L->down, dim, e->d_x, dim, 1.0f);
     }
     for (uint32_t b = 0; b < B; b++) {
         epd_ref_rmsnorm(e->d_x + (size_t)b * dim, e->final_norm, dim, hp->rms_eps,
                         e->d_h + (size_t)b * dim);
     }
-    epd_ref_matmul(e->d_h, dim, B, dim, e->lm_head, hp->vocab, logits, hp->vocab, 0.0f);
+    epd_ref_matmul_rows(e->d_h, dim, B, dim, e->lm_head, hp->vocab, logits, hp->vocab, 0.0f);
     return EPD_OK;
 }
 

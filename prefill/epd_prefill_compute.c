@@ -206,12 +206,21 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
  * compute). */
 static void epd_prefill_compute_encode(epd_prefill_compute_t *c, epd_prefill_job_t *job)
 {
+    unsigned char hash[EPD_CONTENT_HASH_BYTES];
     epd_prefill_ev_t *ev = job->done_ev;
     epd_image_t img;
     epd_status_t status;
 
     ev->started_ns = epd_time_now_ns();
-    status = epd_image_decode(job->image, job->image_len, job->max_pixels, &img);
+    /* the cache key must name these bytes (proto/README.md rule 16): an
+     * inline image is cached under the hash its sender claims, so a claim
+     * that lies would poison every later request for the named image */
+    epd_content_hash(job->image, job->image_len, hash);
+    if (job->content_hash == NULL || memcmp(hash, job->content_hash, sizeof(hash)) != 0) {
+        status = EPD_ERR_CORRUPT;
+    } else {
+        status = epd_image_decode(job->image, job->image_len, job->max_pixels, &img);
+    }
     if (status == EPD_OK) {
         epd_image_view_t view = epd_image_view(&img);
 

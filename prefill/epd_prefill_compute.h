@@ -122,6 +122,10 @@ typedef struct {
      * the ENCODED event */
     const void *image;
     size_t image_len;
+    /* ENCODE: the BLAKE2b-256 the request names for the image (borrowed
+     * likewise): the bytes must be what it names before anything is
+     * cached under it, else the job ends EPD_ERR_CORRUPT */
+    const unsigned char *content_hash;
     uint64_t max_pixels;
     float *embed_out;
 } epd_prefill_job_t;

@@ -47,8 +47,10 @@ epd_status_t epd__prefill_media_init(epd_prefill_srv_t *srv)
         return EPD_ERR_NO_MEMORY;
     }
     /* freed with the transport (it owns what it registered) */
-    st = epd_xport_mr_alloc(epd_daemon_xport(srv->d),
-                            (size_t)(srv->embed_slot_bytes * srv->embed_slots), &srv->embed_mr);
+    /* the encoders' landing zone: remote write only */
+    st = epd_xport_mr_alloc_ex(epd_daemon_xport(srv->d),
+                               (size_t)(srv->embed_slot_bytes * srv->embed_slots),
+                               EPD_XPORT_MR_REMOTE_WRITE, &srv->embed_mr);
     if (st == EPD_OK) {
         st = epd_xport_mr_pack(srv->embed_mr, srv->embed_rkey, sizeof(srv->embed_rkey),
                                &srv->embed_rkey_len);
@@ -380,6 +382,7 @@ static epd_status_t epd_prefill_place_one(epd_prefill_srv_t *srv, epd_prefill_me
     m->job.seq.req_id = id;
     m->job.image = m->data;
     m->job.image_len = m->data_len;
+    m->job.content_hash = m->hash;
     m->job.max_pixels = srv->max_image_pixels;
     m->job.embed_out = (float *)(void *)epd_prefill_slot_data(srv, slot);
     m->job.done_ev = &m->ev;
@@ -471,6 +474,8 @@ void epd__prefill_media_encoded(epd_prefill_srv_t *srv, epd_prefill_media_t *m,
                  status == EPD_ERR_UNSUPPORTED ? "not a PNG or JPEG image"
                  : status == EPD_ERR_TOO_LONG  ? "image larger than the pixel limit"
                  : status == EPD_ERR_MALFORMED ? "the image does not decode"
+                 : status == EPD_ERR_CORRUPT
+                     ? "its content_hash is not the BLAKE2b-256 of its bytes: nothing cached"
                                                : epd_status_string(status));
         /* the compute thread is done with the slot: nothing else writes it */
         epd_prefill_slot_free(srv, m->slot);

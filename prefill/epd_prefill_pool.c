@@ -35,7 +35,10 @@ epd_status_t epd__prefill_pool_init(epd_prefill_srv_t *srv, epd_engine_t *engine
         return EPD_ERR_CONFIG;
     }
     /* freed with the transport (it owns what it registered) */
-    st = epd_xport_mr_alloc(epd_daemon_xport(srv->d), (size_t)bytes, &srv->pool_mr);
+    /* the writes' source: registered for local access only (no peer may
+     * read or write it, whatever key it holds or guesses) */
+    st = epd_xport_mr_alloc_ex(epd_daemon_xport(srv->d), (size_t)bytes, EPD_XPORT_MR_LOCAL,
+                               &srv->pool_mr);
     if (st != EPD_OK) {
         epd_log_error(EPD_PREFILL_LOG, 0, "cannot allocate a %llu-byte KV pool: %s",
                       (unsigned long long)bytes, epd_status_string(st));

@@ -157,7 +157,7 @@ epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
     x->rkey = rkey;
     x->rkey_shared = shared;
     x->d_lease_ms = r->lease_ms;
-    x->skip = r->cached_blocks; /* decode's own copy of them is the same bits (rule 22) */
+    x->skip = r->cached_blocks; /* decode's own copy of them is the same bits (rule 26) */
     x->last_d_msg_ns = epd_time_now_ns();
     x->have_resv = 1;
     return EPD_OK;

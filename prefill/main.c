@@ -72,6 +72,15 @@ static void epd_prefill_load(void *arg, epd_daemon_load_t *load_p)
     epd__prefill_cache_stats(srv, &load_p->prefix);
 }
 
+/* A SIGTERM drain ends when no request is left (none queued for compute,
+ * none writing or waiting on a peer). */
+static int epd_prefill_idle(void *arg)
+{
+    epd_prefill_srv_t *srv = arg;
+
+    return epd_reqtab_count(&srv->reqs) == 0;
+}
+
 /* The role on a created daemon: the local pool, the embedding region, the
  * request tables, the compute thread (which takes the engine), what the
  * control plane says.  EPD_OK or the failure (logged). */
@@ -165,6 +174,7 @@ static const epd_daemon_ops_t epd_prefill_ops = {
     .on_rpc = epd_daemon_op_rpc_pass,
     .on_stop = epd__prefill_req_on_stop,
     .stopped = epd_daemon_op_stopped_now,
+    .idle = epd_prefill_idle,
     .on_exit = epd_prefill_on_exit,
     .setup = epd_prefill_setup,
     .cleanup = epd_prefill_cleanup,

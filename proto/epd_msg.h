@@ -43,6 +43,10 @@
 #define EPD_RPC_DRAIN "/epd.Control/Drain"
 #define EPD_RPC_STATUS "/epd.Control/Status"
 #define EPD_RPC_HEALTH "/epd.Control/Health"
+/* gRPC's standard health service (epd_grpc_health.proto), for orchestrators'
+ * probes: Check is served, Watch answers UNIMPLEMENTED. */
+#define EPD_RPC_GRPC_HEALTH_CHECK "/grpc.health.v1.Health/Check"
+#define EPD_RPC_GRPC_HEALTH_WATCH "/grpc.health.v1.Health/Watch"
 
 /* protobuf-c allocator backed by epd_malloc/epd_free. */
 extern ProtobufCAllocator epd_proto_allocator;

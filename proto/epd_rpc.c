@@ -12,6 +12,20 @@
  *   SENT       the answer left: free the call.
  * Only the completion-queue thread frees calls, except calls still queued
  * for the loop at shutdown, which the loop frees after joining the thread.
+ *
+ * Authentication (epd_rpc.h): with a secret set, RECEIVED checks the
+ * x-epd-auth metadata on the cq thread before the call goes to the loop; a
+ * refused call is answered there (UNAUTHENTICATED) and never queued.  The
+ * auth object is published to the cq thread through an atomic pointer
+ * (set once, freed after the thread is joined).  The loop keeps its own
+ * flag: a call the cq thread passed before the secret was set is refused
+ * when it reaches the loop, so no call runs unchecked after set_auth.
+ *
+ * Replay cache: open addressing (linear probing, SipHash of the nonce under
+ * a random key, load <= 1/2), each slot a nonce and the unix ms after
+ * which its call fails the clock check anyway (time + window).  Expired
+ * slots are swept (backward-shift deletion, no tombstones) only when the
+ * cache is full, at most once a second; still full, the call is refused.
  */
 #include "epd_rpc.h"
 
@@ -21,17 +35,39 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "epd_alloc.h"
 #include "epd_log.h"
+#include "epd_msg.h"
 #include "epd_queue.h"
+#include "epd_time.h"
 
 #define EPD_RPC_PENDING_REQUESTS 8
 #define EPD_RPC_QUEUE_DEPTH 256
 #define EPD_RPC_MAX_MESSAGE (16u << 20)
+
+#define EPD_RPC_AUTH_NONCE_BYTES 16
+#define EPD_RPC_AUTH_MAC_BYTES 32
+#define EPD_RPC_AUTH_SWEEP_MS 1000 /* a full cache is swept at most this often */
+
+typedef struct {
+    uint64_t expire_ms; /* unix ms; 0: empty slot */
+    unsigned char nonce[EPD_RPC_AUTH_NONCE_BYTES];
+} epd__rpc_nonce_t;
+
+struct epd_rpc_auth {
+    unsigned char key[crypto_generichash_BYTES]; /* K; wiped at destroy */
+    unsigned char hkey[crypto_shorthash_KEYBYTES];
+    epd__rpc_nonce_t *slots; /* [mask + 1]; NULL: no replay cache */
+    size_t mask;
+    uint32_t count; /* slots in use (expired ones until swept) */
+    uint32_t max;
+    uint64_t next_sweep_ms;
+};
 
 typedef enum {
     EPD_RPC_CALL_REQUESTED,
@@ -50,7 +86,8 @@ typedef struct epd__rpc_call {
     grpc_slice status_details;
     int status_details_set;
     int cancelled;
-    void *req_buf; /* [req_len] bytes, epd_malloc */
+    int authenticated; /* the cq thread checked its x-epd-auth */
+    void *req_buf;     /* [req_len] bytes, epd_malloc */
     size_t req_len;
     char method[128];
 } epd__rpc_call_t;
@@ -68,12 +105,310 @@ struct epd_rpc_server {
     void *arg;
     atomic_int shutting_down;
     int shutdown_tag;
+    /* authentication: `auth` is read by the cq thread (the replay cache is
+     * its alone); auth_on_loop is the loop's view of it */
+    _Atomic(epd_rpc_auth_t *) auth;
+    int auth_on_loop;
+    atomic_uint_fast64_t auth_refused;
+    epd_log_limit_t auth_log_cq, auth_log_loop; /* one per thread */
 };
 
 struct epd_rpc_client {
     grpc_channel *channel;
     grpc_completion_queue *cq;
+    epd_rpc_auth_t *auth; /* NULL: calls are not signed */
 };
+
+/* ------------------------------------------------------ authentication */
+
+epd_status_t epd_rpc_auth_create(const void *secret, size_t secret_len, uint32_t max_nonces,
+                                 epd_rpc_auth_t **auth_p)
+{
+    /* 16 bytes, zero padded: the transport's HELLO key is "epd-xport-v1" */
+    static const unsigned char personal[crypto_generichash_blake2b_PERSONALBYTES] = "epd-rpc-v1";
+    epd_rpc_auth_t *a;
+
+    if (secret == NULL || secret_len < EPD_RPC_SECRET_MIN || secret_len > EPD_RPC_SECRET_MAX ||
+        max_nonces > (1u << 30)) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (sodium_init() < 0) {
+        return EPD_ERR_FATAL;
+    }
+    a = epd_calloc(1, sizeof(*a));
+    if (a == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    if (max_nonces > 0) {
+        size_t slots = 2;
+
+        while (slots < 2 * (size_t)max_nonces) {
+            slots <<= 1;
+        }
+        a->slots = epd_calloc(slots, sizeof(*a->slots));
+        if (a->slots == NULL) {
+            epd_free(a);
+            return EPD_ERR_NO_MEMORY;
+        }
+        a->mask = slots - 1;
+        a->max = max_nonces;
+        randombytes_buf(a->hkey, sizeof(a->hkey));
+    }
+    crypto_generichash_blake2b_salt_personal(a->key, sizeof(a->key), secret, secret_len, NULL, 0,
+                                             NULL, personal);
+    *auth_p = a;
+    return EPD_OK;
+}
+
+void epd_rpc_auth_destroy(epd_rpc_auth_t *a)
+{
+    if (a == NULL) {
+        return;
+    }
+    sodium_memzero(a->key, sizeof(a->key));
+    epd_free(a->slots);
+    epd_free(a);
+}
+
+uint32_t epd_rpc_auth_nonces(const epd_rpc_auth_t *a)
+{
+    return a->count;
+}
+
+static void epd_rpc_le(unsigned char *out, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++) {
+        out[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+static void epd_rpc_auth_mac(const epd_rpc_auth_t *a, const char *method, const void *body,
+                             size_t body_len, uint64_t time_ms, const unsigned char *nonce,
+                             unsigned char mac[EPD_RPC_AUTH_MAC_BYTES])
+{
+    crypto_generichash_state st;
+    size_t mlen = strlen(method);
+    unsigned char version = 1;
+    unsigned char n4[4], n8[8];
+
+    crypto_generichash_init(&st, a->key, sizeof(a->key), EPD_RPC_AUTH_MAC_BYTES);
+    crypto_generichash_update(&st, &version, 1);
+    epd_rpc_le(n4, mlen, 4);
+    crypto_generichash_update(&st, n4, 4);
+    crypto_generichash_update(&st, (const unsigned char *)method, mlen);
+    epd_rpc_le(n8, body_len, 8);
+    crypto_generichash_update(&st, n8, 8);
+    if (body_len > 0) {
+        crypto_generichash_update(&st, body, body_len);
+    }
+    epd_rpc_le(n8, time_ms, 8);
+    crypto_generichash_update(&st, n8, 8);
+    crypto_generichash_update(&st, nonce, EPD_RPC_AUTH_NONCE_BYTES);
+    crypto_generichash_final(&st, mac, EPD_RPC_AUTH_MAC_BYTES);
+}
+
+static void epd_rpc_hex(char *out, const unsigned char *in, size_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[in[i] >> 4];
+        out[2 * i + 1] = digits[in[i] & 15];
+    }
+}
+
+/* Lowercase hex only: one spelling per value. */
+static int epd_rpc_unhex(unsigned char *out, const char *in, size_t n)
+{
+    for (size_t i = 0; i < 2 * n; i++) {
+        char c = in[i];
+        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+
+        if (v < 0) {
+            return -1;
+        }
+        out[i / 2] = (unsigned char)(i % 2 == 0 ? v << 4 : out[i / 2] | v);
+    }
+    return 0;
+}
+
+epd_status_t epd_rpc_auth_sign(const epd_rpc_auth_t *a, const char *method, const void *body,
+                               size_t body_len, uint64_t now_ms, char *value, size_t cap)
+{
+    unsigned char nonce[EPD_RPC_AUTH_NONCE_BYTES];
+    unsigned char mac[EPD_RPC_AUTH_MAC_BYTES];
+    int n;
+
+    if (cap < EPD_RPC_AUTH_VALUE_MAX) {
+        return EPD_ERR_TOO_LONG;
+    }
+    randombytes_buf(nonce, sizeof(nonce));
+    epd_rpc_auth_mac(a, method, body, body_len, now_ms, nonce, mac);
+    n = snprintf(value, cap, "v1:%llu:", (unsigned long long)now_ms);
+    epd_rpc_hex(value + n, nonce, sizeof(nonce));
+    n += 2 * (int)sizeof(nonce);
+    value[n++] = ':';
+    epd_rpc_hex(value + n, mac, sizeof(mac));
+    n += 2 * (int)sizeof(mac);
+    value[n] = '\0';
+    return EPD_OK;
+}
+
+/* Parses "v1:<ms>:<32 hex>:<64 hex>" exactly; 0 when well formed. */
+static int epd_rpc_auth_parse(const char *v, size_t len, uint64_t *time_p,
+                              unsigned char nonce[EPD_RPC_AUTH_NONCE_BYTES],
+                              unsigned char mac[EPD_RPC_AUTH_MAC_BYTES])
+{
+    uint64_t t = 0;
+    size_t i = 3, digits;
+
+    if (len < 3 || memcmp(v, "v1:", 3) != 0) {
+        return -1;
+    }
+    for (digits = 0; i < len && v[i] >= '0' && v[i] <= '9'; i++, digits++) {
+        unsigned d = (unsigned)(v[i] - '0');
+
+        if (t > (UINT64_MAX - d) / 10) {
+            return -1;
+        }
+        t = t * 10 + d;
+    }
+    /* no leading zero: one spelling per time */
+    if (digits == 0 || (digits > 1 && v[3] == '0')) {
+        return -1;
+    }
+    if (len - i != 1 + 2 * EPD_RPC_AUTH_NONCE_BYTES + 1 + 2 * EPD_RPC_AUTH_MAC_BYTES ||
+        v[i] != ':' || v[i + 1 + 2 * EPD_RPC_AUTH_NONCE_BYTES] != ':') {
+        return -1;
+    }
+    if (epd_rpc_unhex(nonce, v + i + 1, EPD_RPC_AUTH_NONCE_BYTES) != 0 ||
+        epd_rpc_unhex(mac, v + i + 2 + 2 * EPD_RPC_AUTH_NONCE_BYTES, EPD_RPC_AUTH_MAC_BYTES) != 0) {
+        return -1;
+    }
+    *time_p = t;
+    return 0;
+}
+
+static size_t epd_rpc_nonce_home(const epd_rpc_auth_t *a, const unsigned char *nonce)
+{
+    unsigned char h[crypto_shorthash_BYTES];
+    uint64_t v = 0;
+
+    crypto_shorthash(h, nonce, EPD_RPC_AUTH_NONCE_BYTES, a->hkey);
+    for (int i = 0; i < 8; i++) {
+        v |= (uint64_t)h[i] << (8 * i);
+    }
+    return (size_t)v & a->mask;
+}
+
+/* Empties slot i and moves later members of its probe run back (Knuth's
+ * algorithm R): lookups never need tombstones. */
+static void epd_rpc_nonce_delete(epd_rpc_auth_t *a, size_t i)
+{
+    size_t j = i;
+
+    for (;;) {
+        size_t k;
+
+        j = (j + 1) & a->mask;
+        if (a->slots[j].expire_ms == 0) {
+            break;
+        }
+        k = epd_rpc_nonce_home(a, a->slots[j].nonce);
+        /* j stays when its home k lies cyclically in (i, j] */
+        if (i <= j ? (i < k && k <= j) : (i < k || k <= j)) {
+            continue;
+        }
+        a->slots[i] = a->slots[j];
+        i = j;
+    }
+    a->slots[i].expire_ms = 0;
+    a->count--;
+}
+
+/* Forgets every nonce whose call would now fail the clock check.  A slot
+ * filled by a shift is looked at again (i is not advanced). */
+static void epd_rpc_nonce_sweep(epd_rpc_auth_t *a, uint64_t now_ms)
+{
+    size_t i = 0;
+
+    while (i <= a->mask) {
+        if (a->slots[i].expire_ms != 0 && a->slots[i].expire_ms < now_ms) {
+            epd_rpc_nonce_delete(a, i);
+        } else {
+            i++;
+        }
+    }
+}
+
+static uint64_t epd_rpc_add_sat(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+epd_status_t epd_rpc_auth_check(epd_rpc_auth_t *a, const char *method, const void *body,
+                                size_t body_len, const char *value, size_t value_len,
+                                uint64_t now_ms, const char **why_p)
+{
+    unsigned char nonce[EPD_RPC_AUTH_NONCE_BYTES];
+    unsigned char mac[EPD_RPC_AUTH_MAC_BYTES], want[EPD_RPC_AUTH_MAC_BYTES];
+    uint64_t t;
+    size_t i;
+
+    if (value == NULL) {
+        *why_p = "no " EPD_RPC_AUTH_KEY " metadata: the cluster secret is required";
+        return EPD_ERR_AUTH;
+    }
+    if (epd_rpc_auth_parse(value, value_len, &t, nonce, mac) != 0) {
+        *why_p = "malformed " EPD_RPC_AUTH_KEY " metadata";
+        return EPD_ERR_AUTH;
+    }
+    /* saturated sums: no time, however absurd, wraps around */
+    if (t > epd_rpc_add_sat(now_ms, EPD_RPC_AUTH_WINDOW_MS) ||
+        epd_rpc_add_sat(t, EPD_RPC_AUTH_WINDOW_MS) < now_ms) {
+        *why_p = "call time outside the +-30 s window (clocks differ, or a replay)";
+        return EPD_ERR_AUTH;
+    }
+    epd_rpc_auth_mac(a, method, body, body_len, t, nonce, want);
+    if (crypto_verify_32(mac, want) != 0) {
+        *why_p = "MAC does not verify (another cluster secret, or altered)";
+        return EPD_ERR_AUTH;
+    }
+    if (a->slots == NULL) {
+        return EPD_OK;
+    }
+    for (i = epd_rpc_nonce_home(a, nonce); a->slots[i].expire_ms != 0; i = (i + 1) & a->mask) {
+        if (memcmp(a->slots[i].nonce, nonce, sizeof(nonce)) == 0) {
+            *why_p = "replayed call (nonce already seen)";
+            return EPD_ERR_AUTH;
+        }
+    }
+    if (a->count >= a->max) {
+        /* (a clock stepped back more than that sweeps at once) */
+        if (now_ms < a->next_sweep_ms && a->next_sweep_ms - now_ms <= EPD_RPC_AUTH_SWEEP_MS) {
+            *why_p = "replay cache full";
+            return EPD_ERR_NO_RESOURCE;
+        }
+        a->next_sweep_ms = epd_rpc_add_sat(now_ms, EPD_RPC_AUTH_SWEEP_MS);
+        epd_rpc_nonce_sweep(a, now_ms);
+        if (a->count >= a->max) {
+            *why_p = "replay cache full";
+            return EPD_ERR_NO_RESOURCE;
+        }
+        /* the sweep moved slots: find the free one again */
+        for (i = epd_rpc_nonce_home(a, nonce); a->slots[i].expire_ms != 0; i = (i + 1) & a->mask) {
+        }
+    }
+    memcpy(a->slots[i].nonce, nonce, sizeof(nonce));
+    a->slots[i].expire_ms = epd_rpc_add_sat(t, EPD_RPC_AUTH_WINDOW_MS); /* never 0 */
+    a->count++;
+    return EPD_OK;
+}
+
+static uint64_t epd_rpc_now_ms(void)
+{
+    return epd_time_wall_ns() / EPD_NSEC_PER_MSEC;
+}
 
 static void epd_rpc_call_free(epd__rpc_call_t *c)
 {
@@ -211,6 +546,75 @@ static void epd_rpc_on_requested(epd_rpc_server_t *s, epd__rpc_call_t *c, int su
     }
 }
 
+/* Counts and logs (rate limited: an outsider triggers these at will) a
+ * call refused for authentication, and answers it. */
+static void epd_rpc_refuse_auth(epd_rpc_server_t *s, epd__rpc_call_t *c, epd_log_limit_t *limit,
+                                int code, const char *why)
+{
+    uint64_t n = atomic_fetch_add(&s->auth_refused, 1) + 1;
+
+    if (epd_log_enabled(EPD_LOG_WARN) && epd_log_limit_ok(limit, 5)) {
+        char *peer = grpc_call_get_peer(c->call);
+
+        epd_log_warn("rpc", 0, "refused %s from %s: %s (%llu refused so far)", c->method,
+                     peer != NULL ? peer : "?", why, (unsigned long long)n);
+        gpr_free(peer);
+    }
+    epd_rpc_send_answer(c, code, why, NULL, 0);
+}
+
+/* The methods anyone may call: whether a daemon serves is no secret, and
+ * probes (a kubelet's) cannot sign. */
+static int epd_rpc_method_open(const char *method)
+{
+    return strcmp(method, EPD_RPC_HEALTH) == 0 || strcmp(method, EPD_RPC_GRPC_HEALTH_CHECK) == 0 ||
+           strcmp(method, EPD_RPC_GRPC_HEALTH_WATCH) == 0;
+}
+
+/* The cq thread: 0 when the call may go on (authenticated, or exempt);
+ * otherwise it was answered. */
+static int epd_rpc_authenticate(epd_rpc_server_t *s, epd__rpc_call_t *c)
+{
+    epd_rpc_auth_t *auth = atomic_load_explicit(&s->auth, memory_order_acquire);
+    const char *value = NULL;
+    size_t value_len = 0;
+    const char *why = "?";
+    epd_status_t st;
+
+    if (auth == NULL || epd_rpc_method_open(c->method)) {
+        return 0;
+    }
+    for (size_t i = 0; i < c->request_md.count; i++) {
+        const grpc_metadata *md = &c->request_md.metadata[i];
+
+        if (grpc_slice_str_cmp(md->key, EPD_RPC_AUTH_KEY) != 0) {
+            continue;
+        }
+        if (value != NULL) {
+            epd_rpc_refuse_auth(s, c, &s->auth_log_cq, EPD_RPC_UNAUTHENTICATED,
+                                "more than one " EPD_RPC_AUTH_KEY " metadata entry");
+            return -1;
+        }
+        value = (const char *)GRPC_SLICE_START_PTR(md->value);
+        value_len = GRPC_SLICE_LENGTH(md->value);
+    }
+    if (GRPC_SLICE_LENGTH(c->details.method) >= sizeof(c->method)) {
+        /* c->method was cut: it is not the name the client signed */
+        epd_rpc_refuse_auth(s, c, &s->auth_log_cq, EPD_RPC_UNAUTHENTICATED, "method name too long");
+        return -1;
+    }
+    st = epd_rpc_auth_check(auth, c->method, c->req_buf, c->req_len, value, value_len,
+                            epd_rpc_now_ms(), &why);
+    if (st != EPD_OK) {
+        epd_rpc_refuse_auth(
+            s, c, &s->auth_log_cq,
+            st == EPD_ERR_NO_RESOURCE ? EPD_RPC_UNAVAILABLE : EPD_RPC_UNAUTHENTICATED, why);
+        return -1;
+    }
+    c->authenticated = 1;
+    return 0;
+}
+
 static void epd_rpc_on_received(epd_rpc_server_t *s, epd__rpc_call_t *c, int success)
 {
     epd_status_t status;
@@ -222,6 +626,9 @@ static void epd_rpc_on_received(epd_rpc_server_t *s, epd__rpc_call_t *c, int suc
     status = epd_rpc_read_buffer(c->request, &c->req_buf, &c->req_len);
     if (status != EPD_OK) {
         epd_rpc_send_answer(c, EPD_RPC_INVALID_ARGUMENT, epd_status_string(status), NULL, 0);
+        return;
+    }
+    if (epd_rpc_authenticate(s, c) != 0) {
         return;
     }
     if (epd_spsc_queue_push(&s->to_loop, c) != EPD_OK) {
@@ -276,9 +683,16 @@ static void epd_rpc_on_async(uv_async_t *handle)
         void *resp = NULL;
         size_t resp_len = 0;
         char err[256] = "";
-        int code = s->handler(s->arg, c->method, c->req_buf, c->req_len, &resp, &resp_len, err,
-                              sizeof(err));
+        int code;
 
+        if (s->auth_on_loop && !c->authenticated && !epd_rpc_method_open(c->method)) {
+            /* taken by the cq thread before the secret was set */
+            epd_rpc_refuse_auth(s, c, &s->auth_log_loop, EPD_RPC_UNAUTHENTICATED,
+                                "arrived before the server required authentication: retry");
+            continue;
+        }
+        code = s->handler(s->arg, c->method, c->req_buf, c->req_len, &resp, &resp_len, err,
+                          sizeof(err));
         if (code != EPD_RPC_OK && err[0] == '\0') {
             snprintf(err, sizeof(err), "%s failed", c->method);
         }
@@ -303,6 +717,8 @@ epd_status_t epd_rpc_server_create(uv_loop_t *loop, const char *bind_addr,
     s->handler = handler;
     s->arg = arg;
     atomic_init(&s->shutting_down, 0);
+    atomic_init(&s->auth, NULL);
+    atomic_init(&s->auth_refused, 0);
     status = epd_spsc_queue_init(&s->to_loop, EPD_RPC_QUEUE_DEPTH);
     if (status != EPD_OK) {
         goto err_free;
@@ -384,11 +800,34 @@ int epd_rpc_server_port(const epd_rpc_server_t *server)
     return server->port;
 }
 
+epd_status_t epd_rpc_server_set_auth(epd_rpc_server_t *s, const void *secret, size_t len)
+{
+    epd_rpc_auth_t *auth = NULL;
+    epd_status_t st;
+
+    if (s->auth_on_loop) {
+        return EPD_ERR_BUSY;
+    }
+    st = epd_rpc_auth_create(secret, len, EPD_RPC_AUTH_NONCES, &auth);
+    if (st != EPD_OK) {
+        return st;
+    }
+    s->auth_on_loop = 1;
+    atomic_store_explicit(&s->auth, auth, memory_order_release);
+    return EPD_OK;
+}
+
+uint64_t epd_rpc_server_auth_refused(const epd_rpc_server_t *s)
+{
+    return atomic_load(&s->auth_refused);
+}
+
 static void epd_rpc_on_async_closed(uv_handle_t *handle)
 {
     epd_rpc_server_t *s = handle->data;
 
     epd_spsc_queue_cleanup(&s->to_loop);
+    epd_rpc_auth_destroy(atomic_load(&s->auth));
     epd_free(s);
 }
 
@@ -469,7 +908,25 @@ void epd_rpc_client_destroy(epd_rpc_client_t *c)
         grpc_completion_queue_destroy(c->cq);
     }
     grpc_shutdown();
+    epd_rpc_auth_destroy(c->auth);
     epd_free(c);
+}
+
+epd_status_t epd_rpc_client_set_auth(epd_rpc_client_t *c, const void *secret, size_t len)
+{
+    epd_rpc_auth_t *auth = NULL;
+
+    if (secret != NULL || len != 0) {
+        /* signing only: a client keeps no replay cache */
+        epd_status_t st = epd_rpc_auth_create(secret, len, 0, &auth);
+
+        if (st != EPD_OK) {
+            return st;
+        }
+    }
+    epd_rpc_auth_destroy(c->auth);
+    c->auth = auth;
+    return EPD_OK;
 }
 
 static epd_status_t epd_rpc_map_status(grpc_status_code code)
@@ -489,6 +946,9 @@ static epd_status_t epd_rpc_map_status(grpc_status_code code)
         return EPD_ERR_DRAINING;
     case GRPC_STATUS_UNIMPLEMENTED:
         return EPD_ERR_UNSUPPORTED;
+    case GRPC_STATUS_UNAUTHENTICATED:
+    case GRPC_STATUS_PERMISSION_DENIED:
+        return EPD_ERR_AUTH;
     default:
         return EPD_ERR_TRANSPORT;
     }
@@ -497,6 +957,22 @@ static epd_status_t epd_rpc_map_status(grpc_status_code code)
 epd_status_t epd_rpc_call(epd_rpc_client_t *client, const char *method, const void *req,
                           size_t req_len, int timeout_ms, void **resp_p, size_t *resp_len_p,
                           char *err, size_t err_cap)
+{
+    char value[EPD_RPC_AUTH_VALUE_MAX];
+
+    if (client->auth == NULL) {
+        return epd_rpc_call_with_auth(client, method, req, req_len, NULL, timeout_ms, resp_p,
+                                      resp_len_p, err, err_cap);
+    }
+    (void)epd_rpc_auth_sign(client->auth, method, req, req_len, epd_rpc_now_ms(), value,
+                            sizeof(value));
+    return epd_rpc_call_with_auth(client, method, req, req_len, value, timeout_ms, resp_p,
+                                  resp_len_p, err, err_cap);
+}
+
+epd_status_t epd_rpc_call_with_auth(epd_rpc_client_t *client, const char *method, const void *req,
+                                    size_t req_len, const char *auth_value, int timeout_ms,
+                                    void **resp_p, size_t *resp_len_p, char *err, size_t err_cap)
 {
     gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                                          gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
@@ -510,7 +986,9 @@ epd_status_t epd_rpc_call(epd_rpc_client_t *client, const char *method, const vo
     grpc_slice details = grpc_empty_slice();
     grpc_call *call;
     grpc_op ops[6];
+    grpc_metadata md;
     grpc_event ev;
+    grpc_call_error ce;
     epd_status_t status;
     void *buf = NULL;
     size_t len = 0;
@@ -522,7 +1000,14 @@ epd_status_t epd_rpc_call(epd_rpc_client_t *client, const char *method, const vo
                                     method_slice, NULL, deadline, NULL);
     grpc_slice_unref(method_slice);
     memset(ops, 0, sizeof(ops));
+    memset(&md, 0, sizeof(md));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (auth_value != NULL) {
+        md.key = grpc_slice_from_static_string(EPD_RPC_AUTH_KEY);
+        md.value = grpc_slice_from_copied_string(auth_value);
+        ops[0].data.send_initial_metadata.count = 1;
+        ops[0].data.send_initial_metadata.metadata = &md;
+    }
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = request;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -534,8 +1019,9 @@ epd_status_t epd_rpc_call(epd_rpc_client_t *client, const char *method, const vo
     ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
     ops[5].data.recv_status_on_client.status = &code;
     ops[5].data.recv_status_on_client.status_details = &details;
-    if (grpc_call_start_batch(call, ops, 6, call, NULL) != GRPC_CALL_OK) {
-        status = EPD_ERR_TRANSPORT;
+    ce = grpc_call_start_batch(call, ops, 6, call, NULL);
+    if (ce != GRPC_CALL_OK) {
+        status = ce == GRPC_CALL_ERROR_INVALID_METADATA ? EPD_ERR_INVALID_PARAM : EPD_ERR_TRANSPORT;
         goto out_call;
     }
     /* The call carries the deadline; the extra second only guards against a
@@ -568,6 +1054,10 @@ epd_status_t epd_rpc_call(epd_rpc_client_t *client, const char *method, const vo
 
 out_call:
     grpc_call_unref(call);
+    if (auth_value != NULL) {
+        grpc_slice_unref(md.key);
+        grpc_slice_unref(md.value);
+    }
     grpc_byte_buffer_destroy(request);
     if (response != NULL) {
         grpc_byte_buffer_destroy(response);

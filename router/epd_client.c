@@ -117,7 +117,6 @@ epd_status_t epd_client_create(const epd_client_config_t *config, epd_client_t *
         c->epoch_start_ns = epd_time_wall_ns();
         c->epoch_nonce = epd_rng_entropy();
     }
-    c->id_high = (epd_rng_entropy() & 0x7fffffffULL) << 32;
     c->txbuf = epd_malloc(config->max_msg_size);
     if (c->txbuf == NULL) {
         status = EPD_ERR_NO_MEMORY;
@@ -127,6 +126,7 @@ epd_status_t epd_client_create(const epd_client_config_t *config, epd_client_t *
     xc.backend = config->backend != NULL ? config->backend : "ucx";
     xc.expect = config->expect;
     xc.provider = config->provider;
+    xc.bind_host = config->bind_host;
     xc.max_msg_size = config->max_msg_size;
     if (config->peer_timeout_ms > 0) {
         xc.peer_timeout_ms = config->peer_timeout_ms;
@@ -134,6 +134,15 @@ epd_status_t epd_client_create(const epd_client_config_t *config, epd_client_t *
     if (config->connect_timeout_ms > 0) {
         xc.connect_timeout_ms = config->connect_timeout_ms;
     }
+    if (config->secret != NULL && config->secret_len > 0) {
+        xc.secret = config->secret;
+        xc.secret_len = config->secret_len;
+        c->authenticating = 1;
+    }
+    snprintf(xc.identity.worker_id, sizeof(xc.identity.worker_id), "%s", c->worker_id);
+    xc.identity.role = config->role;
+    xc.identity.epoch.start_time_ns = c->epoch_start_ns;
+    xc.identity.epoch.nonce = c->epoch_nonce;
     xc.msg_cb = epd__client_on_msg;
     xc.accept_cb = epd_client_on_accept;
     xc.err_cb = epd_client_on_err;
@@ -249,6 +258,22 @@ const epd_client_worker_info_t *epd_client_worker_info(const epd_client_worker_t
 epd_status_t epd_client_worker_state(const epd_client_worker_t *w)
 {
     return w->state;
+}
+
+void epd_client_worker_link(epd_client_worker_t *w, char *buf, size_t len)
+{
+    char desc[512];
+
+    if (len == 0) {
+        return;
+    }
+    if (w->ep == NULL || w->state != EPD_OK) {
+        snprintf(buf, len, "down: %s", epd_status_name(w->state != EPD_OK ? w->state
+                                                                            : EPD_ERR_PEER_DEAD));
+        return;
+    }
+    epd_xport_ep_describe(w->ep, desc, sizeof(desc));
+    snprintf(buf, len, "%s: %s", epd_xport_ep_class(w->ep), desc);
 }
 
 int epd_client_poll(epd_client_t *c, int timeout_ms)

@@ -153,9 +153,15 @@ typedef struct {
     const char *backend;         /* "ucx" (default) or "ofi" */
     const char *expect;          /* NULL/"any", "shm", "tcp", "rdma" */
     const char *provider;        /* ofi provider hint, NULL = default */
+    const char *bind_host;       /* ofi: the local address to bind (NULL: 127.0.0.1) */
     uint32_t peer_timeout_ms;    /* default 3000 */
     uint32_t connect_timeout_ms; /* default 3000 */
     size_t max_msg_size;         /* default 64 KiB */
+    /* the cluster secret (NULL/0: none, loopback clusters only): every
+     * endpoint authenticates both ends and names them (borrowed for
+     * epd_client_create) */
+    const void *secret;
+    size_t secret_len;
     /* identity carried in every envelope's sender */
     const char *worker_id; /* default "ctl-<pid>" (copied) */
     int role;              /* EPD_CLIENT_ROLE_TOOL (default) or _ROUTER */
@@ -214,6 +220,11 @@ const epd_client_worker_info_t *epd_client_worker_info(const epd_client_worker_t
 
 /* EPD_OK while the worker's endpoint is usable; its failure otherwise. */
 epd_status_t epd_client_worker_state(const epd_client_worker_t *worker);
+
+/* What the client's endpoint to the worker really uses, into buf[0..len):
+ * "CLASS: LANES" (class "shm", "tcp", "rdma" or "other"; the transport's
+ * description of the lanes), "down: STATUS" once it failed.  Owner thread. */
+void epd_client_worker_link(epd_client_worker_t *worker, char *buf, size_t len);
 
 /* Images per request the client accepts (proto/README.md rule 13). */
 #define EPD_CLIENT_MEDIA_MAX 8
@@ -311,6 +322,7 @@ typedef struct {
     uint64_t unknown_ids;    /* named no live request */
     uint64_t foreign_sender; /* sender not one of the request's workers */
     uint64_t unexpected;     /* a body the client never expects */
+    uint64_t forged;         /* sender not its endpoint's authenticated identity */
 } epd_client_stats_t;
 
 void epd_client_stats(const epd_client_t *client, epd_client_stats_t *stats_p);

@@ -60,8 +60,7 @@ struct epd_client {
     uint64_t epoch_start_ns;
     uint64_t epoch_nonce;
     uint64_t seq;
-    uint64_t id_high; /* random high 32 bits of request ids */
-    uint32_t id_counter;
+    int authenticating; /* a cluster secret: every sender is checked against its endpoint */
     epd_xport_t *x;
     epd_client_worker_t *workers;
     epd__client_req_t *buckets[EPD__CLIENT_BUCKETS];

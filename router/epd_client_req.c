@@ -24,6 +24,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <sodium.h>
+
 #include "epd_alloc.h"
 #include "epd_client_int.h"
 #include "epd_log.h"
@@ -281,6 +283,20 @@ static void epd_client_end_aborted(epd_client_t *c, epd__client_req_t *r, const 
     epd_client_req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_CANCELED, text, from);
 }
 
+/* Is `env` sent as the member its endpoint authenticated (worker id and
+ * epoch)?  A member may not speak for another: inject tokens into its
+ * streams, end its requests. */
+static int epd_client_sender_authentic(const epd_xport_ep_t *ep, const Epd__Envelope *env)
+{
+    epd_xport_identity_t id;
+    epd_msg_epoch_t e = epd_msg_epoch_of(env->sender->epoch);
+    int authenticated = 0;
+
+    return epd_xport_ep_identity(ep, &id, &authenticated) == EPD_OK && authenticated &&
+           strcmp(id.worker_id, env->sender->worker_id) == 0 &&
+           id.epoch.start_time_ns == e.start_time_ns && id.epoch.nonce == e.nonce;
+}
+
 void epd__client_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
 {
     epd_client_t *c = arg;
@@ -291,7 +307,6 @@ void epd__client_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t 
     int from_d;
     uint64_t id;
 
-    (void)ep;
     if (epd_msg_decode(data, len, &env, &why) != EPD_OK) {
         uint64_t now = epd_time_now_ns();
 
@@ -304,6 +319,12 @@ void epd__client_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t 
         return;
     }
     id = epd_msg_request_id(env);
+    if (c->authenticating && !epd_client_sender_authentic(ep, env)) {
+        c->stats.forged++;
+        epd_log_debug(EPD__CLIENT_LOG, id, "%s claiming to be from %s on another's endpoint: "
+                      "dropped", epd_msg_body_name(env), env->sender->worker_id);
+        goto out;
+    }
     r = epd_client_req_find(c, id);
     if (r == NULL) {
         c->stats.unknown_ids++;
@@ -467,12 +488,16 @@ void epd__client_worker_failed(epd_client_t *c, epd_client_worker_t *w, epd_stat
 
 /* ------------------------------------------------------------- submit */
 
+/* Request ids are random (libsodium's CSPRNG): a stranger who sees some
+ * cannot guess the next ones, nor another client's; the top bit stays clear
+ * (ids travel as signed numbers in some tools). */
 static uint64_t epd_client_next_id(epd_client_t *c)
 {
     uint64_t id;
 
     do {
-        id = c->id_high | ++c->id_counter;
+        randombytes_buf(&id, sizeof(id));
+        id &= 0x7fffffffffffffffULL;
     } while (id == 0 || epd_client_req_find(c, id) != NULL);
     return id;
 }

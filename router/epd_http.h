@@ -16,15 +16,30 @@
  * Limits, each with a clear answer: header bytes (request line + names +
  * values) over max_header_bytes or more than EPD_HTTP_MAX_HEADERS headers
  * → 431; a body over max_body_bytes (declared by Content-Length, or
- * reached by chunks) → 413; a connection beyond max_connections → 503; a
- * request whose headers (resp. body) do not arrive within header_timeout_ms
- * (resp. body_timeout_ms) of its first byte (resp. of its headers) → 408;
- * malformed HTTP → 400.  Each of these closes the connection after the
- * answer is written.  A connection idle between requests for
- * idle_timeout_ms is closed silently, and so is one whose full response is
- * not taken by the client within idle_timeout_ms.  One uv timer per
- * connection enforces these deadlines, so a slow client (slowloris) costs
- * one small object and never blocks anyone else.
+ * reached by chunks) → 413; a connection beyond max_connections, or
+ * beyond max_connections_per_addr from one client address (an IPv6
+ * client's /64 counts as one address) → 503; a body that would take the
+ * bytes of every buffered request body past max_buffered_body_bytes → 503
+ * with Retry-After; a request whose headers (resp. body) do not arrive
+ * within header_timeout_ms (resp. body_timeout_ms) → 408; malformed HTTP →
+ * 400.  Each of these closes the connection after the answer is written.
+ * The header deadline of a connection's first request runs from the
+ * accept, so a client that connects and sends nothing is closed (silently)
+ * after header_timeout_ms; on a keep-alive connection a later request's
+ * runs from its first byte, and between requests a connection may idle
+ * for idle_timeout_ms, after which it is closed silently, as is one whose
+ * full response is not taken by the client within idle_timeout_ms.  One uv
+ * timer per connection enforces these deadlines, so a slow client
+ * (slowloris) costs one small object and never blocks anyone else.
+ *
+ * Keys.  With config.keys set, every request whose path (the target
+ * without its query, trailing slashes dropped) is not one of
+ * config.open_paths must carry `Authorization: Bearer KEY` with KEY one of
+ * the keys (epd_http_keys_check: constant time).  It is checked as soon
+ * as the headers are complete, before any byte of the body is buffered:
+ * without it the answer is 401 with `WWW-Authenticate: Bearer` and an
+ * OpenAI error body (code "invalid_api_key"), and the connection closes.
+ * The application never sees such a request.
  *
  * Responses.  The application answers each request exactly once, either
  * with a full response (epd_http_respond) or with a streaming one
@@ -55,6 +70,7 @@
 
 typedef struct epd_http_server epd_http_server_t;
 typedef struct epd_http_req epd_http_req_t;
+typedef struct epd_http_keys epd_http_keys_t;
 
 #define EPD_HTTP_MAX_HEADERS 64          /* more headers in one request → 431 */
 #define EPD_HTTP_INBUF_BYTES (64 * 1024) /* per-connection read buffer */
@@ -76,15 +92,27 @@ typedef void (*epd_http_handler_cb_t)(epd_http_req_t *req, void *arg);
 typedef void (*epd_http_abort_cb_t)(epd_http_req_t *req, void *arg);
 
 typedef struct {
-    const char *host;              /* borrowed during create; IPv4 or IPv6 literal */
-    uint16_t port;                 /* 0: an ephemeral port (see epd_http_server_port) */
-    size_t max_header_bytes;       /* request line + header names and values → 431 */
-    size_t max_body_bytes;         /* → 413 */
-    unsigned max_connections;      /* beyond → 503 and close */
-    uint64_t idle_timeout_ms;      /* between requests, and to flush a response */
-    uint64_t header_timeout_ms;    /* first byte of a request → end of its headers */
-    uint64_t body_timeout_ms;      /* end of headers → end of body */
-    size_t max_stream_backlog;     /* unsent bytes of a stream before the close */
+    const char *host;                  /* borrowed during create; IPv4 or IPv6 literal */
+    uint16_t port;                     /* 0: an ephemeral port (see epd_http_server_port) */
+    size_t max_header_bytes;           /* request line + header names and values → 431 */
+    size_t max_body_bytes;             /* → 413 */
+    unsigned max_connections;          /* beyond → 503 and close */
+    unsigned max_connections_per_addr; /* from one client address (IPv6: its /64) beyond
+                                        * → 503 and close; 0: no cap */
+    size_t max_buffered_body_bytes;    /* request bodies buffered at once, all connections
+                                        * together: a body that would pass it → 503 with
+                                        * Retry-After; 0: no budget */
+    uint64_t idle_timeout_ms;          /* between requests, and to flush a response */
+    uint64_t header_timeout_ms;        /* accept (first request) or first byte (later ones on
+                                        * a keep-alive connection) → end of its headers */
+    uint64_t body_timeout_ms;          /* end of headers → end of body */
+    size_t max_stream_backlog;         /* unsent bytes of a stream before the close */
+    /* optional: the keys requests must carry (borrowed: it must outlive the
+     * server); NULL: none needed */
+    const epd_http_keys_t *keys;
+    /* with keys: the paths served without one, a NULL-terminated array
+     * (borrowed, like keys), e.g. {"/health", "/metrics", NULL}; NULL: none */
+    const char *const *open_paths;
     epd_http_handler_cb_t handler; /* required */
     void *arg;                     /* handed to handler and closed */
     /* optional: after epd_http_server_destroy, called once from the loop
@@ -96,8 +124,9 @@ typedef struct {
 } epd_http_config_t;
 
 /* Fills `config` with defaults: 127.0.0.1:0, 16 KiB headers, 4 MiB body,
- * 1024 connections, 60 s idle, 10 s headers, 30 s body, 1 MiB stream
- * backlog, no handler.  Any thread. */
+ * 1024 connections, 256 per client address, 256 MiB of buffered bodies,
+ * 60 s idle, 10 s headers, 30 s body, 1 MiB stream backlog, no keys, no
+ * handler.  Any thread. */
 void epd_http_config_init(epd_http_config_t *config);
 
 /* Binds and listens on config->host:port on `loop` (borrowed; it must
@@ -116,6 +145,21 @@ uint16_t epd_http_server_port(const epd_http_server_t *server);
 /* Live connections (accepted, not yet closed, not counting 503 refusals).
  * Loop thread. */
 unsigned epd_http_server_connections(const epd_http_server_t *server);
+
+/* What the server refused and holds (counters since create). */
+typedef struct {
+    uint64_t accepted;            /* connections taken (counted against the caps) */
+    uint64_t refused_max_conns;   /* 503: beyond max_connections */
+    uint64_t refused_per_addr;    /* 503: beyond max_connections_per_addr */
+    uint64_t refused_body_budget; /* 503: beyond max_buffered_body_bytes */
+    uint64_t auth_failures;       /* 401: no key, or not one of the keys */
+    uint64_t header_timeouts;     /* closed or 408 before its headers were complete */
+    size_t buffered_body_bytes;   /* now: bodies held, counted against the budget */
+    unsigned connections;         /* now: as epd_http_server_connections */
+} epd_http_stats_t;
+
+/* Fills *stats_p (caller's storage).  Loop thread. */
+void epd_http_server_stats(const epd_http_server_t *server, epd_http_stats_t *stats_p);
 
 /* Stops listening and closes every connection; the abort callback of each
  * request the application still holds fires from the loop afterwards (a
@@ -182,5 +226,45 @@ epd_status_t epd_http_stream_end(epd_http_req_t *req);
 /* The reason phrase of an HTTP status ("Not Found"); "Unknown" otherwise.
  * Any thread. */
 const char *epd_http_status_text(int status);
+
+/* ---- keys (epd_http_auth.c) ----
+ *
+ * A set of API keys, held as BLAKE2b-256 digests only: a presented key is
+ * hashed and compared with every stored digest by sodium_memcmp, each
+ * comparison made whatever the others gave, so neither a key's bytes nor
+ * its length shape the time a check takes (the number of keys does).
+ * Created once at start-up, then read-only: any thread may check. */
+
+/* An empty set; *keys_p is the caller's (epd_http_keys_destroy).
+ * EPD_ERR_NO_MEMORY. */
+epd_status_t epd_http_keys_create(epd_http_keys_t **keys_p);
+
+/* Adds key[0..len) (borrowed; only its digest is kept).  EPD_ERR_INVALID_PARAM
+ * for an empty key or one holding a byte outside visible ASCII (space,
+ * control characters and non-ASCII cannot travel in a Bearer token),
+ * EPD_ERR_NO_MEMORY. */
+epd_status_t epd_http_keys_add(epd_http_keys_t *keys, const char *key, size_t len);
+
+/* Reads a key file: one key a line, surrounding blanks dropped, blank
+ * lines and lines starting with '#' ignored.  Warns (once, in the log)
+ * when the file is readable by its group or others.  EPD_OK: *keys_p is
+ * the caller's.  Otherwise why[0..why_cap) says what is wrong (nothing is
+ * logged): EPD_ERR_NOT_FOUND / EPD_ERR_IO (cannot open or read it),
+ * EPD_ERR_TOO_LONG (over 1 MiB), EPD_ERR_INVALID_PARAM (a bad key, or no
+ * key at all), EPD_ERR_NO_MEMORY.  Blocking file I/O: start-up only. */
+epd_status_t epd_http_keys_load(const char *path, epd_http_keys_t **keys_p, char *why,
+                                size_t why_cap);
+
+/* Keys in the set. */
+size_t epd_http_keys_count(const epd_http_keys_t *keys);
+
+/* 1 when `authorization` (an Authorization header value, NUL terminated;
+ * NULL when absent) is "Bearer KEY" (the scheme case-insensitive) with
+ * KEY one of the set's keys; 0 otherwise.  Constant time in the key
+ * (above).  Any thread. */
+int epd_http_keys_check(const epd_http_keys_t *keys, const char *authorization);
+
+/* NULL is a no-op. */
+void epd_http_keys_destroy(epd_http_keys_t *keys);
 
 #endif

@@ -4,7 +4,9 @@
  * single uv_write), its one deadline timer, its close and finalization —
  * where the application hears through the abort callback that a client it
  * still serves is gone — and the requests it hands out, with their
- * accessors.
+ * accessors; and the two shared budgets a connection gives back when it
+ * ends: its client address's count of live connections (a small hash
+ * table) and the bytes of its request's body.
  *
  * Apart from the parser (epd_http_server.c) and the answers
  * (epd_http_respond.c) because both stand on it: this file calls neither.
@@ -14,6 +16,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+
+#include <sodium.h>
 
 #include "epd_alloc.h"
 #include "epd_http_int.h"
@@ -92,16 +96,27 @@ void epd_http_config_init(epd_http_config_t *config)
     config->max_header_bytes = 16 * 1024;
     config->max_body_bytes = 4 * 1024 * 1024;
     config->max_connections = 1024;
+    config->max_connections_per_addr = 256;
+    config->max_buffered_body_bytes = (size_t)256 << 20;
     config->idle_timeout_ms = 60000;
     config->header_timeout_ms = 10000;
     config->body_timeout_ms = 30000;
     config->max_stream_backlog = 1024 * 1024;
 }
 
+void epd__http_req_uncharge(epd_http_server_t *server, epd_http_req_t *req)
+{
+    server->body_bytes -= req->charged;
+    req->charged = 0;
+}
+
 void epd__http_req_free(epd_http_req_t *req)
 {
     if (req == NULL) {
         return;
+    }
+    if (req->conn != NULL) {
+        epd__http_req_uncharge(req->conn->server, req);
     }
     epd_free(req->hbuf);
     epd_free(req->body);
@@ -217,7 +232,13 @@ void epd__http_conn_answered(epd_http_conn_t *conn)
  * body, which every JSON client understands) and closes afterwards. */
 void epd__http_conn_fail(epd_http_conn_t *conn, int status, const char *message)
 {
-    char head[256];
+    epd__http_conn_refuse(conn, status, message, NULL, NULL);
+}
+
+void epd__http_conn_refuse(epd_http_conn_t *conn, int status, const char *message, const char *code,
+                           const char *header)
+{
+    char head[512];
     char body[512];
     int blen;
     int hlen;
@@ -230,13 +251,18 @@ void epd__http_conn_fail(epd_http_conn_t *conn, int status, const char *message)
         epd__http_req_free(conn->req);
         conn->req = NULL;
     }
-    blen = snprintf(body, sizeof(body),
-                    "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":null}}",
-                    message, status >= 500 ? "server_error" : "invalid_request_error");
+    /* message and code are the server's own strings: nothing to escape */
+    blen =
+        snprintf(body, sizeof(body),
+                 "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,"
+                 "\"code\":%s%s%s}}",
+                 message, status >= 500 ? "server_error" : "invalid_request_error",
+                 code != NULL ? "\"" : "", code != NULL ? code : "null", code != NULL ? "\"" : "");
     hlen = snprintf(head, sizeof(head),
                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
-                    "Content-Length: %d\r\nConnection: close\r\n\r\n",
-                    status, epd_http_status_text(status), blen);
+                    "Content-Length: %d\r\n%s%sConnection: close\r\n\r\n",
+                    status, epd_http_status_text(status), blen, header != NULL ? header : "",
+                    header != NULL ? "\r\n" : "");
     conn->close_after = 1;
     if (conn->reading) {
         uv_read_stop((uv_stream_t *)&conn->tcp);
@@ -248,6 +274,88 @@ void epd__http_conn_fail(epd_http_conn_t *conn, int status, const char *message)
     epd__http_conn_answered(conn);
 }
 
+/* ------------------------------------------------------------ client addresses */
+
+int epd__http_addr_key(const struct sockaddr_storage *sa, unsigned char key[16])
+{
+    memset(key, 0, 16);
+    if (sa->ss_family == AF_INET) {
+        key[10] = 0xff;
+        key[11] = 0xff;
+        memcpy(key + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+        return 0;
+    }
+    if (sa->ss_family == AF_INET6) {
+        const unsigned char *a = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+        static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+
+        /* an IPv4-mapped address is that IPv4 client; any other IPv6 client
+         * holds at least a /64, which counts as one address */
+        memcpy(key, a, memcmp(a, mapped, sizeof(mapped)) == 0 ? 16 : 8);
+        return 0;
+    }
+    return -1;
+}
+
+static size_t epd_http_addr_home(const epd_http_server_t *server, const unsigned char key[16])
+{
+    unsigned char h[crypto_shorthash_BYTES];
+    uint64_t v;
+
+    crypto_shorthash(h, key, 16, server->addrs_key);
+    memcpy(&v, h, sizeof(v));
+    return (size_t)v & server->addrs_mask;
+}
+
+int epd__http_addr_acquire(epd_http_server_t *server, epd_http_conn_t *conn)
+{
+    size_t i = epd_http_addr_home(server, conn->addr);
+
+    /* never full: at most n_live < max_connections keys in at least twice
+     * as many slots */
+    while (server->addrs[i].count != 0 && memcmp(server->addrs[i].key, conn->addr, 16) != 0) {
+        i = (i + 1) & server->addrs_mask;
+    }
+    if (server->addrs[i].count >= server->config.max_connections_per_addr) {
+        return -1;
+    }
+    if (server->addrs[i].count == 0) {
+        memcpy(server->addrs[i].key, conn->addr, 16);
+    }
+    server->addrs[i].count++;
+    conn->counted = 1;
+    return 0;
+}
+
+/* One live connection of `key` fewer; its slot is freed at zero (linear
+ * probing's backward shift: no tombstones). */
+static void epd_http_addr_release(epd_http_server_t *server, const unsigned char key[16])
+{
+    size_t mask = server->addrs_mask;
+    size_t i = epd_http_addr_home(server, key);
+    size_t j;
+
+    while (server->addrs[i].count != 0 && memcmp(server->addrs[i].key, key, 16) != 0) {
+        i = (i + 1) & mask;
+    }
+    if (server->addrs[i].count == 0) {
+        return; /* not counted: cannot happen while conn->counted is honest */
+    }
+    if (--server->addrs[i].count > 0) {
+        return;
+    }
+    /* Move back each later entry of the run whose home is not in (i, j]. */
+    for (j = (i + 1) & mask; server->addrs[j].count != 0; j = (j + 1) & mask) {
+        size_t home = epd_http_addr_home(server, server->addrs[j].key);
+
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            server->addrs[i] = server->addrs[j];
+            server->addrs[j].count = 0;
+            i = j;
+        }
+    }
+}
+
 /* ------------------------------------------------------------ closing */
 
 void epd__http_server_maybe_free(epd_http_server_t *server)
@@ -256,6 +364,7 @@ void epd__http_server_maybe_free(epd_http_server_t *server)
         void (*closed)(void *) = server->destroyed ? server->config.closed : NULL;
         void *arg = server->config.arg;
 
+        epd_free(server->addrs);
         epd_free(server);
         /* last: the callback may free what `arg` points to */
         if (closed != NULL) {
@@ -279,6 +388,14 @@ static void epd_http_conn_finalize(epd_http_conn_t *conn)
     }
     if (!conn->refused) {
         server->n_live--;
+    }
+    if (conn->counted) {
+        epd_http_addr_release(server, conn->addr);
+    }
+    if (req != NULL) {
+        /* its body leaves the budget now: a detached request may outlive
+         * the server */
+        epd__http_req_uncharge(server, req);
     }
     epd_free(conn);
 
@@ -325,6 +442,7 @@ static void epd_http_on_timer(uv_timer_t *timer)
 
     switch (conn->state) {
     case EPD_HTTP_CONN_HEAD:
+        conn->server->stats.header_timeouts++;
         epd_log_debug(EPD_HTTP_LOG, 0, "request headers not complete in %llu ms: 408",
                       (unsigned long long)conn->server->config.header_timeout_ms);
         epd__http_conn_fail(conn, 408, "request headers not received in time");
@@ -337,7 +455,11 @@ static void epd_http_on_timer(uv_timer_t *timer)
     case EPD_HTTP_CONN_IDLE:
     case EPD_HTTP_CONN_FLUSH:
     case EPD_HTTP_CONN_BUSY:
-        /* Idle between requests, or a client not taking its answer. */
+        /* Connected and silent past the header deadline, idle between
+         * requests, or a client not taking its answer. */
+        if (conn->fresh) {
+            conn->server->stats.header_timeouts++;
+        }
         epd__http_conn_close(conn);
         break;
     }

@@ -4,20 +4,27 @@
  *
  *   epd_http_conn.c     a connection's core: its writes, its deadline
  *                       timer, closing and finalizing (the abort callback),
- *                       the requests it hands out and their accessors
- *   epd_http_server.c   the listener, accepting, reading and the parser
- *                       callbacks that turn bytes into requests
+ *                       the per-address connection counts and the body
+ *                       budget it gives back, the requests it hands out
+ *                       and their accessors
+ *   epd_http_server.c   the listener, accepting (the connection caps),
+ *                       reading and the parser callbacks that turn bytes
+ *                       into requests (the key check, the body budget)
  *   epd_http_respond.c  the application's answers: a full response or a
  *                       Server-Sent Events stream
+ *   epd_http_auth.c     the API keys (digests) and the Authorization check
  *
  * Calls go one way: epd_http_server.c and epd_http_respond.c call
  * epd_http_conn.c, never each other, and epd_http_conn.c calls neither: it
  * goes back to parsing after an answer is flushed through the `resume`
- * callback the server stores at create.
+ * callback the server stores at create.  epd_http_auth.c calls none of
+ * them; epd_http_server.c checks keys with it.
  *
  * A connection moves through these states:
  *
  *   IDLE  waiting for the first byte of a request     timer: idle_timeout
+ *         (a new connection: header_timeout from the accept, which the
+ *         first request's headers must complete within)
  *   HEAD  request line and headers arriving           timer: header_timeout
  *   BODY  body arriving                               timer: body_timeout
  *   BUSY  the application holds the request           no timer
@@ -57,6 +64,12 @@ typedef enum {
 
 typedef struct epd_http_conn epd_http_conn_t;
 
+/* One client address with live connections (count 0: a free slot). */
+typedef struct {
+    unsigned char key[16];
+    uint32_t count;
+} epd_http_addr_slot_t;
+
 typedef enum {
     EPD_HTTP_PHASE_URL = 0,
     EPD_HTTP_PHASE_FIELD,
@@ -85,9 +98,10 @@ struct epd_http_req {
     size_t body_cap;
     int http_minor;
     int keep_alive;
-    int held;      /* handed to the application */
-    int streaming; /* epd_http_stream_start succeeded */
-    int chunked;   /* the stream uses chunked encoding */
+    size_t charged; /* body bytes counted in server->body_bytes (0 once given back) */
+    int held;       /* handed to the application */
+    int streaming;  /* epd_http_stream_start succeeded */
+    int chunked;    /* the stream uses chunked encoding */
     epd_http_abort_cb_t abort_cb;
     void *abort_arg;
 };
@@ -104,11 +118,18 @@ struct epd_http_conn {
     int handles_open;    /* of tcp and timer, until both close callbacks ran */
     int closing;
     int reading;
-    int close_after; /* close once the answer is flushed */
-    int refused;     /* a 503 connection beyond max_connections */
-    int fail_status; /* set by a parser callback that refuses the request */
-    size_t nwrites;  /* uv_write requests in flight */
-    size_t in_off;   /* inbuf[in_off..in_len) not parsed yet */
+    int close_after;        /* close once the answer is flushed */
+    int refused;            /* a 503 connection beyond max_connections (or per address) */
+    int fresh;              /* no request began yet: the header deadline runs from the accept */
+    int counted;            /* addr counted in server->addrs (given back at finalize) */
+    unsigned char addr[16]; /* the client's address key (epd__http_addr_key) */
+    int fail_status;        /* set by a parser callback that refuses the request */
+    /* with fail_status, what the refusal says (static strings; NULL: by status) */
+    const char *fail_message;
+    const char *fail_code;
+    const char *fail_header;
+    size_t nwrites; /* uv_write requests in flight */
+    size_t in_off;  /* inbuf[in_off..in_len) not parsed yet */
     size_t in_len;
     char inbuf[EPD_HTTP_INBUF_BYTES];
 };
@@ -120,7 +141,15 @@ struct epd_http_server {
     http_parser_settings settings;
     epd_http_conn_t *conns; /* every connection not yet finalized */
     unsigned n_live;        /* counted against max_connections */
-    uv_tcp_t drop;          /* takes a connection off the backlog when out of memory */
+    /* live connections per client address: open addressing, linear
+     * probing, SipHash under a random key (a client cannot aim collisions);
+     * at most n_live keys in 2 * max_connections slots or more */
+    epd_http_addr_slot_t *addrs;
+    size_t addrs_mask; /* slots - 1 (a power of two) */
+    unsigned char addrs_key[16];
+    size_t body_bytes; /* request bodies buffered now (max_buffered_body_bytes) */
+    epd_http_stats_t stats;
+    uv_tcp_t drop; /* takes a connection off the backlog when out of memory */
     int drop_busy;
     uint16_t port;
     int closing;
@@ -154,6 +183,19 @@ void epd__http_conn_answered(epd_http_conn_t *conn);
 /* Answers a request the server refuses itself (an OpenAI-shaped JSON
  * error, `message` borrowed) and closes afterwards. */
 void epd__http_conn_fail(epd_http_conn_t *conn, int status, const char *message);
+/* The same with the error's `code` (NULL: null) and one more header line
+ * `header` ("Name: value" without CRLF; NULL: none), all borrowed. */
+void epd__http_conn_refuse(epd_http_conn_t *conn, int status, const char *message, const char *code,
+                           const char *header);
+/* The key of a client address: IPv4 as ::ffff:a.b.c.d, IPv6 its /64 (the
+ * rest zero).  0, or -1 for another family. */
+int epd__http_addr_key(const struct sockaddr_storage *sa, unsigned char key[16]);
+/* Counts one more live connection of conn->addr: 0 (conn->counted set),
+ * or -1 when that address already has max_connections_per_addr. */
+int epd__http_addr_acquire(epd_http_server_t *server, epd_http_conn_t *conn);
+/* Gives back the body bytes `req` holds against the budget (its
+ * connection's server must be alive). */
+void epd__http_req_uncharge(epd_http_server_t *server, epd_http_req_t *req);
 /* Closes both handles; the last close callback finalizes the connection
  * (the held request's abort callback, the server's memory).  Idempotent. */
 void epd__http_conn_close(epd_http_conn_t *conn);

@@ -1,10 +1,14 @@
 /*
  * epd_http_server.c — the HTTP server's intake (see epd_http_int.h): the
- * listener and accepting (max_connections, a spare handle to shed a
- * connection when out of memory), reading into a connection's input
- * buffer, and the http-parser callbacks that build a request and hand it
- * to the application's handler — one request per connection at a time,
- * pipelined bytes held back until its answer is flushed.
+ * listener and accepting (max_connections and max_connections_per_addr, a
+ * spare handle to shed a connection when out of memory), reading into a
+ * connection's input buffer, and the http-parser callbacks that build a
+ * request and hand it to the application's handler — one request per
+ * connection at a time, pipelined bytes held back until its answer is
+ * flushed.  What a request must pass before its body is buffered is
+ * checked when its headers are complete: its key (config.keys), the
+ * declared body size, and the server-wide body budget, which a chunked
+ * body is also held to as it grows.
  *
  * Stands on epd_http_conn.c (writes, timers, closing) and calls nothing
  * of epd_http_respond.c: answering is the application's business.
@@ -12,6 +16,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+
+#include <sodium.h>
 
 #include "epd_alloc.h"
 #include "epd_http_int.h"
@@ -92,7 +98,12 @@ static int epd_http_on_message_begin(http_parser *parser)
     }
     conn->req->conn = conn;
     conn->state = EPD_HTTP_CONN_HEAD;
-    epd__http_conn_timer(conn, conn->server->config.header_timeout_ms);
+    if (conn->fresh) {
+        /* the first request: its deadline has run since the accept */
+        conn->fresh = 0;
+    } else {
+        epd__http_conn_timer(conn, conn->server->config.header_timeout_ms);
+    }
     return 0;
 }
 
@@ -125,6 +136,47 @@ static int epd_http_on_header_value(http_parser *parser, const char *at, size_t 
     return epd_http_hbuf_append(conn, at, len, EPD_HTTP_HBUF_WIRE);
 }
 
+/* 1 when the request target `url` names one of config->open_paths (its
+ * path without the query, trailing slashes dropped, as the application
+ * routes it). */
+static int epd_http_path_open(const epd_http_config_t *config, const char *url)
+{
+    size_t len = strcspn(url, "?#");
+
+    while (len > 1 && url[len - 1] == '/') {
+        len--;
+    }
+    for (const char *const *p = config->open_paths; p != NULL && *p != NULL; p++) {
+        if (strlen(*p) == len && memcmp(*p, url, len) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Counts `bytes` more of buffered body against the server's budget: 0, or
+ * -1 (a 503 set up) when it would pass max_buffered_body_bytes. */
+static int epd_http_body_charge(epd_http_conn_t *conn, size_t bytes)
+{
+    epd_http_server_t *server = conn->server;
+    size_t budget = server->config.max_buffered_body_bytes;
+
+    if (budget != 0 && (bytes > budget || server->body_bytes > budget - bytes)) {
+        server->stats.refused_body_budget++;
+        epd_log_warn(EPD_HTTP_LOG, 0,
+                     "request refused: %zu more body bytes would pass the %zu-byte budget "
+                     "(%zu buffered)",
+                     bytes, budget, server->body_bytes);
+        conn->fail_status = 503;
+        conn->fail_message = "the server is buffering too many request bodies: retry shortly";
+        conn->fail_header = "Retry-After: 1";
+        return -1;
+    }
+    server->body_bytes += bytes;
+    conn->req->charged += bytes;
+    return 0;
+}
+
 static int epd_http_on_headers_complete(http_parser *parser)
 {
     epd_http_conn_t *conn = epd_http_conn_of(parser);
@@ -140,11 +192,28 @@ static int epd_http_on_headers_complete(http_parser *parser)
     req->http_minor = parser->http_major == 1 ? parser->http_minor : 0;
     req->keep_alive = http_should_keep_alive(parser) && !parser->upgrade;
 
+    /* the key first: a client without one gets nothing buffered */
+    if (config->keys != NULL && !epd_http_path_open(config, req->hbuf) &&
+        !epd_http_keys_check(config->keys, epd_http_req_header(req, "authorization"))) {
+        conn->server->stats.auth_failures++;
+        conn->fail_status = 401;
+        conn->fail_code = "invalid_api_key";
+        conn->fail_header = "WWW-Authenticate: Bearer";
+        conn->fail_message =
+            epd_http_req_header(req, "authorization") == NULL
+                ? "You didn't provide an API key. You need to provide your API key in an "
+                  "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+                : "Incorrect API key provided.";
+        return -1;
+    }
     if (parser->content_length != ULLONG_MAX && parser->content_length > config->max_body_bytes) {
         conn->fail_status = 413;
         return -1;
     }
     if (parser->content_length != ULLONG_MAX && parser->content_length > 0) {
+        if (epd_http_body_charge(conn, (size_t)parser->content_length + 1) != 0) {
+            return -1;
+        }
         req->body_cap = (size_t)parser->content_length + 1;
         req->body = epd_malloc(req->body_cap);
         if (req->body == NULL) {
@@ -187,6 +256,9 @@ static int epd_http_on_body(http_parser *parser, const char *at, size_t len)
         }
         if (cap > max + 1) {
             cap = max + 1;
+        }
+        if (epd_http_body_charge(conn, cap - req->body_cap) != 0) {
+            return -1;
         }
         body = epd_realloc(req->body, cap);
         if (body == NULL) {
@@ -273,7 +345,10 @@ static void epd_http_conn_process(epd_http_conn_t *conn)
             break;
         }
         if (err != HPE_OK || conn->fail_status != 0) {
-            if (conn->fail_status == 413) {
+            if (conn->fail_message != NULL) {
+                epd__http_conn_refuse(conn, conn->fail_status, conn->fail_message, conn->fail_code,
+                                      conn->fail_header);
+            } else if (conn->fail_status == 413) {
                 epd__http_conn_fail(conn, 413, "request body too large");
             } else if (conn->fail_status == 431 || err == HPE_HEADER_OVERFLOW) {
                 epd__http_conn_fail(conn, 431, "request header fields too large");
@@ -407,14 +482,40 @@ static void epd_http_on_connection(uv_stream_t *listener, int status)
     uv_tcp_nodelay(&conn->tcp, 1);
     if (server->n_live >= server->config.max_connections) {
         conn->refused = 1;
+        server->stats.refused_max_conns++;
         epd_log_warn(EPD_HTTP_LOG, 0, "connection refused: %u connections open (the limit)",
                      server->n_live);
         epd__http_conn_fail(conn, 503, "too many connections");
         return;
     }
+    if (server->config.max_connections_per_addr != 0) {
+        struct sockaddr_storage peer;
+        int namelen = sizeof(peer);
+
+        /* a peer whose address cannot be read (gone already, or not IP)
+         * is not counted: the global cap still holds it */
+        if (uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&peer, &namelen) == 0 &&
+            epd__http_addr_key(&peer, conn->addr) == 0 &&
+            epd__http_addr_acquire(server, conn) != 0) {
+            conn->refused = 1;
+            /* one line per burst would be better; debug keeps a flood
+             * from one address out of the log */
+            server->stats.refused_per_addr++;
+            epd_log_debug(EPD_HTTP_LOG, 0,
+                          "connection refused: %u connections open from its address (the "
+                          "limit)",
+                          server->config.max_connections_per_addr);
+            epd__http_conn_fail(conn, 503, "too many connections from your address");
+            return;
+        }
+    }
     server->n_live++;
+    server->stats.accepted++;
     conn->state = EPD_HTTP_CONN_IDLE;
-    epd__http_conn_timer(conn, server->config.idle_timeout_ms);
+    conn->fresh = 1;
+    /* the first request's headers are due this long after the accept: a
+     * connection that sends nothing holds its slot no longer */
+    epd__http_conn_timer(conn, server->config.header_timeout_ms);
     epd_http_conn_read_start(conn);
 }
 
@@ -434,7 +535,8 @@ epd_status_t epd_http_server_create(uv_loop_t *loop, const epd_http_config_t *co
         config->host == NULL || config->max_header_bytes == 0 || config->max_connections == 0 ||
         config->idle_timeout_ms == 0 || config->header_timeout_ms == 0 ||
         config->body_timeout_ms == 0 || config->max_stream_backlog == 0 ||
-        config->max_body_bytes > (size_t)1 << 40 || config->max_header_bytes > (size_t)1 << 24) {
+        config->max_body_bytes > (size_t)1 << 40 || config->max_header_bytes > (size_t)1 << 24 ||
+        config->max_connections > (1u << 24)) {
         return EPD_ERR_INVALID_PARAM;
     }
     if (uv_ip4_addr(config->host, config->port, (struct sockaddr_in *)&addr) != 0 &&
@@ -450,6 +552,20 @@ epd_status_t epd_http_server_create(uv_loop_t *loop, const epd_http_config_t *co
     server->loop = loop;
     server->config = *config;
     server->config.host = NULL; /* borrowed only during create */
+    if (config->max_connections_per_addr != 0) {
+        size_t slots = 16;
+
+        while (slots < 2 * (size_t)config->max_connections) {
+            slots *= 2;
+        }
+        server->addrs = epd_calloc(slots, sizeof(*server->addrs));
+        if (server->addrs == NULL || sodium_init() < 0) {
+            status = EPD_ERR_NO_MEMORY;
+            goto err_free_server;
+        }
+        server->addrs_mask = slots - 1;
+        randombytes_buf(server->addrs_key, sizeof(server->addrs_key));
+    }
     server->resume = epd_http_conn_process;
     http_parser_settings_init(&server->settings);
     server->settings.on_message_begin = epd_http_on_message_begin;
@@ -493,6 +609,7 @@ err_close_listener:
     uv_close((uv_handle_t *)&server->listener, epd_http_on_listener_closed);
     return status;
 err_free_server:
+    epd_free(server->addrs);
     epd_free(server);
     return status;
 }
@@ -513,6 +630,13 @@ uint16_t epd_http_server_port(const epd_http_server_t *server)
 unsigned epd_http_server_connections(const epd_http_server_t *server)
 {
     return server->n_live;
+}
+
+void epd_http_server_stats(const epd_http_server_t *server, epd_http_stats_t *stats_p)
+{
+    *stats_p = server->stats;
+    stats_p->buffered_body_bytes = server->body_bytes;
+    stats_p->connections = server->n_live;
 }
 
 void epd_http_server_destroy(epd_http_server_t *server)

@@ -3,7 +3,10 @@
  * and validation, and the JSON the official SDKs read back.
  *
  * Requests.  POST /v1/completions and POST /v1/chat/completions bodies are
- * parsed with jansson (duplicate keys refused) into an epd_oai_request_t.
+ * first scanned against limits (epd_oai_limits_t: nesting depth, elements,
+ * string length; one pass over the bytes, no recursion, before jansson
+ * allocates anything), then parsed with jansson (duplicate keys refused)
+ * into an epd_oai_request_t.
  * Every refusal fills an epd_oai_error_t: the HTTP status, the OpenAI error
  * type, a message naming the field, `param` (the field, or empty for
  * null) and `code` (empty for null; "model_not_found" for an unknown
@@ -153,7 +156,38 @@ void epd_oai_buf_cleanup(epd_oai_buf_t *buf);
 void epd_oai_error_set(epd_oai_error_t *err, int http_status, const char *param, const char *code,
                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-/* Parses and validates a request body body[0..len) (borrowed) of `kind`.
+/* What a request body's JSON may hold, checked before it is parsed. */
+typedef struct {
+    uint32_t max_depth;      /* arrays and objects nested (the body's object is 1) */
+    uint64_t max_elements;   /* array elements plus object members, all together */
+    size_t max_string_bytes; /* one string (or key) as sent, escapes included */
+} epd_oai_limits_t;
+
+#define EPD_OAI_MAX_DEPTH 64
+#define EPD_OAI_MAX_ELEMENTS 100000
+#define EPD_OAI_MAX_STRING_BYTES ((size_t)16 << 20)
+
+/* Fills `limits` with the defaults above.  Any thread. */
+void epd_oai_limits_init(epd_oai_limits_t *limits);
+
+/* Scans body[0..len) (borrowed) against `limits` without parsing it: O(len)
+ * time, O(1) memory.  It judges only what the limits name (whether the JSON
+ * is valid is the parser's business).  EPD_OK, or EPD_ERR_INVALID_PARAM with
+ * *err filled: 400 naming the limit, code "json_too_deep",
+ * "json_too_many_elements" or "json_string_too_long".  Any thread. */
+epd_status_t epd_oai_json_check(const void *body, size_t len, const epd_oai_limits_t *limits,
+                                epd_oai_error_t *err);
+
+/* Parses and validates a request body body[0..len) (borrowed) of `kind`,
+ * held to `limits` (borrowed; NULL: the defaults, see epd_oai_limits_init);
+ * otherwise as epd_oai_request_parse. */
+epd_status_t epd_oai_request_parse_limited(epd_oai_kind_t kind, const void *body, size_t len,
+                                           const char *const *models, size_t n_models,
+                                           int64_t max_context, const epd_oai_limits_t *limits,
+                                           epd_oai_request_t **req_p, epd_oai_error_t *err);
+
+/* Parses and validates a request body body[0..len) (borrowed) of `kind`,
+ * under the default limits.
  * `models[0..n_models)` (borrowed) are the served model names;
  * `max_context` (tokens, ≥ 1) bounds max_tokens.  EPD_OK: *req_p is the
  * caller's (epd_oai_request_destroy).  EPD_ERR_INVALID_PARAM: *err filled

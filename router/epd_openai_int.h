@@ -4,12 +4,15 @@
  *
  *   epd_openai_json.c    output buffers, the JSON writer every encoder
  *                        uses, error objects
+ *   epd_openai_scan.c    the limits of a body's JSON, checked on its bytes
+ *                        before it is parsed
  *   epd_openai_parse.c   request bodies: parsing and validation (jansson)
  *   epd_openai_encode.c  answers: full responses, /v1/models, and the SSE
  *                        stream encoder with its UTF-8 hold-back
  *
  * Calls go one way: the parser and the encoder stand on
- * epd_openai_json.c and never call each other.
+ * epd_openai_json.c and never call each other; the parser calls the
+ * scanner, which stands on epd_openai_json.c alone.
  *
  * The writer appends to a reusable buffer; its failure is sticky, so an
  * encoder checks once at the end (epd__oai_w_end) and the buffer is rolled

@@ -673,6 +673,16 @@ epd_status_t epd_oai_request_parse(epd_oai_kind_t kind, const void *body, size_t
                                    const char *const *models, size_t n_models, int64_t max_context,
                                    epd_oai_request_t **req_p, epd_oai_error_t *err)
 {
+    return epd_oai_request_parse_limited(kind, body, len, models, n_models, max_context, NULL,
+                                         req_p, err);
+}
+
+epd_status_t epd_oai_request_parse_limited(epd_oai_kind_t kind, const void *body, size_t len,
+                                           const char *const *models, size_t n_models,
+                                           int64_t max_context, const epd_oai_limits_t *limits,
+                                           epd_oai_request_t **req_p, epd_oai_error_t *err)
+{
+    epd_oai_limits_t defaults;
     epd_oai_request_t *req;
     json_error_t jerr;
     json_t *root;
@@ -684,6 +694,15 @@ epd_status_t epd_oai_request_parse(epd_oai_kind_t kind, const void *body, size_t
             epd_oai_error_set(err, 500, NULL, NULL, "Internal error: bad parse arguments.");
         }
         return EPD_ERR_INVALID_PARAM;
+    }
+    if (limits == NULL) {
+        epd_oai_limits_init(&defaults);
+        limits = &defaults;
+    }
+    /* the limits on the bytes, before jansson allocates a node */
+    status = epd_oai_json_check(body != NULL ? body : "", len, limits, err);
+    if (status != EPD_OK) {
+        return status;
     }
     root = json_loadb(body != NULL ? body : "", len, JSON_REJECT_DUPLICATES, &jerr);
     if (root == NULL) {

@@ -1,9 +1,16 @@
 /*
  * epd_router_api.c — the router's HTTP intake: the routes (the OpenAI
- * endpoints, /v1/models, /health, /metrics) and each generation request
+ * endpoints, /v1/models, /health, /ready, /metrics) and each generation request
  * up to its first attempt.
  *
- * A generation request: parse and validate (epd_openai), check its images
+ * Keys and connection limits are the HTTP server's (config.keys and the
+ * caps, set by main.c): a /v1 request without the key never reaches this
+ * file.
+ *
+ * A generation request: parse and validate (epd_openai, under the JSON
+ * limits), refuse a prompt whose bytes could not fit in the context
+ * whatever its tokens (before tokenizing it: the tokenizer's work and
+ * scratch stay bounded by the context, not by the body), check its images
  * (count, size, format, pixels: the header only), tokenize with the
  * engine's tokenizer (BOS added, as epd-generate does; each image's
  * placeholder tokens where it stands), check the length, and hand the
@@ -167,11 +174,26 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
     epd_status_t st;
 
     body = epd_http_req_body(http, &body_len);
-    st = epd_oai_request_parse(kind, body, body_len, models, 1, rt->info->max_context, &oai, &err);
+    st = epd_oai_request_parse_limited(kind, body, body_len, models, 1, rt->info->max_context,
+                                       &rt->json_limits, &oai, &err);
     if (st != EPD_OK) {
         rt->m.errors[st == EPD_ERR_NO_MEMORY ? EPD_ROUTER_ERR_INTERNAL
                                              : EPD_ROUTER_ERR_BAD_REQUEST]++;
         epd__router_respond_error(rt, http, &err);
+        return;
+    }
+    if (rt->max_prompt_bytes != 0 && oai->prompt_len > rt->max_prompt_bytes) {
+        const char *what = kind == EPD_OAI_CHAT ? "messages" : "prompt";
+
+        rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
+        epd_oai_error_set(&err, 400, what, "context_length_exceeded",
+                          "This model's maximum context length is %u tokens. However, your %s is "
+                          "%zu bytes, more than %llu tokens of this model's tokenizer can hold. "
+                          "Please reduce the length of the %s.",
+                          rt->info->max_context, what, oai->prompt_len,
+                          (unsigned long long)rt->info->max_context, what);
+        epd__router_respond_error(rt, http, &err);
+        epd_oai_request_destroy(oai);
         return;
     }
     if (oai->n_images > 0 && epd_router_check_images(rt, oai, &err) != EPD_OK) {
@@ -267,6 +289,39 @@ static void epd_router_health(epd_router_t *rt, epd_http_req_t *http)
     (void)epd_http_respond(http, 200, EPD_ROUTER_JSON, body, (size_t)n);
 }
 
+/* GET /ready, for load balancers and kubelets (/health is liveness): 200
+ * only while the router can serve a request — at least one READY prefill
+ * and one READY decode worker, and a READY encoder when the model has
+ * vision (unless --ready-without-encoder: the prefill workers encode) —
+ * and is not draining; else 503 with the reason. */
+static void epd_router_ready(epd_router_t *rt, epd_http_req_t *http)
+{
+    uint32_t counts[EPD_ROUTER_POOLS][5];
+    uint32_t p, dc, e;
+    const char *why = NULL;
+    char body[384];
+    int n;
+
+    epd_router_registry_counts(&rt->reg, counts);
+    p = counts[EPD_ROUTER_POOL_PREFILL][EPD_ROUTER_READY];
+    dc = counts[EPD_ROUTER_POOL_DECODE][EPD_ROUTER_READY];
+    e = counts[EPD_ROUTER_POOL_ENCODER][EPD_ROUTER_READY];
+    if (epd_daemon_draining(rt->d)) {
+        why = "draining";
+    } else if (p == 0) {
+        why = "no READY prefill worker";
+    } else if (dc == 0) {
+        why = "no READY decode worker";
+    } else if (e == 0 && rt->info->image_embeddings > 0 && !rt->ready_without_encoder) {
+        why = "no READY encoder (the model has vision)";
+    }
+    n = snprintf(body, sizeof(body),
+                 "{\"ready\":%s,\"prefill_ready\":%u,\"decode_ready\":%u,\"encoder_ready\":%u%s%s%s}",
+                 why == NULL ? "true" : "false", p, dc, e, why != NULL ? ",\"reason\":\"" : "",
+                 why != NULL ? why : "", why != NULL ? "\"" : "");
+    (void)epd_http_respond(http, why == NULL ? 200 : 503, EPD_ROUTER_JSON, body, (size_t)n);
+}
+
 /* GET /v1/models/{id}: the model object, or 404 model_not_found. */
 static void epd_router_model(epd_router_t *rt, epd_http_req_t *http, const char *id)
 {
@@ -324,6 +379,12 @@ void epd__router_on_http(epd_http_req_t *http, void *arg)
         epd__router_respond_simple_error(rt, http, 503, "the router is shutting down");
         return;
     }
+    if (post && epd_daemon_draining(rt->d) &&
+        (strcmp(path, "/v1/completions") == 0 || strcmp(path, "/v1/chat/completions") == 0)) {
+        /* SIGTERM: what is running finishes, nothing new starts */
+        epd__router_respond_simple_error(rt, http, 503, "the router is draining");
+        return;
+    }
     if (strcmp(path, "/v1/completions") == 0 && post) {
         epd_router_generate(rt, http, EPD_OAI_COMPLETION);
     } else if (strcmp(path, "/v1/chat/completions") == 0 && post) {
@@ -342,9 +403,14 @@ void epd__router_on_http(epd_http_req_t *http, void *arg)
         epd_router_model(rt, http, path + 11);
     } else if (strcmp(path, "/health") == 0 && get) {
         epd_router_health(rt, http);
+    } else if (strcmp(path, "/ready") == 0 && get) {
+        epd_router_ready(rt, http);
     } else if (strcmp(path, "/metrics") == 0 && get) {
         epd_router_text_t t = {0};
 
+        if (rt->http != NULL) {
+            epd_http_server_stats(rt->http, &rt->m.http);
+        }
         if (epd_router_metrics_render(&rt->m, &rt->reg, rt->n_reqs, &t) != EPD_OK) {
             epd__router_respond_simple_error(rt, http, 500, "out of memory");
         } else {
@@ -354,7 +420,7 @@ void epd__router_on_http(epd_http_req_t *http, void *arg)
         epd_router_text_cleanup(&t);
     } else if (strcmp(path, "/v1/completions") == 0 || strcmp(path, "/v1/chat/completions") == 0 ||
                strcmp(path, "/v1/models") == 0 || strcmp(path, "/health") == 0 ||
-               strcmp(path, "/metrics") == 0) {
+               strcmp(path, "/ready") == 0 || strcmp(path, "/metrics") == 0) {
         rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
         epd__router_respond_simple_error(rt, http, 405, "method not allowed on this path");
     } else {

@@ -20,6 +20,11 @@
 
 #include "epd_status.h"
 
+/* At most this many hints a worker (a 16 MiB table): a worker declaring
+ * a larger pool gets a set that starts afresh more often, not a larger
+ * allocation. */
+#define EPD_ROUTER_HINTS_MAX (1u << 20)
+
 typedef struct epd_router_hints epd_router_hints_t;
 
 /* A set for at most `max` hints; *h_p owned by the caller.  EPD_ERR_NO_MEMORY. */

@@ -75,6 +75,19 @@
 #define EPD_ROUTER_LOG "router"
 #define EPD_ROUTER_JSON "application/json"
 #define EPD_ROUTER_MAX_AVOID 8
+/* Broken pairs: a prefill and a decode worker that both reach the router
+ * but not each other (a partition between their hosts).  Remembered for
+ * EPD_ROUTER_PAIR_BROKEN_MS after a request failed between them, during
+ * which requests are routed around the pair; then one request tries it
+ * again (a healed partition serves again). */
+#define EPD_ROUTER_PAIRS_MAX 64
+#define EPD_ROUTER_PAIR_BROKEN_MS 10000
+
+typedef struct {
+    char prefill[EPD_CLIENT_NAME_MAX]; /* worker ids ("" : a free slot) */
+    char decode[EPD_CLIENT_NAME_MAX];
+    uint64_t until_ns; /* monotonic */
+} epd_router_pair_t;
 /* Where an image's embeddings come from (epd_router_req_t.img_src). */
 #define EPD_ROUTER_IMG_CACHE 0   /* the prefill worker's embedding cache */
 #define EPD_ROUTER_IMG_ENCODER 1 /* an encoder worker */
@@ -162,6 +175,13 @@ struct epd_router {
     uint32_t max_images;      /* per request */
     uint64_t max_image_bytes; /* encoded, per image */
     uint64_t max_image_pixels;
+    epd_oai_limits_t json_limits; /* a request body's JSON */
+    epd_http_keys_t *keys;        /* --api-key-file (owned by main.c's run), NULL: none */
+    /* a prompt of more bytes cannot fit in the context whatever its tokens
+     * (max_context x the most bytes one token spells): refused before it
+     * is tokenized; 0: no bound known */
+    uint64_t max_prompt_bytes;
+    int ready_without_encoder; /* --ready-without-encoder: /ready needs no encoder */
     /* state */
     epd_msg_epoch_t epoch; /* the daemon's: Health, RegisterResponse, ids */
     epd_engine_t *engine;  /* tokenizer only */
@@ -180,6 +200,7 @@ struct epd_router {
     uint64_t id_counter;
     int stopping;
     uint32_t drains_in_flight;
+    epd_router_pair_t broken[EPD_ROUTER_PAIRS_MAX]; /* see EPD_ROUTER_PAIR_BROKEN_MS */
     epd_router_metrics_t m;
     epd_oai_buf_t out; /* scratch for encoders */
     int32_t *tok_scratch;

@@ -165,6 +165,30 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
         epd_router_text_printf(t, "epd_router_errors_total{kind=\"%s\"} %llu\n",
                                epd_router_err_names[e], (unsigned long long)m->errors[e]);
     }
+    epd_router_metrics_counter(t, "epd_router_http_auth_failures_total",
+                               "HTTP requests refused 401: no API key, or not one of the keys",
+                               m->http.auth_failures);
+    epd_router_text_printf(t,
+                           "# HELP epd_router_http_refused_total HTTP connections and requests "
+                           "refused by a limit of the front door\n"
+                           "# TYPE epd_router_http_refused_total counter\n"
+                           "epd_router_http_refused_total{limit=\"max_connections\"} %llu\n"
+                           "epd_router_http_refused_total{limit=\"per_address\"} %llu\n"
+                           "epd_router_http_refused_total{limit=\"body_budget\"} %llu\n"
+                           "epd_router_http_refused_total{limit=\"header_timeout\"} %llu\n",
+                           (unsigned long long)m->http.refused_max_conns,
+                           (unsigned long long)m->http.refused_per_addr,
+                           (unsigned long long)m->http.refused_body_budget,
+                           (unsigned long long)m->http.header_timeouts);
+    epd_router_text_printf(t,
+                           "# HELP epd_router_http_connections HTTP connections open\n"
+                           "# TYPE epd_router_http_connections gauge\n"
+                           "epd_router_http_connections %u\n"
+                           "# HELP epd_router_http_buffered_body_bytes Request body bytes held "
+                           "(counted against --max-buffered-body-bytes)\n"
+                           "# TYPE epd_router_http_buffered_body_bytes gauge\n"
+                           "epd_router_http_buffered_body_bytes %zu\n",
+                           m->http.connections, m->http.buffered_body_bytes);
     epd_router_metrics_counter(t, "epd_router_retries_total",
                                "Requests sent again to another worker", m->retries);
     epd_router_metrics_counter(t, "epd_router_prompt_tokens_total", "Prompt tokens (BOS included)",
@@ -293,6 +317,26 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
         if (w->state != EPD_ROUTER_DEAD && w->info.role == EPD_CLIENT_ROLE_DECODE) {
             epd_router_text_printf(t, "epd_router_worker_kv_blocks_free{worker=\"%s\"} %u\n",
                                    w->info.worker_id, w->hb_kv_blocks_free);
+        }
+    }
+    /* the autoscalers' signals (deploy/k8s): decode KV usage needs the
+     * total beside the free count; prefill backlog is queued prompt tokens */
+    epd_router_text_printf(t, "# HELP epd_router_worker_kv_blocks KV blocks of a decode "
+                              "worker (its registration)\n"
+                              "# TYPE epd_router_worker_kv_blocks gauge\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD && w->info.role == EPD_CLIENT_ROLE_DECODE) {
+            epd_router_text_printf(t, "epd_router_worker_kv_blocks{worker=\"%s\"} %u\n",
+                                   w->info.worker_id, w->info.kv_blocks_total);
+        }
+    }
+    epd_router_text_printf(t, "# HELP epd_router_worker_queued_tokens Prompt tokens waiting on a "
+                              "prefill worker (its last heartbeat)\n"
+                              "# TYPE epd_router_worker_queued_tokens gauge\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD && w->info.role == EPD_CLIENT_ROLE_PREFILL) {
+            epd_router_text_printf(t, "epd_router_worker_queued_tokens{worker=\"%s\"} %llu\n",
+                                   w->info.worker_id, (unsigned long long)w->hb_queued_tokens);
         }
     }
     epd_router_text_printf(t, "# HELP epd_router_worker_kv_bytes_total KV bytes a worker moved "

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "epd_http.h"
 #include "epd_router_registry.h"
 #include "epd_registrar.h"
 #include "epd_status.h"
@@ -69,6 +70,9 @@ typedef struct {
     epd_router_histo_t itl;      /* between token chunks */
     epd_router_histo_t e2e;      /* arrival → last byte */
     epd_router_histo_t dispatch; /* arrival → submitted to the workers (router's own work) */
+    /* the front door: the HTTP server's own counts (epd_http_server_stats),
+     * copied in before each render */
+    epd_http_stats_t http;
 } epd_router_metrics_t;
 
 void epd_router_histo_observe(epd_router_histo_t *h, double seconds);

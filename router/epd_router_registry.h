@@ -82,7 +82,8 @@ typedef enum {
 
 typedef struct epd_router_worker {
     epd_client_worker_info_t info; /* identity, address, layout, capacity */
-    char control_addr[256];        /* the worker's own gRPC address */
+    char control_addr[256];        /* the worker's own gRPC address (advertised) */
+    char data_addr[64];            /* its data plane's IP (RegisterRequest.data_address) */
     epd_client_worker_t *cw;       /* the request-plane client's handle (owned by the client) */
     epd_router_state_t state;
     int drain_asked;   /* Drain came through the router */
@@ -99,6 +100,7 @@ typedef struct epd_router_worker {
     uint64_t hb_kv_bytes_sent;     /* data-plane counters (monotonic per incarnation) */
     uint64_t hb_kv_bytes_received;
     epd_prefix_stats_t hb_prefix; /* its prefix cache (prefill; per incarnation) */
+    uint32_t hb_links[4]; /* its links to other workers by class: shm, tcp, rdma, other */
     /* router-side load */
     uint32_t inflight;      /* requests sent here, not yet ended */
     uint64_t queued_tokens; /* prefill: prompt tokens not yet past their first token */

@@ -143,6 +143,79 @@ static void epd_router_attempt_end(epd_router_req_t *r)
     r->client_id = 0;
 }
 
+/* ----------------------------------------------------------- broken pairs */
+
+/* The slot of the broken pair (p, d) still in force, or NULL. */
+static epd_router_pair_t *epd_router_pair_find(epd_router_t *rt, const epd_router_worker_t *p,
+                                               const epd_router_worker_t *d, uint64_t now_ns)
+{
+    for (int i = 0; i < EPD_ROUTER_PAIRS_MAX; i++) {
+        epd_router_pair_t *b = &rt->broken[i];
+
+        if (b->prefill[0] != '\0' && b->until_ns > now_ns &&
+            strcmp(b->prefill, p->info.worker_id) == 0 && strcmp(b->decode, d->info.worker_id) == 0) {
+            return b;
+        }
+    }
+    return NULL;
+}
+
+/* Remembers (p, d) as broken until now + EPD_ROUTER_PAIR_BROKEN_MS (the
+ * oldest entry makes room). */
+static void epd_router_pair_break(epd_router_t *rt, const epd_router_worker_t *p,
+                                  const epd_router_worker_t *d, uint64_t now_ns)
+{
+    epd_router_pair_t *b = epd_router_pair_find(rt, p, d, now_ns);
+
+    if (b == NULL) {
+        b = &rt->broken[0];
+        for (int i = 1; i < EPD_ROUTER_PAIRS_MAX && b->until_ns > now_ns; i++) {
+            if (rt->broken[i].until_ns < b->until_ns) {
+                b = &rt->broken[i];
+            }
+        }
+        snprintf(b->prefill, sizeof(b->prefill), "%s", p->info.worker_id);
+        snprintf(b->decode, sizeof(b->decode), "%s", d->info.worker_id);
+        epd_log_warn(EPD_ROUTER_LOG, 0,
+                     "prefill worker '%s' and decode worker '%s' reach the router but not each "
+                     "other: routing around the pair for %u ms",
+                     b->prefill, b->decode, EPD_ROUTER_PAIR_BROKEN_MS);
+    }
+    b->until_ns = now_ns + (uint64_t)EPD_ROUTER_PAIR_BROKEN_MS * 1000000ull;
+}
+
+/* The policy's decode worker for prefill worker `pw`, around a broken pair:
+ * another decode worker when there is one; else *pw_p becomes another
+ * prefill worker for `dw` when there is one; else the pair as is (trying
+ * it beats refusing). */
+static epd_router_worker_t *epd_router_pick_around(epd_router_t *rt, epd_router_req_t *r,
+                                                   epd_router_worker_t **pw_p,
+                                                   epd_router_worker_t *dw, uint64_t now_ns)
+{
+    epd_router_worker_t *avoid[EPD_ROUTER_MAX_AVOID + 1];
+    epd_router_worker_t *alt;
+
+    if (epd_router_pair_find(rt, *pw_p, dw, now_ns) == NULL) {
+        return dw;
+    }
+    memcpy(avoid, r->avoid, r->n_avoid * sizeof(avoid[0]));
+    avoid[r->n_avoid] = dw;
+    alt = epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_DECODE, r->prompt, r->n_prompt, avoid,
+                                   r->n_avoid + 1);
+    if (alt != NULL && epd_router_pair_find(rt, *pw_p, alt, now_ns) == NULL) {
+        return alt;
+    }
+    if (r->n_images == 0) {
+        avoid[r->n_avoid] = *pw_p;
+        alt = epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_PREFILL, r->prompt, r->n_prompt,
+                                       avoid, r->n_avoid + 1);
+        if (alt != NULL && epd_router_pair_find(rt, alt, dw, now_ns) == NULL) {
+            *pw_p = alt;
+        }
+    }
+    return dw;
+}
+
 /* --------------------------------------------------------------- dispatch */
 
 /* Submits an attempt to a prefill and a decode worker chosen by the
@@ -200,6 +273,7 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
         if (pw == NULL || dw == NULL) {
             return EPD_ERR_UNREACHABLE;
         }
+        dw = epd_router_pick_around(rt, r, &pw, dw, now_ns);
         /* each image: the prefill worker's cache when we believe it holds
          * it, else the least loaded encoder, else the prefill worker itself */
         for (uint32_t k = 0; k < r->n_images; k++) {
@@ -442,6 +516,16 @@ static epd_router_attempt_next_t epd_router_attempt_failed(epd_router_t *rt, epd
             }
         }
         rt->m.image_cache_stale++;
+    }
+    /* prefill and decode each blame the other while the router reaches
+     * both: the network between them is broken, not either worker */
+    if (ev->kind == EPD_CLIENT_EV_ERROR &&
+        (ev->status == EPD_ERR_UNREACHABLE || ev->status == EPD_ERR_PEER_DEAD ||
+         ev->status == EPD_ERR_CONNECTION_RESET || ev->status == EPD_ERR_TRANSPORT) &&
+        ((reporter == pw && (culprit == dw || culprit == NULL)) ||
+         (reporter == dw && (culprit == pw || culprit == NULL))) &&
+        epd_client_worker_state(pw->cw) == EPD_OK && epd_client_worker_state(dw->cw) == EPD_OK) {
+        epd_router_pair_break(rt, pw, dw, now);
     }
     /* the workers stay valid (unreferenced entries are freed by the
      * registry's tick only): compared and named below */

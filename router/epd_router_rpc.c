@@ -13,12 +13,17 @@
  *                   drain=true once a drain was asked.
  *   Drain           by worker id: DRAINING here at once, and forwarded to
  *                   the worker's own control address from libuv's thread
- *                   pool (a blocking gRPC call must not run on the loop).
+ *                   pool (a blocking gRPC call must not run on the loop),
+ *                   signed with the cluster secret when there is one.
  *   Status          every worker with its state, load and capacity.
  *   Health          the router itself (role ROUTER), under the daemon's
  *                   identity (worker id, epoch).
  * The daemon runtime serves epd.Control and hands every call here first
- * (ops->on_rpc); the router answers all of them itself.
+ * (ops->on_rpc); the router answers all of them itself.  With a cluster
+ * secret the runtime's server has already authenticated every call but
+ * Health (epd_rpc.h) before it gets here: a RegisterWorker — a new epoch
+ * under a live worker's id above all — a Heartbeat's load or a Drain comes
+ * from a member, and an outsider's never reaches the registry.
  */
 #include <stdio.h>
 #include <string.h>
@@ -230,8 +235,13 @@ static int epd_router_register(epd_router_t *rt, const void *req, size_t req_len
     w->cw = cw;
     snprintf(w->control_addr, sizeof(w->control_addr), "%s",
              rr->control_address != NULL ? rr->control_address : "");
+    snprintf(w->data_addr, sizeof(w->data_addr), "%s",
+             rr->data_address != NULL ? rr->data_address : "");
     if (rr->prefix_root.len == sizeof(w->prefix_root) && info->kv_blocks_total > 0 &&
-        epd_router_hints_create(info->kv_blocks_total, &w->hints) == EPD_OK) {
+        epd_router_hints_create(info->kv_blocks_total < EPD_ROUTER_HINTS_MAX
+                                    ? info->kv_blocks_total
+                                    : EPD_ROUTER_HINTS_MAX,
+                                &w->hints) == EPD_OK) {
         /* its KV hints count only in the router's own namespace */
         memcpy(w->prefix_root, rr->prefix_root.data, sizeof(w->prefix_root));
         w->has_root = memcmp(w->prefix_root, rt->prefix_plain.b, sizeof(w->prefix_root)) == 0;
@@ -307,6 +317,10 @@ static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_le
             w->hb_kv_blocks_free = hb->load->kv_blocks_free;
             w->hb_state_slots_free = hb->load->state_slots_free;
             w->hb_running = hb->load->running_requests;
+            w->hb_links[0] = hb->load->links_shm;
+            w->hb_links[1] = hb->load->links_tcp;
+            w->hb_links[2] = hb->load->links_rdma;
+            w->hb_links[3] = hb->load->links_other;
             if (hb->load->kv_bytes_sent > w->hb_kv_bytes_sent) {
                 rt->m.kv_bytes_sent += hb->load->kv_bytes_sent - w->hb_kv_bytes_sent;
                 w->hb_kv_bytes_sent = hb->load->kv_bytes_sent;
@@ -349,6 +363,8 @@ static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_le
 typedef struct {
     uv_work_t work;
     epd_router_t *rt;
+    const void *secret; /* the daemon's (it outlives its loop's work); NULL: none */
+    size_t secret_len;
     char addr[256];
     char worker_id[EPD_CLIENT_NAME_MAX];
     epd_status_t status;
@@ -376,6 +392,13 @@ static void epd_router_drain_fwd_work(uv_work_t *work)
     f->status = epd_rpc_client_create(f->addr, &rpc);
     if (f->status != EPD_OK) {
         return;
+    }
+    if (f->secret != NULL) {
+        f->status = epd_rpc_client_set_auth(rpc, f->secret, f->secret_len);
+        if (f->status != EPD_OK) {
+            epd_rpc_client_destroy(rpc);
+            return;
+        }
     }
     f->status = epd_rpc_call(rpc, EPD_RPC_DRAIN, buf, len, EPD_ROUTER_DRAIN_FORWARD_TIMEOUT_MS,
                              &resp, &resp_len, f->err, sizeof(f->err));
@@ -438,6 +461,7 @@ static int epd_router_drain(epd_router_t *rt, const void *req, size_t req_len, v
         if (f != NULL) {
             f->rt = rt;
             f->work.data = f;
+            epd_daemon_secret(rt->d, &f->secret, &f->secret_len);
             snprintf(f->addr, sizeof(f->addr), "%s", w->control_addr);
             snprintf(f->worker_id, sizeof(f->worker_id), "%s", w->info.worker_id);
             if (uv_queue_work(rt->loop, &f->work, epd_router_drain_fwd_work,
@@ -468,6 +492,7 @@ static int epd_router_status(epd_router_t *rt, void **resp_p, size_t *resp_len_p
         Epd__Epoch epoch;
         Epd__Load load;
         Epd__Capacity cap;
+        char link[256];
     } * p;
     Epd__WorkerStatus **list;
 
@@ -503,6 +528,10 @@ static int epd_router_status(epd_router_t *rt, void **resp_p, size_t *resp_len_p
         q->load.kv_blocks_free = w->hb_kv_blocks_free;
         q->load.state_slots_free = w->hb_state_slots_free;
         q->load.running_requests = w->hb_running;
+        q->load.links_shm = w->hb_links[0];
+        q->load.links_tcp = w->hb_links[1];
+        q->load.links_rdma = w->hb_links[2];
+        q->load.links_other = w->hb_links[3];
         q->cap.kv_blocks_total = w->info.kv_blocks_total;
         q->cap.block_tokens = w->info.block_tokens;
         q->cap.state_slots_total = w->info.state_slots_total;
@@ -513,6 +542,14 @@ static int epd_router_status(epd_router_t *rt, void **resp_p, size_t *resp_len_p
         q->ws.load = &q->load;
         q->ws.capacity = &q->cap;
         q->ws.last_heartbeat_age_ms = (now - w->last_hb_ns) / 1000000ull;
+        q->ws.control_address = w->control_addr;
+        q->ws.data_address = w->data_addr;
+        if (w->cw != NULL && w->state != EPD_ROUTER_DEAD) {
+            epd_client_worker_link(w->cw, q->link, sizeof(q->link));
+        } else {
+            snprintf(q->link, sizeof(q->link), "down");
+        }
+        q->ws.link = q->link;
         list[i] = &q->ws;
     }
     s.n_workers = n;

@@ -16,6 +16,15 @@
  * register with, so it takes no --router and answers every control-plane
  * method itself (epd_router_rpc.c).
  *
+ * The front door (flags here, enforced by the HTTP server and the intake):
+ * --api-key-file makes every /v1 request carry one of its keys (/health
+ * and /metrics stay open); without keys the router serves HTTP only on a
+ * loopback address unless --allow-unauthenticated says otherwise.  The
+ * file-descriptor limit is raised to its hard limit at start and
+ * --max-connections clamped to what it allows; the per-address cap, the
+ * header deadline from accept, the body budget and the JSON limits are
+ * flags too.
+ *
  * Stop (SIGTERM/SIGINT, the runtime's order): on_stop stops listening and
  * closes every HTTP connection; their close callbacks abort what clients
  * still wait on upstream; `stopped` holds the runtime's loop (and the
@@ -26,8 +35,10 @@
  * epd_router_int.h); gRPC's own threads and libuv's thread pool (Drain
  * forwarding) never touch the router's state.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "epd_addr.h"
 #include "epd_alloc.h"
@@ -48,6 +59,15 @@ typedef struct {
     int64_t max_image_pixels;
     int64_t max_connections;
     int64_t max_body_bytes;
+    const char *api_key_file;
+    int allow_unauthenticated;
+    int ready_without_encoder;
+    int64_t header_timeout_ms;
+    int64_t max_connections_per_addr;
+    int64_t max_buffered_body_bytes;
+    int64_t max_json_depth;
+    int64_t max_json_elements;
+    int64_t max_json_string_bytes;
 } epd_router_flags_t;
 
 /* ------------------------------------------------------------ the role */
@@ -87,6 +107,24 @@ static int epd_router_stopped(void *arg)
     return rt->http == NULL;
 }
 
+/* SIGTERM (the runtime's drain): new generation requests get 503 and
+ * /ready says so; those in flight finish. */
+static void epd_router_on_drain(void *arg)
+{
+    epd_router_t *rt = arg;
+
+    epd_log_info(EPD_ROUTER_LOG, 0, "draining: %u requests in flight finish, new ones get 503",
+                 rt->n_reqs);
+}
+
+/* The drain is over when no request is left. */
+static int epd_router_idle(void *arg)
+{
+    epd_router_t *rt = arg;
+
+    return rt->n_reqs == 0;
+}
+
 /* What the start-up needs beyond the router's state: the parsed flags and
  * what main checked of them (the process holds one router). */
 static struct {
@@ -95,6 +133,7 @@ static struct {
     epd_router_policy_t policy;
     char http_host[EPD_ADDR_HOST_MAX];
     uint16_t http_port;
+    unsigned max_connections; /* --max-connections, clamped to the fd limit */
 } epd_router_start;
 
 static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d);
@@ -108,16 +147,103 @@ static const epd_daemon_ops_t epd_router_ops = {
     .on_pump = epd_daemon_op_pump_none,
     .on_tick = epd_router_on_tick,
     .load = epd_daemon_op_load_none, /* Health and Status are the router's own */
-    .on_drain = epd_daemon_op_none,  /* Drain names a worker: epd_router_rpc.c */
+    .on_drain = epd_router_on_drain, /* SIGTERM (a Drain RPC names a worker: epd_router_rpc.c) */
     .on_rpc = epd__router_on_rpc,
     .on_stop = epd_router_on_stop,
     .stopped = epd_router_stopped,
+    .idle = epd_router_idle,
     .on_exit = epd_daemon_op_none, /* no threads of its own */
     .setup = epd_router_setup,
     .cleanup = epd_router_cleanup,
 };
 
 /* ------------------------------------------------------------ start-up */
+
+/* What a client reaches without a key when keys are set. */
+static const char *const epd_router_open_paths[] = {"/health", "/ready", "/metrics", NULL};
+
+/* The most bytes one token of the tokenizer spells (every id of the
+ * vocabulary detokenized once, at start-up): a text of N bytes is then at
+ * least N / that many tokens, so a prompt of more than max_context times
+ * it cannot fit and is refused before it is tokenized.  0 when unknown (a
+ * token longer than the probe's buffer): no bound. */
+static uint64_t epd_router_max_token_bytes(const epd_router_t *rt)
+{
+    char buf[1024];
+    size_t most = 0;
+
+    for (uint32_t id = 0; id < rt->info->vocab_size; id++) {
+        int32_t tok = (int32_t)id;
+        size_t n = 0;
+        epd_status_t st = epd_engine_detokenize(rt->engine, &tok, 1, buf, sizeof(buf), &n);
+
+        if (st == EPD_ERR_TOO_LONG) {
+            epd_log_warn(EPD_ROUTER_LOG, 0,
+                         "token %u spells over %zu bytes: prompts are not bounded before "
+                         "tokenizing",
+                         id, sizeof(buf));
+            return 0;
+        }
+        if (st == EPD_OK && n > most) {
+            most = n;
+        }
+    }
+    return most;
+}
+
+/* Raises the soft limit on open files to the hard one and clamps `want`
+ * HTTP connections to what it leaves after room for the transport, gRPC,
+ * the model and the log (a quarter of the limit, at most 1024
+ * descriptors).  Says once what it did. */
+static unsigned epd_router_fd_budget(unsigned want)
+{
+    struct rlimit rl;
+    rlim_t before;
+    rlim_t reserve;
+    rlim_t room;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        epd_log_warn(EPD_ROUTER_LOG, 0, "cannot read the file-descriptor limit: %s",
+                     strerror(errno));
+        return want;
+    }
+    before = rl.rlim_cur;
+    if (rl.rlim_cur != RLIM_INFINITY &&
+        (rl.rlim_max == RLIM_INFINITY || rl.rlim_cur < rl.rlim_max)) {
+        struct rlimit raised = rl;
+
+        /* an unlimited hard limit: the kernel's usual ceiling (fs.nr_open) */
+        raised.rlim_cur = rl.rlim_max == RLIM_INFINITY ? (rlim_t)1 << 20 : rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+            rl.rlim_cur = raised.rlim_cur;
+        } else {
+            epd_log_warn(EPD_ROUTER_LOG, 0, "cannot raise the file-descriptor limit to %llu: %s",
+                         (unsigned long long)raised.rlim_cur, strerror(errno));
+        }
+    }
+    if (rl.rlim_cur == RLIM_INFINITY) {
+        epd_log_info(EPD_ROUTER_LOG, 0, "file descriptors: no limit; up to %u HTTP connections",
+                     want);
+        return want;
+    }
+    reserve = rl.rlim_cur / 4 < 1024 ? rl.rlim_cur / 4 : 1024;
+    room = rl.rlim_cur - reserve;
+    if (room < 1) {
+        room = 1;
+    }
+    if ((rlim_t)want > room) {
+        epd_log_warn(EPD_ROUTER_LOG, 0,
+                     "file descriptors: limit %llu (raised from %llu): --max-connections %u "
+                     "clamped to %llu",
+                     (unsigned long long)rl.rlim_cur, (unsigned long long)before, want,
+                     (unsigned long long)room);
+        return (unsigned)room;
+    }
+    epd_log_info(EPD_ROUTER_LOG, 0,
+                 "file descriptors: limit %llu (raised from %llu); up to %u HTTP connections",
+                 (unsigned long long)rl.rlim_cur, (unsigned long long)before, want);
+    return want;
+}
 
 /* The role on a created daemon: the tokenizer, the registry, the client on
  * the runtime's loop, the HTTP server.  EPD_OK or the failure (logged). */
@@ -150,6 +276,7 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
         return st;
     }
     rt->info = epd_engine_info(rt->engine);
+    rt->max_prompt_bytes = (uint64_t)rt->info->max_context * epd_router_max_token_bytes(rt);
     epd_prefix_root(epd_engine_name(rt->engine), rt->info, NULL, 0, &rt->prefix_plain);
     rt->probe_hints = epd_calloc(rt->info->max_context / rt->info->kv.block_tokens + 1,
                                  sizeof(*rt->probe_hints));
@@ -164,6 +291,7 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
     cc.backend = dfl->transport;
     cc.expect = dfl->expect;
     cc.provider = dfl->provider;
+    cc.bind_host = epd_daemon_data_host(d); /* --data-addr, resolved */
     cc.peer_timeout_ms = (uint32_t)dfl->peer_timeout_ms;
     cc.connect_timeout_ms = (uint32_t)dfl->connect_timeout_ms;
     if (rt->info->image_embeddings > 0) {
@@ -171,6 +299,7 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
          * prefill worker): room for the largest one */
         cc.max_msg_size = (size_t)16 << 20;
     }
+    epd_daemon_secret(d, &cc.secret, &cc.secret_len);
     cc.worker_id = epd_daemon_worker_id(rt->d);
     cc.epoch_start_ns = rt->epoch.start_time_ns;
     cc.epoch_nonce = rt->epoch.nonce;
@@ -188,8 +317,13 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
     epd_http_config_init(&hc);
     hc.host = http_host;
     hc.port = http_port;
-    hc.max_connections = (unsigned)fl->max_connections;
+    hc.max_connections = epd_router_start.max_connections;
+    hc.max_connections_per_addr = (unsigned)fl->max_connections_per_addr;
+    hc.max_buffered_body_bytes = (size_t)fl->max_buffered_body_bytes;
+    hc.header_timeout_ms = (uint64_t)fl->header_timeout_ms;
     hc.max_body_bytes = (size_t)fl->max_body_bytes;
+    hc.keys = rt->keys;
+    hc.open_paths = epd_router_open_paths;
     hc.handler = epd__router_on_http;
     hc.closed = epd_router_http_closed;
     hc.arg = rt;
@@ -207,7 +341,8 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
                  rt->max_retries, dfl->transport);
     /* the ready line: "http=HOST:PORT control=... pid=... worker=...
      * transport=..." (tests and scripts read http= and control=) */
-    (void)epd_addr_join(http_host, epd_http_server_port(rt->http), http_addr, sizeof(http_addr));
+    (void)epd_addr_join(epd_addr_is_wildcard(http_host) ? epd_daemon_advertise_host(d) : http_host,
+                        epd_http_server_port(rt->http), http_addr, sizeof(http_addr));
     snprintf(prefix, sizeof(prefix), "http=%s", http_addr);
     epd_daemon_set_ready_prefix(d, prefix);
     return EPD_OK;
@@ -240,6 +375,7 @@ static int epd_router_run(const epd_daemon_flags_t *dfl, void *arg)
 {
     const epd_router_flags_t *fl = arg;
     char http_host[EPD_ADDR_HOST_MAX];
+    epd_http_keys_t *keys = NULL;
     epd_router_policy_t policy;
     epd_daemon_config_t dc;
     const char *why = NULL;
@@ -255,14 +391,65 @@ static int epd_router_run(const epd_daemon_flags_t *dfl, void *arg)
     if (epd_addr_split(fl->listen, http_host, sizeof(http_host), &http_port, &why) != EPD_OK) {
         return epd_router_bad("listen", fl->listen, why);
     }
+    {
+        /* resolved once: the HTTP server binds a numeric address */
+        char num[EPD_ADDR_HOST_MAX];
+
+        if (epd_addr_resolve(http_host, num, sizeof(num), &why) != EPD_OK) {
+            return epd_router_bad("listen", fl->listen, why);
+        }
+        snprintf(http_host, sizeof(http_host), "%s", num);
+    }
     if (fl->served_model_name != NULL && strlen(fl->served_model_name) >= EPD_CLIENT_NAME_MAX) {
         return epd_router_bad("served-model-name", fl->served_model_name, "too long");
+    }
+    if (fl->api_key_file == NULL && !fl->allow_unauthenticated &&
+        !epd_addr_is_loopback(http_host)) {
+        epd_log_error("epd-router", 0,
+                      "refusing to serve HTTP on %s without API keys: give --api-key-file, "
+                      "listen on a loopback address, or pass --allow-unauthenticated",
+                      fl->listen);
+        return 1;
+    }
+    {
+        /* an image travels as a base64 data: URL, one JSON string */
+        uint64_t url = ((uint64_t)fl->max_image_bytes + 2) / 3 * 4 + 64;
+
+        if ((uint64_t)fl->max_json_string_bytes < url) {
+            char small[160];
+            char val[32];
+
+            snprintf(small, sizeof(small),
+                     "too small for --max-image-bytes %lld (its data: URL takes %llu bytes)",
+                     (long long)fl->max_image_bytes, (unsigned long long)url);
+            snprintf(val, sizeof(val), "%lld", (long long)fl->max_json_string_bytes);
+            return epd_router_bad("max-json-string-bytes", val, small);
+        }
+    }
+    if (fl->api_key_file != NULL) {
+        char cause[256];
+        epd_status_t st = epd_http_keys_load(fl->api_key_file, &keys, cause, sizeof(cause));
+
+        if (st != EPD_OK) {
+            return epd_router_bad("api-key-file", fl->api_key_file, cause);
+        }
+        epd_log_info(EPD_ROUTER_LOG, 0, "%zu API keys from %s: /v1 needs one",
+                     epd_http_keys_count(keys), fl->api_key_file);
+    } else if (fl->allow_unauthenticated && !epd_addr_is_loopback(http_host)) {
+        epd_log_warn(EPD_ROUTER_LOG, 0,
+                     "serving HTTP on %s without API keys (--allow-unauthenticated)", fl->listen);
     }
     rt = epd_calloc(1, sizeof(*rt));
     if (rt == NULL) {
         epd_log_error(EPD_ROUTER_LOG, 0, "out of memory");
+        epd_http_keys_destroy(keys);
         return 1;
     }
+    rt->keys = keys;
+    epd_oai_limits_init(&rt->json_limits);
+    rt->json_limits.max_depth = (uint32_t)fl->max_json_depth;
+    rt->json_limits.max_elements = (uint64_t)fl->max_json_elements;
+    rt->json_limits.max_string_bytes = (size_t)fl->max_json_string_bytes;
     rt->model_dir = dfl->model;
     rt->transport = dfl->transport;
     rt->heartbeat_ms = (uint32_t)fl->heartbeat_ms;
@@ -270,6 +457,7 @@ static int epd_router_run(const epd_daemon_flags_t *dfl, void *arg)
     rt->max_retries = (uint32_t)fl->max_retries;
     rt->request_timeout_ms = (uint32_t)fl->request_timeout_ms;
     rt->max_images = (uint32_t)fl->max_images;
+    rt->ready_without_encoder = fl->ready_without_encoder;
     rt->max_image_bytes = (uint64_t)fl->max_image_bytes;
     rt->max_image_pixels = (uint64_t)fl->max_image_pixels;
     epd_router_start.dfl = dfl;
@@ -277,6 +465,7 @@ static int epd_router_run(const epd_daemon_flags_t *dfl, void *arg)
     epd_router_start.policy = policy;
     snprintf(epd_router_start.http_host, sizeof(epd_router_start.http_host), "%s", http_host);
     epd_router_start.http_port = http_port;
+    epd_router_start.max_connections = epd_router_fd_budget((unsigned)fl->max_connections);
     memset(&dc, 0, sizeof(dc));
     dc.role_name = EPD_ROUTER_LOG;
     dc.role = EPD__ROLE__ROLE_ROUTER;
@@ -285,6 +474,7 @@ static int epd_router_run(const epd_daemon_flags_t *dfl, void *arg)
     dc.ops = &epd_router_ops;
     dc.arg = rt;
     rc = epd_daemon_run(&dc);
+    epd_http_keys_destroy(rt->keys);
     epd_free(rt);
     return rc;
 }
@@ -304,6 +494,14 @@ int main(int argc, char **argv)
         .max_image_pixels = (int64_t)(4096 * 4096),
         .max_connections = 4096,
         .max_body_bytes = 16 << 20,
+        .api_key_file = NULL,
+        .allow_unauthenticated = 0,
+        .header_timeout_ms = 10000,
+        .max_connections_per_addr = 256,
+        .max_buffered_body_bytes = (int64_t)256 << 20,
+        .max_json_depth = EPD_OAI_MAX_DEPTH,
+        .max_json_elements = EPD_OAI_MAX_ELEMENTS,
+        .max_json_string_bytes = (int64_t)EPD_OAI_MAX_STRING_BYTES,
     };
     const epd_opt_t opts[] = {
         {"listen", EPD_OPT_STRING, &fl.listen, 0, 0,
@@ -327,9 +525,35 @@ int main(int argc, char **argv)
         {"max-image-pixels", EPD_OPT_INT, &fl.max_image_pixels, 1, (int64_t)1 << 32,
          "width x height of one image, read from its header (beyond: 400)"},
         {"max-connections", EPD_OPT_INT, &fl.max_connections, 1, 1 << 20,
-         "HTTP connections at once (beyond: 503)"},
+         "HTTP connections at once (beyond: 503; clamped to what the file-descriptor limit, "
+         "raised to its hard limit, allows)"},
+        {"max-connections-per-addr", EPD_OPT_INT, &fl.max_connections_per_addr, 0, 1 << 20,
+         "HTTP connections from one client address, an IPv6 client's /64 counting as one "
+         "(beyond: 503 and close; 0: no cap)"},
+        {"header-timeout-ms", EPD_OPT_INT, &fl.header_timeout_ms, 1, 3600000,
+         "a new connection's request headers must be complete this long after the accept "
+         "(a later request's: after its first byte); else closed (408 once a byte came)"},
         {"max-body-bytes", EPD_OPT_INT, &fl.max_body_bytes, 1024, 1 << 30,
          "largest request body (beyond: 413)"},
+        {"max-buffered-body-bytes", EPD_OPT_INT, &fl.max_buffered_body_bytes, 0,
+         (double)((int64_t)1 << 40),
+         "request body bytes buffered at once, all connections together (beyond: 503 with "
+         "Retry-After; 0: no budget)"},
+        {"max-json-depth", EPD_OPT_INT, &fl.max_json_depth, 2, 10000,
+         "nesting of arrays and objects in a request body (beyond: 400)"},
+        {"max-json-elements", EPD_OPT_INT, &fl.max_json_elements, 16, (double)((int64_t)1 << 32),
+         "array elements plus object members in a request body, all together (beyond: 400)"},
+        {"max-json-string-bytes", EPD_OPT_INT, &fl.max_json_string_bytes, 1024, 1 << 30,
+         "one JSON string of a request body as sent (beyond: 400; room for an image's data: "
+         "URL of --max-image-bytes is required)"},
+        {"api-key-file", EPD_OPT_STRING, &fl.api_key_file, 0, 0,
+         "API keys, one a line ('#' comments): every /v1 request needs "
+         "'Authorization: Bearer KEY' (else 401); /health and /metrics stay open"},
+        {"allow-unauthenticated", EPD_OPT_BOOL, &fl.allow_unauthenticated, 0, 0,
+         "serve HTTP on a non-loopback --listen address without --api-key-file"},
+        {"ready-without-encoder", EPD_OPT_BOOL, &fl.ready_without_encoder, 0, 0,
+         "GET /ready needs no READY encoder for a vision model (the prefill workers encode "
+         "images themselves)"},
     };
     return epd_daemon_main("epd-router", "OpenAI-compatible HTTP front door of an epd cluster", 0,
                            opts, sizeof(opts) / sizeof(opts[0]), epd_router_run, &fl, argc, argv);

@@ -10,7 +10,9 @@ $(call obj_of,$(ROUTER_CLIENT_SRCS) router/tools/epd_ctl.c): EPD_CPPFLAGS += -Ir
 # (tested on their own; the router daemon is built on them).  Link it before
 # epd_engine (epd_openai uses engine/epd_utf8) and epd_common.
 ROUTER_API_SRCS := router/epd_http_conn.c router/epd_http_server.c router/epd_http_respond.c \
-                   router/epd_openai_json.c router/epd_openai_parse.c router/epd_openai_encode.c
+                   router/epd_http_auth.c \
+                   router/epd_openai_json.c router/epd_openai_scan.c router/epd_openai_parse.c \
+                   router/epd_openai_encode.c
 $(eval $(call epd_lib,epd_api,$(ROUTER_API_SRCS)))
 $(call obj_of,$(ROUTER_API_SRCS)): EPD_CPPFLAGS += -Irouter
 # The router daemon, epd-router, on the daemon runtime (daemon/): main.c

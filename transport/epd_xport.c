@@ -1869,6 +1869,17 @@ void epd_xport_ep_describe(epd_xport_ep_t *ep, char *buf, size_t len)
     snprintf(buf, len, "%s", ep->desc[0] != '\0' ? ep->desc : "(closed)");
 }
 
+const char *epd_xport_ep_class(epd_xport_ep_t *ep)
+{
+    const char *cls = "other";
+
+    if (ep == NULL || ep->be_ep == NULL) {
+        return "";
+    }
+    ep->x->ops->ep_describe(ep->be_ep, ep->desc, sizeof(ep->desc), &cls);
+    return cls;
+}
+
 void epd_xport_ep_set_user(epd_xport_ep_t *ep, void *user)
 {
     ep->user = user;

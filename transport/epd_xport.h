@@ -238,6 +238,11 @@ epd_status_t epd_xport_ep_identity(const epd_xport_ep_t *ep, epd_xport_identity_
 /* A one-line description of the lanes the library chose for this endpoint. */
 void epd_xport_ep_describe(epd_xport_ep_t *ep, char *buf, size_t len);
 
+/* The class of those lanes (static string): "shm", "tcp", "rdma" or
+ * "other" — what --expect-transport compares; "" for a closed endpoint.
+ * Owning thread. */
+const char *epd_xport_ep_class(epd_xport_ep_t *ep);
+
 /* Per-endpoint user pointer (not touched by the transport). */
 void epd_xport_ep_set_user(epd_xport_ep_t *ep, void *user);
 void *epd_xport_ep_user(const epd_xport_ep_t *ep);

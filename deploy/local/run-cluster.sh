@@ -9,6 +9,11 @@
 #
 #   deploy/local/run-cluster.sh [BUILD] [CLUSTER_FILE]
 #   env overrides: PORT, PREFILL, DECODE, ENCODER, POLICY, TRANSPORT, ENGINE, MODEL
+#   API_KEY=KEY: the router takes it as its API key (a 0600 file in the
+#   run's folder, --api-key-file): /v1 then needs 'Authorization: Bearer KEY'
+# Every daemon gets --cluster-secret-file: 32 fresh random bytes in a 0600
+# file of the run's folder, made for this run only (epd-ctl needs it too:
+# the printed lines pass it).
 set -euo pipefail
 build=${1:-build}
 conf=${2:-$(dirname "$0")/cluster.conf}
@@ -105,17 +110,31 @@ start() {
   exit 1
 }
 
+# the cluster secret: members prove it to each other on every endpoint and
+# control call; made fresh for each run, readable by this user only
+(umask 077 && head -c 32 /dev/urandom >"$run/cluster-secret")
+sec=(--cluster-secret-file "$run/cluster-secret")
+key_flags=()
+auth_hdr=""
+if [ -n "${API_KEY:-}" ]; then
+  # the key never goes on a command line (ps would show it): a file only
+  # the user can read, in the run's own folder
+  (umask 077 && printf '%s\n' "$API_KEY" >"$run/api-keys")
+  key_flags=(--api-key-file "$run/api-keys")
+  auth_hdr=" -H \"Authorization: Bearer \$API_KEY\""
+fi
 start router "$run/router.ready" "$bin/epd-router" --model "$MODEL" --engine "$ENGINE" \
   --listen "127.0.0.1:$PORT" --control-addr 127.0.0.1:0 --policy "$POLICY" \
-  --transport "$TRANSPORT" --heartbeat-ms "$HEARTBEAT_MS"
+  --transport "$TRANSPORT" --heartbeat-ms "$HEARTBEAT_MS" "${sec[@]}" \
+  ${key_flags[@]+"${key_flags[@]}"}
 ctl=$(sed -n 's/.*control=\([^ ]*\).*/\1/p' "$run/router.ready")
 for i in $(seq 0 $((PREFILL - 1))); do
   start "prefill-$i" "$run/prefill-$i.ready" "$bin/epd-prefill" --model "$MODEL" --engine "$ENGINE" \
-    --worker-id "prefill-$i" --transport "$TRANSPORT" --router "$ctl"
+    --worker-id "prefill-$i" --transport "$TRANSPORT" --router "$ctl" "${sec[@]}"
 done
 for i in $(seq 0 $((DECODE - 1))); do
   start "decode-$i" "$run/decode-$i.ready" "$bin/epd-decode" --model "$MODEL" --engine "$ENGINE" \
-    --worker-id "decode-$i" --transport "$TRANSPORT" --router "$ctl" \
+    --worker-id "decode-$i" --transport "$TRANSPORT" --router "$ctl" "${sec[@]}" \
     --kv-blocks "$DECODE_KV_BLOCKS" --state-slots "$DECODE_STATE_SLOTS"
 done
 # encoders: only a model with a vision encoder has images to encode
@@ -127,12 +146,12 @@ else
 fi
 for i in $(seq 0 $((ENCODER - 1))); do
   start "encoder-$i" "$run/encoder-$i.ready" "$bin/epd-encoder" --model "$MODEL" \
-    --engine "$ENGINE" --worker-id "encoder-$i" --transport "$TRANSPORT" --router "$ctl"
+    --engine "$ENGINE" --worker-id "encoder-$i" --transport "$TRANSPORT" --router "$ctl" "${sec[@]}"
 done
 # every worker READY in the router's registry
 want=$((PREFILL + DECODE + ENCODER))
 for i in $(seq 1 100); do
-  n=$("$bin/epd-ctl" status "$ctl" 2>/dev/null | grep -c 'state=READY' || true)
+  n=$("$bin/epd-ctl" status "$ctl" "${sec[@]}" 2>/dev/null | grep -c 'state=READY' || true)
   [ "$n" = "$want" ] && break
   sleep 0.1
 done
@@ -142,20 +161,21 @@ name=$(basename "$MODEL")
 cat <<INFO
 
 epd cluster up: router + $ENCODER encoder + $PREFILL prefill + $DECODE decode ($POLICY, $TRANSPORT), model '$name'
-  endpoint:  http://127.0.0.1:$PORT/v1   (OpenAI API; GET /health, /metrics)
-  try:       curl -s http://127.0.0.1:$PORT/v1/completions -H 'Content-Type: application/json' \\
+  endpoint:  http://127.0.0.1:$PORT/v1   (OpenAI API; GET /health, /metrics)${API_KEY:+
+  API key:   required on /v1 (the API_KEY given to make run; export it where you curl)}
+  try:       curl -s http://127.0.0.1:$PORT/v1/completions$auth_hdr -H 'Content-Type: application/json' \\
                -d '{"model": "$name", "prompt": "The disaggregated cluster", "max_tokens": 32, "temperature": 0}'
 INFO
 if [ "$vision" = 1 ]; then
   cat <<INFO
-  an image:  IMG=\$(base64 -w0 picture.png); curl -s http://127.0.0.1:$PORT/v1/chat/completions \\
+  an image:  IMG=\$(base64 -w0 picture.png); curl -s http://127.0.0.1:$PORT/v1/chat/completions$auth_hdr \\
                -H 'Content-Type: application/json' -d '{"model": "$name", "max_tokens": 32, "messages":
                [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
                {"type": "image_url", "image_url": {"url": "data:image/png;base64,'\$IMG'"}}]}]}'
 INFO
 fi
 cat <<INFO
-  workers:   $bin/epd-ctl workers $ctl
+  workers:   $bin/epd-ctl workers $ctl --cluster-secret-file $run/cluster-secret
   logs:      $run
 Ctrl-C stops every daemon.
 INFO

@@ -11,6 +11,12 @@
  * EncodeRequest sent -> EmbedComplete received (decode + encode + write +
  * notice, plus the queueing behind the images in flight).  One thread:
  * the transport is progressed here between sends.
+ *
+ * Against a cluster with a secret (--cluster-secret-file) its endpoint is
+ * authenticated as "load-prefill", and the encoder refuses an envelope
+ * whose sender is not the endpoint's: both messages are then sent as
+ * "load-prefill" with one epoch (the client and the prefill worker are one
+ * member).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +29,7 @@
 #include "epd_msg.h"
 #include "epd_rng.h"
 #include "epd_rpc.h"
+#include "epd_secret.h"
 #include "epd_time.h"
 #include "epd_xport.h"
 
@@ -216,6 +223,10 @@ static epd_status_t load_send(load_t *l, Epd__Envelope *env, const char *who,
 int main(int argc, char **argv)
 {
     const char *encoder = NULL, *transport = "ucx", *format = "jpeg", *log_level = "warn";
+    const char *secret_file = NULL;
+    static epd_secret_t secret;
+    const char *client_name = "load-client";
+    char why[256];
     int64_t images = 200, inflight = 4, width = 640, height = 480, warmup = 8;
     const epd_opt_t opts[] = {
         {"encoder", EPD_OPT_STRING, &encoder, 0, 0, "the encoder's control address HOST:PORT"},
@@ -228,6 +239,8 @@ int main(int argc, char **argv)
         {"height", EPD_OPT_INT, &height, 1, 8192, "image height in pixels"},
         {"format", EPD_OPT_STRING, &format, 0, 0, "jpeg or png"},
         {"log-level", EPD_OPT_STRING, &log_level, 0, 0, "error, warn, info, debug or trace"},
+        {"cluster-secret-file", EPD_OPT_STRING, &secret_file, 0, 0,
+         "the cluster's secret (the encoder's --cluster-secret-file)"},
     };
     epd_opts_t o = {.prog = "epd-encoder-load",
                     .summary = "drive an epd-encoder: images/s and latency at a fixed concurrency",
@@ -269,6 +282,10 @@ int main(int argc, char **argv)
     }
     epd_log_set_level(level);
     total = (uint64_t)images + (uint64_t)warmup;
+    if (secret_file != NULL && epd_secret_load(secret_file, &secret, why, sizeof(why)) != EPD_OK) {
+        epd_log_error(LOAD_LOG, 0, "--cluster-secret-file: %s", why);
+        goto out;
+    }
 
     /* who the encoder is */
     if (epd_rpc_client_create(encoder, &rpc) != EPD_OK ||
@@ -297,8 +314,22 @@ int main(int argc, char **argv)
     }
     epd_content_hash(img.data, img.len, hash);
 
+    p_epoch.start_time_ns = epd_time_wall_ns();
+    p_epoch.nonce = epd_rng_entropy();
+    c_epoch = p_epoch;
+    c_epoch.nonce ^= 1;
     epd_xport_config_init(&xcfg);
     xcfg.backend = transport;
+    if (secret.len > 0) {
+        xcfg.secret = secret.bytes;
+        xcfg.secret_len = secret.len;
+        snprintf(xcfg.identity.worker_id, sizeof(xcfg.identity.worker_id), "load-prefill");
+        xcfg.identity.role = EPD__ROLE__ROLE_PREFILL;
+        xcfg.identity.epoch.start_time_ns = p_epoch.start_time_ns;
+        xcfg.identity.epoch.nonce = p_epoch.nonce;
+        c_epoch = p_epoch;
+        client_name = "load-prefill";
+    }
     xcfg.max_msg_size = img.len + (64u << 10);
     xcfg.msg_cb = load_on_msg;
     xcfg.err_cb = load_on_err;
@@ -317,10 +348,6 @@ int main(int argc, char **argv)
     if (buf == NULL) {
         goto out;
     }
-    p_epoch.start_time_ns = epd_time_wall_ns();
-    p_epoch.nonce = epd_rng_entropy();
-    c_epoch = p_epoch;
-    c_epoch.nonce ^= 1;
     id_base = (epd_rng_entropy() & 0xffffffffull) << 32;
     printf("encoder %s (%s): %u embeddings x %u f32 per image; %s %lldx%lld of %zu bytes; %u "
            "in flight\n",
@@ -357,7 +384,7 @@ int main(int argc, char **argv)
             er.encoder_epoch = h->worker->epoch;
             env.body_case = EPD__ENVELOPE__BODY_ENCODE;
             env.encode = &er;
-            if (load_send(&l, &env, "load-client", &c_epoch, buf, cap) != EPD_OK) {
+            if (load_send(&l, &env, client_name, &c_epoch, buf, cap) != EPD_OK) {
                 l.failed_ep = 1;
                 break;
             }
@@ -405,6 +432,7 @@ out:
     }
     epd_free(resp);
     epd_rpc_client_destroy(rpc);
+    epd_secret_wipe(&secret);
     epd_opts_cleanup(&o);
     return rc;
 }

@@ -5,11 +5,23 @@
  *                  (--prompt TEXT | --prompt-file F) --max-tokens N
  *                  [--temperature T --top-p P --top-k K --seed S --tokens
  *                   --timeout-ms MS --transport ucx|ofi --expect-transport C
- *                   --provider STR]
+ *                   --provider STR --cluster-secret-file PATH]
  *   epd-ctl health ADDR
- *   epd-ctl status ADDR
- *   epd-ctl drain ADDR --worker-id ID
- *   epd-ctl workers ROUTER
+ *   epd-ctl status ADDR [--cluster-secret-file PATH]
+ *   epd-ctl drain ADDR (--worker-id ID | --self) [--wait-ms MS] [--cluster-secret-file PATH]
+ *   epd-ctl workers ROUTER [--cluster-secret-file PATH]
+ *   epd-ctl probe ADDR [--service NAME]
+ *
+ * probe is grpc.health.v1.Health/Check, as an orchestrator's gRPC probe
+ * calls it: prints SERVING or NOT_SERVING and exits 0 only for SERVING
+ * (a container's HEALTHCHECK, a script waiting for a daemon).
+ *
+ * A daemon with a cluster secret answers only Health to a caller without
+ * it: status, workers and drain then need --cluster-secret-file (the same
+ * file the daemons were given); their calls are signed with it (epd_rpc.h).
+ * submit takes it too, for the request plane (every endpoint authenticated).
+ * Without the flag, the file EPD_CLUSTER_SECRET_FILE names is used, if set
+ * (scripts that call epd-ctl many times).
  *
  * submit is a one-request client of the request plane (router/epd_client):
  * Health on both control addresses, the same GenerateRequest to both
@@ -27,19 +39,25 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "epd_alloc.h"
 #include "epd_client.h"
+#include "epd_grpc_health.pb-c.h"
 #include "epd_config.h"
 #include "epd_engine.h"
 #include "epd_log.h"
 #include "epd_msg.h"
 #include "epd_rpc.h"
+#include "epd_secret.h"
 #include "epd_utf8.h"
 
 #define CTL_RPC_TIMEOUT_MS 5000
 
 static volatile sig_atomic_t ctl_interrupted;
+
+/* --cluster-secret-file of a control command (len 0: none); wiped at exit */
+static epd_secret_t ctl_secret;
 
 /* Consulted only by LeakSanitizer builds: UCX and libfabric keep some
  * process-wide allocations until exit; they are not epd's. */
@@ -95,6 +113,8 @@ static const char *ctl_state_name(int state)
         return "UNSPECIFIED";
     }
 }
+
+static int ctl_load_secret(const char *path);
 
 /* ------------------------------------------------------------- submit */
 
@@ -265,6 +285,7 @@ typedef struct {
     const char *expect;
     const char *provider;
     const char *log_level;
+    const char *secret_file;
 } ctl_submit_args_t;
 
 static int ctl_submit_run(const ctl_submit_args_t *a)
@@ -331,6 +352,10 @@ static int ctl_submit_run(const ctl_submit_args_t *a)
     cc.expect = a->expect;
     cc.provider = a->provider;
     cc.rpc_timeout_ms = CTL_RPC_TIMEOUT_MS;
+    if (ctl_secret.len > 0) {
+        cc.secret = ctl_secret.bytes;
+        cc.secret_len = ctl_secret.len;
+    }
     cc.event_cb = ctl_on_event;
     cc.cb_arg = &s;
     status = epd_client_create(&cc, &client);
@@ -459,6 +484,8 @@ static int ctl_submit(int argc, char **argv)
         {"expect-transport", EPD_OPT_STRING, &a.expect, 0, 0, "any, shm, tcp or rdma"},
         {"provider", EPD_OPT_STRING, &a.provider, 0, 0, "libfabric provider (ofi)"},
         {"log-level", EPD_OPT_STRING, &a.log_level, 0, 0, "error, warn, info, debug, trace"},
+        {"cluster-secret-file", EPD_OPT_STRING, &a.secret_file, 0, 0,
+         "the cluster secret (the daemons' file): authenticates the request plane"},
     };
     epd_opts_t o = {.prog = "epd-ctl submit",
                     .summary = "send one request through a prefill and a decode worker",
@@ -486,6 +513,8 @@ static int ctl_submit(int argc, char **argv)
         rc = ctl_fail("submit: --top-p must be in (0, 1]");
     } else if (epd_log_level_parse(a.log_level, &level) != EPD_OK) {
         rc = ctl_fail("submit: bad --log-level");
+    } else if (ctl_load_secret(a.secret_file) != 0) {
+        rc = 1;
     } else {
         if (getenv("EPD_LOG_LEVEL") == NULL) {
             epd_log_set_level(level);
@@ -514,12 +543,29 @@ static int ctl_call(const char *addr, const char *method, const void *req, size_
                 epd_status_string(status));
         return 1;
     }
+    if (ctl_secret.len > 0) {
+        status = epd_rpc_client_set_auth(rpc, ctl_secret.bytes, ctl_secret.len);
+        if (status != EPD_OK) {
+            epd_rpc_client_destroy(rpc);
+            fprintf(stderr, "epd-ctl: cannot use the cluster secret: %s\n",
+                    epd_status_string(status));
+            return 1;
+        }
+    }
     status = epd_rpc_call(rpc, method, req, req_len, CTL_RPC_TIMEOUT_MS, &resp, &resp_len, err,
                           sizeof(err));
     epd_rpc_client_destroy(rpc);
     if (status != EPD_OK) {
         fprintf(stderr, "epd-ctl: %s on %s: %s%s%s\n", method, addr, epd_status_name(status),
                 err[0] ? ": " : "", err);
+        if (status == EPD_ERR_AUTH) {
+            fprintf(stderr, "epd-ctl: %s\n",
+                    ctl_secret.len == 0
+                        ? "the daemon requires the cluster secret: pass --cluster-secret-file PATH "
+                          "(the file the daemons were given)"
+                        : "the daemon refused this cluster secret: not the daemons' file, or "
+                          "the clocks differ by more than 30 s");
+        }
         epd_free(resp);
         return 1;
     }
@@ -598,6 +644,7 @@ static int ctl_health(const char *addr)
     printf("serving=%d\ndraining=%d\n", h->serving, h->draining);
     ctl_print_identity("\n", h->worker);
     printf("transport=%s\ndata_plane_address_bytes=%zu\n", h->transport, h->data_plane_address.len);
+    printf("control_address=%s\ndata_address=%s\n", h->control_address, h->data_address);
     if (h->kv_layout != NULL) {
         printf("kv_layers=%u\nlayer_pattern=%s\nkv_block_tokens=%u\nkv_heads=%u\nhead_dim=%u\n"
                "kv_dtype=%d\nblock_bytes=%llu\nstate_bytes=%llu\n",
@@ -628,14 +675,55 @@ static int ctl_status(const char *addr)
         printf("state=%s ", ctl_state_name(w->state));
         ctl_print_load(" ", w->load);
         ctl_print_capacity(" ", w->capacity);
-        printf("last_heartbeat_age_ms=%llu\n", (unsigned long long)w->last_heartbeat_age_ms);
+        printf("last_heartbeat_age_ms=%llu control_address=%s data_address=%s",
+               (unsigned long long)w->last_heartbeat_age_ms, w->control_address,
+               w->data_address);
+        if (w->link[0] != '\0') {
+            printf(" link=\"%s\"", w->link);
+        }
+        printf("\n");
     }
     epd_proto_free(msg);
     return 0;
 }
 
+/* The class of the router's link to a worker ("tcp: lanes..." -> "tcp"). */
+static void ctl_link_class(const char *link, char *out, size_t cap)
+{
+    size_t n = strcspn(link, ":");
+
+    snprintf(out, cap, "%.*s", (int)n, n > 0 ? link : "-");
+}
+
+/* The worker's own links to other workers by class: "tcp=2 shm=1" or "-". */
+static void ctl_peer_links(const Epd__Load *l, char *out, size_t cap)
+{
+    size_t used = 0;
+
+    out[0] = '\0';
+    if (l != NULL) {
+        const struct {
+            const char *name;
+            uint32_t n;
+        } c[4] = {{"shm", l->links_shm}, {"tcp", l->links_tcp}, {"rdma", l->links_rdma},
+                  {"other", l->links_other}};
+
+        for (int i = 0; i < 4; i++) {
+            if (c[i].n > 0 && used < cap) {
+                used += (size_t)snprintf(out + used, cap - used, "%s%s=%u", used > 0 ? " " : "",
+                                         c[i].name, c[i].n);
+            }
+        }
+    }
+    if (out[0] == '\0') {
+        snprintf(out, cap, "-");
+    }
+}
+
 /* `workers ROUTER`: the router's Status as a table, one pool after the
- * other, with a count of workers per state. */
+ * other, with a count of workers per state, each worker's advertised
+ * control address, the class of the router's link to it (LINK) and of its
+ * own links to other workers (PEER_LINKS): what each link really uses. */
 static int ctl_workers(const char *addr)
 {
     static const Epd__Role roles[3] = {EPD__ROLE__ROLE_PREFILL, EPD__ROLE__ROLE_DECODE,
@@ -660,11 +748,13 @@ static int ctl_workers(const char *addr)
         }
         printf("%s pool: %u READY, %u DRAINING, %u SUSPECT, %u DEAD\n", ctl_role_name(roles[r]),
                counts[1], counts[2], counts[3], counts[4]);
-        printf("  %-24s %-9s %8s %8s %14s %13s %9s\n", "WORKER", "STATE", "RUNNING", "QUEUE",
-               "QUEUED_TOKENS", "KV_FREE", "HB_AGE_MS");
+        printf("  %-24s %-9s %8s %8s %14s %13s %9s  %-22s %-5s %s\n", "WORKER", "STATE", "RUNNING",
+               "QUEUE", "QUEUED_TOKENS", "KV_FREE", "HB_AGE_MS", "ADDRESS", "LINK", "PEER_LINKS");
         for (size_t i = 0; i < st->n_workers; i++) {
             const Epd__WorkerStatus *w = st->workers[i];
             char kv[32];
+            char cls[16];
+            char peers[96];
 
             if (w->worker == NULL || w->worker->role != roles[r]) {
                 continue;
@@ -675,27 +765,146 @@ static int ctl_workers(const char *addr)
                 snprintf(kv, sizeof(kv), "%u/%u", w->load != NULL ? w->load->kv_blocks_free : 0,
                          w->capacity != NULL ? w->capacity->kv_blocks_total : 0);
             }
-            printf("  %-24s %-9s %8u %8u %14llu %13s %9llu\n", w->worker->worker_id,
+            ctl_link_class(w->link, cls, sizeof(cls));
+            ctl_peer_links(w->load, peers, sizeof(peers));
+            printf("  %-24s %-9s %8u %8u %14llu %13s %9llu  %-22s %-5s %s\n", w->worker->worker_id,
                    ctl_state_name(w->state), w->load != NULL ? w->load->running_requests : 0,
                    w->load != NULL ? w->load->queue_depth : 0,
                    (unsigned long long)(w->load != NULL ? w->load->queued_tokens : 0), kv,
-                   (unsigned long long)w->last_heartbeat_age_ms);
+                   (unsigned long long)w->last_heartbeat_age_ms,
+                   w->control_address[0] != '\0' ? w->control_address : "-", cls, peers);
         }
     }
     epd_proto_free(msg);
     return 0;
 }
 
+/* Loads --cluster-secret-file (or else $EPD_CLUSTER_SECRET_FILE) into
+ * ctl_secret; 0, or 1 after a message. */
+static int ctl_load_secret(const char *path)
+{
+    char why[256];
+
+    if (path == NULL || path[0] == '\0') {
+        path = getenv("EPD_CLUSTER_SECRET_FILE");
+    }
+    if (path == NULL || path[0] == '\0') {
+        return 0;
+    }
+    if (epd_secret_load(path, &ctl_secret, why, sizeof(why)) != EPD_OK) {
+        fprintf(stderr, "epd-ctl: --cluster-secret-file: %s\n", why);
+        return 1;
+    }
+    return 0;
+}
+
+/* `CMD ADDR [--cluster-secret-file PATH]`: argv[0] is ADDR.  0 on success
+ * (the secret loaded when given); 1 after a message; -1 for --help. */
+static int ctl_control_flags(const char *cmd, int argc, char **argv)
+{
+    const char *secret_file = NULL;
+    char prog[64];
+    const epd_opt_t opts[] = {
+        {"cluster-secret-file", EPD_OPT_STRING, &secret_file, 0, 0,
+         "the cluster secret (the daemons' file): needed for every call but health"},
+    };
+    epd_opts_t o = {.prog = prog, .summary = "a control-plane call", .opts = opts, .n_opts = 1};
+    epd_status_t status;
+    int argi;
+    int rc;
+
+    snprintf(prog, sizeof(prog), "epd-ctl %s ADDR", cmd);
+    status = epd_opts_parse(&o, argc, argv, &argi);
+    if (status != EPD_OK) {
+        epd_opts_cleanup(&o);
+        return status == EPD_ERR_CANCELED ? -1 : 1;
+    }
+    if (argi != argc) {
+        fprintf(stderr, "epd-ctl: %s takes the control address and flags only\n", cmd);
+        rc = 1;
+    } else {
+        rc = ctl_load_secret(secret_file);
+    }
+    epd_opts_cleanup(&o);
+    return rc;
+}
+
+/* The worker id a daemon's Health names (Health needs no secret), into
+ * id[cap]; 0 on success. */
+static int ctl_own_id(const char *addr, char *id, size_t cap)
+{
+    ProtobufCMessage *msg = NULL;
+    Epd__HealthResponse *h;
+    int rc = 1;
+
+    if (ctl_call(addr, EPD_RPC_HEALTH, NULL, 0, &epd__health_response__descriptor, &msg) != 0) {
+        return 1;
+    }
+    h = (Epd__HealthResponse *)msg;
+    if (h->worker != NULL && h->worker->worker_id != NULL && h->worker->worker_id[0] != '\0' &&
+        strlen(h->worker->worker_id) < cap) {
+        snprintf(id, cap, "%s", h->worker->worker_id);
+        rc = 0;
+    } else {
+        ctl_fail("drain --self: the Health answer names no worker");
+    }
+    epd_proto_free(msg);
+    return rc;
+}
+
+/* --wait-ms: until the worker's Health shows no request running or
+ * queued, polled every 200 ms, at most wait_ms; 0 when idle in time. */
+static int ctl_wait_idle(const char *addr, int64_t wait_ms)
+{
+    int64_t waited = 0;
+
+    for (;;) {
+        ProtobufCMessage *msg = NULL;
+        Epd__HealthResponse *h;
+        int idle;
+
+        if (ctl_call(addr, EPD_RPC_HEALTH, NULL, 0, &epd__health_response__descriptor, &msg) !=
+            0) {
+            return 1; /* gone: nothing left to wait for, but say so */
+        }
+        h = (Epd__HealthResponse *)msg;
+        idle = h->load == NULL || (h->load->running_requests == 0 && h->load->queue_depth == 0);
+        epd_proto_free(msg);
+        if (idle) {
+            printf("idle=1 waited_ms=%lld\n", (long long)waited);
+            return 0;
+        }
+        if (waited >= wait_ms) {
+            printf("idle=0 waited_ms=%lld\n", (long long)waited);
+            return 1;
+        }
+        struct timespec ts = {0, 200 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        waited += 200;
+    }
+}
+
 static int ctl_drain(const char *addr, int argc, char **argv)
 {
     const char *worker_id = NULL;
+    const char *secret_file = NULL;
+    int self = 0;
+    int64_t wait_ms = 0;
+    char own_id[256];
     const epd_opt_t opts[] = {
         {"worker-id", EPD_OPT_STRING, &worker_id, 0, 0, "the worker's id (must match)"},
+        {"self", EPD_OPT_BOOL, &self, 0, 0,
+         "drain whichever worker serves ADDR (its id from its Health): for a preStop hook, "
+         "where the pod's name is not at hand"},
+        {"wait-ms", EPD_OPT_INT, &wait_ms, 0, 86400000,
+         "then wait until it runs and queues no request, at most this long (exit 1 if not)"},
+        {"cluster-secret-file", EPD_OPT_STRING, &secret_file, 0, 0,
+         "the cluster secret (the daemons' file)"},
     };
     epd_opts_t o = {.prog = "epd-ctl drain ADDR",
                     .summary = "stop a worker taking new requests",
                     .opts = opts,
-                    .n_opts = 1};
+                    .n_opts = 4};
     Epd__DrainRequest req = EPD__DRAIN_REQUEST__INIT;
     ProtobufCMessage *msg = NULL;
     Epd__DrainResponse *d;
@@ -710,9 +919,19 @@ static int ctl_drain(const char *addr, int argc, char **argv)
         epd_opts_cleanup(&o);
         return status == EPD_ERR_CANCELED ? 0 : 1;
     }
-    if (argi != argc || worker_id == NULL || worker_id[0] == '\0') {
-        rc = ctl_fail("drain: usage: epd-ctl drain ADDR --worker-id ID");
+    if (argi != argc || (self != 0) == (worker_id != NULL && worker_id[0] != '\0')) {
+        rc = ctl_fail("drain: usage: epd-ctl drain ADDR (--worker-id ID | --self) [--wait-ms MS] "
+                      "[--cluster-secret-file F]");
         goto out;
+    }
+    if (ctl_load_secret(secret_file) != 0) {
+        goto out;
+    }
+    if (self) {
+        if (ctl_own_id(addr, own_id, sizeof(own_id)) != 0) {
+            goto out;
+        }
+        worker_id = own_id;
     }
     req.worker_id = (char *)worker_id;
     len = epd__drain_request__get_packed_size(&req);
@@ -729,8 +948,58 @@ static int ctl_drain(const char *addr, int argc, char **argv)
     printf("ok=%d%s%s\n", d->ok, d->reason[0] ? " reason=" : "", d->reason);
     rc = d->ok ? 0 : 1;
     epd_proto_free(msg);
+    if (rc == 0 && wait_ms > 0) {
+        rc = ctl_wait_idle(addr, wait_ms);
+    }
 out:
     epd_free(buf);
+    epd_opts_cleanup(&o);
+    return rc;
+}
+
+/* `probe ADDR [--service NAME]`: grpc.health.v1.Health/Check as a
+ * kubelet's gRPC probe calls it (no secret needed); exit 0 only when the
+ * answer is SERVING. */
+static int ctl_probe(const char *addr, int argc, char **argv)
+{
+    const char *service = "";
+    const epd_opt_t opts[] = {
+        {"service", EPD_OPT_STRING, &service, 0, 0,
+         "the service to ask about ('' the daemon, or its role: router, prefill, ...)"},
+    };
+    epd_opts_t o = {.prog = "epd-ctl probe ADDR",
+                    .summary = "grpc.health.v1.Health/Check: exit 0 when SERVING",
+                    .opts = opts,
+                    .n_opts = 1};
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    Grpc__Health__V1__HealthCheckResponse *r;
+    ProtobufCMessage *msg = NULL;
+    unsigned char buf[256];
+    size_t len;
+    epd_status_t status;
+    int argi;
+    int rc = 1;
+
+    status = epd_opts_parse(&o, argc, argv, &argi);
+    if (status != EPD_OK) {
+        epd_opts_cleanup(&o);
+        return status == EPD_ERR_CANCELED ? 0 : 1;
+    }
+    if (argi != argc || strlen(service) > 128) {
+        rc = ctl_fail("probe: usage: epd-ctl probe ADDR [--service NAME]");
+        goto out;
+    }
+    req.service = (char *)service;
+    len = grpc__health__v1__health_check_request__pack(&req, buf);
+    if (ctl_call(addr, EPD_RPC_GRPC_HEALTH_CHECK, buf, len,
+                 &grpc__health__v1__health_check_response__descriptor, &msg) != 0) {
+        goto out;
+    }
+    r = (Grpc__Health__V1__HealthCheckResponse *)msg;
+    rc = r->status != GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    printf("%s\n", rc == 0 ? "SERVING" : r->status == 2 ? "NOT_SERVING" : "UNKNOWN");
+    epd_proto_free(msg);
+out:
     epd_opts_cleanup(&o);
     return rc;
 }
@@ -747,16 +1016,24 @@ static void ctl_usage(FILE *out)
             "                      ids with --tokens); exit 1 on error, refusal or timeout\n"
             "  health ADDR         print a worker's Health answer\n"
             "  status ADDR         print a worker's Status answer (one line per worker)\n"
-            "  workers ROUTER      the router's workers as a table per pool (state, load)\n"
-            "  drain ADDR --worker-id ID\n"
+            "  workers ROUTER      the router's workers as a table per pool (state, load,\n"
+            "                      address, the class of each link: shm, tcp, rdma)\n"
+            "  probe ADDR [--service NAME]\n"
+            "                      grpc.health.v1.Health/Check (what a kubelet's gRPC probe\n"
+            "                      calls): prints SERVING or NOT_SERVING, exit 0 when SERVING\n"
+            "  drain ADDR (--worker-id ID | --self) [--wait-ms MS]\n"
             "                      stop the worker taking new requests\n"
+            "  status, workers and drain take --cluster-secret-file PATH (default:\n"
+            "  $EPD_CLUSTER_SECRET_FILE): daemons with a cluster secret answer only health\n"
+            "  without it; submit takes it for the request plane\n"
             "  (epd-ctl submit --help lists every flag)\n");
 }
 
-int main(int argc, char **argv)
+static int ctl_main(int argc, char **argv)
 {
     struct sigaction sa;
     const char *cmd;
+    int rc;
 
     if (argc < 2) {
         ctl_usage(stderr);
@@ -776,7 +1053,7 @@ int main(int argc, char **argv)
         return ctl_submit(argc - 1, argv + 1);
     }
     if (strcmp(cmd, "health") == 0 || strcmp(cmd, "status") == 0 || strcmp(cmd, "drain") == 0 ||
-        strcmp(cmd, "workers") == 0) {
+        strcmp(cmd, "workers") == 0 || strcmp(cmd, "probe") == 0) {
         if (argc < 3 || argv[2][0] == '-') {
             fprintf(stderr, "epd-ctl: %s: the worker's control address HOST:PORT is required\n",
                     cmd);
@@ -785,9 +1062,12 @@ int main(int argc, char **argv)
         if (strcmp(cmd, "drain") == 0) {
             return ctl_drain(argv[2], argc - 2, argv + 2);
         }
-        if (argc != 3) {
-            fprintf(stderr, "epd-ctl: %s takes one argument, the control address\n", cmd);
-            return 1;
+        if (strcmp(cmd, "probe") == 0) {
+            return ctl_probe(argv[2], argc - 2, argv + 2);
+        }
+        rc = ctl_control_flags(cmd, argc - 2, argv + 2);
+        if (rc != 0) {
+            return rc < 0 ? 0 : rc;
         }
         if (strcmp(cmd, "workers") == 0) {
             return ctl_workers(argv[2]);
@@ -797,4 +1077,12 @@ int main(int argc, char **argv)
     fprintf(stderr, "epd-ctl: unknown command '%s'\n", cmd);
     ctl_usage(stderr);
     return 1;
+}
+
+int main(int argc, char **argv)
+{
+    int rc = ctl_main(argc, argv);
+
+    epd_secret_wipe(&ctl_secret);
+    return rc;
 }

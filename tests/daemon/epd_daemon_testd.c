@@ -166,6 +166,7 @@ static const epd_daemon_ops_t epd_testd_ops = {
     .on_rpc = epd_daemon_op_rpc_pass,
     .on_stop = epd_daemon_op_none,
     .stopped = epd_daemon_op_stopped_now,
+    .idle = epd_daemon_op_stopped_now,
     .on_exit = epd_daemon_op_none,
     .setup = epd_daemon_op_setup_none, /* it drives create/serve/destroy itself */
     .cleanup = epd_daemon_op_none,

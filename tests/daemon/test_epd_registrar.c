@@ -8,6 +8,10 @@
  * heartbeat must be one consistent snapshot the loop published; stopping
  * is prompt.  Also: a router that comes up late is reached within about
  * one retry, and the seqlock never tears under a hammering writer.
+ * With a cluster secret on the fake router: a registrar with the same
+ * secret registers and heartbeats; one with another secret, or none, never
+ * reaches the router's handler (refused UNAUTHENTICATED, counted by the
+ * server) and keeps trying.
  */
 #include "epd_test.h"
 
@@ -25,6 +29,8 @@
 #define WORKER "prefill-t"
 #define EPOCH_START 111u
 #define EPOCH_NONCE 222u
+#define SECRET "registrar-test-cluster-secret"
+#define OTHER_SECRET "registrar-test-another-secret"
 
 /* ------------------------------------------------------------ fake router */
 
@@ -36,6 +42,8 @@ typedef struct {
     char bind[64];
     int port;
     atomic_int ready;
+    const char *secret;                /* required of callers (NULL: none) */
+    atomic_uint_fast64_t auth_refused; /* the server's count, at stop */
     /* behaviour */
     int refuse_first;
     int unknown_at_hb; /* answer known=false to this heartbeat (1-based; 0 never) */
@@ -219,6 +227,7 @@ static void router_on_stop(uv_async_t *a)
 {
     router_t *r = a->data;
 
+    atomic_store(&r->auth_refused, epd_rpc_server_auth_refused(r->server));
     epd_rpc_server_destroy(r->server);
     r->server = NULL;
     uv_close((uv_handle_t *)&r->stop, NULL);
@@ -241,6 +250,11 @@ static void *router_thread(void *arg)
         return NULL;
     }
     r->port = epd_rpc_server_port(r->server);
+    if (r->secret != NULL &&
+        epd_rpc_server_set_auth(r->server, r->secret, strlen(r->secret)) != EPD_OK) {
+        atomic_store(&r->ready, -1);
+        return NULL;
+    }
     atomic_store(&r->ready, 1);
     uv_run(&r->loop, UV_RUN_DEFAULT);
     uv_loop_close(&r->loop);
@@ -276,6 +290,11 @@ typedef struct {
     int n_drain;
     int stop_after_hb; /* stop once the router saw this many heartbeats past drain */
     int stop_when_registered;
+    int stop_after_hb_ok; /* stop once this many heartbeats went through (0: no) */
+    uint64_t run_ms;      /* stop (not a time-out) after this long (0: no) */
+    uint64_t run_until_ns;
+    const char *secret;            /* the registrar's (NULL: none) */
+    epd_registrar_counts_t counts; /* at stop */
     uint64_t deadline_ns;
     uint64_t stop_ns; /* how long epd_registrar_stop took */
     int timed_out;
@@ -319,6 +338,7 @@ static void daemon_stop(daemon_t *d)
 {
     uint64_t t0 = epd_time_now_ns();
 
+    epd_registrar_counts(d->reg, &d->counts);
     epd_registrar_stop(d->reg);
     d->stop_ns = epd_time_now_ns() - t0;
     uv_timer_stop(&d->poll);
@@ -345,12 +365,20 @@ static void daemon_on_poll(uv_timer_t *t)
             return;
         }
     }
+    if (d->run_until_ns != 0 && epd_time_now_ns() > d->run_until_ns) {
+        daemon_stop(d);
+        return;
+    }
     if (epd_time_now_ns() > d->deadline_ns) {
         d->timed_out = 1;
         daemon_stop(d);
         return;
     }
     if (d->stop_when_registered && c.registrations >= 1) {
+        daemon_stop(d);
+        return;
+    }
+    if (d->stop_after_hb_ok > 0 && c.heartbeats_ok >= (uint64_t)d->stop_after_hb_ok) {
         daemon_stop(d);
         return;
     }
@@ -424,8 +452,13 @@ static void daemon_run(daemon_t *d, const char *router_addr, uint32_t retry_ms, 
     cfg.call_timeout_ms = 1000;
     cfg.publish_ms = 5;
     cfg.hint_capacity = d->hint_capacity;
+    cfg.secret = d->secret;
+    cfg.secret_len = d->secret != NULL ? strlen(d->secret) : 0;
     assert_int_equal(epd_registrar_start(&d->loop, &cfg, &d->reg), EPD_OK);
     d->deadline_ns = epd_time_now_ns() + limit_ms * EPD_NSEC_PER_MSEC;
+    if (d->run_ms != 0) {
+        d->run_until_ns = epd_time_now_ns() + d->run_ms * EPD_NSEC_PER_MSEC;
+    }
     uv_timer_start(&d->poll, daemon_on_poll, 5, 5);
     uv_run(&d->loop, UV_RUN_DEFAULT);
     assert_int_equal(uv_loop_close(&d->loop), 0);
@@ -589,6 +622,74 @@ static void test_stop_while_failing(void **state)
     assert_int_equal(uv_loop_close(&d.loop), 0);
 }
 
+/* A router that requires the cluster secret: the same secret registers
+ * and heartbeats (every call signed, none refused). */
+static void test_secret_registers(void **state)
+{
+    static router_t r;
+    static daemon_t d;
+    char addr[64];
+
+    (void)state;
+    memset(&r, 0, sizeof(r));
+    memset(&d, 0, sizeof(d));
+    r.secret = SECRET;
+    router_start(&r, "127.0.0.1:0");
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", r.port);
+    d.secret = SECRET;
+    d.stop_after_hb_ok = 3;
+    daemon_run(&d, addr, 100, 10000);
+    router_stop(&r);
+    assert_int_equal(d.timed_out, 0);
+    assert_int_equal(atomic_load(&r.n_bad), 0);
+    assert_int_equal(atomic_load(&r.n_register), 1);
+    assert_true(atomic_load(&r.n_hb) >= 3);
+    assert_int_equal(d.counts.registrations, 1);
+    assert_int_equal(atomic_load(&r.auth_refused), 0);
+}
+
+/* Another secret, or none: the router's handler never sees a call (the
+ * worker is never registered); the registrar keeps trying. */
+static void run_refused(const char *registrar_secret)
+{
+    static router_t r;
+    static daemon_t d;
+    char addr[64];
+
+    memset(&r, 0, sizeof(r));
+    memset(&d, 0, sizeof(d));
+    r.secret = SECRET;
+    router_start(&r, "127.0.0.1:0");
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", r.port);
+    d.secret = registrar_secret;
+    d.run_ms = 800;
+    daemon_run(&d, addr, 100, 10000);
+    router_stop(&r);
+    fprintf(stderr, "%s: %llu attempts, %llu refused by the router\n",
+            registrar_secret != NULL ? "another secret" : "no secret",
+            (unsigned long long)d.counts.register_attempts,
+            (unsigned long long)atomic_load(&r.auth_refused));
+    assert_int_equal(d.timed_out, 0);
+    assert_int_equal(atomic_load(&r.n_register), 0);
+    assert_int_equal(atomic_load(&r.n_hb), 0);
+    assert_int_equal(d.counts.registrations, 0);
+    assert_true(d.counts.register_attempts >= 3);
+    assert_true(atomic_load(&r.auth_refused) >= 3);
+    assert_true(atomic_load(&r.auth_refused) <= d.counts.register_attempts);
+}
+
+static void test_wrong_secret_refused(void **state)
+{
+    (void)state;
+    run_refused(OTHER_SECRET);
+}
+
+static void test_no_secret_refused(void **state)
+{
+    (void)state;
+    run_refused(NULL);
+}
+
 static void test_bad_config(void **state)
 {
     uv_loop_t loop;
@@ -614,6 +715,12 @@ static void test_bad_config(void **state)
     cfg.router = "";
     assert_int_equal(epd_registrar_start(&loop, &cfg, &reg), EPD_ERR_INVALID_PARAM);
     cfg.router = "127.0.0.1:1";
+    cfg.secret = "short";
+    cfg.secret_len = 5;
+    assert_int_equal(epd_registrar_start(&loop, &cfg, &reg), EPD_ERR_INVALID_PARAM);
+    cfg.secret = NULL;
+    assert_int_equal(epd_registrar_start(&loop, &cfg, &reg), EPD_ERR_INVALID_PARAM);
+    cfg.secret_len = 0;
     cfg.load_cb = NULL;
     assert_int_equal(epd_registrar_start(&loop, &cfg, &reg), EPD_ERR_INVALID_PARAM);
     assert_null(reg);
@@ -640,7 +747,8 @@ static void *hammer_reader(void *arg)
             l.kv_blocks_free != 5000 - l.queue_depth || l.state_slots_free != l.queue_depth % 7 ||
             l.running_requests != l.queue_depth + 1 || l.kv_bytes_sent != 3ull * l.queue_depth ||
             l.kv_bytes_received != 7ull * l.queue_depth || l.draining != (int)(l.queue_depth & 1) ||
-            l.prefix.requests != l.queue_depth || l.prefix.checkpoints_held != 9ull * l.queue_depth) {
+            l.prefix.requests != l.queue_depth || l.prefix.checkpoints_held != 9ull * l.queue_depth ||
+            l.links[0] != l.queue_depth || l.links[3] != l.queue_depth + 3) {
             h->torn++;
         }
     }
@@ -673,8 +781,15 @@ static void test_seqlock(void **state)
     assert_int_equal(pthread_create(&t, NULL, hammer_reader, &h), 0);
     /* until the reader has read plenty while the writer wrote */
     for (uint32_t v = 1; v <= 20000000 && atomic_load(&h.reads) < 200000; v++) {
-        epd_registrar_load_t l = {v, 1000ull * v, 5000 - v, v % 7, v + 1, 3ull * v, 7ull * v,
-                                  (int)(v & 1), {0}};
+        epd_registrar_load_t l = {.queue_depth = v,
+                                  .queued_tokens = 1000ull * v,
+                                  .kv_blocks_free = 5000 - v,
+                                  .state_slots_free = v % 7,
+                                  .running_requests = v + 1,
+                                  .kv_bytes_sent = 3ull * v,
+                                  .kv_bytes_received = 7ull * v,
+                                  .draining = (int)(v & 1),
+                                  .links = {v, v + 1, v + 2, v + 3}};
 
         l.prefix.requests = v;
         l.prefix.checkpoints_held = 9ull * v;
@@ -698,6 +813,9 @@ int main(void)
         cmocka_unit_test(test_hints),
         cmocka_unit_test(test_router_late),
         cmocka_unit_test(test_stop_while_failing),
+        cmocka_unit_test(test_secret_registers),
+        cmocka_unit_test(test_wrong_secret_refused),
+        cmocka_unit_test(test_no_secret_refused),
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_seqlock),
     };

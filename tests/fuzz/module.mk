@@ -15,13 +15,23 @@ FUZZ_LOOP_OBJ := $(BUILD)/obj/tests/transport/epd_xport_loop.o
 FUZZ_OBJS := $(patsubst tests/fuzz/%.c,$(BUILD)/obj/tests/fuzz/%.o,$(FUZZ_SRCS))
 ALL_OBJS += $(FUZZ_OBJS)
 $(BUILD)/obj/tests/fuzz/fuzz_epd_openai.o: EPD_CPPFLAGS += -Irouter
+# the HTTP request path: bytes of one connection to a real server on
+# loopback (its internals: -Irouter, epd_http_int.h)
+$(BUILD)/obj/tests/fuzz/fuzz_epd_http.o: EPD_CPPFLAGS += -Irouter
 $(BUILD)/obj/tests/fuzz/fuzz_epd_xport_frame.o \
 $(BUILD)/obj/tests/fuzz-replay/fuzz_epd_xport_frame.o: EPD_CPPFLAGS += -Itests/transport
 $(BUILD)/fuzz/fuzz_epd_xport_frame: $(FUZZ_LOOP_OBJ)
+# the control-plane target runs the router's own handlers (with the
+# registry; the client and daemon it calls are stubbed in the target;
+# the prefix keys and stats come from libepd_daemon)
+FUZZ_ROUTER_OBJS := $(call obj_of,router/epd_router_rpc.c router/epd_router_registry.c \
+                                  router/epd_router_hints.c) $(BUILD)/lib/libepd_daemon.a
+$(BUILD)/fuzz/fuzz_epd_control: $(FUZZ_ROUTER_OBJS)
 
 $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(FUZZ_LIBS)
 	@mkdir -p $(@D)
-	@$(if $(filter 1,$(V)),,echo "  LD      $@";)$(CC) $(EPD_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(EPD_LDLIBS)
+	@$(if $(filter 1,$(V)),,echo "  LD      $@";)$(CC) $(EPD_LDFLAGS) -fsanitize=fuzzer -o $@ \
+		-Wl,--start-group $^ -Wl,--end-group $(EPD_LDLIBS)
 
 # Seeds first (read-only), then what the fuzzer found, kept in the build.
 .PHONY: fuzz-run
@@ -46,7 +56,8 @@ ALL_TESTS += $(BUILD)/tests/test_fuzz_replay
 $(FUZZ_REPLAY_OBJS) $(FUZZ_REPLAY_MAIN): EPD_CPPFLAGS += -Irouter
 $(FUZZ_REPLAY_MAIN): EPD_CPPFLAGS += '-DEPD_FUZZ_LIST=$(foreach n,$(FUZZ_NAMES),X($(n)))' \
                                      -DEPD_FUZZ_CORPUS='"$(CURDIR)/tests/fuzz/corpus"'
-$(FUZZ_REPLAY_MAIN): tests/fuzz/module.mk
+# the list is compiled in: a target added (a new fuzz_*.c) rebuilds it
+$(FUZZ_REPLAY_MAIN): tests/fuzz/module.mk $(FUZZ_SRCS)
 
 $(BUILD)/obj/tests/fuzz-replay/%.o: tests/fuzz/%.c
 	@mkdir -p $(@D)
@@ -54,6 +65,7 @@ $(BUILD)/obj/tests/fuzz-replay/%.o: tests/fuzz/%.c
 		$(EPD_CFLAGS) -DEPD_FUZZ_REPLAY -DLLVMFuzzerTestOneInput=$*_one \
 		-DLLVMFuzzerInitialize=$*_init -c -o $@ $<
 
-$(BUILD)/tests/test_fuzz_replay: $(FUZZ_REPLAY_MAIN) $(FUZZ_REPLAY_OBJS) $(FUZZ_LOOP_OBJ) $(FUZZ_LIBS)
+$(BUILD)/tests/test_fuzz_replay: $(FUZZ_REPLAY_MAIN) $(FUZZ_REPLAY_OBJS) $(FUZZ_LOOP_OBJ) \
+                                 $(FUZZ_ROUTER_OBJS) $(FUZZ_LIBS)
 	@mkdir -p $(@D)
 	@$(if $(filter 1,$(V)),,echo "  LD      $@";)$(CC) $(EPD_LDFLAGS) -o $@ $^ $(EPD_LDLIBS)

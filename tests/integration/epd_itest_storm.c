@@ -343,9 +343,14 @@ static int storm_run(const storm_args_t *a)
             s.bad = 1;
             continue;
         }
+        uint32_t first_diff = UINT32_MAX;
+
         for (uint32_t j = 0; j < r->n_got && j < MAX_OUT; j++) {
             if (j >= r->n_want || (int32_t)r->got[j] != r->want[j]) {
                 ok = 0;
+                if (first_diff == UINT32_MAX) {
+                    first_diff = j;
+                }
             }
         }
         if (r->n_got > r->n_want) {
@@ -373,10 +378,16 @@ static int storm_run(const storm_args_t *a)
         counts[r->plan][outcome]++;
         if (!ok) {
             fprintf(stderr,
-                    "storm: request %u (%s, prompt %u, max %u, temp %.1f): %u tokens "
-                    "differ from the %u colocated ones\n",
-                    i, plan_names[r->plan], r->n_prompt, r->max_tokens, r->sp.temperature, r->n_got,
-                    r->n_want);
+                    "storm: request %u id %llu (%s, prompt %u, max %u, temp %.1f, seed %llu): got "
+                    "%u tokens, first differing at %d, against %u colocated ones; ended with "
+                    "%s %s: %s (%s)\n",
+                    i, (unsigned long long)r->id, plan_names[r->plan], r->n_prompt, r->max_tokens,
+                    r->sp.temperature, (unsigned long long)r->sp.seed, r->n_got,
+                    first_diff == UINT32_MAX ? -1 : (int)first_diff, r->n_want,
+                    r->end_kind == EPD_CLIENT_EV_TOKENS ? "finish" : "error",
+                    r->end_kind == EPD_CLIENT_EV_TOKENS ? epd_client_finish_name(r->finish)
+                                                        : epd_status_name(r->status),
+                    r->message, r->from);
             s.bad = 1;
         }
         if (outcome == 2 || (outcome == 1 && !r->aborted)) {

@@ -1,10 +1,12 @@
 // epd_openai_sdk.cjs — the official OpenAI Node SDK against a running
 // epd-router (run by test_openai_sdk.sh, never on its own):
 //
-//   node epd_openai_sdk.cjs SDK_DIR BASE_URL MODEL_NAME MODEL_DIR GENERATE_BIN
+//   node epd_openai_sdk.cjs SDK_DIR BASE_URL MODEL_NAME MODEL_DIR GENERATE_BIN API_KEY
 //
-// SDK_DIR holds node_modules/openai.  With base_url pointed at the router
-// and nothing else changed, the SDK must: list the model; get a chat
+// SDK_DIR holds node_modules/openai.  With base_url pointed at the router,
+// apiKey one of its keys (--api-key-file) and nothing else changed, the
+// SDK must: refuse with its AuthenticationError (401, code
+// invalid_api_key) when given a wrong key; list the model; get a chat
 // completion and a completion, non-streaming and streaming, whose text
 // equals epd-generate's for the same prompt and sampling (chat: the
 // prompt rendered with the router's template), with usage; and turn a bad
@@ -15,9 +17,10 @@
 const path = require('path');
 const { execFileSync } = require('child_process');
 
-const [sdkDir, baseURL, modelName, modelDir, genBin] = process.argv.slice(2);
-if (!genBin) {
-  console.error('usage: node epd_openai_sdk.cjs SDK_DIR BASE_URL MODEL_NAME MODEL_DIR GENERATE_BIN');
+const [sdkDir, baseURL, modelName, modelDir, genBin, apiKey] = process.argv.slice(2);
+if (!apiKey) {
+  console.error('usage: node epd_openai_sdk.cjs SDK_DIR BASE_URL MODEL_NAME MODEL_DIR ' +
+                'GENERATE_BIN API_KEY');
   process.exit(2);
 }
 const sdk = require(path.resolve(sdkDir, 'node_modules', 'openai'));
@@ -54,7 +57,25 @@ function same(what, want, got) {
 }
 
 async function main() {
-  const client = new OpenAI({ baseURL: baseURL, apiKey: 'unused', maxRetries: 0,
+  // a wrong key: the router's 401 becomes the SDK's AuthenticationError
+  const wrong = new OpenAI({ baseURL: baseURL, apiKey: apiKey + '-wrong', maxRetries: 0,
+                             timeout: 60000 });
+  for (const call of [() => wrong.models.list(),
+                      () => wrong.completions.create({ model: modelName, prompt: 'x',
+                                                       max_tokens: 2 })]) {
+    try {
+      await call();
+      fail('a request with a wrong key succeeded');
+    } catch (e) {
+      if (!(e instanceof OpenAI.AuthenticationError) || e.status !== 401 ||
+          e.code !== 'invalid_api_key') {
+        fail('a wrong key: ' + e + ' (status ' + e.status + ', code ' + e.code + ')');
+      }
+    }
+  }
+  console.log('ok wrong key -> AuthenticationError 401 invalid_api_key');
+
+  const client = new OpenAI({ baseURL: baseURL, apiKey: apiKey, maxRetries: 0,
                               timeout: 60000 });
   const prompt = 'The official SDK asks the router for a story about disaggregation.';
   const samplings = [

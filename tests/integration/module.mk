@@ -38,6 +38,7 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_router_failures.sh \
              tests/integration/test_router_policies.sh \
              tests/integration/test_router_retry.sh \
+             tests/integration/test_router_auth.sh \
              tests/integration/test_openai_sdk.sh \
              tests/integration/test_router_rejoin.sh \
              tests/integration/test_multimodal_local.sh \
@@ -45,3 +46,14 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_multimodal_ofi_tcp.sh \
              tests/integration/test_prefix_cache.sh \
              tests/integration/test_router_kv_aware.sh
+$(eval $(call epd_itest_prog,epd-itest-poison,tests/integration/epd_itest_poison.c))
+ALL_TESTS += tests/integration/test_image_hash.sh
+$(eval $(call epd_itest_prog,epd-itest-rogue,tests/integration/epd_itest_rogue.c tests/integration/epd_itest_colo.c))
+# the control plane with a cluster secret: strangers, replays (epd-itest-ctlreplay)
+$(eval $(call epd_itest_prog,epd-itest-ctlreplay,tests/integration/epd_itest_ctlreplay.c))
+ALL_TESTS += tests/integration/test_control_auth.sh
+ALL_TESTS += tests/integration/test_trust_ucx_shm.sh \
+             tests/integration/test_trust_ucx_tcp.sh \
+             tests/integration/test_trust_ofi_tcp.sh
+# bind / advertise / data addresses, grpc.health.v1, /ready, SIGTERM drains (#15)
+ALL_TESTS += tests/integration/test_addresses.sh

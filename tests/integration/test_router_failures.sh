@@ -123,6 +123,9 @@ for i in $(seq 1 400); do
 done
 [ "${n:-0}" -ge 2 ] && [ "$started" -ge 8 ] ||
   fail "decode-0 never had 2 of 8 started streams (in flight ${n:-0}, started $started)"
+d0_epoch=$("$BIN/epd-ctl" status "$r_ADDR" | awk '$1 == "worker=decode-0"' | tr ' ' '\n' |
+  sed -n 's/^epoch=//p' | head -n 1)
+[ -n "$d0_epoch" ] || fail "no epoch for decode-0 in the router's Status"
 stop_daemon d0 KILL
 wait "$mpid" || fail "the streaming clients failed: $(cat "$T/multi.err")"
 cat "$T/multi.out"
@@ -144,8 +147,18 @@ router_client load "$H" "$T/m" "$G" --clients 4 --requests 16 --prompts 2 --max-
   fail "requests after decode-0 restarted"
 n=$(router_metric "$H" 'epd_router_worker_requests_total{worker="decode-0",pool="decode"}')
 [ "${n:-0}" -gt 0 ] || fail "restarted decode-0 takes no requests"
-"$BIN/epd-ctl" status "$r_ADDR" | grep -c 'worker=decode-0 ' | grep -q '^2$' ||
-  fail "Status should list both incarnations of decode-0: $("$BIN/epd-ctl" status "$r_ADDR")"
+# the new incarnation is the only READY decode-0, under another epoch than
+# the killed one; the old one is DEAD until the registry forgets it (30 s
+# after its death: on a loaded machine that may already have happened)
+"$BIN/epd-ctl" status "$r_ADDR" >"$T/st.out"
+awk '$1 == "worker=decode-0"' "$T/st.out" >"$T/d0.lines"
+[ "$(grep -c 'state=READY' "$T/d0.lines")" = 1 ] ||
+  fail "Status should list exactly one READY decode-0: $(cat "$T/st.out")"
+! grep -v 'state=READY' "$T/d0.lines" | grep -qv 'state=DEAD' ||
+  fail "the killed decode-0 is neither DEAD nor forgotten: $(cat "$T/st.out")"
+new_epoch=$(grep 'state=READY' "$T/d0.lines" | tr ' ' '\n' | sed -n 's/^epoch=//p')
+[ -n "$new_epoch" ] && [ "$new_epoch" != "$d0_epoch" ] ||
+  fail "decode-0 READY under its old epoch $d0_epoch: $(cat "$T/st.out")"
 
 note "a decode worker that refuses for capacity: retried on another"
 start_daemon d3 decode --model "$T/m" --worker-id decode-3 --kv-blocks 8 --state-slots 8 \

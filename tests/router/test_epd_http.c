@@ -7,14 +7,21 @@
  * bodies, 413 / 431 / 400 / 503, idle / header / body timeouts while
  * another client is served, SSE streams as chunked events in order, a
  * client leaving mid-stream (and while its request is held) firing the
- * abort callback, and a slow reader closed at the backlog limit.  Only
- * behaviour is asserted, never a speed.
+ * abort callback, and a slow reader closed at the backlog limit.  The
+ * front door's limits: the header deadline from the accept (a silent
+ * connection is closed; keep-alive idling is not), the per-address
+ * connection cap (other addresses of 127.0.0.0/8 still served, the
+ * address table emptied and refilled), the budget of buffered bodies (503
+ * with Retry-After, given back when a held request goes), and API keys
+ * (none, wrong, right; open paths; checked before the body; the key file
+ * reader).  Only behaviour is asserted, never a speed.
  */
 #include "epd_test.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -23,6 +30,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <uv.h>
@@ -36,7 +44,7 @@
 typedef struct fx fx_t;
 typedef void (*client_fn_t)(fx_t *fx);
 
-#define MAX_NOTES 16
+#define MAX_NOTES 256
 
 struct fx {
     uv_loop_t loop;
@@ -47,6 +55,7 @@ struct fx {
     pthread_t thread;
     /* set by the loop thread, read by the client */
     atomic_int aborts;      /* abort callbacks fired */
+    atomic_int holds;       /* /hold requests the application holds */
     atomic_int flood_reset; /* stream_send refused a slow reader */
     atomic_int streams_ended;
     atomic_int late_status; /* what a late epd_http_respond returned, + 1000 */
@@ -217,6 +226,7 @@ static void handler(epd_http_req_t *req, void *arg)
         return;
     }
     if (strcmp(path, "/hold") == 0) {
+        atomic_fetch_add(&fx->holds, 1);
         epd_http_req_set_abort(req, on_hold_abort, fx);
         return; /* never answered: the client leaves */
     }
@@ -245,10 +255,14 @@ static void on_closed(void *arg)
     fx->aborts_at_closed = atomic_load(&fx->aborts);
 }
 
+/* The server's counts just before it was destroyed (the last run's). */
+static epd_http_stats_t last_stats;
+
 static void on_done(uv_async_t *async)
 {
     fx_t *fx = async->data;
 
+    epd_http_server_stats(fx->srv, &last_stats);
     epd_http_server_destroy(fx->srv);
     uv_close((uv_handle_t *)async, NULL);
     uv_close((uv_handle_t *)&fx->late_timer, NULL);
@@ -320,7 +334,9 @@ typedef struct {
     size_t body_len;
 } resp_t;
 
-static cl_t *cl_connect(fx_t *fx, int rcvbuf)
+/* A connection to the server from source address `from` (an address of
+ * 127.0.0.0/8; NULL: the kernel's choice, 127.0.0.1). */
+static cl_t *cl_connect_from(fx_t *fx, const char *from, int rcvbuf)
 {
     cl_t *c = calloc(1, sizeof(*c));
     struct sockaddr_in sa;
@@ -331,6 +347,16 @@ static cl_t *cl_connect(fx_t *fx, int rcvbuf)
     if (rcvbuf > 0) {
         setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
     }
+    if (from != NULL) {
+        struct sockaddr_in src;
+
+        memset(&src, 0, sizeof(src));
+        src.sin_family = AF_INET;
+        inet_pton(AF_INET, from, &src.sin_addr);
+        if (bind(c->fd, (struct sockaddr *)&src, sizeof(src)) != 0) {
+            check(fx, 0, "bind %s: %s", from, strerror(errno));
+        }
+    }
     setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     memset(&sa, 0, sizeof(sa));
     sa.sin_family = AF_INET;
@@ -340,6 +366,11 @@ static cl_t *cl_connect(fx_t *fx, int rcvbuf)
         check(fx, 0, "connect: %s", strerror(errno));
     }
     return c;
+}
+
+static cl_t *cl_connect(fx_t *fx, int rcvbuf)
+{
+    return cl_connect_from(fx, NULL, rcvbuf);
 }
 
 static void cl_close(cl_t *c)
@@ -1033,6 +1064,389 @@ static void test_create_refusals(void **state)
     assert_string_equal(epd_http_status_text(413), "Payload Too Large");
 }
 
+/* ------------------------------------------------------------ the front door */
+
+/* Sends one GET and expects a 200 (the server still serves). */
+static void served(fx_t *fx, const char *from, const char *what)
+{
+    cl_t *c = cl_connect_from(fx, from, 0);
+
+    cl_sends(c, "GET /still HTTP/1.1\r\n\r\n");
+    expect(fx, c, 200, "GET /still", what);
+    cl_close(c);
+}
+
+static void client_header_deadline(fx_t *fx)
+{
+    cl_t *silent = cl_connect(fx, 0);
+    cl_t *kept;
+
+    /* Connected and silent: closed at the header deadline, from the accept,
+     * although the idle timeout is far longer (and no answer: nothing was
+     * asked). */
+    served(fx, NULL, "served while a silent one waits");
+    check(fx, cl_closed(silent) && silent->len == 0,
+          "a connection that sends nothing is closed at the header deadline");
+    cl_close(silent);
+
+    /* A keep-alive connection between requests has the idle timeout. */
+    kept = cl_connect(fx, 0);
+    cl_sends(kept, "GET /first HTTP/1.1\r\n\r\n");
+    expect(fx, kept, 200, "GET /first", "first on a kept connection");
+    usleep(700 * 1000); /* past the header deadline, well inside the idle one */
+    cl_sends(kept, "GET /second HTTP/1.1\r\n\r\n");
+    expect(fx, kept, 200, "GET /second", "second after idling past the header deadline");
+    cl_close(kept);
+}
+
+static void test_header_deadline_from_accept(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    epd_http_config_init(&cfg);
+    cfg.idle_timeout_ms = 60000;
+    cfg.header_timeout_ms = 300;
+    cfg.body_timeout_ms = 5000;
+    run(&cfg, client_header_deadline);
+    assert_true(last_stats.header_timeouts >= 1);
+}
+
+static void client_per_addr(fx_t *fx)
+{
+    cl_t *a = cl_connect(fx, 0);
+    cl_t *b = cl_connect(fx, 0);
+    cl_t *c;
+    cl_t *many[80];
+    uint64_t deadline;
+    int ok = 0;
+    int i;
+
+    cl_sends(a, "GET /a HTTP/1.1\r\n\r\n");
+    expect(fx, a, 200, "GET /a", "first from 127.0.0.1");
+    cl_sends(b, "GET /b HTTP/1.1\r\n\r\n");
+    expect(fx, b, 200, "GET /b", "second from 127.0.0.1");
+    c = cl_connect(fx, 0);
+    expect(fx, c, 503, "too many connections from your address", "third from 127.0.0.1: 503");
+    check(fx, cl_closed(c), "the refused connection is closed");
+    cl_close(c);
+    /* another address is not affected */
+    served(fx, "127.0.0.2", "served from 127.0.0.2 while 127.0.0.1 is at its cap");
+
+    /* Many addresses at their cap fill and empty the address table. */
+    for (i = 0; i < 80; i++) {
+        char from[32];
+
+        snprintf(from, sizeof(from), "127.0.0.%d", 10 + i / 2);
+        many[i] = cl_connect_from(fx, from, 0);
+        cl_sends(many[i], "GET /m HTTP/1.1\r\n\r\n");
+        expect(fx, many[i], 200, "GET /m", "one of two from an address");
+    }
+    c = cl_connect_from(fx, "127.0.0.30", 0);
+    expect(fx, c, 503, "from your address", "a third from 127.0.0.30: 503");
+    cl_close(c);
+    for (i = 0; i < 80; i++) {
+        cl_close(many[i]);
+    }
+    cl_close(a);
+    cl_close(b);
+    /* once they are gone every address gets its two again */
+    deadline = epd_time_now_ns() + 5 * EPD_NSEC_PER_SEC;
+    while (ok < 4 && epd_time_now_ns() < deadline) {
+        static const char *const from[4] = {"127.0.0.1", "127.0.0.1", "127.0.0.10", "127.0.0.49"};
+        cl_t *x[4];
+        resp_t r;
+
+        ok = 0;
+        for (i = 0; i < 4; i++) {
+            x[i] = cl_connect_from(fx, from[i], 0);
+            cl_sends(x[i], "GET /again HTTP/1.1\r\n\r\n");
+            ok += cl_response(x[i], &r) == 0 && r.status == 200;
+            resp_free(&r);
+        }
+        for (i = 0; i < 4; i++) {
+            cl_close(x[i]);
+        }
+        if (ok < 4) {
+            usleep(20000);
+        }
+    }
+    check(fx, ok == 4, "addresses served again after their connections closed (%d of 4)", ok);
+}
+
+static void test_per_addr_cap(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    cfg.max_connections = 128;
+    cfg.max_connections_per_addr = 2;
+    run(&cfg, client_per_addr);
+    assert_true(last_stats.refused_per_addr >= 2);
+    assert_int_equal(last_stats.refused_max_conns, 0);
+}
+
+static void client_body_budget(fx_t *fx)
+{
+    cl_t *hold = cl_connect(fx, 0);
+    cl_t *c;
+    char body[3000];
+    resp_t r;
+    int rc;
+
+    memset(body, 'b', sizeof(body));
+    /* 3000 bytes held by the application: 1096 of the 4096 left */
+    cl_sends(hold, "POST /hold HTTP/1.1\r\nContent-Length: 3000\r\n\r\n");
+    cl_send(hold, body, sizeof(body));
+    check(fx, wait_atomic(&fx->holds, 1), "the first body is held");
+
+    c = cl_connect(fx, 0);
+    cl_sends(c, "POST /x HTTP/1.1\r\nContent-Length: 2000\r\n\r\n");
+    rc = cl_response(c, &r);
+    check(fx,
+          rc == 0 && r.status == 503 && head_value(r.head, "Retry-After") != NULL &&
+              strstr(r.body, "\"type\":\"server_error\"") != NULL,
+          "over the budget by Content-Length: 503 with Retry-After (rc %d, status %d, head '%s')",
+          rc, r.status, r.head);
+    resp_free(&r);
+    check(fx, cl_closed(c), "closed after the 503");
+    cl_close(c);
+
+    /* chunks growing past what is left */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n");
+    cl_send(c, body, 2000);
+    cl_sends(c, "\r\n0\r\n\r\n");
+    expect(fx, c, 503, "too many request bodies", "over the budget by chunks: 503");
+    cl_close(c);
+
+    /* what fits is served meanwhile */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "POST /small HTTP/1.1\r\nContent-Length: 500\r\n\r\n");
+    cl_send(c, body, 500);
+    expect(fx, c, 200, "len=500", "a body that fits: served");
+    cl_close(c);
+
+    /* the held request goes: its bytes come back */
+    cl_close(hold);
+    check(fx, wait_atomic(&fx->aborts, 1), "the held request aborted");
+    c = cl_connect(fx, 0);
+    cl_sends(c, "POST /x HTTP/1.1\r\nContent-Length: 2000\r\n\r\n");
+    cl_send(c, body, 2000);
+    expect(fx, c, 200, "len=2000", "2000 bytes once the held body is gone");
+    cl_close(c);
+}
+
+static void test_body_budget(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    cfg.max_buffered_body_bytes = 4096;
+    run(&cfg, client_body_budget);
+    assert_int_equal(last_stats.refused_body_budget, 2);
+    assert_int_equal(last_stats.buffered_body_bytes, 0);
+}
+
+/* Expects a 401 with the OpenAI error body and the Bearer challenge, and
+ * the connection closed. */
+static void expect_401(fx_t *fx, cl_t *c, const char *what)
+{
+    resp_t r;
+    int rc = cl_response(c, &r);
+    const char *www = rc == 0 ? head_value(r.head, "WWW-Authenticate") : NULL;
+
+    check(fx,
+          rc == 0 && r.status == 401 && www != NULL && strncmp(www, "Bearer", 6) == 0 &&
+              strstr(r.body, "\"type\":\"invalid_request_error\"") != NULL &&
+              strstr(r.body, "\"param\":null") != NULL &&
+              strstr(r.body, "\"code\":\"invalid_api_key\"") != NULL,
+          "%s: rc %d status %d head '%.200s' body '%.300s'", what, rc, r.status, r.head,
+          r.body != NULL ? r.body : "");
+    resp_free(&r);
+    check(fx, cl_closed(c), "%s: closed", what);
+}
+
+static void client_keys(fx_t *fx)
+{
+    static const char *const bad[] = {
+        "", /* no header */
+        "Authorization: Bearer sk-wrong\r\n",
+        "Authorization: Bearer sk-righ\r\n",   /* a prefix */
+        "Authorization: Bearer sk-rightt\r\n", /* longer */
+        "Authorization: Basic sk-right\r\n",   /* another scheme */
+        "Authorization: Bearer\r\n",
+        "Authorization: sk-right\r\n",
+    };
+    cl_t *c;
+    size_t i;
+
+    for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char req[256];
+
+        c = cl_connect(fx, 0);
+        snprintf(req, sizeof(req), "GET /v1/models HTTP/1.1\r\n%s\r\n", bad[i]);
+        cl_sends(c, req);
+        expect_401(fx, c, bad[i][0] != '\0' ? bad[i] : "no Authorization header");
+        cl_close(c);
+    }
+    /* refused before the body: no 100 Continue, nothing buffered */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\n"
+                "Content-Length: 100000\r\n\r\n");
+    expect_401(fx, c, "a body without a key");
+    cl_close(c);
+
+    /* the right keys, on one kept connection, any case of the scheme */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "GET /v1/models HTTP/1.1\r\nAuthorization: Bearer sk-right\r\n\r\n");
+    expect(fx, c, 200, "GET /v1/models", "the right key");
+    cl_sends(c, "POST /v1/completions HTTP/1.1\r\nauthorization: bearer  second-key \r\n"
+                "Content-Length: 2\r\n\r\n{}");
+    expect(fx, c, 200, "POST /v1/completions ct=- accept=- len=2 body={}", "the other key");
+    /* open paths need none, whatever the query or a trailing slash */
+    cl_sends(c, "GET /health HTTP/1.1\r\n\r\n");
+    expect(fx, c, 200, "GET /health", "/health without a key");
+    cl_sends(c, "GET /health/?verbose=1 HTTP/1.1\r\n\r\n");
+    expect(fx, c, 200, "GET /health/?verbose=1", "/health/?query without a key");
+    cl_close(c);
+    /* a path merely starting like an open one is not open */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "GET /healthz HTTP/1.1\r\n\r\n");
+    expect_401(fx, c, "/healthz");
+    cl_close(c);
+    served(fx, NULL, "an open path, after the refusals");
+}
+
+static void test_keys(void **state)
+{
+    static const char *const open_paths[] = {"/health", "/still", NULL};
+    epd_http_keys_t *keys = NULL;
+    epd_http_config_t cfg;
+
+    (void)state;
+    assert_int_equal(epd_http_keys_create(&keys), EPD_OK);
+    assert_int_equal(epd_http_keys_add(keys, "sk-right", 8), EPD_OK);
+    assert_int_equal(epd_http_keys_add(keys, "second-key", 10), EPD_OK);
+    config_short(&cfg);
+    cfg.keys = keys;
+    cfg.open_paths = open_paths;
+    run(&cfg, client_keys);
+    assert_int_equal(last_stats.auth_failures, 9);
+    epd_http_keys_destroy(keys);
+}
+
+static void test_keys_check(void **state)
+{
+    epd_http_keys_t *keys = NULL;
+    char *longkey = malloc(10001);
+
+    (void)state;
+    assert_non_null(longkey);
+    memset(longkey, 'k', 10000);
+    longkey[10000] = '\0';
+    assert_int_equal(epd_http_keys_create(&keys), EPD_OK);
+    assert_int_equal(epd_http_keys_count(keys), 0);
+    assert_int_equal(epd_http_keys_check(keys, "Bearer anything"), 0); /* no key matches */
+    assert_int_equal(epd_http_keys_add(keys, "k", 1), EPD_OK);
+    assert_int_equal(epd_http_keys_add(keys, longkey, 10000), EPD_OK);
+    assert_int_equal(epd_http_keys_add(keys, "", 0), EPD_ERR_INVALID_PARAM);
+    assert_int_equal(epd_http_keys_add(keys, "a b", 3), EPD_ERR_INVALID_PARAM);
+    assert_int_equal(epd_http_keys_add(keys, "caf\xc3\xa9", 5), EPD_ERR_INVALID_PARAM);
+    assert_int_equal(epd_http_keys_count(keys), 2);
+    /* every comparison goes through fixed-length digests: a 1-byte key and
+     * a 10,000-byte one check alike; near misses of either length fail */
+    assert_int_equal(epd_http_keys_check(keys, "Bearer k"), 1);
+    assert_int_equal(epd_http_keys_check(keys, "BEARER k \t"), 1);
+    assert_int_equal(epd_http_keys_check(keys, "Bearer kk"), 0);
+    assert_int_equal(epd_http_keys_check(keys, "Bearer K"), 0);
+    assert_int_equal(epd_http_keys_check(keys, "Bearer "), 0);
+    assert_int_equal(epd_http_keys_check(keys, "k"), 0);
+    assert_int_equal(epd_http_keys_check(keys, NULL), 0);
+    assert_int_equal(epd_http_keys_check(NULL, "Bearer k"), 0);
+    {
+        char *hdr = malloc(10008);
+
+        assert_non_null(hdr);
+        snprintf(hdr, 10008, "Bearer %s", longkey);
+        assert_int_equal(epd_http_keys_check(keys, hdr), 1);
+        hdr[7 + 9999] = 'x'; /* the last byte differs */
+        assert_int_equal(epd_http_keys_check(keys, hdr), 0);
+        hdr[7 + 9999] = '\0'; /* one byte short */
+        assert_int_equal(epd_http_keys_check(keys, hdr), 0);
+        free(hdr);
+    }
+    epd_http_keys_destroy(keys);
+    epd_http_keys_destroy(NULL);
+    free(longkey);
+}
+
+/* Writes `text` to a fresh file with `mode`; returns its path (static). */
+static const char *key_file(const char *text, mode_t mode)
+{
+    static char path[64];
+    int fd;
+
+    snprintf(path, sizeof(path), "/tmp/epd-test-keys.XXXXXX");
+    fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(fchmod(fd, mode), 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    return path;
+}
+
+static void test_keys_load(void **state)
+{
+    epd_http_keys_t *keys = (epd_http_keys_t *)0x1;
+    char why[256];
+    const char *path;
+
+    (void)state;
+    path = key_file("# the keys of the team\n\n  sk-one  \r\nsk-two\n# sk-commented\n\t\nsk-three",
+                    0600);
+    assert_int_equal(epd_http_keys_load(path, &keys, why, sizeof(why)), EPD_OK);
+    assert_int_equal(epd_http_keys_count(keys), 3);
+    assert_int_equal(epd_http_keys_check(keys, "Bearer sk-one"), 1);
+    assert_int_equal(epd_http_keys_check(keys, "Bearer sk-two"), 1);
+    assert_int_equal(epd_http_keys_check(keys, "Bearer sk-three"), 1);
+    assert_int_equal(epd_http_keys_check(keys, "Bearer sk-commented"), 0);
+    assert_int_equal(epd_http_keys_check(keys, "Bearer # the keys of the team"), 0);
+    epd_http_keys_destroy(keys);
+    unlink(path);
+
+    /* readable by others: loaded (with a warning in the log) */
+    path = key_file("sk-one\n", 0644);
+    keys = NULL;
+    assert_int_equal(epd_http_keys_load(path, &keys, why, sizeof(why)), EPD_OK);
+    assert_int_equal(epd_http_keys_count(keys), 1);
+    epd_http_keys_destroy(keys);
+    unlink(path);
+
+    /* no key at all: refused, saying so */
+    path = key_file("# nothing yet\n\n   \n", 0600);
+    keys = (epd_http_keys_t *)0x1;
+    assert_int_equal(epd_http_keys_load(path, &keys, why, sizeof(why)), EPD_ERR_INVALID_PARAM);
+    assert_ptr_equal(keys, (epd_http_keys_t *)0x1);
+    assert_non_null(strstr(why, "no key"));
+    unlink(path);
+
+    /* a key with a space in it, and the key stays out of the message */
+    path = key_file("sk-good\nsk secret\n", 0600);
+    assert_int_equal(epd_http_keys_load(path, &keys, why, sizeof(why)), EPD_ERR_INVALID_PARAM);
+    assert_non_null(strstr(why, "line 2"));
+    assert_null(strstr(why, "secret"));
+    unlink(path);
+
+    /* missing */
+    assert_int_equal(epd_http_keys_load("/nonexistent/epd-keys", &keys, why, sizeof(why)),
+                     EPD_ERR_NOT_FOUND);
+    assert_non_null(strstr(why, "cannot open"));
+    assert_ptr_equal(keys, (epd_http_keys_t *)0x1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1048,6 +1462,12 @@ int main(void)
         cmocka_unit_test(test_slow_reader),
         cmocka_unit_test(test_destroy_mid_stream),
         cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_header_deadline_from_accept),
+        cmocka_unit_test(test_per_addr_cap),
+        cmocka_unit_test(test_body_budget),
+        cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_keys_check),
+        cmocka_unit_test(test_keys_load),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -4,7 +4,9 @@
  * exact; every encoder's output parses back with jansson and has the
  * fields the official SDKs read; a stream never splits a UTF-8 character
  * across events and its text equals epd_utf8_repair of all bytes at once;
- * failed allocations leave nothing behind.
+ * failed allocations leave nothing behind; the JSON limits (depth,
+ * elements, string bytes) refuse with 400 naming the limit before jansson
+ * parses, exactly at their bounds, and count nothing inside strings.
  */
 #include "epd_test.h"
 
@@ -831,10 +833,182 @@ static void test_alloc_failures(void **state)
     assert_int_equal(after.live_bytes, before.live_bytes);
 }
 
+/* ------------------------------------------------------------ JSON limits */
+
+/* A completion body whose extra field "x" holds `inner` (borrowed). */
+static char *body_with(const char *inner)
+{
+    size_t n = strlen(inner) + 64;
+    char *b = malloc(n);
+
+    assert_non_null(b);
+    snprintf(b, n, "{\"model\": \"tiny\", \"prompt\": \"a\", \"x\": %s}", inner);
+    return b;
+}
+
+/* `depth` arrays nested, the innermost holding 1. */
+static char *nested(size_t depth)
+{
+    char *s = malloc(2 * depth + 2);
+
+    assert_non_null(s);
+    memset(s, '[', depth);
+    s[depth] = '1';
+    memset(s + depth + 1, ']', depth);
+    s[2 * depth + 1] = '\0';
+    return s;
+}
+
+/* An array of `n` ones. */
+static char *ones(size_t n)
+{
+    char *s = malloc(2 * n + 3);
+    size_t at = 0;
+
+    assert_non_null(s);
+    s[at++] = '[';
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0) {
+            s[at++] = ',';
+        }
+        s[at++] = '1';
+    }
+    s[at++] = ']';
+    s[at] = '\0';
+    return s;
+}
+
+/* Parses `body` under `limits`: the refusal's code, or "" when it parsed. */
+static const char *limited(const char *body, const epd_oai_limits_t *limits, char code[32])
+{
+    epd_oai_request_t *req = NULL;
+    epd_oai_error_t err;
+    epd_status_t st = epd_oai_request_parse_limited(EPD_OAI_COMPLETION, body, strlen(body), models,
+                                                    N_MODELS, CONTEXT, limits, &req, &err);
+
+    if (st == EPD_OK) {
+        epd_oai_request_destroy(req);
+        code[0] = '\0';
+        return code;
+    }
+    assert_int_equal(err.http_status, 400);
+    snprintf(code, 32, "%s", err.code);
+    if (strncmp(code, "json_", 5) == 0) {
+        /* the refusal names the limit, with param null */
+        assert_non_null(strstr(err.message, "(the limit)"));
+        assert_string_equal(err.param, "");
+    }
+    return code;
+}
+
+static void test_json_limits(void **state)
+{
+    epd_oai_limits_t lim;
+    epd_oai_error_t err;
+    char code[32];
+    char *inner;
+    char *body;
+
+    (void)state;
+    epd_oai_limits_init(&lim);
+    assert_int_equal(lim.max_depth, 64);
+    assert_int_equal(lim.max_elements, 100000);
+
+    /* depth: the body's object is level 1 */
+    inner = nested(63);
+    body = body_with(inner);
+    assert_string_equal(limited(body, NULL, code), "");
+    free(inner);
+    free(body);
+    inner = nested(64);
+    body = body_with(inner);
+    assert_string_equal(limited(body, NULL, code), "json_too_deep");
+    /* the default parse holds the same limits */
+    {
+        epd_oai_request_t *req = NULL;
+
+        assert_int_equal(epd_oai_request_parse(EPD_OAI_COMPLETION, body, strlen(body), models,
+                                               N_MODELS, CONTEXT, &req, &err),
+                         EPD_ERR_INVALID_PARAM);
+        assert_string_equal(err.code, "json_too_deep");
+        assert_null(req);
+    }
+    free(inner);
+    free(body);
+    /* a million levels: refused by the scan (jansson would recurse) */
+    inner = nested(1000000);
+    body = body_with(inner);
+    assert_string_equal(limited(body, NULL, code), "json_too_deep");
+    free(inner);
+    free(body);
+
+    /* elements: the body's 3 members plus the array's */
+    inner = ones(100000 - 3);
+    body = body_with(inner);
+    assert_string_equal(limited(body, NULL, code), "");
+    free(inner);
+    free(body);
+    inner = ones(100000 - 2);
+    body = body_with(inner);
+    assert_string_equal(limited(body, NULL, code), "json_too_many_elements");
+    free(inner);
+    free(body);
+    /* empty containers hold nothing; nested ones are elements themselves */
+    lim.max_elements = 3 + 4 + 2;
+    assert_string_equal(limited("{\"model\": \"tiny\", \"prompt\": \"a\", "
+                                "\"x\": [[], {}, [ ], {\"k\": [1]}]}",
+                                &lim, code),
+                        "");
+    lim.max_elements = 3 + 4 + 1;
+    assert_string_equal(limited("{\"model\": \"tiny\", \"prompt\": \"a\", "
+                                "\"x\": [[], {}, [ ], {\"k\": [1]}]}",
+                                &lim, code),
+                        "json_too_many_elements");
+
+    /* strings, as sent (an escape is its bytes) */
+    epd_oai_limits_init(&lim);
+    lim.max_string_bytes = 16;
+    assert_string_equal(
+        limited("{\"model\": \"tiny\", \"prompt\": \"0123456789abcdef\"}", &lim, code), "");
+    assert_string_equal(
+        limited("{\"model\": \"tiny\", \"prompt\": \"0123456789abcdefg\"}", &lim, code),
+        "json_string_too_long");
+    assert_string_equal(
+        limited("{\"model\": \"tiny\", \"prompt\": \"0123456789abcde\\n\"}", &lim, code),
+        "json_string_too_long");
+    /* keys are strings too */
+    assert_string_equal(limited("{\"model\": \"tiny\", \"prompt\": \"a\", "
+                                "\"0123456789abcdefg\": 1}",
+                                &lim, code),
+                        "json_string_too_long");
+
+    /* brackets, commas and escaped quotes inside strings count for nothing */
+    epd_oai_limits_init(&lim);
+    lim.max_depth = 1;
+    lim.max_elements = 2;
+    assert_string_equal(
+        limited("{\"model\": \"tiny\", \"prompt\": \"[[[{{,,,\\\"]],\\\\\"}", &lim, code), "");
+    lim.max_depth = 2;
+    lim.max_elements = 100;
+    assert_string_equal(limited("{\"model\": \"tiny\", \"prompt\": [\"a\"]}", &lim, code), "");
+    assert_string_equal(limited("{\"model\": \"tiny\", \"prompt\": [[\"a\"]]}", &lim, code),
+                        "json_too_deep");
+
+    /* the scan alone, on bytes that are not JSON: judged by the limits only */
+    epd_oai_limits_init(&lim);
+    assert_int_equal(epd_oai_json_check("\"abc\\", 5, &lim, &err), EPD_OK);
+    assert_int_equal(epd_oai_json_check("]]]}}}[", 7, &lim, &err), EPD_OK);
+    assert_int_equal(epd_oai_json_check("", 0, &lim, &err), EPD_OK);
+    lim.max_string_bytes = 2;
+    assert_int_equal(epd_oai_json_check("\"abc", 4, &lim, &err), EPD_ERR_INVALID_PARAM);
+    assert_string_equal(err.code, "json_string_too_long");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_json_limits),
         cmocka_unit_test(test_completion_fields),
         cmocka_unit_test(test_chat_template),
         cmocka_unit_test(test_chat_images),

@@ -13,8 +13,20 @@ build=${EPD_BUILD:-build}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 fail=0
 
-defined() { nm --defined-only -g "$1" 2>/dev/null | awk '$2 ~ /[TDBR]/ {print $3}' | sort -u; }
-used() { nm -u "$1" 2>/dev/null | awk '{print $2}' | sort -u; }
+# nm runs once per object; the pairs below read its answers from files
+cache=$(mktemp -d "${TMPDIR:-/tmp}/epd-layers.XXXXXX")
+trap 'rm -rf "$cache"' EXIT
+key() { echo "$1" | tr '/' '_'; }
+defined() {
+  local k; k="$cache/d$(key "$1")"
+  [ -e "$k" ] || nm --defined-only -g "$1" 2>/dev/null | awk '$2 ~ /[TDBR]/ {print $3}' | sort -u >"$k"
+  cat "$k"
+}
+used() {
+  local k; k="$cache/u$(key "$1")"
+  [ -e "$k" ] || nm -u "$1" 2>/dev/null | awk '{print $2}' | sort -u >"$k"
+  cat "$k"
+}
 
 for dir in encoder prefill decode router; do
   objs=("$build"/obj/$dir/*.o)

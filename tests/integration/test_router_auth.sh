@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# The router's front door (issue #12): with --api-key-file every /v1
+# request needs `Authorization: Bearer KEY` — none or a wrong one gets 401
+# with the OpenAI error body (code invalid_api_key, WWW-Authenticate:
+# Bearer), the right one gets its answer, equal to epd-generate's text;
+# /health and /metrics stay open and count the refusals.  Without keys the
+# router refuses to serve HTTP on a non-loopback address unless
+# --allow-unauthenticated; a key file that is missing or holds no key stops
+# it at start.  The limits: a prompt whose bytes cannot fit the context is
+# refused before tokenizing, JSON nested too deep is refused 400, and 2,000
+# idle sockets from 127.0.0.2 (the per-address cap refuses most, the
+# header deadline closes the rest) do not stop a client on 127.0.0.1 from
+# being served — with the router started under a soft limit of 1024 file
+# descriptors, which it raises.
+source "$(dirname "$0")/lib.sh"
+
+G="$BIN/epd-generate"
+mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
+umask 077
+printf '# keys of the test\n\nsk-test-right\n  sk-test-second  \n' >"$T/keys"
+umask 022
+KEY=sk-test-right
+
+note "refusals at start"
+# a non-loopback address of this machine, else 0.0.0.0 (not loopback either)
+NONLO=$(ip -4 -o addr show 2>/dev/null | awk '{split($4, a, "/"); if (a[1] !~ /^127\./) { print a[1]; exit }}')
+NONLO=${NONLO:-0.0.0.0}
+rc=0
+"$BIN/epd-router" --model "$T/m" --listen "$NONLO:0" --control-addr 127.0.0.1:0 \
+  >"$T/refuse.log" 2>&1 || rc=$?
+[ "$rc" != 0 ] || fail "the router served HTTP on $NONLO without keys"
+grep -q "without API keys" "$T/refuse.log" || fail "no reason given: $(cat "$T/refuse.log")"
+[ "$(grep -c . "$T/refuse.log")" -le 2 ] || fail "more than a line or two: $(cat "$T/refuse.log")"
+for bad in "$T/nonexistent" "$T/empty"; do
+  printf '# only a comment\n\n' >"$T/empty"
+  rc=0
+  "$BIN/epd-router" --model "$T/m" --listen 127.0.0.1:0 --control-addr 127.0.0.1:0 \
+    --api-key-file "$bad" >"$T/refuse.log" 2>&1 || rc=$?
+  [ "$rc" != 0 ] || fail "the router started with --api-key-file $bad"
+  grep -q -- "--api-key-file" "$T/refuse.log" || fail "no reason given: $(cat "$T/refuse.log")"
+done
+start_daemon open router --model "$T/m" --listen "$NONLO:0" --control-addr 127.0.0.1:0 \
+  --allow-unauthenticated
+open_port=$(sed -n 's/.*http=[^ ]*:\([0-9]*\) .*/\1/p' "$T/open.ready")
+host=$NONLO
+[ "$host" = 0.0.0.0 ] && host=127.0.0.1
+curl -s --max-time 10 -o /dev/null -w '%{http_code}' "http://$host:$open_port/health" |
+  grep -qx 200 || fail "--allow-unauthenticated on $NONLO: /health not served"
+stop_daemon open TERM
+[ "$STOP_RC" = 0 ] || fail "router on $NONLO exited $STOP_RC"
+
+note "the router with keys, under a soft limit of 1024 descriptors"
+ulimit -Sn 1024
+start_router r --model "$T/m" --heartbeat-ms 200 --api-key-file "$T/keys" \
+  --header-timeout-ms 3000
+ulimit -Sn "$(ulimit -Hn)"
+start_daemon d decode --model "$T/m" --worker-id decode-0 --kv-blocks 512 --state-slots 32 \
+  --router "$r_ADDR"
+start_daemon p prefill --model "$T/m" --worker-id prefill-0 --router "$r_ADDR"
+wait_router_state "$r_ADDR" decode-0 READY
+wait_router_state "$r_ADDR" prefill-0 READY
+grep -q "file descriptors: limit" "$T/r.log" || fail "the router did not say its fd limit"
+if [ "$(ulimit -Hn)" -gt 1024 ]; then
+  grep -q "raised from 1024" "$T/r.log" || fail "the fd limit was not raised: $(grep 'file descriptors' "$T/r.log")"
+fi
+
+note "no key, a wrong key: 401 with the OpenAI error body"
+body='{"model": "m", "prompt": "Keys keep the router", "max_tokens": 8, "temperature": 0}'
+for hdr in "" "Authorization: Bearer sk-test-wrong" "Authorization: Bearer sk-test-righ" \
+           "Authorization: Basic $KEY"; do
+  for path in /v1/completions /v1/models; do
+    if [ "$path" = /v1/models ]; then method=GET; data=(); else method=POST; data=(-d "$body"); fi
+    curl -s --max-time 10 -D "$T/h" -o "$T/b" -X "$method" ${hdr:+-H "$hdr"} \
+      -H 'Content-Type: application/json' "${data[@]}" "$r_HTTP$path" || true
+    head -n 1 "$T/h" | grep -q ' 401 ' || fail "$method $path with '${hdr:-no key}': $(head -n 1 "$T/h")"
+    grep -qi '^WWW-Authenticate: Bearer' "$T/h" || fail "401 without WWW-Authenticate: $(cat "$T/h")"
+    "$PYTHON3" - "$T/b" <<'PY' || fail "401 body: $(cat "$T/b")"
+import json, sys
+e = json.load(open(sys.argv[1]))["error"]
+assert e["code"] == "invalid_api_key", e
+assert e["type"] == "invalid_request_error" and e["param"] is None and e["message"], e
+PY
+  done
+done
+
+note "the right key: 200, the text equals epd-generate's"
+"$PYTHON3" - "$r_HTTP" "$T/m" "$G" "$KEY" sk-test-second <<'PY' || fail "answers with the key"
+import http.client, json, subprocess, sys, urllib.parse
+url, model, gen, keys = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+u = urllib.parse.urlparse(url)
+prompt = "The front door checks a key before anything else."
+want = subprocess.run([gen, "--model", model, "--prompt", prompt, "--max-tokens", "24",
+                       "--temperature", "0"], stdout=subprocess.PIPE, check=True).stdout
+assert want.endswith(b"\n")
+want = want[:-1]
+for key in keys:
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    c.request("POST", "/v1/completions",
+              json.dumps({"model": "m", "prompt": prompt, "max_tokens": 24, "temperature": 0}),
+              {"Content-Type": "application/json", "Authorization": "Bearer " + key})
+    r = c.getresponse()
+    data = r.read()
+    assert r.status == 200, (r.status, data)
+    got = json.loads(data)["choices"][0]["text"].encode("utf-8")
+    assert got == want, (got, want)
+    c.request("GET", "/v1/models", headers={"Authorization": "Bearer " + key})
+    r = c.getresponse()
+    assert r.status == 200 and b'"id":"m"' in r.read(), r.status
+    c.close()
+print("ok: %d keys, %d bytes equal epd-generate's" % (len(keys), len(want)))
+PY
+
+note "/health and /metrics are open; the refusals are counted"
+curl -s --max-time 10 "$r_HTTP/health" | grep -q '"status":"ok"' || fail "/health without a key"
+fails=$(router_metric "$r_HTTP" epd_router_http_auth_failures_total)
+[ -n "$fails" ] && [ "$fails" -ge 8 ] || fail "epd_router_http_auth_failures_total=$fails"
+
+note "limits: a prompt too long in bytes, JSON too deep"
+prompt_of_len 3000 3 >"$T/long"
+"$PYTHON3" - "$r_HTTP" "$KEY" "$T/long" <<'PY' || fail "limits"
+import http.client, json, sys, urllib.parse
+url, key, long_file = sys.argv[1:4]
+u = urllib.parse.urlparse(url)
+def post(body):
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    c.request("POST", "/v1/completions", body,
+              {"Content-Type": "application/json", "Authorization": "Bearer " + key})
+    r = c.getresponse()
+    out = (r.status, json.loads(r.read()))
+    c.close()
+    return out
+# 3000 bytes of a byte-level tokenizer cannot fit 2048 tokens: refused before tokenizing
+st, b = post(json.dumps({"model": "m", "prompt": open(long_file).read(), "max_tokens": 4}))
+assert st == 400 and b["error"]["code"] == "context_length_exceeded", (st, b)
+assert "3000 bytes" in b["error"]["message"], b
+st, b = post('{"model": "m", "prompt": "a", "x": ' + "[" * 100 + "]" * 100 + "}")
+assert st == 400 and b["error"]["code"] == "json_too_deep", (st, b)
+st, b = post(json.dumps({"model": "m", "prompt": "a", "max_tokens": 2, "x": [0] * 200000}))
+assert st == 400 and b["error"]["code"] == "json_too_many_elements", (st, b)
+print("ok: limits refused 400")
+PY
+
+note "2,000 idle sockets from 127.0.0.2 do not stop a client on 127.0.0.1"
+"$PYTHON3" - "$r_HTTP" "$KEY" <<'PY' || fail "idle sockets from one address"
+import http.client, json, resource, socket, sys, time, urllib.parse
+url, key = sys.argv[1:3]
+u = urllib.parse.urlparse(url)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+socks = []
+for i in range(2000):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.2", 0))
+    s.settimeout(5)
+    try:
+        s.connect((u.hostname, u.port))
+    except OSError as e:
+        s.close()
+        continue
+    socks.append(s)
+print("connected %d idle sockets from 127.0.0.2" % len(socks))
+assert len(socks) >= 1500, len(socks)
+def served():
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    c.request("POST", "/v1/completions",
+              json.dumps({"model": "m", "prompt": "still served?", "max_tokens": 4,
+                          "temperature": 0}),
+              {"Content-Type": "application/json", "Authorization": "Bearer " + key})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    assert r.status == 200, (r.status, data)
+    return json.loads(data)["choices"][0]["text"]
+t0 = time.time()
+served()
+print("a client on 127.0.0.1 served in %.2f s" % (time.time() - t0))
+# most of them were refused at once: a 503 and a close
+refused = 0
+for s in socks:
+    s.settimeout(0.01)
+    try:
+        if s.recv(64).startswith(b"HTTP/1.1 503"):
+            refused += 1
+    except OSError:
+        pass
+print("%d refused 503" % refused)
+assert refused >= 1500, refused
+# the ones accepted (up to the per-address cap) are closed at the header
+# deadline (3 s from their accept), and the router still serves
+time.sleep(4)
+closed = 0
+for s in socks:
+    s.settimeout(0.5)
+    try:
+        while s.recv(65536) != b"":
+            pass  # the rest of a 503
+        closed += 1
+    except ConnectionResetError:
+        closed += 1
+    except OSError:
+        pass
+print("%d closed by the router" % closed)
+assert closed >= len(socks) - 5, (closed, len(socks))
+served()
+for s in socks:
+    s.close()
+PY
+per_addr=$(router_metric "$r_HTTP" 'epd_router_http_refused_total{limit="per_address"}')
+[ -n "$per_addr" ] && [ "$per_addr" -ge 1500 ] || fail "per-address refusals: $per_addr"
+timeouts=$(router_metric "$r_HTTP" 'epd_router_http_refused_total{limit="header_timeout"}')
+[ -n "$timeouts" ] && [ "$timeouts" -ge 200 ] || fail "header timeouts: $timeouts"
+wait_blocks_free "$d_ADDR"
+
+note "a key file others can read: served, with a warning"
+cp "$T/keys" "$T/keys.world"
+chmod 644 "$T/keys.world"
+start_router w --model "$T/m" --api-key-file "$T/keys.world"
+grep -q "chmod 600" "$T/w.log" || fail "no warning about a world-readable key file"
+finish_ok

@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+# The request plane under a cluster secret over ucx-shm (see trust_cluster.sh).
+exec "$(dirname "$0")/trust_cluster.sh" ucx-shm

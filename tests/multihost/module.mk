@@ -1,0 +1,14 @@
+# tests/multihost/: the cluster on six "hosts" (network namespaces on one
+# machine: lib.sh) with cut cables, partitions, loss, resets, slow and
+# distant links.  Root only (SKIP otherwise).  About 80 s in all on the
+# 2-core development machine, so they run in the gcc pass of make check
+# only, not again under the sanitizers (run them there by hand:
+# EPD_BUILD=build/san tests/multihost/test_mh_cut.sh).
+ifeq ($(SANITIZER),)
+ALL_TESTS += tests/multihost/test_mh_ucx_tcp.sh \
+             tests/multihost/test_mh_ofi_tcp.sh \
+             tests/multihost/test_mh_cut.sh \
+             tests/multihost/test_mh_partition.sh \
+             tests/multihost/test_mh_loss.sh \
+             tests/multihost/test_mh_slow.sh
+endif

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Hosts cut off mid-request and healed (tests/multihost/lib.sh, ucx-tcp,
+# round-robin so that every worker gets its share):
+#   - prefill host p1 unplugged while requests stream in: the requests on
+#     it (none had a first token: prefill makes it) are retried on p2, and
+#     every answer equals epd-generate's; prefill-1 leaves READY;
+#   - p1 plugged back: prefill-1 READY again (registered anew if the router
+#     declared it DEAD) and serving;
+#   - decode host d1 unplugged with long streams running on it (every one
+#     past its first token): those streams end with an error event
+#     (`data: {"error": ...}` then `data: [DONE]`), the others finish equal;
+#   - d1 plugged back: decode-1 READY again and serving.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+note "six hosts, $MH_TR, round-robin"
+mh_cluster "$MH_TR" --policy round-robin
+G="$BIN/epd-generate"
+metric() { mh_metric r "$r_HTTP" "$1"; }
+
+note "p1 unplugged while requests arrive: retried on p2 before their first token"
+r0=$(metric epd_router_retries_total)
+n0=$(metric 'epd_router_worker_requests_total{worker="prefill-1",pool="prefill"}')
+mh_client r load "$r_HTTP" "$T/m" "$G" --clients 4 --requests 40 --prompts 4 --max-tokens 8 \
+  >"$T/load.out" 2>"$T/load.err" &
+lpid=$!
+PIDS+=("$lpid")
+for i in $(seq 1 400); do
+  n=$(metric 'epd_router_worker_requests_total{worker="prefill-1",pool="prefill"}')
+  [ "${n:-0}" -ge $((${n0:-0} + 2)) ] && break
+  sleep 0.025
+done
+mh_cut p1
+note "p1 cut after prefill-1 took $((${n:-0} - ${n0:-0})) requests"
+wait "$lpid" || fail "requests across the cut: $(cat "$T/load.err")"
+cat "$T/load.out"
+r1=$(metric epd_router_retries_total)
+[ "$r1" -gt "$r0" ] || fail "no request was retried ($r0 -> $r1)"
+note "$((r1 - r0)) retries"
+st=$(mh_state r "$r_ADDR" prefill-1)
+[ "$st" != READY ] || mh_wait_state r "$r_ADDR" prefill-1 SUSPECT 10
+mh_curl r "$r_HTTP/ready" | grep -q '"ready":true' || fail "/ready with prefill-2 alone"
+
+note "p1 plugged back: prefill-1 READY and serving again"
+mh_heal p1
+mh_wait_state r "$r_ADDR" prefill-1 READY 30
+n0=$(metric 'epd_router_worker_requests_total{worker="prefill-1",pool="prefill"}')
+mh_client r load "$r_HTTP" "$T/m" "$G" --clients 2 --requests 8 --prompts 2 --max-tokens 8 ||
+  fail "requests after p1 healed"
+n1=$(metric 'epd_router_worker_requests_total{worker="prefill-1",pool="prefill"}')
+[ "$n1" -gt "$n0" ] || fail "prefill-1 got no request after it healed ($n0 -> $n1)"
+
+note "d1 unplugged with streams past their first token: they end with an error event"
+printf 'Going away.' >"$T/long"
+t0=$(metric epd_router_ttft_seconds_count)
+mh_client r multi "$r_HTTP" "$T/m" "$G" --count 6 --prompt-file "$T/long" --max-tokens 1800 \
+  >"$T/multi.out" 2>"$T/multi.err" &
+mpid=$!
+PIDS+=("$mpid")
+for i in $(seq 1 400); do
+  n=$(metric 'epd_router_worker_in_flight{worker="decode-1",pool="decode"}')
+  started=$(($(metric epd_router_ttft_seconds_count) - t0))
+  [ "${n:-0}" -ge 1 ] && [ "$started" -ge 6 ] && break
+  sleep 0.025
+done
+[ "${n:-0}" -ge 1 ] && [ "$started" -ge 6 ] ||
+  fail "decode-1 never ran a started stream (in flight ${n:-0}, started $started of 6)"
+mh_cut d1
+note "d1 cut with $n streams on it"
+wait "$mpid" || fail "the streaming clients: $(cat "$T/multi.err")"
+cat "$T/multi.out"
+n_ok=$(grep -c '^ok$' "$T/multi.out" || true)
+n_err=$(grep -c '^error 599 ' "$T/multi.out" || true)
+[ $((n_ok + n_err)) = 6 ] || fail "a stream neither finished equal nor ended with an error event"
+[ "$n_err" -ge 1 ] || fail "no stream on decode-1 ended with an error event"
+mh_wait_state r "$r_ADDR" decode-1 DEAD 20
+
+note "d1 plugged back: decode-1 READY and serving again"
+mh_heal d1
+mh_wait_state r "$r_ADDR" decode-1 READY 30
+n0=$(metric 'epd_router_worker_requests_total{worker="decode-1",pool="decode"}')
+mh_client r load "$r_HTTP" "$T/m" "$G" --clients 2 --requests 8 --prompts 2 --max-tokens 8 ||
+  fail "requests after d1 healed"
+n1=$(metric 'epd_router_worker_requests_total{worker="decode-1",pool="decode"}')
+[ "$n1" -gt "$n0" ] || fail "decode-1 got no request after it healed ($n0 -> $n1)"
+mh_finish
