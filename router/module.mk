@@ -4,8 +4,8 @@
 # of it (epd-ctl links no daemon).
 ROUTER_CLIENT_SRCS := router/epd_client.c router/epd_client_req.c router/epd_client_health.c
 $(eval $(call epd_lib,epd_router,$(ROUTER_CLIENT_SRCS)))
-$(eval $(call epd_prog,epd-ctl,router/tools/epd_ctl.c,epd_router epd_xport epd_proto epd_engine epd_common))
-$(call obj_of,$(ROUTER_CLIENT_SRCS) router/tools/epd_ctl.c): EPD_CPPFLAGS += -Irouter
+$(eval $(call epd_prog,epd-ctl,router/tools/epd_ctl.c router/tools/epd_ctl_control.c,epd_router epd_xport epd_proto epd_engine epd_common))
+$(call obj_of,$(ROUTER_CLIENT_SRCS) router/tools/epd_ctl.c router/tools/epd_ctl_control.c): EPD_CPPFLAGS += -Irouter
 # The HTTP/1.1 server and the OpenAI API layer the router serves with
 # (tested on their own; the router daemon is built on them).  Link it before
 # epd_engine (epd_openai uses engine/epd_utf8) and epd_common.
