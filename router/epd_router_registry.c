@@ -351,14 +351,14 @@ uint32_t epd_router_cached_blocks(const epd_router_worker_t *w, epd_router_probe
     return i;
 }
 
-void epd_router_hints_expect(epd_router_worker_t *w, epd_router_probe_t *pp)
+void epd_router_hints_expect(epd_router_worker_t *w, epd_router_probe_t *pp, uint32_t max_blocks)
 {
     uint64_t h;
 
     if (!epd_router_same_space(w, pp)) {
         return;
     }
-    for (uint32_t i = 0; (h = epd_router_probe_hint(pp, i)) != 0; i++) {
+    for (uint32_t i = 0; i < max_blocks && (h = epd_router_probe_hint(pp, i)) != 0; i++) {
         epd_router_hints_add(w->hints, h);
     }
 }

@@ -188,9 +188,11 @@ uint64_t epd_router_probe_hint(epd_router_probe_t *pp, uint32_t i);
 /* Blocks of the probe's prompt worker w holds (by its hints); 0 for a
  * worker of another namespace. */
 uint32_t epd_router_cached_blocks(const epd_router_worker_t *w, epd_router_probe_t *pp);
-/* The router sent the probe's prompt to w: it will hold every full block
- * of it (hints added now; the worker's own events correct them). */
-void epd_router_hints_expect(epd_router_worker_t *w, epd_router_probe_t *pp);
+/* The router sent the probe's prompt to w: it will hold the prompt's
+ * first max_blocks full blocks (hints added now; the worker's own events
+ * correct them).  Prefill keeps every full block (UINT32_MAX); decode only
+ * those before the block of the prompt's last position. */
+void epd_router_hints_expect(epd_router_worker_t *w, epd_router_probe_t *pp, uint32_t max_blocks);
 
 /* epd_router_registry_pick with the prompt's probe (KV-aware under
  * prefix-affinity; pp may be NULL: no hints). */

@@ -359,9 +359,12 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
             if (pp != NULL) {
                 /* they will hold the prompt's blocks: the next request with
                  * this prefix goes there before any heartbeat says so */
-                epd_router_hints_expect(pw, pp);
+                epd_router_hints_expect(pw, pp, UINT32_MAX);
                 if (r->n_images == 0) { /* decode never keeps a prompt with images */
-                    epd_router_hints_expect(dw, pp);
+                    epd_router_hints_expect(dw, pp,
+                                            r->n_prompt > 0 && pp->block_tokens > 0
+                                                ? (r->n_prompt - 1) / pp->block_tokens
+                                                : 0);
                 }
             }
             if (r->attempts++ == 0) {

@@ -278,7 +278,7 @@ static void test_kv_aware_prefill(void **state)
     assert_int_equal(epd_router_cached_blocks(a, &pp), 0);
     memcpy(a->prefix_root, root, 32);
     /* the router sent b the whole prompt: b holds its four blocks now */
-    epd_router_hints_expect(b, &pp);
+    epd_router_hints_expect(b, &pp, UINT32_MAX);
     assert_int_equal(epd_router_cached_blocks(b, &pp), 4);
     assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_PREFILL, &pp, p, 64,
                                                  NULL, 0), b);
@@ -308,7 +308,8 @@ static void test_kv_aware_decode(void **state)
     kv_worker(d1, root);
     prompt_of(5, p, 48);
     probe_of(&pp, root, p, 48, hints, 3);
-    epd_router_hints_expect(d0, &pp);
+    epd_router_hints_expect(d0, &pp, 2); /* decode: not the last position's block */
+    assert_int_equal(epd_router_cached_blocks(d0, &pp), 2);
     d0->inflight = 2; /* a quarter of its batch of 8: at the slack */
     assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p, 48,
                                                  NULL, 0), d0);
