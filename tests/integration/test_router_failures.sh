@@ -137,7 +137,11 @@ n_err=$(grep -c '^error 599 ' "$T/multi.out" || true)
 router_client load "$H" "$T/m" "$G" --clients 8 --requests 32 --prompts 2 --max-tokens 6 ||
   fail "new requests after the kill"
 st=$(router_state "$r_ADDR" decode-0)
-[ "$st" = DEAD ] || [ "$st" = SUSPECT ] || fail "killed decode-0 is $st in the router"
+# DEAD or SUSPECT; or already forgotten: the registry drops a DEAD worker
+# 30 s after its death, which the streams above can outlast under ASan on a
+# loaded machine (seen: they ended 40 s after the kill)
+[ "$st" = DEAD ] || [ "$st" = SUSPECT ] || [ -z "$st" ] ||
+  fail "killed decode-0 is $st in the router"
 
 note "decode-0 restarted: registers under its new epoch and takes traffic"
 start_daemon d0b decode --model "$T/m" --worker-id decode-0 --kv-blocks 1024 --state-slots 32 \
