@@ -1,51 +1,69 @@
 /*
- * epd_bench_overhead.c — `epd-bench overhead`: what disaggregation costs.
+ * epd_bench_overhead.c — `epd-bench overhead`: what disaggregation costs,
+ * beside what physics makes it cost.
  *
  * For each engine (sim profiles in sleep mode, the ref CPU model), each
  * transport and each prompt length, one epd-prefill and one epd-decode
  * daemon are started (with --trace), and the same prefill daemon serves,
- * alternately, request by request:
+ * one request at a time, in rotating order within each repetition:
  *
  *   A  prefill only: GenerateRequest{prefill_only} to prefill alone; it
  *      computes every layer exactly as usual, writes nothing, and answers
  *      with the first token;
  *   B  prefill + KV transfer: the same GenerateRequest to decode and
- *      prefill (proto/README.md); prefill streams each finished layer's KV
- *      into decode's reservation, decode verifies the checksums.
+ *      prefill (proto/README.md); prefill streams each layer's KV into
+ *      decode's reservation as it exists, decode checks it;
+ *   Z  the protocol without the data (GenerateRequest{protocol_only}): the
+ *      reservation, every LayerDone and the PrefillComplete, no write, no
+ *      check — what the messages alone cost.
  *
- * One request at a time (no queueing between them).  Everything is measured
- * from the daemons' own trace timestamps (CLOCK_MONOTONIC, shared by the
- * processes of one host), parsed after the daemons exit:
+ * Every time is read from the daemons' own traces (CLOCK_MONOTONIC, shared
+ * by the processes of one host), parsed after the daemons exit:
  *
  *   t0        prefill's "GenerateRequest received" (its loop thread)
- *   A end     prefill's compute done: the end of the "prefill" span (every
- *             layer + sampling the first token, compute thread)
- *   B end     decode's "KV held": PrefillComplete received and every
- *             layer's checksum verified against decode's copy
- *   overhead  (median B - median A) / median A
- *   breakdown (medians over the B requests)
- *     queue    t0 -> compute start (the "queued" span)
- *     resv     t0 -> prefill's "KvReservation received" (reservation
- *              handshake: the client sends to both at once)
- *     compute  the "prefill" span
- *     tail     prefill's compute done (first token sampled) -> decode's
- *              "KV held": the part of the transfer not hidden behind
- *              compute (PrefillComplete carries the first token, so it is
- *              never negative)
- *     verify   decode's hashing on the tail: the check of the newest layer
- *              (per-layer verification: "verify layer", the last layer's)
- *              plus the final pass over layers not checked as they landed
- *              ("verify KV"; every layer with --no-layer-notify)
- *     step1    decode's "first decode step" span (KV held -> the loop sees
- *              the first decoded token)
+ *   A_i       t0 -> prefill's compute done (the "prefill" span's end: every
+ *             layer and the first token sampled, compute thread)
+ *   B_i, Z_i  t0 -> decode's "KV held" (PrefillComplete received and every
+ *             layer checked)
+ *   d_i       B_i - A_i of the same repetition (paired: the machine's load
+ *             moves both alike); the row's overhead is median(d) /
+ *             median(A), with a distribution-free 95% interval of the
+ *             median of d (order statistics of the binomial)
+ *   msg       the message latency: LayerDone "sent" (prefill) -> "received"
+ *             (decode) in the Z requests (no write to wait for), median
+ *   link      the bandwidth the KV moved at: the bytes of a B request over
+ *             the union of its "KV write" spans (first post -> last
+ *             completion of each layer), median over the B requests
+ *   floor     the least B - A that this link and this compute allow, per B
+ *             request from its own trace (its own link bandwidth, the row's
+ *             message latency): layer l's KV exists at r_l (the
+ *             end of its "compute" span: the engine's sink), compute ends
+ *             at e; a link of bandwidth `link` that is never idle while
+ *             bytes wait finishes at max_l (r_l + bytes(l..L-1) / link),
+ *             and PrefillComplete (it carries the first token) leaves at e
+ *             at the earliest; so floor = max(0, that - e) + msg, median
+ *             over the B requests.  bound = link when the maximum is set by
+ *             an earlier layer than the last (the link falls behind KV
+ *             production: a backlog) or the whole KV cannot cross in the
+ *             compute after the first layer, else compute
+ *   excess    ovh - floor: what the runtime adds beyond physics
+ *   model     the sim profile's modelled prefill time; A! when A's compute
+ *             took more than 2% longer (the host cannot honour the model)
+ *   cpu       host CPU per request per thread of each daemon and arm, from
+ *             /proc/PID/task/TID/schedstat around each request (ns): what
+ *             each arm asks of the machine's cores
  *
+ * --tsv prints the same rows machine-readably (columns named in its header:
+ * engine, xport, tokens, ovh_pct, floor_pct, excess_pct, bound, ...).
  * --trace FILE writes one B request's events from both daemons into one
  * Chrome trace JSON (open it in ui.perfetto.dev).  This measures; it never
  * judges (tests/ do).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,15 +77,22 @@
 
 #include "epd_bench.h"
 #include "epd_client.h"
+#include "epd_engine.h"
 #include "epd_msg.h"
 #include "epd_rng.h"
+#include "epd_secret.h"
 #include "epd_sim.h"
 #include "epd_time.h"
 #include "epd_xport.h"
 
 #define OB_MAX_LIST 16
 #define OB_MAX_REQS 4096
+#define OB_MAX_THREADS 48
 #define OB_GROUP_DEFAULT (-1LL) /* the daemon's default --write-group-bytes */
+#define OB_BLOCK_TOKENS 16      /* the daemons' --block-tokens default */
+
+enum { OB_ARM_A = 0, OB_ARM_B = 1, OB_ARM_Z = 2, OB_ARMS = 3 };
+static const char *const ob_arm_name[OB_ARMS] = {"A", "B", "Z"};
 
 typedef struct {
     const char *name;
@@ -100,16 +125,29 @@ static const ob_engine_t ob_engines[] = {
 typedef struct {
     uint64_t id;
     uint32_t n_tokens;
-    int arm; /* 0 = A (prefill only), 1 = B (prefill + transfer) */
+    int arm;
+    int rep;
     int warmup;
     int ok;
-    double p_recv, q_end, c_start, c_end, last_layer_end, resv, d_held, step1, verify;
-    /* decode's hashing: the final pass over layers not verified as they
-     * landed ("verify KV"), and the newest per-layer check ("verify layer",
-     * the last layer's: on the tail) */
-    double verify_end, verify_last, verify_last_ts;
-    int n_layers_seen, n_writes_seen;
+    double p_recv, q_end, c_start, c_end, resv, d_held, pc_recv, step1;
+    /* per layer ([n_layers] each, one allocation; 0 = not seen) */
+    double *ready;           /* the "compute" span's end: the sink ran */
+    double *wr_s, *wr_e;     /* the "KV write" span */
+    double *ld_sent, *ld_rx; /* LayerDone sent (prefill) / received (decode) */
 } ob_req_t;
+
+/* Host CPU of one thread name ("p:<comm>" / "d:<comm>") per arm. */
+typedef struct {
+    char name[32];
+    double ns[OB_ARMS];
+} ob_cpu_t;
+
+/* A thread seen in /proc (its CPU so far). */
+typedef struct {
+    int tid;
+    char name[32];
+    double ns;
+} ob_task_t;
 
 typedef struct {
     /* options */
@@ -123,10 +161,12 @@ typedef struct {
     int n_xports;
     long long groups[OB_MAX_LIST];
     int n_groups;
-    int groups_given;
-    uint32_t compare_max;    /* extra rows with compare_group up to this length */
-    long long compare_group; /* --write-group-bytes of those rows */
     int reps, reps_long, reps_ref, warmup;
+    int zero; /* run the Z arm */
+    double scale; /* 0: each sim engine's own */
+    int tsv;
+    int cpu;  /* print the per-thread CPU lines */
+    const char *verify; /* decode's --verify */
     const char *trace_out;
     uint32_t trace_len;
     const char *profiles;
@@ -134,6 +174,10 @@ typedef struct {
     int keep;
     char bindir[1024];
     char tmp[256];
+    /* the cluster secret the bench makes for its daemons and itself (0600
+     * in tmp): the request plane authenticated, as in a deployment */
+    char secret_file[320];
+    epd_secret_t secret;
     /* state of one configuration */
     epd_xport_t *x;
     epd_xport_ep_t *ep_p, *ep_d;
@@ -150,9 +194,47 @@ typedef struct {
     int n_reqs;
     uint64_t next_id;
     int trace_written;
+    /* the engine's layout (bytes per layer) and model */
+    epd_kv_layout_t kv;
+    epd_sim_timing_t timing;
+    int have_timing;
+    /* CPU accounting of the configuration being run */
+    pid_t pid_p, pid_d;
+    ob_task_t tasks[2][OB_MAX_THREADS];
+    int n_tasks[2];
+    ob_cpu_t cpu_tab[OB_MAX_LIST][OB_MAX_THREADS];
+    int n_cpu[OB_MAX_LIST];
+    int cpu_reqs[OB_MAX_LIST][OB_ARMS];
 } ob_t;
 
 /* ------------------------------------------------------------ processes */
+
+/* Writes 32 fresh random bytes to b->secret_file (created 0600 in b->tmp,
+ * never overwritten) and loads them into b->secret (wiped at exit).  0, or
+ * -1 after a message. */
+static int ob_make_secret(ob_t *b)
+{
+    unsigned char key[32];
+    char why[256];
+    int fd;
+
+    snprintf(b->secret_file, sizeof(b->secret_file), "%s/cluster-secret", b->tmp);
+    for (size_t i = 0; i < sizeof(key); i += 8) {
+        uint64_t v = epd_rng_entropy();
+
+        memcpy(key + i, &v, 8);
+    }
+    fd = open(b->secret_file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, key, sizeof(key)) != (ssize_t)sizeof(key) || close(fd) != 0) {
+        fprintf(stderr, "overhead: cannot write %s: %s\n", b->secret_file, strerror(errno));
+        return -1;
+    }
+    if (epd_secret_load(b->secret_file, &b->secret, why, sizeof(why)) != EPD_OK) {
+        fprintf(stderr, "overhead: %s\n", why);
+        return -1;
+    }
+    return 0;
+}
 
 static pid_t ob_spawn(char *const argv[], const ob_xport_t *xp, const char *log)
 {
@@ -173,6 +255,9 @@ static pid_t ob_spawn(char *const argv[], const ob_xport_t *xp, const char *log)
         if (xp->provider != NULL) {
             setenv("FI_PROVIDER", xp->provider, 1);
         }
+        /* ref runs OpenBLAS on one thread (epd_ref.c); without this its
+         * library still starts idle worker threads at load */
+        setenv("OPENBLAS_NUM_THREADS", "1", 0);
         execv(argv[0], argv);
         _exit(127);
     }
@@ -312,7 +397,7 @@ static void ob_on_connect(void *arg, epd_status_t status)
 }
 
 static epd_status_t ob_send_generate(ob_t *b, epd_xport_ep_t *ep, const uint32_t *tokens,
-                                     uint32_t n, uint64_t id, int prefill_only)
+                                     uint32_t n, uint64_t id, int arm)
 {
     Epd__Envelope env = EPD__ENVELOPE__INIT;
     Epd__SenderRef sender = EPD__SENDER_REF__INIT;
@@ -344,8 +429,9 @@ static epd_status_t ob_send_generate(ob_t *b, epd_xport_ep_t *ep, const uint32_t
     g.prefill_epoch = &pe;
     g.prefill_address.data = b->pi.address;
     g.prefill_address.len = b->pi.address_len;
-    g.prefill_only = prefill_only;
-    if (!prefill_only) {
+    g.prefill_only = arm == OB_ARM_A;
+    g.protocol_only = arm == OB_ARM_Z;
+    if (arm != OB_ARM_A) {
         g.decode_worker_id = b->di.worker_id;
         de.start_time_ns = b->di.epoch_start_ns;
         de.nonce = b->di.epoch_nonce;
@@ -370,8 +456,106 @@ static epd_status_t ob_send_generate(ob_t *b, epd_xport_ep_t *ep, const uint32_t
     return st;
 }
 
-/* One request, to completion.  0 or -1 (logged). */
-static int ob_request(ob_t *b, const uint32_t *tokens, uint32_t n, int arm, int warmup)
+/* ------------------------------------------------------------------ CPU */
+
+/* Reads every thread of `pid`: its name and CPU time so far (ns). */
+static int ob_cpu_read(pid_t pid, ob_task_t *out, int cap)
+{
+    char path[128];
+    DIR *dir;
+    struct dirent *de;
+    int n = 0;
+
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    dir = opendir(path);
+    if (dir == NULL) {
+        return 0;
+    }
+    while ((de = readdir(dir)) != NULL && n < cap) {
+        char p2[512], comm[32] = "?";
+        unsigned long long run = 0;
+        FILE *f;
+
+        if (de->d_name[0] == '.') {
+            continue;
+        }
+        snprintf(p2, sizeof(p2), "%s/%s/schedstat", path, de->d_name);
+        f = fopen(p2, "r");
+        if (f == NULL) {
+            continue;
+        }
+        if (fscanf(f, "%llu", &run) != 1) {
+            run = 0;
+        }
+        fclose(f);
+        snprintf(p2, sizeof(p2), "%s/%s/comm", path, de->d_name);
+        f = fopen(p2, "r");
+        if (f != NULL) {
+            if (fgets(comm, sizeof(comm), f) == NULL) {
+                snprintf(comm, sizeof(comm), "?");
+            }
+            fclose(f);
+            comm[strcspn(comm, "\n")] = '\0';
+        }
+        out[n].tid = atoi(de->d_name);
+        snprintf(out[n].name, sizeof(out[n].name), "%s", comm);
+        out[n].ns = (double)run;
+        n++;
+    }
+    closedir(dir);
+    return n;
+}
+
+/* Adds what each thread of daemon `which` (0 prefill, 1 decode) ran since
+ * the last sample to row `li`, arm `arm` (arm < 0: only take the sample). */
+static void ob_cpu_account(ob_t *b, int which, int li, int arm)
+{
+    ob_task_t now[OB_MAX_THREADS];
+    int n = ob_cpu_read(which == 0 ? b->pid_p : b->pid_d, now, OB_MAX_THREADS);
+
+    for (int i = 0; i < n && arm >= 0; i++) {
+        double before = 0.0;
+        char name[32];
+        int k;
+
+        for (int j = 0; j < b->n_tasks[which]; j++) {
+            if (b->tasks[which][j].tid == now[i].tid) {
+                before = b->tasks[which][j].ns;
+                break;
+            }
+        }
+        if (now[i].ns <= before) {
+            continue;
+        }
+        /* the main thread is the daemon's loop; threads that inherit its
+         * name are a library's (OpenBLAS's, UCX's) */
+        snprintf(name, sizeof(name), "%c:%.28s", which == 0 ? 'p' : 'd',
+                 now[i].tid == (which == 0 ? b->pid_p : b->pid_d) ? "loop" : now[i].name);
+        for (k = 0; k < b->n_cpu[li]; k++) {
+            if (strcmp(b->cpu_tab[li][k].name, name) == 0) {
+                break;
+            }
+        }
+        if (k == b->n_cpu[li]) {
+            if (k == OB_MAX_THREADS) {
+                continue;
+            }
+            memset(&b->cpu_tab[li][k], 0, sizeof(b->cpu_tab[li][k]));
+            snprintf(b->cpu_tab[li][k].name, sizeof(b->cpu_tab[li][k].name), "%s", name);
+            b->n_cpu[li]++;
+        }
+        b->cpu_tab[li][k].ns[arm] += now[i].ns - before;
+    }
+    memcpy(b->tasks[which], now, sizeof(now[0]) * (size_t)n);
+    b->n_tasks[which] = n;
+}
+
+/* ------------------------------------------------------------- requests */
+
+/* One request, to completion (the client's view; times come from the
+ * traces).  0 or -1 (logged). */
+static int ob_request(ob_t *b, const uint32_t *tokens, uint32_t n, int arm, int rep, int warmup,
+                      int li)
 {
     uint64_t id = b->next_id++;
     uint64_t end;
@@ -386,13 +570,17 @@ static int ob_request(ob_t *b, const uint32_t *tokens, uint32_t n, int arm, int 
     b->waiting_done = 0;
     b->waiting_status = EPD_OK;
     b->waiting_msg[0] = '\0';
-    if (arm == 1) {
-        st = ob_send_generate(b, b->ep_d, tokens, n, id, 0);
+    if (b->cpu) {
+        ob_cpu_account(b, 0, li, -1);
+        ob_cpu_account(b, 1, li, -1);
+    }
+    if (arm != OB_ARM_A) {
+        st = ob_send_generate(b, b->ep_d, tokens, n, id, arm);
         if (st == EPD_OK) {
-            st = ob_send_generate(b, b->ep_p, tokens, n, id, 0);
+            st = ob_send_generate(b, b->ep_p, tokens, n, id, arm);
         }
     } else {
-        st = ob_send_generate(b, b->ep_p, tokens, n, id, 1);
+        st = ob_send_generate(b, b->ep_p, tokens, n, id, arm);
     }
     if (st != EPD_OK) {
         fprintf(stderr, "overhead: sending request %llu: %s\n", (unsigned long long)id,
@@ -406,25 +594,51 @@ static int ob_request(ob_t *b, const uint32_t *tokens, uint32_t n, int arm, int 
     b->waiting_id = 0;
     if (!b->waiting_done || b->waiting_status != EPD_OK) {
         fprintf(stderr, "overhead: request %llu (%u tokens, %s) failed: %s %s\n",
-                (unsigned long long)id, n, arm ? "B" : "A",
+                (unsigned long long)id, n, ob_arm_name[arm],
                 b->waiting_done ? epd_status_string(b->waiting_status) : "no answer in 30 s",
                 b->waiting_msg);
         return -1;
     }
-    r = &b->reqs[b->n_reqs++];
+    if (b->cpu && !warmup) {
+        /* both daemons are idle again: the client had its answer, and
+         * prefill answers A last; B's and Z's last work is decode's */
+        ob_cpu_account(b, 0, li, arm);
+        ob_cpu_account(b, 1, li, arm);
+        b->cpu_reqs[li][arm]++;
+    }
+    r = &b->reqs[b->n_reqs];
     memset(r, 0, sizeof(*r));
+    r->ready = calloc((size_t)b->kv.n_layers * 5 + 1, sizeof(double));
+    if (r->ready == NULL) {
+        return -1;
+    }
+    r->wr_s = r->ready + b->kv.n_layers;
+    r->wr_e = r->wr_s + b->kv.n_layers;
+    r->ld_sent = r->wr_e + b->kv.n_layers;
+    r->ld_rx = r->ld_sent + b->kv.n_layers;
+    b->n_reqs++;
     r->id = id;
     r->n_tokens = n;
     r->arm = arm;
+    r->rep = rep;
     r->warmup = warmup;
     return 0;
+}
+
+static void ob_free_reqs(ob_t *b)
+{
+    for (int i = 0; i < b->n_reqs; i++) {
+        free(b->reqs[i].ready);
+        b->reqs[i].ready = NULL;
+    }
+    b->n_reqs = 0;
 }
 
 /* --------------------------------------------------------------- traces */
 
 static ob_req_t *ob_find(ob_t *b, uint64_t id)
 {
-    for (int i = 0; i < b->n_reqs; i++) {
+    for (int i = b->n_reqs; i-- > 0;) {
         if (b->reqs[i].id == id) {
             return &b->reqs[i];
         }
@@ -451,8 +665,11 @@ static json_t *ob_read_trace(ob_t *b, const char *path, int is_decode)
         const char *name = json_string_value(json_object_get(e, "name"));
         json_t *args = json_object_get(e, "args");
         json_t *req = json_object_get(args, "req");
+        json_t *lj = json_object_get(args, "layer");
         double ts = json_number_value(json_object_get(e, "ts")) * 1000.0;
         double dur = json_number_value(json_object_get(e, "dur")) * 1000.0;
+        long long layer = json_is_integer(lj) ? json_integer_value(lj) : -1;
+        int lok = layer >= 0 && layer < (long long)b->kv.n_layers;
         ob_req_t *r;
 
         if (name == NULL || !json_is_integer(req)) {
@@ -470,13 +687,13 @@ static json_t *ob_read_trace(ob_t *b, const char *path, int is_decode)
             } else if (strcmp(name, "prefill") == 0) {
                 r->c_start = ts;
                 r->c_end = ts + dur;
-            } else if (strcmp(name, "compute") == 0) {
-                r->n_layers_seen++;
-                if (ts + dur > r->last_layer_end) {
-                    r->last_layer_end = ts + dur;
-                }
-            } else if (strcmp(name, "KV write") == 0) {
-                r->n_writes_seen++;
+            } else if (strcmp(name, "compute") == 0 && lok) {
+                r->ready[layer] = ts + dur;
+            } else if (strcmp(name, "KV write") == 0 && lok) {
+                r->wr_s[layer] = ts;
+                r->wr_e[layer] = ts + dur;
+            } else if (strcmp(name, "LayerDone sent") == 0 && lok && r->ld_sent[layer] == 0) {
+                r->ld_sent[layer] = ts;
             } else if (strcmp(name, "KvReservation received") == 0) {
                 r->resv = ts;
             }
@@ -485,11 +702,10 @@ static json_t *ob_read_trace(ob_t *b, const char *path, int is_decode)
                 r->d_held = ts;
             } else if (strcmp(name, "first decode step") == 0) {
                 r->step1 = dur;
-            } else if (strcmp(name, "verify KV") == 0) {
-                r->verify_end = dur;
-            } else if (strcmp(name, "verify layer") == 0 && ts >= r->verify_last_ts) {
-                r->verify_last_ts = ts;
-                r->verify_last = dur;
+            } else if (strcmp(name, "PrefillComplete received") == 0) {
+                r->pc_recv = ts;
+            } else if (strcmp(name, "LayerDone received") == 0 && lok && r->ld_rx[layer] == 0) {
+                r->ld_rx[layer] = ts;
             }
         }
     }
@@ -536,79 +752,324 @@ static int ob_cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Nearest-rank percentile of v[0..n) (sorted in place); NaN when empty. */
-static double ob_pct(double *v, int n, double p)
+/* Median of v[0..n) (sorted in place); NaN when empty. */
+static double ob_median(double *v, int n)
 {
-    int k;
-
     if (n == 0) {
-        return 0.0 / 0.0;
+        return NAN;
     }
     qsort(v, (size_t)n, sizeof(*v), ob_cmp);
-    k = (int)(p * n + 0.999999) - 1;
-    return v[k < 0 ? 0 : k >= n ? n - 1 : k];
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-typedef enum {
-    OB_A,
-    OB_B,
-    OB_QUEUE,
-    OB_RESV,
-    OB_COMPUTE,
-    OB_TAIL,
-    OB_VERIFY,
-    OB_STEP1,
-} ob_metric_t;
-
-static int ob_collect(const ob_t *b, uint32_t len, ob_metric_t m, double *v)
+/* The distribution-free ~95% interval of the median of v[0..n) (sorted):
+ * [v_(k), v_(n-k+1)] with k the largest rank such that P(Bin(n, 1/2) <
+ * k) <= 0.025.  NaN when n is too small for one (n < 6). */
+static void ob_median_ci(const double *v, int n, double *lo_p, double *hi_p)
 {
+    double cdf = 0.0, p = pow(0.5, n); /* P(X = 0) */
+    int k = 0;
+
+    for (int j = 0; j < n; j++) {
+        cdf += p;             /* P(X <= j) */
+        if (cdf > 0.025) {
+            break;
+        }
+        k = j + 1;            /* P(X < k) = P(X <= j) <= 0.025 */
+        p = p * (n - j) / (j + 1);
+    }
+    if (k < 1) {
+        *lo_p = *hi_p = NAN;
+        return;
+    }
+    *lo_p = v[k - 1];
+    *hi_p = v[n - k];
+}
+
+/* Bytes layer l of a request of n_tokens writes. */
+static double ob_layer_bytes(const epd_kv_layout_t *kv, uint32_t l, uint32_t n_tokens)
+{
+    if (kv->kind[l] == EPD_LAYER_LINEAR) {
+        return (double)kv->state_bytes;
+    }
+    return (double)((n_tokens + kv->block_tokens - 1) / kv->block_tokens) * (double)kv->block_bytes;
+}
+
+/* The KV of a B request over the union of its layers' write spans (B/s),
+ * or 0 when it wrote nothing. */
+static double ob_req_bw(const ob_t *b, const ob_req_t *r)
+{
+    double bytes = 0.0, busy = 0.0, cur_s = 0.0, cur_e = -1.0;
+    double s[EPD_KV_MAX_LAYERS], e[EPD_KV_MAX_LAYERS];
     int n = 0;
 
+    for (uint32_t l = 0; l < b->kv.n_layers; l++) {
+        if (r->wr_e[l] > r->wr_s[l]) {
+            s[n] = r->wr_s[l];
+            e[n] = r->wr_e[l];
+            n++;
+            bytes += ob_layer_bytes(&b->kv, l, r->n_tokens);
+        }
+    }
+    /* spans are in layer order and nearly sorted; a union by insertion */
+    for (int i = 1; i < n; i++) {
+        for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
+            double t = s[j];
+            s[j] = s[j - 1];
+            s[j - 1] = t;
+            t = e[j];
+            e[j] = e[j - 1];
+            e[j - 1] = t;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (s[i] > cur_e) {
+            busy += cur_e > cur_s ? cur_e - cur_s : 0.0;
+            cur_s = s[i];
+            cur_e = e[i];
+        } else if (e[i] > cur_e) {
+            cur_e = e[i];
+        }
+    }
+    busy += cur_e > cur_s ? cur_e - cur_s : 0.0;
+    return busy > 0.0 ? bytes / (busy / 1e9) : 0.0;
+}
+
+/* The floor of B - A for one B request (ns), given the link's bandwidth
+ * (B/s) and one message's latency (ns); *link_bound_p says whether the
+ * link, not the compute, sets it. */
+static double ob_req_floor(const ob_t *b, const ob_req_t *r, double bw, double msg,
+                           int *link_bound_p)
+{
+    uint32_t L = b->kv.n_layers;
+    double rest = 0.0, finish = 0.0, first_ready = 0.0, total = 0.0;
+    uint32_t arg = L;
+
+    for (uint32_t l = L; l-- > 0;) {
+        double f;
+
+        rest += ob_layer_bytes(&b->kv, l, r->n_tokens);
+        if (r->ready[l] <= 0.0 || bw <= 0.0) {
+            continue;
+        }
+        f = r->ready[l] + rest / bw * 1e9;
+        if (f > finish) {
+            finish = f;
+            arg = l;
+        }
+        first_ready = r->ready[l];
+    }
+    total = rest;
+    *link_bound_p = arg + 1 < L ||
+                    (bw > 0.0 && first_ready > 0.0 && total / bw * 1e9 > r->c_end - first_ready);
+    return (finish > r->c_end ? finish - r->c_end : 0.0) + msg;
+}
+
+/* What one row reports. */
+typedef struct {
+    int n_pairs;
+    double model_ms; /* NaN: no model (ref) */
+    double a_ms, b_ms, z_ms, a_compute_ms;
+    double d_ms, d_lo_ms, d_hi_ms; /* B - A paired */
+    double zd_ms;                  /* Z - A paired */
+    double msg_us, link_gbs, floor_ms;
+    int link_bound;
+    double queue_ms, resv_ms, tail_ms, verify_ms, step1_ms, b_compute_ms;
+    int a_flag;
+} ob_row_t;
+
+static void ob_row(const ob_t *b, uint32_t len, ob_row_t *row)
+{
+    static double va[OB_MAX_REQS], vb[OB_MAX_REQS], vz[OB_MAX_REQS], vd[OB_MAX_REQS],
+        vzd[OB_MAX_REQS], vc[OB_MAX_REQS], vmsg[OB_MAX_REQS * 4], vbw[OB_MAX_REQS],
+        vfl[OB_MAX_REQS], vq[OB_MAX_REQS], vr[OB_MAX_REQS], vt[OB_MAX_REQS], vv[OB_MAX_REQS],
+        vs[OB_MAX_REQS], vbc[OB_MAX_REQS];
+    int na = 0, nb = 0, nz = 0, nd = 0, nzd = 0, nmsg = 0, nbw = 0, nfl = 0, nlink = 0;
+
+    memset(row, 0, sizeof(*row));
+    row->model_ms = NAN;
+    if (b->have_timing) {
+        double s = 0.0;
+
+        for (uint32_t l = 0; l < b->timing.n_layers; l++) {
+            s += epd_sim_prefill_seconds(&b->timing, l, 0, len);
+        }
+        row->model_ms = s * 1e3;
+    }
     for (int i = 0; i < b->n_reqs; i++) {
         const ob_req_t *r = &b->reqs[i];
 
-        if (r->n_tokens != len || r->warmup || !r->ok || r->arm != (m == OB_A ? 0 : 1)) {
+        if (r->n_tokens != len || r->warmup || !r->ok) {
             continue;
         }
-        switch (m) {
-        case OB_A:
-            v[n++] = r->c_end - r->p_recv;
-            break;
-        case OB_B:
-            v[n++] = r->d_held - r->p_recv;
-            break;
-        case OB_QUEUE:
-            v[n++] = r->q_end - r->p_recv;
-            break;
-        case OB_RESV:
-            v[n++] = r->resv - r->p_recv;
-            break;
-        case OB_COMPUTE:
-            v[n++] = r->c_end - r->c_start;
-            break;
-        case OB_TAIL:
-            v[n++] = r->d_held - r->c_end;
-            break;
-        case OB_VERIFY:
-            v[n++] = r->verify_end + r->verify_last;
-            break;
-        case OB_STEP1:
-            v[n++] = r->step1;
-            break;
+        if (r->arm == OB_ARM_A) {
+            vc[na] = r->c_end - r->c_start;
+            va[na++] = r->c_end - r->p_recv;
+        } else if (r->arm == OB_ARM_B) {
+            vb[nb] = r->d_held - r->p_recv;
+            vq[nb] = r->q_end - r->p_recv;
+            vr[nb] = r->resv - r->p_recv;
+            vt[nb] = r->d_held - r->c_end;
+            vv[nb] = r->pc_recv > 0 ? r->d_held - r->pc_recv : 0.0;
+            vs[nb] = r->step1;
+            vbc[nb] = r->c_end - r->c_start;
+            nb++;
+            if ((vbw[nbw] = ob_req_bw(b, r)) > 0.0) {
+                nbw++;
+            }
+        } else {
+            vz[nz++] = r->d_held - r->p_recv;
+            for (uint32_t l = 0; l < b->kv.n_layers && nmsg < OB_MAX_REQS * 4; l++) {
+                if (r->ld_sent[l] > 0 && r->ld_rx[l] > r->ld_sent[l]) {
+                    vmsg[nmsg++] = r->ld_rx[l] - r->ld_sent[l];
+                }
+            }
         }
     }
-    return n;
+    /* pairs: the A and B (Z) of one repetition */
+    for (int i = 0; i < b->n_reqs; i++) {
+        const ob_req_t *ra = &b->reqs[i];
+
+        if (ra->n_tokens != len || ra->warmup || !ra->ok || ra->arm != OB_ARM_A) {
+            continue;
+        }
+        for (int j = 0; j < b->n_reqs; j++) {
+            const ob_req_t *rx = &b->reqs[j];
+
+            if (rx->n_tokens != len || rx->warmup || !rx->ok || rx->rep != ra->rep) {
+                continue;
+            }
+            if (rx->arm == OB_ARM_B) {
+                vd[nd++] = (rx->d_held - rx->p_recv) - (ra->c_end - ra->p_recv);
+            } else if (rx->arm == OB_ARM_Z) {
+                vzd[nzd++] = (rx->d_held - rx->p_recv) - (ra->c_end - ra->p_recv);
+            }
+        }
+    }
+    row->n_pairs = nd;
+    row->a_ms = ob_median(va, na) / 1e6;
+    row->a_compute_ms = ob_median(vc, na) / 1e6;
+    row->b_ms = ob_median(vb, nb) / 1e6;
+    row->z_ms = ob_median(vz, nz) / 1e6;
+    row->d_ms = ob_median(vd, nd) / 1e6;
+    ob_median_ci(vd, nd, &row->d_lo_ms, &row->d_hi_ms);
+    row->d_lo_ms /= 1e6;
+    row->d_hi_ms /= 1e6;
+    row->zd_ms = ob_median(vzd, nzd) / 1e6;
+    row->msg_us = ob_median(vmsg, nmsg) / 1e3;
+    row->link_gbs = ob_median(vbw, nbw) / 1e9;
+    row->queue_ms = ob_median(vq, nb) / 1e6;
+    row->resv_ms = ob_median(vr, nb) / 1e6;
+    row->tail_ms = ob_median(vt, nb) / 1e6;
+    row->verify_ms = ob_median(vv, nb) / 1e6;
+    row->step1_ms = ob_median(vs, nb) / 1e6;
+    row->b_compute_ms = ob_median(vbc, nb) / 1e6;
+    for (int i = 0; i < b->n_reqs; i++) {
+        const ob_req_t *r = &b->reqs[i];
+        int lb = 0;
+
+        if (r->n_tokens != len || r->warmup || !r->ok || r->arm != OB_ARM_B) {
+            continue;
+        }
+        double bw = ob_req_bw(b, r); /* the link as this request found it */
+
+        vfl[nfl++] = ob_req_floor(b, r, bw > 0.0 ? bw : row->link_gbs * 1e9,
+                                  isnan(row->msg_us) ? 0.0 : row->msg_us * 1e3, &lb);
+        nlink += lb;
+    }
+    row->floor_ms = ob_median(vfl, nfl) / 1e6;
+    row->link_bound = 2 * nlink > nfl;
+    row->a_flag = !isnan(row->model_ms) && row->a_compute_ms > row->model_ms * 1.02;
 }
 
-static double ob_metric(const ob_t *b, uint32_t len, ob_metric_t m, double p, int *n_p)
-{
-    static double v[OB_MAX_REQS];
-    int n = ob_collect(b, len, m, v);
+/* ------------------------------------------------------------- printing */
 
-    if (n_p != NULL) {
-        *n_p = n;
+static void ob_fmt(char *buf, size_t cap, const char *fmt, double v)
+{
+    if (isnan(v)) {
+        snprintf(buf, cap, "-");
+    } else {
+        snprintf(buf, cap, fmt, v);
     }
-    return ob_pct(v, n, p) / 1e6; /* ms */
+}
+
+static void ob_print_header(const ob_t *b)
+{
+    if (b->tsv) {
+        printf("engine\txport\ttokens\tovh_pct\tfloor_pct\texcess_pct\tbound\tpairs\tmodel_ms\ta_ms"
+               "\tb_ms\tdiff_ms\tdiff_lo_ms\tdiff_hi_ms\tzero_ms\tzero_diff_ms\tmsg_us\tlink_gbs"
+               "\tfloor_ms\ta_compute_ms\ta_flag\ttail_ms\tverify_ms\n");
+        return;
+    }
+    printf("%-11s %-7s %6s %5s | %8s %8s %8s | %8s %-19s %7s | %6s %7s %8s %7s %7s %-7s | %8s\n",
+           "engine", "xport", "tokens", "pairs", "model", "A med", "B med", "B-A", "[95% CI]", "ovh",
+           "msg us", "GB/s", "floor", "floor", "excess", "bound", "Z-A");
+}
+
+static void ob_print_row(const ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, uint32_t len,
+                         const ob_row_t *w)
+{
+    double ovh = 100.0 * w->d_ms / w->a_ms;
+    double fl = 100.0 * w->floor_ms / w->a_ms;
+    char m[32], ci[48], msg[32], bw[32], z[32];
+
+    if (b->tsv) {
+        printf("%s\t%s\t%u\t%.3f\t%.3f\t%.3f\t%s\t%d\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f"
+               "\t%.2f\t%.3f\t%.4f\t%.4f\t%d\t%.4f\t%.4f\n",
+               e->name, xp->name, len, ovh, fl, ovh - fl, w->link_bound ? "link" : "compute",
+               w->n_pairs, w->model_ms, w->a_ms, w->b_ms, w->d_ms, w->d_lo_ms, w->d_hi_ms, w->z_ms,
+               w->zd_ms, w->msg_us, w->link_gbs, w->floor_ms, w->a_compute_ms, w->a_flag,
+               w->tail_ms, w->verify_ms);
+        return;
+    }
+    ob_fmt(m, sizeof(m), "%8.3f", w->model_ms);
+    if (isnan(w->d_lo_ms)) {
+        snprintf(ci, sizeof(ci), "[-]");
+    } else {
+        snprintf(ci, sizeof(ci), "[%+.3f, %+.3f]", w->d_lo_ms, w->d_hi_ms);
+    }
+    ob_fmt(msg, sizeof(msg), "%6.1f", w->msg_us);
+    ob_fmt(bw, sizeof(bw), "%7.2f", w->link_gbs);
+    ob_fmt(z, sizeof(z), "%+8.3f", w->zd_ms);
+    printf("%-11s %-7s %6u %5d | %8s %7.3f%s %8.3f | %+8.3f %-19s %6.2f%% | %6s %7s %8.3f %6.2f%% "
+           "%6.2f%% %-7s | %8s\n",
+           e->name, xp->name, len, w->n_pairs, m, w->a_ms, w->a_flag ? "!" : " ", w->b_ms,
+           w->d_ms, ci, ovh, msg, bw, w->floor_ms, fl, ovh - fl,
+           w->link_bound ? "link" : "compute", z);
+    printf("%-28s compute A %.3f B %.3f  tail %.3f  verify %.3f  queue %.3f  resv %.3f  step1 "
+           "%.3f ms%s\n",
+           "", w->a_compute_ms, w->b_compute_ms, w->tail_ms, w->verify_ms, w->queue_ms, w->resv_ms,
+           w->step1_ms,
+           w->a_flag ? "  (A! = A's compute took > 2% longer than the model)" : "");
+}
+
+/* Host CPU per request of each thread and arm, for row li. */
+static void ob_print_cpu(const ob_t *b, int li)
+{
+    if (!b->cpu || b->tsv || b->n_cpu[li] == 0) {
+        return;
+    }
+    printf("%-28s cpu ms/req", "");
+    for (int arm = 0; arm < OB_ARMS; arm++) {
+        int n = b->cpu_reqs[li][arm];
+        double total = 0.0;
+
+        if (n == 0) {
+            continue;
+        }
+        for (int k = 0; k < b->n_cpu[li]; k++) {
+            total += b->cpu_tab[li][k].ns[arm];
+        }
+        printf("  %s %.2f:", ob_arm_name[arm], total / n / 1e6);
+        for (int k = 0; k < b->n_cpu[li]; k++) {
+            double v = b->cpu_tab[li][k].ns[arm] / n / 1e6;
+
+            if (v >= 0.005) {
+                printf(" %s %.2f", b->cpu_tab[li][k].name, v);
+            }
+        }
+    }
+    printf("\n");
 }
 
 /* ------------------------------------------------------ one configuration */
@@ -653,13 +1114,13 @@ static int ob_model_dir(ob_t *b, const ob_engine_t *e, char *dir, size_t cap)
         char model[PATH_MAX], accel[PATH_MAX];
         epd_status_t st;
 
-        snprintf(dir, cap, "%s/sim-%s", b->tmp, e->name);
+        snprintf(dir, cap, "%s/sim-%s-%g", b->tmp, e->name, b->scale > 0.0 ? b->scale : e->scale);
         snprintf(model, sizeof(model), "%s/%s", b->profiles, e->profile);
         snprintf(accel, sizeof(accel), "%s/%s", b->profiles, e->accel);
         memset(&o, 0, sizeof(o));
         o.model = model;
         o.accel = accel;
-        o.scale = e->scale;
+        o.scale = b->scale > 0.0 ? b->scale : e->scale;
         o.devices = e->devices;
         o.mode = EPD_SIM_SLEEP;
         o.seed = 1;
@@ -674,6 +1135,31 @@ static int ob_model_dir(ob_t *b, const ob_engine_t *e, char *dir, size_t cap)
     }
 }
 
+/* The engine's KV layout (bytes per layer) and, for sim, its timing. */
+static int ob_engine_facts(ob_t *b, const ob_engine_t *e, const char *model)
+{
+    epd_engine_config_t cfg = {.model_dir = model, .block_tokens = OB_BLOCK_TOKENS};
+    epd_engine_t *eng = NULL;
+
+    if (epd_engine_open(e->profile != NULL ? "sim" : "ref", &cfg, &eng) != EPD_OK) {
+        fprintf(stderr, "overhead: cannot open engine %s from %s\n", e->name, model);
+        return -1;
+    }
+    b->kv = epd_engine_info(eng)->kv;
+    epd_engine_close(eng);
+    b->have_timing = 0;
+    if (e->profile != NULL) {
+        epd_sim_conf_t conf;
+
+        if (epd_sim_conf_load(model, &conf) != EPD_OK ||
+            epd_sim_timing_init(&conf, OB_BLOCK_TOKENS, &b->timing) != EPD_OK) {
+            return -1;
+        }
+        b->have_timing = 1;
+    }
+    return 0;
+}
+
 /* Runs one daemon pair over `lengths` and prints its rows. */
 static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long long group,
                      const uint32_t *lengths, int n_lengths)
@@ -681,6 +1167,8 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
     char model[PATH_MAX], p_ready[PATH_MAX], d_ready[PATH_MAX], p_trace[PATH_MAX],
         d_trace[PATH_MAX], p_log[PATH_MAX], d_log[PATH_MAX], p_ctl[128], d_ctl[128];
     char pexe[PATH_MAX], dexe[PATH_MAX], gbuf[32], kvb_p[32], kvb_d[32], gname[32];
+    int arms[OB_ARMS] = {OB_ARM_A, OB_ARM_B, OB_ARM_Z};
+    int n_arms = b->zero ? 3 : 2;
     uint32_t max_len = 0;
     pid_t pp = -1, pd = -1;
     epd_xport_config_t xc;
@@ -693,9 +1181,12 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
     for (int i = 0; i < n_lengths; i++) {
         max_len = lengths[i] > max_len ? lengths[i] : max_len;
     }
-    if (ob_model_dir(b, e, model, sizeof(model)) != 0) {
+    if (ob_model_dir(b, e, model, sizeof(model)) != 0 || ob_engine_facts(b, e, model) != 0) {
         return -1;
     }
+    memset(b->n_cpu, 0, sizeof(b->n_cpu));
+    memset(b->cpu_reqs, 0, sizeof(b->cpu_reqs));
+    memset(b->n_tasks, 0, sizeof(b->n_tasks));
     ob_group_name(group, gname, sizeof(gname));
     snprintf(p_ready, sizeof(p_ready), "%s/p.ready", b->tmp);
     snprintf(d_ready, sizeof(d_ready), "%s/d.ready", b->tmp);
@@ -712,11 +1203,11 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
     /* prefill frees a request's blocks only after its last write completed
      * and the compute thread released it, which may be after decode already
      * answered: room for three prompts */
-    snprintf(kvb_p, sizeof(kvb_p), "%u", 3 * (max_len / 16 + 1) + 8);
-    snprintf(kvb_d, sizeof(kvb_d), "%u", max_len / 16 + 16);
+    snprintf(kvb_p, sizeof(kvb_p), "%u", 3 * (max_len / OB_BLOCK_TOKENS + 1) + 8);
+    snprintf(kvb_d, sizeof(kvb_d), "%u", max_len / OB_BLOCK_TOKENS + 16);
     snprintf(gbuf, sizeof(gbuf), "%lld", group);
     {
-        char *dargv[40], *pargv[40];
+        char *dargv[48], *pargv[48];
         int n = 0;
 
         dargv[n++] = dexe;
@@ -736,46 +1227,48 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
         dargv[n++] = kvb_d;
         dargv[n++] = "--state-slots";
         dargv[n++] = "8";
-        dargv[n++] = "--max-batch";
-        dargv[n++] = "4";
         dargv[n++] = "--lease-ms";
         dargv[n++] = "60000";
         dargv[n++] = "--peer-timeout-ms";
         dargv[n++] = "30000";
         dargv[n++] = "--log-level";
         dargv[n++] = getenv("EPD_BENCH_LOG_LEVEL") != NULL ? getenv("EPD_BENCH_LOG_LEVEL") : "warn";
+        dargv[n++] = "--cluster-secret-file";
+        dargv[n++] = b->secret_file;
         if (xp->provider != NULL) {
             dargv[n++] = "--provider";
             dargv[n++] = (char *)xp->provider;
         }
         dargv[n] = NULL;
-        /* prefill takes decode's flags but --max-batch (a decode setting) */
-        n = 0;
-        for (int i = 0; dargv[i] != NULL; i++) {
-            if (strcmp(dargv[i], "--max-batch") == 0) {
-                i++;
-                continue;
-            }
-            pargv[n++] = dargv[i];
+        /* prefill takes the same flags, then its own */
+        for (int i = 0; i <= n; i++) {
+            pargv[i] = dargv[i];
         }
-        pargv[n] = NULL;
         pargv[0] = pexe;
         pargv[8] = "bench-prefill";
         pargv[10] = p_ready;
         pargv[12] = p_trace;
         pargv[14] = kvb_p;
-        n = 0;
-        while (pargv[n] != NULL) {
-            n++;
-        }
         if (group != OB_GROUP_DEFAULT) {
             pargv[n++] = "--write-group-bytes";
             pargv[n++] = gbuf;
+            pargv[n] = NULL;
         }
-        pargv[n] = NULL;
+        /* decode's own */
+        n = 0;
+        while (dargv[n] != NULL) {
+            n++;
+        }
+        dargv[n++] = "--max-batch";
+        dargv[n++] = "4";
+        dargv[n++] = "--verify";
+        dargv[n++] = (char *)b->verify;
+        dargv[n] = NULL;
         pd = ob_spawn(dargv, xp, d_log);
         pp = ob_spawn(pargv, xp, p_log);
     }
+    b->pid_p = pp;
+    b->pid_d = pd;
     if (pd < 0 || pp < 0 || ob_wait_ready(d_ready, pd, d_ctl, sizeof(d_ctl)) != 0 ||
         ob_wait_ready(p_ready, pp, p_ctl, sizeof(p_ctl)) != 0) {
         fprintf(stderr, "overhead: daemons did not start (logs: %s, %s)\n", p_log, d_log);
@@ -806,6 +1299,13 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
     xc.msg_cb = ob_on_msg;
     xc.err_cb = ob_on_err;
     xc.cb_arg = b;
+    xc.secret = b->secret.bytes;
+    xc.secret_len = b->secret.len;
+    snprintf(xc.identity.worker_id, sizeof(xc.identity.worker_id), "bench-overhead-%d",
+             (int)getpid());
+    xc.identity.role = EPD_CLIENT_ROLE_TOOL;
+    xc.identity.epoch.start_time_ns = b->epoch_start;
+    xc.identity.epoch.nonce = b->epoch_nonce;
     if (epd_xport_create(&xc, &b->x) != EPD_OK) {
         fprintf(stderr, "overhead: cannot start the client transport %s\n", xp->name);
         goto out;
@@ -836,7 +1336,7 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
         goto out;
     }
     epd_rng_seed(&rng, 42);
-    b->n_reqs = 0;
+    ob_free_reqs(b);
     for (int li = 0; li < n_lengths; li++) {
         uint32_t len = lengths[li];
         int reps = e->profile == NULL ? b->reps_ref : len >= 16384 ? b->reps_long : b->reps;
@@ -847,20 +1347,24 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
             tokens[t] = 1 + (uint32_t)(epd_rng_next(&rng) % 127);
         }
         for (int w = 0; w < b->warmup; w++) {
-            if (ob_request(b, tokens, len, 0, 1) != 0 || ob_request(b, tokens, len, 1, 1) != 0) {
-                goto out;
+            for (int k = 0; k < n_arms; k++) {
+                if (ob_request(b, tokens, len, arms[k], -1, 1, li) != 0) {
+                    goto out;
+                }
             }
         }
-        /* interleaved: A B B A A B ... so neither arm always goes first */
+        /* each repetition runs every arm once, in rotating order, so that
+         * no arm always goes first (or always follows the same one) */
         for (int r = 0; r < reps; r++) {
-            int first = r & 1;
+            for (int k = 0; k < n_arms; k++) {
+                int arm = arms[(k + r) % n_arms];
 
-            if (ob_request(b, tokens, len, first, 0) != 0 ||
-                ob_request(b, tokens, len, !first, 0) != 0) {
-                goto out;
-            }
-            if (len == b->trace_len || trace_id == 0) {
-                trace_id = b->reqs[b->n_reqs - (first == 1 ? 2 : 1)].id; /* the B one */
+                if (ob_request(b, tokens, len, arm, li * 100000 + r, 0, li) != 0) {
+                    goto out;
+                }
+                if (arm == OB_ARM_B && (len == b->trace_len || trace_id == 0)) {
+                    trace_id = b->reqs[b->n_reqs - 1].id;
+                }
             }
         }
     }
@@ -881,6 +1385,7 @@ out:
         rc = -1;
     }
     if (rc != 0) {
+        ob_free_reqs(b);
         return rc;
     }
     pj = ob_read_trace(b, p_trace, 0);
@@ -888,13 +1393,14 @@ out:
     if (pj == NULL || dj == NULL) {
         json_decref(pj);
         json_decref(dj);
+        ob_free_reqs(b);
         return -1;
     }
     for (int i = 0; i < b->n_reqs; i++) {
         ob_req_t *r = &b->reqs[i];
 
         r->ok = r->p_recv > 0 && r->c_end > 0 && r->c_start > 0 &&
-                (r->arm == 0 || (r->d_held > 0 && r->resv > 0));
+                (r->arm == OB_ARM_A || r->d_held > 0);
     }
     if (b->trace_out != NULL && !b->trace_written && trace_id != 0) {
         if (ob_write_merged(b->trace_out, pj, dj, trace_id) == 0) {
@@ -912,21 +1418,14 @@ out:
     json_decref(dj);
 
     for (int li = 0; li < n_lengths; li++) {
-        uint32_t len = lengths[li];
-        int na, nb;
-        double a50 = ob_metric(b, len, OB_A, 0.5, &na);
-        double a90 = ob_metric(b, len, OB_A, 0.9, NULL);
-        double b50 = ob_metric(b, len, OB_B, 0.5, &nb);
-        double b90 = ob_metric(b, len, OB_B, 0.9, NULL);
+        ob_row_t row;
 
-        printf("%-11s %-7s %6u %-9s %3d/%-3d %9.3f %9.3f %9.3f %9.3f %7.2f%% | %7.3f %7.3f %9.3f "
-               "%8.3f %7.3f %7.3f\n",
-               e->name, xp->name, len, gname, na, nb, a50, a90, b50, b90, 100.0 * (b50 - a50) / a50,
-               ob_metric(b, len, OB_QUEUE, 0.5, NULL), ob_metric(b, len, OB_RESV, 0.5, NULL),
-               ob_metric(b, len, OB_COMPUTE, 0.5, NULL), ob_metric(b, len, OB_TAIL, 0.5, NULL),
-               ob_metric(b, len, OB_VERIFY, 0.5, NULL), ob_metric(b, len, OB_STEP1, 0.5, NULL));
+        ob_row(b, lengths[li], &row);
+        ob_print_row(b, e, xp, lengths[li], &row);
+        ob_print_cpu(b, li);
         fflush(stdout);
     }
+    ob_free_reqs(b);
     return 0;
 }
 
@@ -1032,20 +1531,26 @@ static int ob_parse_groups(const char *s, long long *groups, int *n_p)
 static void ob_usage(void)
 {
     printf("usage: epd-bench overhead [options]\n"
-           "  prefill-only (A) vs prefill + KV transfer into a live decode (B), interleaved\n"
-           "  request by request against the same daemons; times from the daemons' traces.\n\n"
+           "  prefill-only (A) vs prefill + KV transfer into a live decode (B) vs the protocol\n"
+           "  without the data (Z), interleaved request by request against the same daemons;\n"
+           "  times from the daemons' traces, the physical floor of B - A beside each row.\n\n"
            "  --lengths LIST       prompt lengths for sim engines [128,1024,4096,16384,32768]\n"
            "  --ref-lengths LIST   prompt lengths for ref [128,1024]\n"
            "  --engines LIST       dense-70b,hybrid-320b,ref [all]\n"
            "  --transports LIST    ucx-shm,ucx-tcp,ofi-tcp [all]\n"
            "  --groups LIST        prefill --write-group-bytes of each row: default (the\n"
            "                       daemon's), per-layer (0) or bytes (64K, 1M) [default]\n"
-           "  --compare-group G    without --groups: also rows with this grouping... [256K]\n"
-           "  --compare-max N      ...for lengths <= N [1024]\n"
-           "  --reps N             A/B pairs per length [12]\n"
-           "  --reps-long N        A/B pairs for lengths >= 16k [6]\n"
-           "  --reps-ref N         A/B pairs per length with ref (slow on a CPU) [6]\n"
-           "  --warmup N           A/B pairs not counted, per length [1]\n"
+           "  --reps N             repetitions (one request of each arm) per length [12]\n"
+           "  --reps-long N        repetitions for lengths >= 16k [6]\n"
+           "  --reps-ref N         repetitions per length with ref (slow on a CPU) [6]\n"
+           "  --warmup N           repetitions not counted, per length [1]\n"
+           "  --no-zero            without the zero-byte arm (Z)\n"
+           "  --scale S            sim engines at scale S (0 < S <= 1) instead of their own\n"
+           "                       (dense-70b 0.05, hybrid-320b 0.1): 1 is the full-size KV\n"
+           "  --verify MODE        decode's --verify for stamped KV: stamps or full [stamps]\n"
+           "  --tsv                tab-separated rows (engine xport tokens ovh_pct floor_pct\n"
+           "                       excess_pct bound ...; the header names every column)\n"
+           "  --no-cpu             without the per-thread CPU lines\n"
            "  --trace FILE         one B request, prefill and decode merged (Chrome JSON)\n"
            "  --trace-length N     which length that request has [1024]\n"
            "  --profiles DIR       sim profiles [<repo>/engine/profiles]\n"
@@ -1070,12 +1575,13 @@ int epd_bench_overhead_main(int argc, char **argv)
     b.ref_lengths[0] = 128;
     b.ref_lengths[1] = 1024;
     b.n_ref_lengths = 2;
-    b.compare_max = 1024;
-    b.compare_group = 256 * 1024;
     b.reps = 12;
     b.reps_long = 6;
     b.reps_ref = 6;
     b.warmup = 1;
+    b.zero = 1;
+    b.cpu = 1;
+    b.verify = "stamps";
     b.trace_len = 1024;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1088,6 +1594,18 @@ int epd_bench_overhead_main(int argc, char **argv)
         }
         if (strcmp(a, "--keep") == 0) {
             b.keep = 1;
+            continue;
+        }
+        if (strcmp(a, "--no-zero") == 0) {
+            b.zero = 0;
+            continue;
+        }
+        if (strcmp(a, "--tsv") == 0) {
+            b.tsv = 1;
+            continue;
+        }
+        if (strcmp(a, "--no-cpu") == 0) {
+            b.cpu = 0;
             continue;
         }
         if (v == NULL) {
@@ -1105,15 +1623,6 @@ int epd_bench_overhead_main(int argc, char **argv)
             bad = ob_parse_names(v, 0, &b);
         } else if (strcmp(a, "--groups") == 0) {
             bad = ob_parse_groups(v, b.groups, &b.n_groups);
-            b.groups_given = 1;
-        } else if (strcmp(a, "--compare-max") == 0) {
-            b.compare_max = (uint32_t)atoi(v);
-        } else if (strcmp(a, "--compare-group") == 0) {
-            long long g[OB_MAX_LIST];
-            int ng = 0;
-
-            bad = ob_parse_groups(v, g, &ng) != 0 || ng != 1;
-            b.compare_group = g[0];
         } else if (strcmp(a, "--reps") == 0) {
             b.reps = atoi(v);
             bad = b.reps < 1;
@@ -1126,6 +1635,12 @@ int epd_bench_overhead_main(int argc, char **argv)
         } else if (strcmp(a, "--warmup") == 0) {
             b.warmup = atoi(v);
             bad = b.warmup < 0;
+        } else if (strcmp(a, "--scale") == 0) {
+            b.scale = atof(v);
+            bad = !(b.scale > 0.0 && b.scale <= 1.0);
+        } else if (strcmp(a, "--verify") == 0) {
+            b.verify = v;
+            bad = strcmp(v, "stamps") != 0 && strcmp(v, "full") != 0;
         } else if (strcmp(a, "--trace") == 0) {
             b.trace_out = v;
         } else if (strcmp(a, "--trace-length") == 0) {
@@ -1149,7 +1664,7 @@ int epd_bench_overhead_main(int argc, char **argv)
     if (b.n_xports == 0) {
         ob_parse_names("ucx-shm,ucx-tcp,ofi-tcp", 0, &b);
     }
-    if (!b.groups_given) {
+    if (b.n_groups == 0) {
         b.groups[0] = OB_GROUP_DEFAULT;
         b.n_groups = 1;
     }
@@ -1181,19 +1696,15 @@ int epd_bench_overhead_main(int argc, char **argv)
         fprintf(stderr, "overhead: mkdtemp: %s\n", strerror(errno));
         return 1;
     }
+    if (ob_make_secret(&b) != 0) {
+        return 1;
+    }
     b.txbuf = malloc(1 << 20);
     b.epoch_start = epd_time_wall_ns();
     b.epoch_nonce = epd_rng_entropy();
     b.next_id = ((uint64_t)(uint32_t)getpid() << 32) | 1;
     signal(SIGPIPE, SIG_IGN);
 
-    printf("# epd-bench overhead: A = prefill only, B = prefill + KV transfer to a live decode,\n"
-           "# interleaved per request on the same daemons; ms from prefill receiving the request\n"
-           "# to A: compute done / B: decode holding all KV (PrefillComplete verified).\n"
-           "# breakdown (medians of B): queue = wait for the compute thread, resv = reservation\n"
-           "# received, compute = prefill span, tail = prefill compute done -> decode holds all\n"
-           "# KV (verify = decode hashing on the tail: the last layer's check, plus layers not\n"
-           "# checked as they landed), step1 = first decode step.  Load average at start: ");
     {
         FILE *f = fopen("/proc/loadavg", "r");
         char la[64] = "?";
@@ -1205,11 +1716,15 @@ int epd_bench_overhead_main(int argc, char **argv)
             fclose(f);
         }
         la[strcspn(la, "\n")] = '\0';
-        printf("%s, %ld CPUs\n", la, sysconf(_SC_NPROCESSORS_ONLN));
+        printf("# epd-bench overhead: A = prefill only, B = prefill + KV transfer to a live decode\n"
+               "# (--verify %s), Z = the protocol without the data; ms from prefill receiving\n"
+               "# the request to A: compute done, B/Z: decode holding all KV.  B-A: paired median\n"
+               "# [95%% CI]; ovh = B-A / A; msg = LayerDone latency (Z); GB/s = the KV's link\n"
+               "# bandwidth (B); floor = least B-A this link and compute allow; excess = ovh -\n"
+               "# floor; A! = A's compute > 1.02 x model.  Load average at start: %s, %ld CPUs\n",
+               b.verify, la, sysconf(_SC_NPROCESSORS_ONLN));
     }
-    printf("%-11s %-7s %6s %-9s %7s %9s %9s %9s %9s %8s | %7s %7s %9s %8s %7s %7s\n", "engine",
-           "xport", "tokens", "writes", "nA/nB", "A med", "A p90", "B med", "B p90", "ovh", "queue",
-           "resv", "compute", "tail", "verify", "step1");
+    ob_print_header(&b);
     for (int ei = 0; ei < b.n_engines; ei++) {
         const ob_engine_t *e = b.engines[ei];
         const uint32_t *lens = e->profile != NULL ? b.lengths : b.ref_lengths;
@@ -1218,20 +1733,6 @@ int epd_bench_overhead_main(int argc, char **argv)
         for (int xi = 0; xi < b.n_xports; xi++) {
             for (int gi = 0; gi < b.n_groups; gi++) {
                 if (ob_config(&b, e, b.xports[xi], b.groups[gi], lens, nl) != 0) {
-                    rc = 1;
-                }
-            }
-            if (!b.groups_given && b.compare_max > 0) {
-                uint32_t short_lens[OB_MAX_LIST];
-                int ns = 0;
-
-                for (int li = 0; li < nl; li++) {
-                    if (lens[li] <= b.compare_max) {
-                        short_lens[ns++] = lens[li];
-                    }
-                }
-                if (ns > 0 &&
-                    ob_config(&b, e, b.xports[xi], b.compare_group, short_lens, ns) != 0) {
                     rc = 1;
                 }
             }
@@ -1249,5 +1750,6 @@ int epd_bench_overhead_main(int argc, char **argv)
         }
     }
     free(b.txbuf);
+    epd_secret_wipe(&b.secret);
     return rc;
 }

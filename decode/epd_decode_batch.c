@@ -359,6 +359,7 @@ epd_status_t epd_decode_batch_create(epd_engine_t *engine, const epd_kv_pool_t *
         status = EPD_ERR_FATAL;
         goto err_cv;
     }
+    (void)pthread_setname_np(b->thread, "decode batch");
     *batch_p = b;
     return EPD_OK;
 

@@ -37,6 +37,14 @@ epd_status_t epd__decode_cache_init(epd_decode_srv_t *srv, const char *engine_na
     if (!srv->prefix_cache || srv->info->kv.n_attn_layers == 0) {
         return EPD_OK;
     }
+    if (strcmp(engine_name, "sim") == 0) {
+        /* sim's KV units carry the stamps of the request that wrote them
+         * and per-block templates: a kept block is not the bytes prefill
+         * holds for the same tokens, so its checksum would fail the request */
+        epd_log_info(EPD_DECODE_LOG, 0,
+                     "decode-side reuse off: the sim engine's KV is not a function of the tokens");
+        return EPD_OK;
+    }
     epd_prefix_root(engine_name, srv->info, NULL, 0, &srv->proot);
     srv->engine_name = engine_name;
     st = epd_kvcache_create(srv->pool.n_blocks, &srv->pcache);
@@ -135,8 +143,10 @@ static int epd_decode_cache_keys(epd_decode_srv_t *srv, epd_decode_request_t *re
     return 1;
 }
 
-uint32_t epd__decode_cache_admit(epd_decode_srv_t *srv, epd_decode_request_t *req,
-                                 const Epd__GenerateRequest *g, uint32_t n_blocks)
+/* The cached head of req (pinned into req->blocks[0..k)) and room for the
+ * other n_blocks - k; returns k. */
+static uint32_t epd_decode_cache_admit(epd_decode_srv_t *srv, epd_decode_request_t *req,
+                                       const Epd__GenerateRequest *g, uint32_t n_blocks)
 {
     uint32_t bt = srv->info->kv.block_tokens;
     uint32_t n_prompt = (uint32_t)g->n_prompt_tokens;
@@ -158,6 +168,25 @@ uint32_t epd__decode_cache_admit(epd_decode_srv_t *srv, epd_decode_request_t *re
     /* kept blocks nobody uses give way to new requests */
     epd_decode_cache_room(srv, n_blocks - k);
     return k;
+}
+
+epd_status_t epd__decode_cache_reserve(epd_decode_srv_t *srv, epd_decode_request_t *req,
+                                       const Epd__GenerateRequest *g, uint32_t n_blocks)
+{
+    uint32_t k = epd_decode_cache_admit(srv, req, g, n_blocks);
+    epd_status_t st;
+
+    st = epd_decode_blocks_reserve(srv->blocks, g->request_id, n_blocks - k,
+                                   srv->info->kv.n_linear_layers > 0, req->blocks + k, &req->slot);
+    if (st == EPD_ERR_INVALID_PARAM && k == n_blocks) {
+        st = EPD_ERR_NO_CAPACITY; /* cannot happen: the last block is never cached */
+    }
+    return st;
+}
+
+uint64_t epd__decode_cache_head_bytes(const epd_decode_srv_t *srv, const epd_decode_request_t *req)
+{
+    return (uint64_t)req->n_cached * srv->info->kv.n_attn_layers * srv->info->kv.block_bytes;
 }
 
 void epd__decode_cache_finished(epd_decode_srv_t *srv, epd_decode_request_t *req)

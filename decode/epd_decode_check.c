@@ -133,73 +133,130 @@ epd_status_t epd_decode_check_kv(const epd_kv_layout_t *layout, const epd_kv_poo
     return EPD_OK;
 }
 
-/* Hashes `layer` against `sum` and records a match in *seen. */
-static epd_status_t epd__verify_layer(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
-                                      const uint32_t *ids, uint32_t n_ids, uint32_t slot,
-                                      uint32_t layer, uint64_t sum, epd_hash_state_t *h,
-                                      epd_decode_kv_seen_t *seen, const char **why_p)
+epd_status_t epd_decode_check_layer(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
+                                    const uint32_t *ids, uint32_t n_ids, uint32_t slot,
+                                    uint32_t layer, uint64_t sum, epd_kv_sum_kind_t kind,
+                                    const epd_kv_stamp_expect_t *expect, epd_hash_state_t *h,
+                                    uint64_t *bytes_p, const char **why_p)
 {
-    uint64_t bytes = 0;
     epd_status_t st;
 
-    st = epd_decode_check_kv_layer(layout, pool, ids, n_ids, slot, layer, sum, h, &bytes);
+    if (kind == EPD_KV_SUM_STAMPED) {
+        return epd_kv_stamp_check_layer(layout, pool, ids, n_ids, slot, layer, expect, sum, h,
+                                        bytes_p, why_p);
+    }
+    st = epd_decode_check_kv_layer(layout, pool, ids, n_ids, slot, layer, sum, h, bytes_p);
     if (st != EPD_OK) {
         return epd__refuse(why_p,
                            st == EPD_ERR_CORRUPT ? "KV checksum mismatch: the cache is corrupt"
                                                  : "KV verification failed",
                            st);
     }
-    seen->ok[layer] = 1;
-    seen->sums[layer] = sum;
-    seen->n_ok++;
-    seen->bytes += bytes;
     return EPD_OK;
 }
 
-epd_status_t epd_decode_check_landed(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
-                                     const uint32_t *ids, uint32_t n_ids, uint32_t slot,
-                                     uint32_t layer, uint64_t sum, epd_hash_state_t *h,
-                                     epd_decode_kv_seen_t *seen, const char **why_p)
+epd_status_t epd_decode_seen_landed(epd_decode_kv_seen_t *seen, uint32_t n_layers, uint32_t layer,
+                                    uint64_t sum, int kind, int *check_p, const char **why_p)
 {
-    if (layer >= layout->n_layers) {
+    if (layer >= n_layers) {
         return epd__refuse(why_p, "LayerDone: layer outside the model", EPD_ERR_INVALID_PARAM);
     }
-    if (seen->ok[layer]) {
-        return seen->sums[layer] == sum
-                   ? EPD_OK
-                   : epd__refuse(why_p, "LayerDone: a second, different checksum for one layer",
-                                 EPD_ERR_INVALID_PARAM);
+    if (seen->kind >= 0 && seen->kind != kind) {
+        return epd__refuse(why_p, "LayerDone: a checksum kind other than the request's",
+                           EPD_ERR_INVALID_PARAM);
     }
-    return epd__verify_layer(layout, pool, ids, n_ids, slot, layer, sum, h, seen, why_p);
+    if (seen->state[layer] != EPD_DECODE_KV_WAIT) {
+        if (seen->sums[layer] != sum) {
+            return epd__refuse(why_p, "LayerDone: a second, different checksum for one layer",
+                               EPD_ERR_INVALID_PARAM);
+        }
+        *check_p = 0;
+        return EPD_OK;
+    }
+    seen->kind = kind;
+    seen->sums[layer] = sum;
+    seen->state[layer] = EPD_DECODE_KV_CHECKING;
+    seen->n_checking++;
+    *check_p = 1;
+    return EPD_OK;
 }
 
-epd_status_t epd_decode_check_completed(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
-                                        const uint32_t *ids, uint32_t n_ids, uint32_t slot,
-                                        const uint64_t *sums, size_t n_sums, epd_hash_state_t *h,
-                                        epd_decode_kv_seen_t *seen, const char **why_p,
-                                        uint32_t *bad_layer_p)
+epd_status_t epd_decode_seen_completed(epd_decode_kv_seen_t *seen, uint32_t n_layers,
+                                       const uint64_t *sums, size_t n_sums, int kind,
+                                       uint8_t *newly, const char **why_p)
 {
-    if (n_sums != layout->n_layers) {
+    if (n_sums != n_layers) {
         return epd__refuse(why_p, "PrefillComplete: wrong number of layer checksums",
                            EPD_ERR_INVALID_PARAM);
     }
-    for (uint32_t l = 0; l < layout->n_layers; l++) {
-        epd_status_t st;
-
-        if (seen->ok[l]) {
-            if (seen->sums[l] != sums[l]) {
-                return epd__refuse(why_p,
-                                   "PrefillComplete: a layer checksum differs from its "
-                                   "LayerDone's",
-                                   EPD_ERR_INVALID_PARAM);
-            }
-            continue;
+    if (seen->kind >= 0 && seen->kind != kind) {
+        return epd__refuse(why_p, "PrefillComplete: a checksum kind other than its LayerDones'",
+                           EPD_ERR_INVALID_PARAM);
+    }
+    for (uint32_t l = 0; l < n_layers; l++) {
+        if (seen->state[l] == EPD_DECODE_KV_OK && seen->sums[l] != sums[l]) {
+            return epd__refuse(why_p,
+                               "PrefillComplete: a layer checksum differs from its LayerDone's",
+                               EPD_ERR_INVALID_PARAM);
         }
-        st = epd__verify_layer(layout, pool, ids, n_ids, slot, l, sums[l], h, seen, why_p);
-        if (st != EPD_OK) {
-            *bad_layer_p = l;
-            return st;
+    }
+    seen->kind = kind;
+    for (uint32_t l = 0; l < n_layers; l++) {
+        newly[l] = seen->state[l] == EPD_DECODE_KV_WAIT;
+        if (newly[l]) {
+            seen->sums[l] = sums[l];
+            seen->state[l] = EPD_DECODE_KV_CHECKING;
+            seen->n_checking++;
+        } else if (seen->state[l] != EPD_DECODE_KV_OK && seen->sums[l] != sums[l]) {
+            seen->state[l] |= EPD_DECODE_KV_DISAGREE;
         }
     }
     return EPD_OK;
+}
+
+epd_status_t epd_decode_seen_result(epd_decode_kv_seen_t *seen, uint32_t layer,
+                                    epd_status_t status, uint64_t bytes, const char **why_p)
+{
+    int disagree = (seen->state[layer] & EPD_DECODE_KV_DISAGREE) != 0;
+
+    if ((seen->state[layer] & ~EPD_DECODE_KV_DISAGREE) != EPD_DECODE_KV_CHECKING) {
+        return EPD_OK;
+    }
+    seen->n_checking--;
+    if (status != EPD_OK) {
+        seen->state[layer] = EPD_DECODE_KV_WAIT;
+        return status;
+    }
+    seen->state[layer] = EPD_DECODE_KV_OK;
+    seen->n_ok++;
+    seen->bytes += bytes;
+    if (disagree) {
+        return epd__refuse(why_p, "PrefillComplete: a layer checksum differs from its LayerDone's",
+                           EPD_ERR_INVALID_PARAM);
+    }
+    return EPD_OK;
+}
+
+void epd_decode_seen_trust(epd_decode_kv_seen_t *seen, uint32_t n_layers)
+{
+    for (uint32_t l = 0; l < n_layers; l++) {
+        if (seen->state[l] == EPD_DECODE_KV_WAIT) {
+            seen->state[l] = EPD_DECODE_KV_OK;
+            seen->n_ok++;
+        }
+    }
+}
+
+int epd_decode_first_finish(uint32_t first_token, int32_t eos_token, const uint32_t *stop_ids,
+                            uint32_t n_stop, uint32_t max_tokens)
+{
+    if ((int32_t)first_token == eos_token) {
+        return EPD__FINISH_REASON__FINISH_STOP;
+    }
+    for (uint32_t i = 0; i < n_stop; i++) {
+        if (stop_ids[i] == first_token) {
+            return EPD__FINISH_REASON__FINISH_STOP;
+        }
+    }
+    return max_tokens == 1 ? EPD__FINISH_REASON__FINISH_LENGTH : EPD__FINISH_REASON__FINISH_NONE;
 }

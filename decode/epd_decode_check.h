@@ -3,8 +3,9 @@
  * servable by this model (proto/README.md rule 3) and does it name a
  * prefill worker that can be told, and does the KV a prefill worker wrote
  * match the checksums of its landed LayerDones and its PrefillComplete
- * (rule 6) — the KV verification, layer by layer as the layers land and
- * for whatever is left at completion.
+ * (rule 6) — the checks of one layer, of either checksum kind, and the
+ * bookkeeping of which layers of a request are checked (the checks run on
+ * the verifier thread, epd_decode_verify).
  *
  * No state of its own, no I/O: what a request's verification established
  * so far lives in the caller's epd_decode_kv_seen_t.  Any thread (the
@@ -18,6 +19,7 @@
 
 #include "epd_engine.h"
 #include "epd_hash.h"
+#include "epd_kv_stamp.h"
 #include "epd_msg.h"
 #include "epd_sample.h"
 
@@ -73,10 +75,10 @@ epd_status_t epd_decode_check_kv(const epd_kv_layout_t *layout, const epd_kv_poo
                                  uint32_t *bad_layer_p);
 
 /*
- * The same check for one layer `layer` against `sum` (per-layer
- * verification: a LayerDone with landed = true).  EPD_OK, EPD_ERR_CORRUPT,
- * or EPD_ERR_INVALID_PARAM for a layer outside the model or a block/slot
- * outside the pool.  *bytes_p (may be NULL) gets the bytes hashed.
+ * The same check for one layer `layer` against `sum` (kind BYTES).
+ * EPD_OK, EPD_ERR_CORRUPT, or EPD_ERR_INVALID_PARAM for a layer outside the
+ * model or a block/slot outside the pool.  *bytes_p (may be NULL) gets the
+ * bytes hashed.
  */
 epd_status_t epd_decode_check_kv_layer(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
                                        const uint32_t *ids, uint32_t n_ids, uint32_t slot,
@@ -84,42 +86,81 @@ epd_status_t epd_decode_check_kv_layer(const epd_kv_layout_t *layout, const epd_
                                        uint64_t *bytes_p);
 
 /*
+ * One layer's check of either kind (proto/README.md rule 6): BYTES hashes
+ * every byte (epd_decode_check_kv_layer); STAMPED checks every unit's stamp
+ * against `expect` and the stamps' checksum (epd_kv_stamp_check_layer; with
+ * expect->full every body too).  EPD_OK; EPD_ERR_CORRUPT or
+ * EPD_ERR_INVALID_PARAM with *why_p a static string; *bytes_p (may be
+ * NULL) the bytes the layer spans.
+ */
+epd_status_t epd_decode_check_layer(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
+                                    const uint32_t *ids, uint32_t n_ids, uint32_t slot,
+                                    uint32_t layer, uint64_t sum, epd_kv_sum_kind_t kind,
+                                    const epd_kv_stamp_expect_t *expect, epd_hash_state_t *h,
+                                    uint64_t *bytes_p, const char **why_p);
+
+/* Where one layer of a request stands in its verification. */
+enum {
+    EPD_DECODE_KV_WAIT = 0, /* no checksum yet */
+    EPD_DECODE_KV_CHECKING, /* its check is lent to the verifier */
+    EPD_DECODE_KV_OK,       /* verified */
+};
+/* Or'ed into CHECKING: PrefillComplete carried another sum than the
+ * LayerDone the check runs against; the check's outcome decides which of
+ * the two was wrong (epd_decode_seen_result). */
+#define EPD_DECODE_KV_DISAGREE 0x80u
+
+/*
  * What one request's KV verification established so far: the caller's
- * storage, [n_layers] entries each, zeroed before the first check.
+ * storage, [n_layers] entries each, zeroed before the first message (kind
+ * -1).  Pure bookkeeping; the checks themselves run elsewhere.
  */
 typedef struct {
-    uint64_t *sums; /* [n_layers]: the checksum a verified layer matched */
-    uint8_t *ok;    /* [n_layers]: nonzero once that layer is verified */
-    uint32_t n_ok;  /* layers verified */
-    uint64_t bytes; /* bytes hashed and matched so far */
+    uint64_t *sums;  /* [n_layers]: the checksum a layer is checked against */
+    uint8_t *state;  /* [n_layers]: EPD_DECODE_KV_* */
+    uint32_t n_ok;   /* layers verified */
+    uint32_t n_checking;
+    int kind;        /* the request's epd_kv_sum_kind_t once a sum came, else -1 */
+    uint64_t bytes;  /* bytes of the layers verified */
 } epd_decode_kv_seen_t;
 
 /*
- * A landed LayerDone{layer, sum}: its writes are final here, so the layer
- * is hashed now (once; a second LayerDone of a verified layer must carry
- * the same sum).  EPD_OK (verified, recorded in *seen); otherwise
- * EPD_ERR_INVALID_PARAM (a layer outside the model, a second different
- * sum, a block or slot outside the pool) or EPD_ERR_CORRUPT, with *why_p a
- * static string naming the problem.
+ * A landed LayerDone{layer, sum, kind}: *check_p = 1 when the layer must be
+ * checked now (it is marked CHECKING), 0 when it was already (the same sum
+ * again).  EPD_OK; EPD_ERR_INVALID_PARAM with *why_p for a layer outside
+ * the model, a second different sum, or a kind other than the request's.
  */
-epd_status_t epd_decode_check_landed(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
-                                     const uint32_t *ids, uint32_t n_ids, uint32_t slot,
-                                     uint32_t layer, uint64_t sum, epd_hash_state_t *h,
-                                     epd_decode_kv_seen_t *seen, const char **why_p);
+epd_status_t epd_decode_seen_landed(epd_decode_kv_seen_t *seen, uint32_t n_layers, uint32_t layer,
+                                    uint64_t sum, int kind, int *check_p, const char **why_p);
 
 /*
- * PrefillComplete's checksums sums[0..n_sums): every layer not verified
- * yet is hashed against its sum (all of them when no landed LayerDone
- * came); a layer verified earlier must carry the sum it matched then (else
- * EPD_ERR_INVALID_PARAM: it would read as corruption otherwise).  EPD_OK;
- * EPD_ERR_CORRUPT with *bad_layer_p the first layer that differs;
- * EPD_ERR_INVALID_PARAM (wrong number of sums, a disagreeing sum, a block
- * or slot outside the pool); *why_p a static string on failure.
+ * PrefillComplete's sums[0..n_sums) of `kind`: every layer not checked yet
+ * takes its sum and is marked CHECKING, with newly[layer] = 1 (the caller's
+ * [n_layers] scratch, written here: the layers the caller must check now);
+ * a verified layer must carry the sum it matched; a layer still being
+ * checked against another sum is marked EPD_DECODE_KV_DISAGREE (its check
+ * decides).  EPD_OK; EPD_ERR_INVALID_PARAM with *why_p (wrong number of
+ * sums, a sum disagreeing with a verified layer, another kind).  Nothing is
+ * changed on failure.
  */
-epd_status_t epd_decode_check_completed(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
-                                        const uint32_t *ids, uint32_t n_ids, uint32_t slot,
-                                        const uint64_t *sums, size_t n_sums, epd_hash_state_t *h,
-                                        epd_decode_kv_seen_t *seen, const char **why_p,
-                                        uint32_t *bad_layer_p);
+epd_status_t epd_decode_seen_completed(epd_decode_kv_seen_t *seen, uint32_t n_layers,
+                                       const uint64_t *sums, size_t n_sums, int kind,
+                                       uint8_t *newly, const char **why_p);
+
+/* Protocol-only requests (nothing is written): every layer not checked
+ * yet stands verified as it is. */
+void epd_decode_seen_trust(epd_decode_kv_seen_t *seen, uint32_t n_layers);
+
+/* How the first token ends a request of max_tokens (Epd__FinishReason):
+ * STOP for EOS or a stop id, LENGTH when it is the only token, else NONE. */
+int epd_decode_first_finish(uint32_t first_token, int32_t eos_token, const uint32_t *stop_ids,
+                            uint32_t n_stop, uint32_t max_tokens);
+
+/* A layer's check came back with `status`: OK marks it verified (its bytes
+ * counted).  Returns what the request fails with: the check's status, or
+ * EPD_ERR_INVALID_PARAM (*why_p) when it matched the LayerDone's sum that
+ * PrefillComplete disagreed with; EPD_OK otherwise. */
+epd_status_t epd_decode_seen_result(epd_decode_kv_seen_t *seen, uint32_t layer,
+                                    epd_status_t status, uint64_t bytes, const char **why_p);
 
 #endif

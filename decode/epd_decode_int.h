@@ -15,21 +15,26 @@
  *   epd_decode_blocks.c    the KV block / state-slot lifecycle (own header)
  *   epd_decode_check.c     the pure checks and the KV verification (own header)
  *   epd_decode_batch.c     the compute thread: continuous batching (own header)
+ *   epd_decode_verify.c    the verifier thread: the KV checks off the loop (own header)
  *   epd_decode_cache.c     decode-side reuse: finished prompts' blocks kept
  *
  * Calls go one way: main.c -> epd_decode_msg.c -> epd_decode_req.c ->
- * epd_decode_cache.c, epd_decode_blocks.c, epd_decode_check.c,
- * epd_decode_batch.c; epd_decode_cache.c -> epd_decode_blocks.c (main.c also
+ * epd_decode_cache.c, epd_decode_blocks.c, epd_decode_check.c, epd_decode_batch.c,
+ * epd_decode_verify.c (-> epd_decode_check.c); epd_decode_cache.c ->
+ * epd_decode_blocks.c (main.c also
  * calls the request layer's start-up, shutdown and daemon callbacks, and
  * sets the parts up).  Upward only through callbacks registered at start:
  * the daemon's ops (main.c fills them with the functions below) and the
  * compute thread's wake-up (a uv_async of main.c's that calls
- * epd__decode_req_on_batch).
+ * epd__decode_req_on_batch) and the verifier's results
+ * (epd__decode_req_on_verified, registered by main.c).
  *
  * Threads: everything here belongs to the loop thread, except what the
  * compute thread reads and writes through a submitted sequence (see
  * epd_decode_batch.h) and the KV pool it reads (the blocks of RUNNING
- * requests, ACTIVE: nobody writes them).
+ * requests, ACTIVE: nobody writes them), and what the verifier thread
+ * reads and writes through a lent job (a layer's blocks, the job's
+ * results: epd_decode_verify.h).
  */
 #ifndef EPD_DECODE_INT_H
 #define EPD_DECODE_INT_H
@@ -42,6 +47,7 @@
 #include "epd_decode_batch.h"
 #include "epd_decode_blocks.h"
 #include "epd_decode_check.h"
+#include "epd_decode_verify.h"
 #include "epd_engine.h"
 #include "epd_hash.h"
 #include "epd_kvcache.h"
@@ -116,12 +122,17 @@ typedef struct epd_decode_request {
     uint32_t *stop_ids;       /* [n_stop] */
     uint32_t n_stop;
     epd_decode_kv_seen_t kv; /* per-layer verification so far ([n_layers] arrays) */
+    epd_decode_vjob_t *vjobs; /* [n_layers]: a layer's check, lent to the verifier */
+    uint32_t v_lent;          /* jobs lent: the request is freed only once they are back */
     epd_decode_seq_t seq;    /* lent to the compute thread while RUNNING; seq.tokens
                               * [max_tokens] int32 */
     uint32_t n_sent;         /* tokens sent to the client */
     /* facts the step function reads */
     int resv_unsent;  /* the KvReservation never went out: nobody can write */
-    int kv_verified;  /* PrefillComplete checked out: the first token is seq.tokens[0] */
+    int protocol_only; /* GenerateRequest.protocol_only: no KV, ends at the first token */
+    int pc_seen;      /* PrefillComplete came and was consistent: the first token is
+                       * seq.tokens[0]; the checks of the layers may still run */
+    int kv_verified;  /* ...and every layer checked out */
     int first_finish; /* Epd__FinishReason the first token already ends it with */
     int p_done;       /* PrefillComplete or WritesQuiesced from its prefill incarnation:
                        * nothing of it is in flight any more */
@@ -161,7 +172,10 @@ typedef struct epd_decode_srv {
     Epd__KvLayout layout_msg; /* in every KvReservation (pattern below) */
     char pattern[EPD_LAYOUT_PATTERN_MAX];
     epd_decode_blocks_t *blocks;
-    epd_hash_state_t *hash; /* verification scratch */
+    int verify_full;     /* --verify full: STAMPED checks hash every body too */
+    uint64_t stamp_tag;  /* our incarnation's tag, in every stamp written for us */
+    uint8_t *newly;      /* [n_layers] scratch of epd_decode_seen_completed */
+    epd_decode_verify_t *verify; /* the verifier thread */
     epd_decode_batch_t *batch;
     uv_async_t wake; /* the compute thread's wake-up (main.c's) */
     int wake_ready;
@@ -186,10 +200,15 @@ typedef struct epd_decode_srv {
 epd_status_t epd__decode_cache_init(epd_decode_srv_t *srv, const char *engine_name);
 void epd__decode_cache_cleanup(epd_decode_srv_t *srv);
 /* Admission of `req` (its blocks array of n_blocks): the leading blocks of
- * g's prompt the cache holds, pinned into req->blocks[0..k), and room made
- * for the other n_blocks - k (evicting).  Returns k (req->n_cached). */
-uint32_t epd__decode_cache_admit(epd_decode_srv_t *srv, epd_decode_request_t *req,
-                                 const Epd__GenerateRequest *g, uint32_t n_blocks);
+ * g's prompt the cache holds, pinned into req->blocks[0..req->n_cached),
+ * room made for the others (evicting), and those reserved from the
+ * allocator with a state slot when the model has linear layers (into
+ * req->blocks + n_cached, req->slot).  epd_decode_blocks_reserve's status;
+ * on failure the caller drops the pins (epd__decode_cache_drop). */
+epd_status_t epd__decode_cache_reserve(epd_decode_srv_t *srv, epd_decode_request_t *req,
+                                       const Epd__GenerateRequest *g, uint32_t n_blocks);
+/* Bytes of req's KV prefill did not write: the cached head's. */
+uint64_t epd__decode_cache_head_bytes(const epd_decode_srv_t *srv, const epd_decode_request_t *req);
 /* `req` is about to retire its blocks, its KV verified: when it ended well
  * its own full prompt blocks join the cache (req->n_cached grows). */
 void epd__decode_cache_finished(epd_decode_srv_t *srv, epd_decode_request_t *req);
@@ -233,6 +252,8 @@ void epd__decode_req_failed_by(epd_decode_srv_t *srv, epd_link_t *from, const Ep
                                uint64_t id, int32_t status, const char *text);
 /* The compute thread woke the loop (main.c's uv_async). */
 void epd__decode_req_on_batch(epd_decode_srv_t *srv);
+/* A layer's check came back from the verifier thread (its callback). */
+void epd__decode_req_on_verified(void *arg, epd_decode_vjob_t *job);
 /* Callbacks of the daemon's ops, registered by main.c. */
 void epd__decode_req_on_link_down(void *arg, epd_link_t *link, epd_status_t status);
 void epd__decode_req_on_peer_dead(void *arg, epd_peer_t *peer, epd_status_t status,

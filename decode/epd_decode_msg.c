@@ -113,6 +113,10 @@ static epd_status_t epd_decode_check_complete_msg(const epd_decode_srv_t *srv,
         *why_p = "PrefillComplete: wrong number of layer checksums";
         return EPD_ERR_INVALID_PARAM;
     }
+    if (pc->checksum_kind > EPD_KV_SUM_STAMPED) {
+        *why_p = "PrefillComplete: unknown checksum kind";
+        return EPD_ERR_INVALID_PARAM;
+    }
     return EPD_OK;
 }
 
@@ -137,6 +141,9 @@ int epd__decode_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env)
         if (env->layer_done->landed && env->layer_done->layer >= srv->info->kv.n_layers) {
             st = EPD_ERR_INVALID_PARAM;
             why = "LayerDone: layer outside the model";
+        } else if (env->layer_done->landed && env->layer_done->checksum_kind > EPD_KV_SUM_STAMPED) {
+            st = EPD_ERR_INVALID_PARAM;
+            why = "LayerDone: unknown checksum kind";
         }
         epd__decode_req_layer_done(srv, from, env, st, why);
         return 0;

@@ -169,6 +169,7 @@ static epd_status_t epd_decode_send_reservation(epd_decode_srv_t *srv, epd_decod
     kr.pool_blocks = srv->pool.n_blocks;
     kr.pool_state_slots = srv->pool.n_state_slots;
     kr.cached_blocks = req->n_cached;
+    kr.stamped_sums = 1; /* we check either kind */
     return epd_link_send(epd_peer_link(req->peer), EPD__ENVELOPE__BODY_RESERVATION, &kr, 0);
 }
 
@@ -219,6 +220,26 @@ static void epd_decode_fail_kv(epd_decode_srv_t *srv, epd_decode_request_t *req,
     epd_decode_fail(srv, req, st, why, EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
 }
 
+/* Lends layer `layer`'s check (marked CHECKING, its sum recorded) to the
+ * verifier; a refusal is a broken sizing invariant: the request fails. */
+static void epd_decode_check_lend(epd_decode_srv_t *srv, epd_decode_request_t *req, uint32_t layer)
+{
+    epd_decode_vjob_t *j = &req->vjobs[layer];
+    epd_kv_stamp_expect_t x = {
+        .req_id = req->id, .tag = srv->stamp_tag, .n_tokens = req->n_prompt, .full = srv->verify_full};
+
+    epd_decode_vjob_init(j, req, layer, req->kv.sums[layer], (epd_kv_sum_kind_t)req->kv.kind,
+                         req->blocks, req->n_prompt_blocks, req->seq.slot, &x);
+    if (epd_decode_verify_submit(srv->verify, j) != EPD_OK) {
+        epd_log_error(EPD_DECODE_LOG, req->id, "verifier queue full (sizing invariant broken)");
+        (void)epd_decode_seen_result(&req->kv, layer, EPD_ERR_NO_RESOURCE, 0, NULL);
+        epd_decode_fail(srv, req, EPD_ERR_NO_RESOURCE, "verifier queue full",
+                        EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
+        return;
+    }
+    req->v_lent++;
+}
+
 /* ------------------------------------------------------------------- step */
 
 /* A RUNNING request's sequence came back for good: its end goes out. */
@@ -262,9 +283,7 @@ static void epd_decode_activate(epd_decode_srv_t *srv, epd_decode_request_t *req
 {
     epd_decode_blocks_to(srv, req, epd_decode_blocks_activate, "activate");
     /* received: what prefill wrote (not the cached head it skipped) */
-    srv->kv_bytes_received += req->kv.bytes - (uint64_t)req->n_cached *
-                                                  srv->info->kv.n_attn_layers *
-                                                  srv->info->kv.block_bytes;
+    srv->kv_bytes_received += req->kv.bytes - epd__decode_cache_head_bytes(srv, req);
     /* the decode side holds all of the prompt's KV, verified: the end of the
      * transfer (epd-bench overhead measures up to here) */
     req->t_join_ns = epd_time_now_ns();
@@ -375,7 +394,8 @@ static void epd_decode_destroy(epd_decode_srv_t *srv, epd_decode_request_t *req)
 static void epd_decode_advance(epd_decode_srv_t *srv, epd_decode_request_t *req)
 {
     epd_decode_step(srv, req);
-    if (req->state == EPD_DECODE_REQ_DONE) {
+    if (req->state == EPD_DECODE_REQ_DONE && req->v_lent == 0) {
+        /* (with checks still lent, their return frees it) */
         epd_decode_destroy(srv, req);
     }
 }
@@ -407,12 +427,11 @@ static epd_status_t epd_decode_admit(epd_decode_srv_t *srv, const Epd__Envelope 
     uint32_t n_stop = (uint32_t)g->sampling->n_stop_token_ids;
     epd_decode_request_t *req;
     epd_status_t st;
-    uint32_t k;
     size_t sz;
 
-    /* one allocation: the struct, per-layer sums (8-aligned right after
-     * it), tokens, block ids, stop ids, per-layer flags */
-    sz = sizeof(*req) + (size_t)kv->n_layers * sizeof(uint64_t) +
+    /* one allocation: the struct, the per-layer checks and sums (8-aligned
+     * right after it), tokens, block ids, stop ids, per-layer states */
+    sz = sizeof(*req) + (size_t)kv->n_layers * (sizeof(epd_decode_vjob_t) + sizeof(uint64_t)) +
          (size_t)g->sampling->max_tokens * sizeof(int32_t) + (size_t)n_blocks * sizeof(uint32_t) +
          (size_t)n_stop * sizeof(uint32_t) + kv->n_layers;
     req = epd_calloc(1, sz);
@@ -420,17 +439,14 @@ static epd_status_t epd_decode_admit(epd_decode_srv_t *srv, const Epd__Envelope 
         *why_p = "out of memory";
         return EPD_ERR_NO_MEMORY;
     }
-    req->kv.sums = (uint64_t *)(req + 1);
+    req->vjobs = (epd_decode_vjob_t *)(req + 1);
+    req->kv.sums = (uint64_t *)(req->vjobs + kv->n_layers);
     req->seq.tokens = (int32_t *)(req->kv.sums + kv->n_layers);
     req->blocks = (uint32_t *)(req->seq.tokens + g->sampling->max_tokens);
     req->stop_ids = req->blocks + n_blocks;
-    req->kv.ok = (uint8_t *)(req->stop_ids + n_stop);
-    k = epd__decode_cache_admit(srv, req, g, n_blocks); /* the cached head, pinned */
-    st = epd_decode_blocks_reserve(srv->blocks, g->request_id, n_blocks - k,
-                                   kv->n_linear_layers > 0, req->blocks + k, &req->slot);
-    if (st == EPD_ERR_INVALID_PARAM && k == n_blocks) {
-        st = EPD_ERR_NO_CAPACITY; /* cannot happen: the last block is never cached */
-    }
+    req->kv.state = (uint8_t *)(req->stop_ids + n_stop);
+    req->kv.kind = -1;
+    st = epd__decode_cache_reserve(srv, req, g, n_blocks); /* a cached head, then fresh blocks */
     if (st != EPD_OK) {
         epd__decode_cache_drop(srv, req);
         epd_free(req);
@@ -452,6 +468,7 @@ static epd_status_t epd_decode_admit(epd_decode_srv_t *srv, const Epd__Envelope 
     req->n_blocks = n_blocks;
     req->n_prompt_blocks = (uint32_t)epd_decode_div_up(req->n_prompt, kv->block_tokens);
     req->n_stop = n_stop;
+    req->protocol_only = g->protocol_only;
     if (n_stop > 0) {
         memcpy(req->stop_ids, g->sampling->stop_token_ids, n_stop * sizeof(uint32_t));
     }
@@ -592,7 +609,6 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
     epd_decode_request_t *req = epd_decode_of_p(srv, from, env, pc->request_id, 1);
     uint32_t n_layers = srv->info->kv.n_layers;
     uint64_t t_recv = epd_time_now_ns();
-    uint32_t bad_layer = 0, n_ok;
     const char *why = NULL;
     epd_status_t st = EPD_OK;
 
@@ -608,42 +624,38 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
         epd_decode_advance(srv, req);
         return;
     }
-    n_ok = req->kv.n_ok;
     if (pc->n_prompt_tokens != req->n_prompt) {
         st = EPD_ERR_INVALID_PARAM;
         why = "PrefillComplete: prompt length differs from the request's";
     } else if (bad != EPD_OK) {
         st = bad;
         why = bad_why;
+    } else if (req->protocol_only) {
+        epd_decode_seen_trust(&req->kv, n_layers); /* nothing was written */
     } else {
-        /* the layers not verified as they landed (all of them when P sends
-         * no landed LayerDones) */
-        st = epd_decode_check_completed(
-            &srv->info->kv, &srv->pool, req->blocks, req->n_prompt_blocks, req->seq.slot,
-            pc->layer_checksums, pc->n_layer_checksums, srv->hash, &req->kv, &why, &bad_layer);
-        if (n_ok < n_layers) {
-            epd_trace_span(srv->trace, "verify KV", "compute", req->id, -1, t_recv,
-                           epd_time_now_ns());
+        /* the layers not checked as they landed (all of them when P sends
+         * no landed LayerDones): to the verifier */
+        st = epd_decode_seen_completed(&req->kv, n_layers, pc->layer_checksums,
+                                       pc->n_layer_checksums, (int)pc->checksum_kind, srv->newly,
+                                       &why);
+        for (uint32_t l = 0; st == EPD_OK && l < n_layers; l++) {
+            if (srv->newly[l]) {
+                epd_decode_check_lend(srv, req, l);
+            }
         }
     }
     if (st != EPD_OK) {
-        epd_decode_fail_kv(srv, req, from, env, st, why, bad_layer);
+        epd_decode_fail_kv(srv, req, from, env, st, why, 0);
         epd_decode_advance(srv, req);
         return;
     }
     req->seq.tokens[0] = (int32_t)pc->first_token;
-    req->first_finish = EPD__FINISH_REASON__FINISH_NONE;
-    for (uint32_t i = 0; i < req->n_stop; i++) {
-        if (req->stop_ids[i] == pc->first_token) {
-            req->first_finish = EPD__FINISH_REASON__FINISH_STOP;
-        }
-    }
-    if ((int32_t)pc->first_token == srv->info->eos_token) {
-        req->first_finish = EPD__FINISH_REASON__FINISH_STOP;
-    } else if (req->first_finish == EPD__FINISH_REASON__FINISH_NONE && req->max_tokens == 1) {
-        req->first_finish = EPD__FINISH_REASON__FINISH_LENGTH;
-    }
-    req->kv_verified = 1;
+    /* protocol only: never decode from blocks nothing was written into */
+    req->first_finish = epd_decode_first_finish(pc->first_token, srv->info->eos_token,
+                                                req->stop_ids, req->n_stop,
+                                                req->protocol_only ? 1 : req->max_tokens);
+    req->pc_seen = 1;
+    req->kv_verified = req->kv.n_ok == n_layers; /* else when the last check is back */
     epd_decode_advance(srv, req); /* the lean path: first token and the batch, right here */
 }
 
@@ -652,15 +664,14 @@ void epd__decode_req_layer_done(epd_decode_srv_t *srv, epd_link_t *from, const E
 {
     const Epd__LayerDone *ld = env->layer_done;
     epd_decode_request_t *req = epd_decode_of_p(srv, from, env, ld->request_id, 0);
-    uint64_t now = epd_time_now_ns();
     const char *why = NULL;
     epd_status_t st;
-    int hashed;
+    int check = 0;
 
     if (req == NULL || req->state != EPD_DECODE_REQ_RESERVED || req->fail_status != EPD_OK) {
         return;
     }
-    req->lease_ns = now + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
+    req->lease_ns = epd_time_now_ns() + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
     if (!ld->landed) {
         return; /* a keep-alive */
     }
@@ -670,16 +681,17 @@ void epd__decode_req_layer_done(epd_decode_srv_t *srv, epd_link_t *from, const E
         return;
     }
     /* fenced behind the layer's writes: its bytes are final here */
-    hashed = !req->kv.ok[ld->layer];
-    st = epd_decode_check_landed(&srv->info->kv, &srv->pool, req->blocks, req->n_prompt_blocks,
-                                 req->seq.slot, ld->layer, ld->checksum, srv->hash, &req->kv, &why);
-    if (hashed) {
-        epd_trace_span(srv->trace, "verify layer", "compute", req->id, (int32_t)ld->layer, now,
-                       epd_time_now_ns());
-    }
+    st = epd_decode_seen_landed(&req->kv, srv->info->kv.n_layers, ld->layer, ld->checksum,
+                                (int)ld->checksum_kind, &check, &why);
     if (st != EPD_OK) {
         epd_decode_fail_kv(srv, req, from, env, st, why, ld->layer);
         epd_decode_advance(srv, req);
+        return;
+    }
+    if (check && req->protocol_only) {
+        (void)epd_decode_seen_result(&req->kv, ld->layer, EPD_OK, 0, NULL);
+    } else if (check) {
+        epd_decode_check_lend(srv, req, ld->layer);
     }
 }
 
@@ -795,6 +807,29 @@ void epd__decode_req_on_batch(epd_decode_srv_t *srv)
     /* the compute thread took sequences off its queue: the waiting join */
     epd_reqtab_unblock_all(&srv->reqs);
     epd_decode_run_dirty(srv);
+}
+
+/* ----------------------------------------------------------- verifier back */
+
+void epd__decode_req_on_verified(void *arg, epd_decode_vjob_t *job)
+{
+    epd_decode_srv_t *srv = arg;
+    epd_decode_request_t *req = job->owner;
+    const char *why = job->why;
+    epd_status_t st;
+
+    req->v_lent--;
+    st = epd_decode_seen_result(&req->kv, job->layer, job->status, job->bytes, &why);
+    if (req->state == EPD_DECODE_REQ_RESERVED && req->fail_status == EPD_OK && st != EPD_OK) {
+        epd_log_error(EPD_DECODE_LOG, req->id,
+                      "KV of layer %u from %s fails its check (%s): request failed, never generated",
+                      job->layer, epd_peer_id(req->peer), why != NULL ? why : epd_status_string(st));
+        epd_decode_fail(srv, req, st, why != NULL ? why : "KV verification failed",
+                        EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
+    }
+    /* PrefillComplete came and every layer checked out: the KV is held */
+    req->kv_verified = req->pc_seen && req->kv.n_ok == srv->info->kv.n_layers;
+    epd_decode_advance(srv, req);
 }
 
 /* --------------------------------------------------------- daemon upcalls */

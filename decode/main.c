@@ -18,7 +18,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "epd_alloc.h"
+
 #include "epd_decode_int.h"
+#include "epd_kv_stamp.h"
 #include "epd_log.h"
 
 typedef struct {
@@ -28,6 +31,7 @@ typedef struct {
     int64_t max_batch;
     int64_t lease_ms;
     int prefix_cache;
+    const char *verify;
 } epd_decode_flags_t;
 
 /* The parsed role flags (main owns them; setup reads them). */
@@ -54,6 +58,8 @@ static void epd_decode_on_exit(void *arg)
 
     epd_decode_batch_destroy(srv->batch);
     srv->batch = NULL;
+    epd_decode_verify_destroy(srv->verify); /* it reads the pool too */
+    srv->verify = NULL;
     if (srv->wake_ready) {
         uv_close((uv_handle_t *)&srv->wake, NULL);
         srv->wake_ready = 0;
@@ -112,14 +118,30 @@ static epd_status_t epd_decode_setup(epd_decode_srv_t *srv, const epd_decode_fla
         return st;
     }
     epd_layout_to_msg(kv, &srv->layout_msg, srv->pattern);
-    if (epd_decode_blocks_create(srv->pool.n_blocks, n_slots, &srv->blocks) != EPD_OK ||
-        epd_hash_state_create(0, &srv->hash) != EPD_OK || epd__decode_reqs_init(srv) != EPD_OK) {
+    srv->newly = epd_calloc((size_t)kv->n_layers + 1, 1);
+    if (srv->newly == NULL ||
+        epd_decode_blocks_create(srv->pool.n_blocks, n_slots, &srv->blocks) != EPD_OK ||
+        epd__decode_reqs_init(srv) != EPD_OK) {
         epd_log_error(EPD_DECODE_LOG, 0, "out of memory");
         return EPD_ERR_NO_MEMORY;
     }
     srv->prefix_cache = fl->prefix_cache;
     st = epd__decode_cache_init(srv, epd_engine_name(srv->engine));
     if (st != EPD_OK) {
+        return st;
+    }
+    {
+        epd_msg_epoch_t ep = epd_daemon_epoch(srv->d);
+
+        srv->stamp_tag = epd_kv_stamp_tag(ep.start_time_ns, ep.nonce);
+    }
+    /* every live request holds a block and lends at most a check per layer */
+    st = epd_decode_verify_create(epd_daemon_loop(srv->d), srv->info, &srv->pool,
+                                  srv->pool.n_blocks * (kv->n_layers > 0 ? kv->n_layers : 1),
+                                  srv->trace, epd__decode_req_on_verified, srv, &srv->verify);
+    if (st != EPD_OK) {
+        epd_log_error(EPD_DECODE_LOG, 0, "cannot start the verifier thread: %s",
+                      epd_status_string(st));
         return st;
     }
     uv_async_init(epd_daemon_loop(srv->d), &srv->wake, epd_decode_on_wake);
@@ -143,10 +165,10 @@ static epd_status_t epd_decode_setup(epd_decode_srv_t *srv, const epd_decode_fla
     epd_xport_describe(epd_daemon_xport(srv->d), desc, sizeof(desc));
     epd_log_info(EPD_DECODE_LOG, 0,
                  "pool: %u blocks of %u tokens (%llu bytes each per layer), %u state slots, "
-                 "%llu bytes; layers %s; batch up to %u; lease %u ms; transport %s",
+                 "%llu bytes; layers %s; batch up to %u; lease %u ms; verify %s; transport %s",
                  srv->pool.n_blocks, kv->block_tokens, (unsigned long long)kv->block_bytes, n_slots,
                  (unsigned long long)srv->pool.bytes, srv->pattern, srv->max_batch, srv->lease_ms,
-                 desc);
+                 srv->verify_full ? "full" : "stamps", desc);
     return EPD_OK;
 }
 
@@ -169,7 +191,7 @@ static void epd_decode_on_cleanup(void *arg)
     epd_decode_on_exit(srv);
     epd__decode_reqs_cleanup(srv);
     epd__decode_cache_cleanup(srv);
-    epd_hash_state_destroy(srv->hash);
+    epd_free(srv->newly);
     epd_decode_blocks_destroy(srv->blocks);
     epd_engine_close(srv->engine);
 }
@@ -210,6 +232,12 @@ static int epd_decode_run(const epd_daemon_flags_t *dfl, void *arg)
     memset(&srv, 0, sizeof(srv));
     srv.lease_ms = (uint32_t)epd_decode_fl->lease_ms;
     srv.max_batch = (uint32_t)epd_decode_fl->max_batch;
+    if (strcmp(epd_decode_fl->verify, "full") == 0) {
+        srv.verify_full = 1;
+    } else if (strcmp(epd_decode_fl->verify, "stamps") != 0) {
+        epd_log_error(EPD_DECODE_LOG, 0, "--verify %s: stamps or full", epd_decode_fl->verify);
+        return 1;
+    }
     /* the model (blocking: before the loop runs) */
     if (epd_daemon_engine_open(dfl, EPD_DECODE_LOG, (uint32_t)epd_decode_fl->block_tokens,
                                srv.max_batch, &srv.engine) != EPD_OK) {
@@ -243,6 +271,7 @@ int main(int argc, char **argv)
         .max_batch = 32,
         .lease_ms = 5000,
         .prefix_cache = 1,
+        .verify = "stamps",
     };
     const epd_opt_t opts[] = {
         {"kv-blocks", EPD_OPT_INT, &fl.kv_blocks, 1, 1 << 24, "KV blocks in the pool"},
@@ -257,6 +286,10 @@ int main(int argc, char **argv)
          "keep a finished request's full prompt blocks; a later prompt that starts with them "
          "(the next turn of a chat) gets them back and prefill does not write them again "
          "(--no-prefix-cache: every prompt block is written)"},
+        {"verify", EPD_OPT_STRING, &fl.verify, 0, 0,
+         "checks of stamped KV (checksum kind STAMPED, the sim engine): stamps (every unit's "
+         "stamps and the checksum over them; the bodies are the modelled device's) or full "
+         "(every byte hashed too); KV of kind BYTES (ref) is always hashed whole"},
     };
     return epd_daemon_main("epd-decode",
                            "decode worker: KV reservations, continuous batching, token streams",

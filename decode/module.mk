@@ -3,8 +3,9 @@
 # role parts below the request layer — epd_decode_blocks (the KV block /
 # slot lifecycle), epd_decode_check (the pure checks and the KV
 # verification), epd_decode_batch (the compute thread: continuous
-# batching) — are a library of their own, which their unit tests link.
-DECODE_LIB_SRCS := decode/epd_decode_blocks.c decode/epd_decode_check.c decode/epd_decode_batch.c
+# batching), epd_decode_verify (the verifier thread) — are a library of their own, which their unit tests link.
+DECODE_LIB_SRCS := decode/epd_decode_blocks.c decode/epd_decode_check.c decode/epd_decode_batch.c \
+                   decode/epd_decode_verify.c
 DECODE_SRCS := decode/main.c decode/epd_decode_msg.c decode/epd_decode_req.c decode/epd_decode_cache.c
 $(eval $(call epd_lib,epd_decode,$(DECODE_LIB_SRCS)))
 $(eval $(call epd_prog,epd-decode,$(DECODE_SRCS),epd_decode epd_daemon epd_xport epd_proto epd_engine epd_common))

@@ -108,11 +108,19 @@ typedef struct {
  * entry i holds the tokens [i*block_tokens, (i+1)*block_tokens) of every
  * attention layer.  A model without linear layers ignores state_slot. */
 typedef struct {
-    uint64_t req_id; /* for log lines only */
+    uint64_t req_id; /* log lines, and the KV stamps of engines that stamp (epd_kv_stamp.h) */
     const uint32_t *block_table;
     uint32_t n_blocks; /* entries in block_table */
     uint32_t state_slot;
+    uint64_t stamp_tag; /* stamping engines: the decode incarnation the KV is for
+                         * (epd_kv_stamp_tag of its epoch; 0: none) */
 } epd_kv_seq_t;
+
+/* How a layer's checksum is computed (proto/README.md rule 4): */
+typedef enum {
+    EPD_KV_SUM_BYTES = 0,   /* xxh3-64 (seed 0) of the bytes written, in write order */
+    EPD_KV_SUM_STAMPED = 1, /* xxh3-64 (seed 0) of each unit's stamps (epd_kv_stamp.h) */
+} epd_kv_sum_kind_t;
 
 /* What one prefill call wrote into one layer; every pointer is borrowed for
  * the duration of the callback. */
@@ -129,10 +137,17 @@ typedef struct {
     uint32_t n_blocks;
     /* linear layers: the slot whose state is now final for tok_end tokens */
     uint32_t state_slot;
+    /* the layer's checksum, when the prefill asked for them (want_sums) and
+     * the engine computes them where the KV is (a device kernel); has_sum 0:
+     * the caller hashes the bytes itself (EPD_KV_SUM_BYTES) */
+    int has_sum;
+    epd_kv_sum_kind_t sum_kind;
+    uint64_t sum;
 } epd_layer_done_t;
 
 /* Called on the compute thread as soon as layer `layer`'s KV (or recurrent
- * state) for the prefilled tokens is final in the pool, once per layer, in
+ * state) for the prefilled tokens is final in the pool (for `sim`: where the
+ * modelled layer has produced it), once per layer, in
  * layer order, before the next layer starts.  Must not block for long (it
  * should post work to a transfer thread).  A status other than EPD_OK aborts
  * the prefill, which then returns that status. */
@@ -164,6 +179,9 @@ typedef struct {
     uint32_t embed_dim;        /* floats per embedding vector (the LM's hidden size) */
     int32_t image_token;       /* placeholder token id, -1 without vision */
     uint32_t image_size;       /* the encoder's square input side, in pixels (informational) */
+    /* bytes/s of the memory the engine's KV lives in, for work a device does
+     * on it (a verification kernel); 0: the host CPU is the device (ref) */
+    double device_mem_bw;
     epd_kv_layout_t kv;
     /* What the model's numbers depend on, digested (XXH3-128; ref: config.json
      * and model.safetensors, sim: sim.conf and its two profiles): two engines
@@ -218,6 +236,9 @@ typedef struct {
     uint32_t start;
     const epd_embed_span_t *embeds; /* borrowed for the call: n_embeds spans */
     uint32_t n_embeds;
+    /* nonzero: report each layer's checksum in epd_layer_done_t where the
+     * engine can compute it next to the KV (sim: a modelled device kernel) */
+    int want_sums;
     /* Tail replay (a prefix cache restored the state slot from a checkpoint
      * at `start`): positions [start, replay_end) already hold their attention
      * KV in the blocks, which the engine reads and never writes; it runs them
@@ -242,9 +263,12 @@ typedef struct {
 typedef struct epd_engine_impl epd_engine_impl_t;
 
 /* 2: epd_engine_info_t's vision fields, epd_prefill_args_t.embeds, the
- * encode_image op.  3: epd_engine_info_t.model_digest,
- * epd_prefill_args_t.replay_end and state checkpoints (prefix caching). */
-#define EPD_ENGINE_ABI_VERSION 3u
+ * encode_image op.  3: epd_kv_seq_t.stamp_tag, epd_prefill_args_t.want_sums,
+ * the checksum in epd_layer_done_t, epd_engine_info_t.device_mem_bw, and a
+ * prefill owns the unused tail of its last block (see epd_engine_prefill).
+ * 4: epd_engine_info_t.model_digest, epd_prefill_args_t.replay_end and
+ * state checkpoints (prefix caching). */
+#define EPD_ENGINE_ABI_VERSION 4u
 
 /* The ops table.  No NULL slots.  Called only through epd_engine_* (which
  * validates arguments), on the instance's compute thread. */
@@ -359,7 +383,9 @@ epd_status_t epd_engine_encode_image(epd_engine_t *engine, const epd_image_view_
  * state into its slot), calling `sink` (may be NULL) after each layer, and
  * writes the vocab_size logits of the last position to `logits` (caller's
  * buffer).  Positions covered by args->embeds take the span's row instead of
- * their token's embedding.  EPD_ERR_TOO_LONG (logged) when start+n_tokens
+ * their token's embedding.  The positions of the chunk's last block past
+ * its end hold no other request's KV when it returns (ref zeroes them, sim
+ * keeps a block template there): the whole block may be sent elsewhere.  EPD_ERR_TOO_LONG (logged) when start+n_tokens
  * exceeds max_context; EPD_ERR_INVALID_PARAM for an empty chunk, a bad token
  * id, a block table too short or naming blocks outside the pool, a slot
  * outside the pool, spans unsorted, overlapping, empty, without data or

@@ -840,6 +840,16 @@ static epd_status_t epd_ref_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *p
                            a.v + r * kvd + (size_t)kvh * hd, hd * sizeof(float));
                 }
             }
+            /* the rest of the chunk's last block holds nobody's KV: the
+             * whole block may be written elsewhere (epd_engine_prefill) */
+            for (uint32_t p = start + T; p % kv->block_tokens != 0; p++) {
+                for (uint32_t kvh = 0; kvh < hp->n_kv_heads; kvh++) {
+                    memset(epd_ref_kv_row(e, pool, l, &args->seq, kvh, p, 0), 0,
+                           hd * sizeof(float));
+                    memset(epd_ref_kv_row(e, pool, l, &args->seq, kvh, p, 1), 0,
+                           hd * sizeof(float));
+                }
+            }
             /* The layer's KV is final now: let the transfer start while the
              * attention itself (and the next layers) compute. */
             done.tok_start = kv_from;

@@ -3,8 +3,9 @@
  *
  * `sim` is a timing model behind the engine interface (epd_engine.h): it
  * spends, per layer, the time a named accelerator would spend on a named
- * model, writes KV of the real (or scaled) size filled with deterministic
- * pseudo-random bytes, and reports each layer to the sink as `ref` does.  A
+ * model, leaves KV of the real (or scaled) size in the pool — per-request
+ * stamps (epd_kv_stamp.h) around block templates written once per pool —
+ * and reports each layer to the sink where its KV exists in the model.  A
  * daemon selects it with `--engine sim --model DIR`, where DIR holds a
  * `sim.conf` (see epd_sim_conf_load).  This header is for the tests and the
  * benchmarks that need the same numbers the engine uses; daemons only need
@@ -21,7 +22,8 @@
  *   n_layers       1..256
  *   layer_pattern  letters L (linear attention) / A (full attention); layer i
  *                  is pattern[i % length] (as `ref`)
- *   hidden         model width (descriptive; not used by the timing model)
+ *   hidden         model width (the size of the QKV projection, which is
+ *                  where a layer's KV comes into existence)
  *   n_heads        query heads of an attention layer (attention FLOPs)
  *   n_kv_heads     KV heads (grouped-query attention), divides n_heads
  *   head_dim       1..4096
@@ -152,6 +154,15 @@ epd_status_t epd_sim_conf_write(const char *dir, const epd_sim_options_t *opts);
  *                                       | linear: 2 * S]
  *   time_l = max(flops / F, bytes / B) * factor(kind of l)
  *
+ * Where in the layer its KV exists: a layer's K and V (a linear layer's
+ * state update) come out of its QKV projection, before the attention and
+ * the MLP.  With Q = hidden * (n_heads + 2 * n_kv_heads) * head_dim (at
+ * most P_a / L) the projection's parameters, the KV of a prefill of n
+ * tokens is ready after
+ *   ready_l = min(time_l, max(n * 2 * Q / F,
+ *                             (Q * wb + bytes the layer writes) / B) * factor)
+ * (bytes written: n * kv_tok for attention, S for linear).
+ *
  * Scale: at scale s < 1 the KV layout shrinks (fewer KV heads and/or a
  * smaller head_dim, block_bytes kept a multiple of 64, a K row of head 0
  * kept >= 8 bytes) and the state to a multiple of 64 bytes near s * S.  The
@@ -174,6 +185,7 @@ typedef struct {
     double weight_bytes;
     double n_heads;
     double head_dim;
+    double qkv_params;   /* the QKV projection's parameters per layer (<= P_a / L) */
     double kv_tok_bytes; /* full size */
     double state_bytes;  /* full size */
     double attn_factor;
@@ -195,6 +207,16 @@ epd_status_t epd_sim_timing_init(const epd_sim_conf_t *conf, uint32_t block_toke
 /* Modelled seconds of layer `layer` for a prefill of tokens [start, start+n). */
 double epd_sim_prefill_seconds(const epd_sim_timing_t *t, uint32_t layer, uint32_t start,
                                uint32_t n_tokens);
+
+/* Modelled seconds from the start of layer `layer` of that prefill until its
+ * KV exists (ready_l above; <= epd_sim_prefill_seconds). */
+double epd_sim_prefill_ready_seconds(const epd_sim_timing_t *t, uint32_t layer, uint32_t start,
+                                     uint32_t n_tokens);
+
+/* Modelled seconds of a device kernel that reads `bytes` of (scaled) KV once
+ * (a checksum, a verification): bytes / B, times nothing — the bytes are
+ * already the scaled ones. */
+double epd_sim_bytes_seconds(const epd_sim_timing_t *t, double bytes);
 
 /* Modelled seconds of layer `layer` for one decode step of `reqs`. */
 double epd_sim_decode_seconds(const epd_sim_timing_t *t, uint32_t layer,

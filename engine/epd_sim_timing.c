@@ -108,6 +108,10 @@ epd_status_t epd_sim_timing_init(const epd_sim_conf_t *conf, uint32_t block_toke
     t.weight_bytes = m->weight_bytes;
     t.n_heads = m->n_heads;
     t.head_dim = m->head_dim;
+    t.qkv_params = (double)m->hidden * ((double)m->n_heads + 2.0 * m->n_kv_heads) * m->head_dim;
+    if (t.qkv_params > m->active_params / m->n_layers) {
+        t.qkv_params = m->active_params / m->n_layers;
+    }
     t.kv_tok_bytes = 2.0 * m->n_kv_heads * m->head_dim * dsz;
     t.state_bytes = (double)m->state_bytes;
     status =
@@ -172,6 +176,24 @@ double epd_sim_prefill_seconds(const epd_sim_timing_t *t, uint32_t layer, uint32
         bytes += 2.0 * t->state_bytes;
     }
     return epd_sim_roofline(t, layer, flops, bytes);
+}
+
+double epd_sim_prefill_ready_seconds(const epd_sim_timing_t *t, uint32_t layer, uint32_t start,
+                                     uint32_t n_tokens)
+{
+    double n = n_tokens;
+    double all = epd_sim_prefill_seconds(t, layer, start, n_tokens);
+    double bytes = t->qkv_params * t->weight_bytes +
+                   (t->kind[layer] == EPD_LAYER_ATTENTION ? n * t->kv_tok_bytes : t->state_bytes);
+    double ready = epd_sim_roofline(t, layer, n * 2.0 * t->qkv_params, bytes);
+
+    (void)start;
+    return ready < all ? ready : all;
+}
+
+double epd_sim_bytes_seconds(const epd_sim_timing_t *t, double bytes)
+{
+    return bytes / t->mem_bw;
 }
 
 double epd_sim_decode_seconds(const epd_sim_timing_t *t, uint32_t layer,

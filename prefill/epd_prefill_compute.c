@@ -3,8 +3,8 @@
  * hand-offs and the queue sizing; the queues, semaphore and wake-up are
  * daemon/epd_handoff's).
  *
- * The engine, the logits buffer, the sampler scratch and the checksum
- * state belong to this thread alone.  The only state shared with the loop
+ * The engine, the logits buffer and the sampler scratch belong to this
+ * thread alone.  The only state shared with the loop
  * thread is the hand-off, the backlog counters below and each job's cancel
  * flag.
  */
@@ -30,7 +30,6 @@ struct epd_prefill_compute {
     epd_kv_pool_t pool;
     float *logits;                 /* [vocab], compute thread */
     epd_sample_scratch_t *scratch; /* compute thread */
-    epd_hash_state_t *hash;        /* compute thread: layer checksums */
     epd_handoff_t *h;
     /* backlog: runs submitted (loop) minus runs started (compute) */
     uint64_t submitted_runs;   /* loop thread */
@@ -56,31 +55,6 @@ static void epd_prefill_compute_emit(epd_prefill_compute_t *c, epd_prefill_ev_t 
     epd_handoff_post(c->h, ev);
 }
 
-/* The checksum of one layer of a request's local KV (see layer_sums). */
-static uint64_t epd_prefill_compute_layer_sum(epd_prefill_compute_t *c, const epd_kv_seq_t *seq,
-                                              uint32_t layer)
-{
-    const epd_kv_layout_t *kv = &c->info->kv;
-    const char *base = c->pool.base;
-    uint64_t off;
-
-    epd_hash_state_reset(c->hash, 0);
-    if (kv->kind[layer] == EPD_LAYER_LINEAR) {
-        if (epd_kv_state_offset(kv, c->pool.n_blocks, c->pool.n_state_slots, layer, seq->state_slot,
-                                &off) == EPD_OK) {
-            epd_hash_state_update(c->hash, base + off, kv->state_bytes);
-        }
-    } else {
-        for (uint32_t i = 0; i < seq->n_blocks; i++) {
-            if (epd_kv_block_offset(kv, c->pool.n_blocks, layer, seq->block_table[i], &off) ==
-                EPD_OK) {
-                epd_hash_state_update(c->hash, base + off, kv->block_bytes);
-            }
-        }
-    }
-    return epd_hash_state_digest(c->hash);
-}
-
 /* The engine's layer-done sink, on the compute thread: push, wake, and stop
  * at this layer boundary when the loop canceled the request.  Nothing else:
  * the writes are posted by the loop thread. */
@@ -90,12 +64,14 @@ static epd_status_t epd_prefill_compute_sink(void *ctx, uint32_t layer,
     epd_prefill_sink_ctx_t *s = ctx;
     uint64_t now;
 
-    (void)done;
     if (layer >= s->c->info->kv.n_layers) {
         return EPD_ERR_FATAL;
     }
     if (s->job->layer_sums != NULL) {
-        s->job->layer_sums[layer] = epd_prefill_compute_layer_sum(s->c, &s->job->seq, layer);
+        /* the engine's (a device kernel's) checksum, or none: the loop then
+         * hashes the bytes, off this thread */
+        s->job->layer_sums[layer] = done->has_sum ? done->sum : 0;
+        s->job->layer_sum_kinds[layer] = done->has_sum ? (uint8_t)(1 + done->sum_kind) : 0;
     }
     if (s->job->trace != NULL) {
         /* one clock read per layer: the span ends where the next begins */
@@ -110,27 +86,6 @@ static epd_status_t epd_prefill_compute_sink(void *ctx, uint32_t layer,
         return EPD_ERR_CANCELED;
     }
     return EPD_OK;
-}
-
-/* Zeroes the last prompt block of every attention layer before the run, so
- * the unused tail of that block (which is written to decode in full) never
- * carries a previous request's KV. */
-static void epd_prefill_compute_clear_tail(epd_prefill_compute_t *c, const epd_prefill_job_t *job)
-{
-    const epd_kv_layout_t *kv = &c->info->kv;
-    uint32_t last;
-    uint64_t off;
-
-    if (job->seq.n_blocks == 0) {
-        return;
-    }
-    last = job->seq.block_table[job->seq.n_blocks - 1];
-    for (uint32_t l = 0; l < kv->n_layers; l++) {
-        if (kv->kind[l] == EPD_LAYER_ATTENTION &&
-            epd_kv_block_offset(kv, c->pool.n_blocks, l, last, &off) == EPD_OK) {
-            memset((char *)c->pool.base + off, 0, kv->block_bytes);
-        }
-    }
 }
 
 /* A hit's run starts from a checkpoint: the state of every linear layer
@@ -185,7 +140,8 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
         args.n_ckpts = job->n_ckpts;
         args.embeds = job->embeds;
         args.n_embeds = job->n_embeds;
-        epd_prefill_compute_clear_tail(c, job);
+        /* the last block's unused tail is the engine's to clear (ABI 3) */
+        args.want_sums = job->layer_sums != NULL;
         epd_prefill_compute_restore(c, job);
         status = epd_engine_prefill(c->engine, &c->pool, &args, &sink, c->logits);
         if (status == EPD_OK) {
@@ -267,7 +223,6 @@ static void epd_prefill_compute_on_event(void *arg, void *ev)
 
 static void epd_prefill_compute_free(epd_prefill_compute_t *c)
 {
-    epd_hash_state_destroy(c->hash);
     epd_sample_scratch_destroy(c->scratch);
     epd_free(c->logits);
     epd_free(c);
@@ -302,10 +257,6 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
         goto err_free;
     }
     st = epd_sample_scratch_create(c->info->vocab_size, &c->scratch);
-    if (st != EPD_OK) {
-        goto err_free;
-    }
-    st = epd_hash_state_create(0, &c->hash);
     if (st != EPD_OK) {
         goto err_free;
     }

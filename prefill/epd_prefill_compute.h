@@ -14,8 +14,9 @@
  *     compute.
  *   compute -> loop: the hand-off's bounded event queue (pointers into the
  *     request, prepared by the loop at admission) plus its uv_async.  The
- *     engine's layer-done sink only checksums the layer, posts "layer L of
- *     request R done" and wakes the loop, before the next layer starts; it
+ *     engine's layer-done sink only records the layer's checksum, posts "layer L of
+ *     request R done" (with the checksum the engine computed, if any) and
+ *     wakes the loop, before the next layer starts; it
  *     then checks the request's cancel flag and stops the engine at this
  *     layer boundary (EPD_ERR_CANCELED) when the loop set it.
  *
@@ -104,14 +105,16 @@ typedef struct {
     epd_prefill_ev_t *layer_evs; /* RUN: [n_layers] */
     epd_prefill_ev_t *done_ev;   /* RUN: the DONE event; RELEASE: RELEASED */
     epd_trace_t *trace;          /* RUN: per-layer compute spans; NULL = off */
-    /* RUN: NULL, or [n_layers] checksums the sink writes before it hands
-     * layer l to the loop: xxh3-64 (seed 0) of the layer's bytes in write
-     * order — every prompt block's full block_bytes in block-table order
-     * (attention), the slot's state_bytes (linear) — which is what decode
-     * verifies.  Computed here, where the KV was just produced (as an
-     * accelerator would in a kernel next to it), so that the loop thread
-     * only posts writes; lent like the job. */
+    /* RUN: NULL (prefill only: nothing is written, no checksums), or
+     * [n_layers] checksums and their kinds the sink writes before it hands
+     * layer l to the loop: the checksum the engine computed next to the KV
+     * (epd_prefill_args_t.want_sums: sim's device kernel) with
+     * layer_sum_kinds[l] = 1 + its epd_kv_sum_kind_t, or 0 when the engine
+     * computed none (ref: its device is the CPU) — then the loop hashes the
+     * bytes itself before it posts them, off this thread.  Lent like the
+     * job. */
     uint64_t *layer_sums;
+    uint8_t *layer_sum_kinds;
     /* RUN: the embedding spans of a multimodal prompt (borrowed, and their
      * rows, until DONE); NULL / 0 for text */
     const epd_embed_span_t *embeds;

@@ -79,12 +79,17 @@
 #define EPD_PREFILL_TOMB_MAX 4096 /* recently aborted / failed request ids */
 /* --write-group-bytes default: every layer as it finishes.  Measured with
  * `epd-bench overhead --groups per-layer,64K,256K,1M,4M,1024M` at 128, 256
- * and 1k tokens on shm and TCP (README.md "What disaggregation costs"): no
+ * and 1k tokens on shm and TCP (the README's overhead section of the time): no
  * grouping shortened the transfer tail where it mattered — a layer is one
  * write (its blocks coalesce), and since per-layer verification one small
  * fenced LayerDone; re-measured with it, grouping moved the end-to-end
  * medians within the noise, so posting early only hides more. */
 #define EPD_PREFILL_WRITE_GROUP_DEFAULT 0
+/* --write-chunk-bytes default: a 1 MiB put is ~50-80 us of memcpy on the
+ * loop thread over shared memory, so a message waits at most that long
+ * behind a large layer (a 32k-token dense layer at the shipped scale is
+ * 6.4 MiB: seven passes of the loop). */
+#define EPD_PREFILL_WRITE_CHUNK_DEFAULT (1u << 20)
 #define EPD_PREFILL_MEDIA_MAX 8 /* images per request (proto/README.md rule 13) */
 #define EPD_PREFILL_HASH_BYTES 32 /* MediaRef.content_hash: BLAKE2b-256 */
 /* The largest request-plane message: images may come inline (a cluster
@@ -229,12 +234,14 @@ typedef struct {
 } epd_prefill_lw_t;
 
 /* One request's KV transfer (the xfer part's; inside the request).  The
- * request layer reads have_resv, writes_inflight and post_layer as facts. */
+ * request layer reads have_resv, writes_inflight, post_layer and more as
+ * facts. */
 struct epd_prefill_xfer {
     struct epd_prefill_srv *srv;
     uint64_t id;
     epd_peer_t *peer;           /* the decode worker (borrowed from the request) */
     epd_prefill_place_t local;  /* our blocks (borrowed from the request) and slot */
+    int protocol_only;          /* GenerateRequest.protocol_only: messages, no writes */
     /* the reservation (valid when have_resv) */
     int have_resv;
     uint32_t *remote_blocks;    /* [n_blocks] */
@@ -244,12 +251,22 @@ struct epd_prefill_xfer {
     int rkey_shared;            /* the peer's (borrowed, not destroyed here) */
     uint32_t d_lease_ms;        /* decode's lease on the reservation */
     uint32_t skip;              /* leading blocks decode holds already (not written) */
-    /* posting: one cursor over layers in order, writes in order */
+    int from_cache;             /* the KV has blocks of the prefix cache (no STAMPED sums) */
+    int d_stamped;              /* decode verifies STAMPED checksums */
+    /* the write runs, planned once when the reservation is taken */
+    epd_prefill_run_t *runs;    /* [n_blocks] */
+    uint32_t n_runs;
+    /* posting: one cursor over layers in order, runs in order, bytes of a
+     * run in chunks of at most srv->write_chunk_bytes */
     uint32_t post_layer, post_idx;
+    uint64_t post_off;
+    int more;                   /* posting stopped after a burst: go on at the next pump */
     uint32_t writes_inflight;
     uint64_t writes_posted, writes_coalesced;
     epd_prefill_lw_t *lw;       /* [n_layers] */
     uint64_t *checksums;        /* [n_layers], written by the compute thread (layer_sums) */
+    uint8_t *sum_kinds;         /* [n_layers], likewise (layer_sum_kinds) */
+    int sum_kind;               /* the request's epd_kv_sum_kind_t once chosen, else -1 */
     uint64_t last_d_msg_ns;     /* decode's lease keep-alive (LayerDone) */
     int backpressured;          /* a post was refused (logged once) */
 };
@@ -266,6 +283,7 @@ typedef struct epd_prefill_req {
     char client_id[EPD_WORKER_ID_MAX];
     epd_peer_t *peer;   /* the decode worker (counted); NULL: prefill only */
     int prefill_only;   /* no decode, no writes: the first token to the client */
+    int more_listed;    /* counted in srv->n_more: stepped again at the next pump */
     /* the prompt and its local placement */
     int32_t *tokens;        /* [n_tokens] */
     uint32_t n_tokens;
@@ -326,6 +344,12 @@ typedef struct epd_prefill_srv {
     /* after each layer's writes, a LayerDone (landed) fenced behind them, so
      * decode verifies that layer while the next ones compute */
     int layer_notify;
+    /* a write is at most this long, and one pass posts at most this many
+     * bytes before the loop gets back to its events (messages interleave
+     * with a large layer's writes) */
+    uint64_t write_chunk_bytes;
+    epd_hash_state_t *hash; /* loop thread: BYTES checksums the engine did not compute */
+    uint32_t n_more;        /* requests whose posting stopped after a burst */
     uint32_t embed_slots;
     uint64_t max_image_pixels; /* local encodes' pixel guard */
     /* the local KV pool, registered: the writes' source (the pool part's) */
@@ -503,10 +527,12 @@ void epd__prefill_xfer_cleanup(epd_prefill_xfer_t *x);
 epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
                                     const Epd__KvReservation *r, char *msg, size_t cap);
 /* Posts every write of layers [post_layer, layers_done) that may go now
- * (write grouping while compute runs), with a LayerDone after each layer.
- * EPD_OK; EPD_ERR_NO_RESOURCE when the transport pushed back (the cursor
- * stays: post again after room was made); another error with msg[0..cap)
- * when the transfer cannot go on. */
+ * (write grouping while compute runs), with a LayerDone after each layer
+ * (not after the last one once compute is done: PrefillComplete follows at
+ * once and covers it), at most write_chunk_bytes in one pass (x->more:
+ * call again at the next pump).  EPD_OK; EPD_ERR_NO_RESOURCE when the
+ * transport pushed back (the cursor stays: post again after room was made);
+ * another error with msg[0..cap) when the transfer cannot go on. */
 epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
                                     uint32_t layers_done, int compute_done, char *msg, size_t cap);
 /* PrefillComplete{first_token, n_tokens, checksums}, fenced behind every

@@ -139,3 +139,78 @@ epd_status_t epd_prefill_plan_write(const epd_kv_layout_t *layout, const epd_pre
     *w_p = w;
     return EPD_OK;
 }
+
+uint32_t epd_prefill_plan_runs(const epd_prefill_place_t *local, const epd_prefill_place_t *remote,
+                               epd_prefill_run_t *runs)
+{
+    uint32_t n = 0;
+
+    for (uint32_t i = 0; i < local->n_blocks && i < remote->n_blocks; i++) {
+        if (n > 0 && local->block_ids[i] == local->block_ids[i - 1] + 1 &&
+            remote->block_ids[i] == remote->block_ids[i - 1] + 1) {
+            runs[n - 1].n++;
+            continue;
+        }
+        runs[n].first = i;
+        runs[n].n = 1;
+        n++;
+    }
+    return n;
+}
+
+uint32_t epd_prefill_plan_runs_skip(epd_prefill_run_t *runs, uint32_t n_runs, uint32_t skip)
+{
+    uint32_t n = 0;
+
+    for (uint32_t i = 0; i < n_runs; i++) {
+        epd_prefill_run_t r = runs[i];
+
+        if (r.first + r.n <= skip) {
+            continue;
+        }
+        if (r.first < skip) {
+            r.n -= skip - r.first;
+            r.first = skip;
+        }
+        runs[n++] = r;
+    }
+    return n;
+}
+
+epd_status_t epd_prefill_plan_run_write(const epd_kv_layout_t *layout,
+                                        const epd_prefill_place_t *local,
+                                        const epd_prefill_place_t *remote, uint64_t region_size,
+                                        uint32_t layer, const epd_prefill_run_t *run,
+                                        epd_prefill_write_t *w_p)
+{
+    epd_prefill_write_t w;
+    epd_status_t st;
+
+    if (layer < layout->n_layers && layer < EPD_KV_MAX_LAYERS &&
+        layout->kind[layer] == EPD_LAYER_LINEAR) {
+        return epd_prefill_plan_write(layout, local, remote, region_size, layer, 0, w_p);
+    }
+    if (run->n == 0 || run->first + (uint64_t)run->n > local->n_blocks ||
+        run->first + (uint64_t)run->n > remote->n_blocks) {
+        return EPD_ERR_OUT_OF_RANGE;
+    }
+    /* the first block's write, checked, then the run's length: its last
+     * block must be inside both pools and the region too */
+    st = epd_prefill_plan_write(layout, local, remote, region_size, layer, run->first, &w);
+    if (st == EPD_OK && run->n > 1) {
+        epd_prefill_write_t last;
+
+        st = epd_prefill_plan_write(layout, local, remote, region_size, layer,
+                                    run->first + run->n - 1, &last);
+        if (st == EPD_OK && (last.local_off != w.local_off + (uint64_t)(run->n - 1) * w.len ||
+                             last.remote_off != w.remote_off + (uint64_t)(run->n - 1) * w.len)) {
+            st = EPD_ERR_OUT_OF_RANGE; /* not a run */
+        }
+        w.len *= run->n;
+    }
+    if (st != EPD_OK) {
+        return st;
+    }
+    *w_p = w;
+    return EPD_OK;
+}

@@ -43,6 +43,15 @@ typedef struct {
     uint64_t len;
 } epd_prefill_write_t;
 
+/* A run: prompt blocks [first, first + n) whose ids are consecutive on both
+ * sides, so that in every attention layer they are one contiguous range
+ * locally and one remotely (a block's offset is linear in its id inside a
+ * layer): one write per run and layer. */
+typedef struct {
+    uint32_t first;
+    uint32_t n;
+} epd_prefill_run_t;
+
 /* Blocks a prompt of n_tokens occupies: ceil(n_tokens / block_tokens)
  * (0 for a layout with block_tokens 0). */
 uint32_t epd_prefill_plan_blocks(const epd_kv_layout_t *layout, uint32_t n_tokens);
@@ -75,5 +84,28 @@ epd_status_t epd_prefill_plan_check(const epd_kv_layout_t *layout, uint32_t n_pr
 epd_status_t epd_prefill_plan_write(const epd_kv_layout_t *layout, const epd_prefill_place_t *local,
                                     const epd_prefill_place_t *remote, uint64_t region_size,
                                     uint32_t layer, uint32_t i, epd_prefill_write_t *w_p);
+
+/*
+ * Cuts the prompt blocks of `local` and `remote` (same n_blocks) into runs,
+ * in block order, into runs[0..n_blocks); returns how many.  Planned once
+ * per request: the runs do not depend on the layer.
+ */
+uint32_t epd_prefill_plan_runs(const epd_prefill_place_t *local, const epd_prefill_place_t *remote,
+                               epd_prefill_run_t *runs);
+
+/* Drops from runs[0..n_runs) the blocks before `skip` (decode holds them:
+ * proto/README.md rule 26), in place; returns the runs left. */
+uint32_t epd_prefill_plan_runs_skip(epd_prefill_run_t *runs, uint32_t n_runs, uint32_t skip);
+
+/*
+ * The write of run `run` of attention layer `layer` (all its blocks), or,
+ * for a linear layer, of its state (run ignored).  Errors as
+ * epd_prefill_plan_write.
+ */
+epd_status_t epd_prefill_plan_run_write(const epd_kv_layout_t *layout,
+                                        const epd_prefill_place_t *local,
+                                        const epd_prefill_place_t *remote, uint64_t region_size,
+                                        uint32_t layer, const epd_prefill_run_t *run,
+                                        epd_prefill_write_t *w_p);
 
 #endif

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "epd_alloc.h"
+#include "epd_kv_stamp.h"
 #include "epd_log.h"
 #include "epd_prefill_int.h"
 #include "epd_time.h"
@@ -177,9 +178,18 @@ epd_status_t epd__prefill_pool_admit(epd_prefill_srv_t *srv, const Epd__Generate
     req->run_job.layer_evs = req->evs;
     req->run_job.done_ev = &req->evs[kv->n_layers];
     req->run_job.trace = srv->trace;
-    /* with a decode worker, the compute thread checksums each layer as it
-     * hands it over (prefill-only requests write nothing: no checksums) */
+    /* with a decode worker, the engine computes each layer's checksum where
+     * it can (prefill-only requests write nothing: no checksums); the KV is
+     * stamped for that decode incarnation */
     req->run_job.layer_sums = peer != NULL ? req->xfer.checksums : NULL;
+    req->run_job.layer_sum_kinds = peer != NULL ? req->xfer.sum_kinds : NULL;
+    if (peer != NULL) {
+        epd_msg_epoch_t de = epd_peer_epoch(peer);
+
+        req->run_job.seq.stamp_tag = epd_kv_stamp_tag(de.start_time_ns, de.nonce);
+    }
+    req->xfer.protocol_only = g->protocol_only;
+    req->xfer.from_cache = req->hit_blocks > 0;
     req->release_job.kind = EPD_PREFILL_JOB_RELEASE;
     req->release_job.seq = req->run_job.seq;
     req->release_job.done_ev = &req->evs[kv->n_layers + 1];

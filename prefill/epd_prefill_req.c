@@ -152,6 +152,12 @@ static int epd_prefill_post(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 
     st = epd__prefill_xfer_post(srv, &req->xfer, req->layers_done, req->compute_done, msg,
                                 sizeof(msg));
+    if (st == EPD_OK && req->xfer.more && !req->more_listed) {
+        /* a burst went out: the loop's events first, the rest at the next
+         * pump (epd__prefill_req_on_pump) */
+        req->more_listed = 1;
+        srv->n_more++;
+    }
     if (st == EPD_ERR_NO_RESOURCE) {
         epd_reqtab_block(&srv->reqs, &req->ent);
         return -1;
@@ -312,6 +318,9 @@ static void epd_prefill_req_destroy(epd_prefill_srv_t *srv, epd_prefill_req_t *r
                       ((double)req->t_resv_ns - (double)req->t_admit_ns) / 1e6,
                       ((double)req->t_complete_ns - (double)req->compute_done_ns) / 1e6,
                       (double)(now - req->compute_done_ns) / 1e6);
+    }
+    if (req->more_listed) {
+        srv->n_more--;
     }
     epd_reqtab_remove(&srv->reqs, &req->ent);
     epd__prefill_media_unwait(srv, &req->wait);
@@ -820,6 +829,19 @@ int epd__prefill_req_on_pump(void *arg)
             epd_prefill_advance(srv, req);
         }
     } while (srv->embed_room);
+    if (srv->n_more > 0) {
+        /* posting that stopped after a burst goes on at the next pass, after
+         * the loop polled its events */
+        for (req = epd_reqtab_first_req(&srv->reqs); req != NULL;
+             req = epd_reqtab_next_req(&srv->reqs, req)) {
+            if (req->more_listed) {
+                req->more_listed = 0;
+                srv->n_more--;
+                epd_prefill_dirty(srv, req);
+            }
+        }
+        return 1;
+    }
     return srv->room;
 }
 
@@ -887,7 +909,13 @@ void epd__prefill_req_on_stop(void *arg)
 
 epd_status_t epd__prefill_reqs_init(epd_prefill_srv_t *srv)
 {
+    epd_status_t st;
+
     srv->on_written = epd_prefill_on_written;
+    st = epd_hash_state_create(0, &srv->hash);
+    if (st != EPD_OK) {
+        return st;
+    }
     return epd_reqtab_init(&srv->reqs, srv->state_slots, offsetof(epd_prefill_req_t, ent));
 }
 
@@ -904,4 +932,6 @@ void epd__prefill_reqs_cleanup(epd_prefill_srv_t *srv)
         }
     }
     epd_reqtab_cleanup(&srv->reqs);
+    epd_hash_state_destroy(srv->hash);
+    srv->hash = NULL;
 }

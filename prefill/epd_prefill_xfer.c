@@ -6,15 +6,24 @@
  *                    the key unpacked on our link to that decode
  *                    incarnation — once per incarnation, then shared, see
  *                    epd_peer_rkey — and covering the region);
- *   the writes       one cursor (post_layer, post_idx) walks the finished
- *                    layers in order and each layer's writes in order (the
- *                    order of the compute thread's checksum); neighbouring
- *                    blocks contiguous on both sides go as one write; with
- *                    --write-group-bytes, finished layers wait while
- *                    compute runs until enough bytes are ready;
+ *   the writes       planned once, when the reservation is taken: runs of
+ *                    blocks contiguous on both sides (epd_prefill_plan_runs),
+ *                    one write per run and layer; one cursor (post_layer,
+ *                    post_idx, post_off) walks the finished layers in order,
+ *                    each layer's runs in order (the checksums' order), a
+ *                    run in chunks of at most --write-chunk-bytes, and stops
+ *                    after that many bytes in one pass so that the loop
+ *                    gets back to its messages between the chunks of a
+ *                    large layer; with --write-group-bytes, finished layers
+ *                    wait while compute runs until enough bytes are ready;
+ *   checksums        the engine's, computed next to the KV (sim: a device
+ *                    kernel, kind STAMPED when decode takes it); else the
+ *                    bytes are hashed here (kind BYTES: ref, an older decode);
  *   LayerDone        after each layer's writes, fenced behind them (decode
- *                    verifies that layer while the next ones compute), and
- *                    as decode's lease keep-alive during a long layer;
+ *                    verifies that layer while the next ones compute) —
+ *                    except the last layer's once compute is done, which
+ *                    PrefillComplete covers — and as decode's lease
+ *                    keep-alive during a long layer;
  *   PrefillComplete  fenced behind every write.
  * Every write and message goes on OUR link to the decode incarnation
  * (epd_peer_link), so that a fence orders a message behind the writes.
@@ -54,10 +63,14 @@ epd_status_t epd__prefill_xfer_init(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
     x->local.state_slot = slot;
     x->local.pool_blocks = srv->kv_blocks;
     x->local.pool_state_slots = srv->state_slots;
+    x->sum_kind = -1;
     x->remote_blocks = epd_calloc((size_t)n_blocks + 1, sizeof(*x->remote_blocks));
+    x->runs = epd_calloc((size_t)n_blocks + 1, sizeof(*x->runs));
     x->lw = epd_calloc((size_t)n_layers + 1, sizeof(*x->lw));
     x->checksums = epd_calloc((size_t)n_layers + 1, sizeof(*x->checksums));
-    if (x->remote_blocks == NULL || x->lw == NULL || x->checksums == NULL) {
+    x->sum_kinds = epd_calloc((size_t)n_layers + 1, sizeof(*x->sum_kinds));
+    if (x->remote_blocks == NULL || x->runs == NULL || x->lw == NULL || x->checksums == NULL ||
+        x->sum_kinds == NULL) {
         epd__prefill_xfer_cleanup(x);
         return EPD_ERR_NO_MEMORY;
     }
@@ -75,11 +88,15 @@ void epd__prefill_xfer_cleanup(epd_prefill_xfer_t *x)
     }
     x->rkey = NULL;
     epd_free(x->remote_blocks);
+    epd_free(x->runs);
     epd_free(x->lw);
     epd_free(x->checksums);
+    epd_free(x->sum_kinds);
     x->remote_blocks = NULL;
+    x->runs = NULL;
     x->lw = NULL;
     x->checksums = NULL;
+    x->sum_kinds = NULL;
 }
 
 void epd__prefill_xfer_forget_key(epd_prefill_xfer_t *x)
@@ -154,6 +171,11 @@ epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
     x->remote = place;
     x->remote.block_ids = x->remote_blocks;
     x->region_size = r->region_size;
+    x->n_runs = epd_prefill_plan_runs(&x->local, &x->remote, x->runs);
+    /* decode's own copies of the leading cached_blocks are the same bits
+     * (rule 26): no run writes them */
+    x->n_runs = epd_prefill_plan_runs_skip(x->runs, x->n_runs, r->cached_blocks);
+    x->d_stamped = r->stamped_sums;
     x->rkey = rkey;
     x->rkey_shared = shared;
     x->d_lease_ms = r->lease_ms;
@@ -218,6 +240,7 @@ static int epd_prefill_layer_done(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
     ld.request_id = x->id;
     ld.layer = layer;
     ld.checksum = x->checksums[layer];
+    ld.checksum_kind = x->sum_kind > 0 ? (uint32_t)x->sum_kind : 0;
     ld.landed = landed != 0;
     if (epd_link_send(link, EPD__ENVELOPE__BODY_LAYER_DONE, &ld,
                       landed ? EPD_XPORT_SEND_FENCE : 0) != EPD_OK) {
@@ -268,7 +291,7 @@ static int epd_prefill_group_ready(const epd_prefill_srv_t *srv, const epd_prefi
     const epd_kv_layout_t *kv = &srv->info->kv;
     uint64_t pending = 0;
 
-    if (srv->write_group_bytes == 0 || compute_done || x->post_idx > 0) {
+    if (srv->write_group_bytes == 0 || compute_done || x->post_idx > 0 || x->post_off > 0) {
         return 1;
     }
     for (uint32_t l = x->post_layer; l < layers_done; l++) {
@@ -280,49 +303,90 @@ static int epd_prefill_group_ready(const epd_prefill_srv_t *srv, const epd_prefi
     return 0;
 }
 
-/* Posts the rest of layer `layer` from the cursor (one write per run of
- * blocks contiguous on both sides: the bytes, their order and so the
- * checksum are the same).  EPD_OK once the layer is posted. */
-static epd_status_t epd_prefill_post_layer(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
-                                           uint32_t layer, char *msg, size_t cap)
+/* The checksum of layer `layer` to send: the engine's when it is of the
+ * request's kind (chosen at its first layer: STAMPED when the engine gives
+ * it and decode takes it, else BYTES), else the bytes hashed here — the
+ * layer is final in the local pool (the compute thread handed it over). */
+static epd_status_t epd_prefill_layer_sum(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
+                                          uint32_t layer, char *msg, size_t cap)
 {
     const epd_kv_layout_t *kv = &srv->info->kv;
-    uint32_t n = epd_prefill_plan_layer_writes(kv, layer, x->local.n_blocks);
+    uint8_t got = x->sum_kinds[layer];
+    const char *base = srv->pool.base;
+    uint64_t off;
+
+    if (x->sum_kind < 0) {
+        /* blocks from a prefix cache (ours, or decode's own) carry the
+         * stamps of the request that computed them: BYTES for those */
+        x->sum_kind = got == 1 + EPD_KV_SUM_STAMPED && x->d_stamped && x->skip == 0 &&
+                              !x->from_cache
+                          ? EPD_KV_SUM_STAMPED
+                          : EPD_KV_SUM_BYTES;
+    }
+    if (got == 1 + x->sum_kind || x->protocol_only) {
+        return EPD_OK;
+    }
+    if (x->sum_kind != EPD_KV_SUM_BYTES) {
+        snprintf(msg, cap, "the engine gave no checksum of layer %u", layer);
+        return EPD_ERR_FATAL;
+    }
+    epd_hash_state_reset(srv->hash, 0);
+    if (kv->kind[layer] == EPD_LAYER_LINEAR) {
+        if (epd_kv_state_offset(kv, srv->pool.n_blocks, srv->pool.n_state_slots, layer,
+                                x->local.state_slot, &off) == EPD_OK) {
+            epd_hash_state_update(srv->hash, base + off, kv->state_bytes);
+        }
+    } else {
+        for (uint32_t i = 0; i < x->local.n_blocks; i++) {
+            if (epd_kv_block_offset(kv, srv->pool.n_blocks, layer, x->local.block_ids[i], &off) ==
+                EPD_OK) {
+                epd_hash_state_update(srv->hash, base + off, kv->block_bytes);
+            }
+        }
+    }
+    x->checksums[layer] = epd_hash_state_digest(srv->hash);
+    return EPD_OK;
+}
+
+/* Posts the rest of layer `layer` from the cursor, one write per run (the
+ * bytes, their order and so the checksum are those of block-by-block
+ * writes), each at most write_chunk_bytes, while *budget lasts.  EPD_OK
+ * once the layer is posted; EPD_INPROGRESS when the budget ran out first. */
+static epd_status_t epd_prefill_post_layer(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
+                                           uint32_t layer, uint64_t *budget, char *msg, size_t cap)
+{
+    const epd_kv_layout_t *kv = &srv->info->kv;
+    uint32_t n = x->protocol_only ? 0 : kv->kind[layer] == EPD_LAYER_LINEAR ? 1 : x->n_runs;
     epd_prefill_lw_t *lw = &x->lw[layer];
     char *base = srv->pool.base;
 
-    if (kv->kind[layer] == EPD_LAYER_ATTENTION && x->post_idx < x->skip) {
-        x->post_idx = x->skip; /* decode holds those blocks */
-    }
     while (x->post_idx < n) {
-        epd_prefill_write_t w, next;
-        uint32_t span = 1;
+        epd_prefill_write_t w;
+        uint64_t len;
         epd_status_t st;
 
-        st = epd_prefill_plan_write(kv, &x->local, &x->remote, x->region_size, layer, x->post_idx,
-                                    &w);
+        if (*budget == 0) {
+            return EPD_INPROGRESS;
+        }
+        st = epd_prefill_plan_run_write(kv, &x->local, &x->remote, x->region_size, layer,
+                                        &x->runs[x->post_idx], &w);
         if (st != EPD_OK) {
             snprintf(msg, cap, "write plan outside a pool");
             return st;
         }
-        while (x->post_idx + span < n &&
-               epd_prefill_plan_write(kv, &x->local, &x->remote, x->region_size, layer,
-                                      x->post_idx + span, &next) == EPD_OK &&
-               next.local_off == w.local_off + w.len && next.remote_off == w.remote_off + w.len) {
-            w.len += next.len;
-            span++;
-        }
-        if (lw->posted_ns == 0) {
+        len = w.len - x->post_off;
+        len = len < srv->write_chunk_bytes ? len : srv->write_chunk_bytes;
+        if (lw->inflight == 0 && x->post_idx == 0 && x->post_off == 0) {
             lw->posted_ns = epd_time_now_ns();
         }
-        st = epd_xport_write(epd_link_ep(epd_peer_link(x->peer)), base + w.local_off,
-                             (size_t)w.len, srv->pool_mr, x->rkey, w.remote_off,
+        st = epd_xport_write(epd_link_ep(epd_peer_link(x->peer)), base + w.local_off + x->post_off,
+                             (size_t)len, srv->pool_mr, x->rkey, w.remote_off + x->post_off,
                              epd_prefill_on_write, lw);
         if (st == EPD_ERR_NO_RESOURCE) {
             if (!x->backpressured) {
                 x->backpressured = 1;
                 epd_log_debug(EPD_PREFILL_LOG, x->id,
-                              "transport backpressure at layer %u write %u (%u in flight): "
+                              "transport backpressure at layer %u run %u (%u in flight): "
                               "retrying after progress",
                               layer, x->post_idx, x->writes_inflight);
             }
@@ -335,10 +399,17 @@ static epd_status_t epd_prefill_post_layer(epd_prefill_srv_t *srv, epd_prefill_x
         }
         x->writes_inflight++;
         lw->inflight++;
-        lw->bytes += w.len;
+        lw->bytes += len;
         x->writes_posted++;
-        x->writes_coalesced += span - 1;
-        x->post_idx += span;
+        *budget = *budget > len ? *budget - len : 0;
+        x->post_off += len;
+        if (x->post_off == w.len) {
+            x->writes_coalesced += kv->kind[layer] == EPD_LAYER_LINEAR
+                                       ? 0
+                                       : x->runs[x->post_idx].n - 1;
+            x->post_idx++;
+            x->post_off = 0;
+        }
     }
     return EPD_OK;
 }
@@ -347,7 +418,9 @@ epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
                                     uint32_t layers_done, int compute_done, char *msg, size_t cap)
 {
     const epd_kv_layout_t *kv = &srv->info->kv;
+    uint64_t budget = srv->write_chunk_bytes;
 
+    x->more = 0;
     if (!x->have_resv || !epd_prefill_group_ready(srv, x, layers_done, compute_done)) {
         return EPD_OK;
     }
@@ -357,24 +430,40 @@ epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
     }
     while (x->post_layer < layers_done) {
         uint32_t layer = x->post_layer;
-        uint32_t n = epd_prefill_plan_layer_writes(kv, layer, x->local.n_blocks);
         epd_prefill_lw_t *lw = &x->lw[layer];
-        epd_status_t st = epd_prefill_post_layer(srv, x, layer, msg, cap);
+        epd_status_t st;
 
+        if (x->post_idx == 0 && x->post_off == 0) {
+            /* x->checksums[layer] was written by the compute thread before it
+             * handed the layer over (the event queue orders it before us) */
+            st = epd_prefill_layer_sum(srv, x, layer, msg, cap);
+            if (st != EPD_OK) {
+                return st;
+            }
+        }
+        st = epd_prefill_post_layer(srv, x, layer, &budget, msg, cap);
+        if (st == EPD_INPROGRESS) {
+            x->more = 1; /* the loop's other events first */
+            return EPD_OK;
+        }
         if (st != EPD_OK) {
             return st;
         }
-        /* x->checksums[layer] was written by the compute thread before it
-         * handed the layer over (the event queue orders it before us) */
         x->post_layer++;
         x->post_idx = 0;
+        x->post_off = 0;
         lw->all_posted = 1;
-        if (lw->inflight == 0 && n > 0) {
+        if (lw->inflight == 0 && lw->bytes > 0) {
             epd_prefill_lw_done(srv, lw); /* completed while we were posting */
         }
-        if (srv->layer_notify && n > 0) {
+        if (compute_done && layer + 1 == kv->n_layers) {
+            /* PrefillComplete goes right after, fenced the same way and
+             * carrying every checksum: a LayerDone would only duplicate it */
+            break;
+        }
+        if (srv->layer_notify) {
             /* per-layer verification: fenced behind every write posted so
-             * far, i.e. behind the whole layer, so decode may hash it now */
+             * far, i.e. behind the whole layer, so decode may check it now */
             if (epd_prefill_layer_done(srv, x, layer, 1)) {
                 srv->layer_notices++;
             } else {
@@ -397,6 +486,7 @@ epd_status_t epd__prefill_xfer_complete(epd_prefill_srv_t *srv, epd_prefill_xfer
     pc.n_prompt_tokens = n_tokens;
     pc.n_layer_checksums = srv->info->kv.n_layers;
     pc.layer_checksums = x->checksums;
+    pc.checksum_kind = x->sum_kind > 0 ? (uint32_t)x->sum_kind : 0;
     /* fenced: decode sees it only after every write of this request landed */
     return epd_link_send(epd_peer_link(x->peer), EPD__ENVELOPE__BODY_PREFILL_COMPLETE, &pc,
                          EPD_XPORT_SEND_FENCE);

@@ -32,6 +32,7 @@ typedef struct {
     int64_t lease_ms;
     int64_t max_inflight_writes;
     int64_t write_group_bytes;
+    int64_t write_chunk_bytes;
     int layer_notify;
     int64_t embed_slots;
     int64_t max_image_pixels;
@@ -191,6 +192,7 @@ static int epd_prefill_run(const epd_daemon_flags_t *dfl, void *arg)
     srv.state_slots = (uint32_t)fl->state_slots;
     srv.lease_ms = (uint32_t)fl->lease_ms;
     srv.write_group_bytes = (uint64_t)fl->write_group_bytes;
+    srv.write_chunk_bytes = (uint64_t)fl->write_chunk_bytes;
     srv.layer_notify = fl->layer_notify;
     srv.embed_slots = (uint32_t)fl->embed_slots;
     srv.max_image_pixels = (uint64_t)fl->max_image_pixels;
@@ -229,6 +231,7 @@ int main(int argc, char **argv)
         .lease_ms = 5000,
         .max_inflight_writes = 4096,
         .write_group_bytes = EPD_PREFILL_WRITE_GROUP_DEFAULT,
+        .write_chunk_bytes = EPD_PREFILL_WRITE_CHUNK_DEFAULT,
         .layer_notify = 1,
         .embed_slots = 64,
         .max_image_pixels = (int64_t)EPD_IMAGE_MAX_PIXELS_DEFAULT,
@@ -249,6 +252,9 @@ int main(int argc, char **argv)
         {"write-group-bytes", EPD_OPT_INT, &fl.write_group_bytes, 0, (int64_t)1 << 40,
          "while compute runs, post finished layers' writes once this many bytes wait "
          "(0: every layer as it finishes)"},
+        {"write-chunk-bytes", EPD_OPT_INT, &fl.write_chunk_bytes, 4096, (int64_t)1 << 32,
+         "longest KV write; one pass of the loop posts at most this many bytes before it "
+         "handles its other events again"},
         {"layer-notify", EPD_OPT_BOOL, &fl.layer_notify, 0, 0,
          "after each layer's writes send decode a LayerDone fenced behind them, so it "
          "verifies that layer at once (--no-layer-notify: verification only after "

@@ -57,7 +57,10 @@
  *     peer_timeout_ms without receiving anything.  BYE on close.
  *   - fences: a fenced message (and every message after it, to keep order)
  *     is held until the writes posted before it completed locally, then a
- *     backend flush ran, then it is sent.
+ *     backend flush ran, then it is sent — the flush only when a write since
+ *     the last one does not deliver on completion (op->delivers: UCX puts
+ *     into mapped shared memory, libfabric delivery-complete writes), where
+ *     it would only cost a round of progress.
  *   - bounds: ops come from a pool sized by max_inflight (plus a reserve for
  *     the core's own fence flushes); held copies of small messages (up to
  *     64 KiB) from a lazily grown pool with a fixed cap, so the write/send
@@ -226,6 +229,7 @@ struct epd_xport_ep {
     /* writes posted, in posting order (oldest first) */
     uint64_t wr_seq;       /* writes posted so far */
     uint64_t flushed_seq;  /* writes 1..flushed_seq are known to have landed */
+    uint64_t nd_seq;       /* the newest write whose completion does not mean delivery */
     epd__core_op_t *wr_head, *wr_tail;
     uint32_t ops_held;     /* ops (writes/flushes) the backend holds */
     /* messages held behind the handshake or a fence */
@@ -744,7 +748,7 @@ static bool epd__ep_pump(epd_xport_ep_t *ep)
             if (ep->wr_head != NULL && ep->wr_head->seq <= h->fence_target) {
                 return true; /* an earlier write is still in flight */
             }
-            if (ep->flushed_seq < h->fence_target) {
+            if (ep->flushed_seq < h->fence_target && ep->nd_seq > ep->flushed_seq) {
                 epd__core_op_t *op = epd__op_get(x, false);
                 if (op == NULL) {
                     return false;
@@ -1921,7 +1925,8 @@ epd_status_t epd_xport_send(epd_xport_ep_t *ep, const void *buf, size_t len, uns
     }
     fenced = (flags & EPD_XPORT_SEND_FENCE) != 0;
     if (ep->state == EPD__EP_CONNECTED && ep->held_head == NULL &&
-        (!fenced || (ep->wr_head == NULL && ep->flushed_seq >= ep->wr_seq))) {
+        (!fenced || (ep->wr_head == NULL &&
+                     (ep->flushed_seq >= ep->wr_seq || ep->nd_seq <= ep->flushed_seq)))) {
         st = epd__frame_send(ep, EPD__FRAME_MSG, 0, buf, len);
         if (st != EPD_OK && st != EPD_ERR_NO_RESOURCE) {
             epd__ep_fail(ep, st);
@@ -2184,6 +2189,9 @@ epd_status_t epd_xport_write(epd_xport_ep_t *ep, const void *local, size_t len,
         return st;
     }
     ep->wr_seq++;
+    if (!op->be.delivers) {
+        ep->nd_seq = ep->wr_seq; /* a fence behind it flushes */
+    }
     ep->ops_held++;
     op->prev = ep->wr_tail;
     op->next = NULL;

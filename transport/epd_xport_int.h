@@ -20,7 +20,9 @@
  *     through epd__xport_op_done(op, status) from progress.  Whether it is an
  *     RMA put or a rendezvous message received into the region is the
  *     backend's choice; a receiving backend validates (region known, range
- *     inside it) before letting anything land.
+ *     inside it) before letting anything land.  A backend whose completion
+ *     of a write already implies delivery says so per write (op->delivers):
+ *     a fence behind such writes then skips the flush.
  *   - `flush`: epd__xport_op_done(op, ...) once every write posted earlier on
  *     that endpoint has landed remotely.
  *
@@ -40,6 +42,11 @@
  * ucs_status_ptr_t or a struct fi_context2 must fit in 64 bytes). */
 typedef struct epd__xport_op {
     _Alignas(16) unsigned char be_priv[64];
+    /* Set by the backend's `write` when it posts (the core zeroes it): 1
+     * when this write's completion with EPD_OK means its bytes are in the
+     * peer's memory already (a put copied into memory the peer maps, a
+     * delivery-complete write), so that a fence behind it needs no flush. */
+    unsigned char delivers;
     /* core-private fields follow in epd_xport.c's container */
 } epd__xport_op_t;
 

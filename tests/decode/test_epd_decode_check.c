@@ -234,68 +234,200 @@ static void test_kv_checksums(void **state)
 }
 
 /* Verification as a request sees it: landed LayerDones one by one, then
- * PrefillComplete for the rest, with what was verified remembered. */
+ * PrefillComplete for the rest, with what is being checked remembered (the
+ * checks themselves run on the verifier thread: epd_decode_check_layer). */
 static void test_kv_landed_then_completed(void **state)
 {
     kv_fix_t F;
     uint64_t seen_sums[EPD_KV_MAX_LAYERS], sums[EPD_KV_MAX_LAYERS];
-    uint8_t seen_ok[EPD_KV_MAX_LAYERS];
+    uint8_t seen_state[EPD_KV_MAX_LAYERS], newly[EPD_KV_MAX_LAYERS];
     epd_decode_kv_seen_t seen;
     const epd_kv_layout_t *kv;
     const char *why = NULL;
-    uint32_t bad = 99, n;
+    uint64_t bytes = 0;
+    uint32_t n;
+    int check = -1;
 
     (void)state;
     kv_fix_open(&F);
     kv = &F.info->kv;
     n = kv->n_layers;
-    memset(seen_ok, 0, sizeof(seen_ok));
-    seen = (epd_decode_kv_seen_t){.sums = seen_sums, .ok = seen_ok};
+    memset(seen_state, 0, sizeof(seen_state));
+    seen = (epd_decode_kv_seen_t){.sums = seen_sums, .state = seen_state, .kind = -1};
     /* a layer outside the model */
-    assert_int_equal(epd_decode_check_landed(kv, &F.pool, F.ids, 3, F.slot, n, 0, F.h, &seen, &why),
+    assert_int_equal(epd_decode_seen_landed(&seen, n, n, 0, EPD_KV_SUM_BYTES, &check, &why),
                      EPD_ERR_INVALID_PARAM);
     assert_non_null(strstr(why, "outside the model"));
-    /* layer 0 lands and matches; again with the same sum: nothing new */
+    /* layer 0 lands: to be checked; again with the same sum: nothing new */
     assert_int_equal(
-        epd_decode_check_landed(kv, &F.pool, F.ids, 3, F.slot, 0, F.sums[0], F.h, &seen, &why),
-        EPD_OK);
+        epd_decode_seen_landed(&seen, n, 0, F.sums[0], EPD_KV_SUM_BYTES, &check, &why), EPD_OK);
+    assert_int_equal(check, 1);
+    assert_int_equal(seen.n_checking, 1);
+    assert_int_equal(epd_decode_check_layer(kv, &F.pool, F.ids, 3, F.slot, 0, seen.sums[0],
+                                            EPD_KV_SUM_BYTES, NULL, F.h, &bytes, &why),
+                     EPD_OK);
+    assert_int_equal(epd_decode_seen_result(&seen, 0, EPD_OK, bytes, &why), EPD_OK);
     assert_int_equal(seen.n_ok, 1);
-    assert_true(seen.ok[0] && seen.bytes > 0);
+    assert_true(seen.state[0] == EPD_DECODE_KV_OK && seen.bytes > 0);
     assert_int_equal(
-        epd_decode_check_landed(kv, &F.pool, F.ids, 3, F.slot, 0, F.sums[0], F.h, &seen, &why),
-        EPD_OK);
+        epd_decode_seen_landed(&seen, n, 0, F.sums[0], EPD_KV_SUM_BYTES, &check, &why), EPD_OK);
+    assert_int_equal(check, 0);
     assert_int_equal(seen.n_ok, 1);
-    /* ... and with another sum: refused, not read as corruption */
+    /* ... and with another sum, or another kind: refused, not read as corruption */
     assert_int_equal(
-        epd_decode_check_landed(kv, &F.pool, F.ids, 3, F.slot, 0, F.sums[0] ^ 1, F.h, &seen, &why),
+        epd_decode_seen_landed(&seen, n, 0, F.sums[0] ^ 1, EPD_KV_SUM_BYTES, &check, &why),
         EPD_ERR_INVALID_PARAM);
     assert_non_null(strstr(why, "second"));
-    /* PrefillComplete disagreeing with the landed layer 0 */
+    assert_int_equal(
+        epd_decode_seen_landed(&seen, n, 1, F.sums[1], EPD_KV_SUM_STAMPED, &check, &why),
+        EPD_ERR_INVALID_PARAM);
+    assert_non_null(strstr(why, "kind"));
+    /* PrefillComplete disagreeing with the landed layer 0, or of another kind */
     memcpy(sums, F.sums, sizeof(sums));
     sums[0] ^= 1;
     assert_int_equal(
-        epd_decode_check_completed(kv, &F.pool, F.ids, 3, F.slot, sums, n, F.h, &seen, &why, &bad),
+        epd_decode_seen_completed(&seen, n, sums, n, EPD_KV_SUM_BYTES, newly, &why),
         EPD_ERR_INVALID_PARAM);
     assert_non_null(strstr(why, "LayerDone"));
+    assert_int_equal(
+        epd_decode_seen_completed(&seen, n, F.sums, n, EPD_KV_SUM_STAMPED, newly, &why),
+        EPD_ERR_INVALID_PARAM);
     /* a wrong number of sums */
-    assert_int_equal(epd_decode_check_completed(kv, &F.pool, F.ids, 3, F.slot, F.sums, n - 1, F.h,
-                                                &seen, &why, &bad),
-                     EPD_ERR_INVALID_PARAM);
-    /* the rest verified at completion */
-    assert_int_equal(epd_decode_check_completed(kv, &F.pool, F.ids, 3, F.slot, F.sums, n, F.h,
-                                                &seen, &why, &bad),
-                     EPD_OK);
+    assert_int_equal(
+        epd_decode_seen_completed(&seen, n, F.sums, n - 1, EPD_KV_SUM_BYTES, newly, &why),
+        EPD_ERR_INVALID_PARAM);
+    assert_int_equal(seen.n_checking, 0); /* nothing changed by the refusals */
+    /* the rest is checked after completion: all but layer 0 */
+    assert_int_equal(
+        epd_decode_seen_completed(&seen, n, F.sums, n, EPD_KV_SUM_BYTES, newly, &why), EPD_OK);
+    assert_false(newly[0]);
+    for (uint32_t l = 1; l < n; l++) {
+        assert_true(newly[l]);
+        assert_int_equal(epd_decode_check_layer(kv, &F.pool, F.ids, 3, F.slot, l, seen.sums[l],
+                                                EPD_KV_SUM_BYTES, NULL, F.h, &bytes, &why),
+                         EPD_OK);
+        assert_int_equal(epd_decode_seen_result(&seen, l, EPD_OK, bytes, &why), EPD_OK);
+    }
     assert_int_equal(seen.n_ok, n);
-    /* corruption of a layer that never landed is found at completion */
-    memset(seen_ok, 0, sizeof(seen_ok));
-    seen = (epd_decode_kv_seen_t){.sums = seen_sums, .ok = seen_ok};
+    assert_int_equal(seen.n_checking, 0);
+    /* corruption of a layer that never landed is found by its check */
+    memset(seen_state, 0, sizeof(seen_state));
+    seen = (epd_decode_kv_seen_t){.sums = seen_sums, .state = seen_state, .kind = -1};
     memcpy(sums, F.sums, sizeof(sums));
     sums[n - 1] ^= 1;
-    assert_int_equal(
-        epd_decode_check_completed(kv, &F.pool, F.ids, 3, F.slot, sums, n, F.h, &seen, &why, &bad),
-        EPD_ERR_CORRUPT);
-    assert_int_equal(bad, n - 1);
+    assert_int_equal(epd_decode_seen_completed(&seen, n, sums, n, EPD_KV_SUM_BYTES, newly, &why),
+                     EPD_OK);
+    assert_int_equal(epd_decode_check_layer(kv, &F.pool, F.ids, 3, F.slot, n - 1, seen.sums[n - 1],
+                                            EPD_KV_SUM_BYTES, NULL, F.h, &bytes, &why),
+                     EPD_ERR_CORRUPT);
     assert_non_null(strstr(why, "corrupt"));
+    assert_int_equal(epd_decode_seen_result(&seen, n - 1, EPD_ERR_CORRUPT, 0, &why),
+                     EPD_ERR_CORRUPT);
+    assert_int_equal(seen.state[n - 1], EPD_DECODE_KV_WAIT);
+    /* PrefillComplete disagreeing with a layer whose check is still out: the
+     * check decides — a LayerDone sum that matched the bytes makes
+     * PrefillComplete the wrong one (invalid), a failed check is the
+     * corruption */
+    memset(seen_state, 0, sizeof(seen_state));
+    seen = (epd_decode_kv_seen_t){.sums = seen_sums, .state = seen_state, .kind = -1};
+    assert_int_equal(
+        epd_decode_seen_landed(&seen, n, 0, F.sums[0], EPD_KV_SUM_BYTES, &check, &why), EPD_OK);
+    assert_int_equal(
+        epd_decode_seen_landed(&seen, n, 1, F.sums[1] ^ 1, EPD_KV_SUM_BYTES, &check, &why), EPD_OK);
+    memcpy(sums, F.sums, sizeof(sums));
+    sums[0] ^= 4;
+    assert_int_equal(epd_decode_seen_completed(&seen, n, sums, n, EPD_KV_SUM_BYTES, newly, &why),
+                     EPD_OK);
+    assert_false(newly[0] || newly[1]);
+    assert_int_equal(epd_decode_seen_result(&seen, 0, EPD_OK, bytes, &why), EPD_ERR_INVALID_PARAM);
+    assert_non_null(strstr(why, "LayerDone"));
+    assert_int_equal(epd_decode_seen_result(&seen, 1, EPD_ERR_CORRUPT, 0, &why), EPD_ERR_CORRUPT);
+    kv_fix_close(&F);
+}
+
+/* Kind STAMPED through decode's one-layer check: stamped units (as a
+ * stamping engine leaves them) check out by their stamps, a misplaced
+ * block fails it, the kind decides how the sum is read, and only a full
+ * check sees a changed body. */
+static void test_kv_stamped(void **state)
+{
+    const epd_kv_stamp_expect_t x = {.req_id = 9, .tag = 4, .n_tokens = 40};
+    epd_kv_stamp_expect_t xf = x;
+    uint32_t swapped[3];
+    const epd_kv_layout_t *kv;
+    uint64_t sums[EPD_KV_MAX_LAYERS];
+    const char *why = NULL;
+    uint64_t bytes = 0;
+    kv_fix_t F;
+
+    (void)state;
+    kv_fix_open(&F);
+    kv = &F.info->kv;
+    xf.full = 1;
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        uint32_t n = kv->kind[l] == EPD_LAYER_LINEAR ? 1 : 3;
+
+        epd_hash_state_reset(F.h, 0);
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t off, len;
+            unsigned char *u;
+            epd_kv_stamp_t st = {.req_id = 9, .tag = 4, .hk = 100 + l, .layer = l};
+
+            if (n == 1) {
+                assert_int_equal(epd_kv_state_offset(kv, 8, 4, l, F.slot, &off), EPD_OK);
+                len = kv->state_bytes;
+                st.count = 40;
+            } else {
+                assert_int_equal(epd_kv_block_offset(kv, 8, l, F.ids[i], &off), EPD_OK);
+                len = kv->block_bytes;
+                st.index = i;
+                st.count = i < 2 ? 16 : 8;
+            }
+            u = (unsigned char *)F.pool.base + off;
+            st.body = epd_kv_stamp_body(u, len);
+            epd_kv_stamp_put(u, len, &st);
+            epd_hash_state_update(F.h, u, EPD_KV_STAMP_HALF);
+            epd_hash_state_update(F.h, u + len - EPD_KV_STAMP_HALF, EPD_KV_STAMP_HALF);
+        }
+        sums[l] = epd_hash_state_digest(F.h);
+    }
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        assert_int_equal(epd_decode_check_layer(kv, &F.pool, F.ids, 3, F.slot, l, sums[l],
+                                                EPD_KV_SUM_STAMPED, &xf, F.h, &bytes, &why),
+                         EPD_OK);
+        /* the same sum read as kind BYTES is another checksum */
+        assert_int_equal(epd_decode_check_layer(kv, &F.pool, F.ids, 3, F.slot, l, sums[l],
+                                                EPD_KV_SUM_BYTES, &x, F.h, &bytes, &why),
+                         EPD_ERR_CORRUPT);
+    }
+    /* blocks 0 and 2 of the attention layers swapped: misplaced */
+    swapped[0] = F.ids[2];
+    swapped[1] = F.ids[1];
+    swapped[2] = F.ids[0];
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        if (kv->kind[l] == EPD_LAYER_ATTENTION) {
+            assert_int_equal(epd_decode_check_layer(kv, &F.pool, swapped, 3, F.slot, l, sums[l],
+                                                    EPD_KV_SUM_STAMPED, &x, F.h, &bytes, &why),
+                             EPD_ERR_CORRUPT);
+            assert_non_null(strstr(why, "misplaced"));
+            /* a changed body: stamps intact, only the full check sees it */
+            {
+                uint64_t off;
+
+                assert_int_equal(epd_kv_block_offset(kv, 8, l, F.ids[1], &off), EPD_OK);
+                ((unsigned char *)F.pool.base)[off + kv->block_bytes / 2] ^= 2;
+                assert_int_equal(epd_decode_check_layer(kv, &F.pool, F.ids, 3, F.slot, l, sums[l],
+                                                        EPD_KV_SUM_STAMPED, &x, F.h, &bytes,
+                                                        &why),
+                                 EPD_OK);
+                assert_int_equal(epd_decode_check_layer(kv, &F.pool, F.ids, 3, F.slot, l, sums[l],
+                                                        EPD_KV_SUM_STAMPED, &xf, F.h, &bytes,
+                                                        &why),
+                                 EPD_ERR_CORRUPT);
+            }
+            break;
+        }
+    }
     kv_fix_close(&F);
 }
 
@@ -339,6 +471,7 @@ int main(void)
         cmocka_unit_test(test_generate_checks),
         cmocka_unit_test(test_kv_checksums),
         cmocka_unit_test(test_kv_landed_then_completed),
+        cmocka_unit_test(test_kv_stamped),
         cmocka_unit_test(test_prefill_named),
     };
 

@@ -143,6 +143,16 @@ static epd_status_t toy_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *pool,
     for (uint32_t i = 0; i < args->n_tokens; i++) {
         toy_put(e, pool, &args->seq, args->start + i, args->tokens[i]);
     }
+    /* the engine ABI: the last block's unused positions hold nobody's KV */
+    for (uint32_t p = end; p % bt != 0; p++) {
+        uint64_t off;
+        float *blk;
+
+        epd_kv_block_offset(&e->info.kv, pool->n_blocks, 0, args->seq.block_table[p / bt], &off);
+        blk = (float *)((char *)pool->base + off);
+        blk[(p % bt) * 2] = blk[(p % bt) * 2 + 1] = 0.0f;
+        blk[bt * 2 + (p % bt) * 2] = blk[bt * 2 + (p % bt) * 2 + 1] = 0.0f;
+    }
     d.layer = 0;
     d.kind = EPD_LAYER_ATTENTION;
     d.first_block = args->start / bt;

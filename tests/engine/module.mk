@@ -38,3 +38,7 @@ endif
 
 # The vision encoder and multimodal prefill of `ref`.
 $(eval $(call epd_test,test_epd_engine_ref_vision,tests/engine/test_epd_ref_vision.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
+
+# Stamped KV units (engine/epd_kv_stamp) on what the sim engine writes: the
+# wrong writes they exist to catch.
+$(eval $(call epd_test,test_epd_engine_kv_stamp,tests/engine/test_epd_kv_stamp.c $(ENGINE_TEST_UTIL),epd_engine epd_common))

@@ -2,10 +2,12 @@
  * test_epd_engine_sim.c — the `sim` engine: profile and sim.conf parsing
  * (shipped files load, bad files are refused with the line and the reason),
  * the timing formula against a hand computation, the scale invariant, the
- * KV bytes (deterministic across instances, prefix-dependent, chunked ==
- * whole, decode == prefill of the longer prompt, continuation after a copy
- * to another pool), the sink, the time actually spent (lower bounds only),
- * decode validation, release, open refusals and an allocation sweep.
+ * KV (templates written once, stamps deterministic across instances and
+ * prefix-dependent, chunked == whole, decode == prefill of the longer
+ * prompt, continuation after a copy to another pool), the sink (at the
+ * layer's modelled KV readiness, with the device checksum when asked), the
+ * time actually spent (lower bounds only), decode validation, release,
+ * open refusals and an allocation sweep.
  *
  * The tiny test model has 4 layers "LA" and an accelerator fast enough that
  * a layer of a 32-token prefill takes ~100 us, so the whole file runs in
@@ -26,6 +28,7 @@
 
 #include "epd_alloc.h"
 #include "epd_engine.h"
+#include "epd_kv_stamp.h"
 #include "epd_sim.h"
 #include "epd_test_engine_util.h"
 #include "epd_time.h"
@@ -144,6 +147,28 @@ static const unsigned char *kv_row(const epd_engine_t *e, const epd_kv_pool_t *p
            ((size_t)r * kv->block_tokens + pos % kv->block_tokens) * row;
 }
 
+/* The stamp of block i of `table` in attention layer `layer` (valid). */
+static epd_kv_stamp_t stamp_blk(const epd_engine_t *e, const epd_kv_pool_t *pool,
+                                const uint32_t *table, uint32_t layer, uint32_t i)
+{
+    const epd_kv_layout_t *kv = &epd_engine_info(e)->kv;
+    epd_kv_stamp_t st;
+    uint64_t off;
+
+    assert_int_equal(epd_kv_block_offset(kv, pool->n_blocks, layer, table[i], &off), EPD_OK);
+    assert_int_equal(epd_kv_stamp_get((const unsigned char *)pool->base + off, kv->block_bytes, &st),
+                     EPD_OK);
+    return st;
+}
+
+/* 1 when two stamps say the same of their request (the body digest aside:
+ * it follows the pool's template, which follows the block id). */
+static int same_stamp(epd_kv_stamp_t a, epd_kv_stamp_t b)
+{
+    return a.req_id == b.req_id && a.tag == b.tag && a.hk == b.hk && a.layer == b.layer &&
+           a.index == b.index && a.count == b.count;
+}
+
 static const unsigned char *state_of(const epd_engine_t *e, const epd_kv_pool_t *pool,
                                      uint32_t layer, uint32_t slot)
 {
@@ -156,7 +181,7 @@ static const unsigned char *state_of(const epd_engine_t *e, const epd_kv_pool_t 
 }
 
 /* 1 when every row of position pos (every attention layer) is equal in the
- * two pools / tables. */
+ * two pools / tables: the blocks' templates and stamps alike. */
 static int rows_equal(const epd_engine_t *e, const epd_kv_pool_t *pa, const uint32_t *ta,
                       const epd_kv_pool_t *pb, const uint32_t *tb, uint32_t pos)
 {
@@ -176,14 +201,38 @@ static int rows_equal(const epd_engine_t *e, const epd_kv_pool_t *pa, const uint
     return 1;
 }
 
+/* 1 when the stamps of the block holding pos say the same of their request
+ * in every attention layer (what a request owns of a block). */
+static int stamps_equal(const epd_engine_t *e, const epd_kv_pool_t *pa, const uint32_t *ta,
+                        const epd_kv_pool_t *pb, const uint32_t *tb, uint32_t pos)
+{
+    const epd_kv_layout_t *kv = &epd_engine_info(e)->kv;
+
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        if (kv->kind[l] == EPD_LAYER_ATTENTION &&
+            !same_stamp(stamp_blk(e, pa, ta, l, pos / kv->block_tokens),
+                        stamp_blk(e, pb, tb, l, pos / kv->block_tokens))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The same for the state slots (stamps of every linear layer). */
 static int states_equal(const epd_engine_t *e, const epd_kv_pool_t *pa, uint32_t sa,
                         const epd_kv_pool_t *pb, uint32_t sb)
 {
     const epd_kv_layout_t *kv = &epd_engine_info(e)->kv;
 
     for (uint32_t l = 0; l < kv->n_layers; l++) {
-        if (kv->kind[l] == EPD_LAYER_LINEAR &&
-            memcmp(state_of(e, pa, l, sa), state_of(e, pb, l, sb), kv->state_bytes) != 0) {
+        epd_kv_stamp_t x, y;
+
+        if (kv->kind[l] != EPD_LAYER_LINEAR) {
+            continue;
+        }
+        if (epd_kv_stamp_get(state_of(e, pa, l, sa), kv->state_bytes, &x) != EPD_OK ||
+            epd_kv_stamp_get(state_of(e, pb, l, sb), kv->state_bytes, &y) != EPD_OK ||
+            !same_stamp(x, y)) {
             return 0;
         }
     }
@@ -710,12 +759,23 @@ static void test_different_prompts_differ(void **state)
     epd_test_pool(e, 32, 2, &pool);
     prefill_ok(e, &pool, ta, 16, 0, xa, 0, (uint32_t)n, la);
     prefill_ok(e, &pool, tb, 16, 1, xb, 0, (uint32_t)n, lb);
-    /* position p depends on tokens 0..p: equal before "A"/"B", different from it on */
+    /* a block's stamp carries the prefix hash of its last token: equal for
+     * blocks that end before "A"/"B", different from there on (the
+     * templates follow the block ids, not the prompt) */
     for (uint32_t p = 0; p < n; p++) {
-        int same = rows_equal(e, &pool, ta, &pool, tb, p);
+        const epd_kv_layout_t *kv = &epd_engine_info(e)->kv;
+        uint32_t last = (p / kv->block_tokens + 1) * kv->block_tokens - 1;
+        int same;
 
-        if (same != (p < 21)) {
-            fail_msg("position %u: rows %s", p, same ? "equal" : "differ");
+        last = last < n - 1 ? last : (uint32_t)n - 1;
+        same = epd_kv_stamp_get(kv_row(e, &pool, ta, 1, p, 0) - (p % kv->block_tokens) *
+                                                                     (size_t)kv->head_dim * 4,
+                                kv->block_bytes, &(epd_kv_stamp_t){0}) == EPD_OK &&
+               stamp_blk(e, &pool, ta, 1, p / kv->block_tokens).hk ==
+                   stamp_blk(e, &pool, tb, 1, p / kv->block_tokens).hk;
+        if (same != (last < 21)) {
+            fail_msg("position %u (block ending at %u): stamps %s", p, last,
+                     same ? "equal" : "differ");
         }
     }
     assert_false(states_equal(e, &pool, 0, &pool, 1));
@@ -725,6 +785,7 @@ static void test_different_prompts_differ(void **state)
     prefill_ok(seeded, &ps, ta, 16, 0, xa, 0, (uint32_t)n, lb);
     for (uint32_t p = 0; p < n; p++) {
         assert_false(rows_equal(e, &pool, ta, &ps, ta, p));
+        assert_false(stamps_equal(e, &pool, ta, &ps, ta, p));
     }
     assert_true(memcmp(la, lb, sizeof(la)) != 0);
     epd_free(ps.base);
@@ -808,10 +869,11 @@ static void test_decode_continues_prefill(void **state)
     }
     memcpy(ld, lp, sizeof(lp));
     for (int step = 0; step < 20; step++) {
+        /* the same request id as the prefill's (as in the cluster) */
         epd_decode_req_t rp = {
-            .seq = seq_of(tp, 16, 0, 1), .pos = (uint32_t)total, .token = argmax(lp, VOCAB)};
+            .seq = seq_of(tp, 16, 0, 7), .pos = (uint32_t)total, .token = argmax(lp, VOCAB)};
         epd_decode_req_t rd = {
-            .seq = seq_of(tdn, 16, 2, 1), .pos = (uint32_t)total, .token = argmax(ld, VOCAB)};
+            .seq = seq_of(tdn, 16, 2, 7), .pos = (uint32_t)total, .token = argmax(ld, VOCAB)};
 
         assert_int_equal(rp.token, rd.token);
         toks[total++] = rp.token;
@@ -819,13 +881,15 @@ static void test_decode_continues_prefill(void **state)
         assert_int_equal(epd_engine_decode(d, &pd, &rd, 1, ld), EPD_OK);
         assert_memory_equal(lp, ld, sizeof(lp));
     }
-    /* one prefill of everything writes the same as prefill + decodes */
+    /* one prefill of everything stamps the same as prefill + decodes (a
+     * decode step writes no template: the device wrote the token's KV) */
     prefill_ok(e, &pl, tp, 16, 0, toks, 0, (uint32_t)total, ll);
-    assert_memory_equal(pp.base, pl.base, pp.bytes);
     assert_memory_equal(lp, ll, sizeof(lp));
     for (uint32_t p = 0; p < total; p++) {
-        assert_true(rows_equal(e, &pp, tp, &pd, tdn, p));
+        assert_true(stamps_equal(e, &pp, tp, &pl, tp, p));
+        assert_true(stamps_equal(e, &pp, tp, &pd, tdn, p));
     }
+    assert_true(states_equal(e, &pp, 0, &pl, 0));
     assert_true(states_equal(e, &pp, 0, &pd, 2));
     /* the generated text is not one repeated byte */
     {
@@ -1058,12 +1122,14 @@ static void check_time_spent(epd_sim_mode_t mode, const char *accel, uint32_t n_
     assert_int_equal(epd_engine_prefill(e, &pool, &a, &sink, logits), EPD_OK);
     took = epd_time_now_ns() - t0;
     for (uint32_t l = 0; l < t.n_layers; l++) {
-        /* layer l is reported once its KV is written, which is after the
-         * modelled end of layer l - 1 (its modelled start): its remaining
-         * time (attention output, MLP) overlaps the transfer, as in ref */
-        if ((double)rec.at_ns[l] < model_s * 1e9 * 0.999) {
-            fail_msg("layer %u reported at %.1f us, before its modelled start %.1f us", l,
-                     rec.at_ns[l] / 1e3, model_s * 1e6);
+        /* layer l is reported once its KV exists in the modelled layer (its
+         * QKV projection ran): its remaining time (attention, MLP)
+         * overlaps the transfer, as in ref */
+        double ready_s = model_s + epd_sim_prefill_ready_seconds(&t, l, 0, n_tok);
+
+        if ((double)rec.at_ns[l] < ready_s * 1e9 * 0.999) {
+            fail_msg("layer %u reported at %.1f us, before its KV exists (%.1f us modelled)", l,
+                     rec.at_ns[l] / 1e3, ready_s * 1e6);
         }
         model_s += epd_sim_prefill_seconds(&t, l, 0, n_tok);
         free(rec.seen[l]);
@@ -1105,7 +1171,8 @@ static void test_time_spent_spin(void **state)
     check_time_spent(EPD_SIM_SPIN, fast_accel, 32);
 }
 
-/* An accelerator too fast for this CPU: the fill outlasts every layer; the
+/* An accelerator too fast for this CPU: the host's share (the first
+ * prefill's templates, the stamps) outlasts the layers' KV readiness; the
  * engine says so once per instance and still returns correct bytes. */
 static epd_status_t two_fast_prefills(const void *dir)
 {
@@ -1146,9 +1213,9 @@ static void test_slow_fill_said_once(void **state)
     dir = sim_dir("inf", tiny_model, path, 1.0, EPD_SIM_SLEEP, 1);
     err = captured(two_fast_prefills, dir, &status);
     assert_int_equal(status, EPD_OK);
-    first = strstr(err, "the timing model cannot be honoured");
+    first = strstr(err, "the timing model is not honoured");
     assert_non_null(first);
-    assert_null(strstr(first + 1, "the timing model cannot be honoured"));
+    assert_null(strstr(first + 1, "the timing model is not honoured"));
 }
 
 /* ---- refusals, release, allocation ------------------------------------------ */
@@ -1213,8 +1280,16 @@ static void test_release_clears_state(void **state)
     assert_non_null(zero);
     assert_true(memcmp(state_of(e, &pool, 0, 1), zero, kv->state_bytes) != 0);
     epd_engine_release(e, &pool, &seq);
-    assert_memory_equal(state_of(e, &pool, 0, 1), zero, kv->state_bytes);
-    assert_memory_equal(state_of(e, &pool, 2, 1), zero, kv->state_bytes);
+    /* its stamps are gone (no stale state reads as a request's); the
+     * template body stays, it is nobody's */
+    for (uint32_t l = 0; l < kv->n_layers; l += 2) {
+        const unsigned char *st = state_of(e, &pool, l, 1);
+        epd_kv_stamp_t x;
+
+        assert_memory_equal(st, zero, EPD_KV_STAMP_HALF);
+        assert_memory_equal(st + kv->state_bytes - EPD_KV_STAMP_HALF, zero, EPD_KV_STAMP_HALF);
+        assert_int_equal(epd_kv_stamp_get(st, kv->state_bytes, &x), EPD_ERR_CORRUPT);
+    }
     free(zero);
     epd_free(pool.base);
     epd_engine_close(e);
@@ -1248,7 +1323,8 @@ static void test_open_allocation_failures(void **state)
     assert_true(ok_at > 0);
     epd_alloc_stats(&after);
     assert_int_equal(after.live_bytes, before.live_bytes);
-    /* neither prefill nor decode allocates */
+    /* a pool's first prefill allocates its template digests (a failure is
+     * clean); after that neither prefill nor decode allocates */
     {
         epd_engine_t *e = open_sim(dir, 4);
         epd_kv_pool_t pool;
@@ -1261,6 +1337,10 @@ static void test_open_allocation_failures(void **state)
         epd_decode_req_t r = {.seq = a.seq, .pos = (uint32_t)n, .token = 'x'};
 
         epd_test_pool(e, 4, 1, &pool);
+        epd_alloc_fail_after(0);
+        assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, logits), EPD_ERR_NO_MEMORY);
+        epd_alloc_fail_after(-1);
+        assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, logits), EPD_OK);
         epd_alloc_fail_after(0);
         assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, logits), EPD_OK);
         assert_int_equal(epd_engine_decode(e, &pool, &r, 1, logits), EPD_OK);
@@ -1403,6 +1483,23 @@ static int teardown(void **state)
 /* Prefix caching: a checkpoint equals the state a prefill stopping there
  * leaves; a replay from it over shared blocks leaves them untouched and
  * ends where the whole prefill ends. */
+/* 1 when two stamps say the same of the tokens (a cached block or a
+ * checkpoint keeps the stamp of the request that computed it: its id and
+ * tag aside). */
+static int same_content(epd_kv_stamp_t a, epd_kv_stamp_t b)
+{
+    return a.hk == b.hk && a.layer == b.layer && a.index == b.index && a.count == b.count;
+}
+
+/* The stamp of linear layer `layer`'s unit in a state buffer. */
+static epd_kv_stamp_t stamp_state(const epd_engine_t *e, const unsigned char *s)
+{
+    epd_kv_stamp_t st;
+
+    assert_int_equal(epd_kv_stamp_get(s, epd_engine_info(e)->kv.state_bytes, &st), EPD_OK);
+    return st;
+}
+
 static void test_replay_and_checkpoints(void **state)
 {
     epd_engine_t *e = open_tiny();
@@ -1433,8 +1530,9 @@ static void test_replay_and_checkpoints(void **state)
     assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, other), EPD_OK);
     for (uint32_t l = 0; l < kv->n_layers; l++) {
         if (kv->kind[l] == EPD_LAYER_LINEAR) {
-            assert_memory_equal(ck8 + (size_t)kv->kind_index[l] * kv->state_bytes,
-                                state_of(e, &pool, l, 1), kv->state_bytes);
+            assert_true(same_content(
+                stamp_state(e, ck8 + (size_t)kv->kind_index[l] * kv->state_bytes),
+                stamp_state(e, state_of(e, &pool, l, 1))));
         }
     }
     /* positions < 16 (4 blocks of 4) shared from ta, state from the checkpoint */
@@ -1452,10 +1550,19 @@ static void test_replay_and_checkpoints(void **state)
                              .n_tokens = (uint32_t)n - 8, .start = 8, .replay_end = 16};
     assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, other), EPD_OK);
     assert_memory_equal(whole, other, sizeof(whole));
-    for (uint32_t p = 0; p < n; p++) {
-        assert_true(rows_equal(e, &pool, ta, &pool, tc, p));
+    /* what sim's bytes say of the tokens (its stamps: the bodies are
+     * per-block templates) is the whole prompt's */
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        if (kv->kind[l] == EPD_LAYER_ATTENTION) {
+            for (uint32_t b = 0; b * kv->block_tokens < n; b++) {
+                assert_true(
+                    same_content(stamp_blk(e, &pool, ta, l, b), stamp_blk(e, &pool, tc, l, b)));
+            }
+        } else {
+            assert_true(same_content(stamp_state(e, state_of(e, &pool, l, 0)),
+                                     stamp_state(e, state_of(e, &pool, l, 2))));
+        }
     }
-    assert_true(states_equal(e, &pool, 0, &pool, 2));
     /* the shared blocks were read, never written */
     for (uint32_t l = 0; l < kv->n_layers; l++) {
         for (uint32_t b = 0; kv->kind[l] == EPD_LAYER_ATTENTION && b < 4; b++) {

@@ -6,7 +6,8 @@
 # tokens), prompts ending exactly on and just past a KV block boundary
 # (BOS + prompt = 16k and 16k+1 tokens), a hybrid model (linear + attention
 # layers) and an attention-only one, greedy and seeded sampling; on ucx-shm
-# also a linear-only model and the sim engine (a shrunk hybrid 320B profile).
+# also a linear-only model and the sim engine (a shrunk hybrid 320B profile;
+# decode checking its stamped KV in full, and by its stamps alone).
 # CONF: ucx-shm (UCX_TLS=posix,cma,tcp), ucx-tcp (UCX_TLS=tcp),
 #       ofi-tcp (libfabric tcp;ofi_rxm).
 source "$(dirname "$0")/lib.sh"
@@ -98,12 +99,19 @@ if [ "$conf" = ucx-shm ]; then
   mkdir -p "$T/sim"
   printf '%s\n' "model = $profiles/hybrid-moe-320b.profile" "accel = $profiles/h200.profile" \
     "devices = 8" "scale = 0.01" "mode = sleep" "seed = 3" "vocab = 512" >"$T/sim/sim.conf"
+  # --verify full: every byte of the stamped KV hashed too (the default,
+  # stamps, is exercised by the second decode worker below)
   start_daemon s_d decode --engine sim --model "$T/sim" --worker-id decode-sim "${XFLAGS[@]}" \
-    --kv-blocks 256 --state-slots 16 --block-tokens 16
+    --kv-blocks 256 --state-slots 16 --block-tokens 16 --verify full
   start_daemon s_p prefill --engine sim --model "$T/sim" --worker-id prefill-sim "${XFLAGS[@]}" \
     --kv-blocks 128 --state-slots 8 --block-tokens 16
   same_as_colocated "$T/sim" "$s_p_ADDR" "$s_d_ADDR" "$T/long" 16 --engine sim
   same_as_colocated "$T/sim" "$s_p_ADDR" "$s_d_ADDR" "$T/past2" 16 --engine sim --temperature 0.8 --seed 4
+  note "sim engine, decode checking the stamps only (--verify stamps, the default)"
+  start_daemon t_d decode --engine sim --model "$T/sim" --worker-id decode-sim-stamps "${XFLAGS[@]}" \
+    --kv-blocks 256 --state-slots 16 --block-tokens 16 --verify stamps
+  same_as_colocated "$T/sim" "$s_p_ADDR" "$t_d_ADDR" "$T/long" 16 --engine sim
+  same_as_colocated "$T/sim" "$s_p_ADDR" "$t_d_ADDR" "$T/on2" 16 --engine sim --temperature 0.8 --seed 6
 fi
 
 note "SIGTERM stops both daemons cleanly (exit 0)"

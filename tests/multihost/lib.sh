@@ -366,8 +366,10 @@ mh_cluster() {
 # $T/NAME.stats.
 mh_delay() {
   local name=$1 host=$2 peer=$3 ms=$4 port i
-  mh_in "$host" "$PYTHON3" "$MH_DIR/epd_mh_delay.py" --listen 127.0.0.1:0 --delay-ms "$ms" \
-    --mark 0x4d --ready-file "$T/$name.relay" --stats-file "$T/$name.stats" \
+  # nsenter itself, not the mh_in function: a function run with & is a
+  # subshell, and its PID (killed at cleanup) is not the relay's
+  nsenter --net="/run/netns/$MH-$host" -- "$PYTHON3" "$MH_DIR/epd_mh_delay.py" \
+    --listen 127.0.0.1:0 --delay-ms "$ms" --mark 0x4d --ready-file "$T/$name.relay" --stats-file "$T/$name.stats" \
     >>"$T/$name.log" 2>&1 &
   PIDS+=("$!")
   printf -v "${name}_PID" '%s' "$!"

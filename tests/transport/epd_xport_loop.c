@@ -43,8 +43,11 @@ typedef struct loop_mr {
 /* an op's state, in be_priv */
 typedef struct {
     loop_ep_t *ep;
-    epd__xport_op_t *next; /* ep's list of finished ops */
+    epd__xport_op_t *next; /* ep's list of finished (or held) ops */
     epd_status_t status;
+    unsigned char *dst; /* a held write: lands when released */
+    const unsigned char *src;
+    size_t len;
 } loop_op_t;
 
 _Static_assert(sizeof(loop_op_t) <= sizeof(((epd__xport_op_t *)0)->be_priv), "op fits");
@@ -55,6 +58,7 @@ struct loop_ep {
     epd_xport_ep_t *core_ep;
     uint64_t peer; /* worker number of the peer */
     epd__xport_op_t *done_head, *done_tail;
+    epd__xport_op_t *held_head, *held_tail; /* writes held back (epd_xport_loop_set_writes) */
     loop_ep_t *next;
 };
 
@@ -99,6 +103,21 @@ void epd_xport_loop_reset(void)
         }
     }
     loop_next_num = 1;
+}
+
+static int loop_delivers;       /* writes say their completion means delivery */
+static int loop_hold;           /* writes land only when released */
+static unsigned long loop_n_flush; /* flushes the core asked for */
+
+void epd_xport_loop_set_writes(int delivers, int hold)
+{
+    loop_delivers = delivers;
+    loop_hold = hold;
+}
+
+unsigned long epd_xport_loop_flushes(void)
+{
+    return loop_n_flush;
 }
 
 void epd_xport_loop_set_send_tap(epd__xport_tap_cb_t tap, void *arg)
@@ -238,6 +257,10 @@ static void loop_ep_destroy(void *arg)
         ep->done_head = LOOP_OP(op)->next;
         epd__xport_op_done(op, LOOP_OP(op)->status == EPD_OK ? EPD_OK : EPD_ERR_CANCELED);
     }
+    while ((op = ep->held_head) != NULL) {
+        ep->held_head = LOOP_OP(op)->next;
+        epd__xport_op_done(op, EPD_ERR_CANCELED);
+    }
     epd_free(ep);
 }
 
@@ -306,16 +329,37 @@ static epd_status_t loop_write(void *arg, const void *local, size_t len, void *b
     loop_rkey_t *rk = be_rkey;
     loop_be_t *to = loop_find(rk->num);
 
+    unsigned char *dst = NULL;
+
     (void)be_local_mr;
     if (to != NULL) {
         for (loop_mr_t *mr = to->mrs; mr != NULL; mr = mr->next) {
             /* the receiving side's own check: region, access, range */
             if (mr->id == rk->region && mr->remote_write && remote_offset <= mr->size &&
                 len <= mr->size - remote_offset) {
-                memcpy((unsigned char *)mr->addr + remote_offset, local, len);
+                dst = (unsigned char *)mr->addr + remote_offset;
                 break;
             }
         }
+    }
+    op->delivers = (unsigned char)(loop_delivers != 0);
+    if (loop_hold && to != NULL) {
+        /* lands (and completes) only when the test releases it */
+        LOOP_OP(op)->ep = ep;
+        LOOP_OP(op)->dst = dst;
+        LOOP_OP(op)->src = local;
+        LOOP_OP(op)->len = len;
+        LOOP_OP(op)->next = NULL;
+        if (ep->held_tail != NULL) {
+            LOOP_OP(ep->held_tail)->next = op;
+        } else {
+            ep->held_head = op;
+        }
+        ep->held_tail = op;
+        return EPD_INPROGRESS;
+    }
+    if (dst != NULL) {
+        memcpy(dst, local, len);
     }
     loop_done(ep, op, to != NULL ? EPD_OK : EPD_ERR_PEER_DEAD);
     return EPD_INPROGRESS;
@@ -325,8 +369,36 @@ static epd_status_t loop_flush(void *arg, epd__xport_op_t *op)
 {
     loop_ep_t *ep = arg;
 
+    loop_n_flush++;
     loop_done(ep, op, EPD_OK);
     return EPD_INPROGRESS;
+}
+
+size_t epd_xport_loop_release_writes(epd_xport_t *x)
+{
+    size_t n = 0;
+
+    for (int i = 0; i < LOOP_MAX; i++) {
+        if (loop_live[i] == NULL || loop_live[i]->core != x) {
+            continue;
+        }
+        for (loop_ep_t *ep = loop_live[i]->eps; ep != NULL; ep = ep->next) {
+            epd__xport_op_t *op;
+
+            while ((op = ep->held_head) != NULL) {
+                ep->held_head = LOOP_OP(op)->next;
+                if (ep->held_head == NULL) {
+                    ep->held_tail = NULL;
+                }
+                if (LOOP_OP(op)->dst != NULL) {
+                    memcpy(LOOP_OP(op)->dst, LOOP_OP(op)->src, LOOP_OP(op)->len);
+                }
+                loop_done(ep, op, EPD_OK);
+                n++;
+            }
+        }
+    }
+    return n;
 }
 
 static epd_status_t loop_mr_new(loop_be_t *be, void *addr, size_t size, unsigned access,

@@ -2265,6 +2265,9 @@ static epd_status_t epd__ofi_write(void *arg, const void *local, size_t len, voi
     req->sink_addr = rkey->sink_addr;
     req->sink_key = rkey->sink_key;
     req->status = EPD_OK;
+    /* delivery complete: the completion comes once the target placed the
+     * bytes, so a fence behind this write needs no flush */
+    op->delivers = be->dc ? 1 : 0;
 
     if ((be->mr_mode & FI_MR_LOCAL) != 0 && len != 0) {
         uintptr_t lo = (uintptr_t)local;

@@ -1071,6 +1071,9 @@ static epd_status_t epd__ucx_write(void *arg, const void *local, size_t len, voi
             p.memh = lmr->memh;
         }
         req = ucp_put_nbx(ep->ep, local, len, rk->base + remote_offset, rk->rkey, &p);
+        /* a copy into memory the peer maps (posix/sysv, or cma's
+         * process_vm_writev): done means there */
+        op->delivers = 1;
     } else {
         /* A rendezvous may hand the receiver a key to fetch the source
          * from (get-based rendezvous).  On RDMA lanes a key made from the
