@@ -8,6 +8,7 @@ int epd_bench_engine_main(int argc, char **argv);
 int epd_bench_xfer_main(int argc, char **argv);
 int epd_bench_overhead_main(int argc, char **argv);
 int epd_bench_serve_main(int argc, char **argv);
+int epd_bench_fleet_main(int argc, char **argv);
 /* `serve --workload shared-prefix` (epd_bench_prefix.c) */
 int epd_bench_prefix_main(int argc, char **argv);
 

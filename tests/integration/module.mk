@@ -57,3 +57,5 @@ ALL_TESTS += tests/integration/test_trust_ucx_shm.sh \
              tests/integration/test_trust_ofi_tcp.sh
 # bind / advertise / data addresses, grpc.health.v1, /ready, SIGTERM drains (#15)
 ALL_TESTS += tests/integration/test_addresses.sh
+# epd-bench fleet's simulated workers: READY at the router, DEAD once stopped (#15)
+ALL_TESTS += tests/integration/test_fleet.sh
