@@ -1,6 +1,6 @@
 /*
  * epd_decode_cache.c — decode-side reuse of a finished conversation's KV
- * (proto/README.md rule 26): a role part below the request layer.
+ * (proto/README.md rule 36): a role part below the request layer.
  *
  * A multi-turn chat sends, turn after turn, the whole conversation so far:
  * its next prompt starts with the previous one.  When a request ends well

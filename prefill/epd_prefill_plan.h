@@ -94,7 +94,7 @@ uint32_t epd_prefill_plan_runs(const epd_prefill_place_t *local, const epd_prefi
                                epd_prefill_run_t *runs);
 
 /* Drops from runs[0..n_runs) the blocks before `skip` (decode holds them:
- * proto/README.md rule 26), in place; returns the runs left. */
+ * proto/README.md rule 36), in place; returns the runs left. */
 uint32_t epd_prefill_plan_runs_skip(epd_prefill_run_t *runs, uint32_t n_runs, uint32_t skip);
 
 /*

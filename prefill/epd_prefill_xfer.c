@@ -173,13 +173,13 @@ epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
     x->region_size = r->region_size;
     x->n_runs = epd_prefill_plan_runs(&x->local, &x->remote, x->runs);
     /* decode's own copies of the leading cached_blocks are the same bits
-     * (rule 26): no run writes them */
+     * (rule 36): no run writes them */
     x->n_runs = epd_prefill_plan_runs_skip(x->runs, x->n_runs, r->cached_blocks);
     x->d_stamped = r->stamped_sums;
     x->rkey = rkey;
     x->rkey_shared = shared;
     x->d_lease_ms = r->lease_ms;
-    x->skip = r->cached_blocks; /* decode's own copy of them is the same bits (rule 26) */
+    x->skip = r->cached_blocks; /* decode's own copy of them is the same bits (rule 36) */
     x->last_d_msg_ns = epd_time_now_ns();
     x->have_resv = 1;
     return EPD_OK;

@@ -240,7 +240,7 @@ static void test_attention_only(void **state)
                      EPD_OK);
 }
 
-/* Decode's cached head (rule 26): runs start after it, a run it cuts keeps
+/* Decode's cached head (rule 36): runs start after it, a run it cuts keeps
  * its tail, the others are untouched. */
 static void test_runs_skip(void **state)
 {
