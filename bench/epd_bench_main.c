@@ -19,6 +19,8 @@ static const struct {
      "prefill-only vs prefill + KV transfer (interleaved A/B), TTFT breakdown from daemon traces"},
     {"serve", epd_bench_serve_main,
      "serving load through the router (Poisson arrivals): TTFT, ITL, E2E, errors; router vs direct"},
+    {"burst", epd_bench_burst_main,
+     "a burst of requests at once: decode KV up front vs on demand (goodput, 429s, preemptions)"},
     {"fleet", epd_bench_fleet_main,
      "the router's CPU, memory and added latency while it holds 10, 100, 1,000 heartbeating workers"},
 };

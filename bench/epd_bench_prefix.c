@@ -153,11 +153,13 @@ static int pb_pair_start(pb_t *b, const char *model, const char *tag, int cache)
     snprintf(dlog, sizeof(dlog), "%s/%s-decode.log", b->tmp, tag);
     snprintf(plog, sizeof(plog), "%s/%s-prefill.log", b->tmp, tag);
     {
+        /* up front in every arm: decode-side reuse is an up-front worker's */
         char *argv[] = {dexe,           "--model",       (char *)model, "--worker-id",
                         "decode-0",     "--ready-file",  dready,        "--kv-blocks",
                         "8192",         "--state-slots", "64",          "--block-tokens",
                         bt,             cache == 2 ? "--prefix-cache" : "--no-prefix-cache",
-                        "--log-level",  "warn",          NULL};
+                        "--kv-reserve", "upfront",       "--log-level", "warn",
+                        NULL};
 
         b->pids[0] = epd_bench_spawn(argv, dlog);
     }
@@ -182,8 +184,8 @@ static int pb_pair_start(pb_t *b, const char *model, const char *tag, int cache)
 
 static void pb_pair_stop(pb_t *b)
 {
-    epd_bench_kill(b->pids[1], "prefill");
-    epd_bench_kill(b->pids[0], "decode");
+    epd_bench_kill(b->pids[1], "prefix", "prefill");
+    epd_bench_kill(b->pids[0], "prefix", "decode");
     b->pids[0] = b->pids[1] = 0;
 }
 

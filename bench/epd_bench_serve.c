@@ -1419,198 +1419,15 @@ static const char *const sv_img_metrics[6] = {
 
 /* ------------------------------------------------------------ the cluster */
 
-static pid_t sv_spawn(char *const argv[], const char *log)
-{
-    pid_t pid = fork();
-
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        if (getenv("UCX_TLS") == NULL) {
-            setenv("UCX_TLS", "posix,cma,tcp", 1);
-        }
-        if (getenv("UCX_NET_DEVICES") == NULL) {
-            setenv("UCX_NET_DEVICES", "lo", 1);
-        }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-static void sv_kill(pid_t pid, const char *name)
-{
-    uint64_t end;
-    int status;
-
-    if (pid <= 0) {
-        return;
-    }
-    kill(pid, SIGTERM);
-    end = sv_now() + 10 * EPD_NSEC_PER_SEC;
-    while (sv_now() < end) {
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            /* a daemon that crashed on the way out is a bug worth a line */
-            if (WIFSIGNALED(status)) {
-                fprintf(stderr, "serve: %s (pid %d) died of signal %d on SIGTERM\n", name,
-                        (int)pid, WTERMSIG(status));
-            } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
-                fprintf(stderr, "serve: %s (pid %d) exited %d on SIGTERM\n", name, (int)pid,
-                        WEXITSTATUS(status));
-            }
-            return;
-        }
-        epd_time_sleep_ns(10 * EPD_NSEC_PER_MSEC);
-    }
-    fprintf(stderr, "serve: %s (pid %d) did not exit within 10 s of SIGTERM: killed\n", name,
-            (int)pid);
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-}
-
-/* Waits for `path` and copies the value of `key=` in its line. */
-static int sv_wait_ready(const char *path, pid_t pid, const char *key, char *out, size_t cap)
-{
-    uint64_t end = sv_now() + 120 * EPD_NSEC_PER_SEC;
-    size_t kl = strlen(key);
-    int status;
-
-    while (sv_now() < end) {
-        FILE *f = fopen(path, "r");
-
-        if (f != NULL) {
-            char line[512];
-            char *p;
-
-            if (fgets(line, sizeof(line), f) != NULL && (p = strstr(line, key)) != NULL &&
-                p[kl] == '=') {
-                size_t n = strcspn(p + kl + 1, " \n");
-
-                fclose(f);
-                if (n >= cap) {
-                    return -1;
-                }
-                memcpy(out, p + kl + 1, n);
-                out[n] = '\0';
-                return 0;
-            }
-            fclose(f);
-        }
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            return -1;
-        }
-        epd_time_sleep_ns(20 * EPD_NSEC_PER_MSEC);
-    }
-    return -1;
-}
-
-/* Writes 32 fresh random bytes to b->secret_file (created 0600, never
- * overwritten) and loads them into b->secret.  0, or -1 after a message. */
 static int sv_make_secret(sv_t *b)
 {
-    unsigned char key[32];
-    char why[256];
-    int fd;
-
-    snprintf(b->secret_file, sizeof(b->secret_file), "%s/cluster-secret", b->tmp);
-    for (size_t i = 0; i < sizeof(key); i += 8) {
-        uint64_t v = epd_rng_entropy();
-        memcpy(key + i, &v, 8);
-    }
-    fd = open(b->secret_file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0 || write(fd, key, sizeof(key)) != (ssize_t)sizeof(key) || close(fd) != 0) {
-        fprintf(stderr, "serve: cannot write %s: %s\n", b->secret_file, strerror(errno));
-        return -1;
-    }
-    if (epd_secret_load(b->secret_file, &b->secret, why, sizeof(why)) != EPD_OK) {
-        fprintf(stderr, "serve: %s\n", why);
-        return -1;
-    }
-    return 0;
+    return epd_bench_make_secret(b->tmp, b->secret_file, sizeof(b->secret_file), &b->secret,
+                                 "serve");
 }
 
-/* Polls the router's Status until `want` workers are READY. */
 static int sv_wait_workers(const sv_t *b, const char *ctl, int want)
 {
-    epd_rpc_client_t *c = NULL;
-    uint64_t end = sv_now() + 30 * EPD_NSEC_PER_SEC;
-    int ready = 0;
-
-    if (epd_rpc_client_create(ctl, &c) != EPD_OK) {
-        return -1;
-    }
-    if (epd_rpc_client_set_auth(c, b->secret.bytes, b->secret.len) != EPD_OK) {
-        epd_rpc_client_destroy(c);
-        return -1;
-    }
-    while (sv_now() < end) {
-        void *resp = NULL;
-        size_t len = 0;
-        ProtobufCMessage *m = NULL;
-
-        if (epd_rpc_call(c, EPD_RPC_STATUS, NULL, 0, 1000, &resp, &len, NULL, 0) == EPD_OK &&
-            epd_proto_unpack(&epd__status_response__descriptor, resp, len, &m) == EPD_OK) {
-            Epd__StatusResponse *s = (Epd__StatusResponse *)m;
-
-            ready = 0;
-            for (size_t i = 0; i < s->n_workers; i++) {
-                ready += s->workers[i]->state == EPD__WORKER_STATE__WORKER_STATE_READY;
-            }
-            epd_proto_free(m);
-        }
-        epd_free(resp);
-        if (ready >= want) {
-            break;
-        }
-        epd_time_sleep_ns(100 * EPD_NSEC_PER_MSEC);
-    }
-    epd_rpc_client_destroy(c);
-    return ready >= want ? 0 : -1;
-}
-
-/* A small sim model: 4 attention layers, a 1B-parameter timing on one
- * H200 (prefill of 128 tokens ~0.4 ms, a decode step ~0.5 ms), byte
- * tokenizer.  Small on purpose: the subject is the router, not compute. */
-static int sv_write_sim(sv_t *b, const char *dir)
-{
-    char path[PATH_MAX + 32];
-    FILE *f;
-
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        return -1;
-    }
-    snprintf(path, sizeof(path), "%s/serve.profile", dir);
-    f = fopen(path, "w");
-    if (f == NULL) {
-        return -1;
-    }
-    fprintf(f, "name = serve-1b\nn_layers = 4\nlayer_pattern = A\nhidden = 2048\nn_heads = 16\n"
-               "n_kv_heads = 4\nhead_dim = 64\nkv_dtype = BF16\nstate_bytes = 0\n"
-               "active_params = 1.0e9\ntotal_params = 1.0e9\nweight_bytes = 2\nvocab = 258\n"
-               "max_context = 4096\n");
-    fclose(f);
-    snprintf(path, sizeof(path), "%s/h200.profile", dir);
-    f = fopen(path, "w");
-    if (f == NULL) {
-        return -1;
-    }
-    fprintf(f, "name = h200\nflops = 5.94e14\nmem_bw = 4.08e12\nhbm_bytes = 141e9\n");
-    fclose(f);
-    snprintf(path, sizeof(path), "%s/sim.conf", dir);
-    f = fopen(path, "w");
-    if (f == NULL) {
-        return -1;
-    }
-    fprintf(f, "model = serve.profile\naccel = h200.profile\nscale = 1\ndevices = 1\n"
-               "mode = sleep\nseed = 1\n");
-    fclose(f);
-    (void)b;
-    return 0;
+    return epd_bench_wait_workers(ctl, &b->secret, want);
 }
 
 static int sv_cluster_start(sv_t *b)
@@ -1640,7 +1457,7 @@ static int sv_cluster_start(sv_t *b)
         {
             char *argv[] = {mk, "--out", model, NULL};
 
-            pid = sv_spawn(argv, mklog);
+            pid = epd_bench_spawn(argv, mklog);
         }
         if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
             WEXITSTATUS(status) != 0) {
@@ -1649,7 +1466,7 @@ static int sv_cluster_start(sv_t *b)
         }
     } else {
         snprintf(model, sizeof(model), "%s/sim", b->tmp);
-        if (sv_write_sim(b, model) != 0) {
+        if (epd_bench_write_sim(model) != 0) {
             fprintf(stderr, "serve: cannot write the sim model into %s\n", model);
             return -1;
         }
@@ -1689,11 +1506,11 @@ static int sv_cluster_start(sv_t *b)
                         "warn",
                         NULL};
 
-        b->pids[0] = sv_spawn(argv, rlog);
+        b->pids[0] = epd_bench_spawn(argv, rlog);
     }
     if (b->pids[0] < 0 ||
-        sv_wait_ready(rready, b->pids[0], "http", b->router_buf, sizeof(b->router_buf)) != 0 ||
-        sv_wait_ready(rready, b->pids[0], "control", b->router_ctl_buf,
+        epd_bench_wait_ready(rready, b->pids[0], "http", b->router_buf, sizeof(b->router_buf)) != 0 ||
+        epd_bench_wait_ready(rready, b->pids[0], "control", b->router_ctl_buf,
                       sizeof(b->router_ctl_buf)) != 0) {
         fprintf(stderr, "serve: the router did not start (log: %s)\n", rlog);
         return -1;
@@ -1724,7 +1541,7 @@ static int sv_cluster_start(sv_t *b)
                         "warn",
                         NULL};
 
-        b->pids[1] = sv_spawn(argv, dlog);
+        b->pids[1] = epd_bench_spawn(argv, dlog);
     }
     {
         char *argv[] = {
@@ -1734,11 +1551,11 @@ static int sv_cluster_start(sv_t *b)
             "--cluster-secret-file", b->secret_file,
             "--log-level", "warn",        NULL};
 
-        b->pids[2] = sv_spawn(argv, plog);
+        b->pids[2] = epd_bench_spawn(argv, plog);
     }
     if (b->pids[1] < 0 || b->pids[2] < 0 ||
-        sv_wait_ready(dready, b->pids[1], "control", b->d_ctl_buf, sizeof(b->d_ctl_buf)) != 0 ||
-        sv_wait_ready(pready, b->pids[2], "control", b->p_ctl_buf, sizeof(b->p_ctl_buf)) != 0) {
+        epd_bench_wait_ready(dready, b->pids[1], "control", b->d_ctl_buf, sizeof(b->d_ctl_buf)) != 0 ||
+        epd_bench_wait_ready(pready, b->pids[2], "control", b->p_ctl_buf, sizeof(b->p_ctl_buf)) != 0) {
         fprintf(stderr, "serve: a worker did not start (logs: %s, %s)\n", plog, dlog);
         return -1;
     }
@@ -1757,10 +1574,10 @@ static int sv_cluster_start(sv_t *b)
                             eready,      "--cluster-secret-file",   b->secret_file,
                             "--log-level", "warn",     NULL};
 
-            b->pids[3] = sv_spawn(argv, elog);
+            b->pids[3] = epd_bench_spawn(argv, elog);
         }
         if (b->pids[3] < 0 ||
-            sv_wait_ready(eready, b->pids[3], "control", b->enc_ctl_buf,
+            epd_bench_wait_ready(eready, b->pids[3], "control", b->enc_ctl_buf,
                           sizeof(b->enc_ctl_buf)) != 0) {
             fprintf(stderr, "serve: the encoder did not start (log: %s)\n", elog);
             return -1;
@@ -1781,24 +1598,9 @@ static void sv_cluster_stop(sv_t *b)
     static const char *const names[4] = {"router", "decode", "prefill", "encoder"};
 
     for (int i = 3; i >= 0; i--) {
-        sv_kill(b->pids[i], names[i]);
+        epd_bench_kill(b->pids[i], "serve", names[i]);
         b->pids[i] = 0;
     }
-}
-
-pid_t epd_bench_spawn(char *const argv[], const char *log)
-{
-    return sv_spawn(argv, log);
-}
-
-void epd_bench_kill(pid_t pid, const char *name)
-{
-    sv_kill(pid, name);
-}
-
-int epd_bench_wait_ready(const char *path, pid_t pid, const char *key, char *out, size_t cap)
-{
-    return sv_wait_ready(path, pid, key, out, cap);
 }
 
 int epd_bench_bindir(char *out, size_t cap)

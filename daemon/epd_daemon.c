@@ -24,6 +24,7 @@
 
 #include "epd_alloc.h"
 #include "epd_daemon_int.h"
+#include "epd_fault.h"
 #include "epd_rng.h"
 #include "epd_time.h"
 
@@ -158,6 +159,20 @@ static int epd_daemon_sender_ok(epd_daemon_t *d, epd_xport_ep_t *ep, const Epd__
     return 1;
 }
 
+/* Fault point <role>.die_after_msgs=N (common/epd_fault.h): the process
+ * ends (as SIGKILL would) right after handling its N-th request-plane
+ * message — between two messages, whatever was in flight. */
+static void epd_daemon_fault_after_msg(epd_daemon_t *d)
+{
+    char name[EPD_FAULT_NAME_MAX + 1];
+    int64_t n;
+
+    snprintf(name, sizeof(name), "%s.die_after_msgs", d->log);
+    if (epd_fault_point(name, &n) && ++d->fault_msgs >= (uint64_t)n && n >= 0) {
+        epd_fault_die(name);
+    }
+}
+
 static void epd_daemon_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
 {
     epd_daemon_t *d = arg;
@@ -185,6 +200,9 @@ static void epd_daemon_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, s
     }
     if (!d->ops.on_msg(d->cfg.arg, from, env)) {
         epd_msg_free(env);
+    }
+    if (epd_fault_any()) {
+        epd_daemon_fault_after_msg(d);
     }
 }
 
@@ -282,6 +300,9 @@ static void epd_daemon_on_tick(uv_timer_t *timer)
 
     if (d->flush_head != NULL) {
         epd__link_flush_all(d);
+    }
+    if (d->owed != NULL && !d->stopping) {
+        epd__peer_owed_flush(d, epd_time_now_ns());
     }
     d->ops.on_tick(d->cfg.arg, epd_time_now_ns());
     if (d->term_drain && !d->stopping) {
@@ -653,7 +674,9 @@ epd_status_t epd_daemon_serve(epd_daemon_t *d, const char *ready_prefix)
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sigusr1, NULL);
     uv_run(&d->loop, UV_RUN_NOWAIT);
-    /* step 5: the role's threads, then whatever handle is left */
+    /* step 5: the role's threads, then whatever handle is left (the
+     * grants go first: the role may deregister its regions) */
+    epd__peer_close_grants(d);
     d->ops.on_exit(d->cfg.arg);
     uv_walk(&d->loop, epd_daemon_close_walk, NULL);
     uv_run(&d->loop, UV_RUN_DEFAULT);

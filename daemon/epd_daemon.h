@@ -148,6 +148,7 @@ typedef struct {
     uint32_t embed_slots;
     uint32_t image_embeddings;
     uint32_t embed_dim;
+    uint32_t kv_headroom_tokens; /* decode: KV on demand (0: up front) */
 } epd_daemon_capacity_t;
 
 /* Answer of ops->on_rpc meaning "not mine": the daemon answers it. */

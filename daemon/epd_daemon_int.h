@@ -82,6 +82,16 @@ struct epd_peer {
     epd_xport_rkey_t *rkey; /* unpacked on link->ep; dies with it */
     unsigned char rkey_blob[EPD_XPORT_RKEY_MAX];
     size_t rkey_len;
+    /* the fence: this incarnation's grant on the daemon's receive region
+     * (NULL: none yet), its packed key, and whose process it is */
+    epd_xport_grant_t *grant;
+    unsigned char gkey[EPD_XPORT_RKEY_MAX];
+    size_t gkey_len;
+    uint64_t xid;       /* the peer's transport id (limbo of our writes to it) */
+    epd_proc_id_t proc; /* its process (from a handshake), when proc_known */
+    int proc_known;
+    unsigned char *addr; /* its data-plane address (a new link after its death) */
+    size_t addr_len;
     void *user;
     epd_peer_t *next; /* d->peers */
 };
@@ -150,9 +160,12 @@ struct epd_daemon {
     int peers_dirty; /* a peer died: the pump closes it */
     epd_daemon_counts_t counts;
     epd_secret_t secret; /* --cluster-secret-file (len 0: none) */
+    struct epd_owed *owed; /* WritesQuiesced owed to dead incarnations (epd_peer.c) */
+    uint32_t n_owed;
     uint64_t forged;     /* envelopes whose sender is not their link's identity */
     /* refusals */
     uint64_t refusals, bad_frames;
+    uint64_t fault_msgs; /* messages handled, for <role>.die_after_msgs */
     epd_log_limit_t refuse_limit;
     uint64_t refuse_window_ns;
     uint64_t refuse_suppressed;
@@ -201,6 +214,11 @@ void epd__peer_link_down(epd_peer_t *peer, epd_status_t status);
 int epd__peer_reap(epd_daemon_t *d);
 /* Destroy: frees every peer record. */
 void epd__peer_free_all(epd_daemon_t *d);
+/* Shutdown (before the role's regions go): closes every peer's grant. */
+void epd__peer_close_grants(epd_daemon_t *d);
+/* Tick: sends the WritesQuiesced owed to dead incarnations whose writes
+ * are out of limbo (epd_peer_owe_quiesced). */
+void epd__peer_owed_flush(epd_daemon_t *d, uint64_t now_ns);
 
 /* ---- epd_daemon_addr.c ---- */
 /* The cluster secret (or the loopback-only rule), every address resolved

@@ -62,6 +62,13 @@ static void epd_daemon_load_now(epd_daemon_t *d, epd_daemon_load_t *l)
     l->draining = d->draining != 0;
     memset(l->links, 0, sizeof(l->links));
     epd_daemon_link_classes(d, l->links);
+    if (d->x != NULL) {
+        epd_xport_stats_t xs;
+
+        epd_xport_stats(d->x, &xs);
+        l->late_writes_refused = xs.writes_refused_late + xs.writes_refused_range;
+        l->grants_held = xs.grants_held;
+    }
 }
 
 static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
@@ -86,6 +93,9 @@ static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
     p->load.running_requests = l.running_requests;
     p->load.kv_bytes_sent = l.kv_bytes_sent;
     p->load.kv_bytes_received = l.kv_bytes_received;
+    p->load.preemptions = l.preemptions;
+    p->load.recomputed_tokens = l.recomputed_tokens;
+    p->load.wasted_prefill_tokens = l.wasted_prefill_tokens;
     epd__prefix_cache_stats__init(&p->prefix);
     epd_prefix_stats_to_msg(&l.prefix, &p->prefix);
     p->load.prefix = &p->prefix;
@@ -94,6 +104,9 @@ static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
     p->load.links_tcp = l.links[EPD_REGISTRAR_LINK_TCP];
     p->load.links_rdma = l.links[EPD_REGISTRAR_LINK_RDMA];
     p->load.links_other = l.links[EPD_REGISTRAR_LINK_OTHER];
+    p->load.quarantined = l.quarantined;
+    p->load.late_writes_refused = l.late_writes_refused;
+    p->load.grants_held = l.grants_held;
     p->cap.kv_blocks_total = d->capacity.kv_blocks_total;
     p->cap.block_tokens = d->capacity.block_tokens;
     p->cap.state_slots_total = d->capacity.state_slots_total;
@@ -102,6 +115,7 @@ static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
     p->cap.embed_slots = d->capacity.embed_slots;
     p->cap.image_embeddings = d->capacity.image_embeddings;
     p->cap.embed_dim = d->capacity.embed_dim;
+    p->cap.kv_headroom_tokens = d->capacity.kv_headroom_tokens;
 }
 
 void epd_daemon_drain(epd_daemon_t *d, const char *who)

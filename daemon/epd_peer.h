@@ -104,6 +104,73 @@ epd_status_t epd_peer_rkey(epd_peer_t *peer, const void *blob, size_t len,
  */
 uint32_t epd_peer_adopt_strays(epd_peer_t *peer);
 
+/*
+ * The fence (proto/README.md rules 25-29), reader side: memory this
+ * incarnation may write is reachable only under its own grant, revoked
+ * when it dies (before on_peer_dead runs).
+ *
+ * The grant of this incarnation on `mr` (the daemon's one receive region;
+ * the grant's user pointer is the peer, for the region's write check),
+ * opened at the first call; *key_p, *len_p: its packed key, borrowed while
+ * the record lives, to hand to this incarnation only.  EPD_ERR_PEER_DEAD
+ * once it is dead.
+ */
+epd_status_t epd_peer_grant(epd_peer_t *peer, epd_xport_mr_t *mr, const void **key_p,
+                            size_t *len_p);
+
+/* Nonzero when nothing this incarnation was ever granted can land any
+ * more: it is dead, its links are closed, and its grant (if it had one)
+ * is settled (epd_xport_grant_settled).  Memory of its requests that its
+ * own word (WritesQuiesced, PrefillComplete) did not free waits for this. */
+int epd_peer_fenced(epd_peer_t *peer);
+
+/* Where its fence stands, for logs ("no grant", "open", "revoked", "held:
+ * ...", "the writer's process ended"). */
+const char *epd_peer_fence_state(const epd_peer_t *peer);
+
+/*
+ * Writer side: every write this daemon posted for request `id` to this
+ * (dead) incarnation has completed — send it WritesQuiesced{id} once none
+ * of our writes to it is in limbo (epd_xport_limbo), on a new link to the
+ * same incarnation (the old one is gone), so that memory it holds in
+ * quarantine for us can be freed before our process ends.  Bounded: at
+ * most EPD_PEER_OWED_MAX owed at once (the oldest is dropped, logged);
+ * given up after EPD_PEER_OWED_MS, when a newer incarnation is known
+ * (the reader then relies on our process ending), or when the reader's
+ * process is gone or unknown (nothing to tell; see epd_peer_ask_quiesced).  Idempotent per (peer,
+ * id).
+ */
+/*
+ * Reader side: asks a retired incarnation (dead, its fence not settled:
+ * it may still write, and its own word is what frees the memory) to
+ * confirm that nothing of request `id` can land any more: an Abort{id,
+ * why} on a new link to that same incarnation.  It answers WritesQuiesced
+ * once none of its writes for `id` is in flight or in limbo — the request
+ * still live there (it fails it first), or long ended
+ * (epd_peer_may_quiesce).  The caller paces it (a stopped writer answers
+ * nothing until it runs again: ask again later).  EPD_ERR_PEER_DEAD when
+ * its process is gone or unknown (no link is tried: UCX 1.13.1 aborts the
+ * process that wires shared memory up to a worker whose process ended);
+ * EPD_ERR_STALE_EPOCH when a newer incarnation of that worker is known
+ * (the old one's process ending is then the only proof).
+ */
+epd_status_t epd_peer_ask_quiesced(epd_peer_t *peer, uint64_t id, const char *why);
+
+/*
+ * Writer side: may an Abort of an id this daemon no longer has (nothing of
+ * it live, nothing in flight) be answered with WritesQuiesced on `from`?
+ * Nonzero when the sender is a worker of `reader_role` (by our live record
+ * of it, or the role its handshake presented — proven with a cluster
+ * secret) and none of our writes to its process is in limbo
+ * (epd_xport_limbo).
+ */
+int epd_peer_may_quiesce(epd_daemon_t *d, epd_link_t *from, const Epd__Envelope *env,
+                         int reader_role);
+
+#define EPD_PEER_OWED_MAX 4096
+#define EPD_PEER_OWED_MS 60000
+void epd_peer_owe_quiesced(epd_peer_t *peer, uint64_t id);
+
 /* A pointer of the role's (untouched by the daemon). */
 void epd_peer_set_user(epd_peer_t *peer, void *user);
 void *epd_peer_user(const epd_peer_t *peer);

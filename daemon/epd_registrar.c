@@ -63,6 +63,7 @@ struct epd_registrar {
     atomic_uint seq;
     atomic_uint_fast32_t l_queue_depth, l_kv_blocks_free, l_state_slots_free, l_running;
     atomic_uint_fast64_t l_queued_tokens, l_bytes_sent, l_bytes_received;
+    atomic_uint_fast64_t l_preemptions, l_recomputed, l_wasted;
     atomic_int l_draining;
     atomic_uint_fast64_t l_prefix[EPD_PREFIX_STATS_WORDS];
     /* KV hints: a ring of events (bit 0: added), loop -> thread */
@@ -72,6 +73,8 @@ struct epd_registrar {
     atomic_int hint_lost;               /* the ring overflowed: the router must reset */
     int hint_reset;                     /* thread: the next heartbeat resets */
     atomic_uint_fast32_t l_links[EPD_REGISTRAR_LINK_CLASSES];
+    atomic_uint_fast32_t l_quarantined, l_grants_held;
+    atomic_uint_fast64_t l_late_refused;
     /* thread -> loop */
     atomic_int drain_posted; /* drain reported to the loop (once) */
     atomic_int drain_delivered;
@@ -95,6 +98,9 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
     atomic_store_explicit(&reg->l_running, load->running_requests, memory_order_relaxed);
     atomic_store_explicit(&reg->l_bytes_sent, load->kv_bytes_sent, memory_order_relaxed);
     atomic_store_explicit(&reg->l_bytes_received, load->kv_bytes_received, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_preemptions, load->preemptions, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_recomputed, load->recomputed_tokens, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_wasted, load->wasted_prefill_tokens, memory_order_relaxed);
     atomic_store_explicit(&reg->l_draining, load->draining != 0, memory_order_relaxed);
     for (size_t i = 0; i < EPD_PREFIX_STATS_WORDS; i++) {
         uint64_t w;
@@ -105,6 +111,9 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
     for (int i = 0; i < EPD_REGISTRAR_LINK_CLASSES; i++) {
         atomic_store_explicit(&reg->l_links[i], load->links[i], memory_order_relaxed);
     }
+    atomic_store_explicit(&reg->l_quarantined, load->quarantined, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_grants_held, load->grants_held, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_late_refused, load->late_writes_refused, memory_order_relaxed);
     atomic_store_explicit(&reg->seq, s + 2, memory_order_release);
 }
 
@@ -132,6 +141,11 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
         l.kv_bytes_sent = (uint64_t)atomic_load_explicit(&reg->l_bytes_sent, memory_order_relaxed);
         l.kv_bytes_received =
             (uint64_t)atomic_load_explicit(&reg->l_bytes_received, memory_order_relaxed);
+        l.preemptions = (uint64_t)atomic_load_explicit(&reg->l_preemptions, memory_order_relaxed);
+        l.recomputed_tokens =
+            (uint64_t)atomic_load_explicit(&reg->l_recomputed, memory_order_relaxed);
+        l.wasted_prefill_tokens =
+            (uint64_t)atomic_load_explicit(&reg->l_wasted, memory_order_relaxed);
         l.draining = atomic_load_explicit(&reg->l_draining, memory_order_relaxed);
         for (size_t i = 0; i < EPD_PREFIX_STATS_WORDS; i++) {
             uint64_t w = (uint64_t)atomic_load_explicit(&reg->l_prefix[i], memory_order_relaxed);
@@ -141,6 +155,10 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
         for (int i = 0; i < EPD_REGISTRAR_LINK_CLASSES; i++) {
             l.links[i] = (uint32_t)atomic_load_explicit(&reg->l_links[i], memory_order_relaxed);
         }
+        l.quarantined = (uint32_t)atomic_load_explicit(&reg->l_quarantined, memory_order_relaxed);
+        l.grants_held = (uint32_t)atomic_load_explicit(&reg->l_grants_held, memory_order_relaxed);
+        l.late_writes_refused =
+            (uint64_t)atomic_load_explicit(&reg->l_late_refused, memory_order_relaxed);
         atomic_thread_fence(memory_order_acquire);
         s2 = atomic_load_explicit(&reg->seq, memory_order_relaxed);
         if (s1 == s2) {
@@ -338,6 +356,9 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     load.running_requests = l.running_requests;
     load.kv_bytes_sent = l.kv_bytes_sent;
     load.kv_bytes_received = l.kv_bytes_received;
+    load.preemptions = l.preemptions;
+    load.recomputed_tokens = l.recomputed_tokens;
+    load.wasted_prefill_tokens = l.wasted_prefill_tokens;
     load.draining = l.draining != 0;
     epd_prefix_stats_to_msg(&l.prefix, &prefix);
     load.prefix = &prefix;
@@ -345,6 +366,9 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     load.links_tcp = l.links[EPD_REGISTRAR_LINK_TCP];
     load.links_rdma = l.links[EPD_REGISTRAR_LINK_RDMA];
     load.links_other = l.links[EPD_REGISTRAR_LINK_OTHER];
+    load.quarantined = l.quarantined;
+    load.late_writes_refused = l.late_writes_refused;
+    load.grants_held = l.grants_held;
     hb.worker_id = reg->worker_id;
     hb.epoch = &epoch;
     hb.load = &load;

@@ -76,11 +76,22 @@ typedef struct {
     uint32_t running_requests;
     uint64_t kv_bytes_sent;     /* data plane, monotonic (prefill: written) */
     uint64_t kv_bytes_received; /* data plane, monotonic (decode: received and verified) */
+    /* overload, monotonic (epd.Load 16-18): decode's preemptions and the
+     * tokens recomputed to resume them; prefill's wasted prompt tokens */
+    uint64_t preemptions;
+    uint64_t recomputed_tokens;
+    uint64_t wasted_prefill_tokens;
     int draining;               /* the worker takes no new work */
     epd_prefix_stats_t prefix;  /* all zero: no prefix cache */
     /* live endpoints this worker opened to other workers, by lane class
      * (filled by the daemon, not the role) */
     uint32_t links[EPD_REGISTRAR_LINK_CLASSES];
+    /* the fence (proto/README.md rules 25-29): memory held for writers
+     * that may still write (the role's), late writes refused and grants
+     * held (the daemon's, from its transport) */
+    uint32_t quarantined;
+    uint64_t late_writes_refused;
+    uint32_t grants_held;
 } epd_registrar_load_t;
 
 /* Loop thread: write the daemon's current load into *load_p. */

@@ -37,11 +37,13 @@ struct epd_decode_batch {
     pthread_mutex_t mu; /* only around the idle wait */
     pthread_cond_t cv;
     atomic_int stop;
+    atomic_uint kicks; /* bumped under mu by the loop: something may run now */
     atomic_uint n_running;
     atomic_ullong n_steps;
 
     /* compute thread only */
     epd_decode_seq_t **running; /* [max_batch] */
+    epd_decode_seq_t **stepping; /* [max_batch]: the ones with room this step */
     epd_decode_req_t *reqs;     /* [max_batch] */
     float *logits;              /* [max_batch][vocab] */
     epd_sample_scratch_t *scratch;
@@ -49,14 +51,16 @@ struct epd_decode_batch {
     int queued_any;                          /* something was queued since the last wake */
 };
 
-void epd_decode_seq_init(epd_decode_seq_t *seq)
+void epd_decode_seq_init(epd_decode_seq_t *seq, uint32_t n_known, uint32_t n_blocks)
 {
-    atomic_init(&seq->n_produced, 1);
+    atomic_init(&seq->n_blocks, n_blocks);
+    atomic_init(&seq->n_produced, n_known);
     atomic_init(&seq->finish, EPD_DECODE_FINISH_NONE);
     atomic_init(&seq->abort, 0);
     atomic_init(&seq->notified, 0);
     seq->error = EPD_OK;
-    seq->n_gen = 1;
+    seq->n_gen = n_known;
+    seq->stepped = 0;
     seq->pend_notify = 0;
     seq->pend_final = 0;
     seq->pend_next = NULL;
@@ -95,13 +99,24 @@ static void epd__notify(epd_decode_batch_t *b, epd_decode_seq_t *seq)
     seq->pend_notify = 1;
 }
 
+void epd_decode_seq_grow(epd_decode_seq_t *seq, uint32_t n_blocks)
+{
+    assert(n_blocks >= atomic_load_explicit(&seq->n_blocks, memory_order_relaxed));
+    atomic_store_explicit(&seq->n_blocks, n_blocks, memory_order_release);
+}
+
+uint32_t epd_decode_seq_blocks(const epd_decode_seq_t *seq)
+{
+    return atomic_load_explicit(&seq->n_blocks, memory_order_acquire);
+}
+
 /* Publishes `seq`'s end: after this the compute thread forgets it. */
 static void epd__finish(epd_decode_batch_t *b, epd_decode_seq_t *seq, epd_decode_finish_t finish,
                         epd_status_t error)
 {
     epd_kv_seq_t kv = {.req_id = seq->req_id,
                        .block_table = seq->block_table,
-                       .n_blocks = seq->n_blocks,
+                       .n_blocks = epd_decode_seq_blocks(seq),
                        .state_slot = seq->slot};
 
     epd_engine_release(b->engine, &b->pool, &kv);
@@ -172,55 +187,70 @@ static void epd__running_remove(epd_decode_batch_t *b, uint32_t *n, uint32_t i)
     (*n)--;
 }
 
-static void epd__step(epd_decode_batch_t *b, uint32_t *n_run)
+/* One step for every running sequence whose blocks hold its next
+ * position (the others wait for the loop to grow them); returns how many
+ * ran. */
+static uint32_t epd__step(epd_decode_batch_t *b, uint32_t *n_run)
 {
     uint32_t vocab = b->info->vocab_size;
-    uint32_t n = *n_run;
+    uint32_t bt = b->info->kv.block_tokens;
+    uint32_t n = *n_run, m = 0;
     epd_status_t st;
 
     for (uint32_t i = 0; i < n; i++) {
         epd_decode_seq_t *seq = b->running[i];
-        epd_decode_req_t *r = &b->reqs[i];
+        epd_decode_req_t *r = &b->reqs[m];
+        uint32_t n_blocks = epd_decode_seq_blocks(seq);
 
+        /* this step writes the KV of position n_prompt + n_gen - 1 */
+        seq->stepped = (uint64_t)n_blocks * bt >= (uint64_t)seq->n_prompt + seq->n_gen;
+        if (!seq->stepped) {
+            continue;
+        }
         r->seq.req_id = seq->req_id;
         r->seq.block_table = seq->block_table;
-        r->seq.n_blocks = seq->n_blocks;
+        r->seq.n_blocks = n_blocks;
         r->seq.state_slot = seq->slot;
         r->pos = seq->n_prompt + seq->n_gen - 1;
         r->token = seq->tokens[seq->n_gen - 1];
+        b->stepping[m++] = seq;
     }
-    st = epd_engine_decode(b->engine, &b->pool, b->reqs, n, b->logits);
+    if (m == 0) {
+        return 0;
+    }
+    st = epd_engine_decode(b->engine, &b->pool, b->reqs, m, b->logits);
     atomic_fetch_add_explicit(&b->n_steps, 1, memory_order_relaxed);
     if (st != EPD_OK) {
-        epd_log_error(EPD__BATCH_COMP, 0, "decode step of %u requests failed: %s", n,
+        epd_log_error(EPD__BATCH_COMP, 0, "decode step of %u requests failed: %s", m,
                       epd_status_string(st));
-        while (n > 0) {
-            epd__finish(b, b->running[n - 1], EPD_DECODE_FINISH_ERROR, st);
-            n--;
+        for (uint32_t j = 0; j < m; j++) {
+            b->stepping[j]->error = st;
         }
-        *n_run = 0;
-        return;
-    }
-    /* sample every row first (indices into logits follow running[] as it
-     * was at the step), then remove the finished ones */
-    for (uint32_t i = 0; i < n; i++) {
-        epd_decode_seq_t *seq = b->running[i];
-        int32_t tok;
+    } else {
+        /* sample every row first (indices into logits follow stepping[]) */
+        for (uint32_t j = 0; j < m; j++) {
+            epd_decode_seq_t *seq = b->stepping[j];
+            int32_t tok;
 
-        st = epd_sample_token(&seq->sp, b->scratch, b->logits + (size_t)i * vocab, vocab,
-                              seq->n_gen, &tok);
-        if (st != EPD_OK) {
-            seq->error = st;
-            continue;
+            st = epd_sample_token(&seq->sp, b->scratch, b->logits + (size_t)j * vocab, vocab,
+                                  seq->n_gen, &tok);
+            if (st != EPD_OK) {
+                seq->error = st;
+                continue;
+            }
+            seq->tokens[seq->n_gen++] = tok;
+            atomic_store_explicit(&seq->n_produced, seq->n_gen, memory_order_release);
         }
-        seq->tokens[seq->n_gen++] = tok;
-        atomic_store_explicit(&seq->n_produced, seq->n_gen, memory_order_release);
     }
+    /* then the finished ones leave */
     for (uint32_t i = n; i-- > 0;) {
         epd_decode_seq_t *seq = b->running[i];
         int32_t tok = seq->tokens[seq->n_gen - 1];
         epd_decode_finish_t fin = EPD_DECODE_FINISH_NONE;
 
+        if (!seq->stepped) {
+            continue;
+        }
         if (seq->error != EPD_OK) {
             fin = EPD_DECODE_FINISH_ERROR;
         } else if (epd__is_stop(b, seq, tok)) {
@@ -237,6 +267,7 @@ static void epd__step(epd_decode_batch_t *b, uint32_t *n_run)
         }
     }
     *n_run = n;
+    return m;
 }
 
 static void *epd__batch_main(void *arg)
@@ -245,6 +276,8 @@ static void *epd__batch_main(void *arg)
     uint32_t n = 0;
 
     while (!atomic_load_explicit(&b->stop, memory_order_acquire)) {
+        unsigned kicks = atomic_load_explicit(&b->kicks, memory_order_acquire);
+        uint32_t stepped = 0;
         epd_decode_seq_t *seq;
 
         epd__pend_flush(b);
@@ -271,19 +304,23 @@ static void *epd__batch_main(void *arg)
         }
         atomic_store_explicit(&b->n_running, n, memory_order_relaxed);
         if (n > 0) {
-            epd__step(b, &n);
+            stepped = epd__step(b, &n);
             atomic_store_explicit(&b->n_running, n, memory_order_relaxed);
         }
         if (b->queued_any) {
             b->queued_any = 0;
             b->wake(b->wake_arg);
         }
-        if (n == 0) {
+        if (stepped == 0) {
+            /* idle, or every running sequence waits for blocks: sleep until
+             * the loop submits, grows or aborts one (a kick since the top
+             * of this iteration is not lost: it changed `kicks`) */
             struct timespec ts;
 
             pthread_mutex_lock(&b->mu);
             if (!atomic_load_explicit(&b->stop, memory_order_acquire) &&
-                epd_spsc_queue_size(&b->in) == 0) {
+                epd_spsc_queue_size(&b->in) == 0 &&
+                atomic_load_explicit(&b->kicks, memory_order_acquire) == kicks) {
                 clock_gettime(CLOCK_REALTIME, &ts);
                 ts.tv_nsec += (long)(b->pend_head != NULL ? 1 : EPD__BATCH_IDLE_MS) * 1000000L;
                 ts.tv_sec += ts.tv_nsec / 1000000000L;
@@ -322,6 +359,7 @@ epd_status_t epd_decode_batch_create(epd_engine_t *engine, const epd_kv_pool_t *
     b->wake = wake;
     b->wake_arg = wake_arg;
     atomic_init(&b->stop, 0);
+    atomic_init(&b->kicks, 0);
     atomic_init(&b->n_running, 0);
     atomic_init(&b->n_steps, 0);
     status = epd_spsc_queue_init(&b->in, queue_cap);
@@ -336,9 +374,10 @@ epd_status_t epd_decode_batch_create(epd_engine_t *engine, const epd_kv_pool_t *
         goto err_in;
     }
     b->running = epd_calloc(max_batch, sizeof(*b->running));
+    b->stepping = epd_calloc(max_batch, sizeof(*b->stepping));
     b->reqs = epd_calloc(max_batch, sizeof(*b->reqs));
     b->logits = epd_calloc((size_t)max_batch * b->info->vocab_size, sizeof(*b->logits));
-    if (b->running == NULL || b->reqs == NULL || b->logits == NULL) {
+    if (b->running == NULL || b->stepping == NULL || b->reqs == NULL || b->logits == NULL) {
         status = EPD_ERR_NO_MEMORY;
         goto err_arrays;
     }
@@ -372,6 +411,7 @@ err_scratch:
 err_arrays:
     epd_free(b->logits);
     epd_free(b->reqs);
+    epd_free(b->stepping);
     epd_free(b->running);
     epd_spsc_queue_cleanup(&b->out);
 err_in:
@@ -396,6 +436,7 @@ void epd_decode_batch_destroy(epd_decode_batch_t *batch)
     epd_sample_scratch_destroy(batch->scratch);
     epd_free(batch->logits);
     epd_free(batch->reqs);
+    epd_free(batch->stepping);
     epd_free(batch->running);
     epd_spsc_queue_cleanup(&batch->out);
     epd_spsc_queue_cleanup(&batch->in);
@@ -413,10 +454,16 @@ epd_status_t epd_decode_batch_submit(epd_decode_batch_t *batch, epd_decode_seq_t
     }
     /* the compute thread checks the queue under the mutex before it sleeps,
      * so signalling under it cannot be lost */
+    epd_decode_batch_kick(batch);
+    return EPD_OK;
+}
+
+void epd_decode_batch_kick(epd_decode_batch_t *batch)
+{
     pthread_mutex_lock(&batch->mu);
+    atomic_fetch_add_explicit(&batch->kicks, 1, memory_order_release);
     pthread_cond_signal(&batch->cv);
     pthread_mutex_unlock(&batch->mu);
-    return EPD_OK;
 }
 
 void epd_decode_seq_abort(epd_decode_seq_t *seq)

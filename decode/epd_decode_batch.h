@@ -14,6 +14,16 @@
  *   so far, the first token being step 0 sampled by prefill);
  *   publish the new tokens and finished sequences to the loop.
  *
+ * KV on demand (proto/README.md rule 30): a sequence's block table may
+ * grow while it runs.  The loop writes the new ids into block_table[] past
+ * the published count, then publishes the count (epd_decode_seq_grow, a
+ * release store); the compute thread reads the count (acquire) at every
+ * step and runs a sequence only when its blocks hold the position it
+ * writes next.  A sequence without room waits in the batch (its tokens do
+ * not change: decode is batch-invariant) until the loop grows it or asks
+ * it to leave; a step in which no sequence could run sleeps until
+ * epd_decode_batch_kick (or the idle bound).
+ *
  * Publishing: a sequence's tokens[] array (sized max_tokens) is filled by
  * the compute thread; `n_produced` (release store) says how many entries are
  * final.  A sequence with news goes onto a second bounded SPSC queue at most
@@ -53,8 +63,7 @@ struct epd_decode_seq {
     /* Set by the loop before submit; read-only afterwards (borrowed by the
      * compute thread until the final entry). */
     uint64_t req_id;
-    const uint32_t *block_table; /* [n_blocks]: prompt + max_tokens */
-    uint32_t n_blocks;
+    const uint32_t *block_table; /* [capacity]: the blocks of prompt + max_tokens at most */
     uint32_t slot; /* state slot (ignored without linear layers) */
     uint32_t n_prompt;
     uint32_t max_tokens;
@@ -64,6 +73,8 @@ struct epd_decode_seq {
     int32_t *tokens; /* [max_tokens]; tokens[0] = first token (set by the loop) */
 
     /* Shared. */
+    atomic_uint n_blocks;   /* block_table[0..n) hold this sequence's KV (loop: release
+                             * store when it grows; never shrinks while lent) */
     atomic_uint n_produced; /* tokens[0..n) are final (compute: release store) */
     atomic_int finish;      /* epd_decode_finish_t, valid after the final entry */
     atomic_int abort;       /* set by the loop: leave at the next step boundary */
@@ -72,6 +83,7 @@ struct epd_decode_seq {
 
     /* Compute thread only. */
     uint32_t n_gen;
+    int stepped; /* ran in the current step */
     int pend_notify, pend_final; /* entries that did not fit in the queue */
     epd_decode_seq_t *pend_next;
 };
@@ -99,8 +111,17 @@ epd_status_t epd_decode_batch_create(epd_engine_t *engine, const epd_kv_pool_t *
  * Loop thread.  NULL is a no-op. */
 void epd_decode_batch_destroy(epd_decode_batch_t *batch);
 
-/* Prepares seq's shared fields (n_produced = 1, no finish, no abort). */
-void epd_decode_seq_init(epd_decode_seq_t *seq);
+/* Prepares seq's shared fields: tokens[0..n_known) are known (1: the
+ * first token; more when a preempted request resumes), n_blocks blocks of
+ * block_table hold its KV, no finish, no abort. */
+void epd_decode_seq_init(epd_decode_seq_t *seq, uint32_t n_known, uint32_t n_blocks);
+
+/* Publishes block_table[0..n_blocks) (n_blocks no smaller than before;
+ * the new ids written first).  Loop thread; the sequence may be running. */
+void epd_decode_seq_grow(epd_decode_seq_t *seq, uint32_t n_blocks);
+
+/* The blocks a sequence holds (any thread). */
+uint32_t epd_decode_seq_blocks(const epd_decode_seq_t *seq);
 
 /* Hands `seq` (lent until its final entry is popped) to the compute thread.
  * EPD_ERR_NO_RESOURCE when the queue is full (nothing queued: retry after
@@ -111,6 +132,10 @@ epd_status_t epd_decode_batch_submit(epd_decode_batch_t *batch, epd_decode_seq_t
  * then carries EPD_DECODE_FINISH_ABORT (or the finish it reached first).
  * Loop thread. */
 void epd_decode_seq_abort(epd_decode_seq_t *seq);
+
+/* Wakes the compute thread if it sleeps (a sequence waiting for blocks
+ * got them, or one was asked to leave).  Loop thread. */
+void epd_decode_batch_kick(epd_decode_batch_t *batch);
 
 /* Pops the next entry for the loop: the sequence, and *final_p 1 when it
  * left the batch (the compute thread is done with it), 0 for new tokens

@@ -189,8 +189,10 @@ static epd_status_t epd__transition(epd_decode_blocks_t *b, uint64_t owner, cons
     return EPD_OK;
 }
 
-epd_status_t epd_decode_blocks_reserve(epd_decode_blocks_t *blocks, uint64_t owner, uint32_t n,
-                                       int want_slot, uint32_t *ids, uint32_t *slot_p)
+/* FREE -> `to` for n free blocks (and a slot when want_slot). */
+static epd_status_t epd__take(epd_decode_blocks_t *blocks, uint64_t owner, uint32_t n,
+                              int want_slot, uint32_t *ids, uint32_t *slot_p,
+                              epd_decode_blk_state_t to)
 {
     epd__blk_table_t *t;
     uint32_t slot = EPD_DECODE_NO_SLOT;
@@ -207,23 +209,37 @@ epd_status_t epd_decode_blocks_reserve(epd_decode_blocks_t *blocks, uint64_t own
 
         slot = s->free_stack[--s->n_free];
         assert(s->state[slot] == EPD_DECODE_BLK_FREE && s->owner[slot] == 0);
-        s->state[slot] = EPD_DECODE_BLK_RESERVED;
+        s->state[slot] = (uint8_t)to;
         s->owner[slot] = owner;
         s->count[EPD_DECODE_BLK_FREE]--;
-        s->count[EPD_DECODE_BLK_RESERVED]++;
+        s->count[to]++;
     }
     for (uint32_t i = 0; i < n; i++) {
         uint32_t id = t->free_stack[--t->n_free];
 
         assert(t->state[id] == EPD_DECODE_BLK_FREE && t->owner[id] == 0);
-        t->state[id] = EPD_DECODE_BLK_RESERVED;
+        t->state[id] = (uint8_t)to;
         t->owner[id] = owner;
         ids[i] = id;
     }
     t->count[EPD_DECODE_BLK_FREE] -= n;
-    t->count[EPD_DECODE_BLK_RESERVED] += n;
+    t->count[to] += n;
     *slot_p = slot;
     return EPD_OK;
+}
+
+epd_status_t epd_decode_blocks_reserve(epd_decode_blocks_t *blocks, uint64_t owner, uint32_t n,
+                                       int want_slot, uint32_t *ids, uint32_t *slot_p)
+{
+    return epd__take(blocks, owner, n, want_slot, ids, slot_p, EPD_DECODE_BLK_RESERVED);
+}
+
+epd_status_t epd_decode_blocks_grow(epd_decode_blocks_t *blocks, uint64_t owner, uint32_t n,
+                                    uint32_t *ids)
+{
+    uint32_t none;
+
+    return epd__take(blocks, owner, n, 0, ids, &none, EPD_DECODE_BLK_ACTIVE);
 }
 
 epd_status_t epd_decode_blocks_activate(epd_decode_blocks_t *blocks, uint64_t owner,
@@ -357,6 +373,17 @@ epd_decode_blk_state_t epd_decode_blocks_state(const epd_decode_blocks_t *blocks
 uint64_t epd_decode_blocks_owner(const epd_decode_blocks_t *blocks, uint32_t id)
 {
     return id < blocks->blk.n ? blocks->blk.owner[id] : 0;
+}
+
+epd_decode_blk_state_t epd_decode_blocks_slot_state(const epd_decode_blocks_t *blocks, uint32_t id)
+{
+    return id < blocks->slot.n ? (epd_decode_blk_state_t)blocks->slot.state[id]
+                               : EPD_DECODE_BLK_FREE;
+}
+
+uint64_t epd_decode_blocks_slot_owner(const epd_decode_blocks_t *blocks, uint32_t id)
+{
+    return id < blocks->slot.n ? blocks->slot.owner[id] : 0;
 }
 
 const char *epd_decode_blk_state_name(epd_decode_blk_state_t state)

@@ -23,6 +23,10 @@
  *    │              or P declared dead / restarted  │
  *    └──────────────────────────────────────────────┘
  *
+ * One more edge, FREE → ACTIVE (grow): a request whose KV grows on
+ * demand takes blocks for the tokens it generates; no remote side ever
+ * learns of them, so they never pass through RESERVED.
+ *
  * RESERVED→QUARANTINED→FREE is the only way back from a reservation P may
  * have seen, so a block P could still write is never free.  Each transition
  * names the request that owns the blocks; a call naming a block that is not
@@ -73,6 +77,13 @@ void epd_decode_blocks_destroy(epd_decode_blocks_t *blocks);
 epd_status_t epd_decode_blocks_reserve(epd_decode_blocks_t *blocks, uint64_t owner, uint32_t n,
                                        int want_slot, uint32_t *ids, uint32_t *slot_p);
 
+/* FREE → ACTIVE: n (>= 1) more blocks for `owner`, a request that
+ * generates (its KV on demand, proto/README.md rule 30) — nobody remote
+ * ever writes them, so they skip RESERVED.  The ids go to ids[0..n).
+ * EPD_ERR_NO_CAPACITY when fewer are free (nothing taken). */
+epd_status_t epd_decode_blocks_grow(epd_decode_blocks_t *blocks, uint64_t owner, uint32_t n,
+                                    uint32_t *ids);
+
 /* RESERVED → ACTIVE (PrefillComplete verified). */
 epd_status_t epd_decode_blocks_activate(epd_decode_blocks_t *blocks, uint64_t owner,
                                         const uint32_t *ids, uint32_t n, uint32_t slot);
@@ -118,6 +129,10 @@ uint32_t epd_decode_blocks_slots_count(const epd_decode_blocks_t *blocks,
 /* State and owner of one block (for tests and logs); FREE/0 out of range. */
 epd_decode_blk_state_t epd_decode_blocks_state(const epd_decode_blocks_t *blocks, uint32_t id);
 uint64_t epd_decode_blocks_owner(const epd_decode_blocks_t *blocks, uint32_t id);
+
+/* The same of one state slot (the fence's write check). */
+epd_decode_blk_state_t epd_decode_blocks_slot_state(const epd_decode_blocks_t *blocks, uint32_t id);
+uint64_t epd_decode_blocks_slot_owner(const epd_decode_blocks_t *blocks, uint32_t id);
 
 /* A static name of a state ("QUARANTINED"). */
 const char *epd_decode_blk_state_name(epd_decode_blk_state_t state);

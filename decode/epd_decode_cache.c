@@ -22,6 +22,10 @@
  * it cannot key the images.  Cached blocks nobody pins are evicted, least
  * recently used first, when a reservation needs the room.
  *
+ * Only with --kv-reserve upfront: under KV on demand (the default) a
+ * request grows, may be preempted and resumes through prefill, so nothing
+ * is kept and every reservation has cached_blocks 0.
+ *
  * Loop thread only.
  */
 #include <string.h>
@@ -35,6 +39,15 @@ epd_status_t epd__decode_cache_init(epd_decode_srv_t *srv, const char *engine_na
     epd_status_t st;
 
     if (!srv->prefix_cache || srv->info->kv.n_attn_layers == 0) {
+        return EPD_OK;
+    }
+    if (srv->headroom > 0) {
+        /* KV on demand (rules 30-32): a request's blocks grow, are preempted
+         * and come back through a resume; a pinned read-only head would
+         * have to survive all of that, and cached blocks would hold pool
+         * room that growth does not evict.  Reuse is an up-front mode's */
+        epd_log_info(EPD_DECODE_LOG, 0,
+                     "decode-side reuse off: KV on demand (--kv-reserve upfront keeps it)");
         return EPD_OK;
     }
     if (strcmp(engine_name, "sim") == 0) {

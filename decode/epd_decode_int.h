@@ -12,6 +12,13 @@
  *                          state changes (epd_decode_req_state_t, one
  *                          switch), leases, deadlines, the peers' and
  *                          clients' deaths, the compute thread's results
+ *   epd_decode_admit.c     admission: a request's memory, blocks and tables
+ *   epd_decode_send.c      the messages a request sends: token chunks, the
+ *                          KvReservation, a resume's GenerateRequest, what a
+ *                          failure owes, a run's end
+ *   epd_decode_kv.c        KV on demand: a request's blocks at admission and
+ *                          as it generates, the preemption victim, the queue
+ *                          of preempted requests, prefill-side ids
  *   epd_decode_blocks.c    the KV block / state-slot lifecycle (own header)
  *   epd_decode_check.c     the pure checks and the KV verification (own header)
  *   epd_decode_batch.c     the compute thread: continuous batching (own header)
@@ -19,9 +26,11 @@
  *   epd_decode_cache.c     decode-side reuse: finished prompts' blocks kept
  *
  * Calls go one way: main.c -> epd_decode_msg.c -> epd_decode_req.c ->
- * epd_decode_cache.c, epd_decode_blocks.c, epd_decode_check.c, epd_decode_batch.c,
- * epd_decode_verify.c (-> epd_decode_check.c); epd_decode_cache.c ->
- * epd_decode_blocks.c (main.c also
+ * epd_decode_admit.c, epd_decode_send.c, epd_decode_kv.c, epd_decode_cache.c,
+ * epd_decode_blocks.c, epd_decode_check.c, epd_decode_batch.c,
+ * epd_decode_verify.c (-> epd_decode_check.c); epd_decode_admit.c ->
+ * epd_decode_cache.c -> epd_decode_blocks.c (the message layer also
+ * calls epd_decode_admit.c's refusal; main.c also
  * calls the request layer's start-up, shutdown and daemon callbacks, and
  * sets the parts up).  Upward only through callbacks registered at start:
  * the daemon's ops (main.c fills them with the functions below) and the
@@ -65,15 +74,19 @@
 /*
  * Where one request stands; its blocks are in the matching state of
  * epd_decode_blocks.h (RESERVED; ACTIVE for READY and RUNNING;
- * QUARANTINED; FREE).  Transitions happen in epd_decode_req.c's step
- * function only:
+ * QUARANTINED; none for PREEMPTED; FREE).  Transitions happen in
+ * epd_decode_req.c's step function only:
  *
  *   RESERVED --PrefillComplete verified--> READY --joins the batch--> RUNNING
- *    |  |       (the first token ends it: DONE)  |                     |
- *    |  |                      failure, abort: DONE     final entry back: DONE
+ *    |  |  ^    (the first token ends it: DONE)  | |                   | |
+ *    |  |  |                   failure, abort: DONE |   final entry back: DONE
+ *    |  |  |                    preempted (KV on demand): PREEMPTED <----+
+ *    |  |  +--resumed: blocks again, a GenerateRequest to P----+ |
+ *    |  |                               failure, abort: DONE <---+
  *    |  +--KvReservation never went out--> DONE (unreserved)
  *    +--failure, abort, lease, deadline, P dead--> QUARANTINED
  *                   --P quiesced / completed, or its incarnation closed--> DONE
+ *                     (a resume P refused for capacity: PREEMPTED again)
  *
  * DONE is freed at once.
  */
@@ -84,6 +97,9 @@ typedef enum {
     EPD_DECODE_REQ_RUNNING,      /* its sequence is lent to the compute thread */
     EPD_DECODE_REQ_QUARANTINED,  /* answered; blocks QUARANTINED until its prefill
                                   * worker can write no more */
+    EPD_DECODE_REQ_PREEMPTED,    /* KV on demand: its blocks were taken back for an
+                                  * older request; it holds none and waits (in
+                                  * srv->pre_*, by age) to be prefilled again */
     EPD_DECODE_REQ_DONE,         /* blocks FREE: freed at once */
 } epd_decode_req_state_t;
 
@@ -99,8 +115,11 @@ typedef enum {
 struct epd_decode_srv;
 
 typedef struct epd_decode_request {
-    epd_reqent_t ent; /* srv->reqs, keyed (id, 0) */
+    epd_reqent_t ent;  /* srv->reqs, keyed (id, 0): the client's id */
+    epd_reqent_t pent; /* srv->by_pid, keyed (pid, 0): the id its prefill worker knows
+                        * (the client's for the first prefill, a fresh one per resume) */
     uint64_t id;
+    uint64_t pid;
     epd_decode_req_state_t state;
     struct epd_decode_srv *srv;
     /* who asked and who writes */
@@ -110,10 +129,16 @@ typedef struct epd_decode_request {
                            * Abort go on our link to it */
     /* the request, in the same allocation as the struct */
     uint32_t n_prompt, max_tokens;
-    uint32_t n_blocks;        /* reserved: prompt + max_tokens */
+    uint32_t *prompt;         /* [n_prompt] kept to resume it (grows), else NULL */
+    int grows;                /* KV on demand: holds prompt + headroom and grows (a
+                               * preemption victim); else prompt + max_tokens up front */
+    uint32_t n_blocks;        /* held now (up front: prompt + max_tokens) */
+    uint32_t max_blocks;      /* prompt + max_tokens: the size of blocks[] */
     uint32_t n_prompt_blocks; /* the ones the prefill worker writes */
+    uint32_t n_resume;        /* this prefill recomputes n_prompt + n_resume tokens (0:
+                               * the first prefill) */
     uint32_t slot;            /* state slot, or EPD_DECODE_NO_SLOT */
-    uint32_t *blocks;         /* [n_blocks] */
+    uint32_t *blocks;         /* [max_blocks]; [0..n_blocks) held */
     /* decode-side reuse (the cache part's): blocks[0..n_cached) are the
      * prefix cache's (pinned, read-only, never owned by the request) */
     uint32_t n_cached;
@@ -140,6 +165,13 @@ typedef struct epd_decode_request {
     int client_done;  /* the client has its final answer, or is gone */
     int compute_done; /* the compute thread handed the sequence back (final entry) */
     int abort_asked;  /* RUNNING: epd_decode_seq_abort was called */
+    int preempt;      /* chosen to give its blocks back (newest first) */
+    int hungry;       /* RUNNING: its next step needs a block the pool lacks */
+    int resume_again; /* a resume's prefill refused for room: PREEMPTED again once its
+                       * blocks are released (its failure is not the client's) */
+    uint32_t short_by; /* hungry: blocks its next step lacks */
+    uint32_t incoming; /* preempt: its blocks counted in srv->blocks_incoming */
+    struct epd_decode_request *pre_prev, *pre_next; /* PREEMPTED: srv->pre_*, oldest first */
     /* clocks (epd_time_now_ns) */
     uint64_t t_recv_ns;
     uint64_t lease_ns;      /* RESERVED: its prefill worker must speak before this... */
@@ -163,6 +195,7 @@ typedef struct epd_decode_srv {
     /* configuration */
     uint32_t lease_ms;
     uint32_t max_batch;
+    uint32_t headroom; /* KV on demand: tokens of room ahead of a request (0: up front) */
     /* the KV pool: registered, written by prefill workers, read by the
      * compute thread; freed with the transport (after every endpoint closed) */
     epd_xport_mr_t *mr;
@@ -179,8 +212,14 @@ typedef struct epd_decode_srv {
     epd_decode_batch_t *batch;
     uv_async_t wake; /* the compute thread's wake-up (main.c's) */
     int wake_ready;
-    epd_reqtab_t reqs; /* live requests, by id; blocked = READY waiting for queue room */
-    uint32_t n_ready;  /* requests READY */
+    epd_reqtab_t reqs;   /* live requests, by id; blocked = READY waiting for queue room */
+    epd_reqtab_t by_pid; /* the same, by the id their prefill worker knows */
+    uint32_t n_ready;    /* requests READY */
+    /* KV on demand */
+    uint32_t n_hungry;        /* RUNNING requests waiting for a block */
+    uint32_t blocks_incoming; /* blocks of victims on their way back */
+    int freed;                /* blocks came free since the waiters last looked */
+    struct epd_decode_request *pre_head, *pre_tail; /* PREEMPTED, oldest first */
     /* decode-side reuse (the cache part's; pcache NULL: off) */
     int prefix_cache;
     const char *engine_name;
@@ -191,6 +230,8 @@ typedef struct epd_decode_srv {
     } pc;
     /* counters */
     uint64_t kv_bytes_received; /* verified KV of requests that joined */
+    uint64_t preemptions;       /* requests preempted */
+    uint64_t recomputed_tokens; /* tokens prefilled again to resume them */
     epd_trace_t *trace;         /* the daemon's (NULL = off) */
 } epd_decode_srv_t;
 
@@ -217,6 +258,93 @@ void epd__decode_cache_drop(epd_decode_srv_t *srv, epd_decode_request_t *req);
 uint32_t epd__decode_cache_evictable(const epd_decode_srv_t *srv);
 void epd__decode_cache_stats(const epd_decode_srv_t *srv, epd_prefix_stats_t *s_p);
 
+/* ---- epd_decode_fence.c ---- */
+/* The pool's write check (epd_xport_mr_set_check; arg: the server; the
+ * grant's user: the writer's peer record): nonzero when every block or
+ * state slot of [off, off + len) is RESERVED by one live request of that
+ * writer incarnation. */
+int epd__decode_fence_check(void *arg, void *grant_user, uint64_t off, uint64_t len);
+/* The key a KvReservation for `req` carries: its prefill incarnation's own
+ * grant (epd_peer_grant; borrowed while the peer record lives), never the
+ * pool's own key (rule 25). */
+epd_status_t epd__decode_fence_key(epd_decode_srv_t *srv, const epd_decode_request_t *req,
+                                   ProtobufCBinaryData *key_p);
+/* A QUARANTINED request whose writer retired and is not fenced yet: asks
+ * that incarnation to confirm (epd_peer_ask_quiesced), at most once per
+ * --peer-timeout-ms (rule 28). */
+void epd__decode_fence_ask(epd_decode_srv_t *srv, epd_decode_request_t *req, uint64_t now);
+/* Logs what the closing of prefill incarnation `peer` released: `n` of its
+ * requests were quarantined; those still live wait for its fence. */
+void epd__decode_fence_closed(epd_decode_srv_t *srv, epd_peer_t *peer, uint32_t n);
+
+/* ---- epd_decode_send.c ---- */
+/* Streams tokens[n_sent..n_produced) to the client (TokenChunks of at most
+ * EPD_DECODE_CHUNK_MAX) and, with `finish`, ends the stream: the client's
+ * final answer (client_done).  Nothing once the client is done. */
+void epd__decode_stream(epd_decode_request_t *req, uint32_t n_produced, Epd__FinishReason finish);
+/* The Abort that tells P to stop writing for `req` (its pid, on our link to
+ * it), unless P is done with it. */
+void epd__decode_abort_p(epd_decode_request_t *req, epd_status_t status, const char *reason);
+/* Sends what a failed request still owes (req->owe), each once. */
+void epd__decode_send_owed(epd_decode_request_t *req);
+/* A RUNNING request's sequence came back for good: its end goes out
+ * (tokens and finish, or the engine's error). */
+void epd__decode_finish_run(epd_decode_srv_t *srv, epd_decode_request_t *req);
+/* The KvReservation of req's prefill (its pid, prompt blocks, slot) on our
+ * link to its prefill worker. */
+epd_status_t epd__decode_send_reservation(epd_decode_srv_t *srv, const epd_decode_request_t *req);
+/* A resume (rules 32-33): GenerateRequest{pid, prompt + the n_resume
+ * generated tokens, resume_generated = n_resume, its sampling, us as its
+ * decode worker, what is left of its deadline} to its prefill worker. */
+epd_status_t epd__decode_send_resume(epd_decode_srv_t *srv, const epd_decode_request_t *req,
+                                     uint64_t now_ns);
+
+/* ---- epd_decode_admit.c ---- */
+/* Admits a checked GenerateRequest `env` from `client` bound to `peer`
+ * (the caller's reference becomes the request's on success): its memory,
+ * its blocks (rule 3; KV on demand: rule 30), the request RESERVED in both
+ * tables.  EPD_OK, or EPD_ERR_NO_CAPACITY / EPD_ERR_EXISTS /
+ * EPD_ERR_NO_MEMORY with *why_p (nothing kept). */
+epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
+                               const epd_sample_params_t *sp, epd_link_t *client, epd_peer_t *peer,
+                               uint64_t t_recv, epd_decode_request_t **req_p, const char **why_p);
+/* Is request `id` live here (a GenerateRequest with it is a duplicate)? */
+int epd__decode_admit_live(const epd_decode_srv_t *srv, uint64_t id);
+/* GenerateRequest `env` was refused here with `status` (`why`): its
+ * prefill worker, when it can be named, hears it too (KvRefused), so that
+ * it does not wait for a reservation. */
+void epd__decode_admit_refused(epd_decode_srv_t *srv, const Epd__Envelope *env,
+                               epd_status_t status, const char *why);
+
+/* ---- epd_decode_kv.c ---- */
+/* Blocks a request of n_prompt + max_tokens tokens takes at admission:
+ * all of them up front (grows 0), else the prompt plus srv->headroom
+ * tokens; a resume holding n_known tokens (prompt + generated) likewise. */
+uint32_t epd__decode_kv_admit_blocks(const epd_decode_srv_t *srv, uint32_t n_known,
+                                     uint32_t n_prompt, uint32_t max_tokens, int grows);
+/* May a new request be admitted for n_blocks now (KV on demand: nothing
+ * waits to grow or resume, and a watermark of 1% of the pool stays)? */
+int epd__decode_kv_may_admit(const epd_decode_srv_t *srv, uint32_t n_blocks);
+/* Grows a RUNNING request's blocks ahead of its produced tokens (up to
+ * srv->headroom tokens of room when the pool has them) and publishes
+ * them to its sequence.  0: its next step is covered; -1: the pool lacks
+ * req->short_by blocks for it. */
+int epd__decode_kv_grow(epd_decode_srv_t *srv, epd_decode_request_t *req);
+/* The preemption victim (rule 31): the newest READY or RUNNING request
+ * that grows and is not leaving already; NULL when none. */
+epd_decode_request_t *epd__decode_kv_victim(epd_decode_srv_t *srv);
+/* Marks req as waiting (or no longer) for the blocks of its next step,
+ * kept in srv->n_hungry. */
+void epd__decode_kv_hungry(epd_decode_srv_t *srv, epd_decode_request_t *req, int hungry);
+/* Blocks the hungry requests lack, all together. */
+uint64_t epd__decode_kv_short(const epd_decode_srv_t *srv);
+/* The queue of PREEMPTED requests, oldest (first arrival) first. */
+void epd__decode_kv_queue(epd_decode_srv_t *srv, epd_decode_request_t *req);
+void epd__decode_kv_unqueue(epd_decode_srv_t *srv, epd_decode_request_t *req);
+/* A fresh id for req's next prefill (63 random bits, not live here) and
+ * req->pent re-keyed under it in srv->by_pid. */
+void epd__decode_kv_new_pid(epd_decode_srv_t *srv, epd_decode_request_t *req);
+
 /* ---- epd_decode_msg.c (the daemon's on_msg) ---- */
 int epd__decode_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env);
 
@@ -226,13 +354,6 @@ epd_status_t epd__decode_reqs_init(epd_decode_srv_t *srv);
 /* Frees every request (after epd_daemon_serve returned: the compute thread
  * is joined, the endpoints are closed). */
 void epd__decode_reqs_cleanup(epd_decode_srv_t *srv);
-/* Is request `id` live here? */
-int epd__decode_req_live(const epd_decode_srv_t *srv, uint64_t id);
-/* The message layer refused GenerateRequest `env` with `status` (`why`):
- * its prefill worker, when it can be named, hears it too (KvRefused), so
- * that it does not wait for a reservation. */
-void epd__decode_req_refused(epd_decode_srv_t *srv, const Epd__Envelope *env, epd_status_t status,
-                             const char *why);
 /* A checked GenerateRequest from `from` (sampling parameters in *sp). */
 void epd__decode_req_generate(epd_decode_srv_t *srv, epd_link_t *from, const Epd__Envelope *env,
                               const epd_sample_params_t *sp);
@@ -261,7 +382,6 @@ void epd__decode_req_on_peer_dead(void *arg, epd_peer_t *peer, epd_status_t stat
 void epd__decode_req_on_peer_closed(void *arg, epd_peer_t *peer);
 int epd__decode_req_on_pump(void *arg);
 void epd__decode_req_on_tick(void *arg, uint64_t now_ns);
-void epd__decode_req_load(void *arg, epd_daemon_load_t *load_p);
-void epd__decode_req_on_stop(void *arg);
+
 
 #endif

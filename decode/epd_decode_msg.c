@@ -67,7 +67,7 @@ static epd_status_t epd_decode_check_generate_msg(const epd_decode_srv_t *srv,
         return EPD_ERR_DRAINING;
     }
     *tell_p = 0;
-    if (epd__decode_req_live(srv, g->request_id)) {
+    if (epd__decode_admit_live(srv, g->request_id)) {
         *why_p = "request id already live";
         return EPD_ERR_EXISTS;
     }
@@ -93,7 +93,7 @@ static void epd_decode_on_generate(epd_decode_srv_t *srv, epd_link_t *from,
     if (st != EPD_OK) {
         epd_decode_refuse(srv, from, env, g->request_id, st, why);
         if (tell) {
-            epd__decode_req_refused(srv, env, st, why);
+            epd__decode_admit_refused(srv, env, st, why);
         }
         return;
     }

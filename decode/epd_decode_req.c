@@ -16,6 +16,12 @@
  *                until nothing of P can land — its WritesQuiesced or
  *                PrefillComplete, or every endpoint of its incarnation
  *                closed (on_peer_closed)
+ *   PREEMPTED    KV on demand (rules 30-32): it gave its blocks back to an
+ *                older request; its tokens so far went to the client; it
+ *                waits, oldest first, until the pool holds prompt +
+ *                generated + headroom again, then P prefills all of it once
+ *                more (RESERVED, under a fresh prefill-side id) and the
+ *                stream goes on where it stopped
  *   DONE         blocks FREE; freed at once
  *
  * Every transition is made by epd_decode_step (one switch) from the facts
@@ -29,6 +35,12 @@
  * step.  Messages never wait (the links queue them, in order); a READY
  * request that finds the compute queue full parks on the blocked list,
  * retried after the compute thread's next wake-up and on the tick.
+ *
+ * KV on demand: a RUNNING request's step grows its blocks as its tokens
+ * come (epd_decode_kv.c); one whose next step finds no block is hungry and
+ * marks victims, newest first, until the blocks on their way back cover
+ * what the hungry lack; blocks coming free wake the hungry, then the
+ * oldest PREEMPTED request (srv->freed, from the pump).
  */
 #include <assert.h>
 #include <stdio.h>
@@ -40,11 +52,6 @@
 #include "epd_time.h"
 
 /* ------------------------------------------------------------ bookkeeping */
-
-int epd__decode_req_live(const epd_decode_srv_t *srv, uint64_t id)
-{
-    return epd_reqtab_find_req(&srv->reqs, id, 0) != NULL;
-}
 
 /* Marks a request for a step at the top of the loop. */
 static void epd_decode_dirty(epd_decode_srv_t *srv, epd_decode_request_t *req)
@@ -71,13 +78,13 @@ static void epd_decode_refuse(epd_decode_srv_t *srv, epd_link_t *to, const Epd__
 typedef epd_status_t (*epd_decode_blk_op_t)(epd_decode_blocks_t *blocks, uint64_t owner,
                                             const uint32_t *ids, uint32_t n, uint32_t slot);
 
-/* Moves the blocks of `req` with its state: a refusal is a broken
- * invariant of this file, never input (the allocator changed nothing: a
- * block stays unavailable, never free too early). */
-static void epd_decode_blocks_to(epd_decode_srv_t *srv, const epd_decode_request_t *req,
+/* Moves the blocks of `req` with its state (its own: a cached head is lent,
+ * never owned): a refusal is a broken invariant of this file, never input
+ * (the allocator changed nothing: a block stays unavailable, never free
+ * too early). */
+static void epd_decode_blocks_to(epd_decode_srv_t *srv, epd_decode_request_t *req,
                                  epd_decode_blk_op_t op, const char *name)
 {
-    /* the request's own blocks: the cached head is lent, never owned */
     epd_status_t st = op(srv->blocks, req->id, req->blocks + req->n_cached,
                          req->n_blocks - req->n_cached, req->slot);
 
@@ -86,91 +93,16 @@ static void epd_decode_blocks_to(epd_decode_srv_t *srv, const epd_decode_request
                       epd_status_string(st));
     }
     assert(st == EPD_OK);
-}
-
-/* ---------------------------------------------------------------- sending */
-
-/* Streams the tokens produced since the last chunk and, with `finish`,
- * ends the stream: the client's final answer. */
-static void epd_decode_stream(epd_decode_request_t *req, uint32_t n_produced,
-                              Epd__FinishReason finish)
-{
-    if (req->client_done) {
-        return;
+    if (op == epd_decode_blocks_retire || op == epd_decode_blocks_release ||
+        op == epd_decode_blocks_unreserve) {
+        /* they are free: whoever waits for blocks looks again (the pump) */
+        srv->blocks_incoming -= req->incoming;
+        req->incoming = 0;
+        req->n_blocks = 0;
+        req->slot = EPD_DECODE_NO_SLOT;
+        srv->freed = 1;
+        epd_daemon_kick(srv->d);
     }
-    while (req->n_sent < n_produced || finish != EPD__FINISH_REASON__FINISH_NONE) {
-        Epd__TokenChunk c = EPD__TOKEN_CHUNK__INIT;
-        uint32_t n = n_produced - req->n_sent;
-        int last;
-
-        if (n > EPD_DECODE_CHUNK_MAX) {
-            n = EPD_DECODE_CHUNK_MAX;
-        }
-        last = req->n_sent + n == n_produced;
-        c.request_id = req->id;
-        c.index = req->n_sent;
-        /* int32_t and uint32_t may alias; token ids are < vocab */
-        c.tokens = (uint32_t *)(uintptr_t)(req->seq.tokens + req->n_sent);
-        c.n_tokens = n;
-        c.finish = last ? finish : EPD__FINISH_REASON__FINISH_NONE;
-        /* a link that failed tells us through on_link_down */
-        (void)epd_link_send(req->client, EPD__ENVELOPE__BODY_TOKENS, &c, 0);
-        req->n_sent += n;
-        if (last) {
-            break;
-        }
-    }
-    if (finish != EPD__FINISH_REASON__FINISH_NONE) {
-        req->client_done = 1;
-    }
-}
-
-/* The Abort that tells P to stop writing for `req` (on our link to it). */
-static void epd_decode_abort_p(epd_decode_request_t *req, epd_status_t status, const char *reason)
-{
-    req->abort_sent_ns = epd_time_now_ns();
-    if (!req->p_done && epd_peer_usable(req->peer)) {
-        (void)epd_link_send_abort(epd_peer_link(req->peer), req->id, status, reason);
-    }
-}
-
-/* Sends what a failed request still owes, each once. */
-static void epd_decode_send_owed(epd_decode_request_t *req)
-{
-    if ((req->owe & EPD_DECODE_TELL_CLIENT) != 0 && !req->client_done) {
-        (void)epd_link_send_error(req->client, req->id, req->fail_status, req->fail_msg,
-                                  req->culprit[0] != '\0' ? req->culprit : NULL);
-        req->client_done = 1;
-    }
-    if ((req->owe & EPD_DECODE_END_CLIENT) != 0) {
-        epd_decode_stream(req, req->n_sent, EPD__FINISH_REASON__FINISH_ABORT);
-    }
-    req->client_done = 1;
-    if ((req->owe & EPD_DECODE_ABORT_P) != 0) {
-        epd_decode_abort_p(req, req->p_status, req->p_reason);
-    }
-    req->owe = 0;
-}
-
-/* The KvReservation for `req`, on our link to its prefill worker. */
-static epd_status_t epd_decode_send_reservation(epd_decode_srv_t *srv, epd_decode_request_t *req)
-{
-    Epd__KvReservation kr = EPD__KV_RESERVATION__INIT;
-
-    kr.request_id = req->id;
-    kr.n_block_ids = req->n_prompt_blocks;
-    kr.block_ids = req->blocks;
-    kr.state_slot = req->seq.slot;
-    kr.rkey.data = srv->rkey;
-    kr.rkey.len = srv->rkey_len;
-    kr.region_size = epd_xport_mr_size(srv->mr);
-    kr.layout = &srv->layout_msg;
-    kr.lease_ms = srv->lease_ms;
-    kr.pool_blocks = srv->pool.n_blocks;
-    kr.pool_state_slots = srv->pool.n_state_slots;
-    kr.cached_blocks = req->n_cached;
-    kr.stamped_sums = 1; /* we check either kind */
-    return epd_link_send(epd_peer_link(req->peer), EPD__ENVELOPE__BODY_RESERVATION, &kr, 0);
 }
 
 /* ---------------------------------------------------------------- failure */
@@ -184,9 +116,11 @@ static epd_status_t epd_decode_send_reservation(epd_decode_srv_t *srv, epd_decod
 static void epd_decode_fail(epd_decode_srv_t *srv, epd_decode_request_t *req, epd_status_t status,
                             const char *msg, unsigned owe)
 {
-    if (req->fail_status != EPD_OK || req->state == EPD_DECODE_REQ_DONE) {
+    if (req->state == EPD_DECODE_REQ_DONE || (req->fail_status != EPD_OK && !req->resume_again)) {
         return;
     }
+    /* a real end overrides a resume that was to be retried */
+    req->resume_again = 0;
     req->fail_status = status != EPD_OK ? status : EPD_ERR_FATAL;
     snprintf(req->fail_msg, sizeof(req->fail_msg), "%s", msg);
     req->p_status = req->fail_status;
@@ -225,8 +159,12 @@ static void epd_decode_fail_kv(epd_decode_srv_t *srv, epd_decode_request_t *req,
 static void epd_decode_check_lend(epd_decode_srv_t *srv, epd_decode_request_t *req, uint32_t layer)
 {
     epd_decode_vjob_t *j = &req->vjobs[layer];
-    epd_kv_stamp_expect_t x = {
-        .req_id = req->id, .tag = srv->stamp_tag, .n_tokens = req->n_prompt, .full = srv->verify_full};
+    /* P knows the request by its prefill-side id and wrote prompt + the
+     * tokens of a resume */
+    epd_kv_stamp_expect_t x = {.req_id = req->pid,
+                               .tag = srv->stamp_tag,
+                               .n_tokens = req->n_prompt + req->n_resume,
+                               .full = srv->verify_full};
 
     epd_decode_vjob_init(j, req, layer, req->kv.sums[layer], (epd_kv_sum_kind_t)req->kv.kind,
                          req->blocks, req->n_prompt_blocks, req->seq.slot, &x);
@@ -242,53 +180,18 @@ static void epd_decode_check_lend(epd_decode_srv_t *srv, epd_decode_request_t *r
 
 /* ------------------------------------------------------------------- step */
 
-/* A RUNNING request's sequence came back for good: its end goes out. */
-static void epd_decode_finish_run(epd_decode_srv_t *srv, epd_decode_request_t *req)
-{
-    uint32_t n = atomic_load_explicit(&req->seq.n_produced, memory_order_acquire);
-    epd_decode_finish_t fin =
-        (epd_decode_finish_t)atomic_load_explicit(&req->seq.finish, memory_order_acquire);
-
-    switch (fin) {
-    case EPD_DECODE_FINISH_LENGTH:
-    case EPD_DECODE_FINISH_STOP:
-        epd_decode_stream(req, n,
-                          fin == EPD_DECODE_FINISH_STOP ? EPD__FINISH_REASON__FINISH_STOP
-                                                        : EPD__FINISH_REASON__FINISH_LENGTH);
-        epd_daemon_counts(srv->d)->served++;
-        break;
-    case EPD_DECODE_FINISH_ABORT:
-        /* asked by the loop: the client was answered then (or is gone) */
-        epd_decode_stream(req, req->n_sent, EPD__FINISH_REASON__FINISH_ABORT);
-        break;
-    case EPD_DECODE_FINISH_ERROR:
-    case EPD_DECODE_FINISH_NONE:
-        epd_log_error(EPD_DECODE_LOG, req->id, "generation failed: %s",
-                      epd_status_string(req->seq.error));
-        if (!req->client_done) {
-            (void)epd_link_send_error(req->client, req->id,
-                                      req->seq.error != EPD_OK ? req->seq.error : EPD_ERR_FATAL,
-                                      "decode step failed", NULL);
-            req->client_done = 1;
-        }
-        epd_daemon_counts(srv->d)->failed++;
-        break;
-    }
-    epd_log_debug(EPD_DECODE_LOG, req->id, "finished after %u tokens", n);
-}
-
 /* RESERVED -> READY (or DONE when the first token ends it): the blocks are
- * P's no more; the first token goes out. */
+ * P's no more; the first token goes out (a resume's: generated token
+ * n_resume, where the stream stopped). */
 static void epd_decode_activate(epd_decode_srv_t *srv, epd_decode_request_t *req)
 {
     epd_decode_blocks_to(srv, req, epd_decode_blocks_activate, "activate");
-    /* received: what prefill wrote (not the cached head it skipped) */
     srv->kv_bytes_received += req->kv.bytes - epd__decode_cache_head_bytes(srv, req);
     /* the decode side holds all of the prompt's KV, verified: the end of the
      * transfer (epd-bench overhead measures up to here) */
     req->t_join_ns = epd_time_now_ns();
     epd_trace_instant(srv->trace, "KV held", "xfer", req->id, -1, req->t_join_ns);
-    epd_decode_stream(req, 1, (Epd__FinishReason)req->first_finish);
+    epd__decode_stream(req, req->n_resume + 1, (Epd__FinishReason)req->first_finish);
     if (req->first_finish != EPD__FINISH_REASON__FINISH_NONE) {
         epd__decode_cache_finished(srv, req);
         epd_decode_blocks_to(srv, req, epd_decode_blocks_retire, "retire");
@@ -315,6 +218,108 @@ static int epd_decode_join(epd_decode_srv_t *srv, epd_decode_request_t *req)
 }
 
 /*
+ * A RUNNING request's next step lacks blocks (rule 31): while the blocks
+ * the hungry lack exceed the free ones and those already on their way
+ * back, the newest request that grows gives its blocks back — possibly
+ * the hungry one itself.  The victims' own steps do the rest.
+ */
+static void epd_decode_reclaim(epd_decode_srv_t *srv)
+{
+    uint64_t need = epd__decode_kv_short(srv);
+    uint64_t have = (uint64_t)epd_decode_blocks_free(srv->blocks) + srv->blocks_incoming;
+    epd_decode_request_t *v;
+
+    while (need > have && (v = epd__decode_kv_victim(srv)) != NULL) {
+        v->preempt = 1;
+        if (v->hungry) {
+            need -= v->short_by;
+            epd__decode_kv_hungry(srv, v, 0);
+        }
+        v->incoming = v->n_blocks;
+        srv->blocks_incoming += v->n_blocks;
+        have += v->n_blocks;
+        srv->preemptions++;
+        epd_log_debug(EPD_DECODE_LOG, v->id,
+                      "preempted after %u tokens: its %u blocks go to older requests",
+                      atomic_load(&v->seq.n_produced), v->n_blocks);
+        epd_decode_dirty(srv, v);
+    }
+}
+
+/* -> PREEMPTED: the blocks are free, the request waits to be resumed. */
+static void epd_decode_preempted(epd_decode_srv_t *srv, epd_decode_request_t *req)
+{
+    epd_decode_blocks_to(srv, req, epd_decode_blocks_retire, "retire");
+    req->preempt = 0;
+    req->abort_asked = 0;
+    req->compute_done = 0;
+    epd__decode_kv_queue(srv, req);
+    req->state = EPD_DECODE_REQ_PREEMPTED;
+}
+
+/*
+ * PREEMPTED -> RESERVED (rule 32): blocks for prompt + the tokens made so
+ * far + headroom, a fresh prefill-side id, and P asked to prefill all of
+ * it again (GenerateRequest, then the KvReservation).  EPD_OK;
+ * EPD_ERR_NO_CAPACITY (not yet: nothing changed); another error with
+ * *why_p (the request fails).
+ */
+static epd_status_t epd_decode_resume(epd_decode_srv_t *srv, epd_decode_request_t *req,
+                                      const char **why_p)
+{
+    const epd_kv_layout_t *kv = &srv->info->kv;
+    /* every token made so far went out to the client */
+    uint32_t k = atomic_load_explicit(&req->seq.n_produced, memory_order_acquire);
+    uint32_t n_blocks = epd__decode_kv_admit_blocks(srv, req->n_prompt + k, req->n_prompt,
+                                                    req->max_tokens, 1);
+    uint64_t now = epd_time_now_ns();
+    epd_status_t st;
+
+    if (!epd_peer_usable(req->peer)) {
+        *why_p = "its prefill worker is gone: the preempted request cannot resume";
+        return EPD_ERR_PEER_DEAD;
+    }
+    if (n_blocks > epd_decode_blocks_free(srv->blocks)) {
+        return EPD_ERR_NO_CAPACITY;
+    }
+    st = epd_decode_blocks_reserve(srv->blocks, req->id, n_blocks, kv->n_linear_layers > 0,
+                                   req->blocks, &req->slot);
+    if (st != EPD_OK) {
+        return st == EPD_ERR_NO_CAPACITY ? st : (*why_p = "reservation failed", st);
+    }
+    epd__decode_kv_new_pid(srv, req);
+    req->n_blocks = n_blocks;
+    req->n_resume = k;
+    req->n_prompt_blocks = (uint32_t)epd_decode_div_up((uint64_t)req->n_prompt + k,
+                                                       kv->block_tokens);
+    req->p_done = req->p_closed = req->kv_verified = req->resv_unsent = 0;
+    /* a fresh verification (no check is out: the request ran) */
+    req->pc_seen = 0;
+    req->kv.n_ok = 0;
+    req->kv.n_checking = 0;
+    req->kv.kind = -1;
+    req->kv.bytes = 0;
+    memset(req->kv.state, 0, kv->n_layers);
+    req->lease_ns = now + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
+    req->lease_cap_ns = req->lease_ns + 3 * (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
+    epd_decode_seq_init(&req->seq, k + 1, n_blocks);
+    req->seq.slot = req->slot == EPD_DECODE_NO_SLOT ? 0 : req->slot;
+    srv->recomputed_tokens += (uint64_t)req->n_prompt + k;
+    req->state = EPD_DECODE_REQ_RESERVED;
+    if (epd__decode_send_resume(srv, req, now) != EPD_OK ||
+        epd__decode_send_reservation(srv, req) != EPD_OK) {
+        /* P holds no reservation of it: unreserved by the step */
+        req->resv_unsent = 1;
+        *why_p = "cannot reach its prefill worker to resume it";
+        return EPD_ERR_UNREACHABLE;
+    }
+    epd_log_debug(EPD_DECODE_LOG, req->id,
+                  "resumed after %u tokens: %u blocks, prefill-side id %llu on %s", k, n_blocks,
+                  (unsigned long long)req->pid, epd_peer_id(req->peer));
+    return EPD_OK;
+}
+
+/*
  * Moves a request as far as its facts allow: the only place its state (and
  * that of its blocks) changes.
  */
@@ -327,13 +332,13 @@ static void epd_decode_step(epd_decode_srv_t *srv, epd_decode_request_t *req)
         case EPD_DECODE_REQ_RESERVED:
             if (req->fail_status != EPD_OK && req->resv_unsent) {
                 /* P never saw the reservation: nothing can land */
-                epd_decode_send_owed(req);
+                epd__decode_send_owed(req);
                 epd_decode_blocks_to(srv, req, epd_decode_blocks_unreserve, "unreserve");
                 req->state = EPD_DECODE_REQ_DONE;
             } else if (req->fail_status != EPD_OK || req->p_closed) {
-                epd_decode_send_owed(req);
+                epd__decode_send_owed(req);
                 epd_decode_blocks_to(srv, req, epd_decode_blocks_quarantine, "quarantine");
-                req->client_done = 1;
+                req->client_done = req->client_done || !req->resume_again;
                 req->abort_sent_ns = epd_time_now_ns(); /* the next Abort after a lease */
                 req->state = EPD_DECODE_REQ_QUARANTINED;
             } else if (req->kv_verified) {
@@ -342,31 +347,98 @@ static void epd_decode_step(epd_decode_srv_t *srv, epd_decode_request_t *req)
             break;
         case EPD_DECODE_REQ_READY:
             if (req->fail_status != EPD_OK) {
-                epd_decode_send_owed(req);
+                epd__decode_send_owed(req);
                 epd_decode_blocks_to(srv, req, epd_decode_blocks_retire, "retire");
                 srv->n_ready--;
                 req->state = EPD_DECODE_REQ_DONE;
+            } else if (req->preempt) {
+                /* never ran: its first token (or the resumed one) is out */
+                epd_reqtab_unlist(&srv->reqs, &req->ent);
+                srv->n_ready--;
+                epd_decode_preempted(srv, req);
             } else if (epd_decode_join(srv, req) != 0) {
                 return; /* waits for room */
             }
             break;
         case EPD_DECODE_REQ_RUNNING:
-            if (req->fail_status != EPD_OK && !req->abort_asked) {
+            if (!req->abort_asked && (req->fail_status != EPD_OK || req->preempt)) {
                 /* leaves at the next step boundary; its final entry frees it */
-                epd_decode_send_owed(req);
+                if (req->fail_status != EPD_OK) {
+                    epd__decode_send_owed(req);
+                }
                 epd_decode_seq_abort(&req->seq);
+                if (srv->batch != NULL) {
+                    epd_decode_batch_kick(srv->batch); /* it may sleep: all wait for blocks */
+                }
                 req->abort_asked = 1;
             }
             if (req->compute_done) {
-                epd_decode_finish_run(srv, req);
+                epd__decode_kv_hungry(srv, req, 0);
+                if (req->preempt && req->fail_status == EPD_OK &&
+                    atomic_load(&req->seq.finish) == EPD_DECODE_FINISH_ABORT) {
+                    /* what it made so far is final: the client has it now */
+                    epd__decode_stream(req, atomic_load(&req->seq.n_produced),
+                                      EPD__FINISH_REASON__FINISH_NONE);
+                    epd_decode_preempted(srv, req);
+                    break;
+                }
+                epd__decode_finish_run(srv, req);
                 epd__decode_cache_finished(srv, req);
                 epd_decode_blocks_to(srv, req, epd_decode_blocks_retire, "retire");
                 req->state = EPD_DECODE_REQ_DONE;
+            } else if (req->grows && !req->preempt && req->fail_status == EPD_OK) {
+                int short_now = epd__decode_kv_grow(srv, req) != 0;
+
+                epd__decode_kv_hungry(srv, req, short_now);
+                if (short_now) {
+                    epd_decode_reclaim(srv);
+                }
             }
             break;
         case EPD_DECODE_REQ_QUARANTINED:
-            if (req->p_done || req->p_closed) {
+            if (req->owe != 0) {
+                epd__decode_send_owed(req); /* an end that came while a resume waited */
+            }
+            /* its prefill incarnation's word, or it retired and is fenced
+             * (proto/README.md rule 29); a resume to retry waits for its
+             * checks to come back: on_verified steps it */
+            if ((req->p_done || (req->p_closed && epd_peer_fenced(req->peer))) &&
+                !(req->resume_again && req->v_lent > 0)) {
                 epd_decode_blocks_to(srv, req, epd_decode_blocks_release, "release");
+                if (req->resume_again) {
+                    /* its resume's prefill had no room: in line again */
+                    req->resume_again = 0;
+                    req->fail_status = EPD_OK;
+                    req->owe = 0;
+                    epd__decode_kv_queue(srv, req);
+                    req->state = EPD_DECODE_REQ_PREEMPTED;
+                    break;
+                }
+                req->state = EPD_DECODE_REQ_DONE;
+            }
+            break;
+        case EPD_DECODE_REQ_PREEMPTED:
+            if (req->fail_status == EPD_OK && srv->n_hungry == 0 && srv->pre_head == req) {
+                const char *why = NULL;
+                epd_status_t st = epd_decode_resume(srv, req, &why);
+
+                if (st == EPD_OK || req->state == EPD_DECODE_REQ_RESERVED) {
+                    epd__decode_kv_unqueue(srv, req);
+                    if (srv->pre_head != NULL) {
+                        epd_decode_dirty(srv, srv->pre_head); /* the next in line may fit too */
+                    }
+                }
+                if (st != EPD_OK && st != EPD_ERR_NO_CAPACITY) {
+                    epd_decode_fail(srv, req, st, why, EPD_DECODE_TELL_CLIENT);
+                }
+                if (req->state == EPD_DECODE_REQ_RESERVED) {
+                    break;
+                }
+            }
+            if (req->fail_status != EPD_OK) {
+                /* nothing of it is anywhere: no blocks, no prefill at work */
+                epd__decode_kv_unqueue(srv, req);
+                epd__decode_send_owed(req);
                 req->state = EPD_DECODE_REQ_DONE;
             }
             break;
@@ -382,15 +454,17 @@ static void epd_decode_step(epd_decode_srv_t *srv, epd_decode_request_t *req)
 /* A DONE request: out of every list, its references dropped, freed. */
 static void epd_decode_destroy(epd_decode_srv_t *srv, epd_decode_request_t *req)
 {
+    epd__decode_kv_hungry(srv, req, 0);
+    epd__decode_kv_unqueue(srv, req);
     epd_reqtab_remove(&srv->reqs, &req->ent);
     epd__decode_cache_drop(srv, req);
+    epd_reqtab_remove(&srv->by_pid, &req->pent);
     epd_link_unref(req->client);
     epd_peer_unref(req->peer);
     epd_free(req);
 }
 
-/* Steps one request and frees it when it is done.  Never nested inside a
- * daemon upcall that may run inside a message handler. */
+/* Steps one request and frees it when it is done. */
 static void epd_decode_advance(epd_decode_srv_t *srv, epd_decode_request_t *req)
 {
     epd_decode_step(srv, req);
@@ -400,120 +474,35 @@ static void epd_decode_advance(epd_decode_srv_t *srv, epd_decode_request_t *req)
     }
 }
 
+/* The dirty requests, then — when blocks came free — those that wait for
+ * them: the hungry (RUNNING), then the oldest PREEMPTED, which passes it on
+ * to the next when it resumed.  Never nested inside a daemon upcall that
+ * may run inside a message handler. */
 static void epd_decode_run_dirty(epd_decode_srv_t *srv)
 {
     epd_decode_request_t *req;
 
-    while ((req = epd_reqtab_pop_dirty_req(&srv->reqs)) != NULL) {
-        epd_decode_advance(srv, req);
+    for (;;) {
+        while ((req = epd_reqtab_pop_dirty_req(&srv->reqs)) != NULL) {
+            epd_decode_advance(srv, req);
+        }
+        if (!srv->freed) {
+            return;
+        }
+        srv->freed = 0;
+        for (req = epd_reqtab_first_req(&srv->reqs); req != NULL && srv->n_hungry > 0;
+             req = epd_reqtab_next_req(&srv->reqs, req)) {
+            if (req->hungry) {
+                epd_decode_dirty(srv, req);
+            }
+        }
+        if (srv->pre_head != NULL) {
+            epd_decode_dirty(srv, srv->pre_head);
+        }
     }
 }
 
 /* -------------------------------------------------------------- admission */
-
-/* Admits a checked GenerateRequest bound to `peer` (the caller's reference
- * becomes the request's on success): blocks, the request in the table.
- * EPD_OK, or EPD_ERR_NO_CAPACITY / EPD_ERR_NO_MEMORY with *why_p (nothing
- * kept). */
-static epd_status_t epd_decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
-                                     const epd_sample_params_t *sp, epd_link_t *client,
-                                     epd_peer_t *peer, uint64_t t_recv,
-                                     epd_decode_request_t **req_p, const char **why_p)
-{
-    const Epd__GenerateRequest *g = env->generate;
-    const epd_kv_layout_t *kv = &srv->info->kv;
-    uint64_t n_total = (uint64_t)g->n_prompt_tokens + g->sampling->max_tokens;
-    uint32_t n_blocks = (uint32_t)epd_decode_div_up(n_total, kv->block_tokens);
-    uint32_t n_stop = (uint32_t)g->sampling->n_stop_token_ids;
-    epd_decode_request_t *req;
-    epd_status_t st;
-    size_t sz;
-
-    /* one allocation: the struct, the per-layer checks and sums (8-aligned
-     * right after it), tokens, block ids, stop ids, per-layer states */
-    sz = sizeof(*req) + (size_t)kv->n_layers * (sizeof(epd_decode_vjob_t) + sizeof(uint64_t)) +
-         (size_t)g->sampling->max_tokens * sizeof(int32_t) + (size_t)n_blocks * sizeof(uint32_t) +
-         (size_t)n_stop * sizeof(uint32_t) + kv->n_layers;
-    req = epd_calloc(1, sz);
-    if (req == NULL) {
-        *why_p = "out of memory";
-        return EPD_ERR_NO_MEMORY;
-    }
-    req->vjobs = (epd_decode_vjob_t *)(req + 1);
-    req->kv.sums = (uint64_t *)(req->vjobs + kv->n_layers);
-    req->seq.tokens = (int32_t *)(req->kv.sums + kv->n_layers);
-    req->blocks = (uint32_t *)(req->seq.tokens + g->sampling->max_tokens);
-    req->stop_ids = req->blocks + n_blocks;
-    req->kv.state = (uint8_t *)(req->stop_ids + n_stop);
-    req->kv.kind = -1;
-    st = epd__decode_cache_reserve(srv, req, g, n_blocks); /* a cached head, then fresh blocks */
-    if (st != EPD_OK) {
-        epd__decode_cache_drop(srv, req);
-        epd_free(req);
-        *why_p = st != EPD_ERR_NO_CAPACITY ? "reservation failed"
-                 : n_blocks > srv->pool.n_blocks
-                     ? "request needs more KV blocks than the whole pool"
-                     : "not enough free KV blocks or state slots";
-        return st;
-    }
-    req->id = g->request_id;
-    req->state = EPD_DECODE_REQ_RESERVED;
-    req->srv = srv;
-    req->client = client;
-    epd_link_ref(client);
-    req->client_hash = epd_hash64(env->sender->worker_id, strlen(env->sender->worker_id), 0);
-    req->peer = peer;
-    req->n_prompt = (uint32_t)g->n_prompt_tokens;
-    req->max_tokens = g->sampling->max_tokens;
-    req->n_blocks = n_blocks;
-    req->n_prompt_blocks = (uint32_t)epd_decode_div_up(req->n_prompt, kv->block_tokens);
-    req->n_stop = n_stop;
-    req->protocol_only = g->protocol_only;
-    if (n_stop > 0) {
-        memcpy(req->stop_ids, g->sampling->stop_token_ids, n_stop * sizeof(uint32_t));
-    }
-    req->fail_status = EPD_OK;
-    req->t_recv_ns = t_recv;
-    req->lease_ns = epd_time_now_ns() + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
-    req->lease_cap_ns = req->lease_ns + 3 * (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
-    /* a budget beyond a day is as good as none (and must not overflow) */
-    req->deadline_ns = g->deadline_ms > 0 && g->deadline_ms <= 86400000ULL
-                           ? t_recv + g->deadline_ms * EPD_NSEC_PER_MSEC
-                           : 0;
-    epd_decode_seq_init(&req->seq);
-    req->seq.req_id = req->id;
-    req->seq.block_table = req->blocks;
-    req->seq.n_blocks = n_blocks;
-    req->seq.slot = req->slot == EPD_DECODE_NO_SLOT ? 0 : req->slot;
-    req->seq.n_prompt = req->n_prompt;
-    req->seq.max_tokens = req->max_tokens;
-    req->seq.sp = *sp;
-    req->seq.stop_ids = req->stop_ids;
-    req->seq.n_stop = n_stop;
-    req->ent.id = req->id;
-    req->ent.sub = 0;
-    epd_reqtab_insert(&srv->reqs, &req->ent);
-    *req_p = req;
-    return EPD_OK;
-}
-
-void epd__decode_req_refused(epd_decode_srv_t *srv, const Epd__Envelope *env, epd_status_t status,
-                             const char *why)
-{
-    const Epd__GenerateRequest *g = env->generate;
-    epd_msg_epoch_t p_epoch;
-    epd_peer_t *peer = NULL;
-
-    if (!epd_decode_check_prefill_named(g)) {
-        return;
-    }
-    p_epoch = epd_msg_epoch_of(g->prefill_epoch);
-    if (epd_peer_get(srv->d, EPD__ROLE__ROLE_PREFILL, g->prefill_worker_id, &p_epoch,
-                     g->prefill_address.data, g->prefill_address.len, &peer) == EPD_OK) {
-        (void)epd_link_send_refused(epd_peer_link(peer), g->request_id, status, why);
-        epd_peer_unref(peer);
-    }
-}
 
 void epd__decode_req_generate(epd_decode_srv_t *srv, epd_link_t *from, const Epd__Envelope *env,
                               const epd_sample_params_t *sp)
@@ -537,7 +526,7 @@ void epd__decode_req_generate(epd_decode_srv_t *srv, epd_link_t *from, const Epd
                                       : "cannot reach the prefill worker");
         return;
     }
-    st = epd_decode_admit(srv, env, sp, from, peer, t_recv, &req, &why);
+    st = epd__decode_admit(srv, env, sp, from, peer, t_recv, &req, &why);
     if (st != EPD_OK) {
         epd_daemon_counts(srv->d)->refused++;
         epd_daemon_refuse_log(srv->d, g->request_id, "GenerateRequest from %s: %s (%s)",
@@ -547,12 +536,15 @@ void epd__decode_req_generate(epd_decode_srv_t *srv, epd_link_t *from, const Epd
         } else {
             (void)epd_link_send_error(from, g->request_id, st, why, NULL);
         }
-        /* P got the same request and must not wait for a reservation */
-        (void)epd_link_send_refused(epd_peer_link(peer), g->request_id, st, why);
+        /* P got the same request and must not wait for a reservation (but
+         * an id live here as another's is none of its business) */
+        if (st != EPD_ERR_EXISTS) {
+            (void)epd_link_send_refused(epd_peer_link(peer), g->request_id, st, why);
+        }
         epd_peer_unref(peer);
         return;
     }
-    if (epd_decode_send_reservation(srv, req) != EPD_OK) {
+    if (epd__decode_send_reservation(srv, req) != EPD_OK) {
         req->resv_unsent = 1;
         epd_decode_fail(srv, req, EPD_ERR_UNREACHABLE, "cannot reach the prefill worker",
                         EPD_DECODE_TELL_CLIENT);
@@ -562,8 +554,10 @@ void epd__decode_req_generate(epd_decode_srv_t *srv, epd_link_t *from, const Epd
     epd_trace_instant(srv->trace, "GenerateRequest received", "msg", req->id, -1, t_recv);
     epd_trace_span(srv->trace, "reserve", "wait", req->id, -1, t_recv, epd_time_now_ns());
     epd_trace_instant(srv->trace, "KvReservation sent", "msg", req->id, -1, epd_time_now_ns());
-    epd_log_debug(EPD_DECODE_LOG, req->id, "reserved %u blocks (%u for the prompt), slot %d for %s",
-                  req->n_blocks, req->n_prompt_blocks, (int)req->seq.slot, epd_peer_id(peer));
+    epd_log_debug(EPD_DECODE_LOG, req->id,
+                  "reserved %u blocks (%u for the prompt, %u at most), slot %d for %s",
+                  req->n_blocks, req->n_prompt_blocks, req->max_blocks, (int)req->seq.slot,
+                  epd_peer_id(peer));
 }
 
 /* ------------------------------------------------------ from the prefill */
@@ -578,7 +572,8 @@ static epd_decode_request_t *epd_decode_of_p(epd_decode_srv_t *srv, epd_link_t *
                                              const Epd__Envelope *env, uint64_t id,
                                              int answer_unknown)
 {
-    epd_decode_request_t *req = epd_reqtab_find_req(&srv->reqs, id, 0);
+    /* P knows a request by its prefill-side id (a resume's is fresh) */
+    epd_decode_request_t *req = epd_reqtab_find_req(&srv->by_pid, id, 0);
 
     if (req == NULL || req->p_done) {
         if (answer_unknown) {
@@ -624,7 +619,7 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
         epd_decode_advance(srv, req);
         return;
     }
-    if (pc->n_prompt_tokens != req->n_prompt) {
+    if (pc->n_prompt_tokens != req->n_prompt + req->n_resume) {
         st = EPD_ERR_INVALID_PARAM;
         why = "PrefillComplete: prompt length differs from the request's";
     } else if (bad != EPD_OK) {
@@ -649,11 +644,13 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
         epd_decode_advance(srv, req);
         return;
     }
-    req->seq.tokens[0] = (int32_t)pc->first_token;
+    /* the next token of the stream: the first, or where a resume stopped */
+    req->seq.tokens[req->n_resume] = (int32_t)pc->first_token;
     /* protocol only: never decode from blocks nothing was written into */
     req->first_finish = epd_decode_first_finish(pc->first_token, srv->info->eos_token,
                                                 req->stop_ids, req->n_stop,
-                                                req->protocol_only ? 1 : req->max_tokens);
+                                                req->protocol_only ? 1
+                                                                   : req->max_tokens - req->n_resume);
     req->pc_seen = 1;
     req->kv_verified = req->kv.n_ok == n_layers; /* else when the last check is back */
     epd_decode_advance(srv, req); /* the lean path: first token and the batch, right here */
@@ -724,7 +721,13 @@ void epd__decode_req_failed_by(epd_decode_srv_t *srv, epd_link_t *from, const Ep
     }
     snprintf(msg, sizeof(msg), "prefill worker %s: %s", env->sender->worker_id,
              text != NULL && text[0] != '\0' ? text : epd_status_string((epd_status_t)status));
-    if (status == EPD_ERR_CANCELED && env->body_case != EPD__ENVELOPE__BODY_REFUSED) {
+    if (req->n_resume > 0 && status == EPD_ERR_NO_CAPACITY) {
+        /* a resume its prefill worker had no room for: not the client's
+         * failure — in line again once nothing of P can land */
+        epd_log_debug(EPD_DECODE_LOG, req->id, "%s: the resume waits again", msg);
+        epd_decode_fail(srv, req, EPD_ERR_NO_CAPACITY, msg, EPD_DECODE_ABORT_P);
+        req->resume_again = 1;
+    } else if (status == EPD_ERR_CANCELED && env->body_case != EPD__ENVELOPE__BODY_REFUSED) {
         /* the client's Abort reached P first and P passed it on: end the
          * stream the way a direct Abort does */
         epd_log_debug(EPD_DECODE_LOG, id, "%s (%s)", msg, epd_msg_body_name(env));
@@ -753,13 +756,14 @@ void epd__decode_req_failed_by(epd_decode_srv_t *srv, epd_link_t *from, const Ep
 void epd__decode_req_abort(epd_decode_srv_t *srv, epd_link_t *from, const Epd__Envelope *env)
 {
     const Epd__Abort *a = env->abort;
-    epd_decode_request_t *req = epd_reqtab_find_req(&srv->reqs, a->request_id, 0);
+    epd_decode_request_t *req = epd_reqtab_find_req(&srv->by_pid, a->request_id, 0);
     const char *sid = env->sender->worker_id;
 
     if (req != NULL && !req->p_done && strcmp(epd_peer_id(req->peer), sid) == 0) {
         epd__decode_req_failed_by(srv, from, env, a->request_id, a->status, a->reason);
         return;
     }
+    req = epd_reqtab_find_req(&srv->reqs, a->request_id, 0); /* the client's id */
     if (req == NULL || req->client_done) {
         epd_decode_refuse(srv, from, env, a->request_id, EPD_ERR_NOT_FOUND, "unknown request id");
         return;
@@ -790,7 +794,7 @@ void epd__decode_req_on_batch(epd_decode_srv_t *srv)
             (epd_decode_request_t *)((char *)seq - offsetof(epd_decode_request_t, seq));
         uint32_t n = atomic_load_explicit(&seq->n_produced, memory_order_acquire);
 
-        if (req->t_join_ns != 0 && n >= 2) {
+        if (req->t_join_ns != 0 && n >= req->n_resume + 2) {
             /* from joining the batch to the loop seeing its first decoded
              * token (batch wait + one step + the hand-back) */
             epd_trace_span(srv->trace, "first decode step", "compute", req->id, -1, req->t_join_ns,
@@ -798,7 +802,10 @@ void epd__decode_req_on_batch(epd_decode_srv_t *srv)
             req->t_join_ns = 0;
         }
         if (!final) {
-            epd_decode_stream(req, n, EPD__FINISH_REASON__FINISH_NONE);
+            epd__decode_stream(req, n, EPD__FINISH_REASON__FINISH_NONE);
+            if (req->grows) {
+                epd_decode_advance(srv, req); /* its blocks keep ahead of its tokens */
+            }
             continue;
         }
         req->compute_done = 1;
@@ -873,6 +880,10 @@ void epd__decode_req_on_peer_dead(void *arg, epd_peer_t *peer, epd_status_t stat
         if (req->peer == peer && !req->p_done && req->state == EPD_DECODE_REQ_RESERVED) {
             epd_decode_fail(srv, req, EPD_ERR_PEER_DEAD, msg, EPD_DECODE_TELL_CLIENT);
             n++;
+        } else if (req->peer == peer && req->state == EPD_DECODE_REQ_PREEMPTED) {
+            /* nobody left to prefill it again */
+            epd_decode_fail(srv, req, EPD_ERR_PEER_DEAD, msg, EPD_DECODE_TELL_CLIENT);
+            n++;
         }
     }
     epd_log_warn(EPD_DECODE_LOG, 0,
@@ -892,15 +903,14 @@ void epd__decode_req_on_peer_closed(void *arg, epd_peer_t *peer)
         if (req->peer != peer || req->p_done) {
             continue;
         }
-        /* nothing of that incarnation can land any more */
+        /* nothing of it travels on an endpoint any more; its one-sided
+         * writes are the fence's (epd_peer_fenced) */
         req->p_closed = 1;
         epd_decode_advance(srv, req);
         n++;
     }
     if (n > 0) {
-        epd_log_info(EPD_DECODE_LOG, 0,
-                     "prefill worker %s: its endpoints are closed; %u requests' blocks released",
-                     epd_peer_id(peer), n);
+        epd__decode_fence_closed(srv, peer, n);
     }
 }
 
@@ -936,13 +946,18 @@ void epd__decode_req_on_tick(void *arg, uint64_t now)
             epd_decode_fail(srv, req, EPD_ERR_TIMEOUT, why,
                             EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
             epd_decode_advance(srv, req);
+        } else if (req->state == EPD_DECODE_REQ_QUARANTINED && req->p_closed) {
+            /* its writer retired: fenced by now, or asked to confirm */
+            epd__decode_fence_ask(srv, req, now);
+            epd_decode_advance(srv, req);
         } else if (req->state == EPD_DECODE_REQ_QUARANTINED && now - req->abort_sent_ns > lease &&
                    epd_peer_usable(req->peer)) {
             /* P has not confirmed yet: ask again (it answers WritesQuiesced
              * even for ids it forgot) */
-            epd_decode_abort_p(req, EPD_ERR_CANCELED, "request ended on the decode worker");
+            epd__decode_abort_p(req, EPD_ERR_CANCELED, "request ended on the decode worker");
         } else if (late &&
-                   (req->state == EPD_DECODE_REQ_READY || req->state == EPD_DECODE_REQ_RUNNING)) {
+                   (req->state == EPD_DECODE_REQ_READY || req->state == EPD_DECODE_REQ_RUNNING ||
+                    req->state == EPD_DECODE_REQ_PREEMPTED)) {
             epd_log_warn(EPD_DECODE_LOG, req->id, "request deadline passed: stopping it");
             epd_decode_fail(srv, req, EPD_ERR_TIMEOUT, "request deadline passed",
                             EPD_DECODE_TELL_CLIENT);
@@ -954,35 +969,19 @@ void epd__decode_req_on_tick(void *arg, uint64_t now)
     epd_decode_run_dirty(srv);
 }
 
-void epd__decode_req_load(void *arg, epd_daemon_load_t *load_p)
-{
-    epd_decode_srv_t *srv = arg;
-
-    load_p->queue_depth =
-        srv->n_ready + (srv->batch != NULL ? epd_decode_batch_queued(srv->batch) : 0);
-    load_p->kv_blocks_free = epd_decode_blocks_free(srv->blocks) + epd__decode_cache_evictable(srv);
-    epd__decode_cache_stats(srv, &load_p->prefix);
-    load_p->state_slots_free = epd_decode_blocks_slots_free(srv->blocks);
-    load_p->running_requests = srv->batch != NULL ? epd_decode_batch_running(srv->batch) : 0;
-    load_p->kv_bytes_received = srv->kv_bytes_received;
-}
-
-void epd__decode_req_on_stop(void *arg)
-{
-    epd_decode_srv_t *srv = arg;
-
-    /* the daemon logged the counts; what only decode knows */
-    epd_log_info(EPD_DECODE_LOG, 0, "%u requests live, %u blocks quarantined",
-                 epd_reqtab_count(&srv->reqs),
-                 epd_decode_blocks_count(srv->blocks, EPD_DECODE_BLK_QUARANTINED));
-}
-
 /* ------------------------------------------------------------------- life */
 
 epd_status_t epd__decode_reqs_init(epd_decode_srv_t *srv)
 {
-    /* every live request holds at least one block */
-    return epd_reqtab_init(&srv->reqs, srv->pool.n_blocks, offsetof(epd_decode_request_t, ent));
+    /* about one live request per block (preempted ones hold none, but
+     * wait only while others hold theirs) */
+    epd_status_t st =
+        epd_reqtab_init(&srv->reqs, srv->pool.n_blocks, offsetof(epd_decode_request_t, ent));
+
+    if (st != EPD_OK) {
+        return st;
+    }
+    return epd_reqtab_init(&srv->by_pid, srv->pool.n_blocks, offsetof(epd_decode_request_t, pent));
 }
 
 void epd__decode_reqs_cleanup(epd_decode_srv_t *srv)
@@ -996,4 +995,5 @@ void epd__decode_reqs_cleanup(epd_decode_srv_t *srv)
         epd_decode_destroy(srv, req);
     }
     epd_reqtab_cleanup(&srv->reqs);
+    epd_reqtab_cleanup(&srv->by_pid);
 }

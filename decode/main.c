@@ -31,6 +31,8 @@ typedef struct {
     int64_t max_batch;
     int64_t lease_ms;
     int prefix_cache;
+    const char *kv_reserve;
+    int64_t kv_headroom_tokens;
     const char *verify;
 } epd_decode_flags_t;
 
@@ -86,6 +88,10 @@ static epd_status_t epd_decode_pool(epd_decode_srv_t *srv, const epd_decode_flag
                       (unsigned long long)bytes, epd_status_string(st));
         return st;
     }
+    /* the fence: writes that reach this worker's check land only in blocks
+     * reserved for a request of their writer (epd_decode_fence.c); each
+     * writer gets a key of its own (epd_peer_grant, in KvReservation) */
+    epd_xport_mr_set_check(srv->mr, epd__decode_fence_check, srv);
     st = epd_xport_mr_pack(srv->mr, srv->rkey, sizeof(srv->rkey), &srv->rkey_len);
     if (st != EPD_OK) {
         epd_log_error(EPD_DECODE_LOG, 0, "cannot pack the KV pool's key: %s",
@@ -160,15 +166,18 @@ static epd_status_t epd_decode_setup(epd_decode_srv_t *srv, const epd_decode_fla
     cap.state_slots_total = n_slots;
     cap.max_batch = srv->max_batch;
     cap.max_context = srv->info->max_context;
+    cap.kv_headroom_tokens = srv->headroom;
     epd_daemon_set_capacity(srv->d, &cap);
     epd_daemon_set_kv_layout(srv->d, kv);
     epd_xport_describe(epd_daemon_xport(srv->d), desc, sizeof(desc));
     epd_log_info(EPD_DECODE_LOG, 0,
                  "pool: %u blocks of %u tokens (%llu bytes each per layer), %u state slots, "
-                 "%llu bytes; layers %s; batch up to %u; lease %u ms; verify %s; transport %s",
+                 "%llu bytes; layers %s; batch up to %u; lease %u ms; verify %s; KV %s (headroom "
+                 "%u tokens); transport %s",
                  srv->pool.n_blocks, kv->block_tokens, (unsigned long long)kv->block_bytes, n_slots,
                  (unsigned long long)srv->pool.bytes, srv->pattern, srv->max_batch, srv->lease_ms,
-                 srv->verify_full ? "full" : "stamps", desc);
+                 srv->verify_full ? "full" : "stamps",
+                 srv->headroom > 0 ? "on demand" : "reserved up front", srv->headroom, desc);
     return EPD_OK;
 }
 
@@ -196,6 +205,42 @@ static void epd_decode_on_cleanup(void *arg)
     epd_engine_close(srv->engine);
 }
 
+/* ops->load: what Health, Status and the heartbeats report. */
+static void epd_decode_load(void *arg, epd_daemon_load_t *load_p)
+{
+    epd_decode_srv_t *srv = arg;
+
+    load_p->queue_depth =
+        srv->n_ready + (srv->batch != NULL ? epd_decode_batch_queued(srv->batch) : 0);
+    /* while preempted requests wait to resume (or running ones to grow),
+     * no block is free for a new request: the router sees a full pool */
+    load_p->kv_blocks_free = srv->n_hungry > 0 || srv->pre_head != NULL
+                                 ? 0
+                                 : epd_decode_blocks_free(srv->blocks) +
+                                       epd__decode_cache_evictable(srv);
+    epd__decode_cache_stats(srv, &load_p->prefix);
+    load_p->state_slots_free = epd_decode_blocks_slots_free(srv->blocks);
+    load_p->running_requests = srv->batch != NULL ? epd_decode_batch_running(srv->batch) : 0;
+    load_p->kv_bytes_received = srv->kv_bytes_received;
+    load_p->quarantined = epd_decode_blocks_count(srv->blocks, EPD_DECODE_BLK_QUARANTINED);
+    load_p->preemptions = srv->preemptions;
+    load_p->recomputed_tokens = srv->recomputed_tokens;
+}
+
+/* ops->on_stop: new requests see epd_daemon_stopping; a last word. */
+static void epd_decode_on_stop(void *arg)
+{
+    epd_decode_srv_t *srv = arg;
+
+    /* the daemon logged the counts; what only decode knows */
+    epd_log_info(EPD_DECODE_LOG, 0,
+                 "%u requests live, %u blocks quarantined; %llu preemptions, %llu tokens "
+                 "recomputed",
+                 epd_reqtab_count(&srv->reqs),
+                 epd_decode_blocks_count(srv->blocks, EPD_DECODE_BLK_QUARANTINED),
+                 (unsigned long long)srv->preemptions, (unsigned long long)srv->recomputed_tokens);
+}
+
 /* A SIGTERM drain ends when no request is left (reserved, receiving KV,
  * waiting for the batch or decoding). */
 static int epd_decode_idle(void *arg)
@@ -212,10 +257,10 @@ static const epd_daemon_ops_t epd_decode_ops = {
     .on_peer_closed = epd__decode_req_on_peer_closed, /* its quarantined blocks come back */
     .on_pump = epd__decode_req_on_pump,
     .on_tick = epd__decode_req_on_tick, /* leases, deadlines, Abort re-sends */
-    .load = epd__decode_req_load,
+    .load = epd_decode_load,
     .on_drain = epd_daemon_op_none, /* new requests see epd_daemon_draining */
     .on_rpc = epd_daemon_op_rpc_pass,
-    .on_stop = epd__decode_req_on_stop,
+    .on_stop = epd_decode_on_stop,
     .stopped = epd_daemon_op_stopped_now,
     .idle = epd_decode_idle,
     .on_exit = epd_decode_on_exit,
@@ -230,6 +275,13 @@ static int epd_decode_run(const epd_daemon_flags_t *dfl, void *arg)
 
     epd_decode_fl = arg;
     memset(&srv, 0, sizeof(srv));
+    if (strcmp(epd_decode_fl->kv_reserve, "on-demand") == 0) {
+        srv.headroom = (uint32_t)epd_decode_fl->kv_headroom_tokens;
+    } else if (strcmp(epd_decode_fl->kv_reserve, "upfront") != 0) {
+        epd_log_error(EPD_DECODE_LOG, 0, "--kv-reserve '%s': want upfront or on-demand",
+                      epd_decode_fl->kv_reserve);
+        return 1;
+    }
     srv.lease_ms = (uint32_t)epd_decode_fl->lease_ms;
     srv.max_batch = (uint32_t)epd_decode_fl->max_batch;
     if (strcmp(epd_decode_fl->verify, "full") == 0) {
@@ -271,6 +323,8 @@ int main(int argc, char **argv)
         .max_batch = 32,
         .lease_ms = 5000,
         .prefix_cache = 1,
+        .kv_reserve = "on-demand",
+        .kv_headroom_tokens = 16,
         .verify = "stamps",
     };
     const epd_opt_t opts[] = {
@@ -286,6 +340,13 @@ int main(int argc, char **argv)
          "keep a finished request's full prompt blocks; a later prompt that starts with them "
          "(the next turn of a chat) gets them back and prefill does not write them again "
          "(--no-prefix-cache: every prompt block is written)"},
+        {"kv-reserve", EPD_OPT_STRING, &fl.kv_reserve, 0, 0,
+         "on-demand: a request holds its prompt's blocks plus --kv-headroom-tokens and grows as "
+         "it generates; when the pool runs dry the newest requests are preempted and prefilled "
+         "again later (proto/README.md rules 30-33); upfront: prompt + max_tokens reserved at "
+         "admission"},
+        {"kv-headroom-tokens", EPD_OPT_INT, &fl.kv_headroom_tokens, 1, 1 << 20,
+         "on-demand: tokens of room a request keeps ahead of its generation"},
         {"verify", EPD_OPT_STRING, &fl.verify, 0, 0,
          "checks of stamped KV (checksum kind STAMPED, the sim engine): stamps (every unit's "
          "stamps and the checksum over them; the bodies are the modelled device's) or full "

@@ -30,6 +30,7 @@
 
 #include "epd_alloc.h"
 #include "epd_encoder_int.h"
+#include "epd_fault.h"
 #include "epd_image.h"
 #include "epd_log.h"
 #include "epd_time.h"
@@ -93,16 +94,6 @@ static void epd_encoder_unblock_all(epd_encoder_srv_t *srv)
 static epd_status_t epd_encoder_peer_status(epd_status_t st)
 {
     return epd_status_scope(st) >= EPD_SCOPE_CONNECTION ? EPD_ERR_PEER_DEAD : st;
-}
-
-/* Is `who` a prefill worker this encoder knows (one named by an
- * EncodeRequest here)?  Its Abort for an id never seen is answered with
- * WritesQuiesced: it may hold a slot for it. */
-static int epd_encoder_known_p(const epd_encoder_srv_t *srv, const char *who)
-{
-    epd_peer_t *p = epd_peer_find(srv->d, who);
-
-    return p != NULL && epd_peer_role(p) == EPD__ROLE__ROLE_PREFILL;
 }
 
 /* ---------------------------------------------------------------- failure */
@@ -207,8 +198,22 @@ static void epd_encoder_send_owed(epd_encoder_srv_t *srv, epd_encoder_req_t *req
         req->owe &= ~EPD_ENCODER_TELL_CLIENT;
     }
     if (!epd_peer_usable(req->peer)) {
-        /* nothing of ours lands there any more (its links close) */
-        req->owe &= ~(EPD_ENCODER_TELL_PREFILL | EPD_ENCODER_QUIESCE);
+        /* its links are gone.  It may still hold the slot in quarantine (a
+         * retired writer's one-sided write is not stopped by closing
+         * endpoints): once our write for this image completed, the daemon
+         * tells that incarnation so on a new link (rule 28) */
+        req->owe &= ~EPD_ENCODER_TELL_PREFILL;
+        if ((req->owe & EPD_ENCODER_QUIESCE) != 0 && epd_encoder_quiesce_ready(srv, req)) {
+            /* it speaks for every image of the id bound to that worker */
+            epd_peer_owe_quiesced(req->peer, req->id);
+            for (epd_encoder_req_t *r = epd_reqtab_first_req(&srv->reqs); r != NULL;
+                 r = epd_reqtab_next_req(&srv->reqs, r)) {
+                if (r->id == req->id && r->peer == req->peer) {
+                    r->owe &= ~EPD_ENCODER_QUIESCE;
+                    epd_encoder_dirty(srv, r);
+                }
+            }
+        }
         return;
     }
     if ((req->owe & EPD_ENCODER_TELL_PREFILL) != 0) {
@@ -241,6 +246,15 @@ static int epd_encoder_post_write(epd_encoder_srv_t *srv, epd_encoder_req_t *req
         epd_encoder_fail(srv, req, EPD_ERR_PEER_DEAD, "prefill worker is gone",
                          EPD_ENCODER_TELL_CLIENT);
         return 0;
+    }
+    if (epd_fault_any() && epd_fault_once("encoder.pause_before_write")) {
+        /* the fence tests: stopped with the embeddings and the reservation
+         * in hand; continued, the write goes out before the loop hears
+         * anything of the prefill worker (common/epd_fault.h) */
+        epd_log_warn(EPD_ENCODER_LOG, req->id,
+                     "fault point encoder.pause_before_write: stopping before image %u's write",
+                     req->media_index);
+        epd_fault_pause("encoder.pause_before_write");
     }
     st = epd_xport_write(epd_link_ep(epd_peer_link(req->peer)), req->out, srv->slot_bytes,
                          srv->region, req->rkey, req->offset, epd_encoder_on_write, req);
@@ -751,10 +765,13 @@ void epd__encoder_req_stop(epd_encoder_srv_t *srv, epd_link_t *from, const Epd__
              reason != NULL ? reason : "");
     epd_log_debug(EPD_ENCODER_LOG, id, "%s (%s)", msg, live ? "live here" : "not live here");
     /* a prefill worker's own link gets WritesQuiesced when no image of the
-     * id is bound to it here (nothing of it in flight); a client's never
-     * does */
-    epd_encoder_id_kill(srv, id, EPD_ERR_CANCELED, msg,
-                        from_p || epd_encoder_known_p(srv, who) ? env : NULL, from);
+     * id is bound to it here (nothing of it in flight) — also one that
+     * retired us and asks before reusing a slot (the fence); a client's
+     * never does */
+    epd_encoder_id_kill(
+        srv, id, EPD_ERR_CANCELED, msg,
+        from_p || epd_peer_may_quiesce(srv->d, from, env, EPD__ROLE__ROLE_PREFILL) ? env : NULL,
+        from);
 }
 
 /* ------------------------------------------------------------ compute back */
@@ -805,7 +822,8 @@ void epd__encoder_req_on_peer_dead(void *arg, epd_peer_t *peer, epd_status_t sta
             /* keys unpacked on its link die when the link closes */
             req->rkey = NULL;
             req->rkey_shared = 0;
-            epd_encoder_fail(srv, req, EPD_ERR_PEER_DEAD, msg, EPD_ENCODER_TELL_CLIENT);
+            epd_encoder_fail(srv, req, EPD_ERR_PEER_DEAD, msg,
+                             EPD_ENCODER_TELL_CLIENT | EPD_ENCODER_QUIESCE);
         }
     }
 }

@@ -180,9 +180,10 @@ static uint32_t epd_prefill_cache_ckpt_slot(epd_prefill_srv_t *srv)
     return slot;
 }
 
-/* The keys of g's prompt (req->keys, req->n_keys). */
+/* The keys of g's prompt (req->keys, req->n_keys): its first n_pre tokens
+ * (a resume's prompt part). */
 static epd_status_t epd_prefill_cache_keys(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
-                                           const Epd__GenerateRequest *g)
+                                           const Epd__GenerateRequest *g, uint32_t n_pre)
 {
     uint32_t bt = srv->info->kv.block_tokens;
     epd_prefix_media_t media[EPD_PREFILL_MEDIA_MAX];
@@ -190,7 +191,7 @@ static epd_status_t epd_prefill_cache_keys(epd_prefill_srv_t *srv, epd_prefill_r
     epd_prefix_hash_t salted;
     const epd_prefix_hash_t *root = &srv->proot;
 
-    req->n_keys = req->n_tokens / bt;
+    req->n_keys = n_pre / bt;
     if (req->n_keys == 0) {
         return EPD_OK;
     }
@@ -212,8 +213,7 @@ static epd_status_t epd_prefill_cache_keys(epd_prefill_srv_t *srv, epd_prefill_r
                         &salted);
         root = &salted;
     }
-    epd_prefix_chain(root, bt, req->tokens, req->n_tokens, media, n_media, req->keys,
-                     req->n_keys);
+    epd_prefix_chain(root, bt, req->tokens, n_pre, media, n_media, req->keys, req->n_keys);
     return EPD_OK;
 }
 
@@ -267,20 +267,25 @@ epd_status_t epd__prefill_cache_place(epd_prefill_srv_t *srv, epd_prefill_req_t 
                                       const Epd__GenerateRequest *g)
 {
     uint32_t bt = srv->info->kv.block_tokens;
+    /* a resume (rule 33) uses the cache for its prompt part only: hits,
+     * checkpoints and the blocks it adds end before the generated tokens,
+     * whose KV its decode tail computes (the message layer checked that
+     * resume_generated < n_prompt_tokens) */
+    uint32_t n_pre = req->n_tokens - g->resume_generated;
     uint32_t h = 0;
     uint32_t c = 0;
     epd_status_t st;
 
     req->restore_ckpt = EPD_KVCACHE_NONE;
     if (srv->pcache != NULL) {
-        st = epd_prefill_cache_keys(srv, req, g);
+        st = epd_prefill_cache_keys(srv, req, g, n_pre);
         if (st != EPD_OK) {
             return st;
         }
-        /* a hit leaves at least one token to compute: the first token's
-         * logits come from the last position */
-        h = epd_kvcache_acquire(srv->pcache, req->keys, (req->n_tokens - 1) / bt,
-                                req->local_blocks);
+        /* a hit leaves at least one token of the prefill run to compute:
+         * the first token's logits (a plain prefill's) come from its last
+         * position */
+        h = epd_kvcache_acquire(srv->pcache, req->keys, (n_pre - 1) / bt, req->local_blocks);
         c = epd_prefill_cache_deepest_ckpt(srv, req, h);
         if ((uint64_t)(h - c) * bt > srv->replay_budget) {
             /* replaying costs as much as computing: cut the hit back */

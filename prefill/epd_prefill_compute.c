@@ -46,6 +46,7 @@ typedef struct {
     epd_prefill_compute_t *c;
     epd_prefill_job_t *job;
     uint64_t layer_start_ns; /* the current layer's compute started here */
+    int hold;                /* a resume: layers are handed over after the decode tail */
 } epd_prefill_sink_ctx_t;
 
 /* Compute thread: hands one event to the loop (the hand-off retries with
@@ -69,9 +70,11 @@ static epd_status_t epd_prefill_compute_sink(void *ctx, uint32_t layer,
     }
     if (s->job->layer_sums != NULL) {
         /* the engine's (a device kernel's) checksum, or none: the loop then
-         * hashes the bytes, off this thread */
-        s->job->layer_sums[layer] = done->has_sum ? done->sum : 0;
-        s->job->layer_sum_kinds[layer] = done->has_sum ? (uint8_t)(1 + done->sum_kind) : 0;
+         * hashes the bytes, off this thread.  A resume's layers change again
+         * in its decode tail: always hashed by the loop, after it */
+        s->job->layer_sums[layer] = done->has_sum && !s->hold ? done->sum : 0;
+        s->job->layer_sum_kinds[layer] =
+            done->has_sum && !s->hold ? (uint8_t)(1 + done->sum_kind) : 0;
     }
     if (s->job->trace != NULL) {
         /* one clock read per layer: the span ends where the next begins */
@@ -81,7 +84,9 @@ static epd_status_t epd_prefill_compute_sink(void *ctx, uint32_t layer,
         s->layer_start_ns = now;
         s->job->done_ev->layer_end_ns = now;
     }
-    epd_prefill_compute_emit(s->c, &s->job->layer_evs[layer]);
+    if (!s->hold) {
+        epd_prefill_compute_emit(s->c, &s->job->layer_evs[layer]);
+    }
     if (atomic_load_explicit(s->job->cancel, memory_order_acquire)) {
         return EPD_ERR_CANCELED;
     }
@@ -109,9 +114,38 @@ static void epd_prefill_compute_restore(epd_prefill_compute_t *c, const epd_pref
     }
 }
 
+/* A resume's tail (rule 33): the generated tokens through the decode path,
+ * one at a time at their positions (batch-invariant: what decode computed
+ * for them, bit for bit), then every layer handed over (their checksums
+ * hashed by the loop from the bytes).  The logits of the last one are left
+ * in c->logits. */
+static epd_status_t epd_prefill_compute_tail(epd_prefill_compute_t *c, epd_prefill_job_t *job)
+{
+    uint32_t first = job->n_tokens - job->n_decode;
+    uint64_t t0 = epd_time_now_ns();
+    epd_status_t status = EPD_OK;
+
+    for (uint32_t j = 0; status == EPD_OK && j < job->n_decode; j++) {
+        epd_decode_req_t r = {.seq = job->seq, .pos = first + j, .token = job->tokens[first + j]};
+
+        if (atomic_load_explicit(job->cancel, memory_order_acquire)) {
+            return EPD_ERR_CANCELED;
+        }
+        status = epd_engine_decode(c->engine, &c->pool, &r, 1, c->logits);
+    }
+    if (job->trace != NULL) {
+        epd_trace_span(job->trace, "decode tail (resume)", "compute", job->seq.req_id, -1, t0,
+                       epd_time_now_ns());
+    }
+    for (uint32_t l = 0; status == EPD_OK && l < c->info->kv.n_layers; l++) {
+        epd_prefill_compute_emit(c, &job->layer_evs[l]);
+    }
+    return status;
+}
+
 static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t *job)
 {
-    epd_prefill_sink_ctx_t sctx = {.c = c, .job = job};
+    epd_prefill_sink_ctx_t sctx = {.c = c, .job = job, .hold = job->n_decode > 0};
     epd_engine_sink_t sink = {.cb = epd_prefill_compute_sink, .ctx = &sctx};
     epd_prefill_args_t args;
     epd_prefill_ev_t *ev = job->done_ev;
@@ -132,8 +166,10 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
     } else {
         memset(&args, 0, sizeof(args));
         args.seq = job->seq;
+        /* a prefix hit's run starts after its cached blocks (a resume's
+         * hits lie in its prompt part: epd__prefill_cache_place) */
         args.tokens = job->tokens + job->start;
-        args.n_tokens = job->n_tokens - job->start;
+        args.n_tokens = job->n_tokens - job->n_decode - job->start;
         args.start = job->start;
         args.replay_end = job->replay_end;
         args.ckpts = job->ckpts;
@@ -144,10 +180,14 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
         args.want_sums = job->layer_sums != NULL;
         epd_prefill_compute_restore(c, job);
         status = epd_engine_prefill(c->engine, &c->pool, &args, &sink, c->logits);
+        if (status == EPD_OK && job->n_decode > 0) {
+            status = epd_prefill_compute_tail(c, job);
+        }
         if (status == EPD_OK) {
-            /* step 0 of the stateless sampler: the colocated first token */
-            status = epd_sample_token(&job->sample, c->scratch, c->logits, c->info->vocab_size, 0,
-                                      &token);
+            /* step n_decode of the stateless sampler (0: the colocated first
+             * token; a resume's: the token the stream continues with) */
+            status = epd_sample_token(&job->sample, c->scratch, c->logits, c->info->vocab_size,
+                                      job->n_decode, &token);
         }
     }
     ev->status = status;

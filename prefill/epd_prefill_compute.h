@@ -100,7 +100,14 @@ typedef struct {
     const void *restore;
     const epd_state_ckpt_t *ckpts;
     uint32_t n_ckpts;
-    epd_sample_params_t sample;  /* RUN: sampling of step 0 */
+    /* RUN: a resume (proto/README.md rule 33): tokens[n_tokens - n_decode
+     * ..) are tokens the request generated; they go through the engine's
+     * decode path one at a time after the prefill of the rest — so their KV
+     * and the logits are bit for bit what decode computed — and every
+     * layer is handed over (checksummed) only after them.  The token is
+     * sampled at step n_decode.  0: a plain prefill, sampled at step 0. */
+    uint32_t n_decode;
+    epd_sample_params_t sample;  /* RUN: sampling */
     atomic_int *cancel;          /* RUN: nonzero = stop at the next layer */
     epd_prefill_ev_t *layer_evs; /* RUN: [n_layers] */
     epd_prefill_ev_t *done_ev;   /* RUN: the DONE event; RELEASE: RELEASED */

@@ -7,7 +7,9 @@
  * KvRefused), so their messages may cross in any order:
  *   - a reservation may overtake its GenerateRequest: it is kept
  *     (daemon/epd_stash, bounded) for a lease and taken when the request
- *     arrives; one never claimed is answered Error + WritesQuiesced;
+ *     arrives; one never claimed is answered Error + WritesQuiesced, and
+ *     one that finds the stash full Error EPD_ERR_NO_CAPACITY +
+ *     WritesQuiesced (backpressure, retried for room like a refusal);
  *   - a request that ended here leaves a tombstone (daemon/epd_tomb) of its
  *     kind, aborted or failed: a late GenerateRequest is refused (writing
  *     after "quiesced" is the very recycle race the protocol exists to
@@ -86,11 +88,25 @@ int epd__prefill_ids_early(epd_prefill_srv_t *srv, epd_link_t *from, Epd__Envelo
         epd__prefill_ids_answer(srv, from, env, kind);
         return 0;
     }
-    if (epd_stash_has(srv->stash, id, 0) ||
-        epd_stash_put(srv->stash, env, from, id, 0,
-                      epd_time_now_ns() + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC) != EPD_OK) {
-        /* a second one, or too many waiting: no request will take it */
+    if (epd_stash_has(srv->stash, id, 0)) {
+        /* a second one: no request will take it */
         epd__prefill_ids_answer(srv, from, env, EPD_PREFILL_TOMB_FAILED);
+        return 0;
+    }
+    if (epd_stash_put(srv->stash, env, from, id, 0,
+                      epd_time_now_ns() + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC) != EPD_OK) {
+        /* too many reservations ahead of their requests: this worker is out
+         * of room for one more, as when it refuses a request for capacity —
+         * so decode and the client hear "no capacity" (retried after a
+         * backoff), never "no such request" (a failure) */
+        if (env->body_case == EPD__ENVELOPE__BODY_RESERVATION) {
+            epd_daemon_refuse_log(srv->d, id, "reservation before its request: stash full");
+            (void)epd_link_send_error(from, id, EPD_ERR_NO_CAPACITY,
+                                      "prefill worker busy: too many reservations ahead of "
+                                      "their requests",
+                                      NULL);
+            (void)epd_link_send_quiesced(from, id);
+        }
         return 0;
     }
     epd_log_debug(EPD_PREFILL_LOG, id, "%s before its request: kept", epd_msg_body_name(env));
@@ -133,7 +149,6 @@ void epd__prefill_ids_abort(epd_prefill_srv_t *srv, epd_link_t *from, const Epd_
 {
     uint64_t id = env->abort->request_id;
     const char *who = env->sender->worker_id;
-    epd_peer_t *p = epd_peer_find(srv->d, who);
     epd_link_t *sl;
     Epd__Envelope *senv;
 
@@ -143,8 +158,10 @@ void epd__prefill_ids_abort(epd_prefill_srv_t *srv, epd_link_t *from, const Epd_
     senv = epd_stash_take(srv->stash, id, 0, &sl);
     if (senv != NULL) {
         epd__prefill_ids_drop(srv, senv, sl, EPD_ERR_CANCELED, "aborted");
-    } else if (p != NULL && epd_peer_role(p) == EPD__ROLE__ROLE_DECODE) {
-        /* a decode worker we write to may hold blocks for it (rule 7) */
+    } else if (epd_peer_may_quiesce(srv->d, from, env, EPD__ROLE__ROLE_DECODE)) {
+        /* a decode worker we write to may hold blocks for it (rule 7) —
+         * also one that retired us and asks before reusing them (the
+         * fence); not while a write of ours to it may still move */
         (void)epd_link_send_quiesced(from, id);
     }
     epd_log_debug(EPD_PREFILL_LOG, id, "abort from '%s' for a request not live here", who);

@@ -169,6 +169,7 @@ typedef struct {
     epd_peer_t *enc;      /* WAITING / QUARANTINED: the encoder that writes it
                            * (counted reference), NULL for our own encode */
     uint64_t used_ns;     /* last unpinned (LRU) */
+    uint64_t asked_ns;    /* QUARANTINED: the last time its retired encoder was asked */
 } epd_prefill_eslot_t;
 
 /* Where one image of a request stands (the media part's: which slot it
@@ -269,6 +270,10 @@ struct epd_prefill_xfer {
     int sum_kind;               /* the request's epd_kv_sum_kind_t once chosen, else -1 */
     uint64_t last_d_msg_ns;     /* decode's lease keep-alive (LayerDone) */
     int backpressured;          /* a post was refused (logged once) */
+    /* fault point prefill.pause_after_layer (common/epd_fault.h): this
+     * transfer is the one that stops the process once its later layers are
+     * computed (0: not armed for it) */
+    int fault_pause;
 };
 
 /* -------------------------------------------------------------- request */
@@ -313,6 +318,7 @@ typedef struct epd_prefill_req {
     epd_status_t compute_status;
     int32_t first_token;
     int complete_sent; /* PrefillComplete (or the first token) went out */
+    int hold;          /* admitted under pressure: its run waits for the reservation */
     int released;      /* RELEASED consumed */
     /* images: the run is queued once media_pending is 0 */
     epd_prefill_media_t *media; /* [n_media] */
@@ -352,6 +358,10 @@ typedef struct epd_prefill_srv {
     uint32_t n_more;        /* requests whose posting stopped after a burst */
     uint32_t embed_slots;
     uint64_t max_image_pixels; /* local encodes' pixel guard */
+    /* rule 34: after a decode worker refused a reservation, runs admitted
+     * until pressure_until_ns wait for their reservation before computing */
+    int hold_under_pressure;
+    uint64_t pressure_until_ns;
     /* the local KV pool, registered: the writes' source (the pool part's) */
     epd_xport_mr_t *pool_mr;
     epd_kv_pool_t pool;
@@ -392,8 +402,6 @@ typedef struct epd_prefill_srv {
     /* the embedding region (the media part's; embed_slots 0 = none) */
     uint64_t embed_slot_bytes; /* image_embeddings * embed_dim * 4 */
     epd_xport_mr_t *embed_mr;
-    unsigned char embed_rkey[EPD_XPORT_RKEY_MAX];
-    size_t embed_rkey_len;
     epd_prefill_eslot_t *eslots; /* [embed_slots] */
     epd_prefill_waiter_t *wait_head, *wait_tail; /* waiting for slots, in arrival order */
     int embed_room; /* a slot came free: the pump places the waiting */
@@ -403,6 +411,9 @@ typedef struct epd_prefill_srv {
     uint64_t layer_notices_skipped; /* skipped: the link had messages waiting */
     uint64_t embed_hits, embed_misses, embed_local; /* images: cached, from an encoder, ours */
     uint64_t embed_parked; /* requests that waited for slots */
+    uint64_t runs_held;    /* runs that waited for their reservation (rule 34) */
+    uint64_t wasted_prefill_tokens; /* prompt tokens x layers computed / n_layers for
+                                     * requests that ended without PrefillComplete */
 } epd_prefill_srv_t;
 
 /* ---- epd_prefill_msg.c (the daemon's on_msg) ---- */
@@ -620,7 +631,12 @@ uint32_t epd__prefill_media_quiesced(epd_prefill_srv_t *srv, uint64_t id, const 
 int epd__prefill_media_late(epd_prefill_srv_t *srv, const Epd__EmbedComplete *ec,
                             const Epd__Envelope *env);
 /* Encoder `peer` is dead and every endpoint of it closed: its quarantined
- * slots are free. */
+ * slots are free once its fence settled (epd_peer_fenced), else held. */
 void epd__prefill_media_encoder_gone(epd_prefill_srv_t *srv, epd_peer_t *peer);
+/* Tick: frees quarantined slots of retired encoders whose fence settled;
+ * asks the others to confirm (epd_peer_ask_quiesced). */
+void epd__prefill_media_tick(epd_prefill_srv_t *srv, uint64_t now_ns);
+/* Slots held in quarantine now (Load.quarantined). */
+uint32_t epd__prefill_media_quarantined(const epd_prefill_srv_t *srv);
 
 #endif

@@ -11,11 +11,16 @@
  * image — the least recently used of the unpinned ones, when no slot is
  * free.  So a repeated image costs nothing: no encoder, no write.
  *
- * Safe recycle mirrors decode's KV blocks (DESIGN.md "The fence"): a slot
- * an encoder may still write is never handed out again before that encoder
- * said it is done (EmbedComplete or WritesQuiesced for the request) or was
- * declared dead and every endpoint of that incarnation was closed (the
- * daemon's on_peer_closed).
+ * Safe recycle mirrors decode's KV blocks (DESIGN.md "The fence",
+ * proto/README.md "Late writes: the fence"): each encoder incarnation
+ * writes under a grant of its own (epd_peer_grant, in EmbedReservation),
+ * and a write that reaches our check lands only in a WAITING slot taken
+ * for that incarnation (epd_prefill_embed_check).  A slot an encoder may
+ * still write is never handed out again before that encoder said it is
+ * done (EmbedComplete or WritesQuiesced for the request), or it was
+ * declared dead, every endpoint of that incarnation was closed and its
+ * grant settled (epd_peer_fenced: revoked where the transport checks
+ * every write, its process ended where it cannot).
  *
  * What happens to a request because of an image (it waits, it fails) is
  * the request layer's: this file answers with return values and keeps the
@@ -31,6 +36,27 @@
 #include "epd_time.h"
 
 /* ------------------------------------------------------------------ region */
+
+/* The region's write check (epd_xport_mr_set_check; may run inside the
+ * transport's progress, reads the slot table only): a write lands only
+ * inside one slot WAITING for an image of the writer's incarnation (the
+ * grant's user pointer is its peer record). */
+static int epd_prefill_embed_check(void *arg, void *grant_user, uint64_t off, uint64_t len)
+{
+    const epd_prefill_srv_t *srv = arg;
+    const epd_prefill_eslot_t *s;
+    uint64_t idx;
+
+    if (len == 0 || srv->embed_slot_bytes == 0) {
+        return 0;
+    }
+    idx = off / srv->embed_slot_bytes;
+    if (idx >= srv->embed_slots || len > (idx + 1) * srv->embed_slot_bytes - off) {
+        return 0;
+    }
+    s = &srv->eslots[idx];
+    return s->state == EPD_PREFILL_ES_WAITING && s->enc != NULL && s->enc == grant_user;
+}
 
 epd_status_t epd__prefill_media_init(epd_prefill_srv_t *srv)
 {
@@ -52,8 +78,9 @@ epd_status_t epd__prefill_media_init(epd_prefill_srv_t *srv)
                                (size_t)(srv->embed_slot_bytes * srv->embed_slots),
                                EPD_XPORT_MR_REMOTE_WRITE, &srv->embed_mr);
     if (st == EPD_OK) {
-        st = epd_xport_mr_pack(srv->embed_mr, srv->embed_rkey, sizeof(srv->embed_rkey),
-                               &srv->embed_rkey_len);
+        /* the fence: writes that reach our check land only in a slot
+         * waiting for their writer; each encoder gets a key of its own */
+        epd_xport_mr_set_check(srv->embed_mr, epd_prefill_embed_check, srv);
     }
     if (st != EPD_OK) {
         epd_log_error(EPD_PREFILL_LOG, 0, "cannot register the embedding region: %s",
@@ -322,11 +349,20 @@ static epd_status_t epd_prefill_send_embed_reservation(epd_prefill_srv_t *srv,
                                                        uint32_t index)
 {
     Epd__EmbedReservation er = EPD__EMBED_RESERVATION__INIT;
+    const void *key;
+    size_t key_len;
+    epd_status_t st;
 
+    /* the key of this encoder incarnation's own grant, revoked when it is
+     * retired — never the region's own key */
+    st = epd_peer_grant(m->enc, srv->embed_mr, &key, &key_len);
+    if (st != EPD_OK) {
+        return st;
+    }
     er.request_id = id;
     er.media_index = index;
-    er.rkey.data = srv->embed_rkey;
-    er.rkey.len = srv->embed_rkey_len;
+    er.rkey.data = (uint8_t *)(uintptr_t)key;
+    er.rkey.len = key_len;
     er.region_size = srv->embed_slot_bytes * srv->embed_slots;
     er.offset = (uint64_t)m->slot->idx * srv->embed_slot_bytes;
     er.bytes = srv->embed_slot_bytes;
@@ -579,19 +615,64 @@ int epd__prefill_media_late(epd_prefill_srv_t *srv, const Epd__EmbedComplete *ec
 
 void epd__prefill_media_encoder_gone(epd_prefill_srv_t *srv, epd_peer_t *peer)
 {
-    uint32_t freed = 0;
+    uint32_t freed = 0, held = 0;
 
     for (uint32_t i = 0; i < srv->embed_slots; i++) {
         epd_prefill_eslot_t *s = &srv->eslots[i];
 
-        if (s->state == EPD_PREFILL_ES_QUARANTINED && s->enc == peer) {
+        if (s->state != EPD_PREFILL_ES_QUARANTINED || s->enc != peer) {
+            continue;
+        }
+        if (epd_peer_fenced(peer)) {
             epd_prefill_slot_free(srv, s);
             freed++;
+        } else {
+            held++;
         }
     }
-    if (freed > 0) {
+    if (freed > 0 || held > 0) {
         epd_log_info(EPD_PREFILL_LOG, 0,
-                     "encoder '%s' is gone and its endpoints closed: %u quarantined slots free",
-                     epd_peer_id(peer), freed);
+                     "encoder '%s' is gone and its endpoints closed: %u quarantined slots free, "
+                     "%u held until nothing it was granted can land (%s)",
+                     epd_peer_id(peer), freed, held, epd_peer_fence_state(peer));
     }
+}
+
+void epd__prefill_media_tick(epd_prefill_srv_t *srv, uint64_t now_ns)
+{
+    uint64_t ask = (uint64_t)epd_daemon_flags(srv->d)->peer_timeout_ms * EPD_NSEC_PER_MSEC;
+
+    for (uint32_t i = 0; i < srv->embed_slots; i++) {
+        epd_prefill_eslot_t *s = &srv->eslots[i];
+
+        if (s->state != EPD_PREFILL_ES_QUARANTINED || s->enc == NULL ||
+            epd_peer_state(s->enc) != EPD_PEER_DEAD) {
+            continue;
+        }
+        /* a retired encoder's slot: its fence settles on its own (the last
+         * receive under its grant landing, its process ending) — or that
+         * incarnation confirms, asked on a new link once per its silence
+         * limit (rule 28) */
+        if (epd_peer_fenced(s->enc)) {
+            epd_log_info(EPD_PREFILL_LOG, s->req_id,
+                         "encoder '%s': nothing it was granted can land any more (%s): "
+                         "quarantined slot %u free",
+                         epd_peer_id(s->enc), epd_peer_fence_state(s->enc), s->idx);
+            epd_prefill_slot_free(srv, s);
+        } else if (now_ns - s->asked_ns > ask) {
+            s->asked_ns = now_ns;
+            (void)epd_peer_ask_quiesced(s->enc, s->req_id,
+                                        "retired: confirm no write of this request can land");
+        }
+    }
+}
+
+uint32_t epd__prefill_media_quarantined(const epd_prefill_srv_t *srv)
+{
+    uint32_t n = 0;
+
+    for (uint32_t i = 0; i < srv->embed_slots; i++) {
+        n += srv->eslots[i].state == EPD_PREFILL_ES_QUARANTINED;
+    }
+    return n;
 }

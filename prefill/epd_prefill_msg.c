@@ -143,6 +143,14 @@ static epd_status_t epd_prefill_check_generate(const epd_prefill_srv_t *srv,
     if (g->n_media > 0 && (st = epd_prefill_check_media(srv, g, msg, cap)) != EPD_OK) {
         return st;
     }
+    if (g->resume_generated > 0 &&
+        (g->resume_generated >= g->n_prompt_tokens || g->n_media > 0 || g->prefill_only)) {
+        snprintf(msg, cap,
+                 "a resume of %u generated tokens needs a text prompt longer than them and a "
+                 "decode worker",
+                 g->resume_generated);
+        return EPD_ERR_INVALID_PARAM;
+    }
     if (!g->prefill_only && (g->decode_worker_id == NULL || g->decode_worker_id[0] == '\0' ||
                              strlen(g->decode_worker_id) >= EPD_WORKER_ID_MAX ||
                              g->decode_epoch == NULL || g->decode_address.len == 0)) {

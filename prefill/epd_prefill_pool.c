@@ -173,6 +173,7 @@ epd_status_t epd__prefill_pool_admit(epd_prefill_srv_t *srv, const Epd__Generate
                                : NULL;
     req->run_job.ckpts = req->ckpts;
     req->run_job.n_ckpts = req->n_ckpts;
+    req->run_job.n_decode = g->resume_generated;
     req->run_job.sample = *sp;
     req->run_job.cancel = &req->cancel;
     req->run_job.layer_evs = req->evs;

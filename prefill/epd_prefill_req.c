@@ -62,6 +62,12 @@ static void epd_prefill_unblock_all(epd_prefill_srv_t *srv)
     }
 }
 
+/* May its run start: not held for its reservation (rule 34), or that came. */
+static int epd_prefill_may_run(const epd_prefill_req_t *req)
+{
+    return !req->hold || req->xfer.have_resv;
+}
+
 /* Is `env`'s sender the decode incarnation `req` is bound to? */
 static int epd_prefill_from_decode(const epd_prefill_req_t *req, const Epd__Envelope *env)
 {
@@ -125,8 +131,18 @@ static void epd_prefill_send_owed(epd_prefill_srv_t *srv, epd_prefill_req_t *req
         req->owe &= ~EPD_PREFILL_TELL_CLIENT;
     }
     if (!epd_peer_usable(req->peer)) {
-        /* nothing of ours lands there any more (its links close) */
-        req->owe &= ~(EPD_PREFILL_TELL_DECODE | EPD_PREFILL_QUIESCE);
+        /* its links are gone.  It may still hold memory for our writes in
+         * quarantine (a retired writer's one-sided writes are not stopped
+         * by closing endpoints): once every write of ours for this request
+         * completed, the daemon tells that incarnation so on a new link
+         * (rule 28) */
+        req->owe &= ~EPD_PREFILL_TELL_DECODE;
+        if ((req->owe & EPD_PREFILL_QUIESCE) != 0 && req->xfer.writes_inflight == 0) {
+            if (req->peer != NULL) {
+                epd_peer_owe_quiesced(req->peer, req->id);
+            }
+            req->owe &= ~EPD_PREFILL_QUIESCE;
+        }
         return;
     }
     dl = epd_peer_link(req->peer);
@@ -226,7 +242,7 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
         }
         switch (req->state) {
         case EPD_PREFILL_REQ_MEDIA:
-            if (!req->wait.waiting && req->media_pending == 0) {
+            if (!req->wait.waiting && req->media_pending == 0 && epd_prefill_may_run(req)) {
                 if (epd_prefill_submit_run(srv, req) == EPD_OK) {
                     req->state = EPD_PREFILL_REQ_COMPUTING;
                     epd_trace_instant(srv->trace, "images ready", "wait", req->id, -1,
@@ -238,6 +254,17 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
             }
             break;
         case EPD_PREFILL_REQ_COMPUTING:
+            if (!req->run_submitted) {
+                /* held for its reservation (rule 34) */
+                if (!epd_prefill_may_run(req)) {
+                    break;
+                }
+                if (epd_prefill_submit_run(srv, req) != EPD_OK) {
+                    epd_prefill_fail(srv, req, EPD_ERR_NO_CAPACITY, "compute queue full",
+                                     EPD_PREFILL_TELL_ALL, NULL);
+                    break;
+                }
+            }
             if (epd_prefill_post(srv, req) != 0) {
                 return -1;
             }
@@ -318,6 +345,11 @@ static void epd_prefill_req_destroy(epd_prefill_srv_t *srv, epd_prefill_req_t *r
                       ((double)req->t_resv_ns - (double)req->t_admit_ns) / 1e6,
                       ((double)req->t_complete_ns - (double)req->compute_done_ns) / 1e6,
                       (double)(now - req->compute_done_ns) / 1e6);
+    }
+    if (!req->complete_sent && req->layers_done > 0) {
+        /* compute nobody took (rule 34 keeps this low under pressure) */
+        srv->wasted_prefill_tokens +=
+            (uint64_t)req->n_tokens * req->layers_done / srv->info->kv.n_layers;
     }
     if (req->more_listed) {
         srv->n_more--;
@@ -407,6 +439,9 @@ static void epd_prefill_reservation_for(epd_prefill_srv_t *srv, epd_prefill_req_
 
         snprintf(msg, sizeof(msg), "decode '%.80s' refused the KV reservation: %.100s",
                  epd_peer_id(req->peer), rf->reason != NULL ? rf->reason : "");
+        /* its pool is under pressure: later runs wait for their
+         * reservations for a while (rule 34) */
+        srv->pressure_until_ns = epd_time_now_ns() + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
         epd_prefill_fail(srv, req, rf->status < 0 ? (epd_status_t)rf->status : EPD_ERR_NO_CAPACITY,
                          msg, EPD_PREFILL_TELL_CLIENT, NULL);
         return;
@@ -486,7 +521,14 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
     }
     if (st == EPD_OK) {
         st = epd__prefill_pool_admit(srv, g, sp, peer, &req);
-        if (st == EPD_OK && req->n_media == 0 && epd_prefill_submit_run(srv, req) != EPD_OK) {
+        if (st == EPD_OK) {
+            /* under pressure a run waits for its reservation (rule 34): a
+             * refusal then costs no compute at all */
+            req->hold = !only && srv->hold_under_pressure && t_recv < srv->pressure_until_ns;
+            srv->runs_held += req->hold != 0;
+        }
+        if (st == EPD_OK && req->n_media == 0 && !req->hold &&
+            epd_prefill_submit_run(srv, req) != EPD_OK) {
             req->peer = NULL; /* the reference goes back to this function */
             epd__prefill_pool_free(srv, req);
             st = EPD_ERR_NO_CAPACITY;
@@ -780,9 +822,11 @@ void epd__prefill_req_on_peer_dead(void *arg, epd_peer_t *peer, epd_status_t sta
     for (epd_prefill_req_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
          req = epd_reqtab_next_req(&srv->reqs, req)) {
         if (req->peer == peer) {
-            /* keys unpacked on its link die when the link closes */
+            /* keys unpacked on its link die when the link closes; it hears
+             * WritesQuiesced once our writes for it completed (rule 28) */
             epd__prefill_xfer_forget_key(&req->xfer);
-            epd_prefill_fail(srv, req, EPD_ERR_PEER_DEAD, msg, EPD_PREFILL_TELL_CLIENT, NULL);
+            epd_prefill_fail(srv, req, EPD_ERR_PEER_DEAD, msg,
+                             EPD_PREFILL_TELL_CLIENT | EPD_PREFILL_QUIESCE, NULL);
             continue;
         }
         for (uint32_t i = 0; i < req->n_media; i++) {
@@ -856,6 +900,7 @@ void epd__prefill_req_on_tick(void *arg, uint64_t now)
     if (epd_daemon_stopping(srv->d)) {
         return;
     }
+    epd__prefill_media_tick(srv, now); /* retired encoders' quarantined slots */
     for (epd_prefill_req_t *req = epd_reqtab_first_req(&srv->reqs); req != NULL;
          req = epd_reqtab_next_req(&srv->reqs, req)) {
         if (req->state == EPD_PREFILL_REQ_FAILED || req->state == EPD_PREFILL_REQ_LANDING) {
@@ -865,8 +910,11 @@ void epd__prefill_req_on_tick(void *arg, uint64_t now)
         if (req->fail_status != EPD_OK) {
             continue;
         }
-        if (!req->prefill_only && req->compute_done && req->compute_status == EPD_OK &&
-            !req->xfer.have_resv && now - req->compute_done_ns > lease_ns) {
+        if (!req->prefill_only && !req->xfer.have_resv &&
+            (req->compute_done ? req->compute_status == EPD_OK &&
+                                     now - req->compute_done_ns > lease_ns
+                               : req->hold && !req->run_submitted &&
+                                     now - req->t_admit_ns > lease_ns)) {
             snprintf(msg, sizeof(msg), "no KV reservation from decode '%.80s' within %u ms",
                      epd_peer_id(req->peer), srv->lease_ms);
             epd_prefill_fail(srv, req, EPD_ERR_TIMEOUT, msg, EPD_PREFILL_TELL_ALL, NULL);

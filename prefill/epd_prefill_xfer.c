@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "epd_alloc.h"
+#include "epd_fault.h"
 #include "epd_layout.h"
 #include "epd_log.h"
 #include "epd_prefill_int.h"
@@ -414,6 +415,40 @@ static epd_status_t epd_prefill_post_layer(epd_prefill_srv_t *srv, epd_prefill_x
     return EPD_OK;
 }
 
+/* Fault point prefill.pause_after_layer=N (common/epd_fault.h), for the
+ * fence tests: the first transfer that posted layer N holds its later
+ * layers until compute is done, then stops the whole process (SIGSTOP)
+ * right before posting layer N + 1 — so that, once continued, it posts
+ * every later layer before its loop hears anything of its peers (a
+ * decode worker that declared it dead meanwhile, say).  Returns nonzero
+ * while the layer is held. */
+static int epd_prefill_fault_pause(epd_prefill_xfer_t *x, uint32_t layer, int compute_done)
+{
+    int64_t n;
+
+    if (!epd_fault_any() ||
+        !epd_fault_point("prefill.pause_after_layer", &n) || n < 0) {
+        return 0;
+    }
+    if (x->fault_pause == 0 && layer == (uint32_t)n + 1 &&
+        epd_fault_once("prefill.pause_after_layer")) {
+        x->fault_pause = 1;
+    }
+    if (x->fault_pause != 1 || layer != (uint32_t)n + 1) {
+        return 0;
+    }
+    if (!compute_done) {
+        return 1;
+    }
+    x->fault_pause = 2;
+    epd_log_warn(EPD_PREFILL_LOG, x->id,
+                 "fault point prefill.pause_after_layer=%lld: layers 0..%lld written, stopping "
+                 "before layer %u",
+                 (long long)n, (long long)n, layer);
+    epd_fault_pause("prefill.pause_after_layer");
+    return 0;
+}
+
 epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
                                     uint32_t layers_done, int compute_done, char *msg, size_t cap)
 {
@@ -432,6 +467,11 @@ epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
         uint32_t layer = x->post_layer;
         epd_prefill_lw_t *lw = &x->lw[layer];
         epd_status_t st;
+
+        if (x->post_idx == 0 && x->post_off == 0 &&
+            epd_prefill_fault_pause(x, layer, compute_done) != 0) {
+            return EPD_OK; /* held until compute is done (fault point) */
+        }
 
         if (x->post_idx == 0 && x->post_off == 0) {
             /* x->checksums[layer] was written by the compute thread before it

@@ -40,6 +40,7 @@ typedef struct {
     int64_t ckpt_every;
     int64_t ckpt_bytes;
     int64_t replay_tokens;
+    int hold_under_pressure;
 } epd_prefill_flags_t;
 
 /* Shutdown step 5 (daemon/epd_daemon.h): the compute thread writes into
@@ -71,6 +72,8 @@ static void epd_prefill_load(void *arg, epd_daemon_load_t *load_p)
     load_p->running_requests = epd_reqtab_count(&srv->reqs);
     load_p->kv_bytes_sent = srv->kv_bytes_sent;
     epd__prefill_cache_stats(srv, &load_p->prefix);
+    load_p->quarantined = epd__prefill_media_quarantined(srv);
+    load_p->wasted_prefill_tokens = srv->wasted_prefill_tokens;
 }
 
 /* A SIGTERM drain ends when no request is left (none queued for compute,
@@ -200,6 +203,7 @@ static int epd_prefill_run(const epd_daemon_flags_t *dfl, void *arg)
     srv.ckpt_every = (uint32_t)fl->ckpt_every;
     srv.ckpt_budget = (uint64_t)fl->ckpt_bytes;
     srv.replay_budget = (uint32_t)fl->replay_tokens;
+    srv.hold_under_pressure = fl->hold_under_pressure;
     /* the model (blocking: before the loop runs) */
     if (epd_daemon_engine_open(dfl, EPD_PREFILL_LOG, (uint32_t)fl->block_tokens, 1, &srv.engine) !=
         EPD_OK) {
@@ -239,6 +243,7 @@ int main(int argc, char **argv)
         .ckpt_every = 16,
         .ckpt_bytes = 64 << 20,
         .replay_tokens = 256,
+        .hold_under_pressure = 1,
     };
     const epd_opt_t opts[] = {
         {"kv-blocks", EPD_OPT_INT, &fl.kv_blocks, 1, 1 << 24, "local KV blocks"},
@@ -275,6 +280,10 @@ int main(int argc, char **argv)
         {"prefix-replay-tokens", EPD_OPT_INT, &fl.replay_tokens, 0, 1 << 24,
          "hybrid models: tokens a hit may replay from its checkpoint to rebuild the state; "
          "a longer replay cuts the hit back to the checkpoint"},
+        {"hold-under-pressure", EPD_OPT_BOOL, &fl.hold_under_pressure, 0, 0,
+         "once a decode worker refused a reservation (within the last lease), start a prompt's "
+         "compute only when its reservation is in (proto/README.md rule 34; "
+         "--no-hold-under-pressure: always at once, before the reservation)"},
     };
     return epd_daemon_main("epd-prefill",
                            "prefill worker: prompts in, KV streamed to decode per layer",

@@ -93,6 +93,9 @@ typedef struct {
     uint32_t embed_slots;      /* prefill: its embedding cache; encoder: images at once */
     uint32_t image_embeddings; /* 0: no vision */
     uint32_t embed_dim;
+    /* decode: KV on demand, admission holds prompt + this many tokens and
+     * the request grows (0: prompt + max_tokens reserved up front) */
+    uint32_t kv_headroom_tokens;
     /* load (epd.Load) at the time of the call */
     uint32_t queue_depth;
     uint64_t queued_tokens;

@@ -101,6 +101,7 @@ epd_status_t epd_client_health_parse(const void *buf, size_t len, epd_client_wor
     info->embed_slots = h->capacity->embed_slots;
     info->image_embeddings = h->capacity->image_embeddings;
     info->embed_dim = h->capacity->embed_dim;
+    info->kv_headroom_tokens = h->capacity->kv_headroom_tokens;
     if (h->load != NULL) {
         info->queue_depth = h->load->queue_depth;
         info->queued_tokens = h->load->queued_tokens;

@@ -199,6 +199,13 @@ void epd_http_req_set_abort(epd_http_req_t *req, epd_http_abort_cb_t cb, void *a
 epd_status_t epd_http_respond(epd_http_req_t *req, int status, const char *content_type,
                               const void *body, size_t len);
 
+/* epd_http_respond with extra header lines: `headers` (borrowed; NULL:
+ * none) is zero or more complete lines, each "Name: value\r\n", made by
+ * the application (e.g. "Retry-After: 1\r\n"), at most 200 bytes (longer:
+ * left out). */
+epd_status_t epd_http_respond_ex(epd_http_req_t *req, int status, const char *content_type,
+                                 const char *headers, const void *body, size_t len);
+
 /* Starts a streaming (SSE) answer to `req` with HTTP status `status`
  * (normally 200).  Afterwards only epd_http_stream_send and
  * epd_http_stream_end may be used on `req`.  EPD_OK, EPD_ERR_INVALID_PARAM

@@ -27,8 +27,14 @@ static int epd_http_header_value_ok(const char *s)
 epd_status_t epd_http_respond(epd_http_req_t *req, int status, const char *content_type,
                               const void *body, size_t len)
 {
+    return epd_http_respond_ex(req, status, content_type, NULL, body, len);
+}
+
+epd_status_t epd_http_respond_ex(epd_http_req_t *req, int status, const char *content_type,
+                                 const char *headers, const void *body, size_t len)
+{
     epd_http_conn_t *conn = req->conn;
-    char head[512];
+    char head[768];
     int hlen;
     int is_head = strcmp(req->method, "HEAD") == 0;
     epd_status_t st;
@@ -52,9 +58,13 @@ epd_status_t epd_http_respond(epd_http_req_t *req, int status, const char *conte
         body = NULL;
         len = 0;
     }
+    if (headers != NULL && strlen(headers) > 200) {
+        headers = NULL; /* the application's lines; a bound keeps them in `head` */
+    }
     hlen = snprintf(head, sizeof(head),
-                    "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s\r\n", status,
+                    "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%s\r\n", status,
                     epd_http_status_text(status), content_type, len,
+                    headers != NULL ? headers : "",
                     conn->close_after      ? "Connection: close\r\n"
                     : req->http_minor == 0 ? "Connection: keep-alive\r\n"
                                            : "");

@@ -70,6 +70,42 @@ void epd__router_fail_http(epd_router_t *rt, epd_router_req_t *r, epd_router_err
     r->http = NULL; /* finished: the fact the request's step reads */
 }
 
+void epd__router_fail_overloaded(epd_router_t *rt, epd_router_req_t *r, const char *why)
+{
+    epd_oai_error_t err;
+    char headers[80];
+
+    if (r->stream_started) {
+        /* cannot happen (room is refused before any token), but a stream
+         * ends as streams end */
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_OVERLOADED, 503, "%s%s", why, "");
+        return;
+    }
+    rt->m.errors[EPD_ROUTER_ERR_OVERLOADED]++;
+    if (r->http == NULL) {
+        return;
+    }
+    /* what OpenAI answers at its rate limits (the SDKs retry it, reading
+     * Retry-After) */
+    epd_oai_error_set(&err, 429, NULL, "rate_limit_exceeded",
+                      "The server is overloaded: %s. Please try again in %ds.", why,
+                      EPD_ROUTER_RETRY_AFTER_S);
+    snprintf(err.type, sizeof(err.type), "requests");
+    epd_oai_buf_reset(&rt->out);
+    snprintf(headers, sizeof(headers), "Retry-After: %d\r\nretry-after-ms: %d\r\n",
+             EPD_ROUTER_RETRY_AFTER_S, EPD_ROUTER_RETRY_AFTER_S * 1000);
+    if (epd_oai_error_encode(&err, &rt->out) == EPD_OK) {
+        (void)epd_http_respond_ex(r->http, 429, EPD_ROUTER_JSON, headers, rt->out.data,
+                                  rt->out.len);
+    } else {
+        (void)epd_http_respond_ex(r->http, 429, EPD_ROUTER_JSON, headers, "{}", 2);
+    }
+    epd_router_histo_observe(&rt->m.e2e, (double)(epd_time_now_ns() - r->t_arrival_ns) / 1e9);
+    epd_trace_span(rt->trace, "request (overloaded)", "router", r->trace_id, -1, r->t_arrival_ns,
+                   epd_time_now_ns());
+    r->http = NULL; /* finished: the fact the request's step reads */
+}
+
 static int epd_router_stream_start(epd_router_t *rt, epd_router_req_t *r)
 {
     if (r->stream_started) {

@@ -411,6 +411,7 @@ void epd__router_on_http(epd_http_req_t *http, void *arg)
         if (rt->http != NULL) {
             epd_http_server_stats(rt->http, &rt->m.http);
         }
+        rt->m.queue_depth = rt->n_waiting;
         if (epd_router_metrics_render(&rt->m, &rt->reg, rt->n_reqs, &t) != EPD_OK) {
             epd__router_respond_simple_error(rt, http, 500, "out of memory");
         } else {

@@ -41,15 +41,16 @@
  * went away), tokens received (r->n_out) — and from the attempt's terminal
  * event, handed to the step as the client delivers it:
  *
- *   PARSED --listed--> WAITING --submit accepted--> SUBMITTED --first token--> STREAMING
- *                      | |  ^                         |  |  |                    |  |
- *                      | |  +--failed before a token,-+  |  |                    |  |
- *                      | |     retryable: again now      |  |                    |  |
- *                      | +--no room: stays (the tick     |  +--terminal event:---+  |
- *                      |    submits again)               |     answered --> DONE    |
- *                      +--cannot submit (answered),      |                          |
- *                         the client gone --> DONE       +--HTTP side finished:-----+
- *                                                           Abort sent --> ABORTING
+ *   PARSED --queued--> WAITING --its turn, submit accepted--> SUBMITTED --first token--> STREAMING
+ *     |                | |  ^                                   |  |  |                 |  |
+ *     |                | |  +--failed before a token: again ----+  |  |                 |  |
+ *     |                | |     now (another worker), or after a    |  |                 |  |
+ *     |                | |     backoff (refused for room)          |  |                 |  |
+ *     |                | +--no room: stays, in line (FIFO)         |  +--terminal event:+  |
+ *     |                +--no room within the queue timeout (429),  |     answered --> DONE |
+ *     |                   cannot submit (answered), client gone    |                       |
+ *     |                   --> DONE                                 +--HTTP side finished:--+
+ *     +--queue full: 429 --> DONE                                     Abort sent --> ABORTING
  *                                                  ABORTING --terminal event--> DONE
  *
  * DONE is freed at once; a request is DONE only once its HTTP side is
@@ -69,12 +70,19 @@
 #include "epd_openai.h"
 #include "epd_router_metrics.h"
 #include "epd_router_registry.h"
+#include "epd_rng.h"
 #include "epd_rpc.h"
 #include "epd_trace.h"
 
 #define EPD_ROUTER_LOG "router"
 #define EPD_ROUTER_JSON "application/json"
 #define EPD_ROUTER_MAX_AVOID 8
+/* A refusal for room is retried after an exponential backoff with jitter:
+ * half of min(BASE << n, MAX) plus a random share of the other half. */
+#define EPD_ROUTER_BACKOFF_BASE_MS 20
+#define EPD_ROUTER_BACKOFF_MAX_MS 1000
+/* Retry-After of a 429 (seconds) */
+#define EPD_ROUTER_RETRY_AFTER_S 1
 /* Broken pairs: a prefill and a decode worker that both reach the router
  * but not each other (a partition between their hosts).  Remembered for
  * EPD_ROUTER_PAIR_BROKEN_MS after a request failed between them, during
@@ -99,8 +107,9 @@ typedef struct epd_router epd_router_t;
  * epd_router_req.c's step function only. */
 typedef enum {
     EPD_ROUTER_REQ_PARSED = 0, /* built by the intake (as epd_calloc left it), not listed */
-    EPD_ROUTER_REQ_WAITING,    /* listed, no attempt in flight: the next one is submitted
-                                * when stepped (at once, or by the tick after backpressure) */
+    EPD_ROUTER_REQ_WAITING,    /* in the queue (rt->wait_*, by arrival), no attempt in
+                                * flight: the next one is submitted on its turn (the
+                                * queue's walk, when no room stopped an older one) */
     EPD_ROUTER_REQ_SUBMITTED,  /* an attempt in flight, no token yet: its prompt counts in
                                 * pw->queued_tokens; a failure may be retried */
     EPD_ROUTER_REQ_STREAMING,  /* tokens arriving: a failure ends the request */
@@ -137,6 +146,15 @@ typedef struct epd_router_req {
     uint8_t img_src[EPD_CLIENT_MEDIA_MAX];              /* EPD_ROUTER_IMG_* */
     uint32_t n_avoid;
     uint32_t attempts;
+    /* overload: the queue and the backoff */
+    uint64_t queue_deadline_ns; /* no room by then: 429 */
+    uint64_t retry_at_ns;       /* refused for room: not before this */
+    uint32_t room_refusals;     /* attempts refused for room (the backoff's exponent; they
+                                 * do not count against --max-retries) */
+    int turn;                   /* fact: the queue's walk lets it try now */
+    uint32_t dw_blocks;         /* the attempt's blocks in dw->kv_pending */
+    uint64_t t_dispatch_ns;     /* the attempt was submitted */
+    struct epd_router_req *wprev, *wnext; /* WAITING: the queue, oldest first */
     /* facts */
     int no_hints;       /* a cache hint failed once: no more cache-only images */
     uint32_t n_out;     /* tokens received (from the one attempt that produced any): the
@@ -172,6 +190,8 @@ struct epd_router {
     uint32_t dead_after_ms;
     uint32_t max_retries;
     uint32_t request_timeout_ms;
+    uint32_t max_queue;        /* requests WAITING at most (beyond: 429) */
+    uint32_t queue_timeout_ms; /* a request without room this long after its arrival: 429 */
     uint32_t max_images;      /* per request */
     uint64_t max_image_bytes; /* encoded, per image */
     uint64_t max_image_pixels;
@@ -197,6 +217,10 @@ struct epd_router {
     epd_http_server_t *http;
     epd_router_req_t *reqs; /* every live request */
     uint32_t n_reqs;
+    epd_router_req_t *wait_head, *wait_tail; /* WAITING, oldest first */
+    uint32_t n_waiting;
+    int queue_stalled; /* the walk's last turn found no room */
+    epd_rng_t rng;     /* backoff jitter */
     uint64_t id_counter;
     int stopping;
     uint32_t drains_in_flight;
@@ -252,6 +276,11 @@ void epd__router_respond_simple_error(epd_router_t *rt, epd_http_req_t *http, in
  * for the count when it already was). */
 void epd__router_fail_http(epd_router_t *rt, epd_router_req_t *r, epd_router_err_kind_t kind,
                            int http_status, const char *fmt, const char *a, const char *b);
+/* Ends the HTTP side of `r` (no token went out) with 429 Too Many Requests,
+ * `Retry-After` and OpenAI's rate-limit error body ("type": "requests",
+ * "code": "rate_limit_exceeded"), the message saying `why` (counted as
+ * EPD_ROUTER_ERR_OVERLOADED).  r->http is NULL afterwards. */
+void epd__router_fail_overloaded(epd_router_t *rt, epd_router_req_t *r, const char *why);
 /* The generation finished well (EOS, max_tokens or a stop string): the
  * JSON answer, or the rest of the stream and its end.  r->http is NULL
  * afterwards (a no-op when it already was). */

@@ -136,7 +136,7 @@ static void epd_router_metrics_prefix(epd_router_text_t *t, const epd_router_reg
 }
 
 static const char *const epd_router_err_names[EPD_ROUTER_ERR_KINDS] = {
-    "bad_request", "no_workers", "upstream", "timeout", "client_gone", "internal",
+    "bad_request", "no_workers", "upstream", "timeout", "client_gone", "internal", "overloaded",
 };
 
 epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
@@ -191,6 +191,33 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                            m->http.connections, m->http.buffered_body_bytes);
     epd_router_metrics_counter(t, "epd_router_retries_total",
                                "Requests sent again to another worker", m->retries);
+    epd_router_metrics_counter(t, "epd_router_capacity_retries_total",
+                               "Attempts refused for room (KV or prefill pool full), sent again "
+                               "after a backoff",
+                               m->capacity_retries);
+    epd_router_text_printf(t,
+                           "# HELP epd_router_queue_depth Requests waiting for room in the pools\n"
+                           "# TYPE epd_router_queue_depth gauge\n"
+                           "epd_router_queue_depth %u\n"
+                           "# HELP epd_router_rejected_total Requests answered 429 (Retry-After)\n"
+                           "# TYPE epd_router_rejected_total counter\n"
+                           "epd_router_rejected_total{reason=\"queue_full\"} %llu\n"
+                           "epd_router_rejected_total{reason=\"queue_timeout\"} %llu\n",
+                           m->queue_depth, (unsigned long long)m->rejected_queue_full,
+                           (unsigned long long)m->rejected_queue_timeout);
+    epd_router_metrics_counter(t, "epd_router_decode_preemptions_total",
+                               "Requests decode workers preempted for KV room (from their "
+                               "heartbeats)",
+                               m->preemptions);
+    epd_router_metrics_counter(t, "epd_router_decode_recomputed_tokens_total",
+                               "Tokens prefilled again to resume preempted requests (from the "
+                               "decode workers' heartbeats)",
+                               m->recomputed_tokens);
+    epd_router_metrics_counter(t, "epd_router_prefill_wasted_tokens_total",
+                               "Prompt tokens prefill workers computed for requests whose KV no "
+                               "decode worker took, by the layers that ran (from their "
+                               "heartbeats)",
+                               m->wasted_prefill_tokens);
     epd_router_metrics_counter(t, "epd_router_prompt_tokens_total", "Prompt tokens (BOS included)",
                                m->prompt_tokens);
     epd_router_metrics_counter(t, "epd_router_completion_tokens_total", "Tokens generated",
@@ -317,6 +344,53 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
         if (w->state != EPD_ROUTER_DEAD && w->info.role == EPD_CLIENT_ROLE_DECODE) {
             epd_router_text_printf(t, "epd_router_worker_kv_blocks_free{worker=\"%s\"} %u\n",
                                    w->info.worker_id, w->hb_kv_blocks_free);
+        }
+    }
+    /* the fence (proto/README.md "Late writes: the fence") */
+    epd_router_text_printf(t, "# HELP epd_router_worker_quarantined Memory a worker holds for "
+                              "writers that may still write into it: decode KV blocks, prefill "
+                              "embedding slots (its last heartbeat)\n"
+                              "# TYPE epd_router_worker_quarantined gauge\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD) {
+            epd_router_text_printf(
+                t, "epd_router_worker_quarantined{worker=\"%s\",pool=\"%s\"} %u\n",
+                w->info.worker_id, epd_router_pool_name(epd_router_pool_of(w->info.role)),
+                w->hb_quarantined);
+        }
+    }
+    epd_router_text_printf(t, "# HELP epd_router_worker_late_writes_refused_total Writes a worker "
+                              "refused: from a retired writer, or outside what it was granted "
+                              "(its last heartbeat; per incarnation)\n"
+                              "# TYPE epd_router_worker_late_writes_refused_total counter\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD) {
+            epd_router_text_printf(
+                t, "epd_router_worker_late_writes_refused_total{worker=\"%s\",pool=\"%s\"} %llu\n",
+                w->info.worker_id, epd_router_pool_name(epd_router_pool_of(w->info.role)),
+                (unsigned long long)w->hb_late_writes_refused);
+        }
+    }
+    epd_router_text_printf(t, "# HELP epd_router_worker_grants_held Retired writers a worker waits "
+                              "on: they may still write without its check until their process "
+                              "ends or they confirm (its last heartbeat)\n"
+                              "# TYPE epd_router_worker_grants_held gauge\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD) {
+            epd_router_text_printf(
+                t, "epd_router_worker_grants_held{worker=\"%s\",pool=\"%s\"} %u\n",
+                w->info.worker_id, epd_router_pool_name(epd_router_pool_of(w->info.role)),
+                w->hb_grants_held);
+        }
+    }
+    epd_router_text_printf(t, "# HELP epd_router_worker_preemptions_total Requests a decode "
+                              "worker preempted for KV room (its last heartbeat; per "
+                              "incarnation)\n"
+                              "# TYPE epd_router_worker_preemptions_total counter\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD && w->info.role == EPD_CLIENT_ROLE_DECODE) {
+            epd_router_text_printf(t, "epd_router_worker_preemptions_total{worker=\"%s\"} %llu\n",
+                                   w->info.worker_id, (unsigned long long)w->hb_preemptions);
         }
     }
     /* the autoscalers' signals (deploy/k8s): decode KV usage needs the

@@ -35,6 +35,7 @@ typedef enum {
     EPD_ROUTER_ERR_TIMEOUT,         /* the request's deadline */
     EPD_ROUTER_ERR_CLIENT_GONE,     /* the HTTP client disconnected */
     EPD_ROUTER_ERR_INTERNAL,        /* out of memory, detokenize failure */
+    EPD_ROUTER_ERR_OVERLOADED,      /* 429: no room in the pools within the queue's bounds */
     EPD_ROUTER_ERR_KINDS
 } epd_router_err_kind_t;
 
@@ -53,6 +54,16 @@ typedef struct {
      * incarnation's monotonic counters, so they survive worker restarts) */
     uint64_t kv_bytes_sent;     /* written by prefill workers */
     uint64_t kv_bytes_received; /* received and verified by decode workers */
+    /* overload: decode workers' preemptions and the tokens recomputed to
+     * resume them, prefill workers' compute no decode worker took (all
+     * from heartbeats, like the data plane's); the router's own queue */
+    uint64_t preemptions;
+    uint64_t recomputed_tokens;
+    uint64_t wasted_prefill_tokens;
+    uint64_t rejected_queue_full;    /* 429: the queue held --max-queue requests */
+    uint64_t rejected_queue_timeout; /* 429: no room within --queue-timeout-ms */
+    uint64_t capacity_retries;       /* attempts refused for room, sent again after a backoff */
+    uint32_t queue_depth;            /* requests waiting for room now (set before a render) */
     /* the prefill workers' prefix caches, summed the same way (the two
      * gauges at the end stay 0: per worker below) */
     epd_prefix_stats_t prefix;

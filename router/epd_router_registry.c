@@ -212,10 +212,50 @@ void epd_router_registry_tick(epd_router_registry_t *reg, uint64_t now_ns, uint3
     }
 }
 
-static int epd_router_eligible(const epd_router_worker_t *w, int role)
+uint32_t epd_router_decode_blocks(const epd_router_worker_t *w, const epd_router_fit_t *fit)
+{
+    uint32_t bt = w->info.block_tokens > 0 ? w->info.block_tokens : 16;
+    uint64_t end = (uint64_t)fit->n_prompt + fit->max_new;
+    uint64_t hold = w->info.kv_headroom_tokens > 0 ? (uint64_t)fit->n_prompt + w->info.kv_headroom_tokens
+                                                   : end;
+
+    return (uint32_t)(((hold < end ? hold : end) + bt - 1) / bt);
+}
+
+/* Could `w`'s pool ever hold the request (decode: prompt + max_new)? */
+static int epd_router_could_hold(const epd_router_worker_t *w, const epd_router_fit_t *fit)
+{
+    uint32_t bt = w->info.block_tokens > 0 ? w->info.block_tokens : 16;
+
+    return w->info.role != EPD_CLIENT_ROLE_DECODE ||
+           ((uint64_t)fit->n_prompt + fit->max_new + bt - 1) / bt <= w->info.kv_blocks_total;
+}
+
+int epd_router_has_room(const epd_router_worker_t *w, const epd_router_fit_t *fit)
+{
+    if (w->cap_refused || !epd_router_could_hold(w, fit)) {
+        return 0;
+    }
+    if (w->info.role == EPD_CLIENT_ROLE_DECODE) {
+        uint32_t free_now =
+            w->hb_kv_blocks_free > w->kv_pending ? w->hb_kv_blocks_free - w->kv_pending : 0;
+
+        return epd_router_decode_blocks(w, fit) <= free_now;
+    }
+    return 1;
+}
+
+/* READY with a usable endpoint; with `fit`, also room for the request. */
+static int epd_router_eligible_fit(const epd_router_worker_t *w, int role,
+                                   const epd_router_fit_t *fit)
 {
     return w->state == EPD_ROUTER_READY && w->info.role == role && w->cw != NULL &&
-           epd_client_worker_state(w->cw) == EPD_OK;
+           epd_client_worker_state(w->cw) == EPD_OK && (fit == NULL || epd_router_has_room(w, fit));
+}
+
+static int epd_router_eligible(const epd_router_worker_t *w, int role)
+{
+    return epd_router_eligible_fit(w, role, NULL);
 }
 
 static int epd_router_avoided(const epd_router_worker_t *w, epd_router_worker_t *const *avoid,
@@ -252,7 +292,8 @@ static uint64_t epd_router_load_score(const epd_router_worker_t *w)
 }
 
 static epd_router_worker_t *epd_router_least_load(epd_router_registry_t *reg, int role,
-                                                  epd_router_worker_t *const *avoid, size_t n_avoid)
+                                                  epd_router_worker_t *const *avoid, size_t n_avoid,
+                                                  const epd_router_fit_t *fit)
 {
     epd_router_worker_t *best = NULL;
     uint64_t best_score = 0;
@@ -260,7 +301,7 @@ static epd_router_worker_t *epd_router_least_load(epd_router_registry_t *reg, in
     for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
         uint64_t s;
 
-        if (!epd_router_eligible(w, role) || epd_router_avoided(w, avoid, n_avoid)) {
+        if (!epd_router_eligible_fit(w, role, fit) || epd_router_avoided(w, avoid, n_avoid)) {
             continue;
         }
         s = epd_router_load_score(w);
@@ -275,13 +316,13 @@ static epd_router_worker_t *epd_router_least_load(epd_router_registry_t *reg, in
 
 static epd_router_worker_t *epd_router_round_robin(epd_router_registry_t *reg, int role,
                                                    epd_router_worker_t *const *avoid,
-                                                   size_t n_avoid)
+                                                   size_t n_avoid, const epd_router_fit_t *fit)
 {
     uint32_t *cursor = &reg->rr[epd_router_pool_of(role)];
     uint32_t n = 0, k = 0;
 
     for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
-        n += epd_router_eligible(w, role) && !epd_router_avoided(w, avoid, n_avoid);
+        n += epd_router_eligible_fit(w, role, fit) && !epd_router_avoided(w, avoid, n_avoid);
     }
     if (n == 0) {
         return NULL;
@@ -289,7 +330,8 @@ static epd_router_worker_t *epd_router_round_robin(epd_router_registry_t *reg, i
     /* the list is newest first; walk it oldest-stable by index modulo n */
     k = (*cursor)++ % n;
     for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
-        if (epd_router_eligible(w, role) && !epd_router_avoided(w, avoid, n_avoid) && k-- == 0) {
+        if (epd_router_eligible_fit(w, role, fit) && !epd_router_avoided(w, avoid, n_avoid) &&
+            k-- == 0) {
             return w;
         }
     }
@@ -380,6 +422,7 @@ static uint64_t epd_router_rendezvous(const epd_router_worker_t *w, const uint32
 static epd_router_worker_t *epd_router_kv_prefill(epd_router_registry_t *reg,
                                                   epd_router_probe_t *pp, const uint32_t *prompt,
                                                   uint32_t n_prompt,
+                                                  const epd_router_fit_t *fit,
                                                   epd_router_worker_t *const *avoid,
                                                   size_t n_avoid)
 {
@@ -389,7 +432,7 @@ static epd_router_worker_t *epd_router_kv_prefill(epd_router_registry_t *reg,
     for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
         uint64_t cached, cost, weight;
 
-        if (!epd_router_eligible(w, EPD_CLIENT_ROLE_PREFILL) ||
+        if (!epd_router_eligible_fit(w, EPD_CLIENT_ROLE_PREFILL, fit) ||
             epd_router_avoided(w, avoid, n_avoid)) {
             continue;
         }
@@ -410,10 +453,12 @@ static epd_router_worker_t *epd_router_kv_prefill(epd_router_registry_t *reg,
  * within EPD_ROUTER_DECODE_SLACK of it (then the one holding the most). */
 static epd_router_worker_t *epd_router_kv_decode(epd_router_registry_t *reg,
                                                  epd_router_probe_t *pp,
+                                                 const epd_router_fit_t *fit,
                                                  epd_router_worker_t *const *avoid,
                                                  size_t n_avoid)
 {
-    epd_router_worker_t *least = epd_router_least_load(reg, EPD_CLIENT_ROLE_DECODE, avoid, n_avoid);
+    epd_router_worker_t *least =
+        epd_router_least_load(reg, EPD_CLIENT_ROLE_DECODE, avoid, n_avoid, fit);
     epd_router_worker_t *best = NULL;
     uint64_t limit;
     uint32_t most = 0;
@@ -425,7 +470,7 @@ static epd_router_worker_t *epd_router_kv_decode(epd_router_registry_t *reg,
     for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
         uint32_t c;
 
-        if (!epd_router_eligible(w, EPD_CLIENT_ROLE_DECODE) ||
+        if (!epd_router_eligible_fit(w, EPD_CLIENT_ROLE_DECODE, fit) ||
             epd_router_avoided(w, avoid, n_avoid) || (epd_router_load_score(w) >> 12) > limit) {
             continue;
         }
@@ -438,16 +483,11 @@ static epd_router_worker_t *epd_router_kv_decode(epd_router_registry_t *reg,
     return best != NULL ? best : least;
 }
 
-epd_router_worker_t *epd_router_registry_pick(epd_router_registry_t *reg, int role,
-                                              const uint32_t *prompt, uint32_t n_prompt,
-                                              epd_router_worker_t *const *avoid, size_t n_avoid)
-{
-    return epd_router_registry_pick_kv(reg, role, NULL, prompt, n_prompt, avoid, n_avoid);
-}
-
+/* The policy's choice among the eligible workers (with room for `fit`
+ * when given), skipping `avoid` unless nothing else is eligible. */
 epd_router_worker_t *epd_router_registry_pick_kv(epd_router_registry_t *reg, int role,
                                                  epd_router_probe_t *pp, const uint32_t *prompt,
-                                                 uint32_t n_prompt,
+                                                 uint32_t n_prompt, const epd_router_fit_t *fit,
                                                  epd_router_worker_t *const *avoid,
                                                  size_t n_avoid)
 {
@@ -457,15 +497,15 @@ epd_router_worker_t *epd_router_registry_pick_kv(epd_router_registry_t *reg, int
 
         switch (role == EPD_CLIENT_ROLE_ENCODER ? EPD_ROUTER_POLICY_LEAST_LOAD : reg->policy) {
         case EPD_ROUTER_POLICY_ROUND_ROBIN:
-            w = epd_router_round_robin(reg, role, avoid, na);
+            w = epd_router_round_robin(reg, role, avoid, na, fit);
             break;
         case EPD_ROUTER_POLICY_PREFIX_AFFINITY:
             w = role == EPD_CLIENT_ROLE_PREFILL
-                    ? epd_router_kv_prefill(reg, pp, prompt, n_prompt, avoid, na)
-                    : epd_router_kv_decode(reg, pp, avoid, na);
+                    ? epd_router_kv_prefill(reg, pp, prompt, n_prompt, fit, avoid, na)
+                    : epd_router_kv_decode(reg, pp, fit, avoid, na);
             break;
         default:
-            w = epd_router_least_load(reg, role, avoid, na);
+            w = epd_router_least_load(reg, role, avoid, na, fit);
             break;
         }
         if (w != NULL || n_avoid == 0) {
@@ -473,6 +513,44 @@ epd_router_worker_t *epd_router_registry_pick_kv(epd_router_registry_t *reg, int
         }
     }
     return NULL;
+}
+
+epd_router_worker_t *epd_router_registry_pick(epd_router_registry_t *reg, int role,
+                                              const uint32_t *prompt, uint32_t n_prompt,
+                                              epd_router_worker_t *const *avoid, size_t n_avoid)
+{
+    return epd_router_registry_pick_kv(reg, role, NULL, prompt, n_prompt, NULL, avoid, n_avoid);
+}
+
+epd_router_worker_t *epd_router_registry_pick_room(epd_router_registry_t *reg, int role,
+                                                   const uint32_t *prompt,
+                                                   const epd_router_fit_t *fit,
+                                                   epd_router_worker_t *const *avoid,
+                                                   size_t n_avoid, int *full_p)
+{
+    return epd_router_registry_pick_room_kv(reg, role, NULL, prompt, fit, avoid, n_avoid, full_p);
+}
+
+epd_router_worker_t *epd_router_registry_pick_room_kv(epd_router_registry_t *reg, int role,
+                                                      epd_router_probe_t *pp,
+                                                      const uint32_t *prompt,
+                                                      const epd_router_fit_t *fit,
+                                                      epd_router_worker_t *const *avoid,
+                                                      size_t n_avoid, int *full_p)
+{
+    epd_router_worker_t *w =
+        epd_router_registry_pick_kv(reg, role, pp, prompt, fit->n_prompt, fit, avoid, n_avoid);
+
+    *full_p = 0;
+    if (w == NULL) {
+        for (epd_router_worker_t *c = reg->workers; c != NULL; c = c->next) {
+            if (epd_router_eligible(c, role) && epd_router_could_hold(c, fit)) {
+                *full_p = 1; /* there are workers: all of them full now */
+                break;
+            }
+        }
+    }
+    return w;
 }
 
 /* Hints of `w` for the images, without touching their LRU order. */

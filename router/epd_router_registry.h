@@ -18,8 +18,17 @@
  *
  * Load: the heartbeat's figures (queue depth, queued tokens, free KV
  * blocks, running requests) plus what the router itself has sent since
- * (in-flight requests, prompt tokens waiting for their first token), which
- * is current between heartbeats.
+ * (in-flight requests, prompt tokens waiting for their first token, the
+ * KV blocks decode workers take for what it sent), which is current
+ * between heartbeats.
+ *
+ * Room (overload): a request goes to a decode worker only when that
+ * worker's free blocks — its last heartbeat's, less the blocks of the
+ * requests the router sent it since — cover what it takes at admission
+ * (the prompt plus its headroom when its KV grows on demand, prompt +
+ * max_tokens when reserved up front), and to no worker that refused one
+ * for room (no capacity) since its last heartbeat.  When READY workers
+ * exist but none has room, the request waits in the router's queue.
  *
  * Pools: prefill, decode and encoder workers; encoders are picked by
  * least load (in-flight images per slot) under every policy.
@@ -100,11 +109,21 @@ typedef struct epd_router_worker {
     uint64_t hb_kv_bytes_sent;     /* data-plane counters (monotonic per incarnation) */
     uint64_t hb_kv_bytes_received;
     epd_prefix_stats_t hb_prefix; /* its prefix cache (prefill; per incarnation) */
+    uint64_t hb_preemptions;        /* overload counters (monotonic per incarnation) */
+    uint64_t hb_recomputed_tokens;
+    uint64_t hb_wasted_prefill_tokens;
     uint32_t hb_links[4]; /* its links to other workers by class: shm, tcp, rdma, other */
+    /* the fence (proto/README.md "Late writes: the fence"): memory held
+     * for writers that may still write, late writes refused, grants held */
+    uint32_t hb_quarantined;
+    uint64_t hb_late_writes_refused;
+    uint32_t hb_grants_held;
     /* router-side load */
     uint32_t inflight;      /* requests sent here, not yet ended */
     uint64_t queued_tokens; /* prefill: prompt tokens not yet past their first token */
     uint64_t served;        /* requests sent here */
+    uint32_t kv_pending;    /* decode: blocks of requests sent since the last heartbeat */
+    int cap_refused;        /* refused a request for room since the last heartbeat */
     /* prefill: the images the router believes this worker has cached (an
      * LRU mirror of its embedding cache, as big as its embed_slots): a hint
      * only — a wrong one costs a retry with an encoder (EPD_ERR_NOT_FOUND) */
@@ -162,6 +181,33 @@ int epd_router_cache_has(epd_router_worker_t *w, const unsigned char *hash, uint
 void epd_router_cache_add(epd_router_worker_t *w, const unsigned char *hash, uint64_t now_ns);
 void epd_router_cache_forget(epd_router_worker_t *w, const unsigned char *hash);
 
+/* What a request needs of a worker's room: its prompt and the most tokens
+ * it may generate. */
+typedef struct {
+    uint32_t n_prompt;
+    uint32_t max_new;
+} epd_router_fit_t;
+
+/* Blocks decode worker `w` takes when it admits such a request (rule 30:
+ * prompt + its kv_headroom_tokens, at most prompt + max_new; up front when
+ * it reports no headroom: prompt + max_new). */
+uint32_t epd_router_decode_blocks(const epd_router_worker_t *w, const epd_router_fit_t *fit);
+
+/* Does `w` have room for the request now (see "Room" above)?  Decode: its
+ * pool can ever hold prompt + max_new and its free blocks cover what it
+ * takes; every role: no refusal for room since its last heartbeat.  `fit`
+ * is borrowed for the call. */
+int epd_router_has_room(const epd_router_worker_t *w, const epd_router_fit_t *fit);
+
+/* As epd_router_registry_pick, among the workers with room for `fit`.
+ * NULL with *full_p 1 when eligible workers exist that could hold it but
+ * none has room now (the request waits), 0 when there is none at all. */
+epd_router_worker_t *epd_router_registry_pick_room(epd_router_registry_t *reg, int role,
+                                                   const uint32_t *prompt,
+                                                   const epd_router_fit_t *fit,
+                                                   epd_router_worker_t *const *avoid,
+                                                   size_t n_avoid, int *full_p);
+
 /*
  * A prompt as KV-aware routing sees it: its chain keys, computed as far as
  * some worker may hold them (lazily: the hashing stops at the first block
@@ -195,12 +241,21 @@ uint32_t epd_router_cached_blocks(const epd_router_worker_t *w, epd_router_probe
 void epd_router_hints_expect(epd_router_worker_t *w, epd_router_probe_t *pp, uint32_t max_blocks);
 
 /* epd_router_registry_pick with the prompt's probe (KV-aware under
- * prefix-affinity; pp may be NULL: no hints). */
+ * prefix-affinity; pp may be NULL: no hints), among the workers with room
+ * for `fit` (NULL: any). */
 epd_router_worker_t *epd_router_registry_pick_kv(epd_router_registry_t *reg, int role,
                                                  epd_router_probe_t *pp, const uint32_t *prompt,
-                                                 uint32_t n_prompt,
+                                                 uint32_t n_prompt, const epd_router_fit_t *fit,
                                                  epd_router_worker_t *const *avoid,
                                                  size_t n_avoid);
+
+/* epd_router_registry_pick_room with the prompt's probe (pp may be NULL). */
+epd_router_worker_t *epd_router_registry_pick_room_kv(epd_router_registry_t *reg, int role,
+                                                      epd_router_probe_t *pp,
+                                                      const uint32_t *prompt,
+                                                      const epd_router_fit_t *fit,
+                                                      epd_router_worker_t *const *avoid,
+                                                      size_t n_avoid, int *full_p);
 
 /* Picks a worker of `role` (EPD_CLIENT_ROLE_PREFILL, _DECODE or _ENCODER) for a
  * prompt of n_prompt tokens, skipping the entries in avoid[0..n_avoid)

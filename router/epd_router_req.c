@@ -74,6 +74,59 @@ static void epd_router_req_list(epd_router_t *rt, epd_router_req_t *r)
     rt->n_reqs++;
 }
 
+/* Into the queue at its place by arrival (a request refused for room goes
+ * back behind the older ones, ahead of the newer). */
+static void epd_router_queue_add(epd_router_t *rt, epd_router_req_t *r)
+{
+    epd_router_req_t *after = rt->wait_tail;
+
+    while (after != NULL && after->t_arrival_ns > r->t_arrival_ns) {
+        after = after->wprev;
+    }
+    r->wprev = after;
+    r->wnext = after != NULL ? after->wnext : rt->wait_head;
+    if (r->wnext != NULL) {
+        r->wnext->wprev = r;
+    } else {
+        rt->wait_tail = r;
+    }
+    if (after != NULL) {
+        after->wnext = r;
+    } else {
+        rt->wait_head = r;
+    }
+    rt->n_waiting++;
+}
+
+static void epd_router_queue_remove(epd_router_t *rt, epd_router_req_t *r)
+{
+    if (r->wprev != NULL) {
+        r->wprev->wnext = r->wnext;
+    } else {
+        rt->wait_head = r->wnext;
+    }
+    if (r->wnext != NULL) {
+        r->wnext->wprev = r->wprev;
+    } else {
+        rt->wait_tail = r->wprev;
+    }
+    r->wprev = r->wnext = NULL;
+    rt->n_waiting--;
+}
+
+/* The backoff after the n-th refusal for room (0-based): half of
+ * min(BASE << n, MAX), plus a random share of the other half. */
+static uint64_t epd_router_backoff_ns(epd_router_t *rt, uint32_t n)
+{
+    uint64_t cap = (uint64_t)EPD_ROUTER_BACKOFF_BASE_MS << (n < 16 ? n : 16);
+
+    if (cap > EPD_ROUTER_BACKOFF_MAX_MS) {
+        cap = EPD_ROUTER_BACKOFF_MAX_MS;
+    }
+    cap *= 1000000ull;
+    return cap / 2 + epd_rng_next(&rt->rng) % (cap / 2 + 1);
+}
+
 static void epd_router_req_free(epd_router_t *rt, epd_router_req_t *r)
 {
     if (r->prev != NULL) {
@@ -130,6 +183,11 @@ static void epd_router_attempt_end(epd_router_req_t *r)
     }
     if (r->dw != NULL) {
         r->dw->inflight--;
+        if (r->t_dispatch_ns > r->dw->last_hb_ns) {
+            /* sent since its last heartbeat: no longer counted against its
+             * free blocks (they are its own business now) */
+            r->dw->kv_pending -= r->dw_blocks < r->dw->kv_pending ? r->dw_blocks : r->dw->kv_pending;
+        }
         epd_router_worker_unref(r->dw);
         r->dw = NULL;
     }
@@ -219,9 +277,10 @@ static epd_router_worker_t *epd_router_pick_around(epd_router_t *rt, epd_router_
 /* --------------------------------------------------------------- dispatch */
 
 /* Submits an attempt to a prefill and a decode worker chosen by the
- * policy.  EPD_OK; EPD_ERR_UNREACHABLE (no eligible worker),
- * EPD_ERR_NO_RESOURCE (transport backpressure: the tick tries again),
- * EPD_ERR_TOO_LONG, other submit errors. */
+ * policy among those with room.  EPD_OK; EPD_ERR_UNREACHABLE (no eligible
+ * worker), EPD_ERR_NO_CAPACITY (workers, but none with room now: the
+ * request waits), EPD_ERR_NO_RESOURCE (transport backpressure: it waits
+ * too), EPD_ERR_TOO_LONG, other submit errors. */
 static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns)
 {
     epd_client_request_t q;
@@ -256,7 +315,9 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
     }
 
     for (int tries = 0; tries < 4; tries++) {
+        epd_router_fit_t fit = {.n_prompt = r->n_prompt, .max_new = r->max_new};
         epd_router_worker_t *pw, *dw;
+        int p_full = 0, d_full = 0;
         uint64_t left_ms;
 
         epd_client_media_t media[EPD_CLIENT_MEDIA_MAX];
@@ -266,12 +327,16 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
                  ? epd_router_registry_pick_images(&rt->reg, r->prompt, r->n_prompt,
                                                    (const unsigned char(*)[32])r->img_hash,
                                                    r->n_images, r->avoid, r->n_avoid, now_ns)
-                 : epd_router_registry_pick_kv(&rt->reg, EPD_CLIENT_ROLE_PREFILL, pp, r->prompt,
-                                               r->n_prompt, r->avoid, r->n_avoid);
-        dw = epd_router_registry_pick_kv(&rt->reg, EPD_CLIENT_ROLE_DECODE, pp, r->prompt,
-                                         r->n_prompt, r->avoid, r->n_avoid);
+                 : epd_router_registry_pick_room_kv(&rt->reg, EPD_CLIENT_ROLE_PREFILL, pp,
+                                                    r->prompt, &fit, r->avoid, r->n_avoid,
+                                                    &p_full);
+        /* no decode worker whose free blocks cannot hold it (rule 30) */
+        dw = epd_router_registry_pick_room_kv(&rt->reg, EPD_CLIENT_ROLE_DECODE, pp, r->prompt,
+                                              &fit, r->avoid, r->n_avoid, &d_full);
         if (pw == NULL || dw == NULL) {
-            return EPD_ERR_UNREACHABLE;
+            /* workers exist but are full: the request waits for room */
+            return (pw != NULL || p_full) && (dw != NULL || d_full) ? EPD_ERR_NO_CAPACITY
+                                                                    : EPD_ERR_UNREACHABLE;
         }
         dw = epd_router_pick_around(rt, r, &pw, dw, now_ns);
         /* each image: the prefill worker's cache when we believe it holds
@@ -356,6 +421,9 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
             pw->served++;
             dw->served++;
             pw->queued_tokens += r->n_prompt; /* until the first token (n_out 0) */
+            r->dw_blocks = epd_router_decode_blocks(dw, &fit);
+            dw->kv_pending += r->dw_blocks; /* until its next heartbeat says */
+            r->t_dispatch_ns = now_ns;
             if (pp != NULL) {
                 /* they will hold the prompt's blocks: the next request with
                  * this prefix goes there before any heartbeat says so */
@@ -406,6 +474,15 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
         }
     }
     return st;
+}
+
+/* Was the attempt refused for room (a decode worker's KvRefused, a prefill
+ * or decode worker's EPD_ERR_NO_CAPACITY)?  Such a request waits and tries
+ * again after a backoff; both pools full end the same way (429). */
+static int epd_router_for_room(const epd_client_event_t *ev)
+{
+    return ev->kind == EPD_CLIENT_EV_REFUSED ||
+           (ev->kind == EPD_CLIENT_EV_ERROR && ev->status == EPD_ERR_NO_CAPACITY);
 }
 
 static int epd_router_retryable(const epd_client_event_t *ev)
@@ -489,8 +566,35 @@ static void epd_router_avoid(epd_router_req_t *r, epd_router_worker_t *w)
 typedef enum {
     EPD_ROUTER_ATTEMPT_FINAL, /* the request is over: answered now, or before */
     EPD_ROUTER_ATTEMPT_RETRY, /* failed before its first token, retries and time left:
-                               * another attempt, on other workers */
+                               * another attempt, on other workers (or after a backoff
+                               * when it was refused for room) */
 } epd_router_attempt_next_t;
+
+/* Refused for room before its first token (`reporter` said so): the worker
+ * gets no new work until its next heartbeat, the request waits in the
+ * queue (by its arrival) for a backoff — or, past its queue's time, is
+ * answered 429.  Returns what follows. */
+static epd_router_attempt_next_t epd_router_attempt_no_room(epd_router_t *rt, epd_router_req_t *r,
+                                                            const epd_client_event_t *ev,
+                                                            epd_router_worker_t *reporter,
+                                                            uint64_t now)
+{
+    if (reporter != NULL) {
+        reporter->cap_refused = 1;
+    }
+    if (now >= r->queue_deadline_ns || now >= r->deadline_ns) {
+        rt->m.rejected_queue_timeout++;
+        epd__router_fail_overloaded(rt, r, "no room in the prefill or decode pools in time");
+        return EPD_ROUTER_ATTEMPT_FINAL;
+    }
+    r->retry_at_ns = now + epd_router_backoff_ns(rt, r->room_refusals++);
+    rt->m.capacity_retries++;
+    epd_log_debug(EPD_ROUTER_LOG, ev->request_id,
+                  "attempt %u refused for room by %s (%s): again in %llu ms", r->attempts,
+                  ev->from, ev->message,
+                  (unsigned long long)((r->retry_at_ns - now) / 1000000ull));
+    return EPD_ROUTER_ATTEMPT_RETRY;
+}
 
 /* The attempt failed (an ERROR or REFUSED event, `ev`): what it tells of
  * the workers (a disproved cache hint, whom to avoid), the workers let go,
@@ -546,9 +650,16 @@ static epd_router_attempt_next_t epd_router_attempt_failed(epd_router_t *rt, epd
                               "an image of the request: %s%s", ev->message, "");
         return EPD_ROUTER_ATTEMPT_FINAL;
     }
-    /* a disproved hint is nobody's failure: it gets one attempt on top */
+    if (r->n_out == 0 && epd_router_for_room(ev)) {
+        return epd_router_attempt_no_room(
+            rt, r, ev, ev->kind == EPD_CLIENT_EV_REFUSED ? dw : reporter != NULL ? reporter : pw,
+            now);
+    }
+    /* a disproved hint is nobody's failure: it gets one attempt on top;
+     * refusals for room do not count */
     if (r->n_out == 0 && (epd_router_retryable(ev) || stale_hint) &&
-        r->attempts <= rt->max_retries + (uint32_t)r->no_hints && now < r->deadline_ns) {
+        r->attempts - r->room_refusals <= rt->max_retries + (uint32_t)r->no_hints &&
+        now < r->deadline_ns) {
         int enc_dead = 0;
 
         for (uint32_t k = 0; k < r->n_images; k++) {
@@ -650,21 +761,48 @@ static void epd_router_req_step(epd_router_t *rt, epd_router_req_t *r,
         case EPD_ROUTER_REQ_PARSED:
             epd_router_req_list(rt, r);
             epd_http_req_set_abort(r->http, epd_router_on_http_abort, r);
+            if (rt->n_waiting >= rt->max_queue) {
+                /* the queue is full: not even a place in line */
+                rt->m.rejected_queue_full++;
+                epd__router_fail_overloaded(rt, r, "too many requests are waiting");
+                r->state = EPD_ROUTER_REQ_DONE;
+                break;
+            }
+            epd_router_queue_add(rt, r);
             r->state = EPD_ROUTER_REQ_WAITING;
             break;
         case EPD_ROUTER_REQ_WAITING:
             if (r->http == NULL) {
-                r->state = EPD_ROUTER_REQ_DONE; /* the client left between attempts */
+                epd_router_queue_remove(rt, r);
+                r->state = EPD_ROUTER_REQ_DONE; /* the client left while it waited */
                 break;
             }
-            st = epd_router_dispatch(rt, r, now_ns);
+            st = EPD_ERR_NO_CAPACITY;
+            if (r->turn) {
+                /* its turn in the queue (epd_router_queue_run) */
+                r->turn = 0;
+                st = epd_router_dispatch(rt, r, now_ns);
+                /* no room for the oldest: the walk stops behind it */
+                rt->queue_stalled = st == EPD_ERR_NO_CAPACITY || st == EPD_ERR_NO_RESOURCE;
+            }
             if (st == EPD_OK) {
+                epd_router_queue_remove(rt, r);
                 r->state = EPD_ROUTER_REQ_SUBMITTED;
-            } else if (st != EPD_ERR_NO_RESOURCE || now_ns >= r->deadline_ns) {
-                epd_router_dispatch_failed(rt, r, st == EPD_ERR_NO_RESOURCE ? EPD_ERR_TIMEOUT : st);
+            } else if (st != EPD_ERR_NO_CAPACITY && st != EPD_ERR_NO_RESOURCE) {
+                epd_router_queue_remove(rt, r);
+                epd_router_dispatch_failed(rt, r, st);
+                r->state = EPD_ROUTER_REQ_DONE;
+            } else if (now_ns >= r->deadline_ns) {
+                epd_router_queue_remove(rt, r);
+                epd_router_dispatch_failed(rt, r, EPD_ERR_TIMEOUT);
+                r->state = EPD_ROUTER_REQ_DONE;
+            } else if (now_ns >= r->queue_deadline_ns) {
+                epd_router_queue_remove(rt, r);
+                rt->m.rejected_queue_timeout++;
+                epd__router_fail_overloaded(rt, r, "no room in the prefill or decode pools in time");
                 r->state = EPD_ROUTER_REQ_DONE;
             }
-            /* else the transport had no room: stays, the tick submits again */
+            /* else it waits in line for room */
             break;
         case EPD_ROUTER_REQ_SUBMITTED:
         case EPD_ROUTER_REQ_STREAMING:
@@ -672,8 +810,14 @@ static void epd_router_req_step(epd_router_t *rt, epd_router_req_t *r,
                 epd_router_attempt_next_t next = epd_router_attempt_over(rt, r, end, now_ns);
 
                 end = NULL;
-                r->state =
-                    next == EPD_ROUTER_ATTEMPT_RETRY ? EPD_ROUTER_REQ_WAITING : EPD_ROUTER_REQ_DONE;
+                if (next == EPD_ROUTER_ATTEMPT_RETRY) {
+                    /* back in line at its place; at once unless it backs off */
+                    epd_router_queue_add(rt, r);
+                    r->turn = r->retry_at_ns <= now_ns;
+                    r->state = EPD_ROUTER_REQ_WAITING;
+                } else {
+                    r->state = EPD_ROUTER_REQ_DONE;
+                }
             } else if (r->http == NULL) {
                 /* answered (a stop string, a failure of ours) or the client
                  * gone: stop the attempt; its terminal event still comes */
@@ -761,18 +905,43 @@ static void epd_router_on_tokens(epd_router_t *rt, epd_router_req_t *r,
     }
 }
 
+/*
+ * The queue's walk, oldest first: each request not backing off gets its
+ * turn to try; one that finds no room stops the walk (first come, first
+ * served: a newer request does not pass an older one that waits for room;
+ * those backing off are passed).
+ */
+static void epd_router_queue_run(epd_router_t *rt, uint64_t now_ns)
+{
+    for (epd_router_req_t *r = rt->wait_head, *next; r != NULL; r = next) {
+        next = r->wnext;
+        if (r->retry_at_ns > now_ns) {
+            continue;
+        }
+        r->turn = 1;
+        rt->queue_stalled = 0;
+        epd_router_req_advance(rt, r, NULL, now_ns); /* (r may be freed now) */
+        if (rt->queue_stalled) {
+            break;
+        }
+    }
+}
+
 void epd__router_on_event(void *arg, const epd_client_event_t *ev)
 {
     epd_router_t *rt = arg;
     epd_router_req_t *r = ev->user;
     uint64_t now = epd_time_now_ns();
+    int terminal = ev->terminal || ev->kind != EPD_CLIENT_EV_TOKENS;
 
     if (ev->kind == EPD_CLIENT_EV_TOKENS && ev->n_tokens > 0) {
         epd_router_on_tokens(rt, r, ev, now);
     }
     /* an ERROR or a REFUSED is always an attempt's last event */
-    epd_router_req_advance(rt, r, ev->terminal || ev->kind != EPD_CLIENT_EV_TOKENS ? ev : NULL,
-                           now);
+    epd_router_req_advance(rt, r, terminal ? ev : NULL, now);
+    if (terminal && rt->wait_head != NULL) {
+        epd_router_queue_run(rt, now); /* an attempt's end may have made room */
+    }
 }
 
 /* The HTTP client went away (the HTTP request is invalid once this
@@ -796,17 +965,20 @@ void epd__router_tick(epd_router_t *rt, uint64_t now_ns)
 
     epd_router_registry_tick(&rt->reg, now_ns, &died);
     rt->m.workers_died += died;
-    /* requests waiting for the transport to take their submit */
-    for (epd_router_req_t *r = rt->reqs, *next; r != NULL; r = next) {
-        next = r->next;
-        if (r->state == EPD_ROUTER_REQ_WAITING) {
-            epd_router_req_advance(rt, r, NULL, now_ns);
-        }
+    /* the waiting: first their clocks (queue timeout, deadline), then the
+     * walk (heartbeats may have brought room, a backoff may be over) */
+    for (epd_router_req_t *r = rt->wait_head, *next; r != NULL; r = next) {
+        next = r->wnext;
+        epd_router_req_advance(rt, r, NULL, now_ns);
     }
+    epd_router_queue_run(rt, now_ns);
 }
 
 void epd__router_req_start(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns)
 {
     assert(r->state == EPD_ROUTER_REQ_PARSED);
+    r->queue_deadline_ns = now_ns + (uint64_t)rt->queue_timeout_ms * 1000000ull;
     epd_router_req_advance(rt, r, NULL, now_ns);
+    /* in line: its turn comes at once when nobody older waits for room */
+    epd_router_queue_run(rt, now_ns);
 }

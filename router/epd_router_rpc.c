@@ -204,6 +204,7 @@ static int epd_router_register(epd_router_t *rt, const void *req, size_t req_len
     info->embed_slots = rr->capacity->embed_slots;
     info->image_embeddings = rr->capacity->image_embeddings;
     info->embed_dim = rr->capacity->embed_dim;
+    info->kv_headroom_tokens = rr->capacity->kv_headroom_tokens;
     info->kv_blocks_total = rr->capacity->kv_blocks_total;
     info->state_slots_total = rr->capacity->state_slots_total;
     info->max_batch = rr->capacity->max_batch;
@@ -321,6 +322,9 @@ static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_le
             w->hb_links[1] = hb->load->links_tcp;
             w->hb_links[2] = hb->load->links_rdma;
             w->hb_links[3] = hb->load->links_other;
+            w->hb_quarantined = hb->load->quarantined;
+            w->hb_late_writes_refused = hb->load->late_writes_refused;
+            w->hb_grants_held = hb->load->grants_held;
             if (hb->load->kv_bytes_sent > w->hb_kv_bytes_sent) {
                 rt->m.kv_bytes_sent += hb->load->kv_bytes_sent - w->hb_kv_bytes_sent;
                 w->hb_kv_bytes_sent = hb->load->kv_bytes_sent;
@@ -338,6 +342,23 @@ static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_le
                     epd_router_hints_apply(w->hints, hb->prefix_events[i]);
                 }
             }
+            if (hb->load->preemptions > w->hb_preemptions) {
+                rt->m.preemptions += hb->load->preemptions - w->hb_preemptions;
+                w->hb_preemptions = hb->load->preemptions;
+            }
+            if (hb->load->recomputed_tokens > w->hb_recomputed_tokens) {
+                rt->m.recomputed_tokens += hb->load->recomputed_tokens - w->hb_recomputed_tokens;
+                w->hb_recomputed_tokens = hb->load->recomputed_tokens;
+            }
+            if (hb->load->wasted_prefill_tokens > w->hb_wasted_prefill_tokens) {
+                rt->m.wasted_prefill_tokens +=
+                    hb->load->wasted_prefill_tokens - w->hb_wasted_prefill_tokens;
+                w->hb_wasted_prefill_tokens = hb->load->wasted_prefill_tokens;
+            }
+            /* its free blocks are current again: what we sent since the
+             * last one is in them, and a refusal for room is history */
+            w->kv_pending = 0;
+            w->cap_refused = 0;
             if (hb->load->draining && !w->self_draining) {
                 /* drained through its own Drain RPC (epd-ctl drain WORKER):
                  * no new work from now on, as if drained through us */
@@ -532,6 +553,9 @@ static int epd_router_status(epd_router_t *rt, void **resp_p, size_t *resp_len_p
         q->load.links_tcp = w->hb_links[1];
         q->load.links_rdma = w->hb_links[2];
         q->load.links_other = w->hb_links[3];
+        q->load.quarantined = w->hb_quarantined;
+        q->load.late_writes_refused = w->hb_late_writes_refused;
+        q->load.grants_held = w->hb_grants_held;
         q->cap.kv_blocks_total = w->info.kv_blocks_total;
         q->cap.block_tokens = w->info.block_tokens;
         q->cap.state_slots_total = w->info.state_slots_total;

@@ -81,12 +81,14 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <sodium.h>
 
 #include "epd_alloc.h"
 #include "epd_bufpool.h"
 #include "epd_log.h"
+#include "epd_proc.h"
 #include "epd_time.h"
 
 #define EPD__XPORT_COMP "xport"
@@ -119,7 +121,13 @@ enum {
                                  */
 #define EPD__FRAME_F_AUTH 0x02u /* HELLO / HELLO_ACK / HELLO_FIN: the sender authenticates */
 #define EPD__FRAME_F_MAC 0x04u  /* an EPD__XPORT_TAG_BYTES tag follows the header */
-#define EPD__FRAME_F_ALL (EPD__FRAME_F_EXT | EPD__FRAME_F_AUTH | EPD__FRAME_F_MAC)
+#define EPD__FRAME_F_PROC                                                                          \
+    0x08u /* HELLO / HELLO_ACK with F_EXT: an epd__hello_proc_t follows                            \
+           * the identity block */
+#define EPD__FRAME_F_ALL                                                                           \
+    (EPD__FRAME_F_EXT | EPD__FRAME_F_AUTH | EPD__FRAME_F_MAC | EPD__FRAME_F_PROC)
+/* Flags a HELLO or HELLO_ACK may carry. */
+#define EPD__FRAME_F_HELLO (EPD__FRAME_F_EXT | EPD__FRAME_F_AUTH | EPD__FRAME_F_PROC)
 
 /* Wire header of every core frame (host byte order: both ends are epd of the
  * same build on the same kind of machine; the version catches mismatches). */
@@ -153,7 +161,25 @@ typedef struct {
 } epd__hello_ext_t;
 
 _Static_assert(sizeof(epd__hello_ext_t) == 184, "identity block layout");
-_Static_assert(sizeof(epd__hello_ext_t) + EPD_XPORT_ADDR_MAX + EPD__XPORT_KEY_BYTES <=
+
+/* Process block of a HELLO / HELLO_ACK with EPD__FRAME_F_PROC: which process
+ * on which host the sender is, so that a receiver on the same host (same
+ * boot id and pid namespace) can watch it end (a pidfd, checked against
+ * the process's start time so a reused pid is never mistaken for it) —
+ * the fence's proof for memory the sender may write without the receiver's
+ * check (proto/README.md rule 27).  Inside the handshake's MACs with a
+ * cluster secret; claimed only without one. */
+typedef struct {
+    uint32_t pid;
+    uint32_t reserved;             /* 0 */
+    uint64_t start_ticks;          /* /proc/<pid>/stat field 22: clock ticks after boot */
+    uint64_t pidns_dev, pidns_ino; /* /proc/<pid>/ns/pid */
+    unsigned char boot_id[16];     /* /proc/sys/kernel/random/boot_id */
+} epd__hello_proc_t;
+
+_Static_assert(sizeof(epd__hello_proc_t) == 48, "process block layout");
+_Static_assert(sizeof(epd__hello_ext_t) + sizeof(epd__hello_proc_t) + EPD_XPORT_ADDR_MAX +
+                       EPD__XPORT_KEY_BYTES <=
                    EPD__XPORT_CTRL_MAX,
                "a HELLO fits the control frame size");
 
@@ -203,7 +229,30 @@ struct epd_xport_mr {
     void *addr;
     size_t size;
     unsigned access;
+    epd_xport_write_check_cb_t check; /* the owner's check of writes (may be NULL) */
+    void *check_arg;
+    epd_xport_grant_t *grants; /* open on it */
     epd_xport_mr_t *prev, *next;
+};
+
+/* Where a grant stands (epd_xport.h, "The fence"). */
+enum {
+    EPD__GRANT_OPEN = 0,
+    EPD__GRANT_REVOKED, /* the backend checks every byte: settles when it says so */
+    EPD__GRANT_HELD,    /* bytes may land unchecked: only the writer's end settles it */
+    EPD__GRANT_SETTLED,
+};
+
+struct epd_xport_grant {
+    epd_xport_mr_t *mr;
+    void *be_grant;
+    void *user;
+    int state;
+    const char *why; /* SETTLED: how */
+    bool proc_known; /* the writer's process, from a handshake */
+    epd_proc_id_t proc;
+    int pidfd;                      /* a watch of it (same host), -1 */
+    epd_xport_grant_t *prev, *next; /* mr->grants */
 };
 
 struct epd_xport_ep {
@@ -216,7 +265,9 @@ struct epd_xport_ep {
     bool authed;         /* frames carry MACs under tx_key / rx_key */
     bool handshaken;     /* the handshake completed (identity known) */
     bool peer_presented; /* the peer sent an identity block */
+    bool peer_proc_known; /* ... and a process block */
     epd_xport_identity_t peer_ident;
+    epd__hello_proc_t peer_proc;
     epd_status_t fail_status;
     uint64_t cookie;
     uint64_t remote_cookie;
@@ -257,6 +308,10 @@ struct epd_xport {
     int depth;                 /* core calls on the stack */
     bool auth;                 /* a cluster secret is configured */
     bool ident_set;            /* an identity is presented */
+    bool proc_set;             /* this process's block is known (sent in every HELLO) */
+    epd__hello_proc_t proc;
+    epd_proc_id_t self;        /* the same, for same-host comparisons */
+    uint32_t grants_held;      /* grants HELD (stats) */
     uint32_t half_open;        /* ACCEPTING endpoints */
     unsigned char hs_key[EPD__XPORT_KEY_BYTES]; /* K, from the secret; wiped at destroy */
     epd_xport_stats_t stats;
@@ -479,9 +534,10 @@ static void epd__hs_h1(const void *hdr, const void *payload, size_t len,
     crypto_generichash_final(&st, h1, EPD__XPORT_KEY_BYTES);
 }
 
-/* T: the transcript — H1, then the HELLO_ACK's header and identity block. */
+/* T: the transcript — H1, then the HELLO_ACK's header, identity block and
+ * process block (when it carries one: its header's flags say so). */
 static void epd__hs_transcript(const unsigned char h1[EPD__XPORT_KEY_BYTES], const void *ack_hdr,
-                               const epd__hello_ext_t *ack_ext,
+                               const epd__hello_ext_t *ack_ext, const epd__hello_proc_t *ack_proc,
                                unsigned char t[EPD__XPORT_KEY_BYTES])
 {
     static const char dom[] = "epd-xport-hs-v1";
@@ -492,6 +548,9 @@ static void epd__hs_transcript(const unsigned char h1[EPD__XPORT_KEY_BYTES], con
     crypto_generichash_update(&st, h1, EPD__XPORT_KEY_BYTES);
     crypto_generichash_update(&st, ack_hdr, sizeof(epd__frame_t));
     crypto_generichash_update(&st, (const unsigned char *)ack_ext, sizeof(*ack_ext));
+    if (ack_proc != NULL) {
+        crypto_generichash_update(&st, (const unsigned char *)ack_proc, sizeof(*ack_proc));
+    }
     crypto_generichash_final(&st, t, EPD__XPORT_KEY_BYTES);
 }
 
@@ -944,8 +1003,9 @@ static void epd__hello_refuse(epd_xport_ep_t *ep, epd_status_t why)
 static epd_status_t epd__hello_send(epd_xport_ep_t *ep)
 {
     epd_xport_t *x = ep->x;
-    unsigned char buf[sizeof(epd__hello_ext_t) + EPD_XPORT_ADDR_MAX + EPD__XPORT_KEY_BYTES];
-    size_t len;
+    unsigned char buf[sizeof(epd__hello_ext_t) + sizeof(epd__hello_proc_t) + EPD_XPORT_ADDR_MAX +
+                      EPD__XPORT_KEY_BYTES];
+    size_t len, pre;
     epd__hello_ext_t ext;
     const void *own;
     size_t own_len;
@@ -965,9 +1025,16 @@ static epd_status_t epd__hello_send(epd_xport_ep_t *ep)
     }
     epd__ext_fill(x, ep->nonce, &ext);
     memcpy(buf, &ext, sizeof(ext));
-    memcpy(buf + sizeof(ext), own, own_len);
-    len = sizeof(ext) + own_len + (x->auth ? EPD__XPORT_KEY_BYTES : 0);
-    epd__frame_hdr(ep, EPD__FRAME_HELLO, 0, EPD__FRAME_F_EXT | (x->auth ? EPD__FRAME_F_AUTH : 0u),
+    pre = sizeof(ext);
+    if (x->proc_set) {
+        memcpy(buf + pre, &x->proc, sizeof(x->proc));
+        pre += sizeof(x->proc);
+    }
+    memcpy(buf + pre, own, own_len);
+    len = pre + own_len + (x->auth ? EPD__XPORT_KEY_BYTES : 0);
+    epd__frame_hdr(ep, EPD__FRAME_HELLO, 0,
+                   EPD__FRAME_F_EXT | (x->auth ? EPD__FRAME_F_AUTH : 0u) |
+                       (x->proc_set ? EPD__FRAME_F_PROC : 0u),
                    len, &f);
     if (x->auth) {
         epd__hello_mac(x, &f, buf, len - EPD__XPORT_KEY_BYTES, buf + len - EPD__XPORT_KEY_BYTES);
@@ -1016,24 +1083,28 @@ static void epd__on_hello(epd_xport_t *x, const epd__frame_t *f, const unsigned 
 {
     bool has_ext = (f->flags & EPD__FRAME_F_EXT) != 0;
     bool their_auth = (f->flags & EPD__FRAME_F_AUTH) != 0;
+    bool their_proc = (f->flags & EPD__FRAME_F_PROC) != 0;
+    size_t proc_len = their_proc ? sizeof(epd__hello_proc_t) : 0;
     const unsigned char *addr = payload;
     size_t addr_len = f->len;
     unsigned char h1[EPD__XPORT_KEY_BYTES];
-    unsigned char pl[sizeof(epd__hello_ext_t) + EPD__XPORT_KEY_BYTES];
+    unsigned char pl[sizeof(epd__hello_ext_t) + sizeof(epd__hello_proc_t) + EPD__XPORT_KEY_BYTES];
+    size_t pl_len;
     epd__hello_ext_t ext, mine;
+    epd__hello_proc_t proc;
     epd__frame_t ack;
     epd_xport_ep_t *ep;
     const char *cls;
     epd_status_t st;
 
-    if (f->seq != 1 || (f->flags & ~(EPD__FRAME_F_EXT | EPD__FRAME_F_AUTH)) != 0 ||
-        (their_auth && !has_ext)) {
+    if (f->seq != 1 || (f->flags & ~EPD__FRAME_F_HELLO) != 0 || (their_auth && !has_ext) ||
+        (their_proc && !has_ext)) {
         EPD__DROP(x, "dropping a HELLO from %016llx: sequence %llu, flags %#x",
                   (unsigned long long)f->sender_id, (unsigned long long)f->seq, f->flags);
         return;
     }
     if (has_ext) {
-        size_t tail = sizeof(ext) + (their_auth ? EPD__XPORT_KEY_BYTES : 0);
+        size_t tail = sizeof(ext) + proc_len + (their_auth ? EPD__XPORT_KEY_BYTES : 0);
 
         if (f->len <= tail) {
             EPD__DROP(x, "dropping a HELLO from %016llx: %u bytes, no room for an address",
@@ -1041,12 +1112,16 @@ static void epd__on_hello(epd_xport_t *x, const epd__frame_t *f, const unsigned 
             return;
         }
         memcpy(&ext, payload, sizeof(ext));
-        if (!epd__worker_id_ok(ext.worker_id, sizeof(ext.worker_id)) || ext.reserved != 0) {
+        if (their_proc) {
+            memcpy(&proc, payload + sizeof(ext), sizeof(proc));
+        }
+        if (!epd__worker_id_ok(ext.worker_id, sizeof(ext.worker_id)) || ext.reserved != 0 ||
+            (their_proc && proc.reserved != 0)) {
             EPD__DROP(x, "dropping a HELLO from %016llx: malformed identity block",
                       (unsigned long long)f->sender_id);
             return;
         }
-        addr = payload + sizeof(ext);
+        addr = payload + sizeof(ext) + proc_len;
         addr_len = f->len - tail;
     }
     if (addr_len == 0 || addr_len > EPD_XPORT_ADDR_MAX) {
@@ -1105,6 +1180,10 @@ static void epd__on_hello(epd_xport_t *x, const epd__frame_t *f, const unsigned 
     if (has_ext) {
         ep->peer_presented = true;
         epd__ext_to_ident(&ext, &ep->peer_ident);
+        if (their_proc) {
+            ep->peer_proc_known = true;
+            ep->peer_proc = proc;
+        }
     }
     cls = epd__class_ok(ep);
     if (cls != NULL) {
@@ -1133,8 +1212,15 @@ static void epd__on_hello(epd_xport_t *x, const epd__frame_t *f, const unsigned 
             /* our identity back, claimed only (nothing proves it) */
             memset(ep->nonce, 0, sizeof(ep->nonce));
             epd__ext_fill(x, ep->nonce, &mine);
-            epd__frame_hdr(ep, EPD__FRAME_HELLO_ACK, EPD_OK, EPD__FRAME_F_EXT, sizeof(mine), &ack);
-            st = epd__frame_send_hdr(ep, &ack, &mine, sizeof(mine));
+            memcpy(pl, &mine, sizeof(mine));
+            pl_len = sizeof(mine);
+            if (x->proc_set) {
+                memcpy(pl + pl_len, &x->proc, sizeof(x->proc));
+                pl_len += sizeof(x->proc);
+            }
+            epd__frame_hdr(ep, EPD__FRAME_HELLO_ACK, EPD_OK,
+                           EPD__FRAME_F_EXT | (x->proc_set ? EPD__FRAME_F_PROC : 0u), pl_len, &ack);
+            st = epd__frame_send_hdr(ep, &ack, pl, pl_len);
         } else {
             st = epd__frame_send(ep, EPD__FRAME_HELLO_ACK, EPD_OK, NULL, 0);
         }
@@ -1161,15 +1247,22 @@ static void epd__on_hello(epd_xport_t *x, const epd__frame_t *f, const unsigned 
     randombytes_buf(ep->nonce, sizeof(ep->nonce));
     epd__ext_fill(x, ep->nonce, &mine);
     epd__hs_h1(f, payload, f->len, h1);
-    epd__frame_hdr(ep, EPD__FRAME_HELLO_ACK, EPD_OK, EPD__FRAME_F_EXT | EPD__FRAME_F_AUTH,
-                   sizeof(pl), &ack);
-    epd__hs_transcript(h1, &ack, &mine, ep->hs_hash);
     memcpy(pl, &mine, sizeof(mine));
-    epd__hs_derive(x, "ack", ep->hs_hash, pl + sizeof(mine));
+    pl_len = sizeof(mine);
+    if (x->proc_set) {
+        memcpy(pl + pl_len, &x->proc, sizeof(x->proc));
+        pl_len += sizeof(x->proc);
+    }
+    epd__frame_hdr(ep, EPD__FRAME_HELLO_ACK, EPD_OK,
+                   EPD__FRAME_F_EXT | EPD__FRAME_F_AUTH | (x->proc_set ? EPD__FRAME_F_PROC : 0u),
+                   pl_len + EPD__XPORT_KEY_BYTES, &ack);
+    epd__hs_transcript(h1, &ack, &mine, x->proc_set ? &x->proc : NULL, ep->hs_hash);
+    epd__hs_derive(x, "ack", ep->hs_hash, pl + pl_len);
+    pl_len += EPD__XPORT_KEY_BYTES;
     ep->state = EPD__EP_ACCEPTING;
     x->half_open++;
     ep->deadline_ns = epd_time_now_ns() + (uint64_t)x->cfg.connect_timeout_ms * EPD_NSEC_PER_MSEC;
-    st = epd__frame_send_hdr(ep, &ack, pl, sizeof(pl));
+    st = epd__frame_send_hdr(ep, &ack, pl, pl_len);
     if (st != EPD_OK) {
         EPD__LOG_LIMITED(x, "cannot answer HELLO from %016llx: %s", (unsigned long long)f->sender_id,
                          epd_status_string(st));
@@ -1182,24 +1275,31 @@ static void epd__on_ack(epd_xport_t *x, epd_xport_ep_t *ep, const epd__frame_t *
 {
     bool has_ext = (f->flags & EPD__FRAME_F_EXT) != 0;
     bool their_auth = (f->flags & EPD__FRAME_F_AUTH) != 0;
+    bool their_proc = (f->flags & EPD__FRAME_F_PROC) != 0;
+    size_t proc_len = their_proc ? sizeof(epd__hello_proc_t) : 0;
     size_t want = 0;
     epd__hello_ext_t ext;
+    epd__hello_proc_t proc;
     const char *cls;
     epd_status_t st;
 
     if (f->status == EPD_OK && has_ext) {
-        want = sizeof(ext) + (their_auth ? EPD__XPORT_KEY_BYTES : 0);
+        want = sizeof(ext) + proc_len + (their_auth ? EPD__XPORT_KEY_BYTES : 0);
     }
     if (ep->state != EPD__EP_CONNECTING || ep->incoming || f->seq != 1 ||
-        (f->flags & ~(EPD__FRAME_F_EXT | EPD__FRAME_F_AUTH)) != 0 || (their_auth && !has_ext) ||
-        f->len != want || ep->hs_pending == EPD__FRAME_HELLO_FIN) {
+        (f->flags & ~EPD__FRAME_F_HELLO) != 0 || (their_auth && !has_ext) ||
+        (their_proc && !has_ext) || f->len != want || ep->hs_pending == EPD__FRAME_HELLO_FIN) {
         EPD__DROP(x, "dropping unexpected HELLO_ACK from %016llx",
                   (unsigned long long)f->sender_id);
         return;
     }
     if (has_ext) {
         memcpy(&ext, payload, sizeof(ext));
-        if (!epd__worker_id_ok(ext.worker_id, sizeof(ext.worker_id)) || ext.reserved != 0) {
+        if (their_proc) {
+            memcpy(&proc, payload + sizeof(ext), sizeof(proc));
+        }
+        if (!epd__worker_id_ok(ext.worker_id, sizeof(ext.worker_id)) || ext.reserved != 0 ||
+            (their_proc && proc.reserved != 0)) {
             EPD__DROP(x, "dropping a HELLO_ACK from %016llx: malformed identity block",
                       (unsigned long long)f->sender_id);
             return;
@@ -1211,6 +1311,10 @@ static void epd__on_ack(epd_xport_t *x, epd_xport_ep_t *ep, const epd__frame_t *
     if (has_ext) {
         ep->peer_presented = true;
         epd__ext_to_ident(&ext, &ep->peer_ident);
+        if (their_proc) {
+            ep->peer_proc_known = true;
+            ep->peer_proc = proc;
+        }
     }
     if (f->status != EPD_OK) {
         st = f->status == EPD_ERR_CONFIG ? EPD_ERR_CONFIG
@@ -1253,9 +1357,9 @@ static void epd__on_ack(epd_xport_t *x, epd_xport_ep_t *ep, const epd__frame_t *
     if (x->auth) {
         unsigned char t[EPD__XPORT_KEY_BYTES], mac[EPD__XPORT_KEY_BYTES];
 
-        epd__hs_transcript(ep->hs_hash, f, &ext, t);
+        epd__hs_transcript(ep->hs_hash, f, &ext, their_proc ? &proc : NULL, t);
         epd__hs_derive(x, "ack", t, mac);
-        if (crypto_verify_32(mac, payload + sizeof(ext)) != 0) {
+        if (crypto_verify_32(mac, payload + sizeof(ext) + proc_len) != 0) {
             x->stats.handshakes_refused++;
             sodium_memzero(t, sizeof(t));
             epd_log_error(EPD__XPORT_COMP, 0,
@@ -1627,6 +1731,20 @@ static epd_status_t epd__xport_create(const epd__xport_backend_ops_t *ops,
                                                  config->secret_len, NULL, 0, NULL, personal);
         x->auth = true;
     }
+    if (ident_set || x->auth) {
+        /* every HELLO says which process this is (a peer on this host may
+         * then watch it end: the fence) */
+        if (epd_proc_self(&x->self) == EPD_OK) {
+            x->proc.pid = x->self.pid;
+            x->proc.start_ticks = x->self.start_ticks;
+            x->proc.pidns_dev = x->self.pidns_dev;
+            x->proc.pidns_ino = x->self.pidns_ino;
+            memcpy(x->proc.boot_id, x->self.boot_id, sizeof(x->proc.boot_id));
+            x->proc_set = true;
+        }
+    } else {
+        (void)epd_proc_self(&x->self);
+    }
     /* unpredictable: a frame is routed by (worker id, cookies), so an
      * outsider should not know a worker id without seeing its traffic */
     do {
@@ -1732,6 +1850,18 @@ int epd_xport_authenticating(const epd_xport_t *x)
 void epd_xport_stats(const epd_xport_t *x, epd_xport_stats_t *stats_p)
 {
     *stats_p = x->stats;
+    stats_p->grants_held = x->grants_held;
+    stats_p->writes_limbo = x->ops->limbo(x->be, 0);
+}
+
+uint32_t epd_xport_limbo(const epd_xport_t *x, uint64_t peer_xid)
+{
+    return x->ops->limbo(x->be, peer_xid);
+}
+
+uint64_t epd__xport_ep_peer(const epd_xport_ep_t *core_ep)
+{
+    return core_ep->peer_id;
 }
 
 /* -------------------------------------------------------------- endpoints */
@@ -1857,6 +1987,23 @@ epd_status_t epd_xport_ep_identity(const epd_xport_ep_t *ep, epd_xport_identity_
         memset(id_p, 0, sizeof(*id_p));
     }
     *authenticated_p = ep->authed ? 1 : 0;
+    return EPD_OK;
+}
+
+epd_status_t epd_xport_ep_peer_proc(const epd_xport_ep_t *ep, epd_proc_id_t *proc_p)
+{
+    if (ep == NULL || proc_p == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (!ep->handshaken || !ep->peer_proc_known) {
+        return EPD_ERR_NOT_FOUND;
+    }
+    memset(proc_p, 0, sizeof(*proc_p));
+    proc_p->pid = ep->peer_proc.pid;
+    proc_p->start_ticks = ep->peer_proc.start_ticks;
+    proc_p->pidns_dev = ep->peer_proc.pidns_dev;
+    proc_p->pidns_ino = ep->peer_proc.pidns_ino;
+    memcpy(proc_p->boot_id, ep->peer_proc.boot_id, sizeof(proc_p->boot_id));
     return EPD_OK;
 }
 
@@ -2036,6 +2183,9 @@ void epd_xport_mr_dereg(epd_xport_mr_t *mr)
         return;
     }
     x = mr->x;
+    while (mr->grants != NULL) {
+        epd_xport_grant_close(mr->grants);
+    }
     if (mr->prev != NULL) {
         mr->prev->next = mr->next;
     } else {
@@ -2064,6 +2214,215 @@ epd_status_t epd_xport_mr_pack(epd_xport_mr_t *mr, void *buf, size_t cap, size_t
         return EPD_ERR_INVALID_PARAM;
     }
     return mr->x->ops->mr_pack(mr->x->be, mr->be_mr, buf, cap, len_p);
+}
+
+/* ------------------------------------------------------------- the fence */
+
+void epd_xport_mr_set_check(epd_xport_mr_t *mr, epd_xport_write_check_cb_t cb, void *arg)
+{
+    mr->check = cb;
+    mr->check_arg = arg;
+}
+
+epd_status_t epd_xport_grant_open(epd_xport_mr_t *mr, void *user, epd_xport_grant_t **g_p)
+{
+    epd_xport_t *x;
+    epd_xport_grant_t *g;
+    epd_status_t st;
+
+    if (mr == NULL || g_p == NULL || (mr->access & EPD_XPORT_MR_REMOTE_WRITE) == 0) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    x = mr->x;
+    g = epd_calloc(1, sizeof(*g));
+    if (g == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    g->mr = mr;
+    g->user = user;
+    g->pidfd = -1;
+    st = x->ops->grant_open(x->be, mr->be_mr, g, &g->be_grant);
+    if (st != EPD_OK) {
+        epd_free(g);
+        return st;
+    }
+    g->next = mr->grants;
+    if (mr->grants != NULL) {
+        mr->grants->prev = g;
+    }
+    mr->grants = g;
+    *g_p = g;
+    return EPD_OK;
+}
+
+epd_status_t epd_xport_grant_pack(epd_xport_grant_t *g, void *buf, size_t cap, size_t *len_p)
+{
+    epd_xport_t *x;
+
+    if (g == NULL || buf == NULL || len_p == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    x = g->mr->x;
+    return x->ops->grant_pack(x->be, g->be_grant, buf, cap, len_p);
+}
+
+static void epd__grant_settle(epd_xport_grant_t *g, const char *why)
+{
+    epd_xport_t *x = g->mr->x;
+
+    if (g->state == EPD__GRANT_HELD) {
+        x->grants_held--;
+    }
+    g->state = EPD__GRANT_SETTLED;
+    g->why = why;
+    if (g->pidfd >= 0) {
+        close(g->pidfd);
+        g->pidfd = -1;
+    }
+}
+
+void epd_xport_grant_bind(epd_xport_grant_t *g, const epd_xport_ep_t *ep)
+{
+    if (g == NULL || g->proc_known || ep == NULL || !ep->handshaken || !ep->peer_proc_known) {
+        return;
+    }
+    g->proc_known = true;
+    g->proc.pid = ep->peer_proc.pid;
+    g->proc.start_ticks = ep->peer_proc.start_ticks;
+    g->proc.pidns_dev = ep->peer_proc.pidns_dev;
+    g->proc.pidns_ino = ep->peer_proc.pidns_ino;
+    memcpy(g->proc.boot_id, ep->peer_proc.boot_id, sizeof(g->proc.boot_id));
+}
+
+void epd_xport_grant_revoke(epd_xport_grant_t *g, const epd_xport_ep_t *ep)
+{
+    epd_xport_t *x;
+    int same_host = 1;
+    epd_status_t st;
+
+    if (g == NULL) {
+        return;
+    }
+    x = g->mr->x;
+    epd_xport_grant_bind(g, ep);
+    if (g->state != EPD__GRANT_OPEN) {
+        return;
+    }
+    if (g->proc_known) {
+        /* another boot or pid namespace: not this host's process (a pid
+         * of ours would name someone else) */
+        same_host = epd_proc_same_host(&g->proc, &x->self);
+    }
+    st = x->ops->grant_revoke(x->be, g->be_grant, same_host);
+    if (st == EPD_OK) {
+        g->state = EPD__GRANT_REVOKED;
+        return;
+    }
+    /* bytes may still land without a check: only the writer's end proves
+     * nothing more will — watch its process when it runs on this host */
+    g->state = EPD__GRANT_HELD;
+    x->grants_held++;
+    if (g->proc_known && same_host && epd_proc_watch(&g->proc, &g->pidfd) == EPD_ERR_NOT_FOUND) {
+        epd__grant_settle(g, "the writer's process ended");
+    }
+}
+
+int epd_xport_grant_settled(epd_xport_grant_t *g)
+{
+    epd_xport_t *x;
+
+    if (g == NULL) {
+        return 1;
+    }
+    x = g->mr->x;
+    switch (g->state) {
+    case EPD__GRANT_REVOKED:
+        if (x->ops->grant_settled(x->be, g->be_grant)) {
+            epd__grant_settle(g, "revoked");
+        }
+        break;
+    case EPD__GRANT_HELD:
+        if (g->proc_known && epd_proc_same_host(&g->proc, &x->self) &&
+            epd_proc_gone(&g->proc, g->pidfd)) {
+            epd__grant_settle(g, "the writer's process ended");
+        }
+        break;
+    default:
+        break;
+    }
+    return g->state == EPD__GRANT_SETTLED;
+}
+
+const char *epd_xport_grant_state(const epd_xport_grant_t *g)
+{
+    switch (g->state) {
+    case EPD__GRANT_OPEN:
+        return "open";
+    case EPD__GRANT_REVOKED:
+        return "revoked, receives in flight";
+    case EPD__GRANT_HELD:
+        return g->proc_known ? "held: the writer may still write without a check until its "
+                               "process ends or it confirms"
+                             : "held: the writer may still write without a check until it "
+                               "confirms";
+    default:
+        return g->why != NULL ? g->why : "settled";
+    }
+}
+
+void epd_xport_grant_close(epd_xport_grant_t *g)
+{
+    epd_xport_mr_t *mr;
+    epd_xport_t *x;
+
+    if (g == NULL) {
+        return;
+    }
+    mr = g->mr;
+    x = mr->x;
+    if (g->state == EPD__GRANT_HELD) {
+        x->grants_held--;
+    }
+    if (g->pidfd >= 0) {
+        close(g->pidfd);
+    }
+    if (g->prev != NULL) {
+        g->prev->next = g->next;
+    } else {
+        mr->grants = g->next;
+    }
+    if (g->next != NULL) {
+        g->next->prev = g->prev;
+    }
+    x->ops->grant_close(x->be, g->be_grant);
+    epd_free(g);
+}
+
+int epd__xport_grant_write(epd_xport_grant_t *g, uint64_t offset, uint64_t len)
+{
+    epd_xport_mr_t *mr = g->mr;
+    epd_xport_t *x = mr->x;
+
+    if (g->state != EPD__GRANT_OPEN) {
+        /* a retired writer's late write: the fence */
+        x->stats.writes_refused_late++;
+        EPD__LOG_LIMITED(x,
+                         "refusing a late write of %llu bytes at offset %llu: its grant was "
+                         "revoked (%llu refused so far)",
+                         (unsigned long long)len, (unsigned long long)offset,
+                         (unsigned long long)x->stats.writes_refused_late);
+        return 0;
+    }
+    if (mr->check != NULL && !mr->check(mr->check_arg, g->user, offset, len)) {
+        x->stats.writes_refused_range++;
+        EPD__LOG_LIMITED(x,
+                         "refusing a write of %llu bytes at offset %llu: outside what its "
+                         "grant allows now (%llu refused so far)",
+                         (unsigned long long)len, (unsigned long long)offset,
+                         (unsigned long long)x->stats.writes_refused_range);
+        return 0;
+    }
+    return 1;
 }
 
 epd_status_t epd__xport_mr_pack_any(epd_xport_mr_t *mr, void *buf, size_t cap, size_t *len_p)

@@ -66,12 +66,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "epd_proc.h"
 #include "epd_status.h"
 
 typedef struct epd_xport epd_xport_t;           /* context + worker of one backend */
 typedef struct epd_xport_ep epd_xport_ep_t;     /* a connection to one peer */
 typedef struct epd_xport_mr epd_xport_mr_t;     /* a registered memory region */
 typedef struct epd_xport_rkey epd_xport_rkey_t; /* a peer's region, unpacked on an endpoint */
+typedef struct epd_xport_grant epd_xport_grant_t; /* one writer's revocable key to a region */
 
 /* Largest packed remote key and address blob that the core accepts. */
 #define EPD_XPORT_RKEY_MAX 4096
@@ -188,11 +190,21 @@ uint64_t epd_xport_id(const epd_xport_t *x);
  * has is then authenticated), else 0. */
 int epd_xport_authenticating(const epd_xport_t *x);
 
-/* Counters of refusals, for metrics; monotonic from create. */
+/* Counters of refusals, for metrics; monotonic from create unless said. */
 typedef struct {
     uint64_t handshakes_refused; /* handshakes that failed authentication, both roles */
     uint64_t frames_forged;      /* frames whose MAC did not verify (each failed its endpoint) */
     uint64_t frames_dropped;     /* malformed, stale or unroutable frames dropped */
+    /* the fence (grants, below): writes that reached this worker's check and
+     * were refused — under a revoked grant (a retired writer's late write),
+     * or outside what the grant's owner allows (epd_xport_mr_set_check) */
+    uint64_t writes_refused_late;
+    uint64_t writes_refused_range;
+    /* now: grants revoked whose writer may still land bytes (not settled),
+     * and writes given back by a closed endpoint while the library may
+     * still move their bytes (epd_xport_limbo) */
+    uint32_t grants_held;
+    uint32_t writes_limbo;
 } epd_xport_stats_t;
 
 /* Copies the counters into *stats_p.  Owning thread. */
@@ -234,6 +246,12 @@ uint64_t epd_xport_ep_peer_id(const epd_xport_ep_t *ep);
  */
 epd_status_t epd_xport_ep_identity(const epd_xport_ep_t *ep, epd_xport_identity_t *id_p,
                                    int *authenticated_p);
+
+/* Which process the peer is (the process block of its handshake: pid,
+ * start time, pid namespace, boot id — proven with a cluster secret).
+ * EPD_OK once the handshake carried one; EPD_ERR_NOT_FOUND when it did not
+ * (a peer without an identity) or has not completed. */
+epd_status_t epd_xport_ep_peer_proc(const epd_xport_ep_t *ep, epd_proc_id_t *proc_p);
 
 /* A one-line description of the lanes the library chose for this endpoint. */
 void epd_xport_ep_describe(epd_xport_ep_t *ep, char *buf, size_t len);
@@ -328,6 +346,86 @@ epd_status_t epd_xport_write(epd_xport_ep_t *ep, const void *local, size_t len,
 /* Completes (cb) when every write posted earlier on `ep` has landed
  * remotely.  EPD_INPROGRESS, EPD_ERR_NO_RESOURCE or the endpoint's error. */
 epd_status_t epd_xport_flush(epd_xport_ep_t *ep, epd_xport_comp_cb_t cb, void *arg);
+
+/*
+ * The fence (proto/README.md rules 25-29): a grant is ONE writer's
+ * permission to write into a region, with a key of its own, that the
+ * receiver can take back.  The receiver opens a grant per writer
+ * incarnation, hands its packed key (epd_xport_grant_pack, unpacked by the
+ * writer with epd_xport_rkey_unpack like a region's key) only to that
+ * writer, and revokes it when it retires the writer (declared dead or
+ * restarted).  Memory the writer was allowed to write may be reused once
+ * epd_xport_grant_settled says nothing of it can land any more:
+ *   - where every byte of a write reaches the receiver's own check before
+ *     it lands (UCX active-message writes: eager ones are checked in the
+ *     handler, rendezvous ones before their receive starts, and receives
+ *     that started under the grant are counted), settled once revoked and
+ *     no receive under it is in flight;
+ *   - where the writer may land bytes that pass no check of the receiver's
+ *     after the revocation (a same-host writer that maps the region: UCX
+ *     shared-memory puts; a library that checks the key once per
+ *     operation, so a write under way when the key is closed still lands:
+ *     libfabric), settled only once the writer's process is known to have
+ *     ended (its process block from the handshake, same host: a pidfd).
+ *     The writer's own word (a WritesQuiesced sent once every write it
+ *     posted completed and none is in limbo, see epd_xport_limbo) is the
+ *     other proof; that one is the request plane's, not the transport's.
+ * Owning thread.
+ */
+
+/* The receiver's check of a write that reaches it (the UCX active-message
+ * path; other paths cannot be checked, see above): called with the grant's
+ * `user` pointer and the write's offset and length inside the region,
+ * possibly from inside the library's progress (it must not call into the
+ * transport); nonzero lets the write land, 0 drops it (counted in
+ * writes_refused_range).  Writes under a revoked grant never get here. */
+typedef int (*epd_xport_write_check_cb_t)(void *arg, void *grant_user, uint64_t offset,
+                                          uint64_t len);
+
+/* Sets the check of a EPD_XPORT_MR_REMOTE_WRITE region (NULL: none). */
+void epd_xport_mr_set_check(epd_xport_mr_t *mr, epd_xport_write_check_cb_t cb, void *arg);
+
+/* Opens a grant on a EPD_XPORT_MR_REMOTE_WRITE region for one writer
+ * (`user` is passed to the region's check).  Owned by the caller
+ * (epd_xport_grant_close; also closed with the region and the xport).
+ * EPD_ERR_INVALID_PARAM for a local region. */
+epd_status_t epd_xport_grant_open(epd_xport_mr_t *mr, void *user, epd_xport_grant_t **g_p);
+
+/* Packs the grant's key: what its writer unpacks (epd_xport_rkey_unpack)
+ * to write into the region.  Give it to that writer only. */
+epd_status_t epd_xport_grant_pack(epd_xport_grant_t *g, void *buf, size_t cap, size_t *len_p);
+
+/* Records which process the grant's writer is, from `ep` (an endpoint to
+ * it whose handshake completed and carried its process block; otherwise
+ * nothing happens).  The first one recorded stays.  epd_xport_grant_revoke
+ * does it too; binding early (while the writer is surely alive) keeps a
+ * same-host writer watchable even when no endpoint to it is left at the
+ * revocation. */
+void epd_xport_grant_bind(epd_xport_grant_t *g, const epd_xport_ep_t *ep);
+
+/* Revokes the grant (idempotent): no write under it starts landing after
+ * this returns.  `ep` (may be NULL): an endpoint to the writer whose
+ * handshake completed — its process block tells where the writer runs, so
+ * that a same-host writer can be watched until it ends. */
+void epd_xport_grant_revoke(epd_xport_grant_t *g, const epd_xport_ep_t *ep);
+
+/* Nonzero once the grant is revoked and nothing of its writer can land in
+ * the region any more (see the top); sticky. */
+int epd_xport_grant_settled(epd_xport_grant_t *g);
+
+/* A static word on where the grant stands, for logs ("open", "revoked",
+ * "revoked, receives in flight", "held: the writer may still write without
+ * a check", "the writer's process ended"). */
+const char *epd_xport_grant_state(const epd_xport_grant_t *g);
+
+/* Closes the grant (its key is refused from now on).  NULL is a no-op. */
+void epd_xport_grant_close(epd_xport_grant_t *g);
+
+/* Writes given back by a closed endpoint (completed with an error) while
+ * the library may still move their bytes, towards the peer with transport
+ * id `peer_xid` (epd_xport_ep_peer_id; 0: any peer).  A writer claims it
+ * has quiesced its writes only when this is 0 for that peer. */
+uint32_t epd_xport_limbo(const epd_xport_t *x, uint64_t peer_xid);
 
 /* Runs callbacks for up to a bounded batch of events; returns how many
  * events it handled (0: nothing to do).  Also enforces connect and peer

@@ -54,7 +54,9 @@ typedef struct epd__xport_op {
  * MAC tag on authenticated endpoints), and the largest payload of the
  * core's own frames (a HELLO: identity block, nonce, address blob). */
 #define EPD__XPORT_FRAME_ROOM 64
-#define EPD__XPORT_CTRL_MAX (256 + EPD_XPORT_ADDR_MAX)
+#define EPD__XPORT_CTRL_MAX                                                                        \
+    (320 + EPD_XPORT_ADDR_MAX) /* identity, process block, nonce, address                          \
+                                */
 
 /* Largest frame a backend must carry for a config's max_msg_size. */
 static inline size_t epd__xport_frame_cap(size_t max_msg_size)
@@ -120,6 +122,25 @@ typedef struct {
                                 size_t *size_p);
     void (*rkey_destroy)(void *be_rkey);
 
+    /* Grants (epd_xport.h "The fence").  grant_open makes the backend's
+     * half of `core_grant` on region be_mr: a key of its own (a random id
+     * an active-message write names, or a registration of its own).
+     * Writes that reach a check of the backend's under it call
+     * epd__xport_grant_write first.  grant_revoke: EPD_OK when, once
+     * grant_settled says so, nothing under the grant can land any more;
+     * EPD_ERR_UNSUPPORTED when a write may still land without any check
+     * (`writer_same_host`: the writer runs on this host, or nobody knows —
+     * it could map the region).  grant_close frees it (revoked first). */
+    epd_status_t (*grant_open)(void *be, void *be_mr, epd_xport_grant_t *core_grant,
+                               void **be_grant_p);
+    epd_status_t (*grant_pack)(void *be, void *be_grant, void *buf, size_t cap, size_t *len_p);
+    epd_status_t (*grant_revoke)(void *be, void *be_grant, int writer_same_host);
+    int (*grant_settled)(void *be, void *be_grant);
+    void (*grant_close)(void *be, void *be_grant);
+    /* Ops given back by ep_destroy that the library still holds (their
+     * bytes may still move), towards peer `peer_xid` (0: all). */
+    uint32_t (*limbo)(void *be, uint64_t peer_xid);
+
     /* Bounded batch of progress; returns events handled. */
     int (*progress)(void *be);
     epd_status_t (*get_fd)(void *be, int *fd_p);
@@ -134,6 +155,12 @@ void epd__xport_deliver(epd_xport_t *core, const void *data, size_t len);
 void epd__xport_op_done(epd__xport_op_t *op, epd_status_t status);
 /* The library reported an endpoint failure. */
 void epd__xport_ep_failed(epd_xport_ep_t *core_ep, epd_status_t status);
+/* A write under `g` reached the backend's check (offset and length inside
+ * the region): 1 to let it land, 0 to drop it (counted).  May run inside
+ * the library's progress. */
+int epd__xport_grant_write(epd_xport_grant_t *g, uint64_t offset, uint64_t len);
+/* The transport id of core_ep's peer (0 before its handshake). */
+uint64_t epd__xport_ep_peer(const epd_xport_ep_t *core_ep);
 /* Marks traffic from the peer of core_ep (resets its silence timer); the
  * core calls it itself for every delivered message, a backend may call it
  * for other signs of life. */

@@ -126,9 +126,11 @@ static void ctl_print_load(const char *sep, const Epd__Load *l)
         return;
     }
     printf("queue_depth=%u%squeued_tokens=%llu%skv_blocks_free=%u%sstate_slots_free=%u%s"
-           "running_requests=%u%s",
+           "running_requests=%u%spreemptions=%llu%srecomputed_tokens=%llu%s",
            l->queue_depth, sep, (unsigned long long)l->queued_tokens, sep, l->kv_blocks_free, sep,
-           l->state_slots_free, sep, l->running_requests, sep);
+           l->state_slots_free, sep, l->running_requests, sep,
+           (unsigned long long)l->preemptions, sep, (unsigned long long)l->recomputed_tokens,
+           sep);
     printf("kv_bytes_sent=%llu%skv_bytes_received=%llu%s", (unsigned long long)l->kv_bytes_sent,
            sep, (unsigned long long)l->kv_bytes_received, sep);
     if (l->prefix != NULL && l->prefix->requests > 0) {

@@ -746,9 +746,13 @@ static void *hammer_reader(void *arg)
         if (l.queued_tokens != 1000ull * l.queue_depth ||
             l.kv_blocks_free != 5000 - l.queue_depth || l.state_slots_free != l.queue_depth % 7 ||
             l.running_requests != l.queue_depth + 1 || l.kv_bytes_sent != 3ull * l.queue_depth ||
-            l.kv_bytes_received != 7ull * l.queue_depth || l.draining != (int)(l.queue_depth & 1) ||
-            l.prefix.requests != l.queue_depth || l.prefix.checkpoints_held != 9ull * l.queue_depth ||
-            l.links[0] != l.queue_depth || l.links[3] != l.queue_depth + 3) {
+            l.kv_bytes_received != 7ull * l.queue_depth || l.preemptions != 11ull * l.queue_depth ||
+            l.recomputed_tokens != 13ull * l.queue_depth ||
+            l.wasted_prefill_tokens != 17ull * l.queue_depth ||
+            l.draining != (int)(l.queue_depth & 1) || l.prefix.requests != l.queue_depth ||
+            l.prefix.checkpoints_held != 9ull * l.queue_depth || l.links[0] != l.queue_depth ||
+            l.links[3] != l.queue_depth + 3 || l.quarantined != l.queue_depth % 5 ||
+            l.late_writes_refused != 19ull * l.queue_depth || l.grants_held != l.queue_depth % 3) {
             h->torn++;
         }
     }
@@ -788,8 +792,14 @@ static void test_seqlock(void **state)
                                   .running_requests = v + 1,
                                   .kv_bytes_sent = 3ull * v,
                                   .kv_bytes_received = 7ull * v,
+                                  .preemptions = 11ull * v,
+                                  .recomputed_tokens = 13ull * v,
+                                  .wasted_prefill_tokens = 17ull * v,
                                   .draining = (int)(v & 1),
-                                  .links = {v, v + 1, v + 2, v + 3}};
+                                  .links = {v, v + 1, v + 2, v + 3},
+                                  .quarantined = v % 5,
+                                  .late_writes_refused = 19ull * v,
+                                  .grants_held = v % 3};
 
         l.prefix.requests = v;
         l.prefix.checkpoints_held = 9ull * v;

@@ -2,8 +2,9 @@
  * Unit tests of decode/epd_decode_batch.c: the compute thread's continuous
  * batch reproduces colocated generation token for token (requests of
  * different lengths and sampling settings joining one batch, more requests
- * than max_batch), and an aborted request leaves at a step boundary with
- * FINISH_ABORT while the others go on.
+ * than max_batch), an aborted request leaves at a step boundary with
+ * FINISH_ABORT while the others go on, and sequences whose blocks grow
+ * on demand wait at block boundaries and still produce the same tokens.
  */
 #include "epd_test.h"
 
@@ -143,7 +144,6 @@ static void disagg_prefill(epd_engine_t *engine, const epd_kv_pool_t *pool, breq
     memset(&r->seq, 0, sizeof(r->seq));
     r->seq.req_id = id;
     r->seq.block_table = r->table;
-    r->seq.n_blocks = n_blocks;
     r->seq.slot = slot;
     r->seq.n_prompt = r->n_prompt;
     r->seq.max_tokens = r->max_tokens;
@@ -151,7 +151,7 @@ static void disagg_prefill(epd_engine_t *engine, const epd_kv_pool_t *pool, breq
     r->seq.stop_ids = r->stop;
     r->seq.n_stop = r->n_stop;
     r->seq.tokens = r->tokens;
-    epd_decode_seq_init(&r->seq);
+    epd_decode_seq_init(&r->seq, 1, n_blocks);
     r->tokens[0] = tok;
     r->seen = 1;
     epd_free(logits);
@@ -328,6 +328,88 @@ static void test_abort_leaves_at_step_boundary(void **state)
     epd_engine_close(engine);
 }
 
+/* KV on demand: each sequence starts with only the blocks its first step
+ * needs and the loop grows it one block at a time, only once it stalls at
+ * a block boundary (and the grow wakes the sleeping compute thread):
+ * the tokens are still exactly the colocated ones, and a sequence with no
+ * room never runs past its blocks. */
+static void test_grows_on_demand(void **state)
+{
+    static breq_t reqs[4];
+    epd_engine_config_t cfg = {.model_dir = model_dir, .max_batch = 4};
+    epd_engine_t *engine;
+    epd_decode_batch_t *b;
+    epd_kv_pool_t pool;
+    uint32_t bt;
+    int left = 4;
+    uint64_t end;
+
+    (void)state;
+    assert_int_equal(epd_engine_open("ref", &cfg, &engine), EPD_OK);
+    bt = epd_engine_info(engine)->kv.block_tokens;
+    make_reqs(reqs, 4);
+    for (int i = 0; i < 4; i++) {
+        reqs[i].max_tokens = MAX_NEW;
+        colocated(engine, &reqs[i]);
+    }
+    epd_test_pool(engine, 32, 4, &pool);
+    for (int i = 0; i < 4; i++) {
+        disagg_prefill(engine, &pool, &reqs[i], 8 * (uint32_t)i, (uint32_t)i, 400 + (uint64_t)i);
+        /* only the blocks of prompt + its first decoded position */
+        epd_decode_seq_init(&reqs[i].seq, 1, (reqs[i].n_prompt + 1 + bt - 1) / bt);
+    }
+    assert_int_equal(epd_decode_batch_create(engine, &pool, 4, 8, on_wake, NULL, &b), EPD_OK);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(epd_decode_batch_submit(b, &reqs[i].seq), EPD_OK);
+    }
+    end = epd_time_now_ns() + 30 * EPD_NSEC_PER_SEC;
+    while (left > 0) {
+        epd_decode_seq_t *seq;
+        int final;
+
+        assert_true(epd_time_now_ns() < end);
+        for (int i = 0; i < 4; i++) {
+            breq_t *r = &reqs[i];
+            uint32_t n = atomic_load(&r->seq.n_produced);
+            uint32_t need = (r->n_prompt + n + bt - 1) / bt;
+            uint32_t have = epd_decode_seq_blocks(&r->seq);
+
+            /* never past its blocks: the KV of position n_prompt + n - 2
+             * (the last step's) lies inside them */
+            assert_true(r->n_prompt + n - 1 <= have * bt);
+            if (!r->done && n < r->n_expect && need > have) {
+                epd_decode_seq_grow(&r->seq, have + 1); /* one block, lazily */
+                epd_decode_batch_kick(b);
+            }
+        }
+        seq = epd_decode_batch_poll(b, &final);
+        if (seq == NULL) {
+            epd_time_sleep_ns(200 * EPD_NSEC_PER_USEC);
+            continue;
+        }
+        for (int i = 0; i < 4; i++) {
+            if (&reqs[i].seq == seq) {
+                reqs[i].seen = atomic_load(&seq->n_produced);
+                if (final) {
+                    assert_false(reqs[i].done);
+                    reqs[i].done = 1;
+                    left--;
+                }
+            }
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        breq_t *r = &reqs[i];
+
+        assert_int_equal(r->seen, r->n_expect);
+        assert_memory_equal(r->tokens, r->expect, r->n_expect * sizeof(int32_t));
+        assert_int_equal(atomic_load(&r->seq.finish), r->expect_finish);
+    }
+    epd_decode_batch_destroy(b);
+    epd_free(pool.base);
+    epd_engine_close(engine);
+}
+
 /* A sequence with nothing left to generate (max_tokens 1) leaves at once
  * with FINISH_LENGTH and its single token, never writing past tokens[]. */
 static void test_no_room_left(void **state)
@@ -384,6 +466,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_equals_colocated),
         cmocka_unit_test(test_abort_leaves_at_step_boundary),
+        cmocka_unit_test(test_grows_on_demand),
         cmocka_unit_test(test_no_room_left),
         cmocka_unit_test(test_create_refuses),
     };

@@ -275,6 +275,25 @@ static void wait_full(int ms)
     }
 }
 
+/* A retired prefill incarnation (worker `who`, epoch start/nonce) confirms
+ * on a new endpoint (the client side's) that its writes for `id` are
+ * quiesced: the fence's way to free what it held (proto/README.md). */
+static void confirm_quiesced(const char *who, uint64_t start, uint64_t nonce, uint64_t id)
+{
+    Epd__Envelope e = EPD__ENVELOPE__INIT;
+    Epd__WritesQuiesced q = EPD__WRITES_QUIESCED__INIT;
+    uint64_t s0 = T.c.start, n0 = T.c.nonce;
+
+    q.request_id = id;
+    e.body_case = EPD__ENVELOPE__BODY_QUIESCED;
+    e.quiesced = &q;
+    T.c.start = start;
+    T.c.nonce = nonce;
+    send_env(&T.c, who, &e, 0);
+    T.c.start = s0;
+    T.c.nonce = n0;
+}
+
 static void start_daemon(void)
 {
     const char *build = getenv("EPD_BUILD");
@@ -301,7 +320,9 @@ static void start_daemon(void)
         execl(bin, bin, "--model", T.model, "--ready-file", ready, "--kv-blocks", blocks,
               "--state-slots", "8", "--max-batch", "4", "--lease-ms", lease, "--peer-timeout-ms",
               "5000", "--worker-id", "dtest", "--log-level", "debug", "--trace", trace,
-              (char *)NULL);
+              /* the reservation's mechanics at fixed sizes (KV on demand:
+               * tests/integration/test_decode_preempt.sh) */
+              "--kv-reserve", "upfront", (char *)NULL);
         _exit(127);
     }
     end = epd_time_now_ns() + 60 * EPD_NSEC_PER_SEC;
@@ -1131,6 +1152,11 @@ static void test_prefill_death(void **state)
     T.pool_mr = NULL;
     side_close(&T.p);
     expect_error(r.id, EPD_ERR_PEER_DEAD, 5000);
+    /* the fence: its process (this one) lives and may have mapped the pool,
+     * so its blocks stay quarantined until it confirms (rule 28) */
+    poll_ms(300);
+    assert_true(blocks_free() < KV_BLOCKS);
+    confirm_quiesced(P_ID, T.p.start, T.p.nonce, r.id);
     wait_full(3000);
 }
 
@@ -1164,18 +1190,21 @@ static void test_prefill_restart_epoch(void **state)
     env = take(&pn, b.id, EPD__ENVELOPE__BODY_RESERVATION, 5000);
     assert_non_null(env);
     epd_msg_free(env);
-    /* the old incarnation speaks again (from any endpoint): refused */
+    /* the old incarnation speaks again (from any endpoint): refused — but
+     * its word that its writes are quiesced is what frees the blocks it
+     * may still write (its process, this one, lives: the fence) */
     {
         Epd__Envelope e = EPD__ENVELOPE__INIT;
-        Epd__WritesQuiesced q = EPD__WRITES_QUIESCED__INIT;
+        Epd__Abort ab = EPD__ABORT__INIT;
 
-        q.request_id = a.id;
-        e.body_case = EPD__ENVELOPE__BODY_QUIESCED;
-        e.quiesced = &q;
+        ab.request_id = a.id;
+        e.body_case = EPD__ENVELOPE__BODY_ABORT;
+        e.abort = &ab;
         T.c.start = 5000; /* the client side poses as the old prefill */
         send_env(&T.c, P_ID, &e, 0);
         T.c.start = 1;
         expect_error(a.id, EPD_ERR_STALE_EPOCH, 3000);
+        confirm_quiesced(P_ID, 5000, po.nonce, a.id);
     }
     send_abort(&T.c, "test-client", b.id);
     assert_int_equal(collect(&b, 3000), 0);
@@ -1258,6 +1287,8 @@ static void test_silent_endpoint_closes_with_its_incarnation(void **state)
     q.request_id = b.id;
     e.sender = NULL;
     send_env(&pn, "silent-prefill", &e, 0);
+    /* the old incarnation (its process lives) confirms on a new endpoint */
+    confirm_quiesced("silent-prefill", 7000, po.nonce, a.id);
     wait_full(3000);
     T.extra = NULL;
     T.extra2 = NULL;

@@ -12,6 +12,14 @@ epd_status_t epd_itest_colocated(epd_engine_t *engine, const int32_t *prompt, ui
                                  const epd_sample_params_t *sp, uint32_t max_tokens, int32_t *out,
                                  uint32_t *n_out_p)
 {
+    return epd_itest_colocated_mm(engine, prompt, n_prompt, NULL, 0, sp, max_tokens, out, n_out_p);
+}
+
+epd_status_t epd_itest_colocated_mm(epd_engine_t *engine, const int32_t *prompt, uint32_t n_prompt,
+                                    const epd_embed_span_t *spans, uint32_t n_spans,
+                                    const epd_sample_params_t *sp, uint32_t max_tokens,
+                                    int32_t *out, uint32_t *n_out_p)
+{
     const epd_engine_info_t *info = epd_engine_info(engine);
     epd_sample_scratch_t *scratch = NULL;
     epd_kv_pool_t pool = {0};
@@ -48,6 +56,8 @@ epd_status_t epd_itest_colocated(epd_engine_t *engine, const int32_t *prompt, ui
     pa.seq.n_blocks = n_blocks;
     pa.tokens = prompt;
     pa.n_tokens = n_prompt;
+    pa.embeds = spans;
+    pa.n_embeds = n_spans;
     status = epd_engine_prefill(engine, &pool, &pa, NULL, logits);
     if (status != EPD_OK) {
         goto out;

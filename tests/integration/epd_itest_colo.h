@@ -18,4 +18,11 @@ epd_status_t epd_itest_colocated(epd_engine_t *engine, const int32_t *prompt, ui
                                  const epd_sample_params_t *sp, uint32_t max_tokens, int32_t *out,
                                  uint32_t *n_out_p);
 
+/* The same with image embeddings placed at their placeholders (spans as
+ * epd_prefill_args_t.embeds; NULL / 0: text only), as epd-generate --image. */
+epd_status_t epd_itest_colocated_mm(epd_engine_t *engine, const int32_t *prompt, uint32_t n_prompt,
+                                    const epd_embed_span_t *spans, uint32_t n_spans,
+                                    const epd_sample_params_t *sp, uint32_t max_tokens,
+                                    int32_t *out, uint32_t *n_out_p);
+
 #endif

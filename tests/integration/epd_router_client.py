@@ -28,6 +28,19 @@
        --max-tokens N
       C concurrent clients, R requests in all, request k with image k % n
       (and every third one two images); every answer equals epd-generate's.
+  burst URL MODEL_DIR GEN_BIN --count N --max-tokens M [--prompts K]
+       [--no-429] [--long-every J] [--min-tokens L] [--sampling greedy|seeded]
+      N requests sent at once (one connection each, released together),
+      over K prompts of different lengths, alternately greedy and seeded
+      (temperature 0.9, top_p 0.95), completions and chat, streaming and
+      not; with --long-every J every J-th asks 4 x M tokens; with
+      --min-tokens L only the prompts and samplings epd-generate answers
+      with at least L tokens are used (long generations); --sampling
+      keeps one of the two samplings.  Every answer
+      is 200 equal to epd-generate's, or 429 with a Retry-After header and
+      OpenAI's rate-limit error body (with --no-429, 429 fails too).
+      Prints "ok A rejected R" and exits 1 on anything else (a 5xx, a
+      stream error event, a differing text).
   raw URL METHOD PATH [BODY]
       prints "STATUS" then the body (for the bad-input checks).
 Exit 0 when everything matched; 1 with a line on stderr otherwise.
@@ -85,7 +98,7 @@ def generate(gen_bin, model, prompt, max_tokens, sampling, images=None):
     if images:
         args += ["--image", ",".join(images)]
     for k, v in sampling.items():
-        args += ["--" + k.replace("_", "-"), str(v)]
+        args += ["--" + k.replace("_", "-")] + ([str(v)] if v != "" else [])
     out = subprocess.run(args, stdout=subprocess.PIPE, check=True).stdout
     if not out.endswith(b"\n"):
         fail("epd-generate output does not end in a newline")
@@ -97,8 +110,9 @@ def conn_for(url):
     return http.client.HTTPConnection(u.hostname, u.port, timeout=120)
 
 
-def request(url, chat, prompt, max_tokens, stream, sampling, conn=None):
-    """Returns (status, text bytes or error body, finish_reason, usage)."""
+def request(url, chat, prompt, max_tokens, stream, sampling, conn=None, headers=None):
+    """Returns (status, text bytes or error body, finish_reason, usage);
+    `headers` (a dict) gets the response's headers, names in lower case."""
     body = {"model": MODEL_NAME, "max_tokens": max_tokens, "stream": stream}
     body.update(sampling)
     if chat:
@@ -115,6 +129,8 @@ def request(url, chat, prompt, max_tokens, stream, sampling, conn=None):
         conn = conn_for(url)
     conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
+    if headers is not None:
+        headers.update({k.lower(): v for k, v in resp.getheaders()})
     if resp.status != 200:
         data = resp.read()
         if own:
@@ -173,7 +189,7 @@ def parse_flags(argv):
         if not a.startswith("--"):
             fail("unexpected argument %r" % a)
         key = a[2:].replace("-", "_")
-        if key in ("chat", "stream", "all_kinds"):
+        if key in ("chat", "stream", "all_kinds", "no_429"):
             flags[key] = True
             i += 1
         else:
@@ -307,6 +323,94 @@ def cmd_multi(url, model, gen_bin, flags):
         t.join()
     for r in results:
         print(r)
+
+
+def cmd_burst(url, model, gen_bin, flags):
+    count = int(flags["count"])
+    max_tokens = int(flags["max_tokens"])
+    n_prompts = int(flags.get("prompts", "8"))
+    long_every = int(flags.get("long_every", "0"))
+    min_tokens = int(flags.get("min_tokens", "0"))
+    allow_429 = not flags.get("no_429", False)
+    filler = "the pools hold what they can and the queue the rest "
+    prompts = ["Burst %d: %s" % (i, (filler * 4)[: 7 * i]) for i in range(n_prompts)]
+    kinds = [{"temperature": 0.0}, {"temperature": 0.9, "top_p": 0.95, "seed": 77}]
+    use = {"greedy": (0,), "seeded": (1,)}.get(flags.get("sampling", "both"), (0, 1))
+    want = {}
+
+    def expect(p, s, chat, mt):
+        key = (p, s, chat, mt)
+        if key not in want:
+            text = chat_prompt(prompts[p]) if chat else prompts[p]
+            want[key] = generate(gen_bin, model, text, mt, gen_sampling(kinds[s]))
+        return want[key]
+
+    def n_generated(p, s, chat, mt):
+        text = chat_prompt(prompts[p]) if chat else prompts[p]
+        return len(generate(gen_bin, model, text, mt, dict(gen_sampling(kinds[s]), tokens="")).split())
+
+    # (prompt, sampling, chat); with --min-tokens only those that generate
+    # at least that many tokens (so that they hold the pool long enough)
+    combos = [(p, s, chat) for p in range(n_prompts) for s in use for chat in (False, True)]
+    if min_tokens > 0:
+        combos = [c for c in combos if n_generated(c[0], c[1], c[2], max_tokens) >= min_tokens]
+        if not combos:
+            fail("no prompt generates %d tokens" % min_tokens)
+
+    def shape(k):
+        p, s, chat = combos[k % len(combos)]
+        mt = max_tokens * 4 if long_every > 0 and k % long_every == 0 else max_tokens
+        return p, s, chat, (k // len(combos) + k) % 2 == 1, mt
+
+    for k in range(count):
+        p, s, chat, _, mt = shape(k)
+        expect(p, s, chat, mt)
+    results = [None] * count
+    barrier = threading.Barrier(count)
+
+    def one(k):
+        p, s, chat, stream, mt = shape(k)
+        hdrs = {}
+        conn = conn_for(url)
+        conn.connect()
+        barrier.wait()  # every connection open: they all go at once
+        try:
+            status, got, _, _ = request(url, chat, prompts[p], mt, stream, kinds[s], conn, hdrs)
+        except Exception as e:  # noqa: BLE001 — reported as a result
+            results[k] = "exception %r" % e
+            return
+        finally:
+            conn.close()
+        if status == 200:
+            results[k] = "ok" if got == want[(p, s, chat, mt)] else \
+                "differs (chat=%s stream=%s sampling=%s)" % (chat, stream, kinds[s])
+        elif status == 429 and allow_429:
+            try:
+                err = json.loads(got)["error"]
+            except (ValueError, KeyError):
+                err = {}
+            if not hdrs.get("retry-after", "").isdigit() or int(hdrs["retry-after"]) < 1:
+                results[k] = "429 without Retry-After: %r" % hdrs
+            elif err.get("type") != "requests" or err.get("code") != "rate_limit_exceeded":
+                results[k] = "429 body is not OpenAI's rate limit error: %r" % got[:200]
+            else:
+                results[k] = "rejected"
+        else:
+            results[k] = "HTTP %d %s" % (status, got[:200].decode("utf-8", "replace"))
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ok = results.count("ok")
+    rejected = results.count("rejected")
+    bad = [(k, r) for k, r in enumerate(results) if r not in ("ok", "rejected")]
+    print("ok %d rejected %d" % (ok, rejected))
+    if bad:
+        for k, r in bad[:10]:
+            sys.stderr.write("request %d: %s\n" % (k, r))
+        fail("%d of %d requests were neither 200 equal to epd-generate nor 429" % (len(bad), count))
 
 
 def cmd_stop(url, model, gen_bin, flags):
@@ -469,6 +573,8 @@ def main():
         cmd_load(url, model, gen_bin, flags)
     elif cmd == "multi":
         cmd_multi(url, model, gen_bin, flags)
+    elif cmd == "burst":
+        cmd_burst(url, model, gen_bin, flags)
     elif cmd == "stop":
         cmd_stop(url, model, gen_bin, flags)
     elif cmd == "images":

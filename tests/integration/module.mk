@@ -19,6 +19,11 @@ endef
 
 $(eval $(call epd_itest_prog,epd-itest-storm,tests/integration/epd_itest_storm.c tests/integration/epd_itest_colo.c))
 $(eval $(call epd_itest_prog,epd-itest-raw,tests/integration/epd_itest_raw.c))
+# a writer stalled mid-write and continued after its memory may have been reused (the fence)
+$(eval $(call epd_itest_prog,epd-itest-stall,tests/integration/epd_itest_stall.c tests/integration/epd_itest_colo.c))
+ALL_TESTS += tests/integration/test_fence_ucx_shm.sh \
+             tests/integration/test_fence_ucx_tcp.sh \
+             tests/integration/test_fence_ofi_tcp.sh
 $(eval $(call epd_itest_prog,epd-itest-image,tests/integration/epd_itest_image.c))
 # stb_image_write's JPEG writer shifts negative ints (undefined, harmless)
 ifneq ($(findstring undefined,$(SANITIZER)),)
@@ -59,3 +64,6 @@ ALL_TESTS += tests/integration/test_trust_ucx_shm.sh \
 ALL_TESTS += tests/integration/test_addresses.sh
 # epd-bench fleet's simulated workers: READY at the router, DEAD once stopped (#15)
 ALL_TESTS += tests/integration/test_fleet.sh
+# overload: the router's queue and 429s, decode KV on demand with preemption
+ALL_TESTS += tests/integration/test_router_burst.sh \
+             tests/integration/test_decode_preempt.sh

@@ -131,10 +131,15 @@ done
 [ "$(counter evictions)" -gt 0 ] || fail "no eviction in a 40-block pool"
 [ "$(counter cached_blocks)" -le 40 ] || fail "cached_blocks=$(counter cached_blocks) of 40"
 
-note "decode-side reuse: the next turn's prompt blocks decode kept are not written again"
-start_daemon d2 decode --model "$T/hybrid" --worker-id decode-2 --kv-blocks 512 --state-slots 16
+note "decode-side reuse (--kv-reserve upfront): the next turn's prompt blocks decode kept are not written again"
+# KV on demand (the default: decode-0 above) keeps nothing
+grep -q "decode-side reuse off: KV on demand" "$T/d.log" || fail "decode-side reuse on under KV on demand"
+[ "$(counter hit_tokens "$D")" = 0 ] && [ "$(counter cached_blocks "$D")" = 0 ] ||
+  fail "an on-demand decode worker reused $(counter hit_tokens "$D") tokens"
+start_daemon d2 decode --model "$T/hybrid" --worker-id decode-2 --kv-blocks 512 --state-slots 16 \
+  --kv-reserve upfront
 start_daemon d3 decode --model "$T/hybrid" --worker-id decode-3 --kv-blocks 512 --state-slots 16 \
-  --no-prefix-cache
+  --kv-reserve upfront --no-prefix-cache
 start_daemon p3 prefill --model "$T/hybrid" --worker-id prefill-3 --kv-blocks 512 --state-slots 16
 sent() { health_field "$p3_ADDR" kv_bytes_sent; }
 same_as_colocated "$T/hybrid" "$p3_ADDR" "$d2_ADDR" "$T/a" 12

@@ -12,8 +12,9 @@
 #    new requests succeed; the dead worker leaves READY;
 #  - the killed worker restarted under the same id registers under its new
 #    epoch (the old incarnation stays listed, DEAD) and takes traffic;
-#  - a decode worker that refuses for capacity gets its requests retried on
-#    another one (all succeed, epd_router_retries_total counts them);
+#  - a decode worker whose pool cannot hold the requests gets none of them:
+#    the router checks every decode worker's blocks before it sends (all
+#    succeed on the others, none is refused and retried);
 #  - a worker drained through its own Drain RPC (epd-ctl drain WORKER) is
 #    DRAINING in the registry after its next heartbeat and gets no request;
 #    with every prefill worker draining a request gets 503.
@@ -163,15 +164,17 @@ new_epoch=$(grep 'state=READY' "$T/d0.lines" | tr ' ' '\n' | sed -n 's/^epoch=//
 [ -n "$new_epoch" ] && [ "$new_epoch" != "$d0_epoch" ] ||
   fail "decode-0 READY under its old epoch $d0_epoch: $(cat "$T/st.out")"
 
-note "a decode worker that refuses for capacity: retried on another"
+note "a decode worker whose pool cannot hold the requests: never chosen"
 start_daemon d3 decode --model "$T/m" --worker-id decode-3 --kv-blocks 8 --state-slots 8 \
   --router "$r_ADDR"
 wait_router_state "$r_ADDR" decode-3 READY 5
-r0=$(router_metric "$H" epd_router_retries_total)
+r0=$(router_metric "$H" epd_router_capacity_retries_total)
 router_client load "$H" "$T/m" "$G" --clients 4 --requests 16 --prompts 2 --max-tokens 200 ||
-  fail "requests with a refusing decode worker"
-r1=$(router_metric "$H" epd_router_retries_total)
-[ "$r1" -gt "$r0" ] || fail "no retry counted ($r0 -> $r1)"
+  fail "requests with a decode worker too small for them"
+r1=$(router_metric "$H" epd_router_capacity_retries_total)
+[ "$r1" = "$r0" ] || fail "requests refused for room and retried ($r0 -> $r1)"
+n=$(router_metric "$H" 'epd_router_worker_requests_total{worker="decode-3",pool="decode"}')
+[ "${n:-0}" = 0 ] || fail "decode-3 (8 blocks) got $n requests of 200 tokens"
 wait_blocks_free "$d0b_ADDR"
 wait_blocks_free "$d1_ADDR"
 wait_blocks_free "$d3_ADDR"

@@ -19,8 +19,9 @@ source "$(dirname "$0")/lib.sh"
 
 mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
 start_router r --model "$T/m" --heartbeat-ms 200 --policy prefix-affinity
+# decode-side reuse is an up-front worker's (KV on demand keeps nothing)
 start_daemon d0 decode --model "$T/m" --worker-id decode-0 --kv-blocks 1024 --state-slots 32 \
-  --router "$r_ADDR"
+  --kv-reserve upfront --router "$r_ADDR"
 start_daemon p0 prefill --model "$T/m" --worker-id prefill-0 --router "$r_ADDR"
 start_daemon p1 prefill --model "$T/m" --worker-id prefill-1 --router "$r_ADDR"
 for w in decode-0 prefill-0 prefill-1; do

@@ -5,7 +5,8 @@
  * policy picks — round robin, least load, prefix affinity (KV-aware:
  * expected cached tokens against queued ones, rendezvous hashing for cold
  * prompts, decode-side reuse within a slack), the hint sets, the avoid
- * list of retries.
+ * list of retries, and the free-block check before a decode worker is
+ * chosen.
  *
  * The registry asks the request-plane client only whether a worker's
  * endpoint is healthy (epd_client_worker_state); this test links the
@@ -163,6 +164,58 @@ static void test_least_load(void **state)
     epd_router_registry_cleanup(&f.reg);
 }
 
+/* The free-block check (proto/README.md rule 30): a decode worker gets a
+ * request only when its last reported free blocks, less those of requests
+ * sent since, hold the request's admission — prompt + headroom when it
+ * grows KV on demand, prompt + max_new up front — and never when its whole
+ * pool could not hold prompt + max_new; "all full" (wait) is told apart
+ * from "none could ever" (fail). */
+static void test_room_for_decode(void **state)
+{
+    fx_t f;
+    epd_router_worker_t *d0, *d1, *got;
+    epd_router_fit_t fit = {.n_prompt = 100, .max_new = 200};
+    int full = -1;
+
+    (void)state;
+    fx_init(&f, EPD_ROUTER_POLICY_LEAST_LOAD);
+    d0 = fx_add(&f, "d0", EPD_CLIENT_ROLE_DECODE, 0);
+    d0->info.kv_headroom_tokens = 16; /* on demand: ceil(116 / 16) = 8 blocks */
+    d0->hb_kv_blocks_free = 8;
+    assert_int_equal(epd_router_decode_blocks(d0, &fit), 8);
+    assert_true(epd_router_has_room(d0, &fit));
+    d0->kv_pending = 1; /* a request sent since its heartbeat */
+    assert_false(epd_router_has_room(d0, &fit));
+    got = epd_router_registry_pick_room(&f.reg, EPD_CLIENT_ROLE_DECODE, NULL, &fit, NULL, 0,
+                                        &full);
+    assert_null(got);
+    assert_int_equal(full, 1); /* a worker, full now: the request waits */
+    /* up front: prompt + max_new = 300 tokens, 19 blocks */
+    d1 = fx_add(&f, "d1", EPD_CLIENT_ROLE_DECODE, 0);
+    d1->hb_kv_blocks_free = 18;
+    assert_int_equal(epd_router_decode_blocks(d1, &fit), 19);
+    assert_false(epd_router_has_room(d1, &fit));
+    d1->hb_kv_blocks_free = 19;
+    assert_ptr_equal(epd_router_registry_pick_room(&f.reg, EPD_CLIENT_ROLE_DECODE, NULL, &fit,
+                                                   NULL, 0, &full),
+                     d1);
+    assert_int_equal(full, 0);
+    /* refused for room: nothing more until its next heartbeat */
+    d1->cap_refused = 1;
+    assert_false(epd_router_has_room(d1, &fit));
+    d1->cap_refused = 0;
+    /* pools that could never hold 300 tokens (18 blocks) are not "full" */
+    d0->info.kv_blocks_total = 18;
+    d1->info.kv_blocks_total = 18;
+    d0->kv_pending = 0;
+    d0->hb_kv_blocks_free = 18;
+    assert_false(epd_router_has_room(d0, &fit));
+    assert_null(epd_router_registry_pick_room(&f.reg, EPD_CLIENT_ROLE_DECODE, NULL, &fit, NULL,
+                                              0, &full));
+    assert_int_equal(full, 0);
+    epd_router_registry_cleanup(&f.reg);
+}
+
 /* Prefix affinity: a prompt always goes to the same prefill worker (its
  * first KV block decides), distinct prompts spread, and removing a worker
  * moves only the prompts that were on it (consistent hashing). */
@@ -261,16 +314,16 @@ static void test_kv_aware_prefill(void **state)
     assert_int_equal(epd_router_cached_blocks(a, &pp), 3);
     assert_int_equal(epd_router_cached_blocks(b, &pp), 0);
     a->queued_tokens = 40; /* cost 40 + 16 = 56 against 64 */
-    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_PREFILL, &pp, p, 64,
+    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_PREFILL, &pp, p, 64, NULL,
                                                  NULL, 0), a);
     a->queued_tokens = 49; /* 65 against 64: the saving no longer pays for the wait */
-    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_PREFILL, &pp, p, 64,
+    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_PREFILL, &pp, p, 64, NULL,
                                                  NULL, 0), b);
     /* its second block evicted: only one block counts */
     a->queued_tokens = 20;
     epd_router_hints_apply(a->hints, epd_router_probe_hint(&pp, 1) & ~1ull);
     assert_int_equal(epd_router_cached_blocks(a, &pp), 1);
-    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_PREFILL, &pp, p, 64,
+    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_PREFILL, &pp, p, 64, NULL,
                                                  NULL, 0), b); /* 20 + 48 > 64 */
     /* another namespace (model, layout): its hints are not ours */
     a->queued_tokens = 0;
@@ -280,7 +333,7 @@ static void test_kv_aware_prefill(void **state)
     /* the router sent b the whole prompt: b holds its four blocks now */
     epd_router_hints_expect(b, &pp, UINT32_MAX);
     assert_int_equal(epd_router_cached_blocks(b, &pp), 4);
-    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_PREFILL, &pp, p, 64,
+    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_PREFILL, &pp, p, 64, NULL,
                                                  NULL, 0), b);
     /* a worker's reset forgets them */
     epd_router_hints_clear(b->hints);
@@ -311,10 +364,10 @@ static void test_kv_aware_decode(void **state)
     epd_router_hints_expect(d0, &pp, 2); /* decode: not the last position's block */
     assert_int_equal(epd_router_cached_blocks(d0, &pp), 2);
     d0->inflight = 2; /* a quarter of its batch of 8: at the slack */
-    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p, 48,
+    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p, 48, NULL,
                                                  NULL, 0), d0);
     d0->inflight = 3; /* beyond it */
-    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p, 48,
+    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p, 48, NULL,
                                                  NULL, 0), d1);
     /* without a probe (other policies' callers): least load */
     d0->inflight = 0;
@@ -504,6 +557,7 @@ int main(void)
         cmocka_unit_test(test_policy_names),
         cmocka_unit_test(test_round_robin),
         cmocka_unit_test(test_least_load),
+        cmocka_unit_test(test_room_for_decode),
         cmocka_unit_test(test_prefix_affinity),
         cmocka_unit_test(test_kv_aware_prefill),
         cmocka_unit_test(test_kv_aware_decode),

@@ -40,6 +40,15 @@ typedef struct loop_mr {
     bool remote_write;
 } loop_mr_t;
 
+/* a grant: its own id, checked by the core on every write (like a UCX
+ * active-message write: the loop backend's writes are all checked) */
+typedef struct loop_grant {
+    struct loop_grant *next;
+    uint64_t id;
+    loop_mr_t *mr;
+    epd_xport_grant_t *core;
+} loop_grant_t;
+
 /* an op's state, in be_priv */
 typedef struct {
     loop_ep_t *ep;
@@ -73,6 +82,7 @@ struct loop_be {
     loop_frame_t *in_head, *in_tail;
     size_t in_count;
     loop_mr_t *mrs;
+    loop_grant_t *grants;
     loop_ep_t *eps;
 };
 
@@ -341,6 +351,15 @@ static epd_status_t loop_write(void *arg, const void *local, size_t len, void *b
                 break;
             }
         }
+        for (loop_grant_t *g = to->grants; g != NULL; g = g->next) {
+            /* a grant's id: the fence's check first (revoked, owner's check) */
+            if (g->id == rk->region && remote_offset <= g->mr->size &&
+                len <= g->mr->size - remote_offset &&
+                epd__xport_grant_write(g->core, remote_offset, len)) {
+                memcpy((unsigned char *)g->mr->addr + remote_offset, local, len);
+                break;
+            }
+        }
     }
     op->delivers = (unsigned char)(loop_delivers != 0);
     if (loop_hold && to != NULL) {
@@ -499,6 +518,72 @@ static void loop_rkey_destroy(void *be_rkey)
     epd_free(be_rkey);
 }
 
+static epd_status_t loop_grant_open(void *arg, void *be_mr, epd_xport_grant_t *core_grant,
+                                    void **be_grant_p)
+{
+    loop_be_t *be = arg;
+    loop_grant_t *g = epd_calloc(1, sizeof(*g));
+
+    if (g == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    g->mr = be_mr;
+    g->core = core_grant;
+    randombytes_buf(&g->id, sizeof(g->id));
+    g->next = be->grants;
+    be->grants = g;
+    *be_grant_p = g;
+    return EPD_OK;
+}
+
+static epd_status_t loop_grant_pack(void *arg, void *be_grant, void *buf, size_t cap, size_t *len_p)
+{
+    loop_be_t *be = arg;
+    loop_grant_t *g = be_grant;
+    loop_key_t k = {LOOP_KEY_MAGIC, 0, be->num, g->id, g->mr->size};
+
+    if (cap < sizeof(k)) {
+        return EPD_ERR_NO_RESOURCE;
+    }
+    memcpy(buf, &k, sizeof(k));
+    *len_p = sizeof(k);
+    return EPD_OK;
+}
+
+static epd_status_t loop_grant_revoke(void *arg, void *be_grant, int writer_same_host)
+{
+    (void)arg;
+    (void)be_grant;
+    (void)writer_same_host;
+    return EPD_OK; /* every write is checked at once: nothing is ever in flight */
+}
+
+static int loop_grant_settled(void *arg, void *be_grant)
+{
+    (void)arg;
+    (void)be_grant;
+    return 1;
+}
+
+static void loop_grant_close(void *arg, void *be_grant)
+{
+    loop_be_t *be = arg;
+    loop_grant_t **pp = &be->grants;
+
+    while (*pp != be_grant) {
+        pp = &(*pp)->next;
+    }
+    *pp = ((loop_grant_t *)be_grant)->next;
+    epd_free(be_grant);
+}
+
+static uint32_t loop_limbo(void *arg, uint64_t peer_xid)
+{
+    (void)arg;
+    (void)peer_xid;
+    return 0;
+}
+
 static int loop_progress(void *arg)
 {
     loop_be_t *be = arg;
@@ -571,6 +656,12 @@ const epd__xport_backend_ops_t epd_xport_loop_ops = {
     .mr_pack = loop_mr_pack,
     .rkey_unpack = loop_rkey_unpack,
     .rkey_destroy = loop_rkey_destroy,
+    .grant_open = loop_grant_open,
+    .grant_pack = loop_grant_pack,
+    .grant_revoke = loop_grant_revoke,
+    .grant_settled = loop_grant_settled,
+    .grant_close = loop_grant_close,
+    .limbo = loop_limbo,
     .progress = loop_progress,
     .get_fd = loop_get_fd,
     .arm = loop_arm,

@@ -22,7 +22,9 @@
 #include "epd_xport_loop.h"
 
 enum { T_HELLO = 1, T_ACK = 2, T_MSG = 3, T_KEEPALIVE = 4, T_BYE = 5, T_FIN = 6 };
-enum { F_EXT = 1, F_AUTH = 2, F_MAC = 4 };
+enum { F_EXT = 1, F_AUTH = 2, F_MAC = 4, F_PROC = 8 };
+/* identity block, process block (the fence: which process on which host) */
+enum { EXT_BYTES = 184, PROC_BYTES = 48 };
 #define HDR 48
 #define TAG 16
 
@@ -248,16 +250,17 @@ static void test_authenticated_handshake(void **state)
     assert_int_equal(c.calls, 1);
     assert_int_equal(c.status, EPD_OK);
     assert_int_equal(b.accepts, 1);
-    /* three handshake frames: HELLO (identity, nonce, address), HELLO_ACK
-     * (identity, nonce, 32-byte MAC), HELLO_FIN (32-byte MAC) */
+    /* three handshake frames: HELLO (identity, nonce, process, address),
+     * HELLO_ACK (identity, nonce, process, 32-byte MAC), HELLO_FIN (32-byte
+     * MAC) */
     assert_int_equal(rec_count(T_HELLO), 1);
     assert_int_equal(rec_count(T_ACK), 1);
     assert_int_equal(rec_count(T_FIN), 1);
     h = rec_hdr(rec_last(T_HELLO));
-    assert_int_equal(h.flags, F_EXT | F_AUTH);
+    assert_int_equal(h.flags, F_EXT | F_AUTH | F_PROC);
     h = rec_hdr(rec_last(T_ACK));
-    assert_int_equal(h.flags, F_EXT | F_AUTH);
-    assert_int_equal(h.len, 184 + 32);
+    assert_int_equal(h.flags, F_EXT | F_AUTH | F_PROC);
+    assert_int_equal(h.len, EXT_BYTES + PROC_BYTES + 32);
     h = rec_hdr(rec_last(T_FIN));
     assert_int_equal(h.flags, F_AUTH);
     assert_int_equal(h.len, 32);
@@ -444,7 +447,7 @@ static void test_hello_unverified_unparsed(void **state)
     memcpy(hello, rec[i].data, len);
     /* an address no worker has: if b made an endpoint from it, b's HELLO_ACK
      * would go out (to nobody, yet through the tap) */
-    hello[HDR + 184 + 8] ^= 0x40;
+    hello[HDR + EXT_BYTES + PROC_BYTES + 8] ^= 0x40;
     rec_start();
     epd__xport_deliver(b.x, hello, len);
     rec_stop();

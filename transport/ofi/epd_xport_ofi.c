@@ -301,6 +301,7 @@ struct epd__ofi_req {
     void *desc;            /* local descriptor (FI_MR_LOCAL) */
     struct fid_mr *tmp_mr; /* on-the-fly registration of local */
     uint32_t parts_out;    /* parts posted and not yet completed */
+    uint64_t peer_xid;     /* orphan: the peer its endpoint reached (limbo) */
     bool queued;           /* write: counted in ep->unposted (parts to post) */
     bool reading;          /* flush: its ordering read is posted */
     epd_status_t status;   /* first error */
@@ -422,6 +423,7 @@ struct epd__ofi {
     epd__ofi_req_t *reqs;
     epd__ofi_req_t *req_free;
     size_t req_count;
+    uint32_t n_orphans; /* requests whose op was given back, parts still posted */
 
     epd__ofi_ep_t *eps;
     /* Destroyed endpoints whose operations the provider still holds: their
@@ -1020,6 +1022,7 @@ static void epd__ofi_part_done(epd__ofi_t *be, epd__ofi_xfer_t *x, epd_status_t 
     }
     if (req->op == NULL) {
         /* orphan: its op completed when its endpoint was destroyed */
+        be->n_orphans--;
         epd__ofi_req_put(be, req);
         return;
     }
@@ -2067,8 +2070,12 @@ static void epd__ofi_ep_destroy(void *arg)
         req->op = NULL;
         if (req->parts_out == 0) {
             epd__ofi_req_put(be, req);
+        } else {
+            /* an orphan, freed when the provider returns its parts: its
+             * bytes may still move meanwhile (limbo) */
+            req->peer_xid = epd__xport_ep_peer(ep->core_ep);
+            be->n_orphans++;
         }
-        /* else an orphan, freed when the provider returns its parts */
         if (op != NULL) {
             epd__xport_op_done(op, EPD_ERR_CANCELED);
         }
@@ -2507,6 +2514,106 @@ static epd_status_t epd__ofi_mr_pack(void *arg, void *be_mr, void *buf, size_t c
     return EPD_OK;
 }
 
+/* ---------------------------------------------------------------- grants */
+
+/* A grant is a registration of its own over the region's memory (its own
+ * random or provider key), so that it can be closed alone. */
+static epd_status_t epd__ofi_grant_open(void *arg, void *be_mr, epd_xport_grant_t *core_grant,
+                                        void **be_grant_p)
+{
+    epd__ofi_t *be = arg;
+    epd__ofi_mr_t *region = be_mr;
+    epd__ofi_mr_t *g;
+    epd_status_t status;
+
+    (void)core_grant; /* writes land without a check of ours: nothing to call */
+    g = epd_calloc(1, sizeof(*g));
+    if (g == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    g->be = be;
+    g->addr = region->addr;
+    g->size = region->size;
+    g->remote_write = true;
+    status = epd__ofi_reg(be, g->addr, g->size, EPD__OFI_ACCESS_RECV, &g->mr);
+    if (status == EPD_OK) {
+        status = epd__ofi_mr_finish(be, g);
+        if (status != EPD_OK) {
+            fi_close(&g->mr->fid);
+        }
+    }
+    if (status != EPD_OK) {
+        epd_free(g);
+        return status;
+    }
+    *be_grant_p = g;
+    return EPD_OK;
+}
+
+static epd_status_t epd__ofi_grant_pack(void *arg, void *be_grant, void *buf, size_t cap,
+                                        size_t *len_p)
+{
+    epd__ofi_mr_t *g = be_grant;
+
+    if (g->mr == NULL) {
+        return EPD_ERR_INVALID_PARAM; /* revoked */
+    }
+    return epd__ofi_mr_pack(arg, g, buf, cap, len_p);
+}
+
+static epd_status_t epd__ofi_grant_revoke(void *arg, void *be_grant, int writer_same_host)
+{
+    epd__ofi_mr_t *g = be_grant;
+
+    (void)arg;
+    (void)writer_same_host;
+    /* Closed: a write that starts after this finds no key and is refused
+     * by the provider.  Not a proof that nothing lands: the providers here
+     * check the key once per operation (tcp when a write's header arrives,
+     * then its bytes go straight into the region as they come), so a write
+     * under way when the key closes still lands — only the writer's end
+     * (its process gone, or its own word) settles the grant. */
+    if (g->mr != NULL) {
+        fi_close(&g->mr->fid);
+        g->mr = NULL;
+    }
+    return EPD_ERR_UNSUPPORTED;
+}
+
+static int epd__ofi_grant_settled(void *arg, void *be_grant)
+{
+    (void)arg;
+    (void)be_grant;
+    return 0;
+}
+
+static void epd__ofi_grant_close(void *arg, void *be_grant)
+{
+    epd__ofi_mr_t *g = be_grant;
+
+    (void)arg;
+    if (g->mr != NULL) {
+        fi_close(&g->mr->fid);
+    }
+    epd_free(g);
+}
+
+static uint32_t epd__ofi_limbo(void *arg, uint64_t peer_xid)
+{
+    epd__ofi_t *be = arg;
+    uint32_t n = 0;
+
+    if (peer_xid == 0 || be->n_orphans == 0) {
+        return be->n_orphans;
+    }
+    for (size_t i = 0; i < be->req_count; i++) {
+        const epd__ofi_req_t *r = &be->reqs[i];
+
+        n += r->op == NULL && r->parts_out > 0 && r->peer_xid == peer_xid;
+    }
+    return n;
+}
+
 static epd_status_t epd__ofi_rkey_unpack(void *arg, const void *blob, size_t len, void **be_rkey_p,
                                          size_t *size_p)
 {
@@ -2682,6 +2789,12 @@ const epd__xport_backend_ops_t epd__xport_ofi_ops = {
     .mr_pack = epd__ofi_mr_pack,
     .rkey_unpack = epd__ofi_rkey_unpack,
     .rkey_destroy = epd__ofi_rkey_destroy,
+    .grant_open = epd__ofi_grant_open,
+    .grant_pack = epd__ofi_grant_pack,
+    .grant_revoke = epd__ofi_grant_revoke,
+    .grant_settled = epd__ofi_grant_settled,
+    .grant_close = epd__ofi_grant_close,
+    .limbo = epd__ofi_limbo,
     .progress = epd__ofi_progress,
     .get_fd = epd__ofi_get_fd,
     .arm = epd__ofi_arm,

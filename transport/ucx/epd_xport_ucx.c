@@ -75,21 +75,42 @@ typedef struct epd__ucx epd__ucx_t;
 typedef struct epd__ucx_ep epd__ucx_ep_t;
 typedef struct epd__ucx_tx epd__ucx_tx_t;
 
-/* Header of a write active message; lives in the op until completion (UCX
- * 1.13 reads the header of a pending AM send later, it has no COPY_HEADER). */
+/* Header of a write active message: the id of a region or of a grant
+ * (epd_xport.h, "The fence"), and the offset in the region. */
 typedef struct {
     uint64_t region_id;
     uint64_t offset;
 } epd__ucx_wr_hdr_t;
 
+/*
+ * One UCX request of a write or a flush, the backend's rather than the
+ * op's so that it can outlive the op: UCX 1.13 reads an AM write's header
+ * (it has no COPY_HEADER) and a put's or a rendezvous's source until the
+ * request completes, and ucp_request_free on an unfinished request only
+ * suppresses its callback.  An op whose endpoint is destroyed while UCX
+ * still holds its request is given back to the core at once (with
+ * EPD_ERR_CANCELED, as the contract says) but its wr stays, header
+ * included, as an orphan until UCX's callback: the header it reads is never
+ * another write's (that is how a force-closed endpoint used to land one
+ * write's bytes at another's offset), and the orphans are counted
+ * (epd_xport_limbo: the writer does not claim quiescence meanwhile).
+ */
+typedef struct epd__ucx_wr {
+    epd__ucx_wr_hdr_t hdr;
+    epd__xport_op_t *op; /* NULL: an orphan */
+    void *req;           /* UCX's request while UCX holds it */
+    epd__ucx_t *be;
+    uint64_t peer_xid;               /* orphan: the peer its endpoint reached */
+    struct epd__ucx_wr *prev, *next; /* be->orphans, or be->wr_free (next only) */
+} epd__ucx_wr_t;
+
 /* The backend's view of an op, inside its be_priv scratch space. */
 typedef struct {
-    void *req; /* UCX request while in flight */
+    epd__ucx_wr_t *wr; /* while UCX holds the request */
     epd__ucx_ep_t *ep;
     epd__xport_op_t *prev, *next; /* ep's outstanding list, then be's done list */
     int32_t status;
     uint32_t where; /* EPD__UCX_OP_* */
-    epd__ucx_wr_hdr_t hdr;
 } epd__ucx_op_t;
 
 _Static_assert(sizeof(epd__ucx_op_t) <= sizeof(((epd__xport_op_t *)0)->be_priv),
@@ -122,7 +143,11 @@ struct epd__ucx_ep {
     char desc[256];
 };
 
+/* What a rendezvous receive's user data points at (its first field). */
+enum { EPD__UCX_KIND_MR = 1, EPD__UCX_KIND_GRANT };
+
 typedef struct epd__ucx_mr {
+    int kind; /* EPD__UCX_KIND_MR */
     epd__ucx_t *be;
     ucp_mem_h memh;
     void *addr;
@@ -130,10 +155,22 @@ typedef struct epd__ucx_mr {
     void *owned;       /* local region: the memory we allocated (epd_free) */
     bool remote_write; /* EPD_XPORT_MR_REMOTE_WRITE: peers may write into it */
     uint64_t id;
+    bool allocated;         /* UCP_MEM_MAP_ALLOCATE: may be a shared-memory segment */
     bool dead;              /* deregistered, waiting for receives */
-    uint32_t recv_inflight; /* rendezvous receives landing in it */
+    uint32_t recv_inflight; /* rendezvous receives landing in it (grants' too) */
     struct epd__ucx_mr *prev, *next;
 } epd__ucx_mr_t;
+
+/* A grant: a writer's own id for AM writes into a region. */
+typedef struct epd__ucx_grant {
+    int kind; /* EPD__UCX_KIND_GRANT */
+    uint64_t id;
+    epd__ucx_mr_t *mr;
+    epd_xport_grant_t *core;
+    bool revoked;
+    uint32_t recv_inflight;             /* rendezvous receives under it */
+    struct epd__ucx_grant *prev, *next; /* be->grants, or be->dead_grants */
+} epd__ucx_grant_t;
 
 typedef struct {
     epd__ucx_ep_t *ep;
@@ -166,6 +203,11 @@ struct epd__ucx {
     epd__ucx_ep_t *eps;
     epd__ucx_ep_t *fail_list;
     epd__ucx_mr_t *mrs, *dead_mrs;
+    epd__ucx_grant_t *grants, *dead_grants; /* dead: closed, receives in flight */
+    epd__ucx_wr_t *wr_free;                 /* request records, grown on demand */
+    epd__ucx_wr_t *orphans;                 /* their op given back, UCX still holds them */
+    uint32_t n_orphans;
+    bool maps_shm; /* a transport that maps a peer's region (posix, sysv, xpmem) */
     epd__xport_op_t *done_head, *done_tail;
     epd__ucx_rx_t *ring; /* [EPD__UCX_RING] */
     uint32_t ring_head, ring_count;
@@ -310,17 +352,63 @@ static void epd__ucx_note_fail(epd__ucx_ep_t *ep, epd_status_t st)
     }
 }
 
+/* A request record (NULL: out of memory). */
+static epd__ucx_wr_t *epd__ucx_wr_get(epd__ucx_t *be)
+{
+    epd__ucx_wr_t *wr = be->wr_free;
+
+    if (wr != NULL) {
+        be->wr_free = wr->next;
+    } else {
+        wr = epd_malloc(sizeof(*wr));
+        if (wr == NULL) {
+            return NULL;
+        }
+    }
+    memset(wr, 0, sizeof(*wr));
+    wr->be = be;
+    return wr;
+}
+
+static void epd__ucx_wr_put(epd__ucx_t *be, epd__ucx_wr_t *wr)
+{
+    wr->next = be->wr_free;
+    be->wr_free = wr;
+}
+
+static void epd__ucx_orphan_unlink(epd__ucx_t *be, epd__ucx_wr_t *wr)
+{
+    if (wr->prev != NULL) {
+        wr->prev->next = wr->next;
+    } else {
+        be->orphans = wr->next;
+    }
+    if (wr->next != NULL) {
+        wr->next->prev = wr->prev;
+    }
+    be->n_orphans--;
+}
+
 /* Completion of a put, AM write or flush (UCX callback context: queue only). */
 static void epd__ucx_op_cb(void *request, ucs_status_t status, void *user_data)
 {
-    epd__xport_op_t *op = user_data;
-    epd__ucx_op_t *o = EPD__UCX_OP(op);
-    epd__ucx_ep_t *ep = o->ep;
+    epd__ucx_wr_t *wr = user_data;
+    epd__ucx_t *be = wr->be;
+    epd__xport_op_t *op = wr->op;
+    epd__ucx_op_t *o;
 
-    epd__ucx_out_remove(op);
-    o->req = NULL;
-    epd__ucx_done_add(ep->be, op, epd__ucx_status(status));
     ucp_request_free(request);
+    if (op == NULL) {
+        /* an orphan: UCX is done with its header and source at last */
+        epd__ucx_orphan_unlink(be, wr);
+        epd__ucx_wr_put(be, wr);
+        return;
+    }
+    o = EPD__UCX_OP(op);
+    epd__ucx_out_remove(op);
+    o->wr = NULL;
+    epd__ucx_wr_put(be, wr);
+    epd__ucx_done_add(be, op, epd__ucx_status(status));
 }
 
 /* ------------------------------------------------------------ tx copies */
@@ -379,6 +467,28 @@ static epd__ucx_mr_t *epd__ucx_mr_find(epd__ucx_t *be, uint64_t id)
     return NULL;
 }
 
+static epd__ucx_grant_t *epd__ucx_grant_find(epd__ucx_t *be, uint64_t id)
+{
+    for (epd__ucx_grant_t *g = be->grants; g != NULL; g = g->next) {
+        if (g->id == id) {
+            return g;
+        }
+    }
+    return NULL;
+}
+
+/* A fresh id for a region or a grant: random (nobody who was not given the
+ * key can name it), never one in use. */
+static uint64_t epd__ucx_new_id(epd__ucx_t *be)
+{
+    uint64_t id;
+
+    do {
+        randombytes_buf(&id, sizeof(id));
+    } while (id == 0 || epd__ucx_mr_find(be, id) != NULL || epd__ucx_grant_find(be, id) != NULL);
+    return id;
+}
+
 static ucs_status_t epd__ucx_am_msg(void *arg, const void *header, size_t header_length, void *data,
                                     size_t length, const ucp_am_recv_param_t *param)
 {
@@ -418,6 +528,12 @@ static void epd__ucx_recv_cb(void *request, ucs_status_t status, size_t length, 
     epd__ucx_mr_t *mr = user_data;
 
     (void)length;
+    if (*(const int *)user_data == EPD__UCX_KIND_GRANT) {
+        epd__ucx_grant_t *g = user_data;
+
+        g->recv_inflight--;
+        mr = g->mr;
+    }
     mr->recv_inflight--;
     if (status != UCS_OK && status != UCS_ERR_CANCELED) {
         epd_log_warn(EPD__UCX_COMP, 0, "a write into region %016llx failed: %s",
@@ -431,6 +547,7 @@ static ucs_status_t epd__ucx_am_write(void *arg, const void *header, size_t head
 {
     epd__ucx_t *be = arg;
     epd__ucx_wr_hdr_t hdr;
+    epd__ucx_grant_t *g = NULL;
     epd__ucx_mr_t *mr;
     ucp_request_param_t p;
     void *req;
@@ -441,6 +558,11 @@ static ucs_status_t epd__ucx_am_write(void *arg, const void *header, size_t head
     }
     memcpy(&hdr, header, sizeof(hdr));
     mr = epd__ucx_mr_find(be, hdr.region_id);
+    if (mr == NULL) {
+        /* a writer's own key: the fence checks it (epd_xport.h) */
+        g = epd__ucx_grant_find(be, hdr.region_id);
+        mr = g != NULL ? g->mr : NULL;
+    }
     if (mr == NULL || !mr->remote_write || hdr.offset > mr->size ||
         length > mr->size - hdr.offset) {
         epd_log_warn(EPD__UCX_COMP, 0,
@@ -451,19 +573,29 @@ static ucs_status_t epd__ucx_am_write(void *arg, const void *header, size_t head
                                          : "out of range");
         return UCS_OK;
     }
+    if (g != NULL && !epd__xport_grant_write(g->core, hdr.offset, length)) {
+        /* revoked (a retired writer's late write), or outside what the
+         * region's owner allows now: dropped, counted by the core; a
+         * rendezvous is answered as refused without a byte moving */
+        return UCS_OK;
+    }
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         memset(&p, 0, sizeof(p));
         p.op_attr_mask =
             UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
         p.cb.recv_am = epd__ucx_recv_cb;
-        p.user_data = mr;
+        p.user_data = g != NULL ? (void *)g : (void *)mr;
         p.memh = mr->memh;
         req = ucp_am_recv_data_nbx(be->worker, data, (char *)mr->addr + hdr.offset, length, &p);
         if (UCS_PTR_IS_ERR(req)) {
             epd_log_warn(EPD__UCX_COMP, 0, "cannot receive a write: %s",
                          ucs_status_string(UCS_PTR_STATUS(req)));
         } else if (req != NULL) {
+            /* lands after this returns: a revocation waits for it */
             mr->recv_inflight++;
+            if (g != NULL) {
+                g->recv_inflight++;
+            }
         }
         return UCS_OK;
     }
@@ -605,6 +737,11 @@ static epd_status_t epd__ucx_create(epd_xport_t *core, const epd_xport_config_t 
     memcpy(be->blob + sizeof(w), be->uaddr, be->uaddr_len);
 
     epd__ucx_parse_resources(be);
+    /* a peer on this host may map a region this worker allocates (and then
+     * write into it without this worker's check): the fence needs to know */
+    be->maps_shm = strstr(be->resources, "posix/") != NULL ||
+                   strstr(be->resources, "sysv/") != NULL ||
+                   strstr(be->resources, "xpmem/") != NULL;
     epd_log_info(EPD__UCX_COMP, 0, "ucx %s: resources %s; worker address %zu bytes",
                  ucp_get_version_string(), be->resources[0] ? be->resources : "(none)",
                  be->uaddr_len);
@@ -634,6 +771,22 @@ static void epd__ucx_mr_unmap(epd__ucx_mr_t *mr)
 static void epd__ucx_reap(epd__ucx_t *be)
 {
     epd__ucx_mr_t **pp = &be->dead_mrs;
+    epd__ucx_grant_t *g, *gnext;
+
+    for (g = be->dead_grants; g != NULL; g = gnext) {
+        gnext = g->next;
+        if (g->recv_inflight == 0) {
+            if (g->prev != NULL) {
+                g->prev->next = g->next;
+            } else {
+                be->dead_grants = g->next;
+            }
+            if (g->next != NULL) {
+                g->next->prev = g->prev;
+            }
+            epd_free(g);
+        }
+    }
 
     while (*pp != NULL) {
         epd__ucx_mr_t *mr = *pp;
@@ -657,9 +810,22 @@ static void epd__ucx_destroy(void *arg)
      * may abort in UCX 1.13.1 (the same purge as at ucp_worker_destroy, hit
      * once by the conformance suite on ucx-posix-tcp when the refused tcp
      * connect of that endpoint surfaced here), so nothing is waited for */
-    while (be->dead_mrs != NULL && !be->half_wired && epd_time_now_ns() < deadline) {
+    while ((be->dead_mrs != NULL || be->dead_grants != NULL) && !be->half_wired &&
+           epd_time_now_ns() < deadline) {
         ucp_worker_progress(be->worker);
         epd__ucx_reap(be);
+    }
+    while (be->dead_grants != NULL) {
+        epd__ucx_grant_t *g = be->dead_grants;
+
+        be->dead_grants = g->next;
+        epd_free(g);
+    }
+    while (be->grants != NULL) {
+        epd__ucx_grant_t *g = be->grants;
+
+        be->grants = g->next;
+        epd_free(g);
     }
     while (be->dead_mrs != NULL) {
         epd__ucx_mr_t *mr = be->dead_mrs;
@@ -684,8 +850,15 @@ static void epd__ucx_destroy(void *arg)
     while (be->tx_orphans != NULL && !be->half_wired && epd_time_now_ns() < deadline) {
         ucp_worker_progress(be->worker);
     }
+    while ((be->tx_orphans != NULL || be->orphans != NULL) && !be->half_wired &&
+           epd_time_now_ns() < deadline) {
+        ucp_worker_progress(be->worker);
+    }
     for (epd__ucx_tx_t *tx = be->tx_orphans; tx != NULL; tx = tx->next) {
         ucp_request_free(tx->req);
+    }
+    for (epd__ucx_wr_t *wr = be->orphans; wr != NULL; wr = wr->next) {
+        ucp_request_free(wr->req);
     }
     epd_free(be->blob);
     ucp_worker_release_address(be->worker, be->uaddr);
@@ -705,6 +878,18 @@ static void epd__ucx_destroy(void *arg)
 
         be->tx_orphans = tx->next;
         epd__ucx_tx_put(be, tx);
+    }
+    while (be->orphans != NULL) {
+        epd__ucx_wr_t *wr = be->orphans;
+
+        be->orphans = wr->next;
+        epd_free(wr);
+    }
+    while (be->wr_free != NULL) {
+        epd__ucx_wr_t *wr = be->wr_free;
+
+        be->wr_free = wr->next;
+        epd_free(wr);
     }
     epd_bufpool_cleanup(&be->tx);
     epd_free(be->ring);
@@ -909,14 +1094,27 @@ static void epd__ucx_ep_destroy(void *arg)
         }
         ucp_request_free(req);
     }
-    /* what UCX did not complete in the close: ucp_request_free suppresses
-     * the callback, so each op is completed here, exactly once */
+    /* what UCX did not complete in the close: each op is completed here,
+     * exactly once; the request stays UCX's (its header and source may
+     * still be read) as an orphan until its callback — not freed, which
+     * would only suppress that callback */
     while (ep->out_head != NULL) {
+        epd__ucx_wr_t *wr;
+
         op = ep->out_head;
         epd__ucx_out_remove(op);
-        if (EPD__UCX_OP(op)->req != NULL) {
-            ucp_request_free(EPD__UCX_OP(op)->req);
-            EPD__UCX_OP(op)->req = NULL;
+        wr = EPD__UCX_OP(op)->wr;
+        EPD__UCX_OP(op)->wr = NULL;
+        if (wr != NULL) {
+            wr->op = NULL;
+            wr->peer_xid = epd__xport_ep_peer(ep->core_ep);
+            wr->prev = NULL;
+            wr->next = be->orphans;
+            if (be->orphans != NULL) {
+                be->orphans->prev = wr;
+            }
+            be->orphans = wr;
+            be->n_orphans++;
         }
         epd__ucx_done_add(be, op, EPD_ERR_CANCELED);
     }
@@ -1029,16 +1227,21 @@ static epd_status_t epd__ucx_send(void *arg, const void *hdr, size_t hdr_len, co
     return EPD_OK;
 }
 
-static epd_status_t epd__ucx_post_result(epd__ucx_ep_t *ep, epd__xport_op_t *op, void *req)
+static epd_status_t epd__ucx_post_result(epd__ucx_ep_t *ep, epd__xport_op_t *op, epd__ucx_wr_t *wr,
+                                         void *req)
 {
     if (UCS_PTR_IS_ERR(req)) {
+        epd__ucx_wr_put(ep->be, wr);
         return epd__ucx_status(UCS_PTR_STATUS(req));
     }
     if (req == NULL) {
         /* finished inline: the completion still runs from progress */
+        epd__ucx_wr_put(ep->be, wr);
         epd__ucx_done_add(ep->be, op, EPD_OK);
     } else {
-        EPD__UCX_OP(op)->req = req;
+        wr->op = op;
+        wr->req = req;
+        EPD__UCX_OP(op)->wr = wr;
         epd__ucx_out_add(ep, op);
     }
     return EPD_INPROGRESS;
@@ -1052,17 +1255,22 @@ static epd_status_t epd__ucx_write(void *arg, const void *local, size_t len, voi
     epd__ucx_mr_t *lmr = be_local_mr;
     epd__ucx_op_t *o = EPD__UCX_OP(op);
     ucp_request_param_t p;
+    epd__ucx_wr_t *wr;
     void *req;
 
     if (rk == NULL || rk->ep != ep) {
         return EPD_ERR_INVALID_PARAM;
+    }
+    wr = epd__ucx_wr_get(ep->be);
+    if (wr == NULL) {
+        return EPD_ERR_NO_RESOURCE;
     }
     memset(o, 0, sizeof(*o));
     o->ep = ep;
     memset(&p, 0, sizeof(p));
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = epd__ucx_op_cb;
-    p.user_data = op;
+    p.user_data = wr;
     if (rk->direct) {
         /* a put reads the source here (a memcpy into the mapped peer region):
          * the region's handle exposes nothing */
@@ -1088,13 +1296,13 @@ static epd_status_t epd__ucx_write(void *arg, const void *local, size_t len, voi
             p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
             p.memh = lmr->memh;
         }
-        o->hdr.region_id = rk->region_id;
-        o->hdr.offset = remote_offset;
+        wr->hdr.region_id = rk->region_id;
+        wr->hdr.offset = remote_offset;
         p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
         p.flags = len >= EPD__UCX_RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0;
-        req = ucp_am_send_nbx(ep->ep, EPD__UCX_AM_WRITE, &o->hdr, sizeof(o->hdr), local, len, &p);
+        req = ucp_am_send_nbx(ep->ep, EPD__UCX_AM_WRITE, &wr->hdr, sizeof(wr->hdr), local, len, &p);
     }
-    return epd__ucx_post_result(ep, op, req);
+    return epd__ucx_post_result(ep, op, wr, req);
 }
 
 static epd_status_t epd__ucx_flush(void *arg, epd__xport_op_t *op)
@@ -1102,14 +1310,18 @@ static epd_status_t epd__ucx_flush(void *arg, epd__xport_op_t *op)
     epd__ucx_ep_t *ep = arg;
     epd__ucx_op_t *o = EPD__UCX_OP(op);
     ucp_request_param_t p;
+    epd__ucx_wr_t *wr = epd__ucx_wr_get(ep->be);
 
+    if (wr == NULL) {
+        return EPD_ERR_NO_RESOURCE;
+    }
     memset(o, 0, sizeof(*o));
     o->ep = ep;
     memset(&p, 0, sizeof(p));
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = epd__ucx_op_cb;
-    p.user_data = op;
-    return epd__ucx_post_result(ep, op, ucp_ep_flush_nbx(ep->ep, &p));
+    p.user_data = wr;
+    return epd__ucx_post_result(ep, op, wr, ucp_ep_flush_nbx(ep->ep, &p));
 }
 
 /* ---------------------------------------------------------------- memory */
@@ -1165,15 +1377,15 @@ static epd_status_t epd__ucx_mr_new(epd__ucx_t *be, void *addr, size_t size, boo
         epd_free(mr);
         return EPD_ERR_TRANSPORT;
     }
+    mr->kind = EPD__UCX_KIND_MR;
     mr->be = be;
     mr->addr = allocate ? attr.address : addr;
     mr->size = size;
     mr->remote_write = remote_write;
+    mr->allocated = allocate;
     /* what an AM write names: random, so that nobody who was not given the
      * key can name the region */
-    do {
-        randombytes_buf(&mr->id, sizeof(mr->id));
-    } while (mr->id == 0 || epd__ucx_mr_find(be, mr->id) != NULL);
+    mr->id = epd__ucx_new_id(be);
     /* No memset for allocated regions: UCX_ALLOC_PRIO tries sysv, posix,
      * huge pages, thp and mmap before heap, all fresh kernel pages (zero),
      * and touching them all would commit the whole region at once — a KV
@@ -1227,10 +1439,10 @@ static void epd__ucx_mr_dereg(void *arg, void *be_mr)
     be->dead_mrs = mr;
 }
 
-static epd_status_t epd__ucx_mr_pack(void *arg, void *be_mr, void *buf, size_t cap, size_t *len_p)
+/* The packed key of region `mr` under `id` (the region's own, or a grant's). */
+static epd_status_t epd__ucx_pack(epd__ucx_t *be, epd__ucx_mr_t *mr, uint64_t id, void *buf,
+                                  size_t cap, size_t *len_p)
 {
-    epd__ucx_t *be = arg;
-    epd__ucx_mr_t *mr = be_mr;
     epd__ucx_rkey_wire_t w;
     void *rkey_buf;
     size_t rkey_len;
@@ -1254,7 +1466,7 @@ static epd_status_t epd__ucx_mr_pack(void *arg, void *be_mr, void *buf, size_t c
     w.magic = EPD__UCX_RKEY_MAGIC;
     w.version = EPD__UCX_WIRE_VERSION;
     w.ucx_len = (uint16_t)rkey_len;
-    w.region_id = mr->id;
+    w.region_id = id;
     w.base = (uint64_t)(uintptr_t)mr->addr;
     w.size = mr->size;
     w.hash = epd_hash64(rkey_buf, rkey_len, w.region_id ^ w.base ^ w.size ^ w.ucx_len);
@@ -1264,6 +1476,112 @@ static epd_status_t epd__ucx_mr_pack(void *arg, void *be_mr, void *buf, size_t c
 out:
     ucp_rkey_buffer_release(rkey_buf);
     return st;
+}
+
+static epd_status_t epd__ucx_mr_pack(void *arg, void *be_mr, void *buf, size_t cap, size_t *len_p)
+{
+    epd__ucx_mr_t *mr = be_mr;
+
+    return epd__ucx_pack(arg, mr, mr->id, buf, cap, len_p);
+}
+
+/* ---------------------------------------------------------------- grants */
+
+static epd_status_t epd__ucx_grant_open(void *arg, void *be_mr, epd_xport_grant_t *core_grant,
+                                        void **be_grant_p)
+{
+    epd__ucx_t *be = arg;
+    epd__ucx_grant_t *g = epd_calloc(1, sizeof(*g));
+
+    if (g == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    g->kind = EPD__UCX_KIND_GRANT;
+    g->mr = be_mr;
+    g->core = core_grant;
+    g->id = epd__ucx_new_id(be);
+    g->next = be->grants;
+    if (be->grants != NULL) {
+        be->grants->prev = g;
+    }
+    be->grants = g;
+    *be_grant_p = g;
+    return EPD_OK;
+}
+
+static epd_status_t epd__ucx_grant_pack(void *arg, void *be_grant, void *buf, size_t cap,
+                                        size_t *len_p)
+{
+    epd__ucx_grant_t *g = be_grant;
+
+    /* the region's UCX key (a same-host writer maps the region with it),
+     * under the grant's id (what its AM writes name) */
+    return epd__ucx_pack(arg, g->mr, g->id, buf, cap, len_p);
+}
+
+static epd_status_t epd__ucx_grant_revoke(void *arg, void *be_grant, int writer_same_host)
+{
+    epd__ucx_t *be = arg;
+    epd__ucx_grant_t *g = be_grant;
+
+    g->revoked = true; /* AM writes under it are refused from now on */
+    /* a same-host writer with a shared-memory transport may have mapped a
+     * region UCX allocated (ucp_rkey_ptr) and put into it directly: no
+     * check of ours sees those bytes */
+    if (g->mr->allocated && be->maps_shm && writer_same_host) {
+        return EPD_ERR_UNSUPPORTED;
+    }
+    return EPD_OK;
+}
+
+static int epd__ucx_grant_settled(void *arg, void *be_grant)
+{
+    epd__ucx_grant_t *g = be_grant;
+
+    (void)arg;
+    return g->revoked && g->recv_inflight == 0;
+}
+
+static void epd__ucx_grant_close(void *arg, void *be_grant)
+{
+    epd__ucx_t *be = arg;
+    epd__ucx_grant_t *g = be_grant;
+
+    if (g->prev != NULL) {
+        g->prev->next = g->next;
+    } else {
+        be->grants = g->next;
+    }
+    if (g->next != NULL) {
+        g->next->prev = g->prev;
+    }
+    g->revoked = true;
+    g->prev = NULL;
+    if (g->recv_inflight == 0) {
+        epd_free(g);
+        return;
+    }
+    /* receives under it still land: freed once they finished (its id is
+     * refused already: it is no longer in be->grants) */
+    g->next = be->dead_grants;
+    if (be->dead_grants != NULL) {
+        be->dead_grants->prev = g;
+    }
+    be->dead_grants = g;
+}
+
+static uint32_t epd__ucx_limbo(void *arg, uint64_t peer_xid)
+{
+    epd__ucx_t *be = arg;
+    uint32_t n = 0;
+
+    if (peer_xid == 0) {
+        return be->n_orphans;
+    }
+    for (const epd__ucx_wr_t *wr = be->orphans; wr != NULL; wr = wr->next) {
+        n += wr->peer_xid == peer_xid;
+    }
+    return n;
 }
 
 static epd_status_t epd__ucx_rkey_unpack(void *arg, const void *blob, size_t len, void **be_rkey_p,
@@ -1374,7 +1692,7 @@ static int epd__ucx_progress(void *arg)
         epd__xport_ep_failed(ep->core_ep, ep->pending_fail);
         n++;
     }
-    if (be->dead_mrs != NULL) {
+    if (be->dead_mrs != NULL || be->dead_grants != NULL) {
         epd__ucx_reap(be);
     }
     return n;
@@ -1430,6 +1748,12 @@ const epd__xport_backend_ops_t epd__xport_ucx_ops = {
     .mr_pack = epd__ucx_mr_pack,
     .rkey_unpack = epd__ucx_rkey_unpack,
     .rkey_destroy = epd__ucx_rkey_destroy,
+    .grant_open = epd__ucx_grant_open,
+    .grant_pack = epd__ucx_grant_pack,
+    .grant_revoke = epd__ucx_grant_revoke,
+    .grant_settled = epd__ucx_grant_settled,
+    .grant_close = epd__ucx_grant_close,
+    .limbo = epd__ucx_limbo,
     .progress = epd__ucx_progress,
     .get_fd = epd__ucx_get_fd,
     .arm = epd__ucx_arm,

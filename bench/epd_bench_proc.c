@@ -1,0 +1,210 @@
+/*
+ * epd_bench_proc.c — what the benchmarks that start their own cluster do
+ * alike: spawn a daemon with its log, wait for its ready line, stop it,
+ * make the cluster secret, wait until the router lists the workers READY,
+ * and write a small `sim` model.  Plain processes and files; every wait
+ * has a timeout.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "epd_alloc.h"
+#include "epd_bench.h"
+#include "epd_msg.h"
+#include "epd_rng.h"
+#include "epd_rpc.h"
+#include "epd_time.h"
+
+pid_t epd_bench_spawn(char *const argv[], const char *log)
+{
+    pid_t pid = fork();
+
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        if (getenv("UCX_TLS") == NULL) {
+            setenv("UCX_TLS", "posix,cma,tcp", 1);
+        }
+        if (getenv("UCX_NET_DEVICES") == NULL) {
+            setenv("UCX_NET_DEVICES", "lo", 1);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+void epd_bench_kill(pid_t pid, const char *who, const char *name)
+{
+    uint64_t end;
+    int status;
+
+    if (pid <= 0) {
+        return;
+    }
+    kill(pid, SIGTERM);
+    end = epd_time_now_ns() + 10 * EPD_NSEC_PER_SEC;
+    while (epd_time_now_ns() < end) {
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            /* a daemon that crashed on the way out is a bug worth a line */
+            if (WIFSIGNALED(status)) {
+                fprintf(stderr, "%s: %s (pid %d) died of signal %d on SIGTERM\n", who, name,
+                        (int)pid, WTERMSIG(status));
+            } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+                fprintf(stderr, "%s: %s (pid %d) exited %d on SIGTERM\n", who, name, (int)pid,
+                        WEXITSTATUS(status));
+            }
+            return;
+        }
+        epd_time_sleep_ns(10 * EPD_NSEC_PER_MSEC);
+    }
+    fprintf(stderr, "%s: %s (pid %d) did not exit within 10 s of SIGTERM: killed\n", who, name,
+            (int)pid);
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+}
+
+int epd_bench_wait_ready(const char *path, pid_t pid, const char *key, char *out, size_t cap)
+{
+    uint64_t end = epd_time_now_ns() + 120 * EPD_NSEC_PER_SEC;
+    size_t kl = strlen(key);
+    int status;
+
+    while (epd_time_now_ns() < end) {
+        FILE *f = fopen(path, "r");
+
+        if (f != NULL) {
+            char line[512];
+            char *p;
+
+            if (fgets(line, sizeof(line), f) != NULL && (p = strstr(line, key)) != NULL &&
+                p[kl] == '=') {
+                size_t n = strcspn(p + kl + 1, " \n");
+
+                fclose(f);
+                if (n >= cap) {
+                    return -1;
+                }
+                memcpy(out, p + kl + 1, n);
+                out[n] = '\0';
+                return 0;
+            }
+            fclose(f);
+        }
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            return -1;
+        }
+        epd_time_sleep_ns(20 * EPD_NSEC_PER_MSEC);
+    }
+    return -1;
+}
+
+int epd_bench_make_secret(const char *dir, char *path, size_t cap, epd_secret_t *secret,
+                          const char *who)
+{
+    unsigned char key[32];
+    char why[256];
+    int fd;
+
+    snprintf(path, cap, "%s/cluster-secret", dir);
+    for (size_t i = 0; i < sizeof(key); i += 8) {
+        uint64_t v = epd_rng_entropy();
+        memcpy(key + i, &v, 8);
+    }
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, key, sizeof(key)) != (ssize_t)sizeof(key) || close(fd) != 0) {
+        fprintf(stderr, "%s: cannot write %s: %s\n", who, path, strerror(errno));
+        return -1;
+    }
+    if (epd_secret_load(path, secret, why, sizeof(why)) != EPD_OK) {
+        fprintf(stderr, "%s: %s\n", who, why);
+        return -1;
+    }
+    return 0;
+}
+
+int epd_bench_wait_workers(const char *ctl, const epd_secret_t *secret, int want)
+{
+    epd_rpc_client_t *c = NULL;
+    uint64_t end = epd_time_now_ns() + 30 * EPD_NSEC_PER_SEC;
+    int ready = 0;
+
+    if (epd_rpc_client_create(ctl, &c) != EPD_OK) {
+        return -1;
+    }
+    if (epd_rpc_client_set_auth(c, secret->bytes, secret->len) != EPD_OK) {
+        epd_rpc_client_destroy(c);
+        return -1;
+    }
+    while (epd_time_now_ns() < end) {
+        void *resp = NULL;
+        size_t len = 0;
+        ProtobufCMessage *m = NULL;
+
+        if (epd_rpc_call(c, EPD_RPC_STATUS, NULL, 0, 1000, &resp, &len, NULL, 0) == EPD_OK &&
+            epd_proto_unpack(&epd__status_response__descriptor, resp, len, &m) == EPD_OK) {
+            Epd__StatusResponse *s = (Epd__StatusResponse *)m;
+
+            ready = 0;
+            for (size_t i = 0; i < s->n_workers; i++) {
+                ready += s->workers[i]->state == EPD__WORKER_STATE__WORKER_STATE_READY;
+            }
+            epd_proto_free(m);
+        }
+        epd_free(resp);
+        if (ready >= want) {
+            break;
+        }
+        epd_time_sleep_ns(100 * EPD_NSEC_PER_MSEC);
+    }
+    epd_rpc_client_destroy(c);
+    return ready >= want ? 0 : -1;
+}
+
+int epd_bench_write_sim(const char *dir)
+{
+    char path[4096 + 32];
+    FILE *f;
+
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        return -1;
+    }
+    snprintf(path, sizeof(path), "%s/serve.profile", dir);
+    f = fopen(path, "w");
+    if (f == NULL) {
+        return -1;
+    }
+    fprintf(f, "name = serve-1b\nn_layers = 4\nlayer_pattern = A\nhidden = 2048\nn_heads = 16\n"
+               "n_kv_heads = 4\nhead_dim = 64\nkv_dtype = BF16\nstate_bytes = 0\n"
+               "active_params = 1.0e9\ntotal_params = 1.0e9\nweight_bytes = 2\nvocab = 258\n"
+               "max_context = 4096\n");
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/h200.profile", dir);
+    f = fopen(path, "w");
+    if (f == NULL) {
+        return -1;
+    }
+    fprintf(f, "name = h200\nflops = 5.94e14\nmem_bw = 4.08e12\nhbm_bytes = 141e9\n");
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/sim.conf", dir);
+    f = fopen(path, "w");
+    if (f == NULL) {
+        return -1;
+    }
+    fprintf(f, "model = serve.profile\naccel = h200.profile\nscale = 1\ndevices = 1\n"
+               "mode = sleep\nseed = 1\n");
+    fclose(f);
+    return 0;
+}

@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+# The fence against a stalled writer over ucx-shm (see fence_stall.sh).
+exec "$(dirname "$0")/fence_stall.sh" ucx-shm
