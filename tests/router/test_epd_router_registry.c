@@ -369,6 +369,32 @@ static void test_kv_aware_decode(void **state)
     d0->inflight = 3; /* beyond it */
     assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p, 48, NULL,
                                                  NULL, 0), d1);
+    /* room first (rule 30): a holder without room for the request loses it */
+    {
+        epd_router_fit_t fit = {.n_prompt = 48, .max_new = 100}; /* up front: 10 blocks */
+        int full = -1;
+
+        d0->inflight = 2;
+        d0->hb_kv_blocks_free = 9;
+        d1->hb_kv_blocks_free = 10;
+        assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p, 48,
+                                                     &fit, NULL, 0),
+                         d1);
+        assert_ptr_equal(epd_router_registry_pick_room_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p,
+                                                          &fit, NULL, 0, &full),
+                         d1);
+        assert_int_equal(full, 0);
+        d1->hb_kv_blocks_free = 9; /* nobody has room: the request waits */
+        assert_null(epd_router_registry_pick_room_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p, &fit,
+                                                     NULL, 0, &full));
+        assert_int_equal(full, 1);
+        d0->hb_kv_blocks_free = 10; /* room again: the holder */
+        assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p, 48,
+                                                     &fit, NULL, 0),
+                         d0);
+        d0->hb_kv_blocks_free = 1000;
+        d1->hb_kv_blocks_free = 1000;
+    }
     /* without a probe (other policies' callers): least load */
     d0->inflight = 0;
     d1->inflight = 0;
