@@ -378,6 +378,9 @@ static void *so_client(void *arg)
         if (k >= s->o->requests || buf == NULL) {
             break;
         }
+        if (s->o->requests >= 20000 && k > 0 && k % (s->o->requests / 10) == 0) {
+            fprintf(stderr, "soak: %lld of %lld sent\n", k, (long long)s->o->requests);
+        }
         so_one(s, (uint64_t)k, &rng, buf);
     }
     epd_free(buf);
@@ -472,8 +475,9 @@ static double so_metric_sum(const char *text, const char *name)
     return sum;
 }
 
-/* Counts lines holding `what` in every log of the run; for "injected",
- * the sum over logs of the last "injected ...: N". */
+/* Counts lines holding `what` in every log of the run; with last_number,
+ * the sum over logs of the number after the ':' of the last such line
+ * (the faults log their count at each power of two and when they stop). */
 static uint64_t so_logs_count(const so_run_t *s, const char *what, int last_number)
 {
     uint64_t total = 0;
@@ -725,7 +729,7 @@ int epd_bench_soak_main(int argc, char **argv)
     epd_bench_kill(router, "soak", "router");
     router = -1;
     corrupt = so_logs_count(&s, "fails its MAC", 0) + so_logs_count(&s, "match its checksum", 0);
-    injected = so_logs_count(&s, "xport faults injected in all", 1);
+    injected = so_logs_count(&s, "xport faults injected", 1);
     printf("epd-bench soak: %lld requests, %lld clients, %lld prompts, ref model (tiny), router + "
            "2 prefill + 1 decode, ucx; faults \"%s\"; chaos every %lld ms; abort ratio %g; "
            "%.0f s\n",
@@ -749,7 +753,8 @@ int epd_bench_soak_main(int argc, char **argv)
            total_b > 0 ? total_b - free_b : -1.0, free_b, total_b);
     printf("  stops / kills         %llu / %llu\n", (unsigned long long)s.stops,
            (unsigned long long)s.kills);
-    printf("  faults injected       %llu (workers that exited cleanly)\n",
+    printf("  faults injected       %llu (each worker incarnation's last logged count: its "
+           "total when it stopped, at least half of it when killed)\n",
            (unsigned long long)injected);
     printf("  time to terminal      p50 %.1f ms, p99 %.1f ms\n", p50, p99);
     if (s.wrong > 0) {
