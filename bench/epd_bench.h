@@ -11,6 +11,13 @@ int epd_bench_serve_main(int argc, char **argv);
 int epd_bench_burst_main(int argc, char **argv);
 int epd_bench_fleet_main(int argc, char **argv);
 int epd_bench_soak_main(int argc, char **argv);
+/* `serve --workload shared-prefix` (epd_bench_prefix.c) */
+int epd_bench_prefix_main(int argc, char **argv);
+
+/* The folder of the running epd-bench (build/bin; epd_bench_serve.c).
+ * The process helpers are epd_bench_proc.c's, below. */
+#include <stddef.h>
+int epd_bench_bindir(char *out, size_t cap);
 
 /* ---- epd_bench_proc.c: a benchmark's own cluster ---- */
 #include <stddef.h>

@@ -20,6 +20,14 @@ uint64_t epd_hash64(const void *data, size_t len, uint64_t seed)
     return XXH3_64bits_withSeed(data, len, seed);
 }
 
+void epd_hash128(const void *data, size_t len, uint64_t seed, uint8_t out[16])
+{
+    XXH128_canonical_t c;
+
+    XXH128_canonicalFromHash(&c, XXH3_128bits_withSeed(data, len, seed));
+    memcpy(out, c.digest, 16);
+}
+
 epd_status_t epd_hash_state_create(uint64_t seed, epd_hash_state_t **state_p)
 {
     /* XXH3_state_t wants 64-byte alignment; epd_malloc gives 16, so the
@@ -72,4 +80,28 @@ void epd_content_hash(const void *data, size_t len, unsigned char out[EPD_CONTEN
         memset(out, 0, EPD_CONTENT_HASH_BYTES);
     }
     crypto_generichash(out, EPD_CONTENT_HASH_BYTES, data, len, NULL, 0);
+}
+
+_Static_assert(sizeof(crypto_generichash_state) <= sizeof(((epd_content_hash_state_t *)0)->opaque_),
+               "epd_content_hash_state_t is too small for libsodium's state");
+
+void epd_content_hash_init(epd_content_hash_state_t *st)
+{
+    if (sodium_init() < 0) {
+        /* cannot happen (see epd_content_hash) */
+        memset(st, 0, sizeof(*st));
+    }
+    crypto_generichash_init((crypto_generichash_state *)(void *)st->opaque_, NULL, 0,
+                            EPD_CONTENT_HASH_BYTES);
+}
+
+void epd_content_hash_update(epd_content_hash_state_t *st, const void *data, size_t len)
+{
+    crypto_generichash_update((crypto_generichash_state *)(void *)st->opaque_, data, len);
+}
+
+void epd_content_hash_final(epd_content_hash_state_t *st, unsigned char out[EPD_CONTENT_HASH_BYTES])
+{
+    crypto_generichash_final((crypto_generichash_state *)(void *)st->opaque_, out,
+                             EPD_CONTENT_HASH_BYTES);
 }

@@ -20,6 +20,8 @@
 
 /* XXH3-64 of `len` bytes at `data` with `seed`. */
 uint64_t epd_hash64(const void *data, size_t len, uint64_t seed);
+/* XXH3-128 of the same, in its canonical (big-endian) byte order. */
+void epd_hash128(const void *data, size_t len, uint64_t seed, uint8_t out[16]);
 
 typedef struct epd_hash_state epd_hash_state_t;
 
@@ -40,5 +42,15 @@ uint64_t epd_hash_state_digest(const epd_hash_state_t *state);
 /* BLAKE2b-256 (unkeyed) of `len` bytes at `data` into out[0..32): the key
  * of the embedding cache (an image's encoded bytes).  Any thread. */
 void epd_content_hash(const void *data, size_t len, unsigned char out[EPD_CONTENT_HASH_BYTES]);
+/* The same, streaming (caller's storage, one thread at a time): init,
+ * update with each piece, final — equals epd_content_hash of the
+ * concatenation.  The chain hashes of the prefix caches
+ * (daemon/epd_prefix.h). */
+typedef struct {
+    _Alignas(64) unsigned char opaque_[512]; /* libsodium's state */
+} epd_content_hash_state_t;
+void epd_content_hash_init(epd_content_hash_state_t *st);
+void epd_content_hash_update(epd_content_hash_state_t *st, const void *data, size_t len);
+void epd_content_hash_final(epd_content_hash_state_t *st, unsigned char out[EPD_CONTENT_HASH_BYTES]);
 
 #endif

@@ -829,6 +829,17 @@ void epd_daemon_set_kv_layout(epd_daemon_t *d, const epd_kv_layout_t *kv)
     d->have_layout = 1;
 }
 
+void epd_daemon_set_prefix_root(epd_daemon_t *d, const unsigned char root[32])
+{
+    memcpy(d->prefix_root, root, sizeof(d->prefix_root));
+    d->have_prefix_root = 1;
+}
+
+void epd_daemon_prefix_hint(epd_daemon_t *d, uint64_t hint, int added)
+{
+    epd_registrar_hint(d->registrar, hint, added);
+}
+
 void epd_daemon_set_ready_prefix(epd_daemon_t *d, const char *prefix)
 {
     snprintf(d->ready_prefix, sizeof(d->ready_prefix), "%s", prefix != NULL ? prefix : "");

@@ -325,6 +325,14 @@ void epd_daemon_secret(const epd_daemon_t *d, const void **secret_p, size_t *len
 /* What the control plane says about this worker; call before serve. */
 void epd_daemon_set_capacity(epd_daemon_t *d, const epd_daemon_capacity_t *cap);
 void epd_daemon_set_kv_layout(epd_daemon_t *d, const epd_kv_layout_t *kv); /* copied */
+/* The role keeps a prefix cache whose unsalted namespace is root[0..32)
+ * (daemon/epd_prefix.h; copied): RegisterRequest.prefix_root, and the
+ * heartbeats carry its KV hints (epd_daemon_prefix_hint).  Before serve. */
+void epd_daemon_set_prefix_root(epd_daemon_t *d, const unsigned char root[32]);
+/* Block key hint `hint` (epd_prefix_hint) was cached (added) or evicted:
+ * queued for the router's KV-aware routing (a no-op without --router or a
+ * root).  Loop thread; never blocks. */
+void epd_daemon_prefix_hint(epd_daemon_t *d, uint64_t hint, int added);
 
 /* What the ready line written by epd_daemon_run starts with (e.g. the
  * router's "http=HOST:PORT"), copied; call from ops->setup. */

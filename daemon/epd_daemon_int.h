@@ -145,6 +145,9 @@ struct epd_daemon {
     epd_registrar_t *registrar;
     epd_daemon_capacity_t capacity;
     int have_layout;
+#define EPD_DAEMON_HINTS_MAX 65536 /* KV hints queued between two heartbeats */
+    int have_prefix_root;
+    unsigned char prefix_root[32];
     Epd__KvLayout layout_msg;
     char pattern[EPD_LAYOUT_PATTERN_MAX];
     /* links and peers */

@@ -27,6 +27,7 @@ typedef struct {
     Epd__WorkerIdentity ident;
     Epd__Epoch epoch;
     Epd__Load load;
+    Epd__PrefixCacheStats prefix;
     Epd__Capacity cap;
 } epd_daemon_rpc_parts_t;
 
@@ -95,6 +96,9 @@ static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
     p->load.preemptions = l.preemptions;
     p->load.recomputed_tokens = l.recomputed_tokens;
     p->load.wasted_prefill_tokens = l.wasted_prefill_tokens;
+    epd__prefix_cache_stats__init(&p->prefix);
+    epd_prefix_stats_to_msg(&l.prefix, &p->prefix);
+    p->load.prefix = &p->prefix;
     p->load.draining = l.draining != 0;
     p->load.links_shm = l.links[EPD_REGISTRAR_LINK_SHM];
     p->load.links_tcp = l.links[EPD_REGISTRAR_LINK_TCP];
@@ -305,6 +309,10 @@ epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
     r.data_address = d->data_host;
     r.capacity = &p.cap;
     r.kv_layout = d->have_layout ? &d->layout_msg : NULL;
+    if (d->have_prefix_root) {
+        r.prefix_root.data = d->prefix_root;
+        r.prefix_root.len = sizeof(d->prefix_root);
+    }
     n = protobuf_c_message_get_packed_size(&r.base);
     buf = epd_malloc(n);
     if (buf == NULL) {
@@ -320,6 +328,9 @@ epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
     cfg.cb_arg = d;
     cfg.log_component = d->log;
     epd_daemon_secret(d, &cfg.secret, &cfg.secret_len);
+    /* KV hints between two heartbeats: a pool's worth of evictions and
+     * insertions is plenty; more, and the router is told to reset */
+    cfg.hint_capacity = d->have_prefix_root ? EPD_DAEMON_HINTS_MAX : 0;
     st = epd_registrar_start(&d->loop, &cfg, &d->registrar);
     epd_free(buf);
     if (st != EPD_OK) {

@@ -34,6 +34,7 @@
 #define EPD_REG_FAIL_LOG_NS (60 * EPD_NSEC_PER_SEC)
 #define EPD_REG_DEFAULT_INTERVAL_MS 500
 #define EPD_REG_ERR_CAP 256
+#define EPD_REG_HINTS_PER_BEAT 4096 /* KV hints one heartbeat carries at most */
 
 struct epd_registrar {
     uv_loop_t *loop;
@@ -64,6 +65,13 @@ struct epd_registrar {
     atomic_uint_fast64_t l_queued_tokens, l_bytes_sent, l_bytes_received;
     atomic_uint_fast64_t l_preemptions, l_recomputed, l_wasted;
     atomic_int l_draining;
+    atomic_uint_fast64_t l_prefix[EPD_PREFIX_STATS_WORDS];
+    /* KV hints: a ring of events (bit 0: added), loop -> thread */
+    uint64_t *hints;
+    size_t hint_mask;
+    atomic_size_t hint_head, hint_tail; /* thread pops at head, loop pushes at tail */
+    atomic_int hint_lost;               /* the ring overflowed: the router must reset */
+    int hint_reset;                     /* thread: the next heartbeat resets */
     atomic_uint_fast32_t l_links[EPD_REGISTRAR_LINK_CLASSES];
     atomic_uint_fast32_t l_quarantined, l_grants_held;
     atomic_uint_fast64_t l_late_refused;
@@ -94,6 +102,12 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
     atomic_store_explicit(&reg->l_recomputed, load->recomputed_tokens, memory_order_relaxed);
     atomic_store_explicit(&reg->l_wasted, load->wasted_prefill_tokens, memory_order_relaxed);
     atomic_store_explicit(&reg->l_draining, load->draining != 0, memory_order_relaxed);
+    for (size_t i = 0; i < EPD_PREFIX_STATS_WORDS; i++) {
+        uint64_t w;
+
+        memcpy(&w, (const char *)&load->prefix + i * sizeof(w), sizeof(w));
+        atomic_store_explicit(&reg->l_prefix[i], w, memory_order_relaxed);
+    }
     for (int i = 0; i < EPD_REGISTRAR_LINK_CLASSES; i++) {
         atomic_store_explicit(&reg->l_links[i], load->links[i], memory_order_relaxed);
     }
@@ -133,6 +147,11 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
         l.wasted_prefill_tokens =
             (uint64_t)atomic_load_explicit(&reg->l_wasted, memory_order_relaxed);
         l.draining = atomic_load_explicit(&reg->l_draining, memory_order_relaxed);
+        for (size_t i = 0; i < EPD_PREFIX_STATS_WORDS; i++) {
+            uint64_t w = (uint64_t)atomic_load_explicit(&reg->l_prefix[i], memory_order_relaxed);
+
+            memcpy((char *)&l.prefix + i * sizeof(w), &w, sizeof(w));
+        }
         for (int i = 0; i < EPD_REGISTRAR_LINK_CLASSES; i++) {
             l.links[i] = (uint32_t)atomic_load_explicit(&reg->l_links[i], memory_order_relaxed);
         }
@@ -290,6 +309,23 @@ static int epd_registrar_register(epd_registrar_t *reg, epd_rpc_client_t **clien
     return ok;
 }
 
+void epd_registrar_hint(epd_registrar_t *reg, uint64_t hint, int added)
+{
+    size_t tail, head;
+
+    if (reg == NULL || reg->hints == NULL) {
+        return;
+    }
+    tail = atomic_load_explicit(&reg->hint_tail, memory_order_relaxed);
+    head = atomic_load_explicit(&reg->hint_head, memory_order_acquire);
+    if (tail - head > reg->hint_mask) {
+        atomic_store_explicit(&reg->hint_lost, 1, memory_order_relaxed);
+        return;
+    }
+    reg->hints[tail & reg->hint_mask] = (hint & ~1ull) | (added ? 1u : 0u);
+    atomic_store_explicit(&reg->hint_tail, tail + 1, memory_order_release);
+}
+
 /* One Heartbeat.  1: the router knows us; 0: register again; -1: failed. */
 static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **client, char *why,
                                    size_t why_cap)
@@ -297,8 +333,11 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     Epd__HeartbeatRequest hb = EPD__HEARTBEAT_REQUEST__INIT;
     Epd__Epoch epoch = EPD__EPOCH__INIT;
     Epd__Load load = EPD__LOAD__INIT;
+    Epd__PrefixCacheStats prefix = EPD__PREFIX_CACHE_STATS__INIT;
     epd_registrar_load_t l;
-    unsigned char buf[512];
+    unsigned char *buf;
+    uint64_t events[EPD_REG_HINTS_PER_BEAT];
+    size_t n_events = 0, head, tail;
     void *resp = NULL;
     size_t len = 0, n;
     char err[EPD_REG_ERR_CAP] = "";
@@ -321,6 +360,8 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     load.recomputed_tokens = l.recomputed_tokens;
     load.wasted_prefill_tokens = l.wasted_prefill_tokens;
     load.draining = l.draining != 0;
+    epd_prefix_stats_to_msg(&l.prefix, &prefix);
+    load.prefix = &prefix;
     load.links_shm = l.links[EPD_REGISTRAR_LINK_SHM];
     load.links_tcp = l.links[EPD_REGISTRAR_LINK_TCP];
     load.links_rdma = l.links[EPD_REGISTRAR_LINK_RDMA];
@@ -331,20 +372,47 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     hb.worker_id = reg->worker_id;
     hb.epoch = &epoch;
     hb.load = &load;
+    if (reg->hints != NULL) {
+        /* a lost event (ring full, a failed heartbeat) resets the router's
+         * view of this worker: what it believes then is only what follows */
+        if (atomic_exchange_explicit(&reg->hint_lost, 0, memory_order_relaxed)) {
+            reg->hint_reset = 1;
+        }
+        head = atomic_load_explicit(&reg->hint_head, memory_order_relaxed);
+        tail = atomic_load_explicit(&reg->hint_tail, memory_order_acquire);
+        while (head != tail && n_events < EPD_REG_HINTS_PER_BEAT) {
+            events[n_events++] = reg->hints[head++ & reg->hint_mask];
+        }
+        atomic_store_explicit(&reg->hint_head, head, memory_order_release);
+        hb.n_prefix_events = n_events;
+        hb.prefix_events = events;
+        hb.prefix_reset = reg->hint_reset != 0;
+    }
     n = protobuf_c_message_get_packed_size(&hb.base);
-    if (n > sizeof(buf)) { /* a 127-byte id, an epoch and a Load of
-                            * 15 varints: under 350 bytes */
-        snprintf(why, why_cap, "heartbeat too large");
+    buf = epd_malloc(n > 0 ? n : 1);
+    if (buf == NULL) {
+        snprintf(why, why_cap, "out of memory");
+        if (n_events > 0) {
+            reg->hint_reset = 1; /* those are lost */
+        }
         return -1;
     }
     protobuf_c_message_pack(&hb.base, buf);
     if (epd_registrar_connect(reg, client) != 0) {
         snprintf(why, why_cap, "cannot create a gRPC channel");
+        epd_free(buf);
+        if (n_events > 0) {
+            reg->hint_reset = 1;
+        }
         return -1;
     }
     st = epd_rpc_call(*client, EPD_RPC_HEARTBEAT, buf, n, (int)reg->call_timeout_ms, &resp, &len,
                       err, sizeof(err));
+    epd_free(buf);
     if (st != EPD_OK) {
+        if (n_events > 0) {
+            reg->hint_reset = 1;
+        }
         snprintf(why, why_cap, "%s%s%s", epd_status_string(st), err[0] != '\0' ? ": " : "", err);
         epd_registrar_reset_channel(client);
         return -1;
@@ -357,6 +425,8 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     }
     r = (Epd__HeartbeatResponse *)m;
     known = r->known ? 1 : 0;
+    /* delivered (a router that does not know us starts from nothing anyway) */
+    reg->hint_reset = 0;
     if (known && r->drain && !atomic_exchange(&reg->drain_posted, 1)) {
         epd_log_info(reg->comp, 0, "the router %s asks this worker to drain", reg->router);
         uv_async_send(&reg->async);
@@ -474,6 +544,7 @@ static void epd_registrar_on_closed(uv_handle_t *h)
     pthread_mutex_destroy(&reg->mutex);
     epd_free(reg->router);
     epd_free(reg->request);
+    epd_free(reg->hints);
     if (reg->secret != NULL) {
         sodium_memzero(reg->secret, reg->secret_len);
         epd_free(reg->secret);
@@ -546,6 +617,22 @@ epd_status_t epd_registrar_start(uv_loop_t *loop, const epd_registrar_config_t *
     reg->retry_ms = config->retry_ms != 0 ? config->retry_ms : 1000;
     reg->call_timeout_ms = config->call_timeout_ms != 0 ? config->call_timeout_ms : 300;
     reg->publish_ms = config->publish_ms != 0 ? config->publish_ms : 100;
+    if (config->hint_capacity > 0) {
+        size_t cap = 2;
+
+        while (cap < config->hint_capacity) {
+            cap <<= 1;
+        }
+        reg->hints = epd_malloc(cap * sizeof(*reg->hints));
+        if (reg->hints == NULL) {
+            status = EPD_ERR_NO_MEMORY;
+            goto err_free;
+        }
+        reg->hint_mask = cap - 1;
+    }
+    atomic_init(&reg->hint_head, 0);
+    atomic_init(&reg->hint_tail, 0);
+    atomic_init(&reg->hint_lost, 0);
     atomic_init(&reg->seq, 0);
     atomic_init(&reg->interval_ms, EPD_REG_DEFAULT_INTERVAL_MS);
 
@@ -600,6 +687,7 @@ err_cond:
 err_free:
     epd_free(reg->router);
     epd_free(reg->request);
+    epd_free(reg->hints);
     if (reg->secret != NULL) {
         sodium_memzero(reg->secret, reg->secret_len);
         epd_free(reg->secret);
@@ -621,4 +709,40 @@ void epd_registrar_stop(epd_registrar_t *reg)
     uv_timer_stop(&reg->timer);
     uv_close((uv_handle_t *)&reg->timer, epd_registrar_on_closed);
     uv_close((uv_handle_t *)&reg->async, epd_registrar_on_closed);
+}
+
+void epd_prefix_stats_to_msg(const epd_prefix_stats_t *s, Epd__PrefixCacheStats *m)
+{
+    m->requests = s->requests;
+    m->prompt_tokens = s->prompt_tokens;
+    m->hit_tokens = s->hit_tokens;
+    m->computed_tokens = s->computed_tokens;
+    m->replayed_tokens = s->replayed_tokens;
+    m->replay_cut = s->replay_cut;
+    m->checkpoints_taken = s->checkpoints_taken;
+    m->checkpoints_restored = s->checkpoints_restored;
+    m->checkpoints_dropped = s->checkpoints_dropped;
+    m->evictions = s->evictions;
+    m->cached_blocks = s->cached_blocks;
+    m->checkpoints_held = s->checkpoints_held;
+}
+
+void epd_prefix_stats_from_msg(const Epd__PrefixCacheStats *m, epd_prefix_stats_t *s_p)
+{
+    memset(s_p, 0, sizeof(*s_p));
+    if (m == NULL) {
+        return;
+    }
+    s_p->requests = m->requests;
+    s_p->prompt_tokens = m->prompt_tokens;
+    s_p->hit_tokens = m->hit_tokens;
+    s_p->computed_tokens = m->computed_tokens;
+    s_p->replayed_tokens = m->replayed_tokens;
+    s_p->replay_cut = m->replay_cut;
+    s_p->checkpoints_taken = m->checkpoints_taken;
+    s_p->checkpoints_restored = m->checkpoints_restored;
+    s_p->checkpoints_dropped = m->checkpoints_dropped;
+    s_p->evictions = m->evictions;
+    s_p->cached_blocks = m->cached_blocks;
+    s_p->checkpoints_held = m->checkpoints_held;
 }

@@ -42,6 +42,22 @@
 
 typedef struct epd_registrar epd_registrar_t;
 
+/* epd.PrefixCacheStats (epd_common.proto): a prefix cache's counters and
+ * size; every field a uint64_t (the registrar copies it word by word). */
+typedef struct {
+    uint64_t requests, prompt_tokens, hit_tokens, computed_tokens, replayed_tokens, replay_cut;
+    uint64_t checkpoints_taken, checkpoints_restored, checkpoints_dropped, evictions;
+    uint64_t cached_blocks, checkpoints_held;
+} epd_prefix_stats_t;
+
+#define EPD_PREFIX_STATS_WORDS (sizeof(epd_prefix_stats_t) / sizeof(uint64_t))
+
+struct Epd__PrefixCacheStats;
+/* Fills the message's fields (the caller's, initialised) from `s`. */
+void epd_prefix_stats_to_msg(const epd_prefix_stats_t *s, struct Epd__PrefixCacheStats *m);
+/* The other way (m may be NULL: all zero). */
+void epd_prefix_stats_from_msg(const struct Epd__PrefixCacheStats *m, epd_prefix_stats_t *s_p);
+
 /* Classes of the lanes of a worker's links (epd.Load links_*). */
 enum {
     EPD_REGISTRAR_LINK_SHM,
@@ -66,6 +82,7 @@ typedef struct {
     uint64_t recomputed_tokens;
     uint64_t wasted_prefill_tokens;
     int draining;               /* the worker takes no new work */
+    epd_prefix_stats_t prefix;  /* all zero: no prefix cache */
     /* live endpoints this worker opened to other workers, by lane class
      * (filled by the daemon, not the role) */
     uint32_t links[EPD_REGISTRAR_LINK_CLASSES];
@@ -94,6 +111,8 @@ typedef struct {
     uint32_t retry_ms;         /* between RegisterWorker attempts; 0: 1000 */
     uint32_t call_timeout_ms;  /* deadline of one call; 0: 300 */
     uint32_t publish_ms;       /* load snapshot period on the loop; 0: 100 */
+    uint32_t hint_capacity;    /* KV-aware routing hints queued between
+                                * heartbeats (epd_registrar_hint); 0: none */
     const void *secret;        /* the cluster secret (copied; wiped at stop); NULL: calls */
     size_t secret_len;         /* are not signed.  EPD_RPC_SECRET_MIN..MAX bytes */
 } epd_registrar_config_t;
@@ -121,6 +140,17 @@ epd_status_t epd_registrar_start(uv_loop_t *loop, const epd_registrar_config_t *
 
 /* Publishes `load` now (on top of the timer's); loop thread. */
 void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *load);
+
+/*
+ * A KV-aware routing hint (HeartbeatRequest.prefix_events): `hint`
+ * (epd_prefix_hint of a block key) was cached (added) or evicted.  Queued
+ * for the next heartbeats, in order (a lock-free ring: the loop thread
+ * writes, the registrar's thread reads).  When the ring is full, or a
+ * heartbeat carrying hints fails, the router is told to forget this
+ * worker's earlier hints (prefix_reset): hints are only hints, a lost one
+ * costs a worse choice, never a wrong answer.  Loop thread.
+ */
+void epd_registrar_hint(epd_registrar_t *reg, uint64_t hint, int added);
 
 /* The newest published load, consistent (seqlock); any thread. */
 void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p);

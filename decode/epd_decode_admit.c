@@ -13,6 +13,11 @@
 #include "epd_decode_int.h"
 #include "epd_time.h"
 
+int epd__decode_admit_live(const epd_decode_srv_t *srv, uint64_t id)
+{
+    return epd_reqtab_find_req(&srv->reqs, id, 0) != NULL;
+}
+
 /* Does a prompt hold image placeholders?  (Its embeddings are not ours to
  * prefill again, so such a request is reserved up front, never preempted.) */
 static int epd_decode_has_images(const epd_decode_srv_t *srv, const Epd__GenerateRequest *g)
@@ -72,10 +77,11 @@ epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
     req->kv.state = (uint8_t *)(req->stop_ids + n_stop + (grows ? n_prompt : 0));
     req->kv.kind = -1;
     if (max_blocks <= srv->pool.n_blocks && epd__decode_kv_may_admit(srv, n_blocks)) {
-        st = epd_decode_blocks_reserve(srv->blocks, g->request_id, n_blocks,
-                                       kv->n_linear_layers > 0, req->blocks, &req->slot);
+        /* a cached head (decode-side reuse: up front only), then fresh blocks */
+        st = epd__decode_cache_reserve(srv, req, g, n_blocks);
     }
     if (st != EPD_OK) {
+        epd__decode_cache_drop(srv, req);
         epd_free(req);
         *why_p = st != EPD_ERR_NO_CAPACITY ? "reservation failed"
                  : max_blocks > srv->pool.n_blocks

@@ -286,6 +286,54 @@ epd_status_t epd_decode_blocks_unreserve(epd_decode_blocks_t *blocks, uint64_t o
                            EPD_DECODE_BLK_FREE);
 }
 
+epd_status_t epd_decode_blocks_cache(epd_decode_blocks_t *blocks, uint64_t owner,
+                                     const uint32_t *ids, uint32_t n)
+{
+    epd__blk_table_t *t;
+    epd_status_t status;
+
+    if (blocks == NULL || owner == 0 || (n > 0 && ids == NULL)) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    t = &blocks->blk;
+    status = epd__table_check(t, owner, ids, n, EPD_DECODE_BLK_ACTIVE, "block");
+    if (status != EPD_OK) {
+        return status;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        t->state[ids[i]] = EPD_DECODE_BLK_CACHED;
+        t->owner[ids[i]] = 0;
+    }
+    t->count[EPD_DECODE_BLK_ACTIVE] -= n;
+    t->count[EPD_DECODE_BLK_CACHED] += n;
+    return EPD_OK;
+}
+
+epd_status_t epd_decode_blocks_uncache(epd_decode_blocks_t *blocks, const uint32_t *ids,
+                                       uint32_t n)
+{
+    epd__blk_table_t *t;
+    epd_status_t status;
+
+    if (blocks == NULL || (n > 0 && ids == NULL)) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    t = &blocks->blk;
+    /* cached blocks have owner 0 */
+    status = epd__table_check(t, 0, ids, n, EPD_DECODE_BLK_CACHED, "block");
+    if (status != EPD_OK) {
+        return status;
+    }
+    for (uint32_t i = n; i-- > 0;) {
+        assert(t->n_free < t->n);
+        t->state[ids[i]] = EPD_DECODE_BLK_FREE;
+        t->free_stack[t->n_free++] = ids[i];
+    }
+    t->count[EPD_DECODE_BLK_CACHED] -= n;
+    t->count[EPD_DECODE_BLK_FREE] += n;
+    return EPD_OK;
+}
+
 uint32_t epd_decode_blocks_total(const epd_decode_blocks_t *blocks)
 {
     return blocks->blk.n;
@@ -349,6 +397,8 @@ const char *epd_decode_blk_state_name(epd_decode_blk_state_t state)
         return "ACTIVE";
     case EPD_DECODE_BLK_QUARANTINED:
         return "QUARANTINED";
+    case EPD_DECODE_BLK_CACHED:
+        return "CACHED";
     case EPD_DECODE_BLK_NSTATES:
         break;
     }

@@ -53,6 +53,7 @@ typedef enum {
     EPD_DECODE_BLK_RESERVED,
     EPD_DECODE_BLK_ACTIVE,
     EPD_DECODE_BLK_QUARANTINED,
+    EPD_DECODE_BLK_CACHED, /* decode's prefix cache holds it (no owner): nobody writes it */
     EPD_DECODE_BLK_NSTATES
 } epd_decode_blk_state_t;
 
@@ -104,6 +105,16 @@ epd_status_t epd_decode_blocks_retire(epd_decode_blocks_t *blocks, uint64_t owne
  * never sent). */
 epd_status_t epd_decode_blocks_unreserve(epd_decode_blocks_t *blocks, uint64_t owner,
                                          const uint32_t *ids, uint32_t n, uint32_t slot);
+
+/* Decode-side reuse (decode/epd_decode_cache.h): ACTIVE -> CACHED, the
+ * request's fully written prompt blocks kept after it finished (P's
+ * fenced completion: nothing in flight), owned by nobody; CACHED -> FREE
+ * when the cache evicts them.  A cached block is lent to later requests
+ * read-only (they do not own it; their other blocks move as above). */
+epd_status_t epd_decode_blocks_cache(epd_decode_blocks_t *blocks, uint64_t owner,
+                                     const uint32_t *ids, uint32_t n);
+epd_status_t epd_decode_blocks_uncache(epd_decode_blocks_t *blocks, const uint32_t *ids,
+                                       uint32_t n);
 
 /* Counts. */
 uint32_t epd_decode_blocks_total(const epd_decode_blocks_t *blocks);

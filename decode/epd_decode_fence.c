@@ -11,7 +11,9 @@
  * user pointer) and the byte range: every block (or state slot) the range
  * touches must be RESERVED by a live request of that very incarnation.  A
  * write into someone else's blocks, into blocks whose request already
- * verified its KV (ACTIVE), or into blocks quarantined or free is dropped
+ * verified its KV (ACTIVE), into blocks quarantined, free or CACHED (a
+ * reservation's read-only head of decode-side reuse: never written by a
+ * remote writer, so never granted) is dropped
  * and counted (epd_xport_stats.writes_refused_range) — a wrong-headed or
  * late writer cannot land in another request's KV through this path.
  *

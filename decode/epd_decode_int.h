@@ -23,11 +23,13 @@
  *   epd_decode_check.c     the pure checks and the KV verification (own header)
  *   epd_decode_batch.c     the compute thread: continuous batching (own header)
  *   epd_decode_verify.c    the verifier thread: the KV checks off the loop (own header)
+ *   epd_decode_cache.c     decode-side reuse: finished prompts' blocks kept
  *
  * Calls go one way: main.c -> epd_decode_msg.c -> epd_decode_req.c ->
- * epd_decode_admit.c, epd_decode_send.c, epd_decode_kv.c,
+ * epd_decode_admit.c, epd_decode_send.c, epd_decode_kv.c, epd_decode_cache.c,
  * epd_decode_blocks.c, epd_decode_check.c, epd_decode_batch.c,
- * epd_decode_verify.c (-> epd_decode_check.c) (the message layer also
+ * epd_decode_verify.c (-> epd_decode_check.c); epd_decode_admit.c ->
+ * epd_decode_cache.c -> epd_decode_blocks.c (the message layer also
  * calls epd_decode_admit.c's refusal; main.c also
  * calls the request layer's start-up, shutdown and daemon callbacks, and
  * sets the parts up).  Upward only through callbacks registered at start:
@@ -57,9 +59,12 @@
 #include "epd_decode_verify.h"
 #include "epd_engine.h"
 #include "epd_hash.h"
+#include "epd_kvcache.h"
 #include "epd_layout.h"
 #include "epd_link.h"
 #include "epd_peer.h"
+#include "epd_prefix.h"
+#include "epd_registrar.h"
 #include "epd_reqtab.h"
 
 #define EPD_DECODE_LOG "decode"
@@ -134,6 +139,11 @@ typedef struct epd_decode_request {
                                * the first prefill) */
     uint32_t slot;            /* state slot, or EPD_DECODE_NO_SLOT */
     uint32_t *blocks;         /* [max_blocks]; [0..n_blocks) held */
+    /* decode-side reuse (the cache part's): blocks[0..n_cached) are the
+     * prefix cache's (pinned, read-only, never owned by the request) */
+    uint32_t n_cached;
+    epd_prefix_hash_t *keys; /* [n_keys]: the prompt's full blocks; NULL: no reuse */
+    uint32_t n_keys;
     uint32_t *stop_ids;       /* [n_stop] */
     uint32_t n_stop;
     epd_decode_kv_seen_t kv; /* per-layer verification so far ([n_layers] arrays) */
@@ -210,12 +220,43 @@ typedef struct epd_decode_srv {
     uint32_t blocks_incoming; /* blocks of victims on their way back */
     int freed;                /* blocks came free since the waiters last looked */
     struct epd_decode_request *pre_head, *pre_tail; /* PREEMPTED, oldest first */
+    /* decode-side reuse (the cache part's; pcache NULL: off) */
+    int prefix_cache;
+    const char *engine_name;
+    epd_kvcache_t *pcache;
+    epd_prefix_hash_t proot;
+    struct {
+        uint64_t requests, prompt_tokens, hit_tokens, evictions;
+    } pc;
     /* counters */
     uint64_t kv_bytes_received; /* verified KV of requests that joined */
     uint64_t preemptions;       /* requests preempted */
     uint64_t recomputed_tokens; /* tokens prefilled again to resume them */
     epd_trace_t *trace;         /* the daemon's (NULL = off) */
 } epd_decode_srv_t;
+
+/* ---- epd_decode_cache.c ---- */
+/* Decode-side reuse on (srv->prefix_cache, a model with attention layers)
+ * or nothing; after the pool and blocks. */
+epd_status_t epd__decode_cache_init(epd_decode_srv_t *srv, const char *engine_name);
+void epd__decode_cache_cleanup(epd_decode_srv_t *srv);
+/* Admission of `req` (its blocks array of n_blocks): the leading blocks of
+ * g's prompt the cache holds, pinned into req->blocks[0..req->n_cached),
+ * room made for the others (evicting), and those reserved from the
+ * allocator with a state slot when the model has linear layers (into
+ * req->blocks + n_cached, req->slot).  epd_decode_blocks_reserve's status;
+ * on failure the caller drops the pins (epd__decode_cache_drop). */
+epd_status_t epd__decode_cache_reserve(epd_decode_srv_t *srv, epd_decode_request_t *req,
+                                       const Epd__GenerateRequest *g, uint32_t n_blocks);
+/* Bytes of req's KV prefill did not write: the cached head's. */
+uint64_t epd__decode_cache_head_bytes(const epd_decode_srv_t *srv, const epd_decode_request_t *req);
+/* `req` is about to retire its blocks, its KV verified: when it ended well
+ * its own full prompt blocks join the cache (req->n_cached grows). */
+void epd__decode_cache_finished(epd_decode_srv_t *srv, epd_decode_request_t *req);
+/* `req` is freed: its pins dropped, its keys freed. */
+void epd__decode_cache_drop(epd_decode_srv_t *srv, epd_decode_request_t *req);
+uint32_t epd__decode_cache_evictable(const epd_decode_srv_t *srv);
+void epd__decode_cache_stats(const epd_decode_srv_t *srv, epd_prefix_stats_t *s_p);
 
 /* ---- epd_decode_fence.c ---- */
 /* The pool's write check (epd_xport_mr_set_check; arg: the server; the
@@ -267,6 +308,8 @@ epd_status_t epd__decode_send_resume(epd_decode_srv_t *srv, const epd_decode_req
 epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
                                const epd_sample_params_t *sp, epd_link_t *client, epd_peer_t *peer,
                                uint64_t t_recv, epd_decode_request_t **req_p, const char **why_p);
+/* Is request `id` live here (a GenerateRequest with it is a duplicate)? */
+int epd__decode_admit_live(const epd_decode_srv_t *srv, uint64_t id);
 /* GenerateRequest `env` was refused here with `status` (`why`): its
  * prefill worker, when it can be named, hears it too (KvRefused), so that
  * it does not wait for a reservation. */
@@ -311,8 +354,6 @@ epd_status_t epd__decode_reqs_init(epd_decode_srv_t *srv);
 /* Frees every request (after epd_daemon_serve returned: the compute thread
  * is joined, the endpoints are closed). */
 void epd__decode_reqs_cleanup(epd_decode_srv_t *srv);
-/* Is request `id` live here? */
-int epd__decode_req_live(const epd_decode_srv_t *srv, uint64_t id);
 /* A checked GenerateRequest from `from` (sampling parameters in *sp). */
 void epd__decode_req_generate(epd_decode_srv_t *srv, epd_link_t *from, const Epd__Envelope *env,
                               const epd_sample_params_t *sp);

@@ -67,7 +67,7 @@ static epd_status_t epd_decode_check_generate_msg(const epd_decode_srv_t *srv,
         return EPD_ERR_DRAINING;
     }
     *tell_p = 0;
-    if (epd__decode_req_live(srv, g->request_id)) {
+    if (epd__decode_admit_live(srv, g->request_id)) {
         *why_p = "request id already live";
         return EPD_ERR_EXISTS;
     }

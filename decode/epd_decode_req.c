@@ -53,11 +53,6 @@
 
 /* ------------------------------------------------------------ bookkeeping */
 
-int epd__decode_req_live(const epd_decode_srv_t *srv, uint64_t id)
-{
-    return epd_reqtab_find_req(&srv->reqs, id, 0) != NULL;
-}
-
 /* Marks a request for a step at the top of the loop. */
 static void epd_decode_dirty(epd_decode_srv_t *srv, epd_decode_request_t *req)
 {
@@ -83,13 +78,15 @@ static void epd_decode_refuse(epd_decode_srv_t *srv, epd_link_t *to, const Epd__
 typedef epd_status_t (*epd_decode_blk_op_t)(epd_decode_blocks_t *blocks, uint64_t owner,
                                             const uint32_t *ids, uint32_t n, uint32_t slot);
 
-/* Moves the blocks of `req` with its state: a refusal is a broken
- * invariant of this file, never input (the allocator changed nothing: a
- * block stays unavailable, never free too early). */
+/* Moves the blocks of `req` with its state (its own: a cached head is lent,
+ * never owned): a refusal is a broken invariant of this file, never input
+ * (the allocator changed nothing: a block stays unavailable, never free
+ * too early). */
 static void epd_decode_blocks_to(epd_decode_srv_t *srv, epd_decode_request_t *req,
                                  epd_decode_blk_op_t op, const char *name)
 {
-    epd_status_t st = op(srv->blocks, req->id, req->blocks, req->n_blocks, req->slot);
+    epd_status_t st = op(srv->blocks, req->id, req->blocks + req->n_cached,
+                         req->n_blocks - req->n_cached, req->slot);
 
     if (st != EPD_OK) {
         epd_log_error(EPD_DECODE_LOG, req->id, "block allocator refused %s: %s (a bug)", name,
@@ -189,13 +186,14 @@ static void epd_decode_check_lend(epd_decode_srv_t *srv, epd_decode_request_t *r
 static void epd_decode_activate(epd_decode_srv_t *srv, epd_decode_request_t *req)
 {
     epd_decode_blocks_to(srv, req, epd_decode_blocks_activate, "activate");
-    srv->kv_bytes_received += req->kv.bytes;
+    srv->kv_bytes_received += req->kv.bytes - epd__decode_cache_head_bytes(srv, req);
     /* the decode side holds all of the prompt's KV, verified: the end of the
      * transfer (epd-bench overhead measures up to here) */
     req->t_join_ns = epd_time_now_ns();
     epd_trace_instant(srv->trace, "KV held", "xfer", req->id, -1, req->t_join_ns);
     epd__decode_stream(req, req->n_resume + 1, (Epd__FinishReason)req->first_finish);
     if (req->first_finish != EPD__FINISH_REASON__FINISH_NONE) {
+        epd__decode_cache_finished(srv, req);
         epd_decode_blocks_to(srv, req, epd_decode_blocks_retire, "retire");
         epd_daemon_counts(srv->d)->served++;
         req->state = EPD_DECODE_REQ_DONE;
@@ -385,6 +383,7 @@ static void epd_decode_step(epd_decode_srv_t *srv, epd_decode_request_t *req)
                     break;
                 }
                 epd__decode_finish_run(srv, req);
+                epd__decode_cache_finished(srv, req);
                 epd_decode_blocks_to(srv, req, epd_decode_blocks_retire, "retire");
                 req->state = EPD_DECODE_REQ_DONE;
             } else if (req->grows && !req->preempt && req->fail_status == EPD_OK) {
@@ -458,6 +457,7 @@ static void epd_decode_destroy(epd_decode_srv_t *srv, epd_decode_request_t *req)
     epd__decode_kv_hungry(srv, req, 0);
     epd__decode_kv_unqueue(srv, req);
     epd_reqtab_remove(&srv->reqs, &req->ent);
+    epd__decode_cache_drop(srv, req);
     epd_reqtab_remove(&srv->by_pid, &req->pent);
     epd_link_unref(req->client);
     epd_peer_unref(req->peer);

@@ -66,6 +66,9 @@ epd_status_t epd__decode_send_reservation(epd_decode_srv_t *srv, const epd_decod
     kr.lease_ms = srv->lease_ms;
     kr.pool_blocks = srv->pool.n_blocks;
     kr.pool_state_slots = srv->pool.n_state_slots;
+    /* decode-side reuse (rule 36): prefill skips the cached head, which the
+     * fence refuses anyway (CACHED blocks are nobody's to write) */
+    kr.cached_blocks = req->n_cached;
     kr.stamped_sums = 1; /* we check either kind */
     return epd_link_send(epd_peer_link(req->peer), EPD__ENVELOPE__BODY_RESERVATION, &kr, 0);
 }

@@ -30,6 +30,7 @@ typedef struct {
     int64_t block_tokens;
     int64_t max_batch;
     int64_t lease_ms;
+    int prefix_cache;
     const char *kv_reserve;
     int64_t kv_headroom_tokens;
     const char *verify;
@@ -130,6 +131,11 @@ static epd_status_t epd_decode_setup(epd_decode_srv_t *srv, const epd_decode_fla
         epd_log_error(EPD_DECODE_LOG, 0, "out of memory");
         return EPD_ERR_NO_MEMORY;
     }
+    srv->prefix_cache = fl->prefix_cache;
+    st = epd__decode_cache_init(srv, epd_engine_name(srv->engine));
+    if (st != EPD_OK) {
+        return st;
+    }
     {
         epd_msg_epoch_t ep = epd_daemon_epoch(srv->d);
 
@@ -193,6 +199,7 @@ static void epd_decode_on_cleanup(void *arg)
 
     epd_decode_on_exit(srv);
     epd__decode_reqs_cleanup(srv);
+    epd__decode_cache_cleanup(srv);
     epd_free(srv->newly);
     epd_decode_blocks_destroy(srv->blocks);
     epd_engine_close(srv->engine);
@@ -209,7 +216,9 @@ static void epd_decode_load(void *arg, epd_daemon_load_t *load_p)
      * no block is free for a new request: the router sees a full pool */
     load_p->kv_blocks_free = srv->n_hungry > 0 || srv->pre_head != NULL
                                  ? 0
-                                 : epd_decode_blocks_free(srv->blocks);
+                                 : epd_decode_blocks_free(srv->blocks) +
+                                       epd__decode_cache_evictable(srv);
+    epd__decode_cache_stats(srv, &load_p->prefix);
     load_p->state_slots_free = epd_decode_blocks_slots_free(srv->blocks);
     load_p->running_requests = srv->batch != NULL ? epd_decode_batch_running(srv->batch) : 0;
     load_p->kv_bytes_received = srv->kv_bytes_received;
@@ -313,6 +322,7 @@ int main(int argc, char **argv)
         .block_tokens = 16,
         .max_batch = 32,
         .lease_ms = 5000,
+        .prefix_cache = 1,
         .kv_reserve = "on-demand",
         .kv_headroom_tokens = 16,
         .verify = "stamps",
@@ -326,6 +336,10 @@ int main(int argc, char **argv)
         {"lease-ms", EPD_OPT_INT, &fl.lease_ms, 10, 3600000,
          "fail a reservation whose prefill worker says nothing about it this long (up to 4 "
          "leases while it speaks about others); quarantined blocks re-send their Abort as often"},
+        {"prefix-cache", EPD_OPT_BOOL, &fl.prefix_cache, 0, 0,
+         "keep a finished request's full prompt blocks; a later prompt that starts with them "
+         "(the next turn of a chat) gets them back and prefill does not write them again "
+         "(--no-prefix-cache: every prompt block is written)"},
         {"kv-reserve", EPD_OPT_STRING, &fl.kv_reserve, 0, 0,
          "on-demand: a request holds its prompt's blocks plus --kv-headroom-tokens and grows as "
          "it generates; when the pool runs dry the newest requests are preempted and prefilled "

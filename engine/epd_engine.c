@@ -431,6 +431,41 @@ epd_status_t epd_engine_encode_image(epd_engine_t *engine, const epd_image_view_
     return engine->ops->encode_image(engine->impl, image, out);
 }
 
+/* Checks a prefill's replay range and state checkpoints (see
+ * epd_prefill_args_t). */
+static epd_status_t epd_engine_check_replay(const epd_engine_t *engine,
+                                            const epd_prefill_args_t *args)
+{
+    uint64_t req = args->seq.req_id;
+    uint64_t end = (uint64_t)args->start + args->n_tokens;
+
+    if (args->replay_end != 0 && (args->replay_end <= args->start || args->replay_end > end)) {
+        epd_log_error(EPD_ENGINE_LOG, req, "replay up to %u outside the chunk (%u, %llu]",
+                      args->replay_end, args->start, (unsigned long long)end);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (args->n_ckpts == 0) {
+        return EPD_OK;
+    }
+    if (args->ckpts == NULL || engine->info.kv.n_linear_layers == 0) {
+        epd_log_error(EPD_ENGINE_LOG, req, "%u state checkpoints %s", args->n_ckpts,
+                      args->ckpts == NULL ? "without an array" : "on a model without linear layers");
+        return EPD_ERR_INVALID_PARAM;
+    }
+    for (uint32_t i = 0; i < args->n_ckpts; i++) {
+        const epd_state_ckpt_t *c = &args->ckpts[i];
+
+        if (c->dst == NULL || c->pos <= args->start || c->pos > end ||
+            (i > 0 && c->pos <= args->ckpts[i - 1].pos)) {
+            epd_log_error(EPD_ENGINE_LOG, req,
+                          "state checkpoint %u at %u: no buffer, outside (%u, %llu] or not after "
+                          "the one before", i, c->pos, args->start, (unsigned long long)end);
+            return EPD_ERR_INVALID_PARAM;
+        }
+    }
+    return EPD_OK;
+}
+
 /* Checks the embedding spans of a prefill (see epd_prefill_args_t). */
 static epd_status_t epd_engine_check_spans(const epd_engine_t *engine,
                                            const epd_prefill_args_t *args)
@@ -578,6 +613,10 @@ epd_status_t epd_engine_prefill(epd_engine_t *engine, const epd_kv_pool_t *pool,
         }
     }
     status = epd_engine_check_spans(engine, args);
+    if (status != EPD_OK) {
+        return status;
+    }
+    status = epd_engine_check_replay(engine, args);
     if (status != EPD_OK) {
         return status;
     }

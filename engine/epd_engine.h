@@ -183,6 +183,11 @@ typedef struct {
      * on it (a verification kernel); 0: the host CPU is the device (ref) */
     double device_mem_bw;
     epd_kv_layout_t kv;
+    /* What the model's numbers depend on, digested (XXH3-128; ref: config.json
+     * and model.safetensors, sim: sim.conf and its two profiles): two engines
+     * with the same digest, name and KV layout write the same KV for the same
+     * prompt, so a prefix cache may share (or persist) blocks between them. */
+    uint8_t model_digest[16];
 } epd_engine_info_t;
 
 /* A decoded image, RGB8 [height][width][3] bytes, rows top to bottom, no
@@ -201,6 +206,15 @@ typedef struct {
     uint32_t n;
     const float *data; /* borrowed for the call: [n][embed_dim] f32 */
 } epd_embed_span_t;
+
+/* A checkpoint of the recurrent state (models with linear layers): after
+ * the prefill passed position pos - 1, the engine copies every linear
+ * layer's state, covering tokens [0, pos), to dst (caller's buffer of
+ * [n_linear_layers][state_bytes], linear layers in kind_index order). */
+typedef struct {
+    uint32_t pos; /* in (start, start + n_tokens] */
+    void *dst;    /* borrowed for the call */
+} epd_state_ckpt_t;
 
 /* One prefill call: tokens [start, start + n_tokens) of a request whose
  * tokens [0, start) are already in its blocks and state slot (chunked
@@ -225,6 +239,16 @@ typedef struct {
     /* nonzero: report each layer's checksum in epd_layer_done_t where the
      * engine can compute it next to the KV (sim: a modelled device kernel) */
     int want_sums;
+    /* Tail replay (a prefix cache restored the state slot from a checkpoint
+     * at `start`): positions [start, replay_end) already hold their attention
+     * KV in the blocks, which the engine reads and never writes; it runs them
+     * only to rebuild the recurrent state (and the rows later positions
+     * read).  0: none; else start < replay_end <= start + n_tokens. */
+    uint32_t replay_end;
+    /* State checkpoints to take during this call, sorted by pos, distinct
+     * (models with linear layers only); NULL / 0: none. */
+    const epd_state_ckpt_t *ckpts;
+    uint32_t n_ckpts;
 } epd_prefill_args_t;
 
 /* One request of a decode step: appends the KV of `token` at position `pos`
@@ -241,8 +265,10 @@ typedef struct epd_engine_impl epd_engine_impl_t;
 /* 2: epd_engine_info_t's vision fields, epd_prefill_args_t.embeds, the
  * encode_image op.  3: epd_kv_seq_t.stamp_tag, epd_prefill_args_t.want_sums,
  * the checksum in epd_layer_done_t, epd_engine_info_t.device_mem_bw, and a
- * prefill owns the unused tail of its last block (see epd_engine_prefill). */
-#define EPD_ENGINE_ABI_VERSION 3u
+ * prefill owns the unused tail of its last block (see epd_engine_prefill).
+ * 4: epd_engine_info_t.model_digest, epd_prefill_args_t.replay_end and
+ * state checkpoints (prefix caching). */
+#define EPD_ENGINE_ABI_VERSION 4u
 
 /* The ops table.  No NULL slots.  Called only through epd_engine_* (which
  * validates arguments), on the instance's compute thread. */
@@ -365,9 +391,19 @@ epd_status_t epd_engine_encode_image(epd_engine_t *engine, const epd_image_view_
  * outside the pool, spans unsorted, overlapping, empty, without data or
  * reaching past start + n_tokens, a placeholder token in the chunk that no
  * span covers or a covered position of the chunk that does not hold the
- * placeholder; EPD_ERR_UNSUPPORTED for spans on an engine without vision;
- * the sink's status when it aborts.  Nothing is written when an argument is
- * refused.  Compute thread; synchronous.
+ * placeholder, a replay_end outside (start, start + n_tokens], checkpoints
+ * unsorted, outside (start, start + n_tokens], without dst or on a model
+ * without linear layers; EPD_ERR_UNSUPPORTED for spans on an engine without
+ * vision; the sink's status when it aborts.  Nothing is written when an
+ * argument is refused.  Compute thread; synchronous.
+ *
+ * Split invariance (what a prefix cache relies on): the KV and state an
+ * engine writes for position p, and the logits of the last position, depend
+ * only on the tokens (and embeddings) of [0, p], bit for bit — never on how
+ * the prompt was cut into calls, nor on replay.  `ref` guarantees it by
+ * running every matrix product on row tiles of a fixed size aligned to
+ * absolute positions (engine/README.md); `sim`'s bytes are a function of
+ * the prefix hash.
  */
 epd_status_t epd_engine_prefill(epd_engine_t *engine, const epd_kv_pool_t *pool,
                                 const epd_prefill_args_t *args, const epd_engine_sink_t *sink,

@@ -6,6 +6,8 @@
  */
 #include "epd_safetensors.h"
 
+#include "epd_hash.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <fcntl.h>
@@ -248,6 +250,11 @@ void epd_st_close(epd_st_file_t *file)
     epd_st_free_tensors(file);
     munmap(file->map, file->map_len);
     epd_free(file);
+}
+
+void epd_st_digest(const epd_st_file_t *file, uint64_t seed, uint8_t out[16])
+{
+    epd_hash128(file->map, file->map_len, seed, out);
 }
 
 size_t epd_st_count(const epd_st_file_t *file)

@@ -43,6 +43,10 @@ epd_status_t epd_st_open(const char *path, epd_st_file_t **file_p);
 /* Unmaps; NULL is a no-op.  Tensor pointers become dangling. */
 void epd_st_close(epd_st_file_t *file);
 
+/* XXH3-128 of the whole file (header and data) with `seed`: what a model's
+ * weights are, digested (epd_engine_info_t.model_digest). */
+void epd_st_digest(const epd_st_file_t *file, uint64_t seed, uint8_t out[16]);
+
 /* Number of tensors and the i-th one (in header order). */
 size_t epd_st_count(const epd_st_file_t *file);
 const epd_st_tensor_t *epd_st_at(const epd_st_file_t *file, size_t i);

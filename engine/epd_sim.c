@@ -308,6 +308,25 @@ static void epd_sim_stamp_state(epd_engine_impl_t *e, const epd_kv_pool_t *pool,
     }
 }
 
+/* A state checkpoint of linear layer `layer` at ckpt->pos (prefix hash h):
+ * its stamp only — what sim reads back (epd_sim_recover) once a prefix
+ * cache restores it into a slot; the body is the slot's template again
+ * then. */
+static void epd_sim_stamp_ckpt(const epd_engine_impl_t *e, const epd_kv_seq_t *seq, uint32_t layer,
+                               const epd_state_ckpt_t *ckpt, uint64_t h)
+{
+    const epd_kv_layout_t *kv = &e->info.kv;
+    epd_kv_stamp_t st = {.req_id = seq->req_id,
+                         .tag = seq->stamp_tag,
+                         .hk = h ^ e->key[layer],
+                         .layer = layer,
+                         .index = 0,
+                         .count = ckpt->pos};
+
+    epd_kv_stamp_put((unsigned char *)ckpt->dst + (size_t)kv->kind_index[layer] * kv->state_bytes,
+                     kv->state_bytes, &st);
+}
+
 /* A decode step's share of the host: the stamp of the unit holding `pos`
  * (the device wrote the token's KV into the body; the body digest stays
  * what the unit's tail says, and no template is written here). */
@@ -577,6 +596,13 @@ static epd_status_t epd_sim_open(const epd_engine_config_t *config, epd_engine_i
         e->key[l] = epd_rng_next(&rng);
     }
     e->logit_key = epd_rng_next(&rng);
+    /* the bytes are a function of the seed (the table and keys), the layout
+     * and the vocabulary: the digest of the first and the last */
+    {
+        uint64_t id[2] = {e->conf.seed, e->info.vocab_size};
+
+        epd_hash128(id, sizeof(id), 0x73696d /* "sim" */, e->info.model_digest);
+    }
     epd_log_debug(EPD_SIM_LOG, 0,
                   "%s: %s on %u x %s, scale %g (KV x%.4g, state x%.4g), %s; %u layers (%u "
                   "attention), %u-token blocks of %llu bytes (%u x %u %s), state %llu bytes, "
@@ -684,12 +710,27 @@ static epd_status_t epd_sim_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *p
         done->tok_start = start;
         done->tok_end = end;
         if (kv->kind[l] == EPD_LAYER_ATTENTION) {
-            epd_sim_stamp_rows(e, pool, &args->seq, l, start, end, h, sum);
-            done->first_block = start / kv->block_tokens;
+            /* replayed positions keep the KV a prefix cache gave them */
+            uint32_t from = args->replay_end > start ? args->replay_end : start;
+
+            epd_sim_stamp_rows(e, pool, &args->seq, l, from, end, h + (from - start), sum);
+            done->tok_start = from;
+            done->first_block = from / kv->block_tokens;
             done->n_blocks = (end - 1) / kv->block_tokens - done->first_block + 1;
             done->block_ids = args->seq.block_table + done->first_block;
             kernel_s = (double)((end - 1) / kv->block_tokens + 1) * (double)kv->block_bytes;
         } else {
+            if (start > 0) {
+                /* the slot may hold a checkpoint a prefix cache restored
+                 * (its stamp gave h above), not this slot's template: write
+                 * the template again so the body digest is the body's */
+                e->tmpl.state[(size_t)kv->kind_index[l] * pool->n_state_slots +
+                              args->seq.state_slot] = 0;
+            }
+            for (uint32_t c = 0; c < args->n_ckpts; c++) {
+                epd_sim_stamp_ckpt(e, &args->seq, l, &args->ckpts[c],
+                                   h[args->ckpts[c].pos - 1 - start]);
+            }
             epd_sim_stamp_state(e, pool, &args->seq, l, end, h[T - 1], sum);
             done->state_slot = args->seq.state_slot;
             kernel_s = (double)kv->state_bytes;

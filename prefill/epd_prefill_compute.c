@@ -93,6 +93,27 @@ static epd_status_t epd_prefill_compute_sink(void *ctx, uint32_t layer,
     return EPD_OK;
 }
 
+/* A hit's run starts from a checkpoint: the state of every linear layer
+ * after the cached tokens, copied into the request's slot. */
+static void epd_prefill_compute_restore(epd_prefill_compute_t *c, const epd_prefill_job_t *job)
+{
+    const epd_kv_layout_t *kv = &c->info->kv;
+    uint64_t off;
+
+    if (job->restore == NULL) {
+        return;
+    }
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        if (kv->kind[l] == EPD_LAYER_LINEAR &&
+            epd_kv_state_offset(kv, c->pool.n_blocks, c->pool.n_state_slots, l,
+                                job->seq.state_slot, &off) == EPD_OK) {
+            memcpy((char *)c->pool.base + off,
+                   (const char *)job->restore + (size_t)kv->kind_index[l] * kv->state_bytes,
+                   kv->state_bytes);
+        }
+    }
+}
+
 /* A resume's tail (rule 33): the generated tokens through the decode path,
  * one at a time at their positions (batch-invariant: what decode computed
  * for them, bit for bit), then every layer handed over (their checksums
@@ -139,19 +160,25 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
         c->trace_named = 1;
     }
     atomic_fetch_add(&c->started_runs, 1);
-    atomic_fetch_add(&c->started_tokens, job->n_tokens);
+    atomic_fetch_add(&c->started_tokens, job->n_tokens - job->start);
     if (atomic_load_explicit(job->cancel, memory_order_acquire)) {
         status = EPD_ERR_CANCELED;
     } else {
         memset(&args, 0, sizeof(args));
         args.seq = job->seq;
-        args.tokens = job->tokens;
-        args.n_tokens = job->n_tokens - job->n_decode;
-        args.start = 0;
+        /* a prefix hit's run starts after its cached blocks (a resume's
+         * hits lie in its prompt part: epd__prefill_cache_place) */
+        args.tokens = job->tokens + job->start;
+        args.n_tokens = job->n_tokens - job->n_decode - job->start;
+        args.start = job->start;
+        args.replay_end = job->replay_end;
+        args.ckpts = job->ckpts;
+        args.n_ckpts = job->n_ckpts;
         args.embeds = job->embeds;
         args.n_embeds = job->n_embeds;
         /* the last block's unused tail is the engine's to clear (ABI 3) */
         args.want_sums = job->layer_sums != NULL;
+        epd_prefill_compute_restore(c, job);
         status = epd_engine_prefill(c->engine, &c->pool, &args, &sink, c->logits);
         if (status == EPD_OK && job->n_decode > 0) {
             status = epd_prefill_compute_tail(c, job);
@@ -316,7 +343,7 @@ epd_status_t epd_prefill_compute_submit(epd_prefill_compute_t *c, epd_prefill_jo
     }
     if (job->kind == EPD_PREFILL_JOB_RUN) {
         c->submitted_runs++;
-        c->submitted_tokens += job->n_tokens;
+        c->submitted_tokens += job->n_tokens - job->start;
     }
     return EPD_OK;
 }

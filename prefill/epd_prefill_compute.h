@@ -89,6 +89,17 @@ typedef struct {
     epd_kv_seq_t seq;      /* block_table borrowed from the request */
     const int32_t *tokens; /* RUN: the prompt, borrowed */
     uint32_t n_tokens;
+    /* RUN, prefix cache: the prompt's tokens [0, start) are in the leading
+     * blocks already and `restore` (borrowed until DONE: a checkpoint,
+     * [n_linear_layers][state_bytes]; NULL: none) is the state after them,
+     * copied into the slot before the engine runs [start, n_tokens) with
+     * positions [start, replay_end) replayed (epd_prefill_args_t); the
+     * engine takes checkpoints ckpts[0..n_ckpts) (borrowed until DONE) */
+    uint32_t start;
+    uint32_t replay_end;
+    const void *restore;
+    const epd_state_ckpt_t *ckpts;
+    uint32_t n_ckpts;
     /* RUN: a resume (proto/README.md rule 33): tokens[n_tokens - n_decode
      * ..) are tokens the request generated; they go through the engine's
      * decode path one at a time after the prefill of the rest — so their KV

@@ -18,6 +18,8 @@
  *                           (tombstones), the answers to late messages
  *   epd_prefill_pool.c      the local KV pool (its free blocks and slots)
  *                           and a request's memory
+ *   epd_prefill_cache.c     the prefix cache: cached blocks a request
+ *                           starts from, checkpoints, eviction
  *   epd_prefill_xfer.c      one request's KV transfer: the reservation and
  *                           its key, posting the writes, their completions,
  *                           LayerDone, PrefillComplete
@@ -29,9 +31,10 @@
  *   epd_prefill_plan.c      the pure write plan (own header)
  *
  * Calls go one way: main.c -> epd_prefill_msg.c -> epd_prefill_req.c ->
- * the parts (epd_prefill_ids.c, epd_prefill_pool.c, epd_prefill_media.c,
- * epd_prefill_xfer.c) -> epd_prefill_compute.c, epd_prefill_plan.c; among
- * the parts: pool -> xfer, plan; xfer -> plan; media -> compute.
+ * the parts (epd_prefill_ids.c, epd_prefill_pool.c, epd_prefill_cache.c,
+ * epd_prefill_media.c, epd_prefill_xfer.c) -> epd_prefill_compute.c,
+ * epd_prefill_plan.c; among the parts: pool -> cache, xfer, plan;
+ * xfer -> plan; media -> compute.
  * main.c also calls the request layer and the parts to set them up.  A
  * part never calls the request layer: it answers with return values, and
  * reaches it only through callbacks registered at start-up — the daemon's
@@ -57,9 +60,11 @@
 #include "epd_daemon.h"
 #include "epd_engine.h"
 #include "epd_hash.h"
+#include "epd_kvcache.h"
 #include "epd_link.h"
 #include "epd_msg.h"
 #include "epd_peer.h"
+#include "epd_prefix.h"
 #include "epd_prefill_compute.h"
 #include "epd_prefill_plan.h"
 #include "epd_reqtab.h"
@@ -246,6 +251,8 @@ struct epd_prefill_xfer {
     epd_xport_rkey_t *rkey;     /* unpacked on the peer's link; NULL once it died */
     int rkey_shared;            /* the peer's (borrowed, not destroyed here) */
     uint32_t d_lease_ms;        /* decode's lease on the reservation */
+    uint32_t skip;              /* leading blocks decode holds already (not written) */
+    int from_cache;             /* the KV has blocks of the prefix cache (no STAMPED sums) */
     int d_stamped;              /* decode verifies STAMPED checksums */
     /* the write runs, planned once when the reservation is taken */
     epd_prefill_run_t *runs;    /* [n_blocks] */
@@ -288,6 +295,17 @@ typedef struct epd_prefill_req {
     uint32_t n_blocks;      /* prompt blocks */
     uint32_t *local_blocks; /* [n_blocks] */
     uint32_t slot;          /* local state slot */
+    /* the prefix cache (the cache part's): the run computes tokens
+     * [start, n_tokens) — [start, replay_end) only to rebuild the state —
+     * over the leading hit_blocks the cache lent (pinned) */
+    epd_prefix_hash_t *keys; /* [n_keys]: the prompt's full blocks */
+    uint32_t n_keys;
+    uint32_t hit_blocks;
+    uint32_t start, replay_end;
+    uint32_t restore_ckpt;    /* arena slot the state starts from, or EPD_KVCACHE_NONE */
+    epd_state_ckpt_t *ckpts;  /* [n_keys]: checkpoints the run takes */
+    uint32_t *ckpt_slots;     /* [n_keys]: their arena slots (the request's until cached) */
+    uint32_t n_ckpts;
     epd_prefill_xfer_t xfer;
     /* compute hand-off (lent from submit until the job's last event) */
     epd_prefill_job_t run_job, release_job;
@@ -351,6 +369,27 @@ typedef struct epd_prefill_srv {
     uint32_t *free_slots, n_free_slots;   /* stack, lowest on top */
     epd_prefill_compute_t *compute;
     epd_engine_t *engine; /* until the compute thread takes it (setup) */
+    const char *engine_name;
+    /* the prefix cache (the cache part's; pcache NULL: off).  Cached blocks
+     * are pool blocks that belong to the index, not to the free stack;
+     * checkpoints are copies of every linear layer's state after a cached
+     * block, in an arena of ckpt_slots slots of ckpt_bytes each */
+    int prefix_cache;        /* --prefix-cache */
+    epd_kvcache_t *pcache;
+    epd_prefix_hash_t proot; /* the namespace without a salt */
+    uint32_t ckpt_every;     /* a checkpoint every this many blocks (0: only each prompt's last) */
+    uint64_t ckpt_budget;    /* bytes of the arena */
+    uint32_t replay_budget;  /* tokens a hit may replay; more: the hit is cut back */
+    uint64_t ckpt_bytes;     /* one checkpoint: n_linear_layers * state_bytes */
+    unsigned char *ckpt_arena;
+    uint32_t ckpt_slots, *ckpt_free, n_ckpt_free;
+    uint32_t *blk_ckpt; /* [kv_blocks]: the checkpoint after a cached block, or NONE */
+    struct {
+        uint64_t requests, prompt_tokens, hit_tokens, computed_tokens, replayed_tokens;
+        uint64_t replay_cut;            /* hits cut back to a checkpoint: over the budget */
+        uint64_t ckpts_taken, ckpts_restored, ckpts_dropped, evictions;
+        uint64_t ckpts_held; /* now */
+    } pc;
     /* requests (the request layer's) */
     epd_reqtab_t reqs;
     int room; /* a write completed: retry the blocked */
@@ -457,6 +496,31 @@ epd_status_t epd__prefill_pool_admit(epd_prefill_srv_t *srv, const Epd__Generate
 /* Its blocks and slot back, its references dropped, its memory freed
  * (nothing may hold any of it any more). */
 void epd__prefill_pool_free(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
+
+/* ---- epd_prefill_cache.c ---- */
+/* The prefix cache (flags set in srv; after the pool): its index and the
+ * checkpoint arena, or nothing when it is off.  Logs a failure. */
+epd_status_t epd__prefill_cache_init(epd_prefill_srv_t *srv, const char *engine_name);
+void epd__prefill_cache_cleanup(epd_prefill_srv_t *srv);
+/* Admission: req's blocks for checked GenerateRequest `g` (req->n_tokens,
+ * tokens and n_blocks set): the leading ones the cache holds (pinned), the
+ * compute start, the replay, the state to restore and the checkpoints to
+ * take (slots reserved), fresh blocks for the rest (evicting unpinned
+ * cached blocks when the free ones do not cover them), into
+ * req->local_blocks.  EPD_ERR_NO_CAPACITY (nothing held) or
+ * EPD_ERR_NO_MEMORY. */
+epd_status_t epd__prefill_cache_place(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
+                                      const Epd__GenerateRequest *g);
+/* req's run finished well: its fresh full blocks and its checkpoints are
+ * cached (it keeps its pins until release). */
+void epd__prefill_cache_computed(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
+/* req's blocks back (nothing of them in flight): its pins dropped deepest
+ * first, what is not cached freed, checkpoint slots nobody took freed. */
+void epd__prefill_cache_release(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
+/* The cache's counters for the control plane (all zero when off). */
+void epd__prefill_cache_stats(const epd_prefill_srv_t *srv, epd_prefix_stats_t *s_p);
+/* Blocks a request could get now: free, plus cached ones nobody pins. */
+uint32_t epd__prefill_cache_available(const epd_prefill_srv_t *srv);
 
 /* ---- epd_prefill_xfer.c ---- */
 /* Sets up x for request `id` to decode `peer` (borrowed) from our blocks

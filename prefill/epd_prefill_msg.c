@@ -135,6 +135,11 @@ static epd_status_t epd_prefill_check_generate(const epd_prefill_srv_t *srv,
                  g->n_prompt_tokens, info->max_context);
         return EPD_ERR_TOO_LONG;
     }
+    if (g->cache_salt.len > EPD_PREFIX_SALT_MAX) {
+        snprintf(msg, cap, "cache salt of %zu bytes (at most %d)", g->cache_salt.len,
+                 EPD_PREFIX_SALT_MAX);
+        return EPD_ERR_INVALID_PARAM;
+    }
     if (g->n_media > 0 && (st = epd_prefill_check_media(srv, g, msg, cap)) != EPD_OK) {
         return st;
     }

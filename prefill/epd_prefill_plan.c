@@ -158,6 +158,25 @@ uint32_t epd_prefill_plan_runs(const epd_prefill_place_t *local, const epd_prefi
     return n;
 }
 
+uint32_t epd_prefill_plan_runs_skip(epd_prefill_run_t *runs, uint32_t n_runs, uint32_t skip)
+{
+    uint32_t n = 0;
+
+    for (uint32_t i = 0; i < n_runs; i++) {
+        epd_prefill_run_t r = runs[i];
+
+        if (r.first + r.n <= skip) {
+            continue;
+        }
+        if (r.first < skip) {
+            r.n -= skip - r.first;
+            r.first = skip;
+        }
+        runs[n++] = r;
+    }
+    return n;
+}
+
 epd_status_t epd_prefill_plan_run_write(const epd_kv_layout_t *layout,
                                         const epd_prefill_place_t *local,
                                         const epd_prefill_place_t *remote, uint64_t region_size,

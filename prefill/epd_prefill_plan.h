@@ -93,6 +93,10 @@ epd_status_t epd_prefill_plan_write(const epd_kv_layout_t *layout, const epd_pre
 uint32_t epd_prefill_plan_runs(const epd_prefill_place_t *local, const epd_prefill_place_t *remote,
                                epd_prefill_run_t *runs);
 
+/* Drops from runs[0..n_runs) the blocks before `skip` (decode holds them:
+ * proto/README.md rule 36), in place; returns the runs left. */
+uint32_t epd_prefill_plan_runs_skip(epd_prefill_run_t *runs, uint32_t n_runs, uint32_t skip);
+
 /*
  * The write of run `run` of attention layer `layer` (all its blocks), or,
  * for a linear layer, of its state (run ignored).  Errors as

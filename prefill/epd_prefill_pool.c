@@ -93,6 +93,9 @@ static void epd_prefill_req_free(epd_prefill_req_t *req)
     epd_free(req->spans);
     epd_free(req->evs);
     epd_free(req->local_blocks);
+    epd_free(req->keys);
+    epd_free(req->ckpts);
+    epd_free(req->ckpt_slots);
     epd_free(req->tokens);
     epd_free(req);
 }
@@ -106,8 +109,10 @@ epd_status_t epd__prefill_pool_admit(epd_prefill_srv_t *srv, const Epd__Generate
     uint32_t n_media = (uint32_t)g->n_media;
     uint32_t n_blocks = epd_prefill_plan_blocks(kv, n_tokens);
     epd_prefill_req_t *req;
+    epd_status_t st;
 
-    if (srv->n_free_slots == 0 || srv->n_free_blocks < n_blocks) {
+    /* blocks: the cache part knows how many a request needs (hits) */
+    if (srv->n_free_slots == 0) {
         return EPD_ERR_NO_CAPACITY;
     }
     req = epd_calloc(1, sizeof(*req));
@@ -145,12 +150,15 @@ epd_status_t epd__prefill_pool_admit(epd_prefill_srv_t *srv, const Epd__Generate
     }
     req->evs[kv->n_layers] = (epd_prefill_ev_t){.kind = EPD_PREFILL_EV_DONE, .owner = req};
     req->evs[kv->n_layers + 1] = (epd_prefill_ev_t){.kind = EPD_PREFILL_EV_RELEASED, .owner = req};
-    /* the pool is the loop thread's while free */
+    /* the blocks: the leading ones from the prefix cache, fresh ones for
+     * the rest (the pool is the loop thread's while free) */
+    st = epd__prefill_cache_place(srv, req, g);
+    if (st != EPD_OK) {
+        epd_prefill_req_free(req);
+        return st;
+    }
     req->slot = srv->free_slots[--srv->n_free_slots];
     req->xfer.local.state_slot = req->slot;
-    for (uint32_t i = 0; i < n_blocks; i++) {
-        req->local_blocks[i] = srv->free_blocks[--srv->n_free_blocks];
-    }
     req->run_job.kind = EPD_PREFILL_JOB_RUN;
     req->run_job.seq.req_id = req->id;
     req->run_job.seq.block_table = req->local_blocks;
@@ -158,6 +166,13 @@ epd_status_t epd__prefill_pool_admit(epd_prefill_srv_t *srv, const Epd__Generate
     req->run_job.seq.state_slot = req->slot;
     req->run_job.tokens = req->tokens;
     req->run_job.n_tokens = n_tokens;
+    req->run_job.start = req->start;
+    req->run_job.replay_end = req->replay_end;
+    req->run_job.restore = req->restore_ckpt != EPD_KVCACHE_NONE
+                               ? srv->ckpt_arena + (size_t)req->restore_ckpt * srv->ckpt_bytes
+                               : NULL;
+    req->run_job.ckpts = req->ckpts;
+    req->run_job.n_ckpts = req->n_ckpts;
     req->run_job.n_decode = g->resume_generated;
     req->run_job.sample = *sp;
     req->run_job.cancel = &req->cancel;
@@ -175,6 +190,7 @@ epd_status_t epd__prefill_pool_admit(epd_prefill_srv_t *srv, const Epd__Generate
         req->run_job.seq.stamp_tag = epd_kv_stamp_tag(de.start_time_ns, de.nonce);
     }
     req->xfer.protocol_only = g->protocol_only;
+    req->xfer.from_cache = req->hit_blocks > 0;
     req->release_job.kind = EPD_PREFILL_JOB_RELEASE;
     req->release_job.seq = req->run_job.seq;
     req->release_job.done_ev = &req->evs[kv->n_layers + 1];
@@ -187,8 +203,6 @@ epd_status_t epd__prefill_pool_admit(epd_prefill_srv_t *srv, const Epd__Generate
 void epd__prefill_pool_free(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
     srv->free_slots[srv->n_free_slots++] = req->slot;
-    for (uint32_t i = req->n_blocks; i-- > 0;) {
-        srv->free_blocks[srv->n_free_blocks++] = req->local_blocks[i];
-    }
+    epd__prefill_cache_release(srv, req);
     epd_prefill_req_free(req);
 }

@@ -753,6 +753,8 @@ void epd__prefill_req_on_event(void *arg, epd_prefill_ev_t *ev)
             snprintf(msg, sizeof(msg), "prefill failed on the compute thread: %s",
                      epd_status_string(ev->status));
             epd_prefill_fail(srv, req, ev->status, msg, EPD_PREFILL_TELL_ALL, NULL);
+        } else {
+            epd__prefill_cache_computed(srv, req); /* its KV is final: others may share it */
         }
         /* the engine read the embeddings: they are cache entries now */
         for (uint32_t i = 0; i < req->n_media; i++) {

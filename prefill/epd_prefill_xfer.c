@@ -138,6 +138,11 @@ epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
                  (unsigned long long)r->region_size);
         return st == EPD_ERR_NO_MEMORY ? st : EPD_ERR_OUT_OF_RANGE;
     }
+    if (r->cached_blocks > place.n_blocks) {
+        snprintf(msg, cap, "reservation refused: %u cached blocks of %u", r->cached_blocks,
+                 place.n_blocks);
+        return EPD_ERR_OUT_OF_RANGE;
+    }
     if (r->rkey.len == 0 || r->rkey.len > EPD_XPORT_RKEY_MAX) {
         snprintf(msg, cap, "reservation refused: remote key of %zu bytes", r->rkey.len);
         return EPD_ERR_BAD_RKEY;
@@ -168,10 +173,14 @@ epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
     x->remote.block_ids = x->remote_blocks;
     x->region_size = r->region_size;
     x->n_runs = epd_prefill_plan_runs(&x->local, &x->remote, x->runs);
+    /* decode's own copies of the leading cached_blocks are the same bits
+     * (rule 36): no run writes them */
+    x->n_runs = epd_prefill_plan_runs_skip(x->runs, x->n_runs, r->cached_blocks);
     x->d_stamped = r->stamped_sums;
     x->rkey = rkey;
     x->rkey_shared = shared;
     x->d_lease_ms = r->lease_ms;
+    x->skip = r->cached_blocks; /* decode's own copy of them is the same bits (rule 36) */
     x->last_d_msg_ns = epd_time_now_ns();
     x->have_resv = 1;
     return EPD_OK;
@@ -190,7 +199,7 @@ static void epd_prefill_lw_done(epd_prefill_srv_t *srv, epd_prefill_lw_t *lw)
     if (!lw->failed) {
         srv->kv_bytes_sent += lw->bytes;
     }
-    if (srv->trace != NULL) {
+    if (srv->trace != NULL && lw->posted_ns != 0) { /* 0: decode held every block */
         epd_trace_span(srv->trace, "KV write", "xfer", lw->x->id, (int32_t)lw->layer,
                        lw->posted_ns, epd_time_now_ns());
     }
@@ -308,8 +317,12 @@ static epd_status_t epd_prefill_layer_sum(epd_prefill_srv_t *srv, epd_prefill_xf
     uint64_t off;
 
     if (x->sum_kind < 0) {
-        x->sum_kind = got == 1 + EPD_KV_SUM_STAMPED && x->d_stamped ? EPD_KV_SUM_STAMPED
-                                                                   : EPD_KV_SUM_BYTES;
+        /* blocks from a prefix cache (ours, or decode's own) carry the
+         * stamps of the request that computed them: BYTES for those */
+        x->sum_kind = got == 1 + EPD_KV_SUM_STAMPED && x->d_stamped && x->skip == 0 &&
+                              !x->from_cache
+                          ? EPD_KV_SUM_STAMPED
+                          : EPD_KV_SUM_BYTES;
     }
     if (got == 1 + x->sum_kind || x->protocol_only) {
         return EPD_OK;

@@ -36,6 +36,10 @@ typedef struct {
     int layer_notify;
     int64_t embed_slots;
     int64_t max_image_pixels;
+    int prefix_cache;
+    int64_t ckpt_every;
+    int64_t ckpt_bytes;
+    int64_t replay_tokens;
     int hold_under_pressure;
 } epd_prefill_flags_t;
 
@@ -63,10 +67,11 @@ static void epd_prefill_load(void *arg, epd_daemon_load_t *load_p)
     }
     load_p->queue_depth = jobs;
     load_p->queued_tokens = tokens;
-    load_p->kv_blocks_free = srv->n_free_blocks;
+    load_p->kv_blocks_free = epd__prefill_cache_available(srv);
     load_p->state_slots_free = srv->n_free_slots;
     load_p->running_requests = epd_reqtab_count(&srv->reqs);
     load_p->kv_bytes_sent = srv->kv_bytes_sent;
+    epd__prefill_cache_stats(srv, &load_p->prefix);
     load_p->quarantined = epd__prefill_media_quarantined(srv);
     load_p->wasted_prefill_tokens = srv->wasted_prefill_tokens;
 }
@@ -97,6 +102,10 @@ static epd_status_t epd_prefill_setup(void *arg, epd_daemon_t *d)
     /* the local KV pool (the writes' source) and the embedding region
      * (the encoders' landing zone), both registered on the transport */
     st = epd__prefill_pool_init(srv, srv->engine);
+    if (st != EPD_OK) {
+        return st;
+    }
+    st = epd__prefill_cache_init(srv, srv->engine_name);
     if (st != EPD_OK) {
         return st;
     }
@@ -153,6 +162,7 @@ static void epd_prefill_cleanup(void *arg)
     epd__prefill_reqs_cleanup(srv);
     epd__prefill_ids_cleanup(srv);
     epd__prefill_media_cleanup(srv);
+    epd__prefill_cache_cleanup(srv);
     epd__prefill_pool_cleanup(srv);
 }
 
@@ -189,6 +199,10 @@ static int epd_prefill_run(const epd_daemon_flags_t *dfl, void *arg)
     srv.layer_notify = fl->layer_notify;
     srv.embed_slots = (uint32_t)fl->embed_slots;
     srv.max_image_pixels = (uint64_t)fl->max_image_pixels;
+    srv.prefix_cache = fl->prefix_cache;
+    srv.ckpt_every = (uint32_t)fl->ckpt_every;
+    srv.ckpt_budget = (uint64_t)fl->ckpt_bytes;
+    srv.replay_budget = (uint32_t)fl->replay_tokens;
     srv.hold_under_pressure = fl->hold_under_pressure;
     /* the model (blocking: before the loop runs) */
     if (epd_daemon_engine_open(dfl, EPD_PREFILL_LOG, (uint32_t)fl->block_tokens, 1, &srv.engine) !=
@@ -196,6 +210,7 @@ static int epd_prefill_run(const epd_daemon_flags_t *dfl, void *arg)
         return 1;
     }
     srv.info = epd_engine_info(srv.engine);
+    srv.engine_name = epd_engine_name(srv.engine);
 
     memset(&dc, 0, sizeof(dc));
     dc.role_name = EPD_PREFILL_LOG;
@@ -224,6 +239,10 @@ int main(int argc, char **argv)
         .layer_notify = 1,
         .embed_slots = 64,
         .max_image_pixels = (int64_t)EPD_IMAGE_MAX_PIXELS_DEFAULT,
+        .prefix_cache = 1,
+        .ckpt_every = 16,
+        .ckpt_bytes = 64 << 20,
+        .replay_tokens = 256,
         .hold_under_pressure = 1,
     };
     const epd_opt_t opts[] = {
@@ -250,6 +269,17 @@ int main(int argc, char **argv)
          "writes and the embedding cache (0: no images)"},
         {"max-image-pixels", EPD_OPT_INT, &fl.max_image_pixels, 1, (int64_t)1 << 40,
          "width x height limit of an image this worker decodes itself (no encoder pool)"},
+        {"prefix-cache", EPD_OPT_BOOL, &fl.prefix_cache, 0, 0,
+         "keep full prompt blocks after their request and compute only what a new prompt "
+         "does not share with a cached one (--no-prefix-cache: compute every prompt whole)"},
+        {"prefix-ckpt-every", EPD_OPT_INT, &fl.ckpt_every, 0, 1 << 20,
+         "hybrid models: checkpoint the recurrent state every this many blocks (0: only at "
+         "each prompt's last full block)"},
+        {"prefix-ckpt-bytes", EPD_OPT_INT, &fl.ckpt_bytes, 0, (int64_t)1 << 40,
+         "hybrid models: memory for recurrent-state checkpoints"},
+        {"prefix-replay-tokens", EPD_OPT_INT, &fl.replay_tokens, 0, 1 << 24,
+         "hybrid models: tokens a hit may replay from its checkpoint to rebuild the state; "
+         "a longer replay cuts the hit back to the checkpoint"},
         {"hold-under-pressure", EPD_OPT_BOOL, &fl.hold_under_pressure, 0, 0,
          "once a decode worker refused a reservation (within the last lease), start a prompt's "
          "compute only when its reservation is in (proto/README.md rule 34; "

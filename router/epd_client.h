@@ -264,6 +264,10 @@ typedef struct {
     void *user;                   /* passed back in every event */
     const epd_client_media_t *media; /* images, in prompt order (n_media <= EPD_CLIENT_MEDIA_MAX) */
     uint32_t n_media;
+    /* the prefix cache namespace of a tenant (GenerateRequest.cache_salt,
+     * at most 256 bytes); NULL / 0: the shared one */
+    const void *cache_salt;
+    size_t cache_salt_len;
 } epd_client_request_t;
 
 /*

@@ -593,6 +593,8 @@ epd_status_t epd_client_submit(epd_client_t *c, const epd_client_request_t *q,
     g.prefill_epoch = &pe;
     g.decode_epoch = &de;
     g.deadline_ms = q->deadline_ms;
+    g.cache_salt.data = (uint8_t *)q->cache_salt;
+    g.cache_salt.len = q->cache_salt != NULL ? q->cache_salt_len : 0;
     env.body_case = EPD__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
 

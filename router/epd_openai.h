@@ -40,6 +40,9 @@
  *   epd_encode         (extension) "auto" (default) or "local": the
  *                      prefill worker encodes the images itself even when
  *                      encoders are registered (benchmarks compare both)
+ *   cache_salt         (extension, as vLLM's) a string of 1..256 bytes: the
+ *                      request's prompt blocks are cached in a namespace of
+ *                      their own, shared only with requests of the same salt
  *
  * Chat template (documented, simple, model-agnostic): each message becomes
  * "<|ROLE|>\nCONTENT\n" in order (text parts of an array content are
@@ -117,6 +120,7 @@ typedef struct {
     epd_oai_image_t *images; /* owned [n_images], in prompt order (chat only) */
     size_t n_images;
     int encode_local; /* extension "epd_encode": "local": no encoder pool for its images */
+    char *cache_salt; /* owned; NULL: none ("cache_salt", as vLLM's) */
 } epd_oai_request_t;
 
 typedef struct {

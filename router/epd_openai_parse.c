@@ -86,6 +86,7 @@ void epd_oai_request_destroy(epd_oai_request_t *req)
         epd_free(req->images[i].data);
     }
     epd_free(req->images);
+    epd_free(req->cache_salt);
     epd_free(req);
 }
 
@@ -645,6 +646,24 @@ static epd_status_t epd_oai_parse_fields(epd_oai_kind_t kind, json_t *root,
                 return EPD_ERR_INVALID_PARAM;
             }
             req->encode_local = strcmp(json_string_value(enc), "local") == 0;
+        }
+    }
+    {
+        /* extension (vLLM's name): a tenant's own prefix-cache namespace */
+        json_t *salt = epd_oai_opt_field(root, "cache_salt");
+
+        if (salt != NULL) {
+            if (!json_is_string(salt) || json_string_length(salt) == 0 ||
+                json_string_length(salt) > 256 ||
+                strlen(json_string_value(salt)) != json_string_length(salt)) {
+                epd_oai_error_set(err, 400, "cache_salt", NULL,
+                                  "'cache_salt' must be a string of 1 to 256 bytes.");
+                return EPD_ERR_INVALID_PARAM;
+            }
+            req->cache_salt = epd_strdup(json_string_value(salt));
+            if (req->cache_salt == NULL) {
+                return EPD_ERR_NO_MEMORY;
+            }
         }
     }
     return EPD_OK;

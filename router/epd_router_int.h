@@ -206,6 +206,10 @@ struct epd_router {
     epd_msg_epoch_t epoch; /* the daemon's: Health, RegisterResponse, ids */
     epd_engine_t *engine;  /* tokenizer only */
     const epd_engine_info_t *info;
+    /* KV-aware routing: the model's prefix-cache namespace (unsalted),
+     * compared with the workers' (RegisterRequest.prefix_root) */
+    epd_prefix_hash_t prefix_plain;
+    uint64_t *probe_hints; /* [max_context / block_tokens]: a request's hints (scratch) */
     epd_router_registry_t reg;
     epd_client_t *client;
     /* until its last close callback ran after the stop (config.closed):

@@ -92,6 +92,49 @@ static void epd_router_metrics_counter(epd_router_text_t *t, const char *name, c
                            (unsigned long long)v);
 }
 
+/* The prefill workers' prefix caches: the totals of their counters, the
+ * hit ratio, each worker's size now (epd_prefix_stats_t's words in order). */
+static void epd_router_metrics_prefix(epd_router_text_t *t, const epd_router_registry_t *reg,
+                                      const epd_prefix_stats_t *p)
+{
+    static const char *const names[][2] = {
+        {"requests", "Prompts the prefill workers looked up in their prefix caches"},
+        {"prompt_tokens", "Tokens of those prompts"},
+        {"hit_tokens", "Prompt tokens whose KV came from a prefix cache"},
+        {"computed_tokens", "Prompt tokens prefill runs computed (replayed ones included)"},
+        {"replayed_tokens", "Tokens replayed from a recurrent-state checkpoint"},
+        {"replay_cut", "Hits cut back to a checkpoint because the replay was over budget"},
+        {"checkpoints_taken", "Recurrent-state checkpoints cached"},
+        {"checkpoints_restored", "Prefill runs started from a checkpoint"},
+        {"checkpoints_dropped", "Checkpoints taken away for room"},
+        {"evictions", "Cached KV blocks evicted for room"},
+    };
+    uint64_t v[EPD_PREFIX_STATS_WORDS];
+    char name[96];
+
+    memcpy(v, p, sizeof(v));
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        snprintf(name, sizeof(name), "epd_router_prefix_%s_total", names[i][0]);
+        epd_router_metrics_counter(t, name, names[i][1], v[i]);
+    }
+    epd_router_text_printf(t, "# HELP epd_router_prefix_hit_ratio Hit tokens over prompt tokens of "
+                              "the prefill workers' prefix caches\n"
+                              "# TYPE epd_router_prefix_hit_ratio gauge\n"
+                              "epd_router_prefix_hit_ratio %.6f\n",
+                           p->prompt_tokens > 0 ? (double)p->hit_tokens / (double)p->prompt_tokens
+                                                : 0.0);
+    epd_router_text_printf(t, "# HELP epd_router_worker_prefix_cached_blocks KV blocks a prefill "
+                              "worker's prefix cache holds (its last heartbeat)\n"
+                              "# TYPE epd_router_worker_prefix_cached_blocks gauge\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD && w->info.role == EPD_CLIENT_ROLE_PREFILL) {
+            epd_router_text_printf(t, "epd_router_worker_prefix_cached_blocks{worker=\"%s\"} %llu\n",
+                                   w->info.worker_id,
+                                   (unsigned long long)w->hb_prefix.cached_blocks);
+        }
+    }
+}
+
 static const char *const epd_router_err_names[EPD_ROUTER_ERR_KINDS] = {
     "bad_request", "no_workers", "upstream", "timeout", "client_gone", "internal", "overloaded",
 };
@@ -194,6 +237,17 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
         t, "epd_router_kv_bytes_received_total",
         "KV bytes decode workers received and verified (from their heartbeats)",
         m->kv_bytes_received);
+    epd_router_metrics_prefix(t, reg, &m->prefix);
+    epd_router_metrics_counter(t, "epd_router_decode_prefix_requests_total",
+                               "Prompts decode workers looked up among the blocks they kept",
+                               m->dprefix.requests);
+    epd_router_metrics_counter(t, "epd_router_decode_prefix_hit_tokens_total",
+                               "Prompt tokens whose KV a decode worker still held, so prefill did "
+                               "not write it again (decode-side reuse)",
+                               m->dprefix.hit_tokens);
+    epd_router_metrics_counter(t, "epd_router_decode_prefix_evictions_total",
+                               "Kept blocks decode workers evicted for room",
+                               m->dprefix.evictions);
     epd_router_metrics_counter(t, "epd_router_images_total",
                                "Images of requests that got their first token", m->images);
     epd_router_metrics_counter(t, "epd_router_image_bytes_total",
@@ -269,6 +323,18 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                 t, "epd_router_worker_requests_total{worker=\"%s\",pool=\"%s\"} %llu\n",
                 w->info.worker_id, epd_router_pool_name(epd_router_pool_of(w->info.role)),
                 (unsigned long long)w->served);
+        }
+    }
+    epd_router_text_printf(t, "# HELP epd_router_worker_kv_hints KV blocks the router believes a "
+                              "worker holds (KV-aware routing: its heartbeats' hints and the "
+                              "prompts sent to it)\n"
+                              "# TYPE epd_router_worker_kv_hints gauge\n");
+    for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        if (w->state != EPD_ROUTER_DEAD && w->hints != NULL && w->has_root) {
+            epd_router_text_printf(t, "epd_router_worker_kv_hints{worker=\"%s\",pool=\"%s\"} %u\n",
+                                   w->info.worker_id,
+                                   epd_router_pool_name(epd_router_pool_of(w->info.role)),
+                                   epd_router_hints_count(w->hints));
         }
     }
     epd_router_text_printf(t, "# HELP epd_router_worker_kv_blocks_free Free KV blocks of a decode "

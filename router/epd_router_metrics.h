@@ -16,6 +16,7 @@
 
 #include "epd_http.h"
 #include "epd_router_registry.h"
+#include "epd_registrar.h"
 #include "epd_status.h"
 
 #define EPD_ROUTER_HISTO_BUCKETS 20
@@ -63,6 +64,10 @@ typedef struct {
     uint64_t rejected_queue_timeout; /* 429: no room within --queue-timeout-ms */
     uint64_t capacity_retries;       /* attempts refused for room, sent again after a backoff */
     uint32_t queue_depth;            /* requests waiting for room now (set before a render) */
+    /* the prefill workers' prefix caches, summed the same way (the two
+     * gauges at the end stay 0: per worker below) */
+    epd_prefix_stats_t prefix;
+    epd_prefix_stats_t dprefix; /* the decode workers' (decode-side reuse) */
     /* images: where their embeddings came from, counted once an attempt
      * got its first token; stale = a cache hint the prefill worker
      * disproved (retried with an encoder) */

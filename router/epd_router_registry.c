@@ -67,6 +67,7 @@ void epd_router_registry_init(epd_router_registry_t *reg, epd_router_policy_t po
 
 static void epd_router_worker_free(epd_router_worker_t *w)
 {
+    epd_router_hints_destroy(w->hints);
     epd_free(w->cache);
     epd_free(w->cache_used);
     epd_free(w);
@@ -337,51 +338,158 @@ static epd_router_worker_t *epd_router_round_robin(epd_router_registry_t *reg, i
     return NULL;
 }
 
-static epd_router_worker_t *epd_router_affinity(epd_router_registry_t *reg, const uint32_t *prompt,
-                                                uint32_t n_prompt,
-                                                epd_router_worker_t *const *avoid, size_t n_avoid,
-                                                const epd_router_fit_t *fit)
+/* ---------------------------------------------------------- KV-aware */
+
+uint64_t epd_router_probe_hint(epd_router_probe_t *pp, uint32_t i)
+{
+    uint32_t bt = pp->block_tokens;
+
+    if (bt == 0 || i >= pp->cap || (uint64_t)(i + 1) * bt > pp->n_tokens) {
+        return 0;
+    }
+    while (pp->n_hints <= i) {
+        /* eight blocks at a time: most prompts stop matching early */
+        epd_prefix_hash_t keys[8];
+        epd_prefix_hash_t parent;
+        uint32_t n;
+
+        if (pp->n_hints == 0) {
+            memcpy(parent.b, pp->root, sizeof(parent.b));
+        } else {
+            parent = pp->last;
+        }
+        n = epd_prefix_chain_from(&parent, bt, (const int32_t *)pp->tokens, pp->n_tokens,
+                                  pp->media, pp->n_media, pp->n_hints, keys, 8);
+        if (n == 0) {
+            return 0;
+        }
+        for (uint32_t k = 0; k < n && pp->n_hints < pp->cap; k++) {
+            pp->hints[pp->n_hints++] = epd_prefix_hint(&keys[k]);
+            pp->last = keys[k];
+        }
+    }
+    return pp->hints[i];
+}
+
+/* Does w speak the probe's namespace (its hints are comparable)? */
+static int epd_router_same_space(const epd_router_worker_t *w, const epd_router_probe_t *pp)
+{
+    return pp != NULL && pp->plain != NULL && w->has_root && w->hints != NULL &&
+           w->info.block_tokens == pp->block_tokens &&
+           memcmp(w->prefix_root, pp->plain, sizeof(w->prefix_root)) == 0;
+}
+
+uint32_t epd_router_cached_blocks(const epd_router_worker_t *w, epd_router_probe_t *pp)
+{
+    uint32_t i = 0;
+    uint64_t h;
+
+    if (!epd_router_same_space(w, pp)) {
+        return 0;
+    }
+    while ((h = epd_router_probe_hint(pp, i)) != 0 && epd_router_hints_has(w->hints, h)) {
+        i++;
+    }
+    return i;
+}
+
+void epd_router_hints_expect(epd_router_worker_t *w, epd_router_probe_t *pp, uint32_t max_blocks)
+{
+    uint64_t h;
+
+    if (!epd_router_same_space(w, pp)) {
+        return;
+    }
+    for (uint32_t i = 0; i < max_blocks && (h = epd_router_probe_hint(pp, i)) != 0; i++) {
+        epd_router_hints_add(w->hints, h);
+    }
+}
+
+/* Rendezvous weight of w for the prompt's first KV block (the tie-break
+ * of equal costs: a consistent hash). */
+static uint64_t epd_router_rendezvous(const epd_router_worker_t *w, const uint32_t *prompt,
+                                      uint32_t n_prompt)
+{
+    uint32_t bt = w->info.block_tokens > 0 ? w->info.block_tokens : 16;
+    uint32_t n_key = n_prompt < bt ? n_prompt : bt;
+    uint64_t key = epd_hash64(prompt, (size_t)n_key * sizeof(*prompt), 0);
+
+    return epd_hash64(w->info.worker_id, strlen(w->info.worker_id), key);
+}
+
+/* Prefill: the least expected cost (queued tokens + tokens it would
+ * compute), ties by rendezvous weight. */
+static epd_router_worker_t *epd_router_kv_prefill(epd_router_registry_t *reg,
+                                                  epd_router_probe_t *pp, const uint32_t *prompt,
+                                                  uint32_t n_prompt,
+                                                  const epd_router_fit_t *fit,
+                                                  epd_router_worker_t *const *avoid,
+                                                  size_t n_avoid)
 {
     epd_router_worker_t *best = NULL;
-    epd_router_worker_t *least;
-    uint64_t best_w = 0;
-    uint64_t key;
-    uint32_t n_key;
+    uint64_t best_cost = 0, best_w = 0;
 
-    least = epd_router_least_load(reg, EPD_CLIENT_ROLE_PREFILL, avoid, n_avoid, fit);
-    if (least == NULL) {
-        return NULL;
-    }
     for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
-        uint32_t bt;
-        uint64_t weight;
+        uint64_t cached, cost, weight;
 
         if (!epd_router_eligible_fit(w, EPD_CLIENT_ROLE_PREFILL, fit) ||
             epd_router_avoided(w, avoid, n_avoid)) {
             continue;
         }
-        bt = w->info.block_tokens > 0 ? w->info.block_tokens : 16;
-        n_key = n_prompt < bt ? n_prompt : bt;
-        key = epd_hash64(prompt, (size_t)n_key * sizeof(*prompt), 0);
-        weight = epd_hash64(w->info.worker_id, strlen(w->info.worker_id), key);
-        if (best == NULL || weight > best_w) {
+        cached = (uint64_t)epd_router_cached_blocks(w, pp) * w->info.block_tokens;
+        cached = cached < n_prompt ? cached : (n_prompt > 0 ? n_prompt - 1 : 0);
+        cost = w->queued_tokens + w->hb_queued_tokens + n_prompt - cached;
+        weight = epd_router_rendezvous(w, prompt, n_prompt);
+        if (best == NULL || cost < best_cost || (cost == best_cost && weight > best_w)) {
             best = w;
+            best_cost = cost;
             best_w = weight;
         }
-    }
-    if (best != NULL &&
-        best->queued_tokens > least->queued_tokens + EPD_ROUTER_AFFINITY_SLACK_TOKENS) {
-        return least;
     }
     return best;
 }
 
+/* Decode: least load, unless a worker holding blocks of the prompt is
+ * within EPD_ROUTER_DECODE_SLACK of it (then the one holding the most). */
+static epd_router_worker_t *epd_router_kv_decode(epd_router_registry_t *reg,
+                                                 epd_router_probe_t *pp,
+                                                 const epd_router_fit_t *fit,
+                                                 epd_router_worker_t *const *avoid,
+                                                 size_t n_avoid)
+{
+    epd_router_worker_t *least =
+        epd_router_least_load(reg, EPD_CLIENT_ROLE_DECODE, avoid, n_avoid, fit);
+    epd_router_worker_t *best = NULL;
+    uint64_t limit;
+    uint32_t most = 0;
+
+    if (least == NULL || pp == NULL) {
+        return least;
+    }
+    limit = (epd_router_load_score(least) >> 12) + EPD_ROUTER_DECODE_SLACK;
+    for (epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+        uint32_t c;
+
+        if (!epd_router_eligible_fit(w, EPD_CLIENT_ROLE_DECODE, fit) ||
+            epd_router_avoided(w, avoid, n_avoid) || (epd_router_load_score(w) >> 12) > limit) {
+            continue;
+        }
+        c = epd_router_cached_blocks(w, pp);
+        if (c > most) {
+            most = c;
+            best = w;
+        }
+    }
+    return best != NULL ? best : least;
+}
+
 /* The policy's choice among the eligible workers (with room for `fit`
  * when given), skipping `avoid` unless nothing else is eligible. */
-static epd_router_worker_t *epd_router_pick_fit(epd_router_registry_t *reg, int role,
-                                                const uint32_t *prompt, uint32_t n_prompt,
-                                                epd_router_worker_t *const *avoid, size_t n_avoid,
-                                                const epd_router_fit_t *fit)
+epd_router_worker_t *epd_router_registry_pick_kv(epd_router_registry_t *reg, int role,
+                                                 epd_router_probe_t *pp, const uint32_t *prompt,
+                                                 uint32_t n_prompt, const epd_router_fit_t *fit,
+                                                 epd_router_worker_t *const *avoid,
+                                                 size_t n_avoid)
 {
     for (int pass = 0; pass < 2; pass++) {
         epd_router_worker_t *w;
@@ -393,8 +501,8 @@ static epd_router_worker_t *epd_router_pick_fit(epd_router_registry_t *reg, int 
             break;
         case EPD_ROUTER_POLICY_PREFIX_AFFINITY:
             w = role == EPD_CLIENT_ROLE_PREFILL
-                    ? epd_router_affinity(reg, prompt, n_prompt, avoid, na, fit)
-                    : epd_router_least_load(reg, role, avoid, na, fit);
+                    ? epd_router_kv_prefill(reg, pp, prompt, n_prompt, fit, avoid, na)
+                    : epd_router_kv_decode(reg, pp, fit, avoid, na);
             break;
         default:
             w = epd_router_least_load(reg, role, avoid, na, fit);
@@ -411,7 +519,7 @@ epd_router_worker_t *epd_router_registry_pick(epd_router_registry_t *reg, int ro
                                               const uint32_t *prompt, uint32_t n_prompt,
                                               epd_router_worker_t *const *avoid, size_t n_avoid)
 {
-    return epd_router_pick_fit(reg, role, prompt, n_prompt, avoid, n_avoid, NULL);
+    return epd_router_registry_pick_kv(reg, role, NULL, prompt, n_prompt, NULL, avoid, n_avoid);
 }
 
 epd_router_worker_t *epd_router_registry_pick_room(epd_router_registry_t *reg, int role,
@@ -420,8 +528,18 @@ epd_router_worker_t *epd_router_registry_pick_room(epd_router_registry_t *reg, i
                                                    epd_router_worker_t *const *avoid,
                                                    size_t n_avoid, int *full_p)
 {
+    return epd_router_registry_pick_room_kv(reg, role, NULL, prompt, fit, avoid, n_avoid, full_p);
+}
+
+epd_router_worker_t *epd_router_registry_pick_room_kv(epd_router_registry_t *reg, int role,
+                                                      epd_router_probe_t *pp,
+                                                      const uint32_t *prompt,
+                                                      const epd_router_fit_t *fit,
+                                                      epd_router_worker_t *const *avoid,
+                                                      size_t n_avoid, int *full_p)
+{
     epd_router_worker_t *w =
-        epd_router_pick_fit(reg, role, prompt, fit->n_prompt, avoid, n_avoid, fit);
+        epd_router_registry_pick_kv(reg, role, pp, prompt, fit->n_prompt, fit, avoid, n_avoid);
 
     *full_p = 0;
     if (w == NULL) {

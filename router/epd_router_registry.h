@@ -38,14 +38,22 @@
  *   least-load       decode: fewest in-flight requests per batch slot, then
  *                    most free KV blocks; prefill: fewest queued prompt
  *                    tokens (router-side), then heartbeat queue;
- *   prefix-affinity  prefill by rendezvous (highest-random-weight) hashing
- *                    of the prompt's first KV block (block_tokens tokens,
- *                    or the whole prompt when shorter) over the eligible
- *                    prefill workers — a consistent hash: a joining or
- *                    leaving worker moves only its share of prefixes — and
- *                    least load when that worker is overloaded (queued
- *                    tokens above the least loaded one's by more than
- *                    EPD_ROUTER_AFFINITY_SLACK_TOKENS); decode by least load.
+ *   prefix-affinity  KV-aware (README.md "Prefix cache"): each worker's
+ *                    KV hints (the blocks it holds, from its heartbeats,
+ *                    plus the prompts the router sent it) give the tokens
+ *                    of the prompt it would not compute, `cached`.
+ *                    Prefill: the least expected cost, cost = queued
+ *                    prompt tokens (router-side and heartbeat) + prompt
+ *                    tokens - cached — the time a prefill worker needs
+ *                    before this prompt's first token, in tokens; equal
+ *                    costs (a cold prompt on an idle pool) go by
+ *                    rendezvous hashing of the first KV block, a
+ *                    consistent hash, so a prefix lands on one worker
+ *                    before any hint exists.  Decode: the least loaded
+ *                    (as least-load), unless a worker within
+ *                    EPD_ROUTER_DECODE_SLACK of its in-flight share holds
+ *                    blocks of the prompt (decode-side reuse): the one
+ *                    holding the most.
  *
  * Threads: the router's loop thread only.  Pure data structure: no I/O.
  */
@@ -56,9 +64,16 @@
 #include <stdint.h>
 
 #include "epd_client.h"
+#include "epd_prefix.h"
+#include "epd_router_hints.h"
+#include "epd_registrar.h"
 #include "epd_status.h"
 
-#define EPD_ROUTER_AFFINITY_SLACK_TOKENS 4096
+#define EPD_ROUTER_AFFINITY_SLACK_TOKENS 4096 /* images: cache affinity vs load */
+/* decode: in-flight requests per batch slot (scaled as the load score, 1 <<
+ * 20 = a full batch) a worker holding the prompt's blocks may be above the
+ * least loaded one and still get it */
+#define EPD_ROUTER_DECODE_SLACK (1u << 18)
 #define EPD_ROUTER_POOLS_MAX 3
 
 typedef enum {
@@ -93,6 +108,7 @@ typedef struct epd_router_worker {
     uint32_t hb_running;
     uint64_t hb_kv_bytes_sent;     /* data-plane counters (monotonic per incarnation) */
     uint64_t hb_kv_bytes_received;
+    epd_prefix_stats_t hb_prefix; /* its prefix cache (prefill; per incarnation) */
     uint64_t hb_preemptions;        /* overload counters (monotonic per incarnation) */
     uint64_t hb_recomputed_tokens;
     uint64_t hb_wasted_prefill_tokens;
@@ -113,6 +129,11 @@ typedef struct epd_router_worker {
      * only — a wrong one costs a retry with an encoder (EPD_ERR_NOT_FOUND) */
     unsigned char (*cache)[32]; /* [info.embed_slots] */
     uint64_t *cache_used;       /* [info.embed_slots] last use, 0 = empty */
+    /* prefill, decode: the KV blocks it holds (hints), when its prefix
+     * cache namespace is the router's (has_root, same block size) */
+    int has_root;
+    unsigned char prefix_root[32];
+    epd_router_hints_t *hints;
     uint32_t refs;
     struct epd_router_worker *next;
 } epd_router_worker_t;
@@ -186,6 +207,55 @@ epd_router_worker_t *epd_router_registry_pick_room(epd_router_registry_t *reg, i
                                                    const epd_router_fit_t *fit,
                                                    epd_router_worker_t *const *avoid,
                                                    size_t n_avoid, int *full_p);
+
+/*
+ * A prompt as KV-aware routing sees it: its chain keys, computed as far as
+ * some worker may hold them (lazily: the hashing stops at the first block
+ * no eligible worker holds).  Caller's storage; `root` is the router's
+ * namespace for this request (salted when it has a cache_salt), `plain`
+ * the unsalted one workers publish (both 32 bytes, borrowed), `hints` a
+ * caller's array of cap entries.
+ */
+typedef struct {
+    const unsigned char *root, *plain;
+    uint32_t block_tokens;
+    const uint32_t *tokens; /* borrowed */
+    uint32_t n_tokens;
+    const epd_prefix_media_t *media; /* borrowed, sorted */
+    uint32_t n_media;
+    uint64_t *hints; /* [cap]: hints of blocks [0, n_hints) */
+    uint32_t n_hints, cap;
+    epd_prefix_hash_t last; /* the key of block n_hints - 1 */
+} epd_router_probe_t;
+
+/* Hint i of the probe (computing up to it; 0 past the prompt's full
+ * blocks or the cap). */
+uint64_t epd_router_probe_hint(epd_router_probe_t *pp, uint32_t i);
+/* Blocks of the probe's prompt worker w holds (by its hints); 0 for a
+ * worker of another namespace. */
+uint32_t epd_router_cached_blocks(const epd_router_worker_t *w, epd_router_probe_t *pp);
+/* The router sent the probe's prompt to w: it will hold the prompt's
+ * first max_blocks full blocks (hints added now; the worker's own events
+ * correct them).  Prefill keeps every full block (UINT32_MAX); decode only
+ * those before the block of the prompt's last position. */
+void epd_router_hints_expect(epd_router_worker_t *w, epd_router_probe_t *pp, uint32_t max_blocks);
+
+/* epd_router_registry_pick with the prompt's probe (KV-aware under
+ * prefix-affinity; pp may be NULL: no hints), among the workers with room
+ * for `fit` (NULL: any). */
+epd_router_worker_t *epd_router_registry_pick_kv(epd_router_registry_t *reg, int role,
+                                                 epd_router_probe_t *pp, const uint32_t *prompt,
+                                                 uint32_t n_prompt, const epd_router_fit_t *fit,
+                                                 epd_router_worker_t *const *avoid,
+                                                 size_t n_avoid);
+
+/* epd_router_registry_pick_room with the prompt's probe (pp may be NULL). */
+epd_router_worker_t *epd_router_registry_pick_room_kv(epd_router_registry_t *reg, int role,
+                                                      epd_router_probe_t *pp,
+                                                      const uint32_t *prompt,
+                                                      const epd_router_fit_t *fit,
+                                                      epd_router_worker_t *const *avoid,
+                                                      size_t n_avoid, int *full_p);
 
 /* Picks a worker of `role` (EPD_CLIENT_ROLE_PREFILL, _DECODE or _ENCODER) for a
  * prompt of n_prompt tokens, skipping the entries in avoid[0..n_avoid)

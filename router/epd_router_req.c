@@ -285,6 +285,34 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
 {
     epd_client_request_t q;
     epd_status_t st = EPD_ERR_UNREACHABLE;
+    epd_router_probe_t probe, *pp = NULL;
+    epd_prefix_media_t pm[EPD_CLIENT_MEDIA_MAX];
+    epd_prefix_hash_t salted;
+
+    if (rt->reg.policy == EPD_ROUTER_POLICY_PREFIX_AFFINITY) {
+        /* KV-aware: the prompt's block keys, hashed as far as a worker holds them */
+        memset(&probe, 0, sizeof(probe));
+        probe.plain = rt->prefix_plain.b;
+        probe.root = rt->prefix_plain.b;
+        if (r->oai->cache_salt != NULL) {
+            epd_prefix_root(epd_engine_name(rt->engine), rt->info, r->oai->cache_salt,
+                            strlen(r->oai->cache_salt), &salted);
+            probe.root = salted.b;
+        }
+        for (uint32_t k = 0; k < r->n_images && k < EPD_CLIENT_MEDIA_MAX; k++) {
+            pm[k] = (epd_prefix_media_t){.pos = r->img_pos[k],
+                                         .n = rt->info->image_embeddings,
+                                         .hash = r->img_hash[k]};
+        }
+        probe.media = pm;
+        probe.n_media = r->n_images;
+        probe.block_tokens = rt->info->kv.block_tokens;
+        probe.tokens = r->prompt;
+        probe.n_tokens = r->n_prompt;
+        probe.hints = rt->probe_hints;
+        probe.cap = rt->info->max_context / rt->info->kv.block_tokens;
+        pp = &probe;
+    }
 
     for (int tries = 0; tries < 4; tries++) {
         epd_router_fit_t fit = {.n_prompt = r->n_prompt, .max_new = r->max_new};
@@ -299,11 +327,12 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
                  ? epd_router_registry_pick_images(&rt->reg, r->prompt, r->n_prompt,
                                                    (const unsigned char(*)[32])r->img_hash,
                                                    r->n_images, r->avoid, r->n_avoid, now_ns)
-                 : epd_router_registry_pick_room(&rt->reg, EPD_CLIENT_ROLE_PREFILL, r->prompt,
-                                                 &fit, r->avoid, r->n_avoid, &p_full);
+                 : epd_router_registry_pick_room_kv(&rt->reg, EPD_CLIENT_ROLE_PREFILL, pp,
+                                                    r->prompt, &fit, r->avoid, r->n_avoid,
+                                                    &p_full);
         /* no decode worker whose free blocks cannot hold it (rule 30) */
-        dw = epd_router_registry_pick_room(&rt->reg, EPD_CLIENT_ROLE_DECODE, r->prompt, &fit,
-                                           r->avoid, r->n_avoid, &d_full);
+        dw = epd_router_registry_pick_room_kv(&rt->reg, EPD_CLIENT_ROLE_DECODE, pp, r->prompt,
+                                              &fit, r->avoid, r->n_avoid, &d_full);
         if (pw == NULL || dw == NULL) {
             /* workers exist but are full: the request waits for room */
             return (pw != NULL || p_full) && (dw != NULL || d_full) ? EPD_ERR_NO_CAPACITY
@@ -356,6 +385,8 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
         q.user = r;
         q.media = r->n_images > 0 ? media : NULL;
         q.n_media = r->n_images;
+        q.cache_salt = r->oai->cache_salt;
+        q.cache_salt_len = r->oai->cache_salt != NULL ? strlen(r->oai->cache_salt) : 0;
         st = epd_client_submit(rt->client, &q, &r->client_id);
         if (st == EPD_OK) {
             for (uint32_t k = 0; k < r->n_images; k++) {
@@ -393,6 +424,17 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
             r->dw_blocks = epd_router_decode_blocks(dw, &fit);
             dw->kv_pending += r->dw_blocks; /* until its next heartbeat says */
             r->t_dispatch_ns = now_ns;
+            if (pp != NULL) {
+                /* they will hold the prompt's blocks: the next request with
+                 * this prefix goes there before any heartbeat says so */
+                epd_router_hints_expect(pw, pp, UINT32_MAX);
+                if (r->n_images == 0) { /* decode never keeps a prompt with images */
+                    epd_router_hints_expect(dw, pp,
+                                            r->n_prompt > 0 && pp->block_tokens > 0
+                                                ? (r->n_prompt - 1) / pp->block_tokens
+                                                : 0);
+                }
+            }
             if (r->attempts++ == 0) {
                 epd_router_histo_observe(&rt->m.dispatch, (double)(now_ns - r->t_arrival_ns) / 1e9);
             }

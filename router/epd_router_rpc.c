@@ -238,6 +238,21 @@ static int epd_router_register(epd_router_t *rt, const void *req, size_t req_len
              rr->control_address != NULL ? rr->control_address : "");
     snprintf(w->data_addr, sizeof(w->data_addr), "%s",
              rr->data_address != NULL ? rr->data_address : "");
+    if (rr->prefix_root.len == sizeof(w->prefix_root) && info->kv_blocks_total > 0 &&
+        epd_router_hints_create(info->kv_blocks_total < EPD_ROUTER_HINTS_MAX
+                                    ? info->kv_blocks_total
+                                    : EPD_ROUTER_HINTS_MAX,
+                                &w->hints) == EPD_OK) {
+        /* its KV hints count only in the router's own namespace */
+        memcpy(w->prefix_root, rr->prefix_root.data, sizeof(w->prefix_root));
+        w->has_root = memcmp(w->prefix_root, rt->prefix_plain.b, sizeof(w->prefix_root)) == 0;
+        if (!w->has_root) {
+            epd_log_warn(EPD_ROUTER_LOG, 0,
+                         "worker '%s' caches KV under another model digest or layout: its "
+                         "KV hints are ignored",
+                         info->worker_id);
+        }
+    }
     rt->m.registrations++;
     epd_log_info(EPD_ROUTER_LOG, 0,
                  "worker '%.100s' (%s) registered: control %s, %u KV blocks, max batch %u, epoch "
@@ -250,6 +265,32 @@ static int epd_router_register(epd_router_t *rt, const void *req, size_t req_len
     rc = epd_proto_answer(&resp.base, resp_p, resp_len_p, err, err_cap);
     epd_proto_free(m);
     return rc;
+}
+
+
+/* The prefix-cache counters of worker w's heartbeat: the increments of its
+ * incarnation's monotonic counters into the router's totals, its gauges
+ * kept for the per-worker series. */
+static void epd_router_prefix_heartbeat(epd_router_t *rt, epd_router_worker_t *w,
+                                        const Epd__PrefixCacheStats *msg)
+{
+    epd_prefix_stats_t *total =
+        w->info.role == EPD_CLIENT_ROLE_DECODE ? &rt->m.dprefix : &rt->m.prefix;
+    epd_prefix_stats_t now;
+    uint64_t cur[EPD_PREFIX_STATS_WORDS], old[EPD_PREFIX_STATS_WORDS], sum[EPD_PREFIX_STATS_WORDS];
+
+    epd_prefix_stats_from_msg(msg, &now);
+    memcpy(cur, &now, sizeof(cur));
+    memcpy(old, &w->hb_prefix, sizeof(old));
+    memcpy(sum, total, sizeof(sum));
+    /* the counters: every word but the two gauges at the end */
+    for (size_t i = 0; i + 2 < EPD_PREFIX_STATS_WORDS; i++) {
+        if (cur[i] > old[i]) {
+            sum[i] += cur[i] - old[i];
+        }
+    }
+    memcpy(total, sum, sizeof(sum));
+    w->hb_prefix = now;
 }
 
 static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_len, void **resp_p,
@@ -291,6 +332,15 @@ static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_le
             if (hb->load->kv_bytes_received > w->hb_kv_bytes_received) {
                 rt->m.kv_bytes_received += hb->load->kv_bytes_received - w->hb_kv_bytes_received;
                 w->hb_kv_bytes_received = hb->load->kv_bytes_received;
+            }
+            epd_router_prefix_heartbeat(rt, w, hb->load->prefix);
+            if (w->hints != NULL) {
+                if (hb->prefix_reset) {
+                    epd_router_hints_clear(w->hints);
+                }
+                for (size_t i = 0; i < hb->n_prefix_events; i++) {
+                    epd_router_hints_apply(w->hints, hb->prefix_events[i]);
+                }
             }
             if (hb->load->preemptions > w->hb_preemptions) {
                 rt->m.preemptions += hb->load->preemptions - w->hb_preemptions;

@@ -279,6 +279,12 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
     }
     rt->info = epd_engine_info(rt->engine);
     rt->max_prompt_bytes = (uint64_t)rt->info->max_context * epd_router_max_token_bytes(rt);
+    epd_prefix_root(epd_engine_name(rt->engine), rt->info, NULL, 0, &rt->prefix_plain);
+    rt->probe_hints = epd_calloc(rt->info->max_context / rt->info->kv.block_tokens + 1,
+                                 sizeof(*rt->probe_hints));
+    if (rt->probe_hints == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
     epd_router_registry_init(&rt->reg, policy, rt->dead_after_ms);
 
     /* the request plane: the client's transport, driven by the runtime;
@@ -357,6 +363,7 @@ static void epd_router_cleanup(void *arg)
     epd_oai_buf_cleanup(&rt->out);
     epd_free(rt->tok_scratch);
     epd_free(rt->detok_scratch);
+    epd_free(rt->probe_hints);
     epd_engine_close(rt->engine);
 }
 

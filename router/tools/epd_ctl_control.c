@@ -131,6 +131,25 @@ static void ctl_print_load(const char *sep, const Epd__Load *l)
            l->state_slots_free, sep, l->running_requests, sep,
            (unsigned long long)l->preemptions, sep, (unsigned long long)l->recomputed_tokens,
            sep);
+    printf("kv_bytes_sent=%llu%skv_bytes_received=%llu%s", (unsigned long long)l->kv_bytes_sent,
+           sep, (unsigned long long)l->kv_bytes_received, sep);
+    if (l->prefix != NULL && l->prefix->requests > 0) {
+        const Epd__PrefixCacheStats *p = l->prefix;
+
+        printf("prefix_requests=%llu%sprefix_prompt_tokens=%llu%sprefix_hit_tokens=%llu%s"
+               "prefix_computed_tokens=%llu%sprefix_replayed_tokens=%llu%sprefix_replay_cut=%llu%s"
+               "prefix_checkpoints_taken=%llu%sprefix_checkpoints_restored=%llu%s"
+               "prefix_checkpoints_dropped=%llu%sprefix_evictions=%llu%sprefix_cached_blocks=%llu%s"
+               "prefix_checkpoints_held=%llu%s",
+               (unsigned long long)p->requests, sep, (unsigned long long)p->prompt_tokens, sep,
+               (unsigned long long)p->hit_tokens, sep, (unsigned long long)p->computed_tokens, sep,
+               (unsigned long long)p->replayed_tokens, sep, (unsigned long long)p->replay_cut, sep,
+               (unsigned long long)p->checkpoints_taken, sep,
+               (unsigned long long)p->checkpoints_restored, sep,
+               (unsigned long long)p->checkpoints_dropped, sep, (unsigned long long)p->evictions,
+               sep, (unsigned long long)p->cached_blocks, sep,
+               (unsigned long long)p->checkpoints_held, sep);
+    }
 }
 
 static void ctl_print_capacity(const char *sep, const Epd__Capacity *cap)

@@ -55,6 +55,11 @@ typedef struct {
     atomic_int n_events;
     uint32_t loads_seen[64];
     atomic_int n_loads;
+    /* KV hints: every event is (counter << 1) | added, counters 1, 2, ...
+     * in publish order; a gap is allowed only where the heartbeat says
+     * prefix_reset */
+    uint64_t hint_last;
+    atomic_int n_hint_events, n_hint_resets, n_hint_gaps;
 } router_t;
 
 static void router_event(router_t *r, char c)
@@ -182,6 +187,21 @@ static int router_handler(void *arg, const char *method, const void *req, size_t
                 r->loads_seen[n] = v;
             }
         }
+        if (h->prefix_reset) {
+            atomic_fetch_add(&r->n_hint_resets, 1);
+        }
+        for (size_t i = 0; i < h->n_prefix_events; i++) {
+            uint64_t c = h->prefix_events[i] >> 1;
+
+            if (c != r->hint_last + 1 && !(i == 0 && h->prefix_reset && c > r->hint_last)) {
+                atomic_fetch_add(&r->n_hint_gaps, 1);
+            }
+            if ((h->prefix_events[i] & 1u) != (c % 3 != 0)) {
+                router_bad(r, "hint flag");
+            }
+            r->hint_last = c;
+            atomic_fetch_add(&r->n_hint_events, 1);
+        }
         epd_proto_free(m);
         n = atomic_fetch_add(&r->n_hb, 1) + 1;
         a.known = 1;
@@ -278,6 +298,10 @@ typedef struct {
     uint64_t deadline_ns;
     uint64_t stop_ns; /* how long epd_registrar_stop took */
     int timed_out;
+    /* KV hints: published per poll (loop thread), up to hints_total */
+    uint32_t hint_capacity, hints_per_poll;
+    uint64_t hints_sent, hints_total;
+    int hb_after_hints;
 } daemon_t;
 
 static void daemon_load(void *arg, epd_registrar_load_t *l)
@@ -296,6 +320,8 @@ static void daemon_load(void *arg, epd_registrar_load_t *l)
     l->kv_bytes_sent = 3ull * v;
     l->kv_bytes_received = 7ull * v;
     l->draining = (int)(v & 1);
+    l->prefix.requests = v;
+    l->prefix.checkpoints_held = 9ull * v;
 }
 
 static void daemon_drain(void *arg)
@@ -325,6 +351,20 @@ static void daemon_on_poll(uv_timer_t *t)
     epd_registrar_counts_t c;
 
     epd_registrar_counts(d->reg, &c);
+    for (uint32_t i = 0; i < d->hints_per_poll && d->hints_sent < d->hints_total; i++) {
+        d->hints_sent++;
+        epd_registrar_hint(d->reg, d->hints_sent << 1, d->hints_sent % 3 != 0);
+    }
+    if (d->hints_total > 0 && d->hints_sent == d->hints_total && d->router != NULL) {
+        /* every hint published: stop once three more heartbeats went
+         * (the ring is drained by then; lost ones were reset) */
+        if (d->hb_after_hints == 0) {
+            d->hb_after_hints = atomic_load(&d->router->n_hb) + 3;
+        } else if (atomic_load(&d->router->n_hb) >= d->hb_after_hints) {
+            daemon_stop(d);
+            return;
+        }
+    }
     if (d->run_until_ns != 0 && epd_time_now_ns() > d->run_until_ns) {
         daemon_stop(d);
         return;
@@ -411,6 +451,7 @@ static void daemon_run(daemon_t *d, const char *router_addr, uint32_t retry_ms, 
     cfg.retry_ms = retry_ms;
     cfg.call_timeout_ms = 1000;
     cfg.publish_ms = 5;
+    cfg.hint_capacity = d->hint_capacity;
     cfg.secret = d->secret;
     cfg.secret_len = d->secret != NULL ? strlen(d->secret) : 0;
     assert_int_equal(epd_registrar_start(&d->loop, &cfg, &d->reg), EPD_OK);
@@ -468,6 +509,48 @@ static void *late_router(void *arg)
 
     epd_time_sleep_ns(600 * EPD_NSEC_PER_MSEC);
     return router_thread(r);
+}
+
+/* KV hints reach the router in order; when more come between two
+ * heartbeats than the ring holds, the router is told to reset (never a
+ * silent gap). */
+static void test_hints(void **state)
+{
+    static router_t r;
+    static daemon_t d;
+    char addr[64];
+
+    (void)state;
+    for (int round = 0; round < 2; round++) {
+        memset(&r, 0, sizeof(r));
+        memset(&d, 0, sizeof(d));
+        router_start(&r, "127.0.0.1:0");
+        snprintf(addr, sizeof(addr), "127.0.0.1:%d", r.port);
+        d.router = &r;
+        /* round 0: a roomy ring, a trickle; round 1: 64 per 5 ms into a
+         * ring of 16 between heartbeats every 20 ms */
+        d.hint_capacity = round == 0 ? 4096 : 16;
+        d.hints_per_poll = round == 0 ? 1 : 64;
+        d.hints_total = round == 0 ? 200 : 3000;
+        daemon_run(&d, addr, 100, 20000);
+        router_stop(&r);
+        fprintf(stderr, "round %d: %d hint events, %d resets, %d gaps\n", round,
+                atomic_load(&r.n_hint_events), atomic_load(&r.n_hint_resets),
+                atomic_load(&r.n_hint_gaps));
+        assert_int_equal(d.timed_out, 0);
+        assert_int_equal(atomic_load(&r.n_bad), 0);
+        assert_int_equal(atomic_load(&r.n_hint_gaps), 0);
+        if (round == 0) {
+            /* all of them, in order (a heartbeat that fails under load
+             * would lose its batch, and say so with a reset) */
+            assert_int_equal(r.hint_last, 200);
+            if (atomic_load(&r.n_hint_resets) == 0) {
+                assert_int_equal(atomic_load(&r.n_hint_events), 200);
+            }
+        } else {
+            assert_true(atomic_load(&r.n_hint_resets) > 0);
+        }
+    }
 }
 
 static void test_router_late(void **state)
@@ -666,7 +749,8 @@ static void *hammer_reader(void *arg)
             l.kv_bytes_received != 7ull * l.queue_depth || l.preemptions != 11ull * l.queue_depth ||
             l.recomputed_tokens != 13ull * l.queue_depth ||
             l.wasted_prefill_tokens != 17ull * l.queue_depth ||
-            l.draining != (int)(l.queue_depth & 1) || l.links[0] != l.queue_depth ||
+            l.draining != (int)(l.queue_depth & 1) || l.prefix.requests != l.queue_depth ||
+            l.prefix.checkpoints_held != 9ull * l.queue_depth || l.links[0] != l.queue_depth ||
             l.links[3] != l.queue_depth + 3 || l.quarantined != l.queue_depth % 5 ||
             l.late_writes_refused != 19ull * l.queue_depth || l.grants_held != l.queue_depth % 3) {
             h->torn++;
@@ -701,10 +785,24 @@ static void test_seqlock(void **state)
     assert_int_equal(pthread_create(&t, NULL, hammer_reader, &h), 0);
     /* until the reader has read plenty while the writer wrote */
     for (uint32_t v = 1; v <= 20000000 && atomic_load(&h.reads) < 200000; v++) {
-        epd_registrar_load_t l = {v,         1000ull * v, 5000 - v,  v % 7,
-                                  v + 1,     3ull * v,    7ull * v,  11ull * v,
-                                  13ull * v, 17ull * v,   (int)(v & 1), {v, v + 1, v + 2, v + 3},
-                                  v % 5,     19ull * v,   v % 3};
+        epd_registrar_load_t l = {.queue_depth = v,
+                                  .queued_tokens = 1000ull * v,
+                                  .kv_blocks_free = 5000 - v,
+                                  .state_slots_free = v % 7,
+                                  .running_requests = v + 1,
+                                  .kv_bytes_sent = 3ull * v,
+                                  .kv_bytes_received = 7ull * v,
+                                  .preemptions = 11ull * v,
+                                  .recomputed_tokens = 13ull * v,
+                                  .wasted_prefill_tokens = 17ull * v,
+                                  .draining = (int)(v & 1),
+                                  .links = {v, v + 1, v + 2, v + 3},
+                                  .quarantined = v % 5,
+                                  .late_writes_refused = 19ull * v,
+                                  .grants_held = v % 3};
+
+        l.prefix.requests = v;
+        l.prefix.checkpoints_held = 9ull * v;
 
         epd_registrar_publish(d.reg, &l);
     }
@@ -722,6 +820,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_register_heartbeat_unknown_drain),
+        cmocka_unit_test(test_hints),
         cmocka_unit_test(test_router_late),
         cmocka_unit_test(test_stop_while_failing),
         cmocka_unit_test(test_secret_registers),

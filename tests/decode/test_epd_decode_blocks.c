@@ -108,6 +108,47 @@ static void test_quarantine_not_reusable(void **state)
     epd_decode_blocks_destroy(b);
 }
 
+/* Decode-side reuse: a finished request's prompt blocks become CACHED
+ * (nobody owns them, nobody may take them), a later request owns only
+ * its other blocks, and only an eviction frees them. */
+static void test_cached_blocks(void **state)
+{
+    epd_decode_blocks_t *b;
+    uint32_t ids[6], more[3], slot, s2;
+
+    (void)state;
+    assert_int_equal(epd_decode_blocks_create(8, 2, &b), EPD_OK);
+    assert_int_equal(epd_decode_blocks_reserve(b, 7, 6, 1, ids, &slot), EPD_OK);
+    /* only ACTIVE blocks of the owner can be kept */
+    assert_int_equal(epd_decode_blocks_cache(b, 7, ids, 4), EPD_ERR_INVALID_PARAM);
+    assert_int_equal(epd_decode_blocks_activate(b, 7, ids, 6, slot), EPD_OK);
+    assert_int_equal(epd_decode_blocks_cache(b, 8, ids, 4), EPD_ERR_INVALID_PARAM);
+    assert_int_equal(epd_decode_blocks_cache(b, 7, ids, 4), EPD_OK);
+    assert_int_equal(epd_decode_blocks_count(b, EPD_DECODE_BLK_CACHED), 4);
+    assert_int_equal(epd_decode_blocks_state(b, ids[0]), EPD_DECODE_BLK_CACHED);
+    assert_int_equal(epd_decode_blocks_owner(b, ids[0]), 0);
+    /* the request retires what it still owns; the cached ones stay */
+    assert_int_equal(epd_decode_blocks_retire(b, 7, ids, 6, slot), EPD_ERR_INVALID_PARAM);
+    assert_int_equal(epd_decode_blocks_retire(b, 7, ids + 4, 2, slot), EPD_OK);
+    assert_int_equal(epd_decode_blocks_free(b), 4);
+    assert_int_equal(epd_decode_blocks_reserve(b, 9, 5, 0, more, &s2), EPD_ERR_NO_CAPACITY);
+    /* cached blocks are not anybody's to quarantine, retire or release */
+    assert_int_equal(epd_decode_blocks_retire(b, 7, ids, 1, EPD_DECODE_NO_SLOT),
+                     EPD_ERR_INVALID_PARAM);
+    assert_int_equal(epd_decode_blocks_quarantine(b, 7, ids, 1, EPD_DECODE_NO_SLOT),
+                     EPD_ERR_INVALID_PARAM);
+    /* eviction: free again, and only once */
+    assert_int_equal(epd_decode_blocks_uncache(b, ids, 2), EPD_OK);
+    assert_int_equal(epd_decode_blocks_uncache(b, ids, 1), EPD_ERR_INVALID_PARAM);
+    assert_int_equal(epd_decode_blocks_uncache(b, ids + 4, 1), EPD_ERR_INVALID_PARAM); /* FREE */
+    assert_int_equal(epd_decode_blocks_free(b), 6);
+    assert_int_equal(epd_decode_blocks_count(b, EPD_DECODE_BLK_CACHED), 2);
+    assert_int_equal(epd_decode_blocks_uncache(b, ids + 2, 2), EPD_OK);
+    assert_int_equal(epd_decode_blocks_free(b), 8);
+    assert_string_equal(epd_decode_blk_state_name(EPD_DECODE_BLK_CACHED), "CACHED");
+    epd_decode_blocks_destroy(b);
+}
+
 static void test_double_free_and_foreign_blocks(void **state)
 {
     epd_decode_blocks_t *b;
@@ -278,6 +319,7 @@ int main(void)
         cmocka_unit_test(test_slot_exhaustion),
         cmocka_unit_test(test_quarantine_not_reusable),
         cmocka_unit_test(test_double_free_and_foreign_blocks),
+        cmocka_unit_test(test_cached_blocks),
         cmocka_unit_test(test_storm_returns_to_full),
     };
 

@@ -1480,6 +1480,104 @@ static int teardown(void **state)
     return 0;
 }
 
+/* Prefix caching: a checkpoint equals the state a prefill stopping there
+ * leaves; a replay from it over shared blocks leaves them untouched and
+ * ends where the whole prefill ends. */
+/* 1 when two stamps say the same of the tokens (a cached block or a
+ * checkpoint keeps the stamp of the request that computed it: its id and
+ * tag aside). */
+static int same_content(epd_kv_stamp_t a, epd_kv_stamp_t b)
+{
+    return a.hk == b.hk && a.layer == b.layer && a.index == b.index && a.count == b.count;
+}
+
+/* The stamp of linear layer `layer`'s unit in a state buffer. */
+static epd_kv_stamp_t stamp_state(const epd_engine_t *e, const unsigned char *s)
+{
+    epd_kv_stamp_t st;
+
+    assert_int_equal(epd_kv_stamp_get(s, epd_engine_info(e)->kv.state_bytes, &st), EPD_OK);
+    return st;
+}
+
+static void test_replay_and_checkpoints(void **state)
+{
+    epd_engine_t *e = open_tiny();
+    const epd_kv_layout_t *kv = &epd_engine_info(e)->kv;
+    uint64_t ck_bytes = (uint64_t)kv->n_linear_layers * kv->state_bytes;
+    unsigned char *ck8 = calloc(1, ck_bytes);
+    unsigned char *snap;
+    epd_state_ckpt_t ck = {8, ck8};
+    uint32_t ta[16], tb[16], tc[16];
+    int32_t toks[64];
+    float whole[VOCAB], other[VOCAB];
+    size_t n = make_prompt("a prompt long enough for several blocks", toks);
+    epd_kv_pool_t pool;
+    epd_prefill_args_t a;
+
+    (void)state;
+    assert_non_null(ck8);
+    for (uint32_t i = 0; i < 16; i++) {
+        ta[i] = i;
+        tb[i] = 16 + i;
+        tc[i] = 32 + i;
+    }
+    epd_test_pool(e, 48, 3, &pool);
+    a = (epd_prefill_args_t){.seq = seq_of(ta, 16, 0, 1), .tokens = toks,
+                             .n_tokens = (uint32_t)n, .ckpts = &ck, .n_ckpts = 1};
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, whole), EPD_OK);
+    a = (epd_prefill_args_t){.seq = seq_of(tb, 16, 1, 2), .tokens = toks, .n_tokens = 8};
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, other), EPD_OK);
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        if (kv->kind[l] == EPD_LAYER_LINEAR) {
+            assert_true(same_content(
+                stamp_state(e, ck8 + (size_t)kv->kind_index[l] * kv->state_bytes),
+                stamp_state(e, state_of(e, &pool, l, 1))));
+        }
+    }
+    /* positions < 16 (4 blocks of 4) shared from ta, state from the checkpoint */
+    memcpy(tc, ta, 4 * sizeof(uint32_t));
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        if (kv->kind[l] == EPD_LAYER_LINEAR) {
+            memcpy((unsigned char *)state_of(e, &pool, l, 2),
+                   ck8 + (size_t)kv->kind_index[l] * kv->state_bytes, kv->state_bytes);
+        }
+    }
+    snap = malloc(pool.bytes);
+    assert_non_null(snap);
+    memcpy(snap, pool.base, pool.bytes);
+    a = (epd_prefill_args_t){.seq = seq_of(tc, 16, 2, 3), .tokens = toks + 8,
+                             .n_tokens = (uint32_t)n - 8, .start = 8, .replay_end = 16};
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, other), EPD_OK);
+    assert_memory_equal(whole, other, sizeof(whole));
+    /* what sim's bytes say of the tokens (its stamps: the bodies are
+     * per-block templates) is the whole prompt's */
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        if (kv->kind[l] == EPD_LAYER_ATTENTION) {
+            for (uint32_t b = 0; b * kv->block_tokens < n; b++) {
+                assert_true(
+                    same_content(stamp_blk(e, &pool, ta, l, b), stamp_blk(e, &pool, tc, l, b)));
+            }
+        } else {
+            assert_true(same_content(stamp_state(e, state_of(e, &pool, l, 0)),
+                                     stamp_state(e, state_of(e, &pool, l, 2))));
+        }
+    }
+    /* the shared blocks were read, never written */
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        for (uint32_t b = 0; kv->kind[l] == EPD_LAYER_ATTENTION && b < 4; b++) {
+            uint64_t off;
+
+            assert_int_equal(epd_kv_block_offset(kv, 48, l, ta[b], &off), EPD_OK);
+            assert_memory_equal(snap + off, (unsigned char *)pool.base + off, kv->block_bytes);
+        }
+    }
+    free(snap);
+    free(ck8);
+    epd_free(pool.base);
+    epd_engine_close(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1506,6 +1604,7 @@ int main(void)
         cmocka_unit_test(test_tokenizer),
         cmocka_unit_test(test_no_vision),
         cmocka_unit_test(test_generate_tool),
+        cmocka_unit_test(test_replay_and_checkpoints),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);

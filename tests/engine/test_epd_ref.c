@@ -390,7 +390,8 @@ static void test_chunked_equals_whole(void **state)
                                  .start = cuts[c]};
         assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, chunked), EPD_OK);
     }
-    assert_true(epd_test_rel_err_f(chunked, whole, 258) < TOL);
+    /* bit for bit: the engine is split-invariant (epd_engine_prefill) */
+    assert_memory_equal(chunked, whole, sizeof(whole));
     /* and the caches continue identically */
     for (int step = 0; step < 10; step++) {
         epd_decode_req_t ra = {
@@ -401,7 +402,7 @@ static void test_chunked_equals_whole(void **state)
         assert_int_equal(ra.token, rb.token);
         assert_int_equal(epd_engine_decode(e, &pool, &ra, 1, whole), EPD_OK);
         assert_int_equal(epd_engine_decode(e, &pool, &rb, 1, chunked), EPD_OK);
-        assert_true(epd_test_rel_err_f(chunked, whole, 258) < TOL);
+        assert_memory_equal(chunked, whole, sizeof(whole));
     }
     epd_free(pool.base);
     epd_engine_close(e);
@@ -840,12 +841,269 @@ static void test_unknown_engine(void **state)
     assert_null(epd_engine_builtin("sim2"));
 }
 
+/* ---- split invariance, replay, checkpoints (what a prefix cache needs) ---- */
+
+static const char *small_dir; /* dim 128, "LLA": more than one OpenBLAS path */
+
+static epd_engine_t *open_dir(const char *dir, uint32_t block_tokens)
+{
+    epd_engine_config_t cfg = {.model_dir = dir, .block_tokens = block_tokens, .max_batch = 4};
+    epd_engine_t *e = NULL;
+
+    assert_int_equal(epd_engine_open("ref", &cfg, &e), EPD_OK);
+    return e;
+}
+
+/* A prompt of n tokens: BOS then seeded bytes. */
+static void random_prompt(int32_t *toks, uint32_t n, uint32_t seed)
+{
+    toks[0] = EPD_REF_BOS;
+    for (uint32_t i = 1; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        toks[i] = 32 + (int32_t)((seed >> 16) % 90);
+    }
+}
+
+/* Bytes of the KV of positions [0, n) of every attention layer (full
+ * blocks whole, the last one up to n) and every state slot, compared
+ * between two block tables / slots of one pool. */
+static void assert_same_kv(epd_engine_t *e, const epd_kv_pool_t *pool, const uint32_t *ta,
+                           uint32_t sa, const uint32_t *tb, uint32_t sb, uint32_t n)
+{
+    const epd_kv_layout_t *kv = &epd_engine_info(e)->kv;
+    size_t row = (size_t)kv->head_dim * sizeof(float);
+
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        uint64_t oa, ob;
+
+        if (kv->kind[l] == EPD_LAYER_LINEAR) {
+            assert_int_equal(epd_kv_state_offset(kv, pool->n_blocks, pool->n_state_slots, l, sa,
+                                                 &oa), EPD_OK);
+            assert_int_equal(epd_kv_state_offset(kv, pool->n_blocks, pool->n_state_slots, l, sb,
+                                                 &ob), EPD_OK);
+            assert_memory_equal((char *)pool->base + oa, (char *)pool->base + ob,
+                                kv->state_bytes);
+            continue;
+        }
+        for (uint32_t p = 0; p < n; p++) {
+            uint32_t bt = kv->block_tokens;
+
+            assert_int_equal(epd_kv_block_offset(kv, pool->n_blocks, l, ta[p / bt], &oa), EPD_OK);
+            assert_int_equal(epd_kv_block_offset(kv, pool->n_blocks, l, tb[p / bt], &ob), EPD_OK);
+            for (uint32_t r = 0; r < 2 * kv->n_kv_heads; r++) {
+                size_t off = ((size_t)r * bt + p % bt) * row;
+
+                assert_memory_equal((char *)pool->base + oa + off, (char *)pool->base + ob + off,
+                                    row);
+            }
+        }
+    }
+}
+
+/* Whole prefill vs the same prompt cut once at every cut point: the KV,
+ * the state and the logits are the same bits (epd_engine.h's split
+ * invariance). */
+static void check_split_invariant(const char *dir, uint32_t n, uint32_t step)
+{
+    epd_engine_t *e = open_dir(dir, 16);
+    uint32_t vocab = epd_engine_info(e)->vocab_size;
+    uint32_t nb = (n + 15) / 16;
+    uint32_t *ta = calloc(nb, sizeof(uint32_t));
+    uint32_t *tb = calloc(nb, sizeof(uint32_t));
+    int32_t *toks = calloc(n, sizeof(int32_t));
+    float *whole = calloc(vocab, sizeof(float));
+    float *cut = calloc(vocab, sizeof(float));
+    epd_kv_pool_t pool;
+    epd_prefill_args_t a;
+
+    assert_non_null(ta);
+    assert_non_null(tb);
+    assert_non_null(toks);
+    assert_non_null(whole);
+    assert_non_null(cut);
+    random_prompt(toks, n, n);
+    epd_test_pool(e, 2 * nb, 2, &pool);
+    for (uint32_t i = 0; i < nb; i++) {
+        ta[i] = i;
+        tb[i] = 2 * nb - 1 - i;
+    }
+    a = (epd_prefill_args_t){.seq = seq_of(ta, nb, 0, 1), .tokens = toks, .n_tokens = n};
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, whole), EPD_OK);
+    for (uint32_t c = 1; c < n; c += step) {
+        a = (epd_prefill_args_t){.seq = seq_of(tb, nb, 1, 2), .tokens = toks, .n_tokens = c};
+        assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, cut), EPD_OK);
+        a.tokens = toks + c;
+        a.n_tokens = n - c;
+        a.start = c;
+        assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, cut), EPD_OK);
+        if (memcmp(whole, cut, vocab * sizeof(float)) != 0) {
+            fail_msg("%s: logits of %u tokens cut at %u differ from whole", dir, n, c);
+        }
+        assert_same_kv(e, &pool, ta, 0, tb, 1, n);
+    }
+    free(ta);
+    free(tb);
+    free(toks);
+    free(whole);
+    free(cut);
+    epd_free(pool.base);
+    epd_engine_close(e);
+}
+
+static void test_split_invariant_bitwise(void **state)
+{
+    (void)state;
+    check_split_invariant(tiny_dir, 200, 1);  /* every cut, several tiles */
+    check_split_invariant(small_dir, 300, 7); /* wider products */
+}
+
+/*
+ * Checkpoints equal the state of a prefill that stops there; a replay from
+ * a checkpoint over cached blocks (not written) ends exactly where the
+ * whole prefill ends, with the cached blocks untouched.
+ */
+static void test_replay_from_checkpoint(void **state)
+{
+    epd_engine_t *e = open_dir(small_dir, 16);
+    const epd_engine_info_t *info = epd_engine_info(e);
+    const epd_kv_layout_t *kv = &info->kv;
+    uint64_t ck_bytes = (uint64_t)kv->n_linear_layers * kv->state_bytes;
+    uint32_t n = 150;
+    uint32_t ta[10], tb[10], tc[10];
+    int32_t toks[150];
+    float whole[259], other[259];
+    unsigned char *ck16 = malloc(ck_bytes), *ck48 = malloc(ck_bytes), *ck150 = malloc(ck_bytes);
+    unsigned char *snap;
+    epd_state_ckpt_t ckpts[3] = {{16, ck16}, {48, ck48}, {150, ck150}};
+    epd_kv_pool_t pool;
+    epd_prefill_args_t a;
+    uint64_t off;
+
+    (void)state;
+    assert_non_null(ck16);
+    assert_non_null(ck48);
+    assert_non_null(ck150);
+    random_prompt(toks, n, 99);
+    epd_test_pool(e, 30, 3, &pool);
+    for (uint32_t i = 0; i < 10; i++) {
+        ta[i] = i;
+        tb[i] = 10 + i;
+        tc[i] = 20 + i;
+    }
+    a = (epd_prefill_args_t){.seq = seq_of(ta, 10, 0, 1), .tokens = toks, .n_tokens = n,
+                             .ckpts = ckpts, .n_ckpts = 3};
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, whole), EPD_OK);
+    /* a checkpoint at the end is the slot itself */
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        if (kv->kind[l] == EPD_LAYER_LINEAR) {
+            assert_int_equal(epd_kv_state_offset(kv, 30, 3, l, 0, &off), EPD_OK);
+            assert_memory_equal(ck150 + (size_t)kv->kind_index[l] * kv->state_bytes,
+                                (char *)pool.base + off, kv->state_bytes);
+        }
+    }
+    /* the checkpoint at 48 is the state of a 48-token prefill */
+    a = (epd_prefill_args_t){.seq = seq_of(tb, 10, 1, 2), .tokens = toks, .n_tokens = 48};
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, other), EPD_OK);
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        if (kv->kind[l] == EPD_LAYER_LINEAR) {
+            assert_int_equal(epd_kv_state_offset(kv, 30, 3, l, 1, &off), EPD_OK);
+            assert_memory_equal(ck48 + (size_t)kv->kind_index[l] * kv->state_bytes,
+                                (char *)pool.base + off, kv->state_bytes);
+        }
+    }
+    /* replay: blocks 0..3 (positions < 64) are "cached" — ta's — the state
+     * restored from the checkpoint at 16, positions [16, 64) replayed, the
+     * rest computed into fresh blocks */
+    memcpy(tc, ta, 4 * sizeof(uint32_t));
+    snap = malloc(pool.bytes);
+    assert_non_null(snap);
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        if (kv->kind[l] == EPD_LAYER_LINEAR) {
+            assert_int_equal(epd_kv_state_offset(kv, 30, 3, l, 2, &off), EPD_OK);
+            memcpy((char *)pool.base + off, ck16 + (size_t)kv->kind_index[l] * kv->state_bytes,
+                   kv->state_bytes);
+        }
+    }
+    memcpy(snap, pool.base, pool.bytes);
+    a = (epd_prefill_args_t){.seq = seq_of(tc, 10, 2, 3), .tokens = toks + 16,
+                             .n_tokens = n - 16, .start = 16, .replay_end = 64};
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, other), EPD_OK);
+    assert_memory_equal(whole, other, sizeof(float) * info->vocab_size);
+    assert_same_kv(e, &pool, ta, 0, tc, 2, n);
+    /* the shared blocks were read, never written */
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        if (kv->kind[l] == EPD_LAYER_ATTENTION) {
+            for (uint32_t b = 0; b < 4; b++) {
+                assert_int_equal(epd_kv_block_offset(kv, 30, l, ta[b], &off), EPD_OK);
+                assert_memory_equal(snap + off, (char *)pool.base + off, kv->block_bytes);
+            }
+        }
+    }
+    /* refusals */
+    a.replay_end = 16; /* not after start */
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, other), EPD_ERR_INVALID_PARAM);
+    a.replay_end = n + 1;
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, other), EPD_ERR_INVALID_PARAM);
+    a.replay_end = 0;
+    a.ckpts = ckpts;
+    a.n_ckpts = 2; /* 16 is not inside (16, 150] */
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, other), EPD_ERR_INVALID_PARAM);
+    ckpts[0] = (epd_state_ckpt_t){64, ck16};
+    ckpts[1] = (epd_state_ckpt_t){48, ck48}; /* unsorted */
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, other), EPD_ERR_INVALID_PARAM);
+    ckpts[1] = (epd_state_ckpt_t){80, NULL};
+    assert_int_equal(epd_engine_prefill(e, &pool, &a, NULL, other), EPD_ERR_INVALID_PARAM);
+    free(snap);
+    free(ck16);
+    free(ck48);
+    free(ck150);
+    epd_free(pool.base);
+    epd_engine_close(e);
+}
+
+/* The digest names the model: equal for two opens of one folder, different
+ * for another seed. */
+static void test_model_digest(void **state)
+{
+    epd_mkmodel_params_t p = tiny;
+    const char *other;
+    epd_engine_t *a = open_tiny(4, 0);
+    epd_engine_t *b = open_tiny(16, 0);
+    epd_engine_t *c;
+    static const uint8_t zero[16];
+
+    (void)state;
+    p.seed = 8;
+    other = epd_test_write_model(tmpdir, "tiny8", &p);
+    c = open_dir(other, 4);
+    assert_memory_equal(epd_engine_info(a)->model_digest, epd_engine_info(b)->model_digest, 16);
+    assert_memory_not_equal(epd_engine_info(a)->model_digest, zero, 16);
+    assert_memory_not_equal(epd_engine_info(a)->model_digest, epd_engine_info(c)->model_digest,
+                            16);
+    epd_engine_close(a);
+    epd_engine_close(b);
+    epd_engine_close(c);
+}
+
 static int setup(void **state)
 {
     (void)state;
     tmpdir = epd_test_tmpdir();
     epd_test_tiny_params(&tiny);
     tiny_dir = epd_test_write_model(tmpdir, "tiny", &tiny);
+    {
+        epd_mkmodel_params_t p;
+
+        epd_mkmodel_defaults(&p);
+        p.hp.dim = 128;
+        p.hp.n_layers = 3;
+        p.hp.n_heads = 4;
+        p.hp.n_kv_heads = 2;
+        p.hp.head_dim = 32;
+        p.hp.ffn = 256;
+        p.hp.max_context = 512;
+        small_dir = epd_test_write_model(tmpdir, "small", &p);
+    }
     return 0;
 }
 
@@ -872,6 +1130,9 @@ int main(void)
         cmocka_unit_test(test_open_allocation_failures),
         cmocka_unit_test(test_prefill_oom_and_decode_allocates_nothing),
         cmocka_unit_test(test_unknown_engine),
+        cmocka_unit_test(test_split_invariant_bitwise),
+        cmocka_unit_test(test_replay_from_checkpoint),
+        cmocka_unit_test(test_model_digest),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -22,13 +22,16 @@ $(BUILD)/obj/tests/fuzz/fuzz_epd_xport_frame.o \
 $(BUILD)/obj/tests/fuzz-replay/fuzz_epd_xport_frame.o: EPD_CPPFLAGS += -Itests/transport
 $(BUILD)/fuzz/fuzz_epd_xport_frame: $(FUZZ_LOOP_OBJ)
 # the control-plane target runs the router's own handlers (with the
-# registry; the client and daemon it calls are stubbed in the target)
-FUZZ_ROUTER_OBJS := $(call obj_of,router/epd_router_rpc.c router/epd_router_registry.c)
+# registry; the client and daemon it calls are stubbed in the target;
+# the prefix keys and stats come from libepd_daemon)
+FUZZ_ROUTER_OBJS := $(call obj_of,router/epd_router_rpc.c router/epd_router_registry.c \
+                                  router/epd_router_hints.c) $(BUILD)/lib/libepd_daemon.a
 $(BUILD)/fuzz/fuzz_epd_control: $(FUZZ_ROUTER_OBJS)
 
 $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(FUZZ_LIBS)
 	@mkdir -p $(@D)
-	@$(if $(filter 1,$(V)),,echo "  LD      $@";)$(CC) $(EPD_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(EPD_LDLIBS)
+	@$(if $(filter 1,$(V)),,echo "  LD      $@";)$(CC) $(EPD_LDFLAGS) -fsanitize=fuzzer -o $@ \
+		-Wl,--start-group $^ -Wl,--end-group $(EPD_LDLIBS)
 
 # Seeds first (read-only), then what the fuzzer found, kept in the build.
 .PHONY: fuzz-run

@@ -111,6 +111,10 @@ if [ "$conf" = ucx-shm ]; then
   start_daemon t_d decode --engine sim --model "$T/sim" --worker-id decode-sim-stamps "${XFLAGS[@]}" \
     --kv-blocks 256 --state-slots 16 --block-tokens 16 --verify stamps
   same_as_colocated "$T/sim" "$s_p_ADDR" "$t_d_ADDR" "$T/long" 16 --engine sim
+  # that prompt came from prefill's prefix cache (blocks stamped for the
+  # first request and decode-sim: sent with BYTES checksums, never STAMPED)
+  [ "$(health_field "$s_p_ADDR" prefix_hit_tokens)" -gt 0 ] ||
+    fail "the sim prefill worker's prefix cache never hit"
   same_as_colocated "$T/sim" "$s_p_ADDR" "$t_d_ADDR" "$T/on2" 16 --engine sim --temperature 0.8 --seed 6
 fi
 

@@ -240,6 +240,34 @@ static void test_attention_only(void **state)
                      EPD_OK);
 }
 
+/* Decode's cached head (rule 36): runs start after it, a run it cuts keeps
+ * its tail, the others are untouched. */
+static void test_runs_skip(void **state)
+{
+    uint32_t lb[6] = {10, 11, 12, 20, 21, 30};
+    uint32_t rb[6] = {5, 6, 7, 8, 9, 40};
+    epd_prefill_place_t local = {.block_ids = lb, .n_blocks = 6};
+    epd_prefill_place_t remote = {.block_ids = rb, .n_blocks = 6};
+    epd_prefill_run_t runs[6];
+    uint32_t n;
+
+    (void)state;
+    n = epd_prefill_plan_runs(&local, &remote, runs);
+    assert_int_equal(n, 3); /* [0,3) [3,5) [5,6) */
+    assert_int_equal(epd_prefill_plan_runs_skip(runs, n, 0), 3);
+    n = epd_prefill_plan_runs_skip(runs, n, 2);
+    assert_int_equal(n, 3);
+    assert_int_equal(runs[0].first, 2);
+    assert_int_equal(runs[0].n, 1);
+    assert_int_equal(runs[1].first, 3);
+    assert_int_equal(runs[1].n, 2);
+    n = epd_prefill_plan_runs_skip(runs, n, 5); /* only the last block left */
+    assert_int_equal(n, 1);
+    assert_int_equal(runs[0].first, 5);
+    assert_int_equal(runs[0].n, 1);
+    assert_int_equal(epd_prefill_plan_runs_skip(runs, n, 6), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -249,6 +277,7 @@ int main(void)
         cmocka_unit_test(test_writes),
         cmocka_unit_test(test_write_refusals),
         cmocka_unit_test(test_attention_only),
+        cmocka_unit_test(test_runs_skip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,5 +10,5 @@ $(eval $(call epd_test,test_epd_http,tests/router/test_epd_http.c,epd_api epd_en
 $(test_epd_http_OBJS): EPD_CPPFLAGS += -Irouter
 # router/epd_router_registry (states, policies) linked alone: the test
 # stands in for the client's endpoint state.
-$(eval $(call epd_test,test_epd_router_registry,tests/router/test_epd_router_registry.c router/epd_router_registry.c,epd_common))
+$(eval $(call epd_test,test_epd_router_registry,tests/router/test_epd_router_registry.c router/epd_router_registry.c router/epd_router_hints.c,epd_daemon epd_common))
 $(test_epd_router_registry_OBJS): EPD_CPPFLAGS += -Irouter

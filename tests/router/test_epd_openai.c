@@ -117,6 +117,12 @@ static const refusal_t refusals[] = {
      "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
      "\"epd_encode\": \"remote\"}",
      400, "epd_encode", NULL, "must be \"auto\" or \"local\""},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+        "\"cache_salt\": \"\"}",
+     400, "cache_salt", NULL, "1 to 256 bytes"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+        "\"cache_salt\": 7}",
+     400, "cache_salt", NULL, "1 to 256 bytes"},
     /* images: data: URLs of base64 images only */
     {H,
      "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
@@ -371,6 +377,11 @@ static void test_chat_images(void **state)
     req = parse_ok(H, "{\"model\": \"tiny\", \"epd_encode\": \"local\", \"messages\": "
                       "[{\"role\": \"user\", \"content\": \"q\"}]}");
     assert_true(req->encode_local);
+    assert_null(req->cache_salt);
+    epd_oai_request_destroy(req);
+    req = parse_ok(H, "{\"model\": \"tiny\", \"cache_salt\": \"tenant-7\", \"messages\": "
+                      "[{\"role\": \"user\", \"content\": \"q\"}]}");
+    assert_string_equal(req->cache_salt, "tenant-7");
     epd_oai_request_destroy(req);
     /* more than EPD_OAI_MAX_IMAGES */
     {

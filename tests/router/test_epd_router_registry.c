@@ -2,8 +2,9 @@
  * test_epd_router_registry.c — the router's registry and its policies
  * (router/epd_router_registry.c), as a pure data structure: states and
  * their transitions on heartbeats and silence, and which worker each
- * policy picks — round robin, least load, prefix affinity with its
- * fallback to least load when the affine worker is overloaded, the avoid
+ * policy picks — round robin, least load, prefix affinity (KV-aware:
+ * expected cached tokens against queued ones, rendezvous hashing for cold
+ * prompts, decode-side reuse within a slack), the hint sets, the avoid
  * list of retries, and the free-block check before a decode worker is
  * chosen.
  *
@@ -264,34 +265,175 @@ static void test_prefix_affinity(void **state)
     epd_router_registry_cleanup(&f.reg);
 }
 
-/* The affine worker is skipped for the least loaded one only when it is
- * more than EPD_ROUTER_AFFINITY_SLACK_TOKENS queued tokens behind it. */
-static void test_affinity_falls_back_to_least_load(void **state)
+/* A worker speaking the router's namespace, with a hint set. */
+static void kv_worker(epd_router_worker_t *w, const unsigned char *root)
+{
+    memcpy(w->prefix_root, root, 32);
+    w->has_root = 1;
+    assert_int_equal(epd_router_hints_create(w->info.kv_blocks_total, &w->hints), EPD_OK);
+}
+
+static void probe_of(epd_router_probe_t *pp, const unsigned char *root, const uint32_t *p,
+                     uint32_t n, uint64_t *hints, uint32_t cap)
+{
+    memset(pp, 0, sizeof(*pp));
+    pp->root = pp->plain = root;
+    pp->block_tokens = 16;
+    pp->tokens = p;
+    pp->n_tokens = n;
+    pp->hints = hints;
+    pp->cap = cap;
+}
+
+/* KV-aware prefill: the least expected cost, queued tokens + the tokens a
+ * worker would compute (prompt - cached); hints of another namespace count
+ * for nothing; the router's own expectation after a dispatch counts. */
+static void test_kv_aware_prefill(void **state)
 {
     fx_t f;
-    uint32_t p[32];
-    epd_router_worker_t *affine, *other;
+    uint32_t p[64];
+    uint64_t hints[4];
+    unsigned char root[32], other[32];
+    epd_router_probe_t pp;
+    epd_router_worker_t *a, *b;
 
     (void)state;
+    memset(root, 7, sizeof(root));
+    memset(other, 8, sizeof(other));
     fx_init(&f, EPD_ROUTER_POLICY_PREFIX_AFFINITY);
-    fx_add(&f, "prefill-a", EPD_CLIENT_ROLE_PREFILL, 0);
-    fx_add(&f, "prefill-b", EPD_CLIENT_ROLE_PREFILL, 0);
-    prompt_of(7, p, 32);
-    affine = pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 32);
-    other = affine == f.w[0] ? f.w[1] : f.w[0];
-    other->queued_tokens = 100;
-    affine->queued_tokens = 100 + EPD_ROUTER_AFFINITY_SLACK_TOKENS; /* at the slack: stays */
-    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 32), affine);
-    affine->queued_tokens++; /* beyond it: overloaded */
-    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 32), other);
-    /* when it catches up, the prompt goes back to it */
-    affine->queued_tokens = 0;
-    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 32), affine);
-    /* overloaded and the other one unusable: still served, by the affine one */
-    affine->queued_tokens = 100000;
-    other->state = EPD_ROUTER_SUSPECT;
-    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 32), affine);
+    a = fx_add(&f, "prefill-a", EPD_CLIENT_ROLE_PREFILL, 0);
+    b = fx_add(&f, "prefill-b", EPD_CLIENT_ROLE_PREFILL, 0);
+    kv_worker(a, root);
+    kv_worker(b, root);
+    prompt_of(3, p, 64);
+    probe_of(&pp, root, p, 64, hints, 4);
+    /* a holds the first three blocks (48 tokens) */
+    for (uint32_t i = 0; i < 3; i++) {
+        epd_router_hints_apply(a->hints, epd_router_probe_hint(&pp, i) | 1);
+    }
+    assert_int_equal(epd_router_cached_blocks(a, &pp), 3);
+    assert_int_equal(epd_router_cached_blocks(b, &pp), 0);
+    a->queued_tokens = 40; /* cost 40 + 16 = 56 against 64 */
+    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_PREFILL, &pp, p, 64, NULL,
+                                                 NULL, 0), a);
+    a->queued_tokens = 49; /* 65 against 64: the saving no longer pays for the wait */
+    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_PREFILL, &pp, p, 64, NULL,
+                                                 NULL, 0), b);
+    /* its second block evicted: only one block counts */
+    a->queued_tokens = 20;
+    epd_router_hints_apply(a->hints, epd_router_probe_hint(&pp, 1) & ~1ull);
+    assert_int_equal(epd_router_cached_blocks(a, &pp), 1);
+    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_PREFILL, &pp, p, 64, NULL,
+                                                 NULL, 0), b); /* 20 + 48 > 64 */
+    /* another namespace (model, layout): its hints are not ours */
+    a->queued_tokens = 0;
+    memcpy(a->prefix_root, other, 32);
+    assert_int_equal(epd_router_cached_blocks(a, &pp), 0);
+    memcpy(a->prefix_root, root, 32);
+    /* the router sent b the whole prompt: b holds its four blocks now */
+    epd_router_hints_expect(b, &pp, UINT32_MAX);
+    assert_int_equal(epd_router_cached_blocks(b, &pp), 4);
+    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_PREFILL, &pp, p, 64, NULL,
+                                                 NULL, 0), b);
+    /* a worker's reset forgets them */
+    epd_router_hints_clear(b->hints);
+    assert_int_equal(epd_router_cached_blocks(b, &pp), 0);
     epd_router_registry_cleanup(&f.reg);
+}
+
+/* KV-aware decode: least load, unless a worker holding the prompt's blocks
+ * is within EPD_ROUTER_DECODE_SLACK of it. */
+static void test_kv_aware_decode(void **state)
+{
+    fx_t f;
+    uint32_t p[48];
+    uint64_t hints[3];
+    unsigned char root[32];
+    epd_router_probe_t pp;
+    epd_router_worker_t *d0, *d1;
+
+    (void)state;
+    memset(root, 9, sizeof(root));
+    fx_init(&f, EPD_ROUTER_POLICY_PREFIX_AFFINITY);
+    d0 = fx_add(&f, "decode-0", EPD_CLIENT_ROLE_DECODE, 0);
+    d1 = fx_add(&f, "decode-1", EPD_CLIENT_ROLE_DECODE, 0);
+    kv_worker(d0, root);
+    kv_worker(d1, root);
+    prompt_of(5, p, 48);
+    probe_of(&pp, root, p, 48, hints, 3);
+    epd_router_hints_expect(d0, &pp, 2); /* decode: not the last position's block */
+    assert_int_equal(epd_router_cached_blocks(d0, &pp), 2);
+    d0->inflight = 2; /* a quarter of its batch of 8: at the slack */
+    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p, 48, NULL,
+                                                 NULL, 0), d0);
+    d0->inflight = 3; /* beyond it */
+    assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p, 48, NULL,
+                                                 NULL, 0), d1);
+    /* room first (rule 30): a holder without room for the request loses it */
+    {
+        epd_router_fit_t fit = {.n_prompt = 48, .max_new = 100}; /* up front: 10 blocks */
+        int full = -1;
+
+        d0->inflight = 2;
+        d0->hb_kv_blocks_free = 9;
+        d1->hb_kv_blocks_free = 10;
+        assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p, 48,
+                                                     &fit, NULL, 0),
+                         d1);
+        assert_ptr_equal(epd_router_registry_pick_room_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p,
+                                                          &fit, NULL, 0, &full),
+                         d1);
+        assert_int_equal(full, 0);
+        d1->hb_kv_blocks_free = 9; /* nobody has room: the request waits */
+        assert_null(epd_router_registry_pick_room_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p, &fit,
+                                                     NULL, 0, &full));
+        assert_int_equal(full, 1);
+        d0->hb_kv_blocks_free = 10; /* room again: the holder */
+        assert_ptr_equal(epd_router_registry_pick_kv(&f.reg, EPD_CLIENT_ROLE_DECODE, &pp, p, 48,
+                                                     &fit, NULL, 0),
+                         d0);
+        d0->hb_kv_blocks_free = 1000;
+        d1->hb_kv_blocks_free = 1000;
+    }
+    /* without a probe (other policies' callers): least load */
+    d0->inflight = 0;
+    d1->inflight = 0;
+    assert_non_null(epd_router_registry_pick(&f.reg, EPD_CLIENT_ROLE_DECODE, p, 48, NULL, 0));
+    epd_router_registry_cleanup(&f.reg);
+}
+
+/* The hint set: collisions, backward-shift deletion, clearing when more
+ * than the worker can hold arrive. */
+static void test_hint_set(void **state)
+{
+    epd_router_hints_t *h;
+
+    (void)state;
+    assert_int_equal(epd_router_hints_create(8, &h), EPD_OK);
+    /* four hints in one probe run (the same low bits), then remove the
+     * first: the others must still be found */
+    for (uint64_t i = 1; i <= 4; i++) {
+        epd_router_hints_apply(h, (i << 40) | 0x10 | 1);
+    }
+    assert_int_equal(epd_router_hints_count(h), 4);
+    epd_router_hints_apply(h, (1ull << 40) | 0x10);
+    assert_false(epd_router_hints_has(h, (1ull << 40) | 0x10));
+    for (uint64_t i = 2; i <= 4; i++) {
+        assert_true(epd_router_hints_has(h, (i << 40) | 0x10));
+    }
+    epd_router_hints_apply(h, (9ull << 40) | 0x10); /* not there: nothing */
+    assert_int_equal(epd_router_hints_count(h), 3);
+    epd_router_hints_add(h, 0); /* 0 is stored too */
+    assert_true(epd_router_hints_has(h, 0));
+    for (uint64_t i = 0; i < 4; i++) {
+        epd_router_hints_add(h, (100 + i) << 8);
+    }
+    assert_int_equal(epd_router_hints_count(h), 8);
+    epd_router_hints_add(h, 7ull << 50); /* a ninth: stale ones, start afresh */
+    assert_int_equal(epd_router_hints_count(h), 1);
+    assert_true(epd_router_hints_has(h, 7ull << 50));
+    epd_router_hints_destroy(h);
+    epd_router_hints_destroy(NULL);
 }
 
 /* Retries avoid the workers already tried, unless nothing else is left. */
@@ -443,7 +585,9 @@ int main(void)
         cmocka_unit_test(test_least_load),
         cmocka_unit_test(test_room_for_decode),
         cmocka_unit_test(test_prefix_affinity),
-        cmocka_unit_test(test_affinity_falls_back_to_least_load),
+        cmocka_unit_test(test_kv_aware_prefill),
+        cmocka_unit_test(test_kv_aware_decode),
+        cmocka_unit_test(test_hint_set),
         cmocka_unit_test(test_avoid_list),
         cmocka_unit_test(test_tick_states),
         cmocka_unit_test(test_encoders_and_cache_hints),
