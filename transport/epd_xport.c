@@ -73,6 +73,7 @@
  * the stack ever touches freed memory.
  */
 #include "epd_xport_int.h"
+#include "epd_xport_faults.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -205,6 +206,7 @@ struct epd__core_op {
     void *arg;
     uint64_t seq;       /* write: its number; flush: writes it covers */
     int kind;
+    void *fault_copy; /* EPD_XPORT_FAULTS: corrupted copy of the bytes (owned) */
     epd__core_op_t *prev, *next; /* ep's write list, or the free list */
 };
 
@@ -315,6 +317,7 @@ struct epd_xport {
     uint32_t half_open;        /* ACCEPTING endpoints */
     unsigned char hs_key[EPD__XPORT_KEY_BYTES]; /* K, from the secret; wiped at destroy */
     epd_xport_stats_t stats;
+    epd__xport_faults_t *faults; /* EPD_XPORT_FAULTS (NULL: none, the normal case) */
     epd__xport_tap_cb_t tap; /* tests: sees every delivered frame */
     void *tap_arg;
     epd_xport_ep_t *eps, *zombies, *pump;
@@ -721,6 +724,9 @@ static void epd__ep_release_backend(epd_xport_ep_t *ep)
         /* cleared first: the completions ep_destroy runs may call back into
          * the core, which must not see a half-destroyed backend endpoint */
         ep->be_ep = NULL;
+        if (x->faults != NULL) {
+            epd__xport_faults_release(x->faults, ep); /* completions it delayed */
+        }
         x->ops->ep_destroy(be_ep);
         /* contract: ep_destroy completes every op it held */
         assert(ep->ops_held == 0);
@@ -770,6 +776,9 @@ static void epd__ep_fail(epd_xport_ep_t *ep, epd_status_t status)
                 }
             }
             ep->be_ep = NULL; /* before: completions may re-enter (close) */
+            if (x->faults != NULL) {
+                epd__xport_faults_release(x->faults, ep); /* completions it delayed */
+            }
             x->ops->ep_destroy(be_ep);
             assert(ep->ops_held == 0);
         }
@@ -871,6 +880,24 @@ static int epd__pump_all(epd_xport_t *x)
 /* ---------------------------------------------------------------- upcalls */
 
 void epd__xport_op_done(epd__xport_op_t *bop, epd_status_t status)
+{
+    epd__core_op_t *op = (epd__core_op_t *)bop;
+
+    if (op->ep->x->faults != NULL && op->kind == EPD__OP_WRITE) {
+        /* the backend is done with the bytes: a corrupted copy can go */
+        epd_free(op->fault_copy);
+        op->fault_copy = NULL;
+        /* held only while the endpoint lives (its teardown completes
+         * every op before it returns) */
+        if (op->ep->state == EPD__EP_CONNECTED && op->ep->be_ep != NULL &&
+            epd__xport_faults_comp(op->ep->x->faults, bop, op->ep, &status)) {
+            return; /* held: completed later through epd__xport_op_done_now */
+        }
+    }
+    epd__xport_op_done_now(bop, status);
+}
+
+void epd__xport_op_done_now(epd__xport_op_t *bop, epd_status_t status)
 {
     epd__core_op_t *op = (epd__core_op_t *)bop;
     epd_xport_ep_t *ep = op->ep;
@@ -1465,7 +1492,33 @@ static void epd__on_fin(epd_xport_t *x, epd_xport_ep_t *ep, const epd__frame_t *
     }
 }
 
+int epd__xport_frame_is_msg(const void *data, size_t len, size_t *payload_off_p)
+{
+    epd__frame_t f;
+    size_t hdr_len;
+
+    if (len < sizeof(f)) {
+        return 0;
+    }
+    memcpy(&f, data, sizeof(f));
+    hdr_len = sizeof(f) + ((f.flags & EPD__FRAME_F_MAC) != 0 ? EPD__XPORT_TAG_BYTES : 0);
+    if (f.magic != EPD__XPORT_MAGIC || f.version != EPD__XPORT_VERSION ||
+        f.type != EPD__FRAME_MSG || len < hdr_len || (size_t)f.len != len - hdr_len) {
+        return 0;
+    }
+    *payload_off_p = hdr_len;
+    return 1;
+}
+
 void epd__xport_deliver(epd_xport_t *x, const void *data, size_t len)
+{
+    if (x->faults != NULL && epd__xport_faults_rx(x->faults, x, data, len)) {
+        return;
+    }
+    epd__xport_deliver_now(x, data, len);
+}
+
+void epd__xport_deliver_now(epd_xport_t *x, const void *data, size_t len)
 {
     const unsigned char *bytes = data;
     const unsigned char *payload;
@@ -1784,13 +1837,19 @@ static epd_status_t epd__xport_create(const epd__xport_backend_ops_t *ops,
     x->timer_step_ns = step_ms * EPD_NSEC_PER_MSEC;
     x->next_timer_ns = epd_time_now_ns() + x->timer_step_ns;
 
-    st = ops->create(x, config, &x->be);
+    st = epd__xport_faults_create(x->auth, config->identity.worker_id, &x->faults);
     if (st != EPD_OK) {
         goto err_free_pool;
+    }
+    st = ops->create(x, config, &x->be);
+    if (st != EPD_OK) {
+        goto err_free_faults;
     }
     *x_p = x;
     return EPD_OK;
 
+err_free_faults:
+    epd__xport_faults_destroy(x->faults);
 err_free_pool:
     epd_free(x->op_pool);
 err_free_x:
@@ -1806,10 +1865,16 @@ void epd_xport_destroy(epd_xport_t *x)
     }
     epd__xport_enter(x);
     while (x->eps != NULL) {
+        /* held completions of each go first (epd__ep_release_backend) */
         epd_xport_ep_close(x->eps);
     }
     while (x->mrs != NULL) {
         epd_xport_mr_dereg(x->mrs);
+    }
+    if (x->faults != NULL) {
+        epd__xport_faults_t *f = x->faults;
+        x->faults = NULL;
+        epd__xport_faults_destroy(f); /* held frames go with it */
     }
     epd__xport_leave(x);
     x->ops->destroy(x->be);
@@ -2536,9 +2601,15 @@ epd_status_t epd_xport_write(epd_xport_ep_t *ep, const void *local, size_t len,
     op->cb = cb;
     op->arg = arg;
     op->seq = ep->wr_seq + 1;
+    if (x->faults != NULL && epd__xport_faults_write(x->faults, local, len, &op->fault_copy)) {
+        local = op->fault_copy; /* unregistered: the backend copes (UCX and libfabric here) */
+        local_mr = NULL;
+    }
     st = x->ops->write(ep->be_ep, local, len, local_mr != NULL ? local_mr->be_mr : NULL,
                        rkey->be_rkey, remote_offset, &op->be);
     if (st != EPD_INPROGRESS) {
+        epd_free(op->fault_copy);
+        op->fault_copy = NULL;
         epd__op_put(x, op);
         if (st == EPD_OK) {
             st = EPD_ERR_FATAL; /* contract: a backend never completes a write inline */
@@ -2667,6 +2738,9 @@ int epd_xport_progress(epd_xport_t *x)
         n += epd__pump_all(x);
     }
     now = epd_time_now_ns();
+    if (x->faults != NULL) {
+        n += epd__xport_faults_tick(x->faults, x, now);
+    }
     if (now >= x->next_timer_ns) {
         x->next_timer_ns = now + x->timer_step_ns;
         n += epd__timers(x, now);
@@ -2682,7 +2756,7 @@ epd_status_t epd_xport_get_fd(epd_xport_t *x, int *fd_p)
 
 epd_status_t epd_xport_arm(epd_xport_t *x)
 {
-    if (x->pump != NULL) {
+    if (x->pump != NULL || (x->faults != NULL && epd__xport_faults_pending(x->faults))) {
         return EPD_ERR_BUSY;
     }
     return x->ops->arm(x->be);

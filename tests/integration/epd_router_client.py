@@ -41,6 +41,14 @@
       OpenAI's rate-limit error body (with --no-429, 429 fails too).
       Prints "ok A rejected R" and exits 1 on anything else (a 5xx, a
       stream error event, a differing text).
+  faulty URL MODEL_DIR GEN_BIN --clients C --requests R [--prompts K
+       --max-tokens N --timeout S]
+      As load, under injected faults: every request must end within S
+      seconds (default 60) either equal to epd-generate's or with a clean
+      error (an HTTP error status with an OpenAI error body, or an error
+      event in a stream); a differing text, a broken answer or a request
+      still open after S seconds fails.  Prints "ok A errors E" and the
+      errors by status.
   raw URL METHOD PATH [BODY]
       prints "STATUS" then the body (for the bad-input checks).
 Exit 0 when everything matched; 1 with a line on stderr otherwise.
@@ -293,6 +301,82 @@ def cmd_load(url, model, gen_bin, flags):
     if state["errors"]:
         fail("%d of %d failed; first: %s" % (len(state["errors"]), total, state["errors"][0]))
     print("ok %d requests from %d clients" % (state["ok"], clients))
+
+
+class BrokenAnswer(Exception):
+    pass
+
+
+def cmd_faulty(url, model, gen_bin, flags):
+    global fail
+    clients = int(flags["clients"])
+    total = int(flags["requests"])
+    n_prompts = int(flags.get("prompts", "4"))
+    max_tokens = int(flags.get("max_tokens", "12"))
+    timeout = float(flags.get("timeout", "60"))
+    filler = "a fault below the daemons must end cleanly or not at all "
+    prompts = ["Faulty %d: %s" % (i, (filler * 8)[: 40 * i]) for i in range(n_prompts)]
+    s = {"temperature": 0.8, "top_p": 0.95, "seed": 11}
+    want = {}
+    for p in prompts:
+        want[(p, False)] = generate(gen_bin, model, p, max_tokens, gen_sampling(s))
+        want[(p, True)] = generate(gen_bin, model, chat_prompt(p), max_tokens, gen_sampling(s))
+    lock = threading.Lock()
+    state = {"next": 0, "ok": 0, "errors": {}, "bad": []}
+    u = urllib.parse.urlparse(url)
+
+    def broken(msg):  # request()'s checks of a stream: a broken answer, not an exit
+        raise BrokenAnswer(msg)
+
+    fail_saved, fail = fail, broken
+
+    def worker(ci):
+        while True:
+            with lock:
+                k = state["next"]
+                if k >= total:
+                    break
+                state["next"] += 1
+            p = prompts[k % n_prompts]
+            chat = (k // n_prompts) % 2 == 1
+            stream = (k // (2 * n_prompts)) % 2 == 1
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+            try:
+                status, got, _, _ = request(url, chat, p, max_tokens, stream, s, conn)
+                bad = None
+                if status == 200 and got != want[(p, chat)]:
+                    bad = "request %d (chat=%s stream=%s) differs:\n  generate: %r\n  router:   %r" % (
+                        k, chat, stream, want[(p, chat)], got)
+                elif status not in (200, 599):
+                    try:
+                        json.loads(got)["error"]["message"]
+                    except (ValueError, KeyError, TypeError):
+                        bad = "request %d: HTTP %d without an error body: %r" % (k, status, got[:200])
+            except Exception as e:  # noqa: BLE001 — a timeout is a hang
+                status, bad = -1, "request %d (chat=%s stream=%s): %r" % (k, chat, stream, e)
+            conn.close()
+            with lock:
+                if bad is not None:
+                    state["bad"].append(bad)
+                elif status == 200:
+                    state["ok"] += 1
+                else:
+                    state["errors"][status] = state["errors"].get(status, 0) + 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    fail = fail_saved
+    n_err = sum(state["errors"].values())
+    print("ok %d errors %d %s" % (state["ok"], n_err,
+                                 " ".join("HTTP%d=%d" % kv for kv in sorted(state["errors"].items()))))
+    if state["bad"]:
+        for b in state["bad"][:10]:
+            sys.stderr.write("%s\n" % b)
+        fail("%d of %d requests ended neither equal to epd-generate nor with a clean error" %
+             (len(state["bad"]), total))
 
 
 def cmd_multi(url, model, gen_bin, flags):
@@ -571,6 +655,8 @@ def main():
         cmd_same(url, model, gen_bin, flags)
     elif cmd == "load":
         cmd_load(url, model, gen_bin, flags)
+    elif cmd == "faulty":
+        cmd_faulty(url, model, gen_bin, flags)
     elif cmd == "multi":
         cmd_multi(url, model, gen_bin, flags)
     elif cmd == "burst":

@@ -67,3 +67,10 @@ ALL_TESTS += tests/integration/test_fleet.sh
 # overload: the router's queue and 429s, decode KV on demand with preemption
 ALL_TESTS += tests/integration/test_router_burst.sh \
              tests/integration/test_decode_preempt.sh
+# faults below the daemons: EPD_XPORT_FAULTS (transport/epd_xport_faults.h)
+ALL_TESTS += tests/integration/test_faults.sh
+# epd-bench soak at 2,000 requests (faults, stalls, kills, aborts); the gcc
+# pass only: under the sanitizers it would take minutes
+ifeq ($(SANITIZER),)
+ALL_TESTS += tests/integration/test_soak.sh
+endif
