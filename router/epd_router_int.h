@@ -220,6 +220,13 @@ struct epd_router {
     epd_router_req_t *wait_head, *wait_tail; /* WAITING, oldest first */
     uint32_t n_waiting;
     int queue_stalled; /* the walk's last turn found no room */
+    /* the walk is running (a dispatch can fail other attempts at once —
+     * a worker found dead — whose events would walk the queue again from
+     * inside it and give the request being dispatched a second turn, a
+     * second attempt, and a second removal from the queue): a nested walk
+     * only asks the running one to start over */
+    int queue_walking;
+    int queue_again;
     epd_rng_t rng;     /* backoff jitter */
     uint64_t id_counter;
     int stopping;

@@ -913,18 +913,30 @@ static void epd_router_on_tokens(epd_router_t *rt, epd_router_req_t *r,
  */
 static void epd_router_queue_run(epd_router_t *rt, uint64_t now_ns)
 {
-    for (epd_router_req_t *r = rt->wait_head, *next; r != NULL; r = next) {
-        next = r->wnext;
-        if (r->retry_at_ns > now_ns) {
-            continue;
-        }
-        r->turn = 1;
-        rt->queue_stalled = 0;
-        epd_router_req_advance(rt, r, NULL, now_ns); /* (r may be freed now) */
-        if (rt->queue_stalled) {
-            break;
-        }
+    if (rt->queue_walking) {
+        rt->queue_again = 1; /* from an event inside a turn: the walk starts over */
+        return;
     }
+    rt->queue_walking = 1;
+    do {
+        rt->queue_again = 0;
+        for (epd_router_req_t *r = rt->wait_head, *next; r != NULL; r = next) {
+            next = r->wnext;
+            if (r->retry_at_ns > now_ns) {
+                continue;
+            }
+            r->turn = 1;
+            rt->queue_stalled = 0;
+            epd_router_req_advance(rt, r, NULL, now_ns); /* (r may be freed now) */
+            if (rt->queue_again) {
+                break; /* the queue changed under this walk: `next` may be stale */
+            }
+            if (rt->queue_stalled) {
+                break;
+            }
+        }
+    } while (rt->queue_again);
+    rt->queue_walking = 0;
 }
 
 void epd__router_on_event(void *arg, const epd_client_event_t *ev)
