@@ -744,68 +744,6 @@ static void fl_kill(pid_t pid, const char *name)
     waitpid(pid, &status, 0);
 }
 
-/* Waits (60 s at most) for `path` and copies the value of `key=` in it. */
-static int fl_ready_file(const char *path, pid_t pid, const char *key, char *out, size_t cap)
-{
-    uint64_t end = fl_now() + 60 * EPD_NSEC_PER_SEC;
-    size_t kl = strlen(key);
-    int status;
-
-    while (fl_now() < end) {
-        FILE *f = fopen(path, "r");
-
-        if (f != NULL) {
-            char line[512];
-            char *p;
-
-            if (fgets(line, sizeof(line), f) != NULL && (p = strstr(line, key)) != NULL &&
-                p[kl] == '=') {
-                size_t n = strcspn(p + kl + 1, " \n");
-
-                fclose(f);
-                if (n >= cap) {
-                    return -1;
-                }
-                memcpy(out, p + kl + 1, n);
-                out[n] = '\0';
-                return 0;
-            }
-            fclose(f);
-        }
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            return -1;
-        }
-        epd_time_sleep_ns(20 * EPD_NSEC_PER_MSEC);
-    }
-    return -1;
-}
-
-/* 32 fresh random bytes into b->secret_file (0600, never overwritten),
- * loaded into b->secret.  0, or -1 after a message. */
-static int fl_make_secret(fl_t *b)
-{
-    unsigned char key[32];
-    char why[256];
-    int fd;
-
-    snprintf(b->secret_file, sizeof(b->secret_file), "%s/cluster-secret", b->tmp);
-    for (size_t i = 0; i < sizeof(key); i += 8) {
-        uint64_t v = epd_rng_entropy();
-
-        memcpy(key + i, &v, 8);
-    }
-    fd = open(b->secret_file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0 || write(fd, key, sizeof(key)) != (ssize_t)sizeof(key) || close(fd) != 0) {
-        fprintf(stderr, "fleet: cannot write %s: %s\n", b->secret_file, strerror(errno));
-        return -1;
-    }
-    if (epd_secret_load(b->secret_file, &b->secret, why, sizeof(why)) != EPD_OK) {
-        fprintf(stderr, "fleet: %s\n", why);
-        return -1;
-    }
-    return 0;
-}
-
 /* The sim model of `epd-bench serve` (4 attention layers, 1B-parameter
  * timings, byte tokenizer): the subject is the router, not compute. */
 static int fl_write_sim(const char *dir)
@@ -894,8 +832,8 @@ static int fl_cluster_start(fl_t *b)
         b->pids[0] = fl_spawn(argv, rlog);
     }
     if (b->pids[0] < 0 ||
-        fl_ready_file(rready, b->pids[0], "http", b->router_http, sizeof(b->router_http)) != 0 ||
-        fl_ready_file(rready, b->pids[0], "control", b->router_ctl, sizeof(b->router_ctl)) != 0) {
+        epd_bench_wait_ready(rready, b->pids[0], "http", b->router_http, sizeof(b->router_http)) != 0 ||
+        epd_bench_wait_ready(rready, b->pids[0], "control", b->router_ctl, sizeof(b->router_ctl)) != 0) {
         fprintf(stderr, "fleet: the router did not start (log: %s)\n", rlog);
         return -1;
     }
@@ -916,8 +854,8 @@ static int fl_cluster_start(fl_t *b)
         b->pids[2] = fl_spawn(argv, plog);
     }
     if (b->pids[1] < 0 || b->pids[2] < 0 ||
-        fl_ready_file(dready, b->pids[1], "control", b->decode_ctl, sizeof(b->decode_ctl)) != 0 ||
-        fl_ready_file(pready, b->pids[2], "control", b->prefill_ctl, sizeof(b->prefill_ctl)) !=
+        epd_bench_wait_ready(dready, b->pids[1], "control", b->decode_ctl, sizeof(b->decode_ctl)) != 0 ||
+        epd_bench_wait_ready(pready, b->pids[2], "control", b->prefill_ctl, sizeof(b->prefill_ctl)) !=
             0) {
         fprintf(stderr, "fleet: a worker did not start (logs: %s, %s)\n", plog, dlog);
         return -1;
@@ -1129,7 +1067,7 @@ int epd_bench_fleet_main(int argc, char **argv)
         fprintf(stderr, "fleet: cannot make a folder under %s: %s\n", b.tmp, strerror(errno));
         return 1;
     }
-    if (fl_make_secret(&b) != 0 || fl_cluster_start(&b) != 0 || fl_fleet_start(&b) != 0) {
+    if (epd_bench_make_secret(b.tmp, b.secret_file, sizeof(b.secret_file), &b.secret, "fleet") != 0 || fl_cluster_start(&b) != 0 || fl_fleet_start(&b) != 0) {
         goto out;
     }
     for (int i = 0; i < b.n_sizes; i++) {

@@ -209,33 +209,6 @@ typedef struct {
 
 /* ------------------------------------------------------------ processes */
 
-/* Writes 32 fresh random bytes to b->secret_file (created 0600 in b->tmp,
- * never overwritten) and loads them into b->secret (wiped at exit).  0, or
- * -1 after a message. */
-static int ob_make_secret(ob_t *b)
-{
-    unsigned char key[32];
-    char why[256];
-    int fd;
-
-    snprintf(b->secret_file, sizeof(b->secret_file), "%s/cluster-secret", b->tmp);
-    for (size_t i = 0; i < sizeof(key); i += 8) {
-        uint64_t v = epd_rng_entropy();
-
-        memcpy(key + i, &v, 8);
-    }
-    fd = open(b->secret_file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0 || write(fd, key, sizeof(key)) != (ssize_t)sizeof(key) || close(fd) != 0) {
-        fprintf(stderr, "overhead: cannot write %s: %s\n", b->secret_file, strerror(errno));
-        return -1;
-    }
-    if (epd_secret_load(b->secret_file, &b->secret, why, sizeof(why)) != EPD_OK) {
-        fprintf(stderr, "overhead: %s\n", why);
-        return -1;
-    }
-    return 0;
-}
-
 static pid_t ob_spawn(char *const argv[], const ob_xport_t *xp, const char *log)
 {
     pid_t pid = fork();
@@ -1696,7 +1669,8 @@ int epd_bench_overhead_main(int argc, char **argv)
         fprintf(stderr, "overhead: mkdtemp: %s\n", strerror(errno));
         return 1;
     }
-    if (ob_make_secret(&b) != 0) {
+    if (epd_bench_make_secret(b.tmp, b.secret_file, sizeof(b.secret_file), &b.secret,
+                              "overhead") != 0) {
         return 1;
     }
     b.txbuf = malloc(1 << 20);
