@@ -1222,6 +1222,10 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
         pargv[10] = p_ready;
         pargv[12] = p_trace;
         pargv[14] = kvb_p;
+        /* every arm computes its whole prompt: the prefix cache (on by
+         * default) would let repeated prompts skip their compute */
+        pargv[n++] = "--no-prefix-cache";
+        pargv[n] = NULL;
         if (group != OB_GROUP_DEFAULT) {
             pargv[n++] = "--write-group-bytes";
             pargv[n++] = gbuf;
