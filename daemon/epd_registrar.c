@@ -21,6 +21,7 @@
 #include <sched.h>
 #include <sodium.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -711,6 +712,13 @@ void epd_registrar_stop(epd_registrar_t *reg)
     uv_close((uv_handle_t *)&reg->async, epd_registrar_on_closed);
 }
 
+/* the router tells counters from gauges by word index */
+_Static_assert(offsetof(epd_prefix_stats_t, cached_blocks) == 10 * 8 &&
+                   offsetof(epd_prefix_stats_t, tier_stored) == 12 * 8 &&
+                   offsetof(epd_prefix_stats_t, tier_host_bytes) == 20 * 8 &&
+                   sizeof(epd_prefix_stats_t) == 22 * 8,
+               "EPD_PREFIX_STATS_GAUGE is out of date");
+
 void epd_prefix_stats_to_msg(const epd_prefix_stats_t *s, Epd__PrefixCacheStats *m)
 {
     m->requests = s->requests;
@@ -725,6 +733,16 @@ void epd_prefix_stats_to_msg(const epd_prefix_stats_t *s, Epd__PrefixCacheStats 
     m->evictions = s->evictions;
     m->cached_blocks = s->cached_blocks;
     m->checkpoints_held = s->checkpoints_held;
+    m->tier_stored = s->tier_stored;
+    m->tier_spilled = s->tier_spilled;
+    m->tier_restored_host = s->tier_restored_host;
+    m->tier_restored_disk = s->tier_restored_disk;
+    m->tier_restore_us = s->tier_restore_us;
+    m->tier_checksum_failures = s->tier_checksum_failures;
+    m->tier_refused_files = s->tier_refused_files;
+    m->tier_dropped = s->tier_dropped;
+    m->tier_host_bytes = s->tier_host_bytes;
+    m->tier_disk_bytes = s->tier_disk_bytes;
 }
 
 void epd_prefix_stats_from_msg(const Epd__PrefixCacheStats *m, epd_prefix_stats_t *s_p)
@@ -745,4 +763,14 @@ void epd_prefix_stats_from_msg(const Epd__PrefixCacheStats *m, epd_prefix_stats_
     s_p->evictions = m->evictions;
     s_p->cached_blocks = m->cached_blocks;
     s_p->checkpoints_held = m->checkpoints_held;
+    s_p->tier_stored = m->tier_stored;
+    s_p->tier_spilled = m->tier_spilled;
+    s_p->tier_restored_host = m->tier_restored_host;
+    s_p->tier_restored_disk = m->tier_restored_disk;
+    s_p->tier_restore_us = m->tier_restore_us;
+    s_p->tier_checksum_failures = m->tier_checksum_failures;
+    s_p->tier_refused_files = m->tier_refused_files;
+    s_p->tier_dropped = m->tier_dropped;
+    s_p->tier_host_bytes = m->tier_host_bytes;
+    s_p->tier_disk_bytes = m->tier_disk_bytes;
 }

@@ -48,9 +48,16 @@ typedef struct {
     uint64_t requests, prompt_tokens, hit_tokens, computed_tokens, replayed_tokens, replay_cut;
     uint64_t checkpoints_taken, checkpoints_restored, checkpoints_dropped, evictions;
     uint64_t cached_blocks, checkpoints_held;
+    /* the host/disk tier (daemon/epd_kvtier.h): counters, then two gauges */
+    uint64_t tier_stored, tier_spilled, tier_restored_host, tier_restored_disk;
+    uint64_t tier_restore_us, tier_checksum_failures, tier_refused_files, tier_dropped;
+    uint64_t tier_host_bytes, tier_disk_bytes;
 } epd_prefix_stats_t;
 
 #define EPD_PREFIX_STATS_WORDS (sizeof(epd_prefix_stats_t) / sizeof(uint64_t))
+/* Nonzero for the words of epd_prefix_stats_t that are gauges (sizes now),
+ * zero for the monotonic counters. */
+#define EPD_PREFIX_STATS_GAUGE(i) ((i) == 10 || (i) == 11 || (i) == 20 || (i) == 21)
 
 struct Epd__PrefixCacheStats;
 /* Fills the message's fields (the caller's, initialised) from `s`. */

@@ -14,6 +14,7 @@ PACKAGES=(
   libhttp-parser-dev              # HTTP/1.1 parsing (router; no .pc file: -lhttp_parser)
   libjansson-dev                  # JSON: model config, safetensors headers
   libxxhash-dev                   # checksums and hashing
+  libzstd-dev                     # the prefix cache's host/disk KV tier (zstd compression)
   libopenblas-dev                 # ref engine matrix products
   libstb-dev                      # stb_image: PNG / JPEG decoding (vision encoder input)
   libsodium-dev                   # BLAKE2b-256 content hashes of images (the embedding cache key)

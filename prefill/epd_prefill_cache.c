@@ -91,11 +91,12 @@ epd_status_t epd__prefill_cache_init(epd_prefill_srv_t *srv, const char *engine_
                  "%u blocks and at each prompt's last full block), replay budget %u tokens",
                  srv->kv_blocks, kv->block_tokens, srv->ckpt_slots,
                  (unsigned long long)srv->ckpt_bytes, srv->ckpt_every, srv->replay_budget);
-    return EPD_OK;
+    return epd__prefill_tier_init(srv);
 }
 
 void epd__prefill_cache_cleanup(epd_prefill_srv_t *srv)
 {
+    epd__prefill_tier_cleanup(srv);
     epd_kvcache_destroy(srv->pcache);
     epd_free(srv->ckpt_arena);
     epd_free(srv->ckpt_free);
@@ -124,6 +125,7 @@ void epd__prefill_cache_stats(const epd_prefill_srv_t *srv, epd_prefix_stats_t *
     s_p->evictions = srv->pc.evictions;
     s_p->cached_blocks = epd_kvcache_count(srv->pcache);
     s_p->checkpoints_held = srv->pc.ckpts_held;
+    epd__prefill_tier_stats(srv, s_p);
 }
 
 uint32_t epd__prefill_cache_available(const epd_prefill_srv_t *srv)
@@ -142,6 +144,15 @@ static int epd_prefill_cache_evict(epd_prefill_srv_t *srv)
         return 0;
     }
     epd_daemon_prefix_hint(srv->d, epd_prefix_hint(&key), 0);
+    if (srv->tier != NULL) {
+        /* before the block is anyone's again: its KV and checkpoint */
+        uint32_t cs = srv->blk_ckpt != NULL ? srv->blk_ckpt[b] : EPD_KVCACHE_NONE;
+
+        epd__prefill_tier_store(srv, &key, b,
+                                cs != EPD_KVCACHE_NONE
+                                    ? srv->ckpt_arena + (size_t)cs * srv->ckpt_bytes
+                                    : NULL);
+    }
     if (srv->blk_ckpt != NULL && srv->blk_ckpt[b] != EPD_KVCACHE_NONE) {
         srv->ckpt_free[srv->n_ckpt_free++] = srv->blk_ckpt[b];
         srv->blk_ckpt[b] = EPD_KVCACHE_NONE;
@@ -263,6 +274,49 @@ static void epd_prefill_cache_plan_ckpts(epd_prefill_srv_t *srv, epd_prefill_req
     }
 }
 
+/* Extends a hit of h blocks with the blocks the tier holds after it (up
+ * to limit), restored into fresh blocks and cached pinned for req as if
+ * it had computed them, their checkpoints into free arena slots; blocks
+ * the pool holds again on the way are acquired.  Stops at the first block
+ * that cannot be restored (failed check, no room): the rest is computed.
+ * Returns the new h. */
+static uint32_t epd_prefill_cache_from_tier(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
+                                            uint32_t h, uint32_t limit)
+{
+    uint32_t run = h < limit ? epd__prefill_tier_worth(srv, &req->keys[h], limit - h) : 0;
+
+    for (uint32_t end = h + run; h < end; h++) {
+        const void *ckpt = NULL;
+        uint32_t b;
+
+        if (epd_kvcache_find(srv->pcache, &req->keys[h]) != EPD_KVCACHE_NONE) {
+            if (epd_kvcache_acquire(srv->pcache, &req->keys[h], 1, &req->local_blocks[h]) == 1) {
+                continue;
+            }
+            break;
+        }
+        if (srv->n_free_blocks == 0 && !epd_prefill_cache_evict(srv)) {
+            break;
+        }
+        b = srv->free_blocks[srv->n_free_blocks - 1];
+        if (epd__prefill_tier_restore(srv, &req->keys[h], b, &ckpt) != EPD_OK ||
+            epd_kvcache_insert(srv->pcache, &req->keys[h], b) != EPD_OK) {
+            break; /* b stays free; its bytes are garbage to whoever takes it */
+        }
+        srv->n_free_blocks--;
+        req->local_blocks[h] = b;
+        epd_daemon_prefix_hint(srv->d, epd_prefix_hint(&req->keys[h]), 1);
+        if (ckpt != NULL && srv->blk_ckpt != NULL && srv->n_ckpt_free > 0) {
+            uint32_t slot = srv->ckpt_free[--srv->n_ckpt_free];
+
+            memcpy(srv->ckpt_arena + (size_t)slot * srv->ckpt_bytes, ckpt, srv->ckpt_bytes);
+            srv->blk_ckpt[b] = slot;
+            srv->pc.ckpts_held++;
+        }
+    }
+    return h;
+}
+
 epd_status_t epd__prefill_cache_place(epd_prefill_srv_t *srv, epd_prefill_req_t *req,
                                       const Epd__GenerateRequest *g)
 {
@@ -286,6 +340,9 @@ epd_status_t epd__prefill_cache_place(epd_prefill_srv_t *srv, epd_prefill_req_t 
          * the first token's logits (a plain prefill's) come from its last
          * position */
         h = epd_kvcache_acquire(srv->pcache, req->keys, (n_pre - 1) / bt, req->local_blocks);
+        if (srv->tier != NULL) {
+            h = epd_prefill_cache_from_tier(srv, req, h, (n_pre - 1) / bt);
+        }
         c = epd_prefill_cache_deepest_ckpt(srv, req, h);
         if ((uint64_t)(h - c) * bt > srv->replay_budget) {
             /* replaying costs as much as computing: cut the hit back */
@@ -334,6 +391,7 @@ void epd__prefill_cache_computed(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
     if (srv->pcache == NULL) {
         return;
     }
+    epd__prefill_tier_ran(srv, req->n_tokens - req->start, req->compute_done_ns - req->t_start_ns);
     for (uint32_t i = req->hit_blocks; i < req->n_keys; i++) {
         /* EPD_ERR_EXISTS: another request computed the same block first;
          * ours stays the request's and is freed with it */

@@ -20,6 +20,9 @@
  *                           and a request's memory
  *   epd_prefill_cache.c     the prefix cache: cached blocks a request
  *                           starts from, checkpoints, eviction
+ *   epd_prefill_tier.c      the prefix cache's host and disk tier: evicted
+ *                           blocks stored, restored when that beats
+ *                           computing (called by the cache part only)
  *   epd_prefill_xfer.c      one request's KV transfer: the reservation and
  *                           its key, posting the writes, their completions,
  *                           LayerDone, PrefillComplete
@@ -33,7 +36,7 @@
  * Calls go one way: main.c -> epd_prefill_msg.c -> epd_prefill_req.c ->
  * the parts (epd_prefill_ids.c, epd_prefill_pool.c, epd_prefill_cache.c,
  * epd_prefill_media.c, epd_prefill_xfer.c) -> epd_prefill_compute.c,
- * epd_prefill_plan.c; among the parts: pool -> cache, xfer, plan;
+ * epd_prefill_plan.c; among the parts: pool -> cache, xfer, plan; cache -> tier;
  * xfer -> plan; media -> compute.
  * main.c also calls the request layer and the parts to set them up.  A
  * part never calls the request layer: it answers with return values, and
@@ -61,6 +64,7 @@
 #include "epd_engine.h"
 #include "epd_hash.h"
 #include "epd_kvcache.h"
+#include "epd_kvtier.h"
 #include "epd_link.h"
 #include "epd_msg.h"
 #include "epd_peer.h"
@@ -90,6 +94,9 @@
  * behind a large layer (a 32k-token dense layer at the shipped scale is
  * 6.4 MiB: seven passes of the loop). */
 #define EPD_PREFILL_WRITE_CHUNK_DEFAULT (1u << 20)
+/* zstd level of the KV tier: README.md "Host and disk tier" has the measurement
+ * (epd-bench kvtier) that chose it */
+#define EPD_PREFILL_TIER_LEVEL_DEFAULT 1
 #define EPD_PREFILL_MEDIA_MAX 8 /* images per request (proto/README.md rule 13) */
 #define EPD_PREFILL_HASH_BYTES 32 /* MediaRef.content_hash: BLAKE2b-256 */
 /* The largest request-plane message: images may come inline (a cluster
@@ -390,6 +397,16 @@ typedef struct epd_prefill_srv {
         uint64_t ckpts_taken, ckpts_restored, ckpts_dropped, evictions;
         uint64_t ckpts_held; /* now */
     } pc;
+    /* the host/disk tier (the tier part's; tier NULL: off) */
+    uint64_t tier_host_bytes;  /* --kv-host-bytes */
+    const char *tier_dir;      /* --kv-disk (borrowed from the flags), NULL: none */
+    uint64_t tier_disk_bytes;  /* --kv-disk-bytes */
+    int tier_persist;          /* --kv-disk-persist */
+    int tier_level;            /* --kv-tier-level */
+    epd_kvtier_t *tier;
+    unsigned char *tier_buf;   /* one block's payload: attention KV then a checkpoint */
+    size_t tier_blk_bytes;     /* its attention part */
+    double tier_tps;           /* EWMA of the prefill's computed tokens per second */
     /* requests (the request layer's) */
     epd_reqtab_t reqs;
     int room; /* a write completed: retry the blocked */
@@ -521,6 +538,28 @@ void epd__prefill_cache_release(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
 void epd__prefill_cache_stats(const epd_prefill_srv_t *srv, epd_prefix_stats_t *s_p);
 /* Blocks a request could get now: free, plus cached ones nobody pins. */
 uint32_t epd__prefill_cache_available(const epd_prefill_srv_t *srv);
+
+/* The host/disk tier (after the cache; off without pcache or with neither
+ * --kv-host-bytes nor --kv-disk).  EPD_OK or the failure (logged). */
+epd_status_t epd__prefill_tier_init(epd_prefill_srv_t *srv);
+void epd__prefill_tier_cleanup(epd_prefill_srv_t *srv);
+/* Puts pool block `block` (evicted under key) and its checkpoint (ckpt:
+ * ckpt_bytes, borrowed; NULL: none) into the tier. */
+void epd__prefill_tier_store(epd_prefill_srv_t *srv, const epd_prefix_hash_t *key, uint32_t block,
+                             const void *ckpt);
+/* How many of keys[0..n) (consecutive, from the first) to restore from
+ * the tier: the run the tier holds, or 0 when computing them is faster. */
+uint32_t epd__prefill_tier_worth(const epd_prefill_srv_t *srv, const epd_prefix_hash_t *keys,
+                                 uint32_t n);
+/* Restores key's block into free pool block `block` (verified); *ckpt_p its
+ * checkpoint (ckpt_bytes in the tier's buffer, valid until the next tier
+ * call) or NULL.  EPD_OK or why not (the block is not used). */
+epd_status_t epd__prefill_tier_restore(epd_prefill_srv_t *srv, const epd_prefix_hash_t *key,
+                                       uint32_t block, const void **ckpt_p);
+/* A finished run computed `tokens` in `ns`: the prefill rate. */
+void epd__prefill_tier_ran(epd_prefill_srv_t *srv, uint64_t tokens, uint64_t ns);
+/* The tier's fields of *s_p. */
+void epd__prefill_tier_stats(const epd_prefill_srv_t *srv, epd_prefix_stats_t *s_p);
 
 /* ---- epd_prefill_xfer.c ---- */
 /* Sets up x for request `id` to decode `peer` (borrowed) from our blocks

@@ -41,6 +41,11 @@ typedef struct {
     int64_t ckpt_bytes;
     int64_t replay_tokens;
     int hold_under_pressure;
+    int64_t kv_host_bytes;
+    const char *kv_disk;
+    int64_t kv_disk_bytes; /* -1: not given */
+    int kv_disk_persist;
+    int64_t kv_tier_level;
 } epd_prefill_flags_t;
 
 /* Shutdown step 5 (daemon/epd_daemon.h): the compute thread writes into
@@ -204,6 +209,19 @@ static int epd_prefill_run(const epd_daemon_flags_t *dfl, void *arg)
     srv.ckpt_budget = (uint64_t)fl->ckpt_bytes;
     srv.replay_budget = (uint32_t)fl->replay_tokens;
     srv.hold_under_pressure = fl->hold_under_pressure;
+    if (fl->kv_disk == NULL && (fl->kv_disk_bytes >= 0 || fl->kv_disk_persist)) {
+        fprintf(stderr, "epd-prefill: --kv-disk-bytes and --kv-disk-persist need --kv-disk DIR\n");
+        return 2;
+    }
+    if (fl->kv_disk != NULL && fl->kv_disk[0] == '\0') {
+        fprintf(stderr, "epd-prefill: --kv-disk needs a directory\n");
+        return 2;
+    }
+    srv.tier_host_bytes = (uint64_t)fl->kv_host_bytes;
+    srv.tier_dir = fl->kv_disk;
+    srv.tier_disk_bytes = fl->kv_disk_bytes >= 0 ? (uint64_t)fl->kv_disk_bytes : (uint64_t)1 << 30;
+    srv.tier_persist = fl->kv_disk_persist;
+    srv.tier_level = (int)fl->kv_tier_level;
     /* the model (blocking: before the loop runs) */
     if (epd_daemon_engine_open(dfl, EPD_PREFILL_LOG, (uint32_t)fl->block_tokens, 1, &srv.engine) !=
         EPD_OK) {
@@ -244,6 +262,11 @@ int main(int argc, char **argv)
         .ckpt_bytes = 64 << 20,
         .replay_tokens = 256,
         .hold_under_pressure = 1,
+        .kv_host_bytes = 256 << 20,
+        .kv_disk = NULL,
+        .kv_disk_bytes = -1,
+        .kv_disk_persist = 0,
+        .kv_tier_level = EPD_PREFILL_TIER_LEVEL_DEFAULT,
     };
     const epd_opt_t opts[] = {
         {"kv-blocks", EPD_OPT_INT, &fl.kv_blocks, 1, 1 << 24, "local KV blocks"},
@@ -284,6 +307,18 @@ int main(int argc, char **argv)
          "once a decode worker refused a reservation (within the last lease), start a prompt's "
          "compute only when its reservation is in (proto/README.md rule 34; "
          "--no-hold-under-pressure: always at once, before the reservation)"},
+        {"kv-host-bytes", EPD_OPT_INT, &fl.kv_host_bytes, 0, (int64_t)1 << 44,
+         "prefix cache: compressed bytes of evicted KV blocks kept in host memory (0: none; "
+         "README.md \"Host and disk tier\")"},
+        {"kv-disk", EPD_OPT_STRING, &fl.kv_disk, 0, 0,
+         "prefix cache: a directory where blocks the host tier evicts go (one file per block)"},
+        {"kv-disk-bytes", EPD_OPT_INT, &fl.kv_disk_bytes, -1, (int64_t)1 << 50,
+         "bytes of --kv-disk files at most, oldest deleted first (-1: 1 GiB)"},
+        {"kv-disk-persist", EPD_OPT_BOOL, &fl.kv_disk_persist, 0, 0,
+         "keep --kv-disk files at exit and use those of earlier runs of the same model and "
+         "layout (without it they are removed)"},
+        {"kv-tier-level", EPD_OPT_INT, &fl.kv_tier_level, 1, 19,
+         "zstd level of the host and disk tier"},
     };
     return epd_daemon_main("epd-prefill",
                            "prefill worker: prompts in, KV streamed to decode per layer",

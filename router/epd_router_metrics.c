@@ -117,6 +117,37 @@ static void epd_router_metrics_prefix(epd_router_text_t *t, const epd_router_reg
         snprintf(name, sizeof(name), "epd_router_prefix_%s_total", names[i][0]);
         epd_router_metrics_counter(t, name, names[i][1], v[i]);
     }
+    /* the host/disk tier: counters (words 12..19), then its two gauges */
+    static const char *const tier[][2] = {
+        {"tier_stored", "KV blocks evicted from a prefill pool stored in its host tier"},
+        {"tier_spilled", "KV blocks the host tiers spilled to disk"},
+        {"tier_restored_host", "KV blocks restored from a host tier"},
+        {"tier_restored_disk", "KV blocks restored from a disk tier"},
+        {"tier_restore_us", "Microseconds spent restoring tier blocks (reads, decompression, checks)"},
+        {"tier_checksum_failures", "Tier blocks that failed their checksum: not used, recomputed"},
+        {"tier_refused_files", "Disk tier files refused (corrupt, truncated, another model's)"},
+        {"tier_dropped", "Tier blocks dropped for room with nowhere to go"},
+    };
+    for (size_t i = 0; i < sizeof(tier) / sizeof(tier[0]); i++) {
+        snprintf(name, sizeof(name), "epd_router_prefix_%s_total", tier[i][0]);
+        epd_router_metrics_counter(t, name, tier[i][1], v[12 + i]);
+    }
+    epd_router_text_printf(t, "# HELP epd_router_prefix_tier_bytes Bytes the prefill workers' KV "
+                              "tiers hold (their last heartbeats)\n"
+                              "# TYPE epd_router_prefix_tier_bytes gauge\n");
+    {
+        uint64_t hb = 0, db = 0;
+
+        for (const epd_router_worker_t *w = reg->workers; w != NULL; w = w->next) {
+            if (w->state != EPD_ROUTER_DEAD && w->info.role == EPD_CLIENT_ROLE_PREFILL) {
+                hb += w->hb_prefix.tier_host_bytes;
+                db += w->hb_prefix.tier_disk_bytes;
+            }
+        }
+        epd_router_text_printf(t, "epd_router_prefix_tier_bytes{tier=\"host\"} %llu\n"
+                                  "epd_router_prefix_tier_bytes{tier=\"disk\"} %llu\n",
+                               (unsigned long long)hb, (unsigned long long)db);
+    }
     epd_router_text_printf(t, "# HELP epd_router_prefix_hit_ratio Hit tokens over prompt tokens of "
                               "the prefill workers' prefix caches\n"
                               "# TYPE epd_router_prefix_hit_ratio gauge\n"

@@ -283,9 +283,9 @@ static void epd_router_prefix_heartbeat(epd_router_t *rt, epd_router_worker_t *w
     memcpy(cur, &now, sizeof(cur));
     memcpy(old, &w->hb_prefix, sizeof(old));
     memcpy(sum, total, sizeof(sum));
-    /* the counters: every word but the two gauges at the end */
-    for (size_t i = 0; i + 2 < EPD_PREFIX_STATS_WORDS; i++) {
-        if (cur[i] > old[i]) {
+    /* the counters: every word but the gauges */
+    for (size_t i = 0; i < EPD_PREFIX_STATS_WORDS; i++) {
+        if (!EPD_PREFIX_STATS_GAUGE(i) && cur[i] > old[i]) {
             sum[i] += cur[i] - old[i];
         }
     }

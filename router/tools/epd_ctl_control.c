@@ -149,6 +149,18 @@ static void ctl_print_load(const char *sep, const Epd__Load *l)
                (unsigned long long)p->checkpoints_dropped, sep, (unsigned long long)p->evictions,
                sep, (unsigned long long)p->cached_blocks, sep,
                (unsigned long long)p->checkpoints_held, sep);
+        printf("prefix_tier_stored=%llu%sprefix_tier_spilled=%llu%sprefix_tier_restored_host=%llu%s"
+               "prefix_tier_restored_disk=%llu%sprefix_tier_restore_us=%llu%s"
+               "prefix_tier_checksum_failures=%llu%sprefix_tier_refused_files=%llu%s"
+               "prefix_tier_dropped=%llu%sprefix_tier_host_bytes=%llu%sprefix_tier_disk_bytes=%llu%s",
+               (unsigned long long)p->tier_stored, sep, (unsigned long long)p->tier_spilled, sep,
+               (unsigned long long)p->tier_restored_host, sep,
+               (unsigned long long)p->tier_restored_disk, sep,
+               (unsigned long long)p->tier_restore_us, sep,
+               (unsigned long long)p->tier_checksum_failures, sep,
+               (unsigned long long)p->tier_refused_files, sep, (unsigned long long)p->tier_dropped,
+               sep, (unsigned long long)p->tier_host_bytes, sep,
+               (unsigned long long)p->tier_disk_bytes, sep);
     }
 }
 

@@ -8,6 +8,7 @@ $(eval $(call epd_test,test_epd_daemon,tests/daemon/test_epd_daemon.c tests/engi
 $(test_epd_daemon_OBJS): EPD_CPPFLAGS += -Itests/engine
 $(BUILD)/tests/test_epd_daemon: $(BUILD)/itest/epd-daemon-testd
 $(eval $(call epd_test,test_epd_kvcache,tests/daemon/test_epd_kvcache.c,$(DAEMON_TEST_LIBS)))
+$(eval $(call epd_test,test_epd_kvtier,tests/daemon/test_epd_kvtier.c,$(DAEMON_TEST_LIBS)))
 $(eval $(call epd_test,test_epd_daemon_parts,tests/daemon/test_epd_daemon_parts.c,$(DAEMON_TEST_LIBS)))
 
 EPD_TESTD_OBJS := $(call obj_of,tests/daemon/epd_daemon_testd.c)
