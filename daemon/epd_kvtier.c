@@ -652,7 +652,11 @@ void epd_kvtier_destroy(epd_kvtier_t *t)
         return;
     }
     while (t->host.lru != NULL) {
-        epd_kvtier_forget(t, t->host.lru);
+        if (t->cfg.persist && t->dir != NULL) {
+            epd_kvtier_spill(t, t->host.lru); /* the next run may use it */
+        } else {
+            epd_kvtier_forget(t, t->host.lru);
+        }
     }
     while (t->disk.lru != NULL) {
         if (t->cfg.persist) {
@@ -855,6 +859,7 @@ epd_status_t epd_kvtier_get(epd_kvtier_t *t, const epd_prefix_hash_t *key, void 
         t->st.restored_host++;
     } else {
         t->st.restored_disk++;
+        epd_log_debug(t->cfg.log_comp, 0, "kv tier: restored %s", path);
     }
     return EPD_OK;
 }

@@ -32,8 +32,9 @@
  * ("written by another model or KV layout") is never touched.
  *
  * persist: at create the directory is scanned and every valid file of our
- * namespace indexed (most recently modified = most recently used), and the
- * files stay at destroy.  Without it our files of earlier runs are removed
+ * namespace indexed (most recently modified = most recently used); at
+ * destroy the host tier is written out too (disk bound permitting) and the
+ * files stay.  Without it our files of earlier runs are removed
  * at create and ours at destroy.
  *
  * Synchronous: put compresses (and may write a file), get reads and
@@ -88,7 +89,8 @@ typedef struct {
  * removes our old files.  EPD_ERR_CONFIG (logged: an unusable directory,
  * disk_bytes without disk_dir, a bad level or shuffle), EPD_ERR_NO_MEMORY. */
 epd_status_t epd_kvtier_create(const epd_kvtier_config_t *cfg, epd_kvtier_t **t_p);
-/* Without persist removes our files.  NULL is a no-op. */
+/* Without persist removes our files; with it writes the host tier out.
+ * NULL is a no-op. */
 void epd_kvtier_destroy(epd_kvtier_t *t);
 
 /* Stores payload[0..len) (its last ckpt_len bytes a checkpoint; borrowed

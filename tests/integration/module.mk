@@ -50,6 +50,7 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_multimodal_ucx_shm.sh \
              tests/integration/test_multimodal_ofi_tcp.sh \
              tests/integration/test_prefix_cache.sh \
+             tests/integration/test_kv_tier.sh \
              tests/integration/test_router_kv_aware.sh
 $(eval $(call epd_itest_prog,epd-itest-poison,tests/integration/epd_itest_poison.c))
 ALL_TESTS += tests/integration/test_image_hash.sh

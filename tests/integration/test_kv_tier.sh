@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The prefix cache's host and disk tier (daemon/epd_kvtier.c,
+# prefill/epd_prefill_tier.c, README.md "Host and disk tier"), for the
+# hybrid model (LLA: checkpoints travel with their blocks) and an
+# attention-only one.  Every answer equals `epd-generate`'s.  Per model:
+#  1. a 40-block pool, a host tier of a few blocks, a disk directory with
+#     --kv-disk-persist: prompts push the first one out of the pool and out
+#     of the host tier (spilled to disk); asked again it is restored from
+#     disk (counters) and its answer is exact;
+#  2. the worker stopped (its files stay), a payload byte flipped in one of
+#     the first prompt's files (one the log says it restored, deep in the
+#     chain): restarted on the same directory, the blocks before it are
+#     restored from disk, that one fails its checksum (counter, the log
+#     names the file) and is computed instead: the answer is still exact;
+#  3. stopped again, a foreign file (written by a worker of the other
+#     model) and a truncated file of ours dropped in: restarted, both are
+#     refused with a log line each (foreign: "written by another model or
+#     KV layout"), the answer is still exact.
+source "$(dirname "$0")/lib.sh"
+
+mkmodel "$T/hybrid" "${TINY_MODEL_FLAGS[@]}"
+mkmodel "$T/attn" --layers 2 --dim 64 --heads 4 --kv-heads 2 --layer-pattern A --ffn 128 \
+  --vocab 258 --vision 0 --max-context 2048 --seed 11
+
+pf() { # NAME TEXT: a prompt file
+  printf '%s' "$2" >"$T/$1"
+}
+counter() { # NAME ADDR: a prefill worker's prefix-cache counter
+  local v
+  v=$(health_field "$2" "prefix_$1")
+  echo "${v:-0}"
+}
+for i in 1 2 3 4 5; do
+  pf "p$i" "$(prompt_of_len 300 $((30 + i)))" # BOS + 300 = 301 tokens: 19 blocks, 18 full
+done
+
+start_daemon d decode --model "$T/hybrid" --worker-id decode-h --kv-blocks 1024 --state-slots 16
+start_daemon da decode --model "$T/attn" --worker-id decode-a --kv-blocks 1024 --state-slots 16
+
+# tier_prefill NAME MODEL DIR: a prefill worker with a 40-block pool, a
+# host tier of about 4 blocks and a persistent disk tier in DIR
+tier_prefill() {
+  start_daemon "$1" prefill --model "$2" --worker-id "prefill-$1" --kv-blocks 40 --state-slots 4 \
+    --kv-host-bytes 16384 --kv-disk "$3" --kv-disk-bytes 50000000 --kv-disk-persist \
+    --log-level debug
+}
+
+run_model() { # MODEL_NAME DECODE_ADDR: steps 1 and 2
+  local m=$1 dd=$2 dir="$T/tier-$1" a addr n files victim
+  note "$m: prompts push the first out of the pool and the host tier"
+  tier_prefill "${m}1" "$T/$m" "$dir"
+  a="${m}1_ADDR"
+  addr=${!a}
+  grep -q "kv tier on" "$T/${m}1.log" || fail "$m: the tier is not on"
+  for i in 1 2 3 4 5; do
+    same_as_colocated "$T/$m" "$addr" "$dd" "$T/p$i" 12
+  done
+  [ "$(counter evictions "$addr")" -gt 18 ] || fail "$m: evictions=$(counter evictions "$addr")"
+  [ "$(counter tier_spilled "$addr")" -gt 0 ] || fail "$m: nothing spilled to disk"
+  [ "$(counter tier_disk_bytes "$addr")" -gt 0 ] || fail "$m: tier_disk_bytes=0"
+  [ "$(counter tier_host_bytes "$addr")" -le 16384 ] || fail "$m: host tier over its bound"
+  note "$m: the first prompt again: restored from disk, the same answer"
+  n=$(counter hit_tokens "$addr")
+  same_as_colocated "$T/$m" "$addr" "$dd" "$T/p1" 12
+  [ "$(counter tier_restored_disk "$addr")" -gt 0 ] ||
+    fail "$m: nothing restored from disk (restored_host=$(counter tier_restored_host "$addr"))"
+  [ $(( $(counter hit_tokens "$addr") - n )) = 288 ] ||
+    fail "$m: the restored prompt hit $(( $(counter hit_tokens "$addr") - n )) tokens, want 288"
+  [ "$(counter tier_checksum_failures "$addr")" = 0 ] || fail "$m: checksum failures"
+  same_as_colocated "$T/$m" "$addr" "$dd" "$T/p1" 12 --temperature 0.8 --seed 5
+  stop_daemon "${m}1"
+  [ "$STOP_RC" = 0 ] || fail "$m: prefill exited $STOP_RC"
+  files=$(find "$dir" -maxdepth 1 -type f | wc -l)
+  [ "$files" -gt 18 ] || fail "$m: $files files kept with --kv-disk-persist"
+
+  note "$m: a flipped payload byte in a restored file: refused at restore, the answer exact"
+  # the files the first worker restored for p1, in chain order: corrupt the 10th
+  mapfile -t restored < <(sed -n 's/.*kv tier: restored \([^ ]*\)$/\1/p' "$T/${m}1.log")
+  [ "${#restored[@]}" -ge 18 ] || fail "$m: ${#restored[@]} restored files logged"
+  victim=${restored[9]}
+  [ -f "$victim" ] || fail "$m: $victim is gone"
+  python3 - "$victim" <<'EOF'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, 'rb').read())
+b[144 + (len(b) - 144) // 2] ^= 0x10  # a byte of the compressed payload
+open(p, 'wb').write(bytes(b))
+EOF
+  tier_prefill "${m}2" "$T/$m" "$dir"
+  a="${m}2_ADDR"
+  addr=${!a}
+  grep -q "kv tier: $dir: [1-9][0-9]* blocks of earlier runs" "$T/${m}2.log" ||
+    fail "$m: the restarted worker indexed no files"
+  same_as_colocated "$T/$m" "$addr" "$dd" "$T/p1" 12
+  [ "$(counter tier_checksum_failures "$addr")" = 1 ] ||
+    fail "$m: tier_checksum_failures=$(counter tier_checksum_failures "$addr"), want 1"
+  [ "$(counter tier_restored_disk "$addr")" = 9 ] ||
+    fail "$m: restored $(counter tier_restored_disk "$addr") blocks from disk after the restart, want 9"
+  grep -q "kv tier: block in $victim fails its checksum" "$T/${m}2.log" ||
+    fail "$m: no log line names the corrupt file"
+  [ ! -e "$victim" ] || fail "$m: the corrupt file is still there"
+  same_as_colocated "$T/$m" "$addr" "$dd" "$T/p2" 12 --temperature 0.7 --seed 3
+  stop_daemon "${m}2"
+}
+
+run_refusals() { # MODEL_NAME DECODE_ADDR FOREIGN_FILE: step 3
+  local m=$1 dd=$2 dir="$T/tier-$1" a addr trunc foreign
+  note "$m: a foreign file and a truncated one are refused"
+  mapfile -t restored < <(sed -n 's/.*kv tier: restored \([^ ]*\)$/\1/p' "$T/${m}1.log")
+  foreign=$3
+  cp "$foreign" "$dir/"
+  trunc=${restored[3]}
+  [ -f "$trunc" ] || fail "$m: $trunc is gone"
+  truncate -s 100 "$trunc"
+  tier_prefill "${m}3" "$T/$m" "$dir"
+  a="${m}3_ADDR"
+  addr=${!a}
+  grep -q "kv tier: refusing file $dir/$(basename "$foreign"): written by another model or KV layout (left in place)" "$T/${m}3.log" ||
+    fail "$m: no log line refuses the foreign file"
+  grep -q "kv tier: refusing file $trunc: truncated" "$T/${m}3.log" ||
+    fail "$m: no log line refuses the truncated file"
+  same_as_colocated "$T/$m" "$addr" "$dd" "$T/p1" 12
+  # (epd-ctl prints the counters once a request came)
+  [ "$(counter tier_refused_files "$addr")" = 2 ] ||
+    fail "$m: tier_refused_files=$(counter tier_refused_files "$addr"), want 2"
+  [ "$(counter tier_restored_disk "$addr")" = 3 ] ||
+    fail "$m: restored $(counter tier_restored_disk "$addr") blocks, want the 3 before the truncated one"
+  [ -e "$dir/$(basename "$foreign")" ] || fail "$m: the foreign file was deleted"
+  same_as_colocated "$T/$m" "$addr" "$dd" "$T/p3" 12 --temperature 0.6 --seed 9
+  stop_daemon "${m}3"
+}
+
+# each model's foreign file comes from the other's directory
+run_model attn "$da_ADDR"
+run_model hybrid "$d_ADDR"
+f_attn=$(find "$T/tier-attn" -maxdepth 1 -type f -name '[0-9a-f]*' | head -n 1)
+f_hybrid=$(find "$T/tier-hybrid" -maxdepth 1 -type f -name '[0-9a-f]*' | head -n 1)
+[ -n "$f_attn" ] && [ -n "$f_hybrid" ] || fail "no files in the tier directories"
+run_refusals attn "$da_ADDR" "$f_hybrid"
+run_refusals hybrid "$d_ADDR" "$f_attn"
+finish_ok
