@@ -23,6 +23,8 @@ static const struct {
      "a burst of requests at once: decode KV up front vs on demand (goodput, 429s, preemptions)"},
     {"fleet", epd_bench_fleet_main,
      "the router's CPU, memory and added latency while it holds 10, 100, 1,000 heartbeating workers"},
+    {"kvtier", epd_bench_kvtier_main,
+     "zstd ratio and MB/s on the ref engine's KV blocks (levels x byte-plane shuffles), the tier's cost per block"},
     {"soak", epd_bench_soak_main,
      "requests through a cluster under transport faults, stalls, kills and aborts: every answer checked"},
 };

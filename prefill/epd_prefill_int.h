@@ -96,7 +96,7 @@
 #define EPD_PREFILL_WRITE_CHUNK_DEFAULT (1u << 20)
 /* zstd level of the KV tier: README.md "Host and disk tier" has the measurement
  * (epd-bench kvtier) that chose it */
-#define EPD_PREFILL_TIER_LEVEL_DEFAULT 1
+#define EPD_PREFILL_TIER_LEVEL_DEFAULT 3
 #define EPD_PREFILL_MEDIA_MAX 8 /* images per request (proto/README.md rule 13) */
 #define EPD_PREFILL_HASH_BYTES 32 /* MediaRef.content_hash: BLAKE2b-256 */
 /* The largest request-plane message: images may come inline (a cluster

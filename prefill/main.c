@@ -219,7 +219,9 @@ static int epd_prefill_run(const epd_daemon_flags_t *dfl, void *arg)
     }
     srv.tier_host_bytes = (uint64_t)fl->kv_host_bytes;
     srv.tier_dir = fl->kv_disk;
-    srv.tier_disk_bytes = fl->kv_disk_bytes >= 0 ? (uint64_t)fl->kv_disk_bytes : (uint64_t)1 << 30;
+    srv.tier_disk_bytes = fl->kv_disk == NULL       ? 0
+                          : fl->kv_disk_bytes >= 0 ? (uint64_t)fl->kv_disk_bytes
+                                                   : (uint64_t)1 << 30;
     srv.tier_persist = fl->kv_disk_persist;
     srv.tier_level = (int)fl->kv_tier_level;
     /* the model (blocking: before the loop runs) */

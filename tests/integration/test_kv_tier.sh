@@ -34,6 +34,17 @@ for i in 1 2 3 4 5; do
   pf "p$i" "$(prompt_of_len 300 $((30 + i)))" # BOS + 300 = 301 tokens: 19 blocks, 18 full
 done
 
+note "bad tier flags are refused with a clear line"
+out=$(timeout 60 "$BIN/epd-prefill" --model "$T/attn" --kv-disk-bytes 1000 2>&1) &&
+  fail "--kv-disk-bytes without --kv-disk was accepted"
+grep -q -- "--kv-disk-bytes and --kv-disk-persist need --kv-disk DIR" <<<"$out" ||
+  fail "no clear line for --kv-disk-bytes without --kv-disk: $out"
+touch "$T/plain"
+out=$(timeout 60 "$BIN/epd-prefill" --model "$T/attn" --kv-disk "$T/plain/sub" 2>&1) &&
+  fail "an unusable --kv-disk directory was accepted"
+grep -q "kv tier: cannot create directory $T/plain/sub" <<<"$out" ||
+  fail "no clear line for an unusable --kv-disk: $(tail -n 3 <<<"$out")"
+
 start_daemon d decode --model "$T/hybrid" --worker-id decode-h --kv-blocks 1024 --state-slots 16
 start_daemon da decode --model "$T/attn" --worker-id decode-a --kv-blocks 1024 --state-slots 16
 
