@@ -144,8 +144,8 @@ run_refusals() { # MODEL_NAME DECODE_ADDR FOREIGN_FILE: step 3
 # each model's foreign file comes from the other's directory
 run_model attn "$da_ADDR"
 run_model hybrid "$d_ADDR"
-f_attn=$(find "$T/tier-attn" -maxdepth 1 -type f -name '[0-9a-f]*' | head -n 1)
-f_hybrid=$(find "$T/tier-hybrid" -maxdepth 1 -type f -name '[0-9a-f]*' | head -n 1)
+f_attn=$(find "$T/tier-attn" -maxdepth 1 -type f -name '[0-9a-f]*' -print -quit)
+f_hybrid=$(find "$T/tier-hybrid" -maxdepth 1 -type f -name '[0-9a-f]*' -print -quit)
 [ -n "$f_attn" ] && [ -n "$f_hybrid" ] || fail "no files in the tier directories"
 run_refusals attn "$da_ADDR" "$f_hybrid"
 run_refusals hybrid "$d_ADDR" "$f_attn"
