@@ -157,9 +157,15 @@ typedef struct epd_router_req {
     struct epd_router_req *wprev, *wnext; /* WAITING: the queue, oldest first */
     /* facts */
     int no_hints;       /* a cache hint failed once: no more cache-only images */
-    uint32_t n_out;     /* tokens received (from the one attempt that produced any): the
-                         * first ends SUBMITTED; while 0, the attempt's prompt counts in
-                         * pw->queued_tokens */
+    uint32_t n_out;     /* tokens received, over every attempt */
+    uint32_t n_base;    /* of those, received before the attempt in flight: it was
+                         * migrated there (proto/README.md rule 37).  Its first token
+                         * (n_out > n_base) ends SUBMITTED; until then its prompt counts
+                         * in pw->queued_tokens (pw_queued of them) */
+    uint32_t pw_queued;
+    uint32_t *out; /* [max_new] the token ids received (a migration's prompt tail) */
+    uint32_t *mig_prompt; /* [n_prompt + max_new] a migrated attempt's prompt */
+    uint32_t migrations; /* attempts that went on after another attempt's tokens */
     int stream_started; /* HTTP SSE headers sent (epd_router_answer.c): an error is then an
                          * event of the stream, not an HTTP status */
     uint64_t t_arrival_ns;

@@ -191,6 +191,10 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                            m->http.connections, m->http.buffered_body_bytes);
     epd_router_metrics_counter(t, "epd_router_retries_total",
                                "Requests sent again to another worker", m->retries);
+    epd_router_metrics_counter(t, "epd_router_migrations_total",
+                               "Streams cut after some tokens that went on from another prefill "
+                               "and decode worker (proto/README.md rule 37)",
+                               m->migrations);
     epd_router_metrics_counter(t, "epd_router_capacity_retries_total",
                                "Attempts refused for room (KV or prefill pool full), sent again "
                                "after a backoff",

@@ -45,6 +45,7 @@ typedef struct {
     uint64_t ok;             /* generations finished (stop/length) */
     uint64_t errors[EPD_ROUTER_ERR_KINDS];
     uint64_t retries;
+    uint64_t migrations; /* streams that went on from another pair (rule 37) */
     uint64_t prompt_tokens;
     uint64_t completion_tokens;
     uint64_t registrations;

@@ -143,6 +143,8 @@ static void epd_router_req_free(epd_router_t *rt, epd_router_req_t *r)
     epd_free(r->img_hash);
     epd_free(r->img_pos);
     epd_free(r->prompt);
+    epd_free(r->out);
+    epd_free(r->mig_prompt);
     epd_free(r->text);
     epd_free(r);
 }
@@ -174,8 +176,8 @@ void epd__router_reqs_free_all(epd_router_t *rt)
 static void epd_router_attempt_end(epd_router_req_t *r)
 {
     if (r->pw != NULL) {
-        if (r->n_out == 0) {
-            r->pw->queued_tokens -= r->n_prompt;
+        if (r->n_out == r->n_base) {
+            r->pw->queued_tokens -= r->pw_queued;
         }
         r->pw->inflight--;
         epd_router_worker_unref(r->pw);
@@ -374,6 +376,15 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
         memset(&q, 0, sizeof(q));
         q.prompt = r->prompt;
         q.n_prompt = r->n_prompt;
+        if (r->n_out > 0) {
+            /* migrated (rule 37): the tokens out so far end its prompt;
+             * prefill recomputes their KV, decode goes on at index n_out */
+            memcpy(r->mig_prompt, r->prompt, (size_t)r->n_prompt * sizeof(uint32_t));
+            memcpy(r->mig_prompt + r->n_prompt, r->out, (size_t)r->n_out * sizeof(uint32_t));
+            q.prompt = r->mig_prompt;
+            q.n_prompt = r->n_prompt + r->n_out;
+            q.resume_generated = r->n_out;
+        }
         q.temperature = (float)r->oai->temperature;
         q.top_p = (float)r->oai->top_p;
         q.top_k = r->oai->top_k > 0 ? (uint32_t)r->oai->top_k : 0;
@@ -420,7 +431,9 @@ static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, u
             dw->inflight++;
             pw->served++;
             dw->served++;
-            pw->queued_tokens += r->n_prompt; /* until the first token (n_out 0) */
+            r->n_base = r->n_out;
+            r->pw_queued = q.n_prompt;
+            pw->queued_tokens += q.n_prompt; /* until its first token */
             r->dw_blocks = epd_router_decode_blocks(dw, &fit);
             dw->kv_pending += r->dw_blocks; /* until its next heartbeat says */
             r->t_dispatch_ns = now_ns;
@@ -596,6 +609,15 @@ static epd_router_attempt_next_t epd_router_attempt_no_room(epd_router_t *rt, ep
     return EPD_ROUTER_ATTEMPT_RETRY;
 }
 
+/* May the stream of r, cut after some tokens, go on from another pair
+ * (rule 37)?  Not with images (a resume recomputes the prompt's KV without
+ * media), nor when it has all its tokens, nor without the token ids. */
+static int epd_router_may_migrate(const epd_router_req_t *r)
+{
+    return r->n_out > 0 && r->n_images == 0 && r->n_out < r->max_new && r->out != NULL &&
+           r->mig_prompt != NULL;
+}
+
 /* The attempt failed (an ERROR or REFUSED event, `ev`): what it tells of
  * the workers (a disproved cache hint, whom to avoid), the workers let go,
  * then a retry, or the answer. */
@@ -650,14 +672,15 @@ static epd_router_attempt_next_t epd_router_attempt_failed(epd_router_t *rt, epd
                               "an image of the request: %s%s", ev->message, "");
         return EPD_ROUTER_ATTEMPT_FINAL;
     }
-    if (r->n_out == 0 && epd_router_for_room(ev)) {
+    if (r->n_out == r->n_base && epd_router_for_room(ev)) {
         return epd_router_attempt_no_room(
             rt, r, ev, ev->kind == EPD_CLIENT_EV_REFUSED ? dw : reporter != NULL ? reporter : pw,
             now);
     }
     /* a disproved hint is nobody's failure: it gets one attempt on top;
      * refusals for room do not count */
-    if (r->n_out == 0 && (epd_router_retryable(ev) || stale_hint) &&
+    if ((r->n_out == r->n_base || epd_router_may_migrate(r)) &&
+        (epd_router_retryable(ev) || stale_hint) &&
         r->attempts - r->room_refusals <= rt->max_retries + (uint32_t)r->no_hints &&
         now < r->deadline_ns) {
         int enc_dead = 0;
@@ -694,9 +717,20 @@ static epd_router_attempt_next_t epd_router_attempt_failed(epd_router_t *rt, epd
             }
         }
         rt->m.retries++;
-        epd_log_info(EPD_ROUTER_LOG, ev->request_id,
-                     "attempt %u failed before its first token (%s from %s: %s): retrying",
-                     r->attempts, epd_status_name(ev->status), ev->from, ev->message);
+        if (r->n_out > r->n_base) {
+            /* the stream goes on from another pair where this one stopped */
+            r->migrations++;
+            rt->m.migrations++;
+            epd_log_info(EPD_ROUTER_LOG, ev->request_id,
+                         "attempt %u failed after %u tokens (%s from %s: %s): migrating, the "
+                         "stream goes on from token %u",
+                         r->attempts, r->n_out - r->n_base, epd_status_name(ev->status), ev->from,
+                         ev->message, r->n_out);
+        } else {
+            epd_log_info(EPD_ROUTER_LOG, ev->request_id,
+                         "attempt %u failed before its first token (%s from %s: %s): retrying",
+                         r->attempts, epd_status_name(ev->status), ev->from, ev->message);
+        }
         return EPD_ROUTER_ATTEMPT_RETRY;
     }
     if (ev->status == EPD_ERR_TIMEOUT) {
@@ -823,7 +857,7 @@ static void epd_router_req_step(epd_router_t *rt, epd_router_req_t *r,
                  * gone: stop the attempt; its terminal event still comes */
                 (void)epd_client_abort(rt->client, r->client_id);
                 r->state = EPD_ROUTER_REQ_ABORTING;
-            } else if (r->state == EPD_ROUTER_REQ_SUBMITTED && r->n_out > 0) {
+            } else if (r->state == EPD_ROUTER_REQ_SUBMITTED && r->n_out > r->n_base) {
                 r->state = EPD_ROUTER_REQ_STREAMING;
             }
             break;
@@ -868,11 +902,13 @@ static void epd_router_first_tokens(epd_router_t *rt, epd_router_req_t *r,
         rt->m.images_encoded += r->img_src[k] == EPD_ROUTER_IMG_ENCODER;
         rt->m.images_local += r->img_src[k] == EPD_ROUTER_IMG_INLINE;
     }
-    epd_router_histo_observe(&rt->m.ttft, (double)(now - r->t_arrival_ns) / 1e9);
+    if (r->n_out == 0) {
+        epd_router_histo_observe(&rt->m.ttft, (double)(now - r->t_arrival_ns) / 1e9);
+    }
     epd_trace_span(rt->trace, "wait for first token", "router", ev->request_id, -1, r->t_submit_ns,
                    now);
     if (r->pw != NULL) {
-        r->pw->queued_tokens -= r->n_prompt; /* counted since the submit */
+        r->pw->queued_tokens -= r->pw_queued; /* counted since the submit */
     }
 }
 
@@ -884,13 +920,17 @@ static void epd_router_on_tokens(epd_router_t *rt, epd_router_req_t *r,
 {
     int stop;
 
-    if (r->n_out == 0) {
+    if (r->n_out == r->n_base) {
         epd_router_first_tokens(rt, r, ev, now);
     } else {
         epd_router_histo_observe(&rt->m.itl, (double)(now - r->t_last_ns) / 1e9);
     }
     r->t_last_ns = now;
     epd_trace_instant(rt->trace, "TokenChunk received", "msg", ev->request_id, -1, now);
+    /* kept for a migration (the client never sends more than max_tokens) */
+    if (r->out != NULL && ev->n_tokens <= r->max_new - r->n_out) {
+        memcpy(r->out + r->n_out, ev->tokens, (size_t)ev->n_tokens * sizeof(uint32_t));
+    }
     r->n_out += ev->n_tokens;
     if (r->http == NULL) {
         return; /* answered, or the client is gone: ABORTING */
