@@ -5,7 +5,8 @@
  * byte in a file fails the checksum (the entry and file gone, never handed
  * out); truncated, bad-magic and foreign files refused at lookup and at the
  * persist scan (ours deleted, foreign ones left); a persistent rescan finds
- * our files; a run without persist removes ours; bad configurations.
+ * our files, the host tier written out at exit; a run without persist
+ * removes ours; bad configurations.
  */
 #include "epd_test.h"
 
@@ -422,6 +423,20 @@ static void test_persist_rescan(void **state)
     assert_int_equal(epd_kvtier_where(t, &k), EPD_KVTIER_NONE);
     epd_kvtier_destroy(t);
 
+    /* persist writes the host tier out at destroy: a restart finds it */
+    {
+        epd_kvtier_config_t cfg = config(1 << 20, g_dir, 1 << 24, 1, 1);
+
+        assert_int_equal(epd_kvtier_create(&cfg, &t), EPD_OK);
+        put(t, 50, PAYLOAD, 7);
+        key_of(&k, 50);
+        assert_int_equal(epd_kvtier_where(t, &k), EPD_KVTIER_HOST);
+        epd_kvtier_destroy(t);
+        t = disk_tier(g_dir, 1, 1);
+        assert_int_equal(epd_kvtier_where(t, &k), EPD_KVTIER_DISK);
+        check_get(t, 50, PAYLOAD, 7);
+        epd_kvtier_destroy(t);
+    }
     /* without persist: ours removed at create (not used), foreign ones left */
     t = disk_tier(g_dir, 0, 1);
     epd_kvtier_stats(t, &st);
@@ -430,6 +445,8 @@ static void test_persist_rescan(void **state)
         file_of(g_dir, i, fpath, sizeof(fpath));
         assert_false(exists(fpath));
     }
+    file_of(g_dir, 50, fpath, sizeof(fpath));
+    assert_false(exists(fpath));
     assert_true(exists(path));
     epd_kvtier_destroy(t);
     rm_dir(g_dir);
