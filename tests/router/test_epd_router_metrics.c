@@ -71,11 +71,42 @@ static void test_render_migrations(void **state)
     epd_router_registry_cleanup(&reg);
 }
 
+/* The prefix cache's host/disk tier counters (words 12..19 of
+ * epd_prefix_stats_t) under their own names; the gauges are not counters. */
+static void test_render_tier(void **state)
+{
+    epd_router_registry_t reg;
+    epd_router_metrics_t m;
+    epd_router_text_t t = {0};
+
+    (void)state;
+    memset(&m, 0, sizeof(m));
+    m.prefix.evictions = 9;
+    m.prefix.tier_stored = 11;
+    m.prefix.tier_restored_disk = 5;
+    m.prefix.tier_restore_us = 1234;
+    m.prefix.tier_checksum_failures = 2;
+    m.prefix.tier_dropped = 7;
+    epd_router_registry_init(&reg, EPD_ROUTER_POLICY_LEAST_LOAD, 1000);
+    assert_int_equal(epd_router_metrics_render(&m, &reg, 0, &t), EPD_OK);
+    assert_non_null(strstr(t.data, "\nepd_router_prefix_evictions_total 9\n"));
+    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_stored_total 11\n"));
+    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_restored_disk_total 5\n"));
+    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_restore_us_total 1234\n"));
+    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_checksum_failures_total 2\n"));
+    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_dropped_total 7\n"));
+    assert_non_null(strstr(t.data, "# TYPE epd_router_prefix_tier_bytes gauge\n"));
+    assert_null(strstr(t.data, "epd_router_prefix_tier_host_bytes_total"));
+    epd_router_text_cleanup(&t);
+    epd_router_registry_cleanup(&reg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_drain_retry),
         cmocka_unit_test(test_render_migrations),
+        cmocka_unit_test(test_render_tier),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
