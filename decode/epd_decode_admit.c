@@ -20,9 +20,10 @@ int epd__decode_admit_live(const epd_decode_srv_t *srv, uint64_t id)
 
 /* Does a prompt hold image placeholders?  (Its embeddings are not ours to
  * prefill again, so such a request is reserved up front, never preempted.) */
-static int epd_decode_has_images(const epd_decode_srv_t *srv, const Epd__GenerateRequest *g)
+static int epd_decode_has_images(const epd_decode_srv_t *srv, const Epd__GenerateRequest *g,
+                                 uint32_t n)
 {
-    for (size_t i = 0; srv->info->image_token >= 0 && i < g->n_prompt_tokens; i++) {
+    for (uint32_t i = 0; srv->info->image_token >= 0 && i < n; i++) {
         if ((int32_t)g->prompt_tokens[i] == srv->info->image_token) {
             return 1;
         }
@@ -49,14 +50,15 @@ epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
     uint32_t max_blocks =
         (uint32_t)epd_decode_div_up((uint64_t)n_prompt + max_tokens, kv->block_tokens);
     /* (protocol-only requests end at their first token: nothing to grow) */
-    int grows = srv->headroom > 0 && !g->protocol_only && !epd_decode_has_images(srv, g);
+    int grows = srv->headroom > 0 && !g->protocol_only && !epd_decode_has_images(srv, g, n_prompt);
     uint32_t n_blocks = epd__decode_kv_admit_blocks(srv, n_prompt + k, n_prompt, max_tokens, grows);
     uint32_t n_stop = (uint32_t)g->sampling->n_stop_token_ids;
     epd_decode_request_t *req;
     epd_status_t st = EPD_ERR_NO_CAPACITY;
     size_t sz;
 
-    if (k > 0 && epd_decode_has_images(srv, g)) {
+    /* (the generated tokens are plain tokens, an image token among them too) */
+    if (k > 0 && epd_decode_has_images(srv, g, n_prompt)) {
         *why_p = "resume_generated with images";
         return EPD_ERR_INVALID_PARAM;
     }
