@@ -64,6 +64,9 @@ ALL_TESTS += tests/integration/test_trust_ucx_shm.sh \
 ALL_TESTS += tests/integration/test_addresses.sh
 # epd-bench fleet's simulated workers: READY at the router, DEAD once stopped (#15)
 ALL_TESTS += tests/integration/test_fleet.sh
+# run alone (tests/run.sh, EPD_TEST_EXCLUSIVE): 40 workers' heartbeats must
+# keep all of them READY at the router for the whole test
+EXCLUSIVE_TESTS += tests/integration/test_fleet.sh
 # overload: the router's queue and 429s, decode KV on demand with preemption
 ALL_TESTS += tests/integration/test_router_burst.sh \
              tests/integration/test_decode_preempt.sh
@@ -73,4 +76,8 @@ ALL_TESTS += tests/integration/test_faults.sh
 # pass only: under the sanitizers it would take minutes
 ifeq ($(SANITIZER),)
 ALL_TESTS += tests/integration/test_soak.sh
+# run alone (tests/run.sh, EPD_TEST_EXCLUSIVE): it loads the machine on
+# purpose (8 clients, stalls, kills) and its "hung" counts a request that
+# takes longer than a deadline
+EXCLUSIVE_TESTS += tests/integration/test_soak.sh
 endif
