@@ -157,7 +157,7 @@ start() {
 
 # reap: waits for one running program to end and reports it
 reap() {
-  local pid
+  local pid p
   while :; do
     pid=
     wait -n -p pid
@@ -166,6 +166,16 @@ reap() {
       report "${running[$pid]}"
       unset "running[$pid]"
       return
+    fi
+    # no job left to wait for (never expected): report the ones gone
+    if [ -z "$pid" ]; then
+      for p in "${!running[@]}"; do
+        if ! kill -0 "$p" 2>/dev/null; then
+          report "${running[$p]}"
+          unset "running[$p]"
+          return
+        fi
+      done
     fi
   done
 }
