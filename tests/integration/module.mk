@@ -51,6 +51,11 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_multimodal_ofi_tcp.sh \
              tests/integration/test_prefix_cache.sh \
              tests/integration/test_router_kv_aware.sh
+# run alone (tests/run.sh, EPD_TEST_EXCLUSIVE): after SIGSTOPping encoder-0
+# it has about a second (the router's --dead-after-ms 1000) for three
+# Python clients to start and reach the router, or they are not retried
+# ("no retry counted (0 -> 0)" twice with other programs beside it)
+EXCLUSIVE_TESTS += tests/integration/test_multimodal_ucx_shm.sh
 $(eval $(call epd_itest_prog,epd-itest-poison,tests/integration/epd_itest_poison.c))
 ALL_TESTS += tests/integration/test_image_hash.sh
 $(eval $(call epd_itest_prog,epd-itest-rogue,tests/integration/epd_itest_rogue.c tests/integration/epd_itest_colo.c))
