@@ -137,11 +137,6 @@ typedef struct {
     fl_row_t rows[FL_SIZES_MAX];
 } fl_t;
 
-static uint64_t fl_now(void)
-{
-    return epd_time_now_ns();
-}
-
 /* ------------------------------------------------------------ the fleet */
 
 static void fl_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
@@ -476,7 +471,7 @@ static double fl_rss_mib(pid_t pid)
 static int fl_wait_ready(const fl_t *b, uint32_t want, double timeout_s, uint32_t *ready_p)
 {
     epd_rpc_client_t *c = NULL;
-    uint64_t end = fl_now() + (uint64_t)(timeout_s * 1e9);
+    uint64_t end = epd_time_now_ns() + (uint64_t)(timeout_s * 1e9);
     uint32_t ready = 0;
 
     if (epd_rpc_client_create(b->router_ctl, &c) != EPD_OK) {
@@ -502,7 +497,7 @@ static int fl_wait_ready(const fl_t *b, uint32_t want, double timeout_s, uint32_
             epd_proto_free(m);
         }
         epd_free(resp);
-        if (ready >= want || fl_now() > end) {
+        if (ready >= want || epd_time_now_ns() > end) {
             break;
         }
         epd_time_sleep_ns(200 * EPD_NSEC_PER_MSEC);
@@ -537,7 +532,7 @@ static double fl_request(const fl_t *b)
     }
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    t0 = fl_now();
+    t0 = epd_time_now_ns();
     if (connect(fd, (const struct sockaddr *)&b->http_addr, sizeof(b->http_addr)) != 0 ||
         write(fd, req, (size_t)rl) != rl) {
         close(fd);
@@ -549,7 +544,7 @@ static double fl_request(const fl_t *b)
     resp[got] = '\0';
     close(fd);
     ok = strncmp(resp, "HTTP/1.1 200", 12) == 0 && strstr(resp, "\"choices\"") != NULL;
-    return ok ? (double)(fl_now() - t0) / 1e6 : -1;
+    return ok ? (double)(epd_time_now_ns() - t0) / 1e6 : -1;
 }
 
 static int fl_cmp(const void *a, const void *c)
@@ -606,12 +601,12 @@ static int fl_measure(fl_t *b, uint32_t size, fl_row_t *row)
     epd_time_sleep_ns(1500 * EPD_NSEC_PER_MSEC);
     /* heartbeats only */
     h0 = fl_heartbeats(b, &f0);
-    t0 = fl_now();
+    t0 = epd_time_now_ns();
     if (fl_cpu_ns(b->pids[0], &c0) != 0) {
         return -1;
     }
     epd_time_sleep_ns((uint64_t)(b->idle_s * 1e9));
-    t1 = fl_now();
+    t1 = epd_time_now_ns();
     if (fl_cpu_ns(b->pids[0], &c1) != 0) {
         return -1;
     }
@@ -630,7 +625,7 @@ static int fl_measure(fl_t *b, uint32_t size, fl_row_t *row)
         (void)fl_request(b);
     }
     s0 = atomic_load(&b->strays);
-    t0 = fl_now();
+    t0 = epd_time_now_ns();
     fl_cpu_ns(b->pids[0], &c0);
     for (uint32_t i = 0; i < b->requests; i++) {
         double ms = fl_request(b);
@@ -641,7 +636,7 @@ static int fl_measure(fl_t *b, uint32_t size, fl_row_t *row)
             row->failed++;
         }
     }
-    t1 = fl_now();
+    t1 = epd_time_now_ns();
     fl_cpu_ns(b->pids[0], &c1);
     row->cpu_req = (double)(c1 - c0) / 1e6 / ((double)(t1 - t0) / 1e9);
     row->strays = atomic_load(&b->strays) - s0;
@@ -697,52 +692,6 @@ static void fl_print(const fl_t *b)
 }
 
 /* ------------------------------------------------------------ the cluster */
-
-static pid_t fl_spawn(char *const argv[], const char *log)
-{
-    pid_t pid = fork();
-
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        if (getenv("UCX_TLS") == NULL) {
-            setenv("UCX_TLS", "posix,cma,tcp", 1);
-        }
-        if (getenv("UCX_NET_DEVICES") == NULL) {
-            setenv("UCX_NET_DEVICES", "lo", 1);
-        }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-static void fl_kill(pid_t pid, const char *name)
-{
-    uint64_t end;
-    int status;
-
-    if (pid <= 0) {
-        return;
-    }
-    kill(pid, SIGTERM);
-    end = fl_now() + 10 * EPD_NSEC_PER_SEC;
-    while (fl_now() < end) {
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            return;
-        }
-        epd_time_sleep_ns(10 * EPD_NSEC_PER_MSEC);
-    }
-    fprintf(stderr, "fleet: %s (pid %d) did not exit within 10 s of SIGTERM: killed\n", name,
-            (int)pid);
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-}
 
 /* The sim model of `epd-bench serve` (4 attention layers, 1B-parameter
  * timings, byte tokenizer): the subject is the router, not compute. */
@@ -829,7 +778,7 @@ static int fl_cluster_start(fl_t *b)
                         "sim", "--ready-file", rready, "--cluster-secret-file", b->secret_file,
                         "--log-level", "warn", NULL};
 
-        b->pids[0] = fl_spawn(argv, rlog);
+        b->pids[0] = epd_bench_spawn(argv, rlog);
     }
     if (b->pids[0] < 0 ||
         epd_bench_wait_ready(rready, b->pids[0], "http", b->router_http, sizeof(b->router_http)) != 0 ||
@@ -843,7 +792,7 @@ static int fl_cluster_start(fl_t *b)
                         "--kv-blocks", "16384", "--max-batch", "256", "--cluster-secret-file",
                         b->secret_file, "--log-level", "warn", NULL};
 
-        b->pids[1] = fl_spawn(argv, dlog);
+        b->pids[1] = epd_bench_spawn(argv, dlog);
     }
     {
         char *argv[] = {exe[2], "--model", b->model_dir, "--engine", "sim", "--worker-id",
@@ -851,7 +800,7 @@ static int fl_cluster_start(fl_t *b)
                         "--kv-blocks", "8192", "--cluster-secret-file", b->secret_file,
                         "--log-level", "warn", NULL};
 
-        b->pids[2] = fl_spawn(argv, plog);
+        b->pids[2] = epd_bench_spawn(argv, plog);
     }
     if (b->pids[1] < 0 || b->pids[2] < 0 ||
         epd_bench_wait_ready(dready, b->pids[1], "control", b->decode_ctl, sizeof(b->decode_ctl)) != 0 ||
@@ -877,7 +826,7 @@ static void fl_cluster_stop(fl_t *b)
     static const char *const names[3] = {"router", "decode", "prefill"};
 
     for (int i = 2; i >= 0; i--) {
-        fl_kill(b->pids[i], names[i]);
+        epd_bench_kill(b->pids[i], "fleet", names[i]);
         b->pids[i] = 0;
     }
 }

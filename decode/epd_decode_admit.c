@@ -33,25 +33,33 @@ static int epd_decode_has_images(const epd_decode_srv_t *srv, const Epd__Generat
 /* Admits a checked GenerateRequest bound to `peer` (the caller's reference
  * becomes the request's on success): blocks (rule 3; KV on demand: rule
  * 30), the request in the tables.  EPD_OK, or EPD_ERR_NO_CAPACITY /
- * EPD_ERR_EXISTS / EPD_ERR_NO_MEMORY with *why_p (nothing kept). */
+ * EPD_ERR_EXISTS / EPD_ERR_NO_MEMORY / EPD_ERR_INVALID_PARAM with *why_p (nothing
+ * kept). */
 epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
                                const epd_sample_params_t *sp, epd_link_t *client, epd_peer_t *peer,
                                uint64_t t_recv, epd_decode_request_t **req_p, const char **why_p)
 {
     const Epd__GenerateRequest *g = env->generate;
     const epd_kv_layout_t *kv = &srv->info->kv;
-    uint32_t n_prompt = (uint32_t)g->n_prompt_tokens;
+    /* a migrated request (rule 37): its prompt ends with the k tokens it
+     * generated before, and it goes on from there as after a resume */
+    uint32_t k = g->resume_generated;
+    uint32_t n_prompt = (uint32_t)g->n_prompt_tokens - k;
     uint32_t max_tokens = g->sampling->max_tokens;
     uint32_t max_blocks =
         (uint32_t)epd_decode_div_up((uint64_t)n_prompt + max_tokens, kv->block_tokens);
     /* (protocol-only requests end at their first token: nothing to grow) */
     int grows = srv->headroom > 0 && !g->protocol_only && !epd_decode_has_images(srv, g);
-    uint32_t n_blocks = epd__decode_kv_admit_blocks(srv, n_prompt, n_prompt, max_tokens, grows);
+    uint32_t n_blocks = epd__decode_kv_admit_blocks(srv, n_prompt + k, n_prompt, max_tokens, grows);
     uint32_t n_stop = (uint32_t)g->sampling->n_stop_token_ids;
     epd_decode_request_t *req;
     epd_status_t st = EPD_ERR_NO_CAPACITY;
     size_t sz;
 
+    if (k > 0 && epd_decode_has_images(srv, g)) {
+        *why_p = "resume_generated with images";
+        return EPD_ERR_INVALID_PARAM;
+    }
     if (epd_reqtab_find(&srv->by_pid, g->request_id, 0) != NULL) {
         *why_p = "request id already live"; /* as a resume's prefill-side id */
         return EPD_ERR_EXISTS;
@@ -107,7 +115,12 @@ epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
     }
     req->n_blocks = n_blocks;
     req->max_blocks = max_blocks;
-    req->n_prompt_blocks = (uint32_t)epd_decode_div_up(req->n_prompt, kv->block_tokens);
+    req->n_resume = k;
+    req->n_sent = k; /* its earlier attempt streamed them */
+    for (uint32_t i = 0; i < k; i++) {
+        req->seq.tokens[i] = (int32_t)g->prompt_tokens[n_prompt + i];
+    }
+    req->n_prompt_blocks = (uint32_t)epd_decode_div_up((uint64_t)n_prompt + k, kv->block_tokens);
     req->n_stop = n_stop;
     req->protocol_only = g->protocol_only;
     if (n_stop > 0) {
@@ -121,7 +134,7 @@ epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
     req->deadline_ns = g->deadline_ms > 0 && g->deadline_ms <= 86400000ULL
                            ? t_recv + g->deadline_ms * EPD_NSEC_PER_MSEC
                            : 0;
-    epd_decode_seq_init(&req->seq, 1, n_blocks);
+    epd_decode_seq_init(&req->seq, k + 1, n_blocks);
     req->seq.req_id = req->id;
     req->seq.block_table = req->blocks;
     req->seq.slot = req->slot == EPD_DECODE_NO_SLOT ? 0 : req->slot;

@@ -169,7 +169,9 @@ static uint32_t epd_decode_cache_admit(epd_decode_srv_t *srv, epd_decode_request
     if (srv->pcache == NULL) {
         return 0;
     }
-    if (epd_decode_cache_keys(srv, req, g)) {
+    /* (a migrated request, rule 37, neither uses nor keeps a head: its
+     * prompt ends with generated tokens prefill recomputes one by one) */
+    if (g->resume_generated == 0 && epd_decode_cache_keys(srv, req, g)) {
         /* never the block holding the prompt's last position: decode's
          * steps write after it */
         k = epd_kvcache_acquire(srv->pcache, req->keys, (n_prompt - 1) / bt, req->blocks);

@@ -38,7 +38,18 @@ epd_status_t epd_decode_check_generate(const epd_decode_limits_t *lim,
     if (s == NULL || s->max_tokens == 0) {
         return epd__refuse(why_p, "max_tokens must be at least 1", EPD_ERR_INVALID_PARAM);
     }
-    if ((uint64_t)g->n_prompt_tokens + s->max_tokens > lim->max_context) {
+    if (g->resume_generated > 0 &&
+        (g->resume_generated >= g->n_prompt_tokens || g->resume_generated >= s->max_tokens ||
+         g->n_media > 0 || g->protocol_only)) {
+        /* a migrated request (rule 37): its last resume_generated prompt
+         * tokens are tokens it generated, and some are still to come */
+        return epd__refuse(why_p,
+                           "resume_generated must be below the prompt's length and max_tokens, "
+                           "without images or protocol_only",
+                           EPD_ERR_INVALID_PARAM);
+    }
+    /* (a migrated request's prompt holds resume_generated of its tokens) */
+    if ((uint64_t)g->n_prompt_tokens - g->resume_generated + s->max_tokens > lim->max_context) {
         return epd__refuse(why_p, "prompt + max_tokens exceeds the context limit",
                            EPD_ERR_TOO_LONG);
     }

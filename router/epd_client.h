@@ -268,6 +268,12 @@ typedef struct {
      * at most 256 bytes); NULL / 0: the shared one */
     const void *cache_salt;
     size_t cache_salt_len;
+    /* a migrated request (proto/README.md rule 37): the last
+     * resume_generated tokens of prompt are tokens an earlier attempt
+     * generated (and streamed); the stream goes on at that index, max_tokens
+     * still counts from 0.  Below n_prompt and max_tokens, no media; 0: a
+     * new request. */
+    uint32_t resume_generated;
 } epd_client_request_t;
 
 /*

@@ -523,7 +523,10 @@ epd_status_t epd_client_submit(epd_client_t *c, const epd_client_request_t *q,
         q->prefill->info.role != EPD_CLIENT_ROLE_PREFILL ||
         q->decode->info.role != EPD_CLIENT_ROLE_DECODE ||
         (q->n_stop_ids > 0 && q->stop_ids == NULL) || q->n_media > EPD_CLIENT_MEDIA_MAX ||
-        (q->n_media > 0 && q->media == NULL)) {
+        (q->n_media > 0 && q->media == NULL) ||
+        (q->resume_generated > 0 &&
+         (q->resume_generated >= q->n_prompt || q->resume_generated >= q->max_tokens ||
+          q->n_media > 0))) {
         return EPD_ERR_INVALID_PARAM;
     }
     for (uint32_t i = 0; i < q->n_media; i++) {
@@ -567,6 +570,7 @@ epd_status_t epd_client_submit(epd_client_t *c, const epd_client_request_t *q,
     r->prefill = q->prefill;
     r->decode = q->decode;
     r->max_tokens = q->max_tokens;
+    r->next_index = q->resume_generated; /* (the tokens before came in an earlier attempt) */
     r->deadline_ns = epd_time_now_ns() + (uint64_t)q->deadline_ms * EPD_NSEC_PER_MSEC;
 
     sp.temperature = q->temperature;
@@ -595,6 +599,7 @@ epd_status_t epd_client_submit(epd_client_t *c, const epd_client_request_t *q,
     g.deadline_ms = q->deadline_ms;
     g.cache_salt.data = (uint8_t *)q->cache_salt;
     g.cache_salt.len = q->cache_salt != NULL ? q->cache_salt_len : 0;
+    g.resume_generated = q->resume_generated;
     env.body_case = EPD__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
 

@@ -74,6 +74,7 @@ void epd__router_fail_overloaded(epd_router_t *rt, epd_router_req_t *r, const ch
 {
     epd_oai_error_t err;
     char headers[80];
+    uint32_t retry_ms;
 
     if (r->stream_started) {
         /* cannot happen (room is refused before any token), but a stream
@@ -87,13 +88,15 @@ void epd__router_fail_overloaded(epd_router_t *rt, epd_router_req_t *r, const ch
     }
     /* what OpenAI answers at its rate limits (the SDKs retry it, reading
      * Retry-After) */
+    /* when the line ahead will have drained at the measured rate */
+    retry_ms = epd_router_drain_retry_ms(&rt->drain, rt->n_waiting);
     epd_oai_error_set(&err, 429, NULL, "rate_limit_exceeded",
-                      "The server is overloaded: %s. Please try again in %ds.", why,
-                      EPD_ROUTER_RETRY_AFTER_S);
+                      "The server is overloaded: %s. Please try again in %us.", why,
+                      (retry_ms + 999) / 1000);
     snprintf(err.type, sizeof(err.type), "requests");
     epd_oai_buf_reset(&rt->out);
-    snprintf(headers, sizeof(headers), "Retry-After: %d\r\nretry-after-ms: %d\r\n",
-             EPD_ROUTER_RETRY_AFTER_S, EPD_ROUTER_RETRY_AFTER_S * 1000);
+    snprintf(headers, sizeof(headers), "Retry-After: %u\r\nretry-after-ms: %u\r\n",
+             (retry_ms + 999) / 1000, retry_ms);
     if (epd_oai_error_encode(&err, &rt->out) == EPD_OK) {
         (void)epd_http_respond_ex(r->http, 429, EPD_ROUTER_JSON, headers, rt->out.data,
                                   rt->out.len);

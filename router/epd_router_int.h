@@ -9,9 +9,10 @@
  *   epd_router_api.c       the HTTP intake: routes, a generation request
  *                          parsed, checked and tokenized
  *   epd_router_req.c       a request's life (its state, below, changes
- *                          there only): attempts, workers chosen,
- *                          submitted, the client's events, retries,
- *                          aborts, deadlines
+ *                          there only): attempts, the client's events,
+ *                          retries, migrations, aborts, deadlines
+ *   epd_router_dispatch.c  an attempt's workers chosen and submitted
+ *                          (called by epd_router_req.c)
  *   epd_router_answer.c    what the HTTP client sees: errors, the JSON
  *                          answer or the SSE stream, text and stop strings
  *   epd_router_registry.c  workers, their states and the policies
@@ -19,7 +20,8 @@
  *
  * Calls go one way, down this order:
  *   main.c -> epd_router_rpc.c, epd_router_api.c, epd_router_req.c
- *   epd_router_api.c -> epd_router_req.c -> epd_router_answer.c
+ *   epd_router_api.c -> epd_router_req.c -> epd_router_dispatch.c,
+ *                                           epd_router_answer.c
  *   (each of them) -> epd_router_registry.c, epd_router_metrics.c
  * and below all of them the libraries: the request-plane client
  * (epd_client*.c), the HTTP server (epd_http_*.c), the OpenAI layer
@@ -81,8 +83,6 @@
  * half of min(BASE << n, MAX) plus a random share of the other half. */
 #define EPD_ROUTER_BACKOFF_BASE_MS 20
 #define EPD_ROUTER_BACKOFF_MAX_MS 1000
-/* Retry-After of a 429 (seconds) */
-#define EPD_ROUTER_RETRY_AFTER_S 1
 /* Broken pairs: a prefill and a decode worker that both reach the router
  * but not each other (a partition between their hosts).  Remembered for
  * EPD_ROUTER_PAIR_BROKEN_MS after a request failed between them, during
@@ -157,9 +157,15 @@ typedef struct epd_router_req {
     struct epd_router_req *wprev, *wnext; /* WAITING: the queue, oldest first */
     /* facts */
     int no_hints;       /* a cache hint failed once: no more cache-only images */
-    uint32_t n_out;     /* tokens received (from the one attempt that produced any): the
-                         * first ends SUBMITTED; while 0, the attempt's prompt counts in
-                         * pw->queued_tokens */
+    uint32_t n_out;     /* tokens received, over every attempt */
+    uint32_t n_base;    /* of those, received before the attempt in flight: it was
+                         * migrated there (proto/README.md rule 37).  Its first token
+                         * (n_out > n_base) ends SUBMITTED; until then its prompt counts
+                         * in pw->queued_tokens (pw_queued of them) */
+    uint32_t pw_queued;
+    uint32_t *out; /* [max_new] the token ids received (a migration's prompt tail) */
+    uint32_t *mig_prompt; /* [n_prompt + max_new] a migrated attempt's prompt */
+    uint32_t migrations; /* attempts that went on after another attempt's tokens */
     int stream_started; /* HTTP SSE headers sent (epd_router_answer.c): an error is then an
                          * event of the stream, not an HTTP status */
     uint64_t t_arrival_ns;
@@ -227,6 +233,7 @@ struct epd_router {
      * only asks the running one to start over */
     int queue_walking;
     int queue_again;
+    epd_router_drain_t drain; /* how fast the queue drains: a 429's Retry-After */
     epd_rng_t rng;     /* backoff jitter */
     uint64_t id_counter;
     int stopping;
@@ -268,6 +275,18 @@ void epd__router_tick(epd_router_t *rt, uint64_t now_ns);
 /* Frees every request without answering (shutdown, after the client is
  * destroyed). */
 void epd__router_reqs_free_all(epd_router_t *rt);
+
+/* ---- epd_router_dispatch.c (called by epd_router_req.c only) ---- */
+/* Submits an attempt of r to a prefill and a decode worker chosen by the
+ * policy among those with room.  EPD_OK; EPD_ERR_UNREACHABLE (no eligible
+ * worker), EPD_ERR_NO_CAPACITY (workers, but none with room now: the
+ * request waits), EPD_ERR_NO_RESOURCE (transport backpressure: it waits
+ * too), EPD_ERR_TIMEOUT, EPD_ERR_TOO_LONG, other submit errors. */
+epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns);
+/* Prefill p and decode d failed each other while the router reaches both:
+ * requests go around the pair for EPD_ROUTER_PAIR_BROKEN_MS. */
+void epd__router_pair_break(epd_router_t *rt, const epd_router_worker_t *p,
+                            const epd_router_worker_t *d, uint64_t now_ns);
 
 /* ---- epd_router_answer.c ---- */
 /* The HTTP side of a request only: it records facts (r->http NULL once

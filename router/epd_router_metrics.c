@@ -191,6 +191,10 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                            m->http.connections, m->http.buffered_body_bytes);
     epd_router_metrics_counter(t, "epd_router_retries_total",
                                "Requests sent again to another worker", m->retries);
+    epd_router_metrics_counter(t, "epd_router_migrations_total",
+                               "Streams cut after some tokens that went on from another prefill "
+                               "and decode worker (proto/README.md rule 37)",
+                               m->migrations);
     epd_router_metrics_counter(t, "epd_router_capacity_retries_total",
                                "Attempts refused for room (KV or prefill pool full), sent again "
                                "after a backoff",
@@ -429,4 +433,36 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
         }
     }
     return t->failed ? EPD_ERR_NO_MEMORY : EPD_OK;
+}
+
+void epd_router_drain_sample(epd_router_drain_t *d, uint64_t ok, uint64_t now_ns)
+{
+    double dt, rate;
+
+    if (d->t_ns == 0 || now_ns < d->t_ns || ok < d->ok) {
+        d->t_ns = now_ns;
+        d->ok = ok;
+        return;
+    }
+    dt = (double)(now_ns - d->t_ns) / 1e9;
+    if (dt < 1.0) {
+        return;
+    }
+    rate = (double)(ok - d->ok) / dt;
+    /* a window with nothing finished while the rate is known: the pools
+     * may be stalled, or idle; either way the old rate decays */
+    d->per_s = d->per_s > 0 ? 0.7 * d->per_s + 0.3 * rate : rate;
+    d->t_ns = now_ns;
+    d->ok = ok;
+}
+
+uint32_t epd_router_drain_retry_ms(const epd_router_drain_t *d, uint32_t n_waiting)
+{
+    double ms;
+
+    if (!(d->per_s > 0)) {
+        return 1000;
+    }
+    ms = ((double)n_waiting + 1.0) / d->per_s * 1000.0;
+    return ms < 1000.0 ? 1000 : ms > 60000.0 ? 60000 : (uint32_t)ms;
 }

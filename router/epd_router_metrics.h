@@ -45,6 +45,7 @@ typedef struct {
     uint64_t ok;             /* generations finished (stop/length) */
     uint64_t errors[EPD_ROUTER_ERR_KINDS];
     uint64_t retries;
+    uint64_t migrations; /* streams that went on from another pair (rule 37) */
     uint64_t prompt_tokens;
     uint64_t completion_tokens;
     uint64_t registrations;
@@ -99,6 +100,22 @@ typedef struct {
 void epd_router_text_printf(epd_router_text_t *t, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void epd_router_text_cleanup(epd_router_text_t *t);
+
+/* How fast the queue drains: generations finished per second, an EWMA
+ * over windows of at least a second (epd_router_drain_sample, from the
+ * tick), and from it when a client refused with 429 should come back. */
+typedef struct {
+    uint64_t t_ns; /* the current window's start (0: none yet) */
+    uint64_t ok;   /* metrics.ok at its start */
+    double per_s;  /* 0 until a window with a finished generation closed */
+} epd_router_drain_t;
+
+void epd_router_drain_sample(epd_router_drain_t *d, uint64_t ok, uint64_t now_ns);
+
+/* The wait (ms) a 429 advertises with n_waiting requests in line: what
+ * they take to drain at the measured rate, within [1 s, 60 s]; 1 s before
+ * anything was measured. */
+uint32_t epd_router_drain_retry_ms(const epd_router_drain_t *d, uint32_t n_waiting);
 
 /* Renders every metric into `out` (appended).  `live` is the number of
  * requests the router holds now.  EPD_OK or EPD_ERR_NO_MEMORY. */

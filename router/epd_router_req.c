@@ -143,6 +143,8 @@ static void epd_router_req_free(epd_router_t *rt, epd_router_req_t *r)
     epd_free(r->img_hash);
     epd_free(r->img_pos);
     epd_free(r->prompt);
+    epd_free(r->out);
+    epd_free(r->mig_prompt);
     epd_free(r->text);
     epd_free(r);
 }
@@ -174,8 +176,8 @@ void epd__router_reqs_free_all(epd_router_t *rt)
 static void epd_router_attempt_end(epd_router_req_t *r)
 {
     if (r->pw != NULL) {
-        if (r->n_out == 0) {
-            r->pw->queued_tokens -= r->n_prompt;
+        if (r->n_out == r->n_base) {
+            r->pw->queued_tokens -= r->pw_queued;
         }
         r->pw->inflight--;
         epd_router_worker_unref(r->pw);
@@ -199,281 +201,6 @@ static void epd_router_attempt_end(epd_router_req_t *r)
         }
     }
     r->client_id = 0;
-}
-
-/* ----------------------------------------------------------- broken pairs */
-
-/* The slot of the broken pair (p, d) still in force, or NULL. */
-static epd_router_pair_t *epd_router_pair_find(epd_router_t *rt, const epd_router_worker_t *p,
-                                               const epd_router_worker_t *d, uint64_t now_ns)
-{
-    for (int i = 0; i < EPD_ROUTER_PAIRS_MAX; i++) {
-        epd_router_pair_t *b = &rt->broken[i];
-
-        if (b->prefill[0] != '\0' && b->until_ns > now_ns &&
-            strcmp(b->prefill, p->info.worker_id) == 0 && strcmp(b->decode, d->info.worker_id) == 0) {
-            return b;
-        }
-    }
-    return NULL;
-}
-
-/* Remembers (p, d) as broken until now + EPD_ROUTER_PAIR_BROKEN_MS (the
- * oldest entry makes room). */
-static void epd_router_pair_break(epd_router_t *rt, const epd_router_worker_t *p,
-                                  const epd_router_worker_t *d, uint64_t now_ns)
-{
-    epd_router_pair_t *b = epd_router_pair_find(rt, p, d, now_ns);
-
-    if (b == NULL) {
-        b = &rt->broken[0];
-        for (int i = 1; i < EPD_ROUTER_PAIRS_MAX && b->until_ns > now_ns; i++) {
-            if (rt->broken[i].until_ns < b->until_ns) {
-                b = &rt->broken[i];
-            }
-        }
-        snprintf(b->prefill, sizeof(b->prefill), "%s", p->info.worker_id);
-        snprintf(b->decode, sizeof(b->decode), "%s", d->info.worker_id);
-        epd_log_warn(EPD_ROUTER_LOG, 0,
-                     "prefill worker '%s' and decode worker '%s' reach the router but not each "
-                     "other: routing around the pair for %u ms",
-                     b->prefill, b->decode, EPD_ROUTER_PAIR_BROKEN_MS);
-    }
-    b->until_ns = now_ns + (uint64_t)EPD_ROUTER_PAIR_BROKEN_MS * 1000000ull;
-}
-
-/* The policy's decode worker for prefill worker `pw`, around a broken pair:
- * another decode worker when there is one; else *pw_p becomes another
- * prefill worker for `dw` when there is one; else the pair as is (trying
- * it beats refusing). */
-static epd_router_worker_t *epd_router_pick_around(epd_router_t *rt, epd_router_req_t *r,
-                                                   epd_router_worker_t **pw_p,
-                                                   epd_router_worker_t *dw, uint64_t now_ns)
-{
-    epd_router_worker_t *avoid[EPD_ROUTER_MAX_AVOID + 1];
-    epd_router_worker_t *alt;
-
-    if (epd_router_pair_find(rt, *pw_p, dw, now_ns) == NULL) {
-        return dw;
-    }
-    memcpy(avoid, r->avoid, r->n_avoid * sizeof(avoid[0]));
-    avoid[r->n_avoid] = dw;
-    alt = epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_DECODE, r->prompt, r->n_prompt, avoid,
-                                   r->n_avoid + 1);
-    if (alt != NULL && epd_router_pair_find(rt, *pw_p, alt, now_ns) == NULL) {
-        return alt;
-    }
-    if (r->n_images == 0) {
-        avoid[r->n_avoid] = *pw_p;
-        alt = epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_PREFILL, r->prompt, r->n_prompt,
-                                       avoid, r->n_avoid + 1);
-        if (alt != NULL && epd_router_pair_find(rt, alt, dw, now_ns) == NULL) {
-            *pw_p = alt;
-        }
-    }
-    return dw;
-}
-
-/* --------------------------------------------------------------- dispatch */
-
-/* Submits an attempt to a prefill and a decode worker chosen by the
- * policy among those with room.  EPD_OK; EPD_ERR_UNREACHABLE (no eligible
- * worker), EPD_ERR_NO_CAPACITY (workers, but none with room now: the
- * request waits), EPD_ERR_NO_RESOURCE (transport backpressure: it waits
- * too), EPD_ERR_TOO_LONG, other submit errors. */
-static epd_status_t epd_router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns)
-{
-    epd_client_request_t q;
-    epd_status_t st = EPD_ERR_UNREACHABLE;
-    epd_router_probe_t probe, *pp = NULL;
-    epd_prefix_media_t pm[EPD_CLIENT_MEDIA_MAX];
-    epd_prefix_hash_t salted;
-
-    if (rt->reg.policy == EPD_ROUTER_POLICY_PREFIX_AFFINITY) {
-        /* KV-aware: the prompt's block keys, hashed as far as a worker holds them */
-        memset(&probe, 0, sizeof(probe));
-        probe.plain = rt->prefix_plain.b;
-        probe.root = rt->prefix_plain.b;
-        if (r->oai->cache_salt != NULL) {
-            epd_prefix_root(epd_engine_name(rt->engine), rt->info, r->oai->cache_salt,
-                            strlen(r->oai->cache_salt), &salted);
-            probe.root = salted.b;
-        }
-        for (uint32_t k = 0; k < r->n_images && k < EPD_CLIENT_MEDIA_MAX; k++) {
-            pm[k] = (epd_prefix_media_t){.pos = r->img_pos[k],
-                                         .n = rt->info->image_embeddings,
-                                         .hash = r->img_hash[k]};
-        }
-        probe.media = pm;
-        probe.n_media = r->n_images;
-        probe.block_tokens = rt->info->kv.block_tokens;
-        probe.tokens = r->prompt;
-        probe.n_tokens = r->n_prompt;
-        probe.hints = rt->probe_hints;
-        probe.cap = rt->info->max_context / rt->info->kv.block_tokens;
-        pp = &probe;
-    }
-
-    for (int tries = 0; tries < 4; tries++) {
-        epd_router_fit_t fit = {.n_prompt = r->n_prompt, .max_new = r->max_new};
-        epd_router_worker_t *pw, *dw;
-        int p_full = 0, d_full = 0;
-        uint64_t left_ms;
-
-        epd_client_media_t media[EPD_CLIENT_MEDIA_MAX];
-        epd_router_worker_t *ew[EPD_CLIENT_MEDIA_MAX];
-
-        pw = r->n_images > 0
-                 ? epd_router_registry_pick_images(&rt->reg, r->prompt, r->n_prompt,
-                                                   (const unsigned char(*)[32])r->img_hash,
-                                                   r->n_images, r->avoid, r->n_avoid, now_ns)
-                 : epd_router_registry_pick_room_kv(&rt->reg, EPD_CLIENT_ROLE_PREFILL, pp,
-                                                    r->prompt, &fit, r->avoid, r->n_avoid,
-                                                    &p_full);
-        /* no decode worker whose free blocks cannot hold it (rule 30) */
-        dw = epd_router_registry_pick_room_kv(&rt->reg, EPD_CLIENT_ROLE_DECODE, pp, r->prompt,
-                                              &fit, r->avoid, r->n_avoid, &d_full);
-        if (pw == NULL || dw == NULL) {
-            /* workers exist but are full: the request waits for room */
-            return (pw != NULL || p_full) && (dw != NULL || d_full) ? EPD_ERR_NO_CAPACITY
-                                                                    : EPD_ERR_UNREACHABLE;
-        }
-        dw = epd_router_pick_around(rt, r, &pw, dw, now_ns);
-        /* each image: the prefill worker's cache when we believe it holds
-         * it, else the least loaded encoder, else the prefill worker itself */
-        for (uint32_t k = 0; k < r->n_images; k++) {
-            const epd_oai_image_t *im = &r->oai->images[k];
-
-            memset(&media[k], 0, sizeof(media[k]));
-            media[k].hash = r->img_hash[k];
-            media[k].pos = r->img_pos[k];
-            media[k].n = rt->info->image_embeddings;
-            ew[k] = NULL;
-            if (!r->no_hints && epd_router_cache_has(pw, r->img_hash[k], now_ns)) {
-                r->img_src[k] = EPD_ROUTER_IMG_CACHE;
-                continue;
-            }
-            media[k].image = im->data;
-            media[k].image_len = im->len;
-            ew[k] = r->oai->encode_local
-                        ? NULL
-                        : epd_router_registry_pick(&rt->reg, EPD_CLIENT_ROLE_ENCODER, NULL, 0,
-                                                   r->avoid, r->n_avoid);
-            if (ew[k] != NULL) {
-                media[k].encoder = ew[k]->cw;
-                r->img_src[k] = EPD_ROUTER_IMG_ENCODER;
-            } else {
-                media[k].inline_data = 1;
-                r->img_src[k] = EPD_ROUTER_IMG_INLINE;
-            }
-        }
-        left_ms = r->deadline_ns > now_ns ? (r->deadline_ns - now_ns) / 1000000ull : 0;
-        if (left_ms == 0) {
-            return EPD_ERR_TIMEOUT;
-        }
-        memset(&q, 0, sizeof(q));
-        q.prompt = r->prompt;
-        q.n_prompt = r->n_prompt;
-        q.temperature = (float)r->oai->temperature;
-        q.top_p = (float)r->oai->top_p;
-        q.top_k = r->oai->top_k > 0 ? (uint32_t)r->oai->top_k : 0;
-        q.seed = r->seed;
-        q.max_tokens = r->max_new;
-        q.prefill = pw->cw;
-        q.decode = dw->cw;
-        q.deadline_ms = (uint32_t)(left_ms > UINT32_MAX ? UINT32_MAX : left_ms);
-        q.user = r;
-        q.media = r->n_images > 0 ? media : NULL;
-        q.n_media = r->n_images;
-        q.cache_salt = r->oai->cache_salt;
-        q.cache_salt_len = r->oai->cache_salt != NULL ? strlen(r->oai->cache_salt) : 0;
-        st = epd_client_submit(rt->client, &q, &r->client_id);
-        if (st == EPD_OK) {
-            for (uint32_t k = 0; k < r->n_images; k++) {
-                r->img_enc[k] = ew[k];
-                if (ew[k] != NULL) {
-                    epd_router_worker_ref(ew[k]);
-                    ew[k]->inflight++;
-                    ew[k]->served++;
-                }
-            }
-            if (rt->trace != NULL) {
-                uint64_t t = epd_time_now_ns();
-
-                if (r->attempts == 0) {
-                    epd_trace_span(rt->trace, "parse + tokenize", "router", r->client_id, -1,
-                                   r->t_arrival_ns, r->t_parsed_ns);
-                    epd_trace_span(rt->trace, "choose + submit", "router", r->client_id, -1,
-                                   r->t_parsed_ns, t);
-                } else {
-                    epd_trace_instant(rt->trace, "resubmitted", "router", r->client_id,
-                                      (int32_t)r->attempts, t);
-                }
-                r->t_submit_ns = t;
-            }
-            r->trace_id = r->client_id;
-            r->pw = pw;
-            r->dw = dw;
-            epd_router_worker_ref(pw);
-            epd_router_worker_ref(dw);
-            pw->inflight++;
-            dw->inflight++;
-            pw->served++;
-            dw->served++;
-            pw->queued_tokens += r->n_prompt; /* until the first token (n_out 0) */
-            r->dw_blocks = epd_router_decode_blocks(dw, &fit);
-            dw->kv_pending += r->dw_blocks; /* until its next heartbeat says */
-            r->t_dispatch_ns = now_ns;
-            if (pp != NULL) {
-                /* they will hold the prompt's blocks: the next request with
-                 * this prefix goes there before any heartbeat says so */
-                epd_router_hints_expect(pw, pp, UINT32_MAX);
-                if (r->n_images == 0) { /* decode never keeps a prompt with images */
-                    epd_router_hints_expect(dw, pp,
-                                            r->n_prompt > 0 && pp->block_tokens > 0
-                                                ? (r->n_prompt - 1) / pp->block_tokens
-                                                : 0);
-                }
-            }
-            if (r->attempts++ == 0) {
-                epd_router_histo_observe(&rt->m.dispatch, (double)(now_ns - r->t_arrival_ns) / 1e9);
-            }
-            return EPD_OK;
-        }
-        if (st != EPD_ERR_PEER_DEAD) {
-            return st;
-        }
-        /* an endpoint that failed since the pick: never pick it again */
-        {
-            int bad_p = epd_client_worker_state(pw->cw) != EPD_OK;
-            int bad_d = epd_client_worker_state(dw->cw) != EPD_OK;
-            int bad_e = 0;
-
-            for (uint32_t k = 0; k < r->n_images; k++) {
-                if (ew[k] != NULL && ew[k]->state != EPD_ROUTER_DEAD &&
-                    epd_client_worker_state(ew[k]->cw) != EPD_OK) {
-                    epd_router_worker_kill(ew[k], now_ns);
-                    rt->m.workers_died++;
-                    bad_e = 1;
-                }
-            }
-            if (!bad_p && !bad_d) {
-                if (bad_e) {
-                    continue;
-                }
-                return st;
-            }
-            if (bad_p) {
-                epd_router_worker_kill(pw, now_ns);
-                rt->m.workers_died++;
-            }
-            if (bad_d) {
-                epd_router_worker_kill(dw, now_ns);
-                rt->m.workers_died++;
-            }
-        }
-    }
-    return st;
 }
 
 /* Was the attempt refused for room (a decode worker's KvRefused, a prefill
@@ -596,6 +323,15 @@ static epd_router_attempt_next_t epd_router_attempt_no_room(epd_router_t *rt, ep
     return EPD_ROUTER_ATTEMPT_RETRY;
 }
 
+/* May the stream of r, cut after some tokens, go on from another pair
+ * (rule 37)?  Not with images (a resume recomputes the prompt's KV without
+ * media), nor when it has all its tokens, nor without the token ids. */
+static int epd_router_may_migrate(const epd_router_req_t *r)
+{
+    return r->n_out > 0 && r->n_images == 0 && r->n_out < r->max_new && r->out != NULL &&
+           r->mig_prompt != NULL;
+}
+
 /* The attempt failed (an ERROR or REFUSED event, `ev`): what it tells of
  * the workers (a disproved cache hint, whom to avoid), the workers let go,
  * then a retry, or the answer. */
@@ -632,7 +368,7 @@ static epd_router_attempt_next_t epd_router_attempt_failed(epd_router_t *rt, epd
         ((reporter == pw && (culprit == dw || culprit == NULL)) ||
          (reporter == dw && (culprit == pw || culprit == NULL))) &&
         epd_client_worker_state(pw->cw) == EPD_OK && epd_client_worker_state(dw->cw) == EPD_OK) {
-        epd_router_pair_break(rt, pw, dw, now);
+        epd__router_pair_break(rt, pw, dw, now);
     }
     /* the workers stay valid (unreferenced entries are freed by the
      * registry's tick only): compared and named below */
@@ -650,14 +386,15 @@ static epd_router_attempt_next_t epd_router_attempt_failed(epd_router_t *rt, epd
                               "an image of the request: %s%s", ev->message, "");
         return EPD_ROUTER_ATTEMPT_FINAL;
     }
-    if (r->n_out == 0 && epd_router_for_room(ev)) {
+    if (r->n_out == r->n_base && epd_router_for_room(ev)) {
         return epd_router_attempt_no_room(
             rt, r, ev, ev->kind == EPD_CLIENT_EV_REFUSED ? dw : reporter != NULL ? reporter : pw,
             now);
     }
     /* a disproved hint is nobody's failure: it gets one attempt on top;
      * refusals for room do not count */
-    if (r->n_out == 0 && (epd_router_retryable(ev) || stale_hint) &&
+    if ((r->n_out == r->n_base || epd_router_may_migrate(r)) &&
+        (epd_router_retryable(ev) || stale_hint) &&
         r->attempts - r->room_refusals <= rt->max_retries + (uint32_t)r->no_hints &&
         now < r->deadline_ns) {
         int enc_dead = 0;
@@ -694,9 +431,20 @@ static epd_router_attempt_next_t epd_router_attempt_failed(epd_router_t *rt, epd
             }
         }
         rt->m.retries++;
-        epd_log_info(EPD_ROUTER_LOG, ev->request_id,
-                     "attempt %u failed before its first token (%s from %s: %s): retrying",
-                     r->attempts, epd_status_name(ev->status), ev->from, ev->message);
+        if (r->n_out > r->n_base) {
+            /* the stream goes on from another pair where this one stopped */
+            r->migrations++;
+            rt->m.migrations++;
+            epd_log_info(EPD_ROUTER_LOG, ev->request_id,
+                         "attempt %u failed after %u tokens (%s from %s: %s): migrating, the "
+                         "stream goes on from token %u",
+                         r->attempts, r->n_out - r->n_base, epd_status_name(ev->status), ev->from,
+                         ev->message, r->n_out);
+        } else {
+            epd_log_info(EPD_ROUTER_LOG, ev->request_id,
+                         "attempt %u failed before its first token (%s from %s: %s): retrying",
+                         r->attempts, epd_status_name(ev->status), ev->from, ev->message);
+        }
         return EPD_ROUTER_ATTEMPT_RETRY;
     }
     if (ev->status == EPD_ERR_TIMEOUT) {
@@ -781,7 +529,7 @@ static void epd_router_req_step(epd_router_t *rt, epd_router_req_t *r,
             if (r->turn) {
                 /* its turn in the queue (epd_router_queue_run) */
                 r->turn = 0;
-                st = epd_router_dispatch(rt, r, now_ns);
+                st = epd__router_dispatch(rt, r, now_ns);
                 /* no room for the oldest: the walk stops behind it */
                 rt->queue_stalled = st == EPD_ERR_NO_CAPACITY || st == EPD_ERR_NO_RESOURCE;
             }
@@ -823,7 +571,7 @@ static void epd_router_req_step(epd_router_t *rt, epd_router_req_t *r,
                  * gone: stop the attempt; its terminal event still comes */
                 (void)epd_client_abort(rt->client, r->client_id);
                 r->state = EPD_ROUTER_REQ_ABORTING;
-            } else if (r->state == EPD_ROUTER_REQ_SUBMITTED && r->n_out > 0) {
+            } else if (r->state == EPD_ROUTER_REQ_SUBMITTED && r->n_out > r->n_base) {
                 r->state = EPD_ROUTER_REQ_STREAMING;
             }
             break;
@@ -868,11 +616,13 @@ static void epd_router_first_tokens(epd_router_t *rt, epd_router_req_t *r,
         rt->m.images_encoded += r->img_src[k] == EPD_ROUTER_IMG_ENCODER;
         rt->m.images_local += r->img_src[k] == EPD_ROUTER_IMG_INLINE;
     }
-    epd_router_histo_observe(&rt->m.ttft, (double)(now - r->t_arrival_ns) / 1e9);
+    if (r->n_out == 0) {
+        epd_router_histo_observe(&rt->m.ttft, (double)(now - r->t_arrival_ns) / 1e9);
+    }
     epd_trace_span(rt->trace, "wait for first token", "router", ev->request_id, -1, r->t_submit_ns,
                    now);
     if (r->pw != NULL) {
-        r->pw->queued_tokens -= r->n_prompt; /* counted since the submit */
+        r->pw->queued_tokens -= r->pw_queued; /* counted since the submit */
     }
 }
 
@@ -884,13 +634,17 @@ static void epd_router_on_tokens(epd_router_t *rt, epd_router_req_t *r,
 {
     int stop;
 
-    if (r->n_out == 0) {
+    if (r->n_out == r->n_base) {
         epd_router_first_tokens(rt, r, ev, now);
     } else {
         epd_router_histo_observe(&rt->m.itl, (double)(now - r->t_last_ns) / 1e9);
     }
     r->t_last_ns = now;
     epd_trace_instant(rt->trace, "TokenChunk received", "msg", ev->request_id, -1, now);
+    /* kept for a migration (the client never sends more than max_tokens) */
+    if (r->out != NULL && ev->n_tokens <= r->max_new - r->n_out) {
+        memcpy(r->out + r->n_out, ev->tokens, (size_t)ev->n_tokens * sizeof(uint32_t));
+    }
     r->n_out += ev->n_tokens;
     if (r->http == NULL) {
         return; /* answered, or the client is gone: ABORTING */
@@ -977,6 +731,7 @@ void epd__router_tick(epd_router_t *rt, uint64_t now_ns)
 
     epd_router_registry_tick(&rt->reg, now_ns, &died);
     rt->m.workers_died += died;
+    epd_router_drain_sample(&rt->drain, rt->m.ok, now_ns);
     /* the waiting: first their clocks (queue timeout, deadline), then the
      * walk (heartbeats may have brought room, a backoff may be over) */
     for (epd_router_req_t *r = rt->wait_head, *next; r != NULL; r = next) {

@@ -21,6 +21,7 @@ $(call obj_of,$(ROUTER_API_SRCS)): EPD_CPPFLAGS += -Irouter
 # handlers, the registry and policies, and the metrics (epd_router_int.h
 # says who calls whom).
 ROUTER_DAEMON_SRCS := router/main.c router/epd_router_api.c router/epd_router_req.c \
+                      router/epd_router_dispatch.c \
                       router/epd_router_answer.c router/epd_router_rpc.c \
                       router/epd_router_registry.c router/epd_router_hints.c \
                       router/epd_router_metrics.c

@@ -101,6 +101,24 @@ static void test_generate_checks(void **state)
     assert_int_equal(epd_decode_check_generate(&lim, &g, &sp, &why), EPD_ERR_INVALID_PARAM);
     stops[1] = 99;
     assert_int_equal(epd_decode_check_generate(&lim, &g, &sp, &why), EPD_OK);
+
+    /* a migration (rule 37): the last k prompt tokens were generated */
+    make_req(&g, &s);
+    g.resume_generated = 3; /* prompt 5 + 3 generated, 1 of 4 to come */
+    assert_int_equal(epd_decode_check_generate(&lim, &g, &sp, &why), EPD_OK);
+    s.max_tokens = 11; /* 5 + 11 = 16: the context counts the generated ones once */
+    assert_int_equal(epd_decode_check_generate(&lim, &g, &sp, &why), EPD_OK);
+    s.max_tokens = 12;
+    assert_int_equal(epd_decode_check_generate(&lim, &g, &sp, &why), EPD_ERR_TOO_LONG);
+    s.max_tokens = 3; /* nothing left to generate */
+    assert_int_equal(epd_decode_check_generate(&lim, &g, &sp, &why), EPD_ERR_INVALID_PARAM);
+    assert_non_null(strstr(why, "resume_generated"));
+    s.max_tokens = 4;
+    g.resume_generated = 8; /* the whole prompt */
+    assert_int_equal(epd_decode_check_generate(&lim, &g, &sp, &why), EPD_ERR_INVALID_PARAM);
+    g.resume_generated = 3;
+    g.protocol_only = 1;
+    assert_int_equal(epd_decode_check_generate(&lim, &g, &sp, &why), EPD_ERR_INVALID_PARAM);
 }
 
 /* A pool for layout "LA..." with random contents and the checksums of

@@ -54,6 +54,7 @@
 #include "epd_engine.h"
 #include "epd_image.h"
 #include "epd_itest_colo.h"
+#include "epd_itest_status.h"
 #include "epd_log.h"
 #include "epd_msg.h"
 #include "epd_rpc.h"
@@ -350,37 +351,17 @@ static uint32_t st_quarantined; /* the last Load.quarantined read */
 static int st_decode_free(const char *addr, uint32_t *free_p, uint32_t *total_p,
                           uint32_t *sfree_p, uint32_t *stotal_p)
 {
-    static const unsigned char empty = 0;
-    epd_rpc_client_t *rpc = NULL;
-    ProtobufCMessage *msg = NULL;
-    Epd__StatusResponse *st;
-    void *resp = NULL;
-    size_t len = 0;
-    int rc = -1;
+    epd_itest_load_t l;
 
-    if (epd_rpc_client_create(addr, &rpc) != EPD_OK) {
+    if (epd_itest_load(addr, &l) != 0) {
         return -1;
     }
-    if (epd_rpc_call(rpc, EPD_RPC_STATUS, NULL, 0, 3000, &resp, &len, NULL, 0) != EPD_OK ||
-        epd_proto_unpack(&epd__status_response__descriptor, len > 0 ? resp : &empty, len, &msg) !=
-            EPD_OK) {
-        goto out;
-    }
-    st = (Epd__StatusResponse *)msg;
-    if (st->n_workers < 1 || st->workers[0]->load == NULL || st->workers[0]->capacity == NULL) {
-        goto out;
-    }
-    *free_p = st->workers[0]->load->kv_blocks_free;
-    *total_p = st->workers[0]->capacity->kv_blocks_total;
-    *sfree_p = st->workers[0]->load->state_slots_free;
-    *stotal_p = st->workers[0]->capacity->state_slots_total;
-    st_quarantined = st->workers[0]->load->quarantined;
-    rc = 0;
-out:
-    epd_proto_free(msg);
-    epd_free(resp);
-    epd_rpc_client_destroy(rpc);
-    return rc;
+    *free_p = l.kv_blocks_free;
+    *total_p = l.kv_blocks_total;
+    *sfree_p = l.state_slots_free;
+    *stotal_p = l.state_slots_total;
+    st_quarantined = l.quarantined;
+    return 0;
 }
 
 static int st_pool_full(const char *addr)

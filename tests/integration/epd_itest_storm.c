@@ -38,6 +38,7 @@
 #include "epd_config.h"
 #include "epd_engine.h"
 #include "epd_itest_colo.h"
+#include "epd_itest_status.h"
 #include "epd_log.h"
 #include "epd_msg.h"
 #include "epd_rng.h"
@@ -133,37 +134,17 @@ static void on_event(void *arg, const epd_client_event_t *ev)
 static int decode_status(const char *addr, uint32_t *free_p, uint32_t *total_p,
                          uint32_t *slots_free_p, uint32_t *slots_total_p, uint32_t *running_p)
 {
-    static const unsigned char empty = 0;
-    epd_rpc_client_t *rpc = NULL;
-    ProtobufCMessage *msg = NULL;
-    Epd__StatusResponse *st;
-    void *resp = NULL;
-    size_t len = 0;
-    int rc = -1;
+    epd_itest_load_t l;
 
-    if (epd_rpc_client_create(addr, &rpc) != EPD_OK) {
+    if (epd_itest_load(addr, &l) != 0) {
         return -1;
     }
-    if (epd_rpc_call(rpc, EPD_RPC_STATUS, NULL, 0, 3000, &resp, &len, NULL, 0) != EPD_OK ||
-        epd_proto_unpack(&epd__status_response__descriptor, len > 0 ? resp : &empty, len, &msg) !=
-            EPD_OK) {
-        goto out;
-    }
-    st = (Epd__StatusResponse *)msg;
-    if (st->n_workers < 1 || st->workers[0]->load == NULL || st->workers[0]->capacity == NULL) {
-        goto out;
-    }
-    *free_p = st->workers[0]->load->kv_blocks_free;
-    *total_p = st->workers[0]->capacity->kv_blocks_total;
-    *slots_free_p = st->workers[0]->load->state_slots_free;
-    *slots_total_p = st->workers[0]->capacity->state_slots_total;
-    *running_p = st->workers[0]->load->running_requests;
-    rc = 0;
-out:
-    epd_proto_free(msg);
-    epd_free(resp);
-    epd_rpc_client_destroy(rpc);
-    return rc;
+    *free_p = l.kv_blocks_free;
+    *total_p = l.kv_blocks_total;
+    *slots_free_p = l.state_slots_free;
+    *slots_total_p = l.state_slots_total;
+    *running_p = l.running_requests;
+    return 0;
 }
 
 typedef struct {

@@ -10,10 +10,11 @@
   load URL MODEL_DIR GEN_BIN --clients C --requests R [--prompts K --max-tokens N]
       C concurrent clients, R requests in all (streaming and not, completions
       and chat, over K prompts); every answer must equal epd-generate's.
-  multi URL MODEL_DIR GEN_BIN --count K --prompt-file F --max-tokens N
-      K concurrent greedy streaming completions of one prompt; prints one
-      line per request: "ok" (equals epd-generate), "error HTTP-STATUS ..."
-      (599: an error event inside the stream) or "differs"; exit 0.
+  multi URL MODEL_DIR GEN_BIN --count K --prompt-file F --max-tokens N [--mixed]
+      K concurrent greedy streaming completions of one prompt (--mixed:
+      every other one seeded, temperature 0.9, top_p 0.95, seed 11); prints
+      one line per request: "ok" (equals epd-generate), "error HTTP-STATUS
+      ..." (599: an error event inside the stream) or "differs"; exit 0.
   stop URL MODEL_DIR GEN_BIN --prompt-file F --max-tokens N
       a stop string (an ASCII character of epd-generate's text) ends the
       answer before it, finish_reason "stop", streaming and not.
@@ -197,7 +198,7 @@ def parse_flags(argv):
         if not a.startswith("--"):
             fail("unexpected argument %r" % a)
         key = a[2:].replace("-", "_")
-        if key in ("chat", "stream", "all_kinds", "no_429"):
+        if key in ("chat", "stream", "all_kinds", "no_429", "mixed"):
             flags[key] = True
             i += 1
         else:
@@ -383,11 +384,15 @@ def cmd_multi(url, model, gen_bin, flags):
     count = int(flags["count"])
     prompt = open(flags["prompt_file"], "rb").read().decode("utf-8")
     max_tokens = int(flags["max_tokens"])
-    s = {"temperature": 0.0}
-    want = generate(gen_bin, model, prompt, max_tokens, s)
+    samplings = [{"temperature": 0.0}]
+    if flags.get("mixed", False):
+        samplings.append({"temperature": 0.9, "top_p": 0.95, "seed": 11})
+    wants = [generate(gen_bin, model, prompt, max_tokens, s) for s in samplings]
     results = [None] * count
 
     def one(i):
+        s = samplings[i % len(samplings)]
+        want = wants[i % len(samplings)]
         try:
             status, got, _, _ = request(url, False, prompt, max_tokens, True, s)
         except Exception as e:  # noqa: BLE001 — reported as a line

@@ -17,10 +17,10 @@ $(BUILD)/itest/$(1): $$($(1)_OBJS) $$(foreach l,$(ITEST_LIBS),$(BUILD)/lib/lib$$
 		$$(foreach l,$(ITEST_LIBS),$(BUILD)/lib/lib$$(l).a) $(EPD_LDLIBS)
 endef
 
-$(eval $(call epd_itest_prog,epd-itest-storm,tests/integration/epd_itest_storm.c tests/integration/epd_itest_colo.c))
+$(eval $(call epd_itest_prog,epd-itest-storm,tests/integration/epd_itest_storm.c tests/integration/epd_itest_colo.c tests/integration/epd_itest_status.c))
 $(eval $(call epd_itest_prog,epd-itest-raw,tests/integration/epd_itest_raw.c))
 # a writer stalled mid-write and continued after its memory may have been reused (the fence)
-$(eval $(call epd_itest_prog,epd-itest-stall,tests/integration/epd_itest_stall.c tests/integration/epd_itest_colo.c))
+$(eval $(call epd_itest_prog,epd-itest-stall,tests/integration/epd_itest_stall.c tests/integration/epd_itest_colo.c tests/integration/epd_itest_status.c))
 ALL_TESTS += tests/integration/test_fence_ucx_shm.sh \
              tests/integration/test_fence_ucx_tcp.sh \
              tests/integration/test_fence_ofi_tcp.sh
