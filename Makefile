@@ -85,6 +85,7 @@ endif
 ALL_LIBS :=
 ALL_PROGS :=
 ALL_TESTS :=
+EXCLUSIVE_TESTS :=
 ALL_OBJS :=
 GEN_HDRS :=
 
@@ -141,8 +142,11 @@ $(ALL_OBJS): | $(GEN_HDRS)
 
 .PHONY: all deps check test run bench clean san-test fuzz image
 
-# Builds use every core; tests run one program at a time (each starts its
-# own daemons and some judge liveness by timeouts).
+# Builds use every core.  Tests run EPD_TEST_JOBS programs at once
+# (tests/run.sh; default 3), each in its own session with its own daemons
+# on ephemeral ports; the EXCLUSIVE_TESTS of the module.mk files (fixed
+# network names, podman, Slurm, the soak...) run alone, each with its reason
+# beside it.
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 
 all: $(ALL_LIBS) $(ALL_PROGS) $(ALL_TESTS)
@@ -155,7 +159,8 @@ deps:
 # Every test: unit (cmocka) and integration, each in its own process with a
 # timeout; then the same suite built with ASan + UBSan by clang.
 test: all
-	@EPD_BUILD=$(BUILD) ./tests/run.sh $(ALL_TESTS)
+	@EPD_BUILD=$(BUILD) EPD_TEST_EXCLUSIVE="$(notdir $(EXCLUSIVE_TESTS))" \
+		./tests/run.sh $(ALL_TESTS)
 
 SAN_CC ?= clang
 san-test:

@@ -8,4 +8,10 @@ ifeq ($(SANITIZER),)
 ALL_TESTS += tests/deploy/test_container_image.sh
 ALL_TESTS += tests/deploy/test_k8s_manifests.sh
 ALL_TESTS += tests/deploy/test_slurm_cluster.sh
+# Run alone (tests/run.sh, EPD_TEST_EXCLUSIVE): the image and Slurm tests
+# build namespaces on the fixed subnet 10.79.0.0/24 and start podman
+# containers and Slurm's daemons.  The manifests test (node, promtool,
+# files only) runs beside others.
+EXCLUSIVE_TESTS += tests/deploy/test_container_image.sh \
+                   tests/deploy/test_slurm_cluster.sh
 endif

@@ -52,6 +52,11 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_prefix_cache.sh \
              tests/integration/test_kv_tier.sh \
              tests/integration/test_router_kv_aware.sh
+# run alone (tests/run.sh, EPD_TEST_EXCLUSIVE): after SIGSTOPping encoder-0
+# it has about a second (the router's --dead-after-ms 1000) for three
+# Python clients to start and reach the router, or they are not retried
+# ("no retry counted (0 -> 0)" twice with other programs beside it)
+EXCLUSIVE_TESTS += tests/integration/test_multimodal_ucx_shm.sh
 $(eval $(call epd_itest_prog,epd-itest-poison,tests/integration/epd_itest_poison.c))
 ALL_TESTS += tests/integration/test_image_hash.sh
 $(eval $(call epd_itest_prog,epd-itest-rogue,tests/integration/epd_itest_rogue.c tests/integration/epd_itest_colo.c))
@@ -65,6 +70,9 @@ ALL_TESTS += tests/integration/test_trust_ucx_shm.sh \
 ALL_TESTS += tests/integration/test_addresses.sh
 # epd-bench fleet's simulated workers: READY at the router, DEAD once stopped (#15)
 ALL_TESTS += tests/integration/test_fleet.sh
+# run alone (tests/run.sh, EPD_TEST_EXCLUSIVE): 40 workers' heartbeats must
+# keep all of them READY at the router for the whole test
+EXCLUSIVE_TESTS += tests/integration/test_fleet.sh
 # overload: the router's queue and 429s, decode KV on demand with preemption
 ALL_TESTS += tests/integration/test_router_burst.sh \
              tests/integration/test_decode_preempt.sh
@@ -74,4 +82,8 @@ ALL_TESTS += tests/integration/test_faults.sh
 # pass only: under the sanitizers it would take minutes
 ifeq ($(SANITIZER),)
 ALL_TESTS += tests/integration/test_soak.sh
+# run alone (tests/run.sh, EPD_TEST_EXCLUSIVE): it loads the machine on
+# purpose (8 clients, stalls, kills) and its "hung" counts a request that
+# takes longer than a deadline
+EXCLUSIVE_TESTS += tests/integration/test_soak.sh
 endif

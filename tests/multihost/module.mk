@@ -11,4 +11,14 @@ ALL_TESTS += tests/multihost/test_mh_ucx_tcp.sh \
              tests/multihost/test_mh_partition.sh \
              tests/multihost/test_mh_loss.sh \
              tests/multihost/test_mh_slow.sh
+# Run alone (tests/run.sh, EPD_TEST_EXCLUSIVE): each builds six namespaces
+# on the fixed subnet 10.77.0.0/24 with host-side veths, shapes links with
+# tc and cuts them with nft, and judges failover by deadlines of seconds
+# (cut, partition, loss) and the delays it measures (slow).
+EXCLUSIVE_TESTS += tests/multihost/test_mh_ucx_tcp.sh \
+                   tests/multihost/test_mh_ofi_tcp.sh \
+                   tests/multihost/test_mh_cut.sh \
+                   tests/multihost/test_mh_partition.sh \
+                   tests/multihost/test_mh_loss.sh \
+                   tests/multihost/test_mh_slow.sh
 endif
