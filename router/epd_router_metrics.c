@@ -129,6 +129,16 @@ static void epd_router_metrics_prefix(epd_router_text_t *t, const epd_router_reg
         {"tier_dropped", "Tier blocks dropped for room with nowhere to go"},
     };
     for (size_t i = 0; i < sizeof(tier) / sizeof(tier[0]); i++) {
+        if (strcmp(tier[i][0], "tier_restore_us") == 0) {
+            /* Prometheus wants base units: seconds, from the workers' µs */
+            epd_router_text_printf(t,
+                                   "# HELP epd_router_prefix_tier_restore_seconds_total Seconds "
+                                   "spent restoring tier blocks (reads, decompression, checks)\n"
+                                   "# TYPE epd_router_prefix_tier_restore_seconds_total counter\n"
+                                   "epd_router_prefix_tier_restore_seconds_total %.6f\n",
+                                   (double)v[12 + i] / 1e6);
+            continue;
+        }
         snprintf(name, sizeof(name), "epd_router_prefix_%s_total", tier[i][0]);
         epd_router_metrics_counter(t, name, tier[i][1], v[12 + i]);
     }

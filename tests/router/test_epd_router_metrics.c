@@ -92,7 +92,7 @@ static void test_render_tier(void **state)
     assert_non_null(strstr(t.data, "\nepd_router_prefix_evictions_total 9\n"));
     assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_stored_total 11\n"));
     assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_restored_disk_total 5\n"));
-    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_restore_us_total 1234\n"));
+    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_restore_seconds_total 0.001234\n"));
     assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_checksum_failures_total 2\n"));
     assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_dropped_total 7\n"));
     assert_non_null(strstr(t.data, "# TYPE epd_router_prefix_tier_bytes gauge\n"));
