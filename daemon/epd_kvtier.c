@@ -22,6 +22,7 @@
 #include <zstd.h>
 
 #include "epd_alloc.h"
+#include "epd_bytes.h"
 #include "epd_hash.h"
 #include "epd_log.h"
 #include "epd_time.h"
@@ -65,63 +66,19 @@ struct epd_kvtier {
 
 /* ---- little helpers ---------------------------------------------------- */
 
-static void epd_kvtier_put64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) {
-        p[i] = (unsigned char)(v >> (8 * i));
-    }
-}
-
-static uint64_t epd_kvtier_get64(const unsigned char *p)
-{
-    uint64_t v = 0;
-
-    for (int i = 0; i < 8; i++) {
-        v |= (uint64_t)p[i] << (8 * i);
-    }
-    return v;
-}
-
-static void epd_kvtier_put32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) {
-        p[i] = (unsigned char)(v >> (8 * i));
-    }
-}
-
-static uint32_t epd_kvtier_get32(const unsigned char *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 void epd_kvtier_file_name(const epd_prefix_hash_t *key, char out[65])
 {
-    static const char hex[] = "0123456789abcdef";
-
-    for (int i = 0; i < 32; i++) {
-        out[2 * i] = hex[key->b[i] >> 4];
-        out[2 * i + 1] = hex[key->b[i] & 15];
-    }
+    epd_hex_encode(out, key->b, sizeof(key->b));
     out[64] = '\0';
 }
 
 /* The key a file name spells (64 lower-case hex digits); -1 otherwise. */
 static int epd_kvtier_name_key(const char *name, epd_prefix_hash_t *key_p)
 {
-    for (int i = 0; i < 64; i++) {
-        int c = name[i];
-        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-
-        if (v < 0) {
-            return -1;
-        }
-        if (i % 2 == 0) {
-            key_p->b[i / 2] = (unsigned char)(v << 4);
-        } else {
-            key_p->b[i / 2] |= (unsigned char)v;
-        }
+    if (strnlen(name, 65) != 64) {
+        return -1;
     }
-    return name[64] == '\0' ? 0 : -1;
+    return epd_hex_decode(key_p->b, name, sizeof(key_p->b));
 }
 
 static void epd_kvtier_path(const epd_kvtier_t *t, const epd_prefix_hash_t *key, char *out,
@@ -289,16 +246,16 @@ static void epd_kvtier_hdr_pack(const epd_kvtier_t *t, const epd_kvtier_ent_t *e
 {
     memset(h, 0, EPD_KVTIER_HDR_BYTES);
     memcpy(h, epd_kvtier_magic, 8);
-    epd_kvtier_put32(h + 8, EPD_KVTIER_VERSION);
-    epd_kvtier_put32(h + 12, e->shuffle);
-    epd_kvtier_put32(h + 16, (uint32_t)t->cfg.level);
+    epd_le_put(h + 8, EPD_KVTIER_VERSION, 4);
+    epd_le_put(h + 12, e->shuffle, 4);
+    epd_le_put(h + 16, (uint32_t)t->cfg.level, 4);
     memcpy(h + 24, t->cfg.ns.b, 32);
     memcpy(h + 56, e->key.b, 32);
-    epd_kvtier_put64(h + 88, e->raw_len);
-    epd_kvtier_put64(h + 96, e->comp_len);
-    epd_kvtier_put64(h + 104, e->ckpt_len);
+    epd_le_put(h + 88, e->raw_len, 8);
+    epd_le_put(h + 96, e->comp_len, 8);
+    epd_le_put(h + 104, e->ckpt_len, 8);
     memcpy(h + 112, e->sum, 16);
-    epd_kvtier_put64(h + 136, epd_hash64(h, 136, 0));
+    epd_le_put(h + 136, epd_hash64(h, 136, 0), 8);
 }
 
 /* Checks a file's header (h[0..have) read of a file of file_bytes; its
@@ -317,20 +274,20 @@ static const char *epd_kvtier_hdr_check(const epd_kvtier_t *t, const unsigned ch
     if (memcmp(h, epd_kvtier_magic, 8) != 0) {
         return "not a KV tier file (bad magic)";
     }
-    if (epd_kvtier_get32(h + 8) != EPD_KVTIER_VERSION) {
+    if ((uint32_t)epd_le_get(h + 8, 4) != EPD_KVTIER_VERSION) {
         return "unknown format version";
     }
-    if (epd_hash64(h, 136, 0) != epd_kvtier_get64(h + 136)) {
+    if (epd_hash64(h, 136, 0) != epd_le_get(h + 136, 8)) {
         return "header checksum mismatch";
     }
     if (!*ours_p) {
         return "written by another model or KV layout";
     }
     memcpy(e_p->key.b, h + 56, 32);
-    e_p->shuffle = epd_kvtier_get32(h + 12);
-    e_p->raw_len = epd_kvtier_get64(h + 88);
-    e_p->comp_len = epd_kvtier_get64(h + 96);
-    e_p->ckpt_len = epd_kvtier_get64(h + 104);
+    e_p->shuffle = (uint32_t)epd_le_get(h + 12, 4);
+    e_p->raw_len = epd_le_get(h + 88, 8);
+    e_p->comp_len = epd_le_get(h + 96, 8);
+    e_p->ckpt_len = epd_le_get(h + 104, 8);
     memcpy(e_p->sum, h + 112, 16);
     if (e_p->ckpt_len > e_p->raw_len || e_p->shuffle > 64 ||
         e_p->comp_len > ZSTD_compressBound(e_p->raw_len)) {

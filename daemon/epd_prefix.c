@@ -7,21 +7,15 @@
 
 #include <string.h>
 
-#define EPD_PREFIX_TAG "epd-prefix-v1"
+#include "epd_bytes.h"
 
-static void epd_prefix_le32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char)v;
-    p[1] = (unsigned char)(v >> 8);
-    p[2] = (unsigned char)(v >> 16);
-    p[3] = (unsigned char)(v >> 24);
-}
+#define EPD_PREFIX_TAG "epd-prefix-v1"
 
 static void epd_prefix_put32(epd_content_hash_state_t *st, uint32_t v)
 {
     unsigned char b[4];
 
-    epd_prefix_le32(b, v);
+    epd_le_put(b, v, 4);
     epd_content_hash_update(st, b, 4);
 }
 
@@ -98,7 +92,7 @@ uint32_t epd_prefix_chain_from(const epd_prefix_hash_t *parent_key, uint32_t blo
             uint32_t cnt = hi - t < 64 ? (uint32_t)(hi - t) : 64;
 
             for (uint32_t q = 0; q < cnt; q++) {
-                epd_prefix_le32(buf + 4 * q, (uint32_t)tokens[t + q]);
+                epd_le_put(buf + 4 * q, (uint32_t)tokens[t + q], 4);
             }
             epd_content_hash_update(&st, buf, 4 * (size_t)cnt);
             t += cnt;

@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "epd_alloc.h"
+#include "epd_bytes.h"
 #include "epd_log.h"
 #include "epd_msg.h"
 #include "epd_queue.h"
@@ -175,13 +176,6 @@ uint32_t epd_rpc_auth_nonces(const epd_rpc_auth_t *a)
     return a->count;
 }
 
-static void epd_rpc_le(unsigned char *out, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++) {
-        out[i] = (unsigned char)(v >> (8 * i));
-    }
-}
-
 static void epd_rpc_auth_mac(const epd_rpc_auth_t *a, const char *method, const void *body,
                              size_t body_len, uint64_t time_ms, const unsigned char *nonce,
                              unsigned char mac[EPD_RPC_AUTH_MAC_BYTES])
@@ -193,43 +187,18 @@ static void epd_rpc_auth_mac(const epd_rpc_auth_t *a, const char *method, const 
 
     crypto_generichash_init(&st, a->key, sizeof(a->key), EPD_RPC_AUTH_MAC_BYTES);
     crypto_generichash_update(&st, &version, 1);
-    epd_rpc_le(n4, mlen, 4);
+    epd_le_put(n4, mlen, 4);
     crypto_generichash_update(&st, n4, 4);
     crypto_generichash_update(&st, (const unsigned char *)method, mlen);
-    epd_rpc_le(n8, body_len, 8);
+    epd_le_put(n8, body_len, 8);
     crypto_generichash_update(&st, n8, 8);
     if (body_len > 0) {
         crypto_generichash_update(&st, body, body_len);
     }
-    epd_rpc_le(n8, time_ms, 8);
+    epd_le_put(n8, time_ms, 8);
     crypto_generichash_update(&st, n8, 8);
     crypto_generichash_update(&st, nonce, EPD_RPC_AUTH_NONCE_BYTES);
     crypto_generichash_final(&st, mac, EPD_RPC_AUTH_MAC_BYTES);
-}
-
-static void epd_rpc_hex(char *out, const unsigned char *in, size_t n)
-{
-    static const char digits[] = "0123456789abcdef";
-
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = digits[in[i] >> 4];
-        out[2 * i + 1] = digits[in[i] & 15];
-    }
-}
-
-/* Lowercase hex only: one spelling per value. */
-static int epd_rpc_unhex(unsigned char *out, const char *in, size_t n)
-{
-    for (size_t i = 0; i < 2 * n; i++) {
-        char c = in[i];
-        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-
-        if (v < 0) {
-            return -1;
-        }
-        out[i / 2] = (unsigned char)(i % 2 == 0 ? v << 4 : out[i / 2] | v);
-    }
-    return 0;
 }
 
 epd_status_t epd_rpc_auth_sign(const epd_rpc_auth_t *a, const char *method, const void *body,
@@ -245,10 +214,10 @@ epd_status_t epd_rpc_auth_sign(const epd_rpc_auth_t *a, const char *method, cons
     randombytes_buf(nonce, sizeof(nonce));
     epd_rpc_auth_mac(a, method, body, body_len, now_ms, nonce, mac);
     n = snprintf(value, cap, "v1:%llu:", (unsigned long long)now_ms);
-    epd_rpc_hex(value + n, nonce, sizeof(nonce));
+    epd_hex_encode(value + n, nonce, sizeof(nonce));
     n += 2 * (int)sizeof(nonce);
     value[n++] = ':';
-    epd_rpc_hex(value + n, mac, sizeof(mac));
+    epd_hex_encode(value + n, mac, sizeof(mac));
     n += 2 * (int)sizeof(mac);
     value[n] = '\0';
     return EPD_OK;
@@ -281,8 +250,9 @@ static int epd_rpc_auth_parse(const char *v, size_t len, uint64_t *time_p,
         v[i] != ':' || v[i + 1 + 2 * EPD_RPC_AUTH_NONCE_BYTES] != ':') {
         return -1;
     }
-    if (epd_rpc_unhex(nonce, v + i + 1, EPD_RPC_AUTH_NONCE_BYTES) != 0 ||
-        epd_rpc_unhex(mac, v + i + 2 + 2 * EPD_RPC_AUTH_NONCE_BYTES, EPD_RPC_AUTH_MAC_BYTES) != 0) {
+    if (epd_hex_decode(nonce, v + i + 1, EPD_RPC_AUTH_NONCE_BYTES) != 0 ||
+        epd_hex_decode(mac, v + i + 2 + 2 * EPD_RPC_AUTH_NONCE_BYTES, EPD_RPC_AUTH_MAC_BYTES) !=
+            0) {
         return -1;
     }
     *time_p = t;
@@ -292,13 +262,9 @@ static int epd_rpc_auth_parse(const char *v, size_t len, uint64_t *time_p,
 static size_t epd_rpc_nonce_home(const epd_rpc_auth_t *a, const unsigned char *nonce)
 {
     unsigned char h[crypto_shorthash_BYTES];
-    uint64_t v = 0;
 
     crypto_shorthash(h, nonce, EPD_RPC_AUTH_NONCE_BYTES, a->hkey);
-    for (int i = 0; i < 8; i++) {
-        v |= (uint64_t)h[i] << (8 * i);
-    }
-    return (size_t)v & a->mask;
+    return (size_t)epd_le_get(h, 8) & a->mask;
 }
 
 /* Empties slot i and moves later members of its probe run back (Knuth's
