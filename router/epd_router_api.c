@@ -261,7 +261,6 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
         /* what a migration needs (rule 37); without it the request just
          * cannot migrate */
         r->out = epd_malloc((size_t)r->max_new * sizeof(*r->out));
-        r->mig_prompt = epd_malloc(((size_t)r->n_prompt + r->max_new) * sizeof(*r->mig_prompt));
     }
     r->seed = oai->has_seed ? (uint64_t)oai->seed : 0;
     for (size_t i = 0; i < oai->n_stop; i++) {

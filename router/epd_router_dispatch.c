@@ -190,9 +190,20 @@ epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
         if (r->n_out > 0) {
             /* migrated (rule 37): the tokens out so far end its prompt;
              * prefill recomputes their KV, decode goes on at index n_out */
-            memcpy(r->mig_prompt, r->prompt, (size_t)r->n_prompt * sizeof(uint32_t));
-            memcpy(r->mig_prompt + r->n_prompt, r->out, (size_t)r->n_out * sizeof(uint32_t));
-            q.prompt = r->mig_prompt;
+            size_t n = (size_t)r->n_prompt + r->n_out;
+
+            if (rt->mig_prompt_cap < n) {
+                uint32_t *p = epd_realloc(rt->mig_prompt, n * sizeof(*p));
+
+                if (p == NULL) {
+                    return EPD_ERR_NO_MEMORY;
+                }
+                rt->mig_prompt = p;
+                rt->mig_prompt_cap = n;
+            }
+            memcpy(rt->mig_prompt, r->prompt, (size_t)r->n_prompt * sizeof(uint32_t));
+            memcpy(rt->mig_prompt + r->n_prompt, r->out, (size_t)r->n_out * sizeof(uint32_t));
+            q.prompt = rt->mig_prompt;
             q.n_prompt = r->n_prompt + r->n_out;
             q.resume_generated = r->n_out;
         }
@@ -243,7 +254,6 @@ epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
             pw->served++;
             dw->served++;
             r->n_base = r->n_out;
-            r->pw_queued = q.n_prompt;
             pw->queued_tokens += q.n_prompt; /* until its first token */
             r->dw_blocks = epd_router_decode_blocks(dw, &fit);
             dw->kv_pending += r->dw_blocks; /* until its next heartbeat says */

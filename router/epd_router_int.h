@@ -160,11 +160,9 @@ typedef struct epd_router_req {
     uint32_t n_out;     /* tokens received, over every attempt */
     uint32_t n_base;    /* of those, received before the attempt in flight: it was
                          * migrated there (proto/README.md rule 37).  Its first token
-                         * (n_out > n_base) ends SUBMITTED; until then its prompt counts
-                         * in pw->queued_tokens (pw_queued of them) */
-    uint32_t pw_queued;
+                         * (n_out > n_base) ends SUBMITTED; until then its prompt
+                         * (n_prompt + n_base tokens) counts in pw->queued_tokens */
     uint32_t *out; /* [max_new] the token ids received (a migration's prompt tail) */
-    uint32_t *mig_prompt; /* [n_prompt + max_new] a migrated attempt's prompt */
     uint32_t migrations; /* attempts that went on after another attempt's tokens */
     int stream_started; /* HTTP SSE headers sent (epd_router_answer.c): an error is then an
                          * event of the stream, not an HTTP status */
@@ -243,6 +241,8 @@ struct epd_router {
     epd_oai_buf_t out; /* scratch for encoders */
     int32_t *tok_scratch;
     size_t tok_scratch_cap;
+    uint32_t *mig_prompt; /* scratch: a migrated attempt's prompt, for its submit */
+    size_t mig_prompt_cap;
     char *detok_scratch;
     size_t detok_scratch_cap;
     /* --trace (the daemon's recorder, NULL when off): per-request spans on
@@ -281,7 +281,8 @@ void epd__router_reqs_free_all(epd_router_t *rt);
  * policy among those with room.  EPD_OK; EPD_ERR_UNREACHABLE (no eligible
  * worker), EPD_ERR_NO_CAPACITY (workers, but none with room now: the
  * request waits), EPD_ERR_NO_RESOURCE (transport backpressure: it waits
- * too), EPD_ERR_TIMEOUT, EPD_ERR_TOO_LONG, other submit errors. */
+ * too), EPD_ERR_TIMEOUT, EPD_ERR_TOO_LONG, EPD_ERR_NO_MEMORY (a migrated
+ * attempt's prompt), other submit errors. */
 epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns);
 /* Prefill p and decode d failed each other while the router reaches both:
  * requests go around the pair for EPD_ROUTER_PAIR_BROKEN_MS. */

@@ -144,7 +144,6 @@ static void epd_router_req_free(epd_router_t *rt, epd_router_req_t *r)
     epd_free(r->img_pos);
     epd_free(r->prompt);
     epd_free(r->out);
-    epd_free(r->mig_prompt);
     epd_free(r->text);
     epd_free(r);
 }
@@ -177,7 +176,7 @@ static void epd_router_attempt_end(epd_router_req_t *r)
 {
     if (r->pw != NULL) {
         if (r->n_out == r->n_base) {
-            r->pw->queued_tokens -= r->pw_queued;
+            r->pw->queued_tokens -= r->n_prompt + r->n_base; /* the attempt's prompt */
         }
         r->pw->inflight--;
         epd_router_worker_unref(r->pw);
@@ -328,8 +327,7 @@ static epd_router_attempt_next_t epd_router_attempt_no_room(epd_router_t *rt, ep
  * media), nor when it has all its tokens, nor without the token ids. */
 static int epd_router_may_migrate(const epd_router_req_t *r)
 {
-    return r->n_out > 0 && r->n_images == 0 && r->n_out < r->max_new && r->out != NULL &&
-           r->mig_prompt != NULL;
+    return r->n_out > 0 && r->n_images == 0 && r->n_out < r->max_new && r->out != NULL;
 }
 
 /* The attempt failed (an ERROR or REFUSED event, `ev`): what it tells of
@@ -622,7 +620,7 @@ static void epd_router_first_tokens(epd_router_t *rt, epd_router_req_t *r,
     epd_trace_span(rt->trace, "wait for first token", "router", ev->request_id, -1, r->t_submit_ns,
                    now);
     if (r->pw != NULL) {
-        r->pw->queued_tokens -= r->pw_queued; /* counted since the submit */
+        r->pw->queued_tokens -= r->n_prompt + r->n_base; /* counted since the submit */
     }
 }
 

@@ -362,6 +362,7 @@ static void epd_router_cleanup(void *arg)
     epd_router_registry_cleanup(&rt->reg);
     epd_oai_buf_cleanup(&rt->out);
     epd_free(rt->tok_scratch);
+    epd_free(rt->mig_prompt);
     epd_free(rt->detok_scratch);
     epd_free(rt->probe_hints);
     epd_engine_close(rt->engine);
