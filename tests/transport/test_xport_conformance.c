@@ -2042,6 +2042,9 @@ static int run_conf(const char *name)
         return 2;
     }
     apply_env(conf);
+    if (getenv("EPD_XPORT_TEST") != NULL) { /* one test by name (cmocka's pattern) */
+        cmocka_set_test_filter(getenv("EPD_XPORT_TEST"));
+    }
     check_buf = epd_malloc(MAX_MSG);
     snprintf(group, sizeof(group), "xport-conformance-%s", name);
     rc = cmocka_run_group_tests_name(group, tests, NULL, NULL);
