@@ -69,7 +69,7 @@
 #define EPD__UCX_TX_MAX 1024          /* send copies in flight ... */
 #define EPD__UCX_TX_BYTES (64u << 20) /* ... and at most this many bytes of them */
 #define EPD__UCX_CLOSE_WAIT_NS (2 * EPD_NSEC_PER_SEC)
-#define EPD__UCX_FLUSH_WAIT_NS (100 * EPD_NSEC_PER_MSEC) /* before a forced close */
+#define EPD__UCX_FLUSH_WAIT_NS (100 * EPD_NSEC_PER_MSEC) /* before the close */
 
 typedef struct epd__ucx epd__ucx_t;
 typedef struct epd__ucx_ep epd__ucx_ep_t;
@@ -91,7 +91,7 @@ typedef struct {
  * still holds its request is given back to the core at once (with
  * EPD_ERR_CANCELED, as the contract says) but its wr stays, header
  * included, as an orphan until UCX's callback: the header it reads is never
- * another write's (that is how a force-closed endpoint used to land one
+ * another write's (that is how a closed endpoint used to land one
  * write's bytes at another's offset), and the orphans are counted
  * (epd_xport_limbo: the writer does not claim quiescence meanwhile).
  */
@@ -864,8 +864,8 @@ static void epd__ucx_destroy(void *arg)
     ucp_worker_release_address(be->worker, be->uaddr);
     if (be->half_wired) {
         /* UCX 1.13.1 aborts (ucp_request.c:684, "got REQ message") purging
-         * the wire-up request of an endpoint force-closed before its tcp
-         * lane connected.  The worker is never progressed again, so no
+         * the wire-up request of an endpoint closed before its tcp
+         * lane connected (its close never completed).  The worker is never progressed again, so no
          * callback can reach freed memory; it goes with the process. */
         epd_log_debug(EPD__UCX_COMP, 0,
                       "leaving the UCX worker to process exit (an endpoint closed mid wire-up)");
