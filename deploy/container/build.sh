@@ -11,8 +11,9 @@
 #   - the daemons and tools of $BUILD/bin (epd-router, -prefill, -decode,
 #     -encoder, -ctl, -generate, -mkmodel, -bench) in /usr/bin;
 #   - exactly the shared libraries they load: what ldd lists for each, plus
-#     what the libraries open at run time with dlopen, which ldd cannot see —
-#     UCX's transport modules (ucx/libuct_*.so: cma, ib, rdmacm), the
+#     what the programs and libraries open at run time with dlopen, which
+#     ldd cannot see — libfabric (the ofi backend opens it at its first
+#     worker, transport/ofi/epd_xport_ofi.c), UCX's transport modules (ucx/libuct_*.so: cma, ib, rdmacm), the
 #     rdma-core verbs providers and their driver files (libibverbs/,
 #     /etc/libibverbs.d: the RDMA overlay needs them), glibc's NSS modules
 #     for name resolution (libnss_files, libnss_dns) — and what those load;
@@ -44,7 +45,7 @@ ln -s usr/bin "$root/bin"
 
 # dlopen'd modules (present on this machine: taken; absent: skipped)
 extra=()
-for f in "$libdir"/ucx/libuct_*.so.0 "$libdir"/libibverbs/*.so "$libdir"/libnss_files.so.2 \
+for f in "$libdir"/libfabric.so.1 "$libdir"/ucx/libuct_*.so.0 "$libdir"/libibverbs/*.so "$libdir"/libnss_files.so.2 \
          "$libdir"/libnss_dns.so.2 "$libdir"/libresolv.so.2; do
   [ -e "$f" ] && extra+=("$f")
 done

@@ -133,8 +133,11 @@
  * EPD__OFI_CQ_BUDGET completions and EPD__OFI_SWEEP_BUDGET upcalls from
  * queued work per call).  Nothing sleeps or blocks.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -158,6 +161,31 @@
 #include "epd_log.h"
 #include "epd_rng.h"
 #include "epd_xport_int.h"
+
+/* libfabric is opened at the first ofi worker (dlopen), not linked: the
+ * Debian build pulls in its psm providers, and libinfinipath's constructor
+ * spends about 0.17 s of every process start calibrating a clock with
+ * usleep (measured on epd-ctl: 0.30 s to print --help, 0.05 s without) and
+ * installs handlers for SIGINT and SIGTERM that call exit() — in every
+ * program that links the transport, whichever backend it uses.  Opened
+ * here, only workers of the ofi backend pay the start, and the signal
+ * dispositions the process had before dlopen are put back after it (the
+ * daemons' SIGTERM drains; their fault handlers stay theirs).  The handle
+ * stays open for the process's life.  Only these five functions are
+ * libfabric symbols; the rest of its API is inline calls through the ops
+ * tables of the objects they return. */
+typedef struct {
+    int (*getinfo)(uint32_t version, const char *node, const char *service, uint64_t flags,
+                   const struct fi_info *hints, struct fi_info **info);
+    void (*freeinfo)(struct fi_info *info);
+    struct fi_info *(*dupinfo)(const struct fi_info *info);
+    int (*fabric)(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context);
+    const char *(*strerror)(int errnum);
+} epd__fi_api_t;
+
+static epd__fi_api_t epd__fi;
+static pthread_once_t epd__fi_once = PTHREAD_ONCE_INIT;
+static char epd__fi_error[256]; /* empty: loaded */
 
 #define EPD__OFI_LOG "ofi"
 
@@ -547,7 +575,7 @@ static epd_status_t epd__ofi_reg(epd__ofi_t *be, void *addr, size_t size, uint64
         }
     }
     if (ret != 0) {
-        epd_log_error(EPD__OFI_LOG, 0, "fi_mr_reg(%zu bytes) failed: %s", size, fi_strerror(-ret));
+        epd_log_error(EPD__OFI_LOG, 0, "fi_mr_reg(%zu bytes) failed: %s", size, epd__fi.strerror(-ret));
         return ret == -FI_ENOMEM ? EPD_ERR_NO_MEMORY : EPD_ERR_TRANSPORT;
     }
     if ((be->mr_mode & FI_MR_ENDPOINT) != 0) {
@@ -556,7 +584,7 @@ static epd_status_t epd__ofi_reg(epd__ofi_t *be, void *addr, size_t size, uint64
             ret = fi_mr_enable(mr);
         }
         if (ret != 0) {
-            epd_log_error(EPD__OFI_LOG, 0, "fi_mr_bind/enable failed: %s", fi_strerror(-ret));
+            epd_log_error(EPD__OFI_LOG, 0, "fi_mr_bind/enable failed: %s", epd__fi.strerror(-ret));
             fi_close(&mr->fid);
             return EPD_ERR_TRANSPORT;
         }
@@ -671,7 +699,7 @@ static void epd__ofi_post_recvs(epd__ofi_t *be)
             return; /* retried from the next progress */
         }
         if (ret != 0) {
-            epd_log_error(EPD__OFI_LOG, 0, "fi_recv failed: %s", fi_strerror((int)-ret));
+            epd_log_error(EPD__OFI_LOG, 0, "fi_recv failed: %s", epd__fi.strerror((int)-ret));
             return;
         }
         x->posted = true;
@@ -728,7 +756,7 @@ static epd_status_t epd__ofi_backlog_post(epd__ofi_t *be, epd__ofi_ep_t *ep)
         x->next_free = NULL;
         if (ret != 0) {
             epd_log_error(EPD__OFI_LOG, 0, "fi_send(%zu bytes) to %s failed: %s", x->len, ep->peer,
-                          fi_strerror((int)-ret));
+                          epd__fi.strerror((int)-ret));
             epd__ofi_tx_put(be, x);
             while ((x = ep->backlog) != NULL) {
                 ep->backlog = x->next_free;
@@ -844,7 +872,7 @@ static epd_status_t epd__ofi_write_post(epd__ofi_t *be, epd__ofi_req_t *req)
                 return EPD_ERR_NO_RESOURCE;
             }
             epd_log_error(EPD__OFI_LOG, 0, "fi_writemsg(%zu bytes) to %s failed: %s", chunk,
-                          req->ep->peer, fi_strerror((int)-ret));
+                          req->ep->peer, epd__fi.strerror((int)-ret));
             if (req->status == EPD_OK) {
                 req->status = epd__ofi_post_err(ret);
             }
@@ -881,7 +909,7 @@ static epd_status_t epd__ofi_flush_read(epd__ofi_t *be, epd__ofi_req_t *req)
             return EPD_ERR_NO_RESOURCE;
         }
         epd_log_error(EPD__OFI_LOG, 0, "fi_read (flush) from %s failed: %s", ep->peer,
-                      fi_strerror((int)-ret));
+                      epd__fi.strerror((int)-ret));
         return epd__ofi_post_err(ret);
     }
     req->parts_out++;
@@ -1056,7 +1084,7 @@ static void epd__ofi_av_unref(epd__ofi_t *be, epd__ofi_av_entry_t *e)
         ret = fi_av_remove(be->av, &e->addr, 1, 0);
         if (ret != 0) {
             epd_log_warn(EPD__OFI_LOG, 0, "fi_av_remove(fi_addr %llu): %s",
-                         (unsigned long long)e->addr, fi_strerror(-ret));
+                         (unsigned long long)e->addr, epd__fi.strerror(-ret));
         }
     }
     for (pp = &be->av_entries; *pp != NULL; pp = &(*pp)->next) {
@@ -1256,21 +1284,21 @@ static int epd__ofi_read_cq(epd__ofi_t *be)
             if (err.op_context == NULL) {
                 epd_log_warn(
                     EPD__OFI_LOG, 0, "completion error without context: %s (%s)",
-                    fi_strerror(err.err),
+                    epd__fi.strerror(err.err),
                     fi_cq_strerror(be->cq, err.prov_errno, err.err_data, text, sizeof(text)));
                 continue;
             }
             if (((epd__ofi_xfer_t *)err.op_context)->kind != EPD__OFI_X_RECV ||
                 err.err != FI_ECANCELED) {
                 epd_log_debug(
-                    EPD__OFI_LOG, 0, "completion error: %s (%s)", fi_strerror(err.err),
+                    EPD__OFI_LOG, 0, "completion error: %s (%s)", epd__fi.strerror(err.err),
                     fi_cq_strerror(be->cq, err.prov_errno, err.err_data, text, sizeof(text)));
             }
             epd__ofi_handle(be, err.op_context, 0, status, gone);
             continue;
         }
         if (n < 0) {
-            epd_log_error(EPD__OFI_LOG, 0, "fi_cq_read failed: %s", fi_strerror((int)-n));
+            epd_log_error(EPD__OFI_LOG, 0, "fi_cq_read failed: %s", epd__fi.strerror((int)-n));
             break;
         }
         for (ssize_t i = 0; i < n; i++) {
@@ -1333,7 +1361,7 @@ static void epd__ofi_close_all(epd__ofi_t *be)
         be->fabric = NULL;
     }
     if (be->info != NULL) {
-        fi_freeinfo(be->info);
+        epd__fi.freeinfo(be->info);
         be->info = NULL;
     }
 }
@@ -1407,10 +1435,44 @@ static size_t epd__ofi_frag_limit(const epd__ofi_t *be)
     return EPD__OFI_FRAG_DEFAULT;
 }
 
+static void epd__fi_load(void)
+{
+    static struct sigaction before[NSIG];
+    static bool had[NSIG];
+    void *h;
+
+    for (int sig = 1; sig < NSIG; sig++) {
+        had[sig] = sigaction(sig, NULL, &before[sig]) == 0;
+    }
+    h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+    for (int sig = 1; sig < NSIG; sig++) {
+        struct sigaction now;
+
+        if (had[sig] && sigaction(sig, NULL, &now) == 0 &&
+            (now.sa_handler != before[sig].sa_handler || now.sa_flags != before[sig].sa_flags)) {
+            sigaction(sig, &before[sig], NULL);
+        }
+    }
+    if (h == NULL) {
+        snprintf(epd__fi_error, sizeof(epd__fi_error), "%s", dlerror());
+        return;
+    }
+    *(void **)&epd__fi.getinfo = dlsym(h, "fi_getinfo");
+    *(void **)&epd__fi.freeinfo = dlsym(h, "fi_freeinfo");
+    *(void **)&epd__fi.dupinfo = dlsym(h, "fi_dupinfo");
+    *(void **)&epd__fi.fabric = dlsym(h, "fi_fabric");
+    *(void **)&epd__fi.strerror = dlsym(h, "fi_strerror");
+    if (epd__fi.getinfo == NULL || epd__fi.freeinfo == NULL || epd__fi.dupinfo == NULL ||
+        epd__fi.fabric == NULL || epd__fi.strerror == NULL) {
+        snprintf(epd__fi_error, sizeof(epd__fi_error), "libfabric.so.1 lacks fi_getinfo, "
+                 "fi_freeinfo, fi_dupinfo, fi_fabric or fi_strerror");
+    }
+}
+
 /* Builds the hints; `dc` asks for FI_DELIVERY_COMPLETE. */
 static struct fi_info *epd__ofi_hints(const char *prov, bool dc)
 {
-    struct fi_info *hints = fi_allocinfo();
+    struct fi_info *hints = epd__fi.dupinfo(NULL); /* fi_allocinfo() */
 
     if (hints == NULL) {
         return NULL;
@@ -1433,7 +1495,7 @@ static struct fi_info *epd__ofi_hints(const char *prov, bool dc)
          * from the epd_malloc funnel. */
         hints->fabric_attr->prov_name = strdup(prov);
         if (hints->fabric_attr->prov_name == NULL) {
-            fi_freeinfo(hints);
+            epd__fi.freeinfo(hints);
             return NULL;
         }
     }
@@ -1455,15 +1517,15 @@ static epd_status_t epd__ofi_getinfo(epd__ofi_t *be, const char *prov, const cha
         if (hints == NULL) {
             return EPD_ERR_NO_MEMORY;
         }
-        ret = fi_getinfo(FI_VERSION(1, 17), node, NULL, node != NULL ? FI_SOURCE : 0, hints, &info);
-        fi_freeinfo(hints);
+        ret = epd__fi.getinfo(FI_VERSION(1, 17), node, NULL, node != NULL ? FI_SOURCE : 0, hints, &info);
+        epd__fi.freeinfo(hints);
         if (ret == 0 && info != NULL) {
             /* DC was only asked to learn that the provider has it; the
              * endpoint's default stays plain so sends do not wait for acks,
              * and writes ask for it per operation. */
             info->tx_attr->op_flags &= ~(uint64_t)FI_DELIVERY_COMPLETE;
             if (info->next != NULL) {
-                fi_freeinfo(info->next);
+                epd__fi.freeinfo(info->next);
                 info->next = NULL;
             }
             be->info = info;
@@ -1473,7 +1535,7 @@ static epd_status_t epd__ofi_getinfo(epd__ofi_t *be, const char *prov, const cha
         if (ret != -FI_ENODATA) {
             epd_log_error(EPD__OFI_LOG, 0, "fi_getinfo(provider %s, node %s) failed: %s",
                           prov != NULL ? prov : getenv("FI_PROVIDER"),
-                          node != NULL ? node : "(none)", fi_strerror(-ret));
+                          node != NULL ? node : "(none)", epd__fi.strerror(-ret));
             return EPD_ERR_CONFIG;
         }
     }
@@ -1510,7 +1572,7 @@ static epd_status_t epd__ofi_open_cq(epd__ofi_t *be, size_t size)
     attr.wait_obj = FI_WAIT_NONE;
     ret = fi_cq_open(be->domain, &attr, &be->cq, NULL);
     if (ret != 0) {
-        epd_log_error(EPD__OFI_LOG, 0, "fi_cq_open failed: %s", fi_strerror(-ret));
+        epd_log_error(EPD__OFI_LOG, 0, "fi_cq_open failed: %s", epd__fi.strerror(-ret));
         return EPD_ERR_TRANSPORT;
     }
     be->wait_fd = -1;
@@ -1524,16 +1586,16 @@ static epd_status_t epd__ofi_open(epd__ofi_t *be)
     size_t cq_size;
     int ret;
 
-    ret = fi_fabric(info->fabric_attr, &be->fabric, NULL);
+    ret = epd__fi.fabric(info->fabric_attr, &be->fabric, NULL);
     if (ret != 0) {
         epd_log_error(EPD__OFI_LOG, 0, "fi_fabric(%s) failed: %s", epd__ofi_prov(be),
-                      fi_strerror(-ret));
+                      epd__fi.strerror(-ret));
         return EPD_ERR_CONFIG;
     }
     ret = fi_domain(be->fabric, info, &be->domain, NULL);
     if (ret != 0) {
         epd_log_error(EPD__OFI_LOG, 0, "fi_domain(%s) failed: %s", info->domain_attr->name,
-                      fi_strerror(-ret));
+                      epd__fi.strerror(-ret));
         return EPD_ERR_CONFIG;
     }
     memset(&av_attr, 0, sizeof(av_attr));
@@ -1541,7 +1603,7 @@ static epd_status_t epd__ofi_open(epd__ofi_t *be)
         info->domain_attr->av_type != FI_AV_UNSPEC ? info->domain_attr->av_type : FI_AV_TABLE;
     ret = fi_av_open(be->domain, &av_attr, &be->av, NULL);
     if (ret != 0) {
-        epd_log_error(EPD__OFI_LOG, 0, "fi_av_open failed: %s", fi_strerror(-ret));
+        epd_log_error(EPD__OFI_LOG, 0, "fi_av_open failed: %s", epd__fi.strerror(-ret));
         return EPD_ERR_TRANSPORT;
     }
     cq_size = (size_t)be->rx_count + be->tx_count + EPD__OFI_PARTS + 64;
@@ -1550,7 +1612,7 @@ static epd_status_t epd__ofi_open(epd__ofi_t *be)
     }
     ret = fi_endpoint(be->domain, info, &be->ep, NULL);
     if (ret != 0) {
-        epd_log_error(EPD__OFI_LOG, 0, "fi_endpoint failed: %s", fi_strerror(-ret));
+        epd_log_error(EPD__OFI_LOG, 0, "fi_endpoint failed: %s", epd__fi.strerror(-ret));
         return EPD_ERR_TRANSPORT;
     }
     ret = fi_ep_bind(be->ep, &be->av->fid, 0);
@@ -1562,7 +1624,7 @@ static epd_status_t epd__ofi_open(epd__ofi_t *be)
     }
     if (ret != 0) {
         epd_log_error(EPD__OFI_LOG, 0, "binding/enabling the endpoint failed: %s",
-                      fi_strerror(-ret));
+                      epd__fi.strerror(-ret));
         return EPD_ERR_TRANSPORT;
     }
     return EPD_OK;
@@ -1577,7 +1639,7 @@ static epd_status_t epd__ofi_make_address(epd__ofi_t *be)
 
     ret = fi_getname(&be->ep->fid, NULL, &name_len);
     if ((ret != 0 && ret != -FI_ETOOSMALL) || name_len == 0 || name_len > EPD__OFI_MAX_NAME) {
-        epd_log_error(EPD__OFI_LOG, 0, "fi_getname failed: %s (length %zu)", fi_strerror(-ret),
+        epd_log_error(EPD__OFI_LOG, 0, "fi_getname failed: %s (length %zu)", epd__fi.strerror(-ret),
                       name_len);
         return EPD_ERR_TRANSPORT;
     }
@@ -1587,7 +1649,7 @@ static epd_status_t epd__ofi_make_address(epd__ofi_t *be)
     }
     ret = fi_getname(&be->ep->fid, blob + sizeof(hdr), &name_len);
     if (ret != 0) {
-        epd_log_error(EPD__OFI_LOG, 0, "fi_getname failed: %s", fi_strerror(-ret));
+        epd_log_error(EPD__OFI_LOG, 0, "fi_getname failed: %s", epd__fi.strerror(-ret));
         epd_free(blob);
         return EPD_ERR_TRANSPORT;
     }
@@ -1627,7 +1689,7 @@ static epd_status_t epd__ofi_make_sink(epd__ofi_t *be)
 
         if (ret != 0 || raw_len == 0 || raw_len > sizeof(k->raw)) {
             epd_log_error(EPD__OFI_LOG, 0, "fi_mr_raw_attr (flush sink) failed: %s",
-                          fi_strerror(-ret));
+                          epd__fi.strerror(-ret));
             return EPD_ERR_TRANSPORT;
         }
         k->raw_len = raw_len;
@@ -1732,6 +1794,12 @@ static epd_status_t epd__ofi_create(epd_xport_t *core, const epd_xport_config_t 
                                                                         : "tcp;ofi_rxm");
     node =
         config->bind_host != NULL && *config->bind_host != '\0' ? config->bind_host : "127.0.0.1";
+    pthread_once(&epd__fi_once, epd__fi_load);
+    if (epd__fi_error[0] != '\0') {
+        epd_log_error(EPD__OFI_LOG, 0, "libfabric: %s (is the libfabric1 package installed?)",
+                      epd__fi_error);
+        return EPD_ERR_UNSUPPORTED;
+    }
 
     be = epd_calloc(1, sizeof(*be));
     if (be == NULL) {
@@ -1989,7 +2057,7 @@ static epd_status_t epd__ofi_ep_create(void *arg, const void *blob, size_t len,
         ret = fi_av_insert(be->av, e->name, 1, &e->addr, 0, NULL);
         if (ret != 1) {
             epd_log_warn(EPD__OFI_LOG, 0, "address blob refused: fi_av_insert: %s",
-                         ret < 0 ? fi_strerror(-ret) : "address not inserted");
+                         ret < 0 ? epd__fi.strerror(-ret) : "address not inserted");
             epd_free(e);
             epd_free(ep);
             return EPD_ERR_BAD_ADDRESS;
@@ -2165,7 +2233,7 @@ static epd_status_t epd__ofi_send(void *arg, const void *hdr, size_t hdr_len, co
         }
         if (ret != -FI_EAGAIN) {
             epd_log_error(EPD__OFI_LOG, 0, "fi_inject(%zu bytes) to %s failed: %s", total, ep->peer,
-                          fi_strerror((int)-ret));
+                          epd__fi.strerror((int)-ret));
             return epd__ofi_post_err(ret);
         }
         /* pushed back (rxm connects lazily): queue it in send slots */
@@ -2361,7 +2429,7 @@ static epd_status_t epd__ofi_mr_finish(epd__ofi_t *be, epd__ofi_mr_t *mr)
 
         if (ret != 0 || raw_len == 0 || raw_len > sizeof(mr->raw)) {
             epd_log_error(EPD__OFI_LOG, 0, "fi_mr_raw_attr failed: %s (%zu bytes)",
-                          fi_strerror(-ret), raw_len);
+                          epd__fi.strerror(-ret), raw_len);
             return EPD_ERR_TRANSPORT;
         }
         mr->raw_len = raw_len;
@@ -2668,7 +2736,7 @@ static epd_status_t epd__ofi_rkey_unpack(void *arg, const void *blob, size_t len
         ret = fi_mr_map_raw(be->domain, hdr.raw_base, (uint8_t *)raw, hdr.raw_len, &rkey->key, 0);
         if (ret != 0) {
             epd_log_warn(EPD__OFI_LOG, 0, "remote key refused: fi_mr_map_raw: %s",
-                         fi_strerror(-ret));
+                         epd__fi.strerror(-ret));
             epd_free(rkey);
             return EPD_ERR_BAD_RKEY;
         }
@@ -2678,7 +2746,7 @@ static epd_status_t epd__ofi_rkey_unpack(void *arg, const void *blob, size_t len
                                 hdr.sink_raw_len, &rkey->sink_key, 0);
             if (ret != 0) {
                 epd_log_warn(EPD__OFI_LOG, 0, "remote key refused: fi_mr_map_raw (sink): %s",
-                             fi_strerror(-ret));
+                             epd__fi.strerror(-ret));
                 (void)fi_mr_unmap_key(be->domain, rkey->key);
                 epd_free(rkey);
                 return EPD_ERR_BAD_RKEY;
@@ -2766,7 +2834,7 @@ static epd_status_t epd__ofi_arm(void *arg)
     if (ret == -FI_EAGAIN) {
         return EPD_ERR_BUSY;
     }
-    epd_log_error(EPD__OFI_LOG, 0, "fi_trywait failed: %s", fi_strerror(-ret));
+    epd_log_error(EPD__OFI_LOG, 0, "fi_trywait failed: %s", epd__fi.strerror(-ret));
     return EPD_ERR_TRANSPORT;
 }
 
