@@ -136,6 +136,7 @@ cat "$T/multi.out"
 n_ok=$(grep -c '^ok$' "$T/multi.out" || true)
 [ "$n_ok" = 8 ] || fail "streams not ok (each equal to epd-generate) after the kill: $(cat "$T/multi.out")"
 mig1=$(router_metric "$H" epd_router_migrations_total)
+note "$((mig1 - mig0)) streams migrated"
 # (at least one: the streams on decode-0 when polled may not all be running
 # when the kill comes)
 [ $((mig1 - mig0)) -ge 1 ] || fail "decode-0 ran $n streams but the router migrated none"

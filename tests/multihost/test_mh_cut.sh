@@ -73,6 +73,7 @@ cat "$T/multi.out"
 n_ok=$(grep -c '^ok$' "$T/multi.out" || true)
 [ "$n_ok" = 6 ] || fail "streams not ok (each equal to epd-generate) across the cut of d1"
 m1=$(metric epd_router_migrations_total)
+note "$((m1 - m0)) streams migrated"
 # (at least one: the streams on decode-1 when polled may not all be running
 # when the cut comes)
 [ $((m1 - m0)) -ge 1 ] || fail "decode-1 ran $n streams but the router migrated none"
