@@ -165,6 +165,7 @@ epd_router_worker_t *epd_router_registry_add(epd_router_registry_t *reg,
     w->last_hb_ns = now_ns;
     w->hb_queue_depth = info->queue_depth;
     w->hb_queued_tokens = info->queued_tokens;
+    w->hb_done_tokens = 0;
     w->hb_kv_blocks_free = info->kv_blocks_free;
     w->hb_state_slots_free = info->state_slots_free;
     w->hb_running = info->running_requests;
@@ -269,8 +270,26 @@ static int epd_router_avoided(const epd_router_worker_t *w, epd_router_worker_t 
     return 0;
 }
 
+/* A prefill worker's queued prompt tokens: what this router sent it and
+ * has not seen leave its queue (exact, fresh), or what its last heartbeat
+ * reported less what this router has seen leave since (it counts work
+ * from elsewhere too: other routers, epd-ctl), whichever is more.  Not
+ * their sum: the heartbeat's count includes this router's own requests,
+ * and a heartbeat taken while a request was queued kept the worker looking
+ * busy for up to a heartbeat period after it finished — back-to-back
+ * requests of one prompt then went to the other worker of prefix-affinity
+ * (test_router_policies under ASan: 5 and 1). */
+static uint64_t epd_router_backlog(const epd_router_worker_t *w)
+{
+    uint64_t hb = w->hb_queued_tokens > w->hb_done_tokens
+                      ? w->hb_queued_tokens - w->hb_done_tokens
+                      : 0;
+
+    return w->queued_tokens > hb ? w->queued_tokens : hb;
+}
+
 /* Lower is better.  Decode: in-flight per batch slot (scaled), then free
- * blocks; prefill: queued prompt tokens, then the heartbeat's queue. */
+ * blocks; prefill: queued prompt tokens (epd_router_backlog). */
 static uint64_t epd_router_load_score(const epd_router_worker_t *w)
 {
     if (w->info.role == EPD_CLIENT_ROLE_ENCODER) {
@@ -288,7 +307,7 @@ static uint64_t epd_router_load_score(const epd_router_worker_t *w)
 
         return (busy << 12) + used;
     }
-    return ((w->queued_tokens + w->hb_queued_tokens) << 8) + w->inflight;
+    return (epd_router_backlog(w) << 8) + w->inflight;
 }
 
 static epd_router_worker_t *epd_router_least_load(epd_router_registry_t *reg, int role,
@@ -438,7 +457,7 @@ static epd_router_worker_t *epd_router_kv_prefill(epd_router_registry_t *reg,
         }
         cached = (uint64_t)epd_router_cached_blocks(w, pp) * w->info.block_tokens;
         cached = cached < n_prompt ? cached : (n_prompt > 0 ? n_prompt - 1 : 0);
-        cost = w->queued_tokens + w->hb_queued_tokens + n_prompt - cached;
+        cost = epd_router_backlog(w) + n_prompt - cached;
         weight = epd_router_rendezvous(w, prompt, n_prompt);
         if (best == NULL || cost < best_cost || (cost == best_cost && weight > best_w)) {
             best = w;

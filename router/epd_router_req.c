@@ -177,6 +177,7 @@ static void epd_router_attempt_end(epd_router_req_t *r)
     if (r->pw != NULL) {
         if (r->n_out == r->n_base) {
             r->pw->queued_tokens -= r->n_prompt + r->n_base; /* the attempt's prompt */
+            r->pw->hb_done_tokens += r->n_prompt + r->n_base;
         }
         r->pw->inflight--;
         epd_router_worker_unref(r->pw);
@@ -621,6 +622,7 @@ static void epd_router_first_tokens(epd_router_t *rt, epd_router_req_t *r,
                    now);
     if (r->pw != NULL) {
         r->pw->queued_tokens -= r->n_prompt + r->n_base; /* counted since the submit */
+        r->pw->hb_done_tokens += r->n_prompt + r->n_base;
     }
 }
 
