@@ -165,7 +165,7 @@
 /* libfabric is opened at the first ofi worker (dlopen), not linked: the
  * Debian build pulls in its psm providers, and libinfinipath's constructor
  * spends about 0.17 s of every process start calibrating a clock with
- * usleep (measured on epd-ctl: 0.30 s to print --help, 0.05 s without) and
+ * usleep (measured on epd-ctl: 0.24 s to print --help, 0.03 s without) and
  * installs handlers for SIGINT and SIGTERM that call exit() — in every
  * program that links the transport, whichever backend it uses.  Opened
  * here, only workers of the ofi backend pay the start, and the signal
