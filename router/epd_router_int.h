@@ -162,7 +162,7 @@ typedef struct epd_router_req {
                          * migrated there (proto/README.md rule 37).  Its first token
                          * (n_out > n_base) ends SUBMITTED; until then its prompt
                          * (n_prompt + n_base tokens) counts in pw->queued_tokens */
-    uint32_t *out; /* [max_new] the token ids received (a migration's prompt tail) */
+    uint32_t *out;      /* [max_new] the token ids received (a migration's prompt tail) */
     uint32_t migrations; /* attempts that went on after another attempt's tokens */
     int stream_started; /* HTTP SSE headers sent (epd_router_answer.c): an error is then an
                          * event of the stream, not an HTTP status */

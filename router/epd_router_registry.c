@@ -281,9 +281,8 @@ static int epd_router_avoided(const epd_router_worker_t *w, epd_router_worker_t 
  * (test_router_policies under ASan: 5 and 1). */
 static uint64_t epd_router_backlog(const epd_router_worker_t *w)
 {
-    uint64_t hb = w->hb_queued_tokens > w->hb_done_tokens
-                      ? w->hb_queued_tokens - w->hb_done_tokens
-                      : 0;
+    uint64_t hb =
+        w->hb_queued_tokens > w->hb_done_tokens ? w->hb_queued_tokens - w->hb_done_tokens : 0;
 
     return w->queued_tokens > hb ? w->queued_tokens : hb;
 }

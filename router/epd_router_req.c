@@ -169,6 +169,16 @@ void epd__router_reqs_free_all(epd_router_t *rt)
     }
 }
 
+/* The attempt's prompt (n_prompt + n_base tokens, counted in its prefill
+ * worker's queued tokens since the submit) left that worker's queue: its
+ * first token came, or the attempt ended without one.  It also counts
+ * against the worker's last heartbeat (epd_router_backlog). */
+static void epd_router_prompt_left_queue(epd_router_req_t *r)
+{
+    r->pw->queued_tokens -= r->n_prompt + r->n_base;
+    r->pw->hb_done_tokens += r->n_prompt + r->n_base;
+}
+
 /* The attempt in flight ended (its terminal event came): give back the
  * workers' load and references.  Its prompt still counts in the prefill
  * worker's queued tokens while no token came. */
@@ -176,8 +186,7 @@ static void epd_router_attempt_end(epd_router_req_t *r)
 {
     if (r->pw != NULL) {
         if (r->n_out == r->n_base) {
-            r->pw->queued_tokens -= r->n_prompt + r->n_base; /* the attempt's prompt */
-            r->pw->hb_done_tokens += r->n_prompt + r->n_base;
+            epd_router_prompt_left_queue(r);
         }
         r->pw->inflight--;
         epd_router_worker_unref(r->pw);
@@ -621,8 +630,7 @@ static void epd_router_first_tokens(epd_router_t *rt, epd_router_req_t *r,
     epd_trace_span(rt->trace, "wait for first token", "router", ev->request_id, -1, r->t_submit_ns,
                    now);
     if (r->pw != NULL) {
-        r->pw->queued_tokens -= r->n_prompt + r->n_base; /* counted since the submit */
-        r->pw->hb_done_tokens += r->n_prompt + r->n_base;
+        epd_router_prompt_left_queue(r);
     }
 }
 

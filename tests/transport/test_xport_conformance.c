@@ -2055,7 +2055,7 @@ static int run_conf(const char *name)
     }
     apply_env(conf);
     connect_timeout_ms = CONNECT_OK_TIMEOUT_MS; /* the host's workers (not the peer process) */
-    if (getenv("EPD_XPORT_TEST") != NULL) { /* one test by name (cmocka's pattern) */
+    if (getenv("EPD_XPORT_TEST") != NULL) {     /* one test by name (cmocka's pattern) */
         cmocka_set_test_filter(getenv("EPD_XPORT_TEST"));
     }
     check_buf = epd_malloc(MAX_MSG);

@@ -575,7 +575,8 @@ static epd_status_t epd__ofi_reg(epd__ofi_t *be, void *addr, size_t size, uint64
         }
     }
     if (ret != 0) {
-        epd_log_error(EPD__OFI_LOG, 0, "fi_mr_reg(%zu bytes) failed: %s", size, epd__fi.strerror(-ret));
+        epd_log_error(EPD__OFI_LOG, 0, "fi_mr_reg(%zu bytes) failed: %s", size,
+                      epd__fi.strerror(-ret));
         return ret == -FI_ENOMEM ? EPD_ERR_NO_MEMORY : EPD_ERR_TRANSPORT;
     }
     if ((be->mr_mode & FI_MR_ENDPOINT) != 0) {
@@ -1464,7 +1465,8 @@ static void epd__fi_load(void)
     *(void **)&epd__fi.strerror = dlsym(h, "fi_strerror");
     if (epd__fi.getinfo == NULL || epd__fi.freeinfo == NULL || epd__fi.dupinfo == NULL ||
         epd__fi.fabric == NULL || epd__fi.strerror == NULL) {
-        snprintf(epd__fi_error, sizeof(epd__fi_error), "libfabric.so.1 lacks fi_getinfo, "
+        snprintf(epd__fi_error, sizeof(epd__fi_error),
+                 "libfabric.so.1 lacks fi_getinfo, "
                  "fi_freeinfo, fi_dupinfo, fi_fabric or fi_strerror");
     }
 }
@@ -1517,7 +1519,8 @@ static epd_status_t epd__ofi_getinfo(epd__ofi_t *be, const char *prov, const cha
         if (hints == NULL) {
             return EPD_ERR_NO_MEMORY;
         }
-        ret = epd__fi.getinfo(FI_VERSION(1, 17), node, NULL, node != NULL ? FI_SOURCE : 0, hints, &info);
+        ret = epd__fi.getinfo(FI_VERSION(1, 17), node, NULL, node != NULL ? FI_SOURCE : 0, hints,
+                              &info);
         epd__fi.freeinfo(hints);
         if (ret == 0 && info != NULL) {
             /* DC was only asked to learn that the provider has it; the
