@@ -840,6 +840,13 @@ void epd_daemon_prefix_hint(epd_daemon_t *d, uint64_t hint, int added)
     epd_registrar_hint(d->registrar, hint, added);
 }
 
+int epd_daemon_sent_by_router(epd_daemon_t *d, const Epd__Envelope *env)
+{
+    const Epd__Epoch *e = env->sender != NULL ? env->sender->epoch : NULL;
+
+    return e != NULL && epd_registrar_is_router(d->registrar, e->start_time_ns, e->nonce);
+}
+
 void epd_daemon_set_ready_prefix(epd_daemon_t *d, const char *prefix)
 {
     snprintf(d->ready_prefix, sizeof(d->ready_prefix), "%s", prefix != NULL ? prefix : "");

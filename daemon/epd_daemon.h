@@ -334,6 +334,11 @@ void epd_daemon_set_prefix_root(epd_daemon_t *d, const unsigned char root[32]);
  * root).  Loop thread; never blocks. */
 void epd_daemon_prefix_hint(epd_daemon_t *d, uint64_t hint, int added);
 
+/* Nonzero when the message's sender (env->sender, validated) is the router
+ * this worker registered with (--router): its queued prompts are reported
+ * apart (epd_daemon_load_t.router_queued_tokens).  Loop thread. */
+int epd_daemon_sent_by_router(epd_daemon_t *d, const Epd__Envelope *env);
+
 /* What the ready line written by epd_daemon_run starts with (e.g. the
  * router's "http=HOST:PORT"), copied; call from ops->setup. */
 void epd_daemon_set_ready_prefix(epd_daemon_t *d, const char *prefix);

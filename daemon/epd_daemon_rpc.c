@@ -88,6 +88,7 @@ static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
     epd_daemon_load_now(d, &l);
     p->load.queue_depth = l.queue_depth;
     p->load.queued_tokens = l.queued_tokens;
+    p->load.router_queued_tokens = l.router_queued_tokens;
     p->load.kv_blocks_free = l.kv_blocks_free;
     p->load.state_slots_free = l.state_slots_free;
     p->load.running_requests = l.running_requests;

@@ -27,6 +27,8 @@
 #include <time.h>
 
 #include "epd_alloc.h"
+#include "epd_bytes.h"
+#include "epd_hash.h"
 #include "epd_log.h"
 #include "epd_msg.h"
 #include "epd_rpc.h"
@@ -63,7 +65,7 @@ struct epd_registrar {
     /* load seqlock: written by the loop thread, read by the registrar's */
     atomic_uint seq;
     atomic_uint_fast32_t l_queue_depth, l_kv_blocks_free, l_state_slots_free, l_running;
-    atomic_uint_fast64_t l_queued_tokens, l_bytes_sent, l_bytes_received;
+    atomic_uint_fast64_t l_queued_tokens, l_router_queued, l_bytes_sent, l_bytes_received;
     atomic_uint_fast64_t l_preemptions, l_recomputed, l_wasted;
     atomic_int l_draining;
     atomic_uint_fast64_t l_prefix[EPD_PREFIX_STATS_WORDS];
@@ -82,6 +84,9 @@ struct epd_registrar {
     /* counters (thread writes, anyone reads) */
     atomic_uint_fast64_t n_attempts, n_registered, n_hb_ok, n_hb_failed, n_unknown;
     atomic_uint_fast32_t interval_ms;
+    /* the router's epoch (RegisterResponse.router_epoch) as a tag
+     * (epd_registrar_epoch_tag; 0: none yet): thread -> loop */
+    atomic_uint_fast64_t router_tag;
 };
 
 /* ------------------------------------------------------------------ load */
@@ -94,6 +99,7 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
     atomic_thread_fence(memory_order_release);
     atomic_store_explicit(&reg->l_queue_depth, load->queue_depth, memory_order_relaxed);
     atomic_store_explicit(&reg->l_queued_tokens, load->queued_tokens, memory_order_relaxed);
+    atomic_store_explicit(&reg->l_router_queued, load->router_queued_tokens, memory_order_relaxed);
     atomic_store_explicit(&reg->l_kv_blocks_free, load->kv_blocks_free, memory_order_relaxed);
     atomic_store_explicit(&reg->l_state_slots_free, load->state_slots_free, memory_order_relaxed);
     atomic_store_explicit(&reg->l_running, load->running_requests, memory_order_relaxed);
@@ -134,6 +140,8 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
         l.queue_depth = (uint32_t)atomic_load_explicit(&reg->l_queue_depth, memory_order_relaxed);
         l.queued_tokens =
             (uint64_t)atomic_load_explicit(&reg->l_queued_tokens, memory_order_relaxed);
+        l.router_queued_tokens =
+            (uint64_t)atomic_load_explicit(&reg->l_router_queued, memory_order_relaxed);
         l.kv_blocks_free =
             (uint32_t)atomic_load_explicit(&reg->l_kv_blocks_free, memory_order_relaxed);
         l.state_slots_free =
@@ -260,6 +268,32 @@ static void epd_registrar_reset_channel(epd_rpc_client_t **client)
     *client = NULL;
 }
 
+/* An epoch as one word (0 only for none: {0, 0}). */
+static uint64_t epd_registrar_epoch_tag(uint64_t start_time_ns, uint64_t nonce)
+{
+    unsigned char b[16];
+    uint64_t t;
+
+    if (start_time_ns == 0 && nonce == 0) {
+        return 0;
+    }
+    epd_le_put(b, start_time_ns, 8);
+    epd_le_put(b + 8, nonce, 8);
+    t = epd_hash64(b, sizeof(b), 0);
+    return t != 0 ? t : 1;
+}
+
+int epd_registrar_is_router(epd_registrar_t *reg, uint64_t start_time_ns, uint64_t nonce)
+{
+    uint64_t tag;
+
+    if (reg == NULL) {
+        return 0;
+    }
+    tag = atomic_load_explicit(&reg->router_tag, memory_order_relaxed);
+    return tag != 0 && tag == epd_registrar_epoch_tag(start_time_ns, nonce);
+}
+
 /* One RegisterWorker.  1: accepted; 0: not (reason logged by the caller). */
 static int epd_registrar_register(epd_registrar_t *reg, epd_rpc_client_t **client, char *why,
                                   size_t why_cap)
@@ -301,6 +335,10 @@ static int epd_registrar_register(epd_registrar_t *reg, epd_rpc_client_t **clien
 
         iv = iv == 0 ? EPD_REG_DEFAULT_INTERVAL_MS : iv < 10 ? 10 : iv > 60000 ? 60000 : iv;
         atomic_store(&reg->interval_ms, iv);
+        atomic_store(&reg->router_tag, r->router_epoch != NULL
+                                           ? epd_registrar_epoch_tag(r->router_epoch->start_time_ns,
+                                                                     r->router_epoch->nonce)
+                                           : 0);
         atomic_fetch_add(&reg->n_registered, 1);
     } else {
         snprintf(why, why_cap, "refused: %.200s",
@@ -352,6 +390,7 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     epoch.nonce = reg->epoch_nonce;
     load.queue_depth = l.queue_depth;
     load.queued_tokens = l.queued_tokens;
+    load.router_queued_tokens = l.router_queued_tokens;
     load.kv_blocks_free = l.kv_blocks_free;
     load.state_slots_free = l.state_slots_free;
     load.running_requests = l.running_requests;
@@ -634,6 +673,7 @@ epd_status_t epd_registrar_start(uv_loop_t *loop, const epd_registrar_config_t *
     atomic_init(&reg->hint_head, 0);
     atomic_init(&reg->hint_tail, 0);
     atomic_init(&reg->hint_lost, 0);
+    atomic_init(&reg->router_tag, 0);
     atomic_init(&reg->seq, 0);
     atomic_init(&reg->interval_ms, EPD_REG_DEFAULT_INTERVAL_MS);
 

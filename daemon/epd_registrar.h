@@ -78,6 +78,9 @@ enum {
 typedef struct {
     uint32_t queue_depth;   /* requests waiting */
     uint64_t queued_tokens; /* prompt tokens waiting (prefill) */
+    /* of those, the tokens of requests the router this worker registered
+     * with sent (epd_registrar_is_router): it counts its own live */
+    uint64_t router_queued_tokens;
     uint32_t kv_blocks_free;
     uint32_t state_slots_free;
     uint32_t running_requests;
@@ -158,6 +161,12 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
  * costs a worse choice, never a wrong answer.  Loop thread.
  */
 void epd_registrar_hint(epd_registrar_t *reg, uint64_t hint, int added);
+
+/* Nonzero when the epoch {start_time_ns, nonce} (a request's sender) is
+ * the router's this worker last registered with (RegisterResponse.
+ * router_epoch); 0 before any registration, for NULL, and for any other
+ * sender.  Any thread. */
+int epd_registrar_is_router(epd_registrar_t *reg, uint64_t start_time_ns, uint64_t nonce);
 
 /* The newest published load, consistent (seqlock); any thread. */
 void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p);

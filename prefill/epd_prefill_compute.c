@@ -32,10 +32,13 @@ struct epd_prefill_compute {
     epd_sample_scratch_t *scratch; /* compute thread */
     epd_handoff_t *h;
     /* backlog: runs submitted (loop) minus runs started (compute) */
-    uint64_t submitted_runs;   /* loop thread */
-    uint64_t submitted_tokens; /* loop thread */
+    uint64_t submitted_runs; /* loop thread */
     atomic_uint_fast64_t started_runs;
-    atomic_uint_fast64_t started_tokens;
+    /* their tokens, apart for the router's runs ([1]) and the others' ([0])
+     * (epd_prefill_job_t.from_router): each run counts in one of them, so
+     * the backlog's sum and its router part come from the same reads */
+    uint64_t submitted_tokens[2]; /* loop thread */
+    atomic_uint_fast64_t started_tokens[2];
     epd_prefill_ev_cb_t cb;
     void *cb_arg;
     int trace_named; /* compute thread: its trace track is named */
@@ -160,7 +163,7 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
         c->trace_named = 1;
     }
     atomic_fetch_add(&c->started_runs, 1);
-    atomic_fetch_add(&c->started_tokens, job->n_tokens - job->start);
+    atomic_fetch_add(&c->started_tokens[job->from_router != 0], job->n_tokens - job->start);
     if (atomic_load_explicit(job->cancel, memory_order_acquire)) {
         status = EPD_ERR_CANCELED;
     } else {
@@ -290,7 +293,8 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
     c->cb = cb;
     c->cb_arg = cb_arg;
     atomic_init(&c->started_runs, 0);
-    atomic_init(&c->started_tokens, 0);
+    atomic_init(&c->started_tokens[0], 0);
+    atomic_init(&c->started_tokens[1], 0);
     c->logits = epd_calloc(c->info->vocab_size, sizeof(*c->logits));
     if (c->logits == NULL) {
         st = EPD_ERR_NO_MEMORY;
@@ -343,18 +347,21 @@ epd_status_t epd_prefill_compute_submit(epd_prefill_compute_t *c, epd_prefill_jo
     }
     if (job->kind == EPD_PREFILL_JOB_RUN) {
         c->submitted_runs++;
-        c->submitted_tokens += job->n_tokens - job->start;
+        c->submitted_tokens[job->from_router != 0] += job->n_tokens - job->start;
     }
     return EPD_OK;
 }
 
-void epd_prefill_compute_backlog(epd_prefill_compute_t *c, uint32_t *jobs_p, uint64_t *tokens_p)
+void epd_prefill_compute_backlog(epd_prefill_compute_t *c, uint32_t *jobs_p, uint64_t *tokens_p,
+                                 uint64_t *router_tokens_p)
 {
     uint64_t runs = atomic_load(&c->started_runs);
-    uint64_t toks = atomic_load(&c->started_tokens);
+    uint64_t others = c->submitted_tokens[0] - atomic_load(&c->started_tokens[0]);
+    uint64_t router = c->submitted_tokens[1] - atomic_load(&c->started_tokens[1]);
 
     *jobs_p = (uint32_t)(c->submitted_runs - runs);
-    *tokens_p = c->submitted_tokens - toks;
+    *tokens_p = others + router;
+    *router_tokens_p = router;
 }
 
 void epd_prefill_compute_destroy(epd_prefill_compute_t *c)

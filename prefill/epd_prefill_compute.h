@@ -107,6 +107,9 @@ typedef struct {
      * layer is handed over (checksummed) only after them.  The token is
      * sampled at step n_decode.  0: a plain prefill, sampled at step 0. */
     uint32_t n_decode;
+    /* RUN: the request came from the router this worker registered with
+     * (epd_daemon_sent_by_router): its tokens count apart in the backlog */
+    int from_router;
     epd_sample_params_t sample;  /* RUN: sampling */
     atomic_int *cancel;          /* RUN: nonzero = stop at the next layer */
     epd_prefill_ev_t *layer_evs; /* RUN: [n_layers] */
@@ -162,8 +165,10 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
  * invariant is broken.  Loop thread; never blocks. */
 epd_status_t epd_prefill_compute_submit(epd_prefill_compute_t *c, epd_prefill_job_t *job);
 
-/* Run jobs submitted but not yet started, and their prompt tokens. */
-void epd_prefill_compute_backlog(epd_prefill_compute_t *c, uint32_t *jobs_p, uint64_t *tokens_p);
+/* Run jobs submitted but not yet started, their prompt tokens, and of
+ * those the tokens of runs from_router.  Loop thread. */
+void epd_prefill_compute_backlog(epd_prefill_compute_t *c, uint32_t *jobs_p, uint64_t *tokens_p,
+                                 uint64_t *router_tokens_p);
 
 /* Stops the thread after the job it is running (the caller sets the cancel
  * flags first so that ends at the next layer boundary), joins it, closes

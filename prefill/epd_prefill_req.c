@@ -522,6 +522,7 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
     if (st == EPD_OK) {
         st = epd__prefill_pool_admit(srv, g, sp, peer, &req);
         if (st == EPD_OK) {
+            req->run_job.from_router = epd_daemon_sent_by_router(srv->d, env);
             /* under pressure a run waits for its reservation (rule 34): a
              * refusal then costs no compute at all */
             req->hold = !only && srv->hold_under_pressure && t_recv < srv->pressure_until_ns;

@@ -65,13 +65,14 @@ static void epd_prefill_load(void *arg, epd_daemon_load_t *load_p)
 {
     epd_prefill_srv_t *srv = arg;
     uint32_t jobs = 0;
-    uint64_t tokens = 0;
+    uint64_t tokens = 0, router_tokens = 0;
 
     if (srv->compute != NULL) {
-        epd_prefill_compute_backlog(srv->compute, &jobs, &tokens);
+        epd_prefill_compute_backlog(srv->compute, &jobs, &tokens, &router_tokens);
     }
     load_p->queue_depth = jobs;
     load_p->queued_tokens = tokens;
+    load_p->router_queued_tokens = router_tokens;
     load_p->kv_blocks_free = epd__prefill_cache_available(srv);
     load_p->state_slots_free = srv->n_free_slots;
     load_p->running_requests = epd_reqtab_count(&srv->reqs);

@@ -99,6 +99,7 @@ typedef struct {
     /* load (epd.Load) at the time of the call */
     uint32_t queue_depth;
     uint64_t queued_tokens;
+    uint64_t router_queued_tokens; /* of those, its router's (epd.Load 20) */
     uint32_t kv_blocks_free;
     uint32_t state_slots_free;
     uint32_t running_requests;

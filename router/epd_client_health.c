@@ -105,6 +105,7 @@ epd_status_t epd_client_health_parse(const void *buf, size_t len, epd_client_wor
     if (h->load != NULL) {
         info->queue_depth = h->load->queue_depth;
         info->queued_tokens = h->load->queued_tokens;
+        info->router_queued_tokens = h->load->router_queued_tokens;
         info->kv_blocks_free = h->load->kv_blocks_free;
         info->state_slots_free = h->load->state_slots_free;
         info->running_requests = h->load->running_requests;

@@ -165,7 +165,7 @@ epd_router_worker_t *epd_router_registry_add(epd_router_registry_t *reg,
     w->last_hb_ns = now_ns;
     w->hb_queue_depth = info->queue_depth;
     w->hb_queued_tokens = info->queued_tokens;
-    w->hb_done_tokens = 0;
+    w->hb_router_queued_tokens = info->router_queued_tokens;
     w->hb_kv_blocks_free = info->kv_blocks_free;
     w->hb_state_slots_free = info->state_slots_free;
     w->hb_running = info->running_requests;
@@ -271,20 +271,21 @@ static int epd_router_avoided(const epd_router_worker_t *w, epd_router_worker_t 
 }
 
 /* A prefill worker's queued prompt tokens: what this router sent it and
- * has not seen leave its queue (exact, fresh), or what its last heartbeat
- * reported less what this router has seen leave since (it counts work
- * from elsewhere too: other routers, epd-ctl), whichever is more.  Not
- * their sum: the heartbeat's count includes this router's own requests,
- * and a heartbeat taken while a request was queued kept the worker looking
- * busy for up to a heartbeat period after it finished — back-to-back
- * requests of one prompt then went to the other worker of prefix-affinity
- * (test_router_policies under ASan: 5 and 1). */
+ * has not seen leave its queue (exact, fresh), plus what its last
+ * heartbeat reported of others' requests (other routers, epd-ctl: the
+ * worker counts this router's apart, Load.router_queued_tokens).  The
+ * heartbeat's own-request part is never used: its load is up to a publish
+ * period old, and one read while a prompt was queued but arriving after
+ * that prompt's first token kept the worker looking busy for a heartbeat
+ * period — the next prompt sharing the prefix went to the other worker
+ * (test_router_kv_aware in CI: 1 and 5; test_router_policies: 5 and 1). */
 static uint64_t epd_router_backlog(const epd_router_worker_t *w)
 {
-    uint64_t hb =
-        w->hb_queued_tokens > w->hb_done_tokens ? w->hb_queued_tokens - w->hb_done_tokens : 0;
+    uint64_t others = w->hb_queued_tokens > w->hb_router_queued_tokens
+                          ? w->hb_queued_tokens - w->hb_router_queued_tokens
+                          : 0;
 
-    return w->queued_tokens > hb ? w->queued_tokens : hb;
+    return w->queued_tokens + others;
 }
 
 /* Lower is better.  Decode: in-flight per batch slot (scaled), then free

@@ -103,8 +103,7 @@ typedef struct epd_router_worker {
     /* heartbeat load */
     uint32_t hb_queue_depth;
     uint64_t hb_queued_tokens;
-    uint64_t hb_done_tokens; /* prompt tokens of this router's attempts that left the
-                                worker's queue since that heartbeat (epd_router_backlog) */
+    uint64_t hb_router_queued_tokens; /* of hb_queued_tokens, this router's (epd.Load 20) */
     uint32_t hb_kv_blocks_free;
     uint32_t hb_state_slots_free;
     uint32_t hb_running;

@@ -171,12 +171,10 @@ void epd__router_reqs_free_all(epd_router_t *rt)
 
 /* The attempt's prompt (n_prompt + n_base tokens, counted in its prefill
  * worker's queued tokens since the submit) left that worker's queue: its
- * first token came, or the attempt ended without one.  It also counts
- * against the worker's last heartbeat (epd_router_backlog). */
+ * first token came, or the attempt ended without one. */
 static void epd_router_prompt_left_queue(epd_router_req_t *r)
 {
     r->pw->queued_tokens -= r->n_prompt + r->n_base;
-    r->pw->hb_done_tokens += r->n_prompt + r->n_base;
 }
 
 /* The attempt in flight ended (its terminal event came): give back the

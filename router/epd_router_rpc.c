@@ -315,7 +315,7 @@ static int epd_router_heartbeat(epd_router_t *rt, const void *req, size_t req_le
         if (hb->load != NULL) {
             w->hb_queue_depth = hb->load->queue_depth;
             w->hb_queued_tokens = hb->load->queued_tokens;
-            w->hb_done_tokens = 0;
+            w->hb_router_queued_tokens = hb->load->router_queued_tokens;
             w->hb_kv_blocks_free = hb->load->kv_blocks_free;
             w->hb_state_slots_free = hb->load->state_slots_free;
             w->hb_running = hb->load->running_requests;
@@ -547,6 +547,7 @@ static int epd_router_status(epd_router_t *rt, void **resp_p, size_t *resp_len_p
         q->ident.epoch = &q->epoch;
         q->load.queue_depth = w->hb_queue_depth;
         q->load.queued_tokens = w->hb_queued_tokens;
+        q->load.router_queued_tokens = w->hb_router_queued_tokens;
         q->load.kv_blocks_free = w->hb_kv_blocks_free;
         q->load.state_slots_free = w->hb_state_slots_free;
         q->load.running_requests = w->hb_running;

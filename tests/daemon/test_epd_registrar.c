@@ -29,6 +29,8 @@
 #define WORKER "prefill-t"
 #define EPOCH_START 111u
 #define EPOCH_NONCE 222u
+#define ROUTER_START 333u /* the router's epoch (RegisterResponse.router_epoch) */
+#define ROUTER_NONCE 444u
 #define SECRET "registrar-test-cluster-secret"
 #define OTHER_SECRET "registrar-test-another-secret"
 
@@ -131,6 +133,7 @@ static int router_handler(void *arg, const char *method, const void *req, size_t
 
     if (strcmp(method, EPD_RPC_REGISTER) == 0) {
         Epd__RegisterResponse a = EPD__REGISTER_RESPONSE__INIT;
+        Epd__Epoch re = EPD__EPOCH__INIT;
         int n;
 
         if (epd_proto_unpack(&epd__register_request__descriptor, req, req_len, &m) != EPD_OK) {
@@ -149,6 +152,9 @@ static int router_handler(void *arg, const char *method, const void *req, size_t
             router_event(r, 'R');
             a.accepted = 1;
             a.heartbeat_interval_ms = 20;
+            re.start_time_ns = ROUTER_START;
+            re.nonce = ROUTER_NONCE;
+            a.router_epoch = &re;
         }
         return router_pack(&a.base, resp_p, resp_len_p);
     }
@@ -173,12 +179,14 @@ static int router_handler(void *arg, const char *method, const void *req, size_t
         if (h->load == NULL) {
             router_bad(r, "heartbeat without load");
         } else {
-            /* the test's load_cb publishes v, 1000v, 5000-v, v%7, v+1, 3v, 7v, v&1 */
+            /* the test's load_cb publishes v, 1000v, 100v, 5000-v, v%7, v+1, 3v, 7v, v&1 */
             uint32_t v = h->load->queue_depth;
 
-            if (h->load->queued_tokens != 1000ull * v || h->load->kv_blocks_free != 5000 - v ||
-                h->load->state_slots_free != v % 7 || h->load->running_requests != v + 1 ||
-                h->load->kv_bytes_sent != 3ull * v || h->load->kv_bytes_received != 7ull * v ||
+            if (h->load->queued_tokens != 1000ull * v ||
+                h->load->router_queued_tokens != 100ull * v ||
+                h->load->kv_blocks_free != 5000 - v || h->load->state_slots_free != v % 7 ||
+                h->load->running_requests != v + 1 || h->load->kv_bytes_sent != 3ull * v ||
+                h->load->kv_bytes_received != 7ull * v ||
                 h->load->draining != (protobuf_c_boolean)(v & 1)) {
                 router_bad(r, "heartbeat load is not one snapshot");
             }
@@ -295,6 +303,9 @@ typedef struct {
     uint64_t run_until_ns;
     const char *secret;            /* the registrar's (NULL: none) */
     epd_registrar_counts_t counts; /* at stop */
+    /* at stop: epd_registrar_is_router of the router's epoch, of another
+     * (its nonce + 1) and of the worker's own */
+    int is_router[3];
     uint64_t deadline_ns;
     uint64_t stop_ns; /* how long epd_registrar_stop took */
     int timed_out;
@@ -314,6 +325,7 @@ static void daemon_load(void *arg, epd_registrar_load_t *l)
     }
     l->queue_depth = v;
     l->queued_tokens = 1000ull * v;
+    l->router_queued_tokens = 100ull * v;
     l->kv_blocks_free = 5000 - v;
     l->state_slots_free = v % 7;
     l->running_requests = v + 1;
@@ -339,6 +351,9 @@ static void daemon_stop(daemon_t *d)
     uint64_t t0 = epd_time_now_ns();
 
     epd_registrar_counts(d->reg, &d->counts);
+    d->is_router[0] = epd_registrar_is_router(d->reg, ROUTER_START, ROUTER_NONCE);
+    d->is_router[1] = epd_registrar_is_router(d->reg, ROUTER_START, ROUTER_NONCE + 1);
+    d->is_router[2] = epd_registrar_is_router(d->reg, EPOCH_START, EPOCH_NONCE);
     epd_registrar_stop(d->reg);
     d->stop_ns = epd_time_now_ns() - t0;
     uv_timer_stop(&d->poll);
@@ -500,6 +515,11 @@ static void test_register_heartbeat_unknown_drain(void **state)
         distinct += r.loads_seen[i] != r.loads_seen[i - 1];
     }
     assert_true(distinct >= 2); /* fresh snapshots, not one frozen value */
+    /* the worker knows its router's requests by the epoch it was given */
+    assert_int_equal(d.is_router[0], 1);
+    assert_int_equal(d.is_router[1], 0);
+    assert_int_equal(d.is_router[2], 0);
+    assert_int_equal(epd_registrar_is_router(NULL, ROUTER_START, ROUTER_NONCE), 0);
     assert_true(d.stop_ns < 200 * EPD_NSEC_PER_MSEC);
 }
 

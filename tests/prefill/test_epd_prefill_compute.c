@@ -237,13 +237,21 @@ static void check_against_reference(const req_t *r)
 static void test_runs_in_order_and_match_colocated(void **state)
 {
     uint32_t jobs;
-    uint64_t toks;
+    uint64_t toks, rtoks, router_total = 0, others_total = 0;
 
     (void)state;
     for (int i = 0; i < N_REQ; i++) {
         req_init(&g->reqs[i], i, 5 + (uint32_t)i * 9);
+        g->reqs[i].job.from_router = i % 2; /* the router's runs count apart */
+        *(i % 2 ? &router_total : &others_total) += 5 + (uint64_t)i * 9;
         assert_int_equal(epd_prefill_compute_submit(g->c, &g->reqs[i].job), EPD_OK);
     }
+    /* whatever has started by now: the router's part is within the sum,
+     * each part within what was submitted of it */
+    epd_prefill_compute_backlog(g->c, &jobs, &toks, &rtoks);
+    assert_true(rtoks <= toks);
+    assert_true(rtoks <= router_total);
+    assert_true(toks - rtoks <= others_total);
     run_until(all_done, 30000);
     assert_true(all_done());
     assert_int_equal(g->bad_order, 0);
@@ -255,9 +263,10 @@ static void test_runs_in_order_and_match_colocated(void **state)
         assert_int_equal(r->n_layer_evs, g->info->kv.n_layers);
         check_against_reference(r);
     }
-    epd_prefill_compute_backlog(g->c, &jobs, &toks);
+    epd_prefill_compute_backlog(g->c, &jobs, &toks, &rtoks);
     assert_int_equal(jobs, 0);
     assert_int_equal(toks, 0);
+    assert_int_equal(rtoks, 0);
     for (int i = 0; i < N_REQ; i++) {
         assert_int_equal(epd_prefill_compute_submit(g->c, &g->reqs[i].release), EPD_OK);
     }
@@ -309,7 +318,7 @@ static void test_queue_bound(void **state)
     req_t *r = &g->reqs[0];
     uint64_t end;
     uint32_t jobs = 1;
-    uint64_t toks;
+    uint64_t toks, rtoks;
 
     (void)state;
     memset(g->reqs, 0, sizeof(g->reqs));
@@ -336,7 +345,7 @@ static void test_queue_bound(void **state)
     /* wait for the run to finish without running the loop */
     end = epd_time_now_ns() + 30 * EPD_NSEC_PER_SEC;
     while (jobs != 0 && epd_time_now_ns() < end) {
-        epd_prefill_compute_backlog(one, &jobs, &toks);
+        epd_prefill_compute_backlog(one, &jobs, &toks, &rtoks);
         epd_time_sleep_ns(EPD_NSEC_PER_MSEC);
     }
     assert_int_equal(jobs, 0);

@@ -245,20 +245,20 @@ static void test_prefix_affinity(void **state)
     for (int i = 0; i < 3; i++) {
         assert_true(per[i] > 30); /* about 67 each */
     }
-    /* a heartbeat taken while one of a worker's prompts was queued: the
-     * prompt moves while it counts, and comes back once this router saw
-     * those tokens leave; the router's own count and the heartbeat's are
-     * one backlog, not two */
+    /* a heartbeat's queued tokens count only where they are others' (the
+     * worker reports this router's apart): a heartbeat read while one of
+     * this router's prompts was queued but arriving after its first token
+     * does not make the worker look busy, and the router's own count and
+     * the heartbeat's are one backlog, not two */
     for (uint32_t s = 0; s < 200; s++) {
         epd_router_worker_t *w0 = first[s], *other = f.w[w0 == f.w[0] ? 1 : 0];
 
         prompt_of(s, p, 64);
-        w0->hb_queued_tokens = 64;
+        w0->hb_queued_tokens = 64; /* someone else's */
         assert_ptr_not_equal(pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 64), w0);
-        w0->hb_done_tokens = 64;
+        w0->hb_router_queued_tokens = 64; /* ours, seen leave since */
         assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_PREFILL, p, 64), w0);
-        w0->queued_tokens = 64; /* the same 64 tokens, seen by both */
-        w0->hb_done_tokens = 0;
+        w0->queued_tokens = 64; /* ours, still queued: seen by both */
         for (int i = 0; i < 3; i++) {
             if (f.w[i] != w0) {
                 f.w[i]->queued_tokens = 100;
@@ -269,7 +269,7 @@ static void test_prefix_affinity(void **state)
         for (int i = 0; i < 3; i++) {
             f.w[i]->queued_tokens = 0;
             f.w[i]->hb_queued_tokens = 0;
-            f.w[i]->hb_done_tokens = 0;
+            f.w[i]->hb_router_queued_tokens = 0;
         }
     }
     /* prefill-b leaves: only its prompts move */
