@@ -78,6 +78,12 @@ struct epd_registrar {
     atomic_uint_fast32_t l_links[EPD_REGISTRAR_LINK_CLASSES];
     atomic_uint_fast32_t l_quarantined, l_grants_held;
     atomic_uint_fast64_t l_late_refused;
+    /* hint_tail when the snapshot was taken: a heartbeat carries the KV
+     * hints pushed up to there and no further, so the hints the router
+     * reads are never newer than the load beside them (a block cached
+     * after the snapshot would come with a queue that still counts the
+     * prompt that made it) */
+    atomic_size_t l_hint_tail;
     /* thread -> loop */
     atomic_int drain_posted; /* drain reported to the loop (once) */
     atomic_int drain_delivered;
@@ -121,12 +127,19 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
     atomic_store_explicit(&reg->l_quarantined, load->quarantined, memory_order_relaxed);
     atomic_store_explicit(&reg->l_grants_held, load->grants_held, memory_order_relaxed);
     atomic_store_explicit(&reg->l_late_refused, load->late_writes_refused, memory_order_relaxed);
+    /* the loop thread is the one that pushes hints: its own tail */
+    atomic_store_explicit(&reg->l_hint_tail,
+                          atomic_load_explicit(&reg->hint_tail, memory_order_relaxed),
+                          memory_order_relaxed);
     atomic_store_explicit(&reg->seq, s + 2, memory_order_release);
 }
 
-void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
+/* The snapshot, and the hint ring's tail when it was taken. */
+static void epd_registrar_snapshot(epd_registrar_t *reg, epd_registrar_load_t *load_p,
+                                   size_t *hint_tail_p)
 {
     epd_registrar_load_t l;
+    size_t hint_tail;
     unsigned s1, s2;
 
     for (;;) {
@@ -168,6 +181,7 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
         l.grants_held = (uint32_t)atomic_load_explicit(&reg->l_grants_held, memory_order_relaxed);
         l.late_writes_refused =
             (uint64_t)atomic_load_explicit(&reg->l_late_refused, memory_order_relaxed);
+        hint_tail = atomic_load_explicit(&reg->l_hint_tail, memory_order_relaxed);
         atomic_thread_fence(memory_order_acquire);
         s2 = atomic_load_explicit(&reg->seq, memory_order_relaxed);
         if (s1 == s2) {
@@ -175,6 +189,14 @@ void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
         }
     }
     *load_p = l;
+    *hint_tail_p = hint_tail;
+}
+
+void epd_registrar_load_read(epd_registrar_t *reg, epd_registrar_load_t *load_p)
+{
+    size_t hint_tail;
+
+    epd_registrar_snapshot(reg, load_p, &hint_tail);
 }
 
 static void epd_registrar_on_timer(uv_timer_t *timer)
@@ -376,7 +398,7 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     epd_registrar_load_t l;
     unsigned char *buf;
     uint64_t events[EPD_REG_HINTS_PER_BEAT];
-    size_t n_events = 0, head, tail;
+    size_t n_events = 0, head, tail, snap_tail;
     void *resp = NULL;
     size_t len = 0, n;
     char err[EPD_REG_ERR_CAP] = "";
@@ -385,7 +407,7 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     epd_status_t st;
     int known;
 
-    epd_registrar_load_read(reg, &l);
+    epd_registrar_snapshot(reg, &l, &snap_tail);
     epoch.start_time_ns = reg->epoch_start_ns;
     epoch.nonce = reg->epoch_nonce;
     load.queue_depth = l.queue_depth;
@@ -420,6 +442,11 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
         }
         head = atomic_load_explicit(&reg->hint_head, memory_order_relaxed);
         tail = atomic_load_explicit(&reg->hint_tail, memory_order_acquire);
+        /* only what the snapshot saw pushed (see l_hint_tail); the ring
+         * only grows between, so snap_tail is at or behind tail */
+        if (snap_tail - head <= tail - head) {
+            tail = snap_tail;
+        }
         while (head != tail && n_events < EPD_REG_HINTS_PER_BEAT) {
             events[n_events++] = reg->hints[head++ & reg->hint_mask];
         }
@@ -673,6 +700,7 @@ epd_status_t epd_registrar_start(uv_loop_t *loop, const epd_registrar_config_t *
     atomic_init(&reg->hint_head, 0);
     atomic_init(&reg->hint_tail, 0);
     atomic_init(&reg->hint_lost, 0);
+    atomic_init(&reg->l_hint_tail, 0);
     atomic_init(&reg->router_tag, 0);
     atomic_init(&reg->seq, 0);
     atomic_init(&reg->interval_ms, EPD_REG_DEFAULT_INTERVAL_MS);
