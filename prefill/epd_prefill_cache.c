@@ -138,8 +138,12 @@ uint32_t epd__prefill_cache_available(const epd_prefill_srv_t *srv)
 static int epd_prefill_cache_evict(epd_prefill_srv_t *srv)
 {
     epd_prefix_hash_t key;
-    uint32_t b = epd_kvcache_evict(srv->pcache, &key);
+    uint32_t b;
 
+    if (srv->pcache == NULL) {
+        return 0; /* --no-prefix-cache: nothing is kept to evict */
+    }
+    b = epd_kvcache_evict(srv->pcache, &key);
     if (b == EPD_KVCACHE_NONE) {
         return 0;
     }
