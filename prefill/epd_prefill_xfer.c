@@ -266,9 +266,12 @@ static void epd_prefill_maybe_keepalive(epd_prefill_srv_t *srv, epd_prefill_xfer
 
 void epd__prefill_xfer_keepalive(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint64_t now_ns)
 {
-    if (x->have_resv && x->post_layer > 0 && epd_peer_usable(x->peer)) {
-        /* the last posted layer's LayerDone is still true */
-        epd_prefill_maybe_keepalive(srv, x, x->post_layer - 1, now_ns);
+    if (x->have_resv && epd_peer_usable(x->peer)) {
+        /* also while the request still waits for the compute thread: a
+         * prompt queued behind others is alive, and decode's lease must
+         * not fail it (a keep-alive's layer is not read: the last posted
+         * one, or 0 before any) */
+        epd_prefill_maybe_keepalive(srv, x, x->post_layer > 0 ? x->post_layer - 1 : 0, now_ns);
     }
 }
 

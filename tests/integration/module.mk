@@ -43,6 +43,7 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_router_failures.sh \
              tests/integration/test_router_policies.sh \
              tests/integration/test_router_retry.sh \
+             tests/integration/test_prefill_queue_lease.sh \
              tests/integration/test_router_auth.sh \
              tests/integration/test_openai_sdk.sh \
              tests/integration/test_router_rejoin.sh \
