@@ -14,6 +14,11 @@
 #                       run by hand, pass it yourself or use EPD_TEST_JOBS=1
 #   EPD_TEST_TIMEOUT    seconds per program (default 300)
 #   EPD_TEST_FILTER     only run programs whose path matches this regex
+#   EPD_TEST_STRESS     1: a CPU hog (a busy shell loop, nice 0) on every
+#                       core for the whole run, so a submission can be
+#                       checked on a saturated machine as well as an idle
+#                       one (`EPD_TEST_STRESS=1 make check`); a test that
+#                       passes only at one speed tests the machine
 #   EPD_BUILD           the build folder the programs come from (for logs)
 #
 # Which programs run alone: those that take a fixed, machine-wide name or
@@ -195,6 +200,22 @@ stop_all() {
   exit 130
 }
 trap stop_all INT TERM
+
+# EPD_TEST_STRESS=1: one hog per core.  Disowned, so `wait -n` above never
+# reports one; bounded by timeout in case this runner is killed outright.
+hogs=()
+stop_hogs() {
+  [ ${#hogs[@]} -eq 0 ] || kill -TERM "${hogs[@]}" 2>/dev/null || true
+}
+if [ "${EPD_TEST_STRESS:-0}" = 1 ]; then
+  for _ in $(seq 1 "$(nproc 2>/dev/null || echo 2)"); do
+    timeout 14400 bash -c 'while :; do :; done' </dev/null >/dev/null 2>&1 &
+    hogs+=("$!")
+    disown "$!"
+  done
+  echo "run.sh: EPD_TEST_STRESS=1: ${#hogs[@]} CPU hogs beside the tests (pids ${hogs[*]})"
+fi
+trap stop_hogs EXIT
 
 for t in "${shared[@]}"; do
   while [ ${#running[@]} -ge "$jobs" ]; do
