@@ -60,14 +60,24 @@ for wp in prefill-1:prefill prefill-2:prefill decode-1:decode decode-2:decode; d
 done
 
 note "epd-ctl workers: addresses and what each link uses"
-mh_ctl r workers "$r_ADDR" >"$T/workers" || fail "epd-ctl workers"
+# PEER_LINKS is what a worker's last heartbeat said (one every 500 ms, of
+# a load snapshot up to 100 ms old): a prefill worker's links to decode
+# opened with the requests above may be newer than that.  On a fast
+# machine they were, every time ("no prefill worker reports tcp links",
+# 4 of 4 runs on an idle machine, issue #30): wait for a heartbeat that
+# carries them, bounded.
+for i in $(seq 1 100); do
+  mh_ctl r workers "$r_ADDR" >"$T/workers" || fail "epd-ctl workers"
+  grep -Eq '^  prefill-[12] .* tcp +tcp=[0-9]+' "$T/workers" && break
+  sleep 0.1
+done
 cat "$T/workers"
 for w in p1 p2 d1 d2 e1; do
   ipv="${w}_IP"
   grep -Eq " ${!ipv//./\\.}:[0-9]+ +tcp " "$T/workers" || fail "workers: $w not at ${!ipv} over tcp"
 done
 grep -Eq '^  prefill-[12] .* tcp +tcp=[0-9]+' "$T/workers" ||
-  fail "no prefill worker reports tcp links to its decode peers"
+  fail "no prefill worker reports tcp links to its decode peers after 10 s of heartbeats"
 mh_ctl r health "$d1_ADDR" | grep -qx "data_address=$d1_IP" || fail "Health of d1: data_address"
 mh_ctl r health "$d1_ADDR" | grep -qx "control_address=$d1_ADDR" ||
   fail "Health of d1: control_address"
