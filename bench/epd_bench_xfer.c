@@ -223,12 +223,17 @@ static int xb_peer_main(const xb_conf_t *c, int fd)
      * tools run on the same two cores between our measurements */
     for (;;) {
         uint64_t now;
+        int slept = 0;
         if (epd_xport_progress(x) > 0) {
             last = epd_time_now_ns();
         } else if ((now = epd_time_now_ns()) - last > 200 * EPD_NSEC_PER_MSEC) {
             epd_xport_poll(x, 20);
+            slept = 1;
         }
-        if ((++n & 1023) == 0) {
+        /* the host closing its end is the stop: looked for every 1,024
+         * busy passes, and at every idle one (idle passes take 20 ms: 1,024
+         * of them kept the host waiting 20 s in waitpid per arm) */
+        if ((++n & 1023) == 0 || slept) {
             struct pollfd pfd = {.fd = fd, .events = POLLIN};
             char ch;
             if (poll(&pfd, 1, 0) > 0 && read(fd, &ch, 1) <= 0) {
