@@ -1177,7 +1177,15 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
      * and the compute thread released it, which may be after decode already
      * answered: room for three prompts */
     snprintf(kvb_p, sizeof(kvb_p), "%u", 3 * (max_len / OB_BLOCK_TOKENS + 1) + 8);
-    snprintf(kvb_d, sizeof(kvb_d), "%u", max_len / OB_BLOCK_TOKENS + 16);
+    /* decode admits a prompt (KV on demand) only while its blocks plus a
+     * watermark of 1% of the pool stay free (epd__decode_kv_may_admit):
+     * the prompt, 16 blocks of headroom and growth, and 2% on top (a 32k
+     * prompt found 2,064 blocks too few: 2,049 + 20 wanted) */
+    {
+        uint32_t d_blocks = max_len / OB_BLOCK_TOKENS + 16;
+
+        snprintf(kvb_d, sizeof(kvb_d), "%u", d_blocks + d_blocks / 50 + 1);
+    }
     snprintf(gbuf, sizeof(gbuf), "%lld", group);
     {
         char *dargv[48], *pargv[48];

@@ -1,0 +1,8 @@
+# tests/bench: every epd-bench subcommand at a tiny size (issue #24): a
+# benchmark that cannot run is a defect.  It asserts that each completes,
+# prints its table rows, and that overhead's --tsv parses; never a time.
+# About 45 s on the 2-core machine; in the gcc pass only (what the
+# benchmarks drive is tested under the sanitizers by the other programs).
+ifeq ($(SANITIZER),)
+ALL_TESTS += tests/bench/test_bench_smoke.sh
+endif
