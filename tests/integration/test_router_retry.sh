@@ -39,6 +39,10 @@ sort "$T/multi.out" | uniq -c
 n=$(router_metric "$H" epd_router_retries_total)
 [ "${n:-0}" -ge 1 ] || fail "no retry counted"
 st=$(router_state "$r_ADDR" prefill-1)
-[ "$st" = DEAD ] || [ "$st" = SUSPECT ] || fail "killed prefill-1 is $st in the router"
+# DEAD, SUSPECT, or already forgotten (the registry drops a dead worker
+# after a while: a slow machine's clients took that long, and the state
+# read empty under EPD_TEST_STRESS=1); never READY
+[ "$st" = DEAD ] || [ "$st" = SUSPECT ] || [ -z "$st" ] ||
+  fail "killed prefill-1 is $st in the router"
 wait_blocks_free "$d0_ADDR"
 finish_ok
