@@ -14,9 +14,10 @@
  * library near the data, with its own limits set to the probed size:
  *   - libspng: image limits of exactly the probed width and height, a
  *     cache limit on what ancillary chunks (text, ICC profiles) may hold
- *     once inflated, its chunk-count limit; it inflates straight into the
- *     output rows, so a zlib stream longer than the image never grows a
- *     buffer.  Every allocation goes through epd_malloc.
+ *     once inflated, (its default) limit on how many it keeps; it inflates
+ *     straight into the output rows, so a zlib stream longer than the
+ *     image never grows a buffer.  Every allocation goes through
+ *     epd_malloc.
  *   - libjpeg: errors longjmp out of the library (the only way its API
  *     reports them) and nothing is printed; a frame whose size differs from
  *     the probed one is refused; at most EPD_IMAGE_JPEG_MAX_SCANS scans (a
@@ -56,6 +57,8 @@
  * ICC profile, Exif...; inflated, where compressed), and one of them. */
 #define EPD_IMAGE_PNG_CHUNK_MAX (4u << 20)
 #define EPD_IMAGE_PNG_CACHE_MAX (8u << 20)
+/* How many it keeps is libspng's default, 1000: its setter in 0.7.3
+ * (SPNG_CHUNK_COUNT_LIMIT) refuses any value above the count read so far. */
 
 static const unsigned char epd_image_png_magic[8] = {0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a};
 
