@@ -11,7 +11,7 @@
 #   make run          start a local cluster (router + prefill + decode) on 127.0.0.1
 #   make bench        run the benchmarks
 #   make image        the container image localhost/epd:latest (podman, offline)
-#   make fuzz         run the libFuzzer targets (FUZZ_SECONDS each)
+#   make fuzz         run every libFuzzer target (FUZZ_SECONDS each), report all findings
 #   make clean        remove build/
 #
 # Knobs: CC=clang, V=1 (echo commands), SANITIZER=address,undefined|thread,
@@ -33,7 +33,8 @@ Q := @
 endif
 
 # pkg-config names of every library the C code links.
-PKGS := ucx libfabric libprotobuf-c grpc_unsecure gpr libuv jansson libxxhash openblas libsodium libzstd
+PKGS := ucx libfabric libprotobuf-c grpc_unsecure gpr libuv jansson libxxhash openblas libsodium libzstd \
+        spng libjpeg
 TEST_PKGS := cmocka
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)

@@ -18,6 +18,7 @@ static atomic_uint_fast64_t epd_alloc_live_blocks;
 static atomic_uint_fast64_t epd_alloc_total;
 static atomic_uint_fast64_t epd_alloc_failed;
 static atomic_long epd_alloc_countdown = -1;
+static atomic_int epd_alloc_fill_byte = -1;
 
 static int epd_alloc_should_fail(void)
 {
@@ -32,6 +33,18 @@ static int epd_alloc_should_fail(void)
         }
     }
     return 0;
+}
+
+/* Test hook (epd_alloc_fill_with): bytes [from, to) of a new block get the
+ * fill byte, so what fresh memory holds is the test's choice. */
+static void *epd_alloc_fill(void *p, size_t from, size_t to)
+{
+    int byte = atomic_load_explicit(&epd_alloc_fill_byte, memory_order_relaxed);
+
+    if (p != NULL && byte >= 0 && to > from) {
+        memset((unsigned char *)p + from, byte, to - from);
+    }
+    return p;
 }
 
 static void *epd_alloc_finish(unsigned char *raw, size_t size)
@@ -53,7 +66,7 @@ void *epd_malloc(size_t size)
         atomic_fetch_add_explicit(&epd_alloc_failed, 1, memory_order_relaxed);
         return NULL;
     }
-    return epd_alloc_finish(malloc(size + EPD_ALLOC_HDR), size);
+    return epd_alloc_fill(epd_alloc_finish(malloc(size + EPD_ALLOC_HDR), size), 0, size);
 }
 
 void *epd_calloc(size_t nmemb, size_t size)
@@ -91,7 +104,7 @@ void *epd_realloc(void *ptr, size_t size)
     memcpy(grown, &size, sizeof(size));
     atomic_fetch_sub_explicit(&epd_alloc_live_bytes, old, memory_order_relaxed);
     atomic_fetch_add_explicit(&epd_alloc_live_bytes, size, memory_order_relaxed);
-    return grown + EPD_ALLOC_HDR;
+    return epd_alloc_fill(grown + EPD_ALLOC_HDR, old, size);
 }
 
 void epd_free(void *ptr)
@@ -130,6 +143,11 @@ char *epd_strdup(const char *s)
 void epd_alloc_fail_after(long n)
 {
     atomic_store(&epd_alloc_countdown, n < 0 ? -1 : n);
+}
+
+void epd_alloc_fill_with(int byte)
+{
+    atomic_store(&epd_alloc_fill_byte, byte < 0 ? -1 : byte & 0xff);
 }
 
 void epd_alloc_stats(epd_alloc_stats_t *stats_p)

@@ -42,6 +42,13 @@ char *epd_strndup(const char *s, size_t n);
  * after fails, until epd_alloc_fail_after(-1) turns it off.  Process-wide. */
 void epd_alloc_fail_after(long n);
 
+/* For tests of code that must not read memory it never wrote: from now on
+ * every byte of a block epd_malloc returns, and of the part epd_realloc
+ * adds, is `byte` (0..255; -1, the default, leaves what malloc left).  A
+ * decoder whose result changes with it read uninitialized memory.
+ * epd_calloc still zeroes.  Process-wide. */
+void epd_alloc_fill_with(int byte);
+
 typedef struct {
     uint64_t live_bytes;   /* bytes currently allocated through the funnel */
     uint64_t live_blocks;  /* blocks currently allocated */

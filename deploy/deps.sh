@@ -16,7 +16,9 @@ PACKAGES=(
   libxxhash-dev                   # checksums and hashing
   libzstd-dev                     # the prefix cache's host/disk KV tier (zstd compression)
   libopenblas-dev                 # ref engine matrix products
-  libstb-dev                      # stb_image: PNG / JPEG decoding (vision encoder input)
+  libspng-dev                     # PNG decoding (vision encoder input; engine/epd_image.c)
+  libjpeg62-turbo-dev             # JPEG decoding, libjpeg-turbo's libjpeg API (engine/epd_image.c)
+  libstb-dev                      # stb_image_write: writes test images (never parses input)
   libsodium-dev                   # BLAKE2b-256 content hashes of images (the embedding cache key)
   libcmocka-dev                   # unit tests
   python3 curl procps iproute2    # integration test helpers

@@ -130,6 +130,10 @@ void epd_encoder_job_describe(const epd_encoder_job_t *j, uint64_t max_pixels, c
     const char *fmt =
         j->format != 0 ? epd_image_format_name((epd_image_format_t)j->format) : "PNG/JPEG";
 
+    if (max_pixels == 0) {
+        max_pixels = EPD_IMAGE_MAX_PIXELS_DEFAULT; /* as epd_image_decode reads 0 */
+    }
+
     if (j->bad_hash) {
         snprintf(msg, cap, "content_hash is not the BLAKE2b-256 of the image (%zu bytes)",
                  j->image_len);
@@ -146,8 +150,18 @@ void epd_encoder_job_describe(const epd_encoder_job_t *j, uint64_t max_pixels, c
                  "arithmetic coding, 12-bit)");
         break;
     case EPD_ERR_TOO_LONG:
-        snprintf(msg, cap, "%s image of %u x %u pixels exceeds the limit of %llu pixels", fmt,
-                 j->width, j->height, (unsigned long long)max_pixels);
+        /* epd_image_decode's three size refusals, told apart by what they
+         * measure: the message never names a limit the image is within */
+        if (j->width == 0) {
+            snprintf(msg, cap, "image of %zu bytes exceeds the decoder's limit of %zu bytes",
+                     j->image_len, (size_t)EPD_IMAGE_MAX_BYTES);
+        } else if ((uint64_t)j->width * j->height > max_pixels) {
+            snprintf(msg, cap, "%s image of %u x %u pixels exceeds the limit of %llu pixels", fmt,
+                     j->width, j->height, (unsigned long long)max_pixels);
+        } else {
+            snprintf(msg, cap, "%s image of %u x %u pixels: a side exceeds the limit of %u pixels",
+                     fmt, j->width, j->height, EPD_IMAGE_MAX_SIDE);
+        }
         break;
     case EPD_ERR_NO_MEMORY:
         snprintf(msg, cap, "out of memory decoding or encoding a %u x %u %s image", j->width,

@@ -1,104 +1,64 @@
 /*
- * epd_image.c — PNG / JPEG decoding with stb_image (libstb-dev 2.27),
- * whose implementation is compiled here, PNG and JPEG only, no stdio, no
- * float paths, all memory through epd_malloc.
+ * epd_image.c — PNG and JPEG decoding with libraries made for untrusted
+ * input: libspng (PNG) and libjpeg-turbo through its libjpeg API (JPEG),
+ * both Debian's.
  *
  * The probe is our own header reader (PNG: the IHDR chunk; JPEG: the
  * segments up to the first frame header): it allocates nothing, reports
- * the declared size even when stb would refuse it as too large (so the
- * pixel guard, not stb's 2^30-byte limit, is what refuses a bomb) and tells
- * the JPEG kinds stb cannot decode (lossless, arithmetic, 12-bit) apart as
- * unsupported.  Decoding is the public stbi_load_from_memory asking for 3
- * channels.
+ * the declared size however large, and tells the JPEG kinds we do not
+ * decode (lossless, arithmetic coding, 12-bit) apart as unsupported.
  *
- * The allocation bound.  stb grows its zlib output buffer as long as the
- * stream produces bytes, so a PNG that declares 1 x 1 pixels but carries a
- * deflate stream of gigabytes would pass the pixel guard.  During a decode
- * this thread's epd_image_tls.cap holds the most one allocation may need
- * for an image of the probed size (16-bit RGBA rows with their filter
- * bytes, JPEG coefficient planes padded to whole MCUs, the compressed data
- * collected from the file); the STBI_MALLOC / STBI_REALLOC hooks refuse
- * anything larger, which stb reports as out of memory and we as malformed.
+ * epd_image_decode checks in the order a refusal should be named: the
+ * number of bytes, then the format and header (the probe), then the sides
+ * and the pixels (the pixel limit is inclusive), and only then lets a
+ * library near the data, with its own limits set to the probed size:
+ *   - libspng: image limits of exactly the probed width and height, a
+ *     cache limit on what ancillary chunks (text, ICC profiles) may hold
+ *     once inflated, (its default) limit on how many it keeps; it inflates
+ *     straight into the output rows, so a zlib stream longer than the
+ *     image never grows a buffer.  Every allocation goes through
+ *     epd_malloc.
+ *   - libjpeg: errors longjmp out of the library (the only way its API
+ *     reports them) and nothing is printed; a frame whose size differs from
+ *     the probed one is refused; at most EPD_IMAGE_JPEG_MAX_SCANS scans (a
+ *     progressive file of thousands of tiny scans is a CPU bomb); its memory
+ *     manager may hold at most what the declared size needs.  A component
+ *     that names a quantization or Huffman table no DQT/DHT defined is
+ *     refused by libjpeg itself (stb_image, used before, decoded such a
+ *     file with whatever the heap held: the same request gave different
+ *     answers).  libjpeg allocates with its own malloc, not epd_malloc:
+ *     only the output buffer is ours.
+ * Corrupt entropy-coded data that libjpeg can resynchronize past (a
+ * truncated scan, a bad restart marker) is a warning there, not an error:
+ * such a file decodes, as in browsers, and deterministically (libjpeg fills
+ * what is missing with zeros).
  */
 #include "epd_image.h"
 
 #include <limits.h>
+#include <setjmp.h>
+#include <stdio.h> /* jpeglib.h needs FILE */
 #include <string.h>
+
+#include <jerror.h>
+#include <jpeglib.h>
+#include <spng.h>
 
 #include "epd_alloc.h"
 #include "epd_log.h"
 
 #define EPD_IMAGE_LOG "image"
 
-/* This thread's current call into stb: the bound on one allocation (0
- * outside a decode), and what made an allocation fail, since stb reports
- * both as "outofmem". */
-typedef struct {
-    size_t cap;
-    int refused; /* an allocation was over the bound: the file's fault */
-    int failed;  /* epd_malloc returned NULL: out of memory */
-} epd_image_tls_t;
+/* Progressive JPEGs have a handful of scans (libjpeg's own encoder writes
+ * 10); TurboJPEG's limit, for the same reason. */
+#define EPD_IMAGE_JPEG_MAX_SCANS 500
 
-static _Thread_local epd_image_tls_t epd_image_tls;
-
-static void *epd_image_stb_malloc(size_t size)
-{
-    void *p;
-
-    if (epd_image_tls.cap != 0 && size > epd_image_tls.cap) {
-        epd_image_tls.refused = 1;
-        return NULL;
-    }
-    p = epd_malloc(size);
-    epd_image_tls.failed |= p == NULL;
-    return p;
-}
-
-static void *epd_image_stb_realloc(void *ptr, size_t size)
-{
-    void *p;
-
-    if (epd_image_tls.cap != 0 && size > epd_image_tls.cap) {
-        epd_image_tls.refused = 1;
-        return NULL; /* stb keeps (and later frees) ptr, as after a failed realloc */
-    }
-    p = epd_realloc(ptr, size);
-    epd_image_tls.failed |= p == NULL;
-    return p;
-}
-
-static void epd_image_tls_begin(size_t cap)
-{
-    epd_image_tls.cap = cap;
-    epd_image_tls.refused = 0;
-    epd_image_tls.failed = 0;
-}
-
-#define STBI_MALLOC(sz) epd_image_stb_malloc(sz)
-#define STBI_REALLOC(p, newsz) epd_image_stb_realloc(p, newsz)
-#define STBI_FREE(p) epd_free(p)
-#define STB_IMAGE_IMPLEMENTATION
-#define STB_IMAGE_STATIC
-#define STBI_ONLY_PNG
-#define STBI_ONLY_JPEG
-#define STBI_NO_STDIO
-#define STBI_NO_LINEAR
-#define STBI_NO_HDR
-#define STBI_MAX_DIMENSIONS (1 << 16)
-
-/* Third-party code: its warnings are not ours to fix. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wunused-parameter"
-#pragma GCC diagnostic ignored "-Wunused-but-set-variable"
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#pragma GCC diagnostic ignored "-Wshadow"
-#pragma GCC diagnostic ignored "-Wstrict-prototypes"
-#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
-#pragma GCC diagnostic ignored "-Wtype-limits"
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-#include <stb/stb_image.h>
-#pragma GCC diagnostic pop
+/* What the ancillary chunks of a PNG may hold in libspng's cache (text,
+ * ICC profile, Exif...; inflated, where compressed), and one of them. */
+#define EPD_IMAGE_PNG_CHUNK_MAX (4u << 20)
+#define EPD_IMAGE_PNG_CACHE_MAX (8u << 20)
+/* How many it keeps is libspng's default, 1000: its setter in 0.7.3
+ * (SPNG_CHUNK_COUNT_LIMIT) refuses any value above the count read so far. */
 
 static const unsigned char epd_image_png_magic[8] = {0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a};
 
@@ -201,7 +161,7 @@ static epd_status_t epd_image_probe_jpeg(const unsigned char *p, size_t len,
             break;
         }
         if (p[i] != 0xff) {
-            i++; /* padding between segments, which stb skips too */
+            i++; /* padding between segments, which libjpeg skips too */
             continue;
         }
         while (i < len && p[i] == 0xff) { /* fill bytes */
@@ -259,107 +219,6 @@ static epd_status_t epd_image_probe_jpeg(const unsigned char *p, size_t len,
     return EPD_ERR_MALFORMED;
 }
 
-/*
- * Guards against what stb 2.27 gets wrong on hostile JPEGs (fixed in later
- * stb releases): a Huffman table (DHT) whose 16 code counts add up to more
- * than 256 overflows stb's tables, and a scan that uses a table no DHT
- * defined makes stb index with garbage.  The walk follows stb's own parse:
- * segments skipped by their length, entropy-coded data scanned byte by
- * byte for the next marker (FF 00 is a stuffed byte, FF D0..D7 a restart).
- * NULL when the file passes, else why not.
- */
-static const char *epd_image_jpeg_hazard(const unsigned char *p, size_t len)
-{
-    unsigned char dc_def[4] = {0}; /* Huffman tables defined so far */
-    unsigned char ac_def[4] = {0};
-    int progressive = 0;
-    size_t i = 2;
-
-    while (i < len) {
-        unsigned m;
-        size_t seg;
-
-        if (p[i] != 0xff) {
-            i++;
-            continue;
-        }
-        while (i < len && p[i] == 0xff) {
-            i++;
-        }
-        if (i >= len) {
-            break;
-        }
-        m = p[i++];
-        if (m == 0x00 || m == 0x01 || (m >= 0xd0 && m <= 0xd8)) {
-            continue; /* no length */
-        }
-        if (m == 0xd9 || len - i < 2) {
-            break;
-        }
-        seg = (size_t)p[i] << 8 | p[i + 1];
-        if (seg < 2) {
-            break; /* stb refuses it */
-        }
-        if (m == 0xc2) {
-            progressive = 1;
-        }
-        if (m == 0xc4) {
-            /* as stb: tables while the segment has bytes left, a table's
-             * counts read even past the segment's end (zeros past EOF) */
-            long left = (long)seg - 2;
-
-            for (size_t t = i + 2; left > 0;) {
-                unsigned q = t < len ? p[t] : 0;
-                unsigned n = 0;
-
-                if ((q >> 4) > 1 || (q & 15) > 3) {
-                    break; /* stb refuses it */
-                }
-                for (size_t k = 1; k <= 16; k++) {
-                    n += t + k < len ? p[t + k] : 0;
-                }
-                if (n > 256) {
-                    return "a Huffman table with more than 256 codes";
-                }
-                if (q >> 4) {
-                    ac_def[q & 15] = 1;
-                } else {
-                    dc_def[q & 15] = 1;
-                }
-                left -= 17 + (long)n;
-                t += 17 + n;
-            }
-        }
-        if (m == 0xda && seg >= 3 && i + seg <= len) {
-            /* stb decodes with whatever memory an undefined table holds
-             * (its tables are not zeroed): every table the scan uses must
-             * have been defined.  Ns components of 2 bytes, then Ss, Se,
-             * Ah/Al. */
-            unsigned ns = p[i + 2];
-
-            if (seg >= 2 + 1 + 2 * (size_t)ns + 3) {
-                const unsigned char *c = p + i + 3;
-                unsigned ss = c[2 * ns];
-                unsigned ah = c[2 * ns + 2] >> 4;
-                int need_dc = !progressive || (ss == 0 && ah == 0);
-                int need_ac = !progressive || ss != 0;
-
-                for (unsigned k = 0; k < ns; k++) {
-                    unsigned td = c[2 * k + 1] >> 4;
-                    unsigned ta = c[2 * k + 1] & 15;
-
-                    if ((need_dc && (td > 3 || !dc_def[td])) ||
-                        (need_ac && (ta > 3 || !ac_def[ta]))) {
-                        return "a scan uses a Huffman table that was never defined";
-                    }
-                }
-            }
-        }
-        i += seg;
-    }
-    return NULL;
-}
-
 epd_status_t epd_image_probe(const void *data, size_t len, epd_image_info_t *info_p)
 {
     epd_image_info_t info;
@@ -385,20 +244,307 @@ epd_status_t epd_image_probe(const void *data, size_t len, epd_image_info_t *inf
     return EPD_OK;
 }
 
+/* ---- PNG: libspng -------------------------------------------------------- */
+
+/* Set when epd_malloc fails inside a libspng call on this thread: libspng
+ * reports that and its own limits alike (SPNG_EMEM), and only the first is
+ * ours to call out of memory. */
+static _Thread_local int epd_image_png_oom;
+
+static void *epd_image_spng_malloc(size_t size)
+{
+    void *p = epd_malloc(size);
+
+    epd_image_png_oom |= p == NULL;
+    return p;
+}
+
+static void *epd_image_spng_realloc(void *ptr, size_t size)
+{
+    void *p = epd_realloc(ptr, size);
+
+    epd_image_png_oom |= p == NULL;
+    return p;
+}
+
+static void *epd_image_spng_calloc(size_t n, size_t size)
+{
+    void *p = epd_calloc(n, size);
+
+    epd_image_png_oom |= p == NULL;
+    return p;
+}
+
+static void epd_image_spng_free(void *ptr)
+{
+    epd_free(ptr);
+}
+
+/* Decodes the PNG (already probed: `info`) into a new [h][w][3] buffer
+ * (epd_free), *rgb_p written only on success. */
+static epd_status_t epd_image_decode_png(const void *data, size_t len, const epd_image_info_t *info,
+                                         unsigned char **rgb_p)
+{
+    struct spng_alloc alloc = {
+        .malloc_fn = epd_image_spng_malloc,
+        .realloc_fn = epd_image_spng_realloc,
+        .calloc_fn = epd_image_spng_calloc,
+        .free_fn = epd_image_spng_free,
+    };
+    struct spng_ihdr ihdr;
+    unsigned char *rgb = NULL;
+    size_t need = 0;
+    spng_ctx *ctx;
+    epd_status_t status;
+    int err;
+
+    epd_image_png_oom = 0;
+    ctx = spng_ctx_new2(&alloc, 0);
+    if (ctx == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    /* the limits first, then the bytes (spng_set_png_buffer borrows them) */
+    err = spng_set_image_limits(ctx, info->width, info->height);
+    if (err == 0) {
+        err = spng_set_chunk_limits(ctx, EPD_IMAGE_PNG_CHUNK_MAX, EPD_IMAGE_PNG_CACHE_MAX);
+    }
+    if (err == 0) {
+        /* a bad CRC on pixel data is an error, on an ancillary chunk (which
+         * we never use) a reason to skip that chunk */
+        err = spng_set_crc_action(ctx, SPNG_CRC_ERROR, SPNG_CRC_DISCARD);
+    }
+    if (err == 0) {
+        err = spng_set_png_buffer(ctx, data, len);
+    }
+    if (err == 0) {
+        err = spng_get_ihdr(ctx, &ihdr);
+    }
+    if (err == 0 && (ihdr.width != info->width || ihdr.height != info->height)) {
+        epd_log_warn(EPD_IMAGE_LOG, 0, "PNG header of %u x %u pixels read as %u x %u", info->width,
+                     info->height, ihdr.width, ihdr.height);
+        status = EPD_ERR_MALFORMED;
+        goto out;
+    }
+    if (err == 0) {
+        err = spng_decoded_image_size(ctx, SPNG_FMT_RGB8, &need);
+    }
+    if (err == 0 && need != (size_t)info->width * info->height * 3) {
+        err = SPNG_EOVERFLOW; /* not RGB8 rows without padding: never expected */
+    }
+    if (err == 0) {
+        rgb = epd_malloc(need);
+        if (rgb == NULL) {
+            status = EPD_ERR_NO_MEMORY;
+            goto out;
+        }
+        /* no gamma, no transparency: alpha is dropped, as documented */
+        err = spng_decode_image(ctx, rgb, need, SPNG_FMT_RGB8, 0);
+    }
+    if (err != 0) {
+        if (epd_image_png_oom) {
+            status = EPD_ERR_NO_MEMORY;
+            goto out;
+        }
+        epd_log_warn(EPD_IMAGE_LOG, 0, "PNG of %u x %u pixels: %s", info->width, info->height,
+                     err == SPNG_ECHUNK_LIMITS ? "its ancillary chunks hold too much"
+                                               : spng_strerror(err));
+        status = EPD_ERR_MALFORMED;
+        goto out;
+    }
+    *rgb_p = rgb;
+    rgb = NULL;
+    status = EPD_OK;
+out:
+    epd_free(rgb);
+    spng_ctx_free(ctx);
+    return status;
+}
+
+/* ---- JPEG: libjpeg-turbo ------------------------------------------------- */
+
+/* libjpeg's error manager, extended with where to jump and what went wrong. */
+typedef struct {
+    struct jpeg_error_mgr pub; /* first: libjpeg casts cinfo->err to it */
+    jmp_buf jump;
+    char why[JMSG_LENGTH_MAX];
+    int out_of_memory;
+} epd_image_jerr_t;
+
+typedef struct {
+    struct jpeg_progress_mgr pub; /* first: libjpeg casts cinfo->progress to it */
+    epd_image_jerr_t *jerr;
+} epd_image_jprog_t;
+
+/* libjpeg: a fatal error.  Must not return: back to the setjmp in
+ * epd_image_decode_jpeg, which destroys the decompressor. */
+static void epd_image_jpeg_error_exit(j_common_ptr cinfo)
+{
+    epd_image_jerr_t *jerr = (epd_image_jerr_t *)cinfo->err;
+
+    cinfo->err->format_message(cinfo, jerr->why);
+    jerr->out_of_memory = cinfo->err->msg_code == JERR_OUT_OF_MEMORY;
+    longjmp(jerr->jump, 1);
+}
+
+/* libjpeg: print a message.  The bytes are someone else's: never to stderr
+ * (a refusal is logged once, by us). */
+static void epd_image_jpeg_output_message(j_common_ptr cinfo)
+{
+    (void)cinfo;
+}
+
+/* libjpeg: called between scans and rows; refuses a file of too many
+ * scans (each progressive scan walks every coefficient again). */
+static void epd_image_jpeg_progress(j_common_ptr cinfo)
+{
+    epd_image_jprog_t *prog = (epd_image_jprog_t *)cinfo->progress;
+
+    if (cinfo->is_decompressor &&
+        ((j_decompress_ptr)cinfo)->input_scan_number > EPD_IMAGE_JPEG_MAX_SCANS) {
+        snprintf(prog->jerr->why, sizeof(prog->jerr->why), "more than %d scans",
+                 EPD_IMAGE_JPEG_MAX_SCANS);
+        longjmp(prog->jerr->jump, 1);
+    }
+}
+
+/* 255 * a * b / (255 * 255), rounded: a CMYK channel times K (as stb_image
+ * did, so CMYK files decode as before). */
+static unsigned char epd_image_mul8(unsigned a, unsigned b)
+{
+    unsigned t = a * b + 128;
+
+    return (unsigned char)((t + (t >> 8)) >> 8);
+}
+
+/* Decodes the JPEG (already probed: `info`) into a new [h][w][3] buffer
+ * (epd_free), *rgb_p written only on success. */
+static epd_status_t epd_image_decode_jpeg(const void *data, size_t len,
+                                          const epd_image_info_t *info, unsigned char **rgb_p)
+{
+    struct jpeg_decompress_struct cinfo;
+    epd_image_jerr_t jerr;
+    epd_image_jprog_t prog;
+    /* written after setjmp (and rgb freed after a longjmp): volatile */
+    unsigned char *volatile rgb = NULL;
+    JSAMPARRAY volatile cmyk_row = NULL;
+    volatile int cmyk = 0;
+    size_t row_bytes = (size_t)info->width * 3;
+
+    memset(&cinfo, 0, sizeof(cinfo));
+    memset(&jerr, 0, sizeof(jerr));
+    cinfo.err = jpeg_std_error(&jerr.pub);
+    jerr.pub.error_exit = epd_image_jpeg_error_exit;
+    jerr.pub.output_message = epd_image_jpeg_output_message;
+    if (setjmp(jerr.jump) != 0) {
+        jpeg_destroy_decompress(&cinfo);
+        epd_free(rgb);
+        if (jerr.out_of_memory) {
+            return EPD_ERR_NO_MEMORY;
+        }
+        epd_log_warn(EPD_IMAGE_LOG, 0, "JPEG of %u x %u pixels: %s", info->width, info->height,
+                     jerr.why);
+        return EPD_ERR_MALFORMED;
+    }
+    jpeg_create_decompress(&cinfo);
+    /* What the declared size needs at most: coefficients of up to 4
+     * components padded to whole MCUs (2 bytes x 64 per 8 x 8 block, kept
+     * whole for a progressive file), row buffers, and 4 MiB for tables and
+     * small objects.  Beyond it libjpeg refuses rather than allocates. */
+    cinfo.mem->max_memory_to_use =
+        (long)(4ull * 128 * (info->width / 8 + 5) * (info->height / 8 + 5) +
+               4ull * 64 * (info->width + 64) + (4ull << 20));
+    prog.pub.progress_monitor = epd_image_jpeg_progress;
+    prog.jerr = &jerr;
+    cinfo.progress = &prog.pub;
+    jpeg_mem_src(&cinfo, data, (unsigned long)len);
+    if (jpeg_read_header(&cinfo, TRUE) != JPEG_HEADER_OK) {
+        /* tables only, no image (read_header errors out on anything else) */
+        snprintf(jerr.why, sizeof(jerr.why), "no image, only tables");
+        longjmp(jerr.jump, 1);
+    }
+    if (cinfo.image_width != info->width || cinfo.image_height != info->height) {
+        snprintf(jerr.why, sizeof(jerr.why), "its frame was read as %u x %u pixels",
+                 cinfo.image_width, cinfo.image_height);
+        longjmp(jerr.jump, 1);
+    }
+    switch (cinfo.jpeg_color_space) {
+    case JCS_GRAYSCALE:
+    case JCS_YCbCr:
+    case JCS_RGB:
+        cinfo.out_color_space = JCS_EXT_RGB; /* grey replicated */
+        cmyk = 0;
+        break;
+    case JCS_CMYK:
+    case JCS_YCCK:
+        cinfo.out_color_space = JCS_CMYK; /* converted to RGB below */
+        cmyk = 1;
+        break;
+    default:
+        snprintf(jerr.why, sizeof(jerr.why), "%d components of an unknown colour space",
+                 cinfo.num_components);
+        longjmp(jerr.jump, 1);
+    }
+    /* the exact integer IDCT: the same pixels on every CPU */
+    cinfo.dct_method = JDCT_ISLOW;
+    jpeg_start_decompress(&cinfo);
+    if (cinfo.output_width != info->width || cinfo.output_height != info->height ||
+        cinfo.output_components != (cmyk ? 4 : 3)) {
+        snprintf(jerr.why, sizeof(jerr.why), "decodes to %u x %u pixels of %d components",
+                 cinfo.output_width, cinfo.output_height, cinfo.output_components);
+        longjmp(jerr.jump, 1);
+    }
+    if (cmyk) {
+        /* freed with the decompressor */
+        cmyk_row =
+            cinfo.mem->alloc_sarray((j_common_ptr)&cinfo, JPOOL_IMAGE, cinfo.output_width * 4, 1);
+    }
+    rgb = epd_malloc(row_bytes * info->height);
+    if (rgb == NULL) {
+        jpeg_destroy_decompress(&cinfo);
+        return EPD_ERR_NO_MEMORY;
+    }
+    while (cinfo.output_scanline < cinfo.output_height) {
+        unsigned char *out = rgb + row_bytes * cinfo.output_scanline;
+        JSAMPROW row = cmyk ? cmyk_row[0] : out;
+
+        if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) {
+            snprintf(jerr.why, sizeof(jerr.why), "no row %u", cinfo.output_scanline);
+            longjmp(jerr.jump, 1);
+        }
+        if (cmyk) {
+            /* Adobe's inverted CMYK (libjpeg gives YCCK as that too) */
+            for (uint32_t x = 0; x < info->width; x++) {
+                const unsigned char *p = row + 4 * (size_t)x;
+
+                out[3 * x] = epd_image_mul8(p[0], p[3]);
+                out[3 * x + 1] = epd_image_mul8(p[1], p[3]);
+                out[3 * x + 2] = epd_image_mul8(p[2], p[3]);
+            }
+        }
+    }
+    /* every row is out: what follows the last scan is not read */
+    jpeg_destroy_decompress(&cinfo);
+    *rgb_p = rgb;
+    return EPD_OK;
+}
+
+/* ---- the API -------------------------------------------------------------- */
+
 epd_status_t epd_image_decode(const void *data, size_t len, uint64_t max_pixels,
                               epd_image_t *image_p)
 {
     epd_image_info_t info;
-    uint64_t pixels;
-    uint64_t cap;
-    stbi_uc *rgb;
+    unsigned char *rgb = NULL;
     epd_status_t status;
-    int x = 0;
-    int y = 0;
-    int comp = 0;
 
-    if (image_p == NULL) {
+    if (image_p == NULL || (data == NULL && len > 0)) {
         return EPD_ERR_INVALID_PARAM;
+    }
+    /* the size first: too many bytes is the refusal, whatever they are */
+    if (len > EPD_IMAGE_MAX_BYTES) {
+        epd_log_warn(EPD_IMAGE_LOG, 0, "image of %zu bytes: more than the limit of %llu bytes", len,
+                     (unsigned long long)EPD_IMAGE_MAX_BYTES);
+        return EPD_ERR_TOO_LONG;
     }
     status = epd_image_probe(data, len, &info);
     if (status != EPD_OK) {
@@ -407,57 +553,26 @@ epd_status_t epd_image_decode(const void *data, size_t len, uint64_t max_pixels,
     if (max_pixels == 0) {
         max_pixels = EPD_IMAGE_MAX_PIXELS_DEFAULT;
     }
-    pixels = (uint64_t)info.width * info.height;
-    if (pixels > max_pixels || info.width > STBI_MAX_DIMENSIONS ||
-        info.height > STBI_MAX_DIMENSIONS) {
+    if (info.width > EPD_IMAGE_MAX_SIDE || info.height > EPD_IMAGE_MAX_SIDE) {
+        epd_log_warn(EPD_IMAGE_LOG, 0, "%s of %u x %u pixels: a side is over the limit of %u",
+                     epd_image_format_name(info.format), info.width, info.height,
+                     EPD_IMAGE_MAX_SIDE);
+        return EPD_ERR_TOO_LONG;
+    }
+    /* inclusive: an image of exactly max_pixels is accepted */
+    if ((uint64_t)info.width * info.height > max_pixels) {
         epd_log_warn(EPD_IMAGE_LOG, 0, "%s of %u x %u pixels: more than the limit of %llu",
                      epd_image_format_name(info.format), info.width, info.height,
                      (unsigned long long)max_pixels);
         return EPD_ERR_TOO_LONG;
     }
-    if (len > INT_MAX) {
-        epd_log_warn(EPD_IMAGE_LOG, 0, "%s of %zu bytes: larger than 2 GiB",
-                     epd_image_format_name(info.format), len);
-        return EPD_ERR_TOO_LONG;
+    if (info.format == EPD_IMAGE_PNG) {
+        status = epd_image_decode_png(data, len, &info, &rgb);
+    } else {
+        status = epd_image_decode_jpeg(data, len, &info, &rgb);
     }
-    if (info.format == EPD_IMAGE_JPEG) {
-        const char *why = epd_image_jpeg_hazard(data, len);
-
-        if (why != NULL) {
-            epd_log_warn(EPD_IMAGE_LOG, 0, "JPEG of %u x %u pixels: %s", info.width,
-                         info.height, why);
-            return EPD_ERR_MALFORMED;
-        }
-    }
-    /* Widths are below 2^16 (STBI_MAX_DIMENSIONS): no overflow here. */
-    cap = 8ull * (info.width + 32) * (info.height + 32) + 2ull * len + (1u << 20);
-    epd_image_tls_begin(cap > SIZE_MAX ? SIZE_MAX : (size_t)cap);
-    rgb = stbi_load_from_memory(data, (int)len, &x, &y, &comp, 3);
-    epd_image_tls.cap = 0;
-    if (rgb == NULL) {
-        const char *why = stbi_failure_reason();
-
-        if (epd_image_tls.failed && !epd_image_tls.refused) {
-            return EPD_ERR_NO_MEMORY;
-        }
-        if (why != NULL && strcmp(why, "too large") == 0) {
-            /* stb's own limit (about 2^30 bytes of pixels) */
-            epd_log_warn(EPD_IMAGE_LOG, 0, "%s of %u x %u pixels: too large to decode",
-                         epd_image_format_name(info.format), info.width, info.height);
-            return EPD_ERR_TOO_LONG;
-        }
-        epd_log_warn(EPD_IMAGE_LOG, 0, "%s of %u x %u pixels: %s",
-                     epd_image_format_name(info.format), info.width, info.height,
-                     epd_image_tls.refused ? "its data needs more memory than its size allows"
-                     : why != NULL       ? why
-                                         : "cannot decode");
-        return EPD_ERR_MALFORMED;
-    }
-    if ((uint32_t)x != info.width || (uint32_t)y != info.height) {
-        epd_log_warn(EPD_IMAGE_LOG, 0, "%s decoded to %d x %d pixels, header says %u x %u",
-                     epd_image_format_name(info.format), x, y, info.width, info.height);
-        epd_free(rgb);
-        return EPD_ERR_MALFORMED;
+    if (status != EPD_OK) {
+        return status;
     }
     image_p->width = info.width;
     image_p->height = info.height;
@@ -473,8 +588,3 @@ void epd_image_cleanup(epd_image_t *image)
     epd_free(image->rgb);
     memset(image, 0, sizeof(*image));
 }
-
-/* gcc checks for static functions declared but never defined (two stb API
- * functions whose bodies are compiled out with GIF) at the end of the file,
- * under the diagnostic state found there. */
-#pragma GCC diagnostic ignored "-Wunused-function"

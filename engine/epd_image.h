@@ -2,19 +2,17 @@
  * epd_image.h — image files (PNG, JPEG) to RGB8 pixels, for the vision
  * encoder.
  *
- * The decoder is stb_image (Debian's libstb-dev), compiled into
- * epd_image.c with only PNG and JPEG enabled and every allocation routed
- * through epd_malloc (so tests can fail any of them).  Bytes come from the
- * network, so decoding is guarded twice:
- *   - the header is probed first and an image of more than max_pixels
- *     pixels is refused before any pixel memory exists (a 100-byte PNG may
- *     declare 60000 x 60000: the decompression bomb);
- *   - while decoding, no single allocation may exceed what an image of the
- *     probed size needs (a PNG whose zlib stream inflates far past its
- *     declared size is refused instead of growing a buffer to gigabytes).
- * Everything is reentrant: no process-wide state is written (stb's flip and
- * unpremultiply settings are never touched; its failure reason and the
- * allocation bound above are thread-local).
+ * The decoders are Debian's libraries made for untrusted input: libspng
+ * for PNG (every allocation through epd_malloc) and libjpeg-turbo, through
+ * its libjpeg API, for JPEG.  Bytes come from the network, so before either
+ * library sees them the size in bytes, the format and header (our own
+ * probe, which allocates nothing), the sides and the pixels are checked, in
+ * that order: a 100-byte PNG may declare 60000 x 60000 pixels (the
+ * decompression bomb) and is refused before any pixel memory exists.  Each
+ * library then decodes under limits set to the probed size (see
+ * epd_image.c).  The answer depends on the bytes alone: the same input
+ * always gives the same pixels or the same refusal.
+ * Everything is reentrant: no process-wide state is written.
  */
 #ifndef EPD_IMAGE_H
 #define EPD_IMAGE_H
@@ -27,6 +25,14 @@
 
 /* The default pixel guard (width x height) of epd_image_decode. */
 #define EPD_IMAGE_MAX_PIXELS_DEFAULT (4096ull * 4096ull)
+
+/* The longest side epd_image_decode accepts, whatever the pixel guard:
+ * libjpeg's own limit (JPEG_MAX_DIMENSION), applied to PNG as well. */
+#define EPD_IMAGE_MAX_SIDE 65500u
+
+/* The most bytes epd_image_decode reads (a file is refused for its size
+ * before its format is looked at). */
+#define EPD_IMAGE_MAX_BYTES ((size_t)INT32_MAX)
 
 typedef enum {
     EPD_IMAGE_PNG = 1,  /* starts with 89 'P' 'N' 'G' 0D 0A 1A 0A */
@@ -54,8 +60,8 @@ typedef struct {
  * Reads the header of the image in data[0..len) (borrowed for the call)
  * without decoding pixels: the format from the magic bytes, the size and
  * the channels.  EPD_ERR_UNSUPPORTED when the bytes are neither PNG nor
- * JPEG (GIF, BMP, text...) or a JPEG kind the decoder lacks (lossless,
- * arithmetic coding, 12-bit), EPD_ERR_MALFORMED for a PNG or JPEG whose
+ * JPEG (GIF, BMP, text...) or a JPEG kind we do not decode (lossless,
+ * arithmetic coding, 12-bit, hierarchical), EPD_ERR_MALFORMED for a PNG or JPEG whose
  * header is broken or truncated, EPD_ERR_INVALID_PARAM for NULL pointers.
  * The size is reported as declared, however large.  *info_p is written only
  * on success.  Any thread; allocates nothing.
@@ -65,13 +71,19 @@ epd_status_t epd_image_probe(const void *data, size_t len, epd_image_info_t *inf
 /*
  * Decodes the image in data[0..len) (borrowed for the call) to RGB8: grey
  * is replicated, alpha is dropped (not composited), 16-bit samples are
- * reduced to 8 bits.  Probes first and refuses with EPD_ERR_TOO_LONG, before
- * allocating anything, when width * height > max_pixels (0 means
- * EPD_IMAGE_MAX_PIXELS_DEFAULT) or a side exceeds 65536.  Other errors as
- * epd_image_probe, plus EPD_ERR_TOO_LONG for len > INT_MAX,
- * EPD_ERR_NO_MEMORY, EPD_ERR_MALFORMED for corrupt or truncated pixel data,
- * or data needing far more memory than the declared size (the cause is
- * logged once at warn level: the bytes are someone else's).  On success
+ * reduced to 8 bits, CMYK is multiplied out.  Refuses, in this order and
+ * before allocating anything: len > EPD_IMAGE_MAX_BYTES with
+ * EPD_ERR_TOO_LONG (whatever the bytes are); what epd_image_probe refuses,
+ * as it does; a side over EPD_IMAGE_MAX_SIDE, or width * height over
+ * max_pixels (0 means EPD_IMAGE_MAX_PIXELS_DEFAULT; exactly max_pixels is
+ * accepted), with EPD_ERR_TOO_LONG.  Then EPD_ERR_NO_MEMORY, or
+ * EPD_ERR_MALFORMED for pixel data the decoder refuses: corrupt or
+ * truncated PNG data, a JPEG naming a quantization or Huffman table it
+ * never defined, more than 500 scans, a frame differing from the header
+ * (the cause is logged once at warn level: the bytes are someone
+ * else's).  A JPEG whose entropy-coded data is cut short or damaged may
+ * still decode (what is missing is zeros), as in browsers.  The result
+ * depends on the bytes alone.  On success
  * *image_p owns the pixels (epd_image_cleanup); on failure it is not
  * written and nothing stays allocated.  Any thread, synchronous.
  */

@@ -3,14 +3,5 @@
 # sampling, UTF-8 repair, model writer; tools epd-mkmodel and epd-generate.
 ENGINE_SRCS := $(wildcard engine/*.c)
 $(eval $(call epd_lib,epd_engine,$(ENGINE_SRCS)))
-# stb_image (compiled into epd_image.c) has undefined-but-harmless arithmetic
-# on hostile files that fuzz_epd_image finds: `NULL + 0` and memcpy(NULL, src,
-# 0) on a PNG whose first IDAT chunk is empty, shifts by 32 and of negative
-# values in the JPEG bit reader.  UBSan's checks for those are off for this
-# one object (ASan stays on: memory errors are still caught, and the ones
-# stb 2.27 has are refused before it runs, see epd_image.c).
-ifneq ($(findstring undefined,$(SANITIZER)),)
-$(BUILD)/obj/engine/epd_image.o: EPD_CFLAGS += -fno-sanitize=pointer-overflow,nonnull-attribute,shift
-endif
 $(eval $(call epd_prog,epd-mkmodel,engine/tools/epd_mkmodel.c,epd_engine epd_common))
 $(eval $(call epd_prog,epd-generate,engine/tools/epd_generate.c,epd_engine epd_common))

@@ -1,4 +1,5 @@
-/* Unit tests of common/epd_alloc.c: counters, fault injection, overflow. */
+/* Unit tests of common/epd_alloc.c: counters, fault injection, overflow,
+ * the fill of fresh memory. */
 #include "epd_test.h"
 
 #include <string.h>
@@ -86,6 +87,37 @@ static void test_overflow_refused(void **state)
     assert_int_equal(after.failed - before.failed, 2);
 }
 
+static void test_fill_with(void **state)
+{
+    unsigned char *p;
+    unsigned char *q;
+
+    (void)state;
+    epd_alloc_fill_with(0xa5);
+    p = epd_malloc(100);
+    assert_non_null(p);
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(p[i], 0xa5);
+    }
+    memset(p, 1, 100);
+    /* what realloc adds is filled, what the block held is kept */
+    epd_alloc_fill_with(0x3c);
+    p = epd_realloc(p, 300);
+    assert_non_null(p);
+    for (int i = 0; i < 300; i++) {
+        assert_int_equal(p[i], i < 100 ? 1 : 0x3c);
+    }
+    /* calloc still zeroes */
+    q = epd_calloc(10, 10);
+    assert_non_null(q);
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(q[i], 0);
+    }
+    epd_free(q);
+    epd_free(p);
+    epd_alloc_fill_with(-1);
+}
+
 static void test_strndup(void **state)
 {
     char *s = epd_strndup("abcdef", 3);
@@ -106,6 +138,7 @@ int main(void)
         cmocka_unit_test(test_realloc_failure_keeps_block),
         cmocka_unit_test(test_overflow_refused),
         cmocka_unit_test(test_strndup),
+        cmocka_unit_test(test_fill_with),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,7 +12,9 @@
  *     touching its output;
  *   - the backlog counts jobs submitted and not started;
  *   - destroy with jobs still queued returns (they never come back) and
- *     leaks nothing.
+ *     leaks nothing;
+ *   - an image of exactly max_pixels is encoded, one pixel more refused,
+ *     and each size refusal's text names the limit the image is over.
  */
 #include "epd_test.h"
 
@@ -282,11 +284,66 @@ static void test_destroy_with_backlog(void **state)
     epd_free(out);
 }
 
+/* The pixel limit is inclusive, and a size refusal's Error text names the
+ * limit the image is over, never one it is within. */
+static void test_pixel_limit_and_messages(void **state)
+{
+    epd_mkmodel_params_t p;
+    epd_engine_config_t cfg;
+    epd_encoder_compute_t *comp;
+    epd_encoder_job_t jobs[2];
+    unsigned char hash[EPD_CONTENT_HASH_BYTES];
+    blob_t img = make_png(40, 30, 11);
+    float *out = epd_calloc(2, c->out_bytes);
+    const char *model;
+    char msg[200];
+
+    (void)state;
+    epd_test_tiny_vision_params(&p);
+    model = epd_test_write_model(c->dir, "tinyv3", &p);
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.model_dir = model;
+    assert_int_equal(epd_engine_open("ref", &cfg, &c->engine), EPD_OK);
+    epd_content_hash(img.data, img.len, hash);
+    c->n_back = 0;
+    assert_int_equal(epd_encoder_compute_create(&c->loop, c->engine, 2, on_job, c, &comp), EPD_OK);
+    c->engine = NULL;
+    for (int i = 0; i < 2; i++) {
+        job_init(&jobs[i], &img, hash, out + (size_t)i * (c->out_bytes / sizeof(float)),
+                 200 + (uint64_t)i);
+        jobs[i].max_pixels = 40 * 30 - (uint64_t)i; /* exactly at, then one under */
+        assert_int_equal(epd_encoder_compute_submit(comp, &jobs[i]), EPD_OK);
+    }
+    run_until(2);
+    assert_int_equal(jobs[0].status, EPD_OK);
+    assert_int_equal(jobs[1].status, EPD_ERR_TOO_LONG);
+    epd_encoder_job_describe(&jobs[1], jobs[1].max_pixels, msg, sizeof(msg));
+    assert_string_equal(msg, "PNG image of 40 x 30 pixels exceeds the limit of 1199 pixels");
+    epd_encoder_compute_destroy(comp);
+    uv_run(&c->loop, UV_RUN_NOWAIT);
+    /* a side over EPD_IMAGE_MAX_SIDE within the pixel limit: the side is
+     * named, not the pixel limit it is within */
+    jobs[1].width = EPD_IMAGE_MAX_SIDE + 1;
+    jobs[1].height = 1;
+    epd_encoder_job_describe(&jobs[1], 0, msg, sizeof(msg));
+    assert_string_equal(msg,
+                        "PNG image of 65501 x 1 pixels: a side exceeds the limit of 65500 pixels");
+    /* more bytes than the decoder reads (no header looked at: no size) */
+    jobs[1].width = jobs[1].height = 0;
+    jobs[1].format = 0;
+    jobs[1].image_len = (size_t)EPD_IMAGE_MAX_BYTES + 1;
+    epd_encoder_job_describe(&jobs[1], 0, msg, sizeof(msg));
+    assert_non_null(strstr(msg, "bytes exceeds the decoder's limit of 2147483647 bytes"));
+    free(img.data);
+    epd_free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fifo_results_cancel),
         cmocka_unit_test(test_destroy_with_backlog),
+        cmocka_unit_test(test_pixel_limit_and_messages),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

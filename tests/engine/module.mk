@@ -18,7 +18,8 @@ $(ENGINE_TOY_SO): tests/engine/epd_engine_toy.c engine/epd_engine.h common/epd_a
 
 # epd-generate is exercised as a program (exit codes, stdout, stderr).
 $(eval $(call epd_test,test_epd_engine_generate,tests/engine/test_epd_generate.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
-$(test_epd_engine_generate_OBJS): EPD_CPPFLAGS += -DEPD_TEST_BIN_DIR='"$(abspath $(BUILD))/bin"'
+$(test_epd_engine_generate_OBJS): EPD_CPPFLAGS += -DEPD_TEST_BIN_DIR='"$(abspath $(BUILD))/bin"' \
+	-DEPD_TEST_FUZZ_CORPUS='"$(abspath tests/fuzz/corpus)"'
 $(BUILD)/tests/test_epd_engine_generate: $(BUILD)/bin/epd-generate
 
 # The sim engine: reads the shipped profiles from engine/profiles and runs
@@ -28,8 +29,10 @@ $(test_epd_engine_sim_OBJS): EPD_CPPFLAGS += -DEPD_TEST_PROFILES='"$(abspath eng
 	-DEPD_TEST_BIN_DIR='"$(abspath $(BUILD))/bin"'
 $(BUILD)/tests/test_epd_engine_sim: $(BUILD)/bin/epd-generate
 
-# Image decoding (stb_image_write makes the files in the test).
+# Image decoding (stb_image_write and libjpeg make the files in the test;
+# it decodes tests/fuzz's reproducers too).
 $(eval $(call epd_test,test_epd_engine_image,tests/engine/test_epd_image.c,epd_engine epd_common))
+$(test_epd_engine_image_OBJS): EPD_CPPFLAGS += -DEPD_TEST_FUZZ_CORPUS='"$(abspath tests/fuzz/corpus)"'
 # stb_image_write's JPEG writer shifts negative ints (undefined, harmless):
 # UBSan's shift check is off for the two tests that compile it in.
 ifneq ($(findstring undefined,$(SANITIZER)),)

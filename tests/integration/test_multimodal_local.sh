@@ -7,7 +7,8 @@
 #  - concurrent clients over a few images, also more at once than the
 #    prefill worker has embedding slots for (requests wait for a slot);
 #  - bad images and image URLs get a 400 with an OpenAI error, and the
-#    router and workers keep serving.
+#    router and workers keep serving; a JPEG without quantization tables
+#    gets the same 400 each time.
 source "$(dirname "$0")/lib.sh"
 
 mkmodel "$T/m" "${TINY_VISION_FLAGS[@]}"
@@ -52,7 +53,8 @@ router_client imgload "$H" "$T/m" "$G" --images "$T/a.png,$T/b.jpg,$T/c.png" --c
 note "bad images and image URLs: 400 with an OpenAI error"
 mkimage bomb "$T/bomb.png"
 mkimage text "$T/notimage.png"
-"$PYTHON3" - "$T" <<'PY' || fail "writing the bad bodies"
+NOQUANT=$(dirname "$0")/../fuzz/corpus/fuzz_epd_image/noquant-uninit.jpg
+"$PYTHON3" - "$T" "$NOQUANT" <<'PY' || fail "writing the bad bodies"
 import base64, json, sys
 t = sys.argv[1]
 def body(parts):
@@ -72,6 +74,9 @@ bodies = {
     "mime": body([img("data:text/plain;base64," + b64(t + "/a.png"))]),
     "nourl": body([{"type": "image_url", "image_url": {}}]),
     "truncated": body([img("data:image/png;base64," + b64(t + "/a.png")[:400])]),
+    # fuzz_epd_image's JPEG without quantization tables (stb_image decoded
+    # it from whatever the heap held: different answers to one request)
+    "noquant": body([img("data:image/jpeg;base64," + b64(sys.argv[2]))]),
 }
 for k, v in bodies.items():
     open("%s/bad-%s.json" % (t, k), "w").write(v)
@@ -90,6 +95,14 @@ check_bad remote 400 "does not fetch images"
 check_bad mime 400 "base64 data: URL of an image"
 check_bad nourl 400 "image_url.url"
 check_bad truncated 400 "image"
+# the header parses (the router passes it on), the decoder refuses it: the
+# same 400 every time
+for i in 1 2 3; do
+  check_bad noquant 400 "does not decode"
+  msg=$(tail -n +2 "$T/bad-noquant.out")
+  [ "$i" = 1 ] && first=$msg
+  [ "$msg" = "$first" ] || fail "noquant: answer $i differs: $msg / $first"
+done
 router_client images "$H" "$T/m" "$G" --images "$T/c.png" --text "Still fine? <|image|>" \
   --max-tokens 8 || fail "a good image after the bad ones"
 
