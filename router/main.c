@@ -548,11 +548,12 @@ int main(int argc, char **argv)
          "a new connection's request headers must be complete this long after the accept "
          "(a later request's: after its first byte); else closed (408 once a byte came)"},
         {"max-body-bytes", EPD_OPT_INT, &fl.max_body_bytes, 1024, 1 << 30,
-         "largest request body (beyond: 413)"},
+         "largest request body (beyond: 413; also at most 1/16 of --max-buffered-body-bytes)"},
         {"max-buffered-body-bytes", EPD_OPT_INT, &fl.max_buffered_body_bytes, 0,
          (double)((int64_t)1 << 40),
-         "request body bytes buffered at once, all connections together (beyond: 503 with "
-         "Retry-After; 0: no budget)"},
+         "memory of request bodies buffered at once, all connections together, charged as "
+         "their bytes arrive (beyond: 503 with Retry-After); one body holds at most 1/16 of it "
+         "(beyond: 413); 0: no budget"},
         {"max-json-depth", EPD_OPT_INT, &fl.max_json_depth, 2, 10000,
          "nesting of arrays and objects in a request body (beyond: 400)"},
         {"max-json-elements", EPD_OPT_INT, &fl.max_json_elements, 16, (double)((int64_t)1 << 32),
