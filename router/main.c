@@ -335,6 +335,15 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
                       epd_status_string(st));
         return st;
     }
+    if (hc.max_buffered_body_bytes != 0 &&
+        hc.max_buffered_body_bytes / EPD_HTTP_BODY_SHARES < hc.max_body_bytes) {
+        /* a body may hold one connection's share of the budget at most */
+        epd_log_warn(EPD_ROUTER_LOG, 0,
+                     "--max-body-bytes %zu is more than 1/%d of --max-buffered-body-bytes %zu: "
+                     "bodies over %zu bytes get 413",
+                     hc.max_body_bytes, EPD_HTTP_BODY_SHARES, hc.max_buffered_body_bytes,
+                     hc.max_buffered_body_bytes / EPD_HTTP_BODY_SHARES);
+    }
     epd_log_info(EPD_ROUTER_LOG, 0,
                  "serving model '%s' (context %u, %u layers) as '%s': policy %s, heartbeat %u "
                  "ms, dead after %u ms, %u retries, queue %u (%u ms), transport %s",
