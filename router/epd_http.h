@@ -29,24 +29,26 @@
  * application sees them; max_buffered_body_bytes bounds the memory all of
  * them hold at once.  A body is charged for the memory it holds, grown as
  * its bytes arrive (doubling from 4 KiB, never past its declared length):
- * at most twice what was received, never what a header only declares, so
- * clients that send headers declaring large bodies and then nothing take
- * no budget.  One request may hold at most its connection's share, a
- * 1/EPD_HTTP_BODY_SHARES of the budget: the body limit is the smaller of
- * max_body_bytes and that share (beyond: 413), so a few connections cannot
- * take the whole budget either.  When the bytes that did arrive would
- * take the budget past max_buffered_body_bytes, that request is answered
- * 503 with Retry-After: 1 (the others go on).
+ * at most twice what was received (4 KiB at first), never what a header
+ * only declares, so clients that send headers declaring large bodies and
+ * then nothing take no budget.  One request may hold at most its
+ * connection's share, a 1/EPD_HTTP_BODY_SHARES of the budget: the body
+ * limit is the smaller of max_body_bytes and that share (beyond: 413), so
+ * a few connections cannot take the whole budget either.  When the bytes
+ * that did arrive would take the budget past max_buffered_body_bytes, that
+ * request is answered 503 with Retry-After: 1 (the others go on).
  *
  * Each refusal closes the connection after the answer is written, and
- * closes it gracefully (a lingering close, as nginx does): the write side
- * is shut down once the answer is out, what the client still sends is read
- * and dropped — until its end of the stream, for at most EPD_HTTP_LINGER_MS
- * (or idle_timeout_ms when shorter) and EPD_HTTP_LINGER_BYTES — and only
- * then is the socket closed, so a client still sending its request reads
- * the whole answer instead of a TCP reset.  (Connections refused beyond
- * the caps linger too, at most EPD_HTTP_LINGER_REFUSED of them at once; the
+ * (like any answer that ends its connection) closes it gracefully, a
+ * lingering close as nginx does: the write side is shut down once the
+ * answer is out, what the client still sends is read and dropped — until
+ * its end of the stream, for at most EPD_HTTP_LINGER_MS (or
+ * idle_timeout_ms when shorter) and EPD_HTTP_LINGER_BYTES — and only then
+ * is the socket closed, so a client still sending its request reads the
+ * whole answer instead of a TCP reset.  (Connections refused beyond the
+ * caps linger too, at most EPD_HTTP_LINGER_REFUSED of them at once; the
  * rest are closed at once.)
+ *
  * The header deadline of a connection's first request runs from the
  * accept, so a client that connects and sends nothing is closed (silently)
  * after header_timeout_ms; on a keep-alive connection a later request's
