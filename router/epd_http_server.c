@@ -132,6 +132,13 @@ static int epd_http_on_header_field(http_parser *parser, const char *at, size_t 
     if (epd_http_req_phase(conn, EPD_HTTP_PHASE_FIELD) != 0) {
         return -1;
     }
+    /* http-parser takes "Transfer-Encoding : chunked" as the header it
+     * names, while the name collected here would keep the blank: RFC 9112
+     * 5.1 says refuse whitespace before the colon (400), so both agree */
+    if (memchr(at, ' ', len) != NULL || memchr(at, '\t', len) != NULL) {
+        return epd_http_refuse(conn, 400, "whitespace in a header name",
+                               &conn->server->stats.refused_malformed);
+    }
     /* ": " and CRLF count too, so the limit matches the bytes on the wire. */
     return epd_http_hbuf_append(conn, at, len, EPD_HTTP_HBUF_WIRE);
 }

@@ -1413,6 +1413,11 @@ static void client_framing(fx_t *fx)
          400, "malformed"},
         {"POST /v HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", 400,
          "malformed"},
+        /* a blank before the colon: http-parser would read the header */
+        {"POST /v HTTP/1.1\r\nHost: x\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n", 400,
+         "whitespace in a header name"},
+        {"POST /v HTTP/1.1\r\nHost: x\r\nContent-Length\t: 3\r\n\r\nabc", 400, "malformed"},
+        {"GET /v HTTP/1.1\r\nHost : x\r\n\r\n", 400, "whitespace in a header name"},
         /* what is served */
         {"GET /v HTTP/1.0\r\n\r\n", 200, "GET /v "},
         {"POST /v HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:  Chunked \r\n\r\n2\r\nxy\r\n0\r\n\r\n",
@@ -1444,7 +1449,7 @@ static void test_framing(void **state)
     assert_int_equal(last_stats.refused_version, 4);
     assert_int_equal(last_stats.refused_host, 3);
     assert_int_equal(last_stats.refused_encoding, 4);
-    assert_int_equal(last_stats.refused_malformed, 2);
+    assert_int_equal(last_stats.refused_malformed, 5);
 }
 
 static void client_chunk_line(fx_t *fx)
