@@ -13,16 +13,42 @@
  * A client that half-closes its socket after sending a request is treated
  * as gone, as nginx does.
  *
- * Limits, each with a clear answer: header bytes (request line + names +
- * values) over max_header_bytes or more than EPD_HTTP_MAX_HEADERS headers
- * → 431; a body over max_body_bytes (declared by Content-Length, or
- * reached by chunks) → 413; a connection beyond max_connections, or
- * beyond max_connections_per_addr from one client address (an IPv6
- * client's /64 counts as one address) → 503; a body that would take the
- * bytes of every buffered request body past max_buffered_body_bytes → 503
- * with Retry-After; a request whose headers (resp. body) do not arrive
- * within header_timeout_ms (resp. body_timeout_ms) → 408; malformed HTTP →
- * 400.  Each of these closes the connection after the answer is written.
+ * Limits, each with a clear answer: a request line that is not HTTP/1.0 or
+ * HTTP/1.1 → 505; an HTTP/1.1 request without a Host header, or any request
+ * with two → 400; a Transfer-Encoding other than a single `chunked` (gzip,
+ * a list, identity) → 501; header bytes (request line + names + values)
+ * over max_header_bytes or more than EPD_HTTP_MAX_HEADERS headers → 431;
+ * a body over the body limit → 413, found from Content-Length, from a
+ * chunk-size line, or as chunks add up; a connection beyond
+ * max_connections, or beyond max_connections_per_addr from one client
+ * address (an IPv6 client's /64 counts as one address) → 503; a request
+ * whose headers (resp. body) do not arrive within header_timeout_ms (resp.
+ * body_timeout_ms) → 408; malformed HTTP → 400.
+ *
+ * The body budget.  Request bodies are buffered whole before the
+ * application sees them; max_buffered_body_bytes bounds the memory all of
+ * them hold at once.  A body is charged for the memory it holds, grown as
+ * its bytes arrive (doubling from 4 KiB, never past its declared length):
+ * at most twice what was received (4 KiB at first), never what a header
+ * only declares, so clients that send headers declaring large bodies and
+ * then nothing take no budget.  One request may hold at most its
+ * connection's share, a 1/EPD_HTTP_BODY_SHARES of the budget: the body
+ * limit is the smaller of max_body_bytes and that share (beyond: 413), so
+ * a few connections cannot take the whole budget either.  When the bytes
+ * that did arrive would take the budget past max_buffered_body_bytes, that
+ * request is answered 503 with Retry-After: 1 (the others go on).
+ *
+ * Each refusal closes the connection after the answer is written, and
+ * (like any answer that ends its connection) closes it gracefully, a
+ * lingering close as nginx does: the write side is shut down once the
+ * answer is out, what the client still sends is read and dropped — until
+ * its end of the stream, for at most EPD_HTTP_LINGER_MS (or
+ * idle_timeout_ms when shorter) and EPD_HTTP_LINGER_BYTES — and only then
+ * is the socket closed, so a client still sending its request reads the
+ * whole answer instead of a TCP reset.  (Connections refused beyond the
+ * caps linger too, at most EPD_HTTP_LINGER_REFUSED of them at once; the
+ * rest are closed at once.)
+ *
  * The header deadline of a connection's first request runs from the
  * accept, so a client that connects and sends nothing is closed (silently)
  * after header_timeout_ms; on a keep-alive connection a later request's
@@ -74,6 +100,14 @@ typedef struct epd_http_keys epd_http_keys_t;
 
 #define EPD_HTTP_MAX_HEADERS 64          /* more headers in one request → 431 */
 #define EPD_HTTP_INBUF_BYTES (64 * 1024) /* per-connection read buffer */
+/* a request's body may hold at most 1/this of max_buffered_body_bytes */
+#define EPD_HTTP_BODY_SHARES 16
+/* the lingering close after a refusal: at most this long (or
+ * idle_timeout_ms when shorter) and this many bytes read and dropped */
+#define EPD_HTTP_LINGER_MS 5000
+#define EPD_HTTP_LINGER_BYTES ((size_t)64 << 20)
+/* connections refused beyond the caps that may linger at once */
+#define EPD_HTTP_LINGER_REFUSED 256
 
 /* The application's handler: a complete request has arrived on a
  * connection.  `req` is lent to the application from this call until it
@@ -95,13 +129,16 @@ typedef struct {
     const char *host;                  /* borrowed during create; IPv4 or IPv6 literal */
     uint16_t port;                     /* 0: an ephemeral port (see epd_http_server_port) */
     size_t max_header_bytes;           /* request line + header names and values → 431 */
-    size_t max_body_bytes;             /* → 413 */
+    size_t max_body_bytes;             /* → 413 (the body limit: this, or the
+                                        * budget's share when smaller) */
     unsigned max_connections;          /* beyond → 503 and close */
     unsigned max_connections_per_addr; /* from one client address (IPv6: its /64) beyond
                                         * → 503 and close; 0: no cap */
-    size_t max_buffered_body_bytes;    /* request bodies buffered at once, all connections
-                                        * together: a body that would pass it → 503 with
-                                        * Retry-After; 0: no budget */
+    size_t max_buffered_body_bytes;    /* memory of request bodies buffered at once, all
+                                        * connections together, charged as bytes arrive: a
+                                        * body whose bytes would pass it → 503 with
+                                        * Retry-After; one body holds at most 1/16 of it
+                                        * (beyond: 413); 0: no budget, no share */
     uint64_t idle_timeout_ms;          /* between requests, and to flush a response */
     uint64_t header_timeout_ms;        /* accept (first request) or first byte (later ones on
                                         * a keep-alive connection) → end of its headers */
@@ -152,6 +189,12 @@ typedef struct {
     uint64_t refused_max_conns;   /* 503: beyond max_connections */
     uint64_t refused_per_addr;    /* 503: beyond max_connections_per_addr */
     uint64_t refused_body_budget; /* 503: beyond max_buffered_body_bytes */
+    uint64_t refused_body_size;   /* 413: a body over the body limit */
+    uint64_t refused_header_size; /* 431: header bytes or count */
+    uint64_t refused_version;     /* 505: not HTTP/1.0 or HTTP/1.1 */
+    uint64_t refused_encoding;    /* 501: a Transfer-Encoding other than chunked */
+    uint64_t refused_host;        /* 400: no Host header (HTTP/1.1), or two */
+    uint64_t refused_malformed;   /* 400: HTTP the parser refuses */
     uint64_t auth_failures;       /* 401: no key, or not one of the keys */
     uint64_t header_timeouts;     /* closed or 408 before its headers were complete */
     size_t buffered_body_bytes;   /* now: bodies held, counted against the budget */

@@ -6,7 +6,8 @@
  * still serves is gone — and the requests it hands out, with their
  * accessors; and the two shared budgets a connection gives back when it
  * ends: its client address's count of live connections (a small hash
- * table) and the bytes of its request's body.
+ * table) and the bytes of its request's body; and the lingering close of
+ * a connection whose answer said close.
  *
  * Apart from the parser (epd_http_server.c) and the answers
  * (epd_http_respond.c) because both stand on it: this file calls neither.
@@ -24,6 +25,7 @@
 #include "epd_log.h"
 
 static void epd_http_on_timer(uv_timer_t *timer);
+static void epd_http_conn_linger(epd_http_conn_t *conn);
 
 void epd__http_conn_timer(epd_http_conn_t *conn, uint64_t ms)
 {
@@ -83,6 +85,8 @@ const char *epd_http_status_text(int status)
         return "Service Unavailable";
     case 504:
         return "Gateway Timeout";
+    case 505:
+        return "HTTP Version Not Supported";
     default:
         return "Unknown";
     }
@@ -162,7 +166,7 @@ static void epd_http_on_write(uv_write_t *uv, int status)
     }
     /* The answer is out: next request, or close. */
     if (conn->close_after) {
-        epd__http_conn_close(conn);
+        epd_http_conn_linger(conn);
         return;
     }
     conn->state = EPD_HTTP_CONN_IDLE;
@@ -272,6 +276,92 @@ void epd__http_conn_refuse(epd_http_conn_t *conn, int status, const char *messag
         return;
     }
     epd__http_conn_answered(conn);
+}
+
+/* ------------------------------------------------------------ lingering close */
+
+/* Why linger: closing a socket whose receive queue still holds bytes makes
+ * the kernel send a reset instead of a FIN and drop what it had not sent
+ * yet — a client still sending the request we refused (a 413 body, the
+ * rest of a 431's headers, pipelined requests) would read ECONNRESET, not
+ * our answer.  So the write side is shut down (a FIN after the answer) and
+ * the input read and dropped until the client closes, within bounds. */
+
+static void epd_http_on_linger_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
+{
+    epd_http_conn_t *conn = handle->data;
+
+    (void)suggested;
+    *buf = uv_buf_init(conn->inbuf, (unsigned)sizeof(conn->inbuf));
+}
+
+static void epd_http_on_linger_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+    epd_http_conn_t *conn = stream->data;
+
+    (void)buf;
+    if (conn->closing || nread == 0) {
+        return;
+    }
+    if (nread < 0) {
+        epd__http_conn_close(conn); /* the client's EOF (or reset): done */
+        return;
+    }
+    conn->linger_bytes += (size_t)nread;
+    if (conn->linger_bytes > EPD_HTTP_LINGER_BYTES) {
+        epd_log_debug(EPD_HTTP_LOG, 0, "still sending after %zu bytes dropped: closing",
+                      conn->linger_bytes);
+        epd__http_conn_close(conn);
+    }
+}
+
+static void epd_http_on_shutdown(uv_shutdown_t *shutdown, int status)
+{
+    epd_http_conn_t *conn = shutdown->data;
+
+    /* UV_ECANCELED: closed meanwhile (the close callback has not run yet) */
+    if (status < 0 && !conn->closing) {
+        epd__http_conn_close(conn);
+    }
+}
+
+/* The answer that said close is out: shut down the write side and drop
+ * what the client still sends until its EOF, the linger deadline or
+ * EPD_HTTP_LINGER_BYTES; then close. */
+static void epd_http_conn_linger(epd_http_conn_t *conn)
+{
+    epd_http_server_t *server = conn->server;
+    uint64_t ms = server->config.idle_timeout_ms < EPD_HTTP_LINGER_MS
+                      ? server->config.idle_timeout_ms
+                      : EPD_HTTP_LINGER_MS;
+
+    if (conn->peer_eof || (conn->refused && server->lingering_refused >= EPD_HTTP_LINGER_REFUSED)) {
+        /* nothing more can come; or too many refused ones hold sockets */
+        epd__http_conn_close(conn);
+        return;
+    }
+    if (conn->reading) {
+        uv_read_stop((uv_stream_t *)&conn->tcp);
+        conn->reading = 0;
+    }
+    conn->shutdown.data = conn;
+    if (uv_shutdown(&conn->shutdown, (uv_stream_t *)&conn->tcp, epd_http_on_shutdown) != 0) {
+        epd__http_conn_close(conn);
+        return;
+    }
+    conn->state = EPD_HTTP_CONN_LINGER;
+    conn->in_off = conn->in_len = 0; /* pipelined bytes: never served */
+    if (conn->refused) {
+        server->lingering_refused++;
+        conn->linger_counted = 1;
+    }
+    epd__http_conn_timer(conn, ms);
+    if (uv_read_start((uv_stream_t *)&conn->tcp, epd_http_on_linger_alloc,
+                      epd_http_on_linger_read) != 0) {
+        epd__http_conn_close(conn);
+        return;
+    }
+    conn->reading = 1;
 }
 
 /* ------------------------------------------------------------ client addresses */
@@ -392,6 +482,9 @@ static void epd_http_conn_finalize(epd_http_conn_t *conn)
     if (conn->counted) {
         epd_http_addr_release(server, conn->addr);
     }
+    if (conn->linger_counted) {
+        server->lingering_refused--;
+    }
     if (req != NULL) {
         /* its body leaves the budget now: a detached request may outlive
          * the server */
@@ -451,6 +544,9 @@ static void epd_http_on_timer(uv_timer_t *timer)
         epd_log_debug(EPD_HTTP_LOG, 0, "request body not complete in %llu ms: 408",
                       (unsigned long long)conn->server->config.body_timeout_ms);
         epd__http_conn_fail(conn, 408, "request body not received in time");
+        break;
+    case EPD_HTTP_CONN_LINGER:
+        epd__http_conn_close(conn); /* the client did not close in time */
         break;
     case EPD_HTTP_CONN_IDLE:
     case EPD_HTTP_CONN_FLUSH:

@@ -29,9 +29,12 @@
  *   BODY  body arriving                               timer: body_timeout
  *   BUSY  the application holds the request           no timer
  *   FLUSH the answer is complete, writes in flight    timer: idle_timeout
+ *   LINGER the answer said close and is out: the     timer: EPD_HTTP_LINGER_MS
+ *         write side is shut down, input is read      (or idle_timeout when
+ *         and dropped until the client's EOF           shorter)
  *
- * and back to IDLE once every write of the answer has completed (or it is
- * closed, when the answer said so).  The parser is paused from
+ * and back to IDLE once every write of the answer has completed (or to
+ * LINGER, then closed, when the answer said close).  The parser is paused from
  * on_message_complete, so http_parser_execute stops right after a request
  * and the pipelined bytes behind it stay in the connection's input buffer
  * until FLUSH ends.  Deadlines are measured from the start of a phase and
@@ -60,6 +63,7 @@ typedef enum {
     EPD_HTTP_CONN_BODY,
     EPD_HTTP_CONN_BUSY,
     EPD_HTTP_CONN_FLUSH,
+    EPD_HTTP_CONN_LINGER,
 } epd_http_conn_state_t;
 
 typedef struct epd_http_conn epd_http_conn_t;
@@ -98,6 +102,9 @@ struct epd_http_req {
     size_t body_cap;
     int http_minor;
     int keep_alive;
+    /* Content-Length, or ULLONG_MAX (chunked, or none): the body's buffer
+     * never grows past it */
+    unsigned long long declared;
     size_t charged; /* body bytes counted in server->body_bytes (0 once given back) */
     int held;       /* handed to the application */
     int streaming;  /* epd_http_stream_start succeeded */
@@ -122,6 +129,10 @@ struct epd_http_conn {
     int refused;            /* a 503 connection beyond max_connections (or per address) */
     int fresh;              /* no request began yet: the header deadline runs from the accept */
     int counted;            /* addr counted in server->addrs (given back at finalize) */
+    int peer_eof;           /* the client's end of the stream was read */
+    int linger_counted;     /* a refused one counted in server->lingering_refused */
+    size_t linger_bytes;    /* read and dropped while lingering */
+    uv_shutdown_t shutdown; /* of the write side, when lingering */
     unsigned char addr[16]; /* the client's address key (epd__http_addr_key) */
     int fail_status;        /* set by a parser callback that refuses the request */
     /* with fail_status, what the refusal says (static strings; NULL: by status) */
@@ -148,6 +159,9 @@ struct epd_http_server {
     size_t addrs_mask; /* slots - 1 (a power of two) */
     unsigned char addrs_key[16];
     size_t body_bytes; /* request bodies buffered now (max_buffered_body_bytes) */
+    size_t body_limit; /* the most body one request may hold (→ 413) */
+    char too_large[96];         /* the 413's message, naming body_limit */
+    unsigned lingering_refused; /* refused connections lingering (EPD_HTTP_LINGER_REFUSED) */
     epd_http_stats_t stats;
     uv_tcp_t drop; /* takes a connection off the backlog when out of memory */
     int drop_busy;

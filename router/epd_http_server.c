@@ -6,9 +6,11 @@
  * request and hand it to the application's handler — one request per
  * connection at a time, pipelined bytes held back until its answer is
  * flushed.  What a request must pass before its body is buffered is
- * checked when its headers are complete: its key (config.keys), the
- * declared body size, and the server-wide body budget, which a chunked
- * body is also held to as it grows.
+ * checked when its headers are complete: its HTTP version, its Host
+ * header, its transfer coding, its key (config.keys) and the declared
+ * body size; a chunk's size is checked at its size line.  The server-wide
+ * body budget is charged as the body's bytes arrive, never on what a
+ * header declares.
  *
  * Stands on epd_http_conn.c (writes, timers, closing) and calls nothing
  * of epd_http_respond.c: answering is the application's business.
@@ -33,6 +35,19 @@ static epd_http_conn_t *epd_http_conn_of(http_parser *parser)
     return parser->data;
 }
 
+/* Sets up the refusal of the request being parsed (the strings static; a
+ * NULL message: by status) and counts it in `counter` (NULL: none). */
+static int epd_http_refuse(epd_http_conn_t *conn, int status, const char *message,
+                           uint64_t *counter)
+{
+    conn->fail_status = status;
+    conn->fail_message = message;
+    if (counter != NULL) {
+        (*counter)++;
+    }
+    return -1;
+}
+
 /* How epd_http_hbuf_append treats its bytes: bytes of the wire count against
  * max_header_bytes; the NUL terminators the collector adds do not. */
 #define EPD_HTTP_HBUF_WIRE 0x1u
@@ -46,8 +61,7 @@ static int epd_http_hbuf_append(epd_http_conn_t *conn, const char *at, size_t le
     if ((how & EPD_HTTP_HBUF_WIRE) != 0) {
         req->header_bytes += len;
         if (req->header_bytes > conn->server->config.max_header_bytes) {
-            conn->fail_status = 431;
-            return -1;
+            return epd_http_refuse(conn, 431, NULL, &conn->server->stats.refused_header_size);
         }
     }
     if (req->hlen + len > req->hcap) {
@@ -73,8 +87,7 @@ static int epd_http_req_phase(epd_http_conn_t *conn, epd_http_hdr_phase_t phase)
     }
     if (phase == EPD_HTTP_PHASE_FIELD) {
         if (req->n_hdr == EPD_HTTP_MAX_HEADERS) {
-            conn->fail_status = 431;
-            return -1;
+            return epd_http_refuse(conn, 431, NULL, &conn->server->stats.refused_header_size);
         }
         req->hdr[req->n_hdr].name_off = req->hlen;
         req->hdr[req->n_hdr].val_off = req->hlen; /* until a value starts */
@@ -119,6 +132,13 @@ static int epd_http_on_header_field(http_parser *parser, const char *at, size_t 
     if (epd_http_req_phase(conn, EPD_HTTP_PHASE_FIELD) != 0) {
         return -1;
     }
+    /* http-parser takes "Transfer-Encoding : chunked" as the header it
+     * names, while the name collected here would keep the blank: RFC 9112
+     * 5.1 says refuse whitespace before the colon (400), so both agree */
+    if (memchr(at, ' ', len) != NULL || memchr(at, '\t', len) != NULL) {
+        return epd_http_refuse(conn, 400, "whitespace in a header name",
+                               &conn->server->stats.refused_malformed);
+    }
     /* ": " and CRLF count too, so the limit matches the bytes on the wire. */
     return epd_http_hbuf_append(conn, at, len, EPD_HTTP_HBUF_WIRE);
 }
@@ -155,7 +175,8 @@ static int epd_http_path_open(const epd_http_config_t *config, const char *url)
 }
 
 /* Counts `bytes` more of buffered body against the server's budget: 0, or
- * -1 (a 503 set up) when it would pass max_buffered_body_bytes. */
+ * -1 (a 503 set up) when it would pass max_buffered_body_bytes.  Called
+ * only as a body's bytes arrive: what is charged is memory held. */
 static int epd_http_body_charge(epd_http_conn_t *conn, size_t bytes)
 {
     epd_http_server_t *server = conn->server;
@@ -177,6 +198,69 @@ static int epd_http_body_charge(epd_http_conn_t *conn, size_t bytes)
     return 0;
 }
 
+/* The number of headers named `name` and the first one's value (NULL:
+ * none). */
+static unsigned epd_http_req_header_count(const epd_http_req_t *req, const char *name,
+                                          const char **value_p)
+{
+    unsigned n = 0;
+
+    *value_p = epd_http_req_header(req, name);
+    for (unsigned i = 0; i < req->n_hdr; i++) {
+        n += strcasecmp(req->hbuf + req->hdr[i].name_off, name) == 0;
+    }
+    return n;
+}
+
+/* 1 when `value` is the token `token`, case-insensitive, blanks around it
+ * allowed. */
+static int epd_http_value_is(const char *value, const char *token)
+{
+    size_t len;
+
+    value += strspn(value, " \t");
+    len = strlen(value);
+    while (len > 0 && (value[len - 1] == ' ' || value[len - 1] == '\t')) {
+        len--;
+    }
+    return len == strlen(token) && strncasecmp(value, token, len) == 0;
+}
+
+/* The checks of the request line and headers that need no application:
+ * version, Host, transfer coding.  0, or -1 with the refusal set up. */
+static int epd_http_check_framing(epd_http_conn_t *conn, const http_parser *parser)
+{
+    epd_http_stats_t *stats = &conn->server->stats;
+    const char *value;
+    unsigned n;
+
+    if (parser->http_major != 1 || parser->http_minor > 1) {
+        return epd_http_refuse(conn, 505, "HTTP version not supported: send HTTP/1.1 or HTTP/1.0",
+                               &stats->refused_version);
+    }
+    /* RFC 9112 3.2: a server must answer 400 to an HTTP/1.1 request without
+     * a Host header and to any request with more than one */
+    n = epd_http_req_header_count(conn->req, "host", &value);
+    if (n > 1) {
+        return epd_http_refuse(conn, 400, "more than one Host header", &stats->refused_host);
+    }
+    if (n == 0 && parser->http_minor == 1) {
+        return epd_http_refuse(conn, 400, "an HTTP/1.1 request needs a Host header",
+                               &stats->refused_host);
+    }
+    /* Only chunked, alone, is decoded: another coding (gzip, a list ending
+     * in chunked, identity) would reach the application still encoded, or
+     * be framed differently by a proxy in front (smuggling) */
+    n = epd_http_req_header_count(conn->req, "transfer-encoding", &value);
+    if (n > 1 || (n == 1 && !epd_http_value_is(value, "chunked"))) {
+        return epd_http_refuse(conn, 501,
+                               "transfer coding not supported: send the body with "
+                               "Content-Length or Transfer-Encoding: chunked alone",
+                               &stats->refused_encoding);
+    }
+    return 0;
+}
+
 static int epd_http_on_headers_complete(http_parser *parser)
 {
     epd_http_conn_t *conn = epd_http_conn_of(parser);
@@ -191,6 +275,9 @@ static int epd_http_on_headers_complete(http_parser *parser)
              http_method_str((enum http_method)parser->method));
     req->http_minor = parser->http_major == 1 ? parser->http_minor : 0;
     req->keep_alive = http_should_keep_alive(parser) && !parser->upgrade;
+    if (epd_http_check_framing(conn, parser) != 0) {
+        return -1;
+    }
 
     /* the key first: a client without one gets nothing buffered */
     if (config->keys != NULL && !epd_http_path_open(config, req->hbuf) &&
@@ -206,21 +293,12 @@ static int epd_http_on_headers_complete(http_parser *parser)
                 : "Incorrect API key provided.";
         return -1;
     }
-    if (parser->content_length != ULLONG_MAX && parser->content_length > config->max_body_bytes) {
-        conn->fail_status = 413;
-        return -1;
+    req->declared = parser->content_length;
+    if (parser->content_length != ULLONG_MAX && parser->content_length > conn->server->body_limit) {
+        return epd_http_refuse(conn, 413, NULL, &conn->server->stats.refused_body_size);
     }
-    if (parser->content_length != ULLONG_MAX && parser->content_length > 0) {
-        if (epd_http_body_charge(conn, (size_t)parser->content_length + 1) != 0) {
-            return -1;
-        }
-        req->body_cap = (size_t)parser->content_length + 1;
-        req->body = epd_malloc(req->body_cap);
-        if (req->body == NULL) {
-            conn->fail_status = 503;
-            return -1;
-        }
-    }
+    /* Nothing is allocated or charged here: the body's buffer grows as its
+     * bytes arrive (epd_http_on_body), so a declared length costs nothing */
     expect = epd_http_req_header(req, "expect");
     if (expect != NULL && strcasecmp(expect, "100-continue") == 0 &&
         ((parser->flags & F_CHUNKED) ||
@@ -236,26 +314,42 @@ static int epd_http_on_headers_complete(http_parser *parser)
     return 0;
 }
 
+/* A chunk-size line is complete (parser->content_length: the chunk's
+ * size): a chunk that would take the body past the limit is refused now,
+ * before its data. */
+static int epd_http_on_chunk_header(http_parser *parser)
+{
+    epd_http_conn_t *conn = epd_http_conn_of(parser);
+    size_t limit = conn->server->body_limit;
+
+    if (parser->content_length > limit || conn->req->body_len > limit - parser->content_length) {
+        return epd_http_refuse(conn, 413, NULL, &conn->server->stats.refused_body_size);
+    }
+    return 0;
+}
+
 static int epd_http_on_body(http_parser *parser, const char *at, size_t len)
 {
     epd_http_conn_t *conn = epd_http_conn_of(parser);
     epd_http_req_t *req = conn->req;
-    size_t max = conn->server->config.max_body_bytes;
+    size_t max = conn->server->body_limit;
 
     if (len > max || req->body_len > max - len) {
-        conn->fail_status = 413;
-        return -1;
+        return epd_http_refuse(conn, 413, NULL, &conn->server->stats.refused_body_size);
     }
     if (req->body_len + len + 1 > req->body_cap) {
-        /* Chunked: grow geometrically, never past the limit. */
+        /* Grow geometrically as bytes arrive, never past the declared
+         * length nor the limit: the memory held (and charged) stays within
+         * twice what was received. */
         size_t cap = req->body_cap < 4096 ? 4096 : req->body_cap * 2;
+        size_t ceiling = req->declared != ULLONG_MAX ? (size_t)req->declared + 1 : max + 1;
         char *body;
 
         if (cap < req->body_len + len + 1) {
             cap = req->body_len + len + 1;
         }
-        if (cap > max + 1) {
-            cap = max + 1;
+        if (cap > ceiling) {
+            cap = ceiling;
         }
         if (epd_http_body_charge(conn, cap - req->body_cap) != 0) {
             return -1;
@@ -349,12 +443,16 @@ static void epd_http_conn_process(epd_http_conn_t *conn)
                 epd__http_conn_refuse(conn, conn->fail_status, conn->fail_message, conn->fail_code,
                                       conn->fail_header);
             } else if (conn->fail_status == 413) {
-                epd__http_conn_fail(conn, 413, "request body too large");
+                epd__http_conn_fail(conn, 413, conn->server->too_large);
             } else if (conn->fail_status == 431 || err == HPE_HEADER_OVERFLOW) {
+                if (conn->fail_status != 431) {
+                    conn->server->stats.refused_header_size++; /* http-parser's own bound */
+                }
                 epd__http_conn_fail(conn, 431, "request header fields too large");
             } else if (conn->fail_status != 0) {
                 epd__http_conn_fail(conn, conn->fail_status, "out of memory");
             } else {
+                conn->server->stats.refused_malformed++;
                 epd_log_debug(EPD_HTTP_LOG, 0, "malformed request: %s",
                               http_errno_description(err));
                 epd__http_conn_fail(conn, 400, "malformed HTTP request");
@@ -409,6 +507,7 @@ static void epd_http_on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t 
         if (conn->state == EPD_HTTP_CONN_FLUSH && nread == UV_EOF) {
             /* The answer is complete; let it go out, then close. */
             conn->close_after = 1;
+            conn->peer_eof = 1;
             uv_read_stop(stream);
             conn->reading = 0;
             return;
@@ -552,6 +651,13 @@ epd_status_t epd_http_server_create(uv_loop_t *loop, const epd_http_config_t *co
     server->loop = loop;
     server->config = *config;
     server->config.host = NULL; /* borrowed only during create */
+    server->body_limit = config->max_body_bytes;
+    if (config->max_buffered_body_bytes != 0 &&
+        config->max_buffered_body_bytes / EPD_HTTP_BODY_SHARES < server->body_limit) {
+        server->body_limit = config->max_buffered_body_bytes / EPD_HTTP_BODY_SHARES;
+    }
+    snprintf(server->too_large, sizeof(server->too_large),
+             "request body too large: at most %zu bytes", server->body_limit);
     if (config->max_connections_per_addr != 0) {
         size_t slots = 16;
 
@@ -573,6 +679,7 @@ epd_status_t epd_http_server_create(uv_loop_t *loop, const epd_http_config_t *co
     server->settings.on_header_field = epd_http_on_header_field;
     server->settings.on_header_value = epd_http_on_header_value;
     server->settings.on_headers_complete = epd_http_on_headers_complete;
+    server->settings.on_chunk_header = epd_http_on_chunk_header;
     server->settings.on_body = epd_http_on_body;
     server->settings.on_message_complete = epd_http_on_message_complete;
 

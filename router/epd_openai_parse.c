@@ -558,7 +558,7 @@ static epd_status_t epd_oai_parse_fields(epd_oai_kind_t kind, json_t *root,
         return EPD_ERR_INVALID_PARAM;
     }
     if (req->has_max_tokens && req->max_tokens > max_context) {
-        epd_oai_error_set(err, 400, mt_name, NULL,
+        epd_oai_error_set(err, 400, mt_name, "context_length_exceeded",
                           "'%s' is too large: %" PRId64 ". This model's maximum context length "
                           "is %" PRId64 " tokens.",
                           mt_name, req->max_tokens, max_context);
@@ -711,6 +711,13 @@ epd_status_t epd_oai_request_parse_limited(epd_oai_kind_t kind, const void *body
                               "The request body is not valid UTF-8 (bad byte near position %d). "
                               "Send JSON text encoded as UTF-8.",
                               jerr.position);
+        } else if (json_error_code(&jerr) == json_error_null_character) {
+            /* jansson's own text names its JSON_ALLOW_NUL flag: say it in
+             * the client's terms */
+            epd_oai_error_set(err, 400, NULL, NULL,
+                              "The request body holds a NUL character (\\u0000) in a string "
+                              "(line %d, column %d): NUL characters are not allowed in strings.",
+                              jerr.line, jerr.column);
         } else {
             epd_oai_error_set(err, 400, NULL, NULL,
                               "We could not parse the JSON body of your request: %s (line %d, "
@@ -760,9 +767,12 @@ epd_status_t epd_oai_check_length(const epd_oai_request_t *req, int64_t prompt_t
         epd_oai_error_set(err, 500, NULL, NULL, "Internal error: bad length arguments.");
         return EPD_ERR_INVALID_PARAM;
     }
+    /* One rule at every boundary: prompt + completion <= max_context, with
+     * at least one completion token; every refusal of it is
+     * context_length_exceeded, as the router's early refusal by bytes is. */
     room = max_context - prompt_tokens;
     if (room < 1) {
-        epd_oai_error_set(err, 400, what, NULL,
+        epd_oai_error_set(err, 400, what, "context_length_exceeded",
                           "This model's maximum context length is %" PRId64 " tokens. However, "
                           "your %s is %" PRId64 " tokens, which leaves no room for a completion. "
                           "Please reduce the length of the %s.",
@@ -771,7 +781,7 @@ epd_status_t epd_oai_check_length(const epd_oai_request_t *req, int64_t prompt_t
     }
     if (req->has_max_tokens) {
         if (req->max_tokens > room) {
-            epd_oai_error_set(err, 400, "max_tokens", NULL,
+            epd_oai_error_set(err, 400, "max_tokens", "context_length_exceeded",
                               "This model's maximum context length is %" PRId64 " tokens. "
                               "However, you requested %" PRId64 " tokens (%" PRId64 " in the "
                               "%s, %" PRId64 " in the completion). Please reduce the length of "

@@ -209,18 +209,27 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
     epd_router_metrics_counter(t, "epd_router_http_auth_failures_total",
                                "HTTP requests refused 401: no API key, or not one of the keys",
                                m->http.auth_failures);
-    epd_router_text_printf(t,
-                           "# HELP epd_router_http_refused_total HTTP connections and requests "
-                           "refused by a limit of the front door\n"
-                           "# TYPE epd_router_http_refused_total counter\n"
-                           "epd_router_http_refused_total{limit=\"max_connections\"} %llu\n"
-                           "epd_router_http_refused_total{limit=\"per_address\"} %llu\n"
-                           "epd_router_http_refused_total{limit=\"body_budget\"} %llu\n"
-                           "epd_router_http_refused_total{limit=\"header_timeout\"} %llu\n",
-                           (unsigned long long)m->http.refused_max_conns,
-                           (unsigned long long)m->http.refused_per_addr,
-                           (unsigned long long)m->http.refused_body_budget,
-                           (unsigned long long)m->http.header_timeouts);
+    epd_router_text_printf(
+        t,
+        "# HELP epd_router_http_refused_total HTTP connections and requests "
+        "refused by a limit of the front door\n"
+        "# TYPE epd_router_http_refused_total counter\n"
+        "epd_router_http_refused_total{limit=\"max_connections\"} %llu\n"
+        "epd_router_http_refused_total{limit=\"per_address\"} %llu\n"
+        "epd_router_http_refused_total{limit=\"body_budget\"} %llu\n"
+        "epd_router_http_refused_total{limit=\"header_timeout\"} %llu\n"
+        "epd_router_http_refused_total{limit=\"body_size\"} %llu\n"
+        "epd_router_http_refused_total{limit=\"header_size\"} %llu\n"
+        "epd_router_http_refused_total{limit=\"http_version\"} %llu\n"
+        "epd_router_http_refused_total{limit=\"transfer_encoding\"} %llu\n"
+        "epd_router_http_refused_total{limit=\"host_header\"} %llu\n"
+        "epd_router_http_refused_total{limit=\"malformed\"} %llu\n",
+        (unsigned long long)m->http.refused_max_conns, (unsigned long long)m->http.refused_per_addr,
+        (unsigned long long)m->http.refused_body_budget,
+        (unsigned long long)m->http.header_timeouts, (unsigned long long)m->http.refused_body_size,
+        (unsigned long long)m->http.refused_header_size,
+        (unsigned long long)m->http.refused_version, (unsigned long long)m->http.refused_encoding,
+        (unsigned long long)m->http.refused_host, (unsigned long long)m->http.refused_malformed);
     epd_router_text_printf(t,
                            "# HELP epd_router_http_connections HTTP connections open\n"
                            "# TYPE epd_router_http_connections gauge\n"

@@ -335,6 +335,15 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
                       epd_status_string(st));
         return st;
     }
+    if (hc.max_buffered_body_bytes != 0 &&
+        hc.max_buffered_body_bytes / EPD_HTTP_BODY_SHARES < hc.max_body_bytes) {
+        /* a body may hold one connection's share of the budget at most */
+        epd_log_warn(EPD_ROUTER_LOG, 0,
+                     "--max-body-bytes %zu is more than 1/%d of --max-buffered-body-bytes %zu: "
+                     "bodies over %zu bytes get 413",
+                     hc.max_body_bytes, EPD_HTTP_BODY_SHARES, hc.max_buffered_body_bytes,
+                     hc.max_buffered_body_bytes / EPD_HTTP_BODY_SHARES);
+    }
     epd_log_info(EPD_ROUTER_LOG, 0,
                  "serving model '%s' (context %u, %u layers) as '%s': policy %s, heartbeat %u "
                  "ms, dead after %u ms, %u retries, queue %u (%u ms), transport %s",
@@ -548,11 +557,12 @@ int main(int argc, char **argv)
          "a new connection's request headers must be complete this long after the accept "
          "(a later request's: after its first byte); else closed (408 once a byte came)"},
         {"max-body-bytes", EPD_OPT_INT, &fl.max_body_bytes, 1024, 1 << 30,
-         "largest request body (beyond: 413)"},
+         "largest request body (beyond: 413; also at most 1/16 of --max-buffered-body-bytes)"},
         {"max-buffered-body-bytes", EPD_OPT_INT, &fl.max_buffered_body_bytes, 0,
          (double)((int64_t)1 << 40),
-         "request body bytes buffered at once, all connections together (beyond: 503 with "
-         "Retry-After; 0: no budget)"},
+         "memory of request bodies buffered at once, all connections together, charged as "
+         "their bytes arrive (beyond: 503 with Retry-After); one body holds at most 1/16 of it "
+         "(beyond: 413); 0: no budget"},
         {"max-json-depth", EPD_OPT_INT, &fl.max_json_depth, 2, 10000,
          "nesting of arrays and objects in a request body (beyond: 400)"},
         {"max-json-elements", EPD_OPT_INT, &fl.max_json_elements, 16, (double)((int64_t)1 << 32),

@@ -11,7 +11,14 @@
 # idle sockets from 127.0.0.2 (the per-address cap refuses most, the
 # header deadline closes the rest) do not stop a client on 127.0.0.1 from
 # being served — with the router started under a soft limit of 1024 file
-# descriptors, which it raises.
+# descriptors, which it raises.  The body budget is charged on bytes that
+# arrive: 16 connections declaring 16 MiB bodies (the whole 256 MiB if
+# declared lengths counted) and sending none do not stop another POST;
+# HTTP/9.9 (505), gzip-chunked (501), a missing or doubled Host (400) are
+# refused, and 431 / 413 arrive whole while the client still sends (a
+# lingering close, never a reset); a NUL in a JSON string is refused in
+# user terms; a prompt at the context, or past it with max_tokens, says
+# context_length_exceeded.
 source "$(dirname "$0")/lib.sh"
 
 G="$BIN/epd-generate"
@@ -141,6 +148,113 @@ assert st == 400 and b["error"]["code"] == "json_too_deep", (st, b)
 st, b = post(json.dumps({"model": "m", "prompt": "a", "max_tokens": 2, "x": [0] * 200000}))
 assert st == 400 and b["error"]["code"] == "json_too_many_elements", (st, b)
 print("ok: limits refused 400")
+PY
+
+note "declared bodies take no budget; framing refused whole (505, 501, 400, 431, 413)"
+"$PYTHON3" - "$r_HTTP" "$KEY" <<'PY' || fail "the front door"
+import http.client, json, socket, sys, urllib.parse
+url, key = sys.argv[1:3]
+u = urllib.parse.urlparse(url)
+def metric(name):
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    for line in text.splitlines():
+        if line.split(" ")[0] == name:
+            return float(line.split(" ")[1])
+    raise AssertionError("no metric " + name)
+def post(body):
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    c.request("POST", "/v1/completions", body,
+              {"Content-Type": "application/json", "Authorization": "Bearer " + key})
+    r = c.getresponse()
+    out = (r.status, json.loads(r.read()))
+    c.close()
+    return out
+budget_refusals = metric('epd_router_http_refused_total{limit="body_budget"}')
+# 16 connections with a key, each declaring 16 MiB - 1 (within the body
+# limit) and sending nothing: charged as declared they would hold the
+# whole 256 MiB budget.  Each waits for its 100 Continue, so the router
+# has taken all 16 before the other client comes.
+idle = []
+for i in range(16):
+    s = socket.create_connection((u.hostname, u.port), timeout=30)
+    s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+               "Content-Type: application/json\r\nExpect: 100-continue\r\n"
+               "Content-Length: %d\r\n\r\n" % (key, 16 * 1024 * 1024 - 1)).encode())
+    got = b""
+    while b"\r\n\r\n" not in got:
+        more = s.recv(4096)
+        assert more, (i, got)
+        got += more
+    assert got.startswith(b"HTTP/1.1 100 "), (i, got)
+    idle.append(s)
+assert metric("epd_router_http_buffered_body_bytes") == 0, "declared lengths were charged"
+st, b = post(json.dumps({"model": "m", "prompt": "served while 16 declare 256 MiB",
+                         "max_tokens": 4, "temperature": 0}))
+assert st == 200 and b["choices"][0]["text"], (st, b)
+assert metric('epd_router_http_refused_total{limit="body_budget"}') == budget_refusals
+for s in idle:
+    s.close()
+print("ok: 16 x 16 MiB declared, none charged; another client served 200")
+
+def raw(data, junk=0):
+    """Sends data and then junk more bytes, reads the whole answer: (status,
+    body, how it ended).  A reset anywhere is a failure (lingering close)."""
+    s = socket.create_connection((u.hostname, u.port), timeout=30)
+    s.sendall(data)
+    if junk:
+        s.sendall(b"j" * junk)
+    got = b""
+    while True:
+        try:
+            more = s.recv(65536)
+        except ConnectionResetError:
+            raise AssertionError("reset after %r" % got[:200])
+        if not more:
+            break
+        got += more
+    s.close()
+    head, _, body = got.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body.decode()
+auth = "Authorization: Bearer %s\r\n" % key
+cases = [
+    (b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n", 0, 505, "HTTP version not supported"),
+    (("POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sTransfer-Encoding: gzip, chunked\r\n\r\n"
+      "2\r\n{}\r\n0\r\n\r\n" % auth).encode(), 0, 501, "transfer coding not supported"),
+    (b"GET /health HTTP/1.1\r\n\r\n", 0, 400, "needs a Host header"),
+    (b"GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 0, 400, "more than one Host"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"h" * 20000 + b"\r\n\r\n", 1 << 20, 431,
+     "header fields too large"),
+    (("POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n"
+      % (auth, 17 << 20)).encode(), 1 << 20, 413, "at most 16777216 bytes"),
+    (("POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sTransfer-Encoding: chunked\r\n\r\n"
+      "1000001\r\n" % auth).encode(), 0, 413, "at most 16777216 bytes"),
+]
+for data, junk, want, text in cases:
+    st, body = raw(data, junk)
+    assert st == want and text in body, (data[:60], st, want, body)
+for name, least in (("http_version", 1), ("transfer_encoding", 1), ("host_header", 2),
+                    ("header_size", 1), ("body_size", 2)):
+    n = metric('epd_router_http_refused_total{limit="%s"}' % name)
+    assert n >= least, (name, n)
+print("ok: 505, 501, 400 (Host), 431, 413 answered whole, counted")
+
+# the request body's JSON and the context, through the router
+st, b = post('{"model": "m", "prompt": "a\\u0000b", "max_tokens": 2}')
+assert st == 400 and "NUL characters are not allowed" in b["error"]["message"], (st, b)
+assert "JSON_" not in b["error"]["message"], b
+# a byte-level tokenizer and BOS: 2047 bytes are 2048 tokens, the context
+st, b = post(json.dumps({"model": "m", "prompt": "a" * 2047, "max_tokens": 1}))
+assert st == 400 and b["error"]["code"] == "context_length_exceeded", (st, b)
+st, b = post(json.dumps({"model": "m", "prompt": "a" * 2046, "max_tokens": 2}))
+assert st == 400 and b["error"]["code"] == "context_length_exceeded", (st, b)
+assert b["error"]["param"] == "max_tokens", b
+st, b = post(json.dumps({"model": "m", "prompt": "a" * 2046, "max_tokens": 1,
+                         "temperature": 0}))
+assert st == 200 and b["usage"]["prompt_tokens"] == 2047, (st, b)
+print("ok: NUL refused in user terms; the context boundary coded alike")
 PY
 
 note "2,000 idle sockets from 127.0.0.2 do not stop a client on 127.0.0.1"

@@ -571,7 +571,7 @@ static void client_keepalive(fx_t *fx)
     cl_sends(c, "GET /three?x=1 HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, c, 200, "GET /three?x=1", "third on the same connection");
     /* HEAD: headers only, and the connection stays in step. */
-    cl_sends(c, "HEAD /h HTTP/1.1\r\n\r\n");
+    cl_sends(c, "HEAD /h HTTP/1.1\r\nHost: x\r\n\r\n");
     {
         char *end;
         while ((end = cl_find(c, "\r\n\r\n")) == NULL && cl_fill(c) > 0) {
@@ -582,7 +582,7 @@ static void client_keepalive(fx_t *fx)
         }
     }
     /* Connection: close is honoured. */
-    cl_sends(c, "GET /four HTTP/1.1\r\nConnection: close\r\n\r\n");
+    cl_sends(c, "GET /four HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
     expect(fx, c, 200, "GET /four", "fourth");
     check(fx, cl_closed(c), "closed after Connection: close");
     cl_close(c);
@@ -601,11 +601,12 @@ static void client_pipelined(fx_t *fx)
 {
     cl_t *c = cl_connect(fx, 0);
 
-    cl_sends(c, "GET /p1 HTTP/1.1\r\n\r\n"
-                "POST /p2 HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"
-                "POST /p3 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nxy\r\n0\r\n\r\n"
-                "GET /stream HTTP/1.1\r\n\r\n"
-                "GET /p5 HTTP/1.1\r\n\r\n");
+    cl_sends(
+        c, "GET /p1 HTTP/1.1\r\nHost: x\r\n\r\n"
+           "POST /p2 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+           "POST /p3 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nxy\r\n0\r\n\r\n"
+           "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n"
+           "GET /p5 HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, c, 200, "GET /p1 ", "pipelined 1");
     expect(fx, c, 200, "POST /p2 ct=- accept=- len=3 body=abc", "pipelined 2");
     expect(fx, c, 200, "POST /p3 ct=- accept=- len=2 body=xy", "pipelined 3");
@@ -629,14 +630,14 @@ static void client_chunked(fx_t *fx)
     cl_t *c = cl_connect(fx, 0);
 
     /* Chunks split across writes, with an extension and a trailer. */
-    cl_sends(c, "POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
+    cl_sends(c, "POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
                 "Content-Type: application/json\r\n\r\n5\r\nhel");
     usleep(20000);
     cl_sends(c, "lo\r\n6;ext=1\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n");
     expect(fx, c, 200, "POST /c ct=application/json accept=- len=11 body=hello world",
            "chunked body");
     /* Expect: 100-continue gets its interim answer first. */
-    cl_sends(c, "POST /e HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n");
+    cl_sends(c, "POST /e HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n");
     {
         char *end;
         while ((end = cl_find(c, "\r\n\r\n")) == NULL && cl_fill(c) > 0) {
@@ -669,14 +670,14 @@ static void client_limits(fx_t *fx)
 
     /* Declared body over the limit: 413 before the body is read. */
     c = cl_connect(fx, 0);
-    cl_sends(c, "POST /big HTTP/1.1\r\nContent-Length: 2000\r\n\r\n");
+    cl_sends(c, "POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n");
     expect(fx, c, 413, "request body too large", "413 by Content-Length");
     check(fx, cl_closed(c), "closed after 413");
     cl_close(c);
 
     /* Chunked body growing past the limit. */
     c = cl_connect(fx, 0);
-    cl_sends(c, "POST /big HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
+    cl_sends(c, "POST /big HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
     big = malloc(4096);
     memset(big, 'z', 4096);
     cl_sends(c, "400\r\n");
@@ -687,7 +688,7 @@ static void client_limits(fx_t *fx)
 
     /* Headers over max_header_bytes. */
     c = cl_connect(fx, 0);
-    cl_sends(c, "GET / HTTP/1.1\r\nX-Big: ");
+    cl_sends(c, "GET / HTTP/1.1\r\nHost: x\r\nX-Big: ");
     for (i = 0; i < 3; i++) {
         cl_send(c, big, 4096);
     }
@@ -698,7 +699,7 @@ static void client_limits(fx_t *fx)
 
     /* Too many headers. */
     c = cl_connect(fx, 0);
-    cl_sends(c, "GET / HTTP/1.1\r\n");
+    cl_sends(c, "GET / HTTP/1.1\r\nHost: x\r\n");
     for (i = 0; i < EPD_HTTP_MAX_HEADERS + 1; i++) {
         char h[32];
         snprintf(h, sizeof(h), "X-%d: v\r\n", i);
@@ -715,11 +716,11 @@ static void client_limits(fx_t *fx)
     check(fx, cl_closed(c), "closed after 400");
     cl_close(c);
     c = cl_connect(fx, 0);
-    cl_sends(c, "POST / HTTP/1.1\r\nContent-Length: 12x\r\n\r\n");
+    cl_sends(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 12x\r\n\r\n");
     expect(fx, c, 400, "malformed", "400 bad Content-Length");
     cl_close(c);
     c = cl_connect(fx, 0);
-    cl_sends(c, "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n");
+    cl_sends(c, "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n");
     expect(fx, c, 400, "malformed", "400 bad chunk size");
     cl_close(c);
     free(big);
@@ -744,9 +745,9 @@ static void client_max_conns(fx_t *fx)
     uint64_t deadline;
     int served = 0;
 
-    cl_sends(a, "GET /a HTTP/1.1\r\n\r\n");
+    cl_sends(a, "GET /a HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, a, 200, "GET /a", "first connection");
-    cl_sends(b, "GET /b HTTP/1.1\r\n\r\n");
+    cl_sends(b, "GET /b HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, b, 200, "GET /b", "second connection");
     c = cl_connect(fx, 0);
     expect(fx, c, 503, "too many connections", "third refused with 503");
@@ -758,7 +759,7 @@ static void client_max_conns(fx_t *fx)
     while (!served && epd_time_now_ns() < deadline) {
         resp_t r;
         c = cl_connect(fx, 0);
-        cl_sends(c, "GET /again HTTP/1.1\r\n\r\n");
+        cl_sends(c, "GET /again HTTP/1.1\r\nHost: x\r\n\r\n");
         served = cl_response(c, &r) == 0 && r.status == 200;
         resp_free(&r);
         cl_close(c);
@@ -790,7 +791,7 @@ static void client_timeouts(fx_t *fx)
     int i;
 
     /* Served while the idle one waits. */
-    cl_sends(busy, "GET /served HTTP/1.1\r\n\r\n");
+    cl_sends(busy, "GET /served HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, busy, 200, "GET /served", "served while another idles");
     /* The idle one is closed without an answer. */
     check(fx, cl_closed(idle) && idle->len == 0, "idle connection closed silently");
@@ -798,7 +799,7 @@ static void client_timeouts(fx_t *fx)
     /* Slowloris: a header byte every 50 ms never completes in time.  (Each
      * connection opens just before use: an unused one would idle out.) */
     slow = cl_connect(fx, 0);
-    cl_sends(slow, "GET / HTTP/1.1\r\nX-Slow: ");
+    cl_sends(slow, "GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ");
     for (i = 0; i < 200 && !got408; i++) {
         struct pollfd p = {slow->fd, POLLIN, 0};
         if (poll(&p, 1, 50) > 0) {
@@ -814,13 +815,13 @@ static void client_timeouts(fx_t *fx)
 
     /* A body that stops arriving. */
     body = cl_connect(fx, 0);
-    cl_sends(body, "POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc");
+    cl_sends(body, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc");
     expect(fx, body, 408, "body not received in time", "slow body answered 408");
 
     /* Keep-alive idle after a request closes too. */
     cl_close(busy);
     busy = cl_connect(fx, 0);
-    cl_sends(busy, "GET /again HTTP/1.1\r\n\r\n");
+    cl_sends(busy, "GET /again HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, busy, 200, "GET /again", "again");
     check(fx, cl_closed(busy), "idle after a request: closed");
     cl_close(idle);
@@ -847,7 +848,7 @@ static void client_stream(fx_t *fx)
     resp_t r;
     int rc;
 
-    cl_sends(c, "GET /stream HTTP/1.1\r\nAccept: text/event-stream\r\n\r\n");
+    cl_sends(c, "GET /stream HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n");
     rc = cl_response(c, &r);
     check(fx, rc == 0 && r.status == 200, "stream answered 200 (rc %d, status %d)", rc, r.status);
     check(fx,
@@ -868,7 +869,7 @@ static void client_stream(fx_t *fx)
           "events in order: '%s'", r.body != NULL ? r.body : "");
     resp_free(&r);
     /* The connection is still good. */
-    cl_sends(c, "GET /after HTTP/1.1\r\n\r\n");
+    cl_sends(c, "GET /after HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, c, 200, "GET /after", "request after a stream");
     cl_close(c);
 
@@ -912,7 +913,7 @@ static void client_disconnect(fx_t *fx)
     cl_t *c = cl_connect(fx, 0);
 
     /* Mid-stream: read the head and at least one event, then leave. */
-    cl_sends(c, "GET /forever HTTP/1.1\r\n\r\n");
+    cl_sends(c, "GET /forever HTTP/1.1\r\nHost: x\r\n\r\n");
     while (cl_find(c, "data: 1") == NULL && cl_fill(c) > 0) {
     }
     check(fx, cl_find(c, "text/event-stream") != NULL && cl_find(c, "data: 0") != NULL,
@@ -922,7 +923,7 @@ static void client_disconnect(fx_t *fx)
 
     /* While the application holds a plain request. */
     c = cl_connect(fx, 0);
-    cl_sends(c, "POST /hold HTTP/1.1\r\nContent-Length: 1\r\n\r\nx");
+    cl_sends(c, "POST /hold HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx");
     usleep(50000);
     cl_close(c);
     check(fx, wait_atomic(&fx->aborts, 2), "abort callback for a held request");
@@ -930,7 +931,7 @@ static void client_disconnect(fx_t *fx)
     /* Without an abort callback the request outlives its connection until
      * the application answers it; the answer reports the client gone. */
     c = cl_connect(fx, 0);
-    cl_sends(c, "GET /late HTTP/1.1\r\n\r\n");
+    cl_sends(c, "GET /late HTTP/1.1\r\nHost: x\r\n\r\n");
     usleep(20000);
     cl_close(c);
     check(fx, wait_atomic(&fx->late_status, 1), "late answer made");
@@ -951,7 +952,7 @@ static void client_slow_reader(fx_t *fx)
 {
     cl_t *c = cl_connect(fx, 4096);
 
-    cl_sends(c, "GET /flood HTTP/1.1\r\n\r\n");
+    cl_sends(c, "GET /flood HTTP/1.1\r\nHost: x\r\n\r\n");
     /* Read nothing: the server must give up on us, not buffer forever. */
     check(fx, wait_atomic(&fx->flood_reset, 1), "stream_send refused past the backlog");
     check(fx, wait_atomic(&fx->aborts, 1), "abort callback for the slow reader");
@@ -973,7 +974,7 @@ static void client_destroy_mid_stream(fx_t *fx)
 {
     cl_t *c = cl_connect(fx, 0);
 
-    cl_sends(c, "GET /forever HTTP/1.1\r\n\r\n");
+    cl_sends(c, "GET /forever HTTP/1.1\r\nHost: x\r\n\r\n");
     while (cl_find(c, "data: 0") == NULL && cl_fill(c) > 0) {
     }
     check(fx, cl_find(c, "data: 0") != NULL, "stream started");
@@ -1005,7 +1006,8 @@ static void client_alloc_failures(fx_t *fx)
         int rc;
 
         epd_alloc_fail_after(n);
-        cl_sends(c, "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n");
+        cl_sends(c, "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+                    "chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n");
         rc = cl_response(c, &r);
         epd_alloc_fail_after(-1);
         if (rc == 0) {
@@ -1071,7 +1073,7 @@ static void served(fx_t *fx, const char *from, const char *what)
 {
     cl_t *c = cl_connect_from(fx, from, 0);
 
-    cl_sends(c, "GET /still HTTP/1.1\r\n\r\n");
+    cl_sends(c, "GET /still HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, c, 200, "GET /still", what);
     cl_close(c);
 }
@@ -1091,10 +1093,10 @@ static void client_header_deadline(fx_t *fx)
 
     /* A keep-alive connection between requests has the idle timeout. */
     kept = cl_connect(fx, 0);
-    cl_sends(kept, "GET /first HTTP/1.1\r\n\r\n");
+    cl_sends(kept, "GET /first HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, kept, 200, "GET /first", "first on a kept connection");
     usleep(700 * 1000); /* past the header deadline, well inside the idle one */
-    cl_sends(kept, "GET /second HTTP/1.1\r\n\r\n");
+    cl_sends(kept, "GET /second HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, kept, 200, "GET /second", "second after idling past the header deadline");
     cl_close(kept);
 }
@@ -1122,9 +1124,9 @@ static void client_per_addr(fx_t *fx)
     int ok = 0;
     int i;
 
-    cl_sends(a, "GET /a HTTP/1.1\r\n\r\n");
+    cl_sends(a, "GET /a HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, a, 200, "GET /a", "first from 127.0.0.1");
-    cl_sends(b, "GET /b HTTP/1.1\r\n\r\n");
+    cl_sends(b, "GET /b HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, b, 200, "GET /b", "second from 127.0.0.1");
     c = cl_connect(fx, 0);
     expect(fx, c, 503, "too many connections from your address", "third from 127.0.0.1: 503");
@@ -1139,7 +1141,7 @@ static void client_per_addr(fx_t *fx)
 
         snprintf(from, sizeof(from), "127.0.0.%d", 10 + i / 2);
         many[i] = cl_connect_from(fx, from, 0);
-        cl_sends(many[i], "GET /m HTTP/1.1\r\n\r\n");
+        cl_sends(many[i], "GET /m HTTP/1.1\r\nHost: x\r\n\r\n");
         expect(fx, many[i], 200, "GET /m", "one of two from an address");
     }
     c = cl_connect_from(fx, "127.0.0.30", 0);
@@ -1160,7 +1162,7 @@ static void client_per_addr(fx_t *fx)
         ok = 0;
         for (i = 0; i < 4; i++) {
             x[i] = cl_connect_from(fx, from[i], 0);
-            cl_sends(x[i], "GET /again HTTP/1.1\r\n\r\n");
+            cl_sends(x[i], "GET /again HTTP/1.1\r\nHost: x\r\n\r\n");
             ok += cl_response(x[i], &r) == 0 && r.status == 200;
             resp_free(&r);
         }
@@ -1187,35 +1189,64 @@ static void test_per_addr_cap(void **state)
     assert_int_equal(last_stats.refused_max_conns, 0);
 }
 
+/* The budget below: 64 KiB, so a connection's share (the body limit) is
+ * 4 KiB. */
+#define BUDGET (64 * 1024)
+
 static void client_body_budget(fx_t *fx)
 {
-    cl_t *hold = cl_connect(fx, 0);
+    cl_t *idle[32];
+    cl_t *hold[16];
     cl_t *c;
-    char body[3000];
+    char body[4096];
     resp_t r;
     int rc;
+    int i;
 
     memset(body, 'b', sizeof(body));
-    /* 3000 bytes held by the application: 1096 of the 4096 left */
-    cl_sends(hold, "POST /hold HTTP/1.1\r\nContent-Length: 3000\r\n\r\n");
-    cl_send(hold, body, sizeof(body));
-    check(fx, wait_atomic(&fx->holds, 1), "the first body is held");
+    /* Headers declaring bodies that never come: 32 x 4000 declared bytes,
+     * twice the budget, take none of it */
+    for (i = 0; i < 32; i++) {
+        idle[i] = cl_connect(fx, 0);
+        cl_sends(idle[i], "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 4000\r\n\r\n");
+    }
+    c = cl_connect(fx, 0);
+    cl_sends(c, "POST /small HTTP/1.1\r\nHost: x\r\nContent-Length: 3000\r\n\r\n");
+    cl_send(c, body, 3000);
+    expect(fx, c, 200, "len=3000", "a body while 32 others only declared theirs: served");
+    cl_close(c);
+
+    /* a body over the connection's share: 413, naming the limit */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 4097\r\n\r\n");
+    expect(fx, c, 413, "at most 4096 bytes", "over the share by Content-Length: 413");
+    cl_close(c);
+
+    /* bodies that did arrive, held by the application: 16 x 4001 bytes
+     * (a buffer each), 1520 of the budget left */
+    for (i = 0; i < 16; i++) {
+        hold[i] = cl_connect(fx, 0);
+        cl_sends(hold[i], "POST /hold HTTP/1.1\r\nHost: x\r\nContent-Length: 4000\r\n\r\n");
+        cl_send(hold[i], body, 4000);
+    }
+    check(fx, wait_atomic(&fx->holds, 16), "16 bodies are held");
 
     c = cl_connect(fx, 0);
-    cl_sends(c, "POST /x HTTP/1.1\r\nContent-Length: 2000\r\n\r\n");
+    cl_sends(c, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n");
+    cl_send(c, body, 2000);
     rc = cl_response(c, &r);
     check(fx,
           rc == 0 && r.status == 503 && head_value(r.head, "Retry-After") != NULL &&
               strstr(r.body, "\"type\":\"server_error\"") != NULL,
-          "over the budget by Content-Length: 503 with Retry-After (rc %d, status %d, head '%s')",
-          rc, r.status, r.head);
+          "its bytes would pass the budget: 503 with Retry-After (rc %d, status %d, head '%s')", rc,
+          r.status, r.head);
     resp_free(&r);
     check(fx, cl_closed(c), "closed after the 503");
     cl_close(c);
 
     /* chunks growing past what is left */
     c = cl_connect(fx, 0);
-    cl_sends(c, "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n");
+    cl_sends(c, "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n");
     cl_send(c, body, 2000);
     cl_sends(c, "\r\n0\r\n\r\n");
     expect(fx, c, 503, "too many request bodies", "over the budget by chunks: 503");
@@ -1223,19 +1254,25 @@ static void client_body_budget(fx_t *fx)
 
     /* what fits is served meanwhile */
     c = cl_connect(fx, 0);
-    cl_sends(c, "POST /small HTTP/1.1\r\nContent-Length: 500\r\n\r\n");
+    cl_sends(c, "POST /small HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n");
     cl_send(c, body, 500);
     expect(fx, c, 200, "len=500", "a body that fits: served");
     cl_close(c);
 
-    /* the held request goes: its bytes come back */
-    cl_close(hold);
+    /* a held request goes: its bytes come back */
+    cl_close(hold[0]);
     check(fx, wait_atomic(&fx->aborts, 1), "the held request aborted");
     c = cl_connect(fx, 0);
-    cl_sends(c, "POST /x HTTP/1.1\r\nContent-Length: 2000\r\n\r\n");
+    cl_sends(c, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n");
     cl_send(c, body, 2000);
-    expect(fx, c, 200, "len=2000", "2000 bytes once the held body is gone");
+    expect(fx, c, 200, "len=2000", "2000 bytes once a held body is gone");
     cl_close(c);
+    for (i = 1; i < 16; i++) {
+        cl_close(hold[i]);
+    }
+    for (i = 0; i < 32; i++) {
+        cl_close(idle[i]);
+    }
 }
 
 static void test_body_budget(void **state)
@@ -1244,10 +1281,210 @@ static void test_body_budget(void **state)
 
     (void)state;
     config_short(&cfg);
-    cfg.max_buffered_body_bytes = 4096;
+    cfg.max_buffered_body_bytes = BUDGET;
     run(&cfg, client_body_budget);
     assert_int_equal(last_stats.refused_body_budget, 2);
+    assert_int_equal(last_stats.refused_body_size, 1);
     assert_int_equal(last_stats.buffered_body_bytes, 0);
+}
+
+/* Sends `head` and then `junk` more bytes without reading, as a client
+ * still sending its request does, and expects one complete answer with
+ * `status` whose body holds `want`, then the server's end of the stream —
+ * never a reset (the lingering close). */
+static void expect_graceful(fx_t *fx, const char *head, size_t junk, int status, const char *want,
+                            const char *what)
+{
+    cl_t *c = cl_connect(fx, 0);
+    struct timeval tv = {5, 0};
+    static char filler[64 * 1024];
+    size_t sent = 0;
+    resp_t r;
+    int rc;
+    int eof = 0;
+    int reset = 0;
+    int send_errno = 0;
+
+    memset(filler, 'j', sizeof(filler));
+    setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    cl_sends(c, head);
+    while (sent < junk) {
+        size_t n = junk - sent < sizeof(filler) ? junk - sent : sizeof(filler);
+        ssize_t k = send(c->fd, filler, n, MSG_NOSIGNAL);
+
+        if (k <= 0) {
+            /* reset (the bug: closed with our bytes unread), or the
+             * server stopped reading */
+            send_errno = errno;
+            break;
+        }
+        sent += (size_t)k;
+    }
+    rc = cl_response(c, &r);
+    if (rc != 0) {
+        reset = errno == ECONNRESET;
+    }
+    for (;;) {
+        int k;
+
+        c->len = 0;
+        k = cl_fill(c);
+        if (k == 0) {
+            eof = 1;
+            break;
+        }
+        if (k < 0) {
+            reset = reset || errno == ECONNRESET;
+            break;
+        }
+    }
+    check(fx,
+          rc == 0 && r.status == status && strstr(r.body, want) != NULL && eof && !reset &&
+              sent == junk,
+          "%s: rc %d status %d (want %d) body '%.200s' eof %d reset %d, %zu of %zu more bytes "
+          "sent (%s)",
+          what, rc, r.status, status, r.body != NULL ? r.body : "", eof, reset, sent, junk,
+          send_errno != 0 ? strerror(send_errno) : "no send error");
+    resp_free(&r);
+    cl_close(c);
+}
+
+static void client_graceful(fx_t *fx)
+{
+    char *big = malloc(12 * 1024 + 64);
+
+    memcpy(big, "GET / HTTP/1.1\r\nHost: x\r\nX-Big: ", 33);
+    memset(big + 33, 'h', 12 * 1024);
+    strcpy(big + 33 + 12 * 1024, "\r\n\r\n");
+    expect_graceful(fx, big, 1 << 20, 431, "header fields too large", "431");
+    free(big);
+    expect_graceful(fx, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n", 1 << 20,
+                    413, "too large", "413 by Content-Length");
+    expect_graceful(fx,
+                    "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n100000\r\n",
+                    1 << 20, 413, "too large", "413 at the chunk-size line");
+    expect_graceful(fx, "THIS IS NOT HTTP\r\n\r\n", 1 << 20, 400, "malformed", "400");
+    expect_graceful(fx, "POST /x HTTP/9.9\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n", 1 << 20,
+                    505, "version", "505");
+    /* a client that sends nothing more: the same */
+    expect_graceful(fx, "GET / HTTP/1.1\r\n\r\n", 0, 400, "Host", "400 without more bytes");
+    served(fx, NULL, "served after the refusals");
+}
+
+static void test_graceful_close(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    cfg.max_body_bytes = 1024;
+    cfg.max_header_bytes = 8192;
+    run(&cfg, client_graceful);
+}
+
+static void client_framing(fx_t *fx)
+{
+    static const struct {
+        const char *req;
+        int status;
+        const char *want;
+    } cases[] = {
+        {"GET /v HTTP/9.9\r\nHost: x\r\n\r\n", 505, "HTTP version not supported"},
+        {"GET /v HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP version not supported"},
+        {"GET /v HTTP/1.2\r\nHost: x\r\n\r\n", 505, "HTTP version not supported"},
+        {"GET /v HTTP/0.9\r\nHost: x\r\n\r\n", 505, "HTTP version not supported"},
+        {"GET /v HTTP/1.1\r\n\r\n", 400, "needs a Host header"},
+        {"GET /v HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "more than one Host header"},
+        {"GET /v HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n", 400, "more than one Host header"},
+        {"POST /v HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+         "2\r\nxy\r\n0\r\n\r\n",
+         501, "transfer coding not supported"},
+        {"POST /v HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\n\r\n", 501,
+         "transfer coding not supported"},
+        {"POST /v HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n"
+         "Transfer-Encoding: chunked\r\n\r\n2\r\nxy\r\n0\r\n\r\n",
+         501, "transfer coding not supported"},
+        {"POST /v HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+         "Transfer-Encoding: chunked\r\n\r\n2\r\nxy\r\n0\r\n\r\n",
+         501, "transfer coding not supported"},
+        /* smuggling: both framings */
+        {"POST /v HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+         "2\r\nxy\r\n0\r\n\r\n",
+         400, "malformed"},
+        {"POST /v HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", 400,
+         "malformed"},
+        /* a blank before the colon: http-parser would read the header */
+        {"POST /v HTTP/1.1\r\nHost: x\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n", 400,
+         "whitespace in a header name"},
+        {"POST /v HTTP/1.1\r\nHost: x\r\nContent-Length\t: 3\r\n\r\nabc", 400, "malformed"},
+        {"GET /v HTTP/1.1\r\nHost : x\r\n\r\n", 400, "whitespace in a header name"},
+        /* what is served */
+        {"GET /v HTTP/1.0\r\n\r\n", 200, "GET /v "},
+        {"POST /v HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:  Chunked \r\n\r\n2\r\nxy\r\n0\r\n\r\n",
+         200, "len=2 body=xy"},
+    };
+    size_t i;
+
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        cl_t *c = cl_connect(fx, 0);
+        char what[128];
+
+        snprintf(what, sizeof(what), "case %zu (%.40s)", i, cases[i].req);
+        cl_sends(c, cases[i].req);
+        expect(fx, c, cases[i].status, cases[i].want, what);
+        if (cases[i].status != 200) {
+            check(fx, cl_closed(c), "%s: closed", what);
+        }
+        cl_close(c);
+    }
+}
+
+static void test_framing(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    run(&cfg, client_framing);
+    assert_int_equal(last_stats.refused_version, 4);
+    assert_int_equal(last_stats.refused_host, 3);
+    assert_int_equal(last_stats.refused_encoding, 4);
+    assert_int_equal(last_stats.refused_malformed, 5);
+}
+
+static void client_chunk_line(fx_t *fx)
+{
+    cl_t *c = cl_connect(fx, 0);
+
+    /* 16 MiB + 1 in one chunk, announced and not sent: refused at its size
+     * line, without waiting for its data (the body deadline is far) */
+    cl_sends(c, "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                "1000001\r\n");
+    expect(fx, c, 413, "at most 16777216 bytes", "a chunk over the limit at its size line");
+    cl_close(c);
+    /* a chunk that fits after another one does not */
+    c = cl_connect(fx, 0);
+    cl_sends(c, "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                "3\r\nabc\r\nfffffe\r\n");
+    expect(fx, c, 413, "too large", "chunks adding up past the limit at the size line");
+    cl_close(c);
+    c = cl_connect(fx, 0);
+    cl_sends(c, "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                "3\r\nabc\r\n0\r\n\r\n");
+    expect(fx, c, 200, "len=3 body=abc", "a chunked body within the limit");
+    cl_close(c);
+}
+
+static void test_chunk_size_line(void **state)
+{
+    epd_http_config_t cfg;
+
+    (void)state;
+    config_short(&cfg);
+    cfg.body_timeout_ms = 60000; /* the 413 must not wait for it */
+    cfg.max_body_bytes = (size_t)16 << 20;
+    run(&cfg, client_chunk_line);
+    assert_int_equal(last_stats.refused_body_size, 2);
 }
 
 /* Expects a 401 with the OpenAI error body and the Bearer challenge, and
@@ -1287,34 +1524,34 @@ static void client_keys(fx_t *fx)
         char req[256];
 
         c = cl_connect(fx, 0);
-        snprintf(req, sizeof(req), "GET /v1/models HTTP/1.1\r\n%s\r\n", bad[i]);
+        snprintf(req, sizeof(req), "GET /v1/models HTTP/1.1\r\nHost: x\r\n%s\r\n", bad[i]);
         cl_sends(c, req);
         expect_401(fx, c, bad[i][0] != '\0' ? bad[i] : "no Authorization header");
         cl_close(c);
     }
     /* refused before the body: no 100 Continue, nothing buffered */
     c = cl_connect(fx, 0);
-    cl_sends(c, "POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\n"
+    cl_sends(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
                 "Content-Length: 100000\r\n\r\n");
     expect_401(fx, c, "a body without a key");
     cl_close(c);
 
     /* the right keys, on one kept connection, any case of the scheme */
     c = cl_connect(fx, 0);
-    cl_sends(c, "GET /v1/models HTTP/1.1\r\nAuthorization: Bearer sk-right\r\n\r\n");
+    cl_sends(c, "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-right\r\n\r\n");
     expect(fx, c, 200, "GET /v1/models", "the right key");
-    cl_sends(c, "POST /v1/completions HTTP/1.1\r\nauthorization: bearer  second-key \r\n"
+    cl_sends(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nauthorization: bearer  second-key \r\n"
                 "Content-Length: 2\r\n\r\n{}");
     expect(fx, c, 200, "POST /v1/completions ct=- accept=- len=2 body={}", "the other key");
     /* open paths need none, whatever the query or a trailing slash */
-    cl_sends(c, "GET /health HTTP/1.1\r\n\r\n");
+    cl_sends(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, c, 200, "GET /health", "/health without a key");
-    cl_sends(c, "GET /health/?verbose=1 HTTP/1.1\r\n\r\n");
+    cl_sends(c, "GET /health/?verbose=1 HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, c, 200, "GET /health/?verbose=1", "/health/?query without a key");
     cl_close(c);
     /* a path merely starting like an open one is not open */
     c = cl_connect(fx, 0);
-    cl_sends(c, "GET /healthz HTTP/1.1\r\n\r\n");
+    cl_sends(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
     expect_401(fx, c, "/healthz");
     cl_close(c);
     served(fx, NULL, "an open path, after the refusals");
@@ -1465,6 +1702,9 @@ int main(void)
         cmocka_unit_test(test_header_deadline_from_accept),
         cmocka_unit_test(test_per_addr_cap),
         cmocka_unit_test(test_body_budget),
+        cmocka_unit_test(test_graceful_close),
+        cmocka_unit_test(test_framing),
+        cmocka_unit_test(test_chunk_size_line),
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_keys_check),
         cmocka_unit_test(test_keys_load),

@@ -60,8 +60,14 @@ static const refusal_t refusals[] = {
      "at least 1"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_tokens\": 2.5}", 400, "max_tokens", NULL,
      "expected an integer, but got a decimal"},
-    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_tokens\": 1025}", 400, "max_tokens", NULL,
-     "maximum context length is 1024"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_tokens\": 1025}", 400, "max_tokens",
+     "context_length_exceeded", "maximum context length is 1024"},
+    /* jansson refuses \u0000 naming its JSON_ALLOW_NUL flag: the message
+     * says it in the client's terms (and names no flag: test_refusals) */
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\\u0000b\"}", 400, NULL, NULL,
+     "NUL characters are not allowed in strings"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"\\u0000\"}]}",
+     400, NULL, NULL, "NUL characters are not allowed in strings"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"temperature\": \"hot\"}", 400, "temperature",
      NULL, "Invalid type for 'temperature'"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"temperature\": 2.5}", 400, "temperature", NULL,
@@ -117,11 +123,13 @@ static const refusal_t refusals[] = {
      "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
      "\"epd_encode\": \"remote\"}",
      400, "epd_encode", NULL, "must be \"auto\" or \"local\""},
-    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
-        "\"cache_salt\": \"\"}",
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+     "\"cache_salt\": \"\"}",
      400, "cache_salt", NULL, "1 to 256 bytes"},
-    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
-        "\"cache_salt\": 7}",
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+     "\"cache_salt\": 7}",
      400, "cache_salt", NULL, "1 to 256 bytes"},
     /* images: data: URLs of base64 images only */
     {H,
@@ -239,6 +247,7 @@ static void test_refusals(void **state)
         assert_string_equal(err.param, r->param != NULL ? r->param : "");
         assert_string_equal(err.code, r->code != NULL ? r->code : "");
         assert_non_null(strstr(err.message, r->in_message));
+        assert_null(strstr(err.message, "JSON_")); /* never a library's flag */
         check_error_json(&err, r);
     }
 }
@@ -423,6 +432,7 @@ static void test_check_length(void **state)
     assert_int_equal(max_new, -1);
     assert_int_equal(err.http_status, 400);
     assert_string_equal(err.param, "max_tokens");
+    assert_string_equal(err.code, "context_length_exceeded");
     assert_non_null(strstr(err.message, "you requested 1025 tokens (925 in the prompt, 100 in the "
                                         "completion)"));
     epd_oai_request_destroy(req);
@@ -433,8 +443,14 @@ static void test_check_length(void **state)
     assert_int_equal(max_new, 16);
     assert_int_equal(epd_oai_check_length(req, 1020, 1024, &max_new, &err), EPD_OK);
     assert_int_equal(max_new, 4);
+    assert_int_equal(epd_oai_check_length(req, 1023, 1024, &max_new, &err), EPD_OK);
+    assert_int_equal(max_new, 1);
+    /* exactly at the context: no room, refused like a longer prompt */
     assert_int_equal(epd_oai_check_length(req, 1024, 1024, &max_new, &err), EPD_ERR_INVALID_PARAM);
     assert_string_equal(err.param, "prompt");
+    assert_string_equal(err.code, "context_length_exceeded");
+    assert_int_equal(epd_oai_check_length(req, 1025, 1024, &max_new, &err), EPD_ERR_INVALID_PARAM);
+    assert_string_equal(err.code, "context_length_exceeded");
     epd_oai_request_destroy(req);
 
     /* Chat without max_tokens: all the room left. */
@@ -444,6 +460,7 @@ static void test_check_length(void **state)
     assert_int_equal(max_new, 1000);
     assert_int_equal(epd_oai_check_length(req, 2000, 1024, &max_new, &err), EPD_ERR_INVALID_PARAM);
     assert_string_equal(err.param, "messages");
+    assert_string_equal(err.code, "context_length_exceeded");
     assert_int_equal(err.http_status, 400);
     epd_oai_request_destroy(req);
 }
