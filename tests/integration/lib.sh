@@ -248,6 +248,26 @@ router_client() {
   "$PYTHON3" "$(dirname "${BASH_SOURCE[0]}")/epd_router_client.py" "$@"
 }
 
+# wait_while_running PID SECONDS CMD...: runs CMD (a condition) every
+# 0.05 s until it succeeds (0), or until PID — the client that makes it
+# true — has exited, or SECONDS pass (1).  For conditions a client brings
+# about only once it is under way: the Python client first runs
+# epd-generate for its expected answers (with --mixed, for up to 50 seeds),
+# which under the sanitizers beside a CPU hog took longer than the fixed
+# 400 polls test_router_failures once allowed ("started 0").  The bound
+# is about a hung client, not about speed.
+wait_while_running() {
+  local pid=$1 secs=$2 end
+  shift 2
+  end=$((SECONDS + secs))
+  while [ "$SECONDS" -lt "$end" ]; do
+    "$@" && return 0
+    kill -0 "$pid" 2>/dev/null || { "$@"; return; }
+    sleep 0.05
+  done
+  return 1
+}
+
 # router_metric HTTP_URL SERIES: the value of one series of the router's
 # /metrics, e.g. 'epd_router_worker_requests_total{worker="decode-0",pool="decode"}'
 # (empty when absent).

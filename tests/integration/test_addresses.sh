@@ -96,10 +96,8 @@ router_client multi "$r_HTTP" "$T/m" "$BIN/epd-generate" --count 1 --prompt-file
   --max-tokens 1800 >"$T/multi.out" 2>"$T/multi.err" &
 mpid=$!
 PIDS+=("$mpid")
-for i in $(seq 1 200); do
-  [ "$(router_metric "$r_HTTP" epd_router_requests_in_flight)" = 1 ] && break
-  sleep 0.05
-done
+one_in_flight() { [ "$(router_metric "$r_HTTP" epd_router_requests_in_flight)" = 1 ]; }
+wait_while_running "$mpid" 180 one_in_flight || fail "the stream never started"
 kill -TERM "$r_PID"
 for i in $(seq 1 50); do
   router_client raw "$r_HTTP" GET /ready >"$T/ready" 2>/dev/null || true

@@ -119,13 +119,12 @@ mpid=$!
 PIDS+=("$mpid")
 # every stream has its first token out (so none is a plain retry) and
 # decode-0 runs some of them
-for i in $(seq 1 400); do
+d0_running() {
   n=$(router_metric "$H" 'epd_router_worker_in_flight{worker="decode-0",pool="decode"}')
   started=$(($(router_metric "$H" epd_router_ttft_seconds_count) - ttft0))
-  [ "${n:-0}" -ge 2 ] && [ "$started" -ge 8 ] && break
-  sleep 0.05
-done
-[ "${n:-0}" -ge 2 ] && [ "$started" -ge 8 ] ||
+  [ "${n:-0}" -ge 2 ] && [ "$started" -ge 8 ]
+}
+wait_while_running "$mpid" 180 d0_running ||
   fail "decode-0 never had 2 of 8 started streams (in flight ${n:-0}, started $started)"
 d0_epoch=$("$BIN/epd-ctl" status "$r_ADDR" | awk '$1 == "worker=decode-0"' | tr ' ' '\n' |
   sed -n 's/^epoch=//p' | head -n 1)

@@ -26,12 +26,11 @@ router_client multi "$H" "$T/m" "$G" --count 12 --prompt-file "$T/long" --max-to
   >"$T/multi.out" 2>"$T/multi.err" &
 mpid=$!
 PIDS+=("$mpid")
-for i in $(seq 1 200); do
+p1_busy() {
   n=$(router_metric "$H" 'epd_router_worker_in_flight{worker="prefill-1",pool="prefill"}')
-  [ "${n:-0}" -ge 4 ] && break
-  sleep 0.02
-done
-[ "${n:-0}" -ge 4 ] || fail "prefill-1 never had 4 requests in flight"
+  [ "${n:-0}" -ge 4 ]
+}
+wait_while_running "$mpid" 180 p1_busy || fail "prefill-1 never had 4 requests in flight"
 stop_daemon p1 KILL
 wait "$mpid" || fail "the clients failed: $(cat "$T/multi.err")"
 sort "$T/multi.out" | uniq -c
