@@ -142,7 +142,7 @@ cat "$T/drain"
 grep -q '^first: EPD_OK ok=1' "$T/drain" || fail "the member's Drain failed"
 grep -q '^replay: EPD_ERR_AUTH .*replayed' "$T/drain" || fail "the replayed Drain was not refused"
 wait_state "$r_ADDR" decode-1 DRAINING
-for i in $(seq 1 50); do
+for i in $(seq 1 300); do
   [ "$(health_field "$e_ADDR" draining)" = 1 ] && break
   sleep 0.1
 done

@@ -61,7 +61,7 @@ wait_blocks_free "$d2_ADDR"
 
 note "a worker whose heartbeats stop is SUSPECT and gets no new requests; back when they resume"
 kill -STOP "$p2_PID"
-for i in $(seq 1 40); do
+for i in $(seq 1 400); do # at most 20 s of 0.05 s sleeps (and the calls)
   st=$(router_state "$r_ADDR" prefill-2)
   [ "$st" = SUSPECT ] || [ "$st" = DEAD ] && break
   sleep 0.05
