@@ -1,0 +1,846 @@
+/*
+ * epd_rpc_guard.c — what an unauthenticated peer can hold of a control port.
+ *
+ * Why epd accepts the connections itself.  Debian's gRPC core (1.51) lets
+ * a peer hold what it likes: no cap on connections, none on idle ones (an
+ * idle connection sends no bytes, so no gRPC deadline ever starts), and a
+ * listener that stops for good after one accept4() fails with EMFILE.  And
+ * it has no defence against HTTP/2 rapid reset (HEADERS + RST_STREAM pairs,
+ * the CVE-2023-44487 class): it has no pending-call limit
+ * (grpc.server.max_pending_requests came later), and
+ * SETTINGS_MAX_CONCURRENT_STREAMS does not bound streams that are reset as
+ * soon as they open.  Measured on a router (tests/integration/
+ * test_control_guard.sh has the figures): 100,000 reset streams on one
+ * connection took its RSS from 20 MB to 1.3 GB, kept after the connection
+ * closed (a second and third burst did not grow it further: gRPC's backlog
+ * of calls waiting for the server's cq thread, freed to malloc but not to
+ * the system; epd's own code held at most 17 call objects at once).  Only
+ * the bytes on the wire can bound that, so they pass through epd first.
+ *
+ * The design, the simplest that bounds descriptors and memory:
+ *  - One thread with its own libuv loop (the daemon's loop carries the
+ *    request plane) owns the listener and every connection.
+ *  - Accept: a peer from an address that already holds max_conns_per_addr
+ *    connections (an IPv6 /64 counts as one address) is closed at once.
+ *    When max_conns are open, the oldest connection with no authenticated
+ *    call yet is closed to make room (a flood of strangers displaces
+ *    strangers, never a member); when all are members the new one is
+ *    refused.  libuv keeps a spare descriptor for accept4() failing with
+ *    EMFILE (it accepts and closes the waiting peers and keeps listening);
+ *    the guard then sheds its oldest stranger too, so accepting resumes.
+ *  - Until the 24-byte HTTP/2 client preface has arrived a connection costs
+ *    one descriptor and ~300 bytes: gRPC has not seen it.  Then a
+ *    socketpair is made, gRPC core gets one end (grpc_server_add_channel_
+ *    from_fd, whose transport takes the server's channel arguments:
+ *    max_concurrent_streams), and the guard copies bytes both ways, at most
+ *    EPD_GUARD_QUEUE_MAX bytes queued per direction before it stops reading
+ *    the other side.
+ *  - Client-to-server bytes are parsed as HTTP/2 frame headers only (9
+ *    bytes each; payloads are skipped, never decoded): a HEADERS frame for
+ *    a new stream id opens a stream, a RST_STREAM frame is a reset.  A
+ *    connection is closed when it sends more than max_resets resets in 10 s
+ *    (rapid reset), or opens more than EPD_RPC_GUARD_STRANGER_STREAMS
+ *    streams before one of its calls authenticated.
+ *  - Deadline: auth_timeout_ms after the accept, a connection that has not
+ *    had a call authenticated (epd_rpc_guard_mark, from the server's cq
+ *    thread; with no secret set any call counts) is closed.  A member's
+ *    channel is kept as long as it lives.
+ * So a stranger holds at most auth_timeout_ms of one of max_conns slots,
+ * at most max_conns_per_addr of them from one address, 3 descriptors each,
+ * and gRPC at most EPD_RPC_GUARD_STRANGER_STREAMS calls per connection.
+ *
+ * Which connection a mark names: gRPC names a connection it got from an
+ * fd "fd:N" (its end of the socketpair).  marks[N] is cleared when the
+ * guard makes the socketpair that returns N, and set by the cq thread while
+ * a call on it is alive — the call's reference keeps gRPC's transport, and
+ * so fd N, open, so N cannot name a newer connection yet.
+ *
+ * Costs: one copy per byte each way through a socketpair (the control
+ * plane carries registrations, heartbeats and status: small), two extra
+ * descriptors per connection once it spoke HTTP/2.
+ */
+#include "epd_rpc_guard.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "epd_addr.h"
+#include "epd_alloc.h"
+#include "epd_log.h"
+#include "epd_time.h"
+
+#define EPD_GUARD_LOG "rpc"
+#define EPD_GUARD_READ_BUF 65536
+#define EPD_GUARD_QUEUE_MAX (256u << 10)
+#define EPD_GUARD_PREFACE "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+#define EPD_GUARD_PREFACE_LEN 24
+#define EPD_GUARD_MARKS_MAX (1u << 20)
+#define EPD_GUARD_FRAME_HEADERS 0x1
+#define EPD_GUARD_FRAME_RST_STREAM 0x3
+
+typedef struct epd__guard_conn epd__guard_conn_t;
+
+struct epd__guard_conn {
+    epd_rpc_guard_t *g;
+    epd__guard_conn_t *prev, *next; /* accept order: oldest first */
+    uv_tcp_t peer;
+    uv_pipe_t inner; /* our end of the socketpair; gRPC holds the other */
+    uv_timer_t timer;
+    int handles;     /* open handles; the struct is freed when the last closes */
+    int inner_open;
+    int grpc_fd;     /* gRPC's end; -1 before the preface */
+    int closing;
+    int member;      /* a call of it authenticated (cached from marks[]) */
+    int peer_reading, inner_reading;
+    unsigned char addr[16];
+    int have_addr;
+    char name[64]; /* the peer's address, for logs */
+    /* client -> server HTTP/2 framing */
+    uint32_t preface; /* bytes of the preface seen */
+    unsigned char hdr[9];
+    uint32_t hdr_len;
+    uint32_t skip;       /* payload bytes left of the current frame */
+    uint32_t max_stream; /* highest stream id a HEADERS opened */
+    uint32_t streams;    /* streams opened */
+    uint32_t resets;     /* RST_STREAM in the current window */
+    uint64_t window_ns;  /* start of that window */
+};
+
+struct epd_rpc_guard {
+    uv_loop_t loop;
+    uv_tcp_t listener;
+    uv_async_t stop_async;
+    pthread_t thread;
+    int thread_started;
+    epd_rpc_limits_t lim;
+    epd_rpc_guard_adopt_cb_t adopt;
+    void *arg;
+    int port;
+    epd__guard_conn_t *head, *tail;
+    uint32_t live;
+    atomic_uchar *marks; /* [n_marks]: fd -> a call on it authenticated */
+    size_t n_marks;
+    epd_log_limit_t log_limit;
+    atomic_uint_fast64_t n_accepted, n_refused_addr, n_refused_full, n_shed, n_timed_out;
+    atomic_uint_fast64_t n_bad_preface, n_reset_flood, n_stream_flood, n_accept_errors;
+    atomic_uint live_now;
+};
+
+typedef struct {
+    uv_write_t req;
+    epd__guard_conn_t *conn;
+    char *buf; /* epd_malloc'd, freed when the write completes */
+} epd__guard_write_t;
+
+static void epd_guard_conn_close(epd__guard_conn_t *c);
+static void epd_guard_resume(epd__guard_conn_t *c);
+static void epd_guard_read_peer(epd__guard_conn_t *c);
+static void epd_guard_read_inner(epd__guard_conn_t *c);
+
+/* ------------------------------------------------------------ helpers */
+
+/* A rate-limited warning: strangers trigger these at will. */
+#define EPD_GUARD_WARN(g, ...)                                                        \
+    do {                                                                              \
+        if (epd_log_enabled(EPD_LOG_WARN) && epd_log_limit_ok(&(g)->log_limit, 5)) { \
+            epd_log_warn(EPD_GUARD_LOG, 0, __VA_ARGS__);                              \
+        }                                                                             \
+    } while (0)
+
+/* The per-address key: an IPv4 address, or the /64 of an IPv6 one (a
+ * host is given a whole /64).  0 on success. */
+static int epd_guard_addr_key(const struct sockaddr_storage *ss, unsigned char key[16],
+                              char *name, size_t cap)
+{
+    char host[64] = "?";
+
+    memset(key, 0, 16);
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+
+        memcpy(key, &a->sin_addr, 4);
+        uv_ip4_name(a, host, sizeof(host));
+        snprintf(name, cap, "%s:%u", host, (unsigned)ntohs(a->sin_port));
+        return 0;
+    }
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+
+        if (memcmp(a->sin6_addr.s6_addr, mapped, 12) == 0) {
+            memcpy(key, a->sin6_addr.s6_addr + 12, 4); /* an IPv4 peer on a dual-stack port */
+        } else {
+            key[0] = 6;
+            memcpy(key + 8, a->sin6_addr.s6_addr, 8);
+        }
+        uv_ip6_name(a, host, sizeof(host));
+        snprintf(name, cap, "[%s]:%u", host, (unsigned)ntohs(a->sin6_port));
+        return 0;
+    }
+    snprintf(name, cap, "?");
+    return -1;
+}
+
+static int epd_guard_is_member(epd__guard_conn_t *c)
+{
+    epd_rpc_guard_t *g = c->g;
+
+    if (!c->member && c->grpc_fd >= 0 && (size_t)c->grpc_fd < g->n_marks &&
+        atomic_load(&g->marks[c->grpc_fd]) != 0) {
+        c->member = 1;
+    }
+    return c->member;
+}
+
+/* The oldest connection that is not a member's, or NULL. */
+static epd__guard_conn_t *epd_guard_oldest_stranger(epd_rpc_guard_t *g)
+{
+    for (epd__guard_conn_t *c = g->head; c != NULL; c = c->next) {
+        if (!c->closing && !epd_guard_is_member(c)) {
+            return c;
+        }
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------ closing */
+
+static void epd_guard_on_handle_closed(uv_handle_t *h)
+{
+    epd__guard_conn_t *c = h->data;
+
+    if (--c->handles == 0) {
+        epd_free(c);
+    }
+}
+
+static void epd_guard_conn_close(epd__guard_conn_t *c)
+{
+    epd_rpc_guard_t *g = c->g;
+
+    if (c->closing) {
+        return;
+    }
+    c->closing = 1;
+    if (c->prev != NULL) {
+        c->prev->next = c->next;
+    } else {
+        g->head = c->next;
+    }
+    if (c->next != NULL) {
+        c->next->prev = c->prev;
+    } else {
+        g->tail = c->prev;
+    }
+    g->live--;
+    atomic_store(&g->live_now, g->live);
+    /* gRPC reads EOF on its end and closes it with its transport */
+    uv_close((uv_handle_t *)&c->peer, epd_guard_on_handle_closed);
+    uv_close((uv_handle_t *)&c->timer, epd_guard_on_handle_closed);
+    if (c->inner_open) {
+        uv_close((uv_handle_t *)&c->inner, epd_guard_on_handle_closed);
+    }
+}
+
+/* --------------------------------------------------------- byte copying */
+
+static void epd_guard_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)h;
+    (void)suggested;
+    buf->base = epd_malloc(EPD_GUARD_READ_BUF);
+    buf->len = buf->base != NULL ? EPD_GUARD_READ_BUF : 0;
+}
+
+static void epd_guard_on_written(uv_write_t *req, int status)
+{
+    epd__guard_write_t *w = (epd__guard_write_t *)req;
+    epd__guard_conn_t *c = w->conn;
+
+    epd_free(w->buf);
+    epd_free(w);
+    if (c->closing) {
+        return;
+    }
+    if (status < 0) {
+        epd_guard_conn_close(c);
+        return;
+    }
+    epd_guard_resume(c);
+}
+
+/* Queues buf[0..len) (taken) on `to`; 0, or -1 when the connection must
+ * close (buf freed either way). */
+static int epd_guard_forward(epd__guard_conn_t *c, uv_stream_t *to, char *buf, size_t len)
+{
+    epd__guard_write_t *w = epd_malloc(sizeof(*w));
+    uv_buf_t b = uv_buf_init(buf, (unsigned)len);
+
+    if (w == NULL) {
+        epd_free(buf);
+        return -1;
+    }
+    w->conn = c;
+    w->buf = buf;
+    if (uv_write(&w->req, to, &b, 1, epd_guard_on_written) != 0) {
+        epd_free(buf);
+        epd_free(w);
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads again from a side whose destination queue drained below the bound. */
+static void epd_guard_resume(epd__guard_conn_t *c)
+{
+    if (!c->peer_reading && c->inner_open &&
+        uv_stream_get_write_queue_size((uv_stream_t *)&c->inner) < EPD_GUARD_QUEUE_MAX) {
+        epd_guard_read_peer(c);
+    }
+    if (c->inner_open && !c->inner_reading &&
+        uv_stream_get_write_queue_size((uv_stream_t *)&c->peer) < EPD_GUARD_QUEUE_MAX) {
+        epd_guard_read_inner(c);
+    }
+}
+
+static void epd_guard_on_inner_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    epd__guard_conn_t *c = s->data;
+
+    if (n <= 0) {
+        epd_free(buf->base);
+        if (n < 0 && !c->closing) {
+            epd_guard_conn_close(c); /* gRPC closed its end */
+        }
+        return;
+    }
+    if (c->closing) {
+        epd_free(buf->base);
+        return;
+    }
+    if (epd_guard_forward(c, (uv_stream_t *)&c->peer, buf->base, (size_t)n) != 0) {
+        epd_guard_conn_close(c);
+        return;
+    }
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->peer) >= EPD_GUARD_QUEUE_MAX) {
+        uv_read_stop((uv_stream_t *)&c->inner); /* the peer does not read: wait for it */
+        c->inner_reading = 0;
+    }
+}
+
+static void epd_guard_read_inner(epd__guard_conn_t *c)
+{
+    if (uv_read_start((uv_stream_t *)&c->inner, epd_guard_alloc, epd_guard_on_inner_read) == 0) {
+        c->inner_reading = 1;
+    }
+}
+
+/* ------------------------------------------------------ HTTP/2 framing */
+
+/* One whole frame header of the client: counts streams and resets.  0, or
+ * -1 when the connection must close (counted, logged). */
+static int epd_guard_on_frame(epd__guard_conn_t *c)
+{
+    epd_rpc_guard_t *g = c->g;
+    uint32_t len = ((uint32_t)c->hdr[0] << 16) | ((uint32_t)c->hdr[1] << 8) | c->hdr[2];
+    uint8_t type = c->hdr[3];
+    uint32_t sid = (((uint32_t)c->hdr[5] << 24) | ((uint32_t)c->hdr[6] << 16) |
+                    ((uint32_t)c->hdr[7] << 8) | c->hdr[8]) &
+                   0x7fffffffu;
+
+    c->skip = len;
+    if (type == EPD_GUARD_FRAME_HEADERS && sid > c->max_stream) {
+        c->max_stream = sid;
+        c->streams++;
+        if (c->streams > EPD_RPC_GUARD_STRANGER_STREAMS && !epd_guard_is_member(c)) {
+            atomic_fetch_add(&g->n_stream_flood, 1);
+            EPD_GUARD_WARN(g,
+                           "control: closed %s: %u streams and none of its calls "
+                           "authenticated",
+                           c->name, c->streams);
+            return -1;
+        }
+    } else if (type == EPD_GUARD_FRAME_RST_STREAM) {
+        uint64_t now = epd_time_now_ns();
+
+        if (now - c->window_ns > (uint64_t)EPD_RPC_GUARD_RESET_WINDOW_MS * EPD_NSEC_PER_MSEC) {
+            c->window_ns = now;
+            c->resets = 0;
+        }
+        if (++c->resets > g->lim.max_resets) {
+            atomic_fetch_add(&g->n_reset_flood, 1);
+            EPD_GUARD_WARN(g,
+                           "control: closed %s: over %u stream resets within %u s "
+                           "(--control-max-resets; HTTP/2 rapid reset)",
+                           c->name, g->lim.max_resets, EPD_RPC_GUARD_RESET_WINDOW_MS / 1000);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Walks the client's bytes p[0..n) past the preface: frame headers are
+ * gathered, payloads skipped.  0, or -1: close. */
+static int epd_guard_parse(epd__guard_conn_t *c, const unsigned char *p, size_t n)
+{
+    while (n > 0) {
+        size_t k;
+
+        if (c->skip > 0) {
+            k = n < c->skip ? n : c->skip;
+            c->skip -= (uint32_t)k;
+            p += k;
+            n -= k;
+            continue;
+        }
+        k = sizeof(c->hdr) - c->hdr_len;
+        k = n < k ? n : k;
+        memcpy(c->hdr + c->hdr_len, p, k);
+        c->hdr_len += (uint32_t)k;
+        p += k;
+        n -= k;
+        if (c->hdr_len == sizeof(c->hdr)) {
+            c->hdr_len = 0;
+            if (epd_guard_on_frame(c) != 0) {
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The preface is complete: a socketpair, one end to gRPC.  0 or -1. */
+static int epd_guard_hand_over(epd__guard_conn_t *c)
+{
+    epd_rpc_guard_t *g = c->g;
+    char *preface;
+    int sv[2];
+
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) {
+        atomic_fetch_add(&g->n_accept_errors, 1);
+        EPD_GUARD_WARN(g, "control: cannot serve %s: socketpair: %s", c->name, strerror(errno));
+        if (errno == EMFILE || errno == ENFILE) {
+            epd__guard_conn_t *old = epd_guard_oldest_stranger(g);
+
+            if (old != NULL && old != c) {
+                atomic_fetch_add(&g->n_shed, 1);
+                epd_guard_conn_close(old);
+            }
+        }
+        return -1;
+    }
+    if (uv_pipe_init(&g->loop, &c->inner, 0) != 0) {
+        close(sv[0]);
+        close(sv[1]);
+        return -1;
+    }
+    c->inner.data = c;
+    c->handles++;
+    c->inner_open = 1;
+    if (uv_pipe_open(&c->inner, sv[0]) != 0) {
+        close(sv[0]); /* the handle is closed with the connection */
+        close(sv[1]);
+        return -1;
+    }
+    if ((size_t)sv[1] < g->n_marks) {
+        atomic_store(&g->marks[sv[1]], 0);
+    }
+    c->grpc_fd = sv[1];
+    g->adopt(g->arg, sv[1]); /* gRPC owns sv[1] from here */
+    preface = epd_malloc(EPD_GUARD_PREFACE_LEN);
+    if (preface == NULL) {
+        return -1;
+    }
+    memcpy(preface, EPD_GUARD_PREFACE, EPD_GUARD_PREFACE_LEN);
+    if (epd_guard_forward(c, (uv_stream_t *)&c->inner, preface, EPD_GUARD_PREFACE_LEN) != 0) {
+        return -1;
+    }
+    epd_guard_read_inner(c);
+    return 0;
+}
+
+static void epd_guard_on_peer_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    epd__guard_conn_t *c = s->data;
+    epd_rpc_guard_t *g = c->g;
+    unsigned char *p = (unsigned char *)buf->base;
+    size_t len = n > 0 ? (size_t)n : 0;
+    size_t off = 0; /* bytes of this read that were preface */
+
+    if (n <= 0 || c->closing) {
+        epd_free(buf->base);
+        if (n < 0 && !c->closing) {
+            epd_guard_conn_close(c); /* EOF or error: the peer is gone */
+        }
+        return;
+    }
+    if (c->preface < EPD_GUARD_PREFACE_LEN) {
+        off = EPD_GUARD_PREFACE_LEN - c->preface;
+        off = len < off ? len : off;
+        if (memcmp(p, EPD_GUARD_PREFACE + c->preface, off) != 0) {
+            atomic_fetch_add(&g->n_bad_preface, 1);
+            EPD_GUARD_WARN(g, "control: closed %s: not an HTTP/2 client preface", c->name);
+            goto err_close;
+        }
+        c->preface += (uint32_t)off;
+        /* gRPC gets the whole preface (below) once it is complete */
+        if (c->preface == EPD_GUARD_PREFACE_LEN && epd_guard_hand_over(c) != 0) {
+            goto err_close;
+        }
+    }
+    if (epd_guard_parse(c, p + off, len - off) != 0) {
+        goto err_close;
+    }
+    if (len == off) {
+        epd_free(buf->base);
+        return;
+    }
+    memmove(p, p + off, len - off);
+    if (epd_guard_forward(c, (uv_stream_t *)&c->inner, buf->base, len - off) != 0) {
+        epd_guard_conn_close(c);
+        return;
+    }
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->inner) >= EPD_GUARD_QUEUE_MAX) {
+        uv_read_stop((uv_stream_t *)&c->peer); /* gRPC does not keep up: wait for it */
+        c->peer_reading = 0;
+    }
+    return;
+
+err_close:
+    epd_free(buf->base);
+    epd_guard_conn_close(c);
+}
+
+static void epd_guard_read_peer(epd__guard_conn_t *c)
+{
+    if (uv_read_start((uv_stream_t *)&c->peer, epd_guard_alloc, epd_guard_on_peer_read) == 0) {
+        c->peer_reading = 1;
+    }
+}
+
+/* ------------------------------------------------------------ accepting */
+
+static void epd_guard_on_deadline(uv_timer_t *t)
+{
+    epd__guard_conn_t *c = t->data;
+    epd_rpc_guard_t *g = c->g;
+
+    if (c->closing || epd_guard_is_member(c)) {
+        return;
+    }
+    atomic_fetch_add(&g->n_timed_out, 1);
+    EPD_GUARD_WARN(g,
+                   "control: closed %s: %s within %u ms of connecting "
+                   "(--control-auth-timeout-ms)",
+                   c->name,
+                   c->preface < EPD_GUARD_PREFACE_LEN ? "no HTTP/2 preface"
+                                                      : "no call authenticated",
+                   g->lim.auth_timeout_ms);
+    epd_guard_conn_close(c);
+}
+
+/* Accepts the waiting peer only to close it (refused). */
+static void epd_guard_refuse(epd_rpc_guard_t *g, uv_stream_t *listener)
+{
+    int fd = -1;
+    uv_os_fd_t lfd;
+
+    (void)g;
+    if (uv_fileno((uv_handle_t *)listener, &lfd) == 0) {
+        fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+}
+
+static void epd_guard_on_connection(uv_stream_t *listener, int status)
+{
+    epd_rpc_guard_t *g = listener->data;
+    struct sockaddr_storage ss;
+    int namelen = sizeof(ss);
+    epd__guard_conn_t *c;
+    uint32_t same = 0;
+
+    if (status < 0) {
+        /* libuv took the waiting peers off with its spare descriptor
+         * (EMFILE/ENFILE) and keeps listening; make room for the next */
+        epd__guard_conn_t *old = epd_guard_oldest_stranger(g);
+
+        atomic_fetch_add(&g->n_accept_errors, 1);
+        EPD_GUARD_WARN(g, "control: accept: %s (%u connections open)%s", uv_strerror(status),
+                       g->live, old != NULL ? "; closing the oldest unauthenticated one" : "");
+        if (old != NULL) {
+            atomic_fetch_add(&g->n_shed, 1);
+            epd_guard_conn_close(old);
+        }
+        return;
+    }
+    c = epd_calloc(1, sizeof(*c));
+    if (c == NULL) {
+        epd_guard_refuse(g, listener);
+        return;
+    }
+    c->g = g;
+    c->grpc_fd = -1;
+    uv_tcp_init(&g->loop, &c->peer);
+    c->peer.data = c;
+    c->handles = 1;
+    if (uv_accept(listener, (uv_stream_t *)&c->peer) != 0) {
+        uv_close((uv_handle_t *)&c->peer, epd_guard_on_handle_closed);
+        return;
+    }
+    if (uv_tcp_getpeername(&c->peer, (struct sockaddr *)&ss, &namelen) == 0 &&
+        epd_guard_addr_key(&ss, c->addr, c->name, sizeof(c->name)) == 0) {
+        c->have_addr = 1;
+    }
+    if (c->have_addr && g->lim.max_conns_per_addr != UINT32_MAX) {
+        for (epd__guard_conn_t *o = g->head; o != NULL; o = o->next) {
+            same += o->have_addr && memcmp(o->addr, c->addr, sizeof(c->addr)) == 0;
+        }
+    }
+    if (same >= g->lim.max_conns_per_addr && g->lim.max_conns_per_addr != UINT32_MAX) {
+        atomic_fetch_add(&g->n_refused_addr, 1);
+        EPD_GUARD_WARN(g, "control: refused %s: %u connections from its address "
+                          "(--control-max-conns-per-addr)",
+                       c->name, same);
+        uv_close((uv_handle_t *)&c->peer, epd_guard_on_handle_closed);
+        return;
+    }
+    if (g->live >= g->lim.max_conns) {
+        epd__guard_conn_t *old = epd_guard_oldest_stranger(g);
+
+        if (old == NULL) {
+            atomic_fetch_add(&g->n_refused_full, 1);
+            EPD_GUARD_WARN(g, "control: refused %s: %u members' connections open "
+                              "(--control-max-conns)",
+                           c->name, g->live);
+            uv_close((uv_handle_t *)&c->peer, epd_guard_on_handle_closed);
+            return;
+        }
+        atomic_fetch_add(&g->n_shed, 1);
+        EPD_GUARD_WARN(g, "control: %u connections open (--control-max-conns): closed %s, the "
+                          "oldest unauthenticated, for %s",
+                       g->live, old->name, c->name);
+        epd_guard_conn_close(old);
+    }
+    uv_timer_init(&g->loop, &c->timer);
+    c->timer.data = c;
+    c->handles++;
+    c->prev = g->tail;
+    if (g->tail != NULL) {
+        g->tail->next = c;
+    } else {
+        g->head = c;
+    }
+    g->tail = c;
+    g->live++;
+    atomic_store(&g->live_now, g->live);
+    atomic_fetch_add(&g->n_accepted, 1);
+    uv_tcp_nodelay(&c->peer, 1);
+    uv_timer_start(&c->timer, epd_guard_on_deadline, g->lim.auth_timeout_ms, 0);
+    epd_guard_read_peer(c);
+}
+
+/* ------------------------------------------------------------ life cycle */
+
+static void epd_guard_on_stop(uv_async_t *a)
+{
+    epd_rpc_guard_t *g = a->data;
+
+    while (g->head != NULL) {
+        epd_guard_conn_close(g->head);
+    }
+    uv_close((uv_handle_t *)&g->listener, NULL);
+    uv_close((uv_handle_t *)&g->stop_async, NULL);
+}
+
+static void *epd_guard_thread(void *arg)
+{
+    epd_rpc_guard_t *g = arg;
+
+    uv_run(&g->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+/* The cap in force: max_conns, at most a third of the descriptors left
+ * after a reserve for everything else (a quarter of the limit, at most
+ * 1024).  Sized once, at start: a daemon raises its limit before. */
+static uint32_t epd_guard_fd_budget(uint32_t want, size_t *limit_p)
+{
+    struct rlimit rl;
+    rlim_t reserve, room;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) {
+        *limit_p = EPD_GUARD_MARKS_MAX;
+        return want;
+    }
+    *limit_p = rl.rlim_cur < EPD_GUARD_MARKS_MAX ? (size_t)rl.rlim_cur : EPD_GUARD_MARKS_MAX;
+    reserve = rl.rlim_cur / 4 < 1024 ? rl.rlim_cur / 4 : 1024;
+    room = (rl.rlim_cur - reserve) / 3;
+    if (room < 1) {
+        room = 1;
+    }
+    return (rlim_t)want > room ? (uint32_t)room : want;
+}
+
+epd_status_t epd_rpc_guard_start(const char *bind_addr, const epd_rpc_limits_t *limits,
+                                 epd_rpc_guard_adopt_cb_t adopt, void *arg,
+                                 epd_rpc_guard_t **guard_p)
+{
+    epd_rpc_guard_t *g;
+    char host[128];
+    uint16_t port;
+    struct sockaddr_storage ss;
+    struct sockaddr_storage bound;
+    int namelen = sizeof(bound);
+    uint32_t want;
+    epd_status_t st = EPD_ERR_UNREACHABLE;
+    int rc;
+
+    g = epd_calloc(1, sizeof(*g));
+    if (g == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    g->lim = *limits;
+    if (g->lim.max_conns == 0) {
+        g->lim.max_conns = EPD_RPC_DEFAULT_MAX_CONNS;
+    }
+    if (g->lim.max_conns_per_addr == 0) {
+        g->lim.max_conns_per_addr = EPD_RPC_DEFAULT_MAX_CONNS_PER_ADDR;
+    }
+    if (g->lim.auth_timeout_ms == 0) {
+        g->lim.auth_timeout_ms = EPD_RPC_DEFAULT_AUTH_TIMEOUT_MS;
+    }
+    if (g->lim.max_resets == 0) {
+        g->lim.max_resets = EPD_RPC_DEFAULT_MAX_RESETS;
+    }
+    want = g->lim.max_conns;
+    g->lim.max_conns = epd_guard_fd_budget(want, &g->n_marks);
+    if (g->lim.max_conns < want) {
+        epd_log_warn(EPD_GUARD_LOG, 0,
+                     "control: --control-max-conns %u clamped to %u by the file-descriptor "
+                     "limit %zu (3 a connection, a reserve kept)",
+                     want, g->lim.max_conns, g->n_marks);
+    }
+    g->adopt = adopt;
+    g->arg = arg;
+    g->marks = epd_calloc(g->n_marks, sizeof(*g->marks));
+    if (g->marks == NULL) {
+        epd_free(g);
+        return EPD_ERR_NO_MEMORY;
+    }
+    if (uv_loop_init(&g->loop) != 0) {
+        epd_free(g->marks);
+        epd_free(g);
+        return EPD_ERR_FATAL;
+    }
+    uv_tcp_init(&g->loop, &g->listener);
+    g->listener.data = g;
+    if (epd_addr_split(bind_addr, host, sizeof(host), &port, NULL) != EPD_OK ||
+        (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
+         uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss) != 0)) {
+        epd_log_error(EPD_GUARD_LOG, 0, "control: '%s' is not a numeric HOST:PORT", bind_addr);
+        goto err_loop;
+    }
+    rc = uv_tcp_bind(&g->listener, (const struct sockaddr *)&ss, 0);
+    if (rc == 0) {
+        rc = uv_listen((uv_stream_t *)&g->listener, 511, epd_guard_on_connection);
+    }
+    if (rc != 0 || uv_tcp_getsockname(&g->listener, (struct sockaddr *)&bound, &namelen) != 0) {
+        epd_log_error(EPD_GUARD_LOG, 0, "control: cannot listen on %s: %s", bind_addr,
+                      uv_strerror(rc));
+        goto err_loop;
+    }
+    g->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                : ((struct sockaddr_in *)&bound)->sin_port);
+    uv_async_init(&g->loop, &g->stop_async, epd_guard_on_stop);
+    g->stop_async.data = g;
+    if (pthread_create(&g->thread, NULL, epd_guard_thread, g) != 0) {
+        st = EPD_ERR_FATAL;
+        uv_close((uv_handle_t *)&g->stop_async, NULL);
+        goto err_loop;
+    }
+    g->thread_started = 1;
+    *guard_p = g;
+    return EPD_OK;
+
+err_loop:
+    uv_close((uv_handle_t *)&g->listener, NULL);
+    uv_run(&g->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&g->loop);
+    epd_free(g->marks);
+    epd_free(g);
+    return st;
+}
+
+int epd_rpc_guard_port(const epd_rpc_guard_t *g)
+{
+    return g->port;
+}
+
+void epd_rpc_guard_mark(epd_rpc_guard_t *g, const char *peer)
+{
+    long fd;
+    char *end;
+
+    if (g == NULL || peer == NULL || strncmp(peer, "fd:", 3) != 0) {
+        return;
+    }
+    errno = 0;
+    fd = strtol(peer + 3, &end, 10);
+    if (errno != 0 || end == peer + 3 || fd < 0 || (size_t)fd >= g->n_marks) {
+        return;
+    }
+    atomic_store(&g->marks[fd], 1);
+}
+
+void epd_rpc_guard_stats(const epd_rpc_guard_t *g, epd_rpc_guard_stats_t *s)
+{
+    memset(s, 0, sizeof(*s));
+    if (g == NULL) {
+        return;
+    }
+    s->accepted = atomic_load(&g->n_accepted);
+    s->refused_addr = atomic_load(&g->n_refused_addr);
+    s->refused_full = atomic_load(&g->n_refused_full);
+    s->shed = atomic_load(&g->n_shed);
+    s->timed_out = atomic_load(&g->n_timed_out);
+    s->bad_preface = atomic_load(&g->n_bad_preface);
+    s->reset_flood = atomic_load(&g->n_reset_flood);
+    s->stream_flood = atomic_load(&g->n_stream_flood);
+    s->accept_errors = atomic_load(&g->n_accept_errors);
+    s->live = atomic_load(&g->live_now);
+    s->max_conns = g->lim.max_conns;
+}
+
+void epd_rpc_guard_stop(epd_rpc_guard_t *g)
+{
+    if (g == NULL || !g->thread_started) {
+        return;
+    }
+    uv_async_send(&g->stop_async);
+    pthread_join(g->thread, NULL);
+    g->thread_started = 0;
+    /* every handle was closed by epd_guard_on_stop and the loop ran dry */
+    if (uv_loop_close(&g->loop) != 0) {
+        epd_log_warn(EPD_GUARD_LOG, 0, "control: the guard's loop still had handles at stop");
+    }
+}
+
+void epd_rpc_guard_destroy(epd_rpc_guard_t *g)
+{
+    if (g == NULL) {
+        return;
+    }
+    epd_free(g->marks);
+    epd_free(g);
+}
