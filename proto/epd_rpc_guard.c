@@ -86,6 +86,18 @@
 #define EPD_GUARD_FRAME_HEADERS 0x1
 #define EPD_GUARD_FRAME_RST_STREAM 0x3
 
+/* Kinds of events logged, each rate-limited on its own (a burst of one
+ * must not hide another). */
+enum {
+    EPD_GUARD_EV_ACCEPT,
+    EPD_GUARD_EV_ADDR,
+    EPD_GUARD_EV_FULL,
+    EPD_GUARD_EV_DEADLINE,
+    EPD_GUARD_EV_PROTOCOL,
+    EPD_GUARD_EV_FLOOD,
+    EPD_GUARD_KINDS
+};
+
 typedef struct epd__guard_conn epd__guard_conn_t;
 
 struct epd__guard_conn {
@@ -128,7 +140,7 @@ struct epd_rpc_guard {
     uint32_t live;
     atomic_uchar *marks; /* [n_marks]: fd -> a call on it authenticated */
     size_t n_marks;
-    epd_log_limit_t log_limit;
+    epd_log_limit_t log_limit[EPD_GUARD_KINDS]; /* one per kind of event */
     atomic_uint_fast64_t n_accepted, n_refused_addr, n_refused_full, n_shed, n_timed_out;
     atomic_uint_fast64_t n_bad_preface, n_reset_flood, n_stream_flood, n_accept_errors;
     atomic_uint live_now;
@@ -148,11 +160,11 @@ static void epd_guard_read_inner(epd__guard_conn_t *c);
 /* ------------------------------------------------------------ helpers */
 
 /* A rate-limited warning: strangers trigger these at will. */
-#define EPD_GUARD_WARN(g, ...)                                                        \
-    do {                                                                              \
-        if (epd_log_enabled(EPD_LOG_WARN) && epd_log_limit_ok(&(g)->log_limit, 5)) { \
-            epd_log_warn(EPD_GUARD_LOG, 0, __VA_ARGS__);                              \
-        }                                                                             \
+#define EPD_GUARD_WARN(g, kind, ...)                                                         \
+    do {                                                                                     \
+        if (epd_log_enabled(EPD_LOG_WARN) && epd_log_limit_ok(&(g)->log_limit[kind], 5)) { \
+            epd_log_warn(EPD_GUARD_LOG, 0, __VA_ARGS__);                                     \
+        }                                                                                    \
     } while (0)
 
 /* The per-address key: an IPv4 address, or the /64 of an IPv6 one (a
@@ -362,7 +374,7 @@ static int epd_guard_on_frame(epd__guard_conn_t *c)
         c->streams++;
         if (c->streams > EPD_RPC_GUARD_STRANGER_STREAMS && !epd_guard_is_member(c)) {
             atomic_fetch_add(&g->n_stream_flood, 1);
-            EPD_GUARD_WARN(g,
+            EPD_GUARD_WARN(g, EPD_GUARD_EV_FLOOD,
                            "control: closed %s: %u streams and none of its calls "
                            "authenticated",
                            c->name, c->streams);
@@ -377,7 +389,7 @@ static int epd_guard_on_frame(epd__guard_conn_t *c)
         }
         if (++c->resets > g->lim.max_resets) {
             atomic_fetch_add(&g->n_reset_flood, 1);
-            EPD_GUARD_WARN(g,
+            EPD_GUARD_WARN(g, EPD_GUARD_EV_FLOOD,
                            "control: closed %s: over %u stream resets within %u s "
                            "(--control-max-resets; HTTP/2 rapid reset)",
                            c->name, g->lim.max_resets, EPD_RPC_GUARD_RESET_WINDOW_MS / 1000);
@@ -426,7 +438,7 @@ static int epd_guard_hand_over(epd__guard_conn_t *c)
 
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) {
         atomic_fetch_add(&g->n_accept_errors, 1);
-        EPD_GUARD_WARN(g, "control: cannot serve %s: socketpair: %s", c->name, strerror(errno));
+        EPD_GUARD_WARN(g, EPD_GUARD_EV_ACCEPT, "control: cannot serve %s: socketpair: %s", c->name, strerror(errno));
         if (errno == EMFILE || errno == ENFILE) {
             epd__guard_conn_t *old = epd_guard_oldest_stranger(g);
 
@@ -487,7 +499,7 @@ static void epd_guard_on_peer_read(uv_stream_t *s, ssize_t n, const uv_buf_t *bu
         off = len < off ? len : off;
         if (memcmp(p, EPD_GUARD_PREFACE + c->preface, off) != 0) {
             atomic_fetch_add(&g->n_bad_preface, 1);
-            EPD_GUARD_WARN(g, "control: closed %s: not an HTTP/2 client preface", c->name);
+            EPD_GUARD_WARN(g, EPD_GUARD_EV_PROTOCOL, "control: closed %s: not an HTTP/2 client preface", c->name);
             goto err_close;
         }
         c->preface += (uint32_t)off;
@@ -537,7 +549,7 @@ static void epd_guard_on_deadline(uv_timer_t *t)
         return;
     }
     atomic_fetch_add(&g->n_timed_out, 1);
-    EPD_GUARD_WARN(g,
+    EPD_GUARD_WARN(g, EPD_GUARD_EV_DEADLINE,
                    "control: closed %s: %s within %u ms of connecting "
                    "(--control-auth-timeout-ms)",
                    c->name,
@@ -576,7 +588,7 @@ static void epd_guard_on_connection(uv_stream_t *listener, int status)
         epd__guard_conn_t *old = epd_guard_oldest_stranger(g);
 
         atomic_fetch_add(&g->n_accept_errors, 1);
-        EPD_GUARD_WARN(g, "control: accept: %s (%u connections open)%s", uv_strerror(status),
+        EPD_GUARD_WARN(g, EPD_GUARD_EV_ACCEPT, "control: accept: %s (%u connections open)%s", uv_strerror(status),
                        g->live, old != NULL ? "; closing the oldest unauthenticated one" : "");
         if (old != NULL) {
             atomic_fetch_add(&g->n_shed, 1);
@@ -609,7 +621,7 @@ static void epd_guard_on_connection(uv_stream_t *listener, int status)
     }
     if (same >= g->lim.max_conns_per_addr && g->lim.max_conns_per_addr != UINT32_MAX) {
         atomic_fetch_add(&g->n_refused_addr, 1);
-        EPD_GUARD_WARN(g, "control: refused %s: %u connections from its address "
+        EPD_GUARD_WARN(g, EPD_GUARD_EV_ADDR, "control: refused %s: %u connections from its address "
                           "(--control-max-conns-per-addr)",
                        c->name, same);
         uv_close((uv_handle_t *)&c->peer, epd_guard_on_handle_closed);
@@ -620,14 +632,14 @@ static void epd_guard_on_connection(uv_stream_t *listener, int status)
 
         if (old == NULL) {
             atomic_fetch_add(&g->n_refused_full, 1);
-            EPD_GUARD_WARN(g, "control: refused %s: %u members' connections open "
+            EPD_GUARD_WARN(g, EPD_GUARD_EV_FULL, "control: refused %s: %u members' connections open "
                               "(--control-max-conns)",
                            c->name, g->live);
             uv_close((uv_handle_t *)&c->peer, epd_guard_on_handle_closed);
             return;
         }
         atomic_fetch_add(&g->n_shed, 1);
-        EPD_GUARD_WARN(g, "control: %u connections open (--control-max-conns): closed %s, the "
+        EPD_GUARD_WARN(g, EPD_GUARD_EV_FULL, "control: %u connections open (--control-max-conns): closed %s, the "
                           "oldest unauthenticated, for %s",
                        g->live, old->name, c->name);
         epd_guard_conn_close(old);

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# What a stranger (no cluster secret) can hold of a control port
+# (proto/epd_rpc_guard.c), the router run with 256 file descriptors:
+#  - 1,000 idle TCP connections to the router's control port from eight
+#    addresses: those past the caps are closed at once (per address, then
+#    the oldest unauthenticated one for each newer), the router never runs
+#    out of descriptors, a completion through it still answers 200 and a
+#    new member's call (epd-ctl workers) gets through while the flood is
+#    held; once the flood closes, new control connections are served; an
+#    idle connection is closed by the deadline (--control-auth-timeout-ms);
+#  - HTTP/2 rapid reset: 100,000 HEADERS+RST_STREAM pairs against the
+#    router's and a decode worker's control ports leave each one's resident
+#    memory within 96 MB of where it was (Debian's gRPC 1.51 alone: +1.3 GB
+#    for the router, measured), and the cluster serving.
+source "$(dirname "$0")/lib.sh"
+
+( umask 077
+  head -c 32 /dev/urandom | base64 >"$T/secret" )
+S=(--cluster-secret-file "$T/secret")
+# epd-ctl (wait_router_state, workers) reads the secret from here
+export EPD_CLUSTER_SECRET_FILE="$T/secret"
+CTL="$BIN/epd-ctl"
+# ASan keeps freed memory in quarantine (256 MB by default), which would
+# count as resident here: a small one keeps the bound about live memory
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=16"
+RSS_BOUND_KB=$((96 * 1024))
+NOFILE=256
+
+rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
+nfds() { ls "/proc/$1/fd" | wc -l; }
+complete() {
+  local out code
+  out=$(curl -s --max-time 60 -w '\n%{http_code}' "$r_HTTP/v1/completions" \
+    -H 'Content-Type: application/json' \
+    -d '{"model":"m","prompt":"The guard keeps the door.","max_tokens":8,"temperature":0}') ||
+    fail "curl to the router failed"
+  code=$(tail -n 1 <<<"$out")
+  [ "$code" = 200 ] && grep -q '"text":' <<<"$out" || fail "completion: HTTP $code: $out"
+}
+
+mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
+EPD_ITEST_NOFILE=$NOFILE start_router r --model "$T/m" --heartbeat-ms 200 "${S[@]}" \
+  --control-auth-timeout-ms 8000 --control-max-conns-per-addr 16
+[ "$(awk '/^Max open files/ { print $4 }' "/proc/$r_PID/limits")" = $NOFILE ] ||
+  fail "the router runs with $(grep 'open files' "/proc/$r_PID/limits")"
+start_daemon d decode --model "$T/m" --worker-id decode-0 --kv-blocks 256 --state-slots 16 \
+  --router "$r_ADDR" "${S[@]}"
+start_daemon p prefill --model "$T/m" --worker-id prefill-0 --router "$r_ADDR" "${S[@]}"
+wait_router_state "$r_ADDR" decode-0 READY
+wait_router_state "$r_ADDR" prefill-0 READY
+complete
+cap=$(sed -n 's/.*control port: up to \([0-9]*\) connections.*/\1/p' "$T/r.log" | head -n 1)
+[ -n "$cap" ] && [ "$cap" -lt $((NOFILE / 3)) ] || fail "control connection cap '$cap'"
+note "control cap $cap connections at $NOFILE descriptors; router fds $(nfds "$r_PID")"
+
+note "1,000 idle connections to the router's control port, from 127.0.0.2-9"
+port=${r_ADDR##*:}
+rm -f "$T/flood.go" "$T/flood.held"
+"$PYTHON3" - "$port" "$T/flood.held" "$T/flood.go" "$cap" >"$T/flood.out" 2>&1 <<'PY' &
+import os, select, socket, sys, time
+port, held_file, go_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+socks = []
+for i in range(1000):
+    s = socket.socket()
+    s.bind(("127.0.0.%d" % (2 + i // 125), 0))  # 125 from each in turn
+    s.setblocking(False)
+    try:
+        s.connect(("127.0.0.1", port))
+    except BlockingIOError:
+        pass
+    socks.append(s)
+# the server closes those past the caps (per address, or the oldest
+# unauthenticated for each newer): wait until what is left open fits the
+# cap (argv[4]), or 60 s
+cap = int(sys.argv[4])
+deadline = time.time() + 60
+open_ = set(socks)
+while time.time() < deadline and len(open_) > cap:
+    r, _, _ = select.select(list(open_), [], [], 0.2)
+    for s in r:
+        try:
+            data = s.recv(1)
+        except OSError:
+            data = b""
+        if not data:
+            open_.discard(s)
+print("connected=1000 still_open=%d closed_by_server=%d" % (len(open_), 1000 - len(open_)))
+sys.stdout.flush()
+open(held_file, "w").write("%d\n" % len(open_))
+while not os.path.exists(go_file) and time.time() < deadline + 120:
+    time.sleep(0.1)
+for s in socks:
+    s.close()
+PY
+flood_pid=$!
+for i in $(seq 1 1200); do
+  [ -s "$T/flood.held" ] && break
+  kill -0 "$flood_pid" 2>/dev/null || fail "the flood client died: $(cat "$T/flood.out")"
+  sleep 0.1
+done
+[ -s "$T/flood.held" ] || fail "the flood client did not report"
+held=$(cat "$T/flood.held")
+note "$(cat "$T/flood.out"); router fds $(nfds "$r_PID") of $NOFILE"
+[ "$held" -le "$cap" ] || fail "$held idle connections held open, over the cap $cap"
+[ "$(nfds "$r_PID")" -lt $NOFILE ] || fail "the router is out of descriptors"
+note "while the flood is held: a completion, and a member's new control connection"
+complete
+"$CTL" workers "$r_ADDR" "${S[@]}" >"$T/workers" || fail "epd-ctl workers during the flood"
+grep -q '^decode pool: 1 READY' "$T/workers" || fail "decode pool: $(cat "$T/workers")"
+grep -q 'control: refused .*--control-max-conns-per-addr' "$T/r.log" ||
+  fail "the router did not log the per-address refusals"
+grep -q 'control: .*connections open (--control-max-conns): closed' "$T/r.log" ||
+  fail "the router did not log shedding the oldest unauthenticated connection"
+touch "$T/flood.go"
+wait "$flood_pid" || fail "the flood client failed: $(cat "$T/flood.out")"
+
+note "after the flood: new control connections are served"
+for i in $(seq 1 100); do
+  "$CTL" workers "$r_ADDR" "${S[@]}" >"$T/workers" 2>/dev/null && break
+  sleep 0.1
+done
+grep -q '^decode pool: 1 READY' "$T/workers" || fail "after the flood: $(cat "$T/workers")"
+[ "$(EPD_CLUSTER_SECRET_FILE= "$CTL" probe "$r_ADDR")" = SERVING ] || fail "probe after the flood"
+complete
+
+note "an idle connection is closed by the deadline"
+"$PYTHON3" - "$port" <<'PY' || fail "an idle connection was not closed by the router"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=120)
+s.settimeout(120)  # the deadline is 8 s; a loaded machine gets the rest
+assert s.recv(1) == b"", "bytes from the router"
+PY
+grep -q 'control: closed .*no HTTP/2 preface within 8000 ms' "$T/r.log" ||
+  fail "the router did not log the deadline"
+
+note "HTTP/2 rapid reset: 100,000 streams at the router and at decode"
+for who in r d; do
+  pidv="${who}_PID"
+  addrv="${who}_ADDR"
+  before=$(rss_kb "${!pidv}")
+  fds_before=$(nfds "${!pidv}")
+  "$PYTHON3" "$(dirname "$0")/epd_rapid_reset.py" "${!addrv}" 100000 >"$T/rr.$who" ||
+    fail "rapid reset against $who: $(cat "$T/rr.$who")"
+  after=$(rss_kb "${!pidv}")
+  note "$who: $(cat "$T/rr.$who"); VmRSS ${before} -> ${after} kB; fds $fds_before -> $(nfds "${!pidv}")"
+  [ $((after - before)) -lt $RSS_BOUND_KB ] ||
+    fail "$who grew $(((after - before) / 1024)) MB under rapid reset (bound $((RSS_BOUND_KB / 1024)) MB)"
+  grep -q 'control: closed .*streams and none of its calls authenticated' "$T/$who.log" ||
+    fail "$who did not log closing the reset flood"
+done
+complete
+wait_router_state "$r_ADDR" decode-0 READY
+wait_router_state "$r_ADDR" prefill-0 READY
+finish_ok
