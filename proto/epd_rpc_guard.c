@@ -25,9 +25,13 @@
  *    When max_conns are open, the oldest connection with no authenticated
  *    call yet is closed to make room (a flood of strangers displaces
  *    strangers, never a member); when all are members the new one is
- *    refused.  libuv keeps a spare descriptor for accept4() failing with
- *    EMFILE (it accepts and closes the waiting peers and keeps listening);
- *    the guard then sheds its oldest stranger too, so accepting resumes.
+ *    refused.  When accept4() fails for lack of descriptors (EMFILE,
+ *    ENFILE: the process's other users of descriptors share the limit),
+ *    the oldest stranger is closed and accept4() tried again; with no
+ *    stranger to close, a spare descriptor kept for this is given up to
+ *    accept the waiting peer and close it, then taken again — the backlog
+ *    drains and the listener never stops (the guard accepts on its own
+ *    socket: libuv's listener would close waiting peers without a word).
  *  - Until the 24-byte HTTP/2 client preface has arrived a connection costs
  *    one descriptor and ~300 bytes: gRPC has not seen it.  Then a
  *    socketpair is made, gRPC core gets one end (grpc_server_add_channel_
@@ -83,6 +87,7 @@
 #define EPD_GUARD_PREFACE "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 #define EPD_GUARD_PREFACE_LEN 24
 #define EPD_GUARD_MARKS_MAX (1u << 20)
+#define EPD_GUARD_ACCEPT_BATCH 64 /* accepts per wake-up of the listener */
 #define EPD_GUARD_FRAME_HEADERS 0x1
 #define EPD_GUARD_FRAME_RST_STREAM 0x3
 
@@ -128,7 +133,9 @@ struct epd__guard_conn {
 
 struct epd_rpc_guard {
     uv_loop_t loop;
-    uv_tcp_t listener;
+    int listen_fd;
+    uv_poll_t listener; /* listen_fd readable */
+    int spare_fd;       /* /dev/null, given up when accept4 finds no descriptor */
     uv_async_t stop_async;
     pthread_t thread;
     int thread_started;
@@ -559,46 +566,15 @@ static void epd_guard_on_deadline(uv_timer_t *t)
     epd_guard_conn_close(c);
 }
 
-/* Accepts the waiting peer only to close it (refused). */
-static void epd_guard_refuse(epd_rpc_guard_t *g, uv_stream_t *listener)
+/* Takes in one accepted socket `fd` from `ss`, or closes it (refused). */
+static void epd_guard_take(epd_rpc_guard_t *g, int fd, const struct sockaddr_storage *ss)
 {
-    int fd = -1;
-    uv_os_fd_t lfd;
-
-    (void)g;
-    if (uv_fileno((uv_handle_t *)listener, &lfd) == 0) {
-        fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-    }
-    if (fd >= 0) {
-        close(fd);
-    }
-}
-
-static void epd_guard_on_connection(uv_stream_t *listener, int status)
-{
-    epd_rpc_guard_t *g = listener->data;
-    struct sockaddr_storage ss;
-    int namelen = sizeof(ss);
     epd__guard_conn_t *c;
     uint32_t same = 0;
 
-    if (status < 0) {
-        /* libuv took the waiting peers off with its spare descriptor
-         * (EMFILE/ENFILE) and keeps listening; make room for the next */
-        epd__guard_conn_t *old = epd_guard_oldest_stranger(g);
-
-        atomic_fetch_add(&g->n_accept_errors, 1);
-        EPD_GUARD_WARN(g, EPD_GUARD_EV_ACCEPT, "control: accept: %s (%u connections open)%s", uv_strerror(status),
-                       g->live, old != NULL ? "; closing the oldest unauthenticated one" : "");
-        if (old != NULL) {
-            atomic_fetch_add(&g->n_shed, 1);
-            epd_guard_conn_close(old);
-        }
-        return;
-    }
     c = epd_calloc(1, sizeof(*c));
     if (c == NULL) {
-        epd_guard_refuse(g, listener);
+        close(fd);
         return;
     }
     c->g = g;
@@ -606,12 +582,12 @@ static void epd_guard_on_connection(uv_stream_t *listener, int status)
     uv_tcp_init(&g->loop, &c->peer);
     c->peer.data = c;
     c->handles = 1;
-    if (uv_accept(listener, (uv_stream_t *)&c->peer) != 0) {
+    if (uv_tcp_open(&c->peer, fd) != 0) {
+        close(fd);
         uv_close((uv_handle_t *)&c->peer, epd_guard_on_handle_closed);
         return;
     }
-    if (uv_tcp_getpeername(&c->peer, (struct sockaddr *)&ss, &namelen) == 0 &&
-        epd_guard_addr_key(&ss, c->addr, c->name, sizeof(c->name)) == 0) {
+    if (epd_guard_addr_key(ss, c->addr, c->name, sizeof(c->name)) == 0) {
         c->have_addr = 1;
     }
     if (c->have_addr && g->lim.max_conns_per_addr != UINT32_MAX) {
@@ -621,8 +597,9 @@ static void epd_guard_on_connection(uv_stream_t *listener, int status)
     }
     if (same >= g->lim.max_conns_per_addr && g->lim.max_conns_per_addr != UINT32_MAX) {
         atomic_fetch_add(&g->n_refused_addr, 1);
-        EPD_GUARD_WARN(g, EPD_GUARD_EV_ADDR, "control: refused %s: %u connections from its address "
-                          "(--control-max-conns-per-addr)",
+        EPD_GUARD_WARN(g, EPD_GUARD_EV_ADDR,
+                       "control: refused %s: %u connections from its address "
+                       "(--control-max-conns-per-addr)",
                        c->name, same);
         uv_close((uv_handle_t *)&c->peer, epd_guard_on_handle_closed);
         return;
@@ -632,15 +609,17 @@ static void epd_guard_on_connection(uv_stream_t *listener, int status)
 
         if (old == NULL) {
             atomic_fetch_add(&g->n_refused_full, 1);
-            EPD_GUARD_WARN(g, EPD_GUARD_EV_FULL, "control: refused %s: %u members' connections open "
-                              "(--control-max-conns)",
+            EPD_GUARD_WARN(g, EPD_GUARD_EV_FULL,
+                           "control: refused %s: %u members' connections open "
+                           "(--control-max-conns)",
                            c->name, g->live);
             uv_close((uv_handle_t *)&c->peer, epd_guard_on_handle_closed);
             return;
         }
         atomic_fetch_add(&g->n_shed, 1);
-        EPD_GUARD_WARN(g, EPD_GUARD_EV_FULL, "control: %u connections open (--control-max-conns): closed %s, the "
-                          "oldest unauthenticated, for %s",
+        EPD_GUARD_WARN(g, EPD_GUARD_EV_FULL,
+                       "control: %u connections open (--control-max-conns): closed %s, the "
+                       "oldest unauthenticated, for %s",
                        g->live, old->name, c->name);
         epd_guard_conn_close(old);
     }
@@ -662,6 +641,73 @@ static void epd_guard_on_connection(uv_stream_t *listener, int status)
     epd_guard_read_peer(c);
 }
 
+/* Out of descriptors (accept4 failed EMFILE/ENFILE): the oldest
+ * unauthenticated connection is closed (uv_close closes its socket at
+ * once) so the next accept4 succeeds; with none, the spare descriptor is
+ * given up to accept the waiting peer and close it, then taken again, so
+ * the backlog drains and the listener stays live.  Either way the caller
+ * accepts again. */
+static void epd_guard_out_of_fds(epd_rpc_guard_t *g, int err)
+{
+    epd__guard_conn_t *old = epd_guard_oldest_stranger(g);
+
+    atomic_fetch_add(&g->n_accept_errors, 1);
+    EPD_GUARD_WARN(g, EPD_GUARD_EV_ACCEPT, "control: accept: %s (%u connections open); %s",
+                   strerror(err), g->live,
+                   old != NULL ? "closing the oldest unauthenticated one"
+                               : "refusing the next with the spare descriptor");
+    if (old != NULL) {
+        atomic_fetch_add(&g->n_shed, 1);
+        epd_guard_conn_close(old);
+        return;
+    }
+    if (g->spare_fd >= 0) {
+        int fd;
+
+        close(g->spare_fd);
+        fd = accept4(g->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0) {
+            close(fd);
+        }
+        g->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+}
+
+/* The listening socket is readable: accept what waits, a bounded batch
+ * per wake-up (the loop also carries the connections' bytes). */
+static void epd_guard_on_listen(uv_poll_t *poll, int status, int events)
+{
+    epd_rpc_guard_t *g = poll->data;
+
+    (void)events;
+    if (status < 0) {
+        return;
+    }
+    for (int i = 0; i < EPD_GUARD_ACCEPT_BATCH; i++) {
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof(ss);
+        int fd = accept4(g->listen_fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+        if (fd >= 0) {
+            epd_guard_take(g, fd, &ss);
+            continue;
+        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            return;
+        }
+        if (errno == EMFILE || errno == ENFILE) {
+            epd_guard_out_of_fds(g, errno);
+            continue;
+        }
+        if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) {
+            continue;
+        }
+        atomic_fetch_add(&g->n_accept_errors, 1);
+        EPD_GUARD_WARN(g, EPD_GUARD_EV_ACCEPT, "control: accept: %s", strerror(errno));
+        return; /* level-triggered: the next turn tries again */
+    }
+}
+
 /* ------------------------------------------------------------ life cycle */
 
 static void epd_guard_on_stop(uv_async_t *a)
@@ -673,6 +719,12 @@ static void epd_guard_on_stop(uv_async_t *a)
     }
     uv_close((uv_handle_t *)&g->listener, NULL);
     uv_close((uv_handle_t *)&g->stop_async, NULL);
+    close(g->listen_fd);
+    g->listen_fd = -1;
+    if (g->spare_fd >= 0) {
+        close(g->spare_fd);
+        g->spare_fd = -1;
+    }
 }
 
 static void *epd_guard_thread(void *arg)
@@ -713,10 +765,10 @@ epd_status_t epd_rpc_guard_start(const char *bind_addr, const epd_rpc_limits_t *
     uint16_t port;
     struct sockaddr_storage ss;
     struct sockaddr_storage bound;
-    int namelen = sizeof(bound);
+    socklen_t namelen = sizeof(bound);
     uint32_t want;
     epd_status_t st = EPD_ERR_UNREACHABLE;
-    int rc;
+    int one = 1;
 
     g = epd_calloc(1, sizeof(*g));
     if (g == NULL) {
@@ -755,23 +807,36 @@ epd_status_t epd_rpc_guard_start(const char *bind_addr, const epd_rpc_limits_t *
         epd_free(g);
         return EPD_ERR_FATAL;
     }
-    uv_tcp_init(&g->loop, &g->listener);
-    g->listener.data = g;
+    g->listen_fd = -1;
+    g->spare_fd = -1;
     if (epd_addr_split(bind_addr, host, sizeof(host), &port, NULL) != EPD_OK ||
         (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
          uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss) != 0)) {
         epd_log_error(EPD_GUARD_LOG, 0, "control: '%s' is not a numeric HOST:PORT", bind_addr);
         goto err_loop;
     }
-    rc = uv_tcp_bind(&g->listener, (const struct sockaddr *)&ss, 0);
-    if (rc == 0) {
-        rc = uv_listen((uv_stream_t *)&g->listener, 511, epd_guard_on_connection);
-    }
-    if (rc != 0 || uv_tcp_getsockname(&g->listener, (struct sockaddr *)&bound, &namelen) != 0) {
+    /* our own socket, not uv_listen: libuv's listener handles EMFILE by
+     * closing the waiting peers without telling us, and the guard must
+     * shed to make room (epd_guard_out_of_fds).  SO_REUSEADDR as libuv
+     * sets it; no SO_REUSEPORT: a second daemon cannot share the port. */
+    g->listen_fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (g->listen_fd < 0 ||
+        setsockopt(g->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+        bind(g->listen_fd, (const struct sockaddr *)&ss,
+             ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in)) !=
+            0 ||
+        listen(g->listen_fd, 511) != 0 ||
+        getsockname(g->listen_fd, (struct sockaddr *)&bound, &namelen) != 0) {
         epd_log_error(EPD_GUARD_LOG, 0, "control: cannot listen on %s: %s", bind_addr,
-                      uv_strerror(rc));
+                      strerror(errno));
         goto err_loop;
     }
+    g->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (uv_poll_init(&g->loop, &g->listener, g->listen_fd) != 0) {
+        goto err_loop;
+    }
+    g->listener.data = g;
+    uv_poll_start(&g->listener, UV_READABLE, epd_guard_on_listen);
     g->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                 : ((struct sockaddr_in *)&bound)->sin_port);
     uv_async_init(&g->loop, &g->stop_async, epd_guard_on_stop);
@@ -786,8 +851,16 @@ epd_status_t epd_rpc_guard_start(const char *bind_addr, const epd_rpc_limits_t *
     return EPD_OK;
 
 err_loop:
-    uv_close((uv_handle_t *)&g->listener, NULL);
+    if (uv_is_active((uv_handle_t *)&g->listener) || g->listener.data == g) {
+        uv_close((uv_handle_t *)&g->listener, NULL);
+    }
     uv_run(&g->loop, UV_RUN_DEFAULT);
+    if (g->listen_fd >= 0) {
+        close(g->listen_fd);
+    }
+    if (g->spare_fd >= 0) {
+        close(g->spare_fd);
+    }
     uv_loop_close(&g->loop);
     epd_free(g->marks);
     epd_free(g);

@@ -8,6 +8,11 @@
 #    new member's call (epd-ctl workers) gets through while the flood is
 #    held; once the flood closes, new control connections are served; an
 #    idle connection is closed by the deadline (--control-auth-timeout-ms);
+#  - with its descriptor limit lowered below the cap (prlimit), 200 idle
+#    connections make accept fail (EMFILE): the router sheds the oldest
+#    unauthenticated connection, a member's call gets through, and once
+#    the flood closes it accepts and serves as before (gRPC's own listener
+#    never accepted again after one EMFILE);
 #  - HTTP/2 rapid reset: 100,000 HEADERS+RST_STREAM pairs against the
 #    router's and a decode worker's control ports leave each one's resident
 #    memory within 96 MB of where it was (Debian's gRPC 1.51 alone: +1.3 GB
@@ -132,6 +137,56 @@ assert s.recv(1) == b"", "bytes from the router"
 PY
 grep -q 'control: closed .*no HTTP/2 preface within 8000 ms' "$T/r.log" ||
   fail "the router did not log the deadline"
+
+note "out of descriptors: the listener sheds and accepts again"
+# the soft limit lowered under the running router (its cap was sized at
+# start): 200 idle connections now exhaust its descriptors
+low=$(($(nfds "$r_PID") + 30))
+prlimit --pid "$r_PID" --nofile="$low:" || fail "prlimit"
+rm -f "$T/flood.go" "$T/flood.held"
+"$PYTHON3" - "$port" "$T/flood.held" "$T/flood.go" >"$T/flood2.out" 2>&1 <<'PY' &
+import os, socket, sys, time
+port, held_file, go_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+socks = []
+for i in range(200):
+    s = socket.socket()
+    s.bind(("127.0.0.%d" % (20 + i % 20), 0))
+    s.setblocking(False)
+    try:
+        s.connect(("127.0.0.1", port))
+    except BlockingIOError:
+        pass
+    socks.append(s)
+open(held_file, "w").write("200\n")
+deadline = time.time() + 120
+while not os.path.exists(go_file) and time.time() < deadline:
+    time.sleep(0.1)
+for s in socks:
+    s.close()
+PY
+flood_pid=$!
+for i in $(seq 1 600); do
+  grep -qi 'control: accept: too many open files' "$T/r.log" && break
+  sleep 0.1
+done
+grep -qi 'control: accept: too many open files' "$T/r.log" ||
+  fail "the router never ran out of descriptors (limit $low, fds $(nfds "$r_PID"))"
+note "EMFILE reached at $(nfds "$r_PID") fds (limit $low); a member's call while it lasts"
+ok=0
+for i in $(seq 1 100); do
+  if "$CTL" workers "$r_ADDR" "${S[@]}" >"$T/workers" 2>/dev/null; then ok=1; break; fi
+  sleep 0.1
+done
+[ $ok = 1 ] || fail "no member's call got through while out of descriptors"
+touch "$T/flood.go"
+wait "$flood_pid" || fail "the flood client failed: $(cat "$T/flood2.out")"
+prlimit --pid "$r_PID" --nofile="$NOFILE:" || fail "prlimit back"
+for i in $(seq 1 100); do
+  "$CTL" workers "$r_ADDR" "${S[@]}" >"$T/workers" 2>/dev/null && break
+  sleep 0.1
+done
+grep -q '^decode pool: 1 READY' "$T/workers" || fail "after EMFILE: $(cat "$T/workers")"
+complete
 
 note "HTTP/2 rapid reset: 100,000 streams at the router and at decode"
 for who in r d; do
