@@ -527,9 +527,12 @@ static void epd_rpc_refuse_auth(epd_rpc_server_t *s, epd__rpc_call_t *c, epd_log
 
     if (epd_log_enabled(EPD_LOG_WARN) && epd_log_limit_ok(limit, 5)) {
         char *peer = grpc_call_get_peer(c->call);
+        char name[64];
 
-        epd_log_warn("rpc", 0, "refused %s from %s: %s (%llu refused so far)", c->method,
-                     peer != NULL ? peer : "?", why, (unsigned long long)n);
+        /* gRPC names the guard's connections "fd:N": the guard knows whose */
+        epd_rpc_guard_peer_name(s->guard, peer, name, sizeof(name));
+        epd_log_warn("rpc", 0, "refused %s from %s: %s (%llu refused so far)", c->method, name,
+                     why, (unsigned long long)n);
         gpr_free(peer);
     }
     epd_rpc_send_answer(c, code, why, NULL, 0);

@@ -105,6 +105,11 @@ enum {
 
 typedef struct epd__guard_conn epd__guard_conn_t;
 
+typedef struct {
+    int fd; /* gRPC's end of the socketpair; -1: free */
+    char name[64];
+} epd__guard_name_t;
+
 struct epd__guard_conn {
     epd_rpc_guard_t *g;
     epd__guard_conn_t *prev, *next; /* accept order: oldest first */
@@ -115,6 +120,7 @@ struct epd__guard_conn {
     int inner_open;
     int grpc_fd;     /* gRPC's end; -1 before the preface */
     int closing;
+    int64_t name_slot; /* in g->names; -1: none */
     int member;      /* a call of it authenticated (cached from marks[]) */
     int peer_reading, inner_reading;
     unsigned char addr[16];
@@ -146,6 +152,13 @@ struct epd_rpc_guard {
     epd__guard_conn_t *head, *tail;
     uint32_t live;
     atomic_uchar *marks; /* [n_marks]: fd -> a call on it authenticated */
+    /* gRPC's fd -> the peer's address, for the server's log lines (gRPC
+     * names these connections "fd:N"): a slot per connection, looked up
+     * only when a line is logged */
+    pthread_mutex_t names_lock;
+    epd__guard_name_t *names; /* [max_conns] */
+    uint32_t *free_names;     /* [max_conns]: a stack of free slots */
+    uint32_t n_free_names;
     size_t n_marks;
     epd_log_limit_t log_limit[EPD_GUARD_KINDS]; /* one per kind of event */
     atomic_uint_fast64_t n_accepted, n_refused_addr, n_refused_full, n_shed, n_timed_out;
@@ -249,6 +262,13 @@ static void epd_guard_conn_close(epd__guard_conn_t *c)
         return;
     }
     c->closing = 1;
+    if (c->name_slot >= 0) {
+        pthread_mutex_lock(&g->names_lock);
+        g->names[c->name_slot].fd = -1;
+        g->free_names[g->n_free_names++] = (uint32_t)c->name_slot;
+        pthread_mutex_unlock(&g->names_lock);
+        c->name_slot = -1;
+    }
     if (c->prev != NULL) {
         c->prev->next = c->next;
     } else {
@@ -473,6 +493,13 @@ static int epd_guard_hand_over(epd__guard_conn_t *c)
         atomic_store(&g->marks[sv[1]], 0);
     }
     c->grpc_fd = sv[1];
+    pthread_mutex_lock(&g->names_lock);
+    if (g->n_free_names > 0) {
+        c->name_slot = g->free_names[--g->n_free_names];
+        g->names[c->name_slot].fd = sv[1];
+        snprintf(g->names[c->name_slot].name, sizeof(g->names[c->name_slot].name), "%s", c->name);
+    }
+    pthread_mutex_unlock(&g->names_lock);
     g->adopt(g->arg, sv[1]); /* gRPC owns sv[1] from here */
     preface = epd_malloc(EPD_GUARD_PREFACE_LEN);
     if (preface == NULL) {
@@ -504,7 +531,7 @@ static void epd_guard_on_peer_read(uv_stream_t *s, ssize_t n, const uv_buf_t *bu
     if (c->preface < EPD_GUARD_PREFACE_LEN) {
         off = EPD_GUARD_PREFACE_LEN - c->preface;
         off = len < off ? len : off;
-        if (memcmp(p, EPD_GUARD_PREFACE + c->preface, off) != 0) {
+        if (memcmp(p, &EPD_GUARD_PREFACE[c->preface], off) != 0) {
             atomic_fetch_add(&g->n_bad_preface, 1);
             EPD_GUARD_WARN(g, EPD_GUARD_EV_PROTOCOL, "control: closed %s: not an HTTP/2 client preface", c->name);
             goto err_close;
@@ -579,6 +606,7 @@ static void epd_guard_take(epd_rpc_guard_t *g, int fd, const struct sockaddr_sto
     }
     c->g = g;
     c->grpc_fd = -1;
+    c->name_slot = -1;
     uv_tcp_init(&g->loop, &c->peer);
     c->peer.data = c;
     c->handles = 1;
@@ -798,14 +826,21 @@ epd_status_t epd_rpc_guard_start(const char *bind_addr, const epd_rpc_limits_t *
     g->adopt = adopt;
     g->arg = arg;
     g->marks = epd_calloc(g->n_marks, sizeof(*g->marks));
-    if (g->marks == NULL) {
-        epd_free(g);
-        return EPD_ERR_NO_MEMORY;
+    g->names = epd_calloc(g->lim.max_conns, sizeof(*g->names));
+    g->free_names = epd_calloc(g->lim.max_conns, sizeof(*g->free_names));
+    if (g->marks == NULL || g->names == NULL || g->free_names == NULL) {
+        st = EPD_ERR_NO_MEMORY;
+        goto err_free;
     }
+    for (uint32_t i = 0; i < g->lim.max_conns; i++) {
+        g->names[i].fd = -1;
+        g->free_names[i] = g->lim.max_conns - 1 - i;
+    }
+    g->n_free_names = g->lim.max_conns;
+    pthread_mutex_init(&g->names_lock, NULL);
     if (uv_loop_init(&g->loop) != 0) {
-        epd_free(g->marks);
-        epd_free(g);
-        return EPD_ERR_FATAL;
+        st = EPD_ERR_FATAL;
+        goto err_mutex;
     }
     g->listen_fd = -1;
     g->spare_fd = -1;
@@ -862,6 +897,11 @@ err_loop:
         close(g->spare_fd);
     }
     uv_loop_close(&g->loop);
+err_mutex:
+    pthread_mutex_destroy(&g->names_lock);
+err_free:
+    epd_free(g->free_names);
+    epd_free(g->names);
     epd_free(g->marks);
     epd_free(g);
     return st;
@@ -926,6 +966,32 @@ void epd_rpc_guard_destroy(epd_rpc_guard_t *g)
     if (g == NULL) {
         return;
     }
+    pthread_mutex_destroy(&g->names_lock);
+    epd_free(g->free_names);
+    epd_free(g->names);
     epd_free(g->marks);
     epd_free(g);
+}
+
+void epd_rpc_guard_peer_name(epd_rpc_guard_t *g, const char *peer, char *out, size_t cap)
+{
+    long fd;
+    char *end;
+
+    snprintf(out, cap, "%s", peer != NULL ? peer : "?");
+    if (g == NULL || peer == NULL || strncmp(peer, "fd:", 3) != 0) {
+        return;
+    }
+    fd = strtol(peer + 3, &end, 10);
+    if (end == peer + 3 || fd < 0) {
+        return;
+    }
+    pthread_mutex_lock(&g->names_lock);
+    for (uint32_t i = 0; i < g->lim.max_conns; i++) {
+        if (g->names[i].fd == fd) {
+            snprintf(out, cap, "%s", g->names[i].name);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g->names_lock);
 }

@@ -43,6 +43,12 @@ int epd_rpc_guard_port(const epd_rpc_guard_t *guard);
  */
 void epd_rpc_guard_mark(epd_rpc_guard_t *guard, const char *peer);
 
+/* The peer's address ("127.0.0.1:5555") of the connection gRPC names
+ * `peer` ("fd:N"), into out[0..cap); `peer` itself when unknown.  Any
+ * thread, while a call on that connection is alive; it takes a lock and
+ * walks every slot: for log lines only. */
+void epd_rpc_guard_peer_name(epd_rpc_guard_t *guard, const char *peer, char *out, size_t cap);
+
 /* What the guard did so far (any thread; for logs and tests). */
 void epd_rpc_guard_stats(const epd_rpc_guard_t *guard, epd_rpc_guard_stats_t *stats_p);
 
