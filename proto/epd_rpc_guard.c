@@ -84,12 +84,8 @@
 #define EPD_GUARD_LOG "rpc"
 #define EPD_GUARD_READ_BUF 65536
 #define EPD_GUARD_QUEUE_MAX (256u << 10)
-#define EPD_GUARD_PREFACE "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-#define EPD_GUARD_PREFACE_LEN 24
 #define EPD_GUARD_MARKS_MAX (1u << 20)
 #define EPD_GUARD_ACCEPT_BATCH 64 /* accepts per wake-up of the listener */
-#define EPD_GUARD_FRAME_HEADERS 0x1
-#define EPD_GUARD_FRAME_RST_STREAM 0x3
 
 /* Kinds of events logged, each rate-limited on its own (a burst of one
  * must not hide another). */
@@ -126,13 +122,8 @@ struct epd__guard_conn {
     unsigned char addr[16];
     int have_addr;
     char name[64]; /* the peer's address, for logs */
-    /* client -> server HTTP/2 framing */
-    uint32_t preface; /* bytes of the preface seen */
-    unsigned char hdr[9];
-    uint32_t hdr_len;
-    uint32_t skip;       /* payload bytes left of the current frame */
-    uint32_t max_stream; /* highest stream id a HEADERS opened */
-    uint32_t streams;    /* streams opened */
+    epd_rpc_h2scan_t scan; /* the client's bytes */
+    uint32_t streams;      /* streams opened */
     uint32_t resets;     /* RST_STREAM in the current window */
     uint64_t window_ns;  /* start of that window */
 };
@@ -384,20 +375,15 @@ static void epd_guard_read_inner(epd__guard_conn_t *c)
 
 /* ------------------------------------------------------ HTTP/2 framing */
 
-/* One whole frame header of the client: counts streams and resets.  0, or
- * -1 when the connection must close (counted, logged). */
-static int epd_guard_on_frame(epd__guard_conn_t *c)
+/* One frame header of the client (epd_rpc_h2scan_cb_t): counts streams
+ * and resets; nonzero when the connection must close (counted, logged). */
+static int epd_guard_on_frame(void *arg, uint8_t type, uint32_t sid, int opens)
 {
+    epd__guard_conn_t *c = arg;
     epd_rpc_guard_t *g = c->g;
-    uint32_t len = ((uint32_t)c->hdr[0] << 16) | ((uint32_t)c->hdr[1] << 8) | c->hdr[2];
-    uint8_t type = c->hdr[3];
-    uint32_t sid = (((uint32_t)c->hdr[5] << 24) | ((uint32_t)c->hdr[6] << 16) |
-                    ((uint32_t)c->hdr[7] << 8) | c->hdr[8]) &
-                   0x7fffffffu;
 
-    c->skip = len;
-    if (type == EPD_GUARD_FRAME_HEADERS && sid > c->max_stream) {
-        c->max_stream = sid;
+    (void)sid;
+    if (opens) {
         c->streams++;
         if (c->streams > EPD_RPC_GUARD_STRANGER_STREAMS && !epd_guard_is_member(c)) {
             atomic_fetch_add(&g->n_stream_flood, 1);
@@ -407,7 +393,7 @@ static int epd_guard_on_frame(epd__guard_conn_t *c)
                            c->name, c->streams);
             return -1;
         }
-    } else if (type == EPD_GUARD_FRAME_RST_STREAM) {
+    } else if (type == EPD_RPC_H2_RST_STREAM) {
         uint64_t now = epd_time_now_ns();
 
         if (now - c->window_ns > (uint64_t)EPD_RPC_GUARD_RESET_WINDOW_MS * EPD_NSEC_PER_MSEC) {
@@ -421,36 +407,6 @@ static int epd_guard_on_frame(epd__guard_conn_t *c)
                            "(--control-max-resets; HTTP/2 rapid reset)",
                            c->name, g->lim.max_resets, EPD_RPC_GUARD_RESET_WINDOW_MS / 1000);
             return -1;
-        }
-    }
-    return 0;
-}
-
-/* Walks the client's bytes p[0..n) past the preface: frame headers are
- * gathered, payloads skipped.  0, or -1: close. */
-static int epd_guard_parse(epd__guard_conn_t *c, const unsigned char *p, size_t n)
-{
-    while (n > 0) {
-        size_t k;
-
-        if (c->skip > 0) {
-            k = n < c->skip ? n : c->skip;
-            c->skip -= (uint32_t)k;
-            p += k;
-            n -= k;
-            continue;
-        }
-        k = sizeof(c->hdr) - c->hdr_len;
-        k = n < k ? n : k;
-        memcpy(c->hdr + c->hdr_len, p, k);
-        c->hdr_len += (uint32_t)k;
-        p += k;
-        n -= k;
-        if (c->hdr_len == sizeof(c->hdr)) {
-            c->hdr_len = 0;
-            if (epd_guard_on_frame(c) != 0) {
-                return -1;
-            }
         }
     }
     return 0;
@@ -501,12 +457,12 @@ static int epd_guard_hand_over(epd__guard_conn_t *c)
     }
     pthread_mutex_unlock(&g->names_lock);
     g->adopt(g->arg, sv[1]); /* gRPC owns sv[1] from here */
-    preface = epd_malloc(EPD_GUARD_PREFACE_LEN);
+    preface = epd_malloc(EPD_RPC_H2_PREFACE_LEN);
     if (preface == NULL) {
         return -1;
     }
-    memcpy(preface, EPD_GUARD_PREFACE, EPD_GUARD_PREFACE_LEN);
-    if (epd_guard_forward(c, (uv_stream_t *)&c->inner, preface, EPD_GUARD_PREFACE_LEN) != 0) {
+    memcpy(preface, EPD_RPC_H2_PREFACE, EPD_RPC_H2_PREFACE_LEN);
+    if (epd_guard_forward(c, (uv_stream_t *)&c->inner, preface, EPD_RPC_H2_PREFACE_LEN) != 0) {
         return -1;
     }
     epd_guard_read_inner(c);
@@ -519,7 +475,9 @@ static void epd_guard_on_peer_read(uv_stream_t *s, ssize_t n, const uv_buf_t *bu
     epd_rpc_guard_t *g = c->g;
     unsigned char *p = (unsigned char *)buf->base;
     size_t len = n > 0 ? (size_t)n : 0;
-    size_t off = 0; /* bytes of this read that were preface */
+    uint32_t preface_before = c->scan.preface;
+    size_t off; /* bytes of this read that were preface: gRPC gets it whole at hand-over */
+    epd_status_t st;
 
     if (n <= 0 || c->closing) {
         epd_free(buf->base);
@@ -528,21 +486,19 @@ static void epd_guard_on_peer_read(uv_stream_t *s, ssize_t n, const uv_buf_t *bu
         }
         return;
     }
-    if (c->preface < EPD_GUARD_PREFACE_LEN) {
-        off = EPD_GUARD_PREFACE_LEN - c->preface;
-        off = len < off ? len : off;
-        if (memcmp(p, &EPD_GUARD_PREFACE[c->preface], off) != 0) {
-            atomic_fetch_add(&g->n_bad_preface, 1);
-            EPD_GUARD_WARN(g, EPD_GUARD_EV_PROTOCOL, "control: closed %s: not an HTTP/2 client preface", c->name);
-            goto err_close;
-        }
-        c->preface += (uint32_t)off;
-        /* gRPC gets the whole preface (below) once it is complete */
-        if (c->preface == EPD_GUARD_PREFACE_LEN && epd_guard_hand_over(c) != 0) {
-            goto err_close;
-        }
+    st = epd_rpc_h2scan_feed(&c->scan, p, len, epd_guard_on_frame, c);
+    if (st == EPD_ERR_MALFORMED) {
+        atomic_fetch_add(&g->n_bad_preface, 1);
+        EPD_GUARD_WARN(g, EPD_GUARD_EV_PROTOCOL, "control: closed %s: not an HTTP/2 client preface",
+                       c->name);
     }
-    if (epd_guard_parse(c, p + off, len - off) != 0) {
+    if (st != EPD_OK) {
+        goto err_close;
+    }
+    off = EPD_RPC_H2_PREFACE_LEN - preface_before;
+    off = len < off ? len : off;
+    if (preface_before < EPD_RPC_H2_PREFACE_LEN &&
+        c->scan.preface == EPD_RPC_H2_PREFACE_LEN && epd_guard_hand_over(c) != 0) {
         goto err_close;
     }
     if (len == off) {
@@ -587,7 +543,7 @@ static void epd_guard_on_deadline(uv_timer_t *t)
                    "control: closed %s: %s within %u ms of connecting "
                    "(--control-auth-timeout-ms)",
                    c->name,
-                   c->preface < EPD_GUARD_PREFACE_LEN ? "no HTTP/2 preface"
+                   c->scan.preface < EPD_RPC_H2_PREFACE_LEN ? "no HTTP/2 preface"
                                                       : "no call authenticated",
                    g->lim.auth_timeout_ms);
     epd_guard_conn_close(c);

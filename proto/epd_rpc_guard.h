@@ -8,9 +8,11 @@
 #ifndef EPD_RPC_GUARD_H
 #define EPD_RPC_GUARD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "epd_rpc.h"
+#include "epd_rpc_h2scan.h"
 #include "epd_status.h"
 
 typedef struct epd_rpc_guard epd_rpc_guard_t;
