@@ -156,9 +156,9 @@ static int epd_daemon_on_drain_rpc(epd_daemon_t *d, const void *req, size_t req_
 /* grpc.health.v1.Health/Check, for orchestrators' probes (a kubelet's
  * `grpc:` probe, grpc_health_probe): SERVING while the daemon serves,
  * NOT_SERVING while it drains or stops, and while a worker given --router
- * has not been accepted by it (it is listed nowhere: it serves nobody).  The service "" is the daemon, its
- * role's name ("prefill") too; any other is NOT_FOUND, as the protocol
- * says.  Watch (a stream) is not served. */
+ * has not been accepted by it (listed nowhere, it serves nobody).  The
+ * service "" is the daemon, its role's name ("prefill") too; any other is
+ * NOT_FOUND, as the protocol says.  Watch (a stream) is not served. */
 static int epd_daemon_grpc_health(epd_daemon_t *d, const char *method, const void *req,
                                   size_t req_len, void **resp_p, size_t *resp_len_p, char *err,
                                   size_t err_cap)

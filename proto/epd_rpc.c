@@ -531,8 +531,8 @@ static void epd_rpc_refuse_auth(epd_rpc_server_t *s, epd__rpc_call_t *c, epd_log
 
         /* gRPC names the guard's connections "fd:N": the guard knows whose */
         epd_rpc_guard_peer_name(s->guard, peer, name, sizeof(name));
-        epd_log_warn("rpc", 0, "refused %s from %s: %s (%llu refused so far)", c->method, name,
-                     why, (unsigned long long)n);
+        epd_log_warn("rpc", 0, "refused %s from %s: %s (%llu refused so far)", c->method, name, why,
+                     (unsigned long long)n);
         gpr_free(peer);
     }
     epd_rpc_send_answer(c, code, why, NULL, 0);
@@ -747,10 +747,10 @@ epd_status_t epd_rpc_server_create_limited(uv_loop_t *loop, const char *bind_add
          * server's arguments.  (gRPC binds nothing itself: the guard's
          * listener sets no SO_REUSEPORT, so a second daemon cannot share a
          * fixed port.) */
-        grpc_arg a[1] = {{.type = GRPC_ARG_INTEGER,
-                          .key = (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                          .value.integer = (int)(lim.max_streams > INT32_MAX ? INT32_MAX
-                                                                             : lim.max_streams)}};
+        grpc_arg a[1] = {
+            {.type = GRPC_ARG_INTEGER,
+             .key = (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS,
+             .value.integer = (int)(lim.max_streams > INT32_MAX ? INT32_MAX : lim.max_streams)}};
         grpc_channel_args args = {.num_args = 1, .args = a};
 
         s->server = grpc_server_create(&args, NULL);

@@ -112,20 +112,20 @@ struct epd__guard_conn {
     uv_tcp_t peer;
     uv_pipe_t inner; /* our end of the socketpair; gRPC holds the other */
     uv_timer_t timer;
-    int handles;     /* open handles; the struct is freed when the last closes */
+    int handles; /* open handles; the struct is freed when the last closes */
     int inner_open;
-    int grpc_fd;     /* gRPC's end; -1 before the preface */
+    int grpc_fd; /* gRPC's end; -1 before the preface */
     int closing;
     int64_t name_slot; /* in g->names; -1: none */
-    int member;      /* a call of it authenticated (cached from marks[]) */
+    int member;        /* a call of it authenticated (cached from marks[]) */
     int peer_reading, inner_reading;
     unsigned char addr[16];
     int have_addr;
-    char name[64]; /* the peer's address, for logs */
+    char name[64];         /* the peer's address, for logs */
     epd_rpc_h2scan_t scan; /* the client's bytes */
     uint32_t streams;      /* streams opened */
-    uint32_t resets;     /* RST_STREAM in the current window */
-    uint64_t window_ns;  /* start of that window */
+    uint32_t resets;       /* RST_STREAM in the current window */
+    uint64_t window_ns;    /* start of that window */
 };
 
 struct epd_rpc_guard {
@@ -171,17 +171,17 @@ static void epd_guard_read_inner(epd__guard_conn_t *c);
 /* ------------------------------------------------------------ helpers */
 
 /* A rate-limited warning: strangers trigger these at will. */
-#define EPD_GUARD_WARN(g, kind, ...)                                                         \
-    do {                                                                                     \
-        if (epd_log_enabled(EPD_LOG_WARN) && epd_log_limit_ok(&(g)->log_limit[kind], 5)) { \
-            epd_log_warn(EPD_GUARD_LOG, 0, __VA_ARGS__);                                     \
-        }                                                                                    \
+#define EPD_GUARD_WARN(g, kind, ...)                                                               \
+    do {                                                                                           \
+        if (epd_log_enabled(EPD_LOG_WARN) && epd_log_limit_ok(&(g)->log_limit[kind], 5)) {         \
+            epd_log_warn(EPD_GUARD_LOG, 0, __VA_ARGS__);                                           \
+        }                                                                                          \
     } while (0)
 
 /* The per-address key: an IPv4 address, or the /64 of an IPv6 one (a
  * host is given a whole /64).  0 on success. */
-static int epd_guard_addr_key(const struct sockaddr_storage *ss, unsigned char key[16],
-                              char *name, size_t cap)
+static int epd_guard_addr_key(const struct sockaddr_storage *ss, unsigned char key[16], char *name,
+                              size_t cap)
 {
     char host[64] = "?";
 
@@ -421,7 +421,8 @@ static int epd_guard_hand_over(epd__guard_conn_t *c)
 
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) {
         atomic_fetch_add(&g->n_accept_errors, 1);
-        EPD_GUARD_WARN(g, EPD_GUARD_EV_ACCEPT, "control: cannot serve %s: socketpair: %s", c->name, strerror(errno));
+        EPD_GUARD_WARN(g, EPD_GUARD_EV_ACCEPT, "control: cannot serve %s: socketpair: %s", c->name,
+                       strerror(errno));
         if (errno == EMFILE || errno == ENFILE) {
             epd__guard_conn_t *old = epd_guard_oldest_stranger(g);
 
@@ -497,8 +498,8 @@ static void epd_guard_on_peer_read(uv_stream_t *s, ssize_t n, const uv_buf_t *bu
     }
     off = EPD_RPC_H2_PREFACE_LEN - preface_before;
     off = len < off ? len : off;
-    if (preface_before < EPD_RPC_H2_PREFACE_LEN &&
-        c->scan.preface == EPD_RPC_H2_PREFACE_LEN && epd_guard_hand_over(c) != 0) {
+    if (preface_before < EPD_RPC_H2_PREFACE_LEN && c->scan.preface == EPD_RPC_H2_PREFACE_LEN &&
+        epd_guard_hand_over(c) != 0) {
         goto err_close;
     }
     if (len == off) {
@@ -544,7 +545,7 @@ static void epd_guard_on_deadline(uv_timer_t *t)
                    "(--control-auth-timeout-ms)",
                    c->name,
                    c->scan.preface < EPD_RPC_H2_PREFACE_LEN ? "no HTTP/2 preface"
-                                                      : "no call authenticated",
+                                                            : "no call authenticated",
                    g->lim.auth_timeout_ms);
     epd_guard_conn_close(c);
 }

@@ -62,8 +62,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         off += k;
     }
     if (sa != sb || whole.n != cut.n || a.preface != b.preface || a.frames != b.frames ||
-        a.max_stream != b.max_stream || (sa == EPD_OK && (a.skip != b.skip ||
-                                                         a.hdr_len != b.hdr_len))) {
+        a.max_stream != b.max_stream ||
+        (sa == EPD_OK && (a.skip != b.skip || a.hdr_len != b.hdr_len))) {
         abort();
     }
     for (size_t i = 0; i < whole.n && i < FRAMES_MAX; i++) {
