@@ -10,6 +10,11 @@
  * (grpc_call_start_batch is thread-safe and never blocks).  A gRPC call
  * costs ~130 µs: the control plane never sits on a request's critical path.
  *
+ * Connections: the port is epd's own listener (epd_rpc_guard.c), which
+ * bounds what a peer without the secret can hold (epd_rpc_limits_t) and
+ * hands each HTTP/2 connection to gRPC core through a socketpair; gRPC
+ * binds nothing itself.
+ *
  * Client: a channel per target, blocking unary calls with a deadline; for
  * tools (epd-ctl) and for daemon threads that are not the loop thread.
  *
