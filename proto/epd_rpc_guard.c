@@ -119,6 +119,8 @@ struct epd__guard_conn {
     int64_t name_slot; /* in g->names; -1: none */
     int member;        /* a call of it authenticated (cached from marks[]) */
     int peer_reading, inner_reading;
+    int peer_eof, inner_eof;          /* that side sent all it will */
+    uv_shutdown_t peer_shut, inner_shut; /* the half-close passed on */
     unsigned char addr[16];
     int have_addr;
     char name[64];         /* the peer's address, for logs */
@@ -331,13 +333,25 @@ static int epd_guard_forward(epd__guard_conn_t *c, uv_stream_t *to, char *buf, s
 /* Reads again from a side whose destination queue drained below the bound. */
 static void epd_guard_resume(epd__guard_conn_t *c)
 {
-    if (!c->peer_reading && c->inner_open &&
+    if (!c->peer_reading && !c->peer_eof && c->inner_open &&
         uv_stream_get_write_queue_size((uv_stream_t *)&c->inner) < EPD_GUARD_QUEUE_MAX) {
         epd_guard_read_peer(c);
     }
-    if (c->inner_open && !c->inner_reading &&
+    if (c->inner_open && !c->inner_reading && !c->inner_eof &&
         uv_stream_get_write_queue_size((uv_stream_t *)&c->peer) < EPD_GUARD_QUEUE_MAX) {
         epd_guard_read_inner(c);
+    }
+}
+
+/* A half-close passed on finished: towards the peer, it has all gRPC
+ * wrote and the connection closes. */
+static void epd_guard_on_shut(uv_shutdown_t *req, int status)
+{
+    epd__guard_conn_t *c = req->data;
+
+    /* towards gRPC, success only means it will answer: its EOF closes */
+    if (!c->closing && (req == &c->peer_shut || status < 0)) {
+        epd_guard_conn_close(c);
     }
 }
 
@@ -347,8 +361,18 @@ static void epd_guard_on_inner_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b
 
     if (n <= 0) {
         epd_free(buf->base);
-        if (n < 0 && !c->closing) {
-            epd_guard_conn_close(c); /* gRPC closed its end */
+        if (n == UV_EOF && !c->closing && !c->inner_eof) {
+            /* gRPC closed its end: what it wrote last (a GOAWAY) reaches
+             * the peer before the connection closes (uv_shutdown waits
+             * for the queued writes) */
+            c->inner_eof = 1;
+            c->inner_reading = 0;
+            c->peer_shut.data = c;
+            if (uv_shutdown(&c->peer_shut, (uv_stream_t *)&c->peer, epd_guard_on_shut) != 0) {
+                epd_guard_conn_close(c);
+            }
+        } else if (n < 0 && !c->closing) {
+            epd_guard_conn_close(c);
         }
         return;
     }
@@ -482,8 +506,18 @@ static void epd_guard_on_peer_read(uv_stream_t *s, ssize_t n, const uv_buf_t *bu
 
     if (n <= 0 || c->closing) {
         epd_free(buf->base);
-        if (n < 0 && !c->closing) {
-            epd_guard_conn_close(c); /* EOF or error: the peer is gone */
+        if (n == UV_EOF && !c->closing && c->inner_open && !c->peer_eof) {
+            /* the peer half-closed: gRPC is told the same and answers what
+             * it has; its EOF then closes the connection (a stranger's
+             * deadline still runs) */
+            c->peer_eof = 1;
+            c->peer_reading = 0;
+            c->inner_shut.data = c;
+            if (uv_shutdown(&c->inner_shut, (uv_stream_t *)&c->inner, epd_guard_on_shut) != 0) {
+                epd_guard_conn_close(c);
+            }
+        } else if (n < 0 && !c->closing) {
+            epd_guard_conn_close(c); /* gone, or EOF before it spoke HTTP/2 */
         }
         return;
     }

@@ -6,7 +6,8 @@
 #    the oldest unauthenticated one for each newer), the router never runs
 #    out of descriptors, a completion through it still answers 200 and a
 #    new member's call (epd-ctl workers) gets through while the flood is
-#    held; once the flood closes, new control connections are served; an
+#    held; once the flood closes, new control connections are served; a
+#    client that half-closes after its call gets the whole answer; an
 #    idle connection is closed by the deadline (--control-auth-timeout-ms);
 #  - with its descriptor limit lowered below the cap (prlimit), 200 idle
 #    connections make accept fail (EMFILE): the router sheds the oldest
@@ -129,6 +130,35 @@ done
 grep -q '^decode pool: 1 READY' "$T/workers" || fail "after the flood: $(cat "$T/workers")"
 [ "$(EPD_CLUSTER_SECRET_FILE= "$CTL" probe "$r_ADDR")" = SERVING ] || fail "probe after the flood"
 complete
+
+note "a client that half-closes after its call still gets the whole answer"
+"$PYTHON3" - "$port" <<'PY' || fail "half-close: the answer was cut"
+import socket, struct, sys
+def frame(t, f, sid, p=b""):
+    return struct.pack(">BHBBI", len(p) >> 16, len(p) & 0xFFFF, t, f, sid) + p
+def lit(n, v):
+    return bytes([0x10, len(n)]) + n + bytes([len(v)]) + v
+hdrs = b"".join(lit(n, v) for n, v in [(b":method", b"POST"), (b":scheme", b"http"),
+    (b":path", b"/epd.Control/Health"), (b":authority", b"x"),
+    (b"content-type", b"application/grpc"), (b"te", b"trailers")])
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=60)
+s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0) + frame(1, 4, 1, hdrs) +
+          frame(0, 1, 1, b"\0\0\0\0\0"))
+s.shutdown(socket.SHUT_WR)
+buf = b""
+while True:
+    d = s.recv(65536)
+    if not d:
+        break
+    buf += d
+end = False
+while len(buf) >= 9:
+    n = (buf[0] << 16) | (buf[1] << 8) | buf[2]
+    t, f, sid = buf[3], buf[4], struct.unpack(">I", buf[5:9])[0] & 0x7FFFFFFF
+    end = end or (t == 1 and f & 1 and sid == 1)
+    buf = buf[9 + n:]
+assert end, "no trailers for the call before EOF"
+PY
 
 note "an idle connection is closed by the deadline"
 "$PYTHON3" - "$port" <<'PY' || fail "an idle connection was not closed by the router"
