@@ -119,7 +119,7 @@ struct epd__guard_conn {
     int64_t name_slot; /* in g->names; -1: none */
     int member;        /* a call of it authenticated (cached from marks[]) */
     int peer_reading, inner_reading;
-    int peer_eof, inner_eof;          /* that side sent all it will */
+    int peer_eof, inner_eof;             /* that side sent all it will */
     uv_shutdown_t peer_shut, inner_shut; /* the half-close passed on */
     unsigned char addr[16];
     int have_addr;
