@@ -579,12 +579,28 @@ static int epd_daemon_ready_file(const char *path, const char *line)
     return 0;
 }
 
+/* Ready: the ready file (when asked for), grpc.health.v1 SERVING.  EPD_OK
+ * or EPD_ERR_CONFIG (logged). */
+static epd_status_t epd_daemon_ready(epd_daemon_t *d)
+{
+    const char *path = d->fl->ready_file;
+
+    if (path != NULL && path[0] != '\0' && epd_daemon_ready_file(path, d->ready_line) != 0) {
+        epd_log_error(d->log, 0, "cannot write the ready file '%s': %s", path, strerror(errno));
+        return EPD_ERR_CONFIG;
+    }
+    d->joined = 1;
+    epd_log_info(d->log, 0, "ready: %.*s", (int)strlen(d->ready_line) - 1, d->ready_line);
+    return EPD_OK;
+}
+
 /* Start-up after create: the driver, the control plane, the ready line,
  * registration.  EPD_OK, or the failure (logged). */
 static epd_status_t epd_daemon_start(epd_daemon_t *d, const char *ready_prefix)
 {
     const epd_daemon_flags_t *fl = d->fl;
-    char line[1024];
+    epd_rpc_limits_t limits;
+    epd_rpc_guard_stats_t gs;
     char desc[512];
     epd_status_t st;
 
@@ -599,13 +615,21 @@ static epd_status_t epd_daemon_start(epd_daemon_t *d, const char *ready_prefix)
             return st;
         }
     }
-    st = epd_rpc_server_create(&d->loop, d->control_bind, epd__daemon_on_rpc, d, &d->rpc);
+    epd_daemon_flags_limits(fl, &limits);
+    st = epd_rpc_server_create_limited(&d->loop, d->control_bind, &limits, epd__daemon_on_rpc, d,
+                                       &d->rpc);
     if (st != EPD_OK) {
         epd_log_error(d->log, 0, "cannot serve the control plane on %s: %s", d->control_bind,
                       epd_status_string(st));
         return st;
     }
     d->rpc_port = epd_rpc_server_port(d->rpc);
+    epd_rpc_server_guard_stats(d->rpc, &gs);
+    epd_log_info(d->log, 0,
+                 "control port: up to %u connections (%u from one address), %u ms to "
+                 "authenticate, %u streams and %u resets per 10 s a connection",
+                 gs.max_conns, limits.max_conns_per_addr, limits.auth_timeout_ms,
+                 limits.max_streams, limits.max_resets);
     /* what the ready line, the registration and Health tell others */
     (void)epd_addr_join(d->advertise_host, (uint16_t)d->rpc_port, d->control_advertised,
                         sizeof(d->control_advertised));
@@ -614,7 +638,7 @@ static epd_status_t epd_daemon_start(epd_daemon_t *d, const char *ready_prefix)
     uv_signal_start(&d->sigint, epd_daemon_on_signal, SIGINT);
     uv_signal_start(&d->sigusr1, epd_daemon_on_sigusr1, SIGUSR1);
 
-    snprintf(line, sizeof(line), "%s%scontrol=%s pid=%d worker=%s transport=%s\n",
+    snprintf(d->ready_line, sizeof(d->ready_line), "%s%scontrol=%s pid=%d worker=%s transport=%s\n",
              ready_prefix != NULL ? ready_prefix : "",
              ready_prefix != NULL && ready_prefix[0] != '\0' ? " " : "", d->control_advertised,
              (int)getpid(), d->worker_id, fl->transport);
@@ -622,14 +646,30 @@ static epd_status_t epd_daemon_start(epd_daemon_t *d, const char *ready_prefix)
         epd_xport_describe(d->dx, desc, sizeof(desc));
         epd_log_info(d->log, 0, "transport %s", desc);
     }
-    if (fl->ready_file != NULL && fl->ready_file[0] != '\0' &&
-        epd_daemon_ready_file(fl->ready_file, line) != 0) {
-        epd_log_error(d->log, 0, "cannot write the ready file '%s': %s", fl->ready_file,
-                      strerror(errno));
-        return EPD_ERR_CONFIG;
+    if (d->router_addr[0] == '\0') {
+        st = epd_daemon_ready(d);
+        if (st != EPD_OK) {
+            return st;
+        }
+    } else {
+        /* a worker the router has not listed serves nobody: an
+         * orchestrator must not count it ready (epd__daemon_joined) */
+        epd_log_info(d->log, 0,
+                     "control plane at %s; not ready until the router %s accepts this worker "
+                     "(no ready file, grpc.health.v1 NOT_SERVING until then)",
+                     d->control_advertised, fl->router);
     }
-    epd_log_info(d->log, 0, "ready: %.*s", (int)strlen(line) - 1, line);
     return epd__daemon_register(d, d->control_advertised);
+}
+
+void epd__daemon_joined(epd_daemon_t *d)
+{
+    if (d->joined || d->stopping) {
+        return;
+    }
+    if (epd_daemon_ready(d) != EPD_OK) {
+        epd_daemon_stop(d); /* as a start-up that could not write it */
+    }
 }
 
 epd_status_t epd_daemon_serve(epd_daemon_t *d, const char *ready_prefix)

@@ -61,6 +61,7 @@
 #include "epd_engine.h"
 #include "epd_msg.h"
 #include "epd_registrar.h"
+#include "epd_rpc.h"
 #include "epd_status.h"
 #include "epd_trace.h"
 #include "epd_xport.h"
@@ -97,6 +98,12 @@ typedef struct {
     int64_t peer_timeout_ms;    /* --peer-timeout-ms */
     int64_t connect_timeout_ms; /* --connect-timeout-ms */
     const char *cluster_secret_file; /* --cluster-secret-file (NULL: no secret: loopback only) */
+    /* the control port's limits (epd_rpc_limits_t; proto/epd_rpc_guard.c) */
+    int64_t control_max_conns;          /* --control-max-conns */
+    int64_t control_max_conns_per_addr; /* --control-max-conns-per-addr (0: no cap) */
+    int64_t control_auth_timeout_ms;    /* --control-auth-timeout-ms */
+    int64_t control_max_streams;        /* --control-max-streams */
+    int64_t control_max_resets;         /* --control-max-resets */
 } epd_daemon_flags_t;
 
 /* Which common flags a program takes (epd_daemon_main). */
@@ -106,6 +113,9 @@ typedef struct {
  * timeouts 3000 ms, drain grace 30000 ms, trace buffer 1M events, log
  * level info). */
 void epd_daemon_flags_init(epd_daemon_flags_t *f);
+
+/* The control port's limits the flags ask for (--control-*). */
+void epd_daemon_flags_limits(const epd_daemon_flags_t *f, epd_rpc_limits_t *limits_p);
 
 /* The role's start: runs with the parsed, checked flags; returns the
  * process exit code. */

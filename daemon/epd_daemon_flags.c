@@ -24,6 +24,22 @@ void epd_daemon_flags_init(epd_daemon_flags_t *f)
     f->peer_timeout_ms = 3000;
     f->connect_timeout_ms = 3000;
     f->drain_grace_ms = 30000;
+    f->control_max_conns = EPD_RPC_DEFAULT_MAX_CONNS;
+    f->control_max_conns_per_addr = EPD_RPC_DEFAULT_MAX_CONNS_PER_ADDR;
+    f->control_auth_timeout_ms = EPD_RPC_DEFAULT_AUTH_TIMEOUT_MS;
+    f->control_max_streams = EPD_RPC_DEFAULT_MAX_STREAMS;
+    f->control_max_resets = EPD_RPC_DEFAULT_MAX_RESETS;
+}
+
+void epd_daemon_flags_limits(const epd_daemon_flags_t *f, epd_rpc_limits_t *limits_p)
+{
+    memset(limits_p, 0, sizeof(*limits_p));
+    limits_p->max_conns = (uint32_t)f->control_max_conns;
+    limits_p->max_conns_per_addr =
+        f->control_max_conns_per_addr == 0 ? UINT32_MAX : (uint32_t)f->control_max_conns_per_addr;
+    limits_p->auth_timeout_ms = (uint32_t)f->control_auth_timeout_ms;
+    limits_p->max_streams = (uint32_t)f->control_max_streams;
+    limits_p->max_resets = (uint32_t)f->control_max_resets;
 }
 
 /* The common flags of `which` into opts[], returning how many. */
@@ -110,6 +126,43 @@ static size_t epd_daemon_common_opts(epd_daemon_flags_t *f, unsigned which, epd_
                             0,
                             "write 'control=... pid=... worker=... transport=...' here once "
                             "serving"};
+    opts[n++] = (epd_opt_t){"control-max-conns",
+                            EPD_OPT_INT,
+                            &f->control_max_conns,
+                            1,
+                            1 << 20,
+                            "connections to the control port at once; full, the oldest one with "
+                            "no authenticated call is closed for a new one (clamped to a third "
+                            "of the file descriptors left after a reserve)"};
+    opts[n++] = (epd_opt_t){"control-max-conns-per-addr",
+                            EPD_OPT_INT,
+                            &f->control_max_conns_per_addr,
+                            0,
+                            1 << 20,
+                            "control connections from one IPv4 address or IPv6 /64 (beyond: "
+                            "closed at once; 0: no cap)"};
+    opts[n++] = (epd_opt_t){"control-auth-timeout-ms",
+                            EPD_OPT_INT,
+                            &f->control_auth_timeout_ms,
+                            100,
+                            3600000,
+                            "a control connection must send the HTTP/2 preface and have a call "
+                            "authenticated by the cluster secret (any call, without a secret) "
+                            "this long after connecting, else it is closed"};
+    opts[n++] = (epd_opt_t){"control-max-streams",
+                            EPD_OPT_INT,
+                            &f->control_max_streams,
+                            1,
+                            1 << 20,
+                            "concurrent HTTP/2 streams (calls) per control connection"};
+    opts[n++] = (epd_opt_t){"control-max-resets",
+                            EPD_OPT_INT,
+                            &f->control_max_resets,
+                            1,
+                            1 << 30,
+                            "HTTP/2 stream resets (RST_STREAM) a control connection may send "
+                            "within 10 s; beyond, it is closed (rapid reset).  Before its first "
+                            "authenticated call a connection may open 16 streams at most"};
     opts[n++] = (epd_opt_t){"peer-timeout-ms",
                             EPD_OPT_INT,
                             &f->peer_timeout_ms,

@@ -117,6 +117,10 @@ struct epd_daemon {
     int stopping;
     int stop_done; /* step 2 ran */
     int draining;
+    /* the router accepted this worker (always 1 without --router): until
+     * then no ready file, grpc.health.v1 NOT_SERVING */
+    int joined;
+    char ready_line[1024]; /* what the ready file gets, once joined */
     epd_trace_t *trace;
     char ready_prefix[EPD_ADDR_MAX + 16]; /* epd_daemon_run's ready line starts so */
     char trace_thread[64]; /* the loop thread's track name (the recorder borrows it) */
@@ -230,5 +234,8 @@ int epd__daemon_on_rpc(void *arg, const char *method, const void *req, size_t re
                        void **resp_p, size_t *resp_len_p, char *err, size_t err_cap);
 /* Starts the registrar (--router); EPD_OK when not asked to register. */
 epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address);
+/* Loop thread: the router accepted this worker (the registrar's joined_cb):
+ * the ready file is written, grpc.health.v1 answers SERVING. */
+void epd__daemon_joined(epd_daemon_t *d);
 
 #endif

@@ -155,9 +155,10 @@ static int epd_daemon_on_drain_rpc(epd_daemon_t *d, const void *req, size_t req_
 
 /* grpc.health.v1.Health/Check, for orchestrators' probes (a kubelet's
  * `grpc:` probe, grpc_health_probe): SERVING while the daemon serves,
- * NOT_SERVING while it drains or stops.  The service "" is the daemon, its
- * role's name ("prefill") too; any other is NOT_FOUND, as the protocol
- * says.  Watch (a stream) is not served. */
+ * NOT_SERVING while it drains or stops, and while a worker given --router
+ * has not been accepted by it (listed nowhere, it serves nobody).  The
+ * service "" is the daemon, its role's name ("prefill") too; any other is
+ * NOT_FOUND, as the protocol says.  Watch (a stream) is not served. */
 static int epd_daemon_grpc_health(epd_daemon_t *d, const char *method, const void *req,
                                   size_t req_len, void **resp_p, size_t *resp_len_p, char *err,
                                   size_t err_cap)
@@ -185,7 +186,7 @@ static int epd_daemon_grpc_health(epd_daemon_t *d, const char *method, const voi
         return EPD_RPC_NOT_FOUND;
     }
     epd_proto_free(m);
-    r.status = d->draining || d->stopping
+    r.status = d->draining || d->stopping || !d->joined
                    ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
                    : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
     return epd_proto_answer(&r.base, resp_p, resp_len_p, err, err_cap);
@@ -263,6 +264,11 @@ static void epd_daemon_registrar_drain(void *arg)
     epd_daemon_drain(arg, "asked by the router");
 }
 
+static void epd_daemon_registrar_joined(void *arg)
+{
+    epd__daemon_joined(arg);
+}
+
 /* Called by epd__daemon_register right after the control server started,
  * before the loop first runs: no call can have reached a handler yet. */
 static epd_status_t epd_daemon_rpc_secure(epd_daemon_t *d)
@@ -326,6 +332,7 @@ epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
     cfg.request_len = n;
     cfg.load_cb = epd_daemon_registrar_load;
     cfg.drain_cb = epd_daemon_registrar_drain;
+    cfg.joined_cb = epd_daemon_registrar_joined;
     cfg.cb_arg = d;
     cfg.log_component = d->log;
     epd_daemon_secret(d, &cfg.secret, &cfg.secret_len);

@@ -54,6 +54,7 @@ struct epd_registrar {
     uint64_t epoch_start_ns, epoch_nonce;
     epd_registrar_load_cb_t load_cb;
     epd_registrar_drain_cb_t drain_cb;
+    epd_registrar_joined_cb_t joined_cb;
     void *cb_arg;
     const char *comp;
     uint32_t retry_ms, call_timeout_ms, publish_ms;
@@ -87,6 +88,8 @@ struct epd_registrar {
     /* thread -> loop */
     atomic_int drain_posted; /* drain reported to the loop (once) */
     atomic_int drain_delivered;
+    atomic_int joined_posted; /* the first acceptance reported to the loop (once) */
+    int joined_delivered;     /* loop */
     /* counters (thread writes, anyone reads) */
     atomic_uint_fast64_t n_attempts, n_registered, n_hb_ok, n_hb_failed, n_unknown;
     atomic_uint_fast32_t interval_ms;
@@ -213,6 +216,12 @@ static void epd_registrar_on_async(uv_async_t *async)
 {
     epd_registrar_t *reg = async->data;
 
+    if (atomic_load(&reg->joined_posted) && !reg->joined_delivered) {
+        reg->joined_delivered = 1;
+        if (reg->joined_cb != NULL) {
+            reg->joined_cb(reg->cb_arg);
+        }
+    }
     if (atomic_load(&reg->drain_posted) && !atomic_exchange(&reg->drain_delivered, 1)) {
         if (reg->drain_cb != NULL) {
             reg->drain_cb(reg->cb_arg);
@@ -362,6 +371,9 @@ static int epd_registrar_register(epd_registrar_t *reg, epd_rpc_client_t **clien
                                                                      r->router_epoch->nonce)
                                            : 0);
         atomic_fetch_add(&reg->n_registered, 1);
+        if (!atomic_exchange(&reg->joined_posted, 1)) {
+            uv_async_send(&reg->async);
+        }
     } else {
         snprintf(why, why_cap, "refused: %.200s",
                  r->reason != NULL && r->reason[0] != '\0' ? r->reason : "(no reason given)");
@@ -679,6 +691,7 @@ epd_status_t epd_registrar_start(uv_loop_t *loop, const epd_registrar_config_t *
     reg->request_len = config->request_len;
     reg->load_cb = config->load_cb;
     reg->drain_cb = config->drain_cb;
+    reg->joined_cb = config->joined_cb;
     reg->cb_arg = config->cb_arg;
     reg->comp = config->log_component != NULL ? config->log_component : "registrar";
     reg->retry_ms = config->retry_ms != 0 ? config->retry_ms : 1000;

@@ -10,7 +10,8 @@
  * `known == false` (the router restarted, or declared us dead) makes it
  * register again; `drain == true` is reported once to the daemon's loop
  * (uv_async), where drain_cb runs — the daemon then drains as if its own
- * Drain RPC had been called.
+ * Drain RPC had been called.  The first `accepted == true` is reported
+ * once the same way (joined_cb): until then the worker is not ready.
  *
  * The load: the loop thread owns the daemon's state, so a loop timer of the
  * registrar (every publish_ms) calls load_cb on the loop thread and stores
@@ -108,6 +109,9 @@ typedef struct {
 typedef void (*epd_registrar_load_cb_t)(void *arg, epd_registrar_load_t *load_p);
 /* Loop thread: the router asked this worker to drain (called once). */
 typedef void (*epd_registrar_drain_cb_t)(void *arg);
+/* Loop thread: the router accepted this worker for the first time (called
+ * once; a worker that has not joined is not ready). */
+typedef void (*epd_registrar_joined_cb_t)(void *arg);
 
 typedef struct {
     const char *router;  /* "HOST:PORT" of the router's gRPC service (copied) */
@@ -116,6 +120,7 @@ typedef struct {
     size_t request_len;
     epd_registrar_load_cb_t load_cb;   /* required */
     epd_registrar_drain_cb_t drain_cb; /* NULL: drain requests are only logged */
+    epd_registrar_joined_cb_t joined_cb; /* NULL: not told */
     void *cb_arg;
     const char *log_component; /* static string, e.g. "prefill"; NULL: "registrar" */
     uint32_t retry_ms;         /* between RegisterWorker attempts; 0: 1000 */

@@ -31,6 +31,7 @@
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
+#include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
@@ -45,6 +46,7 @@
 #include "epd_log.h"
 #include "epd_msg.h"
 #include "epd_queue.h"
+#include "epd_rpc_guard.h"
 #include "epd_time.h"
 
 #define EPD_RPC_PENDING_REQUESTS 8
@@ -102,6 +104,10 @@ struct epd_rpc_server {
     int thread_started;
     epd_spsc_queue_t to_loop; /* epd__rpc_call_t*, cq thread -> loop */
     int port;
+    /* the listener (epd_rpc_guard.c) and the credentials of the
+     * connections it hands over (insecure: the secret is checked per call) */
+    epd_rpc_guard_t *guard;
+    grpc_server_credentials *fd_creds;
     epd_rpc_handler_cb_t handler;
     void *arg;
     atomic_int shutting_down;
@@ -521,9 +527,12 @@ static void epd_rpc_refuse_auth(epd_rpc_server_t *s, epd__rpc_call_t *c, epd_log
 
     if (epd_log_enabled(EPD_LOG_WARN) && epd_log_limit_ok(limit, 5)) {
         char *peer = grpc_call_get_peer(c->call);
+        char name[64];
 
-        epd_log_warn("rpc", 0, "refused %s from %s: %s (%llu refused so far)", c->method,
-                     peer != NULL ? peer : "?", why, (unsigned long long)n);
+        /* gRPC names the guard's connections "fd:N": the guard knows whose */
+        epd_rpc_guard_peer_name(s->guard, peer, name, sizeof(name));
+        epd_log_warn("rpc", 0, "refused %s from %s: %s (%llu refused so far)", c->method, name, why,
+                     (unsigned long long)n);
         gpr_free(peer);
     }
     epd_rpc_send_answer(c, code, why, NULL, 0);
@@ -537,6 +546,20 @@ static int epd_rpc_method_open(const char *method)
            strcmp(method, EPD_RPC_GRPC_HEALTH_WATCH) == 0;
 }
 
+/* Tells the guard the call's connection is a member's (epd_rpc_guard_mark:
+ * the call is alive, so its "fd:N" names that connection). */
+static void epd_rpc_mark_member(epd_rpc_server_t *s, epd__rpc_call_t *c)
+{
+    char *peer;
+
+    if (s->guard == NULL) {
+        return;
+    }
+    peer = grpc_call_get_peer(c->call);
+    epd_rpc_guard_mark(s->guard, peer);
+    gpr_free(peer);
+}
+
 /* The cq thread: 0 when the call may go on (authenticated, or exempt);
  * otherwise it was answered. */
 static int epd_rpc_authenticate(epd_rpc_server_t *s, epd__rpc_call_t *c)
@@ -547,7 +570,11 @@ static int epd_rpc_authenticate(epd_rpc_server_t *s, epd__rpc_call_t *c)
     const char *why = "?";
     epd_status_t st;
 
-    if (auth == NULL || epd_rpc_method_open(c->method)) {
+    if (auth == NULL) {
+        epd_rpc_mark_member(s, c); /* no secret to prove: any call will do */
+        return 0;
+    }
+    if (epd_rpc_method_open(c->method)) {
         return 0;
     }
     for (size_t i = 0; i < c->request_md.count; i++) {
@@ -578,6 +605,7 @@ static int epd_rpc_authenticate(epd_rpc_server_t *s, epd__rpc_call_t *c)
         return -1;
     }
     c->authenticated = 1;
+    epd_rpc_mark_member(s, c);
     return 0;
 }
 
@@ -667,12 +695,28 @@ static void epd_rpc_on_async(uv_async_t *handle)
     }
 }
 
+/* The guard's thread: gRPC core serves one more connection. */
+static void epd_rpc_adopt(void *arg, int fd)
+{
+    epd_rpc_server_t *s = arg;
+
+    grpc_server_add_channel_from_fd(s->server, fd, s->fd_creds);
+}
+
 epd_status_t epd_rpc_server_create(uv_loop_t *loop, const char *bind_addr,
                                    epd_rpc_handler_cb_t handler, void *arg,
                                    epd_rpc_server_t **server_p)
 {
+    return epd_rpc_server_create_limited(loop, bind_addr, NULL, handler, arg, server_p);
+}
+
+epd_status_t epd_rpc_server_create_limited(uv_loop_t *loop, const char *bind_addr,
+                                           const epd_rpc_limits_t *limits,
+                                           epd_rpc_handler_cb_t handler, void *arg,
+                                           epd_rpc_server_t **server_p)
+{
+    epd_rpc_limits_t lim;
     epd_rpc_server_t *s;
-    grpc_server_credentials *creds;
     epd_status_t status;
 
     s = epd_calloc(1, sizeof(*s));
@@ -691,25 +735,28 @@ epd_status_t epd_rpc_server_create(uv_loop_t *loop, const char *bind_addr,
     }
     grpc_init();
     s->cq = grpc_completion_queue_create_for_next(NULL);
+    memset(&lim, 0, sizeof(lim));
+    if (limits != NULL) {
+        lim = *limits;
+    }
+    if (lim.max_streams == 0) {
+        lim.max_streams = EPD_RPC_DEFAULT_MAX_STREAMS;
+    }
     {
-        /* gRPC sets SO_REUSEPORT by default, which lets a second daemon bind
-         * the same fixed port and silently share it: refuse that instead. */
-        grpc_arg no_reuse = {.type = GRPC_ARG_INTEGER,
-                             .key = (char *)GRPC_ARG_ALLOW_REUSEPORT,
-                             .value.integer = 0};
-        grpc_channel_args args = {.num_args = 1, .args = &no_reuse};
+        /* The transports of the connections the guard hands over take the
+         * server's arguments.  (gRPC binds nothing itself: the guard's
+         * listener sets no SO_REUSEPORT, so a second daemon cannot share a
+         * fixed port.) */
+        grpc_arg a[1] = {
+            {.type = GRPC_ARG_INTEGER,
+             .key = (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS,
+             .value.integer = (int)(lim.max_streams > INT32_MAX ? INT32_MAX : lim.max_streams)}};
+        grpc_channel_args args = {.num_args = 1, .args = a};
 
         s->server = grpc_server_create(&args, NULL);
     }
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
-    creds = grpc_insecure_server_credentials_create();
-    s->port = grpc_server_add_http2_port(s->server, bind_addr, creds);
-    grpc_server_credentials_release(creds);
-    if (s->port == 0) {
-        epd_log_error("rpc", 0, "cannot bind the control server to %s", bind_addr);
-        status = EPD_ERR_UNREACHABLE;
-        goto err_grpc;
-    }
+    s->fd_creds = grpc_insecure_server_credentials_create();
     grpc_server_start(s->server);
     for (int i = 0; i < EPD_RPC_PENDING_REQUESTS; i++) {
         status = epd_rpc_request_one(s);
@@ -717,6 +764,14 @@ epd_status_t epd_rpc_server_create(uv_loop_t *loop, const char *bind_addr,
             goto err_started;
         }
     }
+    /* the listener last: a connection it hands over finds the server
+     * started and its request slots posted */
+    status = epd_rpc_guard_start(bind_addr, &lim, epd_rpc_adopt, s, &s->guard);
+    if (status != EPD_OK) {
+        epd_log_error("rpc", 0, "cannot bind the control server to %s", bind_addr);
+        goto err_started;
+    }
+    s->port = epd_rpc_guard_port(s->guard);
     if (uv_async_init(loop, &s->async, epd_rpc_on_async) != 0) {
         status = EPD_ERR_FATAL;
         goto err_started;
@@ -736,6 +791,8 @@ err_async:
     epd_rpc_server_destroy(s);
     return status;
 err_started:
+    epd_rpc_guard_stop(s->guard);
+    epd_rpc_guard_destroy(s->guard);
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
     grpc_server_cancel_all_calls(s->server);
     for (;;) {
@@ -751,8 +808,8 @@ err_started:
             epd_rpc_call_free(ev.tag);
         }
     }
-err_grpc:
     grpc_server_destroy(s->server);
+    grpc_server_credentials_release(s->fd_creds);
     grpc_completion_queue_destroy(s->cq);
     grpc_shutdown();
     epd_spsc_queue_cleanup(&s->to_loop);
@@ -783,6 +840,11 @@ epd_status_t epd_rpc_server_set_auth(epd_rpc_server_t *s, const void *secret, si
     return EPD_OK;
 }
 
+void epd_rpc_server_guard_stats(const epd_rpc_server_t *s, epd_rpc_guard_stats_t *stats_p)
+{
+    epd_rpc_guard_stats(s->guard, stats_p);
+}
+
 uint64_t epd_rpc_server_auth_refused(const epd_rpc_server_t *s)
 {
     return atomic_load(&s->auth_refused);
@@ -805,6 +867,8 @@ void epd_rpc_server_destroy(epd_rpc_server_t *s)
         return;
     }
     atomic_store(&s->shutting_down, 1);
+    /* no connection is handed over once gRPC shuts down */
+    epd_rpc_guard_stop(s->guard);
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
     grpc_server_cancel_all_calls(s->server);
     if (s->thread_started) {
@@ -832,8 +896,12 @@ void epd_rpc_server_destroy(epd_rpc_server_t *s)
         epd_rpc_call_free(c);
     }
     grpc_server_destroy(s->server);
+    grpc_server_credentials_release(s->fd_creds);
     grpc_completion_queue_destroy(s->cq);
     grpc_shutdown();
+    /* the cq thread, the guard's only marker, is joined */
+    epd_rpc_guard_destroy(s->guard);
+    s->guard = NULL;
     uv_close((uv_handle_t *)&s->async, epd_rpc_on_async_closed);
 }
 

@@ -10,6 +10,11 @@
  * (grpc_call_start_batch is thread-safe and never blocks).  A gRPC call
  * costs ~130 µs: the control plane never sits on a request's critical path.
  *
+ * Connections: the port is epd's own listener (epd_rpc_guard.c), which
+ * bounds what a peer without the secret can hold (epd_rpc_limits_t) and
+ * hands each HTTP/2 connection to gRPC core through a socketpair; gRPC
+ * binds nothing itself.
+ *
  * Client: a channel per target, blocking unary calls with a deadline; for
  * tools (epd-ctl) and for daemon threads that are not the loop thread.
  *
@@ -85,6 +90,52 @@ typedef struct epd_rpc_auth epd_rpc_auth_t;
 #define EPD_RPC_SECRET_MAX 1024
 
 /*
+ * What an unauthenticated peer may hold of the control port (the guard,
+ * proto/epd_rpc_guard.c, enforces them; every daemon's --control-* flags).
+ * A field of 0 takes the default beside it.
+ */
+typedef struct {
+    uint32_t max_conns;          /* connections at once; full, the oldest one that has not
+                                  * authenticated is closed for a new one (none: refused).
+                                  * Clamped to a third of the descriptors left after a
+                                  * reserve (each costs up to 3).  Default 1024 */
+    uint32_t max_conns_per_addr; /* from one IPv4 address or IPv6 /64 (beyond: refused).
+                                  * Default 64; UINT32_MAX: no cap */
+    uint32_t auth_timeout_ms;    /* a connection must send the HTTP/2 preface and have a call
+                                  * authenticated this long after the accept, else it is
+                                  * closed.  Default 10000 */
+    uint32_t max_streams;        /* concurrent streams per connection
+                                  * (SETTINGS_MAX_CONCURRENT_STREAMS).  Default 64 */
+    uint32_t max_resets;         /* RST_STREAM frames a connection may send in 10 s (beyond:
+                                  * closed).  Default 200 */
+} epd_rpc_limits_t;
+
+#define EPD_RPC_DEFAULT_MAX_CONNS 1024
+#define EPD_RPC_DEFAULT_MAX_CONNS_PER_ADDR 64
+#define EPD_RPC_DEFAULT_AUTH_TIMEOUT_MS 10000
+#define EPD_RPC_DEFAULT_MAX_STREAMS 64
+#define EPD_RPC_DEFAULT_MAX_RESETS 200
+/* Streams a connection may open before one of its calls authenticated
+ * (a probe needs one): beyond, it is closed. */
+#define EPD_RPC_GUARD_STRANGER_STREAMS 16
+#define EPD_RPC_GUARD_RESET_WINDOW_MS 10000
+
+/* The guard's counters since the server started. */
+typedef struct {
+    uint64_t accepted;      /* connections taken in */
+    uint64_t refused_addr;  /* refused: --control-max-conns-per-addr */
+    uint64_t refused_full;  /* refused: full of authenticated connections */
+    uint64_t shed;          /* closed to make room for a newer one */
+    uint64_t timed_out;     /* closed: no preface or no authenticated call in time */
+    uint64_t bad_preface;   /* closed: not HTTP/2 */
+    uint64_t reset_flood;   /* closed: over --control-max-resets */
+    uint64_t stream_flood;  /* closed: over EPD_RPC_GUARD_STRANGER_STREAMS unauthenticated */
+    uint64_t accept_errors; /* accept or socketpair failed (out of descriptors) */
+    uint32_t live;          /* connections open now */
+    uint32_t max_conns;     /* the cap in force (after clamping) */
+} epd_rpc_guard_stats_t;
+
+/*
  * Handles one call on the loop thread.  `method` ("/epd.Control/Health")
  * and req[0..req_len) are borrowed for the call (req is NULL when req_len
  * is 0).  On EPD_RPC_OK the handler
@@ -97,14 +148,28 @@ typedef int (*epd_rpc_handler_cb_t)(void *arg, const char *method, const void *r
                                     char *err, size_t err_cap);
 
 /*
- * Starts a gRPC server on `bind_addr` ("127.0.0.1:0" picks a free port)
- * whose calls run `handler` on `loop`'s thread.  Owned by the caller
+ * Starts a gRPC server on `bind_addr` (numeric; "127.0.0.1:0" picks a free
+ * port) whose calls run `handler` on `loop`'s thread, under the default
+ * limits (epd_rpc_limits_t).  Owned by the caller
  * (epd_rpc_server_destroy, on the loop thread).  EPD_ERR_UNREACHABLE when
  * the address cannot be bound.  Call from the loop thread.
  */
 epd_status_t epd_rpc_server_create(uv_loop_t *loop, const char *bind_addr,
                                    epd_rpc_handler_cb_t handler, void *arg,
                                    epd_rpc_server_t **server_p);
+
+/*
+ * epd_rpc_server_create with the guard's limits (`limits` copied; NULL:
+ * every default).  The control port is then epd's own listener (see
+ * proto/epd_rpc_guard.c): gRPC core serves the connections it hands over.
+ */
+epd_status_t epd_rpc_server_create_limited(uv_loop_t *loop, const char *bind_addr,
+                                           const epd_rpc_limits_t *limits,
+                                           epd_rpc_handler_cb_t handler, void *arg,
+                                           epd_rpc_server_t **server_p);
+
+/* The guard's counters (any thread). */
+void epd_rpc_server_guard_stats(const epd_rpc_server_t *server, epd_rpc_guard_stats_t *stats_p);
 
 /* The port the server is bound to. */
 int epd_rpc_server_port(const epd_rpc_server_t *server);

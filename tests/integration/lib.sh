@@ -82,7 +82,14 @@ start_daemon() {
   local name=$1 role=$2
   shift 2
   rm -f "$T/$name.ready"
-  "$BIN/epd-$role" --ready-file "$T/$name.ready" "$@" >>"$T/$name.log" 2>&1 &
+  # EPD_ITEST_NOFILE=N: the daemon runs with at most N file descriptors
+  # (soft and hard: it cannot raise them)
+  if [ -n "${EPD_ITEST_NOFILE:-}" ]; then
+    sh -c 'ulimit -n "$0" && exec "$@"' "$EPD_ITEST_NOFILE" "$BIN/epd-$role" \
+      --ready-file "$T/$name.ready" "$@" >>"$T/$name.log" 2>&1 &
+  else
+    "$BIN/epd-$role" --ready-file "$T/$name.ready" "$@" >>"$T/$name.log" 2>&1 &
+  fi
   local pid=$!
   PIDS+=("$pid")
   local i
@@ -105,6 +112,48 @@ start_daemon() {
   printf -v "${name}_ADDR" '%s' "$addr"
   printf -v "${name}_STOPPED" '%s' 0
   DAEMONS+=("$name")
+}
+
+# start_unjoined NAME ROLE [flags...]: starts a worker given --router that
+# the router has not accepted (yet): it writes no ready file (a worker is
+# ready once the router lists it), so wait for its log line that says so
+# instead; sets NAME_PID and NAME_ADDR like start_daemon.  wait_ready NAME
+# then waits for the ready file.
+start_unjoined() {
+  local name=$1 role=$2
+  shift 2
+  rm -f "$T/$name.ready"
+  "$BIN/epd-$role" --ready-file "$T/$name.ready" "$@" >>"$T/$name.log" 2>&1 &
+  local pid=$!
+  PIDS+=("$pid")
+  local i addr=
+  for i in $(seq 1 600); do
+    addr=$(sed -n 's/.*control plane at \([^ ;]*\); not ready until the router.*/\1/p' \
+      "$T/$name.log" | head -n 1)
+    [ -n "$addr" ] && break
+    [ -s "$T/$name.ready" ] && break
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 20 "$T/$name.log" >&2 || true
+      fail "$role daemon '$name' exited before it served"
+    fi
+    sleep 0.1
+  done
+  [ -n "$addr" ] || fail "$role daemon '$name' did not say it waits for its router within 60 s"
+  printf -v "${name}_PID" '%s' "$pid"
+  printf -v "${name}_ADDR" '%s' "$addr"
+  printf -v "${name}_STOPPED" '%s' 0
+  DAEMONS+=("$name")
+}
+
+# wait_ready NAME [SECONDS]: until NAME's ready file is written (its router
+# accepted it).
+wait_ready() {
+  local name=$1 secs=${2:-30} i
+  for i in $(seq 1 $((secs * 10))); do
+    [ -s "$T/$name.ready" ] && return 0
+    sleep 0.1
+  done
+  fail "daemon '$name' not ready after ${secs}s: $(tail -n 3 "$T/$name.log")"
 }
 
 # stop_daemon NAME [SIGNAL]: kills by PID and reaps (default SIGTERM, then

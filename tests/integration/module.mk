@@ -64,6 +64,9 @@ $(eval $(call epd_itest_prog,epd-itest-rogue,tests/integration/epd_itest_rogue.c
 # the control plane with a cluster secret: strangers, replays (epd-itest-ctlreplay)
 $(eval $(call epd_itest_prog,epd-itest-ctlreplay,tests/integration/epd_itest_ctlreplay.c))
 ALL_TESTS += tests/integration/test_control_auth.sh
+# what a stranger can hold of a control port: idle floods under 256 fds,
+# HTTP/2 rapid reset (proto/epd_rpc_guard.c; epd_rapid_reset.py)
+ALL_TESTS += tests/integration/test_control_guard.sh
 ALL_TESTS += tests/integration/test_trust_ucx_shm.sh \
              tests/integration/test_trust_ucx_tcp.sh \
              tests/integration/test_trust_ofi_tcp.sh

@@ -3,7 +3,9 @@
 # router and every worker; epd_rpc.h, "Authentication"):
 #  - members register, heartbeat and are listed by `epd-ctl workers` given
 #    the secret; a worker with the wrong secret file, or none, never is (its
-#    RegisterWorker is refused UNAUTHENTICATED, it keeps trying);
+#    RegisterWorker is refused UNAUTHENTICATED, it keeps trying) and never
+#    says it is ready (no ready file, grpc.health.v1 NOT_SERVING, the reason
+#    in its log);
 #  - without the secret `epd-ctl` gets Health only: workers, status and
 #    drain are refused (exit 1, a clear message), nothing drains;
 #  - a stranger's RegisterWorker under a live worker's id with a new epoch
@@ -67,9 +69,9 @@ wait_state "$r_ADDR" prefill-0 READY
 complete
 
 note "a worker with the wrong secret, and one with none, are never listed"
-start_daemon w decode --model "$T/m" --worker-id decode-wrong --kv-blocks 256 --state-slots 16 \
+start_unjoined w decode --model "$T/m" --worker-id decode-wrong --kv-blocks 256 --state-slots 16 \
   --router "$r_ADDR" --cluster-secret-file "$T/wrong"
-start_daemon n decode --model "$T/m" --worker-id decode-none --kv-blocks 256 --state-slots 16 \
+start_unjoined n decode --model "$T/m" --worker-id decode-none --kv-blocks 256 --state-slots 16 \
   --router "$r_ADDR"
 for i in $(seq 1 100); do
   # both have tried at least twice (one try a second)
@@ -89,6 +91,16 @@ grep -q 'registration with the router .* failed: authentication failed' "$T/w.lo
   fail "the wrong-secret worker does not say why it is not registered"
 grep -q 'registration with the router .* failed: authentication failed' "$T/n.log" ||
   fail "the secret-less worker does not say why it is not registered"
+note "neither is ready: no ready file, grpc.health.v1 NOT_SERVING, said once"
+for x in w n; do
+  [ ! -e "$T/$x.ready" ] || fail "worker $x, never accepted, wrote its ready file"
+  a="${x}_ADDR"
+  got=$(EPD_CLUSTER_SECRET_FILE= "$CTL" probe "${!a}" || true)
+  [ "$got" = NOT_SERVING ] || fail "worker $x, never accepted, probes '$got'"
+  [ "$(grep -c 'not ready until the router' "$T/$x.log")" = 1 ] ||
+    fail "worker $x does not say once why it is not ready: $(grep -c 'not ready until' "$T/$x.log")"
+done
+[ "$(EPD_CLUSTER_SECRET_FILE= "$CTL" probe "$d_ADDR")" = SERVING ] || fail "a member's probe"
 
 note "without the secret epd-ctl gets Health only"
 "$CTL" health "$r_ADDR" >/dev/null || fail "Health without the secret"

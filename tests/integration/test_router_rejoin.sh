@@ -15,11 +15,12 @@ start_router r0 --model "$T/m"
 CTL=$r0_ADDR
 stop_daemon r0 TERM
 
-note "workers first: they retry every second"
-start_daemon d decode --model "$T/m" --worker-id decode-0 --kv-blocks 512 --state-slots 32 \
+note "workers first: they retry every second, and are not ready until accepted"
+start_unjoined d decode --model "$T/m" --worker-id decode-0 --kv-blocks 512 --state-slots 32 \
   --router "$CTL"
-start_daemon p prefill --model "$T/m" --worker-id prefill-0 --router "$CTL"
+start_unjoined p prefill --model "$T/m" --worker-id prefill-0 --router "$CTL"
 sleep 1.5
+[ ! -e "$T/d.ready" ] && [ ! -e "$T/p.ready" ] || fail "a worker no router accepted is ready"
 grep -q "registration with the router $CTL failed" "$T/d.log" ||
   fail "decode does not say its registration failed: $(tail -n 3 "$T/d.log")"
 
@@ -27,6 +28,8 @@ start_router r1 --model "$T/m" --control-addr "$CTL" --heartbeat-ms 100
 [ "$r1_ADDR" = "$CTL" ] || fail "router r1 is on $r1_ADDR, not $CTL"
 wait_router_state "$CTL" decode-0 READY 5
 wait_router_state "$CTL" prefill-0 READY 5
+wait_ready d
+wait_ready p
 printf 'Before the router restarts.' >"$T/p1"
 router_client same "$r1_HTTP" "$T/m" "$BIN/epd-generate" --prompt-file "$T/p1" --max-tokens 12 \
   --temperature 0 --stream || fail "a request through the first router"
