@@ -33,7 +33,8 @@ Q := @
 endif
 
 # pkg-config names of every library the C code links.
-PKGS := ucx libfabric libprotobuf-c grpc_unsecure gpr libuv jansson libxxhash openblas libsodium libzstd
+PKGS := ucx libfabric libprotobuf-c grpc_unsecure gpr libuv jansson libxxhash openblas libsodium libzstd \
+        oniguruma icu-uc
 TEST_PKGS := cmocka
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
