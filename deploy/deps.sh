@@ -18,6 +18,8 @@ PACKAGES=(
   libopenblas-dev                 # ref engine matrix products
   libstb-dev                      # stb_image: PNG / JPEG decoding (vision encoder input)
   libsodium-dev                   # BLAKE2b-256 content hashes of images (the embedding cache key)
+  libonig-dev                     # tokenizer: Oniguruma, the regex engine of HF tokenizers' Split patterns
+  libicu-dev                      # tokenizer: NFC/NFKC normalization (ICU)
   libcmocka-dev                   # unit tests
   python3 curl procps iproute2    # integration test helpers
   nftables util-linux             # tests/multihost: nft (faults), nsenter (hosts)

@@ -1001,7 +1001,8 @@ epd_status_t epd_tokenizer_create(const char *json, size_t len, const char *conf
         goto err;
     }
     if (config != NULL) {
-        conf = json_loadb(config, config_len, 0, &jerr);
+        /* model_max_length is often 1e30 written as an integer */
+        conf = json_loadb(config, config_len, JSON_DECODE_INT_AS_REAL, &jerr);
         if (!json_is_object(conf)) {
             epd_log_error(EPD_TOK_LOG, 0, "tokenizer_config.json: not a JSON object (line %d: %s)",
                           jerr.line, conf == NULL ? jerr.text : "");
