@@ -923,10 +923,14 @@ epd_status_t epd_tokenizer_create(const char *json, size_t len, const char *conf
     }
     tok->bos = tok->eos = -1;
     root = json_loadb(json, len, JSON_ALLOW_NUL, &jerr);
-    if (root == NULL || !json_is_object(root)) {
-        epd_log_error(EPD_TOK_LOG, 0, "tokenizer.json: not a JSON object (line %d: %s)",
-                      jerr.line, root == NULL ? jerr.text : "");
+    if (root == NULL) {
+        epd_log_error(EPD_TOK_LOG, 0, "tokenizer.json: not JSON (line %d: %s)", jerr.line,
+                      jerr.text);
         status = EPD_ERR_MALFORMED;
+        goto err;
+    }
+    if (!json_is_object(root)) {
+        status = epd_tok_malformed("the top level is not an object");
         goto err;
     }
     epd_tok_byte_map(cp_of_byte, byte_of_cp);

@@ -63,7 +63,7 @@ epd_status_t epd_tokenizer_decode(const epd_tokenizer_t *tok, const int32_t *ids
         if (special && (flags & EPD_DETOKENIZE_SKIP_SPECIAL)) {
             continue;
         }
-        if (len + l <= cap) {
+        if (l > 0 && len + l <= cap) {
             memcpy(buf + len, b, l);
         }
         len += l;
