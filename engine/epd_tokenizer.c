@@ -10,6 +10,9 @@
  * byte-level pre-token, so it is left out of the lookup table, and decodes
  * to its own UTF-8 as the Rust ByteLevel decoder does.
  *
+ * The pipeline's parts (normalizer, pre-tokenizer, post-processor,
+ * decoder) are read by epd_tokenizer_json.c.
+ *
  * Merges become a hash table from the pair of ids to (rank, merged id);
  * a merge whose parts or result are not in the vocabulary is an error, as
  * in the Rust crate; a pair listed twice keeps its later rank, as the Rust
@@ -29,8 +32,6 @@
 #include "epd_tokenizer_int.h"
 
 #define EPD_TOK_LOG "tokenizer"
-/* ids beyond this are refused (the largest vocabularies are ~256 k) */
-#define EPD_TOK_MAX_IDS (1u << 24)
 /* tokenizer.json files beyond this are refused (the largest are ~30 MB) */
 #define EPD_TOK_MAX_FILE (1ull << 30)
 
@@ -100,8 +101,8 @@ static long epd_tok_unbyte(const int16_t byte_of_cp[512], const char *s, size_t 
 
 /* ---- pool and tables -------------------------------------------------------- */
 
-static epd_status_t epd_tok_pool_add(epd_tokenizer_t *tok, const void *bytes, size_t len,
-                                     epd_tok_str_t *str_p)
+epd_status_t epd__tok_pool_add(epd_tokenizer_t *tok, const void *bytes, size_t len,
+                               epd_tok_str_t *str_p)
 {
     if (len > UINT32_MAX || tok->pool_len + len > UINT32_MAX) {
         return EPD_ERR_TOO_LONG;
@@ -213,360 +214,13 @@ static uint32_t epd_tok_pow2_at_least(size_t n)
     return p;
 }
 
-/* ---- the parts of tokenizer.json --------------------------------------------- */
-
-static int epd_tok_is(const json_t *obj, const char *key, const char *want)
-{
-    const char *v = json_string_value(json_object_get(obj, key));
-
-    return v != NULL && strcmp(v, want) == 0;
-}
-
-static int epd_tok_flag(const json_t *obj, const char *key)
-{
-    return json_is_true(json_object_get(obj, key));
-}
-
-static epd_status_t epd_tok_unsupported(const char *what, const char *name)
-{
-    epd_log_error(EPD_TOK_LOG, 0, "tokenizer.json: unsupported %s '%s'", what,
-                  name != NULL ? name : "(none)");
-    return EPD_ERR_UNSUPPORTED;
-}
-
-static epd_status_t epd_tok_malformed(const char *what)
-{
-    epd_log_error(EPD_TOK_LOG, 0, "tokenizer.json: %s", what);
-    return EPD_ERR_MALFORMED;
-}
-
-static epd_status_t epd_tok_parse_normalizer(epd_tokenizer_t *tok, const json_t *n)
-{
-    const char *type;
-
-    if (n == NULL || json_is_null(n)) {
-        return EPD_OK;
-    }
-    type = json_string_value(json_object_get(n, "type"));
-    if (type == NULL) {
-        return epd_tok_malformed("normalizer without a type");
-    }
-    if (strcmp(type, "Sequence") == 0) {
-        const json_t *list = json_object_get(n, "normalizers");
-        size_t i;
-        const json_t *item;
-
-        if (!json_is_array(list)) {
-            return epd_tok_malformed("normalizer Sequence without 'normalizers'");
-        }
-        json_array_foreach (list, i, item) {
-            epd_status_t status = epd_tok_parse_normalizer(tok, item);
-
-            if (status != EPD_OK) {
-                return status;
-            }
-        }
-        return EPD_OK;
-    }
-    if (tok->n_norm == EPD_TOK_MAX_NORM) {
-        return epd_tok_unsupported("normalizer count", ">8");
-    }
-    if (strcmp(type, "NFC") == 0) {
-        tok->norm[tok->n_norm++] = EPD_TOK_NORM_NFC;
-    } else if (strcmp(type, "NFD") == 0) {
-        tok->norm[tok->n_norm++] = EPD_TOK_NORM_NFD;
-    } else if (strcmp(type, "NFKC") == 0) {
-        tok->norm[tok->n_norm++] = EPD_TOK_NORM_NFKC;
-    } else if (strcmp(type, "NFKD") == 0) {
-        tok->norm[tok->n_norm++] = EPD_TOK_NORM_NFKD;
-    } else {
-        return epd_tok_unsupported("normalizer", type);
-    }
-    return EPD_OK;
-}
-
-static epd_status_t epd_tok_compile(const char *pattern, size_t len, OnigRegex *re_p)
-{
-    OnigErrorInfo einfo;
-    int r;
-
-    /* ONIG_SYNTAX_DEFAULT (Ruby) and no options: what the Rust crate's
-     * onig::Regex::new compiles with */
-    r = onig_new(re_p, (const OnigUChar *)pattern, (const OnigUChar *)pattern + len,
-                 ONIG_OPTION_NONE, ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, &einfo);
-    if (r != ONIG_NORMAL) {
-        OnigUChar msg[ONIG_MAX_ERROR_MESSAGE_LEN];
-
-        onig_error_code_to_str(msg, r, &einfo);
-        epd_log_error(EPD_TOK_LOG, 0, "tokenizer.json: pattern does not compile: %s", msg);
-        *re_p = NULL;
-        return EPD_ERR_MALFORMED;
-    }
-    return EPD_OK;
-}
-
-static epd_status_t epd_tok_parse_behavior(const json_t *pre, epd_tok_behavior_t *b_p)
-{
-    static const struct {
-        const char *name;
-        epd_tok_behavior_t b;
-    } names[] = {
-        {"Removed", EPD_TOK_SPLIT_REMOVED},
-        {"Isolated", EPD_TOK_SPLIT_ISOLATED},
-        {"MergedWithPrevious", EPD_TOK_SPLIT_MERGED_WITH_PREVIOUS},
-        {"MergedWithNext", EPD_TOK_SPLIT_MERGED_WITH_NEXT},
-        {"Contiguous", EPD_TOK_SPLIT_CONTIGUOUS},
-    };
-    const char *v = json_string_value(json_object_get(pre, "behavior"));
-
-    for (size_t i = 0; v != NULL && i < sizeof(names) / sizeof(names[0]); i++) {
-        if (strcmp(v, names[i].name) == 0) {
-            *b_p = names[i].b;
-            return EPD_OK;
-        }
-    }
-    return epd_tok_unsupported("Split behavior", v);
-}
-
-static epd_status_t epd_tok_parse_pre(epd_tokenizer_t *tok, const json_t *p)
-{
-    const char *type;
-    epd_tok_pre_t *pre;
-    epd_status_t status;
-
-    if (p == NULL || json_is_null(p)) {
-        return EPD_OK;
-    }
-    type = json_string_value(json_object_get(p, "type"));
-    if (type == NULL) {
-        return epd_tok_malformed("pre_tokenizer without a type");
-    }
-    if (strcmp(type, "Sequence") == 0) {
-        const json_t *list = json_object_get(p, "pretokenizers");
-        size_t i;
-        const json_t *item;
-
-        if (!json_is_array(list)) {
-            return epd_tok_malformed("pre_tokenizer Sequence without 'pretokenizers'");
-        }
-        json_array_foreach (list, i, item) {
-            status = epd_tok_parse_pre(tok, item);
-            if (status != EPD_OK) {
-                return status;
-            }
-        }
-        return EPD_OK;
-    }
-    if (tok->n_pre == EPD_TOK_MAX_PRE) {
-        return epd_tok_unsupported("pre_tokenizer count", ">8");
-    }
-    /* ByteLevel turns the text into its byte-level characters: a step after
-     * it would see those, which this tokenizer (working on bytes) does not
-     * model */
-    if (tok->n_pre > 0 && tok->pre[tok->n_pre - 1].kind == EPD_TOK_PRE_BYTELEVEL) {
-        return epd_tok_unsupported("pre_tokenizer after ByteLevel", type);
-    }
-    pre = &tok->pre[tok->n_pre];
-    memset(pre, 0, sizeof(*pre));
-    if (strcmp(type, "Split") == 0) {
-        const json_t *pat = json_object_get(p, "pattern");
-        const json_t *rx = json_object_get(pat, "Regex");
-        const json_t *lit = json_object_get(pat, "String");
-
-        pre->kind = EPD_TOK_PRE_SPLIT;
-        status = epd_tok_parse_behavior(p, &pre->behavior);
-        if (status != EPD_OK) {
-            return status;
-        }
-        pre->invert = (uint8_t)epd_tok_flag(p, "invert");
-        if (json_is_string(rx)) {
-            status = epd_tok_compile(json_string_value(rx), json_string_length(rx), &pre->re);
-        } else if (json_is_string(lit)) {
-            status = epd_tok_pool_add(tok, json_string_value(lit), json_string_length(lit),
-                                      &pre->literal);
-        } else {
-            status = epd_tok_malformed("Split without a Regex or String pattern");
-        }
-        if (status != EPD_OK) {
-            return status;
-        }
-    } else if (strcmp(type, "ByteLevel") == 0) {
-        pre->kind = EPD_TOK_PRE_BYTELEVEL;
-        pre->add_prefix_space = (uint8_t)epd_tok_flag(p, "add_prefix_space");
-        /* use_regex defaults to true in the Rust crate */
-        if (!json_is_false(json_object_get(p, "use_regex"))) {
-            status = epd_tok_compile(epd__tok_gpt2_pattern, strlen(epd__tok_gpt2_pattern),
-                                     &pre->re);
-            if (status != EPD_OK) {
-                return status;
-            }
-        }
-    } else {
-        return epd_tok_unsupported("pre_tokenizer", type);
-    }
-    tok->n_pre++;
-    return EPD_OK;
-}
-
-static epd_status_t epd_tok_post_add(int32_t *ids, size_t *n, const json_t *list)
-{
-    size_t i;
-    const json_t *v;
-
-    json_array_foreach (list, i, v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-            json_integer_value(v) >= EPD_TOK_MAX_IDS) {
-            return epd_tok_malformed("TemplateProcessing: a special token's id is not an id");
-        }
-        if (*n == EPD_TOK_MAX_POST_IDS) {
-            return epd_tok_unsupported("TemplateProcessing length", ">16 ids");
-        }
-        ids[(*n)++] = (int32_t)json_integer_value(v);
-    }
-    return EPD_OK;
-}
-
-/* TemplateProcessing's `single`: ids before $A go first, those after it
- * last.  A template inside a Sequence wraps what the earlier ones made. */
-static epd_status_t epd_tok_parse_template(epd_tokenizer_t *tok, const json_t *p)
-{
-    const json_t *single = json_object_get(p, "single");
-    const json_t *specials = json_object_get(p, "special_tokens");
-    int32_t pre[EPD_TOK_MAX_POST_IDS], post[EPD_TOK_MAX_POST_IDS];
-    size_t n_pre = 0, n_post = 0;
-    int seen_a = 0;
-    size_t i;
-    const json_t *item;
-    epd_status_t status;
-
-    if (!json_is_array(single)) {
-        return epd_tok_malformed("TemplateProcessing without 'single'");
-    }
-    json_array_foreach (single, i, item) {
-        const json_t *sp = json_object_get(item, "SpecialToken");
-        const json_t *seq = json_object_get(item, "Sequence");
-
-        if (json_is_object(seq)) {
-            if (!epd_tok_is(seq, "id", "A") || seen_a) {
-                return epd_tok_unsupported("TemplateProcessing single sequence",
-                                           json_string_value(json_object_get(seq, "id")));
-            }
-            seen_a = 1;
-        } else if (json_is_object(sp)) {
-            const char *name = json_string_value(json_object_get(sp, "id"));
-            const json_t *def = name != NULL ? json_object_get(specials, name) : NULL;
-            const json_t *ids = json_object_get(def, "ids");
-
-            if (!json_is_array(ids)) {
-                return epd_tok_malformed("TemplateProcessing: a special token is not defined");
-            }
-            status = seen_a ? epd_tok_post_add(post, &n_post, ids)
-                            : epd_tok_post_add(pre, &n_pre, ids);
-            if (status != EPD_OK) {
-                return status;
-            }
-        } else {
-            return epd_tok_malformed("TemplateProcessing: an item is neither a token nor $A");
-        }
-    }
-    if (!seen_a) {
-        return epd_tok_malformed("TemplateProcessing single without $A");
-    }
-    if (n_pre + tok->n_post_prefix > EPD_TOK_MAX_POST_IDS ||
-        n_post + tok->n_post_suffix > EPD_TOK_MAX_POST_IDS) {
-        return epd_tok_unsupported("TemplateProcessing length", ">16 ids");
-    }
-    memmove(tok->post_prefix + n_pre, tok->post_prefix, tok->n_post_prefix * sizeof(int32_t));
-    memcpy(tok->post_prefix, pre, n_pre * sizeof(int32_t));
-    tok->n_post_prefix += n_pre;
-    memcpy(tok->post_suffix + tok->n_post_suffix, post, n_post * sizeof(int32_t));
-    tok->n_post_suffix += n_post;
-    return EPD_OK;
-}
-
-static epd_status_t epd_tok_parse_post(epd_tokenizer_t *tok, const json_t *p)
-{
-    const char *type;
-
-    if (p == NULL || json_is_null(p)) {
-        return EPD_OK;
-    }
-    type = json_string_value(json_object_get(p, "type"));
-    if (type == NULL) {
-        return epd_tok_malformed("post_processor without a type");
-    }
-    if (strcmp(type, "Sequence") == 0) {
-        const json_t *list = json_object_get(p, "processors");
-        size_t i;
-        const json_t *item;
-
-        if (!json_is_array(list)) {
-            return epd_tok_malformed("post_processor Sequence without 'processors'");
-        }
-        json_array_foreach (list, i, item) {
-            epd_status_t status = epd_tok_parse_post(tok, item);
-
-            if (status != EPD_OK) {
-                return status;
-            }
-        }
-        return EPD_OK;
-    }
-    if (strcmp(type, "ByteLevel") == 0) {
-        return EPD_OK; /* it moves offsets only: no ids */
-    }
-    if (strcmp(type, "TemplateProcessing") == 0) {
-        return epd_tok_parse_template(tok, p);
-    }
-    return epd_tok_unsupported("post_processor", type);
-}
-
-static epd_status_t epd_tok_check_decoder(const json_t *d)
-{
-    const char *type = json_string_value(json_object_get(d, "type"));
-
-    if (type != NULL && strcmp(type, "ByteLevel") == 0) {
-        return EPD_OK;
-    }
-    return epd_tok_unsupported("decoder", type);
-}
-
-static epd_status_t epd_tok_check_model(const json_t *m)
-{
-    const char *type = json_string_value(json_object_get(m, "type"));
-    const char *csp = json_string_value(json_object_get(m, "continuing_subword_prefix"));
-    const char *ews = json_string_value(json_object_get(m, "end_of_word_suffix"));
-    const json_t *dropout = json_object_get(m, "dropout");
-
-    if (!json_is_object(m)) {
-        return epd_tok_malformed("no model");
-    }
-    if (type != NULL && strcmp(type, "BPE") != 0) {
-        return epd_tok_unsupported("model", type);
-    }
-    if (csp != NULL && csp[0] != '\0') {
-        return epd_tok_unsupported("BPE continuing_subword_prefix", csp);
-    }
-    if (ews != NULL && ews[0] != '\0') {
-        return epd_tok_unsupported("BPE end_of_word_suffix", ews);
-    }
-    if (epd_tok_flag(m, "byte_fallback")) {
-        return epd_tok_unsupported("BPE option", "byte_fallback");
-    }
-    if (dropout != NULL && !json_is_null(dropout) &&
-        !(json_is_number(dropout) && json_number_value(dropout) == 0.0)) {
-        return epd_tok_unsupported("BPE option", "dropout");
-    }
-    return EPD_OK;
-}
-
 /* ---- vocabulary, merges, added tokens ------------------------------------------ */
 
 static epd_status_t epd_tok_get_id(const json_t *v, uint32_t *id_p)
 {
     if (!json_is_integer(v) || json_integer_value(v) < 0 ||
         json_integer_value(v) >= EPD_TOK_MAX_IDS) {
-        return epd_tok_malformed("a token id is not an integer in [0, 2^24)");
+        return epd__tok_malformed("a token id is not an integer in [0, 2^24)");
     }
     *id_p = (uint32_t)json_integer_value(v);
     return EPD_OK;
@@ -581,9 +235,9 @@ static epd_status_t epd_tok_set_decode(epd_tokenizer_t *tok, const int16_t byte_
     long n = epd_tok_unbyte(byte_of_cp, text, len, tmp, tmp_cap);
 
     if (n < 0) {
-        return epd_tok_pool_add(tok, text, len, &tok->id_bytes[id]);
+        return epd__tok_pool_add(tok, text, len, &tok->id_bytes[id]);
     }
-    return epd_tok_pool_add(tok, tmp, (size_t)n, &tok->id_bytes[id]);
+    return epd__tok_pool_add(tok, tmp, (size_t)n, &tok->id_bytes[id]);
 }
 
 static epd_status_t epd_tok_load_vocab(epd_tokenizer_t *tok, const json_t *vocab,
@@ -599,9 +253,10 @@ static epd_status_t epd_tok_load_vocab(epd_tokenizer_t *tok, const json_t *vocab
     epd_status_t status;
 
     if (!json_is_object(vocab)) {
-        return epd_tok_malformed("model.vocab is not an object");
+        return epd__tok_malformed("model.vocab is not an object");
     }
-    json_object_foreach ((json_t *)vocab, key, v) {
+    json_object_foreach((json_t *)vocab, key, v)
+    {
         status = epd_tok_get_id(v, &id);
         if (status != EPD_OK) {
             return status;
@@ -610,7 +265,8 @@ static epd_status_t epd_tok_load_vocab(epd_tokenizer_t *tok, const json_t *vocab
         n_vocab++;
         tmp_cap = strlen(key) + 1 > tmp_cap ? strlen(key) + 1 : tmp_cap;
     }
-    json_array_foreach (added, i, v) {
+    json_array_foreach(added, i, v)
+    {
         const json_t *content = json_object_get(v, "content");
 
         status = epd_tok_get_id(json_object_get(v, "id"), &id);
@@ -618,14 +274,14 @@ static epd_status_t epd_tok_load_vocab(epd_tokenizer_t *tok, const json_t *vocab
             return status;
         }
         if (!json_is_string(content) || json_string_length(content) == 0) {
-            return epd_tok_malformed("an added token without content");
+            return epd__tok_malformed("an added token without content");
         }
         max_id = id > max_id ? id : max_id;
-        tmp_cap = json_string_length(content) + 1 > tmp_cap ? json_string_length(content) + 1
-                                                              : tmp_cap;
+        tmp_cap =
+            json_string_length(content) + 1 > tmp_cap ? json_string_length(content) + 1 : tmp_cap;
     }
     if (n_vocab == 0) {
-        return epd_tok_malformed("model.vocab is empty");
+        return epd__tok_malformed("model.vocab is empty");
     }
     tok->n_ids = max_id + 1;
     tok->id_bytes = epd_malloc(tok->n_ids * sizeof(*tok->id_bytes));
@@ -646,13 +302,14 @@ static epd_status_t epd_tok_load_vocab(epd_tokenizer_t *tok, const json_t *vocab
         tok->vocab_bytes[i].len = 0;
     }
     memset(tok->vocab_tab, 0xFF, ((size_t)tok->vocab_mask + 1) * sizeof(uint32_t));
-    json_object_foreach ((json_t *)vocab, key, v) {
+    json_object_foreach((json_t *)vocab, key, v)
+    {
         size_t klen = strlen(key);
         long n;
 
         id = (uint32_t)json_integer_value(v);
         if (tok->id_bytes[id].off != EPD_TOK_NONE) {
-            status = epd_tok_malformed("two vocabulary tokens have one id");
+            status = epd__tok_malformed("two vocabulary tokens have one id");
             goto out;
         }
         status = epd_tok_set_decode(tok, byte_of_cp, id, key, klen, tmp, tmp_cap);
@@ -688,8 +345,8 @@ out:
 /* "a b" (the older format) or ["a", "b"] (tokenizers >= 0.20) -> the two
  * parts' ids */
 static epd_status_t epd_tok_merge_parts(const epd_tokenizer_t *tok, const json_t *m,
-                                        const int16_t byte_of_cp[512], char *tmp,
-                                        size_t tmp_cap, uint32_t ids[2])
+                                        const int16_t byte_of_cp[512], char *tmp, size_t tmp_cap,
+                                        uint32_t ids[2])
 {
     const char *part[2];
     size_t len[2];
@@ -699,7 +356,7 @@ static epd_status_t epd_tok_merge_parts(const epd_tokenizer_t *tok, const json_t
         const char *sp = memchr(s, ' ', json_string_length(m));
 
         if (sp == NULL) {
-            return epd_tok_malformed("a merge \"a b\" without its space");
+            return epd__tok_malformed("a merge \"a b\" without its space");
         }
         part[0] = s;
         len[0] = (size_t)(sp - s);
@@ -712,15 +369,16 @@ static epd_status_t epd_tok_merge_parts(const epd_tokenizer_t *tok, const json_t
             len[k] = json_string_length(json_array_get(m, k));
         }
     } else {
-        return epd_tok_malformed("a merge is neither \"a b\" nor [\"a\", \"b\"]");
+        return epd__tok_malformed("a merge is neither \"a b\" nor [\"a\", \"b\"]");
     }
     for (int k = 0; k < 2; k++) {
         long n = epd_tok_unbyte(byte_of_cp, part[k], len[k], tmp, tmp_cap);
 
         ids[k] = n > 0 ? epd__tok_vocab_find(tok, tmp, (size_t)n) : EPD_TOK_NONE;
         if (ids[k] == EPD_TOK_NONE) {
-            epd_log_error(EPD_TOK_LOG, 0, "tokenizer.json: merge part '%.*s' is not in the vocabulary",
-                          (int)len[k], part[k]);
+            epd_log_error(EPD_TOK_LOG, 0,
+                          "tokenizer.json: merge part '%.*s' is not in the vocabulary", (int)len[k],
+                          part[k]);
             return EPD_ERR_MALFORMED;
         }
     }
@@ -737,10 +395,10 @@ static epd_status_t epd_tok_load_merges(epd_tokenizer_t *tok, const json_t *merg
     epd_status_t status = EPD_OK;
 
     if (merges != NULL && !json_is_array(merges)) {
-        return epd_tok_malformed("model.merges is not a list");
+        return epd__tok_malformed("model.merges is not a list");
     }
     if (n >= UINT32_MAX / 4) {
-        return epd_tok_malformed("too many merges");
+        return epd__tok_malformed("too many merges");
     }
     tok->merge_mask = epd_tok_pow2_at_least(n * 2 + 1) - 1;
     tok->merge_tab = epd_malloc(((size_t)tok->merge_mask + 1) * sizeof(*tok->merge_tab));
@@ -754,7 +412,8 @@ static epd_status_t epd_tok_load_merges(epd_tokenizer_t *tok, const json_t *merg
         tok->merge_tab[k].rank = 0;
         tok->merge_tab[k].id = EPD_TOK_NONE;
     }
-    json_array_foreach (merges, i, m) {
+    json_array_foreach(merges, i, m)
+    {
         uint32_t ids[2], merged;
         const epd_tok_str_t *a, *b;
 
@@ -768,8 +427,8 @@ static epd_status_t epd_tok_load_merges(epd_tokenizer_t *tok, const json_t *merg
         memcpy(tmp + a->len, tok->pool + b->off, b->len);
         merged = epd__tok_vocab_find(tok, tmp, (size_t)a->len + b->len);
         if (merged == EPD_TOK_NONE) {
-            epd_log_error(EPD_TOK_LOG, 0, "tokenizer.json: merge %zu's result is not in the vocabulary",
-                          i);
+            epd_log_error(EPD_TOK_LOG, 0,
+                          "tokenizer.json: merge %zu's result is not in the vocabulary", i);
             status = EPD_ERR_MALFORMED;
             goto out;
         }
@@ -838,7 +497,7 @@ static epd_status_t epd_tok_load_added(epd_tokenizer_t *tok, const json_t *added
     epd_status_t status = EPD_OK;
 
     if (added != NULL && !json_is_array(added)) {
-        return epd_tok_malformed("added_tokens is not a list");
+        return epd__tok_malformed("added_tokens is not a list");
     }
     tok->n_added = json_array_size(added);
     tok->added = epd_calloc(tok->n_added + 1, sizeof(*tok->added));
@@ -847,25 +506,26 @@ static epd_status_t epd_tok_load_added(epd_tokenizer_t *tok, const json_t *added
         status = EPD_ERR_NO_MEMORY;
         goto out;
     }
-    json_array_foreach (added, i, a) {
+    json_array_foreach(added, i, a)
+    {
         const json_t *content = json_object_get(a, "content");
         epd_tok_added_t *t = &tok->added[i];
         const char *flags[] = {"lstrip", "rstrip", "single_word"};
 
         for (size_t k = 0; k < 3; k++) {
-            if (epd_tok_flag(a, flags[k])) {
-                status = epd_tok_unsupported("added token option", flags[k]);
+            if (epd__tok_flag(a, flags[k])) {
+                status = epd__tok_unsupported("added token option", flags[k]);
                 goto out;
             }
         }
         t->id = (uint32_t)json_integer_value(json_object_get(a, "id"));
-        t->special = (uint8_t)epd_tok_flag(a, "special");
+        t->special = (uint8_t)epd__tok_flag(a, "special");
         /* "normalized" defaults to the opposite of "special" in the crate */
         t->normalized = json_object_get(a, "normalized") != NULL
-                            ? (uint8_t)epd_tok_flag(a, "normalized")
+                            ? (uint8_t)epd__tok_flag(a, "normalized")
                             : (uint8_t)!t->special;
-        status = epd_tok_pool_add(tok, json_string_value(content), json_string_length(content),
-                                  &t->content);
+        status = epd__tok_pool_add(tok, json_string_value(content), json_string_length(content),
+                                   &t->content);
         if (status != EPD_OK) {
             goto out;
         }
@@ -930,38 +590,22 @@ epd_status_t epd_tokenizer_create(const char *json, size_t len, const char *conf
         goto err;
     }
     if (!json_is_object(root)) {
-        status = epd_tok_malformed("the top level is not an object");
+        status = epd__tok_malformed("the top level is not an object");
         goto err;
     }
     epd_tok_byte_map(cp_of_byte, byte_of_cp);
     model = json_object_get(root, "model");
     added = json_object_get(root, "added_tokens");
-    status = epd_tok_check_model(model);
-    if (status == EPD_OK) {
-        status = epd_tok_check_decoder(json_object_get(root, "decoder"));
-    }
-    if (status == EPD_OK) {
-        status = epd_tok_parse_normalizer(tok, json_object_get(root, "normalizer"));
-    }
-    if (status == EPD_OK) {
-        status = epd_tok_parse_pre(tok, json_object_get(root, "pre_tokenizer"));
-    }
-    if (status == EPD_OK) {
-        status = epd_tok_parse_post(tok, json_object_get(root, "post_processor"));
-    }
+    status = epd__tok_parse_pipeline(tok, root);
     if (status != EPD_OK) {
         goto err;
     }
-    if (tok->n_pre == 0 || tok->pre[tok->n_pre - 1].kind != EPD_TOK_PRE_BYTELEVEL) {
-        status = epd_tok_unsupported("pre_tokenizer", "without ByteLevel (not a byte-level BPE)");
-        goto err;
-    }
     if (added != NULL && !json_is_array(added)) {
-        status = epd_tok_malformed("added_tokens is not a list");
+        status = epd__tok_malformed("added_tokens is not a list");
         goto err;
     }
-    status = epd_tok_load_vocab(tok, json_object_get(model, "vocab"), added, byte_of_cp,
-                                cp_of_byte);
+    status =
+        epd_tok_load_vocab(tok, json_object_get(model, "vocab"), added, byte_of_cp, cp_of_byte);
     if (status != EPD_OK) {
         goto err;
     }
@@ -990,15 +634,15 @@ epd_status_t epd_tokenizer_create(const char *json, size_t len, const char *conf
                                    : tok->max_token_bytes;
     }
     for (size_t i = 0; i < tok->n_post_prefix + tok->n_post_suffix; i++) {
-        int32_t id = i < tok->n_post_prefix ? tok->post_prefix[i]
-                                            : tok->post_suffix[i - tok->n_post_prefix];
+        int32_t id =
+            i < tok->n_post_prefix ? tok->post_prefix[i] : tok->post_suffix[i - tok->n_post_prefix];
 
         if ((uint32_t)id >= tok->n_ids || tok->id_bytes[id].off == EPD_TOK_NONE) {
-            status = epd_tok_malformed("the post-processor names an id that is no token");
+            status = epd__tok_malformed("the post-processor names an id that is no token");
             goto err;
         }
     }
-    tok->ignore_merges = (uint8_t)epd_tok_flag(model, "ignore_merges");
+    tok->ignore_merges = (uint8_t)epd__tok_flag(model, "ignore_merges");
     tok->s.region = onig_region_new();
     if (tok->s.region == NULL) {
         status = EPD_ERR_NO_MEMORY;

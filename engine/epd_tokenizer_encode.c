@@ -108,8 +108,7 @@ static epd_status_t epd_tok_span_push(epd_tok_scratch_t *s, int k, uint32_t off,
 /* The leftmost, then longest, added token of `set` in p[0..len): 1 with
  * *at_p and *a_p, or 0. */
 static int epd_tok_find_added(const epd_tokenizer_t *tok, const epd_tok_added_set_t *set,
-                              const char *p, size_t len, size_t *at_p,
-                              const epd_tok_added_t **a_p)
+                              const char *p, size_t len, size_t *at_p, const epd_tok_added_t **a_p)
 {
     if (set->start[256] == 0) {
         return 0;
@@ -223,8 +222,7 @@ static epd_status_t epd_tok_normalize(epd_tokenizer_t *tok, const char *p, size_
         n16 = n;
     }
     /* at most 3 UTF-8 bytes per UTF-16 unit */
-    status = epd_tok_grow((void **)&s->arena, &s->arena_cap, s->arena_len + 3 * (size_t)n16 + 1,
-                          1);
+    status = epd_tok_grow((void **)&s->arena, &s->arena_cap, s->arena_len + 3 * (size_t)n16 + 1, 1);
     if (status != EPD_OK) {
         return status;
     }
@@ -249,11 +247,11 @@ static epd_status_t epd_tok_normalize(epd_tokenizer_t *tok, const char *p, size_
  * NormalizedString::split folds its (offsets, is_match) list. */
 typedef struct {
     epd_tok_scratch_t *s;
-    int out;            /* spans[out] receives */
-    size_t first;       /* the first piece of this span in spans[out] */
+    int out;      /* spans[out] receives */
+    size_t first; /* the first piece of this span in spans[out] */
     epd_tok_behavior_t behavior;
     int prev_match;
-    uint32_t pending;   /* MergedWithNext: start of a match waiting for its next */
+    uint32_t pending; /* MergedWithNext: start of a match waiting for its next */
     int has_pending;
 } epd_tok_fold_t;
 
@@ -367,8 +365,8 @@ static epd_status_t epd_tok_split(epd_tokenizer_t *tok, const epd_tok_pre_t *pre
                                   epd_tok_behavior_t behavior, int invert, uint32_t off,
                                   uint32_t len, int out)
 {
-    epd_tok_fold_t f = {.s = &tok->s, .out = out, .first = tok->s.n_spans[out],
-                        .behavior = behavior};
+    epd_tok_fold_t f = {
+        .s = &tok->s, .out = out, .first = tok->s.n_spans[out], .behavior = behavior};
     /* segments are produced one ahead so that MergedWithNext sees the next */
     epd_tok_seg_t seg[3];
     int n_seg = 0;
@@ -381,8 +379,8 @@ static epd_status_t epd_tok_split(epd_tokenizer_t *tok, const epd_tok_pre_t *pre
         /* refill: at most two segments (a gap and a match) per match */
         while (!done && n_seg < 2) {
             uint32_t ms, me;
-            long r = last_end <= len ? epd_tok_next_match(tok, pre, off, len, last_end, &ms, &me)
-                                     : 0;
+            long r =
+                last_end <= len ? epd_tok_next_match(tok, pre, off, len, last_end, &ms, &me) : 0;
 
             if (r < 0) {
                 return EPD_ERR_FATAL;
@@ -396,8 +394,8 @@ static epd_status_t epd_tok_split(epd_tokenizer_t *tok, const epd_tok_pre_t *pre
                 break;
             }
             if (ms == me && have_last && last_match_end == me) {
-                last_end += last_end < len ? epd_tok_char_len((uint8_t)tok->s.arena[off + last_end])
-                                           : 1;
+                last_end +=
+                    last_end < len ? epd_tok_char_len((uint8_t)tok->s.arena[off + last_end]) : 1;
                 continue;
             }
             last_end = me;
@@ -504,8 +502,8 @@ static epd_tok_heap_t epd_tok_heap_pop(epd_tok_heap_t *h, size_t *n)
         if (c >= *n) {
             break;
         }
-        if (c + 1 < *n &&
-            (h[c + 1].rank < h[c].rank || (h[c + 1].rank == h[c].rank && h[c + 1].pos < h[c].pos))) {
+        if (c + 1 < *n && (h[c + 1].rank < h[c].rank ||
+                           (h[c + 1].rank == h[c].rank && h[c + 1].pos < h[c].pos))) {
             c++;
         }
         if (e.rank < h[c].rank || (e.rank == h[c].rank && e.pos <= h[c].pos)) {

@@ -7,6 +7,7 @@
 
 /* oniguruma.h defines UChar, ICU's UTF-16 unit, unless told not to */
 #define ONIG_ESCAPE_UCHAR_COLLISION 1
+#include <jansson.h>
 #include <oniguruma.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -14,6 +15,8 @@
 #include "epd_tokenizer.h"
 
 #define EPD_TOK_NONE UINT32_MAX
+/* ids beyond this are refused (the largest vocabularies are ~256 k) */
+#define EPD_TOK_MAX_IDS (1u << 24)
 
 /* a byte string in the tokenizer's pool */
 typedef struct {
@@ -38,8 +41,8 @@ typedef struct {
 /* One set of added tokens matched together: indices into tok->added,
  * bucketed by first byte, longest first within a bucket. */
 typedef struct {
-    uint32_t *order;      /* [n] */
-    uint32_t start[257];  /* bucket b is order[start[b]..start[b+1]) */
+    uint32_t *order;     /* [n] */
+    uint32_t start[257]; /* bucket b is order[start[b]..start[b+1]) */
 } epd_tok_added_set_t;
 
 typedef enum {
@@ -120,16 +123,16 @@ struct epd_tokenizer {
     char *pool;
     size_t pool_len, pool_cap;
 
-    uint32_t n_ids;           /* one past the largest id */
-    epd_tok_str_t *id_bytes;  /* [n_ids] what decoding gives; off EPD_TOK_NONE: no token */
-    uint8_t *id_special;      /* [n_ids] 1: a special added token */
+    uint32_t n_ids;          /* one past the largest id */
+    epd_tok_str_t *id_bytes; /* [n_ids] what decoding gives; off EPD_TOK_NONE: no token */
+    uint8_t *id_special;     /* [n_ids] 1: a special added token */
     size_t max_token_bytes;
 
     /* model vocabulary: bytes -> id (open addressing, ids; EPD_TOK_NONE empty) */
     uint32_t *vocab_tab;
     epd_tok_str_t *vocab_bytes; /* [n_ids] the model's own bytes of each id (for lookups) */
     uint32_t vocab_mask;
-    uint32_t byte_id[256];      /* the id of each single byte */
+    uint32_t byte_id[256]; /* the id of each single byte */
     uint8_t ignore_merges;
 
     epd_tok_merge_t *merge_tab;
@@ -177,6 +180,20 @@ static inline uint32_t epd__tok_mix64(uint64_t k)
     k ^= k >> 33;
     return (uint32_t)k;
 }
+
+/* Appends bytes[0..len) to the tokenizer's pool; *str_p says where. */
+epd_status_t epd__tok_pool_add(epd_tokenizer_t *tok, const void *bytes, size_t len,
+                               epd_tok_str_t *str_p);
+
+/* Reads the model's options, normalizer, pre_tokenizer, post_processor and
+ * decoder of a tokenizer.json (root, borrowed) into tok
+ * (epd_tokenizer_json.c). */
+epd_status_t epd__tok_parse_pipeline(epd_tokenizer_t *tok, const json_t *root);
+
+/* log and return: a part this tokenizer does not support / a broken file */
+epd_status_t epd__tok_unsupported(const char *what, const char *name);
+epd_status_t epd__tok_malformed(const char *what);
+int epd__tok_flag(const json_t *obj, const char *key);
 
 /* the encoder's scratch: cleanup frees it */
 void epd__tok_scratch_cleanup(epd_tok_scratch_t *s);

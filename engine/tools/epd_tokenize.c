@@ -33,7 +33,7 @@ typedef struct {
     const char *model;
     unsigned encode_flags;
     unsigned decode_flags;
-    int decode;       /* 1: --decode, 2: --decode-bytes */
+    int decode; /* 1: --decode, 2: --decode-bytes */
 } epd_tkz_args_t;
 
 /* reusable output buffers */
@@ -48,16 +48,15 @@ typedef struct {
 
 static void epd_tkz_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: epd-tokenize --model DIR [--add-special] [--special-as-text]\n"
-            "                    [--decode | --decode-bytes] [--skip-special]\n"
-            "  Reads one JSON value per line on stdin, writes one per line on stdout.\n"
-            "  encode (default): a JSON string, or an array of byte values -> an array of ids\n"
-            "  --add-special     apply the post-processor (e.g. Llama-3's <|begin_of_text|>)\n"
-            "  --special-as-text special tokens typed in the text are plain text\n"
-            "  --decode          an array of ids -> a JSON string (invalid UTF-8 as U+FFFD)\n"
-            "  --decode-bytes    an array of ids -> an array of byte values (lossless)\n"
-            "  --skip-special    decoding leaves special tokens out\n");
+    fprintf(f, "usage: epd-tokenize --model DIR [--add-special] [--special-as-text]\n"
+               "                    [--decode | --decode-bytes] [--skip-special]\n"
+               "  Reads one JSON value per line on stdin, writes one per line on stdout.\n"
+               "  encode (default): a JSON string, or an array of byte values -> an array of ids\n"
+               "  --add-special     apply the post-processor (e.g. Llama-3's <|begin_of_text|>)\n"
+               "  --special-as-text special tokens typed in the text are plain text\n"
+               "  --decode          an array of ids -> a JSON string (invalid UTF-8 as U+FFFD)\n"
+               "  --decode-bytes    an array of ids -> an array of byte values (lossless)\n"
+               "  --skip-special    decoding leaves special tokens out\n");
 }
 
 static int epd_tkz_parse(int argc, char **argv, epd_tkz_args_t *a)
@@ -142,7 +141,8 @@ static int epd_tkz_encode(epd_tokenizer_t *tok, const epd_tkz_args_t *a, json_t 
             fprintf(stderr, "epd-tokenize: out of memory\n");
             return 1;
         }
-        json_array_foreach (v, i, x) {
+        json_array_foreach(v, i, x)
+        {
             if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 255) {
                 fprintf(stderr, "epd-tokenize: line %lu: item %zu is not a byte value 0..255\n",
                         line, i);
@@ -187,7 +187,8 @@ static int epd_tkz_decode(epd_tokenizer_t *tok, const epd_tkz_args_t *a, json_t 
         fprintf(stderr, "epd-tokenize: out of memory\n");
         return 1;
     }
-    json_array_foreach (v, i, x) {
+    json_array_foreach(v, i, x)
+    {
         if (!json_is_integer(x) || json_integer_value(x) < 0 ||
             json_integer_value(x) >= (json_int_t)epd_tokenizer_n_ids(tok)) {
             fprintf(stderr, "epd-tokenize: line %lu: item %zu is not an id of this tokenizer\n",
@@ -197,15 +198,15 @@ static int epd_tkz_decode(epd_tokenizer_t *tok, const epd_tkz_args_t *a, json_t 
         b->ids[i] = (int32_t)json_integer_value(x);
     }
     if (a->decode == 2) {
-        status = epd_tokenizer_decode(tok, b->ids, n, a->decode_flags, b->bytes, b->bytes_cap,
-                                      &len);
+        status =
+            epd_tokenizer_decode(tok, b->ids, n, a->decode_flags, b->bytes, b->bytes_cap, &len);
         if (status == EPD_ERR_TOO_LONG) {
             if (epd_tkz_grow((void **)&b->bytes, &b->bytes_cap, len, 1) != 0) {
                 fprintf(stderr, "epd-tokenize: out of memory\n");
                 return 1;
             }
-            status = epd_tokenizer_decode(tok, b->ids, n, a->decode_flags, b->bytes,
-                                          b->bytes_cap, &len);
+            status =
+                epd_tokenizer_decode(tok, b->ids, n, a->decode_flags, b->bytes, b->bytes_cap, &len);
         }
         if (status != EPD_OK) {
             fprintf(stderr, "epd-tokenize: line %lu: %s\n", line, epd_status_string(status));
@@ -233,9 +234,9 @@ static int epd_tkz_decode(epd_tokenizer_t *tok, const epd_tkz_args_t *a, json_t 
                 fprintf(stderr, "epd-tokenize: out of memory\n");
                 return 1;
             }
-            status = i < n ? epd_tokenizer_stream_push(tok, &st, b->ids[i], b->bytes + len, step,
-                                                       &got)
-                           : epd_tokenizer_stream_finish(&st, b->bytes + len, step, &got);
+            status =
+                i < n ? epd_tokenizer_stream_push(tok, &st, b->ids[i], b->bytes + len, step, &got)
+                      : epd_tokenizer_stream_finish(&st, b->bytes + len, step, &got);
             if (status != EPD_OK) {
                 fprintf(stderr, "epd-tokenize: line %lu: %s\n", line, epd_status_string(status));
                 return 1;

@@ -146,10 +146,10 @@ static void expect_ids(epd_tokenizer_t *tok, const char *text, size_t len, unsig
         assert_int_equal(ids[i], want[i]);
     }
 }
-#define EXPECT(tok, s, flags, ...)                                                         \
-    do {                                                                                   \
-        const int32_t want_[] = {__VA_ARGS__};                                             \
-        expect_ids(tok, s, strlen(s), flags, want_, sizeof(want_) / sizeof(want_[0]));     \
+#define EXPECT(tok, s, flags, ...)                                                                 \
+    do {                                                                                           \
+        const int32_t want_[] = {__VA_ARGS__};                                                     \
+        expect_ids(tok, s, strlen(s), flags, want_, sizeof(want_) / sizeof(want_[0]));             \
     } while (0)
 
 /* ---- merges ------------------------------------------------------------------------- */
@@ -184,8 +184,8 @@ static void test_merge_ties_leftmost(void **state)
     epd_tokenizer_t *tok = NULL;
 
     (void)state;
-    assert_int_equal(load(mk_root(mk_vocab(v, 1), mk_merges(m, 1, 0), bytelevel_pre(0), NULL), &tok),
-                     EPD_OK);
+    assert_int_equal(
+        load(mk_root(mk_vocab(v, 1), mk_merges(m, 1, 0), bytelevel_pre(0), NULL), &tok), EPD_OK);
     /* equal ranks merge left to right: aa a, not a aa */
     EXPECT(tok, "aaa", 0, 256, 'a');
     EXPECT(tok, "aaaa", 0, 256, 256);
@@ -200,19 +200,19 @@ static void test_merge_errors(void **state)
     epd_tokenizer_t *tok = NULL;
 
     (void)state;
-    assert_int_equal(load(mk_root(mk_vocab(v, 1), mk_merges(bad_part, 1, 0), bytelevel_pre(0), NULL),
-                          &tok),
-                     EPD_ERR_MALFORMED);
-    assert_int_equal(load(mk_root(mk_vocab(v, 1), mk_merges(no_result, 1, 1), bytelevel_pre(0), NULL),
-                          &tok),
-                     EPD_ERR_MALFORMED);
+    assert_int_equal(
+        load(mk_root(mk_vocab(v, 1), mk_merges(bad_part, 1, 0), bytelevel_pre(0), NULL), &tok),
+        EPD_ERR_MALFORMED);
+    assert_int_equal(
+        load(mk_root(mk_vocab(v, 1), mk_merges(no_result, 1, 1), bytelevel_pre(0), NULL), &tok),
+        EPD_ERR_MALFORMED);
     /* a string merge without its space */
-    assert_int_equal(load(mk_root(mk_vocab(v, 1), json_pack("[s]", "ab"), bytelevel_pre(0), NULL),
-                          &tok),
-                     EPD_ERR_MALFORMED);
-    assert_int_equal(load(mk_root(mk_vocab(v, 1), json_pack("[[s]]", "a"), bytelevel_pre(0), NULL),
-                          &tok),
-                     EPD_ERR_MALFORMED);
+    assert_int_equal(
+        load(mk_root(mk_vocab(v, 1), json_pack("[s]", "ab"), bytelevel_pre(0), NULL), &tok),
+        EPD_ERR_MALFORMED);
+    assert_int_equal(
+        load(mk_root(mk_vocab(v, 1), json_pack("[[s]]", "a"), bytelevel_pre(0), NULL), &tok),
+        EPD_ERR_MALFORMED);
 }
 
 static void test_ignore_merges(void **state)
@@ -242,8 +242,8 @@ static void test_ignore_merges(void **state)
 static void test_split_behaviors(void **state)
 {
     static const char *const v[] = {"a-", "-b", "--", "ab", "a--", "--b"};
-    static const char *const m[][2] = {{"a", "-"}, {"-", "b"}, {"-", "-"}, {"a", "b"},
-                                       {"a-", "-"}, {"--", "b"}};
+    static const char *const m[][2] = {{"a", "-"}, {"-", "b"},  {"-", "-"},
+                                       {"a", "b"}, {"a-", "-"}, {"--", "b"}};
     static const struct {
         const char *behavior;
         int invert;
@@ -267,15 +267,16 @@ static void test_split_behaviors(void **state)
 
     (void)state;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        json_t *split = json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern",
-                                  "String", "-", "behavior", cases[i].behavior, "invert",
-                                  cases[i].invert);
+        json_t *split = json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "String",
+                                  "-", "behavior", cases[i].behavior, "invert", cases[i].invert);
         json_t *pre = json_pack("{s:s, s:[o,o]}", "type", "Sequence", "pretokenizers", split,
                                 bytelevel_pre(0));
         epd_tokenizer_t *tok = NULL;
 
-        fprintf(stderr, "case %zu: %s%s\n", i, cases[i].behavior, cases[i].invert ? " inverted" : "");
-        assert_int_equal(load(mk_root(mk_vocab(v, 6), mk_merges(m, 6, 0), pre, NULL), &tok), EPD_OK);
+        fprintf(stderr, "case %zu: %s%s\n", i, cases[i].behavior,
+                cases[i].invert ? " inverted" : "");
+        assert_int_equal(load(mk_root(mk_vocab(v, 6), mk_merges(m, 6, 0), pre, NULL), &tok),
+                         EPD_OK);
         expect_ids(tok, cases[i].text, strlen(cases[i].text), 0, cases[i].want, cases[i].n);
         epd_tokenizer_destroy(tok);
     }
@@ -288,8 +289,8 @@ static void test_split_regex_and_gpt2(void **state)
     epd_tokenizer_t *tok = NULL;
     json_t *split = json_pack("{s:s, s:{s:s}, s:s}", "type", "Split", "pattern", "Regex",
                               "\\p{L}+|\\s+", "behavior", "Isolated");
-    json_t *pre = json_pack("{s:s, s:[o,o]}", "type", "Sequence", "pretokenizers", split,
-                            bytelevel_pre(0));
+    json_t *pre =
+        json_pack("{s:s, s:[o,o]}", "type", "Sequence", "pretokenizers", split, bytelevel_pre(0));
 
     (void)state;
     assert_int_equal(load(mk_root(mk_vocab(v, 2), mk_merges(m, 2, 0), pre, NULL), &tok), EPD_OK);
@@ -298,8 +299,8 @@ static void test_split_regex_and_gpt2(void **state)
     epd_tokenizer_destroy(tok);
 
     /* ByteLevel's own GPT-2 regex keeps the space with the word */
-    assert_int_equal(load(mk_root(mk_vocab(v, 2), mk_merges(m, 2, 0), bytelevel_pre(1), NULL), &tok),
-                     EPD_OK);
+    assert_int_equal(
+        load(mk_root(mk_vocab(v, 2), mk_merges(m, 2, 0), bytelevel_pre(1), NULL), &tok), EPD_OK);
     EXPECT(tok, "ab b", 0, 257, 256);
     epd_tokenizer_destroy(tok);
 
@@ -363,10 +364,10 @@ static void test_added_tokens(void **state)
 
 static void test_post_processor(void **state)
 {
-    json_t *tmpl = json_pack(
-        "{s:s, s:[{s:{s:s}}, {s:{s:s}}, {s:{s:s}}], s:{s:{s:[i]}, s:{s:[i]}}}", "type",
-        "TemplateProcessing", "single", "SpecialToken", "id", "<s>", "Sequence", "id", "A",
-        "SpecialToken", "id", "<t>", "special_tokens", "<s>", "ids", 300, "<t>", "ids", 302);
+    json_t *tmpl = json_pack("{s:s, s:[{s:{s:s}}, {s:{s:s}}, {s:{s:s}}], s:{s:{s:[i]}, s:{s:[i]}}}",
+                             "type", "TemplateProcessing", "single", "SpecialToken", "id", "<s>",
+                             "Sequence", "id", "A", "SpecialToken", "id", "<t>", "special_tokens",
+                             "<s>", "ids", 300, "<t>", "ids", 302);
     json_t *post = json_pack("{s:s, s:[{s:s}, o]}", "type", "Sequence", "processors", "type",
                              "ByteLevel", tmpl);
     epd_tokenizer_t *tok = special_tokenizer(post);
@@ -402,8 +403,9 @@ static void test_nfc(void **state)
     epd_tokenizer_t *tok = NULL;
 
     (void)state;
-    json_object_set_new(root, "normalizer",
-                        json_pack("{s:s, s:[{s:s}]}", "type", "Sequence", "normalizers", "type", "NFC"));
+    json_object_set_new(
+        root, "normalizer",
+        json_pack("{s:s, s:[{s:s}]}", "type", "Sequence", "normalizers", "type", "NFC"));
     assert_int_equal(load(root, &tok), EPD_OK);
     /* e + U+0301 composes to é */
     EXPECT(tok, "e\xCC\x81", 0, 256);
@@ -447,8 +449,8 @@ static void test_stream_decode(void **state)
     size_t len, n_all = 0, one = 0;
 
     (void)state;
-    assert_int_equal(load(mk_root(mk_vocab(v, 1), mk_merges(m, 1, 0), bytelevel_pre(0), list), &tok),
-                     EPD_OK);
+    assert_int_equal(
+        load(mk_root(mk_vocab(v, 1), mk_merges(m, 1, 0), bytelevel_pre(0), list), &tok), EPD_OK);
     epd_tokenizer_stream_init(&st, 0);
     assert_int_equal(epd_tokenizer_stream_push(tok, &st, ids[0], buf, sizeof(buf), &len), EPD_OK);
     assert_int_equal(len, 1);
@@ -477,12 +479,12 @@ static void test_stream_decode(void **state)
     for (size_t i = 0; i <= 7; i++) {
         len = 0;
         if (i < 7) {
-            assert_int_equal(epd_tokenizer_stream_push(tok, &st, ids[i], all + n_all,
-                                                       sizeof(all) - n_all, &len),
-                             EPD_OK);
+            assert_int_equal(
+                epd_tokenizer_stream_push(tok, &st, ids[i], all + n_all, sizeof(all) - n_all, &len),
+                EPD_OK);
         } else {
-            assert_int_equal(epd_tokenizer_stream_finish(&st, all + n_all, sizeof(all) - n_all, &len),
-                             EPD_OK);
+            assert_int_equal(
+                epd_tokenizer_stream_finish(&st, all + n_all, sizeof(all) - n_all, &len), EPD_OK);
         }
         n_all += len;
     }
@@ -555,10 +557,10 @@ static void test_refused(void **state)
         json_t *a = added(300, "<s>", 1, 0);
 
         json_object_set_new(a, "lstrip", json_true());
-        assert_int_equal(load(mk_root(mk_vocab(v, 1), mk_merges(m, 1, 0), bytelevel_pre(0),
-                                      json_pack("[o]", a)),
-                              &tok),
-                         EPD_ERR_UNSUPPORTED);
+        assert_int_equal(
+            load(mk_root(mk_vocab(v, 1), mk_merges(m, 1, 0), bytelevel_pre(0), json_pack("[o]", a)),
+                 &tok),
+            EPD_ERR_UNSUPPORTED);
     }
     /* a regex that does not compile */
     assert_int_equal(load(mk_root(mk_vocab(v, 1), mk_merges(m, 1, 0),

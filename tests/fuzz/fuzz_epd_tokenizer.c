@@ -58,9 +58,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (size_t i = 0; i <= n; i++) {
         size_t got = 0;
         size_t room = epd_tokenizer_max_token_bytes(tok) + 4;
-        epd_status_t status = i < n ? epd_tokenizer_stream_push(tok, &st, ids[i], streamed + slen,
-                                                                room, &got)
-                                    : epd_tokenizer_stream_finish(&st, streamed + slen, room, &got);
+        epd_status_t status =
+            i < n ? epd_tokenizer_stream_push(tok, &st, ids[i], streamed + slen, room, &got)
+                  : epd_tokenizer_stream_finish(&st, streamed + slen, room, &got);
 
         if (status != EPD_OK || slen + got > len) {
             abort(); /* a buffer of max_token_bytes + 3 always suffices */
