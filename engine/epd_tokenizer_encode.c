@@ -713,7 +713,9 @@ epd_status_t epd_tokenizer_encode(epd_tokenizer_t *tok, const char *text, size_t
     if (status != EPD_OK) {
         return status;
     }
-    memcpy(ids, s->ids, (s->n_ids < cap ? s->n_ids : cap) * sizeof(int32_t));
+    if (s->n_ids > 0 && cap > 0) {
+        memcpy(ids, s->ids, (s->n_ids < cap ? s->n_ids : cap) * sizeof(int32_t));
+    }
     *n_p = s->n_ids;
     return s->n_ids <= cap ? EPD_OK : EPD_ERR_TOO_LONG;
 }

@@ -390,6 +390,12 @@ static void test_capacity(void **state)
     assert_int_equal(n, 3);
     assert_int_equal(ids[0], 'x');
     assert_int_equal(ids[1], 'y');
+    /* asking for the count with no buffer (UBSan found memcpy(NULL, ...)
+     * here: epd-tokenize's first call has no buffer yet) */
+    assert_int_equal(epd_tokenizer_encode(tok, "xyz", 3, 0, NULL, 0, &n), EPD_ERR_TOO_LONG);
+    assert_int_equal(n, 3);
+    assert_int_equal(epd_tokenizer_encode(tok, "", 0, 0, NULL, 0, &n), EPD_OK);
+    assert_int_equal(n, 0);
     epd_tokenizer_destroy(tok);
 }
 

@@ -27,7 +27,7 @@
 //             decode-bytes gives the bytes back
 // Prints each failure (the first 20 of a kind in full), then
 // "N passed, N failed"; exits 1 on any failure.
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import { createRequire } from "node:module";
 import path from "node:path";
@@ -241,11 +241,17 @@ const models = [
 ];
 
 function runEpd(dir, flags, lines) {
-  const out = execFileSync(bin, ["--model", dir, ...flags], {
+  const r = spawnSync(bin, ["--model", dir, ...flags], {
     input: lines.map((l) => JSON.stringify(l)).join("\n") + "\n",
     maxBuffer: 1 << 30,
     env: process.env,
-  }).toString("utf8");
+  });
+  if (r.status !== 0) {
+    console.log(`FAIL epd-tokenize --model ${dir} ${flags.join(" ")}: ` +
+      `exit ${r.status} signal ${r.signal} ${r.error || ""}\n${(r.stderr || "").toString().slice(0, 4000)}`);
+    process.exit(1);
+  }
+  const out = r.stdout.toString("utf8");
   const res = out.split("\n").filter((l) => l.length > 0).map((l) => JSON.parse(l));
   if (res.length !== lines.length) throw new Error(`epd-tokenize ${flags}: ${res.length} lines for ${lines.length}`);
   return res;
