@@ -25,6 +25,9 @@
 //             each valid run with each invalid byte's ByteLevel token
 //             between (epd's documented rule), the same twice, and
 //             decode-bytes gives the bytes back
+//   variants  the GPT-2 vocabulary with each Split behavior (and invert)
+//             on Llama-3's regex, a String pattern, add_prefix_space,
+//             NFKC and NFD: ids == the Rust crate's
 // Prints each failure (the first 20 of a kind in full), then
 // "N passed, N failed"; exits 1 on any failure.
 import { execFileSync, spawnSync } from "node:child_process";
@@ -414,6 +417,47 @@ for (const m of models) {
   }
   console.log(`${m.name}: ${corpus.length} strings (${jsSkipped} with U+0085 where tokenizers.js differs from Rust: Rust only), ` +
     `${ids.length} ids, ${invalid.length} invalid byte strings: ` +
+    `${failed - before} failed (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
+}
+// ---- the other parts, on the GPT-2 vocabulary, against the Rust crate ----
+// (the shipped vocabularies use Split "Isolated", NFC and no prefix
+// space; these variants run every Split behavior, invert, a String
+// pattern, add_prefix_space and NFKC through both implementations)
+{
+  const t0 = Date.now();
+  const before = failed;
+  const llamaRe = JSON.parse(fs.readFileSync(path.join(llamaDir, "tokenizer.json"), "utf8"))
+    .pre_tokenizer.pretokenizers[0].pattern.Regex;
+  const bl = { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: false };
+  const variants = [
+    ["prefix-space", (j) => { j.pre_tokenizer.add_prefix_space = true; }],
+    ["nfkc", (j) => { j.normalizer = { type: "Sequence", normalizers: [{ type: "NFKC" }] }; }],
+    ["nfd", (j) => { j.normalizer = { type: "NFD" }; }],
+    ["split-string", (j) => {
+      j.pre_tokenizer = { type: "Sequence", pretokenizers: [
+        { type: "Split", pattern: { String: " " }, behavior: "MergedWithNext", invert: false }, bl] };
+    }],
+  ];
+  for (const behavior of ["Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"]) {
+    for (const invert of [false, true]) {
+      variants.push([`split-${behavior}${invert ? "-inverted" : ""}`, (j) => {
+        j.pre_tokenizer = { type: "Sequence", pretokenizers: [
+          { type: "Split", pattern: { Regex: llamaRe }, behavior, invert }, bl] };
+      }]);
+    }
+  }
+  // the first 1,500 strings (75 of them 1-4 KB): the test's time goes
+  // mostly to the full corpus above
+  const some = corpus.slice(0, 1500);
+  for (const [name, edit] of variants) {
+    const dir = variant(`gpt2-${name}`, gpt2Dir, edit);
+    const epd = runEpd(dir, [], some);
+    const ref = await rustEncode(rust.Tokenizer.fromFile(path.join(dir, "tokenizer.json")), some, false);
+    for (let i = 0; i < some.length; i++) {
+      check(eq(epd[i], ref[i]), `gpt2-${name} ids vs rust`, () => `${show(some[i])} ${firstDiff(epd[i], ref[i])}`);
+    }
+  }
+  console.log(`gpt2 variants, ${some.length} strings each (${variants.map((v) => v[0]).join(", ")}): ` +
     `${failed - before} failed (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
 }
 console.log(`${passed} passed, ${failed} failed`);
