@@ -362,6 +362,35 @@ static void test_added_tokens(void **state)
     epd_tokenizer_destroy(tok);
 }
 
+static void test_config(void **state)
+{
+    static const char *const v[] = {"ab"};
+    static const char *const m[][2] = {{"a", "b"}};
+    /* a string, an object with content, and model_max_length as Llama-3's
+     * config writes it (an integer jansson cannot hold) */
+    static const char config[] = "{\"bos_token\": \"<s>\", \"eos_token\": {\"content\": "
+                                 "\"<t>\"}, \"model_max_length\": "
+                                 "1000000000000000019884624838656}";
+    json_t *list = json_pack("[o,o]", added(300, "<s>", 1, 0), added(302, "<t>", 1, 0));
+    json_t *root = mk_root(mk_vocab(v, 1), mk_merges(m, 1, 0), bytelevel_pre(0), list);
+    char *text = json_dumps(root, JSON_COMPACT);
+    epd_tokenizer_t *tok = NULL;
+
+    (void)state;
+    assert_int_equal(epd_tokenizer_create(text, strlen(text), config, strlen(config), &tok), EPD_OK);
+    assert_int_equal(epd_tokenizer_bos(tok), 300);
+    assert_int_equal(epd_tokenizer_eos(tok), 302);
+    assert_int_equal(epd_tokenizer_n_ids(tok), 303);
+    epd_tokenizer_destroy(tok);
+    assert_int_equal(epd_tokenizer_create(text, strlen(text), NULL, 0, &tok), EPD_OK);
+    assert_int_equal(epd_tokenizer_bos(tok), -1);
+    assert_int_equal(epd_tokenizer_eos(tok), -1);
+    epd_tokenizer_destroy(tok);
+    assert_int_equal(epd_tokenizer_create(text, strlen(text), "{", 1, &tok), EPD_ERR_MALFORMED);
+    free(text);
+    json_decref(root);
+}
+
 static void test_post_processor(void **state)
 {
     json_t *tmpl = json_pack("{s:s, s:[{s:{s:s}}, {s:{s:s}}, {s:{s:s}}], s:{s:{s:[i]}, s:{s:[i]}}}",
@@ -646,6 +675,7 @@ int main(void)
         cmocka_unit_test(test_split_behaviors),
         cmocka_unit_test(test_split_regex_and_gpt2),
         cmocka_unit_test(test_added_tokens),
+        cmocka_unit_test(test_config),
         cmocka_unit_test(test_post_processor),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_nfc),
