@@ -377,7 +377,8 @@ static void test_config(void **state)
     epd_tokenizer_t *tok = NULL;
 
     (void)state;
-    assert_int_equal(epd_tokenizer_create(text, strlen(text), config, strlen(config), &tok), EPD_OK);
+    assert_int_equal(epd_tokenizer_create(text, strlen(text), config, strlen(config), &tok),
+                     EPD_OK);
     assert_int_equal(epd_tokenizer_bos(tok), 300);
     assert_int_equal(epd_tokenizer_eos(tok), 302);
     assert_int_equal(epd_tokenizer_n_ids(tok), 303);

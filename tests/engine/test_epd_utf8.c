@@ -82,7 +82,7 @@ static void test_valid_prefix(void **state)
     assert_int_equal(epd_utf8_valid_prefix("abc", 3), 3);
     assert_int_equal(epd_utf8_valid_prefix("a\0b", 3), 3);
     assert_int_equal(epd_utf8_valid_prefix("caf\xC3\xA9 \xF0\x9F\x98\x80", 10), 10);
-    assert_int_equal(epd_utf8_valid_prefix("ab\xF0\x9F\x98", 5), 2); /* truncated */
+    assert_int_equal(epd_utf8_valid_prefix("ab\xF0\x9F\x98", 5), 2);   /* truncated */
     assert_int_equal(epd_utf8_valid_prefix("ab\x80", 3), 2);           /* lone continuation */
     assert_int_equal(epd_utf8_valid_prefix("\xC0\x80", 2), 0);         /* overlong */
     assert_int_equal(epd_utf8_valid_prefix("\xE0\x9F\xBF", 3), 0);     /* overlong 3-byte */
