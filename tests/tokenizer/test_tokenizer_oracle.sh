@@ -38,6 +38,19 @@ if echo '[1, 999999999]' | "$BIN/epd-tokenize" --model "$M" --decode >"$T/out" 2
   fail "an id past the vocabulary was decoded"
 fi
 grep -q "item 1 is not an id" "$T/err" || fail "bad id not named: $(cat "$T/err")"
+# a lone surrogate is no text: the byte form ([237, 160, 128]) is how to
+# give such bytes, and then each is its ByteLevel token
+if echo '"\ud800"' | "$BIN/epd-tokenize" --model "$M" >"$T/out" 2>"$T/err"; then
+  fail "a lone surrogate was accepted as text"
+fi
+grep -q "line 1: not JSON" "$T/err" || fail "lone surrogate: $(cat "$T/err")"
+echo '[237, 160, 128]' | "$BIN/epd-tokenize" --model "$M" >"$T/out" || fail "the byte form"
+want=$(printf '%s\n' '"\u00ed"' '"\u0142"' '"\u0122"' | node -e '
+  const fs = require("fs");
+  const m = JSON.parse(fs.readFileSync(process.argv[1] + "/tokenizer.json")).model.vocab;
+  console.log(JSON.stringify(fs.readFileSync(0, "utf8").trim().split("\n").map((l) => m[JSON.parse(l)])));
+' "$M")
+[ "$(cat "$T/out")" = "$want" ] || fail "ED A0 80: $(cat "$T/out"), want the byte tokens $want"
 if "$BIN/epd-tokenize" --model "$T" </dev/null >"$T/out" 2>"$T/err"; then
   fail "a folder without tokenizer.json was accepted"
 fi
