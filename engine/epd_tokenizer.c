@@ -510,14 +510,12 @@ static epd_status_t epd_tok_load_added(epd_tokenizer_t *tok, const json_t *added
     {
         const json_t *content = json_object_get(a, "content");
         epd_tok_added_t *t = &tok->added[i];
-        const char *flags[] = {"lstrip", "rstrip", "single_word"};
-
-        for (size_t k = 0; k < 3; k++) {
-            if (epd__tok_flag(a, flags[k])) {
-                status = epd__tok_unsupported("added token option", flags[k]);
-                goto out;
-            }
+        if (epd__tok_flag(a, "single_word")) {
+            status = epd__tok_unsupported("added token option", "single_word");
+            goto out;
         }
+        t->lstrip = (uint8_t)epd__tok_flag(a, "lstrip");
+        t->rstrip = (uint8_t)epd__tok_flag(a, "rstrip");
         t->id = (uint32_t)json_integer_value(json_object_get(a, "id"));
         t->special = (uint8_t)epd__tok_flag(a, "special");
         /* "normalized" defaults to the opposite of "special" in the crate */

@@ -7,6 +7,7 @@
  *   1. added tokens (special or not) are cut out first, leftmost-longest,
  *      each one id: those with "normalized": false on the raw text, those
  *      with "normalized": true on the normalized pieces between them;
+ *      one with lstrip / rstrip takes the whitespace before / after it;
  *   2. the normalizer (NFC, NFD, NFKC, NFKD, or a Sequence of them; ICU);
  *   3. the pre-tokenizer: Split on a regex (Oniguruma, the engine the Rust
  *      crate compiles patterns with, so \p{L}, \s and lookaheads agree) or a
@@ -28,7 +29,7 @@
  * bytes back, so decode(encode(b)) == b for any bytes b.
  *
  * A tokenizer.json that uses anything else (a WordPiece or Unigram model,
- * Metaspace, byte_fallback, added tokens with lstrip/rstrip/single_word, a
+ * Metaspace, byte_fallback, added tokens with single_word, a
  * pair template...) is refused at load with EPD_ERR_UNSUPPORTED and a log
  * line naming the part.
  *

@@ -12,6 +12,7 @@
  * tokenizer allocates nothing per call.
  */
 #include <string.h>
+#include <unicode/uchar.h>
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
 
@@ -128,6 +129,66 @@ static int epd_tok_find_added(const epd_tokenizer_t *tok, const epd_tok_added_se
         }
     }
     return 0;
+}
+
+/* The code point of the one valid UTF-8 character p[0..n), or -1. */
+static int32_t epd_tok_char_at(const char *p, size_t n)
+{
+    const uint8_t *u = (const uint8_t *)p;
+
+    if (n == 0 || epd_utf8_valid_prefix(p, n) != n) {
+        return -1;
+    }
+    switch (n) {
+    case 1:
+        return u[0] < 0x80 ? u[0] : -1;
+    case 2:
+        return u[0] >= 0xC0 && u[0] < 0xE0 ? ((u[0] & 0x1F) << 6) | (u[1] & 0x3F) : -1;
+    case 3:
+        return u[0] >= 0xE0 && u[0] < 0xF0
+                   ? ((u[0] & 0x0F) << 12) | ((u[1] & 0x3F) << 6) | (u[2] & 0x3F)
+                   : -1;
+    default:
+        return u[0] >= 0xF0 ? ((u[0] & 0x07) << 18) | ((u[1] & 0x3F) << 12) | ((u[2] & 0x3F) << 6) |
+                                  (u[3] & 0x3F)
+                            : -1;
+    }
+}
+
+/* The span an added token found at p[at..at+len of a) takes: with lstrip
+ * the whitespace before it too (never before p[0], where the previous
+ * token ended), with rstrip the whitespace after it (White_Space, as the
+ * Rust crate's char::is_whitespace).  *start_p, *stop_p: offsets in p. */
+static void epd_tok_strip(const epd_tok_added_t *a, const char *p, size_t len, size_t at,
+                          size_t *start_p, size_t *stop_p)
+{
+    size_t start = at, stop = at + a->content.len;
+
+    while (a->lstrip && start > 0) {
+        size_t k = start - 1;
+        int32_t cp;
+
+        while (k > 0 && start - k < 4 && ((uint8_t)p[k] & 0xC0) == 0x80) {
+            k--;
+        }
+        cp = epd_tok_char_at(p + k, start - k);
+        if (cp < 0 || !u_isUWhiteSpace(cp)) {
+            break;
+        }
+        start = k;
+    }
+    while (a->rstrip && stop < len) {
+        uint8_t b = (uint8_t)p[stop];
+        size_t n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+        int32_t cp = n <= len - stop ? epd_tok_char_at(p + stop, n) : -1;
+
+        if (cp < 0 || !u_isUWhiteSpace(cp)) {
+            break;
+        }
+        stop += n;
+    }
+    *start_p = start;
+    *stop_p = stop;
 }
 
 /* ---- normalization ----------------------------------------------------------------- */
@@ -635,17 +696,20 @@ static epd_status_t epd_tok_encode_valid(epd_tokenizer_t *tok, const char *p, si
         size_t at;
         const epd_tok_added_t *a;
 
+        size_t start, stop;
+
         if (!epd_tok_find_added(tok, set, tok->s.arena + off + done, n - done, &at, &a)) {
             status = epd_tok_encode_piece(tok, off + done, n - done);
             break;
         }
-        if (at > 0) {
-            status = epd_tok_encode_piece(tok, off + done, (uint32_t)at);
+        epd_tok_strip(a, tok->s.arena + off + done, n - done, at, &start, &stop);
+        if (start > 0) {
+            status = epd_tok_encode_piece(tok, off + done, (uint32_t)start);
         }
         if (status == EPD_OK) {
             status = epd_tok_push_id(&tok->s, a->id);
         }
-        done += (uint32_t)at + a->content.len;
+        done += (uint32_t)stop;
     }
     return status;
 }
@@ -695,15 +759,18 @@ epd_status_t epd_tokenizer_encode(epd_tokenizer_t *tok, const char *text, size_t
         size_t at;
         const epd_tok_added_t *a;
 
+        size_t start, stop;
+
         if (!epd_tok_find_added(tok, set, text + done, len - done, &at, &a)) {
             status = epd_tok_encode_raw(tok, text + done, len - done, flags);
             break;
         }
-        status = epd_tok_encode_raw(tok, text + done, at, flags);
+        epd_tok_strip(a, text + done, len - done, at, &start, &stop);
+        status = epd_tok_encode_raw(tok, text + done, start, flags);
         if (status == EPD_OK) {
             status = epd_tok_push_id(s, a->id);
         }
-        done += at + a->content.len;
+        done += stop;
     }
     if (flags & EPD_TOKENIZE_ADD_SPECIAL) {
         for (size_t i = 0; i < tok->n_post_suffix && status == EPD_OK; i++) {

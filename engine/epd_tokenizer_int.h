@@ -36,6 +36,8 @@ typedef struct {
     epd_tok_str_t content; /* the raw UTF-8 text that is matched */
     uint8_t special;
     uint8_t normalized; /* matched on the normalized text */
+    uint8_t lstrip;     /* takes the whitespace before it */
+    uint8_t rstrip;     /* takes the whitespace after it */
 } epd_tok_added_t;
 
 /* One set of added tokens matched together: indices into tok->added,

@@ -392,6 +392,33 @@ static void test_config(void **state)
     json_decref(root);
 }
 
+static void test_strip(void **state)
+{
+    static const char *const v[] = {"ab"};
+    static const char *const m[][2] = {{"a", "b"}};
+    json_t *l = added(300, "<l>", 1, 0), *r = added(301, "<r>", 1, 0), *b = added(302, "<b>", 0, 1);
+    json_t *root;
+    epd_tokenizer_t *tok = NULL;
+
+    (void)state;
+    json_object_set_new(l, "lstrip", json_true());
+    json_object_set_new(r, "rstrip", json_true());
+    json_object_set_new(b, "lstrip", json_true());
+    json_object_set_new(b, "rstrip", json_true());
+    root = mk_root(mk_vocab(v, 1), mk_merges(m, 1, 0), bytelevel_pre(0),
+                   json_pack("[o,o,o]", l, r, b));
+    assert_int_equal(load(root, &tok), EPD_OK);
+    /* spaces, a tab, a newline and U+3000 (White_Space) are taken */
+    EXPECT(tok, "ab \t<l> ab", 0, 256, 300, ' ', 256);
+    EXPECT(tok, "ab <r> \n\xE3\x80\x80" "ab", 0, 256, ' ', 301, 256);
+    EXPECT(tok, "ab <b> ab", 0, 256, 302, 256);
+    /* not past the previous token, not a non-space; a lone byte stops it */
+    EXPECT(tok, "<r>  <l>", 0, 301, 300);
+    EXPECT(tok, "a\x80 <l>", 0, 'a', 0x80, 300);
+    EXPECT(tok, "<r>\xC2", 0, 301, 0xC2);
+    epd_tokenizer_destroy(tok);
+}
+
 static void test_post_processor(void **state)
 {
     json_t *tmpl = json_pack("{s:s, s:[{s:{s:s}}, {s:{s:s}}, {s:{s:s}}], s:{s:{s:[i]}, s:{s:[i]}}}",
@@ -588,11 +615,11 @@ static void test_refused(void **state)
     root = mk_root(mk_vocab(v, 1), mk_merges(m, 1, 0), bytelevel_pre(0), NULL);
     json_object_set_new(json_object_get(root, "model"), "byte_fallback", json_true());
     assert_int_equal(load(root, &tok), EPD_ERR_UNSUPPORTED);
-    /* an added token with lstrip */
+    /* an added token with single_word */
     {
         json_t *a = added(300, "<s>", 1, 0);
 
-        json_object_set_new(a, "lstrip", json_true());
+        json_object_set_new(a, "single_word", json_true());
         assert_int_equal(
             load(mk_root(mk_vocab(v, 1), mk_merges(m, 1, 0), bytelevel_pre(0), json_pack("[o]", a)),
                  &tok),
@@ -677,6 +704,7 @@ int main(void)
         cmocka_unit_test(test_split_regex_and_gpt2),
         cmocka_unit_test(test_added_tokens),
         cmocka_unit_test(test_config),
+        cmocka_unit_test(test_strip),
         cmocka_unit_test(test_post_processor),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_nfc),

@@ -27,7 +27,8 @@
 //             decode-bytes gives the bytes back
 //   variants  the GPT-2 vocabulary with each Split behavior (and invert)
 //             on Llama-3's regex, a String pattern, add_prefix_space,
-//             NFKC and NFD: ids == the Rust crate's
+//             NFKC and NFD; Qwen3 with lstrip / rstrip added tokens: ids
+//             == the Rust crate's
 // Prints each failure (the first 20 of a kind in full), then
 // "N passed, N failed"; exits 1 on any failure.
 import { execFileSync, spawnSync } from "node:child_process";
@@ -466,6 +467,28 @@ for (const m of models) {
     }
   }
   console.log(`gpt2 variants, ${some.length} strings each (${variants.map((v) => v[0]).join(", ")}): ` +
+    `${failed - before} failed (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
+}
+// ---- added tokens with lstrip / rstrip, on Qwen3, against the Rust crate
+// (neither shipped vocabulary sets them; other models' files do)
+{
+  const t0 = Date.now();
+  const before = failed;
+  const dir = variant("qwen3-strip", qwenDir, (j) => {
+    for (const t of j.added_tokens) {
+      if (t.content === "<|im_start|>") t.lstrip = true;
+      if (t.content === "<|im_end|>") t.rstrip = true;
+      if (t.content === "<think>" || t.content === "<|vision_pad|>") { t.lstrip = true; t.rstrip = true; }
+      if (t.content === "</think>") t.rstrip = true;
+    }
+  });
+  const some = corpus.filter((x) => /<\|im_|think>|<\|vision_pad/.test(x));
+  const epd = runEpd(dir, [], some);
+  const ref = await rustEncode(rust.Tokenizer.fromFile(path.join(dir, "tokenizer.json")), some, false);
+  for (let i = 0; i < some.length; i++) {
+    check(eq(epd[i], ref[i]), "qwen3-strip ids vs rust", () => `${show(some[i])} ${firstDiff(epd[i], ref[i])}`);
+  }
+  console.log(`qwen3 with lstrip/rstrip added tokens: ${some.length} strings with them, ` +
     `${failed - before} failed (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
 }
 console.log(`${passed} passed, ${failed} failed`);
