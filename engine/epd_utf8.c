@@ -138,3 +138,43 @@ size_t epd_utf8_incomplete_tail(const void *in, size_t len)
     }
     return st.needed != 0 ? len - seq_start : 0;
 }
+
+size_t epd_utf8_valid_prefix(const void *in, size_t len)
+{
+    const uint8_t *p = in;
+    size_t i = 0;
+
+    while (i < len) {
+        uint8_t b = p[i];
+        size_t need;
+        uint8_t lo = 0x80, hi = 0xBF;
+
+        if (b < 0x80) {
+            i++;
+            continue;
+        }
+        if (b >= 0xC2 && b <= 0xDF) {
+            need = 1;
+        } else if (b >= 0xE0 && b <= 0xEF) {
+            need = 2;
+            lo = b == 0xE0 ? 0xA0 : 0x80;
+            hi = b == 0xED ? 0x9F : 0xBF;
+        } else if (b >= 0xF0 && b <= 0xF4) {
+            need = 3;
+            lo = b == 0xF0 ? 0x90 : 0x80;
+            hi = b == 0xF4 ? 0x8F : 0xBF;
+        } else {
+            return i;
+        }
+        if (len - i - 1 < need || p[i + 1] < lo || p[i + 1] > hi) {
+            return i;
+        }
+        for (size_t k = 2; k <= need; k++) {
+            if ((p[i + k] & 0xC0) != 0x80) {
+                return i;
+            }
+        }
+        i += need + 1;
+    }
+    return len;
+}

@@ -29,4 +29,9 @@ epd_status_t epd_utf8_repair(const void *in, size_t len, char *out, size_t cap, 
  * until more bytes arrive (or repairs them at the end of the stream). */
 size_t epd_utf8_incomplete_tail(const void *in, size_t len);
 
+/* The length of the longest prefix of in[0..len) that is valid UTF-8 (by
+ * the same rules as epd_utf8_repair: no overlongs, surrogates or code
+ * points above U+10FFFF); len when all of it is. */
+size_t epd_utf8_valid_prefix(const void *in, size_t len);
+
 #endif

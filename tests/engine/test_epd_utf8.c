@@ -75,6 +75,25 @@ static void test_incomplete_tail(void **state)
     assert_int_equal(epd_utf8_incomplete_tail("\xF0\x9F\x98\x80", 4), 0);
 }
 
+static void test_valid_prefix(void **state)
+{
+    (void)state;
+    assert_int_equal(epd_utf8_valid_prefix("", 0), 0);
+    assert_int_equal(epd_utf8_valid_prefix("abc", 3), 3);
+    assert_int_equal(epd_utf8_valid_prefix("a\0b", 3), 3);
+    assert_int_equal(epd_utf8_valid_prefix("caf\xC3\xA9 \xF0\x9F\x98\x80", 10), 10);
+    assert_int_equal(epd_utf8_valid_prefix("ab\xF0\x9F\x98", 5), 2);   /* truncated */
+    assert_int_equal(epd_utf8_valid_prefix("ab\x80", 3), 2);           /* lone continuation */
+    assert_int_equal(epd_utf8_valid_prefix("\xC0\x80", 2), 0);         /* overlong */
+    assert_int_equal(epd_utf8_valid_prefix("\xE0\x9F\xBF", 3), 0);     /* overlong 3-byte */
+    assert_int_equal(epd_utf8_valid_prefix("\xED\xA0\x80", 3), 0);     /* surrogate */
+    assert_int_equal(epd_utf8_valid_prefix("\xED\x9F\xBFx", 4), 4);    /* U+D7FF */
+    assert_int_equal(epd_utf8_valid_prefix("\xF4\x8F\xBF\xBF", 4), 4); /* U+10FFFF */
+    assert_int_equal(epd_utf8_valid_prefix("\xF4\x90\x80\x80", 4), 0); /* above it */
+    assert_int_equal(epd_utf8_valid_prefix("\xE2\x82x", 3), 0);
+    assert_int_equal(epd_utf8_valid_prefix("x\xFF", 2), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -82,6 +101,7 @@ int main(void)
         cmocka_unit_test(test_whatwg_examples),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_incomplete_tail),
+        cmocka_unit_test(test_valid_prefix),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
