@@ -5,14 +5,16 @@
  *
  * Spinning is bounded.  A library that keeps answering "busy" while
  * progress finds nothing to do would turn the loop into a poller for as
- * long as that lasts: UCX shared memory refuses to arm while a send waits
- * for room in a peer's receive FIFO, and a peer that died with its FIFO
- * full never makes room (the ucx backend stops counting such sends once
- * the peer is declared dead, but that takes peer_timeout_ms).  So after
- * EPD_XPORT_UV_SPIN_PASSES idle passes in a row that found nothing, the
- * loop polls on a back-off timer instead (1 ms, doubling up to
- * EPD_XPORT_UV_BACKOFF_MAX_MS) and sleeps in between on the fd as well;
- * any progress that does work goes back to polling at once.
+ * long as that lasts — for ever after a UCX shared-memory peer died with
+ * its receive FIFO full (epd__ucx_arm says why): a router SIGKILLed
+ * mid-stream left every worker that had sent to it, an idle encoder too,
+ * at a full core until restarted.  So after EPD_XPORT_UV_SPIN_PASSES idle
+ * passes in a row that found nothing, the loop polls on a back-off timer
+ * instead (1 ms doubling up to EPD_XPORT_UV_BACKOFF_MAX_MS) and sleeps in between,
+ * the fd unwatched; progress that does work goes back to spinning (and
+ * watching the fd) at once.  Each back-off
+ * since the library last armed halves the next spin (down to 1/64): a
+ * library stuck busy is polled, not spun on after every arrival.
  */
 #include "epd_xport_uv.h"
 
@@ -31,11 +33,13 @@
 /* Busy idle passes in a row that found nothing before the loop backs off
  * (about a millisecond of spinning: a FIFO that a live peer is draining
  * frees room well within it) ... */
-#define EPD_XPORT_UV_SPIN_PASSES 1024
-/* ... and the longest back-off between polls then: the most a send
- * waiting for room may lag once the peer makes room (a message that
- * arrives wakes the loop through the fd at once). */
-#define EPD_XPORT_UV_BACKOFF_MAX_MS 8
+#define EPD_XPORT_UV_SPIN_PASSES 1024u
+/* ... and the longest back-off between polls then (from 1 ms, doubling
+ * while polls find nothing): the most a send waiting for room may lag
+ * once the peer makes room, or an arrival while the library refuses to
+ * arm its fd — only after that long without any, since a poll that finds
+ * work starts over.  Idle and stuck, ~60 polls a second. */
+#define EPD_XPORT_UV_BACKOFF_MAX_MS 16
 
 struct epd_xport_uv {
     epd_xport_t *x;
@@ -48,6 +52,7 @@ struct epd_xport_uv {
     int open_handles;
     int worked;          /* a progress did work since the last prepare */
     uint32_t empty_run;  /* busy idle passes in a row that found nothing */
+    uint32_t stuck;      /* back-offs since the library last armed */
     uint32_t backoff_ms; /* 0: not backing off (spinning or asleep) */
     uint64_t armed;     /* loop passes that could sleep on the fd */
     uint64_t busy;      /* ... that found the library busy after EPD_XPORT_UV_ARM_TRIES */
@@ -73,6 +78,7 @@ static int epd_xport_uv_drain(epd_xport_uv_t *uv)
 }
 
 static void epd_xport_uv_on_backoff(uv_timer_t *handle);
+static void epd_xport_uv_on_poll(uv_poll_t *handle, int status, int events);
 
 /* Leaves the back-off (the library armed, or work came): the loop spins
  * or sleeps as the next prepare decides. */
@@ -81,6 +87,7 @@ static void epd_xport_uv_backoff_end(epd_xport_uv_t *uv)
     if (uv->backoff_ms != 0) {
         uv_timer_stop(&uv->backoff);
         uv->backoff_ms = 0;
+        uv_poll_start(&uv->poll, UV_READABLE, epd_xport_uv_on_poll);
     }
     uv->empty_run = 0;
 }
@@ -105,10 +112,17 @@ static void epd_xport_uv_on_idle(uv_idle_t *handle)
         return;
     }
     uv->busy_idle++;
-    if (++uv->empty_run >= EPD_XPORT_UV_SPIN_PASSES) {
-        /* busy for nothing this long: poll on a timer, sleep between */
+    if (++uv->empty_run >= (EPD_XPORT_UV_SPIN_PASSES >> (uv->stuck < 6u ? uv->stuck : 6u))) {
+        /* busy for nothing this long: poll on a timer, sleep between —
+         * not on the fd: a library that refuses to arm may leave it
+         * readable (UCX's shared-memory wake-up socket is read only by an
+         * arm that gets that far), and a level-triggered poll would wake
+         * the loop at once, every pass (3.8 M passes in 5 s, 70% of a
+         * core, in test_router_kill_ucx_shm before this) */
         uv_idle_stop(&uv->idle);
+        uv_poll_stop(&uv->poll);
         uv->backoffs++;
+        uv->stuck++;
         uv->backoff_ms = 1;
         uv_timer_start(&uv->backoff, epd_xport_uv_on_backoff, uv->backoff_ms, 0);
     }
@@ -159,6 +173,7 @@ static void epd_xport_uv_on_prepare(uv_prepare_t *handle)
         if (epd_xport_arm(uv->x) == EPD_OK) {
             uv->armed++;
             uv->worked = 0;
+            uv->stuck = 0;
             uv_idle_stop(&uv->idle);
             epd_xport_uv_backoff_end(uv);
             return;

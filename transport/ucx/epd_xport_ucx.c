@@ -681,20 +681,8 @@ static epd_status_t epd__ucx_create(epd_xport_t *core, const epd_xport_config_t 
         goto err_free_ring;
     }
     memset(&wparams, 0, sizeof(wparams));
-    wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_EVENTS;
+    wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
-    /* Wake-ups for arrivals only (UCT_EVENT_RECV), not send completions:
-     * with them, the shared-memory transports refuse to arm while any send
-     * waits in their pending queue for room in a peer's receive FIFO — and
-     * a peer that died with a full FIFO never makes room, while an
-     * endpoint of UCP_ERR_HANDLING_MODE_NONE can neither fail nor be
-     * force-closed (ucp_ep_close_nbx refuses), so those sends stay queued
-     * until ucp_worker_destroy: the loop polled for ever after a router
-     * was killed mid-stream (~60% of a core per worker).  epd__ucx_arm
-     * keeps polling instead while an endpoint still in use has sends or
-     * writes UCX holds; sends stranded on closed endpoints no longer keep
-     * the worker awake. */
-    wparams.events = UCP_WAKEUP_RX;
     s = ucp_worker_create(be->ctx, &wparams, &be->worker);
     if (s != UCS_OK) {
         epd_log_error(EPD__UCX_COMP, 0, "ucp_worker_create failed: %s", ucs_status_string(s));
@@ -1749,22 +1737,24 @@ static epd_status_t epd__ucx_arm(void *arg)
     if (be->done_head != NULL || be->ring_count > 0 || be->fail_list != NULL) {
         return EPD_ERR_BUSY;
     }
-    /* armed first even when we go on polling below: an arrival then
-     * still wakes a loop that backs off (epd_xport_uv.c) */
+    /* UCS_ERR_BUSY may last for ever: the shared-memory transports refuse
+     * to arm while a send waits in their pending queue for room in a
+     * peer's receive FIFO, and a peer that died with its FIFO full never
+     * makes room — nor can such a send be dropped: an endpoint of
+     * UCP_ERR_HANDLING_MODE_NONE never fails, ucp_ep_close_nbx refuses
+     * UCP_EP_CLOSE_FLAG_FORCE for it, and our flushing close of a dead
+     * peer's endpoint is not waited for (epd__ucx_ep_destroy), so the send
+     * stays queued until ucp_worker_destroy.  (Waking for arrivals only,
+     * UCP_WAKEUP_RX, lets the arm succeed then, but UCP stops progressing
+     * an interface it arms, so sends queued for a live but busy peer
+     * stalled until the next arrival: requests timed out in
+     * test_router_retry.)  The libuv driver bounds the polling this
+     * causes (epd_xport_uv.c, the back-off). */
     s = ucp_worker_arm(be->worker);
-    if (s != UCS_OK) {
-        return EPD_ERR_BUSY; /* UCS_ERR_BUSY, or no wakeup support: keep polling */
+    if (s == UCS_OK) {
+        return EPD_OK;
     }
-    /* the worker wakes for arrivals only (epd__ucx_create): sends and
-     * writes UCX holds for an endpoint in use move on only while we
-     * progress (a full FIFO of a live peer frees room without a signal);
-     * those of endpoints closed since (a dead peer's) do not count */
-    for (const epd__ucx_ep_t *ep = be->eps; ep != NULL; ep = ep->next) {
-        if (ep->tx_head != NULL || ep->out_head != NULL) {
-            return EPD_ERR_BUSY;
-        }
-    }
-    return EPD_OK;
+    return EPD_ERR_BUSY; /* UCS_ERR_BUSY, or no wakeup support: keep polling */
 }
 
 const epd__xport_backend_ops_t epd__xport_ucx_ops = {
