@@ -143,6 +143,16 @@ epd_router_worker_t *epd_router_registry_find(epd_router_registry_t *reg, const 
     return NULL;
 }
 
+int epd_router_registry_has(const epd_router_registry_t *reg, const epd_router_worker_t *w)
+{
+    for (const epd_router_worker_t *x = reg->workers; x != NULL; x = x->next) {
+        if (x == w) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 epd_router_worker_t *epd_router_registry_add(epd_router_registry_t *reg,
                                              const epd_client_worker_info_t *info, uint64_t now_ns)
 {

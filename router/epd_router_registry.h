@@ -157,6 +157,10 @@ void epd_router_registry_init(epd_router_registry_t *reg, epd_router_policy_t po
 /* Frees every entry (the client handles belong to the client). */
 void epd_router_registry_cleanup(epd_router_registry_t *reg);
 
+/* Is `w` (maybe a stale pointer, never dereferenced here) an entry of the
+ * registry now? */
+int epd_router_registry_has(const epd_router_registry_t *reg, const epd_router_worker_t *w);
+
 /* The live (not DEAD) entry of `worker_id`, or NULL. */
 epd_router_worker_t *epd_router_registry_find(epd_router_registry_t *reg, const char *worker_id);
 
