@@ -208,7 +208,7 @@ epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
             if ((pw != NULL || p_full) && (dw != NULL || d_full)) {
                 return EPD_ERR_NO_CAPACITY; /* workers exist but are full: it waits for room */
             }
-            if (!expired && epd_router_avoid_expire(rt, r) > 0) {
+            if (!expired && rt->no_worker_wait_ms > 0 && epd_router_avoid_expire(rt, r) > 0) {
                 expired = 1;
                 continue; /* once more with the workers that came back */
             }

@@ -100,6 +100,8 @@ typedef struct epd_router_worker {
     uint64_t registered_ns; /* monotonic */
     uint64_t last_hb_ns;    /* monotonic */
     uint64_t dead_ns;       /* when it became DEAD */
+    uint64_t unreachable_ns; /* a peer last reported it unreachable (monotonic): no new
+                              * work until a heartbeat after that (it may be dead) */
     /* heartbeat load */
     uint32_t hb_queue_depth;
     uint64_t hb_queued_tokens;

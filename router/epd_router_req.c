@@ -236,6 +236,8 @@ static int epd_router_retryable(const epd_client_event_t *ev)
     case EPD_ERR_CONNECTION_RESET:
     case EPD_ERR_TRANSPORT:
     case EPD_ERR_STALE_EPOCH:
+    case EPD_ERR_CORRUPT: /* a transfer its checksum refused: the link's fault, not the
+                           * request's (nothing corrupt was used) */
         return 1;
     default:
         return 0;
@@ -397,15 +399,20 @@ static epd_router_attempt_next_t epd_router_attempt_failed(epd_router_t *rt, epd
         }
         rt->m.image_cache_stale++;
     }
-    /* prefill and decode each blame the other while the router reaches
-     * both: the network between them is broken, not either worker */
     if (ev->kind == EPD_CLIENT_EV_ERROR &&
         (ev->status == EPD_ERR_UNREACHABLE || ev->status == EPD_ERR_PEER_DEAD ||
          ev->status == EPD_ERR_CONNECTION_RESET || ev->status == EPD_ERR_TRANSPORT) &&
         ((reporter == pw && (culprit == dw || culprit == NULL)) ||
-         (reporter == dw && (culprit == pw || culprit == NULL))) &&
-        epd_client_worker_state(pw->cw) == EPD_OK && epd_client_worker_state(dw->cw) == EPD_OK) {
-        epd__router_pair_break(rt, pw, dw, now);
+         (reporter == dw && (culprit == pw || culprit == NULL)))) {
+        /* the other may be dead (killed, its endpoints not yet failed here)
+         * or stopped: no new work for it until it heartbeats again */
+        (reporter == pw ? dw : pw)->unreachable_ns = now;
+        /* prefill and decode each blame the other while the router reaches
+         * both: the network between them may be broken, not either worker */
+        if (epd_client_worker_state(pw->cw) == EPD_OK &&
+            epd_client_worker_state(dw->cw) == EPD_OK) {
+            epd__router_pair_break(rt, pw, dw, now);
+        }
     }
     /* the workers stay valid (unreferenced entries are freed by the
      * registry's tick only): compared and named below */
