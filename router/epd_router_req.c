@@ -405,8 +405,12 @@ static epd_router_attempt_next_t epd_router_attempt_failed(epd_router_t *rt, epd
         ((reporter == pw && (culprit == dw || culprit == NULL)) ||
          (reporter == dw && (culprit == pw || culprit == NULL)))) {
         /* the other may be dead (killed, its endpoints not yet failed here)
-         * or stopped: no new work for it until it heartbeats again */
-        (reporter == pw ? dw : pw)->unreachable_ns = now;
+         * or stopped: no new work for it until it heartbeats again — when
+         * requests may wait for a pair (--no-worker-wait-ms); at 0 that
+         * would only turn more of them into an immediate 503 */
+        if (rt->no_worker_wait_ms > 0) {
+            (reporter == pw ? dw : pw)->unreachable_ns = now;
+        }
         /* prefill and decode each blame the other while the router reaches
          * both: the network between them may be broken, not either worker */
         if (epd_client_worker_state(pw->cw) == EPD_OK &&
