@@ -59,7 +59,7 @@
 typedef struct {
     int64_t requests, clients, prompts, chaos_ms, timeout_s, seed, decode, no_worker_wait_ms;
     double abort_ratio;
-    const char *faults, *bindir_opt;
+    const char *faults, *bindir_opt, *router_log_level;
     int keep;
     char bindir[PATH_MAX];
     char tmp[PATH_MAX];
@@ -338,9 +338,9 @@ static void so_one(so_run_t *s, uint64_t k, epd_rng_t *rng, char *buf)
     }
     {
         /* the router's epd-no-worker-wait-ms: it waited for a usable pair */
-        const char *h = strstr(buf, "\r\nepd-no-worker-wait-ms: ");
-
-        double w = h != NULL && h < b ? strtod(h + 26, NULL) : -1;
+        static const char hdr[] = "\r\nepd-no-worker-wait-ms: ";
+        const char *h = strstr(buf, hdr);
+        double w = h != NULL && h < b ? strtod(h + sizeof(hdr) - 1, NULL) : -1;
 
         pthread_mutex_lock(&s->lock);
         if (w >= 0) {
@@ -356,7 +356,12 @@ static void so_one(so_run_t *s, uint64_t k, epd_rng_t *rng, char *buf)
     }
     b += 4;
     if (status != 200) {
-        snprintf(kind, sizeof(kind), "HTTP %d", status);
+        /* by the status a worker reported, when the message names one */
+        const char *e = strstr(b, "EPD_ERR_");
+        size_t el = e != NULL ? strspn(e, "ABCDEFGHIJKLMNOPQRSTUVWXYZ_") : 0;
+
+        snprintf(kind, sizeof(kind), "HTTP %d%s%.*s", status, el > 0 ? " " : "", (int)el,
+                 e != NULL ? e : "");
         pthread_mutex_lock(&s->lock);
         for (int i = 0; i < SO_ERR_SAMPLES; i++) {
             if (s->err_sample[i][0] == '\0') {
@@ -585,6 +590,7 @@ int epd_bench_soak_main(int argc, char **argv)
         .decode = 1,
         .no_worker_wait_ms = 5000,
         .abort_ratio = 0.05,
+        .router_log_level = "warn",
         .faults = "drop=0.0005,delay=20:0.005,dup=0.0005,reorder=0.0005,corrupt=0.0005,"
                   "stall=200:0.0005",
     };
@@ -605,6 +611,8 @@ int epd_bench_soak_main(int argc, char **argv)
         {"seed", EPD_OPT_INT, &o.seed, 0, (double)INT64_MAX, "seed of the workload and chaos"},
         {"bin", EPD_OPT_STRING, &o.bindir_opt, 0, 0, "folder of the daemons (default: ours)"},
         {"keep", EPD_OPT_BOOL, &o.keep, 0, 0, "keep the temp folder (logs)"},
+        {"router-log-level", EPD_OPT_STRING, &o.router_log_level, 0, 0,
+         "the router's --log-level (info: every retry and its cause)"},
     };
     epd_opts_t eo = {.prog = "epd-bench soak",
                      .summary = "requests through a cluster under faults, stalls, kills and "
@@ -697,7 +705,8 @@ int epd_bench_soak_main(int argc, char **argv)
         char *a[] = {rexe, "--listen", "127.0.0.1:0", "--control-addr", "127.0.0.1:0",
                      "--model", o.model, "--served-model-name", "m", "--ready-file", rready,
                      "--cluster-secret-file", o.secret, "--max-connections-per-addr", "0",
-                     "--heartbeat-ms", "100", "--dead-after-ms", "1000", "--log-level", "warn",
+                     "--heartbeat-ms", "100", "--dead-after-ms", "1000", "--log-level",
+                     (char *)o.router_log_level,
                      NULL, NULL, NULL};
 
         size_t n = sizeof(a) / sizeof(a[0]);
