@@ -167,9 +167,12 @@ static void epd_xport_uv_on_prepare(uv_prepare_t *handle)
      * the first refusal.  Measured with epd-bench overhead (dense-70b,
      * ucx-shm, 1k tokens): prefill's loop polled 4204 passes for nothing
      * with one try, 149 with 16 (the log line at stop counts them).
-     * Backing off, one try: the library has been busy for nothing a while,
-     * and each try costs it a few syscalls. */
-    for (int i = 0; i < (uv->backoff_ms != 0 ? 1 : EPD_XPORT_UV_ARM_TRIES); i++) {
+     * Backing off, or since the library last stayed busy for nothing that
+     * long (uv->stuck), one try: each try costs it a few syscalls, and a
+     * pass of the spin runs this too (16 tries a pass were most of a stuck
+     * worker's CPU under ASan). */
+    for (int i = 0; i < (uv->backoff_ms != 0 || uv->stuck != 0 ? 1 : EPD_XPORT_UV_ARM_TRIES);
+         i++) {
         if (epd_xport_arm(uv->x) == EPD_OK) {
             uv->armed++;
             uv->worked = 0;

@@ -18,7 +18,7 @@ source "$(dirname "$0")/lib.sh"
 export UCX_TLS=posix,cma,tcp
 XF=(--transport ucx --expect-transport shm --peer-timeout-ms 3000)
 mkmodel "$T/m" "${TINY_VISION_FLAGS[@]}"
-start_router r1 --model "$T/m" --heartbeat-ms 100 --ready-without-encoder "${XF[@]}"
+start_router r1 --model "$T/m" --heartbeat-ms 500 --ready-without-encoder "${XF[@]}"
 CTL=$r1_ADDR
 start_daemon e encoder --model "$T/m" --worker-id encoder-0 --router "$CTL" "${XF[@]}"
 start_daemon d decode --model "$T/m" --worker-id decode-0 --kv-blocks 1024 --state-slots 32 \
@@ -74,7 +74,7 @@ for w in e:$((e1 - e0)) d:$((d1 - d0)) p:$((p1 - p0)); do
 done
 
 note "a new router on the same control address: the workers come back and serve"
-start_router r2 --model "$T/m" --control-addr "$CTL" --heartbeat-ms 100 --ready-without-encoder \
+start_router r2 --model "$T/m" --control-addr "$CTL" --heartbeat-ms 500 --ready-without-encoder \
   "${XF[@]}"
 [ "$r2_ADDR" = "$CTL" ] || fail "router r2 is on $r2_ADDR, not $CTL"
 for w in encoder-0 decode-0 prefill-0; do
