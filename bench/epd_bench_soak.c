@@ -52,13 +52,14 @@
 
 #define SO_PROMPTS_MAX 64
 #define SO_KINDS_MAX 32
-#define SO_WORKERS 3 /* prefill-0, prefill-1, decode-0 */
+#define SO_WORKERS_MAX 4 /* prefill-0, prefill-1, decode-0 [, decode-1] */
 #define SO_BUF (1 << 20)
+#define SO_ERR_SAMPLES 4
 
 typedef struct {
-    int64_t requests, clients, prompts, chaos_ms, timeout_s, seed;
+    int64_t requests, clients, prompts, chaos_ms, timeout_s, seed, decode, no_worker_wait_ms;
     double abort_ratio;
-    const char *faults, *bindir_opt;
+    const char *faults, *bindir_opt, *router_log_level;
     int keep;
     char bindir[PATH_MAX];
     char tmp[PATH_MAX];
@@ -90,7 +91,8 @@ typedef struct {
 typedef struct {
     so_opts_t *o;
     so_prompt_t prompt[SO_PROMPTS_MAX];
-    so_worker_t w[SO_WORKERS];
+    so_worker_t w[SO_WORKERS_MAX];
+    int n_workers;
     pthread_mutex_t lock;
     atomic_llong next;
     atomic_int done;
@@ -99,8 +101,12 @@ typedef struct {
     int n_kinds;
     double *t_ms; /* [requests]: time to a terminal state (not aborted) */
     uint64_t n_t;
+    double *wait_ms; /* [requests]: the router's epd-no-worker-wait-ms of those that waited */
+    uint64_t n_wait, wait_served, wait_503;
+    uint64_t early_503; /* "no worker" 503s before the router's wait bound */
     uint64_t stops, kills;
     char first_wrong[512];
+    char err_sample[SO_ERR_SAMPLES][220]; /* the first answer of each error status */
 } so_run_t;
 
 static const char so_filler[] =
@@ -330,9 +336,43 @@ static void so_one(so_run_t *s, uint64_t k, epd_rng_t *rng, char *buf)
         snprintf(kind, sizeof(kind), "no HTTP answer");
         goto end;
     }
+    {
+        /* the router's epd-no-worker-wait-ms: it waited for a usable pair */
+        static const char hdr[] = "\r\nepd-no-worker-wait-ms: ";
+        const char *h = strstr(buf, hdr);
+        double w = h != NULL && h < b ? strtod(h + sizeof(hdr) - 1, NULL) : -1;
+
+        pthread_mutex_lock(&s->lock);
+        if (w >= 0) {
+            s->wait_ms[s->n_wait++] = w;
+            s->wait_served += status == 200;
+            s->wait_503 += status == 503;
+        }
+        if (status == 503 && strstr(b, "no prefill or decode worker") != NULL &&
+            w < (double)o->no_worker_wait_ms) {
+            s->early_503++;
+        }
+        pthread_mutex_unlock(&s->lock);
+    }
     b += 4;
     if (status != 200) {
-        snprintf(kind, sizeof(kind), "HTTP %d", status);
+        /* by the status a worker reported, when the message names one */
+        const char *e = strstr(b, "EPD_ERR_");
+        size_t el = e != NULL ? strspn(e, "ABCDEFGHIJKLMNOPQRSTUVWXYZ_") : 0;
+
+        snprintf(kind, sizeof(kind), "HTTP %d%s%.*s", status, el > 0 ? " " : "", (int)el,
+                 e != NULL ? e : "");
+        pthread_mutex_lock(&s->lock);
+        for (int i = 0; i < SO_ERR_SAMPLES; i++) {
+            if (s->err_sample[i][0] == '\0') {
+                snprintf(s->err_sample[i], sizeof(s->err_sample[i]), "%d %.200s", status, b);
+                break;
+            }
+            if (atoi(s->err_sample[i]) == status) {
+                break; /* one per status */
+            }
+        }
+        pthread_mutex_unlock(&s->lock);
         goto end;
     }
     rc = so_parse(b, stream, &got, &got_len, kind, sizeof(kind));
@@ -405,7 +445,7 @@ static void *so_chaos(void *arg)
         if (atomic_load(&s->done)) {
             break;
         }
-        i = (int)(epd_rng_next(&rng) % SO_WORKERS);
+        i = (int)(epd_rng_next(&rng) % (uint64_t)s->n_workers);
         what = (int)(epd_rng_next(&rng) % 3); /* 2 of 3 stops, 1 of 3 kills */
         if (what < 2) {
             uint64_t ms = 300 + epd_rng_next(&rng) % 1200;
@@ -482,7 +522,7 @@ static uint64_t so_logs_count(const so_run_t *s, const char *what, int last_numb
 {
     uint64_t total = 0;
 
-    for (int i = 0; i < SO_WORKERS; i++) {
+    for (int i = 0; i < s->n_workers; i++) {
         for (int inc = 1; inc <= s->w[i].incarnation; inc++) {
             char path[PATH_MAX + 64], line[1024];
             uint64_t last = 0;
@@ -547,7 +587,10 @@ int epd_bench_soak_main(int argc, char **argv)
         .chaos_ms = 1500,
         .timeout_s = 60,
         .seed = 1,
+        .decode = 1,
+        .no_worker_wait_ms = 5000,
         .abort_ratio = 0.05,
+        .router_log_level = "warn",
         .faults = "drop=0.0005,delay=20:0.005,dup=0.0005,reorder=0.0005,corrupt=0.0005,"
                   "stall=200:0.0005",
     };
@@ -558,12 +601,18 @@ int epd_bench_soak_main(int argc, char **argv)
         {"chaos-ms", EPD_OPT_INT, &o.chaos_ms, 0, 3600000,
          "a worker stopped (SIGSTOP/SIGCONT) or killed and restarted this often (0: never)"},
         {"abort-ratio", EPD_OPT_DOUBLE, &o.abort_ratio, 0, 1, "requests the client abandons"},
+        {"decode", EPD_OPT_INT, &o.decode, 1, SO_WORKERS_MAX - 2, "decode workers (1 or 2)"},
+        {"no-worker-wait-ms", EPD_OPT_INT, &o.no_worker_wait_ms, 0, 3600000,
+         "the router's --no-worker-wait-ms (0: a request without a usable pair is answered "
+         "503 at once)"},
         {"faults", EPD_OPT_STRING, &o.faults, 0, 0,
          "EPD_XPORT_FAULTS of the workers (\"\": none)"},
         {"timeout-s", EPD_OPT_INT, &o.timeout_s, 1, 3600, "a request unanswered this long hangs"},
         {"seed", EPD_OPT_INT, &o.seed, 0, (double)INT64_MAX, "seed of the workload and chaos"},
         {"bin", EPD_OPT_STRING, &o.bindir_opt, 0, 0, "folder of the daemons (default: ours)"},
         {"keep", EPD_OPT_BOOL, &o.keep, 0, 0, "keep the temp folder (logs)"},
+        {"router-log-level", EPD_OPT_STRING, &o.router_log_level, 0, 0,
+         "the router's --log-level (info: every retry and its cause)"},
     };
     epd_opts_t eo = {.prog = "epd-bench soak",
                      .summary = "requests through a cluster under faults, stalls, kills and "
@@ -605,10 +654,13 @@ int epd_bench_soak_main(int argc, char **argv)
     s.w[0] = (so_worker_t){.name = "prefill-0", .role = "prefill"};
     s.w[1] = (so_worker_t){.name = "prefill-1", .role = "prefill"};
     s.w[2] = (so_worker_t){.name = "decode-0", .role = "decode"};
+    s.w[3] = (so_worker_t){.name = "decode-1", .role = "decode"};
+    s.n_workers = 2 + (int)o.decode;
     s.t_ms = epd_calloc((size_t)o.requests, sizeof(*s.t_ms));
+    s.wait_ms = epd_calloc((size_t)o.requests, sizeof(*s.wait_ms));
     th = epd_calloc((size_t)o.clients, sizeof(*th));
     snprintf(o.tmp, sizeof(o.tmp), "%s/epd-soak.XXXXXX", so_tmpdir());
-    if (s.t_ms == NULL || th == NULL || mkdtemp(o.tmp) == NULL ||
+    if (s.t_ms == NULL || s.wait_ms == NULL || th == NULL || mkdtemp(o.tmp) == NULL ||
         epd_bench_make_secret(o.tmp, o.secret, sizeof(o.secret), &sec, "soak") != 0) {
         goto out;
     }
@@ -649,11 +701,19 @@ int epd_bench_soak_main(int argc, char **argv)
     snprintf(rlog, sizeof(rlog), "%s/router.log", o.tmp);
     unsetenv("EPD_XPORT_FAULTS");
     {
+        char nww[24];
         char *a[] = {rexe, "--listen", "127.0.0.1:0", "--control-addr", "127.0.0.1:0",
                      "--model", o.model, "--served-model-name", "m", "--ready-file", rready,
                      "--cluster-secret-file", o.secret, "--max-connections-per-addr", "0",
-                     "--heartbeat-ms", "100", "--dead-after-ms", "1000", "--log-level", "warn",
-                     NULL};
+                     "--heartbeat-ms", "100", "--dead-after-ms", "1000", "--log-level",
+                     (char *)o.router_log_level,
+                     NULL, NULL, NULL};
+
+        size_t n = sizeof(a) / sizeof(a[0]);
+
+        snprintf(nww, sizeof(nww), "%lld", (long long)o.no_worker_wait_ms);
+        a[n - 3] = "--no-worker-wait-ms";
+        a[n - 2] = nww;
         router = epd_bench_spawn(a, rlog);
     }
     if (o.faults[0] != '\0') {
@@ -670,12 +730,12 @@ int epd_bench_soak_main(int argc, char **argv)
         o.addr.sin_port = htons((uint16_t)atoi(colon != NULL ? colon + 1 : "0"));
         o.addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     }
-    for (int i = 0; i < SO_WORKERS; i++) {
+    for (int i = 0; i < s.n_workers; i++) {
         if (so_start(&s, i) != 0) {
             goto out;
         }
     }
-    if (epd_bench_wait_workers(o.ctl, &sec, SO_WORKERS) != 0) {
+    if (epd_bench_wait_workers(o.ctl, &sec, s.n_workers) != 0) {
         fprintf(stderr, "soak: the workers did not register (logs in %s)\n", o.tmp);
         goto out;
     }
@@ -700,7 +760,7 @@ int epd_bench_soak_main(int argc, char **argv)
         }
         pthread_join(chaos, NULL);
     }
-    for (int i = 0; i < SO_WORKERS; i++) {
+    for (int i = 0; i < s.n_workers; i++) {
         kill(s.w[i].pid, SIGCONT);
     }
     /* the leak check: the decode worker's free blocks back to its total
@@ -722,7 +782,7 @@ int epd_bench_soak_main(int argc, char **argv)
         p50 = s.t_ms[(s.n_t - 1) / 2];
         p99 = s.t_ms[(uint64_t)floor((double)(s.n_t - 1) * 0.99)];
     }
-    for (int i = 0; i < SO_WORKERS; i++) {
+    for (int i = 0; i < s.n_workers; i++) {
         epd_bench_kill(s.w[i].pid, "soak", s.w[i].name);
         s.w[i].pid = -1;
     }
@@ -731,10 +791,11 @@ int epd_bench_soak_main(int argc, char **argv)
     corrupt = so_logs_count(&s, "fails its MAC", 0) + so_logs_count(&s, "match its checksum", 0);
     injected = so_logs_count(&s, "xport faults injected", 1);
     printf("epd-bench soak: %lld requests, %lld clients, %lld prompts, ref model (tiny), router + "
-           "2 prefill + 1 decode, ucx; faults \"%s\"; chaos every %lld ms; abort ratio %g; "
-           "%.0f s\n",
-           (long long)o.requests, (long long)o.clients, (long long)o.prompts, o.faults,
-           (long long)o.chaos_ms, o.abort_ratio, (double)(epd_time_now_ns() - t_start) / 1e9);
+           "2 prefill + %lld decode, ucx; faults \"%s\"; chaos every %lld ms; abort ratio %g; "
+           "no-worker wait %lld ms; %.0f s\n",
+           (long long)o.requests, (long long)o.clients, (long long)o.prompts, (long long)o.decode,
+           o.faults, (long long)o.chaos_ms, o.abort_ratio, (long long)o.no_worker_wait_ms,
+           (double)(epd_time_now_ns() - t_start) / 1e9);
     printf("  requests              %lld\n", (long long)o.requests);
     printf("  finished equal        %llu\n", (unsigned long long)s.equal);
     printf("  finished wrong        %llu\n", (unsigned long long)s.wrong);
@@ -756,7 +817,27 @@ int epd_bench_soak_main(int argc, char **argv)
     printf("  faults injected       %llu (each worker incarnation's last logged count: its "
            "total when it stopped, at least half of it when killed)\n",
            (unsigned long long)injected);
+    printf("  served                %.2f%% of the requests not aborted\n",
+           o.requests > (int64_t)s.aborted
+               ? 100.0 * (double)s.equal / (double)((uint64_t)o.requests - s.aborted)
+               : 0.0);
     printf("  time to terminal      p50 %.1f ms, p99 %.1f ms\n", p50, p99);
+    if (s.n_wait > 0) {
+        qsort(s.wait_ms, s.n_wait, sizeof(*s.wait_ms), so_cmp_double);
+        printf("  waited for a worker   %llu (then served %llu, 503 %llu); wait p50 %.0f ms, p99 "
+               "%.0f ms, max %.0f ms\n",
+               (unsigned long long)s.n_wait, (unsigned long long)s.wait_served,
+               (unsigned long long)s.wait_503, s.wait_ms[(s.n_wait - 1) / 2],
+               s.wait_ms[(uint64_t)floor((double)(s.n_wait - 1) * 0.99)],
+               s.wait_ms[s.n_wait - 1]);
+    } else {
+        printf("  waited for a worker   0\n");
+    }
+    printf("  503 before the wait   %llu (\"no worker\" answers before --no-worker-wait-ms)\n",
+           (unsigned long long)s.early_503);
+    for (int i = 0; i < SO_ERR_SAMPLES && s.err_sample[i][0] != '\0'; i++) {
+        printf("  first HTTP %s\n", s.err_sample[i]);
+    }
     if (s.wrong > 0) {
         printf("  first wrong: %s\n", s.first_wrong);
     }
@@ -764,7 +845,7 @@ int epd_bench_soak_main(int argc, char **argv)
              ? 1
              : 0;
 out:
-    for (int i = 0; i < SO_WORKERS; i++) {
+    for (int i = 0; i < s.n_workers; i++) {
         if (s.w[i].pid > 0) {
             kill(s.w[i].pid, SIGCONT);
             epd_bench_kill(s.w[i].pid, "soak", s.w[i].name);
@@ -785,6 +866,7 @@ out:
         epd_free(s.prompt[i].want);
     }
     epd_free(s.t_ms);
+    epd_free(s.wait_ms);
     epd_free(th);
     epd_opts_cleanup(&eo);
     return rc;

@@ -257,6 +257,9 @@ epd_status_t epd_http_respond_ex(epd_http_req_t *req, int status, const char *co
  * Loop thread. */
 epd_status_t epd_http_stream_start(epd_http_req_t *req, int status);
 
+/* epd_http_stream_start with extra header lines (as epd_http_respond_ex). */
+epd_status_t epd_http_stream_start_ex(epd_http_req_t *req, int status, const char *headers);
+
 /* Sends data[0..len) (borrowed during the call; copied) as one chunk of the
  * stream; len 0 sends nothing.  EPD_OK (queued), EPD_ERR_CONNECTION_RESET
  * when the client is gone or when this data would take the unsent backlog

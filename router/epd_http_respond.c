@@ -80,8 +80,13 @@ epd_status_t epd_http_respond_ex(epd_http_req_t *req, int status, const char *co
 
 epd_status_t epd_http_stream_start(epd_http_req_t *req, int status)
 {
+    return epd_http_stream_start_ex(req, status, NULL);
+}
+
+epd_status_t epd_http_stream_start_ex(epd_http_req_t *req, int status, const char *headers)
+{
     epd_http_conn_t *conn = req->conn;
-    char head[256];
+    char head[512];
     int hlen;
     epd_status_t st;
 
@@ -94,14 +99,17 @@ epd_status_t epd_http_stream_start(epd_http_req_t *req, int status)
     if (status <= 100 || status >= 600) {
         status = 500;
     }
+    if (headers != NULL && strlen(headers) > 200) {
+        headers = NULL; /* the application's lines; a bound keeps them in `head` */
+    }
     req->chunked = req->http_minor >= 1;
     if (!req->chunked) {
         conn->close_after = 1; /* HTTP/1.0: the end of the stream is the close */
     }
     hlen = snprintf(head, sizeof(head),
                     "HTTP/1.1 %d %s\r\nContent-Type: text/event-stream\r\n"
-                    "Cache-Control: no-cache\r\n%s\r\n",
-                    status, epd_http_status_text(status),
+                    "Cache-Control: no-cache\r\n%s%s\r\n",
+                    status, epd_http_status_text(status), headers != NULL ? headers : "",
                     req->chunked
                         ? (conn->close_after ? "Transfer-Encoding: chunked\r\nConnection: close\r\n"
                                              : "Transfer-Encoding: chunked\r\n")

@@ -21,6 +21,19 @@
 #include "epd_router_int.h"
 #include "epd_time.h"
 
+/* The header line telling how long `r` waited for a usable pair
+ * (--no-worker-wait-ms), into buf; "" when it never had to. */
+static const char *epd_router_wait_header(const epd_router_req_t *r, uint64_t wait_ns, char *buf,
+                                          size_t cap)
+{
+    if (r->nw_start_ns == 0) {
+        return "";
+    }
+    snprintf(buf, cap, "epd-no-worker-wait-ms: %llu\r\n",
+             (unsigned long long)(wait_ns / 1000000ull));
+    return buf;
+}
+
 void epd__router_respond_error(epd_router_t *rt, epd_http_req_t *http, const epd_oai_error_t *err)
 {
     epd_oai_buf_reset(&rt->out);
@@ -38,6 +51,38 @@ void epd__router_respond_simple_error(epd_router_t *rt, epd_http_req_t *http, in
 
     epd_oai_error_set(&err, status, NULL, NULL, "%s", msg);
     epd__router_respond_error(rt, http, &err);
+}
+
+void epd__router_fail_no_workers(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns)
+{
+    epd_oai_error_t err;
+    char headers[160], wait[64];
+    uint32_t retry_s = 1;
+
+    if (r->stream_started || r->http == NULL) {
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_NO_WORKERS, 503,
+                              "no prefill or decode worker is available%s%s", "", "");
+        return;
+    }
+    rt->m.errors[EPD_ROUTER_ERR_NO_WORKERS]++;
+    epd_oai_error_set(&err, 503, NULL, NULL, "no prefill or decode worker is available");
+    snprintf(err.type, sizeof(err.type), "server_error");
+    /* a worker that restarts, or one stopped a while, is back within about
+     * a second; the SDKs retry a 503 after Retry-After */
+    snprintf(headers, sizeof(headers), "Retry-After: %u\r\n%s", retry_s,
+             epd_router_wait_header(r, r->nw_start_ns != 0 ? now_ns - r->nw_start_ns : 0, wait,
+                                    sizeof(wait)));
+    epd_oai_buf_reset(&rt->out);
+    if (epd_oai_error_encode(&err, &rt->out) == EPD_OK) {
+        (void)epd_http_respond_ex(r->http, 503, EPD_ROUTER_JSON, headers, rt->out.data,
+                                  rt->out.len);
+    } else {
+        (void)epd_http_respond_ex(r->http, 503, EPD_ROUTER_JSON, headers, "{}", 2);
+    }
+    epd_router_histo_observe(&rt->m.e2e, (double)(now_ns - r->t_arrival_ns) / 1e9);
+    epd_trace_span(rt->trace, "request (no workers)", "router", r->trace_id, -1, r->t_arrival_ns,
+                   now_ns);
+    r->http = NULL; /* finished: the fact the request's step reads */
 }
 
 /* Ends the HTTP side with an error: an HTTP error answer before the
@@ -111,6 +156,8 @@ void epd__router_fail_overloaded(epd_router_t *rt, epd_router_req_t *r, const ch
 
 static int epd_router_stream_start(epd_router_t *rt, epd_router_req_t *r)
 {
+    char hdr[64];
+
     if (r->stream_started) {
         return 0;
     }
@@ -119,7 +166,8 @@ static int epd_router_stream_start(epd_router_t *rt, epd_router_req_t *r)
         return -1;
     }
     r->stream_started = 1;
-    (void)epd_http_stream_start(r->http, 200);
+    (void)epd_http_stream_start_ex(r->http, 200,
+                                   epd_router_wait_header(r, r->nw_wait_ns, hdr, sizeof(hdr)));
     return 0;
 }
 
@@ -167,7 +215,11 @@ void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish
                                     &rt->out) != EPD_OK) {
             epd__router_respond_simple_error(rt, r->http, 500, "out of memory");
         } else {
-            (void)epd_http_respond(r->http, 200, EPD_ROUTER_JSON, rt->out.data, rt->out.len);
+            char hdr[64];
+
+            (void)epd_http_respond_ex(r->http, 200, EPD_ROUTER_JSON,
+                                      epd_router_wait_header(r, r->nw_wait_ns, hdr, sizeof(hdr)),
+                                      rt->out.data, rt->out.len);
         }
     }
     epd_router_histo_observe(&rt->m.e2e, (double)(now - r->t_arrival_ns) / 1e9);

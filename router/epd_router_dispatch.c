@@ -17,15 +17,15 @@
 
 /* ----------------------------------------------------------- broken pairs */
 
-/* The slot of the broken pair (p, d) still in force, or NULL. */
-static epd_router_pair_t *epd_router_pair_find(epd_router_t *rt, const epd_router_worker_t *p,
-                                               const epd_router_worker_t *d, uint64_t now_ns)
+/* The slot remembering the pair (p, d) — these two incarnations — or NULL. */
+static epd_router_pair_t *epd_router_pair_slot(epd_router_t *rt, const epd_router_worker_t *p,
+                                               const epd_router_worker_t *d)
 {
     for (int i = 0; i < EPD_ROUTER_PAIRS_MAX; i++) {
         epd_router_pair_t *b = &rt->broken[i];
 
-        if (b->prefill[0] != '\0' && b->until_ns > now_ns &&
-            strcmp(b->prefill, p->info.worker_id) == 0 &&
+        if (b->prefill[0] != '\0' && b->p_registered_ns == p->registered_ns &&
+            b->d_registered_ns == d->registered_ns && strcmp(b->prefill, p->info.worker_id) == 0 &&
             strcmp(b->decode, d->info.worker_id) == 0) {
             return b;
         }
@@ -33,28 +33,60 @@ static epd_router_pair_t *epd_router_pair_find(epd_router_t *rt, const epd_route
     return NULL;
 }
 
-/* Remembers (p, d) as broken until now + EPD_ROUTER_PAIR_BROKEN_MS (the
- * oldest entry makes room). */
+/* The broken pair (p, d) still avoided, or NULL. */
+static epd_router_pair_t *epd_router_pair_find(epd_router_t *rt, const epd_router_worker_t *p,
+                                               const epd_router_worker_t *d, uint64_t now_ns)
+{
+    epd_router_pair_t *b = epd_router_pair_slot(rt, p, d);
+
+    return b != NULL && b->until_ns > now_ns ? b : NULL;
+}
+
+/* Remembers (p, d) as broken: avoided for EPD_ROUTER_PAIR_PROBE_MS, twice
+ * that for each failure in a row, at most EPD_ROUTER_PAIR_BROKEN_MS (a
+ * free or the oldest slot makes room). */
 void epd__router_pair_break(epd_router_t *rt, const epd_router_worker_t *p,
                             const epd_router_worker_t *d, uint64_t now_ns)
 {
-    epd_router_pair_t *b = epd_router_pair_find(rt, p, d, now_ns);
+    epd_router_pair_t *b = epd_router_pair_slot(rt, p, d);
+    uint64_t ms;
 
     if (b == NULL) {
         b = &rt->broken[0];
-        for (int i = 1; i < EPD_ROUTER_PAIRS_MAX && b->until_ns > now_ns; i++) {
-            if (rt->broken[i].until_ns < b->until_ns) {
+        for (int i = 1; i < EPD_ROUTER_PAIRS_MAX && b->prefill[0] != '\0'; i++) {
+            if (rt->broken[i].prefill[0] == '\0' || rt->broken[i].until_ns < b->until_ns) {
                 b = &rt->broken[i];
             }
         }
+        memset(b, 0, sizeof(*b));
         snprintf(b->prefill, sizeof(b->prefill), "%s", p->info.worker_id);
         snprintf(b->decode, sizeof(b->decode), "%s", d->info.worker_id);
-        epd_log_warn(EPD_ROUTER_LOG, 0,
-                     "prefill worker '%s' and decode worker '%s' reach the router but not each "
-                     "other: routing around the pair for %u ms",
-                     b->prefill, b->decode, EPD_ROUTER_PAIR_BROKEN_MS);
+        b->p_registered_ns = p->registered_ns;
+        b->d_registered_ns = d->registered_ns;
+    } else if (b->until_ns > now_ns) {
+        return; /* another request of the same failure: one strike */
     }
-    b->until_ns = now_ns + (uint64_t)EPD_ROUTER_PAIR_BROKEN_MS * 1000000ull;
+    ms = (uint64_t)EPD_ROUTER_PAIR_PROBE_MS << (b->strikes < 8 ? b->strikes : 8);
+    ms = ms > EPD_ROUTER_PAIR_BROKEN_MS ? EPD_ROUTER_PAIR_BROKEN_MS : ms;
+    b->strikes++;
+    b->until_ns = now_ns + ms * 1000000ull;
+    epd_log_warn(EPD_ROUTER_LOG, 0,
+                 "prefill worker '%s' and decode worker '%s' reach the router but not each "
+                 "other: routing around the pair for %llu ms (failure %u in a row)",
+                 b->prefill, b->decode, (unsigned long long)ms, b->strikes);
+}
+
+void epd__router_pair_ok(epd_router_t *rt, const epd_router_worker_t *p,
+                         const epd_router_worker_t *d)
+{
+    epd_router_pair_t *b = epd_router_pair_slot(rt, p, d);
+
+    if (b != NULL) {
+        epd_log_info(EPD_ROUTER_LOG, 0,
+                     "prefill worker '%s' and decode worker '%s' serve together again", b->prefill,
+                     b->decode);
+        memset(b, 0, sizeof(*b));
+    }
 }
 
 /* The policy's decode worker for prefill worker `pw`, around a broken pair:
@@ -91,6 +123,31 @@ static epd_router_worker_t *epd_router_pick_around(epd_router_t *rt, epd_router_
 
 /* --------------------------------------------------------------- dispatch */
 
+/* Lets `r` use again the workers it avoids (they failed an earlier
+ * attempt) that have since proved alive: still registered, READY, a
+ * heartbeat after they were avoided — a worker stopped a while and
+ * resumed, not a broken one.  Called when the request finds no pair
+ * otherwise.  Returns how many it let go. */
+static uint32_t epd_router_avoid_expire(epd_router_t *rt, epd_router_req_t *r)
+{
+    uint32_t kept = 0, n = r->n_avoid;
+
+    for (uint32_t i = 0; i < n; i++) {
+        epd_router_worker_t *w = r->avoid[i];
+
+        /* only a worker still in the registry is looked at: an entry may
+         * outlive the worker it names (they are not referenced) */
+        if (epd_router_registry_has(&rt->reg, w) && w->state == EPD_ROUTER_READY &&
+            w->last_hb_ns > r->avoid_ns[i]) {
+            continue;
+        }
+        r->avoid[kept] = w;
+        r->avoid_ns[kept++] = r->avoid_ns[i];
+    }
+    r->n_avoid = kept;
+    return n - kept;
+}
+
 /* Submits an attempt to a prefill and a decode worker chosen by the
  * policy among those with room.  EPD_OK; EPD_ERR_UNREACHABLE (no eligible
  * worker), EPD_ERR_NO_CAPACITY (workers, but none with room now: the
@@ -103,6 +160,7 @@ epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
     epd_router_probe_t probe, *pp = NULL;
     epd_prefix_media_t pm[EPD_CLIENT_MEDIA_MAX];
     epd_prefix_hash_t salted;
+    int expired = 0;
 
     if (rt->reg.policy == EPD_ROUTER_POLICY_PREFIX_AFFINITY) {
         /* KV-aware: the prompt's block keys, hashed as far as a worker holds them */
@@ -147,9 +205,14 @@ epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
         dw = epd_router_registry_pick_room_kv(&rt->reg, EPD_CLIENT_ROLE_DECODE, pp, r->prompt, &fit,
                                               r->avoid, r->n_avoid, &d_full);
         if (pw == NULL || dw == NULL) {
-            /* workers exist but are full: the request waits for room */
-            return (pw != NULL || p_full) && (dw != NULL || d_full) ? EPD_ERR_NO_CAPACITY
-                                                                    : EPD_ERR_UNREACHABLE;
+            if ((pw != NULL || p_full) && (dw != NULL || d_full)) {
+                return EPD_ERR_NO_CAPACITY; /* workers exist but are full: it waits for room */
+            }
+            if (!expired && rt->no_worker_wait_ms > 0 && epd_router_avoid_expire(rt, r) > 0) {
+                expired = 1;
+                continue; /* once more with the workers that came back */
+            }
+            return EPD_ERR_UNREACHABLE;
         }
         dw = epd_router_pick_around(rt, r, &pw, dw, now_ns);
         /* each image: the prefill worker's cache when we believe it holds

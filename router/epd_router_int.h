@@ -84,17 +84,25 @@
 #define EPD_ROUTER_BACKOFF_BASE_MS 20
 #define EPD_ROUTER_BACKOFF_MAX_MS 1000
 /* Broken pairs: a prefill and a decode worker that both reach the router
- * but not each other (a partition between their hosts).  Remembered for
- * EPD_ROUTER_PAIR_BROKEN_MS after a request failed between them, during
- * which requests are routed around the pair; then one request tries it
- * again (a healed partition serves again). */
+ * but not each other (a partition between their hosts — or one of them
+ * stopped a while: its peer's timeout fired first).  After a request
+ * failed between them requests are routed around the pair for
+ * EPD_ROUTER_PAIR_PROBE_MS, doubled for each failure in a row up to
+ * EPD_ROUTER_PAIR_BROKEN_MS; then one request tries it again.  The pair is
+ * forgotten as soon as a request gets a token through it (healed, or the
+ * stopped worker resumed) or either worker is a new incarnation (a
+ * restart): it is avoided only while it is seen broken. */
 #define EPD_ROUTER_PAIRS_MAX 64
+#define EPD_ROUTER_PAIR_PROBE_MS 500
 #define EPD_ROUTER_PAIR_BROKEN_MS 10000
 
 typedef struct {
     char prefill[EPD_CLIENT_NAME_MAX]; /* worker ids ("" : a free slot) */
     char decode[EPD_CLIENT_NAME_MAX];
+    uint64_t p_registered_ns; /* the incarnations (epd_router_worker_t.registered_ns) */
+    uint64_t d_registered_ns;
     uint64_t until_ns; /* monotonic */
+    uint32_t strikes;  /* failures in a row: the avoidance's exponent */
 } epd_router_pair_t;
 /* Where an image's embeddings come from (epd_router_req_t.img_src). */
 #define EPD_ROUTER_IMG_CACHE 0   /* the prefill worker's embedding cache */
@@ -136,7 +144,9 @@ typedef struct epd_router_req {
     epd_router_worker_t *pw;
     epd_router_worker_t *dw;
     epd_router_worker_t *avoid[EPD_ROUTER_MAX_AVOID]; /* failed on earlier attempts (not referenced:
-                                                         compared only) */
+                                                         compared only, or looked at once
+                                                         found in the registry) */
+    uint64_t avoid_ns[EPD_ROUTER_MAX_AVOID];           /* when each was added (monotonic) */
     /* images (chat): r->oai->images holds their bytes */
     uint32_t n_images;
     unsigned char (*img_hash)[32]; /* [n_images] BLAKE2b-256 */
@@ -152,6 +162,11 @@ typedef struct epd_router_req {
     uint32_t room_refusals;     /* attempts refused for room (the backoff's exponent; they
                                  * do not count against --max-retries) */
     int turn;                   /* fact: the queue's walk lets it try now */
+    /* no usable pair (--no-worker-wait-ms): it waits in line for one */
+    uint64_t nw_start_ns; /* it first found no pair (0: never); the wait's bound counts
+                           * from here, over every attempt */
+    uint64_t nw_wait_ns;  /* how long it waited for a pair, once a pair took it */
+    int nw_waiting;       /* its last try found no pair */
     uint32_t dw_blocks;         /* the attempt's blocks in dw->kv_pending */
     uint64_t t_dispatch_ns;     /* the attempt was submitted */
     struct epd_router_req *wprev, *wnext; /* WAITING: the queue, oldest first */
@@ -196,6 +211,7 @@ struct epd_router {
     uint32_t request_timeout_ms;
     uint32_t max_queue;        /* requests WAITING at most (beyond: 429) */
     uint32_t queue_timeout_ms; /* a request without room this long after its arrival: 429 */
+    uint32_t no_worker_wait_ms; /* a request without a usable pair waits this long: 503 after */
     uint32_t max_images;      /* per request */
     uint64_t max_image_bytes; /* encoded, per image */
     uint64_t max_image_pixels;
@@ -285,9 +301,14 @@ void epd__router_reqs_free_all(epd_router_t *rt);
  * attempt's prompt), other submit errors. */
 epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns);
 /* Prefill p and decode d failed each other while the router reaches both:
- * requests go around the pair for EPD_ROUTER_PAIR_BROKEN_MS. */
+ * requests go around the pair a while (EPD_ROUTER_PAIR_PROBE_MS, doubling
+ * for each failure in a row). */
 void epd__router_pair_break(epd_router_t *rt, const epd_router_worker_t *p,
                             const epd_router_worker_t *d, uint64_t now_ns);
+/* A request got a token through p and d: the pair is not broken (any
+ * memory of it is dropped). */
+void epd__router_pair_ok(epd_router_t *rt, const epd_router_worker_t *p,
+                         const epd_router_worker_t *d);
 
 /* ---- epd_router_answer.c ---- */
 /* The HTTP side of a request only: it records facts (r->http NULL once
@@ -308,6 +329,12 @@ void epd__router_fail_http(epd_router_t *rt, epd_router_req_t *r, epd_router_err
  * "code": "rate_limit_exceeded"), the message saying `why` (counted as
  * EPD_ROUTER_ERR_OVERLOADED).  r->http is NULL afterwards. */
 void epd__router_fail_overloaded(epd_router_t *rt, epd_router_req_t *r, const char *why);
+/* Ends the HTTP side of `r` with 503 "no prefill or decode worker is
+ * available", `Retry-After` and, when it waited for a pair,
+ * `epd-no-worker-wait-ms` (an error event instead when its stream started:
+ * a migrated attempt).  Counted as EPD_ROUTER_ERR_NO_WORKERS.  r->http is
+ * NULL afterwards. */
+void epd__router_fail_no_workers(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns);
 /* The generation finished well (EOS, max_tokens or a stop string): the
  * JSON answer, or the rest of the stream and its end.  r->http is NULL
  * afterwards (a no-op when it already was). */

@@ -249,6 +249,14 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                                "Attempts refused for room (KV or prefill pool full), sent again "
                                "after a backoff",
                                m->capacity_retries);
+    epd_router_metrics_counter(t, "epd_router_no_worker_waits_total",
+                               "Requests that found no usable prefill and decode pair and waited "
+                               "for one (--no-worker-wait-ms)",
+                               m->no_worker_waits);
+    epd_router_metrics_counter(t, "epd_router_no_worker_timeouts_total",
+                               "Requests answered 503 after waiting --no-worker-wait-ms for a "
+                               "usable pair",
+                               m->no_worker_timeouts);
     epd_router_text_printf(t,
                            "# HELP epd_router_queue_depth Requests waiting for room in the pools\n"
                            "# TYPE epd_router_queue_depth gauge\n"
@@ -338,6 +346,10 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
     epd_router_metrics_histo(t, "epd_router_dispatch_seconds",
                              "Router's own time from request arrival to submission to the workers",
                              &m->dispatch);
+    epd_router_metrics_histo(t, "epd_router_no_worker_wait_seconds",
+                             "Time a request waited for a usable prefill and decode pair (served "
+                             "or answered 503)",
+                             &m->no_worker_wait);
 
     epd_router_registry_counts(reg, counts);
     epd_router_text_printf(t, "# HELP epd_router_workers Workers per pool and state\n"

@@ -64,6 +64,8 @@ typedef struct {
     uint64_t rejected_queue_full;    /* 429: the queue held --max-queue requests */
     uint64_t rejected_queue_timeout; /* 429: no room within --queue-timeout-ms */
     uint64_t capacity_retries;       /* attempts refused for room, sent again after a backoff */
+    uint64_t no_worker_waits;        /* requests that found no usable pair and waited for one */
+    uint64_t no_worker_timeouts;     /* ... of which none came within --no-worker-wait-ms: 503 */
     uint32_t queue_depth;            /* requests waiting for room now (set before a render) */
     /* the prefill workers' prefix caches, summed the same way (the two
      * gauges at the end stay 0: per worker below) */
@@ -82,6 +84,7 @@ typedef struct {
     epd_router_histo_t itl;      /* between token chunks */
     epd_router_histo_t e2e;      /* arrival → last byte */
     epd_router_histo_t dispatch; /* arrival → submitted to the workers (router's own work) */
+    epd_router_histo_t no_worker_wait; /* a wait for a usable pair, when it ended */
     /* the front door: the HTTP server's own counts (epd_http_server_stats),
      * copied in before each render */
     epd_http_stats_t http;

@@ -143,6 +143,16 @@ epd_router_worker_t *epd_router_registry_find(epd_router_registry_t *reg, const 
     return NULL;
 }
 
+int epd_router_registry_has(const epd_router_registry_t *reg, const epd_router_worker_t *w)
+{
+    for (const epd_router_worker_t *x = reg->workers; x != NULL; x = x->next) {
+        if (x == w) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 epd_router_worker_t *epd_router_registry_add(epd_router_registry_t *reg,
                                              const epd_client_worker_info_t *info, uint64_t now_ns)
 {
@@ -246,12 +256,16 @@ int epd_router_has_room(const epd_router_worker_t *w, const epd_router_fit_t *fi
     return 1;
 }
 
-/* READY with a usable endpoint; with `fit`, also room for the request. */
+/* READY with a usable endpoint, and no peer reported it unreachable since
+ * its last heartbeat (a killed worker is known so within one request
+ * rather than after --dead-after-ms); with `fit`, also room for the
+ * request. */
 static int epd_router_eligible_fit(const epd_router_worker_t *w, int role,
                                    const epd_router_fit_t *fit)
 {
     return w->state == EPD_ROUTER_READY && w->info.role == role && w->cw != NULL &&
-           epd_client_worker_state(w->cw) == EPD_OK && (fit == NULL || epd_router_has_room(w, fit));
+           w->unreachable_ns <= w->last_hb_ns && epd_client_worker_state(w->cw) == EPD_OK &&
+           (fit == NULL || epd_router_has_room(w, fit));
 }
 
 static int epd_router_eligible(const epd_router_worker_t *w, int role)

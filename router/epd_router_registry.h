@@ -100,6 +100,8 @@ typedef struct epd_router_worker {
     uint64_t registered_ns; /* monotonic */
     uint64_t last_hb_ns;    /* monotonic */
     uint64_t dead_ns;       /* when it became DEAD */
+    uint64_t unreachable_ns; /* a peer last reported it unreachable (monotonic): no new
+                              * work until a heartbeat after that (it may be dead) */
     /* heartbeat load */
     uint32_t hb_queue_depth;
     uint64_t hb_queued_tokens;
@@ -156,6 +158,10 @@ void epd_router_registry_init(epd_router_registry_t *reg, epd_router_policy_t po
                               uint32_t dead_after_ms);
 /* Frees every entry (the client handles belong to the client). */
 void epd_router_registry_cleanup(epd_router_registry_t *reg);
+
+/* Is `w` (maybe a stale pointer, never dereferenced here) an entry of the
+ * registry now? */
+int epd_router_registry_has(const epd_router_registry_t *reg, const epd_router_worker_t *w);
 
 /* The live (not DEAD) entry of `worker_id`, or NULL. */
 epd_router_worker_t *epd_router_registry_find(epd_router_registry_t *reg, const char *worker_id);

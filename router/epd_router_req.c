@@ -236,6 +236,8 @@ static int epd_router_retryable(const epd_client_event_t *ev)
     case EPD_ERR_CONNECTION_RESET:
     case EPD_ERR_TRANSPORT:
     case EPD_ERR_STALE_EPOCH:
+    case EPD_ERR_CORRUPT: /* a transfer its checksum refused: the link's fault, not the
+                           * request's (nothing corrupt was used) */
         return 1;
     default:
         return 0;
@@ -243,11 +245,16 @@ static int epd_router_retryable(const epd_client_event_t *ev)
 }
 
 /* Dispatch failed for good: answer with the reason. */
-static void epd_router_dispatch_failed(epd_router_t *rt, epd_router_req_t *r, epd_status_t st)
+static void epd_router_dispatch_failed(epd_router_t *rt, epd_router_req_t *r, epd_status_t st,
+                                       uint64_t now_ns)
 {
     if (st == EPD_ERR_UNREACHABLE) {
-        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_NO_WORKERS, 503,
-                              "no prefill or decode worker is available%s%s", "", "");
+        if (r->nw_start_ns != 0) {
+            rt->m.no_worker_timeouts++;
+            epd_router_histo_observe(&rt->m.no_worker_wait,
+                                     (double)(now_ns - r->nw_start_ns) / 1e9);
+        }
+        epd__router_fail_no_workers(rt, r, now_ns);
     } else if (st == EPD_ERR_TIMEOUT) {
         epd__router_fail_http(rt, r, EPD_ROUTER_ERR_TIMEOUT, 504, "request timed out%s%s", "", "");
     } else if (st == EPD_ERR_TOO_LONG) {
@@ -282,16 +289,42 @@ static epd_router_worker_t *epd_router_attempt_worker(epd_router_worker_t *pw,
     return NULL;
 }
 
-static void epd_router_avoid(epd_router_req_t *r, epd_router_worker_t *w)
+static void epd_router_avoid(epd_router_req_t *r, epd_router_worker_t *w, uint64_t now_ns)
 {
     for (uint32_t i = 0; i < r->n_avoid; i++) {
         if (r->avoid[i] == w) {
+            r->avoid_ns[i] = now_ns;
             return;
         }
     }
     if (r->n_avoid < EPD_ROUTER_MAX_AVOID) {
+        r->avoid_ns[r->n_avoid] = now_ns;
         r->avoid[r->n_avoid++] = w;
     }
+}
+
+/*
+ * The dispatch found no usable pair (EPD_ERR_UNREACHABLE): may `r` wait in
+ * line for one — a restarted worker registering, a stopped one resuming,
+ * another pair — rather than be answered 503 now?  Yes for
+ * --no-worker-wait-ms after it first found none (over all its attempts:
+ * the wait is bounded once per request), within its deadline.
+ */
+static int epd_router_pair_wait(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns)
+{
+    if (rt->no_worker_wait_ms == 0) {
+        return 0; /* 503 at once */
+    }
+    if (r->nw_start_ns == 0) {
+        r->nw_start_ns = now_ns;
+        rt->m.no_worker_waits++;
+        epd_log_debug(EPD_ROUTER_LOG, r->trace_id,
+                      "no usable prefill and decode pair: waiting up to %u ms for one",
+                      rt->no_worker_wait_ms);
+    }
+    r->nw_waiting = 1;
+    return now_ns - r->nw_start_ns < (uint64_t)rt->no_worker_wait_ms * 1000000ull &&
+           now_ns < r->deadline_ns;
 }
 
 /* ------------------------------------------------------ an attempt's end */
@@ -366,15 +399,24 @@ static epd_router_attempt_next_t epd_router_attempt_failed(epd_router_t *rt, epd
         }
         rt->m.image_cache_stale++;
     }
-    /* prefill and decode each blame the other while the router reaches
-     * both: the network between them is broken, not either worker */
     if (ev->kind == EPD_CLIENT_EV_ERROR &&
         (ev->status == EPD_ERR_UNREACHABLE || ev->status == EPD_ERR_PEER_DEAD ||
          ev->status == EPD_ERR_CONNECTION_RESET || ev->status == EPD_ERR_TRANSPORT) &&
         ((reporter == pw && (culprit == dw || culprit == NULL)) ||
-         (reporter == dw && (culprit == pw || culprit == NULL))) &&
-        epd_client_worker_state(pw->cw) == EPD_OK && epd_client_worker_state(dw->cw) == EPD_OK) {
-        epd__router_pair_break(rt, pw, dw, now);
+         (reporter == dw && (culprit == pw || culprit == NULL)))) {
+        /* the other may be dead (killed, its endpoints not yet failed here)
+         * or stopped: no new work for it until it heartbeats again — when
+         * requests may wait for a pair (--no-worker-wait-ms); at 0 that
+         * would only turn more of them into an immediate 503 */
+        if (rt->no_worker_wait_ms > 0) {
+            (reporter == pw ? dw : pw)->unreachable_ns = now;
+        }
+        /* prefill and decode each blame the other while the router reaches
+         * both: the network between them may be broken, not either worker */
+        if (epd_client_worker_state(pw->cw) == EPD_OK &&
+            epd_client_worker_state(dw->cw) == EPD_OK) {
+            epd__router_pair_break(rt, pw, dw, now);
+        }
     }
     /* the workers stay valid (unreferenced entries are freed by the
      * registry's tick only): compared and named below */
@@ -407,14 +449,14 @@ static epd_router_attempt_next_t epd_router_attempt_failed(epd_router_t *rt, epd
 
         for (uint32_t k = 0; k < r->n_images; k++) {
             if (ew[k] != NULL && epd_client_worker_state(ew[k]->cw) != EPD_OK) {
-                epd_router_avoid(r, ew[k]);
+                epd_router_avoid(r, ew[k], now);
                 enc_dead = 1;
             }
         }
         if (stale_hint) {
             /* nobody failed */
         } else if (culprit != NULL) {
-            epd_router_avoid(r, culprit);
+            epd_router_avoid(r, culprit, now);
         } else if (!enc_dead) {
             /* avoid the worker that failed (both when it cannot be told) */
             int blame_p =
@@ -426,13 +468,13 @@ static epd_router_attempt_next_t epd_router_attempt_failed(epd_router_t *rt, epd
                           epd_client_worker_state(dw->cw) != EPD_OK;
 
             if (reporter != NULL && reporter != pw && reporter != dw) {
-                epd_router_avoid(r, reporter); /* an encoder */
+                epd_router_avoid(r, reporter, now); /* an encoder */
             } else {
                 if (blame_p) {
-                    epd_router_avoid(r, pw);
+                    epd_router_avoid(r, pw, now);
                 }
                 if (blame_d) {
-                    epd_router_avoid(r, dw);
+                    epd_router_avoid(r, dw, now);
                 }
             }
         }
@@ -538,17 +580,34 @@ static void epd_router_req_step(epd_router_t *rt, epd_router_req_t *r,
                 st = epd__router_dispatch(rt, r, now_ns);
                 /* no room for the oldest: the walk stops behind it */
                 rt->queue_stalled = st == EPD_ERR_NO_CAPACITY || st == EPD_ERR_NO_RESOURCE;
+                if (rt->queue_stalled) {
+                    r->nw_waiting = 0; /* a pair, without room: it waits for room now */
+                }
             }
             if (st == EPD_OK) {
+                if (r->nw_waiting) {
+                    /* a pair came back in time */
+                    r->nw_waiting = 0;
+                    r->nw_wait_ns = now_ns - r->nw_start_ns;
+                    epd_router_histo_observe(&rt->m.no_worker_wait, (double)r->nw_wait_ns / 1e9);
+                }
                 epd_router_queue_remove(rt, r);
                 r->state = EPD_ROUTER_REQ_SUBMITTED;
+            } else if (st == EPD_ERR_UNREACHABLE && epd_router_pair_wait(rt, r, now_ns)) {
+                /* waits in line for a pair; the walk goes on behind it (a
+                 * newer request may avoid fewer workers) */
             } else if (st != EPD_ERR_NO_CAPACITY && st != EPD_ERR_NO_RESOURCE) {
                 epd_router_queue_remove(rt, r);
-                epd_router_dispatch_failed(rt, r, st);
+                epd_router_dispatch_failed(rt, r, st, now_ns);
+                r->state = EPD_ROUTER_REQ_DONE;
+            } else if (r->nw_waiting && !epd_router_pair_wait(rt, r, now_ns)) {
+                /* no pair came within --no-worker-wait-ms (or its deadline) */
+                epd_router_queue_remove(rt, r);
+                epd_router_dispatch_failed(rt, r, EPD_ERR_UNREACHABLE, now_ns);
                 r->state = EPD_ROUTER_REQ_DONE;
             } else if (now_ns >= r->deadline_ns) {
                 epd_router_queue_remove(rt, r);
-                epd_router_dispatch_failed(rt, r, EPD_ERR_TIMEOUT);
+                epd_router_dispatch_failed(rt, r, EPD_ERR_TIMEOUT, now_ns);
                 r->state = EPD_ROUTER_REQ_DONE;
             } else if (now_ns >= r->queue_deadline_ns) {
                 epd_router_queue_remove(rt, r);
@@ -629,6 +688,9 @@ static void epd_router_first_tokens(epd_router_t *rt, epd_router_req_t *r,
                    now);
     if (r->pw != NULL) {
         epd_router_prompt_left_queue(r);
+        if (r->dw != NULL) {
+            epd__router_pair_ok(rt, r->pw, r->dw);
+        }
     }
 }
 

@@ -56,6 +56,7 @@ typedef struct {
     int64_t request_timeout_ms;
     int64_t max_queue;
     int64_t queue_timeout_ms;
+    int64_t no_worker_wait_ms;
     int64_t max_images;
     int64_t max_image_bytes;
     int64_t max_image_pixels;
@@ -346,10 +347,12 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
     }
     epd_log_info(EPD_ROUTER_LOG, 0,
                  "serving model '%s' (context %u, %u layers) as '%s': policy %s, heartbeat %u "
-                 "ms, dead after %u ms, %u retries, queue %u (%u ms), transport %s",
+                 "ms, dead after %u ms, %u retries, queue %u (%u ms), no-worker wait %u ms, "
+                 "transport %s",
                  dfl->model, rt->info->max_context, rt->info->kv.n_layers, rt->model_name,
                  epd_router_policy_name(policy), rt->heartbeat_ms, rt->dead_after_ms,
-                 rt->max_retries, rt->max_queue, rt->queue_timeout_ms, dfl->transport);
+                 rt->max_retries, rt->max_queue, rt->queue_timeout_ms, rt->no_worker_wait_ms,
+                 dfl->transport);
     /* the ready line: "http=HOST:PORT control=... pid=... worker=...
      * transport=..." (tests and scripts read http= and control=) */
     (void)epd_addr_join(epd_addr_is_wildcard(http_host) ? epd_daemon_advertise_host(d) : http_host,
@@ -470,6 +473,7 @@ static int epd_router_run(const epd_daemon_flags_t *dfl, void *arg)
     rt->request_timeout_ms = (uint32_t)fl->request_timeout_ms;
     rt->max_queue = (uint32_t)fl->max_queue;
     rt->queue_timeout_ms = (uint32_t)fl->queue_timeout_ms;
+    rt->no_worker_wait_ms = (uint32_t)fl->no_worker_wait_ms;
     epd_rng_seed(&rt->rng, epd_rng_entropy());
     rt->max_images = (uint32_t)fl->max_images;
     rt->ready_without_encoder = fl->ready_without_encoder;
@@ -506,6 +510,7 @@ int main(int argc, char **argv)
         .request_timeout_ms = 300000,
         .max_queue = 1024,
         .queue_timeout_ms = 30000,
+        .no_worker_wait_ms = 5000,
         .max_images = 8,
         .max_image_bytes = 8 << 20,
         .max_image_pixels = (int64_t)(4096 * 4096),
@@ -541,6 +546,10 @@ int main(int argc, char **argv)
         {"queue-timeout-ms", EPD_OPT_INT, &fl.queue_timeout_ms, 1, 3600000,
          "a request that finds no room in the pools this long after its arrival is answered 429 "
          "with Retry-After"},
+        {"no-worker-wait-ms", EPD_OPT_INT, &fl.no_worker_wait_ms, 0, 3600000,
+         "a request that finds no usable prefill and decode worker (stopped, restarting, "
+         "dead) waits in the queue this long for one to come back, then 503 with Retry-After "
+         "(0: 503 at once)"},
         {"max-images", EPD_OPT_INT, &fl.max_images, 0, 8,
          "images per chat request (beyond: 400; 8 at most)"},
         {"max-image-bytes", EPD_OPT_INT, &fl.max_image_bytes, 1, 15 << 20,

@@ -8,7 +8,10 @@
  *     (epd_xport_arm == EPD_OK, checked in a uv_prepare just before the loop
  *     blocks);
  *   - keeps progressing without sleeping (uv_idle) while the library reports
- *     pending events (EPD_ERR_BUSY);
+ *     pending events (EPD_ERR_BUSY) — but after ~1000 such passes in a row
+ *     that found nothing (fewer once it happened since the last arm), polls
+ *     on a back-off timer (1 ms doubling to 16 ms) and sleeps in between (the fd
+ *     unwatched: it may stay readable), until progress finds work again;
  *   - polls on a short timer where the provider has no fd;
  *   - runs progress at least every tick_ms (uv_timer), which drives the
  *     transport's keepalives, connect deadlines and peer timeouts.

@@ -82,6 +82,10 @@ ALL_TESTS += tests/integration/test_router_burst.sh \
              tests/integration/test_decode_preempt.sh
 # faults below the daemons: EPD_XPORT_FAULTS (transport/epd_xport_faults.h)
 ALL_TESTS += tests/integration/test_faults.sh
+# a router killed mid-stream over ucx-shm: no worker busy-polls after it (#29)
+ALL_TESTS += tests/integration/test_router_kill_ucx_shm.sh
+# a request without a usable prefill/decode pair waits for one (--no-worker-wait-ms, #29)
+ALL_TESTS += tests/integration/test_router_no_worker_wait.sh
 # epd-bench soak at 2,000 requests (faults, stalls, kills, aborts); the gcc
 # pass only: under the sanitizers it would take minutes
 ifeq ($(SANITIZER),)

@@ -4,7 +4,9 @@
 # default mix), workers stopped (SIGSTOP/SIGCONT) and killed and restarted,
 # clients aborting: no request finishes with tokens other than
 # epd-generate's, none hangs, no decode block is leaked (the soak's own exit
-# status), and faults were injected.
+# status), and faults were injected; and no request was answered "no
+# worker" (503) before the router's --no-worker-wait-ms (5 s): one that
+# finds no usable pair waits for one.
 source "$(dirname "$0")/lib.sh"
 
 "$B/bin/epd-bench" soak --requests 2000 --clients 8 --chaos-ms 1500 --seed 3 >"$T/soak.out" 2>&1 ||
@@ -17,4 +19,5 @@ n=$(sed -n 's/^  finished equal *\([0-9]*\)$/\1/p' "$T/soak.out")
 [ "${n:-0}" -gt 0 ] || fail "no request finished equal to epd-generate"
 n=$(sed -n 's/^  faults injected *\([0-9]*\) .*/\1/p' "$T/soak.out")
 [ "${n:-0}" -gt 0 ] || fail "no fault injected"
+grep -qE '^  503 before the wait +0 ' "$T/soak.out" || fail "503s came before the no-worker wait"
 finish_ok

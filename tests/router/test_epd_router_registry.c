@@ -485,6 +485,33 @@ static void test_avoid_list(void **state)
     epd_router_registry_cleanup(&f.reg);
 }
 
+/* A worker a peer reported unreachable (killed: its endpoints here not
+ * failed yet) gets no new work until it heartbeats after the report; the
+ * registry tells whether a (maybe stale) pointer is still one of its
+ * entries. */
+static void test_unreachable_until_heartbeat(void **state)
+{
+    fx_t f;
+    epd_router_worker_t *d0, *d1, stranger;
+
+    (void)state;
+    fx_init(&f, EPD_ROUTER_POLICY_LEAST_LOAD);
+    d0 = fx_add(&f, "d0", EPD_CLIENT_ROLE_DECODE, 10 * MS);
+    d1 = fx_add(&f, "d1", EPD_CLIENT_ROLE_DECODE, 10 * MS);
+    d1->inflight = 5; /* least-load prefers d0 */
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_DECODE, NULL, 0), d0);
+    d0->unreachable_ns = 20 * MS;
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_DECODE, NULL, 0), d1);
+    d1->unreachable_ns = 20 * MS;
+    assert_null(pick(&f, EPD_CLIENT_ROLE_DECODE, NULL, 0));
+    d0->last_hb_ns = 30 * MS; /* a heartbeat after the report: alive */
+    assert_ptr_equal(pick(&f, EPD_CLIENT_ROLE_DECODE, NULL, 0), d0);
+    assert_true(epd_router_registry_has(&f.reg, d0));
+    assert_true(epd_router_registry_has(&f.reg, d1));
+    assert_false(epd_router_registry_has(&f.reg, &stranger));
+    epd_router_registry_cleanup(&f.reg);
+}
+
 /* States over time: silence makes a worker SUSPECT, a heartbeat brings it
  * back (DRAINING when it drains, asked by the router or by itself), a
  * failed endpoint makes it DEAD, and DEAD entries without references are
@@ -616,6 +643,7 @@ int main(void)
         cmocka_unit_test(test_kv_aware_decode),
         cmocka_unit_test(test_hint_set),
         cmocka_unit_test(test_avoid_list),
+        cmocka_unit_test(test_unreachable_until_heartbeat),
         cmocka_unit_test(test_tick_states),
         cmocka_unit_test(test_encoders_and_cache_hints),
     };

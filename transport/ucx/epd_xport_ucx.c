@@ -68,6 +68,14 @@
 #define EPD__UCX_RING_SLACK 512       /* room kept for one ucp_worker_progress */
 #define EPD__UCX_TX_MAX 1024          /* send copies in flight ... */
 #define EPD__UCX_TX_BYTES (64u << 20) /* ... and at most this many bytes of them */
+/* Send copies UCX holds for one endpoint at most (beyond: backpressure for
+ * that peer only).  UCX holds a copy while the send waits for room in the
+ * peer's receive queue; a peer that died with it full never takes them
+ * and they can never be dropped (epd__ucx_arm), so without this bound one
+ * dead router stranded the whole pool: a decode worker that had streamed
+ * to it could not even answer the next router's HELLO ("no resource now")
+ * in test_router_kill_ucx_shm under ASan. */
+#define EPD__UCX_EP_TX_MAX 128
 #define EPD__UCX_CLOSE_WAIT_NS (2 * EPD_NSEC_PER_SEC)
 #define EPD__UCX_FLUSH_WAIT_NS (100 * EPD_NSEC_PER_MSEC) /* before the close */
 
@@ -138,6 +146,7 @@ struct epd__ucx_ep {
     bool fail_listed;
     epd__xport_op_t *out_head; /* ops UCX holds */
     epd__ucx_tx_t *tx_head;    /* send copies UCX holds */
+    uint32_t n_tx;             /* ... how many (at most EPD__UCX_EP_TX_MAX) */
     epd__ucx_ep_t *prev, *next;
     epd__ucx_ep_t *fail_next;
     char desc[256];
@@ -428,6 +437,9 @@ static void epd__ucx_tx_put(epd__ucx_t *be, epd__ucx_tx_t *tx)
 
 static void epd__ucx_tx_unlink(epd__ucx_tx_t *tx)
 {
+    if (tx->ep != NULL) {
+        tx->ep->n_tx--;
+    }
     if (tx->prev != NULL) {
         tx->prev->next = tx->next;
     } else if (tx->ep != NULL) {
@@ -1205,6 +1217,9 @@ static epd_status_t epd__ucx_send(void *arg, const void *hdr, size_t hdr_len, co
     if (hdr_len + len > be->msg_cap) {
         return EPD_ERR_TOO_LONG;
     }
+    if (ep->n_tx >= EPD__UCX_EP_TX_MAX) {
+        return EPD_ERR_NO_RESOURCE; /* this peer takes nothing now: retry after progress */
+    }
     tx = epd__ucx_tx_get(be, hdr_len + len);
     if (tx == NULL) {
         return EPD_ERR_NO_RESOURCE;
@@ -1239,6 +1254,7 @@ static epd_status_t epd__ucx_send(void *arg, const void *hdr, size_t hdr_len, co
         ep->tx_head->prev = tx;
     }
     ep->tx_head = tx;
+    ep->n_tx++;
     return EPD_OK;
 }
 
@@ -1737,6 +1753,19 @@ static epd_status_t epd__ucx_arm(void *arg)
     if (be->done_head != NULL || be->ring_count > 0 || be->fail_list != NULL) {
         return EPD_ERR_BUSY;
     }
+    /* UCS_ERR_BUSY may last for ever: the shared-memory transports refuse
+     * to arm while a send waits in their pending queue for room in a
+     * peer's receive FIFO, and a peer that died with its FIFO full never
+     * makes room — nor can such a send be dropped: an endpoint of
+     * UCP_ERR_HANDLING_MODE_NONE never fails, ucp_ep_close_nbx refuses
+     * UCP_EP_CLOSE_FLAG_FORCE for it, and our flushing close of a dead
+     * peer's endpoint is not waited for (epd__ucx_ep_destroy), so the send
+     * stays queued until ucp_worker_destroy.  (Waking for arrivals only,
+     * UCP_WAKEUP_RX, lets the arm succeed then, but UCP stops progressing
+     * an interface it arms, so sends queued for a live but busy peer
+     * stalled until the next arrival: requests timed out in
+     * test_router_retry.)  The libuv driver bounds the polling this
+     * causes (epd_xport_uv.c, the back-off). */
     s = ucp_worker_arm(be->worker);
     if (s == UCS_OK) {
         return EPD_OK;
