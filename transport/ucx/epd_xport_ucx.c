@@ -74,8 +74,11 @@
  * and they can never be dropped (epd__ucx_arm), so without this bound one
  * dead router stranded the whole pool: a decode worker that had streamed
  * to it could not even answer the next router's HELLO ("no resource now")
- * in test_router_kill_ucx_shm under ASan. */
-#define EPD__UCX_EP_TX_MAX 128
+ * in test_router_kill_ucx_shm under ASan.  Half the pool: a live peer a
+ * burst fills up must not see it (at 128, test_storm_aborts' 200 requests
+ * and their aborts at one decode worker lost 4 aborts and had 103
+ * requests refused for room); one dead peer strands at most this many. */
+#define EPD__UCX_EP_TX_MAX (EPD__UCX_TX_MAX / 2)
 #define EPD__UCX_CLOSE_WAIT_NS (2 * EPD_NSEC_PER_SEC)
 #define EPD__UCX_FLUSH_WAIT_NS (100 * EPD_NSEC_PER_MSEC) /* before the close */
 
