@@ -406,10 +406,18 @@ static epd_router_attempt_next_t epd_router_attempt_failed(epd_router_t *rt, epd
          (reporter == dw && (culprit == pw || culprit == NULL)))) {
         /* the other may be dead (killed, its endpoints not yet failed here)
          * or stopped: no new work for it until it heartbeats again — when
-         * requests may wait for a pair (--no-worker-wait-ms); at 0 that
-         * would only turn more of them into an immediate 503 */
-        if (rt->no_worker_wait_ms > 0) {
-            (reporter == pw ? dw : pw)->unreachable_ns = now;
+         * requests may wait for a pair (--no-worker-wait-ms; at 0 that
+         * would only turn more of them into an immediate 503), and only if
+         * it is late for a heartbeat too.  A worker that heartbeats on time
+         * is alive and cut off from this one peer only: the pair is avoided
+         * below, the worker serves the others (test_mh_partition: set aside
+         * on every report, decode-1 served none of 32 requests while it
+         * heartbeat every 500 ms) */
+        epd_router_worker_t *other = reporter == pw ? dw : pw;
+
+        if (rt->no_worker_wait_ms > 0 &&
+            now - other->last_hb_ns > (uint64_t)rt->heartbeat_ms * 1000000ull) {
+            other->unreachable_ns = now;
         }
         /* prefill and decode each blame the other while the router reaches
          * both: the network between them may be broken, not either worker */
