@@ -61,4 +61,10 @@ sort "$T/multi.out" | uniq -c
 [ "$(grep -c '^ok$' "$T/multi.out")" = "$count" ] || fail "a queued request lost its reservation"
 grep -q 'silent for the whole lease' "$T/d1.log" && fail "decode failed a lease"
 wait_blocks_free "$d1_ADDR"
+# prefill first: once decode-1 is gone first, prefill-1 (ASan, beside two
+# CPU hogs) once did not finish its drain within stop_daemon's 10 s (exit
+# 137 after "decode worker 'decode-1' is unreachable: failing its
+# requests"; reported, not understood yet) — not what this test is about
+stop_daemon p1 TERM
+[ "$STOP_RC" = 0 ] || fail "prefill-1 exited $STOP_RC on SIGTERM"
 finish_ok
