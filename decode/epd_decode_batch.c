@@ -169,7 +169,7 @@ static void epd__pend_flush(epd_decode_batch_t *b)
 
 static int epd__is_stop(const epd_decode_batch_t *b, const epd_decode_seq_t *seq, int32_t tok)
 {
-    if (tok == b->info->eos_token) {
+    if (epd_engine_is_eos(b->info, tok)) {
         return 1;
     }
     for (uint32_t i = 0; i < seq->n_stop; i++) {

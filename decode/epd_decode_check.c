@@ -258,10 +258,10 @@ void epd_decode_seen_trust(epd_decode_kv_seen_t *seen, uint32_t n_layers)
     }
 }
 
-int epd_decode_first_finish(uint32_t first_token, int32_t eos_token, const uint32_t *stop_ids,
-                            uint32_t n_stop, uint32_t max_tokens)
+int epd_decode_first_finish(uint32_t first_token, const epd_engine_info_t *info,
+                            const uint32_t *stop_ids, uint32_t n_stop, uint32_t max_tokens)
 {
-    if ((int32_t)first_token == eos_token) {
+    if (epd_engine_is_eos(info, (int32_t)first_token)) {
         return EPD__FINISH_REASON__FINISH_STOP;
     }
     for (uint32_t i = 0; i < n_stop; i++) {

@@ -222,6 +222,10 @@ epd_status_t epd_engine_open(const char *name, const epd_engine_config_t *config
         goto err_unload;
     }
     engine->ops->describe(engine->impl, &engine->info);
+    if (engine->info.n_eos == 0 || engine->info.n_eos > EPD_ENGINE_MAX_EOS) {
+        engine->info.n_eos = 1;
+        engine->info.eos_tokens[0] = engine->info.eos_token;
+    }
     if (!epd_engine_layout_sane(&engine->info)) {
         epd_log_error(EPD_ENGINE_LOG, 0, "engine '%s' describes an inconsistent KV layout",
                       engine->ops->name);
@@ -240,6 +244,16 @@ err_unload:
 err_free_engine:
     epd_free(engine);
     return status;
+}
+
+int epd_engine_is_eos(const epd_engine_info_t *info, int32_t token)
+{
+    for (uint32_t i = 0; i < info->n_eos; i++) {
+        if (info->eos_tokens[i] == token) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 void epd_engine_close(epd_engine_t *engine)

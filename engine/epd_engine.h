@@ -41,6 +41,7 @@
 #include "epd_status.h"
 
 #define EPD_KV_MAX_LAYERS 256
+#define EPD_ENGINE_MAX_EOS 8
 
 typedef enum {
     EPD_LAYER_ATTENTION = 0, /* full (grouped-query) attention over paged KV blocks */
@@ -171,7 +172,11 @@ typedef struct {
 typedef struct {
     uint32_t vocab_size;
     int32_t bos_token;
-    int32_t eos_token;
+    int32_t eos_token; /* the first of eos_tokens */
+    /* every id that ends a generation (generation_config.json may list
+     * several); an engine that leaves n_eos 0 gets {eos_token} */
+    uint32_t n_eos;
+    int32_t eos_tokens[EPD_ENGINE_MAX_EOS];
     uint32_t max_context; /* tokens: a sequence never grows past this */
     uint32_t max_batch;
     /* the vision encoder (0 / -1 when the engine has none) */
@@ -302,6 +307,9 @@ typedef const epd_engine_ops_t *(*epd_engine_entry_fn_t)(void);
 
 /* An opened engine (opaque). */
 typedef struct epd_engine epd_engine_t;
+
+/* Nonzero when `token` is one of info's eos ids.  Pure. */
+int epd_engine_is_eos(const epd_engine_info_t *info, int32_t token);
 
 /* The built-in ops table called `name`, or NULL. */
 const epd_engine_ops_t *epd_engine_builtin(const char *name);

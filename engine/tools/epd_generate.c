@@ -386,7 +386,7 @@ static int epd_gen_run(const epd_gen_args_t *args)
         }
         out[n_out++] = tok;
         /* the next decode would put this token at position n_prompt + n_out - 1 */
-        if (tok == info->eos_token || n_out == (size_t)args->max_tokens ||
+        if (epd_engine_is_eos(info, tok) || n_out == (size_t)args->max_tokens ||
             n_prompt + n_out - 1 >= info->max_context) {
             break;
         }
