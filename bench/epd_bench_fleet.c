@@ -850,8 +850,8 @@ static void fl_usage(FILE *out)
             "                      the fleet copies its model's KV layout and capacity\n"
             "  --secret-file F     the cluster secret (with --attach)\n"
             "  --hold S            with --attach: seconds to hold the fleet (default 5)\n"
-            "Simulated workers register and heartbeat like daemons but never serve (see the\n"
-            "README, 'Deploying across hosts').\n",
+            "Simulated workers register and heartbeat like daemons but never serve (see\n"
+            "docs/deploy/multihost.md).\n",
             FL_SIZES_MAX, FL_FLEET_MAX);
 }
 

@@ -1,6 +1,6 @@
 /*
  * epd_bench_prefix.c — `epd-bench serve --workload shared-prefix`: what the
- * prefix cache buys (README.md "Prefix cache").
+ * prefix cache buys (docs/prefix-cache.md).
  *
  * For each model (text: attention only; hybrid: linear + attention) and
  * each cache setting — off (both workers --no-prefix-cache), prefill (its

@@ -1645,7 +1645,7 @@ static int sv_tokenize(sv_t *b)
         size_t len = w->text_len;
 
         if (b->chat) {
-            /* the router's chat template (README: Router), one user message */
+            /* the router's chat template (docs/api.md), one user message */
             chat = epd_malloc(w->text_len + 64);
             if (chat == NULL) {
                 epd_engine_close(e);

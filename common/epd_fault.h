@@ -11,7 +11,7 @@
  * "encoder.pause_before_write=1", "decode.die_after_msgs=200" (the process
  * exits between two request-plane messages).  The points each daemon
  * knows are listed where they are used (daemon/, prefill/, encoder/) and
- * in README.md ("Faults, fences and the soak").  Unset (the normal case) a
+ * in docs/design/soak.md.  Unset (the normal case) a
  * point costs one load and one branch; nothing is read from the
  * environment after the first call.  Any thread.
  */

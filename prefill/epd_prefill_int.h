@@ -83,7 +83,7 @@
 #define EPD_PREFILL_TOMB_MAX 4096 /* recently aborted / failed request ids */
 /* --write-group-bytes default: every layer as it finishes.  Measured with
  * `epd-bench overhead --groups per-layer,64K,256K,1M,4M,1024M` at 128, 256
- * and 1k tokens on shm and TCP (the README's overhead section of the time): no
+ * and 1k tokens on shm and TCP (docs/benchmarks/overhead.md of the time): no
  * grouping shortened the transfer tail where it mattered — a layer is one
  * write (its blocks coalesce), and since per-layer verification one small
  * fenced LayerDone; re-measured with it, grouping moved the end-to-end
@@ -94,7 +94,7 @@
  * behind a large layer (a 32k-token dense layer at the shipped scale is
  * 6.4 MiB: seven passes of the loop). */
 #define EPD_PREFILL_WRITE_CHUNK_DEFAULT (1u << 20)
-/* zstd level of the KV tier: README.md "Host and disk tier" has the measurement
+/* zstd level of the KV tier: docs/prefix-cache.md "Host and disk tier" has the measurement
  * (epd-bench kvtier) that chose it */
 #define EPD_PREFILL_TIER_LEVEL_DEFAULT 3
 #define EPD_PREFILL_MEDIA_MAX 8 /* images per request (proto/README.md rule 13) */

@@ -18,7 +18,7 @@
  * used, and the run of restored blocks stops there (the rest computes).
  *
  * Synchronous on the loop thread: compression at eviction, reads and
- * decompression at admission (README.md "Host and disk tier" has what a
+ * decompression at admission (docs/prefix-cache.md "Host and disk tier" has what a
  * block costs).  Loop thread only.
  */
 #include <string.h>

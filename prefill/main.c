@@ -312,7 +312,7 @@ int main(int argc, char **argv)
          "--no-hold-under-pressure: always at once, before the reservation)"},
         {"kv-host-bytes", EPD_OPT_INT, &fl.kv_host_bytes, 0, (int64_t)1 << 44,
          "prefix cache: compressed bytes of evicted KV blocks kept in host memory (0: none; "
-         "README.md \"Host and disk tier\")"},
+         "docs/prefix-cache.md)"},
         {"kv-disk", EPD_OPT_STRING, &fl.kv_disk, 0, 0,
          "prefix cache: a directory where blocks the host tier evicts go (one file per block)"},
         {"kv-disk-bytes", EPD_OPT_INT, &fl.kv_disk_bytes, -1, (int64_t)1 << 50,

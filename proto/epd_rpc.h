@@ -43,7 +43,7 @@
  * already shares one secret for the request plane's HELLO, and a keyed MAC
  * on the same secret gives the control plane the same trust with nothing
  * more to manage.  What it does not give: confidentiality (the control
- * plane carries no user data; the README's threat model says so), and a
+ * plane carries no user data; docs/security.md says so), and a
  * captured call can be replayed to *another* member within the window:
  * the replay cache is per server, and the MAC cannot bind the target (the
  * :authority is the sender's to choose, and hosts have many names).  For

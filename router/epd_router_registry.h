@@ -38,7 +38,7 @@
  *   least-load       decode: fewest in-flight requests per batch slot, then
  *                    most free KV blocks; prefill: fewest queued prompt
  *                    tokens (router-side), then heartbeat queue;
- *   prefix-affinity  KV-aware (README.md "Prefix cache"): each worker's
+ *   prefix-affinity  KV-aware (docs/prefix-cache.md): each worker's
  *                    KV hints (the blocks it holds, from its heartbeats,
  *                    plus the prompts the router sent it) give the tokens
  *                    of the prompt it would not compute, `cached`.

@@ -2,7 +2,7 @@
 # Writes the two files the base's secretGenerator reads, mode 0600, unless
 # they exist: base/secrets/cluster-secret (32 random bytes) and
 # base/secrets/api-keys (one fresh key, printed once).  They are ignored by
-# git.  Rotate the cluster secret blue/green (README "Kubernetes").
+# git.  Rotate the cluster secret blue/green (docs/deploy/kubernetes.md).
 #   deploy/k8s/make-secrets.sh [DIR]   (DIR: default base/secrets beside this)
 set -euo pipefail
 dir=${1:-$(cd "$(dirname "$0")" && pwd)/base/secrets}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The prefix cache's host and disk tier (daemon/epd_kvtier.c,
-# prefill/epd_prefill_tier.c, README.md "Host and disk tier"), for the
+# prefill/epd_prefill_tier.c, docs/prefix-cache.md "Host and disk tier"), for the
 # hybrid model (LLA: checkpoints travel with their blocks) and an
 # attention-only one.  Every answer equals `epd-generate`'s.  Per model:
 #  1. a 40-block pool, a host tier of a few blocks, a disk directory with

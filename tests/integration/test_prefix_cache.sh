@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prefix cache (prefill/epd_prefill_cache.c, README.md "Prefix cache"):
+# The prefix cache (prefill/epd_prefill_cache.c, docs/prefix-cache.md):
 # a hit gives exactly the tokens a miss gives — every answer here equals
 # `epd-generate`'s, which computes the whole prompt — and the counters
 # prove which path each request took:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# KV-aware routing (policy prefix-affinity, README.md "Prefix cache"): the
+# KV-aware routing (policy prefix-affinity, docs/prefix-cache.md): the
 # router sends a prompt to the prefill worker that holds most of it, by the
 # KV hints the workers publish in their heartbeats and the prompts it sent
 # them itself; every answer equals epd-generate's.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The structure the daemons keep (README "Layout", daemon/README.md):
+# The structure the daemons keep (README.md "Layout", CONTRIBUTING.md, daemon/README.md):
 #   - inside each daemon folder (encoder/, prefill/, decode/, router/ and
 #     its tools), calls between sibling files go one way: for no two object
 #     files does each define a symbol the other uses;

@@ -4,7 +4,7 @@
  * One ucp context and one worker (UCS_THREAD_MODE_SINGLE: the owning thread
  * is the only caller), features RMA | AM | WAKEUP.  Endpoints are created
  * from a peer's worker address with UCP_ERR_HANDLING_MODE_NONE: PEER mode
- * silently drops the shared-memory transports (STACK-NOTES), so peer death
+ * silently drops the shared-memory transports (measured on the development machines), so peer death
  * is the core's business (keepalives and the silence timeout).
  *
  * Writes take the fastest path the lanes offer, chosen per remote key:

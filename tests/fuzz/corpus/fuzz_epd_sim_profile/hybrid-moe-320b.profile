@@ -1,4 +1,4 @@
-# A hybrid MoE model shaped like the production one in shared/DESIGN.md:
+# A hybrid MoE model shaped like the production one in docs/design/architecture.md:
 # about 320B total / 18B active parameters, W8A8 weights, mostly linear
 # attention with a quarter of full (grouped-query) attention layers, 1M-token
 # context.  The report gives only the totals; the shape below is an
