@@ -10,7 +10,10 @@ ALL_TESTS += tests/multihost/test_mh_ucx_tcp.sh \
              tests/multihost/test_mh_cut.sh \
              tests/multihost/test_mh_partition.sh \
              tests/multihost/test_mh_loss.sh \
-             tests/multihost/test_mh_slow.sh
+             tests/multihost/test_mh_slow.sh \
+             tests/multihost/test_docs_two_hosts.sh
+# test_docs_two_hosts.sh runs docs/deploy/two-hosts.md's blocks as written
+# on two hosts of its own (no timing judged): it runs beside other tests.
 # Run alone (tests/run.sh, EPD_TEST_EXCLUSIVE): each builds six namespaces
 # on the fixed subnet 10.77.0.0/24 with host-side veths, shapes links with
 # tc and cuts them with nft, and judges failover by deadlines of seconds
