@@ -204,7 +204,8 @@ epd_status_t epd_http_server_create(uv_loop_t *loop, const epd_http_config_t *co
  * Loop thread. */
 uint16_t epd_http_server_port(const epd_http_server_t *server);
 
-/* Live connections (accepted, not yet closed, not counting 503 refusals).
+/* Live connections (accepted, not yet closed, not counting those refused at
+ * accept; counting those past the per-address cap waiting for their head).
  * Loop thread. */
 unsigned epd_http_server_connections(const epd_http_server_t *server);
 
