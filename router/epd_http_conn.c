@@ -269,7 +269,7 @@ void epd__http_conn_refuse(epd_http_conn_t *conn, int status, const char *messag
                  "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,"
                  "\"code\":%s%s%s}}",
                  message,
-                 status >= 500    ? "server_error"
+                 status >= 500   ? "server_error"
                  : status == 429 ? "requests" /* OpenAI's rate-limit error */
                                  : "invalid_request_error",
                  code != NULL ? "\"" : "", code != NULL ? code : "null", code != NULL ? "\"" : "");

@@ -168,8 +168,8 @@ struct epd_http_server {
     epd_http_addr_slot_t *addrs;
     size_t addrs_mask; /* slots - 1 (a power of two) */
     unsigned char addrs_key[16];
-    size_t body_bytes; /* request bodies buffered now (max_buffered_body_bytes) */
-    size_t body_limit; /* the most body one request may hold (→ 413) */
+    size_t body_bytes;          /* request bodies buffered now (max_buffered_body_bytes) */
+    size_t body_limit;          /* the most body one request may hold (→ 413) */
     char too_large[96];         /* the 413's message, naming body_limit */
     unsigned lingering_refused; /* refused connections lingering (EPD_HTTP_LINGER_REFUSED) */
     unsigned over_cap;          /* over_cap connections open (EPD_HTTP_OVER_CAP) */

@@ -175,8 +175,9 @@ epd_status_t epd_http_proxies_parse(const char *list, epd_http_proxies_t **proxi
             tlen--;
         }
         if (tlen == 0) {
-            snprintf(why, why_cap, "an empty entry: want CIDR[,CIDR...] such as "
-                                   "10.0.0.0/8,fd00::/8");
+            snprintf(why, why_cap,
+                     "an empty entry: want CIDR[,CIDR...] such as "
+                     "10.0.0.0/8,fd00::/8");
             goto err_free;
         }
         if (epd_http_cidr_parse(tok, tlen, &proxies->cidr[proxies->n], why, why_cap) != 0) {

@@ -461,8 +461,7 @@ static int epd_router_run(const epd_daemon_flags_t *dfl, void *arg)
     if (fl->trusted_proxies != NULL) {
         char cause[256];
 
-        if (epd_http_proxies_parse(fl->trusted_proxies, &proxies, cause, sizeof(cause)) !=
-            EPD_OK) {
+        if (epd_http_proxies_parse(fl->trusted_proxies, &proxies, cause, sizeof(cause)) != EPD_OK) {
             epd_http_keys_destroy(keys);
             return epd_router_bad("trusted-proxies", fl->trusted_proxies, cause);
         }
