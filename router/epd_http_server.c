@@ -26,11 +26,11 @@
 #include "epd_log.h"
 
 static void epd_http_conn_process(epd_http_conn_t *conn);
+static void epd_http_on_listener_closed(uv_handle_t *handle);
 
 /* The 429 beyond max_connections_per_addr (in OpenAI's rate-limit words) */
 static const char epd_http_per_addr_message[] =
     "Too many connections from your address: please retry after the Retry-After delay.";
-static void epd_http_on_listener_closed(uv_handle_t *handle);
 
 /* ------------------------------------------------------------ parser callbacks */
 
