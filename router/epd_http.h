@@ -20,10 +20,26 @@
  * over max_header_bytes or more than EPD_HTTP_MAX_HEADERS headers → 431;
  * a body over the body limit → 413, found from Content-Length, from a
  * chunk-size line, or as chunks add up; a connection beyond
- * max_connections, or beyond max_connections_per_addr from one client
- * address (an IPv6 client's /64 counts as one address) → 503; a request
- * whose headers (resp. body) do not arrive within header_timeout_ms (resp.
- * body_timeout_ms) → 408; malformed HTTP → 400.
+ * max_connections → 503 with Retry-After; a request whose headers (resp.
+ * body) do not arrive within header_timeout_ms (resp. body_timeout_ms) →
+ * 408; malformed HTTP → 400.
+ *
+ * The per-address cap.  A client address (an IPv6 client's /64 counts as
+ * one) may hold max_connections_per_addr connections.  One beyond it is
+ * still accepted (it counts against max_connections like any other) and
+ * its request head is read within header_timeout_ms; then it is answered
+ * a complete 429 with Retry-After: 1 and OpenAI's rate-limit error body,
+ * and closed gracefully (a lingering close that drops the body, below):
+ * a client sending its request never sees a reset.  At most
+ * EPD_HTTP_OVER_CAP such connections wait for their head at once; beyond
+ * them (a flood of idle sockets from one address) a connection is
+ * answered the same 429 at once, before its head.  The client address is
+ * the TCP peer's, or with config.trusted_proxies and a peer among them,
+ * the one X-Forwarded-For names (epd_http_forwarded_addr): a connection
+ * from a trusted proxy is counted, per request, under the address of the
+ * request it carries — from the end of its head until its answer is
+ * written — so one proxy's connections are shared fairly by its clients,
+ * and the proxy's own address is never capped.
  *
  * The body budget.  Request bodies are buffered whole before the
  * application sees them; max_buffered_body_bytes bounds the memory all of
@@ -97,6 +113,7 @@
 typedef struct epd_http_server epd_http_server_t;
 typedef struct epd_http_req epd_http_req_t;
 typedef struct epd_http_keys epd_http_keys_t;
+typedef struct epd_http_proxies epd_http_proxies_t;
 
 #define EPD_HTTP_MAX_HEADERS 64          /* more headers in one request → 431 */
 #define EPD_HTTP_INBUF_BYTES (64 * 1024) /* per-connection read buffer */
@@ -108,6 +125,9 @@ typedef struct epd_http_keys epd_http_keys_t;
 #define EPD_HTTP_LINGER_BYTES ((size_t)64 << 20)
 /* connections refused beyond the caps that may linger at once */
 #define EPD_HTTP_LINGER_REFUSED 256
+/* connections beyond max_connections_per_addr that may wait for their
+ * request head at once (to answer it 429); beyond: 429 at once */
+#define EPD_HTTP_OVER_CAP 256
 
 /* The application's handler: a complete request has arrived on a
  * connection.  `req` is lent to the application from this call until it
@@ -131,9 +151,10 @@ typedef struct {
     size_t max_header_bytes;           /* request line + header names and values → 431 */
     size_t max_body_bytes;             /* → 413 (the body limit: this, or the
                                         * budget's share when smaller) */
-    unsigned max_connections;          /* beyond → 503 and close */
+    unsigned max_connections;          /* beyond → 503 with Retry-After, and close */
     unsigned max_connections_per_addr; /* from one client address (IPv6: its /64) beyond
-                                        * → 503 and close; 0: no cap */
+                                        * → 429 with Retry-After once the request head
+                                        * is read, and close; 0: no cap */
     size_t max_buffered_body_bytes;    /* memory of request bodies buffered at once, all
                                         * connections together, charged as bytes arrive: a
                                         * body whose bytes would pass it → 503 with
@@ -150,6 +171,10 @@ typedef struct {
     /* with keys: the paths served without one, a NULL-terminated array
      * (borrowed, like keys), e.g. {"/health", "/metrics", NULL}; NULL: none */
     const char *const *open_paths;
+    /* optional: the peers whose X-Forwarded-For names the client address
+     * the per-address cap counts (borrowed, like keys); NULL: none, the
+     * header is ignored */
+    const epd_http_proxies_t *trusted_proxies;
     epd_http_handler_cb_t handler; /* required */
     void *arg;                     /* handed to handler and closed */
     /* optional: after epd_http_server_destroy, called once from the loop
@@ -161,7 +186,7 @@ typedef struct {
 } epd_http_config_t;
 
 /* Fills `config` with defaults: 127.0.0.1:0, 16 KiB headers, 4 MiB body,
- * 1024 connections, 256 per client address, 256 MiB of buffered bodies,
+ * 1024 connections, 1024 per client address, 256 MiB of buffered bodies,
  * 60 s idle, 10 s headers, 30 s body, 1 MiB stream backlog, no keys, no
  * handler.  Any thread. */
 void epd_http_config_init(epd_http_config_t *config);
@@ -179,7 +204,8 @@ epd_status_t epd_http_server_create(uv_loop_t *loop, const epd_http_config_t *co
  * Loop thread. */
 uint16_t epd_http_server_port(const epd_http_server_t *server);
 
-/* Live connections (accepted, not yet closed, not counting 503 refusals).
+/* Live connections (accepted, not yet closed, not counting those refused at
+ * accept; counting those past the per-address cap waiting for their head).
  * Loop thread. */
 unsigned epd_http_server_connections(const epd_http_server_t *server);
 
@@ -187,7 +213,7 @@ unsigned epd_http_server_connections(const epd_http_server_t *server);
 typedef struct {
     uint64_t accepted;            /* connections taken (counted against the caps) */
     uint64_t refused_max_conns;   /* 503: beyond max_connections */
-    uint64_t refused_per_addr;    /* 503: beyond max_connections_per_addr */
+    uint64_t refused_per_addr;    /* 429: beyond max_connections_per_addr */
     uint64_t refused_body_budget; /* 503: beyond max_buffered_body_bytes */
     uint64_t refused_body_size;   /* 413: a body over the body limit */
     uint64_t refused_header_size; /* 431: header bytes or count */
@@ -319,5 +345,41 @@ int epd_http_keys_check(const epd_http_keys_t *keys, const char *authorization);
 
 /* NULL is a no-op. */
 void epd_http_keys_destroy(epd_http_keys_t *keys);
+
+/* ---- trusted proxies (epd_http_proxy.c) ----
+ *
+ * Addresses below are 16 bytes in network order: an IPv6 address, or an
+ * IPv4 one as ::ffff:a.b.c.d.  A set is created once at start-up, then
+ * read-only: any thread may read it. */
+
+/* Parses "CIDR[,CIDR...]" (blanks around entries allowed): IPv4 or IPv6
+ * blocks ADDR/BITS, or a single ADDR.  EPD_OK: *proxies_p is the caller's
+ * (epd_http_proxies_destroy).  Otherwise why[0..why_cap) says which entry
+ * is wrong and how (not an address, a prefix length out of range, bits
+ * set past the prefix, an empty entry): EPD_ERR_INVALID_PARAM, or
+ * EPD_ERR_NO_MEMORY. */
+epd_status_t epd_http_proxies_parse(const char *list, epd_http_proxies_t **proxies_p, char *why,
+                                    size_t why_cap);
+
+/* Blocks in the set (0 for NULL). */
+size_t epd_http_proxies_count(const epd_http_proxies_t *proxies);
+
+/* 1 when addr[16] is in one of the set's blocks (0 for a NULL set). */
+int epd_http_proxies_match(const epd_http_proxies_t *proxies, const unsigned char addr[16]);
+
+/* The client address of a request from `peer` (16 bytes) that carried the
+ * X-Forwarded-For values[0..n) (borrowed, in the order the headers came):
+ * when peer is not in `proxies`, peer itself (the header is the client's
+ * own claim).  Otherwise the entries are read from the right (the last
+ * header's last entry first): each one a trusted proxy is passed over, and
+ * the first that is not is the client; when every entry is trusted, the
+ * left-most; when the list is empty, peer; an entry that is not an address
+ * stops the walk and the last address reached (a trusted proxy's) is the
+ * client.  This is nginx's real_ip_recursive.  Written to addr_p[16]. */
+void epd_http_forwarded_addr(const epd_http_proxies_t *proxies, const unsigned char peer[16],
+                             const char *const *values, size_t n, unsigned char addr_p[16]);
+
+/* NULL is a no-op. */
+void epd_http_proxies_destroy(epd_http_proxies_t *proxies);
 
 #endif

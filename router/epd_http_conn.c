@@ -100,7 +100,10 @@ void epd_http_config_init(epd_http_config_t *config)
     config->max_header_bytes = 16 * 1024;
     config->max_body_bytes = 4 * 1024 * 1024;
     config->max_connections = 1024;
-    config->max_connections_per_addr = 256;
+    /* above the bursts one gateway sends (300 and more at once): those
+     * are queued like anyone's; max_connections and the header deadline
+     * bound what idle sockets hold */
+    config->max_connections_per_addr = 1024;
     config->max_buffered_body_bytes = (size_t)256 << 20;
     config->idle_timeout_ms = 60000;
     config->header_timeout_ms = 10000;
@@ -168,6 +171,11 @@ static void epd_http_on_write(uv_write_t *uv, int status)
     if (conn->close_after) {
         epd_http_conn_linger(conn);
         return;
+    }
+    if (conn->trusted) {
+        /* a proxy's connection counts for the client of each request,
+         * while that request is in progress: its next one may be anyone's */
+        epd__http_addr_release(conn->server, conn);
     }
     conn->state = EPD_HTTP_CONN_IDLE;
     epd__http_conn_timer(conn, conn->server->config.idle_timeout_ms);
@@ -260,7 +268,10 @@ void epd__http_conn_refuse(epd_http_conn_t *conn, int status, const char *messag
         snprintf(body, sizeof(body),
                  "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,"
                  "\"code\":%s%s%s}}",
-                 message, status >= 500 ? "server_error" : "invalid_request_error",
+                 message,
+                 status >= 500   ? "server_error"
+                 : status == 429 ? "requests" /* OpenAI's rate-limit error */
+                                 : "invalid_request_error",
                  code != NULL ? "\"" : "", code != NULL ? code : "null", code != NULL ? "\"" : "");
     hlen = snprintf(head, sizeof(head),
                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
@@ -366,25 +377,30 @@ static void epd_http_conn_linger(epd_http_conn_t *conn)
 
 /* ------------------------------------------------------------ client addresses */
 
-int epd__http_addr_key(const struct sockaddr_storage *sa, unsigned char key[16])
+int epd__http_addr_full(const struct sockaddr_storage *sa, unsigned char full[16])
 {
-    memset(key, 0, 16);
+    memset(full, 0, 16);
     if (sa->ss_family == AF_INET) {
-        key[10] = 0xff;
-        key[11] = 0xff;
-        memcpy(key + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+        full[10] = 0xff;
+        full[11] = 0xff;
+        memcpy(full + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
         return 0;
     }
     if (sa->ss_family == AF_INET6) {
-        const unsigned char *a = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
-        static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-
-        /* an IPv4-mapped address is that IPv4 client; any other IPv6 client
-         * holds at least a /64, which counts as one address */
-        memcpy(key, a, memcmp(a, mapped, sizeof(mapped)) == 0 ? 16 : 8);
+        memcpy(full, ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr, 16);
         return 0;
     }
     return -1;
+}
+
+void epd__http_addr_key(const unsigned char full[16], unsigned char key[16])
+{
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+
+    /* an IPv4-mapped address is that IPv4 client; any other IPv6 client
+     * holds at least a /64, which counts as one address */
+    memset(key, 0, 16);
+    memcpy(key, full, memcmp(full, mapped, sizeof(mapped)) == 0 ? 16 : 8);
 }
 
 static size_t epd_http_addr_home(const epd_http_server_t *server, const unsigned char key[16])
@@ -417,14 +433,20 @@ int epd__http_addr_acquire(epd_http_server_t *server, epd_http_conn_t *conn)
     return 0;
 }
 
-/* One live connection of `key` fewer; its slot is freed at zero (linear
- * probing's backward shift: no tombstones). */
-static void epd_http_addr_release(epd_http_server_t *server, const unsigned char key[16])
+/* One live connection of conn->addr fewer; its slot is freed at zero
+ * (linear probing's backward shift: no tombstones). */
+void epd__http_addr_release(epd_http_server_t *server, epd_http_conn_t *conn)
 {
+    const unsigned char *key = conn->addr;
     size_t mask = server->addrs_mask;
-    size_t i = epd_http_addr_home(server, key);
+    size_t i;
     size_t j;
 
+    if (!conn->counted) {
+        return;
+    }
+    conn->counted = 0;
+    i = epd_http_addr_home(server, key);
     while (server->addrs[i].count != 0 && memcmp(server->addrs[i].key, key, 16) != 0) {
         i = (i + 1) & mask;
     }
@@ -479,11 +501,12 @@ static void epd_http_conn_finalize(epd_http_conn_t *conn)
     if (!conn->refused) {
         server->n_live--;
     }
-    if (conn->counted) {
-        epd_http_addr_release(server, conn->addr);
-    }
+    epd__http_addr_release(server, conn);
     if (conn->linger_counted) {
         server->lingering_refused--;
+    }
+    if (conn->over_cap) {
+        server->over_cap--;
     }
     if (req != NULL) {
         /* its body leaves the budget now: a detached request may outlive

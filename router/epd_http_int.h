@@ -13,12 +13,15 @@
  *   epd_http_respond.c  the application's answers: a full response or a
  *                       Server-Sent Events stream
  *   epd_http_auth.c     the API keys (digests) and the Authorization check
+ *   epd_http_proxy.c    trusted proxies (CIDR blocks) and the
+ *                       X-Forwarded-For rule
  *
  * Calls go one way: epd_http_server.c and epd_http_respond.c call
  * epd_http_conn.c, never each other, and epd_http_conn.c calls neither: it
  * goes back to parsing after an answer is flushed through the `resume`
  * callback the server stores at create.  epd_http_auth.c calls none of
- * them; epd_http_server.c checks keys with it.
+ * them; epd_http_server.c checks keys with it.  epd_http_proxy.c calls none
+of them either; epd_http_server.c asks it for a request's client address.
  *
  * A connection moves through these states:
  *
@@ -126,7 +129,12 @@ struct epd_http_conn {
     int closing;
     int reading;
     int close_after;        /* close once the answer is flushed */
-    int refused;            /* a 503 connection beyond max_connections (or per address) */
+    int refused;            /* refused at accept: beyond max_connections, or a 429 beyond
+                             * max_connections_per_addr when EPD_HTTP_OVER_CAP wait */
+    int over_cap;           /* beyond max_connections_per_addr: its head gets a 429
+                             * (counted in server->over_cap) */
+    int trusted;            /* the peer is a trusted proxy: counted per request under
+                             * the address X-Forwarded-For names */
     int fresh;              /* no request began yet: the header deadline runs from the accept */
     int counted;            /* addr counted in server->addrs (given back at finalize) */
     int peer_eof;           /* the client's end of the stream was read */
@@ -134,6 +142,8 @@ struct epd_http_conn {
     size_t linger_bytes;    /* read and dropped while lingering */
     uv_shutdown_t shutdown; /* of the write side, when lingering */
     unsigned char addr[16]; /* the client's address key (epd__http_addr_key) */
+    unsigned char peer[16]; /* the peer's address, 16-byte form (epd__http_addr_parse) */
+    int has_peer;           /* peer was read */
     int fail_status;        /* set by a parser callback that refuses the request */
     /* with fail_status, what the refusal says (static strings; NULL: by status) */
     const char *fail_message;
@@ -158,10 +168,11 @@ struct epd_http_server {
     epd_http_addr_slot_t *addrs;
     size_t addrs_mask; /* slots - 1 (a power of two) */
     unsigned char addrs_key[16];
-    size_t body_bytes; /* request bodies buffered now (max_buffered_body_bytes) */
-    size_t body_limit; /* the most body one request may hold (→ 413) */
+    size_t body_bytes;          /* request bodies buffered now (max_buffered_body_bytes) */
+    size_t body_limit;          /* the most body one request may hold (→ 413) */
     char too_large[96];         /* the 413's message, naming body_limit */
     unsigned lingering_refused; /* refused connections lingering (EPD_HTTP_LINGER_REFUSED) */
+    unsigned over_cap;          /* over_cap connections open (EPD_HTTP_OVER_CAP) */
     epd_http_stats_t stats;
     uv_tcp_t drop; /* takes a connection off the backlog when out of memory */
     int drop_busy;
@@ -201,12 +212,23 @@ void epd__http_conn_fail(epd_http_conn_t *conn, int status, const char *message)
  * `header` ("Name: value" without CRLF; NULL: none), all borrowed. */
 void epd__http_conn_refuse(epd_http_conn_t *conn, int status, const char *message, const char *code,
                            const char *header);
-/* The key of a client address: IPv4 as ::ffff:a.b.c.d, IPv6 its /64 (the
- * rest zero).  0, or -1 for another family. */
-int epd__http_addr_key(const struct sockaddr_storage *sa, unsigned char key[16]);
+/* The 16-byte form of a socket address (IPv4 as ::ffff:a.b.c.d).  0, or
+ * -1 for another family. */
+int epd__http_addr_full(const struct sockaddr_storage *sa, unsigned char full[16]);
+/* The key a 16-byte address is counted under: an IPv4 address as it is,
+ * an IPv6 one its /64 (the rest zero). */
+void epd__http_addr_key(const unsigned char full[16], unsigned char key[16]);
 /* Counts one more live connection of conn->addr: 0 (conn->counted set),
  * or -1 when that address already has max_connections_per_addr. */
 int epd__http_addr_acquire(epd_http_server_t *server, epd_http_conn_t *conn);
+/* Gives back the count conn->addr holds (when conn->counted). */
+void epd__http_addr_release(epd_http_server_t *server, epd_http_conn_t *conn);
+
+/* ---- epd_http_proxy.c ---- */
+
+/* 1 when s[0..len) is an IPv4 or IPv6 literal, written to out[16] in the
+ * 16-byte form; 0 otherwise. */
+int epd__http_addr_parse(const char *s, size_t len, unsigned char out[16]);
 /* Gives back the body bytes `req` holds against the budget (its
  * connection's server must be alive). */
 void epd__http_req_uncharge(epd_http_server_t *server, epd_http_req_t *req);

@@ -28,6 +28,10 @@
 static void epd_http_conn_process(epd_http_conn_t *conn);
 static void epd_http_on_listener_closed(uv_handle_t *handle);
 
+/* The 429 beyond max_connections_per_addr (in OpenAI's rate-limit words) */
+static const char epd_http_per_addr_message[] =
+    "Too many connections from your address: please retry after the Retry-After delay.";
+
 /* ------------------------------------------------------------ parser callbacks */
 
 static epd_http_conn_t *epd_http_conn_of(http_parser *parser)
@@ -261,6 +265,42 @@ static int epd_http_check_framing(epd_http_conn_t *conn, const http_parser *pars
     return 0;
 }
 
+/* The per-address cap at the end of a request head: a connection over
+ * the cap since its accept is refused now; one from a trusted proxy is
+ * counted under its request's client address (X-Forwarded-For).  0, or -1
+ * with the 429 set up. */
+static int epd_http_check_addr(epd_http_conn_t *conn)
+{
+    epd_http_server_t *server = conn->server;
+    const epd_http_req_t *req = conn->req;
+    const char *xff[EPD_HTTP_MAX_HEADERS];
+    unsigned char client[16];
+    size_t n = 0;
+
+    if (conn->trusted && server->config.max_connections_per_addr != 0) {
+        for (unsigned i = 0; i < req->n_hdr; i++) {
+            if (strcasecmp(req->hbuf + req->hdr[i].name_off, "x-forwarded-for") == 0 &&
+                req->hdr[i].val_off != req->hdr[i].name_off) {
+                xff[n++] = req->hbuf + req->hdr[i].val_off;
+            }
+        }
+        epd_http_forwarded_addr(server->config.trusted_proxies, conn->peer, xff, n, client);
+        /* released when the answer is out (epd_http_on_write): none held now */
+        epd__http_addr_release(server, conn);
+        epd__http_addr_key(client, conn->addr);
+        if (epd__http_addr_acquire(server, conn) != 0) {
+            conn->over_cap = 1;
+            server->over_cap++;
+        }
+    }
+    if (!conn->over_cap) {
+        return 0;
+    }
+    conn->fail_code = "rate_limit_exceeded";
+    conn->fail_header = "Retry-After: 1";
+    return epd_http_refuse(conn, 429, epd_http_per_addr_message, &server->stats.refused_per_addr);
+}
+
 static int epd_http_on_headers_complete(http_parser *parser)
 {
     epd_http_conn_t *conn = epd_http_conn_of(parser);
@@ -275,7 +315,7 @@ static int epd_http_on_headers_complete(http_parser *parser)
              http_method_str((enum http_method)parser->method));
     req->http_minor = parser->http_major == 1 ? parser->http_minor : 0;
     req->keep_alive = http_should_keep_alive(parser) && !parser->upgrade;
-    if (epd_http_check_framing(conn, parser) != 0) {
+    if (epd_http_check_framing(conn, parser) != 0 || epd_http_check_addr(conn) != 0) {
         return -1;
     }
 
@@ -584,28 +624,43 @@ static void epd_http_on_connection(uv_stream_t *listener, int status)
         server->stats.refused_max_conns++;
         epd_log_warn(EPD_HTTP_LOG, 0, "connection refused: %u connections open (the limit)",
                      server->n_live);
-        epd__http_conn_fail(conn, 503, "too many connections");
+        epd__http_conn_refuse(conn, 503, "too many connections: retry shortly", NULL,
+                              "Retry-After: 1");
         return;
     }
-    if (server->config.max_connections_per_addr != 0) {
+    {
         struct sockaddr_storage peer;
         int namelen = sizeof(peer);
 
         /* a peer whose address cannot be read (gone already, or not IP)
          * is not counted: the global cap still holds it */
-        if (uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&peer, &namelen) == 0 &&
-            epd__http_addr_key(&peer, conn->addr) == 0 &&
-            epd__http_addr_acquire(server, conn) != 0) {
-            conn->refused = 1;
+        conn->has_peer = uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&peer, &namelen) == 0 &&
+                         epd__http_addr_full(&peer, conn->peer) == 0;
+    }
+    if (conn->has_peer && epd_http_proxies_match(server->config.trusted_proxies, conn->peer)) {
+        /* counted per request, under the address its X-Forwarded-For
+         * names (epd_http_on_headers_complete) */
+        conn->trusted = 1;
+    } else if (conn->has_peer && server->config.max_connections_per_addr != 0) {
+        epd__http_addr_key(conn->peer, conn->addr);
+        if (epd__http_addr_acquire(server, conn) != 0) {
             /* one line per burst would be better; debug keeps a flood
              * from one address out of the log */
-            server->stats.refused_per_addr++;
             epd_log_debug(EPD_HTTP_LOG, 0,
-                          "connection refused: %u connections open from its address (the "
-                          "limit)",
+                          "%u connections open from a connection's address (the limit): its "
+                          "request gets 429",
                           server->config.max_connections_per_addr);
-            epd__http_conn_fail(conn, 503, "too many connections from your address");
-            return;
+            if (server->over_cap >= EPD_HTTP_OVER_CAP) {
+                /* a flood of sockets from few addresses: answered now,
+                 * without holding a slot for their heads */
+                conn->refused = 1;
+                server->stats.refused_per_addr++;
+                epd__http_conn_refuse(conn, 429, epd_http_per_addr_message, "rate_limit_exceeded",
+                                      "Retry-After: 1");
+                return;
+            }
+            conn->over_cap = 1;
+            server->over_cap++;
         }
     }
     server->n_live++;

@@ -217,6 +217,7 @@ struct epd_router {
     uint64_t max_image_pixels;
     epd_oai_limits_t json_limits; /* a request body's JSON */
     epd_http_keys_t *keys;        /* --api-key-file (owned by main.c's run), NULL: none */
+    epd_http_proxies_t *proxies;  /* --trusted-proxies (owned by main.c's run), NULL: none */
     /* a prompt of more bytes cannot fit in the context whatever its tokens
      * (max_context x the most bytes one token spells): refused before it
      * is tokenized; 0: no bound known */

@@ -21,9 +21,10 @@
  * and /metrics stay open); without keys the router serves HTTP only on a
  * loopback address unless --allow-unauthenticated says otherwise.  The
  * file-descriptor limit is raised to its hard limit at start and
- * --max-connections clamped to what it allows; the per-address cap, the
- * header deadline from accept, the body budget and the JSON limits are
- * flags too.
+ * --max-connections clamped to what it allows; the per-address cap (429
+ * past it, the client address taken from X-Forwarded-For only from
+ * --trusted-proxies), the header deadline from accept, the body budget and
+ * the JSON limits are flags too.
  *
  * Stop (SIGTERM/SIGINT, the runtime's order): on_stop stops listening and
  * closes every HTTP connection; their close callbacks abort what clients
@@ -63,6 +64,7 @@ typedef struct {
     int64_t max_connections;
     int64_t max_body_bytes;
     const char *api_key_file;
+    const char *trusted_proxies;
     int allow_unauthenticated;
     int ready_without_encoder;
     int64_t header_timeout_ms;
@@ -326,6 +328,7 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
     hc.header_timeout_ms = (uint64_t)fl->header_timeout_ms;
     hc.max_body_bytes = (size_t)fl->max_body_bytes;
     hc.keys = rt->keys;
+    hc.trusted_proxies = rt->proxies;
     hc.open_paths = epd_router_open_paths;
     hc.handler = epd__router_on_http;
     hc.closed = epd_router_http_closed;
@@ -391,6 +394,7 @@ static int epd_router_run(const epd_daemon_flags_t *dfl, void *arg)
     const epd_router_flags_t *fl = arg;
     char http_host[EPD_ADDR_HOST_MAX];
     epd_http_keys_t *keys = NULL;
+    epd_http_proxies_t *proxies = NULL;
     epd_router_policy_t policy;
     epd_daemon_config_t dc;
     const char *why = NULL;
@@ -454,13 +458,26 @@ static int epd_router_run(const epd_daemon_flags_t *dfl, void *arg)
         epd_log_warn(EPD_ROUTER_LOG, 0,
                      "serving HTTP on %s without API keys (--allow-unauthenticated)", fl->listen);
     }
+    if (fl->trusted_proxies != NULL) {
+        char cause[256];
+
+        if (epd_http_proxies_parse(fl->trusted_proxies, &proxies, cause, sizeof(cause)) != EPD_OK) {
+            epd_http_keys_destroy(keys);
+            return epd_router_bad("trusted-proxies", fl->trusted_proxies, cause);
+        }
+        epd_log_info(EPD_ROUTER_LOG, 0,
+                     "X-Forwarded-For names the client of a connection from %s (%zu blocks)",
+                     fl->trusted_proxies, epd_http_proxies_count(proxies));
+    }
     rt = epd_calloc(1, sizeof(*rt));
     if (rt == NULL) {
         epd_log_error(EPD_ROUTER_LOG, 0, "out of memory");
         epd_http_keys_destroy(keys);
+        epd_http_proxies_destroy(proxies);
         return 1;
     }
     rt->keys = keys;
+    rt->proxies = proxies;
     epd_oai_limits_init(&rt->json_limits);
     rt->json_limits.max_depth = (uint32_t)fl->max_json_depth;
     rt->json_limits.max_elements = (uint64_t)fl->max_json_elements;
@@ -494,6 +511,7 @@ static int epd_router_run(const epd_daemon_flags_t *dfl, void *arg)
     dc.arg = rt;
     rc = epd_daemon_run(&dc);
     epd_http_keys_destroy(rt->keys);
+    epd_http_proxies_destroy(rt->proxies);
     epd_free(rt);
     return rc;
 }
@@ -517,9 +535,12 @@ int main(int argc, char **argv)
         .max_connections = 4096,
         .max_body_bytes = 16 << 20,
         .api_key_file = NULL,
+        .trusted_proxies = NULL,
         .allow_unauthenticated = 0,
         .header_timeout_ms = 10000,
-        .max_connections_per_addr = 256,
+        /* above what one gateway sends at once (300 and more): a burst
+         * from behind a proxy is queued like anyone's, beyond it 429 */
+        .max_connections_per_addr = 1024,
         .max_buffered_body_bytes = (int64_t)256 << 20,
         .max_json_depth = EPD_OAI_MAX_DEPTH,
         .max_json_elements = EPD_OAI_MAX_ELEMENTS,
@@ -557,11 +578,15 @@ int main(int argc, char **argv)
         {"max-image-pixels", EPD_OPT_INT, &fl.max_image_pixels, 1, (int64_t)1 << 32,
          "width x height of one image, read from its header (beyond: 400)"},
         {"max-connections", EPD_OPT_INT, &fl.max_connections, 1, 1 << 20,
-         "HTTP connections at once (beyond: 503; clamped to what the file-descriptor limit, "
-         "raised to its hard limit, allows)"},
+         "HTTP connections at once (beyond: 503 with Retry-After; clamped to what the "
+         "file-descriptor limit, raised to its hard limit, allows)"},
         {"max-connections-per-addr", EPD_OPT_INT, &fl.max_connections_per_addr, 0, 1 << 20,
          "HTTP connections from one client address, an IPv6 client's /64 counting as one "
-         "(beyond: 503 and close; 0: no cap)"},
+         "(beyond: its request head is read, then 429 with Retry-After and close; 0: no cap)"},
+        {"trusted-proxies", EPD_OPT_STRING, &fl.trusted_proxies, 0, 0,
+         "CIDR[,CIDR...] (IPv4, IPv6): from these peers the client address (for the "
+         "per-address cap) is the right-most X-Forwarded-For entry that is not itself a "
+         "trusted proxy; from others the header is ignored"},
         {"header-timeout-ms", EPD_OPT_INT, &fl.header_timeout_ms, 1, 3600000,
          "a new connection's request headers must be complete this long after the accept "
          "(a later request's: after its first byte); else closed (408 once a byte came)"},

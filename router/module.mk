@@ -10,7 +10,7 @@ $(call obj_of,$(ROUTER_CLIENT_SRCS) router/tools/epd_ctl.c router/tools/epd_ctl_
 # (tested on their own; the router daemon is built on them).  Link it before
 # epd_engine (epd_openai uses engine/epd_utf8) and epd_common.
 ROUTER_API_SRCS := router/epd_http_conn.c router/epd_http_server.c router/epd_http_respond.c \
-                   router/epd_http_auth.c \
+                   router/epd_http_auth.c router/epd_http_proxy.c \
                    router/epd_openai_json.c router/epd_openai_scan.c router/epd_openai_parse.c \
                    router/epd_openai_encode.c
 $(eval $(call epd_lib,epd_api,$(ROUTER_API_SRCS)))

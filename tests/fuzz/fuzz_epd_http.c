@@ -5,7 +5,9 @@
  * pipelined requests, garbage — parsed by http-parser through the server's
  * callbacks with every limit small enough to be reached: header bytes,
  * body size, the buffered-body budget, API keys (an open path and a
- * protected one), 100-continue, HEAD, streams.  The application answers
+ * protected one), 100-continue, HEAD, streams, and X-Forwarded-For (the
+ * client is a trusted proxy: every request's header is walked for the
+ * per-address cap, epd_http_proxy.c).  The application answers
  * every request at once (a full response, or a stream for /stream), so
  * the connection never waits on it.
  *
@@ -36,6 +38,7 @@ static struct {
     uv_loop_t loop;
     epd_http_server_t *srv;
     epd_http_keys_t *keys;
+    epd_http_proxies_t *proxies;
     uint16_t port;
 } F;
 
@@ -81,8 +84,12 @@ static int setup(void)
     epd_http_config_t cfg;
 
     epd_log_set_level(EPD_LOG_ERROR);
+    char why[128];
+
     if (uv_loop_init(&F.loop) != 0 || epd_http_keys_create(&F.keys) != EPD_OK ||
-        epd_http_keys_add(F.keys, "sk-fuzz", 7) != EPD_OK) {
+        epd_http_keys_add(F.keys, "sk-fuzz", 7) != EPD_OK ||
+        epd_http_proxies_parse("127.0.0.0/8, ::1, 10.0.0.0/8", &F.proxies, why, sizeof(why)) !=
+            EPD_OK) {
         return -1;
     }
     epd_http_config_init(&cfg);
@@ -96,6 +103,7 @@ static int setup(void)
     cfg.max_connections_per_addr = 4;
     cfg.max_stream_backlog = 1 << 20;
     cfg.keys = F.keys;
+    cfg.trusted_proxies = F.proxies;
     cfg.open_paths = open_paths;
     cfg.handler = on_request;
     if (epd_http_server_create(&F.loop, &cfg, &F.srv) != EPD_OK) {

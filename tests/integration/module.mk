@@ -80,6 +80,9 @@ EXCLUSIVE_TESTS += tests/integration/test_fleet.sh
 # overload: the router's queue and 429s, decode KV on demand with preemption
 ALL_TESTS += tests/integration/test_router_burst.sh \
              tests/integration/test_decode_preempt.sh
+# overload that never answers 5xx (#24): a 300-burst from one address at the
+# default per-address cap, 429 after the head past it, --trusted-proxies
+ALL_TESTS += tests/integration/test_router_overload.sh
 # faults below the daemons: EPD_XPORT_FAULTS (transport/epd_xport_faults.h)
 ALL_TESTS += tests/integration/test_faults.sh
 # a router killed mid-stream over ucx-shm: no worker busy-polls after it (#29)

@@ -8,6 +8,11 @@ $(eval $(call epd_test,test_epd_openai,tests/router/test_epd_openai.c,epd_api ep
 $(test_epd_openai_OBJS): EPD_CPPFLAGS += -Irouter
 $(eval $(call epd_test,test_epd_http,tests/router/test_epd_http.c,epd_api epd_engine epd_common))
 $(test_epd_http_OBJS): EPD_CPPFLAGS += -Irouter
+# router/epd_http_proxy.c: --trusted-proxies parsing and the X-Forwarded-For
+# rule (the server's use of it is tested through the router:
+# tests/integration/test_router_overload.sh).
+$(eval $(call epd_test,test_epd_http_proxy,tests/router/test_epd_http_proxy.c,epd_api epd_engine epd_common))
+$(test_epd_http_proxy_OBJS): EPD_CPPFLAGS += -Irouter
 # router/epd_router_registry (states, policies) linked alone: the test
 # stands in for the client's endpoint state.
 $(eval $(call epd_test,test_epd_router_registry,tests/router/test_epd_router_registry.c router/epd_router_registry.c router/epd_router_hints.c,epd_daemon epd_common))

@@ -10,8 +10,9 @@
  * abort callback, and a slow reader closed at the backlog limit.  The
  * front door's limits: the header deadline from the accept (a silent
  * connection is closed; keep-alive idling is not), the per-address
- * connection cap (other addresses of 127.0.0.0/8 still served, the
- * address table emptied and refilled), the budget of buffered bodies (503
+ * connection cap (429 with Retry-After once the head is read; other
+ * addresses of 127.0.0.0/8 still served, the address table emptied and
+ * refilled), the budget of buffered bodies (503
  * with Retry-After, given back when a held request goes), and API keys
  * (none, wrong, right; open paths; checked before the body; the key file
  * reader).  Only behaviour is asserted, never a speed.
@@ -1114,6 +1115,24 @@ static void test_header_deadline_from_accept(void **state)
     assert_true(last_stats.header_timeouts >= 1);
 }
 
+/* Expects the per-address cap's answer: 429, Retry-After, OpenAI's
+ * rate-limit error, Connection: close. */
+static void expect_429(fx_t *fx, cl_t *c, const char *what)
+{
+    resp_t r;
+    int rc = cl_response(c, &r);
+    const char *retry = rc == 0 ? head_value(r.head, "Retry-After") : NULL;
+    const char *conn = rc == 0 ? head_value(r.head, "Connection") : NULL;
+
+    check(fx,
+          rc == 0 && r.status == 429 && retry != NULL && atoi(retry) >= 1 && conn != NULL &&
+              strncasecmp(conn, "close", 5) == 0 && strstr(r.body, "from your address") != NULL &&
+              strstr(r.body, "\"rate_limit_exceeded\"") != NULL,
+          "%s: rc %d status %d (want 429 with Retry-After, close) head '%.300s' body '%.200s'",
+          what, rc, r.status, r.head, r.body != NULL ? r.body : "");
+    resp_free(&r);
+}
+
 static void client_per_addr(fx_t *fx)
 {
     cl_t *a = cl_connect(fx, 0);
@@ -1129,7 +1148,10 @@ static void client_per_addr(fx_t *fx)
     cl_sends(b, "GET /b HTTP/1.1\r\nHost: x\r\n\r\n");
     expect(fx, b, 200, "GET /b", "second from 127.0.0.1");
     c = cl_connect(fx, 0);
-    expect(fx, c, 503, "too many connections from your address", "third from 127.0.0.1: 503");
+    /* beyond the cap: the head is read, then a complete 429 with
+     * Retry-After (the body the client sends is drained, never a reset) */
+    cl_sends(c, "POST /c HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello");
+    expect_429(fx, c, "third from 127.0.0.1");
     check(fx, cl_closed(c), "the refused connection is closed");
     cl_close(c);
     /* another address is not affected */
@@ -1145,7 +1167,8 @@ static void client_per_addr(fx_t *fx)
         expect(fx, many[i], 200, "GET /m", "one of two from an address");
     }
     c = cl_connect_from(fx, "127.0.0.30", 0);
-    expect(fx, c, 503, "from your address", "a third from 127.0.0.30: 503");
+    cl_sends(c, "GET /c HTTP/1.1\r\nHost: x\r\n\r\n");
+    expect_429(fx, c, "a third from 127.0.0.30");
     cl_close(c);
     for (i = 0; i < 80; i++) {
         cl_close(many[i]);
