@@ -179,6 +179,10 @@ typedef struct epd_decode_request {
     uint64_t deadline_ns;   /* the whole request (0: none) */
     uint64_t abort_sent_ns; /* QUARANTINED: the last Abort to its prefill worker */
     uint64_t t_join_ns;     /* trace: KV held and verified (0: first step traced) */
+    uint64_t t_pc_ns;       /* PrefillComplete received (rule 38) */
+    Epd__PhaseTimes times;  /* P's phase times (rule 38), completed at activation and sent
+                             * on the first TokenChunk (index 0) */
+    int send_times;         /* the next chunk from index 0 carries `times` */
     /* a failure: what it still owes */
     epd_status_t fail_status;
     char fail_msg[200];
@@ -232,8 +236,22 @@ typedef struct epd_decode_srv {
     uint64_t kv_bytes_received; /* verified KV of requests that joined */
     uint64_t preemptions;       /* requests preempted */
     uint64_t recomputed_tokens; /* tokens prefilled again to resume them */
+    uint64_t verify_failures;   /* requests failed because their KV failed its check */
     epd_trace_t *trace;         /* the daemon's (NULL = off) */
+    /* /metrics (epd_decode_metrics.c renders; the request layer observes
+     * on the loop thread, the batch its own step histograms) */
+    struct {
+        epd_prom_histo_t kv_tail; /* PrefillComplete received -> the KV held */
+        epd_prom_histo_t handoff; /* the KV held -> the first TokenChunk posted */
+        epd_prom_histo_t wait;    /* GenerateRequest received -> the KV held */
+    } hist;
 } epd_decode_srv_t;
+
+/* ---- epd_decode_metrics.c ---- */
+/* Zeroes srv->hist (before serve). */
+void epd__decode_metrics_init(epd_decode_srv_t *srv);
+/* The role's part of /metrics (epd_daemon_metrics_cb_t; arg = srv). */
+void epd__decode_metrics_render(void *arg, const char *model, epd_prom_text_t *out);
 
 /* ---- epd_decode_cache.c ---- */
 /* Decode-side reuse on (srv->prefix_cache, a model with attention layers)

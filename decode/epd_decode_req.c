@@ -144,6 +144,7 @@ static void epd_decode_fail_kv(epd_decode_srv_t *srv, epd_decode_request_t *req,
                                uint32_t bad_layer)
 {
     if (st == EPD_ERR_CORRUPT) {
+        srv->verify_failures++;
         epd_log_error(EPD_DECODE_LOG, req->id,
                       "KV of layer %u from %s does not match its checksum: request failed, never "
                       "generated",
@@ -191,6 +192,22 @@ static void epd_decode_activate(epd_decode_srv_t *srv, epd_decode_request_t *req
      * transfer (epd-bench overhead measures up to here) */
     req->t_join_ns = epd_time_now_ns();
     epd_trace_instant(srv->trace, "KV held", "xfer", req->id, -1, req->t_join_ns);
+    if (req->n_resume == 0) {
+        /* rule 38: our part of the KV tail, then the hand-off to the first
+         * chunk (a resume's first chunk is not the request's first token) */
+        uint64_t tail = req->t_join_ns > req->t_pc_ns ? req->t_join_ns - req->t_pc_ns : 0;
+        uint64_t now;
+
+        req->times.kv_tail_ns += tail;
+        epd_trace_span(srv->trace, "KV tail (verify)", "xfer", req->id, -1, req->t_pc_ns,
+                       req->t_join_ns);
+        epd_prom_histo_observe_ns(&srv->hist.kv_tail, tail);
+        epd_prom_histo_observe_ns(&srv->hist.wait, req->t_join_ns - req->t_recv_ns);
+        now = epd_time_now_ns();
+        req->times.handoff_ns = now - req->t_join_ns;
+        epd_prom_histo_observe_ns(&srv->hist.handoff, req->times.handoff_ns);
+        req->send_times = 1;
+    }
     epd__decode_stream(req, req->n_resume + 1, (Epd__FinishReason)req->first_finish);
     if (req->first_finish != EPD__FINISH_REASON__FINISH_NONE) {
         epd__decode_cache_finished(srv, req);
@@ -644,6 +661,16 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
         epd_decode_advance(srv, req);
         return;
     }
+    /* rule 38: P's durations, completed when the KV is held */
+    req->t_pc_ns = t_recv;
+    epd__phase_times__init(&req->times);
+    if (pc->times != NULL) {
+        req->times.encode_ns = pc->times->encode_ns;
+        req->times.prefill_queue_ns = pc->times->prefill_queue_ns;
+        req->times.prefill_compute_ns = pc->times->prefill_compute_ns;
+        req->times.kv_tail_ns = pc->times->kv_tail_ns;
+        req->times.cached_tokens = pc->times->cached_tokens;
+    }
     /* the next token of the stream: the first, or where a resume stopped */
     req->seq.tokens[req->n_resume] = (int32_t)pc->first_token;
     /* protocol only: never decode from blocks nothing was written into */
@@ -828,6 +855,7 @@ void epd__decode_req_on_verified(void *arg, epd_decode_vjob_t *job)
     req->v_lent--;
     st = epd_decode_seen_result(&req->kv, job->layer, job->status, job->bytes, &why);
     if (req->state == EPD_DECODE_REQ_RESERVED && req->fail_status == EPD_OK && st != EPD_OK) {
+        srv->verify_failures++;
         epd_log_error(EPD_DECODE_LOG, req->id,
                       "KV of layer %u from %s fails its check (%s): request failed, never generated",
                       job->layer, epd_peer_id(req->peer), why != NULL ? why : epd_status_string(st));

@@ -24,7 +24,8 @@
 /* TokenChunks of tokens[from..to), the last with `finish` (a lone chunk
  * of none when from == to and finish != NONE). */
 static void epd_decode_send_chunks(epd_link_t *client, uint64_t id, const int32_t *tokens,
-                                   uint32_t from, uint32_t to, Epd__FinishReason finish)
+                                   uint32_t from, uint32_t to, Epd__FinishReason finish,
+                                   Epd__PhaseTimes *times)
 {
     while (from < to || finish != EPD__FINISH_REASON__FINISH_NONE) {
         Epd__TokenChunk c = EPD__TOKEN_CHUNK__INIT;
@@ -41,6 +42,7 @@ static void epd_decode_send_chunks(epd_link_t *client, uint64_t id, const int32_
         c.tokens = (uint32_t *)(uintptr_t)(tokens + from);
         c.n_tokens = n;
         c.finish = last ? finish : EPD__FINISH_REASON__FINISH_NONE;
+        c.times = from == 0 ? times : NULL; /* the request's first chunk (rule 38) */
         (void)epd_link_send(client, EPD__ENVELOPE__BODY_TOKENS, &c, 0);
         from += n;
         if (last) {
@@ -136,7 +138,8 @@ void epd__decode_stream(epd_decode_request_t *req, uint32_t n_produced,
         n_produced = req->n_sent;
     }
     epd_decode_send_chunks(req->client, req->id, req->seq.tokens, req->n_sent, n_produced,
-                            finish);
+                            finish, req->send_times ? &req->times : NULL);
+    req->send_times = 0;
     req->n_sent = n_produced;
     if (finish != EPD__FINISH_REASON__FINISH_NONE) {
         req->client_done = 1;

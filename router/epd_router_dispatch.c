@@ -321,6 +321,7 @@ epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
             r->dw_blocks = epd_router_decode_blocks(dw, &fit);
             dw->kv_pending += r->dw_blocks; /* until its next heartbeat says */
             r->t_dispatch_ns = now_ns;
+            r->t_sent_ns = epd_time_now_ns(); /* now_ns may be the arrival's own reading */
             if (pp != NULL) {
                 /* they will hold the prompt's blocks: the next request with
                  * this prefix goes there before any heartbeat says so */

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# /metrics of the daemons passes `promtool check metrics` (Debian's
+# /metrics of every daemon passes `promtool check metrics` (Debian's
 # prometheus package): a router, an encoder, a prefill and a decode worker
 # on loopback with a cluster secret, after one text and one image request.
 #
-# Which daemon exposes what: only the router serves HTTP, so only it has a
-# /metrics (Prometheus text).  The workers serve no HTTP at all: their load
-# (queue depth, queued prompt tokens, running requests, free KV blocks, KV
-# bytes moved) reaches Prometheus through the router, which republishes
-# each worker's last heartbeat as epd_router_worker_* series labelled
-# worker= and pool=; a worker's own view is its gRPC Status / Health
-# (epd-ctl status|health ADDR).  The test checks both: promtool passes the
-# router's text with no parse error and no lint finding (exit 0, not 3),
-# every worker has its per-worker series there, and each worker's control
-# port answers Health.  No promtool: SKIP (make deps installs prometheus).
+# Which daemon exposes what: the router serves /metrics on its HTTP port
+# (its own series, plus each worker's last heartbeat republished as
+# epd_router_worker_* labelled worker= and pool=); each worker given
+# --metrics-addr serves its own /metrics (epd_<role>_*, labelled model=:
+# its phases' histograms, queue, KV, cache).  The test checks: promtool
+# passes every daemon's text with no parse error and no lint finding (exit
+# 0, not 3), every worker has its per-worker series at the router, each
+# worker's own families are there with the model label, a worker's own
+# queue of /metrics answers 404 elsewhere, each worker's control port
+# answers Health, and every metric the Grafana dashboard
+# (deploy/grafana/epd.json) queries exists in what the cluster serves.
+# No promtool: SKIP (make deps installs prometheus).
 source "$(dirname "$0")/../integration/lib.sh"
 
 if ! command -v promtool >/dev/null 2>&1; then
@@ -25,10 +27,11 @@ mkmodel "$T/m" "${TINY_VISION_FLAGS[@]}"
 export EPD_CLUSTER_SECRET_FILE="$T/secret"
 SEC=(--cluster-secret-file "$T/secret")
 start_router r --model "$T/m" --heartbeat-ms 200 "${SEC[@]}"
+M=(--metrics-addr 127.0.0.1:0)
 start_daemon d decode --model "$T/m" --worker-id decode-0 --kv-blocks 512 --state-slots 32 \
-  --router "$r_ADDR" "${SEC[@]}"
-start_daemon p prefill --model "$T/m" --worker-id prefill-0 --router "$r_ADDR" "${SEC[@]}"
-start_daemon e encoder --model "$T/m" --worker-id encoder-0 --router "$r_ADDR" "${SEC[@]}"
+  --router "$r_ADDR" "${SEC[@]}" "${M[@]}"
+start_daemon p prefill --model "$T/m" --worker-id prefill-0 --router "$r_ADDR" "${SEC[@]}" "${M[@]}"
+start_daemon e encoder --model "$T/m" --worker-id encoder-0 --router "$r_ADDR" "${SEC[@]}" "${M[@]}"
 for w in decode-0 prefill-0 encoder-0; do
   wait_router_state "$r_ADDR" "$w" READY
 done
@@ -48,6 +51,42 @@ promtool check metrics <"$T/router.prom" >"$T/promtool.out" 2>&1 || rc=$?
 cat "$T/promtool.out"
 [ $rc = 0 ] || fail "promtool check metrics exited $rc (1: parse error, 3: lint findings)"
 echo "router /metrics: $(grep -vc '^#' "$T/router.prom") samples, $(grep -c '^# TYPE' "$T/router.prom") families: promtool ok"
+
+note "promtool check metrics on each worker's own /metrics (--metrics-addr)"
+for n in d p e; do
+  maddr=$(sed -n 's/.* metrics=\([^ ]*\).*/\1/p' "$T/$n.ready")
+  [ -n "$maddr" ] || fail "ready file of $n has no metrics=ADDR: $(cat "$T/$n.ready")"
+  curl -sf --max-time 10 "http://$maddr/metrics" >"$T/$n.prom" || fail "GET http://$maddr/metrics"
+  rc=0
+  promtool check metrics <"$T/$n.prom" >"$T/promtool.$n" 2>&1 || rc=$?
+  cat "$T/promtool.$n"
+  [ $rc = 0 ] || fail "promtool check metrics on $n's /metrics exited $rc"
+  echo "$n /metrics: $(grep -vc '^#' "$T/$n.prom") samples, $(grep -c '^# TYPE' "$T/$n.prom") families: promtool ok"
+  code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "http://$maddr/other")
+  [ "$code" = 404 ] || fail "GET /other on $n's metrics port answered $code, not 404"
+done
+# each role's own families, with the model label (the folder's name: m)
+grep -q '^epd_prefill_compute_seconds_count{model="m"} [1-9]' "$T/p.prom" ||
+  fail "prefill: no epd_prefill_compute_seconds observation: $(grep compute_seconds_count "$T/p.prom")"
+grep -q '^epd_prefill_queued_tokens{model="m"} ' "$T/p.prom" || fail "prefill: no queued_tokens"
+grep -q '^epd_prefill_prefix_cache_hit_tokens_total{model="m"} ' "$T/p.prom" ||
+  fail "prefill: no prefix_cache_hit_tokens_total"
+grep -q '^epd_decode_step_seconds_count{model="m"} [1-9]' "$T/d.prom" || fail "decode: no step"
+grep -q '^epd_decode_batch_size_count{model="m"} [1-9]' "$T/d.prom" || fail "decode: no batch size"
+grep -q '^epd_decode_kv_blocks_used{model="m"} ' "$T/d.prom" || fail "decode: no kv_blocks_used"
+grep -q '^epd_decode_preemptions_total{model="m"} ' "$T/d.prom" || fail "decode: no preemptions"
+grep -q '^epd_decode_verification_failures_total{model="m"} 0$' "$T/d.prom" ||
+  fail "decode: no verification_failures_total 0"
+grep -q '^epd_encoder_encode_seconds_count{model="m"} 1$' "$T/e.prom" ||
+  fail "encoder: not one encode: $(grep encode_seconds_count "$T/e.prom")"
+grep -q '^epd_encoder_queue_seconds_count{model="m"} 1$' "$T/e.prom" || fail "encoder: no queue"
+grep -q '^epd_encoder_queue_depth{model="m"} ' "$T/e.prom" || fail "encoder: no queue_depth"
+
+note "every metric the Grafana dashboard queries is served by this cluster"
+cat "$T/router.prom" "$T/d.prom" "$T/p.prom" "$T/e.prom" |
+  awk '!/^#/ { n = $1; sub(/\{.*/, "", n); print n } /^# TYPE/ { print $3 }' | sort -u >"$T/names"
+"$PYTHON3" "$(dirname "$0")/epd_dashboard_names.py" "$(dirname "$0")/../../deploy/grafana/epd.json" \
+  "$T/names" || fail "the dashboard queries metrics nobody serves"
 
 note "every worker's heartbeat series in the router's /metrics; Health on each control port"
 for w in decode-0:decode prefill-0:prefill encoder-0:encoder; do
