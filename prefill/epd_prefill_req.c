@@ -194,6 +194,10 @@ static epd_status_t epd_prefill_submit_run(epd_prefill_srv_t *srv, epd_prefill_r
     }
     req->run_job.embeds = req->n_media > 0 ? req->spans : NULL;
     req->run_job.n_embeds = req->n_media;
+    if (req->n_media > 0 && req->t_media_ns == 0) {
+        /* before the compute thread can start it (rule 38: encode ends here) */
+        req->t_media_ns = epd_time_now_ns();
+    }
     if (epd_prefill_compute_submit(srv->compute, &req->run_job) != EPD_OK) {
         return EPD_ERR_NO_CAPACITY;
     }
@@ -280,7 +284,6 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
             if (!req->wait.waiting && req->media_pending == 0 && epd_prefill_may_run(req)) {
                 if (epd_prefill_submit_run(srv, req) == EPD_OK) {
                     req->state = EPD_PREFILL_REQ_COMPUTING;
-                    req->t_media_ns = epd_time_now_ns();
                     epd_trace_span(srv->trace, "encode (images)", "wait", req->id, -1,
                                    req->t_admit_ns, req->t_media_ns);
                     epd_trace_instant(srv->trace, "images ready", "wait", req->id, -1,
