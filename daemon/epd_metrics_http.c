@@ -2,7 +2,8 @@
  * epd_metrics_http.c — a worker's /metrics listener (see epd_metrics_http.h).
  *
  * One connection: read until the end of the request head (or its limit),
- * answer once, close.  Every handle is counted in `handles` (the listener,
+ * answer once, half-close, drop what the client still sends until its EOF
+ * (or the deadline), close.  Every handle is counted in `handles` (the listener,
  * and two per connection: its socket and its deadline timer); the server's
  * memory goes when it is stopping and the last close callback ran, so no
  * callback ever sees freed memory.
@@ -28,6 +29,7 @@ struct epd_metrics_http {
     int stopping;
     unsigned handles; /* open or closing handles, the listener's included */
     unsigned n_conns;
+    unsigned n_closing; /* of those, closing (their handles not closed yet) */
     uint64_t scrapes;
     epd_metrics_conn_t *conns;
 };
@@ -38,10 +40,13 @@ struct epd_metrics_conn {
     uv_tcp_t tcp;
     uv_timer_t deadline;
     uv_write_t wr;
+    uv_shutdown_t sd;
     char head[EPD_METRICS_HTTP_HEAD];
     size_t len;
-    int answered; /* a response was queued: read nothing more */
+    int answered; /* a response was queued: what comes now is read and dropped */
     int closing;
+    int writing; /* the answer's write is posted */
+    int eof;     /* the client half-closed (or failed) while it was */
     unsigned open; /* of its two handles, those not closed yet */
     char *resp;    /* epd_malloc'ed, lent to the write */
 };
@@ -63,6 +68,7 @@ static void epd_metrics_on_conn_closed(uv_handle_t *h)
         epd_free(c->resp);
         epd_free(c);
         srv->n_conns--;
+        srv->n_closing--;
     }
     epd_metrics_maybe_free(srv);
 }
@@ -73,6 +79,7 @@ static void epd_metrics_close(epd_metrics_conn_t *c)
         return;
     }
     c->closing = 1;
+    c->srv->n_closing++;
     *c->prev_p = c->next;
     if (c->next != NULL) {
         c->next->prev_p = c->prev_p;
@@ -86,13 +93,31 @@ static void epd_metrics_on_deadline(uv_timer_t *t)
     epd_metrics_close(t->data);
 }
 
-static void epd_metrics_on_written(uv_write_t *wr, int status)
+static void epd_metrics_on_shutdown(uv_shutdown_t *sd, int status)
 {
-    (void)status;
-    epd_metrics_close(wr->data);
+    (void)sd;
+    (void)status; /* the client's EOF (on_read) or the deadline closes it */
 }
 
-/* Queues `status line + headers + body` (body may be NULL); then closes. */
+/*
+ * The answer is out: half-close and wait for the client's EOF before the
+ * socket closes (a lingering close).  Closing at once with unread bytes of
+ * an oversized head in the kernel's buffer would send a reset that can
+ * destroy the answer before the client read it.
+ */
+static void epd_metrics_on_written(uv_write_t *wr, int status)
+{
+    epd_metrics_conn_t *c = wr->data;
+
+    c->writing = 0;
+    if (status != 0 || c->closing || c->eof ||
+        uv_shutdown(&c->sd, (uv_stream_t *)&c->tcp, epd_metrics_on_shutdown) != 0) {
+        epd_metrics_close(c);
+    }
+}
+
+/* Queues `status line + headers + body` (body may be NULL); then the
+ * lingering close (epd_metrics_on_written). */
 static void epd_metrics_answer(epd_metrics_conn_t *c, const char *status, const char *body,
                                size_t body_len, int head_only)
 {
@@ -100,7 +125,6 @@ static void epd_metrics_answer(epd_metrics_conn_t *c, const char *status, const 
     uv_buf_t buf;
 
     c->answered = 1;
-    uv_read_stop((uv_stream_t *)&c->tcp);
     epd_prom_printf(&t,
                     "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
                     "Connection: close\r\n\r\n",
@@ -121,7 +145,9 @@ static void epd_metrics_answer(epd_metrics_conn_t *c, const char *status, const 
     c->wr.data = c;
     if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &buf, 1, epd_metrics_on_written) != 0) {
         epd_metrics_close(c);
+        return;
     }
+    c->writing = 1;
 }
 
 static void epd_metrics_respond(epd_metrics_conn_t *c)
@@ -173,6 +199,9 @@ static void epd_metrics_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     epd_metrics_conn_t *c = h->data;
 
     (void)suggested;
+    if (c->answered) {
+        c->len = 0; /* after the answer: bytes to drop */
+    }
     *buf = uv_buf_init(c->head + c->len, (unsigned)(sizeof(c->head) - c->len));
 }
 
@@ -182,11 +211,16 @@ static void epd_metrics_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 
     (void)buf;
     if (n < 0) {
-        epd_metrics_close(c);
+        if (c->writing) {
+            c->eof = 1; /* a client may half-close after its request: answer it */
+            uv_read_stop(s);
+        } else {
+            epd_metrics_close(c);
+        }
         return;
     }
     if (c->answered || c->closing) {
-        return;
+        return; /* dropped: the answer is out or going */
     }
     {
         /* the head ends at an empty line (CRLF CRLF, or LF LF as HTTP
@@ -235,10 +269,20 @@ static void epd_metrics_on_connection(uv_stream_t *l, int status)
         srv->conns->prev_p = &c->next;
     }
     srv->conns = c;
-    if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0 || srv->n_conns > EPD_METRICS_HTTP_CONNS) {
-        /* over the cap: closed at once (a scraper opens one at a time) */
+    if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0) {
         epd_metrics_close(c);
         return;
+    }
+    if (srv->n_conns - srv->n_closing > EPD_METRICS_HTTP_CONNS) {
+        /* full: the oldest goes (the list is newest first), so sockets left
+         * idle cannot lock a scraper out; it would lose its slot within
+         * the deadline anyway */
+        epd_metrics_conn_t *old = c;
+
+        while (old->next != NULL) {
+            old = old->next;
+        }
+        epd_metrics_close(old);
     }
     uv_timer_start(&c->deadline, epd_metrics_on_deadline, EPD_METRICS_HTTP_DEADLINE_MS, 0);
     if (uv_read_start((uv_stream_t *)&c->tcp, epd_metrics_alloc, epd_metrics_on_read) != 0) {

@@ -7,8 +7,8 @@
  * Why not router/epd_http: it lives above daemon/ (tests/tree/test_layers.sh
  * and the Makefile's include paths forbid the upward use), and a scrape
  * needs none of its keep-alive, bodies, API keys or OpenAI routes.  What it
- * keeps of its defences: at most EPD_METRICS_HTTP_CONNS connections (more
- * are closed at once), a request head of at most EPD_METRICS_HTTP_HEAD
+ * keeps of its defences: at most EPD_METRICS_HTTP_CONNS connections (a new
+ * one beyond closes the oldest), a request head of at most EPD_METRICS_HTTP_HEAD
  * bytes, and EPD_METRICS_HTTP_DEADLINE_MS for the whole exchange (a client
  * that sends slowly or reads slowly is cut off): an idle socket holds a
  * slot for seconds, never forever.

@@ -10,10 +10,13 @@
 # its phases' histograms, queue, KV, cache).  The test checks: promtool
 # passes every daemon's text with no parse error and no lint finding (exit
 # 0, not 3), every worker has its per-worker series at the router, each
-# worker's own families are there with the model label, a worker's own
-# queue of /metrics answers 404 elsewhere, each worker's control port
-# answers Health, and every metric the Grafana dashboard
-# (deploy/grafana/epd.json) queries exists in what the cluster serves.
+# worker's own families are there with the model label, a worker's
+# metrics port answers 404 for another path, 405 for another method and
+# 431 for an oversized head, idle sockets beyond its cap do not lock a
+# scraper out, each worker's control port
+# answers Health, every metric the Grafana dashboard
+# (deploy/grafana/epd.json) queries exists in what the cluster serves, and
+# every family served is documented in docs/metrics.md.
 # No promtool: SKIP (make deps installs prometheus).
 source "$(dirname "$0")/../integration/lib.sh"
 
@@ -64,7 +67,31 @@ for n in d p e; do
   echo "$n /metrics: $(grep -vc '^#' "$T/$n.prom") samples, $(grep -c '^# TYPE' "$T/$n.prom") families: promtool ok"
   code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "http://$maddr/other")
   [ "$code" = 404 ] || fail "GET /other on $n's metrics port answered $code, not 404"
+  code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 -X POST "http://$maddr/metrics")
+  [ "$code" = 405 ] || fail "POST /metrics on $n's metrics port answered $code, not 405"
+  code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 -H "X-Big: $(head -c 5000 /dev/zero | tr '\0' a)" \
+    "http://$maddr/metrics")
+  [ "$code" = 431 ] || fail "a 5 KB head on $n's metrics port answered $code, not 431"
 done
+# 40 idle sockets (more than the listener's 32) and a half-closed client
+# do not keep a scrape from its answer
+"$PYTHON3" - "$(sed -n 's/.* metrics=\([^ ]*\).*/\1/p' "$T/d.ready")" <<'PY' || fail "metrics port under idle sockets"
+import socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+idle = [socket.create_connection((host, int(port)), timeout=30) for _ in range(40)]
+s = socket.create_connection((host, int(port)), timeout=30)
+s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+s.shutdown(socket.SHUT_WR)
+data = b""
+while True:
+    b = s.recv(65536)
+    if not b:
+        break
+    data += b
+head = data.split(b"\r\n", 1)[0]
+print("  after 40 idle sockets, a half-closed scrape:", head.decode(), len(data), "bytes")
+sys.exit(0 if head.startswith(b"HTTP/1.1 200") and b"epd_decode_info" in data else 1)
+PY
 # each role's own families, with the model label (the folder's name: m)
 grep -q '^epd_prefill_compute_seconds_count{model="m"} [1-9]' "$T/p.prom" ||
   fail "prefill: no epd_prefill_compute_seconds observation: $(grep compute_seconds_count "$T/p.prom")"
@@ -87,6 +114,13 @@ cat "$T/router.prom" "$T/d.prom" "$T/p.prom" "$T/e.prom" |
   awk '!/^#/ { n = $1; sub(/\{.*/, "", n); print n } /^# TYPE/ { print $3 }' | sort -u >"$T/names"
 "$PYTHON3" "$(dirname "$0")/epd_dashboard_names.py" "$(dirname "$0")/../../deploy/grafana/epd.json" \
   "$T/names" || fail "the dashboard queries metrics nobody serves"
+
+note "every family served is documented in docs/metrics.md"
+grep '^# TYPE' "$T/router.prom" "$T/d.prom" "$T/p.prom" "$T/e.prom" | awk '{ print $3 }' | sort -u |
+  while read -r fam; do
+    grep -q "\`$fam\`" "$(dirname "$0")/../../docs/metrics.md" || echo "$fam"
+  done >"$T/undocumented"
+[ ! -s "$T/undocumented" ] || fail "not in docs/metrics.md: $(tr '\n' ' ' <"$T/undocumented")"
 
 note "every worker's heartbeat series in the router's /metrics; Health on each control port"
 for w in decode-0:decode prefill-0:prefill encoder-0:encoder; do
