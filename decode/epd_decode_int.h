@@ -250,6 +250,14 @@ typedef struct epd_decode_srv {
 /* ---- epd_decode_metrics.c ---- */
 /* Zeroes srv->hist (before serve). */
 void epd__decode_metrics_init(epd_decode_srv_t *srv);
+/* PrefillComplete came at t_recv with P's phase times (NULL: none, an older
+ * prefill): kept in req->times (rule 38). */
+void epd__decode_metrics_times_in(epd_decode_request_t *req, const Epd__PhaseTimes *pt,
+                                  uint64_t t_recv);
+/* The KV is held (req->t_join_ns): our part of the KV tail and the hand-off
+ * observed and added to req->times, sent on the first chunk (a resume's
+ * first chunk is not the request's first token: nothing). */
+void epd__decode_metrics_held(epd_decode_srv_t *srv, epd_decode_request_t *req);
 /* The role's part of /metrics (epd_daemon_metrics_cb_t; arg = srv). */
 void epd__decode_metrics_render(void *arg, const char *model, epd_prom_text_t *out);
 
@@ -296,6 +304,11 @@ void epd__decode_fence_ask(epd_decode_srv_t *srv, epd_decode_request_t *req, uin
 void epd__decode_fence_closed(epd_decode_srv_t *srv, epd_peer_t *peer, uint32_t n);
 
 /* ---- epd_decode_send.c ---- */
+/* Refuses a message: one rate-limited line and an Error to its sender
+ * (never in answer to an Error). */
+void epd__decode_refuse(epd_decode_srv_t *srv, epd_link_t *to, const Epd__Envelope *env,
+                        uint64_t id, epd_status_t status, const char *what);
+
 /* Streams tokens[n_sent..n_produced) to the client (TokenChunks of at most
  * EPD_DECODE_CHUNK_MAX) and, with `finish`, ends the stream: the client's
  * final answer (client_done).  Nothing once the client is done. */

@@ -8,6 +8,7 @@
  */
 #include "epd_decode_batch.h"
 #include "epd_decode_int.h"
+#include "epd_time.h"
 
 void epd__decode_metrics_init(epd_decode_srv_t *srv)
 {
@@ -57,4 +58,36 @@ void epd__decode_metrics_render(void *arg, const char *model, epd_prom_text_t *t
     epd_prom_counter(t, "epd_decode_verification_failures_total",
                      "Requests failed because their KV did not match its checksums", model,
                      srv->verify_failures);
+}
+
+void epd__decode_metrics_times_in(epd_decode_request_t *req, const Epd__PhaseTimes *pt,
+                                  uint64_t t_recv)
+{
+    req->t_pc_ns = t_recv;
+    epd__phase_times__init(&req->times);
+    if (pt != NULL) {
+        req->times.encode_ns = pt->encode_ns;
+        req->times.prefill_queue_ns = pt->prefill_queue_ns;
+        req->times.prefill_compute_ns = pt->prefill_compute_ns;
+        req->times.kv_tail_ns = pt->kv_tail_ns;
+        req->times.cached_tokens = pt->cached_tokens;
+    }
+}
+
+void epd__decode_metrics_held(epd_decode_srv_t *srv, epd_decode_request_t *req)
+{
+    uint64_t tail = req->t_join_ns > req->t_pc_ns ? req->t_join_ns - req->t_pc_ns : 0;
+
+    if (req->n_resume != 0) {
+        return; /* a resume's first chunk is not the request's first token */
+    }
+    /* our part of the KV tail, then the hand-off to the first chunk */
+    req->times.kv_tail_ns += tail;
+    epd_trace_span(srv->trace, "KV tail (verify)", "xfer", req->id, -1, req->t_pc_ns,
+                   req->t_join_ns);
+    epd_prom_histo_observe_ns(&srv->hist.kv_tail, tail);
+    epd_prom_histo_observe_ns(&srv->hist.wait, req->t_join_ns - req->t_recv_ns);
+    req->times.handoff_ns = epd_time_now_ns() - req->t_join_ns;
+    epd_prom_histo_observe_ns(&srv->hist.handoff, req->times.handoff_ns);
+    req->send_times = 1;
 }

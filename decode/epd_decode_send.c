@@ -209,3 +209,14 @@ void epd__decode_finish_run(epd_decode_srv_t *srv, epd_decode_request_t *req)
     }
     epd_log_debug(EPD_DECODE_LOG, req->id, "finished after %u tokens", n);
 }
+
+void epd__decode_refuse(epd_decode_srv_t *srv, epd_link_t *to, const Epd__Envelope *env,
+                        uint64_t id, epd_status_t status, const char *what)
+{
+    epd_daemon_counts(srv->d)->refused++;
+    epd_daemon_refuse_log(srv->d, id, "%s from %s: %s (%s)", epd_msg_body_name(env),
+                          env->sender->worker_id, what, epd_status_name(status));
+    if (env->body_case != EPD__ENVELOPE__BODY_ERROR) {
+        (void)epd_link_send_error(to, id, status, what, NULL);
+    }
+}

@@ -451,6 +451,14 @@ typedef struct epd_prefill_srv {
 /* ---- epd_prefill_metrics.c ---- */
 /* Zeroes srv->hist (before serve). */
 void epd__prefill_metrics_init(epd_prefill_srv_t *srv);
+/* Where a request's time went until now (rule 38): received -> images
+ * ready -> run started -> run finished -> now (the PrefillComplete about to
+ * be posted, or the first token of a prefill-only request), observed into
+ * the histograms once and written to *t_p (for decode).  Loop thread. */
+void epd__prefill_metrics_phases(epd_prefill_srv_t *srv, epd_prefill_req_t *req, uint64_t now,
+                                 Epd__PhaseTimes *t_p);
+/* LANDING: once its last write landed, compute done -> now, once. */
+void epd__prefill_metrics_landed(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
 /* The role's part of /metrics (epd_daemon_metrics_cb_t; arg = srv). */
 void epd__prefill_metrics_render(void *arg, const char *model, epd_prom_text_t *out);
 

@@ -7,6 +7,45 @@
  * images.  The request layer observes on the loop thread; this renders.
  */
 #include "epd_prefill_int.h"
+#include "epd_time.h"
+
+/* b - a, 0 when b is not after a (a clock read on another thread may be
+ * a hair earlier than the loop's) */
+static uint64_t epd_prefill_span(uint64_t a, uint64_t b)
+{
+    return b > a ? b - a : 0;
+}
+
+void epd__prefill_metrics_phases(epd_prefill_srv_t *srv, epd_prefill_req_t *req, uint64_t now,
+                                 Epd__PhaseTimes *t_p)
+{
+    uint64_t media = req->t_media_ns != 0 ? req->t_media_ns : req->t_admit_ns;
+    uint64_t start = req->t_start_ns > media ? req->t_start_ns : media;
+    uint64_t cached = (uint64_t)req->hit_blocks * srv->info->kv.block_tokens;
+
+    t_p->encode_ns = epd_prefill_span(req->t_admit_ns, media);
+    t_p->prefill_queue_ns = epd_prefill_span(media, start);
+    t_p->prefill_compute_ns = epd_prefill_span(start, req->t_finished_ns);
+    t_p->kv_tail_ns = req->prefill_only ? 0 : epd_prefill_span(req->t_finished_ns, now);
+    t_p->cached_tokens = (uint32_t)(cached < req->n_tokens ? cached : req->n_tokens);
+    epd_prom_histo_observe_ns(&srv->hist.encode, t_p->encode_ns);
+    epd_prom_histo_observe_ns(&srv->hist.queue, t_p->prefill_queue_ns);
+    epd_prom_histo_observe_ns(&srv->hist.compute, t_p->prefill_compute_ns);
+    if (!req->prefill_only) {
+        epd_prom_histo_observe_ns(&srv->hist.kv_tail, t_p->kv_tail_ns);
+    }
+    epd_prom_histo_observe(&srv->hist.prompt, req->n_tokens);
+    epd_prom_histo_observe(&srv->hist.cached, t_p->cached_tokens);
+}
+
+void epd__prefill_metrics_landed(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+{
+    if (req->xfer.writes_inflight == 0 && !req->prefill_only && !req->landed_seen) {
+        req->landed_seen = 1;
+        epd_prom_histo_observe_ns(&srv->hist.landed,
+                                  epd_prefill_span(req->t_finished_ns, epd_time_now_ns()));
+    }
+}
 
 void epd__prefill_metrics_init(epd_prefill_srv_t *srv)
 {

@@ -212,46 +212,13 @@ static int epd_prefill_submit_release(epd_prefill_srv_t *srv, epd_prefill_req_t 
     return epd_prefill_compute_submit(srv->compute, &req->release_job) == EPD_OK;
 }
 
-/* b - a, 0 when b is not after a (a clock read on another thread may be
- * a hair earlier than the loop's) */
-static uint64_t epd_prefill_span(uint64_t a, uint64_t b)
-{
-    return b > a ? b - a : 0;
-}
-
-/* Where the request's time went until now (rule 38): received -> images
- * ready -> run started -> run finished -> now (the PrefillComplete about to
- * be posted, or the first token of a prefill-only request), observed into
- * the histograms of /metrics once and written to *t_p for decode. */
-static void epd_prefill_phases(epd_prefill_srv_t *srv, epd_prefill_req_t *req, uint64_t now,
-                               Epd__PhaseTimes *t_p)
-{
-    uint64_t media = req->t_media_ns != 0 ? req->t_media_ns : req->t_admit_ns;
-    uint64_t start = req->t_start_ns > media ? req->t_start_ns : media;
-    uint64_t cached = (uint64_t)req->hit_blocks * srv->info->kv.block_tokens;
-
-    t_p->encode_ns = epd_prefill_span(req->t_admit_ns, media);
-    t_p->prefill_queue_ns = epd_prefill_span(media, start);
-    t_p->prefill_compute_ns = epd_prefill_span(start, req->t_finished_ns);
-    t_p->kv_tail_ns = req->prefill_only ? 0 : epd_prefill_span(req->t_finished_ns, now);
-    t_p->cached_tokens = (uint32_t)(cached < req->n_tokens ? cached : req->n_tokens);
-    epd_prom_histo_observe_ns(&srv->hist.encode, t_p->encode_ns);
-    epd_prom_histo_observe_ns(&srv->hist.queue, t_p->prefill_queue_ns);
-    epd_prom_histo_observe_ns(&srv->hist.compute, t_p->prefill_compute_ns);
-    if (!req->prefill_only) {
-        epd_prom_histo_observe_ns(&srv->hist.kv_tail, t_p->kv_tail_ns);
-    }
-    epd_prom_histo_observe(&srv->hist.prompt, req->n_tokens);
-    epd_prom_histo_observe(&srv->hist.cached, t_p->cached_tokens);
-}
-
 static void epd_prefill_send_complete(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
     Epd__PhaseTimes times = EPD__PHASE_TIMES__INIT;
     char msg[200];
     epd_status_t st;
 
-    epd_prefill_phases(srv, req, epd_time_now_ns(), &times);
+    epd__prefill_metrics_phases(srv, req, epd_time_now_ns(), &times);
     st = epd__prefill_xfer_complete(srv, &req->xfer, req->first_token, req->n_tokens, &times);
     if (st != EPD_OK) {
         snprintf(msg, sizeof(msg), "sending PrefillComplete to decode '%.80s': %s",
@@ -319,7 +286,7 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
                  * loses its answer */
                 Epd__PhaseTimes times = EPD__PHASE_TIMES__INIT;
 
-                epd_prefill_phases(srv, req, epd_time_now_ns(), &times);
+                epd__prefill_metrics_phases(srv, req, epd_time_now_ns(), &times);
                 epd__prefill_xfer_first_token(srv, req->client, req->id, req->first_token);
                 req->complete_sent = 1;
                 req->t_complete_ns = epd_time_now_ns();
@@ -338,11 +305,7 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
             }
             break;
         case EPD_PREFILL_REQ_LANDING:
-            if (req->xfer.writes_inflight == 0 && !req->prefill_only && !req->landed_seen) {
-                req->landed_seen = 1;
-                epd_prom_histo_observe_ns(&srv->hist.landed,
-                                          epd_prefill_span(req->t_finished_ns, epd_time_now_ns()));
-            }
+            epd__prefill_metrics_landed(srv, req);
             if (req->xfer.writes_inflight == 0 && epd_prefill_submit_release(srv, req)) {
                 req->state = EPD_PREFILL_REQ_RELEASING;
             }
