@@ -15,8 +15,9 @@ typedef struct {
 } epd_prom_set_t;
 
 static const epd_prom_set_t epd_prom_sets[EPD_PROM_BOUND_SETS] = {
-    [EPD_PROM_SECONDS] = {20, {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                               0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0}},
+    [EPD_PROM_SECONDS] = {20,
+                          {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                           0.25,   0.5,     1.0,    2.5,   5.0,    10.0,  20.0, 30.0,  45.0, 60.0}},
     [EPD_PROM_COUNT] = {12, {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048}},
     [EPD_PROM_TOKENS] = {9, {16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576}},
 };
@@ -125,8 +126,8 @@ void epd_prom_sample(epd_prom_text_t *t, const char *name, const char *model, co
     epd_prom_printf(t, "} %.9g\n", value);
 }
 
-void epd_prom_sample_u64(epd_prom_text_t *t, const char *name, const char *model,
-                         const char *extra, uint64_t value)
+void epd_prom_sample_u64(epd_prom_text_t *t, const char *name, const char *model, const char *extra,
+                         uint64_t value)
 {
     epd_prom_head(t, name, "", model, extra);
     epd_prom_printf(t, "} %llu\n", (unsigned long long)value);
@@ -149,9 +150,10 @@ void epd_prom_histo(epd_prom_text_t *t, const char *name, const char *model, con
         cum += counts[i];
         epd_prom_head(t, name, "_bucket", model, extra);
         /* whole bounds in full (1048576, not 1.04858e+06) */
-        epd_prom_printf(t, s->b[i] >= 1.0 && s->b[i] == (double)(uint64_t)s->b[i]
-                               ? ",le=\"%.0f\"} %llu\n"
-                               : ",le=\"%g\"} %llu\n",
+        epd_prom_printf(t,
+                        s->b[i] >= 1.0 && s->b[i] == (double)(uint64_t)s->b[i]
+                            ? ",le=\"%.0f\"} %llu\n"
+                            : ",le=\"%g\"} %llu\n",
                         s->b[i], (unsigned long long)cum);
     }
     cum += counts[s->n];

@@ -79,8 +79,8 @@ void epd_prom_sample(epd_prom_text_t *t, const char *name, const char *model, co
                      double value);
 
 /* The same with an integer value (counters, exact above 2^53). */
-void epd_prom_sample_u64(epd_prom_text_t *t, const char *name, const char *model,
-                         const char *extra, uint64_t value);
+void epd_prom_sample_u64(epd_prom_text_t *t, const char *name, const char *model, const char *extra,
+                         uint64_t value);
 
 /* A histogram's _bucket, _sum and _count samples (after its family). */
 void epd_prom_histo(epd_prom_text_t *t, const char *name, const char *model, const char *extra,

@@ -30,8 +30,7 @@ const char *epd_daemon_metrics_model(const epd_daemon_t *d)
 }
 
 /* epd_<role>_<what> into buf (names are the caller's constants) */
-static const char *epd_daemon_mname(const epd_daemon_t *d, char *buf, size_t cap,
-                                    const char *what)
+static const char *epd_daemon_mname(const epd_daemon_t *d, char *buf, size_t cap, const char *what)
 {
     snprintf(buf, cap, "epd_%s_%s", d->log, what);
     return buf;
@@ -68,8 +67,8 @@ static void epd_daemon_render(void *arg, epd_prom_text_t *t)
     epd_prom_family(t, epd_daemon_mname(d, name, sizeof(name), "info"), "gauge",
                     "This worker: always 1, its identity in the labels");
     epd_prom_label(&w, d->worker_id);
-    snprintf(extra, sizeof(extra), "worker=\"%s\",transport=\"%s\"",
-             w.data != NULL ? w.data : "", d->fl->transport);
+    snprintf(extra, sizeof(extra), "worker=\"%s\",transport=\"%s\"", w.data != NULL ? w.data : "",
+             d->fl->transport);
     epd_prom_text_cleanup(&w);
     epd_prom_sample(t, name, model, extra, 1);
     epd_prom_family(t, epd_daemon_mname(d, name, sizeof(name), "requests_total"), "counter",
@@ -94,8 +93,7 @@ static void epd_daemon_render(void *arg, epd_prom_text_t *t)
                             l.wasted_prefill_tokens);
     }
     if (d->cfg.role == EPD__ROLE__ROLE_DECODE) {
-        epd_daemon_mgauge(d, t, "kv_blocks", "KV blocks of the pool",
-                          d->capacity.kv_blocks_total);
+        epd_daemon_mgauge(d, t, "kv_blocks", "KV blocks of the pool", d->capacity.kv_blocks_total);
         epd_daemon_mgauge(d, t, "kv_blocks_used", "KV blocks not free (in use, quarantined, kept)",
                           d->capacity.kv_blocks_total >= l.kv_blocks_free
                               ? d->capacity.kv_blocks_total - l.kv_blocks_free
@@ -113,8 +111,7 @@ static void epd_daemon_render(void *arg, epd_prom_text_t *t)
                             "Running requests that gave their blocks back (resumed later)",
                             l.preemptions);
         epd_daemon_mcounter(d, t, "recomputed_tokens_total",
-                            "Tokens recomputed to resume preempted requests",
-                            l.recomputed_tokens);
+                            "Tokens recomputed to resume preempted requests", l.recomputed_tokens);
     }
     if (l.prefix.requests > 0 || d->have_prefix_root) {
         epd_daemon_mcounter(d, t, "prefix_cache_queries_total",

@@ -45,8 +45,8 @@ struct epd_metrics_conn {
     size_t len;
     int answered; /* a response was queued: what comes now is read and dropped */
     int closing;
-    int writing; /* the answer's write is posted */
-    int eof;     /* the client half-closed (or failed) while it was */
+    int writing;   /* the answer's write is posted */
+    int eof;       /* the client half-closed (or failed) while it was */
     unsigned open; /* of its two handles, those not closed yet */
     char *resp;    /* epd_malloc'ed, lent to the write */
 };
@@ -229,17 +229,16 @@ static void epd_metrics_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 
         c->len += (size_t)n;
         for (size_t i = from; i < c->len; i++) {
-            if (c->head[i] == '\n' &&
-                ((i >= 1 && c->head[i - 1] == '\n') ||
-                 (i >= 3 && memcmp(c->head + i - 3, "\r\n\r\n", 4) == 0))) {
+            if (c->head[i] == '\n' && ((i >= 1 && c->head[i - 1] == '\n') ||
+                                       (i >= 3 && memcmp(c->head + i - 3, "\r\n\r\n", 4) == 0))) {
                 epd_metrics_respond(c);
                 return;
             }
         }
     }
     if (c->len == sizeof(c->head)) {
-        epd_metrics_answer(c, "431 Request Header Fields Too Large", "request head too large\n",
-                           23, 0);
+        epd_metrics_answer(c, "431 Request Header Fields Too Large", "request head too large\n", 23,
+                           0);
     }
 }
 

@@ -33,11 +33,10 @@ void epd__decode_metrics_render(void *arg, const char *model, epd_prom_text_t *t
      * so the families never come and go */
     epd_prom_histo_init(&empty_s, EPD_PROM_SECONDS);
     epd_prom_histo_init(&empty_c, EPD_PROM_COUNT);
-    epd_decode_metrics_histo(t, "epd_decode_step_seconds",
-                             "One batch step that ran at least one sequence (compute thread)",
-                             model,
-                             srv->batch != NULL ? epd_decode_batch_step_histo(srv->batch)
-                                                : &empty_s);
+    epd_decode_metrics_histo(
+        t, "epd_decode_step_seconds",
+        "One batch step that ran at least one sequence (compute thread)", model,
+        srv->batch != NULL ? epd_decode_batch_step_histo(srv->batch) : &empty_s);
     epd_decode_metrics_histo(t, "epd_decode_batch_size", "Sequences a batch step ran", model,
                              srv->batch != NULL ? epd_decode_batch_size_histo(srv->batch)
                                                 : &empty_c);

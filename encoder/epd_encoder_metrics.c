@@ -31,8 +31,8 @@ void epd__encoder_metrics_render(void *arg, const char *model, epd_prom_text_t *
                               "EncodeRequest received to its encode started (per image)", model,
                               &srv->hist.queue);
     epd_encoder_metrics_histo(t, "epd_encoder_encode_seconds",
-                              "Decoding the image and running the vision tower (per image)",
-                              model, &srv->hist.encode);
+                              "Decoding the image and running the vision tower (per image)", model,
+                              &srv->hist.encode);
     epd_encoder_metrics_histo(t, "epd_encoder_write_seconds",
                               "The embeddings' write into the prefill worker, posted to completed",
                               model, &srv->hist.write);

@@ -100,10 +100,8 @@ void epd__prefill_metrics_render(void *arg, const char *model, epd_prom_text_t *
                      srv->runs_held);
     epd_prom_family(t, "epd_prefill_images_total", "counter",
                     "Images by where their embeddings came from: cache (hit), encoder, local");
-    epd_prom_sample_u64(t, "epd_prefill_images_total", model, "source=\"cache\"",
-                        srv->embed_hits);
+    epd_prom_sample_u64(t, "epd_prefill_images_total", model, "source=\"cache\"", srv->embed_hits);
     epd_prom_sample_u64(t, "epd_prefill_images_total", model, "source=\"encoder\"",
                         srv->embed_misses);
-    epd_prom_sample_u64(t, "epd_prefill_images_total", model, "source=\"local\"",
-                        srv->embed_local);
+    epd_prom_sample_u64(t, "epd_prefill_images_total", model, "source=\"local\"", srv->embed_local);
 }
