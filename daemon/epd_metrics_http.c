@@ -150,48 +150,74 @@ static void epd_metrics_answer(epd_metrics_conn_t *c, const char *status, const 
     c->writing = 1;
 }
 
-static void epd_metrics_respond(epd_metrics_conn_t *c)
+size_t epd_metrics_http_head_end(const char *buf, size_t from, size_t len)
 {
-    epd_metrics_http_t *srv = c->srv;
-    const char *sp1 = memchr(c->head, ' ', c->len);
+    for (size_t i = from; i < len; i++) {
+        if (buf[i] == '\n' && ((i >= 1 && buf[i - 1] == '\n') ||
+                               (i >= 3 && memcmp(buf + i - 3, "\r\n\r\n", 4) == 0))) {
+            return i + 1;
+        }
+    }
+    return 0;
+}
+
+epd_metrics_route_t epd_metrics_http_route(const char *head, size_t len)
+{
+    const char *sp1 = memchr(head, ' ', len);
     const char *path, *sp2;
-    size_t mlen, plen;
-    int head_only;
+    size_t mlen, plen, rest;
 
     if (sp1 == NULL) {
-        epd_metrics_answer(c, "400 Bad Request", "bad request line\n", 17, 0);
-        return;
+        return EPD_METRICS_ROUTE_BAD;
     }
-    mlen = (size_t)(sp1 - c->head);
+    mlen = (size_t)(sp1 - head);
     path = sp1 + 1;
-    sp2 = memchr(path, ' ', c->len - (size_t)(path - c->head));
-    if (sp2 == NULL || strncmp(sp2 + 1, "HTTP/1.", 7) != 0) {
-        epd_metrics_answer(c, "400 Bad Request", "bad request line\n", 17, 0);
-        return;
+    rest = len - (size_t)(path - head);
+    sp2 = memchr(path, ' ', rest);
+    if (sp2 == NULL || rest - (size_t)(sp2 - path) < 8 || memcmp(sp2 + 1, "HTTP/1.", 7) != 0) {
+        return EPD_METRICS_ROUTE_BAD;
     }
     plen = (size_t)(sp2 - path);
-    head_only = mlen == 4 && memcmp(c->head, "HEAD", 4) == 0;
-    if (!head_only && !(mlen == 3 && memcmp(c->head, "GET", 3) == 0)) {
-        epd_metrics_answer(c, "405 Method Not Allowed", "only GET /metrics\n", 18, 0);
-        return;
+    if (!(mlen == 3 && memcmp(head, "GET", 3) == 0) &&
+        !(mlen == 4 && memcmp(head, "HEAD", 4) == 0)) {
+        return EPD_METRICS_ROUTE_METHOD;
     }
     /* /metrics, with or without a query (Prometheus may add one) */
     if (!(plen >= 8 && memcmp(path, "/metrics", 8) == 0 && (plen == 8 || path[8] == '?'))) {
+        return EPD_METRICS_ROUTE_NOT_FOUND;
+    }
+    return mlen == 4 ? EPD_METRICS_ROUTE_HEAD : EPD_METRICS_ROUTE_GET;
+}
+
+static void epd_metrics_respond(epd_metrics_conn_t *c)
+{
+    epd_metrics_http_t *srv = c->srv;
+    epd_metrics_route_t route = epd_metrics_http_route(c->head, c->len);
+    epd_prom_text_t t = {0};
+
+    switch (route) {
+    case EPD_METRICS_ROUTE_BAD:
+        epd_metrics_answer(c, "400 Bad Request", "bad request line\n", 17, 0);
+        return;
+    case EPD_METRICS_ROUTE_METHOD:
+        epd_metrics_answer(c, "405 Method Not Allowed", "only GET /metrics\n", 18, 0);
+        return;
+    case EPD_METRICS_ROUTE_NOT_FOUND:
         epd_metrics_answer(c, "404 Not Found", "only GET /metrics\n", 18, 0);
         return;
+    case EPD_METRICS_ROUTE_GET:
+    case EPD_METRICS_ROUTE_HEAD:
+        break;
     }
-    {
-        epd_prom_text_t t = {0};
-
-        srv->render(srv->arg, &t);
-        if (t.failed) {
-            epd_metrics_answer(c, "500 Internal Server Error", "out of memory\n", 14, 0);
-        } else {
-            srv->scrapes++;
-            epd_metrics_answer(c, "200 OK", t.data != NULL ? t.data : "", t.len, head_only);
-        }
-        epd_prom_text_cleanup(&t);
+    srv->render(srv->arg, &t);
+    if (t.failed) {
+        epd_metrics_answer(c, "500 Internal Server Error", "out of memory\n", 14, 0);
+    } else {
+        srv->scrapes++;
+        epd_metrics_answer(c, "200 OK", t.data != NULL ? t.data : "", t.len,
+                           route == EPD_METRICS_ROUTE_HEAD);
     }
+    epd_prom_text_cleanup(&t);
 }
 
 static void epd_metrics_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -228,12 +254,9 @@ static void epd_metrics_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         size_t from = c->len >= 3 ? c->len - 3 : 0;
 
         c->len += (size_t)n;
-        for (size_t i = from; i < c->len; i++) {
-            if (c->head[i] == '\n' && ((i >= 1 && c->head[i - 1] == '\n') ||
-                                       (i >= 3 && memcmp(c->head + i - 3, "\r\n\r\n", 4) == 0))) {
-                epd_metrics_respond(c);
-                return;
-            }
+        if (epd_metrics_http_head_end(c->head, from, c->len) != 0) {
+            epd_metrics_respond(c);
+            return;
         }
     }
     if (c->len == sizeof(c->head)) {

@@ -43,6 +43,24 @@ epd_status_t epd_metrics_http_start(uv_loop_t *loop, const char *bind, const cha
                                     epd_metrics_render_cb_t render, void *arg,
                                     epd_metrics_http_t **srv_p);
 
+/* What a request head asks for (epd_metrics_http_route). */
+typedef enum {
+    EPD_METRICS_ROUTE_GET = 0,   /* GET /metrics[?...] */
+    EPD_METRICS_ROUTE_HEAD,      /* HEAD /metrics[?...] */
+    EPD_METRICS_ROUTE_BAD,       /* no "METHOD SP PATH SP HTTP/1.x" request line: 400 */
+    EPD_METRICS_ROUTE_NOT_FOUND, /* another path: 404 */
+    EPD_METRICS_ROUTE_METHOD,    /* another method: 405 */
+} epd_metrics_route_t;
+
+/* The offset just past the empty line ending a request head in
+ * buf[0..len) (CRLF CRLF, or LF LF), looking at line ends from `from` on
+ * (from = where the previous look stopped, less 3), or 0 when there is
+ * none yet.  Pure: reads buf[0..len) only. */
+size_t epd_metrics_http_head_end(const char *buf, size_t from, size_t len);
+
+/* The route of the request head head[0..len) (its request line).  Pure. */
+epd_metrics_route_t epd_metrics_http_route(const char *head, size_t len);
+
 /* The bound port. */
 uint16_t epd_metrics_http_port(const epd_metrics_http_t *srv);
 
