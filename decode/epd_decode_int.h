@@ -24,10 +24,12 @@
  *   epd_decode_batch.c     the compute thread: continuous batching (own header)
  *   epd_decode_verify.c    the verifier thread: the KV checks off the loop (own header)
  *   epd_decode_cache.c     decode-side reuse: finished prompts' blocks kept
+ *   epd_decode_metrics.c   /metrics: a request's phase times (rule 38), the
+ *                          role's histograms, rendered
  *
  * Calls go one way: main.c -> epd_decode_msg.c -> epd_decode_req.c ->
  * epd_decode_admit.c, epd_decode_send.c, epd_decode_kv.c, epd_decode_cache.c,
- * epd_decode_blocks.c, epd_decode_check.c, epd_decode_batch.c,
+ * epd_decode_metrics.c, epd_decode_blocks.c, epd_decode_check.c, epd_decode_batch.c,
  * epd_decode_verify.c (-> epd_decode_check.c); epd_decode_admit.c ->
  * epd_decode_cache.c -> epd_decode_blocks.c (the message layer also
  * calls epd_decode_admit.c's refusal; main.c also

@@ -30,12 +30,14 @@
  *                           landing zone and the image cache), placing a
  *                           request's images, quarantine, EmbedReservation /
  *                           Abort to encoders, checks
+ *   epd_prefill_metrics.c   /metrics: the phase times of a request (rule
+ *                           38) and their histograms, rendered
  *   epd_prefill_compute.c   the compute thread (own header)
  *   epd_prefill_plan.c      the pure write plan (own header)
  *
  * Calls go one way: main.c -> epd_prefill_msg.c -> epd_prefill_req.c ->
  * the parts (epd_prefill_ids.c, epd_prefill_pool.c, epd_prefill_cache.c,
- * epd_prefill_media.c, epd_prefill_xfer.c) -> epd_prefill_compute.c,
+ * epd_prefill_media.c, epd_prefill_xfer.c, epd_prefill_metrics.c) -> epd_prefill_compute.c,
  * epd_prefill_plan.c; among the parts: pool -> cache, xfer, plan; cache -> tier;
  * xfer -> plan; media -> compute.
  * main.c also calls the request layer and the parts to set them up.  A
