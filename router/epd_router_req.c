@@ -684,7 +684,7 @@ static void epd_router_req_advance(epd_router_t *rt, epd_router_req_t *r,
  * to its TTFT.  The workers' durations lie in causal order inside the
  * attempt's wait, so the rest is never negative but for clock rates;
  * clamped at 0 (and the workers' then scaled to fit) all the same.
- * Traced as spans laid end to end from the submission (the workers'
+ * Traced as spans laid end to end from the arrival (the workers'
  * positions are not known on this clock, their lengths are).
  */
 static void epd_router_phases(epd_router_t *rt, epd_router_req_t *r, const epd_client_event_t *ev,
