@@ -17,6 +17,7 @@
 # answers Health, every metric the Grafana dashboard
 # (deploy/grafana/epd.json) queries exists in what the cluster serves, and
 # every family served is documented in docs/metrics.md.
+# A worker refuses a non-loopback --metrics-addr without a cluster secret.
 # No promtool: SKIP (make deps installs prometheus).
 source "$(dirname "$0")/../integration/lib.sh"
 
@@ -26,6 +27,15 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 
 mkmodel "$T/m" "${TINY_VISION_FLAGS[@]}"
+note "--metrics-addr is bound like --control-addr: loopback only without a cluster secret"
+for bad in "0.0.0.0:0|--metrics-addr is not a loopback address" "nonsense|metrics-addr"; do
+  a=${bad%%|*} want=${bad#*|}
+  if "$BIN/epd-decode" --model "$T/m" --control-addr 127.0.0.1:0 --metrics-addr "$a" \
+       >"$T/bad.log" 2>&1; then
+    fail "decode started with --metrics-addr $a and no secret"
+  fi
+  grep -q -- "$want" "$T/bad.log" || fail "--metrics-addr $a: $(tail -n 2 "$T/bad.log")"
+done
 (umask 077 && head -c 32 /dev/urandom >"$T/secret")
 export EPD_CLUSTER_SECRET_FILE="$T/secret"
 SEC=(--cluster-secret-file "$T/secret")
