@@ -25,6 +25,7 @@
 #include "epd_alloc.h"
 #include "epd_daemon_int.h"
 #include "epd_fault.h"
+#include "epd_metrics_http.h"
 #include "epd_rng.h"
 #include "epd_time.h"
 
@@ -638,10 +639,26 @@ static epd_status_t epd_daemon_start(epd_daemon_t *d, const char *ready_prefix)
     uv_signal_start(&d->sigint, epd_daemon_on_signal, SIGINT);
     uv_signal_start(&d->sigusr1, epd_daemon_on_sigusr1, SIGUSR1);
 
-    snprintf(d->ready_line, sizeof(d->ready_line), "%s%scontrol=%s pid=%d worker=%s transport=%s\n",
+    st = epd__daemon_metrics_start(d);
+    if (st != EPD_OK) {
+        return st;
+    }
+    snprintf(d->ready_line, sizeof(d->ready_line), "%s%scontrol=%s pid=%d worker=%s transport=%s",
              ready_prefix != NULL ? ready_prefix : "",
              ready_prefix != NULL && ready_prefix[0] != '\0' ? " " : "", d->control_advertised,
              (int)getpid(), d->worker_id, fl->transport);
+    if (d->metrics != NULL) {
+        /* last, so that readers matching `control=` and friends are unchanged */
+        char host[EPD_ADDR_HOST_MAX], addr[EPD_ADDR_MAX];
+        uint16_t port;
+
+        (void)epd_addr_split(d->metrics_bind, host, sizeof(host), &port, NULL);
+        (void)epd_addr_join(host, epd_metrics_http_port(d->metrics), addr, sizeof(addr));
+        snprintf(d->ready_line + strlen(d->ready_line), sizeof(d->ready_line) - strlen(d->ready_line),
+                 " metrics=%s", addr);
+    }
+    snprintf(d->ready_line + strlen(d->ready_line), sizeof(d->ready_line) - strlen(d->ready_line),
+             "\n");
     if (d->dx != NULL) {
         epd_xport_describe(d->dx, desc, sizeof(desc));
         epd_log_info(d->log, 0, "transport %s", desc);
@@ -706,6 +723,7 @@ epd_status_t epd_daemon_serve(epd_daemon_t *d, const char *ready_prefix)
      * stay until its threads are joined: they may still wake the loop) */
     epd_xport_uv_stop(d->xuv);
     d->xuv = NULL;
+    epd__daemon_metrics_stop(d);
     d->handles_ready = 0;
     uv_close((uv_handle_t *)&d->tick, NULL);
     uv_close((uv_handle_t *)&d->pump, NULL);

@@ -62,6 +62,7 @@
 #include "epd_msg.h"
 #include "epd_registrar.h"
 #include "epd_rpc.h"
+#include "epd_prom.h"
 #include "epd_status.h"
 #include "epd_trace.h"
 #include "epd_xport.h"
@@ -104,6 +105,10 @@ typedef struct {
     int64_t control_auth_timeout_ms;    /* --control-auth-timeout-ms */
     int64_t control_max_streams;        /* --control-max-streams */
     int64_t control_max_resets;         /* --control-max-resets */
+    /* workers: their own Prometheus /metrics (daemon/epd_metrics_http.h) */
+    const char *metrics_addr;      /* --metrics-addr HOST:PORT (NULL: off) */
+    const char *served_model_name; /* --served-model-name: the `model` label (NULL: the
+                                    * --model folder's name) */
 } epd_daemon_flags_t;
 
 /* Which common flags a program takes (epd_daemon_main). */
@@ -352,6 +357,17 @@ int epd_daemon_sent_by_router(epd_daemon_t *d, const Epd__Envelope *env);
 /* What the ready line written by epd_daemon_run starts with (e.g. the
  * router's "http=HOST:PORT"), copied; call from ops->setup. */
 void epd_daemon_set_ready_prefix(epd_daemon_t *d, const char *prefix);
+
+/* The role's part of /metrics (--metrics-addr): appended after the
+ * daemon's own families (requests, load, the fence) on every scrape, on
+ * the loop thread; `model` is the label value to use (escaped by
+ * epd_prom_*).  Call from ops->setup (or before serve). */
+typedef void (*epd_daemon_metrics_cb_t)(void *arg, const char *model, epd_prom_text_t *out);
+void epd_daemon_set_metrics(epd_daemon_t *d, epd_daemon_metrics_cb_t cb, void *arg);
+
+/* The `model` label of this worker's metrics: --served-model-name, else
+ * the --model folder's name. */
+const char *epd_daemon_metrics_model(const epd_daemon_t *d);
 
 /* Drives a transport the role made itself (the router's client) instead
  * of the daemon's own; borrowed until epd_daemon_serve returns, which

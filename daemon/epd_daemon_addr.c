@@ -125,6 +125,14 @@ static epd_status_t epd_daemon_resolve(epd_daemon_t *d)
                                                                         : "the advertised host");
         return EPD_ERR_CONFIG;
     }
+    if (fl->metrics_addr != NULL && fl->metrics_addr[0] != '\0' &&
+        (epd_addr_split(fl->metrics_addr, host, sizeof(host), &port, &why) != EPD_OK ||
+         epd_addr_resolve(host, bind_host, sizeof(bind_host), &why) != EPD_OK ||
+         epd_addr_join(bind_host, port, d->metrics_bind, sizeof(d->metrics_bind)) != EPD_OK)) {
+        epd_log_error(d->log, 0, "--metrics-addr '%s': %s", fl->metrics_addr,
+                      why != NULL ? why : "too long");
+        return EPD_ERR_CONFIG;
+    }
     if (fl->router != NULL && fl->router[0] != '\0' &&
         epd_addr_resolve_hostport(fl->router, d->router_addr, sizeof(d->router_addr), &why) !=
             EPD_OK) {
@@ -148,6 +156,11 @@ static epd_status_t epd_daemon_loopback_only(epd_daemon_t *d)
         flag = "--advertise-addr";
     } else if (!epd_addr_is_loopback(d->data_host)) {
         flag = "--data-addr";
+    } else if (d->metrics_bind[0] != '\0' &&
+               (epd_addr_split(d->metrics_bind, bind_host, sizeof(bind_host), &port, NULL) !=
+                    EPD_OK ||
+                !epd_addr_is_loopback(bind_host))) {
+        flag = "--metrics-addr";
     }
     if (flag != NULL) {
         epd_log_error(d->log, 0,

@@ -110,6 +110,21 @@ static size_t epd_daemon_common_opts(epd_daemon_flags_t *f, unsigned which, epd_
                                 0,
                                 "register with the router's control service HOST:PORT and "
                                 "heartbeat the load (absent: no registration)"};
+        opts[n++] = (epd_opt_t){"metrics-addr",
+                                EPD_OPT_STRING,
+                                &f->metrics_addr,
+                                0,
+                                0,
+                                "serve Prometheus GET /metrics on HOST:PORT or [HOST]:PORT "
+                                "(port 0: ephemeral; absent: off).  Bound like --control-addr: "
+                                "without --cluster-secret-file only a loopback address"};
+        opts[n++] = (epd_opt_t){"served-model-name",
+                                EPD_OPT_STRING,
+                                &f->served_model_name,
+                                0,
+                                0,
+                                "the `model` label of /metrics (default: the --model folder's "
+                                "name; give the router's --served-model-name)"};
     }
     opts[n++] = (epd_opt_t){"cluster-secret-file",
                             EPD_OPT_STRING,
@@ -305,9 +320,16 @@ static int epd_daemon_parse(const char *prog, const char *summary, unsigned whic
     }
     if (!epd_daemon_check_addr(prog, exit_p, "control-addr", flags->control_addr) ||
         !epd_daemon_check_addr(prog, exit_p, "router", flags->router) ||
+        !epd_daemon_check_addr(prog, exit_p, "metrics-addr", flags->metrics_addr) ||
         !epd_daemon_check_host(prog, exit_p, "advertise-addr", flags->advertise_addr) ||
         !epd_daemon_check_host(prog, exit_p, "data-addr", flags->data_addr)) {
         return 0;
+    }
+    if (flags->served_model_name != NULL &&
+        (flags->served_model_name[0] == '\0' ||
+         strlen(flags->served_model_name) >= EPD_WORKER_ID_MAX)) {
+        return epd_daemon_bad(prog, exit_p, "served-model-name", flags->served_model_name,
+                              "want 1 to 127 bytes");
     }
     epd_log_set_level(level);
     return 1;

@@ -142,6 +142,11 @@ struct epd_daemon {
     char data_iface[64];                    /* the interface holding data_host */
     char router_addr[EPD_ADDR_MAX];         /* --router, its host numeric ("": none) */
     char control_advertised[EPD_ADDR_MAX];  /* advertise_host:bound port (serving) */
+    char metrics_bind[EPD_ADDR_MAX];        /* --metrics-addr, its host numeric ("": off) */
+    /* /metrics (epd_daemon_metrics.c) */
+    struct epd_metrics_http *metrics;
+    epd_daemon_metrics_cb_t metrics_cb; /* the role's part (NULL: none) */
+    void *metrics_arg;
     /* SIGTERM drains (--drain-grace-ms): stop once the role is idle or at
      * the deadline */
     int term_drain;
@@ -228,6 +233,15 @@ void epd__peer_owed_flush(epd_daemon_t *d, uint64_t now_ns);
 /* The cluster secret (or the loopback-only rule), every address resolved
  * once, UCX's devices for the data plane.  EPD_OK or the failure (logged). */
 epd_status_t epd__daemon_addresses(epd_daemon_t *d);
+
+/* ---- epd_daemon_metrics.c ---- */
+/* Starts /metrics on metrics_bind (a no-op without --metrics-addr).
+ * EPD_OK or the failure (logged). */
+epd_status_t epd__daemon_metrics_start(epd_daemon_t *d);
+/* Step 4 of the stop order: the listener and its connections close. */
+void epd__daemon_metrics_stop(epd_daemon_t *d);
+/* Load with the daemon's parts (epd_daemon_rpc.c): links, fence, draining. */
+void epd__daemon_load_now(epd_daemon_t *d, epd_daemon_load_t *l);
 
 /* ---- epd_daemon_rpc.c ---- */
 int epd__daemon_on_rpc(void *arg, const char *method, const void *req, size_t req_len,

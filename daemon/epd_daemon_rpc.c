@@ -55,7 +55,7 @@ static void epd_daemon_link_classes(epd_daemon_t *d, uint32_t *links)
     }
 }
 
-static void epd_daemon_load_now(epd_daemon_t *d, epd_daemon_load_t *l)
+void epd__daemon_load_now(epd_daemon_t *d, epd_daemon_load_t *l)
 {
     memset(l, 0, sizeof(*l));
     d->ops.load(d->cfg.arg, l);
@@ -85,7 +85,7 @@ static void epd_daemon_rpc_fill(epd_daemon_t *d, epd_daemon_rpc_parts_t *p)
     p->ident.role = (Epd__Role)d->cfg.role;
     p->ident.model = d->model_name;
     p->ident.epoch = &p->epoch;
-    epd_daemon_load_now(d, &l);
+    epd__daemon_load_now(d, &l);
     p->load.queue_depth = l.queue_depth;
     p->load.queued_tokens = l.queued_tokens;
     p->load.router_queued_tokens = l.router_queued_tokens;
@@ -256,7 +256,7 @@ int epd__daemon_on_rpc(void *arg, const char *method, const void *req, size_t re
 
 static void epd_daemon_registrar_load(void *arg, epd_registrar_load_t *load_p)
 {
-    epd_daemon_load_now(arg, load_p);
+    epd__daemon_load_now(arg, load_p);
 }
 
 static void epd_daemon_registrar_drain(void *arg)

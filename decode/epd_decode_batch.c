@@ -18,6 +18,7 @@
 #include "epd_alloc.h"
 #include "epd_log.h"
 #include "epd_queue.h"
+#include "epd_time.h"
 
 #define EPD__BATCH_COMP "decode"
 #define EPD__BATCH_IDLE_MS 200 /* idle wait bound (re-checks the stop flag) */
@@ -40,6 +41,8 @@ struct epd_decode_batch {
     atomic_uint kicks; /* bumped under mu by the loop: something may run now */
     atomic_uint n_running;
     atomic_ullong n_steps;
+    epd_prom_histo_t step_hist; /* observed by the compute thread only */
+    epd_prom_histo_t size_hist;
 
     /* compute thread only */
     epd_decode_seq_t **running; /* [max_batch] */
@@ -304,7 +307,13 @@ static void *epd__batch_main(void *arg)
         }
         atomic_store_explicit(&b->n_running, n, memory_order_relaxed);
         if (n > 0) {
+            uint64_t t0 = epd_time_now_ns();
+
             stepped = epd__step(b, &n);
+            if (stepped > 0) {
+                epd_prom_histo_observe_ns(&b->step_hist, epd_time_now_ns() - t0);
+                epd_prom_histo_observe(&b->size_hist, stepped);
+            }
             atomic_store_explicit(&b->n_running, n, memory_order_relaxed);
         }
         if (b->queued_any) {
@@ -362,6 +371,8 @@ epd_status_t epd_decode_batch_create(epd_engine_t *engine, const epd_kv_pool_t *
     atomic_init(&b->kicks, 0);
     atomic_init(&b->n_running, 0);
     atomic_init(&b->n_steps, 0);
+    epd_prom_histo_init(&b->step_hist, EPD_PROM_SECONDS);
+    epd_prom_histo_init(&b->size_hist, EPD_PROM_COUNT);
     status = epd_spsc_queue_init(&b->in, queue_cap);
     if (status != EPD_OK) {
         goto err_free;
@@ -505,4 +516,14 @@ uint32_t epd_decode_batch_running(epd_decode_batch_t *batch)
 uint64_t epd_decode_batch_steps(epd_decode_batch_t *batch)
 {
     return atomic_load_explicit(&batch->n_steps, memory_order_relaxed);
+}
+
+const epd_prom_histo_t *epd_decode_batch_step_histo(const epd_decode_batch_t *batch)
+{
+    return &batch->step_hist;
+}
+
+const epd_prom_histo_t *epd_decode_batch_size_histo(const epd_decode_batch_t *batch)
+{
+    return &batch->size_hist;
 }

@@ -46,6 +46,7 @@
 #include <stdint.h>
 
 #include "epd_engine.h"
+#include "epd_prom.h"
 #include "epd_sample.h"
 #include "epd_status.h"
 
@@ -150,5 +151,11 @@ uint32_t epd_decode_batch_running(epd_decode_batch_t *batch);
 
 /* Steps run since start (any thread, approximate). */
 uint64_t epd_decode_batch_steps(epd_decode_batch_t *batch);
+
+/* The compute thread's histograms (it alone observes; any thread may
+ * render them, epd_prom.h): the time of each step that ran a sequence,
+ * and how many sequences it ran.  Borrowed for the batch's life. */
+const epd_prom_histo_t *epd_decode_batch_step_histo(const epd_decode_batch_t *batch);
+const epd_prom_histo_t *epd_decode_batch_size_histo(const epd_decode_batch_t *batch);
 
 #endif

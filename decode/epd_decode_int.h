@@ -24,10 +24,12 @@
  *   epd_decode_batch.c     the compute thread: continuous batching (own header)
  *   epd_decode_verify.c    the verifier thread: the KV checks off the loop (own header)
  *   epd_decode_cache.c     decode-side reuse: finished prompts' blocks kept
+ *   epd_decode_metrics.c   /metrics: a request's phase times (rule 38), the
+ *                          role's histograms, rendered
  *
  * Calls go one way: main.c -> epd_decode_msg.c -> epd_decode_req.c ->
  * epd_decode_admit.c, epd_decode_send.c, epd_decode_kv.c, epd_decode_cache.c,
- * epd_decode_blocks.c, epd_decode_check.c, epd_decode_batch.c,
+ * epd_decode_metrics.c, epd_decode_blocks.c, epd_decode_check.c, epd_decode_batch.c,
  * epd_decode_verify.c (-> epd_decode_check.c); epd_decode_admit.c ->
  * epd_decode_cache.c -> epd_decode_blocks.c (the message layer also
  * calls epd_decode_admit.c's refusal; main.c also
@@ -179,6 +181,10 @@ typedef struct epd_decode_request {
     uint64_t deadline_ns;   /* the whole request (0: none) */
     uint64_t abort_sent_ns; /* QUARANTINED: the last Abort to its prefill worker */
     uint64_t t_join_ns;     /* trace: KV held and verified (0: first step traced) */
+    uint64_t t_pc_ns;       /* PrefillComplete received (rule 38) */
+    Epd__PhaseTimes times;  /* P's phase times (rule 38), completed at activation and sent
+                             * on the first TokenChunk (index 0) */
+    int send_times;         /* the next chunk from index 0 carries `times` */
     /* a failure: what it still owes */
     epd_status_t fail_status;
     char fail_msg[200];
@@ -232,8 +238,30 @@ typedef struct epd_decode_srv {
     uint64_t kv_bytes_received; /* verified KV of requests that joined */
     uint64_t preemptions;       /* requests preempted */
     uint64_t recomputed_tokens; /* tokens prefilled again to resume them */
+    uint64_t verify_failures;   /* requests failed because their KV failed its check */
     epd_trace_t *trace;         /* the daemon's (NULL = off) */
+    /* /metrics (epd_decode_metrics.c renders; the request layer observes
+     * on the loop thread, the batch its own step histograms) */
+    struct {
+        epd_prom_histo_t kv_tail; /* PrefillComplete received -> the KV held */
+        epd_prom_histo_t handoff; /* the KV held -> the first TokenChunk posted */
+        epd_prom_histo_t wait;    /* GenerateRequest received -> the KV held */
+    } hist;
 } epd_decode_srv_t;
+
+/* ---- epd_decode_metrics.c ---- */
+/* Zeroes srv->hist (before serve). */
+void epd__decode_metrics_init(epd_decode_srv_t *srv);
+/* PrefillComplete came at t_recv with P's phase times (NULL: none, an older
+ * prefill): kept in req->times (rule 38). */
+void epd__decode_metrics_times_in(epd_decode_request_t *req, const Epd__PhaseTimes *pt,
+                                  uint64_t t_recv);
+/* The KV is held (req->t_join_ns): our part of the KV tail and the hand-off
+ * observed and added to req->times, sent on the first chunk (a resume's
+ * first chunk is not the request's first token: nothing). */
+void epd__decode_metrics_held(epd_decode_srv_t *srv, epd_decode_request_t *req);
+/* The role's part of /metrics (epd_daemon_metrics_cb_t; arg = srv). */
+void epd__decode_metrics_render(void *arg, const char *model, epd_prom_text_t *out);
 
 /* ---- epd_decode_cache.c ---- */
 /* Decode-side reuse on (srv->prefix_cache, a model with attention layers)
@@ -278,6 +306,11 @@ void epd__decode_fence_ask(epd_decode_srv_t *srv, epd_decode_request_t *req, uin
 void epd__decode_fence_closed(epd_decode_srv_t *srv, epd_peer_t *peer, uint32_t n);
 
 /* ---- epd_decode_send.c ---- */
+/* Refuses a message: one rate-limited line and an Error to its sender
+ * (never in answer to an Error). */
+void epd__decode_refuse(epd_decode_srv_t *srv, epd_link_t *to, const Epd__Envelope *env,
+                        uint64_t id, epd_status_t status, const char *what);
+
 /* Streams tokens[n_sent..n_produced) to the client (TokenChunks of at most
  * EPD_DECODE_CHUNK_MAX) and, with `finish`, ends the stream: the client's
  * final answer (client_done).  Nothing once the client is done. */

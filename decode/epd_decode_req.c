@@ -61,19 +61,6 @@ static void epd_decode_dirty(epd_decode_srv_t *srv, epd_decode_request_t *req)
     }
 }
 
-/* Refuses a message: one rate-limited line and an Error to its sender
- * (never in answer to an Error). */
-static void epd_decode_refuse(epd_decode_srv_t *srv, epd_link_t *to, const Epd__Envelope *env,
-                              uint64_t id, epd_status_t status, const char *what)
-{
-    epd_daemon_counts(srv->d)->refused++;
-    epd_daemon_refuse_log(srv->d, id, "%s from %s: %s (%s)", epd_msg_body_name(env),
-                          env->sender->worker_id, what, epd_status_name(status));
-    if (env->body_case != EPD__ENVELOPE__BODY_ERROR) {
-        (void)epd_link_send_error(to, id, status, what, NULL);
-    }
-}
-
 /* A block transition of epd_decode_blocks.h (all but reserve). */
 typedef epd_status_t (*epd_decode_blk_op_t)(epd_decode_blocks_t *blocks, uint64_t owner,
                                             const uint32_t *ids, uint32_t n, uint32_t slot);
@@ -144,12 +131,13 @@ static void epd_decode_fail_kv(epd_decode_srv_t *srv, epd_decode_request_t *req,
                                uint32_t bad_layer)
 {
     if (st == EPD_ERR_CORRUPT) {
+        srv->verify_failures++;
         epd_log_error(EPD_DECODE_LOG, req->id,
                       "KV of layer %u from %s does not match its checksum: request failed, never "
                       "generated",
                       bad_layer, env->sender->worker_id);
     } else {
-        epd_decode_refuse(srv, from, env, req->id, st, why);
+        epd__decode_refuse(srv, from, env, req->id, st, why);
     }
     epd_decode_fail(srv, req, st, why, EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
 }
@@ -191,6 +179,7 @@ static void epd_decode_activate(epd_decode_srv_t *srv, epd_decode_request_t *req
      * transfer (epd-bench overhead measures up to here) */
     req->t_join_ns = epd_time_now_ns();
     epd_trace_instant(srv->trace, "KV held", "xfer", req->id, -1, req->t_join_ns);
+    epd__decode_metrics_held(srv, req); /* rule 38: the first chunk's times */
     epd__decode_stream(req, req->n_resume + 1, (Epd__FinishReason)req->first_finish);
     if (req->first_finish != EPD__FINISH_REASON__FINISH_NONE) {
         epd__decode_cache_finished(srv, req);
@@ -519,7 +508,7 @@ void epd__decode_req_generate(epd_decode_srv_t *srv, epd_link_t *from, const Epd
                       g->prefill_address.data, g->prefill_address.len, &peer);
     if (st != EPD_OK) {
         /* nobody to tell on the prefill side */
-        epd_decode_refuse(
+        epd__decode_refuse(
             srv, from, env, g->request_id,
             st == EPD_ERR_STALE_EPOCH || st == EPD_ERR_NO_MEMORY ? st : EPD_ERR_UNREACHABLE,
             st == EPD_ERR_STALE_EPOCH ? "request names an old incarnation of its prefill worker"
@@ -577,7 +566,7 @@ static epd_decode_request_t *epd_decode_of_p(epd_decode_srv_t *srv, epd_link_t *
 
     if (req == NULL || req->p_done) {
         if (answer_unknown) {
-            epd_decode_refuse(srv, from, env, id, EPD_ERR_NOT_FOUND, "unknown request id");
+            epd__decode_refuse(srv, from, env, id, EPD_ERR_NOT_FOUND, "unknown request id");
         } else {
             epd_log_debug(EPD_DECODE_LOG, id, "%s from %s for a request no longer waiting for it",
                           epd_msg_body_name(env), env->sender->worker_id);
@@ -585,12 +574,12 @@ static epd_decode_request_t *epd_decode_of_p(epd_decode_srv_t *srv, epd_link_t *
         return NULL;
     }
     if (strcmp(epd_peer_id(req->peer), env->sender->worker_id) != 0) {
-        epd_decode_refuse(srv, from, env, id, EPD_ERR_INVALID_PARAM,
+        epd__decode_refuse(srv, from, env, id, EPD_ERR_INVALID_PARAM,
                           "sender is not this request's prefill worker");
         return NULL;
     }
     if (!epd_peer_is_sender(req->peer, env)) {
-        epd_decode_refuse(srv, from, env, id, EPD_ERR_STALE_EPOCH,
+        epd__decode_refuse(srv, from, env, id, EPD_ERR_STALE_EPOCH,
                           "message from another incarnation");
         return NULL;
     }
@@ -644,6 +633,7 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
         epd_decode_advance(srv, req);
         return;
     }
+    epd__decode_metrics_times_in(req, pc->times, t_recv); /* rule 38 */
     /* the next token of the stream: the first, or where a resume stopped */
     req->seq.tokens[req->n_resume] = (int32_t)pc->first_token;
     /* protocol only: never decode from blocks nothing was written into */
@@ -765,11 +755,11 @@ void epd__decode_req_abort(epd_decode_srv_t *srv, epd_link_t *from, const Epd__E
     }
     req = epd_reqtab_find_req(&srv->reqs, a->request_id, 0); /* the client's id */
     if (req == NULL || req->client_done) {
-        epd_decode_refuse(srv, from, env, a->request_id, EPD_ERR_NOT_FOUND, "unknown request id");
+        epd__decode_refuse(srv, from, env, a->request_id, EPD_ERR_NOT_FOUND, "unknown request id");
         return;
     }
     if (req->client_hash != epd_hash64(sid, strlen(sid), 0)) {
-        epd_decode_refuse(srv, from, env, a->request_id, EPD_ERR_NOT_FOUND,
+        epd__decode_refuse(srv, from, env, a->request_id, EPD_ERR_NOT_FOUND,
                           "no such request of this client");
         return;
     }
@@ -828,6 +818,7 @@ void epd__decode_req_on_verified(void *arg, epd_decode_vjob_t *job)
     req->v_lent--;
     st = epd_decode_seen_result(&req->kv, job->layer, job->status, job->bytes, &why);
     if (req->state == EPD_DECODE_REQ_RESERVED && req->fail_status == EPD_OK && st != EPD_OK) {
+        srv->verify_failures++;
         epd_log_error(EPD_DECODE_LOG, req->id,
                       "KV of layer %u from %s fails its check (%s): request failed, never generated",
                       job->layer, epd_peer_id(req->peer), why != NULL ? why : epd_status_string(st));

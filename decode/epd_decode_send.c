@@ -24,7 +24,8 @@
 /* TokenChunks of tokens[from..to), the last with `finish` (a lone chunk
  * of none when from == to and finish != NONE). */
 static void epd_decode_send_chunks(epd_link_t *client, uint64_t id, const int32_t *tokens,
-                                   uint32_t from, uint32_t to, Epd__FinishReason finish)
+                                   uint32_t from, uint32_t to, Epd__FinishReason finish,
+                                   Epd__PhaseTimes *times)
 {
     while (from < to || finish != EPD__FINISH_REASON__FINISH_NONE) {
         Epd__TokenChunk c = EPD__TOKEN_CHUNK__INIT;
@@ -41,6 +42,7 @@ static void epd_decode_send_chunks(epd_link_t *client, uint64_t id, const int32_
         c.tokens = (uint32_t *)(uintptr_t)(tokens + from);
         c.n_tokens = n;
         c.finish = last ? finish : EPD__FINISH_REASON__FINISH_NONE;
+        c.times = from == 0 ? times : NULL; /* the request's first chunk (rule 38) */
         (void)epd_link_send(client, EPD__ENVELOPE__BODY_TOKENS, &c, 0);
         from += n;
         if (last) {
@@ -136,7 +138,8 @@ void epd__decode_stream(epd_decode_request_t *req, uint32_t n_produced,
         n_produced = req->n_sent;
     }
     epd_decode_send_chunks(req->client, req->id, req->seq.tokens, req->n_sent, n_produced,
-                            finish);
+                            finish, req->send_times ? &req->times : NULL);
+    req->send_times = 0;
     req->n_sent = n_produced;
     if (finish != EPD__FINISH_REASON__FINISH_NONE) {
         req->client_done = 1;
@@ -205,4 +208,15 @@ void epd__decode_finish_run(epd_decode_srv_t *srv, epd_decode_request_t *req)
         break;
     }
     epd_log_debug(EPD_DECODE_LOG, req->id, "finished after %u tokens", n);
+}
+
+void epd__decode_refuse(epd_decode_srv_t *srv, epd_link_t *to, const Epd__Envelope *env,
+                        uint64_t id, epd_status_t status, const char *what)
+{
+    epd_daemon_counts(srv->d)->refused++;
+    epd_daemon_refuse_log(srv->d, id, "%s from %s: %s (%s)", epd_msg_body_name(env),
+                          env->sender->worker_id, what, epd_status_name(status));
+    if (env->body_case != EPD__ENVELOPE__BODY_ERROR) {
+        (void)epd_link_send_error(to, id, status, what, NULL);
+    }
 }

@@ -188,6 +188,8 @@ static epd_status_t epd_decode_on_setup(void *arg, epd_daemon_t *d)
 
     srv->d = d;
     srv->trace = epd_daemon_trace(d);
+    epd__decode_metrics_init(srv);
+    epd_daemon_set_metrics(d, epd__decode_metrics_render, srv);
     return epd_decode_setup(srv, epd_decode_fl);
 }
 

@@ -141,7 +141,20 @@ typedef struct epd_encoder_srv {
     /* counters */
     uint64_t bytes_written; /* embedding bytes whose write completed */
     epd_trace_t *trace;     /* the daemon's (NULL = off) */
+    /* /metrics (epd_encoder_metrics.c renders; the request layer observes,
+     * loop thread): per image */
+    struct {
+        epd_prom_histo_t queue;  /* EncodeRequest received -> its encode started */
+        epd_prom_histo_t encode; /* the encode (decode the image + the vision tower) */
+        epd_prom_histo_t write;  /* the embeddings' write posted -> completed */
+    } hist;
 } epd_encoder_srv_t;
+
+/* ---- epd_encoder_metrics.c ---- */
+/* Zeroes srv->hist (before serve). */
+void epd__encoder_metrics_init(epd_encoder_srv_t *srv);
+/* The role's part of /metrics (epd_daemon_metrics_cb_t; arg = srv). */
+void epd__encoder_metrics_render(void *arg, const char *model, epd_prom_text_t *out);
 
 /* ---- epd_encoder_msg.c (the daemon's on_msg) ---- */
 int epd__encoder_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env);

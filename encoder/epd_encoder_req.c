@@ -154,6 +154,7 @@ static void epd_encoder_on_write(void *arg, epd_status_t status)
                    req->t_posted_ns, req->t_written_ns);
     if (status == EPD_OK) {
         srv->bytes_written += srv->slot_bytes;
+        epd_prom_histo_observe_ns(&srv->hist.write, req->t_written_ns - req->t_posted_ns);
     } else {
         char msg[200];
 
@@ -788,6 +789,14 @@ void epd__encoder_req_on_job(void *arg, epd_encoder_job_t *job)
     req->job.image = NULL;
     epd_trace_span(srv->trace, "queued", "wait", req->id, (int32_t)req->media_index, req->t_recv_ns,
                    job->started_ns);
+    if (job->started_ns != 0) { /* it ran (0: canceled before it started) */
+        epd_prom_histo_observe_ns(&srv->hist.queue, job->started_ns > req->t_recv_ns
+                                                        ? job->started_ns - req->t_recv_ns
+                                                        : 0);
+        epd_prom_histo_observe_ns(&srv->hist.encode, job->finished_ns > job->started_ns
+                                                         ? job->finished_ns - job->started_ns
+                                                         : 0);
+    }
     if (req->fail_status != EPD_OK) {
         /* aborted or failed meanwhile: the embeddings (if any) are discarded */
     } else if (job->status == EPD_OK) {

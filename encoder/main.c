@@ -50,6 +50,8 @@ static epd_status_t epd_encoder_setup(void *arg, epd_daemon_t *d)
 
     srv->d = d;
     srv->trace = epd_daemon_trace(d);
+    epd__encoder_metrics_init(srv);
+    epd_daemon_set_metrics(d, epd__encoder_metrics_render, srv);
     /* the slots, registered: the source of the one-sided writes, and where
      * the compute thread encodes into */
     region_bytes = (uint64_t)srv->slots * srv->slot_stride;

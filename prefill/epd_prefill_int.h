@@ -30,12 +30,14 @@
  *                           landing zone and the image cache), placing a
  *                           request's images, quarantine, EmbedReservation /
  *                           Abort to encoders, checks
+ *   epd_prefill_metrics.c   /metrics: the phase times of a request (rule
+ *                           38) and their histograms, rendered
  *   epd_prefill_compute.c   the compute thread (own header)
  *   epd_prefill_plan.c      the pure write plan (own header)
  *
  * Calls go one way: main.c -> epd_prefill_msg.c -> epd_prefill_req.c ->
  * the parts (epd_prefill_ids.c, epd_prefill_pool.c, epd_prefill_cache.c,
- * epd_prefill_media.c, epd_prefill_xfer.c) -> epd_prefill_compute.c,
+ * epd_prefill_media.c, epd_prefill_xfer.c, epd_prefill_metrics.c) -> epd_prefill_compute.c,
  * epd_prefill_plan.c; among the parts: pool -> cache, xfer, plan; cache -> tier;
  * xfer -> plan; media -> compute.
  * main.c also calls the request layer and the parts to set them up.  A
@@ -325,6 +327,7 @@ typedef struct epd_prefill_req {
     epd_status_t compute_status;
     int32_t first_token;
     int complete_sent; /* PrefillComplete (or the first token) went out */
+    int landed_seen;   /* its last write landed (observed once for /metrics) */
     int hold;          /* admitted under pressure: its run waits for the reservation */
     int released;      /* RELEASED consumed */
     /* images: the run is queued once media_pending is 0 */
@@ -337,6 +340,8 @@ typedef struct epd_prefill_req {
     /* clocks (epd_time_now_ns), for traces and the debug line */
     uint64_t t_admit_ns, t_start_ns, t_resv_ns, t_complete_ns, compute_done_ns,
         t_first_layer_ns;
+    uint64_t t_media_ns;    /* every image ready, its run submitted (text: t_admit_ns) */
+    uint64_t t_finished_ns; /* the compute thread finished the run */
     /* FAILED: why, and what it still owes */
     epd_status_t fail_status;
     char fail_msg[160];
@@ -431,7 +436,33 @@ typedef struct epd_prefill_srv {
     uint64_t runs_held;    /* runs that waited for their reservation (rule 34) */
     uint64_t wasted_prefill_tokens; /* prompt tokens x layers computed / n_layers for
                                      * requests that ended without PrefillComplete */
+    /* /metrics (epd_prefill_metrics.c renders; the request layer observes,
+     * loop thread), one observation per request that sent PrefillComplete
+     * (or its first token, prefill only) */
+    struct {
+        epd_prom_histo_t encode;   /* received -> every image ready (0: none) */
+        epd_prom_histo_t queue;    /* ... -> its run started */
+        epd_prom_histo_t compute;  /* the run */
+        epd_prom_histo_t kv_tail;  /* compute done -> PrefillComplete posted */
+        epd_prom_histo_t landed;   /* compute done -> the last write landed */
+        epd_prom_histo_t prompt;   /* prompt tokens */
+        epd_prom_histo_t cached;   /* of those, served by the prefix cache */
+    } hist;
 } epd_prefill_srv_t;
+
+/* ---- epd_prefill_metrics.c ---- */
+/* Zeroes srv->hist (before serve). */
+void epd__prefill_metrics_init(epd_prefill_srv_t *srv);
+/* Where a request's time went until now (rule 38): received -> images
+ * ready -> run started -> run finished -> now (the PrefillComplete about to
+ * be posted, or the first token of a prefill-only request), observed into
+ * the histograms once and written to *t_p (for decode).  Loop thread. */
+void epd__prefill_metrics_phases(epd_prefill_srv_t *srv, epd_prefill_req_t *req, uint64_t now,
+                                 Epd__PhaseTimes *t_p);
+/* LANDING: once its last write landed, compute done -> now, once. */
+void epd__prefill_metrics_landed(epd_prefill_srv_t *srv, epd_prefill_req_t *req);
+/* The role's part of /metrics (epd_daemon_metrics_cb_t; arg = srv). */
+void epd__prefill_metrics_render(void *arg, const char *model, epd_prom_text_t *out);
 
 /* ---- epd_prefill_msg.c (the daemon's on_msg) ---- */
 int epd__prefill_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env);
@@ -585,10 +616,12 @@ epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
  * another error with msg[0..cap) when the transfer cannot go on. */
 epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
                                     uint32_t layers_done, int compute_done, char *msg, size_t cap);
-/* PrefillComplete{first_token, n_tokens, checksums}, fenced behind every
+/* PrefillComplete{first_token, n_tokens, checksums, times (borrowed; rule 38)},
+ * fenced behind every
  * write; EPD_OK or the link's failure. */
 epd_status_t epd__prefill_xfer_complete(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
-                                        int32_t first_token, uint32_t n_tokens);
+                                        int32_t first_token, uint32_t n_tokens,
+                                        const Epd__PhaseTimes *times);
 /* Prefill only: TokenChunk{index 0, [first_token], finish LENGTH} to the
  * client (a failure is logged: the request is over either way). */
 void epd__prefill_xfer_first_token(epd_prefill_srv_t *srv, epd_link_t *client, uint64_t id,

@@ -194,6 +194,10 @@ static epd_status_t epd_prefill_submit_run(epd_prefill_srv_t *srv, epd_prefill_r
     }
     req->run_job.embeds = req->n_media > 0 ? req->spans : NULL;
     req->run_job.n_embeds = req->n_media;
+    if (req->n_media > 0 && req->t_media_ns == 0) {
+        /* before the compute thread can start it (rule 38: encode ends here) */
+        req->t_media_ns = epd_time_now_ns();
+    }
     if (epd_prefill_compute_submit(srv->compute, &req->run_job) != EPD_OK) {
         return EPD_ERR_NO_CAPACITY;
     }
@@ -210,10 +214,12 @@ static int epd_prefill_submit_release(epd_prefill_srv_t *srv, epd_prefill_req_t 
 
 static void epd_prefill_send_complete(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
+    Epd__PhaseTimes times = EPD__PHASE_TIMES__INIT;
     char msg[200];
     epd_status_t st;
 
-    st = epd__prefill_xfer_complete(srv, &req->xfer, req->first_token, req->n_tokens);
+    epd__prefill_metrics_phases(srv, req, epd_time_now_ns(), &times);
+    st = epd__prefill_xfer_complete(srv, &req->xfer, req->first_token, req->n_tokens, &times);
     if (st != EPD_OK) {
         snprintf(msg, sizeof(msg), "sending PrefillComplete to decode '%.80s': %s",
                  epd_peer_id(req->peer), epd_status_string(st));
@@ -245,8 +251,10 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
             if (!req->wait.waiting && req->media_pending == 0 && epd_prefill_may_run(req)) {
                 if (epd_prefill_submit_run(srv, req) == EPD_OK) {
                     req->state = EPD_PREFILL_REQ_COMPUTING;
+                    epd_trace_span(srv->trace, "encode (images)", "wait", req->id, -1,
+                                   req->t_admit_ns, req->t_media_ns);
                     epd_trace_instant(srv->trace, "images ready", "wait", req->id, -1,
-                                      epd_time_now_ns());
+                                      req->t_media_ns);
                 } else {
                     epd_prefill_fail(srv, req, EPD_ERR_NO_CAPACITY, "compute queue full",
                                      EPD_PREFILL_TELL_ALL, NULL);
@@ -276,6 +284,9 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
             if (req->prefill_only) {
                 /* nothing was written anywhere; a client that is gone
                  * loses its answer */
+                Epd__PhaseTimes times = EPD__PHASE_TIMES__INIT;
+
+                epd__prefill_metrics_phases(srv, req, epd_time_now_ns(), &times);
                 epd__prefill_xfer_first_token(srv, req->client, req->id, req->first_token);
                 req->complete_sent = 1;
                 req->t_complete_ns = epd_time_now_ns();
@@ -294,6 +305,7 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
             }
             break;
         case EPD_PREFILL_REQ_LANDING:
+            epd__prefill_metrics_landed(srv, req);
             if (req->xfer.writes_inflight == 0 && epd_prefill_submit_release(srv, req)) {
                 req->state = EPD_PREFILL_REQ_RELEASING;
             }
@@ -740,6 +752,7 @@ void epd__prefill_req_on_event(void *arg, epd_prefill_ev_t *ev)
         req->first_token = ev->first_token;
         req->compute_done_ns = epd_time_now_ns();
         req->t_start_ns = ev->started_ns;
+        req->t_finished_ns = ev->finished_ns;
         if (srv->trace != NULL) {
             epd_trace_span(srv->trace, "queued", "wait", req->id, -1, req->t_admit_ns,
                            ev->started_ns);

@@ -520,7 +520,8 @@ epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
 }
 
 epd_status_t epd__prefill_xfer_complete(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
-                                        int32_t first_token, uint32_t n_tokens)
+                                        int32_t first_token, uint32_t n_tokens,
+                                        const Epd__PhaseTimes *times)
 {
     Epd__PrefillComplete pc = EPD__PREFILL_COMPLETE__INIT;
 
@@ -530,6 +531,8 @@ epd_status_t epd__prefill_xfer_complete(epd_prefill_srv_t *srv, epd_prefill_xfer
     pc.n_layer_checksums = srv->info->kv.n_layers;
     pc.layer_checksums = x->checksums;
     pc.checksum_kind = x->sum_kind > 0 ? (uint32_t)x->sum_kind : 0;
+    /* protobuf-c packs from a non-const pointer; it only reads it */
+    pc.times = (Epd__PhaseTimes *)(uintptr_t)times;
     /* fenced: decode sees it only after every write of this request landed */
     return epd_link_send(epd_peer_link(x->peer), EPD__ENVELOPE__BODY_PREFILL_COMPLETE, &pc,
                          EPD_XPORT_SEND_FENCE);

@@ -105,6 +105,8 @@ static epd_status_t epd_prefill_setup(void *arg, epd_daemon_t *d)
 
     srv->d = d;
     srv->trace = epd_daemon_trace(d);
+    epd__prefill_metrics_init(srv);
+    epd_daemon_set_metrics(d, epd__prefill_metrics_render, srv);
     /* the local KV pool (the writes' source) and the embedding region
      * (the encoders' landing zone), both registered on the transport */
     st = epd__prefill_pool_init(srv, srv->engine);

@@ -133,6 +133,18 @@ typedef enum {
     EPD_CLIENT_EV_REFUSED = 3,
 } epd_client_ev_kind_t;
 
+/* Where a request's time to first token went (proto/README.md rule 38):
+ * durations, each on the clock of the worker that measured it. */
+typedef struct {
+    uint64_t encode_ns;          /* prefill: received -> every image ready */
+    uint64_t prefill_queue_ns;   /* prefill: -> the run started */
+    uint64_t prefill_compute_ns; /* prefill: the run */
+    uint64_t kv_tail_ns;         /* prefill: compute done -> PrefillComplete posted, plus
+                                  * decode: PrefillComplete received -> the KV held */
+    uint64_t handoff_ns;         /* decode: the KV held -> the first chunk posted */
+    uint32_t cached_tokens;      /* prompt tokens prefill's prefix cache served */
+} epd_client_phase_times_t;
+
 typedef struct {
     epd_client_ev_kind_t kind;
     uint64_t request_id;
@@ -143,6 +155,9 @@ typedef struct {
     const uint32_t *tokens;
     uint32_t n_tokens;
     int finish; /* EPD_CLIENT_FINISH_* */
+    /* TOKENS at index 0: the phase times its decode worker sent, NULL
+     * when it sent none (an older worker, prefill only) */
+    const epd_client_phase_times_t *times;
     /* ERROR, REFUSED */
     epd_status_t status;
     const char *message; /* never NULL */

@@ -204,6 +204,7 @@ static int epd_client_sender_is(const Epd__SenderRef *s, const epd_client_worker
 
 static void epd_client_on_chunk(epd_client_t *c, epd__client_req_t *r, const Epd__TokenChunk *tc)
 {
+    epd_client_phase_times_t times;
     epd_client_event_t ev;
     char msg[160];
 
@@ -234,6 +235,15 @@ static void epd_client_on_chunk(epd_client_t *c, epd__client_req_t *r, const Epd
         return;
     }
     memset(&ev, 0, sizeof(ev));
+    if (tc->times != NULL && tc->index == 0) {
+        times.encode_ns = tc->times->encode_ns;
+        times.prefill_queue_ns = tc->times->prefill_queue_ns;
+        times.prefill_compute_ns = tc->times->prefill_compute_ns;
+        times.kv_tail_ns = tc->times->kv_tail_ns;
+        times.handoff_ns = tc->times->handoff_ns;
+        times.cached_tokens = tc->times->cached_tokens;
+        ev.times = &times;
+    }
     ev.kind = EPD_CLIENT_EV_TOKENS;
     ev.index = tc->index;
     ev.tokens = tc->tokens;

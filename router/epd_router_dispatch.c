@@ -194,6 +194,7 @@ epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
 
         epd_client_media_t media[EPD_CLIENT_MEDIA_MAX];
         epd_router_worker_t *ew[EPD_CLIENT_MEDIA_MAX];
+        uint64_t t_send;
 
         pw = r->n_images > 0
                  ? epd_router_registry_pick_images(&rt->reg, r->prompt, r->n_prompt,
@@ -283,6 +284,9 @@ epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
         q.n_media = r->n_images;
         q.cache_salt = r->oai->cache_salt;
         q.cache_salt_len = r->oai->cache_salt != NULL ? strlen(r->oai->cache_salt) : 0;
+        /* before the messages go: a worker may start on them before
+         * submit returns, and its durations must lie after this (rule 38) */
+        t_send = epd_time_now_ns();
         st = epd_client_submit(rt->client, &q, &r->client_id);
         if (st == EPD_OK) {
             for (uint32_t k = 0; k < r->n_images; k++) {
@@ -321,6 +325,7 @@ epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
             r->dw_blocks = epd_router_decode_blocks(dw, &fit);
             dw->kv_pending += r->dw_blocks; /* until its next heartbeat says */
             r->t_dispatch_ns = now_ns;
+            r->t_sent_ns = t_send; /* now_ns may be the arrival's own reading */
             if (pp != NULL) {
                 /* they will hold the prompt's blocks: the next request with
                  * this prefix goes there before any heartbeat says so */

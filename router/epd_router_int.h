@@ -169,6 +169,7 @@ typedef struct epd_router_req {
     int nw_waiting;       /* its last try found no pair */
     uint32_t dw_blocks;         /* the attempt's blocks in dw->kv_pending */
     uint64_t t_dispatch_ns;     /* the attempt was submitted */
+    uint64_t t_sent_ns;         /* ...read from the clock right after (rule 38's queue end) */
     struct epd_router_req *wprev, *wnext; /* WAITING: the queue, oldest first */
     /* facts */
     int no_hints;       /* a cache hint failed once: no more cache-only images */

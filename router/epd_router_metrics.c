@@ -27,6 +27,76 @@ void epd_router_histo_observe(epd_router_histo_t *h, double seconds)
     h->n++;
 }
 
+static const char *const epd_router_phase_names[EPD_ROUTER_PHASES][2] = {
+    [EPD_ROUTER_PHASE_QUEUE] = {"queue", "router"},
+    [EPD_ROUTER_PHASE_ENCODE] = {"encode", "encoder"},
+    [EPD_ROUTER_PHASE_PREFILL_QUEUE] = {"prefill_queue", "prefill"},
+    [EPD_ROUTER_PHASE_PREFILL_COMPUTE] = {"prefill_compute", "prefill"},
+    [EPD_ROUTER_PHASE_KV_TRANSFER] = {"kv_transfer", "decode"},
+    [EPD_ROUTER_PHASE_HANDOFF] = {"first_token_handoff", "decode"},
+    [EPD_ROUTER_PHASE_MESSAGES] = {"messages", "router"},
+};
+
+const char *epd_router_phase_name(epd_router_phase_t p)
+{
+    return epd_router_phase_names[p][0];
+}
+
+const char *epd_router_phase_pool(epd_router_phase_t p)
+{
+    return epd_router_phase_names[p][1];
+}
+
+void epd_router_metrics_init(epd_router_metrics_t *m, const char *model)
+{
+    m->model = model;
+    for (int p = 0; p < EPD_ROUTER_PHASES; p++) {
+        epd_prom_histo_init(&m->phase[p], EPD_PROM_SECONDS);
+    }
+    epd_prom_histo_init(&m->req_prompt_tokens, EPD_PROM_TOKENS);
+    epd_prom_histo_init(&m->req_cached_tokens, EPD_PROM_TOKENS);
+}
+
+/* The rule-38 families, through epd_prom (labels escaped), appended. */
+static void epd_router_metrics_phases(epd_router_text_t *t, const epd_router_metrics_t *m)
+{
+    const char *model = m->model != NULL ? m->model : "";
+    epd_prom_text_t p = {0};
+    char extra[96];
+
+    epd_prom_family(&p, "epd_router_ttft_phase_seconds", "histogram",
+                    "Time to first token taken apart, per request: queue (router), encode, "
+                    "prefill_queue, prefill_compute, kv_transfer (compute done to decode holding "
+                    "the KV), first_token_handoff, messages (the rest: message latencies); the "
+                    "phases of a request sum to its TTFT");
+    for (int i = 0; i < EPD_ROUTER_PHASES; i++) {
+        snprintf(extra, sizeof(extra), "pool=\"%s\",phase=\"%s\"",
+                 epd_router_phase_pool((epd_router_phase_t)i),
+                 epd_router_phase_name((epd_router_phase_t)i));
+        epd_prom_histo(&p, "epd_router_ttft_phase_seconds", model, extra, &m->phase[i]);
+    }
+    epd_prom_family(&p, "epd_router_request_prompt_tokens", "histogram",
+                    "Prompt tokens per request that got its first token");
+    epd_prom_histo(&p, "epd_router_request_prompt_tokens", model, NULL, &m->req_prompt_tokens);
+    epd_prom_family(&p, "epd_router_request_cached_tokens", "histogram",
+                    "Prompt tokens per request that prefill's prefix cache served");
+    epd_prom_histo(&p, "epd_router_request_cached_tokens", model, NULL, &m->req_cached_tokens);
+    epd_prom_counter(&p, "epd_router_cached_tokens_total",
+                     "Prompt tokens prefill's prefix cache served (requests that got their first "
+                     "token)",
+                     model, m->cached_tokens);
+    epd_prom_counter(&p, "epd_router_phase_times_missing_total",
+                     "First tokens that came without phase times (a worker older than rule 38): "
+                     "their phases count as messages",
+                     model, m->phase_times_missing);
+    if (p.failed) {
+        t->failed = 1;
+    } else if (p.data != NULL) {
+        epd_router_text_printf(t, "%s", p.data);
+    }
+    epd_prom_text_cleanup(&p);
+}
+
 void epd_router_text_printf(epd_router_text_t *t, const char *fmt, ...)
 {
     va_list ap;
@@ -346,6 +416,7 @@ epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
     epd_router_metrics_histo(t, "epd_router_dispatch_seconds",
                              "Router's own time from request arrival to submission to the workers",
                              &m->dispatch);
+    epd_router_metrics_phases(t, m);
     epd_router_metrics_histo(t, "epd_router_no_worker_wait_seconds",
                              "Time a request waited for a usable prefill and decode pair (served "
                              "or answered 503)",

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "epd_http.h"
+#include "epd_prom.h"
 #include "epd_router_registry.h"
 #include "epd_registrar.h"
 #include "epd_status.h"
@@ -38,6 +39,21 @@ typedef enum {
     EPD_ROUTER_ERR_OVERLOADED,      /* 429: no room in the pools within the queue's bounds */
     EPD_ROUTER_ERR_KINDS
 } epd_router_err_kind_t;
+
+/* Where a request's time to first token went (rule 38): the phases of
+ * epd_router_ttft_phase_seconds, in causal order; their sum per request
+ * is its TTFT (MESSAGES is what the others leave: message latencies
+ * between the daemons and the router's own reading). */
+typedef enum {
+    EPD_ROUTER_PHASE_QUEUE = 0,    /* router: arrival -> the serving attempt submitted */
+    EPD_ROUTER_PHASE_ENCODE,       /* encoder: images encoded and landed at prefill */
+    EPD_ROUTER_PHASE_PREFILL_QUEUE, /* prefill: waiting for the compute thread */
+    EPD_ROUTER_PHASE_PREFILL_COMPUTE, /* prefill: the run */
+    EPD_ROUTER_PHASE_KV_TRANSFER,  /* compute done -> decode holds the KV (the tail) */
+    EPD_ROUTER_PHASE_HANDOFF,      /* decode: the KV held -> first token posted */
+    EPD_ROUTER_PHASE_MESSAGES,     /* the rest: request-plane message latencies */
+    EPD_ROUTER_PHASES
+} epd_router_phase_t;
 
 typedef struct {
     uint64_t requests[2][2]; /* [completion=0/chat=1][stream] accepted for generation */
@@ -85,12 +101,27 @@ typedef struct {
     epd_router_histo_t e2e;      /* arrival → last byte */
     epd_router_histo_t dispatch; /* arrival → submitted to the workers (router's own work) */
     epd_router_histo_t no_worker_wait; /* a wait for a usable pair, when it ended */
+    /* TTFT taken apart (rule 38), one observation each per request that
+     * got its first token (as ttft); `model` labels them */
+    const char *model;
+    epd_prom_histo_t phase[EPD_ROUTER_PHASES];
+    epd_prom_histo_t req_prompt_tokens; /* per request (tokens) */
+    epd_prom_histo_t req_cached_tokens; /* of those, prefix-cache hits at prefill */
+    uint64_t cached_tokens;             /* their total */
+    uint64_t phase_times_missing;       /* first tokens without phase times (older worker) */
     /* the front door: the HTTP server's own counts (epd_http_server_stats),
      * copied in before each render */
     epd_http_stats_t http;
 } epd_router_metrics_t;
 
 void epd_router_histo_observe(epd_router_histo_t *h, double seconds);
+
+/* Zeroes the rule-38 histograms and sets the model label (borrowed). */
+void epd_router_metrics_init(epd_router_metrics_t *m, const char *model);
+
+/* The name and pool of phase p (labels). */
+const char *epd_router_phase_name(epd_router_phase_t p);
+const char *epd_router_phase_pool(epd_router_phase_t p);
 
 /* A growable text buffer (epd_malloc'ed data, NUL terminated). */
 typedef struct {

@@ -677,6 +677,68 @@ static void epd_router_req_advance(epd_router_t *rt, epd_router_req_t *r,
 
 /* ------------------------------------------------------------ the events */
 
+/*
+ * TTFT taken apart (proto/README.md rule 38): the router's own wait until
+ * the serving attempt went out, the workers' durations from the first
+ * chunk, and the rest (message latencies) so that a request's phases sum
+ * to its TTFT.  The workers' durations lie in causal order inside the
+ * attempt's wait, so the rest is never negative but for clock rates;
+ * clamped at 0 (and the workers' then scaled to fit) all the same.
+ * Traced as spans laid end to end from the arrival (the workers'
+ * positions are not known on this clock, their lengths are).
+ */
+static void epd_router_phases(epd_router_t *rt, epd_router_req_t *r, const epd_client_event_t *ev,
+                              uint64_t now)
+{
+    static const char *const span_names[EPD_ROUTER_PHASES] = {
+        "queue", "encode (workers' time)", "prefill queue (workers' time)",
+        "prefill compute (workers' time)", "KV transfer tail (workers' time)",
+        "first-token hand-off (workers' time)", "messages (the rest)"};
+    uint64_t ns[EPD_ROUTER_PHASES] = {0};
+    uint64_t start = r->t_sent_ns > r->t_arrival_ns && r->t_sent_ns <= now ? r->t_sent_ns
+                                                                            : r->t_arrival_ns;
+    uint64_t wait = now - start, work = 0, t;
+    const epd_client_phase_times_t *pt = ev->times;
+    uint32_t cached = 0;
+
+    ns[EPD_ROUTER_PHASE_QUEUE] = start - r->t_arrival_ns;
+    if (pt != NULL) {
+        ns[EPD_ROUTER_PHASE_ENCODE] = pt->encode_ns;
+        ns[EPD_ROUTER_PHASE_PREFILL_QUEUE] = pt->prefill_queue_ns;
+        ns[EPD_ROUTER_PHASE_PREFILL_COMPUTE] = pt->prefill_compute_ns;
+        ns[EPD_ROUTER_PHASE_KV_TRANSFER] = pt->kv_tail_ns;
+        ns[EPD_ROUTER_PHASE_HANDOFF] = pt->handoff_ns;
+        cached = pt->cached_tokens < r->n_prompt ? pt->cached_tokens : r->n_prompt;
+    } else {
+        rt->m.phase_times_missing++;
+    }
+    for (int p = EPD_ROUTER_PHASE_ENCODE; p < EPD_ROUTER_PHASE_MESSAGES; p++) {
+        work += ns[p];
+    }
+    if (work > wait) {
+        /* another clock ran faster (or a worker lied): keep the sum */
+        for (int p = EPD_ROUTER_PHASE_ENCODE; p < EPD_ROUTER_PHASE_MESSAGES; p++) {
+            ns[p] = (uint64_t)((double)ns[p] * (double)wait / (double)work);
+        }
+        work = 0;
+        for (int p = EPD_ROUTER_PHASE_ENCODE; p < EPD_ROUTER_PHASE_MESSAGES; p++) {
+            work += ns[p];
+        }
+    }
+    ns[EPD_ROUTER_PHASE_MESSAGES] = wait - work;
+    t = r->t_arrival_ns;
+    for (int p = 0; p < EPD_ROUTER_PHASES; p++) {
+        epd_prom_histo_observe_ns(&rt->m.phase[p], ns[p]);
+        if (ns[p] > 0) {
+            epd_trace_span(rt->trace, span_names[p], "ttft", ev->request_id, -1, t, t + ns[p]);
+        }
+        t += ns[p];
+    }
+    epd_prom_histo_observe(&rt->m.req_prompt_tokens, r->n_prompt);
+    epd_prom_histo_observe(&rt->m.req_cached_tokens, cached);
+    rt->m.cached_tokens += cached;
+}
+
 /* The attempt's first tokens: the prefill worker ran with every image's
  * embeddings (it has them cached now), and its prompt no longer waits. */
 static void epd_router_first_tokens(epd_router_t *rt, epd_router_req_t *r,
@@ -691,6 +753,7 @@ static void epd_router_first_tokens(epd_router_t *rt, epd_router_req_t *r,
     }
     if (r->n_out == 0) {
         epd_router_histo_observe(&rt->m.ttft, (double)(now - r->t_arrival_ns) / 1e9);
+        epd_router_phases(rt, r, ev, now);
     }
     epd_trace_span(rt->trace, "wait for first token", "router", ev->request_id, -1, r->t_submit_ns,
                    now);

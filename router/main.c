@@ -274,6 +274,7 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
              fl->served_model_name != NULL && fl->served_model_name[0] != '\0'
                  ? fl->served_model_name
                  : epd_daemon_model_name(d));
+    epd_router_metrics_init(&rt->m, rt->model_name);
 
     /* the tokenizer (blocking: before the loop runs) */
     st = epd_daemon_engine_open(dfl, EPD_ROUTER_LOG, 0, 1, &rt->engine);

@@ -15,6 +15,9 @@
 //      flags are listed at once, by binary;
 //    - every $(VAR) in args is an env var of the container; the worker id
 //      is the pod's name (else every pod would be ROLE-1);
+//    - scraping: each daemon's pod template has prometheus.io/scrape,
+//      port and path annotations for its /metrics (the router's --listen
+//      port, a worker's --metrics-addr port, named containerPort metrics);
 //    - probe ports: the router's HTTP probes (/health liveness, /ready
 //      readiness) hit the port of --listen, workers' gRPC probes and the
 //      preStop drain the port of --control-addr; named ports exist;
@@ -320,6 +323,19 @@ for (const arg of overlayArgs) {
       }
       if (!(grace > drainMs + preWait))
         err(overlay, `${cid}: terminationGracePeriodSeconds ${grace / 1000} s is not above --drain-grace-ms ${drainMs} + preStop --wait-ms ${preWait}`);
+      // scraping: every daemon's pods are scraped on the port its /metrics
+      // listens on (the router's --listen, a worker's --metrics-addr)
+      {
+        const ann = d.spec.template.metadata?.annotations ?? {};
+        const want = binary === "epd-router" ? portOf(fl.get("listen")) : portOf(fl.get("metrics-addr"));
+        if (want === undefined || Number.isNaN(want))
+          err(overlay, `${cid}: no /metrics (a worker needs --metrics-addr to be scraped)`);
+        else if (ann["prometheus.io/scrape"] !== "true" || Number(ann["prometheus.io/port"]) !== want ||
+                 (ann["prometheus.io/path"] ?? "/metrics") !== "/metrics")
+          err(overlay, `${cid}: not scraped on its /metrics port ${want} (prometheus.io/scrape, port, path annotations)`);
+        else if (binary !== "epd-router" && containerPort(c, "metrics") !== want)
+          err(overlay, `${cid}: containerPort 'metrics' is not the --metrics-addr port ${want}`);
+      }
       // probes
       if (binary === "epd-router") {
         const http = portOf(fl.get("listen"));

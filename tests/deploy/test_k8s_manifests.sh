@@ -6,7 +6,7 @@
 # @kubernetes-models/keda) plus unknown fields, and cross-checked
 # (tests/deploy/epd_k8s_check.mjs: flags in the binaries' --help, probe
 # ports, selectors, secrets, grace periods, autoscalers); the checker is
-# shown to catch seven planted mistakes; `promtool check rules` and `promtool
+# shown to catch eight planted mistakes; `promtool check rules` and `promtool
 # test rules` on the autoscalers' PromQL (deploy/k8s/prometheus).
 # The npm packages live in build/k8s-node (make deps installs them; the
 # first run does too).  SKIP only without node, or without node's
@@ -104,4 +104,7 @@ plant "a secret others may read" "$P.volumes.find((v) => v.secret).secret.defaul
   'defaultMode 444'
 plant "a grace period shorter than the drain" "$P.terminationGracePeriodSeconds = 30" \
   'terminationGracePeriodSeconds 30 s is not above'
+plant "a worker Prometheus does not scrape" \
+  "delete get('Deployment', 'epd-decode').spec.template.metadata.annotations" \
+  'epd-decode.*not scraped on its /metrics port 9400'
 echo PASS

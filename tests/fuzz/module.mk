@@ -27,6 +27,10 @@ $(BUILD)/fuzz/fuzz_epd_xport_frame: $(FUZZ_LOOP_OBJ)
 FUZZ_ROUTER_OBJS := $(call obj_of,router/epd_router_rpc.c router/epd_router_registry.c \
                                   router/epd_router_hints.c) $(BUILD)/lib/libepd_daemon.a
 $(BUILD)/fuzz/fuzz_epd_control: $(FUZZ_ROUTER_OBJS)
+# a worker's /metrics request heads (daemon/epd_metrics_http.c)
+$(BUILD)/fuzz/fuzz_epd_metrics_http: $(BUILD)/lib/libepd_daemon.a
+$(BUILD)/obj/tests/fuzz/fuzz_epd_metrics_http.o \
+$(BUILD)/obj/tests/fuzz-replay/fuzz_epd_metrics_http.o: EPD_CPPFLAGS += -Idaemon
 # the KV tier's files (daemon/epd_kvtier.c)
 $(BUILD)/fuzz/fuzz_epd_kvtier: $(BUILD)/lib/libepd_daemon.a
 $(BUILD)/obj/tests/fuzz/fuzz_epd_kvtier.o $(BUILD)/obj/tests/fuzz-replay/fuzz_epd_kvtier.o: EPD_CPPFLAGS += -Idaemon

@@ -6,7 +6,8 @@
 # stalled; write completions lost or late; write bytes flipped).  Every
 # request ends within a bound either equal to epd-generate or with a clean
 # error (never different tokens, never a hang); decode's blocks are all
-# free at the end; the workers' logs count the faults they injected.
+# free at the end; the workers' logs count the faults they injected, and
+# decode's /metrics counts the KV verification failures its log reports.
 source "$(dirname "$0")/lib.sh"
 
 export UCX_TLS=tcp
@@ -36,7 +37,7 @@ for run in "${runs[@]}"; do
   rv="r${kind}_ADDR"; rh="r${kind}_HTTP"
   EPD_XPORT_FAULTS=$spec start_daemon "d$kind" decode --model "$T/m" --worker-id "decode-$kind" \
     "${XFLAGS[@]}" --kv-blocks 512 --state-slots 32 --peer-timeout-ms 1000 \
-    --cluster-secret-file "$T/secret" --router "${!rv}"
+    --cluster-secret-file "$T/secret" --router "${!rv}" --metrics-addr 127.0.0.1:0
   # two prefill workers: the router routes around a pair whose link broke
   for i in 0 1; do
     EPD_XPORT_FAULTS=$spec start_daemon "p$i$kind" prefill --model "$T/m" \
@@ -71,6 +72,15 @@ for run in "${runs[@]}"; do
     grep -qE "fails its MAC|does not match its checksum" "$T/d$kind.log" "$T/p0$kind.log" \
       "$T/p1$kind.log" || fail "corrupt: no refusal of a corrupted frame or write logged"
   fi
+  # decode's /metrics counts each request its KV checks failed, as its log does
+  dm=$(sed -n 's/.* metrics=\([^ ]*\).*/\1/p' "$T/d$kind.ready")
+  vf=$(curl -s --max-time 10 "http://$dm/metrics" |
+         awk '$1 ~ /^epd_decode_verification_failures_total/ { print $2 }')
+  vl=$(grep -cE "KV of layer [0-9]+ from .* (does not match its checksum|fails its check)" \
+         "$T/d$kind.log" || true)
+  [ -n "$vf" ] && [ "$vf" = "$vl" ] ||
+    fail "$kind: epd_decode_verification_failures_total '$vf', $vl failures logged"
+  note "$kind: $vf KV verification failures, counted in /metrics as logged"
   # every worker lived through it and stops cleanly
   for n in "p0$kind" "p1$kind" "d$kind" "r$kind"; do
     stop_daemon "$n" TERM
