@@ -55,7 +55,8 @@ static epd_status_t epd_hf_open_files(epd_engine_impl_t *e, const char *dir, epd
         }
         status = epd_st_open(path, &e->files[0]); /* logs its cause, naming the file */
         if (status != EPD_OK) {
-            return status == EPD_ERR_NOT_FOUND ? EPD_ERR_NOT_FOUND : EPD_ERR_MALFORMED;
+            return status == EPD_ERR_NOT_FOUND || status == EPD_ERR_NO_MEMORY ? status
+                                                                              : EPD_ERR_MALFORMED;
         }
         e->n_files = 1;
         return EPD_OK;
@@ -476,7 +477,7 @@ static epd_status_t epd_hf_load_tokenizer(epd_engine_impl_t *e, const char *dir)
 
     snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
     if (stat(path, &st) != 0) {
-        epd_log_info(EPD_HF_LOG, 0, "%s: no tokenizer.json: token ids only", dir);
+        epd_log_debug(EPD_HF_LOG, 0, "%s: no tokenizer.json: token ids only", dir);
         return EPD_OK;
     }
     status = epd_tokenizer_load(dir, &e->tok);
