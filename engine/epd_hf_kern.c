@@ -8,6 +8,9 @@
  */
 #include <cblas.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "epd_hf_int.h"
 
@@ -40,8 +43,39 @@ static inline float epd_hf_bf16(uint16_t h)
     }
 
 #define EPD_HF_F32(v) (v)
-EPD_HF_DOT(uint16_t, epd_hf_bf16)
 EPD_HF_DOT(float, EPD_HF_F32)
+
+#if defined(__SSE2__)
+/* BF16 with SSE2 (every x86-64): the same 8 partial sums in the same
+ * order as EPD_HF_DOT, so the result is bit for bit the portable one's;
+ * only faster (a BF16 value widens by a 16-bit shift: unpack with zeros). */
+static float epd_hf_dot_uint16_t(const uint16_t *w, const float *x, uint32_t n)
+{
+    __m128 a0 = _mm_setzero_ps();
+    __m128 a1 = _mm_setzero_ps();
+    const __m128i z = _mm_setzero_si128();
+    float acc[8];
+    uint32_t i = 0;
+
+    for (; i + 8 <= n; i += 8) {
+        __m128i h;
+
+        memcpy(&h, w + i, sizeof(h));
+        a0 = _mm_add_ps(a0, _mm_mul_ps(_mm_castsi128_ps(_mm_unpacklo_epi16(z, h)),
+                                       _mm_loadu_ps(x + i)));
+        a1 = _mm_add_ps(a1, _mm_mul_ps(_mm_castsi128_ps(_mm_unpackhi_epi16(z, h)),
+                                       _mm_loadu_ps(x + i + 4)));
+    }
+    _mm_storeu_ps(acc, a0);
+    _mm_storeu_ps(acc + 4, a1);
+    for (uint32_t j = 0; i < n; i++, j++) {
+        acc[j] += epd_hf_bf16(w[i]) * x[i];
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+#else
+EPD_HF_DOT(uint16_t, epd_hf_bf16)
+#endif
 
 static float epd_hf_dot_f16(const uint16_t *w, const float *x, uint32_t n)
 {
