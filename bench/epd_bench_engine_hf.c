@@ -156,8 +156,8 @@ static double epd_bh_sgemm(uint32_t rows, uint32_t out, uint32_t in)
         uint64_t t0 = epd_time_now_ns();
         double s;
 
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)out, (int)in, 1.0f,
-                    x, (int)in, w, (int)in, 0.0f, y, (int)out);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)out, (int)in, 1.0f, x,
+                    (int)in, w, (int)in, 0.0f, y, (int)out);
         s = (double)(epd_time_now_ns() - t0) / 1e9;
         best = s < best ? s : best;
     }
@@ -268,9 +268,8 @@ static int epd_bh_run(const epd_bh_size_t *sz, uint32_t layers, const char *dir,
     for (uint32_t i = 0; i < EPD_BH_PROMPT; i++) {
         toks[i] = (int32_t)(epd_rng_next(&rng) % info->vocab_size);
     }
-    a = (epd_prefill_args_t){.seq = {.req_id = 1, .block_table = table, .n_blocks = nb},
-                             .tokens = toks,
-                             .n_tokens = 64};
+    a = (epd_prefill_args_t){
+        .seq = {.req_id = 1, .block_table = table, .n_blocks = nb}, .tokens = toks, .n_tokens = 64};
     if (epd_engine_prefill(e, &pool, &a, NULL, logits) != EPD_OK) { /* warm-up */
         goto out;
     }
@@ -300,10 +299,9 @@ static int epd_bh_run(const epd_bh_size_t *sz, uint32_t layers, const char *dir,
 
         epd_bh_model_costs(sz, layers, &sgemm_s, &token_bytes);
         printf("%-10s %6u %6u %10.0f %10.0f %6.2f %10.1f %10.1f %6.2f %8.0f %8.0f %6.2f\n",
-               sz->name, layers, sz->dim, EPD_BH_PROMPT / tp, EPD_BH_PROMPT / sgemm_s,
-               sgemm_s / tp, EPD_BH_STEPS / td, bw / token_bytes,
-               (EPD_BH_STEPS / td) / (bw / token_bytes), rss / 1048576.0, denom / 1048576.0,
-               rss / denom);
+               sz->name, layers, sz->dim, EPD_BH_PROMPT / tp, EPD_BH_PROMPT / sgemm_s, sgemm_s / tp,
+               EPD_BH_STEPS / td, bw / token_bytes, (EPD_BH_STEPS / td) / (bw / token_bytes),
+               rss / 1048576.0, denom / 1048576.0, rss / denom);
         fflush(stdout);
     }
     rc = 0;
@@ -326,8 +324,8 @@ int epd_bench_engine_hf(const char *models, const char *list, uint32_t layers)
     printf("%-10s %6s %6s %10s %10s %6s %10s %10s %6s %8s %8s %6s\n", "hf model", "layers",
            "hidden", "prefill", "sgemm", "ratio", "decode", "roofline", "ratio", "rss", "file+kv",
            "ratio");
-    printf("%-10s %6s %6s %10s %10s %6s %10s %10s %6s %8s %8s %6s\n", "", "", "", "tok/s",
-           "tok/s", "", "tok/s", "tok/s", "", "MiB", "MiB", "");
+    printf("%-10s %6s %6s %10s %10s %6s %10s %10s %6s %8s %8s %6s\n", "", "", "", "tok/s", "tok/s",
+           "", "tok/s", "tok/s", "", "MiB", "MiB", "");
     snprintf(buf, sizeof(buf), "%s", list);
     for (char *s = strtok_r(buf, ",", &save); s != NULL; s = strtok_r(NULL, ",", &save)) {
         const epd_bh_size_t *sz = NULL;
@@ -339,8 +337,10 @@ int epd_bench_engine_hf(const char *models, const char *list, uint32_t layers)
             }
         }
         if (sz == NULL) {
-            fprintf(stderr, "epd-bench engine: unknown --hf model '%s' (qwen-0.5b, qwen-1.5b, "
-                            "moe, tiny)\n", s);
+            fprintf(stderr,
+                    "epd-bench engine: unknown --hf model '%s' (qwen-0.5b, qwen-1.5b, "
+                    "moe, tiny)\n",
+                    s);
             rc = 1;
             continue;
         }

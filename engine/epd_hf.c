@@ -49,8 +49,8 @@ static epd_status_t epd_hf_tokenize(const epd_engine_impl_t *e, const char *text
         return EPD_ERR_UNSUPPORTED;
     }
     pthread_mutex_lock(&epd_hf_tok_lock);
-    status = epd_tokenizer_encode(e->tok, text, len, add_bos ? EPD_TOKENIZE_ADD_SPECIAL : 0,
-                                  tokens, cap, n_p);
+    status = epd_tokenizer_encode(e->tok, text, len, add_bos ? EPD_TOKENIZE_ADD_SPECIAL : 0, tokens,
+                                  cap, n_p);
     pthread_mutex_unlock(&epd_hf_tok_lock);
     return status;
 }
@@ -148,8 +148,8 @@ typedef struct {
 
 static void epd_hf_act_free(epd_hf_act_t *a)
 {
-    float *all[] = {a->x, a->h, a->q, a->k, a->v, a->o, a->g, a->u, a->kg, a->vg, a->s, a->ws,
-                    a->rc, a->rs};
+    float *all[] = {a->x, a->h,  a->q,  a->k, a->v,  a->o,  a->g,
+                    a->u, a->kg, a->vg, a->s, a->ws, a->rc, a->rs};
 
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
         epd_free(all[i]);
@@ -302,8 +302,8 @@ static void epd_hf_prefill_mlp(epd_engine_impl_t *e, const epd_hf_layer_t *L, ui
 
         epd_hf_matmul_tiles(a->h + (size_t)r0 * dim, (int)dim, n, &L->gate, a->g, (int)hp->ffn,
                             0.0f, a->ws);
-        epd_hf_matmul_tiles(a->h + (size_t)r0 * dim, (int)dim, n, &L->up, a->u, (int)hp->ffn,
-                            0.0f, a->ws);
+        epd_hf_matmul_tiles(a->h + (size_t)r0 * dim, (int)dim, n, &L->up, a->u, (int)hp->ffn, 0.0f,
+                            a->ws);
         for (size_t i = 0; i < (size_t)n * hp->ffn; i++) {
             a->g[i] = epd_hf_silu(a->g[i]) * a->u[i];
         }
@@ -526,8 +526,7 @@ static epd_status_t epd_hf_decode(epd_engine_impl_t *e, const epd_kv_pool_t *poo
     return EPD_OK;
 }
 
-static void epd_hf_release(epd_engine_impl_t *e, const epd_kv_pool_t *pool,
-                           const epd_kv_seq_t *seq)
+static void epd_hf_release(epd_engine_impl_t *e, const epd_kv_pool_t *pool, const epd_kv_seq_t *seq)
 {
     /* attention only: nothing per request outside the blocks */
     (void)e;

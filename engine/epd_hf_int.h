@@ -56,17 +56,17 @@ struct epd_engine_impl {
     epd_engine_info_t info;
     epd_st_file_t **files; /* [n_files] mapped shards */
     uint32_t n_files;
-    float *vecs;           /* every norm / bias, widened, one buffer */
+    float *vecs; /* every norm / bias, widened, one buffer */
     epd_hf_layer_t *layers;
     epd_hf_expert_t *experts; /* [n_layers * n_experts] */
     epd_hf_mat_t embed;       /* [vocab, dim] */
     epd_hf_mat_t lm_head;     /* [vocab, dim]: the embedding when tied */
     const float *final_norm;
-    double *inv_freq;         /* [hd/2], llama3-scaled when asked */
-    epd_tokenizer_t *tok;     /* NULL without tokenizer.json */
+    double *inv_freq;     /* [hd/2], llama3-scaled when asked */
+    epd_tokenizer_t *tok; /* NULL without tokenizer.json */
     /* decode scratch, [max_batch][...] */
     float *d_x, *d_h, *d_q, *d_k, *d_v, *d_o, *d_g, *d_u;
-    float *d_scores; /* [max_context] */
+    float *d_scores;      /* [max_context] */
     float *d_cos, *d_sin; /* [max_batch][hd/2] */
     float *m_logit;       /* [n_experts] router logits of one token */
     float *m_y;           /* [2][dim]: one expert's output, the mixture */

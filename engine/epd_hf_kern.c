@@ -39,7 +39,7 @@ static inline float epd_hf_bf16(uint16_t h)
         for (uint32_t j = 0; i < n; i++, j++) {                                                    \
             acc[j] += CONV(w[i]) * x[i];                                                           \
         }                                                                                          \
-        return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])); \
+        return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));  \
     }
 
 #define EPD_HF_F32(v) (v)
@@ -61,10 +61,10 @@ static float epd_hf_dot_uint16_t(const uint16_t *w, const float *x, uint32_t n)
         __m128i h;
 
         memcpy(&h, w + i, sizeof(h));
-        a0 = _mm_add_ps(a0, _mm_mul_ps(_mm_castsi128_ps(_mm_unpacklo_epi16(z, h)),
-                                       _mm_loadu_ps(x + i)));
-        a1 = _mm_add_ps(a1, _mm_mul_ps(_mm_castsi128_ps(_mm_unpackhi_epi16(z, h)),
-                                       _mm_loadu_ps(x + i + 4)));
+        a0 = _mm_add_ps(
+            a0, _mm_mul_ps(_mm_castsi128_ps(_mm_unpacklo_epi16(z, h)), _mm_loadu_ps(x + i)));
+        a1 = _mm_add_ps(
+            a1, _mm_mul_ps(_mm_castsi128_ps(_mm_unpackhi_epi16(z, h)), _mm_loadu_ps(x + i + 4)));
     }
     _mm_storeu_ps(acc, a0);
     _mm_storeu_ps(acc + 4, a1);
@@ -176,8 +176,8 @@ void epd_hf_matmul_tiles(const float *x, int ldx, uint32_t R, const epd_hf_mat_t
             epd_hf_widen_rows(w, r0, n, scratch);
         }
         for (uint32_t t0 = 0; t0 < R; t0 += EPD_HF_TILE) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, EPD_HF_TILE, (int)n,
-                        (int)w->cols, 1.0f, x + (size_t)t0 * ldx, ldx, b, (int)w->cols, beta,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, EPD_HF_TILE, (int)n, (int)w->cols,
+                        1.0f, x + (size_t)t0 * ldx, ldx, b, (int)w->cols, beta,
                         y + (size_t)t0 * ldy + r0, ldy);
         }
     }

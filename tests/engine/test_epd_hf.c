@@ -90,8 +90,9 @@ static const double *ref_get(const ref_t *m, epd_hf_role_t role, uint32_t layer,
     for (size_t i = 0; i < m->n; i++) {
         const epd_hf_tensor_spec_t *s = &m->spec[i];
 
-        if (s->role == role && (role == EPD_HF_T_EMBED || role == EPD_HF_T_FINAL_NORM ||
-                                role == EPD_HF_T_LM_HEAD || s->layer == layer) &&
+        if (s->role == role &&
+            (role == EPD_HF_T_EMBED || role == EPD_HF_T_FINAL_NORM || role == EPD_HF_T_LM_HEAD ||
+             s->layer == layer) &&
             s->expert == expert) {
             return m->w[i];
         }
@@ -334,8 +335,10 @@ static void ref_forward(const ref_t *m, const int32_t *tokens, size_t n, double 
 
 static epd_engine_t *open_dir(const char *dir, uint32_t block_tokens, uint32_t max_batch)
 {
-    epd_engine_config_t cfg = {
-        .model_dir = dir, .block_tokens = block_tokens, .max_batch = max_batch, .max_context = 1024};
+    epd_engine_config_t cfg = {.model_dir = dir,
+                               .block_tokens = block_tokens,
+                               .max_batch = max_batch,
+                               .max_context = 1024};
     epd_engine_t *e = NULL;
 
     assert_int_equal(epd_engine_open("ref", &cfg, &e), EPD_OK);
@@ -508,8 +511,8 @@ static void check_split(const char *dir, uint32_t n, uint32_t step)
                 for (uint32_t r = 0; r < 2 * kv->n_kv_heads; r++) {
                     size_t off = ((size_t)r * 16 + p % 16) * row;
 
-                    assert_memory_equal((char *)pool.base + oa + off,
-                                        (char *)pool.base + ob + off, row);
+                    assert_memory_equal((char *)pool.base + oa + off, (char *)pool.base + ob + off,
+                                        row);
                 }
             }
         }
@@ -578,8 +581,9 @@ static void test_batch_equals_single(void **state)
         for (int step = 0; step < 6; step++) {
             assert_int_equal(epd_engine_decode(e, &pool, reqs, 3, blog), EPD_OK);
             for (int r = 0; r < 3; r++) {
-                epd_decode_req_t one = {
-                    .seq = seq_of(stables[r], 8, 11 + r), .pos = reqs[r].pos, .token = reqs[r].token};
+                epd_decode_req_t one = {.seq = seq_of(stables[r], 8, 11 + r),
+                                        .pos = reqs[r].pos,
+                                        .token = reqs[r].token};
 
                 assert_int_equal(epd_engine_decode(e, &pool, &one, 1, slog), EPD_OK);
                 assert_memory_equal(blog + r * vocab, slog, vocab * sizeof(float));
@@ -620,13 +624,12 @@ static void test_sharded_equals_single(void **state)
     assert_int_equal(epd_engine_prefill(b, &pb, &args, NULL, lb), EPD_OK);
     assert_memory_equal(la, lb, vocab * sizeof(float));
     assert_memory_equal(epd_engine_info(a)->model_digest, epd_engine_info(a2)->model_digest, 16);
-    assert_memory_not_equal(epd_engine_info(a)->model_digest, epd_engine_info(b)->model_digest,
-                            16);
+    assert_memory_not_equal(epd_engine_info(a)->model_digest, epd_engine_info(b)->model_digest, 16);
     for (int mi = 1; mi < N_MODELS; mi++) {
         epd_engine_t *o = open_dir(dirs[mi], 16, 4);
 
-        assert_memory_not_equal(epd_engine_info(a)->model_digest,
-                                epd_engine_info(o)->model_digest, 16);
+        assert_memory_not_equal(epd_engine_info(a)->model_digest, epd_engine_info(o)->model_digest,
+                                16);
         epd_engine_close(o);
     }
     free(la);
@@ -757,7 +760,7 @@ static void test_open_refusals(void **state)
 static int setup(void **state)
 {
     static const char *const names[N_MODELS] = {"llama", "llama_tied", "qwen2", "qwen3",
-                                                 "qwen3_moe"};
+                                                "qwen3_moe"};
     static const epd_hf_arch_t archs[N_MODELS] = {EPD_HF_LLAMA, EPD_HF_LLAMA, EPD_HF_QWEN2,
                                                   EPD_HF_QWEN3, EPD_HF_QWEN3_MOE};
 
