@@ -79,6 +79,13 @@ struct epd_engine_impl {
  * only (batch-invariant). */
 void epd_hf_matvec(const epd_hf_mat_t *w, const float *x, float *y, int accumulate);
 
+/* The same for B inputs x[b * ldx ..] into y[b * ldy ..]: each weight row
+ * is read once for the whole batch (decode is bound by weight bytes), and
+ * each (row, input) pair summed exactly as epd_hf_matvec sums it, so a
+ * request's result is bit for bit the same alone or in any batch. */
+void epd_hf_matvec_batch(const epd_hf_mat_t *w, const float *x, size_t ldx, uint32_t B, float *y,
+                         size_t ldy, int accumulate);
+
 /* Widens rows [r0, r0+n) of w into dst [n][cols] f32. */
 void epd_hf_widen_rows(const epd_hf_mat_t *w, uint32_t r0, uint32_t n, float *dst);
 

@@ -93,25 +93,37 @@ static float epd_hf_dot_f16(const uint16_t *w, const float *x, uint32_t n)
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-void epd_hf_matvec(const epd_hf_mat_t *w, const float *x, float *y, int accumulate)
+/* One weight row against one input: the single place a decode product is
+ * summed, so a row's result is the same in any batch. */
+static inline float epd_hf_dot_row(const epd_hf_mat_t *w, uint32_t r, const float *x)
 {
     uint32_t n = w->cols;
 
-    for (uint32_t r = 0; r < w->rows; r++) {
-        float d;
+    switch (w->dtype) {
+    case EPD_DTYPE_BF16:
+        return epd_hf_dot_uint16_t((const uint16_t *)w->data + (size_t)r * n, x, n);
+    case EPD_DTYPE_F16:
+        return epd_hf_dot_f16((const uint16_t *)w->data + (size_t)r * n, x, n);
+    default:
+        return epd_hf_dot_float((const float *)w->data + (size_t)r * n, x, n);
+    }
+}
 
-        switch (w->dtype) {
-        case EPD_DTYPE_BF16:
-            d = epd_hf_dot_uint16_t((const uint16_t *)w->data + (size_t)r * n, x, n);
-            break;
-        case EPD_DTYPE_F16:
-            d = epd_hf_dot_f16((const uint16_t *)w->data + (size_t)r * n, x, n);
-            break;
-        default:
-            d = epd_hf_dot_float((const float *)w->data + (size_t)r * n, x, n);
-            break;
+void epd_hf_matvec(const epd_hf_mat_t *w, const float *x, float *y, int accumulate)
+{
+    epd_hf_matvec_batch(w, x, 0, 1, y, 0, accumulate);
+}
+
+void epd_hf_matvec_batch(const epd_hf_mat_t *w, const float *x, size_t ldx, uint32_t B, float *y,
+                         size_t ldy, int accumulate)
+{
+    for (uint32_t r = 0; r < w->rows; r++) {
+        for (uint32_t b = 0; b < B; b++) {
+            float d = epd_hf_dot_row(w, r, x + (size_t)b * ldx);
+            float *yb = y + (size_t)b * ldy + r;
+
+            *yb = accumulate ? *yb + d : d;
         }
-        y[r] = accumulate ? y[r] + d : d;
     }
 }
 
