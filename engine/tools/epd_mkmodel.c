@@ -206,7 +206,7 @@ int main(int argc, char **argv)
              "vision: m x m patches merged into one embedding (divides the patch grid)"},
         };
         epd_opts_t o = {.prog = "epd-mkmodel",
-                        .summary = "write a ref model of seeded random weights",
+                        .summary = "write a ref model of seeded random weights (--arch llama|qwen2|qwen3|qwen3_moe: a Hugging Face folder instead; see epd-mkmodel --arch llama --help)",
                         .opts = opts,
                         .n_opts = sizeof(opts) / sizeof(opts[0])};
 
