@@ -108,6 +108,25 @@ epd_status_t epd_kv_block_offset(const epd_kv_layout_t *layout, uint32_t n_block
     return EPD_OK;
 }
 
+epd_status_t epd_kv_block_at(const epd_kv_layout_t *layout, uint32_t n_blocks, uint64_t off,
+                             uint32_t *layer_p, uint32_t *block_p)
+{
+    for (uint32_t l = 0; l < layout->n_layers; l++) {
+        uint64_t bb = epd_kv_layer_block_bytes(layout, l);
+        uint64_t start;
+
+        if (bb == 0 || epd_kv_block_offset(layout, n_blocks, l, 0, &start) != EPD_OK) {
+            continue;
+        }
+        if (off >= start && off - start < bb * n_blocks) {
+            *layer_p = l;
+            *block_p = (uint32_t)((off - start) / bb);
+            return EPD_OK;
+        }
+    }
+    return EPD_ERR_OUT_OF_RANGE;
+}
+
 epd_status_t epd_kv_state_offset(const epd_kv_layout_t *layout, uint32_t n_blocks,
                                  uint32_t n_state_slots, uint32_t layer, uint32_t slot,
                                  uint64_t *offset_p)

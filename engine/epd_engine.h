@@ -112,6 +112,11 @@ uint64_t epd_kv_pool_bytes(const epd_kv_layout_t *layout, uint32_t n_blocks,
 epd_status_t epd_kv_block_offset(const epd_kv_layout_t *layout, uint32_t n_blocks, uint32_t layer,
                                  uint32_t block, uint64_t *offset_p);
 
+/* The attention layer and block whose bytes hold pool offset `off` (a pool
+ * of `n_blocks` blocks); EPD_ERR_OUT_OF_RANGE past the attention part. */
+epd_status_t epd_kv_block_at(const epd_kv_layout_t *layout, uint32_t n_blocks, uint64_t off,
+                             uint32_t *layer_p, uint32_t *block_p);
+
 /* Offset of state slot `slot` of linear layer `layer` (absolute index) inside
  * a pool of `n_blocks` blocks and `n_state_slots` slots. */
 epd_status_t epd_kv_state_offset(const epd_kv_layout_t *layout, uint32_t n_blocks,

@@ -279,7 +279,7 @@ void epd__prefill_xfer_keepalive(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, 
 static uint64_t epd_prefill_layer_bytes(const epd_kv_layout_t *kv, uint32_t layer,
                                         uint32_t n_blocks)
 {
-    return kv->kind[layer] == EPD_LAYER_ATTENTION ? (uint64_t)n_blocks * kv->block_bytes
+    return kv->kind[layer] == EPD_LAYER_ATTENTION ? (uint64_t)n_blocks * epd_kv_layer_block_bytes(kv, layer)
                                                   : kv->state_bytes;
 }
 
@@ -344,7 +344,7 @@ static epd_status_t epd_prefill_layer_sum(epd_prefill_srv_t *srv, epd_prefill_xf
         for (uint32_t i = 0; i < x->local.n_blocks; i++) {
             if (epd_kv_block_offset(kv, srv->pool.n_blocks, layer, x->local.block_ids[i], &off) ==
                 EPD_OK) {
-                epd_hash_state_update(srv->hash, base + off, kv->block_bytes);
+                epd_hash_state_update(srv->hash, base + off, epd_kv_layer_block_bytes(kv, layer));
             }
         }
     }

@@ -56,3 +56,9 @@ $(eval $(call epd_test,test_epd_engine_ref_vision,tests/engine/test_epd_ref_visi
 # Stamped KV units (engine/epd_kv_stamp) on what the sim engine writes: the
 # wrong writes they exist to catch.
 $(eval $(call epd_test,test_epd_engine_kv_stamp,tests/engine/test_epd_kv_stamp.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
+
+# Quantized KV codecs against a numpy reference (tests/engine/kvq_ref.py),
+# dtype maps and mixed-map offsets.
+$(eval $(call epd_test,test_epd_engine_kvq,tests/engine/test_epd_kvq.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
+$(test_epd_engine_kvq_OBJS): EPD_CPPFLAGS += -DEPD_TEST_PYTHON='"/usr/bin/python3"' \
+	-DEPD_TEST_KVQ_REF='"$(abspath tests/engine/kvq_ref.py)"'

