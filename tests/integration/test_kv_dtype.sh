@@ -67,4 +67,33 @@ echo "$out" | grep -q "KV dtype map differs" || fail "the refusal does not name 
 note "the matching pair still serves, and so does the refused prefill with its own decode"
 GEN_FLAGS="--kv-dtype int8"
 same_as_colocated "$T/ref" "$p3_ADDR" "$d3_ADDR" "$T/short" 8
+stop_daemon dx
+
+note "a router with --kv-dtype int8: int8 workers join, an fp8 decode is refused with its line"
+start_router r --model "$T/ref" --heartbeat-ms 200 --kv-dtype int8
+start_daemon rd decode --model "$T/ref" --worker-id decode-r --kv-blocks 128 --state-slots 8 \
+  --router "$r_ADDR" --kv-dtype int8
+start_daemon rp prefill --model "$T/ref" --worker-id prefill-r --router "$r_ADDR" --kv-dtype int8
+start_unjoined rx decode --model "$T/ref" --worker-id decode-fp8 --kv-blocks 128 --state-slots 8 \
+  --router "$r_ADDR" --kv-dtype fp8
+wait_router_state "$r_ADDR" decode-r READY
+wait_router_state "$r_ADDR" prefill-r READY
+for i in $(seq 1 300); do
+  grep -q "KV dtype map 'fp8' differs from the router's 'int8'" "$T/rx.log" && break
+  sleep 0.1
+done
+grep -m1 "KV dtype map 'fp8' differs" "$T/rx.log" ||
+  fail "the fp8 decode's refusal line is missing: $(tail -n 5 "$T/rx.log")"
+"$BIN/epd-ctl" workers "$r_ADDR" >"$T/workers" || fail "epd-ctl workers"
+cat "$T/workers"
+grep -Eq '^  decode-r +READY .* int8 ' "$T/workers" || fail "epd-ctl workers lacks decode-r's map"
+grep -q 'decode-fp8' "$T/workers" && fail "the refused worker is listed"
+# the router's answers equal epd-generate --kv-dtype int8 (a wrapper adds the flag)
+printf '#!/bin/sh\nexec "%s" --kv-dtype int8 "$@"\n' "$(cd "$BIN" && pwd)/epd-generate" >"$T/gen-int8"
+chmod +x "$T/gen-int8"
+router_client same "$r_HTTP" "$T/ref" "$T/gen-int8" --prompt-file "$T/long" --max-tokens 16 \
+  --temperature 0 || fail "router, greedy"
+router_client same "$r_HTTP" "$T/ref" "$T/gen-int8" --prompt-file "$T/short" --max-tokens 16 \
+  --temperature 0.9 --top-p 0.9 --seed 42 || fail "router, sampled"
+stop_daemon rx
 finish_ok
