@@ -5,9 +5,12 @@
 # random Qwen3 HF folder, `epd-ctl submit --tokens` prints exactly what
 # `epd-generate --kv-dtype MAP --tokens` prints (greedy and seeded, a prompt
 # over several blocks, then again: a prefix-cache hit whose quantized blocks
-# are reused as they are).  Then a prefill and a decode with different maps:
-# the request is refused with one line naming the map, and the matching
-# pair still serves.
+# are reused as they are); a mixed map through the host/disk tier (blocks
+# spilled and restored as stored, answers exact).  Then a prefill and a
+# decode with different maps: the request is refused with one line naming
+# the map, and the matching pair still serves; a router with --kv-dtype
+# int8 refuses an fp8 worker's registration with one line, lists its int8
+# workers' maps (epd-ctl workers) and answers as epd-generate --kv-dtype.
 source "$(dirname "$0")/lib.sh"
 
 export UCX_TLS=posix,cma,tcp
@@ -52,6 +55,28 @@ for m in "${MODELS[@]}"; do
     fi
   done
 done
+
+note "ref 0-2:int8,3-:fp8 with a host and disk tier: quantized blocks spilled and restored"
+# a 40-block pool pushes the first prompt's blocks out (to disk past a
+# host tier of about a block); asked again they come back as stored
+start_daemon dt decode --model "$T/ref" --worker-id decode-t "${XFLAGS[@]}" \
+  --kv-blocks 256 --state-slots 8 --block-tokens 16 --kv-dtype "0-2:int8,3-:fp8"
+start_daemon pt prefill --model "$T/ref" --worker-id prefill-t "${XFLAGS[@]}" \
+  --kv-blocks 40 --state-slots 4 --block-tokens 16 --kv-dtype "0-2:int8,3-:fp8" \
+  --kv-host-bytes 16384 --kv-disk "$T/tier" --kv-disk-bytes 50000000
+GEN_FLAGS="--kv-dtype 0-2:int8,3-:fp8"
+for i in 1 2 3 4 5; do
+  prompt_of_len 300 $((40 + i)) >"$T/t$i"
+  same_as_colocated "$T/ref" "$pt_ADDR" "$dt_ADDR" "$T/t$i" 8
+done
+same_as_colocated "$T/ref" "$pt_ADDR" "$dt_ADDR" "$T/t1" 8
+same_as_colocated "$T/ref" "$pt_ADDR" "$dt_ADDR" "$T/t1" 8 --temperature 0.8 --seed 5
+r=$(( $(health_field "$pt_ADDR" prefix_tier_restored_disk) + $(health_field "$pt_ADDR" prefix_tier_restored_host) ))
+[ "$r" -gt 0 ] || fail "nothing restored from the tier"
+[ "$(health_field "$pt_ADDR" prefix_tier_checksum_failures)" = 0 ] || fail "tier checksum failures"
+grep -m1 "kv tier on" "$T/pt.log"
+stop_daemon pt
+stop_daemon dt
 
 note "a prefill with int8 and a decode with 1-4:int8,5:fp8: refused with one line"
 # (the same first dtype and largest block: only the map tells them apart)
