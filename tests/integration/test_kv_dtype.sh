@@ -8,7 +8,8 @@
 # are reused as they are); a mixed map through the host/disk tier (blocks
 # spilled and restored as stored, answers exact).  Then a prefill and a
 # decode with different maps: the request is refused with one line naming
-# the map, and the matching pair still serves; a router with --kv-dtype
+# the map, and the matching pair still serves; the mixed map over
+# ofi-tcp too; a router with --kv-dtype
 # int8 refuses an fp8 worker's registration with one line, lists its int8
 # workers' maps (epd-ctl workers) and answers as epd-generate --kv-dtype.
 source "$(dirname "$0")/lib.sh"
@@ -56,6 +57,20 @@ for m in "${MODELS[@]}"; do
   done
 done
 
+note "ref 0-2:int8,3-:fp8 over ofi-tcp (libfabric tcp;ofi_rxm)"
+OXFLAGS=(--transport ofi --expect-transport tcp --provider "tcp;ofi_rxm")
+FI_PROVIDER="tcp;ofi_rxm" start_daemon do decode --model "$T/ref" --worker-id decode-o \
+  "${OXFLAGS[@]}" --kv-blocks 128 --state-slots 8 --block-tokens 16 --kv-dtype "0-2:int8,3-:fp8"
+FI_PROVIDER="tcp;ofi_rxm" start_daemon po prefill --model "$T/ref" --worker-id prefill-o \
+  "${OXFLAGS[@]}" --kv-blocks 128 --state-slots 8 --block-tokens 16 --kv-dtype "0-2:int8,3-:fp8"
+GEN_FLAGS="--kv-dtype 0-2:int8,3-:fp8"
+CTL_FLAGS="--transport ofi --expect-transport tcp" same_as_colocated "$T/ref" "$po_ADDR" \
+  "$do_ADDR" "$T/long" 8
+CTL_FLAGS="--transport ofi --expect-transport tcp" same_as_colocated "$T/ref" "$po_ADDR" \
+  "$do_ADDR" "$T/long" 8 --temperature 0.8 --seed 3
+stop_daemon po
+stop_daemon do
+
 note "ref 0-2:int8,3-:fp8 with a host and disk tier: quantized blocks spilled and restored"
 # a 40-block pool pushes the first prompt's blocks out (to disk past a
 # host tier of about a block); asked again they come back as stored
@@ -88,7 +103,7 @@ if out=$("$BIN/epd-ctl" submit --prefill "$p3_ADDR" --decode "$dx_ADDR" --model 
   fail "a mismatched pair served: $out"
 fi
 echo "$out" | tail -n 1
-echo "$out" | grep -q "KV dtype map differs" || fail "the refusal does not name the KV dtype map"
+grep -q "KV dtype map differs" <<<"$out" || fail "the refusal does not name the KV dtype map"
 note "the matching pair still serves, and so does the refused prefill with its own decode"
 GEN_FLAGS="--kv-dtype int8"
 same_as_colocated "$T/ref" "$p3_ADDR" "$d3_ADDR" "$T/short" 8
