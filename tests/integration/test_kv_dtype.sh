@@ -2,16 +2,16 @@
 # Quantized KV (--kv-dtype) through a prefill and a decode daemon (ucx over
 # shared memory): for bf16, fp8, int8 and a mixed per-layer map, on `ref`
 # (linear layers' state stays f32 beside quantized attention layers) and a
-# random Qwen3 HF folder, `epd-ctl submit --tokens` prints exactly what
-# `epd-generate --kv-dtype MAP --tokens` prints (greedy and seeded, a prompt
-# over several blocks, then again: a prefix-cache hit whose quantized blocks
-# are reused as they are); a mixed map through the host/disk tier (blocks
-# spilled and restored as stored, answers exact).  Then a prefill and a
-# decode with different maps: the request is refused with one line naming
-# the map, and the matching pair still serves; the mixed map over
-# ofi-tcp too; a router with --kv-dtype
-# int8 refuses an fp8 worker's registration with one line, lists its int8
-# workers' maps (epd-ctl workers) and answers as epd-generate --kv-dtype.
+# random Qwen3 HF folder (Qwen3-MoE: the mixed map), `epd-ctl submit
+# --tokens` prints exactly what `epd-generate --kv-dtype MAP --tokens`
+# prints, greedy and seeded, a prompt over several blocks and then again (a
+# prefix-cache hit: quantized blocks reused as they are).  The mixed map
+# over ofi-tcp, and through the host/disk tier (blocks spilled and restored
+# as stored).  A prefill and a decode with different maps: the request is
+# refused with one line naming the map, the matching pair still serves.  A
+# router with --kv-dtype int8 refuses an fp8 worker's registration with one
+# line, lists its workers' maps (epd-ctl workers) and answers as
+# epd-generate --kv-dtype int8.
 source "$(dirname "$0")/lib.sh"
 
 export UCX_TLS=posix,cma,tcp
@@ -27,14 +27,18 @@ MODELS=(ref)
 if [ -f "$VOCAB/tokenizer.json" ]; then
   "$BIN/epd-mkmodel" --arch qwen3 --tokenizer "$VOCAB" --out "$T/qwen3" --seed 9 --layers 4 \
     >/dev/null || fail "epd-mkmodel --arch qwen3"
-  MODELS+=(qwen3)
+  "$BIN/epd-mkmodel" --arch qwen3_moe --tokenizer "$VOCAB" --out "$T/qwen3_moe" --seed 9 \
+    --layers 4 >/dev/null || fail "epd-mkmodel --arch qwen3_moe"
+  MODELS+=(qwen3 qwen3_moe)
 else
   echo "note: no Qwen3 vocabulary in $VOCAB: ref only"
 fi
 
 n=0
 for m in "${MODELS[@]}"; do
-  for map in bf16 fp8 int8 "0-2:int8,3-:fp8"; do
+  maps=(bf16 fp8 int8 "0-2:int8,3-:fp8")
+  [ "$m" != qwen3_moe ] || maps=("0-2:int8,3-:fp8") # the experts do not touch the KV path
+  for map in "${maps[@]}"; do
     n=$((n + 1))
     start_daemon "d$n" decode --model "$T/$m" --worker-id "decode-$n" "${XFLAGS[@]}" \
       --kv-blocks 128 --state-slots 8 --block-tokens 16 --kv-dtype "$map"
