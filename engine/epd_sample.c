@@ -15,6 +15,8 @@ struct epd_sample_scratch {
     uint32_t vocab;
     uint32_t *ids; /* [vocab] */
     double *probs; /* [vocab] indexed by id */
+    uint32_t *counts; /* [vocab] epd_sample_adjust: all 0 between calls */
+    uint8_t *seen;    /* [vocab] epd_sample_adjust: all 0 between calls */
 };
 
 void epd_sample_params_default(epd_sample_params_t *p)
@@ -48,7 +50,9 @@ epd_status_t epd_sample_scratch_create(uint32_t vocab, epd_sample_scratch_t **sc
     s->vocab = vocab;
     s->ids = epd_calloc(vocab, sizeof(*s->ids));
     s->probs = epd_calloc(vocab, sizeof(*s->probs));
-    if (s->ids == NULL || s->probs == NULL) {
+    s->counts = epd_calloc(vocab, sizeof(*s->counts));
+    s->seen = epd_calloc(vocab, sizeof(*s->seen));
+    if (s->ids == NULL || s->probs == NULL || s->counts == NULL || s->seen == NULL) {
         epd_sample_scratch_destroy(s);
         return EPD_ERR_NO_MEMORY;
     }
@@ -61,6 +65,8 @@ void epd_sample_scratch_destroy(epd_sample_scratch_t *s)
     if (s == NULL) {
         return;
     }
+    epd_free(s->seen);
+    epd_free(s->counts);
     epd_free(s->probs);
     epd_free(s->ids);
     epd_free(s);
@@ -150,5 +156,120 @@ epd_status_t epd_sample_token(const epd_sample_params_t *p, epd_sample_scratch_t
         }
     }
     *token_p = (int32_t)s->ids[n - 1]; /* rounding left u at ~0 */
+    return EPD_OK;
+}
+
+void epd_sample_adjust_default(epd_sample_adjust_t *a)
+{
+    a->presence_penalty = 0.0f;
+    a->frequency_penalty = 0.0f;
+    a->repetition_penalty = 1.0f;
+    a->bias = NULL;
+    a->n_bias = 0;
+    a->min_tokens = 0;
+    a->eos_id = -1;
+    a->stop_ids = NULL;
+    a->n_stop_ids = 0;
+}
+
+int epd_sample_adjust_is_off(const epd_sample_adjust_t *a)
+{
+    return a == NULL ||
+           (a->presence_penalty == 0.0f && a->frequency_penalty == 0.0f &&
+            (a->repetition_penalty == 0.0f || a->repetition_penalty == 1.0f) && a->n_bias == 0 &&
+            a->min_tokens == 0);
+}
+
+epd_status_t epd_sample_adjust_check(const epd_sample_adjust_t *a, uint32_t vocab)
+{
+    if (a == NULL || !(a->presence_penalty >= -2.0f && a->presence_penalty <= 2.0f) ||
+        !(a->frequency_penalty >= -2.0f && a->frequency_penalty <= 2.0f) ||
+        !(a->repetition_penalty >= 0.0f && a->repetition_penalty <= 2.0f) ||
+        (a->n_bias > 0 && a->bias == NULL) || (a->n_stop_ids > 0 && a->stop_ids == NULL)) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    for (uint32_t i = 0; i < a->n_bias; i++) {
+        if (a->bias[i].id >= vocab || !(a->bias[i].bias >= -100.0f && a->bias[i].bias <= 100.0f)) {
+            return EPD_ERR_INVALID_PARAM;
+        }
+    }
+    return EPD_OK;
+}
+
+/* Penalties for one distinct token t of prompt + output (s->seen[t]: bit 0
+ * in the prompt, bit 1 in the output; s->counts[t]: its output count),
+ * then its scratch entries cleared so that it is visited once. */
+static void epd_sample_penalize_one(const epd_sample_adjust_t *a, epd_sample_scratch_t *s,
+                                    float *logits, uint32_t t)
+{
+    float r = a->repetition_penalty;
+
+    if (s->seen[t] == 0) {
+        return;
+    }
+    if (r != 0.0f && r != 1.0f) {
+        logits[t] = logits[t] > 0.0f ? logits[t] / r : logits[t] * r;
+    }
+    if (s->counts[t] > 0) {
+        logits[t] -= a->frequency_penalty * (float)s->counts[t] + a->presence_penalty;
+    }
+    s->seen[t] = 0;
+    s->counts[t] = 0;
+}
+
+epd_status_t epd_sample_adjust(const epd_sample_adjust_t *a, epd_sample_scratch_t *s,
+                               float *logits, uint32_t vocab, const uint32_t *prompt,
+                               size_t n_prompt, const uint32_t *output, size_t n_output)
+{
+    int rep;
+
+    if (s == NULL || logits == NULL || vocab == 0 || vocab > s->vocab ||
+        (n_prompt > 0 && prompt == NULL) || (n_output > 0 && output == NULL) ||
+        epd_sample_adjust_check(a, vocab) != EPD_OK) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    for (uint32_t i = 0; i < a->n_bias; i++) {
+        logits[a->bias[i].id] += a->bias[i].bias;
+    }
+    if (n_output < a->min_tokens) {
+        if (a->eos_id >= 0 && (uint32_t)a->eos_id < vocab) {
+            logits[a->eos_id] = -INFINITY;
+        }
+        for (uint32_t i = 0; i < a->n_stop_ids; i++) {
+            if (a->stop_ids[i] < vocab) {
+                logits[a->stop_ids[i]] = -INFINITY;
+            }
+        }
+    }
+    rep = a->repetition_penalty != 0.0f && a->repetition_penalty != 1.0f;
+    if (!rep && a->presence_penalty == 0.0f && a->frequency_penalty == 0.0f) {
+        return EPD_OK;
+    }
+    /* mark, then visit each distinct token once (clearing as it goes) */
+    if (rep) {
+        for (size_t i = 0; i < n_prompt; i++) {
+            if (prompt[i] < vocab) {
+                s->seen[prompt[i]] |= 1u;
+            }
+        }
+    }
+    for (size_t i = 0; i < n_output; i++) {
+        if (output[i] < vocab) {
+            s->seen[output[i]] |= 2u;
+            s->counts[output[i]]++;
+        }
+    }
+    if (rep) {
+        for (size_t i = 0; i < n_prompt; i++) {
+            if (prompt[i] < vocab) {
+                epd_sample_penalize_one(a, s, logits, prompt[i]);
+            }
+        }
+    }
+    for (size_t i = 0; i < n_output; i++) {
+        if (output[i] < vocab) {
+            epd_sample_penalize_one(a, s, logits, output[i]);
+        }
+    }
     return EPD_OK;
 }

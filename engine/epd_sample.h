@@ -17,6 +17,7 @@
 #ifndef EPD_SAMPLE_H
 #define EPD_SAMPLE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "epd_status.h"
@@ -27,6 +28,50 @@ typedef struct {
     float top_p;       /* in (0, 1] */
     uint64_t seed;
 } epd_sample_params_t;
+
+/*
+ * Adjusting the logits before sampling (vLLM's formulas and order), for
+ * requests that ask for it; epd_sample_adjust changes logits in place and
+ * the caller then samples them with epd_sample_token (greedy included):
+ *
+ *   1. logit_bias: logits[id] += bias (ids < vocab; values in [-100, 100],
+ *      as OpenAI clamps them);
+ *   2. min_tokens: while fewer than min_tokens tokens were generated, the
+ *      logits of eos_id and of every stop_token_ids entry are -inf;
+ *   3. repetition_penalty r (vLLM's, "CTRL"): for each distinct token of
+ *      prompt + output, logit / r when the logit is > 0, logit * r
+ *      otherwise;
+ *   4. frequency_penalty f and presence_penalty p (OpenAI's): for each
+ *      token of the output alone, logit -= f * count + p * (count > 0).
+ *
+ * Then temperature, top-k and top-p as epd_sample_token does.
+ */
+typedef struct {
+    uint32_t id;
+    float bias;
+} epd_sample_bias_t;
+
+typedef struct {
+    float presence_penalty;   /* [-2, 2]; 0: off */
+    float frequency_penalty;  /* [-2, 2]; 0: off */
+    float repetition_penalty; /* (0, 2]; 0 or 1: off */
+    const epd_sample_bias_t *bias; /* borrowed [n_bias]; ids < vocab */
+    uint32_t n_bias;
+    uint32_t min_tokens;      /* 0: off */
+    int32_t eos_id;           /* < 0: none (min_tokens masks only stop_ids) */
+    const uint32_t *stop_ids; /* borrowed [n_stop_ids] (min_tokens masks them) */
+    uint32_t n_stop_ids;
+} epd_sample_adjust_t;
+
+/* All off. */
+void epd_sample_adjust_default(epd_sample_adjust_t *adj_p);
+
+/* 1 when `adj` changes nothing (the caller may skip epd_sample_adjust). */
+int epd_sample_adjust_is_off(const epd_sample_adjust_t *adj);
+
+/* EPD_OK when the adjustments are in range for `vocab`;
+ * EPD_ERR_INVALID_PARAM otherwise. */
+epd_status_t epd_sample_adjust_check(const epd_sample_adjust_t *adj, uint32_t vocab);
 
 /* Greedy, top_k 0, top_p 1, seed 0. */
 void epd_sample_params_default(epd_sample_params_t *params_p);
@@ -51,5 +96,17 @@ void epd_sample_scratch_destroy(epd_sample_scratch_t *scratch);
  */
 epd_status_t epd_sample_token(const epd_sample_params_t *params, epd_sample_scratch_t *scratch,
                               const float *logits, uint32_t vocab, uint64_t step, int32_t *token_p);
+
+/*
+ * Applies `adj` (see above) to logits[0..vocab) in place, for a request
+ * whose prompt is prompt[0..n_prompt) and which generated
+ * output[0..n_output) so far (both borrowed; ids >= vocab are skipped).
+ * O(n_prompt + n_output + n_bias); the scratch's count space is left
+ * clean.  EPD_ERR_INVALID_PARAM for bad adjustments.  One thread per
+ * scratch.
+ */
+epd_status_t epd_sample_adjust(const epd_sample_adjust_t *adj, epd_sample_scratch_t *scratch,
+                               float *logits, uint32_t vocab, const uint32_t *prompt,
+                               size_t n_prompt, const uint32_t *output, size_t n_output);
 
 #endif

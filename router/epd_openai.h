@@ -10,8 +10,17 @@
  * Every refusal fills an epd_oai_error_t: the HTTP status, the OpenAI error
  * type, a message naming the field, `param` (the field, or empty for
  * null) and `code` (empty for null; "model_not_found" for an unknown
- * model).  A JSON null counts as an absent optional field.  Fields this
- * server does not know are ignored, as most OpenAI-compatible servers do.
+ * model).  A JSON null counts as an absent optional field.
+ *
+ * Fields.  Nothing is silently ignored (epd_openai_fields.c holds the
+ * table): every top-level key is implemented (below), accepted without
+ * effect (user, metadata, store, service_tier, parallel_tool_calls,
+ * prompt_cache_key, safety_identifier, request_id), accepted only at the
+ * value that asks for nothing (presence_penalty 0, logit_bias {}, tools [],
+ * response_format {"type": "text"}, ...; another value is a 400 with code
+ * "unsupported_parameter" naming it), or refused whenever present (audio,
+ * prediction, guided_*, ...).  An unknown key is a 400, "Unrecognized
+ * request argument supplied: KEY", as OpenAI answers it (param: the key).
  *
  *   model              required string, one of the served models (else 404)
  *   prompt             (completions) required: a string or an array of one
@@ -25,8 +34,8 @@
  *                      or without padding); an http(s) URL is refused with a
  *                      clear 400 (this server does not fetch images); at
  *                      most EPD_OAI_MAX_IMAGES images
- *   max_tokens         integer ≥ 1 and ≤ the model's context (chat also takes
- *                      max_completion_tokens); default: completions 16, chat
+ *   max_tokens         integer ≥ 1 and ≤ the model's context (or
+ *                      max_completion_tokens: both must then agree); default: completions 16, chat
  *                      "up to the context" (see epd_oai_check_length)
  *   temperature        number in [0, 2], default 1
  *   top_p              number in (0, 1], default 1

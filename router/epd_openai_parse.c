@@ -545,7 +545,16 @@ static epd_status_t epd_oai_parse_fields(epd_oai_kind_t kind, json_t *root,
         return status;
     }
 
-    if (kind == EPD_OAI_CHAT && epd_oai_opt_field(root, "max_completion_tokens") != NULL) {
+    if (epd_oai_opt_field(root, "max_completion_tokens") != NULL) {
+        json_t *a = epd_oai_opt_field(root, "max_tokens");
+        json_t *b = epd_oai_opt_field(root, "max_completion_tokens");
+
+        /* both: they must agree (one would otherwise be ignored) */
+        if (a != NULL && !json_equal(a, b)) {
+            epd_oai_error_set(err, 400, "max_completion_tokens", NULL,
+                              "'max_tokens' and 'max_completion_tokens' differ: send one.");
+            return EPD_ERR_INVALID_PARAM;
+        }
         mt_name = "max_completion_tokens";
     }
     status = epd_oai_parse_int(root, mt_name, &req->max_tokens, &req->has_max_tokens, err);
@@ -730,6 +739,12 @@ epd_status_t epd_oai_request_parse_limited(epd_oai_kind_t kind, const void *body
         epd_oai_error_set(err, 400, NULL, NULL, "The request body must be a JSON object, not %s.",
                           epd_oai_json_type_name(root));
         status = EPD_ERR_INVALID_PARAM;
+        goto err_decref;
+    }
+    /* nothing silently ignored: every key is known, and one that is not
+     * implemented is refused naming it (epd_openai_fields.c) */
+    status = epd__oai_fields_check(kind, root, err);
+    if (status != EPD_OK) {
         goto err_decref;
     }
     req = epd_calloc(1, sizeof(*req));

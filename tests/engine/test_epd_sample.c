@@ -165,6 +165,152 @@ static void test_refuses_bad_input(void **state)
     assert_int_equal(epd_sample_scratch_create(0, &scratch), EPD_ERR_INVALID_PARAM);
 }
 
+
+/* ---- epd_sample_adjust against a reference computation (vLLM's formulas,
+ * token by token over the whole vocabulary, O(V * N)) ---- */
+
+static void reference_adjust(const epd_sample_adjust_t *a, float *out, const uint32_t *prompt,
+                             size_t n_prompt, const uint32_t *output, size_t n_output)
+{
+    for (uint32_t v = 0; v < V; v++) {
+        float x = logits[v];
+        int in_prompt = 0;
+        uint32_t count = 0;
+
+        for (uint32_t i = 0; i < a->n_bias; i++) {
+            if (a->bias[i].id == v) {
+                x += a->bias[i].bias;
+            }
+        }
+        if (n_output < a->min_tokens) {
+            int masked = a->eos_id == (int32_t)v;
+
+            for (uint32_t i = 0; i < a->n_stop_ids; i++) {
+                masked |= a->stop_ids[i] == v;
+            }
+            if (masked) {
+                x = -INFINITY;
+            }
+        }
+        for (size_t i = 0; i < n_prompt; i++) {
+            in_prompt |= prompt[i] == v;
+        }
+        for (size_t i = 0; i < n_output; i++) {
+            count += output[i] == v;
+        }
+        if (a->repetition_penalty != 1.0f && a->repetition_penalty != 0.0f &&
+            (in_prompt || count > 0)) {
+            x = x > 0.0f ? x / a->repetition_penalty : x * a->repetition_penalty;
+        }
+        if (count > 0) {
+            x -= a->frequency_penalty * (float)count + a->presence_penalty;
+        }
+        out[v] = x;
+    }
+}
+
+static void check_adjust(const epd_sample_adjust_t *a, const uint32_t *prompt, size_t n_prompt,
+                         const uint32_t *output, size_t n_output)
+{
+    float got[V];
+    float want[V];
+
+    memcpy(got, logits, sizeof(got));
+    reference_adjust(a, want, prompt, n_prompt, output, n_output);
+    assert_int_equal(epd_sample_adjust(a, scratch, got, V, prompt, n_prompt, output, n_output),
+                     EPD_OK);
+    for (int v = 0; v < V; v++) {
+        if (isinf(want[v])) {
+            assert_true(isinf(got[v]) && got[v] < 0);
+        } else {
+            assert_true(got[v] == want[v]); /* the same float operations */
+        }
+    }
+}
+
+static void test_adjust_matches_reference(void **state)
+{
+    /* token 11 is the argmax (logit ~1.9), 3 is negative, 99 out of vocab */
+    const uint32_t prompt[] = {11, 3, 3, 7, 99, 11};
+    const uint32_t output[] = {11, 5, 5, 5, 3, 99};
+    const epd_sample_bias_t bias[] = {{0, 100.0f}, {4, -2.5f}, {4, 1.0f}};
+    const uint32_t stops[] = {2, 9};
+    epd_sample_adjust_t a;
+    float lg[V];
+    int32_t tok;
+
+    (void)state;
+    epd_sample_adjust_default(&a);
+    assert_true(epd_sample_adjust_is_off(&a));
+    check_adjust(&a, prompt, 6, output, 6);
+    a.repetition_penalty = 1.7f;
+    check_adjust(&a, prompt, 6, output, 6); /* repetition alone (prompt + output) */
+    check_adjust(&a, prompt, 6, NULL, 0);   /* the first token: prompt only */
+    epd_sample_adjust_default(&a);
+    a.frequency_penalty = 0.6f;
+    check_adjust(&a, prompt, 6, output, 6); /* frequency alone (output only) */
+    epd_sample_adjust_default(&a);
+    a.presence_penalty = -1.25f;
+    check_adjust(&a, prompt, 6, output, 6); /* presence alone, negative */
+    epd_sample_adjust_default(&a);
+    a.bias = bias;
+    a.n_bias = 3;
+    check_adjust(&a, prompt, 6, output, 6); /* bias alone (repeated ids add) */
+    epd_sample_adjust_default(&a);
+    a.min_tokens = 7;
+    a.eos_id = 1;
+    a.stop_ids = stops;
+    a.n_stop_ids = 2;
+    check_adjust(&a, prompt, 6, output, 6); /* min_tokens: 6 < 7 masks 1, 2, 9 */
+    a.min_tokens = 6;
+    check_adjust(&a, prompt, 6, output, 6); /* reached: nothing masked */
+    /* all together, twice: the scratch's count space came back clean */
+    a.min_tokens = 9;
+    a.repetition_penalty = 1.3f;
+    a.frequency_penalty = 0.5f;
+    a.presence_penalty = 0.25f;
+    a.bias = bias;
+    a.n_bias = 3;
+    check_adjust(&a, prompt, 6, output, 6);
+    check_adjust(&a, prompt, 6, output, 6);
+
+    /* what a client sees: greedy follows the adjusted logits */
+    epd_sample_adjust_default(&a);
+    a.bias = bias; /* +100 on token 0 */
+    a.n_bias = 1;
+    memcpy(lg, logits, sizeof(lg));
+    assert_int_equal(epd_sample_adjust(&a, scratch, lg, V, NULL, 0, NULL, 0), EPD_OK);
+    {
+        epd_sample_params_t sp;
+
+        epd_sample_params_default(&sp);
+        assert_int_equal(epd_sample_token(&sp, scratch, lg, V, 0, &tok), EPD_OK);
+        assert_int_equal(tok, 0);
+    }
+
+    /* refusals */
+    epd_sample_adjust_default(&a);
+    a.presence_penalty = 2.5f;
+    assert_int_equal(epd_sample_adjust_check(&a, V), EPD_ERR_INVALID_PARAM);
+    epd_sample_adjust_default(&a);
+    a.repetition_penalty = NAN;
+    assert_int_equal(epd_sample_adjust_check(&a, V), EPD_ERR_INVALID_PARAM);
+    epd_sample_adjust_default(&a);
+    {
+        const epd_sample_bias_t oov = {V, 1.0f};
+        const epd_sample_bias_t big = {1, 1e30f};
+
+        a.bias = &oov;
+        a.n_bias = 1;
+        assert_int_equal(epd_sample_adjust_check(&a, V), EPD_ERR_INVALID_PARAM);
+        a.bias = &big;
+        assert_int_equal(epd_sample_adjust_check(&a, V), EPD_ERR_INVALID_PARAM);
+        memcpy(lg, logits, sizeof(lg));
+        assert_int_equal(epd_sample_adjust(&a, scratch, lg, V, NULL, 0, NULL, 0),
+                         EPD_ERR_INVALID_PARAM);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -174,6 +320,7 @@ int main(void)
         cmocka_unit_test(test_distribution_matches_softmax),
         cmocka_unit_test(test_reproducible),
         cmocka_unit_test(test_refuses_bad_input),
+        cmocka_unit_test(test_adjust_matches_reference),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);

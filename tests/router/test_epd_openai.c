@@ -81,6 +81,48 @@ static const refusal_t refusals[] = {
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"seed\": 1.5}", 400, "seed", NULL,
      "Invalid type"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"n\": 2}", 400, "n", NULL, "'n' must be 1"},
+    /* nothing silently ignored (epd_openai_fields.c): an unknown key, a
+     * refused feature, a no-op-only field at another value */
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"bogus_knob\": 1}", 400, "bogus_knob", NULL,
+     "Unrecognized request argument supplied: bogus_knob"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+        " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}",
+     400, "tools", "unsupported_parameter", "tool calling"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+        " \"tool_choice\": \"auto\"}",
+     400, "tool_choice", "unsupported_parameter", "Unsupported parameter: 'tool_choice'"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+        " \"functions\": [{\"name\": \"f\"}]}",
+     400, "functions", "unsupported_parameter", "function calling"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+        " \"function_call\": \"auto\"}",
+     400, "function_call", "unsupported_parameter", "function calling"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+        " \"response_format\": {\"type\": \"json_object\"}}",
+     400, "response_format", "unsupported_parameter", "structured output"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"suffix\": \"end\"}", 400, "suffix",
+     "unsupported_parameter", "suffix"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+        " \"audio\": {\"voice\": \"alloy\"}}",
+     400, "audio", "unsupported_parameter", "audio"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+        " \"modalities\": [\"text\", \"audio\"]}",
+     400, "modalities", "unsupported_parameter", "modalities"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+        " \"prediction\": {\"type\": \"content\", \"content\": \"x\"}}",
+     400, "prediction", "unsupported_parameter", "predicted"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"echo\": true}", 400, "echo",
+     "unsupported_parameter", "echo"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"best_of\": 3}", 400, "best_of",
+     "unsupported_parameter", "best_of"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"guided_json\": {}}", 400, "guided_json",
+     "unsupported_parameter", "guided decoding"},
+    /* chat-only keys are unknown on /v1/completions */
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"messages\": []}", 400, "messages", NULL,
+     "Unrecognized request argument supplied: messages"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_tokens\": 3,"
+        " \"max_completion_tokens\": 4}",
+     400, "max_completion_tokens", NULL, "differ"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"n\": \"1\"}", 400, "n", NULL, "Invalid type"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"stream\": \"yes\"}", 400, "stream", NULL,
      "expected a boolean"},
@@ -314,6 +356,21 @@ static void test_completion_fields(void **state)
     assert_string_equal(req->stop[0], "###");
     epd_oai_request_destroy(req);
 
+    /* Accepted without effect, and no-op values of unimplemented fields. */
+    req = parse_ok(H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+                      " \"user\": \"u\", \"metadata\": {\"k\": \"v\"}, \"store\": false,"
+                      " \"service_tier\": \"auto\", \"parallel_tool_calls\": true,"
+                      " \"tools\": [], \"tool_choice\": \"none\", \"logit_bias\": {},"
+                      " \"response_format\": {\"type\": \"text\"}, \"modalities\": [\"text\"],"
+                      " \"logprobs\": false, \"presence_penalty\": 0, \"repetition_penalty\": 1,"
+                      " \"audio\": null, \"max_completion_tokens\": 5, \"max_tokens\": 5}");
+    assert_int_equal(req->max_tokens, 5);
+    epd_oai_request_destroy(req);
+    req = parse_ok(C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_completion_tokens\": 9,"
+                      " \"echo\": false, \"best_of\": 1, \"suffix\": \"\"}");
+    assert_int_equal(req->max_tokens, 9);
+    epd_oai_request_destroy(req);
+
     /* An integer temperature is a number; max_tokens == context is allowed. */
     req = parse_ok(
         C, "{\"model\": \"tiny\", \"prompt\": \"\", \"temperature\": 0, \"max_tokens\": 1024}");
@@ -334,12 +391,12 @@ static void test_chat_template(void **state)
                       " {\"type\": \"text\", \"text\": \"there\"}], \"name\": \"bob\"},"
                       "{\"role\": \"assistant\", \"content\": \"Hello!\"},"
                       "{\"role\": \"user\", \"content\": \"\"}],"
-                      " \"max_completion_tokens\": 9, \"max_tokens\": 3}");
+                      " \"max_completion_tokens\": 9}");
     assert_int_equal(req->kind, H);
     assert_string_equal(req->prompt, "<|system|>\nBe brief.\n<|user|>\nHi there\n"
                                      "<|assistant|>\nHello!\n<|user|>\n\n<|assistant|>\n");
     assert_int_equal(req->prompt_len, strlen(req->prompt));
-    assert_int_equal(req->max_tokens, 9); /* max_completion_tokens wins */
+    assert_int_equal(req->max_tokens, 9); /* (with max_tokens too, both must agree) */
     epd_oai_request_destroy(req);
 
     req = parse_ok(
