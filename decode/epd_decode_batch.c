@@ -172,7 +172,7 @@ static void epd__pend_flush(epd_decode_batch_t *b)
 
 static int epd__is_stop(const epd_decode_batch_t *b, const epd_decode_seq_t *seq, int32_t tok)
 {
-    if (epd_engine_is_eos(b->info, tok)) {
+    if (!seq->sp.ignore_eos && epd_engine_is_eos(b->info, tok)) {
         return 1;
     }
     for (uint32_t i = 0; i < seq->n_stop; i++) {
@@ -233,8 +233,22 @@ static uint32_t epd__step(epd_decode_batch_t *b, uint32_t *n_run)
         /* sample every row first (indices into logits follow stepping[]) */
         for (uint32_t j = 0; j < m; j++) {
             epd_decode_seq_t *seq = b->stepping[j];
+            float *row = b->logits + (size_t)j * vocab;
+            epd_sample_adjust_t adj;
             int32_t tok;
 
+            /* the request's logit adjustments (prompt + the tokens so far),
+             * as prefill applied them to its first token */
+            epd_sample_adjust_of(&seq->sp, b->info->eos_tokens, b->info->n_eos, &adj);
+            if (!epd_sample_adjust_is_off(&adj)) {
+                st = epd_sample_adjust(&adj, b->scratch, row, vocab, seq->prompt,
+                                       seq->prompt != NULL ? seq->n_prompt : 0,
+                                       (const uint32_t *)seq->tokens, seq->n_gen);
+                if (st != EPD_OK) {
+                    seq->error = st;
+                    continue;
+                }
+            }
             st = epd_sample_token(&seq->sp, b->scratch, b->logits + (size_t)j * vocab, vocab,
                                   seq->n_gen, &tok);
             if (st != EPD_OK) {

@@ -637,7 +637,8 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
     /* the next token of the stream: the first, or where a resume stopped */
     req->seq.tokens[req->n_resume] = (int32_t)pc->first_token;
     /* protocol only: never decode from blocks nothing was written into */
-    req->first_finish = epd_decode_first_finish(pc->first_token, srv->info,
+    req->first_finish = epd_decode_first_finish(pc->first_token,
+                                                req->seq.sp.ignore_eos ? NULL : srv->info,
                                                 req->stop_ids, req->n_stop,
                                                 req->protocol_only ? 1
                                                                    : req->max_tokens - req->n_resume);

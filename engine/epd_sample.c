@@ -25,6 +25,29 @@ void epd_sample_params_default(epd_sample_params_t *p)
     p->top_k = 0;
     p->top_p = 1.0f;
     p->seed = 0;
+    p->presence_penalty = 0.0f;
+    p->frequency_penalty = 0.0f;
+    p->repetition_penalty = 0.0f;
+    p->min_tokens = 0;
+    p->ignore_eos = 0;
+    p->n_bias = 0;
+    p->n_stop_ids = 0;
+}
+
+void epd_sample_adjust_of(const epd_sample_params_t *p, const int32_t *eos_ids, uint32_t n_eos,
+                          epd_sample_adjust_t *a)
+{
+    epd_sample_adjust_default(a);
+    a->presence_penalty = p->presence_penalty;
+    a->frequency_penalty = p->frequency_penalty;
+    a->repetition_penalty = p->repetition_penalty;
+    a->bias = p->bias;
+    a->n_bias = p->n_bias;
+    a->min_tokens = p->min_tokens;
+    a->eos_ids = eos_ids;
+    a->n_eos = n_eos;
+    a->stop_ids = p->stop_ids;
+    a->n_stop_ids = p->n_stop_ids;
 }
 
 epd_status_t epd_sample_params_check(const epd_sample_params_t *p)
@@ -167,7 +190,8 @@ void epd_sample_adjust_default(epd_sample_adjust_t *a)
     a->bias = NULL;
     a->n_bias = 0;
     a->min_tokens = 0;
-    a->eos_id = -1;
+    a->eos_ids = NULL;
+    a->n_eos = 0;
     a->stop_ids = NULL;
     a->n_stop_ids = 0;
 }
@@ -185,7 +209,8 @@ epd_status_t epd_sample_adjust_check(const epd_sample_adjust_t *a, uint32_t voca
     if (a == NULL || !(a->presence_penalty >= -2.0f && a->presence_penalty <= 2.0f) ||
         !(a->frequency_penalty >= -2.0f && a->frequency_penalty <= 2.0f) ||
         !(a->repetition_penalty >= 0.0f && a->repetition_penalty <= 2.0f) ||
-        (a->n_bias > 0 && a->bias == NULL) || (a->n_stop_ids > 0 && a->stop_ids == NULL)) {
+        (a->n_bias > 0 && a->bias == NULL) || a->n_bias > EPD_SAMPLE_MAX_BIAS ||
+        (a->n_stop_ids > 0 && a->stop_ids == NULL) || (a->n_eos > 0 && a->eos_ids == NULL)) {
         return EPD_ERR_INVALID_PARAM;
     }
     for (uint32_t i = 0; i < a->n_bias; i++) {
@@ -232,8 +257,10 @@ epd_status_t epd_sample_adjust(const epd_sample_adjust_t *a, epd_sample_scratch_
         logits[a->bias[i].id] += a->bias[i].bias;
     }
     if (n_output < a->min_tokens) {
-        if (a->eos_id >= 0 && (uint32_t)a->eos_id < vocab) {
-            logits[a->eos_id] = -INFINITY;
+        for (uint32_t i = 0; i < a->n_eos; i++) {
+            if (a->eos_ids[i] >= 0 && (uint32_t)a->eos_ids[i] < vocab) {
+                logits[a->eos_ids[i]] = -INFINITY;
+            }
         }
         for (uint32_t i = 0; i < a->n_stop_ids; i++) {
             if (a->stop_ids[i] < vocab) {

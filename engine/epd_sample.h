@@ -22,12 +22,6 @@
 
 #include "epd_status.h"
 
-typedef struct {
-    float temperature; /* 0 = greedy; otherwise in (0, 100] */
-    uint32_t top_k;    /* 0 = no limit */
-    float top_p;       /* in (0, 1] */
-    uint64_t seed;
-} epd_sample_params_t;
 
 /*
  * Adjusting the logits before sampling (vLLM's formulas and order), for
@@ -37,7 +31,7 @@ typedef struct {
  *   1. logit_bias: logits[id] += bias (ids < vocab; values in [-100, 100],
  *      as OpenAI clamps them);
  *   2. min_tokens: while fewer than min_tokens tokens were generated, the
- *      logits of eos_id and of every stop_token_ids entry are -inf;
+ *      logits of every eos id and of every stop_token_ids entry are -inf;
  *   3. repetition_penalty r (vLLM's, "CTRL"): for each distinct token of
  *      prompt + output, logit / r when the logit is > 0, logit * r
  *      otherwise;
@@ -46,6 +40,11 @@ typedef struct {
  *
  * Then temperature, top-k and top-p as epd_sample_token does.
  */
+/* The most logit_bias entries a request may carry (OpenAI's limit). */
+#define EPD_SAMPLE_MAX_BIAS 300
+/* The most stop token ids a request may carry (decode's limit). */
+#define EPD_SAMPLE_MAX_STOP_IDS 64
+
 typedef struct {
     uint32_t id;
     float bias;
@@ -58,7 +57,8 @@ typedef struct {
     const epd_sample_bias_t *bias; /* borrowed [n_bias]; ids < vocab */
     uint32_t n_bias;
     uint32_t min_tokens;      /* 0: off */
-    int32_t eos_id;           /* < 0: none (min_tokens masks only stop_ids) */
+    const int32_t *eos_ids;   /* borrowed [n_eos] (min_tokens masks them) */
+    uint32_t n_eos;
     const uint32_t *stop_ids; /* borrowed [n_stop_ids] (min_tokens masks them) */
     uint32_t n_stop_ids;
 } epd_sample_adjust_t;
@@ -73,7 +73,31 @@ int epd_sample_adjust_is_off(const epd_sample_adjust_t *adj);
  * EPD_ERR_INVALID_PARAM otherwise. */
 epd_status_t epd_sample_adjust_check(const epd_sample_adjust_t *adj, uint32_t vocab);
 
-/* Greedy, top_k 0, top_p 1, seed 0. */
+typedef struct {
+    float temperature; /* 0 = greedy; otherwise in (0, 100] */
+    uint32_t top_k;    /* 0 = no limit */
+    float top_p;       /* in (0, 1] */
+    uint64_t seed;
+    /* A request's logit adjustments, carried by value with it (prefill's
+     * job, decode's sequence: nothing borrowed to dangle); all 0: none.
+     * epd_sample_adjust_of turns them into an epd_sample_adjust_t. */
+    float presence_penalty;
+    float frequency_penalty;
+    float repetition_penalty; /* 0 or 1: off */
+    uint32_t min_tokens;
+    int ignore_eos; /* not the sampler's: decode's stop rule reads it */
+    uint32_t n_bias;
+    epd_sample_bias_t bias[EPD_SAMPLE_MAX_BIAS];
+    uint32_t n_stop_ids; /* the request's stop ids (min_tokens masks them) */
+    uint32_t stop_ids[EPD_SAMPLE_MAX_STOP_IDS];
+} epd_sample_params_t;
+
+/* The adjustments of `params` (borrowed: adj points into it) with the
+ * model's eos ids (borrowed) for min_tokens. */
+void epd_sample_adjust_of(const epd_sample_params_t *params, const int32_t *eos_ids,
+                          uint32_t n_eos, epd_sample_adjust_t *adj_p);
+
+/* Greedy, top_k 0, top_p 1, seed 0, no adjustments. */
 void epd_sample_params_default(epd_sample_params_t *params_p);
 
 /* EPD_OK when the parameters are in range; EPD_ERR_INVALID_PARAM otherwise. */

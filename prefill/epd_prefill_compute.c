@@ -189,6 +189,20 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
         if (status == EPD_OK) {
             /* step n_decode of the stateless sampler (0: the colocated first
              * token; a resume's: the token the stream continues with) */
+            epd_sample_adjust_t adj;
+
+            /* the request's logit adjustments first (the prompt's tokens;
+             * a resume's generated ones are its output), as decode does */
+            epd_sample_adjust_of(&job->sample, c->info->eos_tokens, c->info->n_eos, &adj);
+            if (!epd_sample_adjust_is_off(&adj)) {
+                uint32_t n_in = job->n_tokens - job->n_decode;
+
+                status = epd_sample_adjust(&adj, c->scratch, c->logits, c->info->vocab_size,
+                                           (const uint32_t *)job->tokens, n_in,
+                                           (const uint32_t *)job->tokens + n_in, job->n_decode);
+            }
+        }
+        if (status == EPD_OK) {
             status = epd_sample_token(&job->sample, c->scratch, c->logits, c->info->vocab_size,
                                       job->n_decode, &token);
         }

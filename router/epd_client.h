@@ -274,6 +274,16 @@ typedef struct {
     uint32_t max_tokens;      /* >= 1 */
     const uint32_t *stop_ids; /* may be NULL */
     uint32_t n_stop_ids;
+    /* logit adjustments (engine/epd_sample.h; SamplingParams 7..13): 0 /
+     * NULL for none */
+    float presence_penalty;
+    float frequency_penalty;
+    float repetition_penalty; /* 0 or 1: off */
+    const uint32_t *bias_ids; /* [n_bias] */
+    const float *bias_values; /* [n_bias] */
+    uint32_t n_bias;
+    uint32_t min_tokens;
+    int ignore_eos;
     epd_client_worker_t *prefill; /* a worker of role PREFILL */
     epd_client_worker_t *decode;  /* a worker of role DECODE */
     uint32_t deadline_ms;         /* budget for the whole request (> 0) */

@@ -532,7 +532,8 @@ epd_status_t epd_client_submit(epd_client_t *c, const epd_client_request_t *q,
         q->prefill == NULL || q->decode == NULL ||
         q->prefill->info.role != EPD_CLIENT_ROLE_PREFILL ||
         q->decode->info.role != EPD_CLIENT_ROLE_DECODE ||
-        (q->n_stop_ids > 0 && q->stop_ids == NULL) || q->n_media > EPD_CLIENT_MEDIA_MAX ||
+        (q->n_stop_ids > 0 && q->stop_ids == NULL) ||
+        (q->n_bias > 0 && (q->bias_ids == NULL || q->bias_values == NULL)) || q->n_media > EPD_CLIENT_MEDIA_MAX ||
         (q->n_media > 0 && q->media == NULL) ||
         (q->resume_generated > 0 &&
          (q->resume_generated >= q->n_prompt || q->resume_generated >= q->max_tokens ||
@@ -588,6 +589,15 @@ epd_status_t epd_client_submit(epd_client_t *c, const epd_client_request_t *q,
     sp.top_k = q->top_k;
     sp.seed = q->seed;
     sp.max_tokens = q->max_tokens;
+    sp.presence_penalty = q->presence_penalty;
+    sp.frequency_penalty = q->frequency_penalty;
+    sp.repetition_penalty = q->repetition_penalty;
+    sp.n_logit_bias_ids = q->n_bias;
+    sp.logit_bias_ids = (uint32_t *)q->bias_ids;
+    sp.n_logit_bias_values = q->n_bias;
+    sp.logit_bias_values = (float *)q->bias_values;
+    sp.min_tokens = q->min_tokens;
+    sp.ignore_eos = q->ignore_eos != 0;
     sp.n_stop_token_ids = q->n_stop_ids;
     sp.stop_token_ids = (uint32_t *)q->stop_ids;
     pe.start_time_ns = q->prefill->info.epoch_start_ns;

@@ -46,6 +46,13 @@
  *                      with stream true)
  *   stop               a string or an array of at most 4 non-empty strings,
  *                      kept as text (the router maps them)
+ *   presence_penalty, frequency_penalty  numbers in [-2, 2], default 0
+ *   repetition_penalty (extension, vLLM's) number in (0, 2], default 1
+ *   logit_bias         object {"TOKEN_ID": number}: at most 300 entries,
+ *                      ids < vocab, values clamped to [-100, 100]
+ *   min_tokens         (extension) integer ≥ 0, ≤ the tokens to generate
+ *   ignore_eos         (extension) boolean
+ *   stop_token_ids     (extension) array of at most 64 token ids < vocab
  *   epd_encode         (extension) "auto" (default) or "local": the
  *                      prefill worker encodes the images itself even when
  *                      encoders are registered (benchmarks compare both)
@@ -130,6 +137,19 @@ typedef struct {
     size_t n_images;
     int encode_local; /* extension "epd_encode": "local": no encoder pool for its images */
     char *cache_salt; /* owned; NULL: none ("cache_salt", as vLLM's) */
+    /* logit adjustments (engine/epd_sample.h: vLLM's formulas), parsed by
+     * epd_openai_fields.c; ids checked against the vocabulary by
+     * epd_oai_check_sampling */
+    double presence_penalty;   /* [-2, 2], default 0 */
+    double frequency_penalty;  /* [-2, 2], default 0 */
+    double repetition_penalty; /* (0, 2], default 1 */
+    uint32_t *bias_ids;        /* owned [n_bias] (logit_bias keys) */
+    float *bias_values;        /* owned [n_bias], each in [-100, 100] */
+    size_t n_bias;
+    int64_t min_tokens; /* ≥ 0 */
+    int ignore_eos;
+    uint32_t *stop_token_ids; /* owned [n_stop_token_ids] */
+    size_t n_stop_token_ids;
 } epd_oai_request_t;
 
 typedef struct {
@@ -218,6 +238,13 @@ void epd_oai_request_destroy(epd_oai_request_t *req);
  * thread. */
 epd_status_t epd_oai_check_length(const epd_oai_request_t *req, int64_t prompt_tokens,
                                   int64_t max_context, int64_t *max_new_p, epd_oai_error_t *err);
+
+/* The checks of the sampling fields that need the model: logit_bias and
+ * stop_token_ids ids below `vocab`, min_tokens at most max_new (the
+ * tokens epd_oai_check_length allows).  EPD_OK, or EPD_ERR_INVALID_PARAM
+ * with *err filled (400 naming the field).  Any thread. */
+epd_status_t epd_oai_check_sampling(const epd_oai_request_t *req, uint32_t vocab, int64_t max_new,
+                                    epd_oai_error_t *err);
 
 /* Appends the error JSON {"error": {"message", "type", "param", "code"}}.
  * EPD_OK or EPD_ERR_NO_MEMORY (buf unchanged in length). */

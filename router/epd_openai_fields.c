@@ -21,11 +21,15 @@
  * the one place a reviewer reads to know what the server does with each
  * key, and docs/api.md's "Fields" table is written from it.
  */
+#include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
 
+#include "epd_alloc.h"
 #include "epd_openai_int.h"
 
 typedef enum {
@@ -80,6 +84,13 @@ static const epd_oai_field_t epd_oai_fields[] = {
     {"cache_salt", EPD_OAI_K_ALL, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
     {"add_generation_prompt", EPD_OAI_K_CH, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
     {"chat_template_kwargs", EPD_OAI_K_CH, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
+    {"presence_penalty", EPD_OAI_K_ALL, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
+    {"frequency_penalty", EPD_OAI_K_ALL, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
+    {"repetition_penalty", EPD_OAI_K_ALL, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
+    {"logit_bias", EPD_OAI_K_ALL, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
+    {"min_tokens", EPD_OAI_K_ALL, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
+    {"ignore_eos", EPD_OAI_K_ALL, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
+    {"stop_token_ids", EPD_OAI_K_ALL, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
     /* accepted, without effect */
     {"user", EPD_OAI_K_ALL, EPD_OAI_F_NOEFFECT, EPD_OAI_NOOP_NONE, NULL},
     {"metadata", EPD_OAI_K_ALL, EPD_OAI_F_NOEFFECT, EPD_OAI_NOOP_NONE, NULL},
@@ -90,13 +101,6 @@ static const epd_oai_field_t epd_oai_fields[] = {
     {"safety_identifier", EPD_OAI_K_ALL, EPD_OAI_F_NOEFFECT, EPD_OAI_NOOP_NONE, NULL},
     {"request_id", EPD_OAI_K_ALL, EPD_OAI_F_NOEFFECT, EPD_OAI_NOOP_NONE, NULL},
     /* accepted only at the value that asks for nothing */
-    {"presence_penalty", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_ZERO, "penalties"},
-    {"frequency_penalty", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_ZERO, "penalties"},
-    {"repetition_penalty", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_ONE, "penalties"},
-    {"logit_bias", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_EMPTY, "logit bias"},
-    {"min_tokens", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_ZERO, "min_tokens"},
-    {"ignore_eos", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_FALSE, "ignore_eos"},
-    {"stop_token_ids", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_EMPTY, "stop token ids"},
     {"min_p", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_ZERO, "min_p sampling"},
     {"best_of", EPD_OAI_K_C, EPD_OAI_F_NOOP, EPD_OAI_NOOP_ONE, "best_of"},
     {"echo", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_FALSE, "echo"},
@@ -220,6 +224,216 @@ epd_status_t epd__oai_fields_check(epd_oai_kind_t kind, json_t *root, epd_oai_er
                           "Unsupported parameter: '%s': this server does not implement %s%s.",
                           f->name, f->why,
                           f->cls == EPD_OAI_F_NOOP ? " (omit it, or send its default)" : "");
+        return EPD_ERR_INVALID_PARAM;
+    }
+    return EPD_OK;
+}
+
+/* ---- the sampling fields (engine/epd_sample.h) ---- */
+
+#define EPD_OAI_MAX_BIAS 300     /* engine/epd_sample.h EPD_SAMPLE_MAX_BIAS */
+#define EPD_OAI_MAX_STOP_IDS 64  /* decode's EPD_DECODE_MAX_STOP_IDS */
+
+static epd_status_t epd_oai_penalty(json_t *root, const char *name, double lo, int lo_open,
+                                    double hi, double *value_p, epd_oai_error_t *err)
+{
+    json_t *v = json_object_get(root, name);
+    double d;
+
+    if (v == NULL || json_is_null(v)) {
+        return EPD_OK;
+    }
+    if (!json_is_number(v)) {
+        epd_oai_error_set(err, 400, name, NULL,
+                          "Invalid type for '%s': expected a number.", name);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    d = json_number_value(v);
+    if (!(d >= lo && d <= hi) || (lo_open && d == lo)) {
+        epd_oai_error_set(err, 400, name, NULL, "'%s' must be in %s%g, %g], got %g.", name,
+                          lo_open ? "(" : "[", lo, hi, d);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    *value_p = d;
+    return EPD_OK;
+}
+
+static void epd_oai_sampling_oom(epd_oai_error_t *err)
+{
+    epd_oai_error_set(err, 500, NULL, NULL, "The server is out of memory.");
+}
+
+/* logit_bias: {"ID": number}, ID a decimal token id (OpenAI's shape) */
+static epd_status_t epd_oai_logit_bias(json_t *root, epd_oai_request_t *req,
+                                       epd_oai_error_t *err)
+{
+    json_t *v = json_object_get(root, "logit_bias");
+    const char *key;
+    json_t *val;
+    size_t n;
+
+    if (v == NULL || json_is_null(v)) {
+        return EPD_OK;
+    }
+    if (!json_is_object(v)) {
+        epd_oai_error_set(err, 400, "logit_bias", NULL,
+                          "Invalid type for 'logit_bias': expected an object mapping token ids "
+                          "to numbers.");
+        return EPD_ERR_INVALID_PARAM;
+    }
+    n = json_object_size(v);
+    if (n > EPD_OAI_MAX_BIAS) {
+        epd_oai_error_set(err, 400, "logit_bias", NULL,
+                          "'logit_bias' holds %zu entries: at most %d are accepted.", n,
+                          EPD_OAI_MAX_BIAS);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (n == 0) {
+        return EPD_OK;
+    }
+    req->bias_ids = epd_calloc(n, sizeof(*req->bias_ids));
+    req->bias_values = epd_calloc(n, sizeof(*req->bias_values));
+    if (req->bias_ids == NULL || req->bias_values == NULL) {
+        epd_oai_sampling_oom(err);
+        return EPD_ERR_NO_MEMORY;
+    }
+    json_object_foreach(v, key, val)
+    {
+        char *end = NULL;
+        unsigned long long id;
+        double d;
+
+        errno = 0;
+        id = strtoull(key, &end, 10);
+        if (key[0] < '0' || key[0] > '9' || end == key || *end != '\0' || errno != 0 ||
+            id > UINT32_MAX) {
+            epd_oai_error_set(err, 400, "logit_bias", NULL,
+                              "Invalid key in 'logit_bias': '%.40s' is not a token id.", key);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        if (!json_is_number(val)) {
+            epd_oai_error_set(err, 400, "logit_bias", NULL,
+                              "Invalid value in 'logit_bias' for token %llu: expected a number.",
+                              id);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        d = json_number_value(val);
+        /* OpenAI's rule: the value is clamped to [-100, 100] (1e300 too;
+         * jansson refuses what is not a finite number) */
+        d = d < -100.0 ? -100.0 : d > 100.0 ? 100.0 : d;
+        req->bias_ids[req->n_bias] = (uint32_t)id;
+        req->bias_values[req->n_bias] = (float)d;
+        req->n_bias++;
+    }
+    return EPD_OK;
+}
+
+static epd_status_t epd_oai_stop_token_ids(json_t *root, epd_oai_request_t *req,
+                                           epd_oai_error_t *err)
+{
+    json_t *v = json_object_get(root, "stop_token_ids");
+    size_t n;
+
+    if (v == NULL || json_is_null(v)) {
+        return EPD_OK;
+    }
+    if (!json_is_array(v)) {
+        epd_oai_error_set(err, 400, "stop_token_ids", NULL,
+                          "Invalid type for 'stop_token_ids': expected an array of token ids.");
+        return EPD_ERR_INVALID_PARAM;
+    }
+    n = json_array_size(v);
+    if (n > EPD_OAI_MAX_STOP_IDS) {
+        epd_oai_error_set(err, 400, "stop_token_ids", NULL,
+                          "'stop_token_ids' holds %zu ids: at most %d are accepted.", n,
+                          EPD_OAI_MAX_STOP_IDS);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (n == 0) {
+        return EPD_OK;
+    }
+    req->stop_token_ids = epd_calloc(n, sizeof(*req->stop_token_ids));
+    if (req->stop_token_ids == NULL) {
+        epd_oai_sampling_oom(err);
+        return EPD_ERR_NO_MEMORY;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(v, i);
+
+        if (!json_is_integer(e) || json_integer_value(e) < 0 ||
+            json_integer_value(e) > (json_int_t)UINT32_MAX) {
+            epd_oai_error_set(err, 400, "stop_token_ids", NULL,
+                              "'stop_token_ids[%zu]' must be a token id (an integer >= 0).", i);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        req->stop_token_ids[i] = (uint32_t)json_integer_value(e);
+    }
+    req->n_stop_token_ids = n;
+    return EPD_OK;
+}
+
+epd_status_t epd__oai_parse_sampling(json_t *root, epd_oai_request_t *req, epd_oai_error_t *err)
+{
+    json_t *v;
+    epd_status_t st;
+
+    if ((st = epd_oai_penalty(root, "presence_penalty", -2.0, 0, 2.0, &req->presence_penalty,
+                              err)) != EPD_OK ||
+        (st = epd_oai_penalty(root, "frequency_penalty", -2.0, 0, 2.0, &req->frequency_penalty,
+                              err)) != EPD_OK ||
+        (st = epd_oai_penalty(root, "repetition_penalty", 0.0, 1, 2.0, &req->repetition_penalty,
+                              err)) != EPD_OK ||
+        (st = epd_oai_logit_bias(root, req, err)) != EPD_OK ||
+        (st = epd_oai_stop_token_ids(root, req, err)) != EPD_OK) {
+        return st;
+    }
+    v = json_object_get(root, "min_tokens");
+    if (v != NULL && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0) {
+            epd_oai_error_set(err, 400, "min_tokens", NULL,
+                              "'min_tokens' must be an integer >= 0.");
+            return EPD_ERR_INVALID_PARAM;
+        }
+        req->min_tokens = (int64_t)json_integer_value(v);
+    }
+    v = json_object_get(root, "ignore_eos");
+    if (v != NULL && !json_is_null(v)) {
+        if (!json_is_boolean(v)) {
+            epd_oai_error_set(err, 400, "ignore_eos", NULL,
+                              "Invalid type for 'ignore_eos': expected a boolean.");
+            return EPD_ERR_INVALID_PARAM;
+        }
+        req->ignore_eos = json_is_true(v);
+    }
+    return EPD_OK;
+}
+
+epd_status_t epd_oai_check_sampling(const epd_oai_request_t *req, uint32_t vocab, int64_t max_new,
+                                    epd_oai_error_t *err)
+{
+    for (size_t i = 0; i < req->n_bias; i++) {
+        if (req->bias_ids[i] >= vocab) {
+            epd_oai_error_set(err, 400, "logit_bias", NULL,
+                              "Invalid key in 'logit_bias': token %" PRIu32
+                              " is outside the vocabulary (%" PRIu32 " tokens).",
+                              req->bias_ids[i], vocab);
+            return EPD_ERR_INVALID_PARAM;
+        }
+    }
+    for (size_t i = 0; i < req->n_stop_token_ids; i++) {
+        if (req->stop_token_ids[i] >= vocab) {
+            epd_oai_error_set(err, 400, "stop_token_ids", NULL,
+                              "'stop_token_ids[%zu]' is %" PRIu32
+                              ", outside the vocabulary (%" PRIu32 " tokens).",
+                              i, req->stop_token_ids[i], vocab);
+            return EPD_ERR_INVALID_PARAM;
+        }
+    }
+    if (req->min_tokens > max_new) {
+        epd_oai_error_set(err, 400, "min_tokens", NULL,
+                          "'min_tokens' (%" PRId64 ") must not exceed the tokens to generate "
+                          "(%" PRId64 ").",
+                          req->min_tokens, max_new);
         return EPD_ERR_INVALID_PARAM;
     }
     return EPD_OK;

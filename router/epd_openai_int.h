@@ -61,5 +61,10 @@ struct json_t; /* jansson's */
  * checked against the table of fields: EPD_OK, or EPD_ERR_INVALID_PARAM
  * with *err filled (400 naming the key). */
 epd_status_t epd__oai_fields_check(epd_oai_kind_t kind, struct json_t *root, epd_oai_error_t *err);
+/* The sampling fields (penalties, logit_bias, min_tokens, ignore_eos,
+ * stop_token_ids) of `root` into req (its arrays owned by req): EPD_OK,
+ * EPD_ERR_INVALID_PARAM or EPD_ERR_NO_MEMORY with *err filled. */
+epd_status_t epd__oai_parse_sampling(struct json_t *root, epd_oai_request_t *req,
+                                     epd_oai_error_t *err);
 
 #endif

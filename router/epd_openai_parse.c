@@ -87,6 +87,9 @@ void epd_oai_request_destroy(epd_oai_request_t *req)
     }
     epd_free(req->images);
     epd_free(req->cache_salt);
+    epd_free(req->bias_ids);
+    epd_free(req->bias_values);
+    epd_free(req->stop_token_ids);
     epd_free(req);
 }
 
@@ -640,6 +643,10 @@ static epd_status_t epd_oai_parse_fields(epd_oai_kind_t kind, json_t *root,
     if (status != EPD_OK) {
         return status;
     }
+    status = epd__oai_parse_sampling(root, req, err);
+    if (status != EPD_OK) {
+        return status;
+    }
     {
         /* extension: "epd_encode": "local" makes the prefill worker encode
          * this request's images itself, as if there were no encoder pool
@@ -756,6 +763,7 @@ epd_status_t epd_oai_request_parse_limited(epd_oai_kind_t kind, const void *body
     req->kind = kind;
     req->temperature = 1.0;
     req->top_p = 1.0;
+    req->repetition_penalty = 1.0;
     status = epd_oai_parse_fields(kind, root, models, n_models, max_context, req, err);
     if (status != EPD_OK) {
         goto err_destroy_req;

@@ -217,7 +217,8 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
         return;
     }
     if (epd_oai_check_length(oai, (int64_t)n_tok, rt->info->max_context, &max_new, &err) !=
-        EPD_OK) {
+            EPD_OK ||
+        epd_oai_check_sampling(oai, rt->info->vocab_size, max_new, &err) != EPD_OK) {
         rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
         epd__router_respond_error(rt, http, &err);
         epd_free(img_pos);

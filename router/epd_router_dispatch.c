@@ -276,6 +276,16 @@ epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
         q.top_k = r->oai->top_k > 0 ? (uint32_t)r->oai->top_k : 0;
         q.seed = r->seed;
         q.max_tokens = r->max_new;
+        q.presence_penalty = (float)r->oai->presence_penalty;
+        q.frequency_penalty = (float)r->oai->frequency_penalty;
+        q.repetition_penalty = (float)r->oai->repetition_penalty;
+        q.bias_ids = r->oai->bias_ids;
+        q.bias_values = r->oai->bias_values;
+        q.n_bias = (uint32_t)r->oai->n_bias;
+        q.min_tokens = (uint32_t)r->oai->min_tokens;
+        q.ignore_eos = r->oai->ignore_eos;
+        q.stop_ids = r->oai->stop_token_ids;
+        q.n_stop_ids = (uint32_t)r->oai->n_stop_token_ids;
         q.prefill = pw->cw;
         q.decode = dw->cw;
         q.deadline_ms = (uint32_t)(left_ms > UINT32_MAX ? UINT32_MAX : left_ms);

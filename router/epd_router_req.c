@@ -771,6 +771,7 @@ static void epd_router_first_tokens(epd_router_t *rt, epd_router_req_t *r,
 static void epd_router_on_tokens(epd_router_t *rt, epd_router_req_t *r,
                                  const epd_client_event_t *ev, uint64_t now)
 {
+    uint32_t n_text;
     int stop;
 
     if (r->n_out == r->n_base) {
@@ -788,7 +789,18 @@ static void epd_router_on_tokens(epd_router_t *rt, epd_router_req_t *r,
     if (r->http == NULL) {
         return; /* answered, or the client is gone: ABORTING */
     }
-    if (epd__router_text_append(rt, r, ev->tokens, ev->n_tokens) != 0) {
+    n_text = ev->n_tokens;
+    if (n_text > 0 && ev->finish == EPD_CLIENT_FINISH_STOP) {
+        /* a stop token id ends the text without its own (as vLLM's);
+         * EOS is a special token the detokenizer drops anyway */
+        for (size_t i = 0; i < r->oai->n_stop_token_ids; i++) {
+            if (r->oai->stop_token_ids[i] == ev->tokens[n_text - 1]) {
+                n_text--;
+                break;
+            }
+        }
+    }
+    if (epd__router_text_append(rt, r, ev->tokens, n_text) != 0) {
         epd__router_fail_http(rt, r, EPD_ROUTER_ERR_INTERNAL, 500,
                               "cannot detokenize the output%s%s", "", "");
     } else if ((stop = epd__router_after_text(rt, r)) > 0) {

@@ -183,8 +183,11 @@ static void reference_adjust(const epd_sample_adjust_t *a, float *out, const uin
             }
         }
         if (n_output < a->min_tokens) {
-            int masked = a->eos_id == (int32_t)v;
+            int masked = 0;
 
+            for (uint32_t i = 0; i < a->n_eos; i++) {
+                masked |= a->eos_ids[i] == (int32_t)v;
+            }
             for (uint32_t i = 0; i < a->n_stop_ids; i++) {
                 masked |= a->stop_ids[i] == v;
             }
@@ -235,6 +238,7 @@ static void test_adjust_matches_reference(void **state)
     const uint32_t output[] = {11, 5, 5, 5, 3, 99};
     const epd_sample_bias_t bias[] = {{0, 100.0f}, {4, -2.5f}, {4, 1.0f}};
     const uint32_t stops[] = {2, 9};
+    const int32_t eos[] = {1, 14};
     epd_sample_adjust_t a;
     float lg[V];
     int32_t tok;
@@ -258,10 +262,11 @@ static void test_adjust_matches_reference(void **state)
     check_adjust(&a, prompt, 6, output, 6); /* bias alone (repeated ids add) */
     epd_sample_adjust_default(&a);
     a.min_tokens = 7;
-    a.eos_id = 1;
+    a.eos_ids = eos;
+    a.n_eos = 2;
     a.stop_ids = stops;
     a.n_stop_ids = 2;
-    check_adjust(&a, prompt, 6, output, 6); /* min_tokens: 6 < 7 masks 1, 2, 9 */
+    check_adjust(&a, prompt, 6, output, 6); /* min_tokens: 6 < 7 masks 1, 14, 2, 9 */
     a.min_tokens = 6;
     check_adjust(&a, prompt, 6, output, 6); /* reached: nothing masked */
     /* all together, twice: the scratch's count space came back clean */

@@ -117,6 +117,29 @@ static const refusal_t refusals[] = {
      "unsupported_parameter", "best_of"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"guided_json\": {}}", 400, "guided_json",
      "unsupported_parameter", "guided decoding"},
+    /* the sampling fields (epd_openai_fields.c) */
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"presence_penalty\": 2.5}", 400,
+     "presence_penalty", NULL, "must be in [-2, 2]"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"frequency_penalty\": \"x\"}", 400,
+     "frequency_penalty", NULL, "Invalid type"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"repetition_penalty\": 0}", 400,
+     "repetition_penalty", NULL, "must be in (0, 2]"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": {\"abc\": 1}}", 400,
+     "logit_bias", NULL, "not a token id"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": {\"-1\": 1}}", 400,
+     "logit_bias", NULL, "not a token id"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": {\"99999999999\": 1}}", 400,
+     "logit_bias", NULL, "not a token id"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": {\"5\": \"up\"}}", 400,
+     "logit_bias", NULL, "expected a number"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": [1]}", 400, "logit_bias", NULL,
+     "Invalid type"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"min_tokens\": -1}", 400, "min_tokens", NULL,
+     "integer >= 0"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"ignore_eos\": 1}", 400, "ignore_eos", NULL,
+     "expected a boolean"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"stop_token_ids\": [1, -2]}", 400,
+     "stop_token_ids", NULL, "stop_token_ids[1]"},
     /* chat-only keys are unknown on /v1/completions */
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"messages\": []}", 400, "messages", NULL,
      "Unrecognized request argument supplied: messages"},
@@ -369,6 +392,39 @@ static void test_completion_fields(void **state)
     req = parse_ok(C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_completion_tokens\": 9,"
                       " \"echo\": false, \"best_of\": 1, \"suffix\": \"\"}");
     assert_int_equal(req->max_tokens, 9);
+    epd_oai_request_destroy(req);
+
+    /* The sampling fields: values kept, logit_bias clamped to [-100, 100]. */
+    req = parse_ok(C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"presence_penalty\": -1.5,"
+                      " \"frequency_penalty\": 2, \"repetition_penalty\": 1.2,"
+                      " \"logit_bias\": {\"7\": 1e300, \"0\": -101, \"12\": 3.5},"
+                      " \"min_tokens\": 4, \"ignore_eos\": true, \"stop_token_ids\": [3, 9]}");
+    assert_true(req->presence_penalty == -1.5);
+    assert_true(req->frequency_penalty == 2.0);
+    assert_true(req->repetition_penalty == 1.2);
+    assert_int_equal(req->n_bias, 3);
+    assert_int_equal(req->bias_ids[0], 7);
+    assert_true(req->bias_values[0] == 100.0f);
+    assert_int_equal(req->bias_ids[1], 0);
+    assert_true(req->bias_values[1] == -100.0f);
+    assert_true(req->bias_values[2] == 3.5f);
+    assert_int_equal(req->min_tokens, 4);
+    assert_true(req->ignore_eos);
+    assert_int_equal(req->n_stop_token_ids, 2);
+    assert_int_equal(req->stop_token_ids[1], 9);
+    {
+        epd_oai_error_t err;
+
+        assert_int_equal(epd_oai_check_sampling(req, 258, 16, &err), EPD_OK);
+        assert_int_equal(epd_oai_check_sampling(req, 12, 16, &err), EPD_ERR_INVALID_PARAM);
+        assert_string_equal(err.param, "logit_bias"); /* 12 >= 12 */
+        assert_int_equal(epd_oai_check_sampling(req, 258, 3, &err), EPD_ERR_INVALID_PARAM);
+        assert_string_equal(err.param, "min_tokens");
+    }
+    epd_oai_request_destroy(req);
+    req = parse_ok(C, "{\"model\": \"tiny\", \"prompt\": \"a\"}");
+    assert_true(req->repetition_penalty == 1.0);
+    assert_int_equal(req->n_bias, 0);
     epd_oai_request_destroy(req);
 
     /* An integer temperature is a number; max_tokens == context is allowed. */
