@@ -637,11 +637,9 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
     /* the next token of the stream: the first, or where a resume stopped */
     req->seq.tokens[req->n_resume] = (int32_t)pc->first_token;
     /* protocol only: never decode from blocks nothing was written into */
-    req->first_finish = epd_decode_first_finish(pc->first_token,
-                                                req->seq.sp.ignore_eos ? NULL : srv->info,
-                                                req->stop_ids, req->n_stop,
-                                                req->protocol_only ? 1
-                                                                   : req->max_tokens - req->n_resume);
+    req->first_finish = epd_decode_first_finish(
+        pc->first_token, req->seq.sp.ignore_eos ? NULL : srv->info, req->stop_ids, req->n_stop,
+        req->protocol_only ? 1 : req->max_tokens - req->n_resume);
     req->pc_seen = 1;
     req->kv_verified = req->kv.n_ok == n_layers; /* else when the last check is back */
     epd_decode_advance(srv, req); /* the lean path: first token and the batch, right here */

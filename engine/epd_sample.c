@@ -198,10 +198,9 @@ void epd_sample_adjust_default(epd_sample_adjust_t *a)
 
 int epd_sample_adjust_is_off(const epd_sample_adjust_t *a)
 {
-    return a == NULL ||
-           (a->presence_penalty == 0.0f && a->frequency_penalty == 0.0f &&
-            (a->repetition_penalty == 0.0f || a->repetition_penalty == 1.0f) && a->n_bias == 0 &&
-            a->min_tokens == 0);
+    return a == NULL || (a->presence_penalty == 0.0f && a->frequency_penalty == 0.0f &&
+                         (a->repetition_penalty == 0.0f || a->repetition_penalty == 1.0f) &&
+                         a->n_bias == 0 && a->min_tokens == 0);
 }
 
 epd_status_t epd_sample_adjust_check(const epd_sample_adjust_t *a, uint32_t vocab)
@@ -242,9 +241,9 @@ static void epd_sample_penalize_one(const epd_sample_adjust_t *a, epd_sample_scr
     s->counts[t] = 0;
 }
 
-epd_status_t epd_sample_adjust(const epd_sample_adjust_t *a, epd_sample_scratch_t *s,
-                               float *logits, uint32_t vocab, const uint32_t *prompt,
-                               size_t n_prompt, const uint32_t *output, size_t n_output)
+epd_status_t epd_sample_adjust(const epd_sample_adjust_t *a, epd_sample_scratch_t *s, float *logits,
+                               uint32_t vocab, const uint32_t *prompt, size_t n_prompt,
+                               const uint32_t *output, size_t n_output)
 {
     int rep;
 

@@ -22,7 +22,6 @@
 
 #include "epd_status.h"
 
-
 /*
  * Adjusting the logits before sampling (vLLM's formulas and order), for
  * requests that ask for it; epd_sample_adjust changes logits in place and
@@ -51,13 +50,13 @@ typedef struct {
 } epd_sample_bias_t;
 
 typedef struct {
-    float presence_penalty;   /* [-2, 2]; 0: off */
-    float frequency_penalty;  /* [-2, 2]; 0: off */
-    float repetition_penalty; /* (0, 2]; 0 or 1: off */
+    float presence_penalty;        /* [-2, 2]; 0: off */
+    float frequency_penalty;       /* [-2, 2]; 0: off */
+    float repetition_penalty;      /* (0, 2]; 0 or 1: off */
     const epd_sample_bias_t *bias; /* borrowed [n_bias]; ids < vocab */
     uint32_t n_bias;
-    uint32_t min_tokens;      /* 0: off */
-    const int32_t *eos_ids;   /* borrowed [n_eos] (min_tokens masks them) */
+    uint32_t min_tokens;    /* 0: off */
+    const int32_t *eos_ids; /* borrowed [n_eos] (min_tokens masks them) */
     uint32_t n_eos;
     const uint32_t *stop_ids; /* borrowed [n_stop_ids] (min_tokens masks them) */
     uint32_t n_stop_ids;
@@ -94,8 +93,8 @@ typedef struct {
 
 /* The adjustments of `params` (borrowed: adj points into it) with the
  * model's eos ids (borrowed) for min_tokens. */
-void epd_sample_adjust_of(const epd_sample_params_t *params, const int32_t *eos_ids,
-                          uint32_t n_eos, epd_sample_adjust_t *adj_p);
+void epd_sample_adjust_of(const epd_sample_params_t *params, const int32_t *eos_ids, uint32_t n_eos,
+                          epd_sample_adjust_t *adj_p);
 
 /* Greedy, top_k 0, top_p 1, seed 0, no adjustments. */
 void epd_sample_params_default(epd_sample_params_t *params_p);

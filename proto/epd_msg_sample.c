@@ -15,8 +15,8 @@ epd_status_t epd_sample_params_from_msg(const Epd__SamplingParams *s, uint32_t v
 
     if (s->n_logit_bias_ids != s->n_logit_bias_values ||
         s->n_logit_bias_ids > EPD_SAMPLE_MAX_BIAS) {
-        snprintf(msg, cap, "logit bias of %zu ids and %zu values (at most %d)",
-                 s->n_logit_bias_ids, s->n_logit_bias_values, EPD_SAMPLE_MAX_BIAS);
+        snprintf(msg, cap, "logit bias of %zu ids and %zu values (at most %d)", s->n_logit_bias_ids,
+                 s->n_logit_bias_values, EPD_SAMPLE_MAX_BIAS);
         return EPD_ERR_INVALID_PARAM;
     }
     sp->presence_penalty = s->presence_penalty;

@@ -533,11 +533,10 @@ epd_status_t epd_client_submit(epd_client_t *c, const epd_client_request_t *q,
         q->prefill->info.role != EPD_CLIENT_ROLE_PREFILL ||
         q->decode->info.role != EPD_CLIENT_ROLE_DECODE ||
         (q->n_stop_ids > 0 && q->stop_ids == NULL) ||
-        (q->n_bias > 0 && (q->bias_ids == NULL || q->bias_values == NULL)) || q->n_media > EPD_CLIENT_MEDIA_MAX ||
-        (q->n_media > 0 && q->media == NULL) ||
-        (q->resume_generated > 0 &&
-         (q->resume_generated >= q->n_prompt || q->resume_generated >= q->max_tokens ||
-          q->n_media > 0))) {
+        (q->n_bias > 0 && (q->bias_ids == NULL || q->bias_values == NULL)) ||
+        q->n_media > EPD_CLIENT_MEDIA_MAX || (q->n_media > 0 && q->media == NULL) ||
+        (q->resume_generated > 0 && (q->resume_generated >= q->n_prompt ||
+                                     q->resume_generated >= q->max_tokens || q->n_media > 0))) {
         return EPD_ERR_INVALID_PARAM;
     }
     for (uint32_t i = 0; i < q->n_media; i++) {

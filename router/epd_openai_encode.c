@@ -43,7 +43,9 @@ static void epd_oai_w_head(epd__oai_writer_t *w, const char *id, const char *obj
     epd__oai_w_str(w, model, strlen(model));
 }
 
-static void epd_oai_w_usage(epd__oai_writer_t *w, int64_t prompt_tokens, int64_t completion_tokens)
+/* cached_tokens < 0: unknown, no prompt_tokens_details */
+static void epd_oai_w_usage(epd__oai_writer_t *w, int64_t prompt_tokens, int64_t completion_tokens,
+                            int64_t cached_tokens)
 {
     epd__oai_w_puts(w, "\"usage\":{\"prompt_tokens\":");
     epd__oai_w_int(w, prompt_tokens);
@@ -51,13 +53,19 @@ static void epd_oai_w_usage(epd__oai_writer_t *w, int64_t prompt_tokens, int64_t
     epd__oai_w_int(w, completion_tokens);
     epd__oai_w_puts(w, ",\"total_tokens\":");
     epd__oai_w_int(w, prompt_tokens + completion_tokens);
+    if (cached_tokens >= 0) {
+        epd__oai_w_puts(w, ",\"prompt_tokens_details\":{\"cached_tokens\":");
+        epd__oai_w_int(w, cached_tokens);
+        epd__oai_w_puts(w, "}");
+    }
     epd__oai_w_puts(w, "}");
 }
 
 epd_status_t epd_oai_response_encode(epd_oai_kind_t kind, const char *id, const char *model,
                                      int64_t created, const void *text, size_t len,
                                      epd_oai_finish_t finish, int64_t prompt_tokens,
-                                     int64_t completion_tokens, epd_oai_buf_t *out)
+                                     int64_t completion_tokens, int64_t cached_tokens,
+                                     epd_oai_buf_t *out)
 {
     char *fixed;
     size_t flen = 0;
@@ -89,7 +97,7 @@ epd_status_t epd_oai_response_encode(epd_oai_kind_t kind, const char *id, const 
     epd__oai_w_puts(&w, ",\"logprobs\":null,\"finish_reason\":\"");
     epd__oai_w_puts(&w, epd_oai_finish_name(finish));
     epd__oai_w_puts(&w, "\"}],");
-    epd_oai_w_usage(&w, prompt_tokens, completion_tokens);
+    epd_oai_w_usage(&w, prompt_tokens, completion_tokens, cached_tokens);
     epd__oai_w_puts(&w, "}");
     epd_free(fixed);
     return epd__oai_w_end(&w);
@@ -261,7 +269,7 @@ epd_status_t epd_oai_stream_text(epd_oai_stream_t *stream, const void *bytes, si
 
 epd_status_t epd_oai_stream_finish(epd_oai_stream_t *stream, epd_oai_finish_t finish,
                                    int64_t prompt_tokens, int64_t completion_tokens,
-                                   epd_oai_buf_t *out)
+                                   int64_t cached_tokens, epd_oai_buf_t *out)
 {
     int role_sent = stream->role_sent;
     unsigned char held[4];
@@ -287,7 +295,7 @@ epd_status_t epd_oai_stream_finish(epd_oai_stream_t *stream, epd_oai_finish_t fi
                        stream->kind == EPD_OAI_CHAT ? "chat.completion.chunk" : "text_completion",
                        stream->created, stream->model);
         epd__oai_w_puts(&w, ",\"choices\":[],");
-        epd_oai_w_usage(&w, prompt_tokens, completion_tokens);
+        epd_oai_w_usage(&w, prompt_tokens, completion_tokens, cached_tokens);
         epd__oai_w_puts(&w, "}\n\n");
     }
     epd__oai_w_puts(&w, "data: [DONE]\n\n");

@@ -113,8 +113,9 @@ static const epd_oai_field_t epd_oai_fields[] = {
     {"tool_choice", EPD_OAI_K_CH, EPD_OAI_F_NOOP, EPD_OAI_NOOP_STR_NONE, "tool calling"},
     {"functions", EPD_OAI_K_CH, EPD_OAI_F_NOOP, EPD_OAI_NOOP_EMPTY, "function calling"},
     {"function_call", EPD_OAI_K_CH, EPD_OAI_F_NOOP, EPD_OAI_NOOP_STR_NONE, "function calling"},
-    {"modalities", EPD_OAI_K_CH, EPD_OAI_F_NOOP, EPD_OAI_NOOP_TEXT_ONLY, "output modalities "
-                                                                         "other than text"},
+    {"modalities", EPD_OAI_K_CH, EPD_OAI_F_NOOP, EPD_OAI_NOOP_TEXT_ONLY,
+     "output modalities "
+     "other than text"},
     {"use_beam_search", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_FALSE, "beam search"},
     {"length_penalty", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_ONE, "beam search"},
     {"include_stop_str_in_output", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_FALSE,
@@ -231,8 +232,8 @@ epd_status_t epd__oai_fields_check(epd_oai_kind_t kind, json_t *root, epd_oai_er
 
 /* ---- the sampling fields (engine/epd_sample.h) ---- */
 
-#define EPD_OAI_MAX_BIAS 300     /* engine/epd_sample.h EPD_SAMPLE_MAX_BIAS */
-#define EPD_OAI_MAX_STOP_IDS 64  /* decode's EPD_DECODE_MAX_STOP_IDS */
+#define EPD_OAI_MAX_BIAS 300    /* engine/epd_sample.h EPD_SAMPLE_MAX_BIAS */
+#define EPD_OAI_MAX_STOP_IDS 64 /* decode's EPD_DECODE_MAX_STOP_IDS */
 
 static epd_status_t epd_oai_penalty(json_t *root, const char *name, double lo, int lo_open,
                                     double hi, double *value_p, epd_oai_error_t *err)
@@ -244,8 +245,7 @@ static epd_status_t epd_oai_penalty(json_t *root, const char *name, double lo, i
         return EPD_OK;
     }
     if (!json_is_number(v)) {
-        epd_oai_error_set(err, 400, name, NULL,
-                          "Invalid type for '%s': expected a number.", name);
+        epd_oai_error_set(err, 400, name, NULL, "Invalid type for '%s': expected a number.", name);
         return EPD_ERR_INVALID_PARAM;
     }
     d = json_number_value(v);
@@ -264,8 +264,7 @@ static void epd_oai_sampling_oom(epd_oai_error_t *err)
 }
 
 /* logit_bias: {"ID": number}, ID a decimal token id (OpenAI's shape) */
-static epd_status_t epd_oai_logit_bias(json_t *root, epd_oai_request_t *req,
-                                       epd_oai_error_t *err)
+static epd_status_t epd_oai_logit_bias(json_t *root, epd_oai_request_t *req, epd_oai_error_t *err)
 {
     json_t *v = json_object_get(root, "logit_bias");
     const char *key;

@@ -204,7 +204,8 @@ void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish
         }
         epd_router_stream_emit(rt, r, r->text_len);
         epd_oai_buf_reset(&rt->out);
-        if (epd_oai_stream_finish(&r->stream, finish, r->n_prompt, r->n_out, &rt->out) == EPD_OK) {
+        if (epd_oai_stream_finish(&r->stream, finish, r->n_prompt, r->n_out,
+                                  (int64_t)r->cached_tokens, &rt->out) == EPD_OK) {
             (void)epd_http_stream_send(r->http, rt->out.data, rt->out.len);
         }
         (void)epd_http_stream_end(r->http);
@@ -212,7 +213,7 @@ void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish
         epd_oai_buf_reset(&rt->out);
         if (epd_oai_response_encode(r->oai->kind, r->id, rt->model_name, r->created, r->text,
                                     r->text_len, finish, r->n_prompt, r->n_out,
-                                    &rt->out) != EPD_OK) {
+                                    (int64_t)r->cached_tokens, &rt->out) != EPD_OK) {
             epd__router_respond_simple_error(rt, r->http, 500, "out of memory");
         } else {
             char hdr[64];

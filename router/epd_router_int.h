@@ -136,6 +136,9 @@ typedef struct epd_router_req {
     epd_oai_request_t *oai;
     uint32_t *prompt; /* token ids, BOS first */
     uint32_t n_prompt;
+    /* prompt tokens the prefill worker's prefix cache served (its first
+     * chunk's phase times; usage.prompt_tokens_details.cached_tokens) */
+    uint32_t cached_tokens;
     uint32_t max_new;
     uint64_t seed;
     /* the attempt in flight (SUBMITTED, STREAMING, ABORTING): its

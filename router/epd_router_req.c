@@ -737,6 +737,7 @@ static void epd_router_phases(epd_router_t *rt, epd_router_req_t *r, const epd_c
     epd_prom_histo_observe(&rt->m.req_prompt_tokens, r->n_prompt);
     epd_prom_histo_observe(&rt->m.req_cached_tokens, cached);
     rt->m.cached_tokens += cached;
+    r->cached_tokens = cached;
 }
 
 /* The attempt's first tokens: the prefill worker ran with every image's

@@ -731,7 +731,8 @@ int main(int argc, char **argv)
     };
     const epd_opt_t opts[] = {
         {"engine", EPD_OPT_STRING, &a.engine, 0, 0, "engine: built-in name or path to a .so"},
-        {"model", EPD_OPT_STRING, &a.model, 0, 0, "model folder (ref: config.json + model.safetensors; sim: sim.conf)"},
+        {"model", EPD_OPT_STRING, &a.model, 0, 0,
+         "model folder (ref: config.json + model.safetensors; sim: sim.conf)"},
         {"prompt", EPD_OPT_STRING, &a.prompt, 0, 0, "prompt text"},
         {"max-tokens", EPD_OPT_INT, &a.max_tokens, 1, 1 << 24, "tokens to generate at most"},
         {"temperature", EPD_OPT_DOUBLE, &a.temperature, 0, 100, "0 = greedy"},

@@ -165,7 +165,6 @@ static void test_refuses_bad_input(void **state)
     assert_int_equal(epd_sample_scratch_create(0, &scratch), EPD_ERR_INVALID_PARAM);
 }
 
-
 /* ---- epd_sample_adjust against a reference computation (vLLM's formulas,
  * token by token over the whole vocabulary, O(V * N)) ---- */
 

@@ -6,7 +6,8 @@
 # share, engine/epd_sample.c; prefill samples the first token, decode the
 # rest), greedy and seeded, streamed and not.  Then nothing silently
 # ignored and a hostile battery over the new fields: every one a 4xx
-# naming its field, and the router healthy after.
+# naming its field; usage.prompt_tokens_details.cached_tokens is the
+# prefix cache's hit on a repeated prompt; the router healthy after.
 source "$(dirname "$0")/lib.sh"
 
 mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
@@ -148,6 +149,23 @@ for body, param in bad:
     assert 400 <= st < 500 and e["param"] == param, (body if len(str(body)) < 300 else param,
                                                        st, e)
 print("ok %d refusals, each naming its field" % len(bad))
+# usage.prompt_tokens_details.cached_tokens: 0, then the prefix cache's hit
+def metric(name):
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    c.request("GET", "/metrics")
+    body = c.getresponse().read().decode()
+    c.close()
+    return sum(float(l.split()[-1]) for l in body.splitlines()
+               if l.startswith(name + " ") or l.startswith(name + "{"))
+long_prompt = "cached tokens are counted in the usage of the answer " * 3
+usage1 = complete({"model": "m", "prompt": long_prompt, "max_tokens": 2})[2]
+before = metric("epd_router_cached_tokens_total")
+usage2 = complete({"model": "m", "prompt": long_prompt, "max_tokens": 2})[2]
+hit = metric("epd_router_cached_tokens_total") - before
+assert usage1["prompt_tokens_details"]["cached_tokens"] == 0, usage1
+c2 = usage2["prompt_tokens_details"]["cached_tokens"]
+assert 0 < c2 < usage2["prompt_tokens"] and c2 == hit, (usage2, hit)
+print("ok cached_tokens %d of %d prompt tokens on a repeat" % (c2, usage2["prompt_tokens"]))
 c = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
 c.request("GET", "/health")
 r = c.getresponse()

@@ -85,31 +85,39 @@ static const refusal_t refusals[] = {
      * refused feature, a no-op-only field at another value */
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"bogus_knob\": 1}", 400, "bogus_knob", NULL,
      "Unrecognized request argument supplied: bogus_knob"},
-    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
-        " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}",
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}",
      400, "tools", "unsupported_parameter", "tool calling"},
-    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
-        " \"tool_choice\": \"auto\"}",
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"tool_choice\": \"auto\"}",
      400, "tool_choice", "unsupported_parameter", "Unsupported parameter: 'tool_choice'"},
-    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
-        " \"functions\": [{\"name\": \"f\"}]}",
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"functions\": [{\"name\": \"f\"}]}",
      400, "functions", "unsupported_parameter", "function calling"},
-    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
-        " \"function_call\": \"auto\"}",
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"function_call\": \"auto\"}",
      400, "function_call", "unsupported_parameter", "function calling"},
-    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
-        " \"response_format\": {\"type\": \"json_object\"}}",
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"response_format\": {\"type\": \"json_object\"}}",
      400, "response_format", "unsupported_parameter", "structured output"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"suffix\": \"end\"}", 400, "suffix",
      "unsupported_parameter", "suffix"},
-    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
-        " \"audio\": {\"voice\": \"alloy\"}}",
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"audio\": {\"voice\": \"alloy\"}}",
      400, "audio", "unsupported_parameter", "audio"},
-    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
-        " \"modalities\": [\"text\", \"audio\"]}",
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"modalities\": [\"text\", \"audio\"]}",
      400, "modalities", "unsupported_parameter", "modalities"},
-    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
-        " \"prediction\": {\"type\": \"content\", \"content\": \"x\"}}",
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"prediction\": {\"type\": \"content\", \"content\": \"x\"}}",
      400, "prediction", "unsupported_parameter", "predicted"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"echo\": true}", 400, "echo",
      "unsupported_parameter", "echo"},
@@ -124,10 +132,10 @@ static const refusal_t refusals[] = {
      "frequency_penalty", NULL, "Invalid type"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"repetition_penalty\": 0}", 400,
      "repetition_penalty", NULL, "must be in (0, 2]"},
-    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": {\"abc\": 1}}", 400,
-     "logit_bias", NULL, "not a token id"},
-    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": {\"-1\": 1}}", 400,
-     "logit_bias", NULL, "not a token id"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": {\"abc\": 1}}", 400, "logit_bias",
+     NULL, "not a token id"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": {\"-1\": 1}}", 400, "logit_bias",
+     NULL, "not a token id"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": {\"99999999999\": 1}}", 400,
      "logit_bias", NULL, "not a token id"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": {\"5\": \"up\"}}", 400,
@@ -143,8 +151,9 @@ static const refusal_t refusals[] = {
     /* chat-only keys are unknown on /v1/completions */
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"messages\": []}", 400, "messages", NULL,
      "Unrecognized request argument supplied: messages"},
-    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_tokens\": 3,"
-        " \"max_completion_tokens\": 4}",
+    {C,
+     "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_tokens\": 3,"
+     " \"max_completion_tokens\": 4}",
      400, "max_completion_tokens", NULL, "differ"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"n\": \"1\"}", 400, "n", NULL, "Invalid type"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"stream\": \"yes\"}", 400, "stream", NULL,
@@ -380,13 +389,14 @@ static void test_completion_fields(void **state)
     epd_oai_request_destroy(req);
 
     /* Accepted without effect, and no-op values of unimplemented fields. */
-    req = parse_ok(H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
-                      " \"user\": \"u\", \"metadata\": {\"k\": \"v\"}, \"store\": false,"
-                      " \"service_tier\": \"auto\", \"parallel_tool_calls\": true,"
-                      " \"tools\": [], \"tool_choice\": \"none\", \"logit_bias\": {},"
-                      " \"response_format\": {\"type\": \"text\"}, \"modalities\": [\"text\"],"
-                      " \"logprobs\": false, \"presence_penalty\": 0, \"repetition_penalty\": 1,"
-                      " \"audio\": null, \"max_completion_tokens\": 5, \"max_tokens\": 5}");
+    req = parse_ok(H,
+                   "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+                   " \"user\": \"u\", \"metadata\": {\"k\": \"v\"}, \"store\": false,"
+                   " \"service_tier\": \"auto\", \"parallel_tool_calls\": true,"
+                   " \"tools\": [], \"tool_choice\": \"none\", \"logit_bias\": {},"
+                   " \"response_format\": {\"type\": \"text\"}, \"modalities\": [\"text\"],"
+                   " \"logprobs\": false, \"presence_penalty\": 0, \"repetition_penalty\": 1,"
+                   " \"audio\": null, \"max_completion_tokens\": 5, \"max_tokens\": 5}");
     assert_int_equal(req->max_tokens, 5);
     epd_oai_request_destroy(req);
     req = parse_ok(C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_completion_tokens\": 9,"
@@ -613,7 +623,7 @@ static void test_response_encode(void **state)
     epd_oai_make_id(C, 0xabcdefULL, id);
     assert_string_equal(id, "cmpl-0000000000abcdef");
     assert_int_equal(epd_oai_response_encode(C, id, "tiny", 1700000000, raw, sizeof(raw) - 1,
-                                             EPD_OAI_FINISH_LENGTH, 5, 7, &buf),
+                                             EPD_OAI_FINISH_LENGTH, 5, 7, -1, &buf),
                      EPD_OK);
     root = load(buf.data, buf.len);
     assert_string_equal(jstr(root, "id"), id);
@@ -637,7 +647,7 @@ static void test_response_encode(void **state)
     epd_oai_make_id(H, 1, id);
     assert_string_equal(id, "chatcmpl-0000000000000001");
     assert_int_equal(
-        epd_oai_response_encode(H, id, "tiny", 1, "Hi!", 3, EPD_OAI_FINISH_STOP, 3, 2, &buf),
+        epd_oai_response_encode(H, id, "tiny", 1, "Hi!", 3, EPD_OAI_FINISH_STOP, 3, 2, -1, &buf),
         EPD_OK);
     root = load(buf.data, buf.len);
     assert_string_equal(jstr(root, "object"), "chat.completion");
@@ -743,8 +753,8 @@ static void stream_run(epd_oai_kind_t kind, const unsigned char *raw, size_t n, 
             events_free(&one);
         }
     }
-    assert_int_equal(epd_oai_stream_finish(&s, EPD_OAI_FINISH_STOP, 3, 4, &out), EPD_OK);
-    assert_int_equal(epd_oai_stream_finish(&s, EPD_OAI_FINISH_STOP, 3, 4, &out),
+    assert_int_equal(epd_oai_stream_finish(&s, EPD_OAI_FINISH_STOP, 3, 4, -1, &out), EPD_OK);
+    assert_int_equal(epd_oai_stream_finish(&s, EPD_OAI_FINISH_STOP, 3, 4, -1, &out),
                      EPD_ERR_INVALID_PARAM);
     assert_int_equal(epd_oai_stream_text(&s, "x", 1, &out), EPD_ERR_INVALID_PARAM);
     sse_parse(out.data, out.len, ev);
@@ -871,7 +881,7 @@ static void test_stream_empty_and_error(void **state)
     (void)state;
     /* A chat stream with no text at all: the finish chunk carries the role. */
     assert_int_equal(epd_oai_stream_init(&s, H, "chatcmpl-2", "tiny", 1, 0), EPD_OK);
-    assert_int_equal(epd_oai_stream_finish(&s, EPD_OAI_FINISH_LENGTH, 1, 0, &out), EPD_OK);
+    assert_int_equal(epd_oai_stream_finish(&s, EPD_OAI_FINISH_LENGTH, 1, 0, -1, &out), EPD_OK);
     ev.n = 0;
     sse_parse(out.data, out.len, &ev);
     assert_int_equal(ev.n, 2);
@@ -948,7 +958,7 @@ static void test_alloc_failures(void **state)
                 assert_int_equal(out.len, len0); /* nothing half-appended */
                 assert_int_equal(s.tail_len, 0);
             } else if (epd_oai_stream_text(&s, "\xa9", 1, &out) == EPD_OK &&
-                       epd_oai_stream_finish(&s, EPD_OAI_FINISH_STOP, 1, 2, &out) == EPD_OK) {
+                       epd_oai_stream_finish(&s, EPD_OAI_FINISH_STOP, 1, 2, -1, &out) == EPD_OK) {
                 ok_stream++;
             }
         }
