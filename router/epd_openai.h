@@ -23,8 +23,9 @@
  * request argument supplied: KEY", as OpenAI answers it (param: the key).
  *
  *   model              required string, one of the served models (else 404)
- *   prompt             (completions) required: a string or an array of one
- *                      string
+ *   prompt             (completions) required: a string, an array of token
+ *                      ids (used as given, nothing added), or an array of
+ *                      exactly one of these
  *   messages           (chat) required non-empty array of {role, content}:
  *                      role "system" | "user" | "assistant"; content a string
  *                      or an array of {"type": "text", "text": string} and
@@ -122,6 +123,10 @@ typedef struct {
     char *model;        /* owned */
     char *prompt;       /* owned, NUL terminated; chat: the rendered template */
     size_t prompt_len;  /* bytes (prompts may hold no NUL: jansson refuses \u0000) */
+    /* completions: a prompt of token ids (owned [n_prompt_ids], used as
+     * given: nothing added), or NULL for a text prompt (prompt is then "") */
+    uint32_t *prompt_ids;
+    size_t n_prompt_ids;
     int64_t max_tokens; /* ≥ 1 when has_max_tokens */
     int has_max_tokens; /* 0: completions default 16 / chat up to the context */
     double temperature;
@@ -269,10 +274,11 @@ epd_status_t epd_oai_response_encode(epd_oai_kind_t kind, const char *id, const 
                                      epd_oai_buf_t *out);
 
 /* Appends the GET /v1/models answer: {"object": "list", "data": [{id,
- * object: "model", created, owned_by: "epd"}...]}.  EPD_OK or
+ * object: "model", created, owned_by: "epd", max_model_len (vLLM's: the
+ * context in tokens; left out when max_model_len <= 0)}...]}.  EPD_OK or
  * EPD_ERR_NO_MEMORY. */
 epd_status_t epd_oai_models_encode(const char *const *models, size_t n_models, int64_t created,
-                                   epd_oai_buf_t *out);
+                                   int64_t max_model_len, epd_oai_buf_t *out);
 
 /* The state of one streamed answer (caller's storage). */
 typedef struct {

@@ -104,7 +104,7 @@ epd_status_t epd_oai_response_encode(epd_oai_kind_t kind, const char *id, const 
 }
 
 epd_status_t epd_oai_models_encode(const char *const *models, size_t n_models, int64_t created,
-                                   epd_oai_buf_t *out)
+                                   int64_t max_model_len, epd_oai_buf_t *out)
 {
     epd__oai_writer_t w;
     size_t i;
@@ -119,7 +119,12 @@ epd_status_t epd_oai_models_encode(const char *const *models, size_t n_models, i
         epd__oai_w_str(&w, models[i], strlen(models[i]));
         epd__oai_w_puts(&w, ",\"object\":\"model\",\"created\":");
         epd__oai_w_int(&w, created);
-        epd__oai_w_puts(&w, ",\"owned_by\":\"epd\"}");
+        epd__oai_w_puts(&w, ",\"owned_by\":\"epd\"");
+        if (max_model_len > 0) {
+            epd__oai_w_puts(&w, ",\"max_model_len\":");
+            epd__oai_w_int(&w, max_model_len);
+        }
+        epd__oai_w_puts(&w, "}");
     }
     epd__oai_w_puts(&w, "]}");
     return epd__oai_w_end(&w);

@@ -90,6 +90,7 @@ void epd_oai_request_destroy(epd_oai_request_t *req)
     epd_free(req->bias_ids);
     epd_free(req->bias_values);
     epd_free(req->stop_token_ids);
+    epd_free(req->prompt_ids);
     epd_free(req);
 }
 
@@ -101,11 +102,39 @@ static epd_status_t epd_oai_parse_prompt(json_t *root, epd_oai_request_t *req, e
         epd_oai_missing_error(err, "prompt");
         return EPD_ERR_INVALID_PARAM;
     }
+    if (json_is_array(v) && json_array_size(v) == 1 && json_is_array(json_array_get(v, 0))) {
+        v = json_array_get(v, 0); /* [[ids]]: one prompt of token ids */
+    }
+    if (json_is_array(v) && json_array_size(v) > 0 && json_is_integer(json_array_get(v, 0))) {
+        /* token ids, used as given (nothing added, as vLLM does); the
+         * router checks them against the vocabulary and the context */
+        size_t n = json_array_size(v);
+
+        req->prompt_ids = epd_calloc(n, sizeof(*req->prompt_ids));
+        req->prompt = epd_strdup("");
+        if (req->prompt_ids == NULL || req->prompt == NULL) {
+            epd_oai_oom_error(err);
+            return EPD_ERR_NO_MEMORY;
+        }
+        for (size_t i = 0; i < n; i++) {
+            json_t *e = json_array_get(v, i);
+
+            if (!json_is_integer(e) || json_integer_value(e) < 0 ||
+                json_integer_value(e) > (json_int_t)UINT32_MAX) {
+                epd_oai_error_set(err, 400, "prompt", NULL,
+                                  "'prompt[%zu]' must be a token id (an integer >= 0).", i);
+                return EPD_ERR_INVALID_PARAM;
+            }
+            req->prompt_ids[i] = (uint32_t)json_integer_value(e);
+        }
+        req->n_prompt_ids = n;
+        return EPD_OK;
+    }
     if (json_is_array(v)) {
         if (json_array_size(v) != 1 || !json_is_string(json_array_get(v, 0))) {
             epd_oai_error_set(err, 400, "prompt", NULL,
-                              "'prompt' must be a string or an array of exactly one string "
-                              "(batched and token-id prompts are not supported).");
+                              "'prompt' must be a string, an array of token ids, or an array of "
+                              "exactly one of these (a batch of prompts is not supported).");
             return EPD_ERR_INVALID_PARAM;
         }
         v = json_array_get(v, 0);

@@ -59,6 +59,46 @@ static int epd_router_tokenize(epd_router_t *rt, const char *text, size_t len, s
     }
 }
 
+/* A prompt of token ids: checked against the vocabulary and the context
+ * (before anything is copied: 100k ids cost one pass), then copied into
+ * rt->tok_scratch as tokenizing would.  0, or -1 with *err filled. */
+static int epd_router_prompt_ids(epd_router_t *rt, const epd_oai_request_t *oai, size_t *n_p,
+                                 epd_oai_error_t *err)
+{
+    size_t n = oai->n_prompt_ids;
+
+    if (n >= rt->info->max_context) {
+        epd_oai_error_set(err, 400, "prompt", "context_length_exceeded",
+                          "This model's maximum context length is %u tokens. However, your "
+                          "prompt is %zu tokens, which leaves no room for a completion.",
+                          rt->info->max_context, n);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (oai->prompt_ids[i] >= rt->info->vocab_size) {
+            epd_oai_error_set(err, 400, "prompt", NULL,
+                              "'prompt[%zu]' is %u: this model's token ids are 0 to %u.", i,
+                              oai->prompt_ids[i], rt->info->vocab_size - 1);
+            return -1;
+        }
+    }
+    if (rt->tok_scratch_cap < n) {
+        int32_t *p = epd_realloc(rt->tok_scratch, n * sizeof(*p));
+
+        if (p == NULL) {
+            epd_oai_error_set(err, 500, NULL, NULL, "The server is out of memory.");
+            return -1;
+        }
+        rt->tok_scratch = p;
+        rt->tok_scratch_cap = n;
+    }
+    for (size_t i = 0; i < n; i++) {
+        rt->tok_scratch[i] = (int32_t)oai->prompt_ids[i];
+    }
+    *n_p = n;
+    return 0;
+}
+
 /* The prompt of a request with images: BOS, the text before image 0, its
  * image_embeddings placeholder tokens, the text up to image 1, ... (as
  * epd_engine_tokenize_images does with "<|image|>" markers, so the tokens
@@ -206,9 +246,17 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
         img_pos = epd_calloc(oai->n_images, sizeof(*img_pos));
         img_hash = epd_calloc(oai->n_images, sizeof(*img_hash));
     }
+    if (oai->prompt_ids != NULL && epd_router_prompt_ids(rt, oai, &n_tok, &err) != 0) {
+        rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
+        epd__router_respond_error(rt, http, &err);
+        epd_oai_request_destroy(oai);
+        return;
+    }
     if ((oai->n_images > 0 && (img_pos == NULL || img_hash == NULL)) ||
-        (oai->n_images > 0 ? epd_router_tokenize_images(rt, oai, img_pos, &n_tok)
-                           : epd_router_tokenize(rt, oai->prompt, oai->prompt_len, &n_tok)) != 0) {
+        (oai->prompt_ids == NULL &&
+         (oai->n_images > 0
+              ? epd_router_tokenize_images(rt, oai, img_pos, &n_tok)
+              : epd_router_tokenize(rt, oai->prompt, oai->prompt_len, &n_tok)) != 0)) {
         rt->m.errors[EPD_ROUTER_ERR_INTERNAL]++;
         epd__router_respond_simple_error(rt, http, 500, "cannot tokenize the prompt");
         epd_free(img_pos);
@@ -351,8 +399,11 @@ static void epd_router_model(epd_router_t *rt, epd_http_req_t *http, const char 
             epd_router_text_printf(&t, "%c", *c);
         }
     }
-    epd_router_text_printf(&t, "\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"epd\"}",
-                           (long long)(rt->epoch.start_time_ns / 1000000000ull));
+    epd_router_text_printf(&t,
+                           "\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"epd\","
+                           "\"max_model_len\":%u}",
+                           (long long)(rt->epoch.start_time_ns / 1000000000ull),
+                           rt->info->max_context);
     if (t.failed) {
         epd__router_respond_simple_error(rt, http, 500, "out of memory");
     } else {
@@ -400,11 +451,17 @@ void epd__router_on_http(epd_http_req_t *http, void *arg)
 
         epd_oai_buf_reset(&rt->out);
         if (epd_oai_models_encode(models, 1, (int64_t)(rt->epoch.start_time_ns / 1000000000ull),
-                                  &rt->out) != EPD_OK) {
+                                  (int64_t)rt->info->max_context, &rt->out) != EPD_OK) {
             epd__router_respond_simple_error(rt, http, 500, "out of memory");
         } else {
             (void)epd_http_respond(http, 200, EPD_ROUTER_JSON, rt->out.data, rt->out.len);
         }
+    } else if (strcmp(path, "/tokenize") == 0 && post) {
+        epd__router_tokenize_http(rt, http);
+    } else if (strcmp(path, "/detokenize") == 0 && post) {
+        epd__router_detokenize_http(rt, http);
+    } else if (strcmp(path, "/version") == 0 && get) {
+        epd__router_version_http(rt, http);
     } else if (strncmp(path, "/v1/models/", 11) == 0 && get) {
         epd_router_model(rt, http, path + 11);
     } else if (strcmp(path, "/health") == 0 && get) {
@@ -427,7 +484,9 @@ void epd__router_on_http(epd_http_req_t *http, void *arg)
         epd_router_text_cleanup(&t);
     } else if (strcmp(path, "/v1/completions") == 0 || strcmp(path, "/v1/chat/completions") == 0 ||
                strcmp(path, "/v1/models") == 0 || strcmp(path, "/health") == 0 ||
-               strcmp(path, "/ready") == 0 || strcmp(path, "/metrics") == 0) {
+               strcmp(path, "/ready") == 0 || strcmp(path, "/metrics") == 0 ||
+               strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0 ||
+               strcmp(path, "/version") == 0) {
         rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
         epd__router_respond_simple_error(rt, http, 405, "method not allowed on this path");
     } else {

@@ -321,6 +321,12 @@ void epd__router_pair_ok(epd_router_t *rt, const epd_router_worker_t *p,
 /* An OpenAI error JSON with its status (rt->out as scratch); finishes
  * `http`. */
 void epd__router_respond_error(epd_router_t *rt, epd_http_req_t *http, const epd_oai_error_t *err);
+
+/* ---- epd_router_tok.c: POST /tokenize, POST /detokenize (vLLM's
+ * shapes), GET /version; loop thread ---- */
+void epd__router_tokenize_http(epd_router_t *rt, epd_http_req_t *http);
+void epd__router_detokenize_http(epd_router_t *rt, epd_http_req_t *http);
+void epd__router_version_http(epd_router_t *rt, epd_http_req_t *http);
 void epd__router_respond_simple_error(epd_router_t *rt, epd_http_req_t *http, int status,
                                       const char *msg);
 /* Ends the HTTP side of `r` with an error (counted as `kind`): an HTTP

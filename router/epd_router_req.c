@@ -791,9 +791,11 @@ static void epd_router_on_tokens(epd_router_t *rt, epd_router_req_t *r,
         return; /* answered, or the client is gone: ABORTING */
     }
     n_text = ev->n_tokens;
-    if (n_text > 0 && ev->finish == EPD_CLIENT_FINISH_STOP) {
-        /* a stop token id ends the text without its own (as vLLM's);
-         * EOS is a special token the detokenizer drops anyway */
+    if (n_text > 0) {
+        /* a stop token id ends the text without its own (as vLLM's): it
+         * ends the generation, so it can only be a chunk's last token (its
+         * finish may come in a chunk of its own); EOS is a special token
+         * the detokenizer drops anyway */
         for (size_t i = 0; i < r->oai->n_stop_token_ids; i++) {
             if (r->oai->stop_token_ids[i] == ev->tokens[n_text - 1]) {
                 n_text--;

@@ -53,7 +53,9 @@ static const refusal_t refusals[] = {
     {C, "{\"model\": \"tiny\"}", 400, "prompt", NULL, "Missing required parameter: 'prompt'"},
     {C, "{\"model\": \"tiny\", \"prompt\": 12}", 400, "prompt", NULL, "Invalid type for 'prompt'"},
     {C, "{\"model\": \"tiny\", \"prompt\": [\"a\", \"b\"]}", 400, "prompt", NULL, "exactly one"},
-    {C, "{\"model\": \"tiny\", \"prompt\": [1, 2, 3]}", 400, "prompt", NULL, "exactly one"},
+    {C, "{\"model\": \"tiny\", \"prompt\": [1, \"a\"]}", 400, "prompt", NULL,
+     "'prompt[1]' must be a token id"},
+    {C, "{\"model\": \"tiny\", \"prompt\": [[1], [2]]}", 400, "prompt", NULL, "exactly one"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_tokens\": 0}", 400, "max_tokens", NULL,
      "at least 1"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_tokens\": -5}", 400, "max_tokens", NULL,
@@ -437,6 +439,17 @@ static void test_completion_fields(void **state)
     assert_int_equal(req->n_bias, 0);
     epd_oai_request_destroy(req);
 
+    /* A prompt of token ids, bare or as the one element of a list. */
+    req = parse_ok(C, "{\"model\": \"tiny\", \"prompt\": [256, 72, 105]}");
+    assert_int_equal(req->n_prompt_ids, 3);
+    assert_int_equal(req->prompt_ids[0], 256);
+    assert_int_equal(req->prompt_ids[2], 105);
+    assert_int_equal(req->prompt_len, 0);
+    epd_oai_request_destroy(req);
+    req = parse_ok(C, "{\"model\": \"tiny\", \"prompt\": [[7]]}");
+    assert_int_equal(req->n_prompt_ids, 1);
+    epd_oai_request_destroy(req);
+
     /* An integer temperature is a number; max_tokens == context is allowed. */
     req = parse_ok(
         C, "{\"model\": \"tiny\", \"prompt\": \"\", \"temperature\": 0, \"max_tokens\": 1024}");
@@ -660,7 +673,7 @@ static void test_response_encode(void **state)
     json_decref(root);
 
     epd_oai_buf_reset(&buf);
-    assert_int_equal(epd_oai_models_encode(models, N_MODELS, 42, &buf), EPD_OK);
+    assert_int_equal(epd_oai_models_encode(models, N_MODELS, 42, 0, &buf), EPD_OK);
     root = load(buf.data, buf.len);
     assert_string_equal(jstr(root, "object"), "list");
     assert_int_equal(json_array_size(json_object_get(root, "data")), 2);

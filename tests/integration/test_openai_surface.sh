@@ -7,7 +7,9 @@
 # rest), greedy and seeded, streamed and not.  Then nothing silently
 # ignored and a hostile battery over the new fields: every one a 4xx
 # naming its field; usage.prompt_tokens_details.cached_tokens is the
-# prefix cache's hit on a repeated prompt; the router healthy after.
+# prefix cache's hit on a repeated prompt; /tokenize -> /detokenize round
+# trips and a prompt of token ids answers as its text; /version and
+# /v1/models' max_model_len; the router healthy after.
 source "$(dirname "$0")/lib.sh"
 
 mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
@@ -149,6 +151,47 @@ for body, param in bad:
     assert 400 <= st < 500 and e["param"] == param, (body if len(str(body)) < 300 else param,
                                                        st, e)
 print("ok %d refusals, each naming its field" % len(bad))
+# /tokenize -> /detokenize round trip; token-id prompts answer as their text
+def post_json(path, body):
+    st, data = post(body, path)
+    return st, json.loads(data)
+for text in ["Hello", "caf\u00e9 \u2603 ok", "the the the"]:
+    st, t = post_json("/tokenize", {"model": "m", "prompt": text})
+    assert st == 200 and t["count"] == len(t["tokens"]) and t["max_model_len"] == 2048, (st, t)
+    st, d = post_json("/detokenize", {"model": "m", "tokens": t["tokens"]})
+    assert st == 200 and d["prompt"] == text, (st, d, text)
+    st, t2 = post_json("/tokenize", {"prompt": text, "add_special_tokens": False})
+    assert st == 200 and t2["tokens"] == t["tokens"][1:], (t, t2)  # BOS first
+    for fields in [{"temperature": 0}, {"temperature": 0.8, "seed": 3}]:
+        a = complete(dict({"model": "m", "prompt": text, "max_tokens": 8}, **fields))
+        b = complete(dict({"model": "m", "prompt": t["tokens"], "max_tokens": 8}, **fields))
+        c = complete(dict({"model": "m", "prompt": [t["tokens"]], "max_tokens": 8}, **fields))
+        assert a == b == c, (text, fields, a, b, c)
+print("ok /tokenize -> /detokenize round trips; token-id prompts == their text")
+for body, path, param in [({"prompt": 5}, "/tokenize", "prompt"),
+                          ({"prompt": "x", "bogus": 1}, "/tokenize", "bogus"),
+                          ({"tokens": [1, 258]}, "/detokenize", "tokens"),
+                          ({"tokens": [-1]}, "/detokenize", "tokens"),
+                          ({"tokens": "abc"}, "/detokenize", "tokens"),
+                          ({"model": "m", "prompt": [1, 258]}, "/v1/completions", "prompt"),
+                          ({"model": "m", "prompt": [1] * 2048}, "/v1/completions", "prompt")]:
+    st, e = post_json(path, body)
+    assert st == 400 and e["error"]["param"] == param, (body, st, e)
+c = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+c.request("GET", "/version")
+r = c.getresponse()
+v = json.loads(r.read())
+assert r.status == 200 and isinstance(v["version"], str), v
+c.request("GET", "/v1/models")
+r = c.getresponse()
+ms = json.loads(r.read())
+assert ms["data"][0]["max_model_len"] == 2048, ms
+c.request("GET", "/v1/models/m")
+r = c.getresponse()
+assert json.loads(r.read())["max_model_len"] == 2048
+c.close()
+print("ok /version %s, /v1/models max_model_len" % v["version"])
+
 # usage.prompt_tokens_details.cached_tokens: 0, then the prefix cache's hit
 def metric(name):
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
