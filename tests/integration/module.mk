@@ -100,3 +100,6 @@ endif
 # stream migrated after its decode worker is killed (hf_cluster.sh)
 ALL_TESTS += tests/integration/test_hf_cluster_ucx_shm.sh \
              tests/integration/test_hf_cluster_ofi_tcp.sh
+# characters split across generated ids (a byte-level tokenizer.json):
+# the router's streamed and whole texts equal epd-generate's
+ALL_TESTS += tests/integration/test_hf_utf8_stream.sh
