@@ -111,6 +111,11 @@ typedef struct {
     double temperature;
     double top_p;
     int64_t top_k; /* 0: off */
+    /* nonzero: the request gave the value (else it holds the API default,
+     * which a model folder's generation_config.json may replace) */
+    int has_temperature;
+    int has_top_p;
+    int has_top_k;
     int64_t seed;
     int has_seed;
     int stream;

@@ -592,6 +592,9 @@ static epd_status_t epd_oai_parse_fields(epd_oai_kind_t kind, json_t *root,
             req->top_k = 0;
         }
     }
+    req->has_temperature = epd_oai_opt_field(root, "temperature") != NULL;
+    req->has_top_p = epd_oai_opt_field(root, "top_p") != NULL;
+    req->has_top_k = epd_oai_opt_field(root, "top_k") != NULL;
     status = epd_oai_parse_int(root, "seed", &req->seed, &req->has_seed, err);
     if (status != EPD_OK) {
         return status;

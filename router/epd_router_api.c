@@ -102,6 +102,21 @@ static int epd_router_tokenize_images(epd_router_t *rt, const epd_oai_request_t 
     return 0;
 }
 
+/* The model folder's default sampling (generation_config.json) where the
+ * request gives none, as vLLM: a value the request gives always wins. */
+static void epd_router_apply_gen_defaults(const epd_gen_defaults_t *g, epd_oai_request_t *oai)
+{
+    if (!oai->has_temperature && g->has_temperature) {
+        oai->temperature = g->temperature;
+    }
+    if (!oai->has_top_p && g->has_top_p) {
+        oai->top_p = g->top_p;
+    }
+    if (!oai->has_top_k && g->has_top_k) {
+        oai->top_k = g->top_k;
+    }
+}
+
 /* The router's own checks of a request's images (rule 13): a model with a
  * vision encoder, the count, each image's size, format and pixels (its
  * header only: the decoding is the encoder's).  EPD_OK, or *err filled
@@ -182,6 +197,7 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
         epd__router_respond_error(rt, http, &err);
         return;
     }
+    epd_router_apply_gen_defaults(&rt->gen_defaults, oai);
     if (rt->max_prompt_bytes != 0 && oai->prompt_len > rt->max_prompt_bytes) {
         const char *what = kind == EPD_OAI_CHAT ? "messages" : "prompt";
 

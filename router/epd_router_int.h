@@ -68,6 +68,7 @@
 #include "epd_client.h"
 #include "epd_daemon.h"
 #include "epd_engine.h"
+#include "epd_gen_config.h"
 #include "epd_http.h"
 #include "epd_openai.h"
 #include "epd_router_metrics.h"
@@ -231,6 +232,7 @@ struct epd_router {
     /* state */
     epd_msg_epoch_t epoch; /* the daemon's: Health, RegisterResponse, ids */
     epd_engine_t *engine;  /* tokenizer only */
+    epd_gen_defaults_t gen_defaults; /* the folder's generation_config.json sampling */
     const epd_engine_info_t *info;
     /* KV-aware routing: the model's prefix-cache namespace (unsalted),
      * compared with the workers' (RegisterRequest.prefix_root) */

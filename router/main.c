@@ -279,6 +279,19 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
         return st;
     }
     rt->info = epd_engine_info(rt->engine);
+    st = epd_gen_defaults_load(dfl->model, &rt->gen_defaults);
+    if (st != EPD_OK) {
+        return st; /* logged, naming the key */
+    }
+    if (rt->gen_defaults.has_temperature || rt->gen_defaults.has_top_p ||
+        rt->gen_defaults.has_top_k) {
+        epd_log_info(EPD_ROUTER_LOG, 0,
+                     "generation_config.json: a request without them samples with temperature "
+                     "%g, top_p %g, top_k %lld",
+                     rt->gen_defaults.has_temperature ? rt->gen_defaults.temperature : 1.0,
+                     rt->gen_defaults.has_top_p ? rt->gen_defaults.top_p : 1.0,
+                     (long long)rt->gen_defaults.top_k);
+    }
     rt->max_prompt_bytes = (uint64_t)rt->info->max_context * epd_router_max_token_bytes(rt);
     epd_prefix_root(epd_engine_name(rt->engine), rt->info, NULL, 0, &rt->prefix_plain);
     rt->probe_hints = epd_calloc(rt->info->max_context / rt->info->kv.block_tokens + 1,

@@ -50,3 +50,5 @@ $(eval $(call epd_test,test_epd_engine_kv_stamp,tests/engine/test_epd_kv_stamp.c
 
 # A model folder's tokenizer.json through the engine layer (any engine).
 $(eval $(call epd_test,test_epd_engine_tok,tests/engine/test_epd_engine_tok.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
+# generation_config.json's default sampling
+$(eval $(call epd_test,test_epd_engine_gen_config,tests/engine/test_epd_gen_config.c $(ENGINE_TEST_UTIL),epd_engine epd_common))

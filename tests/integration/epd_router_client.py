@@ -3,6 +3,9 @@
 
   same URL MODEL_DIR GEN_BIN --prompt-file F --max-tokens N [--chat] [--stream]
        [--temperature T --top-p P --top-k K --seed S]
+       [--gen-temperature T --gen-top-p P --gen-top-k K]
+      (--gen-*: the server's default for a value the request omits, a
+      model folder's generation_config.json, given to epd-generate)
       One request through the router; its text must equal epd-generate's for
       the same prompt (the chat template rendered as the router renders it)
       and sampling flags.  Streams are checked for the SSE format (every
@@ -240,8 +243,13 @@ def cmd_same(url, model, gen_bin, flags):
     max_tokens = int(flags["max_tokens"])
     chat = flags.get("chat", False)
     s = sampling_of(flags)
-    want = generate(gen_bin, model, chat_prompt(prompt) if chat else prompt, max_tokens,
-                    gen_sampling(s))
+    g = gen_sampling(s)
+    # --gen-temperature / --gen-top-p / --gen-top-k: the server's defaults
+    # (a model folder's generation_config.json) for what the request omits
+    for k, conv in (("temperature", float), ("top_p", float), ("top_k", int)):
+        if k not in s and "gen_" + k in flags:
+            g[k] = conv(flags["gen_" + k])
+    want = generate(gen_bin, model, chat_prompt(prompt) if chat else prompt, max_tokens, g)
     status, got, finish, usage = request(url, chat, prompt, max_tokens, flags.get("stream", False), s)
     if status != 200:
         fail("HTTP %d: %r" % (status, got[:300]))

@@ -8,7 +8,8 @@
 # streamed and not: both texts equal epd-generate's byte for byte (the
 # router's stream decoder, epd_tokenizer_stream_*, holds the first bytes
 # until the character is whole; an SSE event with half a character would
-# have become U+FFFD).
+# have become U+FFFD).  The folder's generation_config.json gives the
+# default temperature, top_p and top_k of a request that omits them.
 source "$(dirname "$0")/lib.sh"
 
 export UCX_TLS=posix,cma,tcp
@@ -38,6 +39,10 @@ tok = {
 }
 json.dump(tok, open(sys.argv[1], "w"))
 EOF
+# default sampling the router applies where a request gives none
+printf '{"temperature": 1.2, "top_p": 0.9, "top_k": 50, "do_sample": true}\n' \
+  >"$T/m/generation_config.json"
+GEN_DEFAULTS=(--gen-top-p 0.9 --gen-top-k 50)
 G="$BIN/epd-generate"
 printf 'Ströme: ünïcödé → 流れ' >"$T/p"
 
@@ -68,6 +73,16 @@ wait_router_state "$r_ADDR" prefill-0 READY 20
 note "the router's text, streamed and not, equals epd-generate's"
 for s in "" --stream; do
   router_client same "$r_HTTP" "$T/m" "$G" --prompt-file "$T/p" --max-tokens 48 \
-    --temperature 1.5 --seed "$seed" $s || fail "completion $s differs"
+    --temperature 1.5 --top-p 1 --top-k 0 --seed "$seed" $s || fail "completion $s differs"
 done
+
+note "generation_config.json's temperature, top_p and top_k where the request gives none"
+grep -q "generation_config.json: a request without them samples with temperature 1.2, top_p 0.9, top_k 50" \
+  "$T/r.log" || fail "the router did not say which defaults it applies"
+router_client same "$r_HTTP" "$T/m" "$G" --prompt-file "$T/p" --max-tokens 24 --seed 5 \
+  --gen-temperature 1.2 "${GEN_DEFAULTS[@]}" || fail "the folder's defaults were not applied"
+router_client same "$r_HTTP" "$T/m" "$G" --prompt-file "$T/p" --max-tokens 24 --seed 5 \
+  --temperature 0.7 "${GEN_DEFAULTS[@]}" --stream || fail "a request's temperature must win"
+router_client same "$r_HTTP" "$T/m" "$G" --prompt-file "$T/p" --max-tokens 24 --temperature 0 ||
+  fail "greedy (temperature 0) with the folder's defaults"
 finish_ok
