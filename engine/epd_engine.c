@@ -33,6 +33,9 @@ struct epd_engine {
      * from any thread (a router's loop, a tool), while decoding reads only. */
     epd_tokenizer_t *tok;
     pthread_mutex_t tok_lock;
+    /* opened with tokenizer_only on a Hugging Face folder: no impl (NULL),
+     * info from the config files; only the tokenizer works */
+    int tok_only;
 };
 
 static const epd_engine_ops_t *const epd_engine_builtins[] = {
@@ -201,6 +204,20 @@ static int epd_engine_layout_sane(const epd_engine_info_t *info)
            info->image_token != info->bos_token && info->image_token != info->eos_token;
 }
 
+/* Nonzero when DIR/tokenizer.json exists. */
+static int epd_engine_has_tokenizer(const char *dir)
+{
+    char path[4096];
+    struct stat sb;
+    int n;
+
+    if (dir == NULL) {
+        return 0;
+    }
+    n = snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    return n > 0 && (size_t)n < sizeof(path) && stat(path, &sb) == 0;
+}
+
 /* Frees the engine's tokenizer, if any. */
 static void epd_engine_drop_tokenizer(epd_engine_t *engine)
 {
@@ -285,11 +302,21 @@ epd_status_t epd_engine_open(const char *name, const epd_engine_config_t *config
             goto err_free_engine;
         }
     }
-    status = engine->ops->open(config, &engine->impl);
-    if (status != EPD_OK) {
-        goto err_unload;
+    status = EPD_ERR_UNSUPPORTED;
+    if (config->tokenizer_only && epd_engine_has_tokenizer(config->model_dir)) {
+        status = epd__engine_tok_only_info(config, &engine->info);
+        if (status != EPD_OK && status != EPD_ERR_UNSUPPORTED) {
+            goto err_unload;
+        }
+        engine->tok_only = status == EPD_OK;
     }
-    engine->ops->describe(engine->impl, &engine->info);
+    if (!engine->tok_only) {
+        status = engine->ops->open(config, &engine->impl);
+        if (status != EPD_OK) {
+            goto err_unload;
+        }
+        engine->ops->describe(engine->impl, &engine->info);
+    }
     status = epd_engine_load_tokenizer(engine, config->model_dir);
     if (status != EPD_OK) {
         goto err_close_impl;
@@ -309,7 +336,9 @@ epd_status_t epd_engine_open(const char *name, const epd_engine_config_t *config
 
 err_close_impl:
     epd_engine_drop_tokenizer(engine);
-    engine->ops->close(engine->impl);
+    if (!engine->tok_only) {
+        engine->ops->close(engine->impl);
+    }
 err_unload:
     if (engine->dl != NULL) {
         dlclose(engine->dl);
@@ -335,7 +364,9 @@ void epd_engine_close(epd_engine_t *engine)
         return;
     }
     epd_engine_drop_tokenizer(engine);
-    engine->ops->close(engine->impl);
+    if (!engine->tok_only) {
+        engine->ops->close(engine->impl);
+    }
     if (engine->dl != NULL) {
         dlclose(engine->dl);
     }
@@ -570,8 +601,9 @@ epd_status_t epd_engine_encode_image(epd_engine_t *engine, const epd_image_view_
 {
     size_t bytes;
 
-    if (engine->info.image_embeddings == 0) {
-        epd_log_error(EPD_ENGINE_LOG, 0, "engine '%s' has no vision encoder", engine->ops->name);
+    if (engine->info.image_embeddings == 0 || engine->tok_only) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "engine '%s' has no vision encoder%s", engine->ops->name,
+                      engine->tok_only ? " (opened for its tokenizer only)" : "");
         return EPD_ERR_UNSUPPORTED;
     }
     if (image == NULL || out == NULL || image->rgb == NULL || image->width == 0 ||
@@ -740,6 +772,11 @@ epd_status_t epd_engine_prefill(epd_engine_t *engine, const epd_kv_pool_t *pool,
     if (args == NULL || logits == NULL) {
         return EPD_ERR_INVALID_PARAM;
     }
+    if (engine->tok_only) {
+        epd_log_error(EPD_ENGINE_LOG, args->seq.req_id, "prefill on an engine opened for its "
+                      "tokenizer only");
+        return EPD_ERR_UNSUPPORTED;
+    }
     if (args->n_tokens == 0 || args->tokens == NULL) {
         epd_log_error(EPD_ENGINE_LOG, args->seq.req_id, "prefill of an empty prompt");
         return EPD_ERR_INVALID_PARAM;
@@ -782,6 +819,10 @@ epd_status_t epd_engine_decode(epd_engine_t *engine, const epd_kv_pool_t *pool,
     const epd_kv_layout_t *kv = &engine->info.kv;
     epd_status_t status;
 
+    if (engine->tok_only) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "decode on an engine opened for its tokenizer only");
+        return EPD_ERR_UNSUPPORTED;
+    }
     if (reqs == NULL || logits == NULL || n_reqs == 0 || n_reqs > engine->info.max_batch) {
         epd_log_error(EPD_ENGINE_LOG, 0, "decode batch of %u requests (1..%u)", n_reqs,
                       engine->info.max_batch);
@@ -826,7 +867,7 @@ epd_status_t epd_engine_decode(epd_engine_t *engine, const epd_kv_pool_t *pool,
 
 void epd_engine_release(epd_engine_t *engine, const epd_kv_pool_t *pool, const epd_kv_seq_t *seq)
 {
-    if (seq == NULL || epd_engine_check_pool(engine, pool) != EPD_OK) {
+    if (engine->tok_only || seq == NULL || epd_engine_check_pool(engine, pool) != EPD_OK) {
         return;
     }
     if (engine->info.kv.n_linear_layers > 0 && seq->state_slot >= pool->n_state_slots) {

@@ -166,6 +166,13 @@ typedef struct {
     uint32_t block_tokens; /* KV block size; 0 = 16 */
     uint32_t max_batch;    /* largest decode batch; 0 = 64 */
     uint32_t max_context;  /* 0 = the model's; otherwise min(this, the model's) */
+    /* nonzero: the caller only tokenizes (a router, epd-ctl): a Hugging
+     * Face folder with a tokenizer.json is described from its config.json
+     * and generation_config.json without the engine's open (no weight is
+     * read); prefill, decode and encode_image then refuse
+     * (EPD_ERR_UNSUPPORTED) and model_digest is zero.  Other folders open
+     * in full as without it. */
+    int tokenizer_only;
 } epd_engine_config_t;
 
 /* What a daemon needs to know about an opened engine. */

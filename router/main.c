@@ -273,10 +273,22 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
                  ? fl->served_model_name
                  : epd_daemon_model_name(d));
 
-    /* the tokenizer (blocking: before the loop runs) */
-    st = epd_daemon_engine_open(dfl, EPD_ROUTER_LOG, 0, 1, &rt->engine);
-    if (st != EPD_OK) {
-        return st;
+    /* the tokenizer (blocking: before the loop runs).  A Hugging Face
+     * folder opens from its config files without a weight read, except
+     * under prefix-affinity, whose block hashes need the model digest the
+     * engine computes from the weight files. */
+    {
+        epd_engine_config_t ecfg = {.model_dir = dfl->model,
+                                    .max_batch = 1,
+                                    .tokenizer_only =
+                                        policy != EPD_ROUTER_POLICY_PREFIX_AFFINITY};
+
+        st = epd_engine_open(dfl->engine, &ecfg, &rt->engine);
+        if (st != EPD_OK) {
+            epd_log_error(EPD_ROUTER_LOG, 0, "cannot open model '%s' with engine '%s': %s",
+                          dfl->model, dfl->engine, epd_status_string(st));
+            return st;
+        }
     }
     rt->info = epd_engine_info(rt->engine);
     st = epd_gen_defaults_load(dfl->model, &rt->gen_defaults);

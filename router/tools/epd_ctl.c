@@ -255,7 +255,8 @@ typedef struct {
 
 static int ctl_submit_run(const ctl_submit_args_t *a)
 {
-    epd_engine_config_t ecfg = {.model_dir = a->model};
+    /* only the tokenizer: a Hugging Face folder opens without its weights */
+    epd_engine_config_t ecfg = {.model_dir = a->model, .tokenizer_only = 1};
     epd_client_config_t cc;
     epd_client_request_t q;
     epd_client_t *client = NULL;

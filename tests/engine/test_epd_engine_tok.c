@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "epd_alloc.h"
 
 #include "epd_engine.h"
 #include "epd_test_engine_util.h"
@@ -238,6 +241,96 @@ static void test_images_use_the_tokenizer(void **state)
     epd_test_rmtree(tmp_root);
 }
 
+/* A Hugging Face folder of config files and tokenizer.json only, no
+ * weight file at all: tokenizer_only opens it (nothing else could). */
+static void test_tokenizer_only(void **state)
+{
+    const char *root = tmp_root = epd_test_tmpdir();
+    const char cfg[] =
+        "{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\", "
+        "\"vocab_size\": 320, \"hidden_size\": 64, \"intermediate_size\": 128, "
+        "\"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+        "\"head_dim\": 32, \"max_position_embeddings\": 4096, \"rope_theta\": 1000000.0, "
+        "\"rms_norm_eps\": 1e-06, \"tie_word_embeddings\": false, \"bos_token_id\": 300, "
+        "\"eos_token_id\": 301, \"torch_dtype\": \"bfloat16\"}";
+    const char gen[] = "{\"eos_token_id\": [301, 300], \"temperature\": 0.6}";
+    epd_engine_config_t c = {.model_dir = root, .max_context = 1000, .tokenizer_only = 1};
+    const epd_engine_info_t *info;
+    epd_engine_t *e = NULL;
+    int32_t ids[8];
+    size_t n = 0;
+    float logits[320];
+    epd_prefill_args_t args = {.tokens = ids, .n_tokens = 1};
+
+    (void)state;
+    epd_test_write_file(epd_test_path(root, "config.json"), cfg, sizeof(cfg) - 1);
+    epd_test_write_file(epd_test_path(root, "generation_config.json"), gen, sizeof(gen) - 1);
+    write_tokenizer(root);
+    assert_int_equal(epd_engine_open("ref", &c, &e), EPD_OK);
+    info = epd_engine_info(e);
+    assert_int_equal(info->vocab_size, 320);
+    assert_int_equal(info->max_context, 1000);
+    assert_int_equal(info->n_eos, 2);
+    assert_int_equal(info->eos_tokens[0], 301);
+    assert_int_equal(info->eos_tokens[1], 300);
+    assert_int_equal(info->kv.n_layers, 3);
+    assert_int_equal(info->kv.n_attn_layers, 3);
+    assert_int_equal(info->kv.n_kv_heads, 2);
+    assert_int_equal(info->kv.head_dim, 32);
+    assert_int_equal(info->kv.block_tokens, 16);
+    assert_int_equal(info->image_embeddings, 0);
+    assert_int_equal(info->image_token, -1);
+    assert_non_null(epd_engine_tokenizer(e));
+    assert_int_equal(epd_engine_tokenize(e, "ab", 2, 1, ids, 8, &n), EPD_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 300);
+    assert_int_equal(ids[1], 256);
+    /* no model behind it */
+    assert_int_equal(epd_engine_prefill(e, NULL, &args, NULL, logits), EPD_ERR_UNSUPPORTED);
+    epd_engine_close(e);
+    /* in full, the missing weights are refused */
+    c.tokenizer_only = 0;
+    e = NULL;
+    assert_int_not_equal(epd_engine_open("ref", &c, &e), EPD_OK);
+    assert_null(e);
+    /* without tokenizer.json, tokenizer_only opens in full too (the engine
+     * would tokenize): refused the same way */
+    unlink(epd_test_path(root, "tokenizer.json"));
+    c.tokenizer_only = 1;
+    assert_int_not_equal(epd_engine_open("ref", &c, &e), EPD_OK);
+    epd_test_rmtree(root);
+}
+
+/* tokenizer_only on a folder that is not a Hugging Face one (epd-ref):
+ * opened in full, prefill works */
+static void test_tokenizer_only_ref_folder(void **state)
+{
+    const char *dir = model_with_tokenizer("reftok", 320, 0);
+    epd_engine_config_t c = {.model_dir = dir, .max_batch = 2, .tokenizer_only = 1};
+    epd_engine_t *e = NULL;
+
+    (void)state;
+    assert_int_equal(epd_engine_open("ref", &c, &e), EPD_OK);
+    assert_int_equal(epd_engine_info(e)->kv.n_layers, 4);
+    assert_non_null(epd_engine_tokenizer(e));
+    {
+        epd_kv_pool_t pool;
+        uint32_t table[1] = {0};
+        int32_t ids[2] = {300, 256};
+        float *logits = calloc(320, sizeof(float));
+        epd_prefill_args_t args = {
+            .seq = {.block_table = table, .n_blocks = 1}, .tokens = ids, .n_tokens = 2};
+
+        assert_non_null(logits);
+        epd_test_pool(e, 1, 1, &pool);
+        assert_int_equal(epd_engine_prefill(e, &pool, &args, NULL, logits), EPD_OK);
+        epd_free(pool.base);
+        free(logits);
+    }
+    epd_engine_close(e);
+    epd_test_rmtree(tmp_root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -246,6 +339,8 @@ int main(void)
         cmocka_unit_test(test_tokenizer_past_vocab_refused),
         cmocka_unit_test(test_broken_tokenizer_refused),
         cmocka_unit_test(test_images_use_the_tokenizer),
+        cmocka_unit_test(test_tokenizer_only),
+        cmocka_unit_test(test_tokenizer_only_ref_folder),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
