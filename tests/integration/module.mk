@@ -103,3 +103,6 @@ ALL_TESTS += tests/integration/test_hf_cluster_ucx_shm.sh \
 # characters split across generated ids (a byte-level tokenizer.json):
 # the router's streamed and whole texts equal epd-generate's
 ALL_TESTS += tests/integration/test_hf_utf8_stream.sh
+# make run MODEL=DIR (deploy/local/run-cluster.sh) on a folder with a
+# tokenizer.json and generation_config.json; PORT=0; the folder untouched
+ALL_TESTS += tests/integration/test_run_model.sh
