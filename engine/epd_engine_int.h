@@ -26,6 +26,8 @@ epd_status_t epd__engine_tok_only_info(const epd_engine_config_t *config,
 
 /* The built-in `ref` engine (epd_ref.c). */
 extern const epd_engine_ops_t epd__ref_ops;
+/* The Hugging Face engine (epd_hf.c), opened as `ref` on an HF folder. */
+extern const epd_engine_ops_t epd__hf_ops;
 /* The built-in `sim` timing model (epd_sim.c). */
 extern const epd_engine_ops_t epd__sim_ops;
 
