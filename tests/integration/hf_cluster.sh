@@ -84,21 +84,24 @@ serve() { # TAG MODEL: router TAG_r, prefill TAG_p, decode TAG_d0 / TAG_d1
 # Sampling here stays off top-k / top-p but for a few tokens: the sampler
 # sorts the whole 150k vocabulary for them (tens of ms a token on this
 # machine).
-check_model() { # TAG MODEL
-  local tag=$1 model=$2
+check_model() { # TAG MODEL [light]: light skips the checks the first model made
+  local tag=$1 model=$2 light=${3:-}
   local p_var="${tag}_p_ADDR" d_var="${tag}_d0_ADDR" h_var="${tag}_r_HTTP"
   local P=${!p_var} D=${!d_var} H=${!h_var}
 
+  if [ -z "$light" ]; then
   note "$tag: the prompt is Qwen3's BPE ids (not bytes)"
   ids=$(python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()))' <"$T/short" |
         "$BIN/epd-tokenize" --model "$model" --add-special)
   [ "$(python3 -c 'import json,sys; print(len(json.loads(sys.argv[1])))' "$ids")" -lt \
     "$(wc -c <"$T/short")" ] || fail "$tag: the prompt did not become BPE ids: $ids"
+  fi
 
   note "$tag: disaggregated (epd-ctl submit --tokens) equals epd-generate, token for token"
   same_as_colocated "$model" "$P" "$D" "$T/short" 24
   same_as_colocated "$model" "$P" "$D" "$T/short" 24 --temperature 0.8 --seed 1234
-  same_as_colocated "$model" "$P" "$D" "$T/short" 6 --temperature 0.7 --top-p 0.9 --top-k 40 --seed 9
+  [ -n "$light" ] ||
+    same_as_colocated "$model" "$P" "$D" "$T/short" 6 --temperature 0.7 --top-p 0.9 --top-k 40 --seed 9
 
   note "$tag: /v1/completions through the router equals epd-generate (greedy; seeded streamed)"
   router_client same "$H" "$model" "$G" --prompt-file "$T/short" --max-tokens 24 \
@@ -128,7 +131,7 @@ note "a: decode-a-0 killed mid-stream: its streams migrate and still equal epd-g
 printf 'Streams that outlive their decode worker: 流れ続ける。' >"$T/mig"
 mig0=$(router_metric "$a_r_HTTP" epd_router_migrations_total)
 ttft0=$(router_metric "$a_r_HTTP" epd_router_ttft_seconds_count)
-router_client multi "$a_r_HTTP" "$T/qwen3" "$G" --count 4 --prompt-file "$T/mig" --max-tokens 300 \
+router_client multi "$a_r_HTTP" "$T/qwen3" "$G" --count 4 --prompt-file "$T/mig" --max-tokens 160 \
   --mixed --top-p 1 >"$T/multi.out" 2>"$T/multi.err" &
 mpid=$!
 PIDS+=("$mpid")
@@ -150,5 +153,5 @@ note "$((mig1 - mig0)) streams migrated"
 hf_model "$T/qwen3moe" qwen3_moe 6 LLA
 note "$conf: model 2: $MODEL_KIND"
 serve b "$T/qwen3moe"
-check_model b "$T/qwen3moe"
+check_model b "$T/qwen3moe" light
 finish_ok
