@@ -228,6 +228,7 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
     r = epd_calloc(1, sizeof(*r));
     if (r != NULL) {
         r->prompt = epd_malloc(n_tok * sizeof(*r->prompt));
+        epd_tokenizer_stream_init(&r->detok, EPD_DETOKENIZE_SKIP_SPECIAL);
     }
     if (r == NULL || r->prompt == NULL) {
         if (r != NULL) {

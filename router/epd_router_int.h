@@ -74,6 +74,7 @@
 #include "epd_router_registry.h"
 #include "epd_rng.h"
 #include "epd_rpc.h"
+#include "epd_tokenizer.h"
 #include "epd_trace.h"
 
 #define EPD_ROUTER_LOG "router"
@@ -194,6 +195,11 @@ typedef struct epd_router_req {
     size_t text_len;
     size_t text_cap;
     size_t sent; /* bytes of text already handed to the stream encoder */
+    /* a model folder with tokenizer.json: the ids' bytes go through this
+     * stream decoder, which holds a UTF-8 character split across ids until
+     * it is whole (at most 3 bytes), so r->text never ends in half a
+     * character the next id completes; flushed at a finish by EOS or length */
+    epd_tokenizer_stream_t detok;
     size_t max_stop_len;
     struct epd_router_req *prev, *next; /* all requests (listed from WAITING to DONE) */
 } epd_router_req_t;
@@ -341,6 +347,10 @@ void epd__router_fail_no_workers(epd_router_t *rt, epd_router_req_t *r, uint64_t
 void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish_t finish);
 /* Detokenizes ids[0..n) onto r->text: 0, or -1 out of memory. */
 int epd__router_text_append(epd_router_t *rt, epd_router_req_t *r, const uint32_t *ids, uint32_t n);
+/* The bytes the stream decoder still holds (an incomplete character at
+ * the end of the generation) appended to r->text.  0, or -1 out of
+ * memory. */
+int epd__router_text_flush(epd_router_t *rt, epd_router_req_t *r);
 /* After new text: 1 when a stop string ends the generation (the text cut
  * before it); 0 after streaming what can no longer be part of a match;
  * -1 out of memory. */

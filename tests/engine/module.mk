@@ -47,3 +47,6 @@ $(eval $(call epd_test,test_epd_engine_ref_vision,tests/engine/test_epd_ref_visi
 # Stamped KV units (engine/epd_kv_stamp) on what the sim engine writes: the
 # wrong writes they exist to catch.
 $(eval $(call epd_test,test_epd_engine_kv_stamp,tests/engine/test_epd_kv_stamp.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
+
+# A model folder's tokenizer.json through the engine layer (any engine).
+$(eval $(call epd_test,test_epd_engine_tok,tests/engine/test_epd_engine_tok.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
