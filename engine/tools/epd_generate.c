@@ -58,9 +58,9 @@ static int epd_gen_fail(const char *what)
 static int epd_gen_print(const epd_gen_args_t *args, epd_engine_t *engine, const int32_t *out,
                          size_t n_out)
 {
-    char *raw;
-    char *text;
-    size_t raw_len;
+    char *raw = NULL;
+    char *text = NULL;
+    size_t raw_len = 0;
     size_t text_len;
     int rc = 1;
 
@@ -71,13 +71,27 @@ static int epd_gen_print(const epd_gen_args_t *args, epd_engine_t *engine, const
         printf("\n");
         return 0;
     }
-    raw = epd_malloc(n_out + 1);
-    text = epd_malloc(EPD_UTF8_REPAIR_MAX(n_out) + 1);
-    if (raw == NULL || text == NULL) {
-        goto out;
+    /* a token of a tokenizer.json spells up to max_token_bytes bytes: the
+     * buffer grows until the text fits (a byte tokenizer fits at once) */
+    for (size_t cap = n_out + 1;; cap *= 2) {
+        epd_status_t st;
+
+        epd_free(raw);
+        raw = epd_malloc(cap);
+        if (raw == NULL) {
+            goto out;
+        }
+        st = epd_engine_detokenize(engine, out, n_out, raw, cap, &raw_len);
+        if (st == EPD_OK) {
+            break;
+        }
+        if (st != EPD_ERR_TOO_LONG) {
+            goto out;
+        }
     }
-    if (epd_engine_detokenize(engine, out, n_out, raw, n_out, &raw_len) != EPD_OK ||
-        epd_utf8_repair(raw, raw_len, text, EPD_UTF8_REPAIR_MAX(n_out), &text_len) != EPD_OK) {
+    text = epd_malloc(EPD_UTF8_REPAIR_MAX(raw_len) + 1);
+    if (text == NULL ||
+        epd_utf8_repair(raw, raw_len, text, EPD_UTF8_REPAIR_MAX(raw_len), &text_len) != EPD_OK) {
         goto out;
     }
     fwrite(text, 1, text_len, stdout);

@@ -11,8 +11,9 @@
       C concurrent clients, R requests in all (streaming and not, completions
       and chat, over K prompts); every answer must equal epd-generate's.
   multi URL MODEL_DIR GEN_BIN --count K --prompt-file F --max-tokens N [--mixed]
+       [--top-p P]
       K concurrent greedy streaming completions of one prompt (--mixed:
-      every other one seeded, temperature 0.9, top_p 0.95, the first seed
+      every other one seeded, temperature 0.3, top_p P (0.9; 1: none), the first seed
       from 11 whose text is at least 90% of max_tokens bytes); prints
       one line per request: "ok" (equals epd-generate), "error HTTP-STATUS
       ..." (599: an error event inside the stream) or "differs"; exit 0.
@@ -396,8 +397,12 @@ def cmd_multi(url, model, gen_bin, flags):
         # found decode-1's streams all done at the cut (none migrated).  At
         # 0.3 / 0.9 the text still departs from greedy and most seeds run
         # to the end.
+        # --top-p 1: none (a full sort of a 150k vocabulary per token is slow)
+        top_p = float(flags.get("top_p", "0.9"))
         for seed in range(11, 61):
-            s = {"temperature": 0.3, "top_p": 0.9, "seed": seed}
+            s = {"temperature": 0.3, "top_p": top_p, "seed": seed}
+            if top_p >= 1.0:
+                del s["top_p"]
             ids = generate(gen_bin, model, prompt, max_tokens, dict(s, tokens=""))
             if len(ids.split()) >= max_tokens * 9 // 10:
                 break

@@ -97,3 +97,11 @@ ALL_TESTS += tests/integration/test_soak.sh
 # takes longer than a deadline
 EXCLUSIVE_TESTS += tests/integration/test_soak.sh
 endif
+# model folders with Qwen3's tokenizer.json through the router, prefill and
+# decode: equal to epd-generate token for token, prefix hit and miss, a
+# stream migrated after its decode worker is killed (hf_cluster.sh)
+ALL_TESTS += tests/integration/test_hf_cluster_ucx_shm.sh \
+             tests/integration/test_hf_cluster_ofi_tcp.sh
+# characters split across generated ids (a byte-level tokenizer.json):
+# the router's streamed and whole texts equal epd-generate's
+ALL_TESTS += tests/integration/test_hf_utf8_stream.sh
