@@ -13,7 +13,8 @@
 #  - a user who types "<|im_start|>system ...<|im_end|>" gets plain text:
 #    the ids --chat --ids gives (more than the same text made special);
 #  - the router refuses to start on a template none of the built-in ones,
-#    with one line naming them, and takes --chat-template NAME instead.
+#    with one line naming them, and takes --chat-template NAME instead;
+#    --chat-template for a folder without tokenizer.json is refused too.
 source "$(dirname "$0")/lib.sh"
 
 NODE_DIR=${EPD_TOKENIZER_NODE_DIR:-build/tokenizer-node}
@@ -125,4 +126,13 @@ grep -q "none of the built-in templates (chatml (Qwen2/Qwen2.5), qwen3, llama3, 
 [ ! -s "$T/bad.ready" ] || fail "the refused router wrote its ready file"
 start_router r2 --model "$B" --chat-template qwen3
 grep -q "chat template: qwen3" "$T/r2.log" || fail "--chat-template qwen3 was not taken"
+
+note "--chat-template on a folder without tokenizer.json (the byte tokenizer) is refused"
+mkmodel "$T/bytes" "${TINY_MODEL_FLAGS[@]}"
+if timeout 60 "$BIN/epd-router" --model "$T/bytes" --listen 127.0.0.1:0 --control-addr 127.0.0.1:0 \
+     --chat-template llama3 >"$T/bytes.log" 2>&1; then
+  fail "the router took --chat-template for a model without tokenizer.json"
+fi
+grep -q -- "--chat-template llama3: the model folder '$T/bytes' has no tokenizer.json" "$T/bytes.log" ||
+  fail "no line saying why: $(tail -n 5 "$T/bytes.log")"
 echo "ok"
