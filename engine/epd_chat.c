@@ -117,9 +117,13 @@ static const json_t *epd_chat_template_text(const json_t *conf)
     return NULL;
 }
 
-static epd_status_t epd_chat_pick(epd_chat_template_t *t, const json_t *conf, const char *name)
+/* The family of the template text (conf's chat_template, or jinja[0..
+ * jinja_len) when given: chat_template.jinja), or of `name`. */
+static epd_status_t epd_chat_pick(epd_chat_template_t *t, const json_t *conf, const char *jinja,
+                                  size_t jinja_len, const char *name)
 {
     const json_t *text;
+    const char *s;
     uint64_t h;
     size_t n;
 
@@ -139,11 +143,16 @@ static epd_status_t epd_chat_pick(epd_chat_template_t *t, const json_t *conf, co
         return EPD_ERR_INVALID_PARAM;
     }
     text = conf != NULL ? epd_chat_template_text(conf) : NULL;
-    if (text == NULL) {
+    if (jinja != NULL) {
+        s = jinja;
+        n = jinja_len;
+    } else if (text != NULL) {
+        s = json_string_value(text);
+        n = json_string_length(text);
+    } else {
         return EPD_ERR_NOT_FOUND;
     }
-    n = json_string_length(text);
-    h = epd_chat_fnv(json_string_value(text), n);
+    h = epd_chat_fnv(s, n);
     for (size_t i = 0; i < sizeof(epd_chat_known) / sizeof(epd_chat_known[0]); i++) {
         if (epd_chat_known[i].fnv == h && epd_chat_known[i].len == n) {
             t->family = epd_chat_known[i].family;
@@ -152,14 +161,16 @@ static epd_status_t epd_chat_pick(epd_chat_template_t *t, const json_t *conf, co
         }
     }
     epd_log_error(EPD_CHAT_LOG, 0,
-                  "tokenizer_config.json: the chat_template (%zu bytes, FNV-1a %016llx) is none "
-                  "of the built-in templates (%s); name the one it is with --chat-template NAME",
-                  n, (unsigned long long)h, EPD_CHAT_NAMES);
+                  "%s: the chat template (%zu bytes, FNV-1a %016llx) is none of the built-in "
+                  "templates (%s); name the one it is with --chat-template NAME",
+                  jinja != NULL ? "chat_template.jinja" : "tokenizer_config.json", n,
+                  (unsigned long long)h, EPD_CHAT_NAMES);
     return EPD_ERR_UNSUPPORTED;
 }
 
-epd_status_t epd_chat_create(const char *config, size_t len, const char *name,
-                             epd_chat_template_t **t_p)
+static epd_status_t epd_chat_create_with(const char *config, size_t len, const char *jinja,
+                                         size_t jinja_len, const char *name,
+                                         epd_chat_template_t **t_p)
 {
     epd_chat_template_t *t;
     json_t *conf = NULL;
@@ -182,7 +193,7 @@ epd_status_t epd_chat_create(const char *config, size_t len, const char *name,
         json_decref(conf);
         return EPD_ERR_NO_MEMORY;
     }
-    status = epd_chat_pick(t, conf, name);
+    status = epd_chat_pick(t, conf, jinja, jinja_len, name);
     if (status == EPD_OK) {
         status = epd_chat_set_bos(t, conf);
     }
@@ -195,25 +206,33 @@ epd_status_t epd_chat_create(const char *config, size_t len, const char *name,
     return EPD_OK;
 }
 
-epd_status_t epd_chat_load(const char *dir, const char *name, epd_chat_template_t **t_p)
+epd_status_t epd_chat_create(const char *config, size_t len, const char *name,
+                             epd_chat_template_t **t_p)
 {
-    size_t plen = strlen(dir) + sizeof("/tokenizer_config.json");
+    return epd_chat_create_with(config, len, NULL, 0, name, t_p);
+}
+
+/* DIR/FILE into *buf_p (owned by the caller; NUL-terminated), *len_p its
+ * length; *buf_p NULL when there is no such file.  EPD_ERR_IO (logged),
+ * EPD_ERR_NO_MEMORY. */
+static epd_status_t epd_chat_read(const char *dir, const char *file, char **buf_p, size_t *len_p)
+{
+    size_t plen = strlen(dir) + strlen(file) + 2;
     char *path = epd_malloc(plen);
     char *buf = NULL;
     FILE *f = NULL;
     long size;
-    epd_status_t status;
+    epd_status_t status = EPD_OK;
 
-    *t_p = NULL;
+    *buf_p = NULL;
+    *len_p = 0;
     if (path == NULL) {
         return EPD_ERR_NO_MEMORY;
     }
-    snprintf(path, plen, "%s/tokenizer_config.json", dir);
+    snprintf(path, plen, "%s/%s", dir, file);
     f = fopen(path, "rb");
     if (f == NULL) {
-        /* no config: a name alone still gives a template */
-        status = name != NULL ? epd_chat_create(NULL, 0, name, t_p) : EPD_ERR_NOT_FOUND;
-        goto out;
+        goto out; /* optional */
     }
     if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0 ||
         (unsigned long)size > EPD_CHAT_MAX_CONFIG) {
@@ -228,16 +247,39 @@ epd_status_t epd_chat_load(const char *dir, const char *name, epd_chat_template_
     }
     if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
         epd_log_error(EPD_CHAT_LOG, 0, "%s: cannot read", path);
+        epd_free(buf);
         status = EPD_ERR_IO;
         goto out;
     }
-    status = epd_chat_create(buf, (size_t)size, name, t_p);
+    buf[size] = '\0';
+    *buf_p = buf;
+    *len_p = (size_t)size;
 out:
     if (f != NULL) {
         fclose(f);
     }
-    epd_free(buf);
     epd_free(path);
+    return status;
+}
+
+epd_status_t epd_chat_load(const char *dir, const char *name, epd_chat_template_t **t_p)
+{
+    char *config = NULL, *jinja = NULL;
+    size_t config_len = 0, jinja_len = 0;
+    epd_status_t status;
+
+    *t_p = NULL;
+    status = epd_chat_read(dir, "tokenizer_config.json", &config, &config_len);
+    if (status == EPD_OK) {
+        /* newer transformers saves the template beside the config, and
+         * loads it in preference to the config's chat_template */
+        status = epd_chat_read(dir, "chat_template.jinja", &jinja, &jinja_len);
+    }
+    if (status == EPD_OK) {
+        status = epd_chat_create_with(config, config_len, jinja, jinja_len, name, t_p);
+    }
+    epd_free(jinja);
+    epd_free(config);
     return status;
 }
 

