@@ -75,6 +75,7 @@
 #include "epd_router_registry.h"
 #include "epd_rng.h"
 #include "epd_rpc.h"
+#include "epd_chat.h"
 #include "epd_tokenizer.h"
 #include "epd_trace.h"
 
@@ -234,6 +235,13 @@ struct epd_router {
     epd_engine_t *engine;  /* tokenizer only */
     epd_gen_defaults_t gen_defaults; /* the folder's generation_config.json sampling */
     const epd_engine_info_t *info;
+    /* the model's chat template (tokenizer_config.json, or --chat-template);
+     * NULL: chat requests keep the plain "<|role|>" rendering (a folder
+     * without tokenizer.json, or without a chat_template) */
+    epd_chat_template_t *chat;
+    epd_chat_prompt_t chat_prompt; /* a request's rendering (scratch) */
+    epd_chat_message_t *chat_msgs; /* [chat_msgs_cap] (scratch) */
+    size_t chat_msgs_cap;
     /* KV-aware routing: the model's prefix-cache namespace (unsalted),
      * compared with the workers' (RegisterRequest.prefix_root) */
     epd_prefix_hash_t prefix_plain;

@@ -53,6 +53,8 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_prefix_cache.sh \
              tests/integration/test_kv_tier.sh \
              tests/integration/test_router_kv_aware.sh
+# /v1/chat/completions through a model's own chat template (engine/epd_chat.c)
+ALL_TESTS += tests/integration/test_router_chat_template.sh
 # run alone (tests/run.sh, EPD_TEST_EXCLUSIVE): after SIGSTOPping encoder-0
 # it has about a second (the router's --dead-after-ms 1000) for three
 # Python clients to start and reach the router, or they are not retried
