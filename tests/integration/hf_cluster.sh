@@ -12,6 +12,8 @@
 #    greedy and seeded, prompts in several scripts and an emoji;
 #  - /v1/completions through the router equal to epd-generate's text,
 #    greedy and seeded, streamed and not;
+#  - /v1/chat/completions (the folder's Qwen3 chat template) equal to
+#    epd-generate on the rendered prompt, prompt_tokens its id count;
 #  - a long prompt twice: a prefix-cache miss then a hit (the prefill
 #    worker's prefix_hit_tokens grows), both answers equal;
 #  - (first model) streams migrated after their decode worker is killed:
@@ -81,6 +83,56 @@ serve() { # TAG MODEL: router TAG_r, prefill TAG_p, decode TAG_d0 / TAG_d1
   done
 }
 
+# chat_same MODEL HTTP MESSAGES_JSON REQUEST_EXTRA_JSON "EPD-GENERATE FLAGS":
+# the router's chat answer (12 tokens) equals epd-generate's on the prompt
+# `epd-tokenize --chat` renders (Qwen3's post-processor adds nothing, so
+# its ids are the router's), and usage.prompt_tokens is that prompt's
+# number of ids (`epd-tokenize --chat --ids`).
+chat_same() {
+  local got
+  got=$("$PYTHON3" - "$BIN" "$1" "$2" "$3" "$4" "$5" <<'PY'
+import http.client, json, subprocess, sys, urllib.parse
+bin_dir, model, url, msgs, extra, gflags = sys.argv[1:7]
+def tool(*args, data=None):
+    return subprocess.run([bin_dir + "/" + args[0], *args[1:]], input=data,
+                          stdout=subprocess.PIPE, check=True).stdout
+rendered = json.loads(tool("epd-tokenize", "--model", model, "--chat", data=msgs.encode() + b"\n"))
+n_ids = len(json.loads(tool("epd-tokenize", "--model", model, "--chat", "--ids",
+                            data=msgs.encode() + b"\n")))
+want = tool("epd-generate", "--model", model, "--prompt", rendered, "--max-tokens", "12",
+            *gflags.split())[:-1]
+u = urllib.parse.urlparse(url)
+body = {"model": model.rstrip("/").split("/")[-1], "messages": json.loads(msgs), "max_tokens": 12}
+body.update(json.loads(extra))
+if body.get("stream"):
+    body["stream_options"] = {"include_usage": True}
+c = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+r = c.getresponse()
+data = r.read()
+if r.status != 200:
+    sys.exit("HTTP %d: %s" % (r.status, data[:300]))
+if body.get("stream"):
+    text, usage = "", None
+    for ev in data.decode().split("\n\n"):
+        if not ev.startswith("data: {"):
+            continue
+        o = json.loads(ev[6:])
+        if o["choices"]:
+            text += o["choices"][0]["delta"].get("content") or ""
+        usage = o.get("usage") or usage
+else:
+    a = json.loads(data)
+    text, usage = a["choices"][0]["message"]["content"], a["usage"]
+if text.encode() != want or usage["prompt_tokens"] != n_ids:
+    sys.exit("router: %d ids, %r; epd-generate: %d ids, %r" %
+             (usage["prompt_tokens"], text.encode(), n_ids, want))
+print("ok %d prompt ids, %d bytes" % (n_ids, len(want)))
+PY
+) || fail "chat answer differs: $got"
+  echo "$got"
+}
+
 # Sampling here stays off top-k / top-p but for a few tokens: the sampler
 # sorts the whole 150k vocabulary for them (tens of ms a token on this
 # machine).
@@ -108,6 +160,12 @@ check_model() { # TAG MODEL [light]: light skips the checks the first model made
     --temperature 0 || fail "$tag: greedy completion"
   router_client same "$H" "$model" "$G" --prompt-file "$T/short" --max-tokens 24 \
     --temperature 0.9 --seed 7 --stream || fail "$tag: seeded streamed completion"
+
+  note "$tag: /v1/chat/completions (the folder's Qwen3 template) equals epd-generate on the rendered prompt"
+  chat_same "$model" "$H" '[{"role":"system","content":"Réponds brièvement."},{"role":"user","content":"Was ist 2+2? 为什么？"}]' \
+    '{"temperature": 0}' "--temperature 0"
+  chat_same "$model" "$H" '[{"role":"user","content":"Tell me a story 🙂"}]' \
+    '{"temperature": 0.9, "seed": 21, "stream": true}' "--temperature 0.9 --seed 21"
 
   note "$tag: a long prompt twice: a prefix-cache miss, then a hit, the same answer"
   h0=$(health_field "$P" prefix_hit_tokens)
