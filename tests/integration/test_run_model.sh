@@ -81,6 +81,9 @@ if grep -E "exited [^0]" "$T/run.out"; then
   fail "a daemon did not exit 0: $(tail -n 10 "$T/run.out")"
 fi
 [ "$(grep -c 'exited 0' "$T/run.out")" = 3 ] || fail "not 3 daemons stopped: $(tail -n 10 "$T/run.out")"
+if grep -El "ERROR: (Address|Leak)Sanitizer|runtime error:" "$T"/epd-cluster.*/*.log 2>/dev/null; then
+  fail "sanitizer reports in the daemon logs above"
+fi
 sum_after=$(cd "$M" && find . -type f -exec sha256sum {} + | sort)
 [ "$sum_before" = "$sum_after" ] || fail "the model folder changed while served"
 echo PASS
