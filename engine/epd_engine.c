@@ -316,6 +316,11 @@ epd_status_t epd_engine_open(const char *name, const epd_engine_config_t *config
             goto err_unload;
         }
         engine->tok_only = status == EPD_OK;
+        if (engine->tok_only) {
+            epd_log_info(EPD_ENGINE_LOG, 0,
+                         "%s: opened for its tokenizer only (config files read, no weights)",
+                         config->model_dir);
+        }
     }
     if (!engine->tok_only) {
         status = engine->ops->open(config, &engine->impl);

@@ -3,7 +3,8 @@
 # (Qwen3's tokenizer.json and tokenizer_config.json) served through the
 # cluster: router + 1 prefill + 2 decode workers registered with it.
 #  - a random Qwen3 and a random Qwen3-MoE (epd-mkmodel --arch qwen3 /
-#    qwen3_moe --tokenizer, tiny sizes) when this build's engine opens such
+#    qwen3_moe --tokenizer, tiny sizes; the router opens them for their
+#    tokenizer only, no weight read) when this build's engine opens such
 #    folders; otherwise (the HF engine not merged yet) two `ref` folders of
 #    the Qwen3 vocabulary's size (attention-only and hybrid) with the same
 #    tokenizer files copied in — the tokenizer plumbing is the same;
@@ -81,6 +82,11 @@ serve() { # TAG MODEL: router TAG_r, prefill TAG_p, decode TAG_d0 / TAG_d1
   for w in "decode-$tag-0" "decode-$tag-1" "prefill-$tag"; do
     wait_router_state "$ctl" "$w" READY 30
   done
+  # a Hugging Face folder: the router reads no weight (tokenizer_only)
+  if [ -f "$model/generation_config.json" ]; then
+    grep -q "opened for its tokenizer only" "$T/${tag}_r.log" ||
+      fail "the router opened $model with its weights"
+  fi
 }
 
 # chat_same MODEL HTTP MESSAGES_JSON REQUEST_EXTRA_JSON "EPD-GENERATE FLAGS":
