@@ -97,11 +97,16 @@ ALL_TESTS += tests/integration/test_soak.sh
 # takes longer than a deadline
 EXCLUSIVE_TESTS += tests/integration/test_soak.sh
 endif
-# model folders with Qwen3's tokenizer.json through the router, prefill and
-# decode: equal to epd-generate token for token, prefix hit and miss, a
-# stream migrated after its decode worker is killed (hf_cluster.sh)
-ALL_TESTS += tests/integration/test_hf_cluster_ucx_shm.sh \
-             tests/integration/test_hf_cluster_ofi_tcp.sh
+# model folders with Qwen3's tokenizer.json (random Qwen3 and Qwen3-MoE)
+# through the router, prefill and decode: equal to epd-generate token for
+# token, completions and chat, prefix hit and miss; streams migrated after
+# their decode worker is killed (hf_cluster.sh CONF PART, one part each)
+ALL_TESTS += tests/integration/test_hf_qwen3_ucx_shm.sh \
+             tests/integration/test_hf_qwen3moe_ucx_shm.sh \
+             tests/integration/test_hf_migrate_ucx_shm.sh \
+             tests/integration/test_hf_qwen3_ofi_tcp.sh \
+             tests/integration/test_hf_qwen3moe_ofi_tcp.sh \
+             tests/integration/test_hf_migrate_ofi_tcp.sh
 # characters split across generated ids (a byte-level tokenizer.json):
 # the router's streamed and whole texts equal epd-generate's
 ALL_TESTS += tests/integration/test_hf_utf8_stream.sh
