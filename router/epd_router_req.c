@@ -533,7 +533,10 @@ static epd_router_attempt_next_t epd_router_attempt_over(epd_router_t *rt, epd_r
     if (r->http == NULL) {
         return EPD_ROUTER_ATTEMPT_FINAL;
     }
-    if (ev->finish == EPD_CLIENT_FINISH_LENGTH || ev->finish == EPD_CLIENT_FINISH_STOP) {
+    if ((ev->finish == EPD_CLIENT_FINISH_LENGTH || ev->finish == EPD_CLIENT_FINISH_STOP) &&
+        epd__router_text_flush(rt, r) != 0) {
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_INTERNAL, 500, "out of memory%s%s", "", "");
+    } else if (ev->finish == EPD_CLIENT_FINISH_LENGTH || ev->finish == EPD_CLIENT_FINISH_STOP) {
         epd__router_finish_ok(rt, r,
                               ev->finish == EPD_CLIENT_FINISH_STOP ? EPD_OAI_FINISH_STOP
                                                                    : EPD_OAI_FINISH_LENGTH);
