@@ -59,6 +59,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "epd_daemon.h"
 #include "epd_engine.h"
@@ -81,6 +82,27 @@
 #define EPD_PREFILL_LOG "prefill"
 #define EPD_PREFILL_STASH_MAX 256 /* reservations that came before their request */
 #define EPD_PREFILL_TOMB_MAX 4096 /* recently aborted / failed request ids */
+/* --prefill-chunk-tokens defaults per engine.  sim models a GPU, where 8k
+ * tokens per step is what the field runs (vLLM's max_num_batched_tokens,
+ * SGLang's chunked-prefill-size); ref is the CPU reference, slow per
+ * token: 2k keeps a short prompt's wait behind a long one near a second
+ * at its test scales.  Other engines: off until measured. */
+#define EPD_PREFILL_CHUNK_SIM 8192u
+#define EPD_PREFILL_CHUNK_REF 2048u
+#define EPD_PREFILL_CHUNK_DEFAULTS "ref 2048, sim 8192, others 0"
+
+/* The default chunk of engine `name` (0: off).  Pure. */
+static inline uint32_t epd_prefill_chunk_default(const char *name)
+{
+    if (name != NULL && strcmp(name, "sim") == 0) {
+        return EPD_PREFILL_CHUNK_SIM;
+    }
+    if (name != NULL && strcmp(name, "ref") == 0) {
+        return EPD_PREFILL_CHUNK_REF;
+    }
+    return 0;
+}
+
 /* --write-group-bytes default: every layer as it finishes.  Measured with
  * `epd-bench overhead --groups per-layer,64K,256K,1M,4M,1024M` at 128, 256
  * and 1k tokens on shm and TCP (docs/benchmarks/overhead.md of the time): no
@@ -354,6 +376,7 @@ typedef struct epd_prefill_srv {
      * this many of their bytes wait (0: every layer at once); after compute
      * everything left goes at once */
     uint64_t write_group_bytes;
+    uint32_t chunk_tokens; /* --prefill-chunk-tokens, resolved (0: off) */
     /* after each layer's writes, a LayerDone (landed) fenced behind them, so
      * decode verifies that layer while the next ones compute */
     int layer_notify;

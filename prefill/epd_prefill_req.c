@@ -777,6 +777,8 @@ void epd__prefill_req_on_event(void *arg, epd_prefill_ev_t *ev)
     case EPD_PREFILL_EV_RELEASED:
         req->released = 1;
         break;
+    case EPD_PREFILL_EV_CHUNK:
+        return; /* the compute module's own: never handed here */
     }
     epd_prefill_dirty(srv, req);
 }
