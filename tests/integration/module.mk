@@ -98,3 +98,7 @@ ALL_TESTS += tests/integration/test_soak.sh
 # takes longer than a deadline
 EXCLUSIVE_TESTS += tests/integration/test_soak.sh
 endif
+# chunked prefill (issue #25): 16k-token prompts on ref, whole and in
+# chunks, prefill -> decode and through a router; admission 400s; a
+# SIGSTOP/SIGCONT and an abort mid-run
+ALL_TESTS += tests/integration/test_chunked_prefill.sh
