@@ -3,10 +3,11 @@
 # pattern A) and a hybrid one (LLA: the recurrent state carries across
 # chunks), both tiny (dim 8) so that a prompt of more than 16k tokens runs
 # in seconds:
-#  - the prompt computed whole (--prefill-chunk-tokens 0), in chunks of
-#    1000 (not a multiple of the 16-token block) and of 2048 (ref's
-#    default) gives token for token what epd-generate gives, greedy and
-#    seeded, prefill -> decode;
+#  - the prompt computed in chunks of 1000 (not a multiple of the 16-token
+#    block) and of 2048 (ref's default) gives token for token what
+#    epd-generate (one whole-prompt engine call: the unchunked run) gives,
+#    greedy and seeded, prefill -> decode (the seeded run of each worker
+#    resumes from its prefix cache: the checkpoints taken inside chunks);
 #  - through a router cluster (chunks of 1000) the same, greedy and seeded;
 #  - a request that needs more KV than the decode worker's whole pool is a
 #    400 naming the limit (nothing reserved: decode's free blocks stay at
@@ -56,7 +57,7 @@ for pat in A LLA; do
   daddr_var="d_${pat}_ADDR"
   daddr=${!daddr_var}
   total=$(status_field "$daddr" kv_blocks_total)
-  for chunk in 0 1000 2048; do
+  for chunk in 1000 2048; do
     name="p_${pat}_$chunk"
     start_daemon "$name" prefill --model "$m" --worker-id "prefill-$pat-$chunk" \
       --prefill-chunk-tokens "$chunk" --state-slots 8
@@ -81,8 +82,8 @@ m="$T/m_LLA"
 start_router r --model "$m" --heartbeat-ms 200 --dead-after-ms 5000
 start_daemon d decode --model "$m" --worker-id decode-0 --kv-blocks "$D_BLOCKS" --state-slots 8 \
   --router "$r_ADDR"
-start_daemon p prefill --model "$m" --worker-id prefill-0 --prefill-chunk-tokens 1000 --no-prefix-cache \
-  --state-slots 8 --router "$r_ADDR"
+start_daemon p prefill --model "$m" --worker-id prefill-0 --prefill-chunk-tokens 1000 \
+  --no-prefix-cache --state-slots 8 --router "$r_ADDR"
 wait_router_state "$r_ADDR" decode-0 READY
 wait_router_state "$r_ADDR" prefill-0 READY
 router_client same "$r_HTTP" "$m" "$G" --prompt-file "$T/long.txt" --max-tokens 8 ||
