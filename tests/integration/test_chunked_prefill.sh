@@ -77,6 +77,26 @@ for pat in A LLA; do
   [ "$STOP_RC" = 0 ] || fail "decode d_$pat exited $STOP_RC"
 done
 
+note "sim engine (hybrid MoE profile, shrunk), chunks of 1000: decode --verify full and stamps"
+profiles="$(cd "$(dirname "$0")/../../engine/profiles" && pwd)"
+mkdir -p "$T/sim"
+printf '%s\n' "model = $profiles/hybrid-moe-320b.profile" "accel = $profiles/h200.profile" \
+  "devices = 8" "scale = 0.01" "mode = sleep" "seed = 3" "vocab = 512" >"$T/sim/sim.conf"
+prompt_of_len 5000 5 >"$T/sim.txt"
+start_daemon s_d decode --engine sim --model "$T/sim" --worker-id decode-sim --kv-blocks 512 \
+  --state-slots 8 --verify full
+start_daemon s_t decode --engine sim --model "$T/sim" --worker-id decode-sim-stamps \
+  --kv-blocks 512 --state-slots 8 --verify stamps
+start_daemon s_p prefill --engine sim --model "$T/sim" --worker-id prefill-sim --kv-blocks 512 \
+  --state-slots 8 --prefill-chunk-tokens 1000 --no-prefix-cache
+same_as_colocated "$T/sim" "$s_p_ADDR" "$s_d_ADDR" "$T/sim.txt" 8 --engine sim
+same_as_colocated "$T/sim" "$s_p_ADDR" "$s_t_ADDR" "$T/sim.txt" 8 --engine sim --temperature 0.8 \
+  --seed 4
+for n in s_p s_d s_t; do
+  stop_daemon "$n" TERM
+  [ "$STOP_RC" = 0 ] || fail "$n exited $STOP_RC"
+done
+
 note "router cluster, hybrid model, chunks of 1000"
 m="$T/m_LLA"
 start_router r --model "$m" --heartbeat-ms 200 --dead-after-ms 5000
