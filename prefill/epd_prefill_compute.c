@@ -53,6 +53,7 @@ typedef struct {
     epd_prefill_job_t *job;
     uint64_t layer_start_ns; /* the current layer's compute started here */
     int hold;                /* a resume: layers are handed over after the decode tail */
+    uint32_t partial_end;    /* an earlier chunk: rows [0, this) final (0: the last) */
 } epd_prefill_sink_ctx_t;
 
 /* Compute thread: hands one event to the loop (the hand-off retries with
@@ -91,6 +92,7 @@ static epd_status_t epd_prefill_compute_sink(void *ctx, uint32_t layer,
         s->job->done_ev->layer_end_ns = now;
     }
     if (!s->hold) {
+        s->job->layer_evs[layer].final_tokens = s->partial_end;
         epd_prefill_compute_emit(s->c, &s->job->layer_evs[layer]);
     }
     if (atomic_load_explicit(s->job->cancel, memory_order_acquire)) {
@@ -144,6 +146,7 @@ static epd_status_t epd_prefill_compute_tail(epd_prefill_compute_t *c, epd_prefi
                        epd_time_now_ns());
     }
     for (uint32_t l = 0; status == EPD_OK && l < c->info->kv.n_layers; l++) {
+        job->layer_evs[l].final_tokens = 0;
         epd_prefill_compute_emit(c, &job->layer_evs[l]);
     }
     return status;
@@ -234,8 +237,11 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
     }
     single = job->chunk_next == job->start && end == prompt_end;
     /* a layer is final only after the last chunk (and a resume's tail):
-     * earlier chunks hand nothing to the loop */
-    sctx.hold = job->n_decode > 0 || end < prompt_end;
+     * an earlier chunk hands each layer over as partial (its rows so far,
+     * streamed to decode), unless it is a resume's (its layers change
+     * again in the tail) or nothing is written (prefill only) */
+    sctx.hold = job->n_decode > 0 || (end < prompt_end && job->layer_sums == NULL);
+    sctx.partial_end = end < prompt_end ? end : 0;
     if (atomic_load_explicit(job->cancel, memory_order_acquire)) {
         status = EPD_ERR_CANCELED;
     } else {

@@ -42,8 +42,13 @@
  * queue, so the runs (and local image encodes) queued meanwhile go first:
  * round robin among running prompts with a budget of one chunk's tokens per
  * turn, and a prompt no longer than a chunk waits behind at most one chunk
- * of each prompt ahead of it.  A run's layers are handed to the loop only
- * in its last chunk (the KV of a layer is final only then); its cancel flag
+ * of each prompt ahead of it.  Each chunk hands every layer to the loop as
+ * it finishes: in an earlier chunk with final_tokens set (its attention
+ * rows so far are final: the loop streams their full blocks to decode), in
+ * the last chunk as an unchunked run does (a resume's layers and a prefill
+ * only run's wait for the end, as before).  A layer event is re-posted in
+ * the next chunk only after the loop consumed the CHUNK event posted behind
+ * it, hence the layer event too.  The cancel flag
  * is checked at every layer and at the start of every turn, so an abort or
  * a decode worker's death stops it at the next layer or chunk boundary.
  * The CHUNK event lives in the job and is re-posted only after the loop
@@ -86,6 +91,11 @@ typedef struct {
     uint64_t started_ns;        /* DONE: when the run started (epd_time_now_ns) */
     uint64_t finished_ns;       /* DONE: when compute and sampling ended */
     uint64_t layer_end_ns;      /* DONE: when the last layer's sink ran */
+    /* LAYER, written by compute before the push: 0 = the layer is final
+     * (the run's last chunk); else only its attention rows [0,
+     * final_tokens) are (an earlier chunk of a chunked run: they may be
+     * written to decode now — per-chunk streaming) */
+    uint32_t final_tokens;
 } epd_prefill_ev_t;
 
 typedef enum {

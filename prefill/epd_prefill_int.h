@@ -303,6 +303,14 @@ struct epd_prefill_xfer {
      * transfer is the one that stops the process once its later layers are
      * computed (0: not armed for it) */
     int fault_pause;
+    int cur_begun; /* the cursor's layer (post_layer) began: checksum taken */
+    /* per-chunk streaming of a chunked run (attention layers, [n_layers]
+     * each): blocks [0, ready_blocks) are final by an earlier chunk, [0,
+     * sent_blocks) were posted ahead of the layer's end, and srun is the
+     * run that holds block sent_blocks (a cursor: O(chunk) per chunk) */
+    uint32_t *ready_blocks;
+    uint32_t *sent_blocks;
+    uint32_t *srun;
 };
 
 /* -------------------------------------------------------------- request */
@@ -606,6 +614,12 @@ epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
  * call again at the next pump).  EPD_OK; EPD_ERR_NO_RESOURCE when the
  * transport pushed back (the cursor stays: post again after room was made);
  * another error with msg[0..cap) when the transfer cannot go on. */
+/* An earlier chunk of a chunked run made layer `layer`'s attention rows
+ * [0, final_tokens) final: its full blocks may go to decode now (posted by
+ * the next epd__prefill_xfer_post).  Loop thread. */
+void epd__prefill_xfer_chunk_ready(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint32_t layer,
+                                   uint32_t final_tokens);
+
 epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
                                     uint32_t layers_done, int compute_done, char *msg, size_t cap);
 /* PrefillComplete{first_token, n_tokens, checksums}, fenced behind every
