@@ -311,6 +311,11 @@ struct epd_prefill_xfer {
     uint32_t *ready_blocks;
     uint32_t *sent_blocks;
     uint32_t *srun;
+    /* ... and the layer's BYTES checksum over blocks [0, hashed_blocks),
+     * hashed as they become final (NULL: none yet, or no memory for it —
+     * then the whole layer is hashed at its end, as unchunked) */
+    epd_hash_state_t **lhash;
+    uint32_t *hashed_blocks;
 };
 
 /* -------------------------------------------------------------- request */

@@ -73,7 +73,9 @@ epd_status_t epd__prefill_xfer_init(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
     x->ready_blocks = epd_calloc((size_t)n_layers + 1, sizeof(*x->ready_blocks));
     x->sent_blocks = epd_calloc((size_t)n_layers + 1, sizeof(*x->sent_blocks));
     x->srun = epd_calloc((size_t)n_layers + 1, sizeof(*x->srun));
-    if (x->remote_blocks == NULL || x->runs == NULL || x->lw == NULL || x->checksums == NULL ||
+    x->lhash = epd_calloc((size_t)n_layers + 1, sizeof(*x->lhash));
+    x->hashed_blocks = epd_calloc((size_t)n_layers + 1, sizeof(*x->hashed_blocks));
+    if (x->lhash == NULL || x->hashed_blocks == NULL ||x->remote_blocks == NULL || x->runs == NULL || x->lw == NULL || x->checksums == NULL ||
         x->sum_kinds == NULL || x->ready_blocks == NULL || x->sent_blocks == NULL ||
         x->srun == NULL) {
         epd__prefill_xfer_cleanup(x);
@@ -100,6 +102,13 @@ void epd__prefill_xfer_cleanup(epd_prefill_xfer_t *x)
     epd_free(x->ready_blocks);
     epd_free(x->sent_blocks);
     epd_free(x->srun);
+    for (uint32_t l = 0; x->lhash != NULL && l < x->srv->info->kv.n_layers; l++) {
+        epd_hash_state_destroy(x->lhash[l]);
+    }
+    epd_free(x->lhash);
+    epd_free(x->hashed_blocks);
+    x->lhash = NULL;
+    x->hashed_blocks = NULL;
     x->ready_blocks = NULL;
     x->sent_blocks = NULL;
     x->srun = NULL;
@@ -351,12 +360,19 @@ static epd_status_t epd_prefill_layer_sum(epd_prefill_srv_t *srv, epd_prefill_xf
             epd_hash_state_update(srv->hash, base + off, kv->state_bytes);
         }
     } else {
-        for (uint32_t i = 0; i < x->local.n_blocks; i++) {
+        /* blocks [0, hashed_blocks) went into the layer's own state as
+         * earlier chunks made them final: only the rest now */
+        epd_hash_state_t *h = x->lhash[layer] != NULL ? x->lhash[layer] : srv->hash;
+        uint32_t from = x->lhash[layer] != NULL ? x->hashed_blocks[layer] : 0;
+
+        for (uint32_t i = from; i < x->local.n_blocks; i++) {
             if (epd_kv_block_offset(kv, srv->pool.n_blocks, layer, x->local.block_ids[i], &off) ==
                 EPD_OK) {
-                epd_hash_state_update(srv->hash, base + off, kv->block_bytes);
+                epd_hash_state_update(h, base + off, kv->block_bytes);
             }
         }
+        x->checksums[layer] = epd_hash_state_digest(h);
+        return EPD_OK;
     }
     x->checksums[layer] = epd_hash_state_digest(srv->hash);
     return EPD_OK;
@@ -445,6 +461,27 @@ void epd__prefill_xfer_chunk_ready(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x
     if (blocks > x->ready_blocks[layer]) {
         x->ready_blocks[layer] = blocks;
     }
+    /* the layer's BYTES checksum goes along (every block in order, those
+     * decode holds included): after the last chunk only its blocks are
+     * left to hash.  A chunked run's kind is BYTES: its engine gave no sum
+     * (epd_prefill_compute.c).  No memory: hashed whole at the end */
+    if (x->protocol_only || x->hashed_blocks[layer] >= blocks) {
+        return;
+    }
+    if (x->lhash[layer] == NULL && epd_hash_state_create(0, &x->lhash[layer]) != EPD_OK) {
+        x->lhash[layer] = NULL;
+        return;
+    }
+    for (uint32_t i = x->hashed_blocks[layer]; i < blocks; i++) {
+        uint64_t off;
+
+        if (epd_kv_block_offset(kv, srv->pool.n_blocks, layer, x->local.block_ids[i], &off) ==
+            EPD_OK) {
+            epd_hash_state_update(x->lhash[layer], (const char *)srv->pool.base + off,
+                                  kv->block_bytes);
+        }
+    }
+    x->hashed_blocks[layer] = blocks;
 }
 
 /* Posts layer `layer`'s blocks [sent_blocks, ready_blocks) — final by an
