@@ -170,6 +170,10 @@ typedef struct epd_router_req {
                            * from here, over every attempt */
     uint64_t nw_wait_ns;  /* how long it waited for a pair, once a pair took it */
     int nw_waiting;       /* its last try found no pair */
+    /* no pool of a role could ever hold it (dispatch's EPD_ERR_OUT_OF_RANGE):
+     * the role (EPD_CLIENT_ROLE_*), the tokens it needs there, the largest pool */
+    int never_role;
+    uint64_t never_need, never_limit;
     uint32_t dw_blocks;         /* the attempt's blocks in dw->kv_pending */
     uint64_t t_dispatch_ns;     /* the attempt was submitted */
     uint64_t t_sent_ns;         /* ...read from the clock right after (rule 38's queue end) */

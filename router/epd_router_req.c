@@ -260,6 +260,17 @@ static void epd_router_dispatch_failed(epd_router_t *rt, epd_router_req_t *r, ep
     } else if (st == EPD_ERR_TOO_LONG) {
         epd__router_fail_http(rt, r, EPD_ROUTER_ERR_BAD_REQUEST, 400,
                               "the prompt does not fit in one request-plane message%s%s", "", "");
+    } else if (st == EPD_ERR_OUT_OF_RANGE) {
+        char need[64], limit[96];
+
+        snprintf(need, sizeof(need), "%llu", (unsigned long long)r->never_need);
+        snprintf(limit, sizeof(limit), "%s worker holds %llu",
+                 r->never_role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill",
+                 (unsigned long long)r->never_limit);
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_BAD_REQUEST, 400,
+                              "this request needs %s tokens of KV cache, but the largest %s "
+                              "tokens; please reduce the length of the prompt or max_tokens",
+                              need, limit);
     } else {
         epd__router_fail_http(rt, r, EPD_ROUTER_ERR_UPSTREAM, 502,
                               "cannot submit the request: %s%s", epd_status_string(st), "");
