@@ -61,6 +61,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "epd_daemon.h"
 #include "epd_engine.h"
@@ -83,6 +84,27 @@
 #define EPD_PREFILL_LOG "prefill"
 #define EPD_PREFILL_STASH_MAX 256 /* reservations that came before their request */
 #define EPD_PREFILL_TOMB_MAX 4096 /* recently aborted / failed request ids */
+/* --prefill-chunk-tokens defaults per engine.  sim models a GPU, where 8k
+ * tokens per step is what the field runs (vLLM's max_num_batched_tokens,
+ * SGLang's chunked-prefill-size); ref is the CPU reference, slow per
+ * token: 2k keeps a short prompt's wait behind a long one near a second
+ * at its test scales.  Other engines: off until measured. */
+#define EPD_PREFILL_CHUNK_SIM 8192u
+#define EPD_PREFILL_CHUNK_REF 2048u
+#define EPD_PREFILL_CHUNK_DEFAULTS "ref 2048, sim 8192, others 0"
+
+/* The default chunk of engine `name` (0: off).  Pure. */
+static inline uint32_t epd_prefill_chunk_default(const char *name)
+{
+    if (name != NULL && strcmp(name, "sim") == 0) {
+        return EPD_PREFILL_CHUNK_SIM;
+    }
+    if (name != NULL && strcmp(name, "ref") == 0) {
+        return EPD_PREFILL_CHUNK_REF;
+    }
+    return 0;
+}
+
 /* --write-group-bytes default: every layer as it finishes.  Measured with
  * `epd-bench overhead --groups per-layer,64K,256K,1M,4M,1024M` at 128, 256
  * and 1k tokens on shm and TCP (docs/benchmarks/overhead.md of the time): no
@@ -283,6 +305,19 @@ struct epd_prefill_xfer {
      * transfer is the one that stops the process once its later layers are
      * computed (0: not armed for it) */
     int fault_pause;
+    int cur_begun; /* the cursor's layer (post_layer) began: checksum taken */
+    /* per-chunk streaming of a chunked run (attention layers, [n_layers]
+     * each): blocks [0, ready_blocks) are final by an earlier chunk, [0,
+     * sent_blocks) were posted ahead of the layer's end, and srun is the
+     * run that holds block sent_blocks (a cursor: O(chunk) per chunk) */
+    uint32_t *ready_blocks;
+    uint32_t *sent_blocks;
+    uint32_t *srun;
+    /* ... and the layer's BYTES checksum over blocks [0, hashed_blocks),
+     * hashed as they become final (NULL: none yet, or no memory for it —
+     * then the whole layer is hashed at its end, as unchunked) */
+    epd_hash_state_t **lhash;
+    uint32_t *hashed_blocks;
 };
 
 /* -------------------------------------------------------------- request */
@@ -359,6 +394,7 @@ typedef struct epd_prefill_srv {
      * this many of their bytes wait (0: every layer at once); after compute
      * everything left goes at once */
     uint64_t write_group_bytes;
+    uint32_t chunk_tokens; /* --prefill-chunk-tokens, resolved (0: off) */
     /* after each layer's writes, a LayerDone (landed) fenced behind them, so
      * decode verifies that layer while the next ones compute */
     int layer_notify;
@@ -614,6 +650,12 @@ epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
  * call again at the next pump).  EPD_OK; EPD_ERR_NO_RESOURCE when the
  * transport pushed back (the cursor stays: post again after room was made);
  * another error with msg[0..cap) when the transfer cannot go on. */
+/* An earlier chunk of a chunked run made layer `layer`'s attention rows
+ * [0, final_tokens) final: its full blocks may go to decode now (posted by
+ * the next epd__prefill_xfer_post).  Loop thread. */
+void epd__prefill_xfer_chunk_ready(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint32_t layer,
+                                   uint32_t final_tokens);
+
 epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
                                     uint32_t layers_done, int compute_done, char *msg, size_t cap);
 /* PrefillComplete{first_token, n_tokens, checksums, times (borrowed; rule 38)},

@@ -735,9 +735,14 @@ void epd__prefill_req_on_event(void *arg, epd_prefill_ev_t *ev)
 
     switch (ev->kind) {
     case EPD_PREFILL_EV_LAYER:
-        req->layers_done = ev->layer + 1;
-        if (ev->layer == 0) {
-            req->t_first_layer_ns = epd_time_now_ns();
+        if (ev->final_tokens != 0) {
+            /* an earlier chunk: its full blocks of this layer may go now */
+            epd__prefill_xfer_chunk_ready(srv, &req->xfer, ev->layer, ev->final_tokens);
+        } else {
+            req->layers_done = ev->layer + 1;
+            if (ev->layer == 0) {
+                req->t_first_layer_ns = epd_time_now_ns();
+            }
         }
         /* the lean path: post this layer's writes right here, at the top of
          * the loop, while the compute thread runs the next layer */
@@ -790,6 +795,8 @@ void epd__prefill_req_on_event(void *arg, epd_prefill_ev_t *ev)
     case EPD_PREFILL_EV_RELEASED:
         req->released = 1;
         break;
+    case EPD_PREFILL_EV_CHUNK:
+        return; /* the compute module's own: never handed here */
     }
     epd_prefill_dirty(srv, req);
 }

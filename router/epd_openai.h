@@ -60,8 +60,15 @@
  *   cache_salt         (extension, as vLLM's) a string of 1..256 bytes: the
  *                      request's prompt blocks are cached in a namespace of
  *                      their own, shared only with requests of the same salt
+ *   add_generation_prompt (chat, extension as vLLM's) boolean, default true
+ *   chat_template_kwargs  (chat, extension as vLLM's) an object; its
+ *                      "enable_thinking" (boolean, default true) is Qwen3's
+ *                      switch; other keys are ignored
  *
- * Chat template (documented, simple, model-agnostic): each message becomes
+ * Chat template.  The router renders the messages with the model's own
+ * template when its folder has one (engine/epd_chat.h: msgs below locate
+ * each message's role and content).  Otherwise, and in `prompt` always
+ * (documented, simple, model-agnostic): each message becomes
  * "<|ROLE|>\nCONTENT\n" in order (text parts of an array content are
  * concatenated), and the prompt ends with "<|assistant|>\n".  An image part
  * adds no text: it is recorded with the byte offset of the rendered prompt
@@ -118,6 +125,12 @@ typedef struct {
     uint32_t part;
 } epd_oai_image_t;
 
+/* One chat message: byte ranges of the request's prompt. */
+typedef struct {
+    size_t role_off, role_len;
+    size_t content_off, content_len;
+} epd_oai_msg_t;
+
 typedef struct {
     epd_oai_kind_t kind;
     char *model;        /* owned */
@@ -132,6 +145,11 @@ typedef struct {
     double temperature;
     double top_p;
     int64_t top_k; /* 0: off */
+    /* nonzero: the request gave the value (else it holds the API default,
+     * which a model folder's generation_config.json may replace) */
+    int has_temperature;
+    int has_top_p;
+    int has_top_k;
     int64_t seed;
     int has_seed;
     int stream;
@@ -155,6 +173,13 @@ typedef struct {
     int ignore_eos;
     uint32_t *stop_token_ids; /* owned [n_stop_token_ids] */
     size_t n_stop_token_ids;
+    /* chat: message i's role and content as byte ranges of prompt (the
+     * plain rendering holds both verbatim), for a model's own template;
+     * owned [n_msgs] */
+    epd_oai_msg_t *msgs;
+    size_t n_msgs;
+    int add_generation_prompt; /* chat; default 1 */
+    int enable_thinking;       /* chat_template_kwargs.enable_thinking; default 1 */
 } epd_oai_request_t;
 
 typedef struct {

@@ -91,6 +91,7 @@ void epd_oai_request_destroy(epd_oai_request_t *req)
     epd_free(req->bias_values);
     epd_free(req->stop_token_ids);
     epd_free(req->prompt_ids);
+    epd_free(req->msgs);
     epd_free(req);
 }
 
@@ -401,6 +402,11 @@ static epd_status_t epd_oai_parse_messages(json_t *root, epd_oai_request_t *req,
         return EPD_ERR_INVALID_PARAM;
     }
     req->prompt = epd_malloc(total + 1);
+    req->msgs = epd_calloc(json_array_size(msgs), sizeof(*req->msgs));
+    if (req->msgs == NULL) {
+        epd_oai_oom_error(err);
+        return EPD_ERR_NO_MEMORY;
+    }
     if (total_images > 0) {
         req->images = epd_calloc(total_images, sizeof(*req->images));
     }
@@ -413,12 +419,17 @@ static epd_status_t epd_oai_parse_messages(json_t *root, epd_oai_request_t *req,
         const char *r = json_string_value(json_object_get(m, "role"));
         size_t clen, cimg;
 
+        req->msgs[i].role_off = pos + 2;
+        req->msgs[i].role_len = strlen(r);
         pos += (size_t)sprintf(req->prompt + pos, "<|%s|>\n", r);
         status = epd_oai_message_content(epd_oai_opt_field(m, "content"), i, req->prompt + pos, pos,
                                          req, &clen, &cimg, err);
         if (status != EPD_OK) {
             return status; /* out of memory only: pass 1 validated everything */
         }
+        req->msgs[i].content_off = pos;
+        req->msgs[i].content_len = clen;
+        req->n_msgs = i + 1;
         pos += clen;
         req->prompt[pos++] = '\n';
     }
@@ -576,6 +587,30 @@ static epd_status_t epd_oai_parse_fields(epd_oai_kind_t kind, json_t *root,
     if (status != EPD_OK) {
         return status;
     }
+    req->add_generation_prompt = 1;
+    req->enable_thinking = 1;
+    if (kind == EPD_OAI_CHAT) {
+        /* vLLM's extensions for the model's chat template */
+        json_t *kw = epd_oai_opt_field(root, "chat_template_kwargs");
+
+        status = epd_oai_parse_bool(root, "add_generation_prompt", "add_generation_prompt",
+                                    &req->add_generation_prompt, err);
+        if (status != EPD_OK) {
+            return status;
+        }
+        if (kw != NULL && !json_is_object(kw)) {
+            epd_oai_type_error(err, "chat_template_kwargs", "an object", kw);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        if (kw != NULL) {
+            status =
+                epd_oai_parse_bool(kw, "enable_thinking", "chat_template_kwargs.enable_thinking",
+                                   &req->enable_thinking, err);
+            if (status != EPD_OK) {
+                return status;
+            }
+        }
+    }
 
     if (epd_oai_opt_field(root, "max_completion_tokens") != NULL) {
         json_t *a = epd_oai_opt_field(root, "max_tokens");
@@ -633,6 +668,9 @@ static epd_status_t epd_oai_parse_fields(epd_oai_kind_t kind, json_t *root,
             req->top_k = 0;
         }
     }
+    req->has_temperature = epd_oai_opt_field(root, "temperature") != NULL;
+    req->has_top_p = epd_oai_opt_field(root, "top_p") != NULL;
+    req->has_top_k = epd_oai_opt_field(root, "top_k") != NULL;
     status = epd_oai_parse_int(root, "seed", &req->seed, &req->has_seed, err);
     if (status != EPD_OK) {
         return status;

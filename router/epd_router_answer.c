@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "epd_alloc.h"
+#include "epd_log.h"
 #include "epd_router_int.h"
 #include "epd_time.h"
 
@@ -229,13 +230,78 @@ void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish
     r->http = NULL; /* finished: the fact the request's step reads */
 }
 
+/* Makes room for `more` bytes after r->text_len.  0, or -1 out of memory. */
+static int epd_router_text_reserve(epd_router_req_t *r, size_t more)
+{
+    if (r->text_len + more + 1 > r->text_cap) {
+        size_t cap = (r->text_len + more + 1) * 2 + 64;
+        char *p = epd_realloc(r->text, cap);
+
+        if (p == NULL) {
+            return -1;
+        }
+        r->text = p;
+        r->text_cap = cap;
+    }
+    return 0;
+}
+
+/* The model folder's tokenizer: each id through the request's stream
+ * decoder (special tokens and the ids it names no token for give nothing,
+ * as epd_engine_detokenize). */
+static int epd_router_text_append_tok(epd_router_t *rt, epd_router_req_t *r,
+                                      const epd_tokenizer_t *tok, const uint32_t *ids, uint32_t n)
+{
+    size_t step = epd_tokenizer_max_token_bytes(tok) + 4;
+
+    for (uint32_t i = 0; i < n; i++) {
+        size_t got = 0;
+
+        if (ids[i] >= rt->info->vocab_size) {
+            epd_log_error(EPD_ROUTER_LOG, 0, "token id %u outside the vocabulary of %u", ids[i],
+                          rt->info->vocab_size);
+            return -1;
+        }
+        if (epd_tokenizer_id_bytes(tok, (int32_t)ids[i], &got, NULL) == NULL) {
+            continue;
+        }
+        if (epd_router_text_reserve(r, step) != 0 ||
+            epd_tokenizer_stream_push(tok, &r->detok, (int32_t)ids[i], r->text + r->text_len,
+                                      r->text_cap - r->text_len, &got) != EPD_OK) {
+            return -1;
+        }
+        r->text_len += got;
+    }
+    return 0;
+}
+
+int epd__router_text_flush(epd_router_t *rt, epd_router_req_t *r)
+{
+    size_t got = 0;
+
+    if (epd_engine_tokenizer(rt->engine) == NULL || r->detok.n_held == 0) {
+        return 0;
+    }
+    if (epd_router_text_reserve(r, sizeof(r->detok.held)) != 0 ||
+        epd_tokenizer_stream_finish(&r->detok, r->text + r->text_len, r->text_cap - r->text_len,
+                                    &got) != EPD_OK) {
+        return -1;
+    }
+    r->text_len += got;
+    return 0;
+}
+
 int epd__router_text_append(epd_router_t *rt, epd_router_req_t *r, const uint32_t *ids, uint32_t n)
 {
+    const epd_tokenizer_t *tok = epd_engine_tokenizer(rt->engine);
     size_t len = 0;
     epd_status_t st;
 
     if (n == 0) {
         return 0;
+    }
+    if (tok != NULL) {
+        return epd_router_text_append_tok(rt, r, tok, ids, n);
     }
     if (rt->tok_scratch_cap < n) {
         int32_t *p = epd_realloc(rt->tok_scratch, (size_t)n * 2 * sizeof(*p));
@@ -266,18 +332,8 @@ int epd__router_text_append(epd_router_t *rt, epd_router_req_t *r, const uint32_
             rt->detok_scratch_cap = cap;
         }
     }
-    if (st != EPD_OK) {
+    if (st != EPD_OK || epd_router_text_reserve(r, len) != 0) {
         return -1;
-    }
-    if (r->text_len + len + 1 > r->text_cap) {
-        size_t cap = (r->text_len + len + 1) * 2 + 64;
-        char *p = epd_realloc(r->text, cap);
-
-        if (p == NULL) {
-            return -1;
-        }
-        r->text = p;
-        r->text_cap = cap;
     }
     memcpy(r->text + r->text_len, rt->detok_scratch, len);
     r->text_len += len;

@@ -13,7 +13,9 @@
  * scratch stay bounded by the context, not by the body), check its images
  * (count, size, format, pixels: the header only), tokenize with the
  * engine's tokenizer (BOS added, as epd-generate does; each image's
- * placeholder tokens where it stands), check the length, and hand the
+ * placeholder tokens where it stands; a chat through the model's own
+ * template, engine/epd_chat.h, as epd-tokenize --chat --ids gives it),
+ * check the length, and hand the
  * request to epd_router_req.c, which owns it from there (its state, its
  * attempts, retries and events): built here PARSED, as epd_calloc leaves
  * it; this file records its facts and never sets its state.  Generated text equals epd-generate's for the same
@@ -99,6 +101,72 @@ static int epd_router_prompt_ids(epd_router_t *rt, const epd_oai_request_t *oai,
     return 0;
 }
 
+/* A chat request through the model's own template (rt->chat): the
+ * messages rendered into rt->chat_prompt, whose length *len_p is, for the
+ * byte bound, what tokenizing reads.  0, or -1 out of memory. */
+static int epd_router_render_chat(epd_router_t *rt, const epd_oai_request_t *oai, size_t *len_p)
+{
+    epd_chat_options_t opt;
+
+    if (rt->chat_msgs_cap < oai->n_msgs) {
+        epd_chat_message_t *m = epd_realloc(rt->chat_msgs, oai->n_msgs * sizeof(*m));
+
+        if (m == NULL) {
+            return -1;
+        }
+        rt->chat_msgs = m;
+        rt->chat_msgs_cap = oai->n_msgs;
+    }
+    for (size_t i = 0; i < oai->n_msgs; i++) {
+        const epd_oai_msg_t *om = &oai->msgs[i];
+        epd_chat_message_t *m = &rt->chat_msgs[i];
+
+        m->role = oai->prompt + om->role_off;
+        m->role_len = om->role_len;
+        m->content = oai->prompt + om->content_off;
+        m->content_len = om->content_len;
+        m->reasoning = NULL;
+        m->reasoning_len = 0;
+    }
+    epd_chat_options_init(&opt);
+    opt.add_generation_prompt = oai->add_generation_prompt;
+    opt.enable_thinking = oai->enable_thinking;
+    if (epd_chat_render(rt->chat, rt->chat_msgs, oai->n_msgs, &opt, &rt->chat_prompt) != EPD_OK) {
+        return -1;
+    }
+    *len_p = rt->chat_prompt.len;
+    return 0;
+}
+
+/* The ids of rt->chat_prompt: the template's special tokens one id each,
+ * a user's text that spells one plain text (epd_chat_tokenize), nothing
+ * added (the template wrote the bos it wants).  The loop thread is the
+ * router's only encoder, so the engine's tokenizer is used directly.
+ * 0, or -1. */
+static int epd_router_tokenize_chat(epd_router_t *rt, size_t *n_p)
+{
+    epd_tokenizer_t *tok = (epd_tokenizer_t *)epd_engine_tokenizer(rt->engine);
+    size_t cap = rt->chat_prompt.len + 2;
+    epd_status_t st;
+
+    for (;;) {
+        if (rt->tok_scratch_cap < cap) {
+            int32_t *p = epd_realloc(rt->tok_scratch, cap * sizeof(*p));
+
+            if (p == NULL) {
+                return -1;
+            }
+            rt->tok_scratch = p;
+            rt->tok_scratch_cap = cap;
+        }
+        st = epd_chat_tokenize(&rt->chat_prompt, tok, rt->tok_scratch, rt->tok_scratch_cap, n_p);
+        if (st != EPD_ERR_TOO_LONG) {
+            return st == EPD_OK ? 0 : -1;
+        }
+        cap = *n_p;
+    }
+}
+
 /* The prompt of a request with images: BOS, the text before image 0, its
  * image_embeddings placeholder tokens, the text up to image 1, ... (as
  * epd_engine_tokenize_images does with "<|image|>" markers, so the tokens
@@ -140,6 +208,21 @@ static int epd_router_tokenize_images(epd_router_t *rt, const epd_oai_request_t 
     }
     *n_p = n;
     return 0;
+}
+
+/* The model folder's default sampling (generation_config.json) where the
+ * request gives none, as vLLM: a value the request gives always wins. */
+static void epd_router_apply_gen_defaults(const epd_gen_defaults_t *g, epd_oai_request_t *oai)
+{
+    if (!oai->has_temperature && g->has_temperature) {
+        oai->temperature = g->temperature;
+    }
+    if (!oai->has_top_p && g->has_top_p) {
+        oai->top_p = g->top_p;
+    }
+    if (!oai->has_top_k && g->has_top_k) {
+        oai->top_k = g->top_k;
+    }
 }
 
 /* The router's own checks of a request's images (rule 13): a model with a
@@ -209,6 +292,8 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
     size_t n_tok = 0;
     int64_t max_new = 0;
     uint64_t now = epd_time_now_ns();
+    size_t prompt_len;
+    int use_chat;
     uint32_t *img_pos = NULL;
     unsigned char (*img_hash)[32] = NULL;
     epd_status_t st;
@@ -222,7 +307,18 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
         epd__router_respond_error(rt, http, &err);
         return;
     }
-    if (rt->max_prompt_bytes != 0 && oai->prompt_len > rt->max_prompt_bytes) {
+    epd_router_apply_gen_defaults(&rt->gen_defaults, oai);
+    /* a model's own chat template (images keep the plain rendering: no
+     * model with a tokenizer.json has a vision encoder) */
+    use_chat = kind == EPD_OAI_CHAT && rt->chat != NULL && oai->n_images == 0;
+    prompt_len = oai->prompt_len;
+    if (use_chat && epd_router_render_chat(rt, oai, &prompt_len) != 0) {
+        rt->m.errors[EPD_ROUTER_ERR_INTERNAL]++;
+        epd__router_respond_simple_error(rt, http, 500, "out of memory");
+        epd_oai_request_destroy(oai);
+        return;
+    }
+    if (rt->max_prompt_bytes != 0 && prompt_len > rt->max_prompt_bytes) {
         const char *what = kind == EPD_OAI_CHAT ? "messages" : "prompt";
 
         rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
@@ -230,7 +326,7 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
                           "This model's maximum context length is %u tokens. However, your %s is "
                           "%zu bytes, more than %llu tokens of this model's tokenizer can hold. "
                           "Please reduce the length of the %s.",
-                          rt->info->max_context, what, oai->prompt_len,
+                          rt->info->max_context, what, prompt_len,
                           (unsigned long long)rt->info->max_context, what);
         epd__router_respond_error(rt, http, &err);
         epd_oai_request_destroy(oai);
@@ -254,9 +350,9 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
     }
     if ((oai->n_images > 0 && (img_pos == NULL || img_hash == NULL)) ||
         (oai->prompt_ids == NULL &&
-         (oai->n_images > 0
-              ? epd_router_tokenize_images(rt, oai, img_pos, &n_tok)
-              : epd_router_tokenize(rt, oai->prompt, oai->prompt_len, &n_tok)) != 0)) {
+         (oai->n_images > 0 ? epd_router_tokenize_images(rt, oai, img_pos, &n_tok)
+          : use_chat        ? epd_router_tokenize_chat(rt, &n_tok)
+                            : epd_router_tokenize(rt, oai->prompt, oai->prompt_len, &n_tok)) != 0)) {
         rt->m.errors[EPD_ROUTER_ERR_INTERNAL]++;
         epd__router_respond_simple_error(rt, http, 500, "cannot tokenize the prompt");
         epd_free(img_pos);
@@ -277,6 +373,7 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
     r = epd_calloc(1, sizeof(*r));
     if (r != NULL) {
         r->prompt = epd_malloc(n_tok * sizeof(*r->prompt));
+        epd_tokenizer_stream_init(&r->detok, EPD_DETOKENIZE_SKIP_SPECIAL);
     }
     if (r == NULL || r->prompt == NULL) {
         if (r != NULL) {

@@ -68,12 +68,15 @@
 #include "epd_client.h"
 #include "epd_daemon.h"
 #include "epd_engine.h"
+#include "epd_gen_config.h"
 #include "epd_http.h"
 #include "epd_openai.h"
 #include "epd_router_metrics.h"
 #include "epd_router_registry.h"
 #include "epd_rng.h"
 #include "epd_rpc.h"
+#include "epd_chat.h"
+#include "epd_tokenizer.h"
 #include "epd_trace.h"
 
 #define EPD_ROUTER_LOG "router"
@@ -170,6 +173,10 @@ typedef struct epd_router_req {
                            * from here, over every attempt */
     uint64_t nw_wait_ns;  /* how long it waited for a pair, once a pair took it */
     int nw_waiting;       /* its last try found no pair */
+    /* no pool of a role could ever hold it (dispatch's EPD_ERR_OUT_OF_RANGE):
+     * the role (EPD_CLIENT_ROLE_*), the tokens it needs there, the largest pool */
+    int never_role;
+    uint64_t never_need, never_limit;
     uint32_t dw_blocks;         /* the attempt's blocks in dw->kv_pending */
     uint64_t t_dispatch_ns;     /* the attempt was submitted */
     uint64_t t_sent_ns;         /* ...read from the clock right after (rule 38's queue end) */
@@ -198,6 +205,11 @@ typedef struct epd_router_req {
     size_t text_len;
     size_t text_cap;
     size_t sent; /* bytes of text already handed to the stream encoder */
+    /* a model folder with tokenizer.json: the ids' bytes go through this
+     * stream decoder, which holds a UTF-8 character split across ids until
+     * it is whole (at most 3 bytes), so r->text never ends in half a
+     * character the next id completes; flushed at a finish by EOS or length */
+    epd_tokenizer_stream_t detok;
     size_t max_stop_len;
     struct epd_router_req *prev, *next; /* all requests (listed from WAITING to DONE) */
 } epd_router_req_t;
@@ -230,7 +242,15 @@ struct epd_router {
     /* state */
     epd_msg_epoch_t epoch; /* the daemon's: Health, RegisterResponse, ids */
     epd_engine_t *engine;  /* tokenizer only */
+    epd_gen_defaults_t gen_defaults; /* the folder's generation_config.json sampling */
     const epd_engine_info_t *info;
+    /* the model's chat template (tokenizer_config.json, or --chat-template);
+     * NULL: chat requests keep the plain "<|role|>" rendering (a folder
+     * without tokenizer.json, or without a chat_template) */
+    epd_chat_template_t *chat;
+    epd_chat_prompt_t chat_prompt; /* a request's rendering (scratch) */
+    epd_chat_message_t *chat_msgs; /* [chat_msgs_cap] (scratch) */
+    size_t chat_msgs_cap;
     /* KV-aware routing: the model's prefix-cache namespace (unsalted),
      * compared with the workers' (RegisterRequest.prefix_root) */
     epd_prefix_hash_t prefix_plain;
@@ -352,6 +372,10 @@ void epd__router_fail_no_workers(epd_router_t *rt, epd_router_req_t *r, uint64_t
 void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish_t finish);
 /* Detokenizes ids[0..n) onto r->text: 0, or -1 out of memory. */
 int epd__router_text_append(epd_router_t *rt, epd_router_req_t *r, const uint32_t *ids, uint32_t n);
+/* The bytes the stream decoder still holds (an incomplete character at
+ * the end of the generation) appended to r->text.  0, or -1 out of
+ * memory. */
+int epd__router_text_flush(epd_router_t *rt, epd_router_req_t *r);
 /* After new text: 1 when a stop string ends the generation (the text cut
  * before it); 0 after streaming what can no longer be part of a match;
  * -1 out of memory. */

@@ -260,6 +260,17 @@ static void epd_router_dispatch_failed(epd_router_t *rt, epd_router_req_t *r, ep
     } else if (st == EPD_ERR_TOO_LONG) {
         epd__router_fail_http(rt, r, EPD_ROUTER_ERR_BAD_REQUEST, 400,
                               "the prompt does not fit in one request-plane message%s%s", "", "");
+    } else if (st == EPD_ERR_OUT_OF_RANGE) {
+        char need[64], limit[96];
+
+        snprintf(need, sizeof(need), "%llu", (unsigned long long)r->never_need);
+        snprintf(limit, sizeof(limit), "%s worker holds %llu",
+                 r->never_role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill",
+                 (unsigned long long)r->never_limit);
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_BAD_REQUEST, 400,
+                              "this request needs %s tokens of KV cache, but the largest %s "
+                              "tokens; please reduce the length of the prompt or max_tokens",
+                              need, limit);
     } else {
         epd__router_fail_http(rt, r, EPD_ROUTER_ERR_UPSTREAM, 502,
                               "cannot submit the request: %s%s", epd_status_string(st), "");
@@ -533,7 +544,10 @@ static epd_router_attempt_next_t epd_router_attempt_over(epd_router_t *rt, epd_r
     if (r->http == NULL) {
         return EPD_ROUTER_ATTEMPT_FINAL;
     }
-    if (ev->finish == EPD_CLIENT_FINISH_LENGTH || ev->finish == EPD_CLIENT_FINISH_STOP) {
+    if ((ev->finish == EPD_CLIENT_FINISH_LENGTH || ev->finish == EPD_CLIENT_FINISH_STOP) &&
+        epd__router_text_flush(rt, r) != 0) {
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_INTERNAL, 500, "out of memory%s%s", "", "");
+    } else if (ev->finish == EPD_CLIENT_FINISH_LENGTH || ev->finish == EPD_CLIENT_FINISH_STOP) {
         epd__router_finish_ok(rt, r,
                               ev->finish == EPD_CLIENT_FINISH_STOP ? EPD_OAI_FINISH_STOP
                                                                    : EPD_OAI_FINISH_LENGTH);

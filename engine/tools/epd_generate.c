@@ -79,9 +79,9 @@ static int epd_gen_fail(const char *what)
 static int epd_gen_print(const epd_gen_args_t *args, epd_engine_t *engine, const int32_t *out,
                          size_t n_out)
 {
-    char *raw;
-    char *text;
-    size_t raw_len;
+    char *raw = NULL;
+    char *text = NULL;
+    size_t raw_len = 0;
     size_t text_len;
     int rc = 1;
 
@@ -92,22 +92,22 @@ static int epd_gen_print(const epd_gen_args_t *args, epd_engine_t *engine, const
         printf("\n");
         return 0;
     }
-    /* a token is one byte (ref) or up to a few hundred (BPE): grow */
-    for (size_t cap = n_out + 1;; cap *= 4) {
+    /* a token of a tokenizer.json spells up to max_token_bytes bytes: the
+     * buffer grows until the text fits (a byte tokenizer fits at once) */
+    for (size_t cap = n_out + 1;; cap *= 2) {
         epd_status_t st;
 
+        epd_free(raw);
         raw = epd_malloc(cap);
         if (raw == NULL) {
-            return 1;
+            goto out;
         }
         st = epd_engine_detokenize(engine, out, n_out, raw, cap, &raw_len);
         if (st == EPD_OK) {
             break;
         }
-        epd_free(raw);
-        raw = NULL;
-        if (st != EPD_ERR_TOO_LONG || cap > ((size_t)1 << 40)) {
-            return 1;
+        if (st != EPD_ERR_TOO_LONG) {
+            goto out;
         }
     }
     text = epd_malloc(EPD_UTF8_REPAIR_MAX(raw_len) + 1);

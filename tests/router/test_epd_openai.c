@@ -173,6 +173,13 @@ static const refusal_t refusals[] = {
      "must not be empty"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400,
      "stop", NULL, "at most 4"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+        "\"add_generation_prompt\": 1}", 400, "add_generation_prompt", NULL, "Invalid type"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+        "\"chat_template_kwargs\": []}", 400, "chat_template_kwargs", NULL, "Invalid type"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+        "\"chat_template_kwargs\": {\"enable_thinking\": \"no\"}}", 400,
+     "chat_template_kwargs.enable_thinking", NULL, "Invalid type"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"stop\": [\"a\", 1]}", 400, "stop", NULL,
      "Invalid type"},
     {H, "{\"model\": \"tiny\"}", 400, "messages", NULL, "Missing required parameter: 'messages'"},
@@ -476,12 +483,40 @@ static void test_chat_template(void **state)
                                      "<|assistant|>\nHello!\n<|user|>\n\n<|assistant|>\n");
     assert_int_equal(req->prompt_len, strlen(req->prompt));
     assert_int_equal(req->max_tokens, 9); /* (with max_tokens too, both must agree) */
+    /* each message's role and content, for a model's own template */
+    assert_int_equal(req->n_msgs, 4);
+    {
+        static const char *const roles[] = {"system", "user", "assistant", "user"};
+        static const char *const contents[] = {"Be brief.", "Hi there", "Hello!", ""};
+
+        for (size_t i = 0; i < 4; i++) {
+            assert_int_equal(req->msgs[i].role_len, strlen(roles[i]));
+            assert_memory_equal(req->prompt + req->msgs[i].role_off, roles[i], strlen(roles[i]));
+            assert_int_equal(req->msgs[i].content_len, strlen(contents[i]));
+            assert_memory_equal(req->prompt + req->msgs[i].content_off, contents[i],
+                                strlen(contents[i]));
+        }
+    }
+    assert_true(req->add_generation_prompt); /* the defaults */
+    assert_true(req->enable_thinking);
     epd_oai_request_destroy(req);
 
     req = parse_ok(
         H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}");
     assert_string_equal(req->prompt, "<|user|>\nq\n<|assistant|>\n");
     assert_false(req->has_max_tokens);
+    epd_oai_request_destroy(req);
+
+    /* vLLM's extensions for the template */
+    req = parse_ok(H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+                      "\"q\"}], \"add_generation_prompt\": false, \"chat_template_kwargs\": "
+                      "{\"enable_thinking\": false, \"other\": 1}}");
+    assert_false(req->add_generation_prompt);
+    assert_false(req->enable_thinking);
+    epd_oai_request_destroy(req);
+    req = parse_ok(H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+                      "\"q\"}], \"chat_template_kwargs\": null}");
+    assert_true(req->enable_thinking);
     epd_oai_request_destroy(req);
 }
 
