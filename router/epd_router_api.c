@@ -210,6 +210,19 @@ static int epd_router_tokenize_images(epd_router_t *rt, const epd_oai_request_t 
     return 0;
 }
 
+int epd__router_tokenize_chat_request(epd_router_t *rt, const epd_oai_request_t *oai, size_t *n_p)
+{
+    size_t len;
+
+    if (oai->n_images > 0) {
+        return -1;
+    }
+    if (rt->chat != NULL) {
+        return epd_router_render_chat(rt, oai, &len) != 0 ? -1 : epd_router_tokenize_chat(rt, n_p);
+    }
+    return epd_router_tokenize(rt, oai->prompt, oai->prompt_len, n_p);
+}
+
 /* The model folder's default sampling (generation_config.json) where the
  * request gives none, as vLLM: a value the request gives always wins. */
 static void epd_router_apply_gen_defaults(const epd_gen_defaults_t *g, epd_oai_request_t *oai)

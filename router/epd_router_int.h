@@ -347,6 +347,10 @@ void epd__router_respond_error(epd_router_t *rt, epd_http_req_t *http, const epd
 void epd__router_tokenize_http(epd_router_t *rt, epd_http_req_t *http);
 void epd__router_detokenize_http(epd_router_t *rt, epd_http_req_t *http);
 void epd__router_version_http(epd_router_t *rt, epd_http_req_t *http);
+/* epd_router_api.c: a chat request without images tokenized into
+ * rt->tok_scratch exactly as /v1/chat/completions tokenizes it (the
+ * model's own template when it has one).  0, or -1 (images, no memory). */
+int epd__router_tokenize_chat_request(epd_router_t *rt, const epd_oai_request_t *oai, size_t *n_p);
 void epd__router_respond_simple_error(epd_router_t *rt, epd_http_req_t *http, int status,
                                       const char *msg);
 /* Ends the HTTP side of `r` with an error (counted as `kind`): an HTTP

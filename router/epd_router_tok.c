@@ -3,11 +3,14 @@
  * and GET /version:
  *
  *   POST /tokenize   {"model"?, "prompt": TEXT, "add_special_tokens"?: true}
+ *                    or {"model", "messages": [...], ...chat fields}
  *                    -> {"count": N, "max_model_len": CONTEXT, "tokens": [ids],
  *                        "token_strs": null}
  *                    The ids are exactly the prompt a /v1/completions request
  *                    with this text sends to the workers (BOS added unless
- *                    add_special_tokens is false).
+ *                    add_special_tokens is false), or a
+ *                    /v1/chat/completions request with these messages (its
+ *                    body's fields and refusals; no images).
  *   POST /detokenize {"model"?, "tokens": [ids]} -> {"prompt": TEXT}
  *                    TEXT repaired as generated text is (one U+FFFD per
  *                    invalid UTF-8 sequence), special tokens producing nothing.
@@ -103,11 +106,69 @@ static json_t *epd_router_tok_body(epd_router_t *rt, epd_http_req_t *http, const
     return root;
 }
 
+/* POST /tokenize with "messages": the body read as a chat completion's
+ * (the same fields and refusals; "model" required), tokenized as one. */
+static void epd_router_tokenize_chat_http(epd_router_t *rt, epd_http_req_t *http)
+{
+    const char *models[1] = {rt->model_name};
+    epd_oai_request_t *oai = NULL;
+    epd_oai_error_t err;
+    size_t len = 0;
+    const char *body = epd_http_req_body(http, &len);
+    json_t *ids;
+    json_t *out;
+    size_t n = 0;
+
+    if (epd_oai_request_parse_limited(EPD_OAI_CHAT, body, len, models, 1, rt->info->max_context,
+                                      &rt->json_limits, &oai, &err) != EPD_OK) {
+        epd_router_tok_bad(rt, http, &err);
+        return;
+    }
+    if (oai->n_images > 0) {
+        epd_oai_error_set(&err, 400, "messages", NULL,
+                          "/tokenize does not take images (their placeholders are the "
+                          "router's).");
+        epd_oai_request_destroy(oai);
+        epd_router_tok_bad(rt, http, &err);
+        return;
+    }
+    if (epd__router_tokenize_chat_request(rt, oai, &n) != 0) {
+        epd_oai_request_destroy(oai);
+        epd_router_tok_answer(rt, http, NULL);
+        return;
+    }
+    epd_oai_request_destroy(oai);
+    ids = json_array();
+    for (size_t i = 0; ids != NULL && i < n; i++) {
+        if (json_array_append_new(ids, json_integer(rt->tok_scratch[i])) != 0) {
+            json_decref(ids);
+            ids = NULL;
+        }
+    }
+    out = ids == NULL ? NULL
+                      : json_pack("{s:I,s:I,s:o,s:n}", "count", (json_int_t)n, "max_model_len",
+                                  (json_int_t)rt->info->max_context, "tokens", ids, "token_strs");
+    epd_router_tok_answer(rt, http, out);
+}
+
+/* Whether the body (a JSON object, judged cheaply: the parse that follows
+ * decides) has a top-level "messages" key. */
+static int epd_router_tok_has_messages(epd_http_req_t *http)
+{
+    size_t len = 0;
+    const char *body = epd_http_req_body(http, &len);
+    json_t *root = body != NULL ? json_loadb(body, len, 0, NULL) : NULL;
+    int has = json_is_object(root) && json_object_get(root, "messages") != NULL;
+
+    json_decref(root);
+    return has;
+}
+
 void epd__router_tokenize_http(epd_router_t *rt, epd_http_req_t *http)
 {
     static const char *const keys[] = {"model", "prompt", "add_special_tokens"};
     epd_oai_error_t err;
-    json_t *root = epd_router_tok_body(rt, http, keys, 3);
+    json_t *root;
     json_t *prompt;
     json_t *special;
     json_t *ids;
@@ -116,6 +177,11 @@ void epd__router_tokenize_http(epd_router_t *rt, epd_http_req_t *http)
     int add_bos = 1;
     epd_status_t st;
 
+    if (epd_router_tok_has_messages(http)) {
+        epd_router_tokenize_chat_http(rt, http);
+        return;
+    }
+    root = epd_router_tok_body(rt, http, keys, 3);
     if (root == NULL) {
         return;
     }

@@ -167,7 +167,16 @@ for text in ["Hello", "caf\u00e9 \u2603 ok", "the the the"]:
         b = complete(dict({"model": "m", "prompt": t["tokens"], "max_tokens": 8}, **fields))
         c = complete(dict({"model": "m", "prompt": [t["tokens"]], "max_tokens": 8}, **fields))
         assert a == b == c, (text, fields, a, b, c)
-print("ok /tokenize -> /detokenize round trips; token-id prompts == their text")
+msgs2 = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+st, t = post_json("/tokenize", {"model": "m", "messages": msgs2})
+assert st == 200, (st, t)
+st, d = post_json("/detokenize", {"tokens": t["tokens"]})
+assert d["prompt"] == "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n", d
+st, data = post({"model": "m", "messages": msgs2, "max_tokens": 2}, "/v1/chat/completions")
+assert st == 200 and json.loads(data)["usage"]["prompt_tokens"] == t["count"], (st, data, t)
+st, e = post_json("/tokenize", {"model": "m", "messages": msgs2, "tools": [{"type": "x"}]})
+assert st == 400 and e["error"]["param"] == "tools", (st, e)
+print("ok /tokenize -> /detokenize round trips; token-id prompts == their text; messages")
 for body, path, param in [({"prompt": 5}, "/tokenize", "prompt"),
                           ({"prompt": "x", "bogus": 1}, "/tokenize", "bogus"),
                           ({"tokens": [1, 258]}, "/detokenize", "tokens"),
