@@ -689,6 +689,19 @@ static void test_response_encode(void **state)
     assert_int_equal(json_integer_value(json_object_get(usage, "prompt_tokens")), 5);
     assert_int_equal(json_integer_value(json_object_get(usage, "completion_tokens")), 7);
     assert_int_equal(json_integer_value(json_object_get(usage, "total_tokens")), 12);
+    assert_null(json_object_get(usage, "prompt_tokens_details")); /* -1: unknown */
+    json_decref(root);
+
+    /* cached tokens known: usage.prompt_tokens_details.cached_tokens */
+    epd_oai_buf_reset(&buf);
+    assert_int_equal(
+        epd_oai_response_encode(C, id, "tiny", 1, "x", 1, EPD_OAI_FINISH_STOP, 40, 1, 32, &buf),
+        EPD_OK);
+    root = load(buf.data, buf.len);
+    usage = json_object_get(root, "usage");
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(usage, "prompt_tokens_details"), "cached_tokens")),
+                     32);
     json_decref(root);
 
     epd_oai_buf_reset(&buf);
@@ -717,6 +730,13 @@ static void test_response_encode(void **state)
     assert_string_equal(jstr(choice, "object"), "model");
     assert_string_equal(jstr(choice, "owned_by"), "epd");
     assert_int_equal(json_integer_value(json_object_get(choice, "created")), 42);
+    assert_null(json_object_get(choice, "max_model_len")); /* 0: left out */
+    json_decref(root);
+    epd_oai_buf_reset(&buf);
+    assert_int_equal(epd_oai_models_encode(models, N_MODELS, 42, 1024, &buf), EPD_OK);
+    root = load(buf.data, buf.len);
+    choice = json_array_get(json_object_get(root, "data"), 0);
+    assert_int_equal(json_integer_value(json_object_get(choice, "max_model_len")), 1024);
     json_decref(root);
     epd_oai_buf_cleanup(&buf);
 }
