@@ -299,3 +299,48 @@ epd_status_t epd_sample_adjust(const epd_sample_adjust_t *a, epd_sample_scratch_
     }
     return EPD_OK;
 }
+
+epd_status_t epd_sample_logprobs(const float *logits, uint32_t vocab, int32_t token, uint32_t k,
+                                 epd_sample_logprob_t *out)
+{
+    double mx;
+    double sum = 0.0;
+    double lse;
+    uint32_t n = 0;
+
+    if (logits == NULL || out == NULL || vocab == 0 || token < 0 || (uint32_t)token >= vocab ||
+        k > EPD_SAMPLE_MAX_LOGPROBS) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    /* the very operations of epd-generate's epd_gen_jsonl, in its order */
+    mx = logits[0];
+    for (uint32_t i = 1; i < vocab; i++) {
+        mx = logits[i] > mx ? logits[i] : mx;
+    }
+    for (uint32_t i = 0; i < vocab; i++) {
+        sum += exp((double)logits[i] - mx);
+    }
+    lse = mx + log(sum);
+    out->logprob = (double)logits[token] - lse;
+    /* the k best in one pass: a sorted list of at most k ids (a later id
+     * enters only when strictly better, so ties keep the lower id first) */
+    for (uint32_t i = 0; i < vocab && k > 0; i++) {
+        uint32_t at;
+
+        if (n == k && !(logits[i] > logits[out->top_ids[n - 1]])) {
+            continue;
+        }
+        at = n < k ? n : k - 1;
+        while (at > 0 && logits[i] > logits[out->top_ids[at - 1]]) {
+            out->top_ids[at] = out->top_ids[at - 1];
+            at--;
+        }
+        out->top_ids[at] = i;
+        n += n < k;
+    }
+    out->n_top = n;
+    for (uint32_t j = 0; j < n; j++) {
+        out->top_logprobs[j] = (double)logits[out->top_ids[j]] - lse;
+    }
+    return EPD_OK;
+}

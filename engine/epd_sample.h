@@ -102,6 +102,26 @@ void epd_sample_params_default(epd_sample_params_t *params_p);
 /* EPD_OK when the parameters are in range; EPD_ERR_INVALID_PARAM otherwise. */
 epd_status_t epd_sample_params_check(const epd_sample_params_t *params);
 
+/* Log-probabilities of one generated token, as an OpenAI answer reports
+ * them: the log-softmax of the raw logits (before temperature, penalties
+ * and bias; as epd-generate --jsonl prints them), of the token and of the
+ * n_top most likely ids (best first; ties: lower id first). */
+#define EPD_SAMPLE_MAX_LOGPROBS 20
+
+typedef struct {
+    double logprob;
+    uint32_t n_top;
+    uint32_t top_ids[EPD_SAMPLE_MAX_LOGPROBS];
+    double top_logprobs[EPD_SAMPLE_MAX_LOGPROBS];
+} epd_sample_logprob_t;
+
+/* Fills *out for `token` of logits[0..vocab) (borrowed) with the k (<=
+ * EPD_SAMPLE_MAX_LOGPROBS) best alternatives: log-softmax computed in
+ * double as mx + log(sum exp(l - mx)), bit for bit epd-generate --jsonl's.
+ * O(vocab * log k).  EPD_ERR_INVALID_PARAM for bad arguments.  Pure. */
+epd_status_t epd_sample_logprobs(const float *logits, uint32_t vocab, int32_t token, uint32_t k,
+                                 epd_sample_logprob_t *out);
+
 /* Per-thread scratch sized for one vocabulary (top-k / top-p sort space). */
 typedef struct epd_sample_scratch epd_sample_scratch_t;
 

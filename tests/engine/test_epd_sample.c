@@ -315,6 +315,53 @@ static void test_adjust_matches_reference(void **state)
     }
 }
 
+/* epd_sample_logprobs against the k-pass reference epd-generate --jsonl
+ * uses (ties: lower id first), logits with ties included */
+static void test_logprobs_match_reference(void **state)
+{
+    float lg[V];
+    epd_sample_logprob_t lp;
+
+    (void)state;
+    memcpy(lg, logits, sizeof(lg));
+    lg[3] = lg[11]; /* a tie with the best */
+    lg[5] = lg[7];
+    for (uint32_t k = 0; k <= V && k <= EPD_SAMPLE_MAX_LOGPROBS; k++) {
+        double mx = lg[0], sum = 0.0, lse;
+        float prev = INFINITY;
+        int32_t prev_id = -1;
+
+        for (int i = 1; i < V; i++) {
+            mx = lg[i] > mx ? lg[i] : mx;
+        }
+        for (int i = 0; i < V; i++) {
+            sum += exp((double)lg[i] - mx);
+        }
+        lse = mx + log(sum);
+        assert_int_equal(epd_sample_logprobs(lg, V, 6, k, &lp), EPD_OK);
+        assert_true(lp.logprob == (double)lg[6] - lse);
+        assert_int_equal(lp.n_top, k);
+        for (uint32_t j = 0; j < k; j++) {
+            int32_t best = -1;
+
+            for (int i = 0; i < V; i++) {
+                int after = lg[i] < prev || (lg[i] == prev && i > prev_id);
+
+                if (after && (best < 0 || lg[i] > lg[best])) {
+                    best = i;
+                }
+            }
+            assert_int_equal(lp.top_ids[j], best);
+            assert_true(lp.top_logprobs[j] == (double)lg[best] - lse);
+            prev = lg[best];
+            prev_id = best;
+        }
+    }
+    assert_int_equal(epd_sample_logprobs(lg, V, V, 1, &lp), EPD_ERR_INVALID_PARAM);
+    assert_int_equal(epd_sample_logprobs(lg, V, 0, EPD_SAMPLE_MAX_LOGPROBS + 1, &lp),
+                     EPD_ERR_INVALID_PARAM);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -325,6 +372,7 @@ int main(void)
         cmocka_unit_test(test_reproducible),
         cmocka_unit_test(test_refuses_bad_input),
         cmocka_unit_test(test_adjust_matches_reference),
+        cmocka_unit_test(test_logprobs_match_reference),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);
