@@ -70,9 +70,10 @@ epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
         return EPD_ERR_EXISTS;
     }
     /* one allocation: the struct, the per-layer checks and sums (8-aligned
-     * right after it), tokens, block ids, stop ids, the prompt (to resume
-     * it), per-layer states */
+     * right after it), the tokens' logprobs (when asked), tokens, block ids, stop ids, the prompt
+     * (to resume it), per-layer states */
     sz = sizeof(*req) + (size_t)kv->n_layers * (sizeof(epd_decode_vjob_t) + sizeof(uint64_t)) +
+         (sp->logprobs > 0 ? (size_t)max_tokens * sizeof(epd_sample_logprob_t) : 0) +
          (size_t)max_tokens * sizeof(int32_t) + (size_t)max_blocks * sizeof(uint32_t) +
          (size_t)n_stop * sizeof(uint32_t) + (keep ? (size_t)n_prompt * sizeof(uint32_t) : 0) +
          kv->n_layers;
@@ -83,7 +84,13 @@ epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
     }
     req->vjobs = (epd_decode_vjob_t *)(req + 1);
     req->kv.sums = (uint64_t *)(req->vjobs + kv->n_layers);
-    req->seq.tokens = (int32_t *)(req->kv.sums + kv->n_layers);
+    /* (8-aligned after the sums): each token's logprobs when asked */
+    req->seq.lps = sp->logprobs > 0 ? (epd_sample_logprob_t *)(req->kv.sums + kv->n_layers) : NULL;
+    req->seq.tokens =
+        (int32_t *)(req->kv.sums + kv->n_layers +
+                    (sp->logprobs > 0
+                         ? (size_t)max_tokens * sizeof(epd_sample_logprob_t) / sizeof(uint64_t)
+                         : 0));
     req->blocks = (uint32_t *)(req->seq.tokens + max_tokens);
     req->stop_ids = req->blocks + max_blocks;
     req->prompt = grows ? req->stop_ids + n_stop : NULL;

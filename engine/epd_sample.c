@@ -17,6 +17,7 @@ struct epd_sample_scratch {
     double *probs; /* [vocab] indexed by id */
     uint32_t *counts; /* [vocab] epd_sample_adjust: all 0 between calls */
     uint8_t *seen;    /* [vocab] epd_sample_adjust: all 0 between calls */
+    float *logits;    /* [vocab] epd_sample_scratch_logits */
 };
 
 void epd_sample_params_default(epd_sample_params_t *p)
@@ -32,6 +33,12 @@ void epd_sample_params_default(epd_sample_params_t *p)
     p->ignore_eos = 0;
     p->n_bias = 0;
     p->n_stop_ids = 0;
+    p->logprobs = 0;
+}
+
+float *epd_sample_scratch_logits(epd_sample_scratch_t *s)
+{
+    return s->logits;
 }
 
 void epd_sample_adjust_of(const epd_sample_params_t *p, const int32_t *eos_ids, uint32_t n_eos,
@@ -75,7 +82,9 @@ epd_status_t epd_sample_scratch_create(uint32_t vocab, epd_sample_scratch_t **sc
     s->probs = epd_calloc(vocab, sizeof(*s->probs));
     s->counts = epd_calloc(vocab, sizeof(*s->counts));
     s->seen = epd_calloc(vocab, sizeof(*s->seen));
-    if (s->ids == NULL || s->probs == NULL || s->counts == NULL || s->seen == NULL) {
+    s->logits = epd_calloc(vocab, sizeof(*s->logits));
+    if (s->ids == NULL || s->probs == NULL || s->counts == NULL || s->seen == NULL ||
+        s->logits == NULL) {
         epd_sample_scratch_destroy(s);
         return EPD_ERR_NO_MEMORY;
     }
@@ -88,6 +97,7 @@ void epd_sample_scratch_destroy(epd_sample_scratch_t *s)
     if (s == NULL) {
         return;
     }
+    epd_free(s->logits);
     epd_free(s->seen);
     epd_free(s->counts);
     epd_free(s->probs);

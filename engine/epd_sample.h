@@ -87,6 +87,7 @@ typedef struct {
     int ignore_eos; /* not the sampler's: decode's stop rule reads it */
     uint32_t n_bias;
     epd_sample_bias_t bias[EPD_SAMPLE_MAX_BIAS];
+    uint32_t logprobs;   /* 0: none; 1 + k: the token's logprob and its k best */
     uint32_t n_stop_ids; /* the request's stop ids (min_tokens masks them) */
     uint32_t stop_ids[EPD_SAMPLE_MAX_STOP_IDS];
 } epd_sample_params_t;
@@ -130,6 +131,9 @@ typedef struct epd_sample_scratch epd_sample_scratch_t;
 epd_status_t epd_sample_scratch_create(uint32_t vocab, epd_sample_scratch_t **scratch_p);
 /* NULL is a no-op. */
 void epd_sample_scratch_destroy(epd_sample_scratch_t *scratch);
+/* The scratch's own [vocab] float buffer (owned by the scratch): where a
+ * caller that must keep its raw logits (for logprobs) adjusts a copy. */
+float *epd_sample_scratch_logits(epd_sample_scratch_t *scratch);
 
 /*
  * Samples one token id from logits[0..vocab) (borrowed) for generation step

@@ -210,6 +210,7 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
     epd_prefill_args_t args;
     epd_prefill_ev_t *ev = job->done_ev;
     epd_status_t status;
+    const float *row = NULL;
     int32_t token = -1;
     uint32_t end;
     int single;
@@ -268,19 +269,28 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
             epd_sample_adjust_t adj;
 
             /* the request's logit adjustments first (the prompt's tokens;
-             * a resume's generated ones are its output), as decode does */
+             * a resume's generated ones are its output), as decode does,
+             * on a copy: logprobs are the raw logits' */
             epd_sample_adjust_of(&job->sample, c->info->eos_tokens, c->info->n_eos, &adj);
+            row = c->logits;
             if (!epd_sample_adjust_is_off(&adj)) {
                 uint32_t n_in = job->n_tokens - job->n_decode;
+                float *copy = epd_sample_scratch_logits(c->scratch);
 
-                status = epd_sample_adjust(&adj, c->scratch, c->logits, c->info->vocab_size,
+                memcpy(copy, c->logits, (size_t)c->info->vocab_size * sizeof(*copy));
+                status = epd_sample_adjust(&adj, c->scratch, copy, c->info->vocab_size,
                                            (const uint32_t *)job->tokens, n_in,
                                            (const uint32_t *)job->tokens + n_in, job->n_decode);
+                row = copy;
             }
         }
         if (status == EPD_OK) {
-            status = epd_sample_token(&job->sample, c->scratch, c->logits, c->info->vocab_size,
+            status = epd_sample_token(&job->sample, c->scratch, row, c->info->vocab_size,
                                       job->n_decode, &token);
+        }
+        if (status == EPD_OK && job->sample.logprobs > 0) {
+            status = epd_sample_logprobs(c->logits, c->info->vocab_size, token,
+                                         job->sample.logprobs - 1, &ev->first_logprob);
         }
     }
     ev->status = status;

@@ -88,6 +88,7 @@ typedef struct {
     void *owner;                /* the request; set by the loop */
     epd_status_t status;        /* DONE: written by compute before the push */
     int32_t first_token;        /* DONE */
+    epd_sample_logprob_t first_logprob; /* DONE, when the request asked (sample.logprobs) */
     uint64_t started_ns;        /* DONE: when the run started (epd_time_now_ns) */
     uint64_t finished_ns;       /* DONE: when compute and sampling ended */
     uint64_t layer_end_ns;      /* DONE: when the last layer's sink ran */

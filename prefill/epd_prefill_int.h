@@ -361,6 +361,7 @@ typedef struct epd_prefill_req {
     int compute_done; /* DONE consumed */
     epd_status_t compute_status;
     int32_t first_token;
+    epd_sample_logprob_t first_logprob; /* when run_job.sample.logprobs > 0 */
     int complete_sent; /* PrefillComplete (or the first token) went out */
     int landed_seen;   /* its last write landed (observed once for /metrics) */
     int hold;          /* admitted under pressure: its run waits for the reservation */
@@ -658,12 +659,14 @@ void epd__prefill_xfer_chunk_ready(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x
 
 epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
                                     uint32_t layers_done, int compute_done, char *msg, size_t cap);
-/* PrefillComplete{first_token, n_tokens, checksums, times (borrowed; rule 38)},
+/* PrefillComplete{first_token, n_tokens, checksums, times (borrowed; rule 38),
+ * first_logprob (borrowed; NULL: none)},
  * fenced behind every
  * write; EPD_OK or the link's failure. */
 epd_status_t epd__prefill_xfer_complete(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
                                         int32_t first_token, uint32_t n_tokens,
-                                        const Epd__PhaseTimes *times);
+                                        const Epd__PhaseTimes *times,
+                                        const epd_sample_logprob_t *first_logprob);
 /* Prefill only: TokenChunk{index 0, [first_token], finish LENGTH} to the
  * client (a failure is logged: the request is over either way). */
 void epd__prefill_xfer_first_token(epd_prefill_srv_t *srv, epd_link_t *client, uint64_t id,

@@ -219,7 +219,8 @@ static void epd_prefill_send_complete(epd_prefill_srv_t *srv, epd_prefill_req_t 
     epd_status_t st;
 
     epd__prefill_metrics_phases(srv, req, epd_time_now_ns(), &times);
-    st = epd__prefill_xfer_complete(srv, &req->xfer, req->first_token, req->n_tokens, &times);
+    st = epd__prefill_xfer_complete(srv, &req->xfer, req->first_token, req->n_tokens, &times,
+                                    req->run_job.sample.logprobs > 0 ? &req->first_logprob : NULL);
     if (st != EPD_OK) {
         snprintf(msg, sizeof(msg), "sending PrefillComplete to decode '%.80s': %s",
                  epd_peer_id(req->peer), epd_status_string(st));
@@ -755,6 +756,7 @@ void epd__prefill_req_on_event(void *arg, epd_prefill_ev_t *ev)
         req->compute_done = 1;
         req->compute_status = ev->status;
         req->first_token = ev->first_token;
+        req->first_logprob = ev->first_logprob;
         req->compute_done_ns = epd_time_now_ns();
         req->t_start_ns = ev->started_ns;
         req->t_finished_ns = ev->finished_ns;

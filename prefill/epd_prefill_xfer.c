@@ -717,9 +717,16 @@ epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
 
 epd_status_t epd__prefill_xfer_complete(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
                                         int32_t first_token, uint32_t n_tokens,
-                                        const Epd__PhaseTimes *times)
+                                        const Epd__PhaseTimes *times,
+                                        const epd_sample_logprob_t *first_logprob)
 {
     Epd__PrefillComplete pc = EPD__PREFILL_COMPLETE__INIT;
+    Epd__TokenLogprob lp;
+
+    if (first_logprob != NULL) {
+        epd_token_logprob_view(first_logprob, &lp);
+        pc.first_logprob = &lp;
+    }
 
     pc.request_id = x->id;
     pc.first_token = (uint32_t)first_token;
