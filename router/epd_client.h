@@ -41,6 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "epd_sample.h"
 #include "epd_status.h"
 #include "epd_xport.h"
 
@@ -145,6 +146,8 @@ typedef struct {
     uint32_t cached_tokens;      /* prompt tokens prefill's prefix cache served */
 } epd_client_phase_times_t;
 
+#define EPD_CLIENT_LP_CHUNK_MAX 64 /* decode's EPD_DECODE_LP_CHUNK_MAX */
+
 typedef struct {
     epd_client_ev_kind_t kind;
     uint64_t request_id;
@@ -158,6 +161,10 @@ typedef struct {
     /* TOKENS at index 0: the phase times its decode worker sent, NULL
      * when it sent none (an older worker, prefill only) */
     const epd_client_phase_times_t *times;
+    /* TOKENS of a request that asked for logprobs (a chunk then holds at
+     * most EPD_CLIENT_LP_CHUNK_MAX tokens, as decode sends them): one per token
+     * (borrowed for the callback); NULL otherwise */
+    const epd_sample_logprob_t *logprobs;
     /* ERROR, REFUSED */
     epd_status_t status;
     const char *message; /* never NULL */
@@ -284,6 +291,9 @@ typedef struct {
     uint32_t n_bias;
     uint32_t min_tokens;
     int ignore_eos;
+    /* 0: none; 1 + k (k <= 20): every token's logprobs and its k best
+     * alternatives come in the TOKENS events (SamplingParams.logprobs) */
+    uint32_t logprobs;
     epd_client_worker_t *prefill; /* a worker of role PREFILL */
     epd_client_worker_t *decode;  /* a worker of role DECODE */
     uint32_t deadline_ms;         /* budget for the whole request (> 0) */
