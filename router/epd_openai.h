@@ -54,6 +54,8 @@
  *   min_tokens         (extension) integer ≥ 0, ≤ the tokens to generate
  *   ignore_eos         (extension) boolean
  *   stop_token_ids     (extension) array of at most 64 token ids < vocab
+ *   logprobs           completions: integer 0..20 (the token's logprob and
+ *                      its K best); chat: boolean, with top_logprobs 0..20
  *   epd_encode         (extension) "auto" (default) or "local": the
  *                      prefill worker encodes the images itself even when
  *                      encoders are registered (benchmarks compare both)
@@ -173,6 +175,10 @@ typedef struct {
     int ignore_eos;
     uint32_t *stop_token_ids; /* owned [n_stop_token_ids] */
     size_t n_stop_token_ids;
+    /* logprobs: completions "logprobs": K, chat "logprobs": true with
+     * "top_logprobs": K (K <= 20) */
+    int want_logprobs;
+    uint32_t top_logprobs;
     /* chat: message i's role and content as byte ranges of prompt (the
      * plain rendering holds both verbatim), for a model's own template;
      * owned [n_msgs] */
@@ -305,6 +311,35 @@ epd_status_t epd_oai_response_encode(epd_oai_kind_t kind, const char *id, const 
 epd_status_t epd_oai_models_encode(const char *const *models, size_t n_models, int64_t created,
                                    int64_t max_model_len, epd_oai_buf_t *out);
 
+/* One generated token's log-probabilities for an answer: its raw bytes
+ * (borrowed; may be invalid UTF-8) and those of its n_top (<= 20) best
+ * alternatives. */
+#define EPD_OAI_MAX_TOP_LOGPROBS 20
+typedef struct {
+    const char *bytes;
+    size_t len;
+    double logprob;
+    uint32_t n_top;
+    const char *top_bytes[EPD_OAI_MAX_TOP_LOGPROBS];
+    size_t top_len[EPD_OAI_MAX_TOP_LOGPROBS];
+    double top_logprob[EPD_OAI_MAX_TOP_LOGPROBS];
+} epd_oai_token_lp_t;
+
+/* Appends the "logprobs" object of toks[0..n) (borrowed) in `kind`'s
+ * shape (epd_openai_logprobs.c): completions {tokens, token_logprobs,
+ * top_logprobs, text_offset}, chat {content: [{token, logprob, bytes,
+ * top_logprobs}], refusal}.  EPD_OK or EPD_ERR_NO_MEMORY (nothing
+ * appended).  Any thread. */
+epd_status_t epd_oai_logprobs_encode(epd_oai_kind_t kind, const epd_oai_token_lp_t *toks, size_t n,
+                                     epd_oai_buf_t *out);
+
+/* Replaces the first "logprobs":null of buf->data[from..) (an encoded
+ * answer or chunk: its only structural one) by frag[0..frag_len) (a JSON
+ * value, borrowed).  EPD_OK, EPD_ERR_NOT_FOUND, EPD_ERR_NO_MEMORY (buf
+ * unchanged). */
+epd_status_t epd_oai_splice_logprobs(epd_oai_buf_t *buf, size_t from, const char *frag,
+                                     size_t frag_len);
+
 /* The state of one streamed answer (caller's storage). */
 typedef struct {
     epd_oai_kind_t kind;
@@ -343,6 +378,13 @@ epd_status_t epd_oai_stream_text(epd_oai_stream_t *stream, const void *bytes, si
 epd_status_t epd_oai_stream_finish(epd_oai_stream_t *stream, epd_oai_finish_t finish,
                                    int64_t prompt_tokens, int64_t completion_tokens,
                                    int64_t cached_tokens, epd_oai_buf_t *out);
+
+/* Appends a chunk event with no text whose choice carries the logprobs
+ * object frag[0..frag_len) (borrowed: epd_oai_logprobs_encode's output):
+ * how a stream reports the log-probabilities of the tokens whose text it
+ * sent.  EPD_OK, EPD_ERR_INVALID_PARAM (finished), EPD_ERR_NO_MEMORY. */
+epd_status_t epd_oai_stream_logprobs(epd_oai_stream_t *stream, const char *frag, size_t frag_len,
+                                     epd_oai_buf_t *out);
 
 /* Appends a failure in the middle of a stream as the SDKs read it: an
  * event "data: {"error": {...}}\n\n" and then "data: [DONE]\n\n"; the

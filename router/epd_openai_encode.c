@@ -329,3 +329,28 @@ epd_status_t epd_oai_stream_error(epd_oai_stream_t *stream, const epd_oai_error_
     stream->tail_len = 0;
     return EPD_OK;
 }
+
+epd_status_t epd_oai_stream_logprobs(epd_oai_stream_t *stream, const char *frag, size_t frag_len,
+                                     epd_oai_buf_t *out)
+{
+    size_t start = out->len;
+    epd__oai_writer_t w;
+    epd_status_t st;
+
+    if (stream == NULL || stream->finished || frag == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    epd__oai_w_begin(&w, out);
+    epd_oai_w_chunk(&w, stream, "", 0, -1);
+    st = epd__oai_w_end(&w);
+    if (st == EPD_OK) {
+        st = epd_oai_splice_logprobs(out, start, frag, frag_len);
+        if (st != EPD_OK) {
+            out->len = start;
+            if (out->data != NULL) {
+                out->data[start] = '\0';
+            }
+        }
+    }
+    return st;
+}

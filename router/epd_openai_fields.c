@@ -91,6 +91,8 @@ static const epd_oai_field_t epd_oai_fields[] = {
     {"min_tokens", EPD_OAI_K_ALL, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
     {"ignore_eos", EPD_OAI_K_ALL, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
     {"stop_token_ids", EPD_OAI_K_ALL, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
+    {"logprobs", EPD_OAI_K_ALL, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
+    {"top_logprobs", EPD_OAI_K_CH, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
     /* accepted, without effect */
     {"user", EPD_OAI_K_ALL, EPD_OAI_F_NOEFFECT, EPD_OAI_NOOP_NONE, NULL},
     {"metadata", EPD_OAI_K_ALL, EPD_OAI_F_NOEFFECT, EPD_OAI_NOOP_NONE, NULL},
@@ -104,8 +106,6 @@ static const epd_oai_field_t epd_oai_fields[] = {
     {"min_p", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_ZERO, "min_p sampling"},
     {"best_of", EPD_OAI_K_C, EPD_OAI_F_NOOP, EPD_OAI_NOOP_ONE, "best_of"},
     {"echo", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_FALSE, "echo"},
-    {"logprobs", EPD_OAI_K_CH, EPD_OAI_F_NOOP, EPD_OAI_NOOP_FALSE, "logprobs"},
-    {"top_logprobs", EPD_OAI_K_CH, EPD_OAI_F_NOOP, EPD_OAI_NOOP_ZERO, "logprobs"},
     {"suffix", EPD_OAI_K_C, EPD_OAI_F_NOOP, EPD_OAI_NOOP_EMPTY_STR, "suffixes (insertion)"},
     {"response_format", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_FORMAT_TEXT,
      "structured output (only {\"type\": \"text\"})"},
@@ -130,7 +130,6 @@ static const epd_oai_field_t epd_oai_fields[] = {
      "continue_final_message"},
     {"priority", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_ZERO, "priority scheduling"},
     /* refused whenever present */
-    {"logprobs", EPD_OAI_K_C, EPD_OAI_F_REFUSED, EPD_OAI_NOOP_NONE, "logprobs"},
     {"prompt_logprobs", EPD_OAI_K_ALL, EPD_OAI_F_REFUSED, EPD_OAI_NOOP_NONE, "prompt logprobs"},
     {"audio", EPD_OAI_K_CH, EPD_OAI_F_REFUSED, EPD_OAI_NOOP_NONE, "audio output"},
     {"prediction", EPD_OAI_K_CH, EPD_OAI_F_REFUSED, EPD_OAI_NOOP_NONE, "predicted outputs"},
@@ -371,6 +370,47 @@ static epd_status_t epd_oai_stop_token_ids(json_t *root, epd_oai_request_t *req,
     return EPD_OK;
 }
 
+/* completions: "logprobs": K (0..20: the token's and its K best);
+ * chat: "logprobs": true, "top_logprobs": K (0..20; only with logprobs) */
+static epd_status_t epd_oai_logprobs(json_t *root, epd_oai_request_t *req, epd_oai_error_t *err)
+{
+    json_t *lp = json_object_get(root, "logprobs");
+    json_t *top = json_object_get(root, "top_logprobs");
+    json_t *k = NULL;
+    const char *kname = "logprobs";
+
+    lp = json_is_null(lp) ? NULL : lp;
+    top = json_is_null(top) ? NULL : top;
+    if (req->kind == EPD_OAI_CHAT) {
+        if (lp != NULL && !json_is_boolean(lp)) {
+            epd_oai_error_set(err, 400, "logprobs", NULL,
+                              "Invalid type for 'logprobs': expected a boolean.");
+            return EPD_ERR_INVALID_PARAM;
+        }
+        req->want_logprobs = lp != NULL && json_is_true(lp);
+        if (top != NULL && !req->want_logprobs) {
+            epd_oai_error_set(err, 400, "top_logprobs", NULL,
+                              "'top_logprobs' is only allowed when 'logprobs' is true.");
+            return EPD_ERR_INVALID_PARAM;
+        }
+        k = top;
+        kname = "top_logprobs";
+    } else if (lp != NULL) {
+        req->want_logprobs = 1;
+        k = lp;
+    }
+    if (k != NULL) {
+        if (!json_is_integer(k) || json_integer_value(k) < 0 ||
+            json_integer_value(k) > EPD_OAI_MAX_TOP_LOGPROBS) {
+            epd_oai_error_set(err, 400, kname, NULL, "'%s' must be an integer from 0 to %d.", kname,
+                              EPD_OAI_MAX_TOP_LOGPROBS);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        req->top_logprobs = (uint32_t)json_integer_value(k);
+    }
+    return EPD_OK;
+}
+
 epd_status_t epd__oai_parse_sampling(json_t *root, epd_oai_request_t *req, epd_oai_error_t *err)
 {
     json_t *v;
@@ -384,6 +424,9 @@ epd_status_t epd__oai_parse_sampling(json_t *root, epd_oai_request_t *req, epd_o
                               err)) != EPD_OK ||
         (st = epd_oai_logit_bias(root, req, err)) != EPD_OK ||
         (st = epd_oai_stop_token_ids(root, req, err)) != EPD_OK) {
+        return st;
+    }
+    if ((st = epd_oai_logprobs(root, req, err)) != EPD_OK) {
         return st;
     }
     v = json_object_get(root, "min_tokens");

@@ -301,6 +301,7 @@ epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
         q.n_bias = (uint32_t)r->oai->n_bias;
         q.min_tokens = (uint32_t)r->oai->min_tokens;
         q.ignore_eos = r->oai->ignore_eos;
+        q.logprobs = r->oai->want_logprobs ? 1 + r->oai->top_logprobs : 0;
         q.stop_ids = r->oai->stop_token_ids;
         q.n_stop_ids = (uint32_t)r->oai->n_stop_token_ids;
         q.prefill = pw->cw;

@@ -142,6 +142,12 @@ typedef struct epd_router_req {
     /* prompt tokens the prefill worker's prefix cache served (its first
      * chunk's phase times; usage.prompt_tokens_details.cached_tokens) */
     uint32_t cached_tokens;
+    /* logprobs (oai->want_logprobs): each generated token's id and
+     * log-probabilities, [max_new] each (owned; allocated with its first
+     * chunk); a stream reports [lps_sent, n_out) when it ends */
+    uint32_t *lp_ids;
+    epd_sample_logprob_t *lps;
+    uint32_t lps_sent;
     uint32_t max_new;
     uint64_t seed;
     /* the attempt in flight (SUBMITTED, STREAMING, ABORTING): its

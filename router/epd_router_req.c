@@ -144,6 +144,8 @@ static void epd_router_req_free(epd_router_t *rt, epd_router_req_t *r)
     epd_free(r->img_pos);
     epd_free(r->prompt);
     epd_free(r->out);
+    epd_free(r->lp_ids);
+    epd_free(r->lps);
     epd_free(r->text);
     epd_free(r);
 }
@@ -799,6 +801,16 @@ static void epd_router_on_tokens(epd_router_t *rt, epd_router_req_t *r,
     /* kept for a migration (the client never sends more than max_tokens) */
     if (r->out != NULL && ev->n_tokens <= r->max_new - r->n_out) {
         memcpy(r->out + r->n_out, ev->tokens, (size_t)ev->n_tokens * sizeof(uint32_t));
+    }
+    if (r->oai->want_logprobs && ev->logprobs != NULL && ev->n_tokens <= r->max_new - r->n_out) {
+        if (r->lps == NULL) {
+            r->lp_ids = epd_calloc(r->max_new, sizeof(*r->lp_ids));
+            r->lps = epd_calloc(r->max_new, sizeof(*r->lps));
+        }
+        if (r->lps != NULL && r->lp_ids != NULL) {
+            memcpy(r->lp_ids + r->n_out, ev->tokens, (size_t)ev->n_tokens * sizeof(uint32_t));
+            memcpy(r->lps + r->n_out, ev->logprobs, (size_t)ev->n_tokens * sizeof(*r->lps));
+        }
     }
     r->n_out += ev->n_tokens;
     if (r->http == NULL) {

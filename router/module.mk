@@ -12,7 +12,8 @@ $(call obj_of,$(ROUTER_CLIENT_SRCS) router/tools/epd_ctl.c router/tools/epd_ctl_
 ROUTER_API_SRCS := router/epd_http_conn.c router/epd_http_server.c router/epd_http_respond.c \
                    router/epd_http_auth.c router/epd_http_proxy.c \
                    router/epd_openai_json.c router/epd_openai_scan.c router/epd_openai_parse.c \
-                   router/epd_openai_encode.c router/epd_openai_fields.c
+                   router/epd_openai_encode.c router/epd_openai_fields.c \
+                   router/epd_openai_logprobs.c
 $(eval $(call epd_lib,epd_api,$(ROUTER_API_SRCS)))
 $(call obj_of,$(ROUTER_API_SRCS)): EPD_CPPFLAGS += -Irouter
 # The router daemon, epd-router, on the daemon runtime (daemon/): main.c

@@ -188,12 +188,27 @@ async function main() {
     same('streamed completion, ' + tag, want, text);
   }
 
+  // logprobs through the SDK: one entry per token, each with its 2 best
+  {
+    const c = await client.chat.completions.create({
+      model: modelName, messages: [{ role: 'user', content: prompt }], max_tokens: 6,
+      temperature: 0, logprobs: true, top_logprobs: 2,
+    });
+    const content = c.choices[0].logprobs && c.choices[0].logprobs.content;
+    if (!content || content.length !== c.usage.completion_tokens ||
+        content.some((t) => t.top_logprobs.length !== 2 || !(t.logprob <= 0) ||
+                            !Array.isArray(t.bytes))) {
+      fail('chat logprobs: ' + JSON.stringify(c.choices[0].logprobs));
+    }
+    console.log('ok chat logprobs: ' + content.length + ' tokens, 2 alternatives each');
+  }
+
   // nothing silently ignored: a refused field is the SDK's BadRequestError
   // naming it (param), an unknown one too
   for (const [extra, param] of [[{ tools: [{ type: 'function', function: { name: 'f' } }] },
                                  'tools'],
                                 [{ response_format: { type: 'json_object' } }, 'response_format'],
-                                [{ logprobs: true, top_logprobs: 2 }, 'logprobs'],
+                                [{ logprobs: true, top_logprobs: 1000 }, 'top_logprobs'],
                                 [{ n: 2 }, 'n'],
                                 [{ no_such_knob: 1 }, 'no_such_knob']]) {
     try {

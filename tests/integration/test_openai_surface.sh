@@ -113,6 +113,69 @@ text, finish, usage = complete({"model": "m", "prompt": "x", "max_tokens": 6, "t
 assert text == "AA" and finish == "stop" and usage["completion_tokens"] == 3, (text, finish, usage)
 print("ok ignore_eos, min_tokens, stop_token_ids")
 
+# logprobs: equal to epd-generate --jsonl --logprobs K (the raw logits'
+# log-softmax), greedy and seeded, streamed and not, completions and chat
+def jsonl(prompt, max_tokens, k, flags):
+    out = subprocess.run([gen, "--model", model_dir, "--prompt", prompt, "--max-tokens",
+                          str(max_tokens), "--jsonl", "--logprobs", str(k)] + flags,
+                         check=True, capture_output=True).stdout.decode()
+    return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+
+def close(a, b):
+    return abs(a - b) <= 1e-6 * max(1.0, abs(b))
+
+def sse(body, path):
+    st, data = post(dict(body, stream=True), path)
+    assert st == 200, (st, data)
+    return [json.loads(l[6:]) for l in data.decode().split("\n\n")
+            if l.startswith("data: {")]
+
+for fields, flags in [({"temperature": 0}, []),
+                      ({"temperature": 0.8, "seed": 5}, ["--temperature", "0.8", "--seed", "5"])]:
+    k = 3
+    want = jsonl("Hello", 6, k, flags)
+    # completions, not streamed
+    st, data = post(dict({"model": "m", "prompt": "Hello", "max_tokens": 6, "logprobs": k},
+                         **fields))
+    assert st == 200, (st, data)
+    lp = json.loads(data)["choices"][0]["logprobs"]
+    assert len(lp["token_logprobs"]) == len(want), (lp, want)
+    for i, w in enumerate(want):
+        assert close(lp["token_logprobs"][i], w["logprob"]), (i, lp["token_logprobs"][i], w)
+        got_top = sorted(lp["top_logprobs"][i].values(), reverse=True)
+        assert len(got_top) == k and all(close(g, t[1]) for g, t in
+                                         zip(got_top, w["top_logprobs"])), (got_top, w)
+    assert lp["text_offset"][0] == 0
+    # chat, not streamed and streamed
+    wantc = jsonl("<|user|>\nHello\n<|assistant|>\n", 6, k, flags)
+    body = dict({"model": "m", "messages": [{"role": "user", "content": "Hello"}],
+                 "max_tokens": 6, "logprobs": True, "top_logprobs": k}, **fields)
+    st, data = post(body, "/v1/chat/completions")
+    assert st == 200, (st, data)
+    content = json.loads(data)["choices"][0]["logprobs"]["content"]
+    streamed = []
+    for ev in sse(body, "/v1/chat/completions"):
+        for ch in ev["choices"]:
+            if ch.get("logprobs"):
+                streamed += ch["logprobs"]["content"]
+    for got in (content, streamed):
+        assert len(got) == len(wantc), (got, wantc)
+        for c_, w in zip(got, wantc):
+            assert close(c_["logprob"], w["logprob"]), (c_, w)
+            assert bytes(c_["bytes"]).decode("utf-8", "replace") == w["text"], (c_, w)
+            assert [t["logprob"] for t in c_["top_logprobs"]] and all(
+                close(t["logprob"], x[1]) for t, x in zip(c_["top_logprobs"], w["top_logprobs"]))
+    # completions streamed: the logprobs chunk
+    toks = []
+    for ev in sse({"model": "m", "prompt": "Hello", "max_tokens": 6, "logprobs": 0, **fields},
+                  "/v1/completions"):
+        for ch in ev["choices"]:
+            if ch.get("logprobs"):
+                toks += ch["logprobs"]["token_logprobs"]
+    assert len(toks) == len(want) and all(close(a, w["logprob"]) for a, w in zip(toks, want))
+    print("ok logprobs %s == epd-generate --jsonl (completions, chat, streamed)" %
+          json.dumps(fields))
+
 # nothing silently ignored; the hostile battery: all 4xx naming the field
 msgs = [{"role": "user", "content": "hi"}]
 bad = [
@@ -125,9 +188,11 @@ bad = [
     ({"model": "m", "messages": msgs, "functions": [{"name": "f"}]}, "functions"),
     ({"model": "m", "prompt": "a", "suffix": "z"}, "suffix"),
     ({"model": "m", "messages": msgs, "audio": {"voice": "x"}}, "audio"),
-    ({"model": "m", "prompt": "a", "logprobs": 5}, "logprobs"),
-    ({"model": "m", "messages": msgs, "logprobs": True}, "logprobs"),
-    ({"model": "m", "messages": msgs, "top_logprobs": 1000}, "top_logprobs"),
+    ({"model": "m", "prompt": "a", "logprobs": 21}, "logprobs"),
+    ({"model": "m", "prompt": "a", "logprobs": -1}, "logprobs"),
+    ({"model": "m", "messages": msgs, "logprobs": 1}, "logprobs"),
+    ({"model": "m", "messages": msgs, "top_logprobs": 2}, "top_logprobs"),
+    ({"model": "m", "messages": msgs, "logprobs": True, "top_logprobs": 1000}, "top_logprobs"),
     ({"model": "m", "prompt": "a", "n": -1}, "n"),
     ({"model": "m", "prompt": "a", "n": 3}, "n"),
     ({"model": "m", "prompt": "a", "no_such_field": 1}, "no_such_field"),
