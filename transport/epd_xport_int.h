@@ -2,7 +2,7 @@
  * epd_xport_int.h — what a transport backend implements, and what the core
  * offers it.  Not for users of transport/ (they include epd_xport.h).
  *
- * The core (transport/epd_xport.c) owns every object the user sees and does
+ * The core (transport/epd_xport*.c) owns every object the user sees and does
  * everything that is the same on every library: the handshake (HELLO /
  * HELLO_ACK carrying worker ids and address blobs, so each side has an
  * endpoint to the other; with a cluster secret also identities, nonces,
@@ -47,7 +47,7 @@ typedef struct epd__xport_op {
      * peer's memory already (a put copied into memory the peer maps, a
      * delivery-complete write), so that a fence behind it needs no flush. */
     unsigned char delivers;
-    /* core-private fields follow in epd_xport.c's container */
+    /* core-private fields follow in epd_xport_core.h's container */
 } epd__xport_op_t;
 
 /* Bytes the core puts in front of a payload (48-byte header, then a 16-byte
