@@ -37,6 +37,11 @@ static const epd__xport_backend_ops_t *const epd__xport_backends[] = {
     NULL,
 };
 
+/* Stacked over the backend at create (epd_xport_int.h "Interposers"). */
+static const epd__xport_interposer_t *const epd__xport_interposers[] = {
+    EPD__XPORT_INTERPOSERS NULL,
+};
+
 static epd_status_t epd__xport_create(const epd__xport_backend_ops_t *ops,
                                       const epd_xport_config_t *config, epd_xport_t **x_p);
 
@@ -202,19 +207,29 @@ static epd_status_t epd__xport_create(const epd__xport_backend_ops_t *ops,
     x->timer_step_ns = step_ms * EPD_NSEC_PER_MSEC;
     x->next_timer_ns = epd_time_now_ns() + x->timer_step_ns;
 
-    st = epd__xport_faults_create(x->auth, config->identity.worker_id, &x->faults);
+    st = ops->create(x, config, &x->be);
     if (st != EPD_OK) {
         goto err_free_pool;
     }
-    st = ops->create(x, config, &x->be);
-    if (st != EPD_OK) {
-        goto err_free_faults;
+    /* interposers, each armed by its own switch, stack over the backend */
+    for (const epd__xport_interposer_t *const *ip = epd__xport_interposers; *ip != NULL; ip++) {
+        const epd__xport_backend_ops_t *ip_ops = NULL;
+        void *ip_be = NULL;
+
+        st = (*ip)->wrap(x, config, x->ops, x->be, &ip_ops, &ip_be);
+        if (st != EPD_OK) {
+            goto err_destroy_be;
+        }
+        if (ip_be != NULL) {
+            x->ops = ip_ops;
+            x->be = ip_be;
+        }
     }
     *x_p = x;
     return EPD_OK;
 
-err_free_faults:
-    epd__xport_faults_destroy(x->faults);
+err_destroy_be:
+    x->ops->destroy(x->be);
 err_free_pool:
     epd_free(x->op_pool);
 err_free_x:
@@ -235,11 +250,6 @@ void epd_xport_destroy(epd_xport_t *x)
     }
     while (x->mrs != NULL) {
         epd_xport_mr_dereg(x->mrs);
-    }
-    if (x->faults != NULL) {
-        epd__xport_faults_t *f = x->faults;
-        x->faults = NULL;
-        epd__xport_faults_destroy(f); /* held frames go with it */
     }
     epd__xport_leave(x);
     x->ops->destroy(x->be);
@@ -264,6 +274,12 @@ void epd_xport_describe(epd_xport_t *x, char *buf, size_t len)
 uint64_t epd_xport_id(const epd_xport_t *x)
 {
     return x->id;
+}
+
+void epd__xport_set_hook(epd_xport_t *x, const epd__xport_hook_t *hook, void *ip)
+{
+    x->hook = hook;
+    x->hook_ip = ip;
 }
 
 void epd__xport_set_tap(epd_xport_t *x, epd__xport_tap_cb_t tap, void *arg)

@@ -10,6 +10,8 @@
  *   epd_xport_recv.c                       the receive path
  *   epd_xport_mr.c, epd_xport_write.c      regions, keys, grants; writes
  *   epd_xport_progress.c, epd_xport.c      progress; lifecycle
+ * Fault injection is no part of the core: it is an interposer over the
+ * backend (epd_xport_faults.c; epd_xport_int.h "Interposers").
  *
  * What the core does:
  *
@@ -95,7 +97,6 @@
 #include "epd_bufpool.h"
 #include "epd_log.h"
 #include "epd_proc.h"
-#include "epd_xport_faults.h"
 #include "epd_xport_int.h"
 
 #define EPD__XPORT_COMP "xport"
@@ -212,7 +213,6 @@ struct epd__core_op {
     void *arg;
     uint64_t seq;       /* write: its number; flush: writes it covers */
     int kind;
-    void *fault_copy; /* EPD_XPORT_FAULTS: corrupted copy of the bytes (owned) */
     epd__core_op_t *prev, *next; /* ep's write list, or the free list */
 };
 
@@ -323,7 +323,8 @@ struct epd_xport {
     uint32_t half_open;        /* ACCEPTING endpoints */
     unsigned char hs_key[EPD__XPORT_KEY_BYTES]; /* K, from the secret; wiped at destroy */
     epd_xport_stats_t stats;
-    epd__xport_faults_t *faults; /* EPD_XPORT_FAULTS (NULL: none, the normal case) */
+    const epd__xport_hook_t *hook; /* an interposer's upcall hook (NULL: none, the normal case) */
+    void *hook_ip;
     epd__xport_tap_cb_t tap; /* tests: sees every delivered frame */
     void *tap_arg;
     epd_xport_ep_t *eps, *zombies, *pump;

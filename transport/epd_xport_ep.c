@@ -40,9 +40,6 @@ void epd__xport_ep_release_backend(epd_xport_ep_t *ep)
         /* cleared first: the completions ep_destroy runs may call back into
          * the core, which must not see a half-destroyed backend endpoint */
         ep->be_ep = NULL;
-        if (x->faults != NULL) {
-            epd__xport_faults_release(x->faults, ep); /* completions it delayed */
-        }
         x->ops->ep_destroy(be_ep);
         /* contract: ep_destroy completes every op it held */
         assert(ep->ops_held == 0);
@@ -92,9 +89,6 @@ void epd__xport_ep_fail(epd_xport_ep_t *ep, epd_status_t status)
                 }
             }
             ep->be_ep = NULL; /* before: completions may re-enter (close) */
-            if (x->faults != NULL) {
-                epd__xport_faults_release(x->faults, ep); /* completions it delayed */
-            }
             x->ops->ep_destroy(be_ep);
             assert(ep->ops_held == 0);
         }
@@ -196,6 +190,11 @@ void epd__xport_ep_failed(epd_xport_ep_t *core_ep, epd_status_t status)
     epd_log_warn(EPD__XPORT_COMP, 0, "endpoint to peer %016llx failed: %s",
                  (unsigned long long)core_ep->peer_id, epd_status_string(status));
     epd__xport_ep_fail(core_ep, status);
+}
+
+int epd__xport_ep_live(const epd_xport_ep_t *core_ep)
+{
+    return core_ep->state == EPD__EP_CONNECTED && core_ep->be_ep != NULL;
 }
 
 void epd__xport_ep_alive(epd_xport_ep_t *core_ep)

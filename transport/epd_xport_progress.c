@@ -76,9 +76,6 @@ int epd_xport_progress(epd_xport_t *x)
         n += epd__xport_pump_all(x);
     }
     now = epd_time_now_ns();
-    if (x->faults != NULL) {
-        n += epd__xport_faults_tick(x->faults, x, now);
-    }
     if (now >= x->next_timer_ns) {
         x->next_timer_ns = now + x->timer_step_ns;
         n += epd__timers(x, now);
@@ -94,7 +91,7 @@ epd_status_t epd_xport_get_fd(epd_xport_t *x, int *fd_p)
 
 epd_status_t epd_xport_arm(epd_xport_t *x)
 {
-    if (x->pump != NULL || (x->faults != NULL && epd__xport_faults_pending(x->faults))) {
+    if (x->pump != NULL) {
         return EPD_ERR_BUSY;
     }
     return x->ops->arm(x->be);

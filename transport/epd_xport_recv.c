@@ -14,7 +14,7 @@
 
 void epd__xport_deliver(epd_xport_t *x, const void *data, size_t len)
 {
-    if (x->faults != NULL && epd__xport_faults_rx(x->faults, x, data, len)) {
+    if (x->hook != NULL && x->hook->deliver(x->hook_ip, data, len)) {
         return;
     }
     epd__xport_deliver_now(x, data, len);

@@ -11,17 +11,10 @@
 void epd__xport_op_done(epd__xport_op_t *bop, epd_status_t status)
 {
     epd__core_op_t *op = (epd__core_op_t *)bop;
+    epd_xport_t *x = op->ep->x;
 
-    if (op->ep->x->faults != NULL && op->kind == EPD__OP_WRITE) {
-        /* the backend is done with the bytes: a corrupted copy can go */
-        epd_free(op->fault_copy);
-        op->fault_copy = NULL;
-        /* held only while the endpoint lives (its teardown completes
-         * every op before it returns) */
-        if (op->ep->state == EPD__EP_CONNECTED && op->ep->be_ep != NULL &&
-            epd__xport_faults_comp(op->ep->x->faults, bop, op->ep, &status)) {
-            return; /* held: completed later through epd__xport_op_done_now */
-        }
+    if (x->hook != NULL && x->hook->op_done(x->hook_ip, bop, &status)) {
+        return; /* held: completed later through epd__xport_op_done_now */
     }
     epd__xport_op_done_now(bop, status);
 }
@@ -114,15 +107,9 @@ epd_status_t epd_xport_write(epd_xport_ep_t *ep, const void *local, size_t len,
     op->cb = cb;
     op->arg = arg;
     op->seq = ep->wr_seq + 1;
-    if (x->faults != NULL && epd__xport_faults_write(x->faults, local, len, &op->fault_copy)) {
-        local = op->fault_copy; /* unregistered: the backend copes (UCX and libfabric here) */
-        local_mr = NULL;
-    }
     st = x->ops->write(ep->be_ep, local, len, local_mr != NULL ? local_mr->be_mr : NULL,
                        rkey->be_rkey, remote_offset, &op->be);
     if (st != EPD_INPROGRESS) {
-        epd_free(op->fault_copy);
-        op->fault_copy = NULL;
         epd__xport_op_put(x, op);
         if (st == EPD_OK) {
             st = EPD_ERR_FATAL; /* contract: a backend never completes a write inline */
