@@ -276,12 +276,6 @@ uint64_t epd_xport_id(const epd_xport_t *x)
     return x->id;
 }
 
-void epd__xport_set_hook(epd_xport_t *x, const epd__xport_hook_t *hook, void *ip)
-{
-    x->hook = hook;
-    x->hook_ip = ip;
-}
-
 void epd__xport_set_tap(epd_xport_t *x, epd__xport_tap_cb_t tap, void *arg)
 {
     x->tap = tap;

@@ -18,6 +18,13 @@ bool epd__xport_log_allowed(epd_xport_t *x)
     return epd_log_limit_ok(&x->log_limit, EPD__XPORT_LOG_BURST);
 }
 
+/* An interposer's upcall hook (epd_xport_int.h "Interposers"). */
+void epd__xport_set_hook(epd_xport_t *x, const epd__xport_hook_t *hook, void *ip)
+{
+    x->hook = hook;
+    x->hook_ip = ip;
+}
+
 void epd__xport_enter(epd_xport_t *x)
 {
     x->depth++;
