@@ -95,6 +95,7 @@
 #include <stdint.h>
 
 #include "epd_bufpool.h"
+#include "epd_list.h"
 #include "epd_log.h"
 #include "epd_proc.h"
 #include "epd_xport_int.h"

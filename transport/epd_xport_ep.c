@@ -232,11 +232,7 @@ epd_status_t epd__xport_ep_new(epd_xport_t *x, const void *blob, size_t len, epd
         goto err_slot;
     }
     ep->last_rx_ns = ep->last_tx_ns = epd_time_now_ns();
-    ep->next = x->eps;
-    if (x->eps != NULL) {
-        x->eps->prev = ep;
-    }
-    x->eps = ep;
+    EPD_LIST_INSERT_HEAD(x->eps, ep);
     *ep_p = ep;
     return EPD_OK;
 
@@ -278,14 +274,7 @@ void epd_xport_ep_close(epd_xport_ep_t *ep)
     ep->conn_cb = NULL;
     epd__xport_ep_release_backend(ep);
     epd__xport_slot_release(x, ep);
-    if (ep->prev != NULL) {
-        ep->prev->next = ep->next;
-    } else {
-        x->eps = ep->next;
-    }
-    if (ep->next != NULL) {
-        ep->next->prev = ep->prev;
-    }
+    EPD_LIST_REMOVE(x->eps, ep);
     /* the pump list may still point at it: parked until the stack unwinds,
      * and epd__xport_pump_all skips closed endpoints */
     if (ep->pump_listed) {

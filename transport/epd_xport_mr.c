@@ -23,11 +23,7 @@ static epd_status_t epd__mr_wrap(epd_xport_t *x, void *be_mr, void *addr, size_t
     mr->be_mr = be_mr;
     mr->addr = addr;
     mr->size = size;
-    mr->next = x->mrs;
-    if (x->mrs != NULL) {
-        x->mrs->prev = mr;
-    }
-    x->mrs = mr;
+    EPD_LIST_INSERT_HEAD(x->mrs, mr);
     *mr_p = mr;
     return EPD_OK;
 }
@@ -93,14 +89,7 @@ void epd_xport_mr_dereg(epd_xport_mr_t *mr)
     while (mr->grants != NULL) {
         epd_xport_grant_close(mr->grants);
     }
-    if (mr->prev != NULL) {
-        mr->prev->next = mr->next;
-    } else {
-        x->mrs = mr->next;
-    }
-    if (mr->next != NULL) {
-        mr->next->prev = mr->prev;
-    }
+    EPD_LIST_REMOVE(x->mrs, mr);
     x->ops->mr_dereg(x->be, mr->be_mr);
     epd_free(mr);
 }
@@ -151,11 +140,7 @@ epd_status_t epd_xport_grant_open(epd_xport_mr_t *mr, void *user, epd_xport_gran
         epd_free(g);
         return st;
     }
-    g->next = mr->grants;
-    if (mr->grants != NULL) {
-        mr->grants->prev = g;
-    }
-    mr->grants = g;
+    EPD_LIST_INSERT_HEAD(mr->grants, g);
     *g_p = g;
     return EPD_OK;
 }
@@ -291,14 +276,7 @@ void epd_xport_grant_close(epd_xport_grant_t *g)
     if (g->pidfd >= 0) {
         close(g->pidfd);
     }
-    if (g->prev != NULL) {
-        g->prev->next = g->next;
-    } else {
-        mr->grants = g->next;
-    }
-    if (g->next != NULL) {
-        g->next->prev = g->prev;
-    }
+    EPD_LIST_REMOVE(mr->grants, g);
     x->ops->grant_close(x->be, g->be_grant);
     epd_free(g);
 }
@@ -364,11 +342,7 @@ epd_status_t epd_xport_rkey_unpack(epd_xport_ep_t *ep, const void *blob, size_t 
         return st;
     }
     rk->ep = ep;
-    rk->next = ep->rkeys;
-    if (ep->rkeys != NULL) {
-        ep->rkeys->prev = rk;
-    }
-    ep->rkeys = rk;
+    EPD_LIST_INSERT_HEAD(ep->rkeys, rk);
     *rkey_p = rk;
     return EPD_OK;
 }
@@ -382,14 +356,7 @@ void epd_xport_rkey_destroy(epd_xport_rkey_t *rkey)
     }
     ep = rkey->ep;
     if (ep != NULL) {
-        if (rkey->prev != NULL) {
-            rkey->prev->next = rkey->next;
-        } else {
-            ep->rkeys = rkey->next;
-        }
-        if (rkey->next != NULL) {
-            rkey->next->prev = rkey->prev;
-        }
+        EPD_LIST_REMOVE(ep->rkeys, rkey);
         if (rkey->be_rkey != NULL) {
             ep->x->ops->rkey_destroy(rkey->be_rkey);
         }

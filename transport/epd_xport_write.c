@@ -42,16 +42,7 @@ void epd__xport_op_done_now(epd__xport_op_t *bop, epd_status_t status)
         status = ep->fail_status;
     }
     if (kind == EPD__OP_WRITE) {
-        if (op->prev != NULL) {
-            op->prev->next = op->next;
-        } else {
-            ep->wr_head = op->next;
-        }
-        if (op->next != NULL) {
-            op->next->prev = op->prev;
-        } else {
-            ep->wr_tail = op->prev;
-        }
+        EPD_TLIST_REMOVE(ep->wr_head, ep->wr_tail, op);
     } else if (status == EPD_OK && seq > ep->flushed_seq) {
         ep->flushed_seq = seq;
     }
@@ -123,14 +114,7 @@ epd_status_t epd_xport_write(epd_xport_ep_t *ep, const void *local, size_t len,
         ep->nd_seq = ep->wr_seq; /* a fence behind it flushes */
     }
     ep->ops_held++;
-    op->prev = ep->wr_tail;
-    op->next = NULL;
-    if (ep->wr_tail != NULL) {
-        ep->wr_tail->next = op;
-    } else {
-        ep->wr_head = op;
-    }
-    ep->wr_tail = op;
+    EPD_TLIST_INSERT_TAIL(ep->wr_head, ep->wr_tail, op);
     return EPD_INPROGRESS;
 }
 

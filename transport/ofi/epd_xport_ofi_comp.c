@@ -80,14 +80,7 @@ static void epd__ofi_ep_unref(epd__ofi_t *be, epd__ofi_ep_t *ep)
     }
     ep->inflight--;
     if (ep->closing && ep->inflight == 0) {
-        if (ep->prev != NULL) {
-            ep->prev->next = ep->next;
-        } else {
-            be->zombies = ep->next;
-        }
-        if (ep->next != NULL) {
-            ep->next->prev = ep->prev;
-        }
+        EPD_LIST_REMOVE(be->zombies, ep);
         epd__ofi_ep_free(be, ep);
     }
 }

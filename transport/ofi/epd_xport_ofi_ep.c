@@ -126,11 +126,7 @@ epd_status_t epd__ofi_ep_create(void *arg, const void *blob, size_t len, epd_xpo
     if (fi_av_straddr(be->av, e->name, ep->peer, &straddr_len) == NULL) {
         snprintf(ep->peer, sizeof(ep->peer), "fi_addr %llu", (unsigned long long)ep->addr);
     }
-    ep->next = be->eps;
-    if (be->eps != NULL) {
-        be->eps->prev = ep;
-    }
-    be->eps = ep;
+    EPD_LIST_INSERT_HEAD(be->eps, ep);
     *be_ep_p = ep;
     return EPD_OK;
 }
@@ -149,14 +145,7 @@ void epd__ofi_ep_destroy(void *arg)
     ep->closing = true;
 
     /* Detach everything first; the upcalls below may re-enter. */
-    if (ep->prev != NULL) {
-        ep->prev->next = ep->next;
-    } else {
-        be->eps = ep->next;
-    }
-    if (ep->next != NULL) {
-        ep->next->prev = ep->prev;
-    }
+    EPD_LIST_REMOVE(be->eps, ep);
     while (ep->backlog != NULL) {
         epd__ofi_xfer_t *x = ep->backlog;
 
@@ -176,12 +165,7 @@ void epd__ofi_ep_destroy(void *arg)
     if (ep->inflight == 0) {
         epd__ofi_ep_free(be, ep);
     } else {
-        ep->prev = NULL;
-        ep->next = be->zombies;
-        if (be->zombies != NULL) {
-            be->zombies->prev = ep;
-        }
-        be->zombies = ep;
+        EPD_LIST_INSERT_HEAD(be->zombies, ep);
     }
 
     while ((req = done) != NULL) {

@@ -171,6 +171,7 @@
 
 #include "epd_alloc.h"
 #include "epd_hash.h"
+#include "epd_list.h"
 #include "epd_log.h"
 #include "epd_rng.h"
 #include "epd_xport_int.h"

@@ -194,28 +194,12 @@ void epd__ofi_part_put(epd__ofi_t *be, epd__ofi_xfer_t *x)
 /* Doubly linked request lists (head/tail). */
 void epd__ofi_list_append(epd__ofi_req_t **head, epd__ofi_req_t **tail, epd__ofi_req_t *req)
 {
-    req->next = NULL;
-    req->prev = *tail;
-    if (*tail != NULL) {
-        (*tail)->next = req;
-    } else {
-        *head = req;
-    }
-    *tail = req;
+    EPD_TLIST_INSERT_TAIL(*head, *tail, req);
 }
 
 void epd__ofi_list_remove(epd__ofi_req_t **head, epd__ofi_req_t **tail, epd__ofi_req_t *req)
 {
-    if (req->prev != NULL) {
-        req->prev->next = req->next;
-    } else {
-        *head = req->next;
-    }
-    if (req->next != NULL) {
-        req->next->prev = req->prev;
-    } else {
-        *tail = req->prev;
-    }
+    EPD_TLIST_REMOVE(*head, *tail, req);
     req->prev = NULL;
     req->next = NULL;
 }

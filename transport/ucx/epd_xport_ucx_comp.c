@@ -39,14 +39,7 @@ void epd__ucx_out_remove(epd__xport_op_t *op)
 {
     epd__ucx_op_t *o = EPD__UCX_OP(op);
 
-    if (o->prev != NULL) {
-        EPD__UCX_OP(o->prev)->next = o->next;
-    } else {
-        o->ep->out_head = o->next;
-    }
-    if (o->next != NULL) {
-        EPD__UCX_OP(o->next)->prev = o->prev;
-    }
+    EPD_LIST_REMOVE_N(EPD__UCX_OP, o->ep->out_head, op);
     o->prev = o->next = NULL;
     o->where = EPD__UCX_OP_NONE;
 }
@@ -55,12 +48,7 @@ void epd__ucx_out_add(epd__ucx_ep_t *ep, epd__xport_op_t *op)
 {
     epd__ucx_op_t *o = EPD__UCX_OP(op);
 
-    o->prev = NULL;
-    o->next = ep->out_head;
-    if (ep->out_head != NULL) {
-        EPD__UCX_OP(ep->out_head)->prev = op;
-    }
-    ep->out_head = op;
+    EPD_LIST_INSERT_HEAD_N(EPD__UCX_OP, ep->out_head, op);
     o->where = EPD__UCX_OP_OUT;
 }
 
@@ -69,14 +57,7 @@ void epd__ucx_done_add(epd__ucx_t *be, epd__xport_op_t *op, epd_status_t status)
     epd__ucx_op_t *o = EPD__UCX_OP(op);
 
     o->status = status;
-    o->next = NULL;
-    o->prev = be->done_tail;
-    if (be->done_tail != NULL) {
-        EPD__UCX_OP(be->done_tail)->next = op;
-    } else {
-        be->done_head = op;
-    }
-    be->done_tail = op;
+    EPD_TLIST_INSERT_TAIL_N(EPD__UCX_OP, be->done_head, be->done_tail, op);
     o->where = EPD__UCX_OP_DONE;
 }
 
@@ -84,16 +65,7 @@ void epd__ucx_done_remove(epd__ucx_t *be, epd__xport_op_t *op)
 {
     epd__ucx_op_t *o = EPD__UCX_OP(op);
 
-    if (o->prev != NULL) {
-        EPD__UCX_OP(o->prev)->next = o->next;
-    } else {
-        be->done_head = o->next;
-    }
-    if (o->next != NULL) {
-        EPD__UCX_OP(o->next)->prev = o->prev;
-    } else {
-        be->done_tail = o->prev;
-    }
+    EPD_TLIST_REMOVE_N(EPD__UCX_OP, be->done_head, be->done_tail, op);
     o->prev = o->next = NULL;
     o->where = EPD__UCX_OP_NONE;
 }
@@ -136,14 +108,7 @@ void epd__ucx_wr_put(epd__ucx_t *be, epd__ucx_wr_t *wr)
 
 static void epd__ucx_orphan_unlink(epd__ucx_t *be, epd__ucx_wr_t *wr)
 {
-    if (wr->prev != NULL) {
-        wr->prev->next = wr->next;
-    } else {
-        be->orphans = wr->next;
-    }
-    if (wr->next != NULL) {
-        wr->next->prev = wr->prev;
-    }
+    EPD_LIST_REMOVE(be->orphans, wr);
     be->n_orphans--;
 }
 
@@ -187,16 +152,8 @@ void epd__ucx_tx_unlink(epd__ucx_tx_t *tx)
     if (tx->ep != NULL) {
         tx->ep->n_tx--;
     }
-    if (tx->prev != NULL) {
-        tx->prev->next = tx->next;
-    } else if (tx->ep != NULL) {
-        tx->ep->tx_head = tx->next;
-    } else {
-        tx->be->tx_orphans = tx->next;
-    }
-    if (tx->next != NULL) {
-        tx->next->prev = tx->prev;
-    }
+    /* on its endpoint's list, or (the endpoint gone) the backend's orphans */
+    EPD_LIST_REMOVE(*(tx->ep != NULL ? &tx->ep->tx_head : &tx->be->tx_orphans), tx);
     tx->prev = tx->next = NULL;
 }
 
@@ -222,14 +179,7 @@ void epd__ucx_reap(epd__ucx_t *be)
     for (g = be->dead_grants; g != NULL; g = gnext) {
         gnext = g->next;
         if (g->recv_inflight == 0) {
-            if (g->prev != NULL) {
-                g->prev->next = g->next;
-            } else {
-                be->dead_grants = g->next;
-            }
-            if (g->next != NULL) {
-                g->next->prev = g->prev;
-            }
+            EPD_LIST_REMOVE(be->dead_grants, g);
             epd_free(g);
         }
     }

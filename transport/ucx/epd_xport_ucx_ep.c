@@ -137,11 +137,7 @@ epd_status_t epd__ucx_ep_create(void *arg, const void *blob, size_t len, epd_xpo
         return EPD_ERR_UNREACHABLE;
     }
     epd__ucx_ep_lanes(ep);
-    ep->next = be->eps;
-    if (be->eps != NULL) {
-        be->eps->prev = ep;
-    }
-    be->eps = ep;
+    EPD_LIST_INSERT_HEAD(be->eps, ep);
     *be_ep_p = ep;
     return EPD_OK;
 }
@@ -212,12 +208,7 @@ void epd__ucx_ep_destroy(void *arg)
         if (wr != NULL) {
             wr->op = NULL;
             wr->peer_xid = epd__xport_ep_peer(ep->core_ep);
-            wr->prev = NULL;
-            wr->next = be->orphans;
-            if (be->orphans != NULL) {
-                be->orphans->prev = wr;
-            }
-            be->orphans = wr;
+            EPD_LIST_INSERT_HEAD(be->orphans, wr);
             be->n_orphans++;
         }
         epd__ucx_done_add(be, op, EPD_ERR_CANCELED);
@@ -229,12 +220,7 @@ void epd__ucx_ep_destroy(void *arg)
 
         epd__ucx_tx_unlink(tx);
         tx->ep = NULL;
-        tx->prev = NULL;
-        tx->next = be->tx_orphans;
-        if (be->tx_orphans != NULL) {
-            be->tx_orphans->prev = tx;
-        }
-        be->tx_orphans = tx;
+        EPD_LIST_INSERT_HEAD(be->tx_orphans, tx);
     }
     /* take this endpoint's finished ops off the shared done list first:
      * completing them runs user callbacks that may add to it */
@@ -255,14 +241,7 @@ void epd__ucx_ep_destroy(void *arg)
             *pp = ep->fail_next;
         }
     }
-    if (ep->prev != NULL) {
-        ep->prev->next = ep->next;
-    } else {
-        be->eps = ep->next;
-    }
-    if (ep->next != NULL) {
-        ep->next->prev = ep->prev;
-    }
+    EPD_LIST_REMOVE(be->eps, ep);
     epd_free(ep);
     while (mine != NULL) {
         op = mine;

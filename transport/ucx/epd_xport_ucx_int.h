@@ -65,6 +65,7 @@
 #include "epd_alloc.h"
 #include "epd_bufpool.h"
 #include "epd_hash.h"
+#include "epd_list.h"
 #include "epd_log.h"
 #include "epd_time.h"
 #include "epd_xport_int.h"

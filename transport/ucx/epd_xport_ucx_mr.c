@@ -108,11 +108,7 @@ static epd_status_t epd__ucx_mr_new(epd__ucx_t *be, void *addr, size_t size, boo
      * huge pages, thp and mmap before heap, all fresh kernel pages (zero),
      * and touching them all would commit the whole region at once — a KV
      * pool is sized for the worst case and mostly untouched. */
-    mr->next = be->mrs;
-    if (be->mrs != NULL) {
-        be->mrs->prev = mr;
-    }
-    be->mrs = mr;
+    EPD_LIST_INSERT_HEAD(be->mrs, mr);
     if (addr_p != NULL) {
         *addr_p = mr->addr;
     }
@@ -136,14 +132,7 @@ void epd__ucx_mr_dereg(void *arg, void *be_mr)
     epd__ucx_t *be = arg;
     epd__ucx_mr_t *mr = be_mr;
 
-    if (mr->prev != NULL) {
-        mr->prev->next = mr->next;
-    } else {
-        be->mrs = mr->next;
-    }
-    if (mr->next != NULL) {
-        mr->next->prev = mr->prev;
-    }
+    EPD_LIST_REMOVE(be->mrs, mr);
     mr->prev = NULL;
     if (mr->recv_inflight == 0) {
         epd__ucx_mr_unmap(mr);
@@ -215,11 +204,7 @@ epd_status_t epd__ucx_grant_open(void *arg, void *be_mr, epd_xport_grant_t *core
     g->mr = be_mr;
     g->core = core_grant;
     g->id = epd__ucx_new_id(be);
-    g->next = be->grants;
-    if (be->grants != NULL) {
-        be->grants->prev = g;
-    }
-    be->grants = g;
+    EPD_LIST_INSERT_HEAD(be->grants, g);
     *be_grant_p = g;
     return EPD_OK;
 }
@@ -261,14 +246,7 @@ void epd__ucx_grant_close(void *arg, void *be_grant)
     epd__ucx_t *be = arg;
     epd__ucx_grant_t *g = be_grant;
 
-    if (g->prev != NULL) {
-        g->prev->next = g->next;
-    } else {
-        be->grants = g->next;
-    }
-    if (g->next != NULL) {
-        g->next->prev = g->prev;
-    }
+    EPD_LIST_REMOVE(be->grants, g);
     g->revoked = true;
     g->prev = NULL;
     if (g->recv_inflight == 0) {
@@ -277,11 +255,7 @@ void epd__ucx_grant_close(void *arg, void *be_grant)
     }
     /* receives under it still land: freed once they finished (its id is
      * refused already: it is no longer in be->grants) */
-    g->next = be->dead_grants;
-    if (be->dead_grants != NULL) {
-        be->dead_grants->prev = g;
-    }
-    be->dead_grants = g;
+    EPD_LIST_INSERT_HEAD(be->dead_grants, g);
 }
 
 epd_status_t epd__ucx_rkey_unpack(void *arg, const void *blob, size_t len, void **be_rkey_p,

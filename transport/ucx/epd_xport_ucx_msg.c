@@ -100,12 +100,7 @@ epd_status_t epd__ucx_send(void *arg, const void *hdr, size_t hdr_len, const voi
         return epd__ucx_status(UCS_PTR_STATUS(req));
     }
     tx->req = req;
-    tx->prev = NULL;
-    tx->next = ep->tx_head;
-    if (ep->tx_head != NULL) {
-        ep->tx_head->prev = tx;
-    }
-    ep->tx_head = tx;
+    EPD_LIST_INSERT_HEAD(ep->tx_head, tx);
     ep->n_tx++;
     return EPD_OK;
 }
