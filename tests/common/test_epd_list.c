@@ -76,7 +76,7 @@ static void test_list(void **state)
 /* Links in a separate struct, reached through an accessor. */
 typedef struct {
     int v;
-    unsigned char scratch[32];
+    _Alignas(16) unsigned char scratch[32]; /* as be_priv */
 } outer_t;
 typedef struct {
     outer_t *prev, *next;
