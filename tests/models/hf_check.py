@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""epd-generate against the float64 numpy reference (hf_ref.py).
+
+  hf_check.py BIN TMP MAX_TOKENS DIR=PROMPTS [DIR=PROMPTS...]
+
+DIR is a Hugging Face model folder, PROMPTS a file of prompts as token ids
+(one JSON array per line, as epd-tokenize prints them).  For every folder
+and prompt:
+
+  logits  `epd-generate --logits-out` on each path (prefill: the prompt in
+          one pass; decode: one token at a time) against the reference's
+          logits at every position.  Relative error of a row:
+          max_j |a_j - b_j| / max_j |b_j| (a: the engine, b: the
+          reference); every row must be under 1e-4.
+  greedy  `epd-generate --jsonl --temperature 0 --logprobs 5` against the
+          reference's greedy continuation: the same ids, step by step,
+          until a step where the reference's top-2 gap is under 1e-4 (a
+          tie at that precision: the comparison of this prompt stops
+          there, as either choice is right).  Each logprob (the chosen
+          id's and the top_logprobs') within 2e-4 * max|logits row| of the
+          reference's (log-softmax moves by at most twice the largest
+          logit error, which the row check bounds by 1e-4 * max|row|), and
+          the top_logprobs the reference's best 5 up to that bound.
+
+Folders with the same config and weights (one written single-file, one
+sharded) share one reference computation.  One line per folder and check,
+a FAIL line per prompt that fails (arch, path, prompt, position,
+magnitude), and "N passed, N failed" at the end (counted per folder,
+prompt and check); exit 1 on any failure.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_ref  # noqa: E402
+
+TOL = 1e-4
+GAP = 1e-4
+TOPK = 5
+
+
+def digest(folder, model):
+    """Same config (bar file layout) and same weights -> same digest."""
+    h = hashlib.sha256()
+    h.update(json.dumps(model.cfg, sort_keys=True).encode())
+    for name, t in sorted(hf_ref.load_tensors(folder).items()):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(t).tobytes())
+    return h.hexdigest()
+
+
+def eos_ids(folder, cfg):
+    ids = set()
+    for src in (cfg, json.load(open(os.path.join(folder, "generation_config.json")))
+                if os.path.exists(os.path.join(folder, "generation_config.json")) else {}):
+        e = src.get("eos_token_id")
+        if isinstance(e, int):
+            ids.add(e)
+        elif isinstance(e, list):
+            ids.update(int(x) for x in e)
+    return ids
+
+
+def run(cmd):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if p.returncode != 0:
+        raise RuntimeError("%s: exit %d: %s" % (" ".join(cmd[:1] + cmd[1:6]), p.returncode,
+                                                 p.stderr.decode(errors="replace")[-400:]))
+    return p.stdout.decode()
+
+
+class Tally:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def add(self, ok, line=None):
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+            if line:
+                print("FAIL: " + line, flush=True)
+
+
+def check_logits(gen, folder, tag, ids, ref, tmp, path, tally, worst):
+    out = os.path.join(tmp, "logits.f32")
+    try:
+        run([gen, "--model", folder, "--prompt-ids", ",".join(map(str, ids)),
+             "--logits-out", out, "--logits-path", path])
+        got = np.fromfile(out, dtype="<f4")
+    except RuntimeError as e:
+        tally.add(False, "%s %s: %s" % (tag, path, e))
+        return
+    finally:
+        if os.path.exists(out):
+            os.unlink(out)
+    if got.size != ref.size:
+        tally.add(False, "%s %s: %d floats, want %d x %d" % (tag, path, got.size, *ref.shape))
+        return
+    got = got.reshape(ref.shape).astype(np.float64)
+    rel = np.max(np.abs(got - ref), axis=1) / np.max(np.abs(ref), axis=1)
+    t = int(np.argmax(rel))
+    worst[path] = max(worst[path], float(rel[t]))
+    bad = np.nonzero(~(rel < TOL))[0]
+    tally.add(bad.size == 0, "%s %s: %d of %d positions over %g, first at %d (rel %.3e), "
+              "worst at %d (rel %.3e, max|ref| %.3g)"
+              % (tag, path, bad.size, rel.size, TOL, bad[0] if bad.size else -1,
+                 rel[bad[0]] if bad.size else 0, t, rel[t], np.max(np.abs(ref[t]))))
+
+
+def check_greedy(gen, folder, tag, ids, steps, max_tokens, tally, stats):
+    try:
+        text = run([gen, "--model", folder, "--prompt-ids", ",".join(map(str, ids)),
+                    "--max-tokens", str(max_tokens), "--temperature", "0",
+                    "--jsonl", "--logprobs", str(TOPK)])
+    except RuntimeError as e:
+        tally.add(False, "%s greedy: %s" % (tag, e))
+        return
+    objs = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+    objs = [o for o in objs if "id" in o]
+    why = None
+    n = 0
+    for s, (tok, gap, lp, row) in enumerate(steps):
+        if gap < GAP:
+            stats["ties"] += 1
+            break
+        if s >= len(objs):
+            why = "step %d: the engine stopped after %d tokens, the reference goes on with %d" % (
+                s, len(objs), tok)
+            break
+        o = objs[s]
+        if o["id"] != tok:
+            why = "step %d: id %d, reference %d (its top-2 gap %.3g, ref logprob of %d: %.6f)" % (
+                s, o["id"], tok, gap, o["id"], lp[o["id"]] if 0 <= o["id"] < lp.size else float("nan"))
+            break
+        bound = 2 * TOL * float(np.max(np.abs(row)))
+        err = abs(float(o["logprob"]) - lp[tok])
+        stats["lp_err"] = max(stats["lp_err"], err)
+        if not err <= bound:
+            why = "step %d: logprob %.7f, reference %.7f (bound %.2g)" % (s, o["logprob"], lp[tok], bound)
+            break
+        tops = o.get("top_logprobs") or []
+        if len(tops) != TOPK:
+            why = "step %d: %d top_logprobs, want %d" % (s, len(tops), TOPK)
+            break
+        kth = np.sort(lp)[-TOPK]
+        for i_, lpv in tops:
+            e2 = abs(float(lpv) - lp[i_])
+            if not (e2 <= bound and lp[i_] >= kth - bound):
+                why = "step %d: top_logprobs [%d, %.7f]: reference %.7f, its 5th best %.7f" % (
+                    s, i_, lpv, lp[i_], kth)
+                break
+        if why:
+            break
+        n += 1
+    else:
+        if len(objs) != len(steps):
+            why = "the engine gave %d tokens, the reference %d" % (len(objs), len(steps))
+    stats["compared"] += n
+    tally.add(why is None, "%s greedy: %s" % (tag, why))
+
+
+def main(argv):
+    if len(argv) < 5:
+        sys.stderr.write(__doc__)
+        return 2
+    bindir, tmp, max_tokens = argv[1], argv[2], int(argv[3])
+    gen = os.path.join(bindir, "epd-generate")
+    groups = {}  # digest -> [(folder, prompts)], in the order given
+    models = {}
+    for arg in argv[4:]:
+        folder, pfile = arg.split("=", 1)
+        with open(pfile) as f:
+            prompts = [json.loads(ln) for ln in f if ln.strip()]
+        m = hf_ref.load_model(folder)
+        d = digest(folder, m) + pfile
+        if d not in groups:
+            groups[d] = []
+            models[d] = m
+        groups[d].append((folder, prompts))
+
+    tally = Tally()
+    for d, members in groups.items():
+        m = models[d]
+        prompts = members[0][1]
+        eos = eos_ids(members[0][0], m.cfg)
+        per = {f: {"prefill": 0.0, "decode": 0.0, "ties": 0, "compared": 0, "lp_err": 0.0}
+               for f, _ in members}
+        for pi, ids in enumerate(prompts):
+            ref = m.forward(ids)
+            steps = m.greedy(ids, max_tokens, eos, last_row=ref[-1])
+            for folder, _ in members:
+                tag = "%s (%s) prompt %d (%d tokens)" % (os.path.basename(folder), m.kind, pi, len(ids))
+                w = per[folder]
+                check_logits(gen, folder, tag, ids, ref, tmp, "prefill", tally, w)
+                check_logits(gen, folder, tag, ids, ref, tmp, "decode", tally, w)
+                check_greedy(gen, folder, tag, ids, steps, max_tokens, tally, w)
+            del ref
+        for folder, _ in members:
+            w = per[folder]
+            print("%s (%s, %d prompts): worst row rel error prefill %.2e decode %.2e; greedy %d "
+                  "steps equal, %d prompts stopped at a top-2 gap < %g, worst logprob error %.2e"
+                  % (os.path.basename(folder), m.kind, len(prompts), w["prefill"], w["decode"],
+                     w["compared"], w["ties"], GAP, w["lp_err"]), flush=True)
+    print("%d passed, %d failed" % (tally.passed, tally.failed))
+    return 1 if tally.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
