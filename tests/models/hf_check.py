@@ -127,7 +127,7 @@ def check_greedy(gen, folder, tag, ids, steps, max_tokens, tally, stats):
     objs = [o for o in objs if "id" in o]
     why = None
     n = 0
-    for s, (tok, gap, lp, row) in enumerate(steps):
+    for s, (tok, gap, lp, rowmax) in enumerate(steps):
         if gap < GAP:
             stats["ties"] += 1
             break
@@ -140,7 +140,7 @@ def check_greedy(gen, folder, tag, ids, steps, max_tokens, tally, stats):
             why = "step %d: id %d, reference %d (its top-2 gap %.3g, ref logprob of %d: %.6f)" % (
                 s, o["id"], tok, gap, o["id"], lp[o["id"]] if 0 <= o["id"] < lp.size else float("nan"))
             break
-        bound = 2 * TOL * float(np.max(np.abs(row)))
+        bound = 2 * TOL * rowmax
         err = abs(float(o["logprob"]) - lp[tok])
         stats["lp_err"] = max(stats["lp_err"], err)
         if not err <= bound:
@@ -193,16 +193,23 @@ def main(argv):
         eos = eos_ids(members[0][0], m.cfg)
         per = {f: {"prefill": 0.0, "decode": 0.0, "ties": 0, "compared": 0, "lp_err": 0.0}
                for f, _ in members}
+        def tag(folder, pi):
+            return "%s (%s) prompt %d (%d tokens)" % (os.path.basename(folder), m.kind, pi,
+                                                      len(prompts[pi]))
+        last_rows = []
         for pi, ids in enumerate(prompts):
             ref = m.forward(ids)
-            steps = m.greedy(ids, max_tokens, eos, last_row=ref[-1])
+            last_rows.append(ref[-1].copy())
             for folder, _ in members:
-                tag = "%s (%s) prompt %d (%d tokens)" % (os.path.basename(folder), m.kind, pi, len(ids))
-                w = per[folder]
-                check_logits(gen, folder, tag, ids, ref, tmp, "prefill", tally, w)
-                check_logits(gen, folder, tag, ids, ref, tmp, "decode", tally, w)
-                check_greedy(gen, folder, tag, ids, steps, max_tokens, tally, w)
+                for path in ("prefill", "decode"):
+                    check_logits(gen, folder, tag(folder, pi), ids, ref, tmp, path, tally, per[folder])
             del ref
+        greedy = m.greedy_many(prompts, max_tokens, eos, last_rows)
+        for pi, ids in enumerate(prompts):
+            for folder, _ in members:
+                check_greedy(gen, folder, tag(folder, pi), ids, greedy[pi], max_tokens, tally,
+                             per[folder])
+        del greedy
         for folder, _ in members:
             w = per[folder]
             print("%s (%s, %d prompts): worst row rel error prefill %.2e decode %.2e; greedy %d "

@@ -410,21 +410,41 @@ class Model:
 
     def greedy(self, ids, n, eos=(), last_row=None):
         """Greedy continuation of ids: a list of (id, top-2 gap, logprob row
-        (float64 [vocab]), logits row) per step; stops after an eos id.
+        (float64 [vocab]), max |logit| of the row) per step; stops after an
+        eos id.
         last_row: the prompt's last logits row if already computed (then the
         prompt still runs through, for its cache)."""
-        cache = self.new_cache()
-        h = self.hidden_states(ids, cache)
-        row = h[-1] @ self.lm_head.T if last_row is None else last_row
-        steps = []
+        return self.greedy_many([ids], n, eos, None if last_row is None else [last_row])[0]
+
+    def greedy_many(self, prompts, n, eos=(), last_rows=None):
+        """greedy() of several prompts at once: each step's lm_head product
+        is one matrix product over the prompts still going (the lm_head is
+        the cost: 151936 x hidden float64 read once a step, not once a
+        prompt a step).  Each prompt has its own cache; nothing mixes."""
+        caches = [self.new_cache() for _ in prompts]
+        hs = [self.hidden_states(ids, c)[-1] for ids, c in zip(prompts, caches)]
+        if last_rows is None:
+            rows = np.stack(hs) @ self.lm_head.T
+        else:
+            rows = np.stack(last_rows)
+        steps = [[] for _ in prompts]
+        live = list(range(len(prompts)))
         for s in range(n):
-            top2 = np.argpartition(-row, 1)[:2]
-            a, b = sorted(top2, key=lambda j: (-row[j], j))
-            tok = int(a)
-            steps.append((tok, float(row[a] - row[b]), log_softmax(row), row))
-            if tok in eos or s == n - 1:
+            nxt = []
+            for j, p in enumerate(live):
+                row = rows[j]
+                top2 = np.argpartition(-row, 1)[:2]
+                a, b = sorted(top2, key=lambda k: (-row[k], k))
+                tok = int(a)
+                steps[p].append((tok, float(row[a] - row[b]), log_softmax(row),
+                                 float(np.max(np.abs(row)))))
+                if tok not in eos:
+                    nxt.append(p)
+            live = nxt
+            if s == n - 1 or not live:
                 break
-            row = self.forward([tok], cache)[-1]
+            h = np.stack([self.hidden_states([steps[p][-1][0]], caches[p])[-1] for p in live])
+            rows = h @ self.lm_head.T
         return steps
 
 
@@ -574,11 +594,18 @@ def self_test():
             steps = m.greedy(ids, 5)
             seq = list(ids)
             ok = True
-            for tok_, gap, lp, row in steps:
+            for tok_, gap, lp, mx in steps:
                 r = m.forward(seq)[-1]
-                ok = ok and tok_ == int(np.argmax(r)) and rel(row, r) < 1e-12
+                ok = ok and tok_ == int(np.argmax(r)) and rel(lp, log_softmax(r)) < 1e-12
                 seq.append(tok_)
             check(ok and len(steps) == 5, "%s: greedy with a cache = argmax of full reruns" % arch)
+            many = m.greedy_many([ids, ids[:3], ids[2:7]], 5)
+            ok = [t[0] for t in many[0]] == [t[0] for t in steps]
+            for k, p in enumerate([ids[:3], ids[2:7]]):
+                one = m.greedy(p, 5)
+                ok = ok and [t[0] for t in many[k + 1]] == [t[0] for t in one] and all(
+                    rel(a[2], b[2]) < 1e-12 for a, b in zip(many[k + 1], one))
+            check(ok, "%s: greedy of 3 prompts at once = each alone" % arch)
 
         # MoE with top-k = every expert, renormalised: the dense softmax sum
         out = os.path.join(tmp, "moe_all")
