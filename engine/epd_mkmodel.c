@@ -66,7 +66,7 @@ void epd_mkmodel_defaults(epd_mkmodel_params_t *p)
     p->dtype = EPD_DTYPE_F32;
 }
 
-static uint16_t epd_mk_to_bf16(float f)
+uint16_t epd_mk_to_bf16(float f)
 {
     uint32_t b;
 
@@ -75,7 +75,7 @@ static uint16_t epd_mk_to_bf16(float f)
     return (uint16_t)(b >> 16);
 }
 
-static uint16_t epd_mk_to_f16(float f)
+uint16_t epd_mk_to_f16(float f)
 {
     uint32_t b;
     uint32_t sign;

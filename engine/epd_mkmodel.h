@@ -42,4 +42,9 @@ void epd_mkmodel_text_only(epd_mkmodel_params_t *params);
  * logged).  Blocking; caller's thread. */
 epd_status_t epd_mkmodel_write(const epd_mkmodel_params_t *params, const char *dir);
 
+/* f32 to BF16 / F16, round to nearest even (F16 clamps to the largest
+ * finite half); shared with the Hugging Face writer.  Pure. */
+uint16_t epd_mk_to_bf16(float f);
+uint16_t epd_mk_to_f16(float f);
+
 #endif
