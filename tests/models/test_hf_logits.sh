@@ -52,8 +52,12 @@ cat >"$T/prompts.jsonl" <<'EOF'
 EOF
 "$BIN/epd-tokenize" --model "$QWEN_TOK" --add-special <"$T/prompts.jsonl" >"$T/qwen.ids" ||
   fail "epd-tokenize (Qwen3 vocabulary)"
-"$BIN/epd-tokenize" --model "$LLAMA_TOK" --add-special <"$T/prompts.jsonl" >"$T/llama.ids" ||
+# Llama-3 prompts start with <|begin_of_text|> (128000), as Meta's own
+# tokenizer.json's TemplateProcessing puts it; this package's post-processor
+# is a bare ByteLevel, so it is put here
+"$BIN/epd-tokenize" --model "$LLAMA_TOK" --add-special <"$T/prompts.jsonl" >"$T/llama.raw" ||
   fail "epd-tokenize (Llama-3 vocabulary)"
+sed 's/^\[\(128000,\)\{0,1\}/[128000,/' "$T/llama.raw" >"$T/llama.ids"
 [ "$(wc -l <"$T/qwen.ids")" = 8 ] && [ "$(wc -l <"$T/llama.ids")" = 8 ] || fail "not 8 prompts"
 echo "prompt tokens: qwen $(tr -cd , <"$T/qwen.ids" | wc -c)+8, llama $(tr -cd , <"$T/llama.ids" | wc -c)+8"
 
