@@ -13,6 +13,7 @@
 
 #include "epd_alloc.h"
 #include "epd_engine_int.h"
+#include "epd_hf_model.h"
 #include "epd_log.h"
 
 #define EPD_ENGINE_LOG "engine"
@@ -215,6 +216,12 @@ epd_status_t epd_engine_open(const char *name, const epd_engine_config_t *config
             epd_log_error(EPD_ENGINE_LOG, 0, "no engine called '%s' (built-in: ref, sim)", name);
             status = EPD_ERR_NOT_FOUND;
             goto err_free_engine;
+        }
+        /* `ref` on a Hugging Face folder (config.json with "architectures")
+         * is the HF engine; epd-ref folders keep ref's own code */
+        if (engine->ops == &epd__ref_ops && config->model_dir != NULL &&
+            epd_hf_is_hf_folder(config->model_dir)) {
+            engine->ops = &epd__hf_ops;
         }
     }
     status = engine->ops->open(config, &engine->impl);

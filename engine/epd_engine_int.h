@@ -19,6 +19,8 @@ epd_status_t epd__byte_detokenize(const int32_t *tokens, size_t n, char *buf, si
 
 /* The built-in `ref` engine (epd_ref.c). */
 extern const epd_engine_ops_t epd__ref_ops;
+/* The Hugging Face engine (epd_hf.c), opened as `ref` on an HF folder. */
+extern const epd_engine_ops_t epd__hf_ops;
 /* The built-in `sim` timing model (epd_sim.c). */
 extern const epd_engine_ops_t epd__sim_ops;
 

@@ -257,6 +257,12 @@ void epd_st_digest(const epd_st_file_t *file, uint64_t seed, uint8_t out[16])
     epd_hash128(file->map, file->map_len, seed, out);
 }
 
+const void *epd_st_bytes(const epd_st_file_t *file, size_t *len_p)
+{
+    *len_p = file->map_len;
+    return file->map;
+}
+
 size_t epd_st_count(const epd_st_file_t *file)
 {
     return file->n_tensors;

@@ -47,6 +47,10 @@ void epd_st_close(epd_st_file_t *file);
  * weights are, digested (epd_engine_info_t.model_digest). */
 void epd_st_digest(const epd_st_file_t *file, uint64_t seed, uint8_t out[16]);
 
+/* The whole mapping, header and data (borrowed, read-only; *len_p its
+ * length): what a sampled digest reads without a second open. */
+const void *epd_st_bytes(const epd_st_file_t *file, size_t *len_p);
+
 /* Number of tensors and the i-th one (in header order). */
 size_t epd_st_count(const epd_st_file_t *file);
 const epd_st_tensor_t *epd_st_at(const epd_st_file_t *file, size_t i);

@@ -10,9 +10,18 @@
  * placeholders (epd_engine_tokenize_images: at the prompt's <|image|>
  * markers, or right after BOS when it has none) by one prefill with
  * embedding spans: the multimodal baseline.
+ *
+ * Oracle hooks (a numpy reference drives them): --prompt-ids takes the
+ * prompt as ids, nothing added; --logits-out writes the logits of every
+ * prompt position and exits (--logits-path prefill: row t from a fresh
+ * prefill of tokens [0..t]; decode: a prefill of token 0, then
+ * teacher-forced decode steps); --jsonl prints one JSON object per
+ * generated token with its log-probability and the --logprobs K best.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "epd_alloc.h"
@@ -40,6 +49,11 @@ typedef struct {
     int64_t block_tokens;
     const char *image; /* comma-separated files, or NULL */
     int timing;        /* print the time of each phase to stderr */
+    const char *prompt_ids;  /* "1,2,3": the prompt as ids, nothing added */
+    const char *logits_out;  /* write [T][vocab] f32 logits here and exit */
+    const char *logits_path; /* "prefill" | "decode" */
+    int jsonl;               /* one JSON object per generated token */
+    int64_t logprobs;        /* top_logprobs entries with --jsonl */
 } epd_gen_args_t;
 
 /* The images of one run: files read, decoded and encoded. */
@@ -71,13 +85,27 @@ static int epd_gen_print(const epd_gen_args_t *args, epd_engine_t *engine, const
         printf("\n");
         return 0;
     }
-    raw = epd_malloc(n_out + 1);
-    text = epd_malloc(EPD_UTF8_REPAIR_MAX(n_out) + 1);
-    if (raw == NULL || text == NULL) {
-        goto out;
+    /* a token is one byte (ref) or up to a few hundred (BPE): grow */
+    for (size_t cap = n_out + 1;; cap *= 4) {
+        epd_status_t st;
+
+        raw = epd_malloc(cap);
+        if (raw == NULL) {
+            return 1;
+        }
+        st = epd_engine_detokenize(engine, out, n_out, raw, cap, &raw_len);
+        if (st == EPD_OK) {
+            break;
+        }
+        epd_free(raw);
+        raw = NULL;
+        if (st != EPD_ERR_TOO_LONG || cap > ((size_t)1 << 40)) {
+            return 1;
+        }
     }
-    if (epd_engine_detokenize(engine, out, n_out, raw, n_out, &raw_len) != EPD_OK ||
-        epd_utf8_repair(raw, raw_len, text, EPD_UTF8_REPAIR_MAX(n_out), &text_len) != EPD_OK) {
+    text = epd_malloc(EPD_UTF8_REPAIR_MAX(raw_len) + 1);
+    if (text == NULL ||
+        epd_utf8_repair(raw, raw_len, text, EPD_UTF8_REPAIR_MAX(raw_len), &text_len) != EPD_OK) {
         goto out;
     }
     fwrite(text, 1, text_len, stdout);
@@ -257,6 +285,170 @@ static void epd_gen_images_cleanup(epd_gen_images_t *images)
     images->n = 0;
 }
 
+/* Parses "1,2,3" into ids[0..cap); *n_p the count.  0, or 1 after printing. */
+static int epd_gen_parse_ids(const char *list, int32_t *ids, size_t cap, size_t *n_p)
+{
+    const char *p = list;
+    size_t n = 0;
+
+    for (;;) {
+        char *end;
+        long long v;
+
+        errno = 0;
+        v = strtoll(p, &end, 10);
+        if (end == p || errno != 0 || v < 0 || v > INT32_MAX || (*end != ',' && *end != '\0')) {
+            return epd_gen_fail("--prompt-ids must be a comma-separated list of token ids");
+        }
+        if (n == cap) {
+            return epd_gen_fail("--prompt-ids: more ids than the context limit");
+        }
+        ids[n++] = (int32_t)v;
+        if (*end == '\0') {
+            break;
+        }
+        p = end + 1;
+    }
+    *n_p = n;
+    return 0;
+}
+
+/* Count of ids in "1,2,3" (an upper bound for the parse). */
+static size_t epd_gen_count_ids(const char *list)
+{
+    size_t n = 1;
+
+    for (const char *c = list; *c; c++) {
+        n += *c == ',';
+    }
+    return n;
+}
+
+/* --logits-out: the logits after each prompt prefix [0..t], little-endian
+ * f32 [T][vocab] (this tool runs on little-endian hosts only, as the KV
+ * transport does).  0, or 1 after printing. */
+static int epd_gen_logits_out(const epd_gen_args_t *args, epd_engine_t *engine,
+                              const epd_kv_pool_t *pool, epd_prefill_args_t *pa, float *logits)
+{
+    const epd_engine_info_t *info = epd_engine_info(engine);
+    int decode = strcmp(args->logits_path, "decode") == 0;
+    uint32_t T = pa->n_tokens;
+    FILE *f;
+    epd_status_t status = EPD_OK;
+
+    if (!decode && strcmp(args->logits_path, "prefill") != 0) {
+        return epd_gen_fail("--logits-path must be prefill or decode");
+    }
+    f = fopen(args->logits_out, "wb");
+    if (f == NULL) {
+        fprintf(stderr, "epd-generate: cannot create '%s': %s\n", args->logits_out,
+                strerror(errno));
+        return 1;
+    }
+    for (uint32_t t = 0; t < T && status == EPD_OK; t++) {
+        if (t == 0 || !decode) {
+            pa->n_tokens = t + 1; /* a fresh prefill of [0..t] */
+            status = epd_engine_prefill(engine, pool, pa, NULL, logits);
+        } else {
+            epd_decode_req_t r = {.seq = pa->seq, .pos = t, .token = pa->tokens[t]};
+
+            status = epd_engine_decode(engine, pool, &r, 1, logits);
+        }
+        if (status == EPD_OK && fwrite(logits, sizeof(float), info->vocab_size, f) !=
+                                    info->vocab_size) {
+            status = EPD_ERR_IO;
+        }
+    }
+    pa->n_tokens = T;
+    if (fclose(f) != 0 && status == EPD_OK) {
+        status = EPD_ERR_IO;
+    }
+    if (status != EPD_OK) {
+        fprintf(stderr, "epd-generate: --logits-out failed: %s\n", epd_status_string(status));
+        return 1;
+    }
+    return 0;
+}
+
+/* Writes s[0..len) as a JSON string (after UTF-8 repair: invalid bytes
+ * become U+FFFD). */
+static void epd_gen_json_string(const char *s, size_t len)
+{
+    char buf[4096];
+    size_t n = 0;
+
+    if (EPD_UTF8_REPAIR_MAX(len) > sizeof(buf) ||
+        epd_utf8_repair(s, len, buf, sizeof(buf), &n) != EPD_OK) {
+        n = 0;
+    }
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)buf[i];
+
+        if (c == '"' || c == '\\') {
+            printf("\\%c", c);
+        } else if (c == '\n') {
+            fputs("\\n", stdout);
+        } else if (c == '\t') {
+            fputs("\\t", stdout);
+        } else if (c == '\r') {
+            fputs("\\r", stdout);
+        } else if (c < 0x20 || c == 0x7f) {
+            printf("\\u%04x", c);
+        } else {
+            putchar(c);
+        }
+    }
+    putchar('"');
+}
+
+/* --jsonl: one line for token `tok` sampled from `logits` (raw, before
+ * temperature): its id, its text, its log-softmax and the k best. */
+static void epd_gen_jsonl(epd_engine_t *engine, const float *logits, uint32_t vocab, int32_t tok,
+                          int64_t k)
+{
+    double mx = logits[0];
+    double sum = 0.0;
+    double lse;
+    char bytes[1024];
+    size_t blen = 0;
+    int32_t prev_id = -1;
+    float prev = INFINITY;
+
+    for (uint32_t i = 1; i < vocab; i++) {
+        mx = logits[i] > mx ? logits[i] : mx;
+    }
+    for (uint32_t i = 0; i < vocab; i++) {
+        sum += exp((double)logits[i] - mx);
+    }
+    lse = mx + log(sum);
+    if (epd_engine_detokenize(engine, &tok, 1, bytes, sizeof(bytes), &blen) != EPD_OK) {
+        blen = 0;
+    }
+    printf("{\"id\": %d, \"text\": ", tok);
+    epd_gen_json_string(bytes, blen);
+    printf(", \"logprob\": %.9g, \"top_logprobs\": [", (double)logits[tok] - lse);
+    /* k passes, each the best below the previous (ties: lower id first) */
+    for (int64_t j = 0; j < k && j < (int64_t)vocab; j++) {
+        int32_t best = -1;
+
+        for (uint32_t i = 0; i < vocab; i++) {
+            int after = logits[i] < prev || (logits[i] == prev && (int32_t)i > prev_id);
+
+            if (after && (best < 0 || logits[i] > logits[best])) {
+                best = (int32_t)i;
+            }
+        }
+        if (best < 0) {
+            break;
+        }
+        printf("%s[%d, %.9g]", j ? ", " : "", best, (double)logits[best] - lse);
+        prev = logits[best];
+        prev_id = best;
+    }
+    printf("]}\n");
+}
+
 static int epd_gen_run(const epd_gen_args_t *args)
 {
     epd_engine_config_t cfg = {.model_dir = args->model,
@@ -277,7 +469,7 @@ static int epd_gen_run(const epd_gen_args_t *args)
     int32_t *prompt = NULL;
     int32_t *out = NULL;
     float *logits = NULL;
-    size_t plen = strlen(args->prompt);
+    size_t plen = args->prompt != NULL ? strlen(args->prompt) : 0;
     size_t n_prompt = 0;
     size_t n_out = 0;
     uint64_t n_total;
@@ -308,7 +500,11 @@ static int epd_gen_run(const epd_gen_args_t *args)
     if (args->image != NULL && epd_gen_load_images(engine, args->image, &images) != 0) {
         goto out;
     }
-    cap = plen + 1 + (size_t)images.n * info->image_embeddings;
+    /* BPE gives at most one id per byte, plus the post-processor's few */
+    cap = plen + 8 + (size_t)images.n * info->image_embeddings;
+    if (args->prompt_ids != NULL) {
+        cap = epd_gen_count_ids(args->prompt_ids);
+    }
     if (cap > info->max_context) {
         fprintf(
             stderr,
@@ -324,7 +520,12 @@ static int epd_gen_run(const epd_gen_args_t *args)
         epd_gen_fail("out of memory");
         goto out;
     }
-    if (images.n == 0) {
+    if (args->prompt_ids != NULL) {
+        if (epd_gen_parse_ids(args->prompt_ids, prompt, cap, &n_prompt) != 0) {
+            goto out;
+        }
+        status = EPD_OK;
+    } else if (images.n == 0) {
         status = epd_engine_tokenize(engine, args->prompt, plen, 1, prompt, cap, &n_prompt);
     } else {
         status = epd_engine_tokenize_images(engine, args->prompt, plen, images.n, prompt, cap,
@@ -368,6 +569,10 @@ static int epd_gen_run(const epd_gen_args_t *args)
     pa.n_tokens = (uint32_t)n_prompt;
     pa.embeds = images.n > 0 ? spans : NULL;
     pa.n_embeds = images.n;
+    if (args->logits_out != NULL) {
+        rc = epd_gen_logits_out(args, engine, &pool, &pa, logits);
+        goto out;
+    }
     t_prefill = epd_time_now_ns();
     status = epd_engine_prefill(engine, &pool, &pa, NULL, logits);
     t_prefill = epd_time_now_ns() - t_prefill;
@@ -383,6 +588,9 @@ static int epd_gen_run(const epd_gen_args_t *args)
         if (epd_sample_token(&sp, scratch, logits, info->vocab_size, n_out, &tok) != EPD_OK) {
             epd_gen_fail("sampling failed");
             goto out;
+        }
+        if (args->jsonl) {
+            epd_gen_jsonl(engine, logits, info->vocab_size, tok, args->logprobs);
         }
         out[n_out++] = tok;
         /* the next decode would put this token at position n_prompt + n_out - 1 */
@@ -400,7 +608,8 @@ static int epd_gen_run(const epd_gen_args_t *args)
         }
     }
     t_decode = epd_time_now_ns() - t_decode;
-    rc = epd_gen_print(args, engine, out, n_out);
+    rc = args->jsonl ? 0 : epd_gen_print(args, engine, out, n_out);
+    fflush(stdout);
     if (args->timing) {
         fprintf(stderr,
                 "epd-generate: timing: %u images encoded in %.2f ms (%.2f ms each), prefill of "
@@ -436,6 +645,11 @@ int main(int argc, char **argv)
         .block_tokens = 16,
         .image = NULL,
         .timing = 0,
+        .prompt_ids = NULL,
+        .logits_out = NULL,
+        .logits_path = "prefill",
+        .jsonl = 0,
+        .logprobs = 0,
     };
     const epd_opt_t opts[] = {
         {"engine", EPD_OPT_STRING, &a.engine, 0, 0, "engine: built-in name or path to a .so"},
@@ -453,6 +667,20 @@ int main(int argc, char **argv)
          "markers or after BOS"},
         {"timing", EPD_OPT_BOOL, &a.timing, 0, 0,
          "print the time of image encoding, prefill and decode to stderr"},
+        {"prompt-ids", EPD_OPT_STRING, &a.prompt_ids, 0, 0,
+         "the prompt as token ids, comma-separated, used as given (no BOS added)"},
+        {"logits-out", EPD_OPT_STRING, &a.logits_out, 0, 0,
+         "write the logits after each prompt prefix [0..t] as little-endian f32 [T][vocab] "
+         "to this file and exit without generating"},
+        {"logits-path", EPD_OPT_STRING, &a.logits_path, 0, 0,
+         "with --logits-out: prefill (row t from a fresh prefill of [0..t]) or decode (prefill "
+         "of token 0, then teacher-forced decode steps)"},
+        {"jsonl", EPD_OPT_BOOL, &a.jsonl, 0, 0,
+         "print one JSON object per generated token: {\"id\", \"text\", \"logprob\", "
+         "\"top_logprobs\": [[id, logprob], ...]} (log-softmax of the raw logits, before "
+         "temperature; top_logprobs best first)"},
+        {"logprobs", EPD_OPT_INT, &a.logprobs, 0, 1 << 20,
+         "with --jsonl: top_logprobs entries per token"},
     };
     epd_opts_t o = {.prog = "epd-generate",
                     .summary = "prefill + decode one prompt in one process (colocated baseline)",
@@ -475,8 +703,12 @@ int main(int argc, char **argv)
         rc = epd_gen_fail("unexpected argument (flags are --name value)");
     } else if (a.model == NULL || a.model[0] == '\0') {
         rc = epd_gen_fail("--model DIR is required");
-    } else if (a.prompt == NULL || a.prompt[0] == '\0') {
-        rc = epd_gen_fail("--prompt must not be empty");
+    } else if ((a.prompt == NULL || a.prompt[0] == '\0') && a.prompt_ids == NULL) {
+        rc = epd_gen_fail("--prompt must not be empty (or give --prompt-ids)");
+    } else if (a.prompt != NULL && a.prompt_ids != NULL) {
+        rc = epd_gen_fail("--prompt and --prompt-ids exclude each other");
+    } else if (a.prompt_ids != NULL && a.image != NULL) {
+        rc = epd_gen_fail("--prompt-ids does not take --image");
     } else if (!(a.top_p > 0.0)) {
         rc = epd_gen_fail("--top-p must be in (0, 1]");
     } else {
