@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """epd-generate against the float64 numpy reference (hf_ref.py).
 
-  hf_check.py BIN TMP MAX_TOKENS DIR=PROMPTS [DIR=PROMPTS...]
+  hf_check.py BIN TMP MAX_TOKENS DIR=PROMPTS[@I,J,...] [DIR=PROMPTS...]
 
 DIR is a Hugging Face model folder, PROMPTS a file of prompts as token ids
-(one JSON array per line, as epd-tokenize prints them).  For every folder
-and prompt:
+(one JSON array per line, as epd-tokenize prints them), @I,J the indexes
+of the prompts to run on that folder (default all).  For every folder and
+prompt:
 
   logits  `epd-generate --logits-out` on each path (prefill: the prompt in
           one pass; decode: one token at a time) against the reference's
@@ -23,7 +24,11 @@ and prompt:
           the top_logprobs the reference's best 5 up to that bound.
 
 Folders with the same config and weights (one written single-file, one
-sharded) share one reference computation.  One line per folder and check,
+sharded) share one reference computation.  The logits runs read a view of
+the folder without its tokenizer files (the tokenizer has no part in
+--prompt-ids --logits-out, and loading Qwen's 11 MB tokenizer.json is
+most of a short run); the greedy runs read the folder itself.  EPD_HF_JOBS
+(default 2) engine runs at once, beside the reference's computation.  One line per folder and check,
 a FAIL line per prompt that fails (arch, path, prompt, position,
 magnitude), and "N passed, N failed" at the end (counted per folder,
 prompt and check); exit 1 on any failure.
@@ -32,8 +37,10 @@ prompt and check); exit 1 on any failure.
 import hashlib
 import json
 import os
+import resource
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -68,13 +75,16 @@ def eos_ids(folder, cfg):
 
 
 BROKEN = set()  # folders the engine failed to run once: not run again
+RUNS = [0]
 
 
 def run(cmd):
     folder = cmd[cmd.index("--model") + 1]
     if folder in BROKEN:
         raise RuntimeError("not run: the engine failed on this folder before")
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    RUNS[0] += 1
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")  # EPD_HF_JOBS runs share the cores
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     if p.returncode != 0:
         BROKEN.add(folder)
         raise RuntimeError("%s: exit %d: %s" % (" ".join(cmd), p.returncode,
@@ -96,22 +106,39 @@ class Tally:
                 print("FAIL: " + line, flush=True)
 
 
-def check_logits(gen, folder, tag, ids, ref, tmp, path, tally, worst):
-    out = os.path.join(tmp, "logits.f32")
+def engine_logits(gen, folder, ids, path, out):
+    """epd-generate's logits rows (float64 [T][vocab]) or an error string."""
     try:
         run([gen, "--model", folder, "--prompt-ids", ",".join(map(str, ids)),
              "--logits-out", out, "--logits-path", path])
-        got = np.fromfile(out, dtype="<f4")
+        return np.fromfile(out, dtype="<f4").astype(np.float64)
     except RuntimeError as e:
-        tally.add(False, "%s %s: %s" % (tag, path, e))
-        return
+        return str(e)
     finally:
         if os.path.exists(out):
             os.unlink(out)
+
+
+def engine_greedy(gen, folder, ids, max_tokens):
+    """epd-generate's greedy JSON objects or an error string."""
+    try:
+        text = run([gen, "--model", folder, "--prompt-ids", ",".join(map(str, ids)),
+                    "--max-tokens", str(max_tokens), "--temperature", "0",
+                    "--jsonl", "--logprobs", str(TOPK)])
+    except RuntimeError as e:
+        return str(e)
+    objs = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+    return [o for o in objs if "id" in o]
+
+
+def compare_logits(tag, path, got, ref, tally, worst):
+    if isinstance(got, str):
+        tally.add(False, "%s %s: %s" % (tag, path, got))
+        return
     if got.size != ref.size:
         tally.add(False, "%s %s: %d floats, want %d x %d" % (tag, path, got.size, *ref.shape))
         return
-    got = got.reshape(ref.shape).astype(np.float64)
+    got = got.reshape(ref.shape)
     rel = np.max(np.abs(got - ref), axis=1) / np.max(np.abs(ref), axis=1)
     t = int(np.argmax(rel))
     worst[path] = max(worst[path], float(rel[t]))
@@ -122,16 +149,10 @@ def check_logits(gen, folder, tag, ids, ref, tmp, path, tally, worst):
                  rel[bad[0]] if bad.size else 0, t, rel[t], np.max(np.abs(ref[t]))))
 
 
-def check_greedy(gen, folder, tag, ids, steps, max_tokens, tally, stats):
-    try:
-        text = run([gen, "--model", folder, "--prompt-ids", ",".join(map(str, ids)),
-                    "--max-tokens", str(max_tokens), "--temperature", "0",
-                    "--jsonl", "--logprobs", str(TOPK)])
-    except RuntimeError as e:
-        tally.add(False, "%s greedy: %s" % (tag, e))
+def compare_greedy(tag, objs, steps, tally, stats):
+    if isinstance(objs, str):
+        tally.add(False, "%s greedy: %s" % (tag, objs))
         return
-    objs = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
-    objs = [o for o in objs if "id" in o]
     why = None
     n = 0
     for s, (tok, gap, lp, rowmax) in enumerate(steps):
@@ -157,7 +178,7 @@ def check_greedy(gen, folder, tag, ids, steps, max_tokens, tally, stats):
         if len(tops) != TOPK:
             why = "step %d: %d top_logprobs, want %d" % (s, len(tops), TOPK)
             break
-        kth = np.sort(lp)[-TOPK]
+        kth = np.partition(lp, -TOPK)[-TOPK]
         for i_, lpv in tops:
             e2 = abs(float(lpv) - lp[i_])
             if not (e2 <= bound and lp[i_] >= kth - bound):
@@ -174,55 +195,90 @@ def check_greedy(gen, folder, tag, ids, steps, max_tokens, tally, stats):
     tally.add(why is None, "%s greedy: %s" % (tag, why))
 
 
+def logits_view(folder, tmp):
+    """The folder without its tokenizer files (symlinks to the rest): for
+    --prompt-ids --logits-out the tokenizer plays no part, and loading a
+    151k-entry tokenizer.json is most of a short run's time."""
+    view = os.path.join(tmp, "view-" + os.path.basename(folder.rstrip("/")))
+    os.makedirs(view, exist_ok=True)
+    for fn in os.listdir(folder):
+        if not fn.startswith("tokenizer") and not os.path.exists(os.path.join(view, fn)):
+            os.symlink(os.path.abspath(os.path.join(folder, fn)), os.path.join(view, fn))
+    return view
+
+
 def main(argv):
     if len(argv) < 5:
         sys.stderr.write(__doc__)
         return 2
     bindir, tmp, max_tokens = argv[1], argv[2], int(argv[3])
     gen = os.path.join(bindir, "epd-generate")
-    groups = {}  # digest -> [(folder, prompts)], in the order given
-    models = {}
+    jobs = int(os.environ.get("EPD_HF_JOBS", "2"))
+    groups = {}  # digest -> [(folder, prompt indexes)], in the order given
+    models, prompt_sets = {}, {}
     for arg in argv[4:]:
         folder, pfile = arg.split("=", 1)
+        pfile, _, subset = pfile.partition("@")
         with open(pfile) as f:
             prompts = [json.loads(ln) for ln in f if ln.strip()]
+        which = [int(i) for i in subset.split(",")] if subset else list(range(len(prompts)))
         m = hf_ref.load_model(folder)
         d = digest(folder, m) + pfile
         if d not in groups:
             groups[d] = []
             models[d] = m
-        groups[d].append((folder, prompts))
+            prompt_sets[d] = prompts
+        groups[d].append((folder, which))
 
     tally = Tally()
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    seq = [0]
+
+    def out_file():
+        seq[0] += 1
+        return os.path.join(tmp, "logits-%d.f32" % seq[0])
+
     for d, members in groups.items():
         m = models[d]
-        prompts = members[0][1]
+        prompts = prompt_sets[d]
         eos = eos_ids(members[0][0], m.cfg)
         per = {f: {"prefill": 0.0, "decode": 0.0, "ties": 0, "compared": 0, "lp_err": 0.0}
                for f, _ in members}
+        views = {f: logits_view(f, tmp) for f, _ in members}
+
         def tag(folder, pi):
             return "%s (%s) prompt %d (%d tokens)" % (os.path.basename(folder), m.kind, pi,
                                                       len(prompts[pi]))
+        needed = sorted({pi for _, which in members for pi in which})
+        # the engine's greedy runs need no reference: start them all now
+        greedy_jobs = {(f, pi): pool.submit(engine_greedy, gen, f, prompts[pi], max_tokens)
+                       for f, which in members for pi in which}
         last_rows = []
-        for pi, ids in enumerate(prompts):
-            ref = m.forward(ids)
+        for pi in needed:
+            ids = prompts[pi]
+            runs = {(f, path): pool.submit(engine_logits, gen, views[f], ids, path, out_file())
+                    for f, which in members if pi in which for path in ("prefill", "decode")}
+            ref = m.forward(ids)  # while the engine runs
             last_rows.append(ref[-1].copy())
-            for folder, _ in members:
-                for path in ("prefill", "decode"):
-                    check_logits(gen, folder, tag(folder, pi), ids, ref, tmp, path, tally, per[folder])
-            del ref
-        greedy = m.greedy_many(prompts, max_tokens, eos, last_rows)
-        for pi, ids in enumerate(prompts):
-            for folder, _ in members:
-                check_greedy(gen, folder, tag(folder, pi), ids, greedy[pi], max_tokens, tally,
-                             per[folder])
-        del greedy
-        for folder, _ in members:
-            w = per[folder]
+            for (f, path), fut in runs.items():
+                compare_logits(tag(f, pi), path, fut.result(), ref, tally, per[f])
+            del ref, runs
+        greedy = m.greedy_many([prompts[pi] for pi in needed], max_tokens, eos, last_rows)
+        for k, pi in enumerate(needed):
+            for f, which in members:
+                if pi in which:
+                    compare_greedy(tag(f, pi), greedy_jobs[(f, pi)].result(), greedy[k], tally, per[f])
+        del greedy, greedy_jobs
+        for f, which in members:
+            w = per[f]
             print("%s (%s, %d prompts): worst row rel error prefill %.2e decode %.2e; greedy %d "
                   "steps equal, %d prompts stopped at a top-2 gap < %g, worst logprob error %.2e"
-                  % (os.path.basename(folder), m.kind, len(prompts), w["prefill"], w["decode"],
+                  % (os.path.basename(f), m.kind, len(which), w["prefill"], w["decode"],
                      w["compared"], w["ties"], GAP, w["lp_err"]), flush=True)
+    pool.shutdown()
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    print("CPU seconds: reference and comparisons %.1f, epd-generate %.1f (%d runs)"
+          % (me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime, RUNS[0]))
     print("%d passed, %d failed" % (tally.passed, tally.failed))
     return 1 if tally.failed else 0
 

@@ -48,7 +48,7 @@ cat >"$T/prompts.jsonl" <<'EOF'
 "Grüße aus München! Ça va? Привет, мир. こんにちは 🌍🚀"
 "مرحبا بالعالم — नमस्ते दुनिया — 안녕하세요 세계"
 "x_1 == y[2] && z->w;\t\t1234567890 + 987654321 = ?   \n\n  {\"key\": [1, 2.5e-3, null]}"
-"Once upon a time, in a small village by the sea, there lived an old fisherman who told stories to anyone who would listen. Every evening the children gathered around his boat, and he spoke of storms, of strange lights beneath the waves, and of a city that sank long ago. 他说，大海记得一切。 Nobody knew whether the tales were true, but the children believed every word, and years later they told the same stories to their own children: for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }"
+"Once upon a time, in a small village by the sea, there lived an old fisherman who told stories. Every evening the children gathered around his boat. 他说，大海记得一切。 for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }"
 EOF
 "$BIN/epd-tokenize" --model "$QWEN_TOK" --add-special <"$T/prompts.jsonl" >"$T/qwen.ids" ||
   fail "epd-tokenize (Qwen3 vocabulary)"
@@ -72,7 +72,8 @@ mk() { # NAME TOKENIZER IDS flags...: the same weights once whole, once in shard
   "$BIN/epd-mkmodel" --tokenizer "$tok" --out "$T/$name-sh$shards" --shards "$shards" "${SHAPE[@]}" "$@" \
     >"$T/mk.log" 2>&1 || { cat "$T/mk.log"; fail "epd-mkmodel $name --shards $shards $*"; }
   [ -f "$T/$name-sh$shards/model.safetensors.index.json" ] || fail "$name: --shards wrote no index"
-  MODELS+=("$T/$name=$T/$ids" "$T/$name-sh$shards=$T/$ids")
+  # the shards hold the same weights (hf_check.py checks): 3 of the prompts
+  MODELS+=("$T/$name=$T/$ids" "$T/$name-sh$shards=$T/$ids@0,2,4")
 }
 mk qwen2 "$QWEN_TOK" qwen.ids 2 --arch qwen2 --seed 11
 mk qwen3 "$QWEN_TOK" qwen.ids 3 --arch qwen3 --head-dim 32 --seed 12
@@ -86,7 +87,7 @@ note "models: hf_write.py (numpy), Qwen2.5 and Qwen3-MoE config keys"
   --out "$T/py-qwen2-tied" || fail "hf_write.py qwen2"
 "$PYTHON3" "$HERE/hf_write.py" --arch qwen3_moe --head-dim 32 --experts 8 --top-k 3 --shards 3 \
   --seed 22 --tokenizer "$QWEN_TOK" --out "$T/py-qwen3-moe" || fail "hf_write.py qwen3_moe"
-MODELS+=("$T/py-qwen2-tied=$T/qwen.ids" "$T/py-qwen3-moe=$T/qwen.ids")
+MODELS+=("$T/py-qwen2-tied=$T/qwen.ids@1,3,5" "$T/py-qwen3-moe=$T/qwen.ids@2,6,7")
 
 note "epd-generate against the float64 reference"
 "$PYTHON3" "$HERE/hf_check.py" "$BIN" "$T" 32 "${MODELS[@]}" ||
