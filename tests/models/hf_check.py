@@ -52,11 +52,11 @@ GAP = 1e-4
 TOPK = 5
 
 
-def digest(folder, model):
-    """Same config (bar file layout) and same weights -> same digest."""
+def digest(model):
+    """Same config and same weights (whatever the files) -> same digest."""
     h = hashlib.sha256()
     h.update(json.dumps(model.cfg, sort_keys=True).encode())
-    for name, t in sorted(hf_ref.load_tensors(folder).items()):
+    for name, t in sorted(model.tensors.items()):
         h.update(name.encode())
         h.update(np.ascontiguousarray(t).tobytes())
     return h.hexdigest()
@@ -223,7 +223,7 @@ def main(argv):
             prompts = [json.loads(ln) for ln in f if ln.strip()]
         which = [int(i) for i in subset.split(",")] if subset else list(range(len(prompts)))
         m = hf_ref.load_model(folder)
-        d = digest(folder, m) + pfile
+        d = digest(m) + pfile
         if d not in groups:
             groups[d] = []
             models[d] = m

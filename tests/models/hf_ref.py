@@ -133,7 +133,10 @@ def load_tensors(folder):
 def load_model(folder):
     with open(os.path.join(folder, "config.json")) as f:
         cfg = json.load(f)
-    return Model(cfg, load_tensors(folder))
+    tensors = load_tensors(folder)
+    m = Model(cfg, tensors)
+    m.tensors = tensors  # the same arrays, for whoever wants them by name
+    return m
 
 
 # ----------------------------------------------------------------------------
