@@ -87,7 +87,22 @@ note "models: hf_write.py (numpy), Qwen2.5 and Qwen3-MoE config keys"
   --out "$T/py-qwen2-tied" || fail "hf_write.py qwen2"
 "$PYTHON3" "$HERE/hf_write.py" --arch qwen3_moe --head-dim 32 --experts 8 --top-k 3 --shards 3 \
   --seed 22 --tokenizer "$QWEN_TOK" --out "$T/py-qwen3-moe" || fail "hf_write.py qwen3_moe"
-MODELS+=("$T/py-qwen2-tied=$T/qwen.ids@1,3,5" "$T/py-qwen3-moe=$T/qwen.ids@2,6,7")
+# an eos id the greedy run meets: the reference's first new id after step
+# 0 of prompt 0 joins generation_config.json's eos list, so the engine must
+# stop there (after printing it), as the reference does
+"$PYTHON3" - "$HERE" "$T/py-qwen2-tied" "$(head -n 1 "$T/qwen.ids")" <<'PY' || fail "eos id"
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import hf_ref
+steps = [s[0] for s in hf_ref.load_model(sys.argv[2]).greedy(json.loads(sys.argv[3]), 32)]
+x = next(t for i, t in enumerate(steps) if i > 0 and t not in steps[:i])
+path = sys.argv[2] + "/generation_config.json"
+g = json.load(open(path))
+g["eos_token_id"] = g["eos_token_id"] + [x]
+json.dump(g, open(path, "w"), indent=2)
+print("eos ids %s: the greedy run of prompt 0 stops at step %d" % (g["eos_token_id"], steps.index(x)))
+PY
+MODELS+=("$T/py-qwen2-tied=$T/qwen.ids@0,3,5" "$T/py-qwen3-moe=$T/qwen.ids@2,6,7")
 
 note "epd-generate against the float64 reference"
 "$PYTHON3" "$HERE/hf_check.py" "$BIN" "$T" 32 "${MODELS[@]}" ||
