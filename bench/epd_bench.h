@@ -5,6 +5,10 @@
 #define EPD_BENCH_H
 
 int epd_bench_engine_main(int argc, char **argv);
+/* `engine --hf LIST`: the Hugging Face models of that list, `layers` layers
+ * each, written under `models` (epd_bench_engine_hf.c). */
+#include <stdint.h>
+int epd_bench_engine_hf(const char *models, const char *list, uint32_t layers);
 int epd_bench_xfer_main(int argc, char **argv);
 int epd_bench_overhead_main(int argc, char **argv);
 int epd_bench_serve_main(int argc, char **argv);

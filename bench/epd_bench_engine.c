@@ -4,6 +4,7 @@
  * 1 and 8, 128-token contexts, 32 steps) of the ref engine.  Models of the
  * named sizes are written once into MODELS/bench-SIZE with the same code as
  * epd-mkmodel and reused afterwards.  Single compute thread, as in a daemon.
+ * --hf LIST runs the Hugging Face table instead (epd_bench_engine_hf.c).
  */
 #include <stdio.h>
 #include <string.h>
@@ -193,10 +194,16 @@ int epd_bench_engine_main(int argc, char **argv)
     const char *model = NULL;
     const char *sizes = "default,medium";
     const char *models = "build/models";
+    const char *hf = NULL;
+    int64_t hf_layers = 4;
     const epd_opt_t opts[] = {
         {"model", EPD_OPT_STRING, &model, 0, 0, "bench this model folder only"},
         {"sizes", EPD_OPT_STRING, &sizes, 0, 0, "built-in sizes: default, medium, large"},
         {"models-dir", EPD_OPT_STRING, &models, 0, 0, "where bench models are written"},
+        {"hf", EPD_OPT_STRING, &hf, 0, 0,
+         "Hugging Face models instead, comma-separated: qwen-0.5b, qwen-1.5b, moe, tiny "
+         "(prefill vs sgemm, decode vs the memory roofline, RSS vs the file)"},
+        {"hf-layers", EPD_OPT_INT, &hf_layers, 1, 256, "layers of the --hf models"},
     };
     epd_opts_t o = {.prog = "epd-bench engine",
                     .summary = "prefill and decode tokens/s of the ref engine",
@@ -212,6 +219,11 @@ int epd_bench_engine_main(int argc, char **argv)
     if (status != EPD_OK) {
         epd_opts_cleanup(&o);
         return status == EPD_ERR_CANCELED ? 0 : 2;
+    }
+    if (hf != NULL) {
+        rc = epd_bench_engine_hf(models, hf, (uint32_t)hf_layers);
+        epd_opts_cleanup(&o);
+        return rc;
     }
     printf("%-10s %6s %6s %12s %12s %12s %12s %10s\n", "model", "layers", "dim", "prefill512",
            "prefill2048", "decode_b1", "decode_b8", "2048_s");

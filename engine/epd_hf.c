@@ -10,8 +10,10 @@
  *  - split invariance: prefill products run on EPD_HF_TILE-row tiles
  *    aligned to absolute positions, attention keys in EPD_HF_KTILE chunks
  *    aligned to 0, weight blocks of a size fixed by the matrix shape;
- *  - batch invariance: decode runs one request's row at a time through the
- *    widening mat-vec; MoE experts always run per token (epd_hf_moe.c).
+ *  - batch invariance: decode sums every (weight row, request) pair the
+ *    same way alone or in a batch (epd_hf_matvec_batch reads each weight
+ *    row once for the batch); MoE experts always run per token
+ *    (epd_hf_moe.c).
  */
 #include <cblas.h>
 #include <pthread.h>
@@ -49,8 +51,8 @@ static epd_status_t epd_hf_tokenize(const epd_engine_impl_t *e, const char *text
         return EPD_ERR_UNSUPPORTED;
     }
     pthread_mutex_lock(&epd_hf_tok_lock);
-    status = epd_tokenizer_encode(e->tok, text, len, add_bos ? EPD_TOKENIZE_ADD_SPECIAL : 0,
-                                  tokens, cap, n_p);
+    status = epd_tokenizer_encode(e->tok, text, len, add_bos ? EPD_TOKENIZE_ADD_SPECIAL : 0, tokens,
+                                  cap, n_p);
     pthread_mutex_unlock(&epd_hf_tok_lock);
     return status;
 }
@@ -148,8 +150,8 @@ typedef struct {
 
 static void epd_hf_act_free(epd_hf_act_t *a)
 {
-    float *all[] = {a->x, a->h, a->q, a->k, a->v, a->o, a->g, a->u, a->kg, a->vg, a->s, a->ws,
-                    a->rc, a->rs};
+    float *all[] = {a->x, a->h,  a->q,  a->k, a->v,  a->o,  a->g,
+                    a->u, a->kg, a->vg, a->s, a->ws, a->rc, a->rs};
 
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
         epd_free(all[i]);
@@ -302,8 +304,8 @@ static void epd_hf_prefill_mlp(epd_engine_impl_t *e, const epd_hf_layer_t *L, ui
 
         epd_hf_matmul_tiles(a->h + (size_t)r0 * dim, (int)dim, n, &L->gate, a->g, (int)hp->ffn,
                             0.0f, a->ws);
-        epd_hf_matmul_tiles(a->h + (size_t)r0 * dim, (int)dim, n, &L->up, a->u, (int)hp->ffn,
-                            0.0f, a->ws);
+        epd_hf_matmul_tiles(a->h + (size_t)r0 * dim, (int)dim, n, &L->up, a->u, (int)hp->ffn, 0.0f,
+                            a->ws);
         for (size_t i = 0; i < (size_t)n * hp->ffn; i++) {
             a->g[i] = epd_hf_silu(a->g[i]) * a->u[i];
         }
@@ -478,20 +480,18 @@ static epd_status_t epd_hf_decode(epd_engine_impl_t *e, const epd_kv_pool_t *poo
         const epd_hf_layer_t *L = &e->layers[l];
 
         for (uint32_t b = 0; b < B; b++) {
+            epd_hf_rmsnorm(e->d_x + (size_t)b * dim, L->in_norm, dim, hp->rms_eps,
+                           e->d_h + (size_t)b * dim);
+        }
+        epd_hf_matvec_batch(&L->q, e->d_h, dim, B, e->d_q, qd, 0);
+        epd_hf_matvec_batch(&L->k, e->d_h, dim, B, e->d_k, kvd, 0);
+        epd_hf_matvec_batch(&L->v, e->d_h, dim, B, e->d_v, kvd, 0);
+        for (uint32_t b = 0; b < B; b++) {
             const epd_decode_req_t *r = &reqs[b];
-            float *x = e->d_x + (size_t)b * dim;
-            float *h = e->d_h + (size_t)b * dim;
             float *q = e->d_q + (size_t)b * qd;
             float *k = e->d_k + (size_t)b * kvd;
             float *v = e->d_v + (size_t)b * kvd;
-            float *o = e->d_o + (size_t)b * qd;
-            float *g = e->d_g + (size_t)b * ffn;
-            float *u = e->d_u + (size_t)b * ffn;
 
-            epd_hf_rmsnorm(x, L->in_norm, dim, hp->rms_eps, h);
-            epd_hf_matvec(&L->q, h, q, 0);
-            epd_hf_matvec(&L->k, h, k, 0);
-            epd_hf_matvec(&L->v, h, v, 0);
             if (L->bq != NULL) {
                 epd_hf_add(q, L->bq, qd);
                 epd_hf_add(k, L->bk, kvd);
@@ -504,30 +504,42 @@ static epd_status_t epd_hf_decode(epd_engine_impl_t *e, const epd_kv_pool_t *poo
                 memcpy(epd_hf_kv_row(e, pool, l, &r->seq, kvh, r->pos, 1), v + (size_t)kvh * hd,
                        hd * sizeof(float));
             }
-            epd_hf_decode_attention(e, pool, l, r, q, o);
-            epd_hf_matvec(&L->o, o, x, 1);
-            epd_hf_rmsnorm(x, L->post_norm, dim, hp->rms_eps, h);
-            if (hp->arch == EPD_HF_QWEN3_MOE) {
-                epd_hf_moe_token(e, L, h, x, g, u);
-                continue;
+            epd_hf_decode_attention(e, pool, l, r, q, e->d_o + (size_t)b * qd);
+        }
+        epd_hf_matvec_batch(&L->o, e->d_o, qd, B, e->d_x, dim, 1);
+        for (uint32_t b = 0; b < B; b++) {
+            epd_hf_rmsnorm(e->d_x + (size_t)b * dim, L->post_norm, dim, hp->rms_eps,
+                           e->d_h + (size_t)b * dim);
+        }
+        if (hp->arch == EPD_HF_QWEN3_MOE) {
+            /* each token its own experts */
+            for (uint32_t b = 0; b < B; b++) {
+                epd_hf_moe_token(e, L, e->d_h + (size_t)b * dim, e->d_x + (size_t)b * dim,
+                                 e->d_g + (size_t)b * ffn, e->d_u + (size_t)b * ffn);
             }
-            epd_hf_matvec(&L->gate, h, g, 0);
-            epd_hf_matvec(&L->up, h, u, 0);
+            continue;
+        }
+        epd_hf_matvec_batch(&L->gate, e->d_h, dim, B, e->d_g, ffn, 0);
+        epd_hf_matvec_batch(&L->up, e->d_h, dim, B, e->d_u, ffn, 0);
+        for (uint32_t b = 0; b < B; b++) {
+            float *g = e->d_g + (size_t)b * ffn;
+            const float *u = e->d_u + (size_t)b * ffn;
+
             for (uint32_t i = 0; i < hp->ffn; i++) {
                 g[i] = epd_hf_silu(g[i]) * u[i];
             }
-            epd_hf_matvec(&L->down, g, x, 1);
         }
+        epd_hf_matvec_batch(&L->down, e->d_g, ffn, B, e->d_x, dim, 1);
     }
     for (uint32_t b = 0; b < B; b++) {
-        epd_hf_rmsnorm(e->d_x + (size_t)b * dim, e->final_norm, dim, hp->rms_eps, e->d_h);
-        epd_hf_matvec(&e->lm_head, e->d_h, logits + (size_t)b * hp->vocab, 0);
+        epd_hf_rmsnorm(e->d_x + (size_t)b * dim, e->final_norm, dim, hp->rms_eps,
+                       e->d_h + (size_t)b * dim);
     }
+    epd_hf_matvec_batch(&e->lm_head, e->d_h, dim, B, logits, hp->vocab, 0);
     return EPD_OK;
 }
 
-static void epd_hf_release(epd_engine_impl_t *e, const epd_kv_pool_t *pool,
-                           const epd_kv_seq_t *seq)
+static void epd_hf_release(epd_engine_impl_t *e, const epd_kv_pool_t *pool, const epd_kv_seq_t *seq)
 {
     /* attention only: nothing per request outside the blocks */
     (void)e;

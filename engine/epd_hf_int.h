@@ -56,17 +56,17 @@ struct epd_engine_impl {
     epd_engine_info_t info;
     epd_st_file_t **files; /* [n_files] mapped shards */
     uint32_t n_files;
-    float *vecs;           /* every norm / bias, widened, one buffer */
+    float *vecs; /* every norm / bias, widened, one buffer */
     epd_hf_layer_t *layers;
     epd_hf_expert_t *experts; /* [n_layers * n_experts] */
     epd_hf_mat_t embed;       /* [vocab, dim] */
     epd_hf_mat_t lm_head;     /* [vocab, dim]: the embedding when tied */
     const float *final_norm;
-    double *inv_freq;         /* [hd/2], llama3-scaled when asked */
-    epd_tokenizer_t *tok;     /* NULL without tokenizer.json */
+    double *inv_freq;     /* [hd/2], llama3-scaled when asked */
+    epd_tokenizer_t *tok; /* NULL without tokenizer.json */
     /* decode scratch, [max_batch][...] */
     float *d_x, *d_h, *d_q, *d_k, *d_v, *d_o, *d_g, *d_u;
-    float *d_scores; /* [max_context] */
+    float *d_scores;      /* [max_context] */
     float *d_cos, *d_sin; /* [max_batch][hd/2] */
     float *m_logit;       /* [n_experts] router logits of one token */
     float *m_y;           /* [2][dim]: one expert's output, the mixture */
@@ -78,6 +78,13 @@ struct epd_engine_impl {
  * accumulation in a fixed order: a row's result depends on W row and x
  * only (batch-invariant). */
 void epd_hf_matvec(const epd_hf_mat_t *w, const float *x, float *y, int accumulate);
+
+/* The same for B inputs x[b * ldx ..] into y[b * ldy ..]: each weight row
+ * is read once for the whole batch (decode is bound by weight bytes), and
+ * each (row, input) pair summed exactly as epd_hf_matvec sums it, so a
+ * request's result is bit for bit the same alone or in any batch. */
+void epd_hf_matvec_batch(const epd_hf_mat_t *w, const float *x, size_t ldx, uint32_t B, float *y,
+                         size_t ldy, int accumulate);
 
 /* Widens rows [r0, r0+n) of w into dst [n][cols] f32. */
 void epd_hf_widen_rows(const epd_hf_mat_t *w, uint32_t r0, uint32_t n, float *dst);

@@ -40,8 +40,7 @@ static epd_status_t epd_hf_open_files(epd_engine_impl_t *e, const char *dir, epd
     epd_status_t status;
 
     memset(w, 0, sizeof(*w));
-    if (snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir) >=
-        (int)sizeof(path)) {
+    if (snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir) >= (int)sizeof(path)) {
         return EPD_ERR_INVALID_PARAM;
     }
     if (stat(path, &st) != 0) {
@@ -55,7 +54,8 @@ static epd_status_t epd_hf_open_files(epd_engine_impl_t *e, const char *dir, epd
         }
         status = epd_st_open(path, &e->files[0]); /* logs its cause, naming the file */
         if (status != EPD_OK) {
-            return status == EPD_ERR_NOT_FOUND ? EPD_ERR_NOT_FOUND : EPD_ERR_MALFORMED;
+            return status == EPD_ERR_NOT_FOUND || status == EPD_ERR_NO_MEMORY ? status
+                                                                              : EPD_ERR_MALFORMED;
         }
         e->n_files = 1;
         return EPD_OK;
@@ -79,8 +79,8 @@ static epd_status_t epd_hf_open_files(epd_engine_impl_t *e, const char *dir, epd
 
         if (fname == NULL || fname[0] == '\0' || strchr(fname, '/') != NULL ||
             strcmp(fname, "..") == 0) {
-            epd_log_error(EPD_HF_LOG, 0,
-                          "%s: weight_map entry '%s' must name a file in the folder", path, key);
+            epd_log_error(EPD_HF_LOG, 0, "%s: weight_map entry '%s' must name a file in the folder",
+                          path, key);
             return EPD_ERR_MALFORMED;
         }
         if (json_object_get(w->fileno, fname) != NULL) {
@@ -167,8 +167,8 @@ static epd_status_t epd_hf_check_tensor(const epd_st_tensor_t *t, const epd_hf_t
     if (esize == 0 || (uintptr_t)t->data % esize != 0) {
         /* the kernels read elements in place: safetensors writers align
          * every tensor (headers are padded to 8 bytes) */
-        epd_log_error(EPD_HF_LOG, 0, "tensor '%s': data is not aligned to its %s elements",
-                      s->name, epd_dtype_name(t->dtype));
+        epd_log_error(EPD_HF_LOG, 0, "tensor '%s': data is not aligned to its %s elements", s->name,
+                      epd_dtype_name(t->dtype));
         return EPD_ERR_MALFORMED;
     }
     return EPD_OK;
@@ -237,15 +237,32 @@ static epd_status_t epd_hf_bind(epd_engine_impl_t *e, const epd_hf_where_t *w, j
                 v[j] = epd_hf_elem(t, j);
             }
             switch (s.role) {
-            case EPD_HF_T_IN_NORM: slot = &L->in_norm; break;
-            case EPD_HF_T_POST_NORM: slot = &L->post_norm; break;
-            case EPD_HF_T_Q_BIAS: slot = &L->bq; break;
-            case EPD_HF_T_K_BIAS: slot = &L->bk; break;
-            case EPD_HF_T_V_BIAS: slot = &L->bv; break;
-            case EPD_HF_T_Q_NORM: slot = &L->q_norm; break;
-            case EPD_HF_T_K_NORM: slot = &L->k_norm; break;
-            case EPD_HF_T_FINAL_NORM: slot = &e->final_norm; break;
-            default: break;
+            case EPD_HF_T_IN_NORM:
+                slot = &L->in_norm;
+                break;
+            case EPD_HF_T_POST_NORM:
+                slot = &L->post_norm;
+                break;
+            case EPD_HF_T_Q_BIAS:
+                slot = &L->bq;
+                break;
+            case EPD_HF_T_K_BIAS:
+                slot = &L->bk;
+                break;
+            case EPD_HF_T_V_BIAS:
+                slot = &L->bv;
+                break;
+            case EPD_HF_T_Q_NORM:
+                slot = &L->q_norm;
+                break;
+            case EPD_HF_T_K_NORM:
+                slot = &L->k_norm;
+                break;
+            case EPD_HF_T_FINAL_NORM:
+                slot = &e->final_norm;
+                break;
+            default:
+                break;
             }
             if (slot != NULL) {
                 *slot = v;
@@ -258,23 +275,48 @@ static epd_status_t epd_hf_bind(epd_engine_impl_t *e, const epd_hf_where_t *w, j
         m.rows = (uint32_t)s.shape[0];
         m.cols = (uint32_t)s.shape[1];
         switch (s.role) {
-        case EPD_HF_T_EMBED: e->embed = m; break;
-        case EPD_HF_T_LM_HEAD: e->lm_head = m; break;
-        case EPD_HF_T_Q: L->q = m; break;
-        case EPD_HF_T_K: L->k = m; break;
-        case EPD_HF_T_V: L->v = m; break;
-        case EPD_HF_T_O: L->o = m; break;
-        case EPD_HF_T_GATE: L->gate = m; break;
-        case EPD_HF_T_UP: L->up = m; break;
-        case EPD_HF_T_DOWN: L->down = m; break;
+        case EPD_HF_T_EMBED:
+            e->embed = m;
+            break;
+        case EPD_HF_T_LM_HEAD:
+            e->lm_head = m;
+            break;
+        case EPD_HF_T_Q:
+            L->q = m;
+            break;
+        case EPD_HF_T_K:
+            L->k = m;
+            break;
+        case EPD_HF_T_V:
+            L->v = m;
+            break;
+        case EPD_HF_T_O:
+            L->o = m;
+            break;
+        case EPD_HF_T_GATE:
+            L->gate = m;
+            break;
+        case EPD_HF_T_UP:
+            L->up = m;
+            break;
+        case EPD_HF_T_DOWN:
+            L->down = m;
+            break;
         case EPD_HF_T_ROUTER:
             L->router = m;
             L->experts = e->experts + (size_t)s.layer * hp->n_experts;
             break;
-        case EPD_HF_T_X_GATE: e->experts[(size_t)s.layer * hp->n_experts + s.expert].gate = m; break;
-        case EPD_HF_T_X_UP: e->experts[(size_t)s.layer * hp->n_experts + s.expert].up = m; break;
-        case EPD_HF_T_X_DOWN: e->experts[(size_t)s.layer * hp->n_experts + s.expert].down = m; break;
-        default: break;
+        case EPD_HF_T_X_GATE:
+            e->experts[(size_t)s.layer * hp->n_experts + s.expert].gate = m;
+            break;
+        case EPD_HF_T_X_UP:
+            e->experts[(size_t)s.layer * hp->n_experts + s.expert].up = m;
+            break;
+        case EPD_HF_T_X_DOWN:
+            e->experts[(size_t)s.layer * hp->n_experts + s.expert].down = m;
+            break;
+        default:
+            break;
         }
     }
     if (hp->tied) {
@@ -311,8 +353,8 @@ static epd_status_t epd_hf_check_consumed(const epd_engine_impl_t *e, const epd_
         {
             if (json_object_get(set, key) == NULL) {
                 epd_log_error(EPD_HF_LOG, 0,
-                              "tensor '%s' (model.safetensors.index.json) is not used by %s",
-                              key, epd_hf_arch_class(e->hp.arch));
+                              "tensor '%s' (model.safetensors.index.json) is not used by %s", key,
+                              epd_hf_arch_class(e->hp.arch));
                 return EPD_ERR_MALFORMED;
             }
         }
@@ -401,8 +443,8 @@ static void epd_hf_inv_freq(epd_engine_impl_t *e)
             if (wl > low_wl) {
                 f = f / hp->rs_factor;
             } else if (!(wl < high_wl)) {
-                double smooth = (hp->rs_orig_max / wl - hp->rs_low_freq) /
-                                (hp->rs_high_freq - hp->rs_low_freq);
+                double smooth =
+                    (hp->rs_orig_max / wl - hp->rs_low_freq) / (hp->rs_high_freq - hp->rs_low_freq);
 
                 f = (1.0 - smooth) * f / hp->rs_factor + smooth * f;
             }
@@ -476,7 +518,7 @@ static epd_status_t epd_hf_load_tokenizer(epd_engine_impl_t *e, const char *dir)
 
     snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
     if (stat(path, &st) != 0) {
-        epd_log_info(EPD_HF_LOG, 0, "%s: no tokenizer.json: token ids only", dir);
+        epd_log_debug(EPD_HF_LOG, 0, "%s: no tokenizer.json: token ids only", dir);
         return EPD_OK;
     }
     status = epd_tokenizer_load(dir, &e->tok);

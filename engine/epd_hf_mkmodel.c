@@ -144,8 +144,7 @@ static epd_status_t epd_hfmk_copy(const char *from_dir, const char *to_dir, cons
 }
 
 /* The padded header of tensors [lo, hi) (epd_malloc'd, caller frees). */
-static char *epd_hfmk_header(const epd_hf_mkmodel_params_t *p, size_t lo, size_t hi,
-                             size_t *len_p)
+static char *epd_hfmk_header(const epd_hf_mkmodel_params_t *p, size_t lo, size_t hi, size_t *len_p)
 {
     size_t esize = epd_dtype_size(p->hp.dtype);
     uint64_t off = 0;
@@ -194,15 +193,15 @@ static char *epd_hfmk_header(const epd_hf_mkmodel_params_t *p, size_t lo, size_t
     return padded;
 }
 
-static int epd_hfmk_tensor(FILE *f, const epd_hf_mkmodel_params_t *p,
-                           const epd_hf_tensor_spec_t *s, epd_rng_t *rng, void *buf)
+static int epd_hfmk_tensor(FILE *f, const epd_hf_mkmodel_params_t *p, const epd_hf_tensor_spec_t *s,
+                           epd_rng_t *rng, void *buf)
 {
     size_t esize = epd_dtype_size(p->hp.dtype);
     double scale = 1.0 / sqrt((double)s->fan_in);
 
     for (uint64_t done = 0; done < s->n_elems;) {
-        size_t k = s->n_elems - done < EPD_HFMK_CHUNK ? (size_t)(s->n_elems - done)
-                                                      : EPD_HFMK_CHUNK;
+        size_t k =
+            s->n_elems - done < EPD_HFMK_CHUNK ? (size_t)(s->n_elems - done) : EPD_HFMK_CHUNK;
 
         for (size_t i = 0; i < k; i++) {
             double z = epd_rng_normal(rng);
@@ -285,8 +284,8 @@ out:
     return status;
 }
 
-epd_status_t epd_hf_mkmodel_write(const epd_hf_mkmodel_params_t *params,
-                                  const char *tokenizer_dir, const char *out)
+epd_status_t epd_hf_mkmodel_write(const epd_hf_mkmodel_params_t *params, const char *tokenizer_dir,
+                                  const char *out)
 {
     epd_hf_mkmodel_params_t p = *params;
     size_t n;

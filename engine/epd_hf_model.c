@@ -143,8 +143,7 @@ static int epd_hf_get_eos(json_t *root, const char *path, epd_hf_hparams_t *hp)
         hp->eos[0] = (int32_t)json_integer_value(j);
         return json_integer_value(j) < 0 ? -1 : 0;
     }
-    if (!json_is_array(j) || json_array_size(j) == 0 ||
-        json_array_size(j) > EPD_ENGINE_MAX_EOS) {
+    if (!json_is_array(j) || json_array_size(j) == 0 || json_array_size(j) > EPD_ENGINE_MAX_EOS) {
         epd_log_error(EPD_HF_LOG, 0, "%s: key 'eos_token_id' must be an id or a list of 1..%d ids",
                       path, EPD_ENGINE_MAX_EOS);
         return -1;
@@ -152,8 +151,7 @@ static int epd_hf_get_eos(json_t *root, const char *path, epd_hf_hparams_t *hp)
     hp->n_eos = 0;
     json_array_foreach(j, i, v)
     {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-            json_integer_value(v) > INT32_MAX) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
             epd_log_error(EPD_HF_LOG, 0, "%s: key 'eos_token_id' holds a bad id", path);
             return -1;
         }
@@ -228,8 +226,8 @@ static int epd_hf_refuse_unbuilt(json_t *root, const char *path, const epd_hf_hp
         return -1;
     }
     sw = json_object_get(root, "sliding_window");
-    if (on || (json_object_get(root, "use_sliding_window") == NULL && sw != NULL &&
-               !json_is_null(sw))) {
+    if (on ||
+        (json_object_get(root, "use_sliding_window") == NULL && sw != NULL && !json_is_null(sw))) {
         epd_log_error(EPD_HF_LOG, 0, "%s: key '%s': sliding-window attention is not supported",
                       path, on ? "use_sliding_window" : "sliding_window");
         return -2;
@@ -256,8 +254,8 @@ static int epd_hf_refuse_unbuilt(json_t *root, const char *path, const epd_hf_hp
             return -1;
         }
         jl = json_object_get(root, "mlp_only_layers");
-        if (step != 1 || (jl != NULL && !json_is_null(jl) &&
-                          (!json_is_array(jl) || json_array_size(jl) != 0))) {
+        if (step != 1 ||
+            (jl != NULL && !json_is_null(jl) && (!json_is_array(jl) || json_array_size(jl) != 0))) {
             epd_log_error(EPD_HF_LOG, 0,
                           "%s: key '%s': only every layer sparse is supported "
                           "(decoder_sparse_step 1, mlp_only_layers [])",
@@ -325,8 +323,7 @@ static epd_status_t epd_hf_parse(json_t *root, const char *path, epd_hf_hparams_
     int arch;
     int rc;
 
-    if (!json_is_array(ja) || json_array_size(ja) != 1 ||
-        !json_is_string(json_array_get(ja, 0))) {
+    if (!json_is_array(ja) || json_array_size(ja) != 1 || !json_is_string(json_array_get(ja, 0))) {
         epd_log_error(EPD_HF_LOG, 0, "%s: key 'architectures' must be a list of one name", path);
         return EPD_ERR_MALFORMED;
     }
@@ -350,8 +347,8 @@ static epd_status_t epd_hf_parse(json_t *root, const char *path, epd_hf_hparams_
         epd_hf_get_u32(root, path, "num_hidden_layers", 1, &hp->n_layers) != 0 ||
         epd_hf_get_u32(root, path, "num_attention_heads", 1, &hp->n_heads) != 0 ||
         epd_hf_get_u32(root, path, "max_position_embeddings", 1, &hp->max_context) != 0 ||
-        epd_hf_get_u32(root, path, "intermediate_size", hp->arch != EPD_HF_QWEN3_MOE,
-                       &hp->ffn) != 0 ||
+        epd_hf_get_u32(root, path, "intermediate_size", hp->arch != EPD_HF_QWEN3_MOE, &hp->ffn) !=
+            0 ||
         epd_hf_get_num(root, path, "rope_theta", &hp->rope_theta) != 0 ||
         epd_hf_get_num(root, path, "rms_norm_eps", &hp->rms_eps) != 0 ||
         epd_hf_get_bool(root, path, "tie_word_embeddings", &hp->tied) != 0 ||
@@ -477,16 +474,15 @@ epd_status_t epd_hf_hparams_save(const epd_hf_hparams_t *hp, const char *dir)
     root = json_pack("{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:b, s:s, s:o, "
                      "s:f, s:f, s:s}",
                      "architectures", epd_hf_arch_class(hp->arch), "model_type",
-                     epd_hf_arch_type(hp->arch), "vocab_size", (json_int_t)hp->vocab,
-                     "hidden_size", (json_int_t)hp->dim, "num_hidden_layers",
-                     (json_int_t)hp->n_layers, "num_attention_heads", (json_int_t)hp->n_heads,
-                     "num_key_value_heads", (json_int_t)hp->n_kv_heads, "head_dim",
-                     (json_int_t)hp->head_dim, "max_position_embeddings",
-                     (json_int_t)hp->max_context, "rope_theta", hp->rope_theta, "rms_norm_eps",
-                     hp->rms_eps, "tie_word_embeddings", hp->tied, "torch_dtype",
-                     (unsigned)hp->dtype < 3 ? dtypes[hp->dtype] : "bfloat16", "eos_token_id",
-                     epd_hf_eos_json(hp, 1), "attention_dropout", 0.0, "initializer_range", 0.02,
-                     "hidden_act", "silu");
+                     epd_hf_arch_type(hp->arch), "vocab_size", (json_int_t)hp->vocab, "hidden_size",
+                     (json_int_t)hp->dim, "num_hidden_layers", (json_int_t)hp->n_layers,
+                     "num_attention_heads", (json_int_t)hp->n_heads, "num_key_value_heads",
+                     (json_int_t)hp->n_kv_heads, "head_dim", (json_int_t)hp->head_dim,
+                     "max_position_embeddings", (json_int_t)hp->max_context, "rope_theta",
+                     hp->rope_theta, "rms_norm_eps", hp->rms_eps, "tie_word_embeddings", hp->tied,
+                     "torch_dtype", (unsigned)hp->dtype < 3 ? dtypes[hp->dtype] : "bfloat16",
+                     "eos_token_id", epd_hf_eos_json(hp, 1), "attention_dropout", 0.0,
+                     "initializer_range", 0.02, "hidden_act", "silu");
     if (root == NULL) {
         return EPD_ERR_NO_MEMORY;
     }

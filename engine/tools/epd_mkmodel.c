@@ -35,7 +35,8 @@ static int epd_mk_hf_main(int argc, char **argv)
     const char *out = NULL;
     const char *tokenizer = NULL;
     const char *dtype = "bf16";
-    int64_t shards = 1, tied = 0, layers = -1, hidden = -1, heads = -1, kv_heads = -1;
+    int tied = 0;
+    int64_t shards = 1, layers = -1, hidden = -1, heads = -1, kv_heads = -1;
     int64_t head_dim = -1, inter = -1, experts = -1, topk = -1, moe_inter = -1, norm_topk = -1;
     int64_t seed = 1, vocab = -1, max_pos = -1;
     int argi;
@@ -50,7 +51,7 @@ static int epd_mk_hf_main(int argc, char **argv)
         {"dtype", EPD_OPT_STRING, &dtype, 0, 0, "stored weight type: bf16, f16, f32"},
         {"shards", EPD_OPT_INT, &shards, 1, EPD_HF_MAX_SHARDS,
          "weight files (N > 1: model-0000i-of-0000N.safetensors + index)"},
-        {"tied", EPD_OPT_INT, &tied, 0, 1, "1: tie_word_embeddings (no lm_head.weight)"},
+        {"tied", EPD_OPT_BOOL, &tied, 0, 0, "tie_word_embeddings: no lm_head.weight"},
         {"layers", EPD_OPT_INT, &layers, -1, EPD_KV_MAX_LAYERS, "layers (-1: 2)"},
         {"hidden", EPD_OPT_INT, &hidden, -1, 65536, "hidden size (-1: 64)"},
         {"heads", EPD_OPT_INT, &heads, -1, 1024, "attention heads (-1: 4)"},
@@ -134,7 +135,7 @@ static int epd_mk_hf_main(int argc, char **argv)
         EPD_MK_SET(ffn, inter);
     }
 #undef EPD_MK_SET
-    p.hp.tied = (int)tied;
+    p.hp.tied = tied;
     p.shards = (uint32_t)shards;
     p.seed = (uint64_t)seed;
     status = epd_hf_mkmodel_write(&p, tokenizer, out);
@@ -206,7 +207,7 @@ int main(int argc, char **argv)
              "vision: m x m patches merged into one embedding (divides the patch grid)"},
         };
         epd_opts_t o = {.prog = "epd-mkmodel",
-                        .summary = "write a ref model of seeded random weights",
+                        .summary = "write a ref model of seeded random weights (--arch llama|qwen2|qwen3|qwen3_moe: a Hugging Face folder instead; see epd-mkmodel --arch llama --help)",
                         .opts = opts,
                         .n_opts = sizeof(opts) / sizeof(opts[0])};
 

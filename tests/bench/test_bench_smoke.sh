@@ -28,6 +28,11 @@ note "engine"
 "$BENCH" engine --model "$T/m" >"$T/engine.out" 2>&1 || { cat "$T/engine.out"; fail "engine"; }
 rows engine "$T/engine.out" 1 '^custom +2 +64 +[0-9]'
 
+note "engine --hf tiny (the Hugging Face engine's table)"
+"$BENCH" engine --hf tiny --hf-layers 2 --models-dir "$T/hf" >"$T/hf.out" 2>&1 ||
+  { cat "$T/hf.out"; fail "engine --hf"; }
+rows "engine --hf" "$T/hf.out" 1 '^tiny +2 +64 +[0-9]'
+
 note "kvtier"
 "$BENCH" kvtier --model "$T/m" --tokens 64 --reps 1 >"$T/kvtier.out" 2>&1 ||
   { cat "$T/kvtier.out"; fail "kvtier"; }

@@ -1,6 +1,15 @@
 # tests/engine/: unit tests of engine/ (cmocka), one program per file.
 ENGINE_TEST_UTIL := tests/engine/epd_test_engine_util.c
 $(eval $(call epd_test,test_epd_engine_ref,tests/engine/test_epd_ref.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
+# The Hugging Face engine (llama, qwen2, qwen3, qwen3_moe) against a double
+# reference, split / batch invariance, shards.
+$(eval $(call epd_test,test_epd_engine_hf,tests/engine/test_epd_hf.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
+# Every refusal of a broken HF folder: epd-generate and epd-prefill exit
+# non-zero with one ERROR line naming the key or tensor.
+ALL_TESTS += tests/engine/test_hf_refusals.sh
+# epd-generate's --logits-out, --jsonl --logprobs, --prompt-ids and the eos
+# list on HF folders.
+ALL_TESTS += tests/engine/test_hf_generate.sh
 $(eval $(call epd_test,test_epd_engine_utf8,tests/engine/test_epd_utf8.c,epd_engine epd_common))
 # The tokenizer of a tokenizer.json (tests/tokenizer holds the oracle test).
 $(eval $(call epd_test,test_epd_engine_tokenizer,tests/engine/test_epd_tokenizer.c,epd_engine epd_common))

@@ -30,6 +30,9 @@ ifneq ($(findstring undefined,$(SANITIZER)),)
 $(epd-itest-image_OBJS): EPD_CFLAGS += -fno-sanitize=shift
 endif
 
+# Hugging Face folders (random Qwen3 / Qwen3-MoE, real vocabulary) through
+# prefill + decode daemons equal epd-generate, prefix-cache hit included.
+ALL_TESTS += tests/integration/test_hf_disagg.sh
 ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_disagg_ucx_tcp.sh \
              tests/integration/test_disagg_ofi_tcp.sh \
