@@ -78,7 +78,7 @@ mk() { # NAME TOKENIZER IDS flags...: the same weights once whole, once in shard
 mk qwen2 "$QWEN_TOK" qwen.ids 2 --arch qwen2 --seed 11
 mk qwen3 "$QWEN_TOK" qwen.ids 3 --arch qwen3 --head-dim 32 --seed 12
 mk llama "$LLAMA_TOK" llama.ids 2 --arch llama --seed 13
-mk llama-tied "$LLAMA_TOK" llama.ids 3 --arch llama --tied 1 --seed 14
+mk llama-tied "$LLAMA_TOK" llama.ids 3 --arch llama --tied --seed 14
 mk qwen3-moe "$QWEN_TOK" qwen.ids 2 --arch qwen3_moe --head-dim 32 --experts 8 --experts-per-tok 2 \
   --moe-intermediate 32 --seed 15
 
