@@ -723,8 +723,10 @@ epd_status_t epd__prefill_media_place(epd_prefill_srv_t *srv, epd_prefill_media_
                                       uint64_t id, void *owner, const epd_status_t *failed,
                                       uint32_t *pending_p, uint32_t *encodes_p, char *msg,
                                       size_t cap, const char **culprit_p);
-/* The rows of m's slot, for the run. */
-const float *epd__prefill_media_rows(const epd_prefill_srv_t *srv, const epd_prefill_media_t *m);
+/* The run's embedding spans of m[0..n): each image's position, length and
+ * the rows of its slot (spans[0..n), the caller's). */
+void epd__prefill_media_spans(const epd_prefill_srv_t *srv, const epd_prefill_media_t *m,
+                              uint32_t n, epd_embed_span_t *spans);
 /* Our own encode of m came back with `status`: READY (EPD_OK) or its slot
  * free (GONE) and what was wrong with the image in msg. */
 void epd__prefill_media_encoded(epd_prefill_srv_t *srv, epd_prefill_media_t *m,
