@@ -165,15 +165,14 @@ epd_status_t epd_oai_splice_logprobs(epd_oai_buf_t *buf, size_t from, const char
     }
     /* the first occurrence is the structural one: text inside a JSON string
      * has its quotes escaped, so it cannot spell the key */
-    at = strstr(buf->data + from, key);
-    if (at == NULL) {
+    if (strstr(buf->data + from, key) == NULL) {
         return EPD_ERR_NOT_FOUND;
     }
-    at += sizeof(key) - 1 - 4; /* at "null" */
     if (epd__oai_buf_reserve(buf, frag_len) != 0) {
         return EPD_ERR_NO_MEMORY;
     }
-    at = strstr(buf->data + from, key) + sizeof(key) - 1 - 4; /* (reserve may move it) */
+    /* (after the reserve, which may move the data): at "null" */
+    at = strstr(buf->data + from, key) + sizeof(key) - 1 - 4;
     tail = buf->len - (size_t)(at + 4 - buf->data);
     memmove(at + frag_len, at + 4, tail + 1);
     memcpy(at, frag, frag_len);

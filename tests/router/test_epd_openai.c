@@ -1212,6 +1212,74 @@ static void test_json_limits(void **state)
     assert_string_equal(err.code, "json_string_too_long");
 }
 
+/* the logprobs object in OpenAI's shapes, spliced into an answer */
+static void test_logprobs_encode(void **state)
+{
+    epd_oai_buf_t buf = EPD_OAI_BUF_INIT;
+    epd_oai_buf_t frag = EPD_OAI_BUF_INIT;
+    epd_oai_token_lp_t t[2];
+    char id[EPD_OAI_ID_MAX];
+    json_t *root;
+    json_t *lp;
+    json_t *c0;
+
+    (void)state;
+    memset(t, 0, sizeof(t));
+    t[0].bytes = "Hi";
+    t[0].len = 2;
+    t[0].logprob = -0.25;
+    t[0].n_top = 2;
+    t[0].top_bytes[0] = "Hi";
+    t[0].top_len[0] = 2;
+    t[0].top_logprob[0] = -0.25;
+    t[0].top_bytes[1] = "\xe2"; /* part of a character */
+    t[0].top_len[1] = 1;
+    t[0].top_logprob[1] = -2.5;
+    t[1].bytes = "\xff";
+    t[1].len = 1;
+    t[1].logprob = -1.0 / 3.0;
+    /* completions */
+    assert_int_equal(epd_oai_logprobs_encode(C, t, 2, &frag), EPD_OK);
+    epd_oai_make_id(C, 9, id);
+    assert_int_equal(
+        epd_oai_response_encode(C, id, "tiny", 1, "Hi\xff", 3, EPD_OAI_FINISH_STOP, 1, 2, -1, &buf),
+        EPD_OK);
+    assert_int_equal(epd_oai_splice_logprobs(&buf, 0, frag.data, frag.len), EPD_OK);
+    root = load(buf.data, buf.len);
+    lp = json_object_get(json_array_get(json_object_get(root, "choices"), 0), "logprobs");
+    assert_string_equal(json_string_value(json_array_get(json_object_get(lp, "tokens"), 0)), "Hi");
+    assert_string_equal(json_string_value(json_array_get(json_object_get(lp, "tokens"), 1)),
+                        "bytes:\\xff");
+    assert_true(json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), 1)) ==
+                -1.0 / 3.0); /* 17 digits: the double round-trips */
+    c0 = json_array_get(json_object_get(lp, "top_logprobs"), 0);
+    assert_int_equal(json_object_size(c0), 2);
+    assert_true(json_real_value(json_object_get(c0, "bytes:\\xe2")) == -2.5);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 1)), 2);
+    json_decref(root);
+    /* chat */
+    epd_oai_buf_reset(&frag);
+    epd_oai_buf_reset(&buf);
+    assert_int_equal(epd_oai_logprobs_encode(H, t, 2, &frag), EPD_OK);
+    root = load(frag.data, frag.len);
+    c0 = json_array_get(json_object_get(root, "content"), 0);
+    assert_string_equal(json_string_value(json_object_get(c0, "token")), "Hi");
+    assert_int_equal(json_array_size(json_object_get(c0, "bytes")), 2);
+    assert_int_equal(json_array_size(json_object_get(c0, "top_logprobs")), 2);
+    assert_int_equal(
+        json_integer_value(json_array_get(
+            json_object_get(json_array_get(json_object_get(root, "content"), 1), "bytes"), 0)),
+        255);
+    assert_true(json_is_null(json_object_get(root, "refusal")));
+    json_decref(root);
+    /* no "logprobs":null to replace */
+    epd_oai_buf_reset(&buf);
+    assert_int_equal(epd_oai_error_encode(&(epd_oai_error_t){.http_status = 400}, &buf), EPD_OK);
+    assert_int_equal(epd_oai_splice_logprobs(&buf, 0, "{}", 2), EPD_ERR_NOT_FOUND);
+    epd_oai_buf_cleanup(&frag);
+    epd_oai_buf_cleanup(&buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1222,6 +1290,7 @@ int main(void)
         cmocka_unit_test(test_chat_images),
         cmocka_unit_test(test_check_length),
         cmocka_unit_test(test_response_encode),
+        cmocka_unit_test(test_logprobs_encode),
         cmocka_unit_test(test_stream_multibyte_byte_by_byte),
         cmocka_unit_test(test_stream_repairs_like_whole),
         cmocka_unit_test(test_stream_empty_and_error),
