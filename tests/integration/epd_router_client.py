@@ -453,8 +453,13 @@ def cmd_burst(url, model, gen_bin, flags):
     allow_429 = not flags.get("no_429", False)
     filler = "the pools hold what they can and the queue the rest "
     prompts = ["Burst %d: %s" % (i, (filler * 4)[: 7 * i]) for i in range(n_prompts)]
-    kinds = [{"temperature": 0.0}, {"temperature": 0.9, "top_p": 0.95, "seed": 77}]
-    use = {"greedy": (0,), "seeded": (1,)}.get(flags.get("sampling", "both"), (0, 1))
+    kinds = [{"temperature": 0.0}, {"temperature": 0.9, "top_p": 0.95, "seed": 77},
+             # the logit adjustments too (a resume must carry them): the
+             # keys are epd-generate's flags as well
+             {"temperature": 0.9, "top_p": 0.95, "seed": 77, "presence_penalty": 0.8,
+              "frequency_penalty": 0.3, "repetition_penalty": 1.2}]
+    use = {"greedy": (0,), "seeded": (1,), "penalized": (2,)}.get(flags.get("sampling", "both"),
+                                                                  (0, 1))
     want = {}
 
     def expect(p, s, chat, mt):
