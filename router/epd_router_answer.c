@@ -188,7 +188,6 @@ static void epd_router_stream_emit(epd_router_t *rt, epd_router_req_t *r, size_t
     }
 }
 
-/* The generation finished well (EOS, max_tokens or a stop string). */
 /* The logprobs object of tokens [from, to) of r (r->lps) into frag: each
  * id (the token's and its alternatives') detokenized alone into one arena,
  * then epd_oai_logprobs_encode.  0, or -1 (no memory; the arrays missing). */
@@ -285,6 +284,7 @@ static int epd_router_splice_logprobs(epd_router_t *rt, epd_router_req_t *r)
     return rc;
 }
 
+/* The generation finished well (EOS, max_tokens or a stop string). */
 void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish_t finish)
 {
     uint64_t now = epd_time_now_ns();
