@@ -15,15 +15,15 @@
  * engine's tokenizer (BOS added, as epd-generate does; each image's
  * placeholder tokens where it stands; a chat through the model's own
  * template, engine/epd_chat.h, as epd-tokenize --chat --ids gives it),
- * check the length, and hand the
+ * (epd_router_prompt.c), check the length, and hand the
  * request to epd_router_req.c, which owns it from there (its state, its
  * attempts, retries and events): built here PARSED, as epd_calloc leaves
- * it; this file records its facts and never sets its state.  Generated text equals epd-generate's for the same
- * prompt and sampling settings: an absent seed is 0 (epd-generate's
- * default), so outputs are reproducible.
+ * it; this file records its facts and never sets its state.  Generated text equals epd-generate's
+ * for the same prompt and sampling settings: an absent seed is 0 (epd-generate's default), so
+ * outputs are reproducible.
  *
  * The top of the request's layers: called by the HTTP server (its handler,
- * registered at start-up); calls epd_router_req.c and
+ * registered at start-up); calls epd_router_prompt.c, epd_router_req.c and
  * epd_router_answer.c, which never call it.
  */
 #include <stdio.h>
@@ -36,192 +36,6 @@
 #include "epd_log.h"
 #include "epd_router_int.h"
 #include "epd_time.h"
-
-static int epd_router_tokenize(epd_router_t *rt, const char *text, size_t len, size_t *n_p)
-{
-    size_t cap = len + 2;
-    epd_status_t st;
-
-    for (;;) {
-        if (rt->tok_scratch_cap < cap) {
-            int32_t *p = epd_realloc(rt->tok_scratch, cap * sizeof(*p));
-
-            if (p == NULL) {
-                return -1;
-            }
-            rt->tok_scratch = p;
-            rt->tok_scratch_cap = cap;
-        }
-        st = epd_engine_tokenize(rt->engine, text, len, 1, rt->tok_scratch, rt->tok_scratch_cap,
-                                 n_p);
-        if (st != EPD_ERR_TOO_LONG) {
-            return st == EPD_OK ? 0 : -1;
-        }
-        cap = rt->tok_scratch_cap * 2;
-    }
-}
-
-/* A prompt of token ids: checked against the vocabulary and the context
- * (before anything is copied: 100k ids cost one pass), then copied into
- * rt->tok_scratch as tokenizing would.  0, or -1 with *err filled. */
-static int epd_router_prompt_ids(epd_router_t *rt, const epd_oai_request_t *oai, size_t *n_p,
-                                 epd_oai_error_t *err)
-{
-    size_t n = oai->n_prompt_ids;
-
-    if (n >= rt->info->max_context) {
-        epd_oai_error_set(err, 400, "prompt", "context_length_exceeded",
-                          "This model's maximum context length is %u tokens. However, your "
-                          "prompt is %zu tokens, which leaves no room for a completion.",
-                          rt->info->max_context, n);
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (oai->prompt_ids[i] >= rt->info->vocab_size) {
-            epd_oai_error_set(err, 400, "prompt", NULL,
-                              "'prompt[%zu]' is %u: this model's token ids are 0 to %u.", i,
-                              oai->prompt_ids[i], rt->info->vocab_size - 1);
-            return -1;
-        }
-    }
-    if (rt->tok_scratch_cap < n) {
-        int32_t *p = epd_realloc(rt->tok_scratch, n * sizeof(*p));
-
-        if (p == NULL) {
-            epd_oai_error_set(err, 500, NULL, NULL, "The server is out of memory.");
-            return -1;
-        }
-        rt->tok_scratch = p;
-        rt->tok_scratch_cap = n;
-    }
-    for (size_t i = 0; i < n; i++) {
-        rt->tok_scratch[i] = (int32_t)oai->prompt_ids[i];
-    }
-    *n_p = n;
-    return 0;
-}
-
-/* A chat request through the model's own template (rt->chat): the
- * messages rendered into rt->chat_prompt, whose length *len_p is, for the
- * byte bound, what tokenizing reads.  0, or -1 out of memory. */
-static int epd_router_render_chat(epd_router_t *rt, const epd_oai_request_t *oai, size_t *len_p)
-{
-    epd_chat_options_t opt;
-
-    if (rt->chat_msgs_cap < oai->n_msgs) {
-        epd_chat_message_t *m = epd_realloc(rt->chat_msgs, oai->n_msgs * sizeof(*m));
-
-        if (m == NULL) {
-            return -1;
-        }
-        rt->chat_msgs = m;
-        rt->chat_msgs_cap = oai->n_msgs;
-    }
-    for (size_t i = 0; i < oai->n_msgs; i++) {
-        const epd_oai_msg_t *om = &oai->msgs[i];
-        epd_chat_message_t *m = &rt->chat_msgs[i];
-
-        m->role = oai->prompt + om->role_off;
-        m->role_len = om->role_len;
-        m->content = oai->prompt + om->content_off;
-        m->content_len = om->content_len;
-        m->reasoning = NULL;
-        m->reasoning_len = 0;
-    }
-    epd_chat_options_init(&opt);
-    opt.add_generation_prompt = oai->add_generation_prompt;
-    opt.enable_thinking = oai->enable_thinking;
-    if (epd_chat_render(rt->chat, rt->chat_msgs, oai->n_msgs, &opt, &rt->chat_prompt) != EPD_OK) {
-        return -1;
-    }
-    *len_p = rt->chat_prompt.len;
-    return 0;
-}
-
-/* The ids of rt->chat_prompt: the template's special tokens one id each,
- * a user's text that spells one plain text (epd_chat_tokenize), nothing
- * added (the template wrote the bos it wants).  The loop thread is the
- * router's only encoder, so the engine's tokenizer is used directly.
- * 0, or -1. */
-static int epd_router_tokenize_chat(epd_router_t *rt, size_t *n_p)
-{
-    epd_tokenizer_t *tok = (epd_tokenizer_t *)epd_engine_tokenizer(rt->engine);
-    size_t cap = rt->chat_prompt.len + 2;
-    epd_status_t st;
-
-    for (;;) {
-        if (rt->tok_scratch_cap < cap) {
-            int32_t *p = epd_realloc(rt->tok_scratch, cap * sizeof(*p));
-
-            if (p == NULL) {
-                return -1;
-            }
-            rt->tok_scratch = p;
-            rt->tok_scratch_cap = cap;
-        }
-        st = epd_chat_tokenize(&rt->chat_prompt, tok, rt->tok_scratch, rt->tok_scratch_cap, n_p);
-        if (st != EPD_ERR_TOO_LONG) {
-            return st == EPD_OK ? 0 : -1;
-        }
-        cap = *n_p;
-    }
-}
-
-/* The prompt of a request with images: BOS, the text before image 0, its
- * image_embeddings placeholder tokens, the text up to image 1, ... (as
- * epd_engine_tokenize_images does with "<|image|>" markers, so the tokens
- * equal epd-generate's for the same template text with a marker where
- * each image stands).  img_pos[k] gets image k's first placeholder.
- * 0, or -1 out of memory. */
-static int epd_router_tokenize_images(epd_router_t *rt, const epd_oai_request_t *oai,
-                                      uint32_t *img_pos, size_t *n_p)
-{
-    size_t per = rt->info->image_embeddings;
-    size_t cap = oai->prompt_len + 1 + oai->n_images * per;
-    size_t n = 0, done = 0;
-
-    if (rt->tok_scratch_cap < cap) {
-        int32_t *p = epd_realloc(rt->tok_scratch, cap * sizeof(*p));
-
-        if (p == NULL) {
-            return -1;
-        }
-        rt->tok_scratch = p;
-        rt->tok_scratch_cap = cap;
-    }
-    for (size_t k = 0; k <= oai->n_images; k++) {
-        size_t end = k < oai->n_images ? oai->images[k].prompt_offset : oai->prompt_len;
-        size_t got = 0;
-
-        if (epd_engine_tokenize(rt->engine, oai->prompt + done, end - done, k == 0,
-                                rt->tok_scratch + n, cap - n, &got) != EPD_OK) {
-            return -1;
-        }
-        n += got;
-        done = end;
-        if (k < oai->n_images) {
-            img_pos[k] = (uint32_t)n;
-            for (size_t i = 0; i < per; i++) {
-                rt->tok_scratch[n++] = rt->info->image_token;
-            }
-        }
-    }
-    *n_p = n;
-    return 0;
-}
-
-int epd__router_tokenize_chat_request(epd_router_t *rt, const epd_oai_request_t *oai, size_t *n_p)
-{
-    size_t len;
-
-    if (oai->n_images > 0) {
-        return -1;
-    }
-    if (rt->chat != NULL) {
-        return epd_router_render_chat(rt, oai, &len) != 0 ? -1 : epd_router_tokenize_chat(rt, n_p);
-    }
-    return epd_router_tokenize(rt, oai->prompt, oai->prompt_len, n_p);
-}
 
 /* The model folder's default sampling (generation_config.json) where the
  * request gives none, as vLLM: a value the request gives always wins. */
@@ -263,8 +77,7 @@ static epd_status_t epd_router_check_images(epd_router_t *rt, const epd_oai_requ
         char param[96];
         epd_status_t st;
 
-        snprintf(param, sizeof(param), "messages[%u].content[%u].image_url", im->message,
-                 im->part);
+        snprintf(param, sizeof(param), "messages[%u].content[%u].image_url", im->message, im->part);
         if (im->len > rt->max_image_bytes) {
             epd_oai_error_set(err, 400, param, "image_too_large",
                               "The image in '%s' is %zu bytes: at most %llu are accepted.", param,
@@ -308,7 +121,7 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
     size_t prompt_len;
     int use_chat;
     uint32_t *img_pos = NULL;
-    unsigned char (*img_hash)[32] = NULL;
+    unsigned char(*img_hash)[32] = NULL;
     epd_status_t st;
 
     body = epd_http_req_body(http, &body_len);
@@ -325,7 +138,7 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
      * model with a tokenizer.json has a vision encoder) */
     use_chat = kind == EPD_OAI_CHAT && rt->chat != NULL && oai->n_images == 0;
     prompt_len = oai->prompt_len;
-    if (use_chat && epd_router_render_chat(rt, oai, &prompt_len) != 0) {
+    if (use_chat && epd__router_render_chat(rt, oai, &prompt_len) != 0) {
         rt->m.errors[EPD_ROUTER_ERR_INTERNAL]++;
         epd__router_respond_simple_error(rt, http, 500, "out of memory");
         epd_oai_request_destroy(oai);
@@ -355,7 +168,7 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
         img_pos = epd_calloc(oai->n_images, sizeof(*img_pos));
         img_hash = epd_calloc(oai->n_images, sizeof(*img_hash));
     }
-    if (oai->prompt_ids != NULL && epd_router_prompt_ids(rt, oai, &n_tok, &err) != 0) {
+    if (oai->prompt_ids != NULL && epd__router_prompt_ids(rt, oai, &n_tok, &err) != 0) {
         rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
         epd__router_respond_error(rt, http, &err);
         epd_oai_request_destroy(oai);
@@ -363,9 +176,9 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
     }
     if ((oai->n_images > 0 && (img_pos == NULL || img_hash == NULL)) ||
         (oai->prompt_ids == NULL &&
-         (oai->n_images > 0 ? epd_router_tokenize_images(rt, oai, img_pos, &n_tok)
-          : use_chat        ? epd_router_tokenize_chat(rt, &n_tok)
-                            : epd_router_tokenize(rt, oai->prompt, oai->prompt_len, &n_tok)) != 0)) {
+         (oai->n_images > 0 ? epd__router_tokenize_images(rt, oai, img_pos, &n_tok)
+          : use_chat        ? epd__router_tokenize_chat(rt, &n_tok)
+                     : epd__router_tokenize(rt, oai->prompt, oai->prompt_len, &n_tok)) != 0)) {
         rt->m.errors[EPD_ROUTER_ERR_INTERNAL]++;
         epd__router_respond_simple_error(rt, http, 500, "cannot tokenize the prompt");
         epd_free(img_pos);
@@ -479,10 +292,11 @@ static void epd_router_ready(epd_router_t *rt, epd_http_req_t *http)
     } else if (e == 0 && rt->info->image_embeddings > 0 && !rt->ready_without_encoder) {
         why = "no READY encoder (the model has vision)";
     }
-    n = snprintf(body, sizeof(body),
-                 "{\"ready\":%s,\"prefill_ready\":%u,\"decode_ready\":%u,\"encoder_ready\":%u%s%s%s}",
-                 why == NULL ? "true" : "false", p, dc, e, why != NULL ? ",\"reason\":\"" : "",
-                 why != NULL ? why : "", why != NULL ? "\"" : "");
+    n = snprintf(
+        body, sizeof(body),
+        "{\"ready\":%s,\"prefill_ready\":%u,\"decode_ready\":%u,\"encoder_ready\":%u%s%s%s}",
+        why == NULL ? "true" : "false", p, dc, e, why != NULL ? ",\"reason\":\"" : "",
+        why != NULL ? why : "", why != NULL ? "\"" : "");
     (void)epd_http_respond(http, why == NULL ? 200 : 503, EPD_ROUTER_JSON, body, (size_t)n);
 }
 

@@ -353,10 +353,29 @@ void epd__router_respond_error(epd_router_t *rt, epd_http_req_t *http, const epd
 void epd__router_tokenize_http(epd_router_t *rt, epd_http_req_t *http);
 void epd__router_detokenize_http(epd_router_t *rt, epd_http_req_t *http);
 void epd__router_version_http(epd_router_t *rt, epd_http_req_t *http);
-/* epd_router_api.c: a chat request without images tokenized into
- * rt->tok_scratch exactly as /v1/chat/completions tokenizes it (the
- * model's own template when it has one).  0, or -1 (images, no memory). */
+
+/* ---- epd_router_prompt.c: a request's prompt as ids in rt->tok_scratch;
+ * loop thread.  Each returns 0, or -1 (out of memory; the ones taking err
+ * fill it) ---- */
+/* text[0..len) through the model's tokenizer, BOS added as epd-generate
+ * does */
+int epd__router_tokenize(epd_router_t *rt, const char *text, size_t len, size_t *n_p);
+/* a prompt of token ids, checked against the vocabulary and the context
+ * (-1 with *err filled), copied as tokenizing would */
+int epd__router_prompt_ids(epd_router_t *rt, const epd_oai_request_t *oai, size_t *n_p,
+                           epd_oai_error_t *err);
+/* the messages through the model's chat template into segments (rt->chat),
+ * *len_p the rendered length; then their ids */
+int epd__router_render_chat(epd_router_t *rt, const epd_oai_request_t *oai, size_t *len_p);
+int epd__router_tokenize_chat(epd_router_t *rt, size_t *n_p);
+/* a prompt with images: each image's placeholder tokens where it stands,
+ * img_pos[k] its first */
+int epd__router_tokenize_images(epd_router_t *rt, const epd_oai_request_t *oai,
+                                uint32_t *img_pos, size_t *n_p);
+/* a chat request without images tokenized exactly as /v1/chat/completions
+ * tokenizes it (the model's own template when it has one); -1 for images */
 int epd__router_tokenize_chat_request(epd_router_t *rt, const epd_oai_request_t *oai, size_t *n_p);
+
 void epd__router_respond_simple_error(epd_router_t *rt, epd_http_req_t *http, int status,
                                       const char *msg);
 /* Ends the HTTP side of `r` with an error (counted as `kind`): an HTTP
