@@ -122,6 +122,101 @@ static int epd_sample_cmp(const void *a, const void *b)
     return ia < ib ? -1 : (ia > ib ? 1 : 0);
 }
 
+/* Nonzero when id a sorts before id b: higher probability first, the lower
+ * id among equals (epd_sample_cmp's total order). */
+static inline int epd_sample_before(const double *probs, uint32_t a, uint32_t b)
+{
+    return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
+}
+
+static inline void epd_sample_swap(uint32_t *ids, uint32_t i, uint32_t j)
+{
+    uint32_t t = ids[i];
+
+    ids[i] = ids[j];
+    ids[j] = t;
+}
+
+/* Hoare's selection (nth_element) under epd_sample_before: afterwards
+ * ids[0..k) hold the k first ids of the total order, in no order, for
+ * 0 < k < n.  The order is total (ties broken by id), so the set is the
+ * one a full sort puts first.  Expected O(n). */
+static void epd_sample_select(const double *probs, uint32_t *ids, uint32_t n, uint32_t k)
+{
+    uint32_t lo = 0, hi = n - 1;
+
+    while (hi > lo) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        uint32_t pivot, i = lo, j = hi;
+
+        /* median of three into ids[mid] */
+        if (epd_sample_before(probs, ids[mid], ids[lo])) {
+            epd_sample_swap(ids, mid, lo);
+        }
+        if (epd_sample_before(probs, ids[hi], ids[lo])) {
+            epd_sample_swap(ids, hi, lo);
+        }
+        if (epd_sample_before(probs, ids[hi], ids[mid])) {
+            epd_sample_swap(ids, hi, mid);
+        }
+        pivot = ids[mid];
+        for (;;) {
+            while (epd_sample_before(probs, ids[i], pivot)) {
+                i++;
+            }
+            while (epd_sample_before(probs, pivot, ids[j])) {
+                j--;
+            }
+            if (i >= j) {
+                break;
+            }
+            epd_sample_swap(ids, i, j);
+            i++;
+            j--;
+        }
+        /* ids[lo..j] sort no later than ids[j+1..hi] */
+        if (k - 1 <= j) {
+            hi = j;
+        } else {
+            lo = j + 1;
+        }
+    }
+}
+
+/* The candidates of top-k / top-p: ids[0..*n_p) the first of the total
+ * order, sorted, cut where top-k and then the cumulative top-p say.  A
+ * 150k-entry vocabulary is not sorted whole (tens of ms a token): the k
+ * best are selected and only they are sorted; top-p alone starts from 256
+ * and widens eightfold until the cut falls inside (a flat distribution
+ * ends in a full sort, as before).  Same ids, same order as sorting all. */
+static uint32_t epd_sample_candidates(const epd_sample_params_t *p, epd_sample_scratch_t *s,
+                                      uint32_t vocab)
+{
+    uint32_t k = p->top_k > 0 && p->top_k < vocab ? p->top_k : (vocab < 256 ? vocab : 256);
+    int fixed = p->top_k > 0 && p->top_k < vocab;
+
+    for (;;) {
+        double cum = 0.0;
+
+        if (k < vocab) {
+            epd_sample_select(s->probs, s->ids, vocab, k);
+        }
+        epd_sample_sort_probs = s->probs;
+        qsort(s->ids, k, sizeof(*s->ids), epd_sample_cmp);
+        epd_sample_sort_probs = NULL;
+        for (uint32_t i = 0; i < k; i++) {
+            cum += s->probs[s->ids[i]];
+            if (cum >= p->top_p) {
+                return i + 1;
+            }
+        }
+        if (fixed || k == vocab) {
+            return k;
+        }
+        k = vocab / 8 < k ? vocab : k * 8;
+    }
+}
+
 epd_status_t epd_sample_token(const epd_sample_params_t *p, epd_sample_scratch_t *s,
                               const float *logits, uint32_t vocab, uint64_t step, int32_t *token_p)
 {
@@ -157,21 +252,7 @@ epd_status_t epd_sample_token(const epd_sample_params_t *p, epd_sample_scratch_t
     }
     n = vocab;
     if ((p->top_k > 0 && p->top_k < vocab) || p->top_p < 1.0f) {
-        double cum = 0.0;
-
-        epd_sample_sort_probs = s->probs;
-        qsort(s->ids, vocab, sizeof(*s->ids), epd_sample_cmp);
-        epd_sample_sort_probs = NULL;
-        if (p->top_k > 0 && p->top_k < n) {
-            n = p->top_k;
-        }
-        for (uint32_t i = 0; i < n; i++) {
-            cum += s->probs[s->ids[i]];
-            if (cum >= p->top_p) {
-                n = i + 1;
-                break;
-            }
-        }
+        n = epd_sample_candidates(p, s, vocab);
     }
     total = 0.0;
     for (uint32_t i = 0; i < n; i++) {

@@ -6,8 +6,10 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "epd_rng.h"
 #include "epd_sample.h"
 
 #define V 16
@@ -317,6 +319,113 @@ static void test_adjust_matches_reference(void **state)
 
 /* epd_sample_logprobs against the k-pass reference epd-generate --jsonl
  * uses (ties: lower id first), logits with ties included */
+/* The sampler as it was before candidates were selected instead of sorted
+ * whole: when top-k or top-p can cut, every id sorted by (probability
+ * desc, id asc) and cut by top-k then top-p; one draw.  The selection must give the same token for any input. */
+static const double *ref_probs;
+
+static int ref_cmp(const void *a, const void *b)
+{
+    uint32_t ia = *(const uint32_t *)a, ib = *(const uint32_t *)b;
+
+    if (ref_probs[ia] != ref_probs[ib]) {
+        return ref_probs[ia] > ref_probs[ib] ? -1 : 1;
+    }
+    return ia < ib ? -1 : (ia > ib ? 1 : 0);
+}
+
+static int32_t ref_sample(const epd_sample_params_t *p, const float *lg, uint32_t n_vocab,
+                          uint64_t step, double *probs, uint32_t *ids)
+{
+    uint32_t best = 0, n = n_vocab;
+    double total = 0.0, u;
+    epd_rng_t rng;
+
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        best = lg[i] > lg[best] ? i : best;
+    }
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        probs[i] = exp(((double)lg[i] - lg[best]) / p->temperature);
+        total += probs[i];
+        ids[i] = i;
+    }
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        probs[i] /= total;
+    }
+    if ((p->top_k > 0 && p->top_k < n_vocab) || p->top_p < 1.0f) {
+        ref_probs = probs;
+        qsort(ids, n_vocab, sizeof(*ids), ref_cmp);
+        if (p->top_k > 0 && p->top_k < n) {
+            n = p->top_k;
+        }
+        total = 0.0;
+        for (uint32_t i = 0; i < n; i++) {
+            total += probs[ids[i]];
+            if (total >= p->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    total = 0.0;
+    for (uint32_t i = 0; i < n; i++) {
+        total += probs[ids[i]];
+    }
+    epd_rng_seed(&rng, p->seed ^ (0x9e3779b97f4a7c15ull * (step + 1)));
+    u = epd_rng_uniform(&rng) * total;
+    for (uint32_t i = 0; i < n; i++) {
+        u -= probs[ids[i]];
+        if (u < 0.0) {
+            return (int32_t)ids[i];
+        }
+    }
+    return (int32_t)ids[n - 1];
+}
+
+static void test_selection_equals_full_sort(void **state)
+{
+    enum { BIG = 20000 };
+    static float lg[BIG];
+    static double probs[BIG];
+    static uint32_t ids[BIG];
+    const uint32_t ks[] = {0, 1, 2, 7, 50, 255, 256, 257, 3000, BIG - 1, BIG};
+    const float ps[] = {1.0f, 0.999f, 0.9f, 0.5f, 0.05f};
+    const float ts[] = {0.3f, 1.0f, 2.5f, 20.0f};
+    epd_sample_scratch_t *big = NULL;
+    epd_rng_t rng;
+    uint32_t checks = 0;
+
+    (void)state;
+    assert_int_equal(epd_sample_scratch_create(BIG, &big), EPD_OK);
+    epd_rng_seed(&rng, 7);
+    for (int shape = 0; shape < 3; shape++) {
+        for (uint32_t i = 0; i < BIG; i++) {
+            double u = epd_rng_uniform(&rng);
+            /* peaked, flat, and coarse (many exact ties) */
+            lg[i] = shape == 0   ? (float)(u * u * u * 30.0)
+                    : shape == 1 ? (float)(u * 0.01)
+                                 : (float)floor(u * 8.0);
+        }
+        for (size_t a = 0; a < sizeof(ks) / sizeof(ks[0]); a++) {
+            for (size_t b = 0; b < sizeof(ps) / sizeof(ps[0]); b++) {
+                for (size_t c = 0; c < sizeof(ts) / sizeof(ts[0]); c++) {
+                    epd_sample_params_t sp = {
+                        .temperature = ts[c], .top_k = ks[a], .top_p = ps[b], .seed = a * 31 + b};
+                    int32_t tok = -1;
+
+                    for (uint64_t step = 0; step < 2; step++) {
+                        assert_int_equal(epd_sample_token(&sp, big, lg, BIG, step, &tok), EPD_OK);
+                        assert_int_equal(tok, ref_sample(&sp, lg, BIG, step, probs, ids));
+                        checks++;
+                    }
+                }
+            }
+        }
+    }
+    assert_int_equal(checks, 3 * 11 * 5 * 4 * 2);
+    epd_sample_scratch_destroy(big);
+}
+
 static void test_logprobs_match_reference(void **state)
 {
     float lg[V];
@@ -373,6 +482,7 @@ int main(void)
         cmocka_unit_test(test_refuses_bad_input),
         cmocka_unit_test(test_adjust_matches_reference),
         cmocka_unit_test(test_logprobs_match_reference),
+        cmocka_unit_test(test_selection_equals_full_sort),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);
