@@ -53,6 +53,9 @@ epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
     int grows = srv->headroom > 0 && !g->protocol_only && !epd_decode_has_images(srv, g, n_prompt);
     uint32_t n_blocks = epd__decode_kv_admit_blocks(srv, n_prompt + k, n_prompt, max_tokens, grows);
     uint32_t n_stop = (uint32_t)g->sampling->n_stop_token_ids;
+    /* the prompt is kept to resume it (grows) or for the repetition
+     * penalty, which reads it at every step */
+    int keep = grows || (sp->repetition_penalty != 0.0f && sp->repetition_penalty != 1.0f);
     epd_decode_request_t *req;
     epd_status_t st = EPD_ERR_NO_CAPACITY;
     size_t sz;
@@ -67,11 +70,12 @@ epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
         return EPD_ERR_EXISTS;
     }
     /* one allocation: the struct, the per-layer checks and sums (8-aligned
-     * right after it), tokens, block ids, stop ids, the prompt (to resume
-     * it), per-layer states */
+     * right after it), the tokens' logprobs (when asked), tokens, block ids, stop ids, the prompt
+     * (to resume it), per-layer states */
     sz = sizeof(*req) + (size_t)kv->n_layers * (sizeof(epd_decode_vjob_t) + sizeof(uint64_t)) +
+         (sp->logprobs > 0 ? (size_t)max_tokens * sizeof(epd_sample_logprob_t) : 0) +
          (size_t)max_tokens * sizeof(int32_t) + (size_t)max_blocks * sizeof(uint32_t) +
-         (size_t)n_stop * sizeof(uint32_t) + (grows ? (size_t)n_prompt * sizeof(uint32_t) : 0) +
+         (size_t)n_stop * sizeof(uint32_t) + (keep ? (size_t)n_prompt * sizeof(uint32_t) : 0) +
          kv->n_layers;
     req = epd_calloc(1, sz);
     if (req == NULL) {
@@ -80,11 +84,18 @@ epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
     }
     req->vjobs = (epd_decode_vjob_t *)(req + 1);
     req->kv.sums = (uint64_t *)(req->vjobs + kv->n_layers);
-    req->seq.tokens = (int32_t *)(req->kv.sums + kv->n_layers);
+    /* (8-aligned after the sums): each token's logprobs when asked */
+    req->seq.lps = sp->logprobs > 0 ? (epd_sample_logprob_t *)(req->kv.sums + kv->n_layers) : NULL;
+    req->seq.tokens =
+        (int32_t *)(req->kv.sums + kv->n_layers +
+                    (sp->logprobs > 0
+                         ? (size_t)max_tokens * sizeof(epd_sample_logprob_t) / sizeof(uint64_t)
+                         : 0));
     req->blocks = (uint32_t *)(req->seq.tokens + max_tokens);
     req->stop_ids = req->blocks + max_blocks;
     req->prompt = grows ? req->stop_ids + n_stop : NULL;
-    req->kv.state = (uint8_t *)(req->stop_ids + n_stop + (grows ? n_prompt : 0));
+    req->seq.prompt = keep ? req->stop_ids + n_stop : NULL;
+    req->kv.state = (uint8_t *)(req->stop_ids + n_stop + (keep ? n_prompt : 0));
     req->kv.kind = -1;
     if (max_blocks <= srv->pool.n_blocks && epd__decode_kv_may_admit(srv, n_blocks)) {
         /* a cached head (decode-side reuse: up front only), then fresh blocks */
@@ -112,8 +123,8 @@ epd_status_t epd__decode_admit(epd_decode_srv_t *srv, const Epd__Envelope *env,
     req->n_prompt = n_prompt;
     req->max_tokens = max_tokens;
     req->grows = grows;
-    if (grows) {
-        memcpy(req->prompt, g->prompt_tokens, (size_t)n_prompt * sizeof(uint32_t));
+    if (keep) {
+        memcpy(req->stop_ids + n_stop, g->prompt_tokens, (size_t)n_prompt * sizeof(uint32_t));
     }
     req->n_blocks = n_blocks;
     req->max_blocks = max_blocks;

@@ -172,7 +172,7 @@ static void epd__pend_flush(epd_decode_batch_t *b)
 
 static int epd__is_stop(const epd_decode_batch_t *b, const epd_decode_seq_t *seq, int32_t tok)
 {
-    if (epd_engine_is_eos(b->info, tok)) {
+    if (!seq->sp.ignore_eos && epd_engine_is_eos(b->info, tok)) {
         return 1;
     }
     for (uint32_t i = 0; i < seq->n_stop; i++) {
@@ -233,10 +233,33 @@ static uint32_t epd__step(epd_decode_batch_t *b, uint32_t *n_run)
         /* sample every row first (indices into logits follow stepping[]) */
         for (uint32_t j = 0; j < m; j++) {
             epd_decode_seq_t *seq = b->stepping[j];
+            const float *raw = b->logits + (size_t)j * vocab;
+            const float *row = raw;
+            epd_sample_adjust_t adj;
             int32_t tok;
 
-            st = epd_sample_token(&seq->sp, b->scratch, b->logits + (size_t)j * vocab, vocab,
-                                  seq->n_gen, &tok);
+            /* the request's logit adjustments (prompt + the tokens so far),
+             * as prefill applied them to its first token, on a copy: the
+             * logprobs are the raw logits' */
+            epd_sample_adjust_of(&seq->sp, b->info->eos_tokens, b->info->n_eos, &adj);
+            if (!epd_sample_adjust_is_off(&adj)) {
+                float *copy = epd_sample_scratch_logits(b->scratch);
+
+                memcpy(copy, raw, (size_t)vocab * sizeof(*copy));
+                st = epd_sample_adjust(&adj, b->scratch, copy, vocab, seq->prompt,
+                                       seq->prompt != NULL ? seq->n_prompt : 0,
+                                       (const uint32_t *)seq->tokens, seq->n_gen);
+                if (st != EPD_OK) {
+                    seq->error = st;
+                    continue;
+                }
+                row = copy;
+            }
+            st = epd_sample_token(&seq->sp, b->scratch, row, vocab, seq->n_gen, &tok);
+            if (st == EPD_OK && seq->lps != NULL) {
+                st = epd_sample_logprobs(raw, vocab, tok, seq->sp.logprobs - 1,
+                                         &seq->lps[seq->n_gen]);
+            }
             if (st != EPD_OK) {
                 seq->error = st;
                 continue;

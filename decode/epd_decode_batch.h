@@ -71,6 +71,13 @@ struct epd_decode_seq {
     epd_sample_params_t sp;
     const uint32_t *stop_ids; /* [n_stop] */
     uint32_t n_stop;
+    /* [n_prompt] the prompt, for the repetition penalty (sp's logit
+     * adjustments); NULL when sp has none */
+    const uint32_t *prompt;
+    /* [max_tokens] when sp.logprobs > 0: tokens[i]'s log-probabilities
+     * (lps[0] from prefill's PrefillComplete; the rest computed here from
+     * the raw logits); NULL otherwise */
+    epd_sample_logprob_t *lps;
     int32_t *tokens; /* [max_tokens]; tokens[0] = first token (set by the loop) */
 
     /* Shared. */

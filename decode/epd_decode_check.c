@@ -68,6 +68,15 @@ epd_status_t epd_decode_check_generate(const epd_decode_limits_t *lim,
     /* proto3: 0 is "unset", which the schema defines as "off" */
     sp.top_p = s->top_p == 0.0f ? 1.0f : s->top_p;
     sp.seed = s->seed;
+    {
+        char why[200];
+
+        /* (the reason is fixed text: why_p outlives this frame) */
+        if (epd_sample_params_from_msg(s, lim->vocab_size, &sp, why, sizeof(why)) != EPD_OK) {
+            return epd__refuse(why_p, "bad logit adjustments (penalty range, bias id or value)",
+                               EPD_ERR_INVALID_PARAM);
+        }
+    }
     if (!isfinite(sp.temperature) || !isfinite(sp.top_p) ||
         epd_sample_params_check(&sp) != EPD_OK) {
         return epd__refuse(why_p,
@@ -261,7 +270,7 @@ void epd_decode_seen_trust(epd_decode_kv_seen_t *seen, uint32_t n_layers)
 int epd_decode_first_finish(uint32_t first_token, const epd_engine_info_t *info,
                             const uint32_t *stop_ids, uint32_t n_stop, uint32_t max_tokens)
 {
-    if (epd_engine_is_eos(info, (int32_t)first_token)) {
+    if (info != NULL && epd_engine_is_eos(info, (int32_t)first_token)) {
         return EPD__FINISH_REASON__FINISH_STOP;
     }
     for (uint32_t i = 0; i < n_stop; i++) {

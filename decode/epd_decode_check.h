@@ -152,7 +152,8 @@ epd_status_t epd_decode_seen_completed(epd_decode_kv_seen_t *seen, uint32_t n_la
 void epd_decode_seen_trust(epd_decode_kv_seen_t *seen, uint32_t n_layers);
 
 /* How the first token ends a request of max_tokens (Epd__FinishReason):
- * STOP for an eos id of info or a stop id, LENGTH when it is the only token, else NONE. */
+ * STOP for an eos id of info (NULL: EOS ignored, the request's ignore_eos)
+ * or a stop id, LENGTH when it is the only token, else NONE. */
 int epd_decode_first_finish(uint32_t first_token, const epd_engine_info_t *info,
                             const uint32_t *stop_ids,
                             uint32_t n_stop, uint32_t max_tokens);

@@ -71,6 +71,7 @@
 
 #define EPD_DECODE_LOG "decode"
 #define EPD_DECODE_CHUNK_MAX 4096u /* tokens per TokenChunk */
+#define EPD_DECODE_LP_CHUNK_MAX 64u /* ... when they carry logprobs */
 #define EPD_DECODE_JOIN_QUEUE 256u /* loop -> compute: sequences waiting to join the batch */
 
 /*

@@ -636,11 +636,17 @@ void epd__decode_req_complete(epd_decode_srv_t *srv, epd_link_t *from, const Epd
     epd__decode_metrics_times_in(req, pc->times, t_recv); /* rule 38 */
     /* the next token of the stream: the first, or where a resume stopped */
     req->seq.tokens[req->n_resume] = (int32_t)pc->first_token;
+    if (req->seq.lps != NULL && epd_token_logprob_read(pc->first_logprob, srv->info->vocab_size,
+                                                       &req->seq.lps[req->n_resume]) != 0) {
+        /* an older prefill, or a malformed one: the token stands, its
+         * logprobs say nothing (NaN is no valid JSON number: 0 with no
+         * alternatives is what the router then reports) */
+        memset(&req->seq.lps[req->n_resume], 0, sizeof(req->seq.lps[0]));
+    }
     /* protocol only: never decode from blocks nothing was written into */
-    req->first_finish = epd_decode_first_finish(pc->first_token, srv->info,
-                                                req->stop_ids, req->n_stop,
-                                                req->protocol_only ? 1
-                                                                   : req->max_tokens - req->n_resume);
+    req->first_finish = epd_decode_first_finish(
+        pc->first_token, req->seq.sp.ignore_eos ? NULL : srv->info, req->stop_ids, req->n_stop,
+        req->protocol_only ? 1 : req->max_tokens - req->n_resume);
     req->pc_seen = 1;
     req->kv_verified = req->kv.n_ok == n_layers; /* else when the last check is back */
     epd_decode_advance(srv, req); /* the lean path: first token and the batch, right here */

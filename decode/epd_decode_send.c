@@ -24,16 +24,21 @@
 /* TokenChunks of tokens[from..to), the last with `finish` (a lone chunk
  * of none when from == to and finish != NONE). */
 static void epd_decode_send_chunks(epd_link_t *client, uint64_t id, const int32_t *tokens,
-                                   uint32_t from, uint32_t to, Epd__FinishReason finish,
-                                   Epd__PhaseTimes *times)
+                                   const epd_sample_logprob_t *lps, uint32_t from, uint32_t to,
+                                   Epd__FinishReason finish, Epd__PhaseTimes *times)
 {
+    /* with logprobs a chunk carries fewer tokens: their views live here */
+    Epd__TokenLogprob lp_msgs[EPD_DECODE_LP_CHUNK_MAX];
+    Epd__TokenLogprob *lp_ptrs[EPD_DECODE_LP_CHUNK_MAX];
+    uint32_t cap = lps != NULL ? EPD_DECODE_LP_CHUNK_MAX : EPD_DECODE_CHUNK_MAX;
+
     while (from < to || finish != EPD__FINISH_REASON__FINISH_NONE) {
         Epd__TokenChunk c = EPD__TOKEN_CHUNK__INIT;
         uint32_t n = to - from;
         int last;
 
-        if (n > EPD_DECODE_CHUNK_MAX) {
-            n = EPD_DECODE_CHUNK_MAX;
+        if (n > cap) {
+            n = cap;
         }
         last = from + n == to;
         c.request_id = id;
@@ -43,6 +48,15 @@ static void epd_decode_send_chunks(epd_link_t *client, uint64_t id, const int32_
         c.n_tokens = n;
         c.finish = last ? finish : EPD__FINISH_REASON__FINISH_NONE;
         c.times = from == 0 ? times : NULL; /* the request's first chunk (rule 38) */
+        if (lps != NULL) {
+            /* one per token, viewing the request's own (borrowed for the send) */
+            for (uint32_t i = 0; i < n; i++) {
+                epd_token_logprob_view(&lps[from + i], &lp_msgs[i]);
+                lp_ptrs[i] = &lp_msgs[i];
+            }
+            c.n_logprobs = n;
+            c.logprobs = lp_ptrs;
+        }
         (void)epd_link_send(client, EPD__ENVELOPE__BODY_TOKENS, &c, 0);
         from += n;
         if (last) {
@@ -87,6 +101,8 @@ epd_status_t epd__decode_send_resume(epd_decode_srv_t *srv, const epd_decode_req
     const void *addr = NULL;
     size_t addr_len = 0;
     uint32_t *tokens;
+    uint32_t bias_ids[EPD_SAMPLE_MAX_BIAS];
+    float bias_values[EPD_SAMPLE_MAX_BIAS];
     epd_status_t st;
 
     tokens = epd_malloc((size_t)n * sizeof(*tokens));
@@ -103,6 +119,24 @@ epd_status_t epd__decode_send_resume(epd_decode_srv_t *srv, const epd_decode_req
     sp.top_k = req->seq.sp.top_k;
     sp.seed = req->seq.sp.seed;
     sp.max_tokens = req->max_tokens;
+    /* the logit adjustments and logprobs too: the resumed token is sampled
+     * (and reported) exactly as an unpreempted one */
+    sp.presence_penalty = req->seq.sp.presence_penalty;
+    sp.frequency_penalty = req->seq.sp.frequency_penalty;
+    sp.repetition_penalty = req->seq.sp.repetition_penalty;
+    sp.min_tokens = req->seq.sp.min_tokens;
+    sp.ignore_eos = req->seq.sp.ignore_eos != 0;
+    sp.logprobs = req->seq.sp.logprobs;
+    sp.n_stop_token_ids = req->n_stop;
+    sp.stop_token_ids = req->stop_ids;
+    for (uint32_t i = 0; i < req->seq.sp.n_bias; i++) {
+        bias_ids[i] = req->seq.sp.bias[i].id;
+        bias_values[i] = req->seq.sp.bias[i].bias;
+    }
+    sp.n_logit_bias_ids = req->seq.sp.n_bias;
+    sp.logit_bias_ids = bias_ids;
+    sp.n_logit_bias_values = req->seq.sp.n_bias;
+    sp.logit_bias_values = bias_values;
     p_ep.start_time_ns = pe.start_time_ns;
     p_ep.nonce = pe.nonce;
     d_ep.start_time_ns = de.start_time_ns;
@@ -137,8 +171,8 @@ void epd__decode_stream(epd_decode_request_t *req, uint32_t n_produced,
     if (n_produced < req->n_sent) {
         n_produced = req->n_sent;
     }
-    epd_decode_send_chunks(req->client, req->id, req->seq.tokens, req->n_sent, n_produced,
-                            finish, req->send_times ? &req->times : NULL);
+    epd_decode_send_chunks(req->client, req->id, req->seq.tokens, req->seq.lps, req->n_sent,
+                           n_produced, finish, req->send_times ? &req->times : NULL);
     req->send_times = 0;
     req->n_sent = n_produced;
     if (finish != EPD__FINISH_REASON__FINISH_NONE) {

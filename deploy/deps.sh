@@ -22,8 +22,10 @@ PACKAGES=(
   libsodium-dev                   # BLAKE2b-256 content hashes of images (the embedding cache key)
   libonig-dev                     # tokenizer: Oniguruma, the regex engine of HF tokenizers' Split patterns
   libicu-dev                      # tokenizer: NFC/NFKC normalization (ICU)
+  python3-jinja2                  # chat-template oracle: Jinja as transformers renders it (tests/tokenizer)
   libcmocka-dev                   # unit tests
   python3 curl procps iproute2    # integration test helpers
+  python3-numpy                   # tests/models: the float64 forward-pass oracle (hf_ref.py)
   nftables util-linux             # tests/multihost: nft (faults), nsenter (hosts)
   prometheus                      # promtool: /metrics lint, the autoscalers' PromQL (tests/deploy)
   nodejs                          # deploy/k8s render + schema check (npm packages cached in build/)

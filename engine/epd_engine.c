@@ -9,12 +9,17 @@
 #include "epd_engine.h"
 
 #include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "epd_alloc.h"
 #include "epd_engine_int.h"
 #include "epd_hf_model.h"
 #include "epd_log.h"
+#include "epd_tokenizer.h"
 
 #define EPD_ENGINE_LOG "engine"
 
@@ -23,6 +28,15 @@ struct epd_engine {
     epd_engine_impl_t *impl;
     void *dl; /* dlopen handle or NULL for a built-in */
     epd_engine_info_t info;
+    /* The folder's tokenizer.json (owned), or NULL: then the engine's own
+     * tokenize / detokenize ops.  Encoding uses the tokenizer's scratch
+     * buffers, so tok_lock serializes it: epd_engine_tokenize is callable
+     * from any thread (a router's loop, a tool), while decoding reads only. */
+    epd_tokenizer_t *tok;
+    pthread_mutex_t tok_lock;
+    /* opened with tokenizer_only on a Hugging Face folder: no impl (NULL),
+     * info from the config files; only the tokenizer works */
+    int tok_only;
 };
 
 static const epd_engine_ops_t *const epd_engine_builtins[] = {
@@ -236,6 +250,77 @@ static int epd_engine_layout_sane(const epd_engine_info_t *info)
            info->image_token != info->bos_token && info->image_token != info->eos_token;
 }
 
+/* Nonzero when DIR/tokenizer.json exists. */
+static int epd_engine_has_tokenizer(const char *dir)
+{
+    char path[4096];
+    struct stat sb;
+    int n;
+
+    if (dir == NULL) {
+        return 0;
+    }
+    n = snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    return n > 0 && (size_t)n < sizeof(path) && stat(path, &sb) == 0;
+}
+
+/* Frees the engine's tokenizer, if any. */
+static void epd_engine_drop_tokenizer(epd_engine_t *engine)
+{
+    if (engine->tok != NULL) {
+        epd_tokenizer_destroy(engine->tok);
+        pthread_mutex_destroy(&engine->tok_lock);
+        engine->tok = NULL;
+    }
+}
+
+/* Loads DIR/tokenizer.json when the folder has one (a Hugging Face
+ * folder): from then on it, not the engine's byte tokenizer, turns text
+ * into ids and back, whatever the engine.  A folder without it keeps the
+ * engine's own ops.  A tokenizer whose ids reach past the model's
+ * vocabulary is refused: it would feed the model ids it has no row for. */
+static epd_status_t epd_engine_load_tokenizer(epd_engine_t *engine, const char *dir)
+{
+    char path[4096];
+    struct stat sb;
+    epd_status_t status;
+    int n;
+
+    if (dir == NULL) {
+        return EPD_OK;
+    }
+    n = snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    if (n < 0 || (size_t)n >= sizeof(path)) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "model folder path too long: %s", dir);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (stat(path, &sb) != 0) {
+        if (errno == ENOENT) {
+            return EPD_OK;
+        }
+        epd_log_error(EPD_ENGINE_LOG, 0, "%s: %s", path, strerror(errno));
+        return EPD_ERR_IO;
+    }
+    status = epd_tokenizer_load(dir, &engine->tok);
+    if (status != EPD_OK) {
+        return status; /* logged by the loader */
+    }
+    if (epd_tokenizer_n_ids(engine->tok) > engine->info.vocab_size) {
+        epd_log_error(EPD_ENGINE_LOG, 0,
+                      "%s: the tokenizer has %u ids, the model's vocabulary only %u", path,
+                      epd_tokenizer_n_ids(engine->tok), engine->info.vocab_size);
+        epd_tokenizer_destroy(engine->tok);
+        engine->tok = NULL;
+        return EPD_ERR_MALFORMED;
+    }
+    if (pthread_mutex_init(&engine->tok_lock, NULL) != 0) {
+        epd_tokenizer_destroy(engine->tok);
+        engine->tok = NULL;
+        return EPD_ERR_NO_MEMORY;
+    }
+    return EPD_OK;
+}
+
 epd_status_t epd_engine_open(const char *name, const epd_engine_config_t *config,
                              epd_engine_t **engine_p)
 {
@@ -269,11 +354,30 @@ epd_status_t epd_engine_open(const char *name, const epd_engine_config_t *config
             engine->ops = &epd__hf_ops;
         }
     }
-    status = engine->ops->open(config, &engine->impl);
-    if (status != EPD_OK) {
-        goto err_unload;
+    status = EPD_ERR_UNSUPPORTED;
+    if (config->tokenizer_only && epd_engine_has_tokenizer(config->model_dir)) {
+        status = epd__engine_tok_only_info(config, &engine->info);
+        if (status != EPD_OK && status != EPD_ERR_UNSUPPORTED) {
+            goto err_unload;
+        }
+        engine->tok_only = status == EPD_OK;
+        if (engine->tok_only) {
+            epd_log_info(EPD_ENGINE_LOG, 0,
+                         "%s: opened for its tokenizer only (config files read, no weights)",
+                         config->model_dir);
+        }
     }
-    engine->ops->describe(engine->impl, &engine->info);
+    if (!engine->tok_only) {
+        status = engine->ops->open(config, &engine->impl);
+        if (status != EPD_OK) {
+            goto err_unload;
+        }
+        engine->ops->describe(engine->impl, &engine->info);
+    }
+    status = epd_engine_load_tokenizer(engine, config->model_dir);
+    if (status != EPD_OK) {
+        goto err_close_impl;
+    }
     if (engine->info.n_eos == 0 || engine->info.n_eos > EPD_ENGINE_MAX_EOS) {
         engine->info.n_eos = 1;
         engine->info.eos_tokens[0] = engine->info.eos_token;
@@ -288,7 +392,10 @@ epd_status_t epd_engine_open(const char *name, const epd_engine_config_t *config
     return EPD_OK;
 
 err_close_impl:
-    engine->ops->close(engine->impl);
+    epd_engine_drop_tokenizer(engine);
+    if (!engine->tok_only) {
+        engine->ops->close(engine->impl);
+    }
 err_unload:
     if (engine->dl != NULL) {
         dlclose(engine->dl);
@@ -313,11 +420,19 @@ void epd_engine_close(epd_engine_t *engine)
     if (engine == NULL) {
         return;
     }
-    engine->ops->close(engine->impl);
+    epd_engine_drop_tokenizer(engine);
+    if (!engine->tok_only) {
+        engine->ops->close(engine->impl);
+    }
     if (engine->dl != NULL) {
         dlclose(engine->dl);
     }
     epd_free(engine);
+}
+
+const epd_tokenizer_t *epd_engine_tokenizer(const epd_engine_t *engine)
+{
+    return engine != NULL ? engine->tok : NULL;
 }
 
 const epd_engine_info_t *epd_engine_info(const epd_engine_t *engine)
@@ -352,13 +467,70 @@ epd_status_t epd_engine_check_pool(const epd_engine_t *engine, const epd_kv_pool
     return EPD_OK;
 }
 
+/* Text to ids through the folder's tokenizer when it has one (add_bos
+ * applies its post-processor, as vLLM does for /v1/completions), else the
+ * engine's op.  Arguments already checked. */
+static epd_status_t epd_engine_text_ids(const epd_engine_t *engine, const char *text, size_t len,
+                                        int add_bos, int32_t *tokens, size_t cap, size_t *n_p)
+{
+    /* the lock is the object's own, never const in fact (the engine is
+     * always heap-allocated by epd_engine_open) */
+    pthread_mutex_t *lock = (pthread_mutex_t *)&engine->tok_lock;
+    epd_status_t status;
+
+    if (engine->tok == NULL) {
+        return engine->ops->tokenize(engine->impl, text, len, add_bos, tokens, cap, n_p);
+    }
+    pthread_mutex_lock(lock);
+    status = epd_tokenizer_encode(engine->tok, text, len, add_bos ? EPD_TOKENIZE_ADD_SPECIAL : 0,
+                                  tokens, cap, n_p);
+    pthread_mutex_unlock(lock);
+    return status;
+}
+
 epd_status_t epd_engine_tokenize(const epd_engine_t *engine, const char *text, size_t len,
                                  int add_bos, int32_t *tokens, size_t cap, size_t *n_p)
 {
+    size_t n = 0;
+    epd_status_t status;
+
     if ((text == NULL && len > 0) || (tokens == NULL && cap > 0) || n_p == NULL) {
         return EPD_ERR_INVALID_PARAM;
     }
-    return engine->ops->tokenize(engine->impl, text, len, add_bos, tokens, cap, n_p);
+    status = epd_engine_text_ids(engine, text, len, add_bos, tokens, cap, &n);
+    /* the tokenizer reports the count needed with EPD_ERR_TOO_LONG; the
+     * contract here is *n_p on success only */
+    if (status == EPD_OK) {
+        *n_p = n;
+    }
+    return status;
+}
+
+/* The bytes of ids[0..n) by the folder's tokenizer: special tokens and
+ * ids the tokenizer does not name (the padding rows of a model's
+ * vocabulary past the tokenizer's ids, which a model may still sample)
+ * give nothing, as Hugging Face's decode with skip_special_tokens. */
+static epd_status_t epd_engine_tok_detokenize(const epd_tokenizer_t *tok, const int32_t *tokens,
+                                              size_t n, char *buf, size_t cap, size_t *len_p)
+{
+    size_t len = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        size_t l = 0;
+        int special = 0;
+        const char *b = epd_tokenizer_id_bytes(tok, tokens[i], &l, &special);
+
+        if (b == NULL || special) {
+            continue;
+        }
+        if (l > cap - len) {
+            return EPD_ERR_TOO_LONG;
+        }
+        memcpy(buf + len, b, l);
+        len += l;
+    }
+    *len_p = len;
+    return EPD_OK;
 }
 
 epd_status_t epd_engine_detokenize(const epd_engine_t *engine, const int32_t *tokens, size_t n,
@@ -374,6 +546,9 @@ epd_status_t epd_engine_detokenize(const epd_engine_t *engine, const int32_t *to
             return EPD_ERR_OUT_OF_RANGE;
         }
     }
+    if (engine->tok != NULL) {
+        return epd_engine_tok_detokenize(engine->tok, tokens, n, buf, cap, len_p);
+    }
     return engine->ops->detokenize(engine->impl, tokens, n, buf, cap, len_p);
 }
 
@@ -387,7 +562,7 @@ static epd_status_t epd_engine_put_text(const epd_engine_t *engine, const char *
     if (len == 0) {
         return EPD_OK;
     }
-    status = engine->ops->tokenize(engine->impl, text, len, 0, tokens + *n_p, cap - *n_p, &got);
+    status = epd_engine_text_ids(engine, text, len, 0, tokens + *n_p, cap - *n_p, &got);
     if (status == EPD_OK) {
         *n_p += got;
     }
@@ -440,7 +615,7 @@ epd_status_t epd_engine_tokenize_images(const epd_engine_t *engine, const char *
         return EPD_ERR_INVALID_PARAM;
     }
     /* BOS (with no text: the engine's tokenizer decides what BOS is) */
-    status = engine->ops->tokenize(engine->impl, text, 0, 1, tokens, cap, &n);
+    status = epd_engine_text_ids(engine, text, 0, 1, tokens, cap, &n);
     if (status != EPD_OK) {
         return status;
     }
@@ -483,8 +658,9 @@ epd_status_t epd_engine_encode_image(epd_engine_t *engine, const epd_image_view_
 {
     size_t bytes;
 
-    if (engine->info.image_embeddings == 0) {
-        epd_log_error(EPD_ENGINE_LOG, 0, "engine '%s' has no vision encoder", engine->ops->name);
+    if (engine->info.image_embeddings == 0 || engine->tok_only) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "engine '%s' has no vision encoder%s", engine->ops->name,
+                      engine->tok_only ? " (opened for its tokenizer only)" : "");
         return EPD_ERR_UNSUPPORTED;
     }
     if (image == NULL || out == NULL || image->rgb == NULL || image->width == 0 ||
@@ -653,6 +829,11 @@ epd_status_t epd_engine_prefill(epd_engine_t *engine, const epd_kv_pool_t *pool,
     if (args == NULL || logits == NULL) {
         return EPD_ERR_INVALID_PARAM;
     }
+    if (engine->tok_only) {
+        epd_log_error(EPD_ENGINE_LOG, args->seq.req_id, "prefill on an engine opened for its "
+                      "tokenizer only");
+        return EPD_ERR_UNSUPPORTED;
+    }
     if (args->n_tokens == 0 || args->tokens == NULL) {
         epd_log_error(EPD_ENGINE_LOG, args->seq.req_id, "prefill of an empty prompt");
         return EPD_ERR_INVALID_PARAM;
@@ -695,6 +876,10 @@ epd_status_t epd_engine_decode(epd_engine_t *engine, const epd_kv_pool_t *pool,
     const epd_kv_layout_t *kv = &engine->info.kv;
     epd_status_t status;
 
+    if (engine->tok_only) {
+        epd_log_error(EPD_ENGINE_LOG, 0, "decode on an engine opened for its tokenizer only");
+        return EPD_ERR_UNSUPPORTED;
+    }
     if (reqs == NULL || logits == NULL || n_reqs == 0 || n_reqs > engine->info.max_batch) {
         epd_log_error(EPD_ENGINE_LOG, 0, "decode batch of %u requests (1..%u)", n_reqs,
                       engine->info.max_batch);
@@ -739,7 +924,7 @@ epd_status_t epd_engine_decode(epd_engine_t *engine, const epd_kv_pool_t *pool,
 
 void epd_engine_release(epd_engine_t *engine, const epd_kv_pool_t *pool, const epd_kv_seq_t *seq)
 {
-    if (seq == NULL || epd_engine_check_pool(engine, pool) != EPD_OK) {
+    if (engine->tok_only || seq == NULL || epd_engine_check_pool(engine, pool) != EPD_OK) {
         return;
     }
     if (engine->info.kv.n_linear_layers > 0 && seq->state_slot >= pool->n_state_slots) {

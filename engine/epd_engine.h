@@ -197,6 +197,13 @@ typedef struct {
      * during open; NULL = the engine's default (f32).  Engines that cannot
      * quantize refuse a non-f32 map with EPD_ERR_UNSUPPORTED. */
     const char *kv_dtype;
+    /* nonzero: the caller only tokenizes (a router, epd-ctl): a Hugging
+     * Face folder with a tokenizer.json is described from its config.json
+     * and generation_config.json without the engine's open (no weight is
+     * read); prefill, decode and encode_image then refuse
+     * (EPD_ERR_UNSUPPORTED) and model_digest is zero.  Other folders open
+     * in full as without it. */
+    int tokenizer_only;
 } epd_engine_config_t;
 
 /* What a daemon needs to know about an opened engine. */
@@ -339,6 +346,8 @@ typedef const epd_engine_ops_t *(*epd_engine_entry_fn_t)(void);
 
 /* An opened engine (opaque). */
 typedef struct epd_engine epd_engine_t;
+/* A Hugging Face tokenizer (epd_tokenizer.h). */
+typedef struct epd_tokenizer epd_tokenizer_t;
 
 /* Nonzero when `token` is one of info's eos ids.  Pure. */
 int epd_engine_is_eos(const epd_engine_info_t *info, int32_t token);
@@ -365,6 +374,13 @@ void epd_engine_close(epd_engine_t *engine);
 /* The engine's description; the pointer stays valid until close.  Any thread. */
 const epd_engine_info_t *epd_engine_info(const epd_engine_t *engine);
 
+/* The model folder's tokenizer (tokenizer.json, loaded by epd_engine_open;
+ * borrowed until close), or NULL when the folder has none and the engine's
+ * own byte tokenizer is used.  Encoding with it directly must not race
+ * epd_engine_tokenize on the same engine (one thread at a time); decoding
+ * and the stream functions only read it. */
+const epd_tokenizer_t *epd_engine_tokenizer(const epd_engine_t *engine);
+
 /* The ops table name ("ref"). */
 const char *epd_engine_name(const epd_engine_t *engine);
 
@@ -373,13 +389,19 @@ const char *epd_engine_name(const epd_engine_t *engine);
 epd_status_t epd_engine_check_pool(const epd_engine_t *engine, const epd_kv_pool_t *pool);
 
 /* Text to token ids (optionally with BOS first), into tokens[0..cap);
- * *n_p = count.  EPD_ERR_TOO_LONG when cap is too small. */
+ * *n_p = count (written on success only).  EPD_ERR_TOO_LONG when cap is too
+ * small.  When the model folder has a tokenizer.json, it does the work for
+ * every engine (add_bos: its post-processor, EPD_TOKENIZE_ADD_SPECIAL, as
+ * vLLM applies for /v1/completions); else the engine's own tokenizer.  Any
+ * thread (calls are serialized on the tokenizer's scratch). */
 epd_status_t epd_engine_tokenize(const epd_engine_t *engine, const char *text, size_t len,
                                  int add_bos, int32_t *tokens, size_t cap, size_t *n_p);
 
 /* Token ids to raw bytes (special tokens produce nothing; the bytes may be
- * invalid UTF-8: see epd_utf8.h).  EPD_ERR_TOO_LONG when cap is too small,
- * EPD_ERR_OUT_OF_RANGE for an id outside the vocabulary. */
+ * invalid UTF-8: see epd_utf8.h).  With a tokenizer.json, its bytes, and
+ * ids of the vocabulary it names no token for give nothing.
+ * EPD_ERR_TOO_LONG when cap is too small, EPD_ERR_OUT_OF_RANGE for an id
+ * outside the vocabulary.  Any thread. */
 epd_status_t epd_engine_detokenize(const epd_engine_t *engine, const int32_t *tokens, size_t n,
                                    char *buf, size_t cap, size_t *len_p);
 

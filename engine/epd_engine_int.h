@@ -17,6 +17,13 @@ epd_status_t epd__byte_tokenize(int32_t bos, const char *text, size_t len, int a
 epd_status_t epd__byte_detokenize(const int32_t *tokens, size_t n, char *buf, size_t cap,
                                   size_t *len_p);
 
+/* The description of a Hugging Face folder from its config files alone
+ * (epd_engine_tokonly.c), for config->tokenizer_only.  EPD_ERR_UNSUPPORTED
+ * when the folder is not a Hugging Face one (the caller then opens the
+ * engine in full); other errors logged. */
+epd_status_t epd__engine_tok_only_info(const epd_engine_config_t *config,
+                                       epd_engine_info_t *info_p);
+
 /* The built-in `ref` engine (epd_ref.c). */
 extern const epd_engine_ops_t epd__ref_ops;
 /* The Hugging Face engine (epd_hf.c), opened as `ref` on an HF folder. */

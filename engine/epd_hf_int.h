@@ -63,7 +63,6 @@ struct epd_engine_impl {
     epd_hf_mat_t lm_head;     /* [vocab, dim]: the embedding when tied */
     const float *final_norm;
     double *inv_freq;     /* [hd/2], llama3-scaled when asked */
-    epd_tokenizer_t *tok; /* NULL without tokenizer.json */
     /* decode scratch, [max_batch][...] */
     float *d_x, *d_h, *d_q, *d_k, *d_v, *d_o, *d_g, *d_u;
     float *d_scores;      /* [max_context] */

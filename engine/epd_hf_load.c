@@ -1,7 +1,7 @@
 /*
  * epd_hf_load.c — opening a Hugging Face folder: config (epd_hf_model.c),
  * the weights (model.safetensors, or the shards model.safetensors.index.json
- * names), the tokenizer, the digest, the description.
+ * names), the digest, the description.
  *
  * Every tensor the architecture consumes must be present once with the
  * config's shape, and every tensor present must be consumed: a tensor the
@@ -499,7 +499,6 @@ void epd_hf_close(epd_engine_impl_t *e)
     epd_free(e->d_q);
     epd_free(e->d_h);
     epd_free(e->d_x);
-    epd_tokenizer_destroy(e->tok);
     epd_free(e->inv_freq);
     epd_free(e->experts);
     epd_free(e->layers);
@@ -509,32 +508,6 @@ void epd_hf_close(epd_engine_impl_t *e)
     }
     epd_free(e->files);
     epd_free(e);
-}
-
-static epd_status_t epd_hf_load_tokenizer(epd_engine_impl_t *e, const char *dir)
-{
-    char path[4096];
-    struct stat st;
-    epd_status_t status;
-
-    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
-    if (stat(path, &st) != 0) {
-        epd_log_debug(EPD_HF_LOG, 0, "%s: no tokenizer.json: token ids only", dir);
-        return EPD_OK;
-    }
-    status = epd_tokenizer_load(dir, &e->tok);
-    if (status != EPD_OK) {
-        epd_log_error(EPD_HF_LOG, 0, "%s: cannot load the tokenizer (%s)", path,
-                      epd_status_string(status));
-        return status;
-    }
-    if (epd_tokenizer_n_ids(e->tok) > e->hp.vocab) {
-        epd_log_error(EPD_HF_LOG, 0,
-                      "%s: the tokenizer has %u ids, more than config.json's vocab_size %u", path,
-                      epd_tokenizer_n_ids(e->tok), e->hp.vocab);
-        return EPD_ERR_MALFORMED;
-    }
-    return EPD_OK;
 }
 
 epd_status_t epd_hf_open(const epd_engine_config_t *config, epd_engine_impl_t **impl_p)
@@ -584,9 +557,6 @@ epd_status_t epd_hf_open(const epd_engine_config_t *config, epd_engine_impl_t **
         status = epd_hf_check_consumed(e, &where, set);
     }
     if (status == EPD_OK) {
-        status = epd_hf_load_tokenizer(e, config->model_dir);
-    }
-    if (status == EPD_OK) {
         status = epd_hf_digest(e, config->model_dir);
     }
     if (status != EPD_OK) {
@@ -624,11 +594,10 @@ epd_status_t epd_hf_open(const epd_engine_config_t *config, epd_engine_impl_t **
     }
     epd_log_debug(EPD_HF_LOG, 0,
                   "%s: %s, %u layers, dim %u, %u heads / %u kv heads of %u, ffn %u, experts %u "
-                  "(top %u of %u), vocab %u, context %u, %u weight file(s), %s",
+                  "(top %u of %u), vocab %u, context %u, %u weight file(s)",
                   config->model_dir, epd_hf_arch_class(e->hp.arch), e->hp.n_layers, e->hp.dim,
                   e->hp.n_heads, e->hp.n_kv_heads, e->hp.head_dim, e->hp.ffn, e->hp.n_experts,
-                  e->hp.top_k, e->hp.moe_ffn, e->hp.vocab, max_context, e->n_files,
-                  e->tok != NULL ? "tokenizer.json" : "no tokenizer");
+                  e->hp.top_k, e->hp.moe_ffn, e->hp.vocab, max_context, e->n_files);
     json_decref(set);
     epd_hf_where_free(&where);
     *impl_p = e;

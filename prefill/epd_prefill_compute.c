@@ -41,7 +41,10 @@ struct epd_prefill_compute {
     atomic_uint_fast64_t started_tokens[2];
     epd_prefill_ev_cb_t cb;
     void *cb_arg;
-    int trace_named; /* compute thread: its trace track is named */
+    int trace_named;         /* compute thread: its trace track is named */
+    uint32_t chunk_tokens;   /* prompt tokens per engine call and turn; 0: whole */
+    epd_embed_span_t *spans; /* [max_media]: one chunk's spans, compute thread */
+    uint32_t max_media;
 };
 
 /* What the sink needs: lives on the compute thread's stack for one run. */
@@ -50,6 +53,7 @@ typedef struct {
     epd_prefill_job_t *job;
     uint64_t layer_start_ns; /* the current layer's compute started here */
     int hold;                /* a resume: layers are handed over after the decode tail */
+    uint32_t partial_end;    /* an earlier chunk: rows [0, this) final (0: the last) */
 } epd_prefill_sink_ctx_t;
 
 /* Compute thread: hands one event to the loop (the hand-off retries with
@@ -88,6 +92,7 @@ static epd_status_t epd_prefill_compute_sink(void *ctx, uint32_t layer,
         s->job->done_ev->layer_end_ns = now;
     }
     if (!s->hold) {
+        s->job->layer_evs[layer].final_tokens = s->partial_end;
         epd_prefill_compute_emit(s->c, &s->job->layer_evs[layer]);
     }
     if (atomic_load_explicit(s->job->cancel, memory_order_acquire)) {
@@ -141,56 +146,151 @@ static epd_status_t epd_prefill_compute_tail(epd_prefill_compute_t *c, epd_prefi
                        epd_time_now_ns());
     }
     for (uint32_t l = 0; status == EPD_OK && l < c->info->kv.n_layers; l++) {
+        job->layer_evs[l].final_tokens = 0;
         epd_prefill_compute_emit(c, &job->layer_evs[l]);
     }
     return status;
 }
 
+/* The arguments of the run's next chunk, [job->chunk_next, end): the
+ * checkpoints and embedding spans that fall in it (cost O(chunk's spans and
+ * checkpoints), never O(prompt)); the span that straddles the chunk's end
+ * is cut there (epd_engine.h), the next chunk passes it whole again. */
+static void epd_prefill_compute_chunk_args(epd_prefill_compute_t *c, epd_prefill_job_t *job,
+                                           uint32_t end, epd_prefill_args_t *args)
+{
+    uint32_t pos = job->chunk_next;
+    uint32_t n_ck = 0;
+    uint32_t n_sp = 0;
+
+    memset(args, 0, sizeof(*args));
+    args->seq = job->seq;
+    args->tokens = job->tokens + pos;
+    args->n_tokens = end - pos;
+    args->start = pos;
+    if (job->replay_end > pos) {
+        args->replay_end = job->replay_end < end ? job->replay_end : end;
+    }
+    /* checkpoints are sorted: those in (pos, end] follow the cursor */
+    while (job->chunk_ckpt + n_ck < job->n_ckpts && job->ckpts[job->chunk_ckpt + n_ck].pos <= end) {
+        n_ck++;
+    }
+    args->ckpts = n_ck > 0 ? job->ckpts + job->chunk_ckpt : NULL;
+    args->n_ckpts = n_ck;
+    job->chunk_ckpt += n_ck;
+    /* spans are sorted and few (max_media): those that overlap the chunk */
+    for (uint32_t i = 0; i < job->n_embeds; i++) {
+        const epd_embed_span_t *sp = &job->embeds[i];
+
+        if ((uint64_t)sp->pos + sp->n <= pos) {
+            continue;
+        }
+        if (sp->pos >= end || n_sp == c->max_media) {
+            break; /* the cap: a request has at most max_media images */
+        }
+        c->spans[n_sp] = *sp;
+        if ((uint64_t)sp->pos + sp->n > end) {
+            c->spans[n_sp].n = end - sp->pos;
+        }
+        n_sp++;
+    }
+    args->embeds = n_sp > 0 ? c->spans : NULL;
+    args->n_embeds = n_sp;
+}
+
+/* One turn of a run: its next chunk (the whole uncached prompt part when
+ * chunking is off or the part fits one chunk).  A turn that does not end
+ * the run posts the job's CHUNK event (the loop queues it again); the last
+ * one runs a resume's decode tail, samples and posts DONE. */
 static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t *job)
 {
-    epd_prefill_sink_ctx_t sctx = {.c = c, .job = job, .hold = job->n_decode > 0};
+    uint32_t prompt_end = job->n_tokens - job->n_decode;
+    epd_prefill_sink_ctx_t sctx = {.c = c, .job = job};
     epd_engine_sink_t sink = {.cb = epd_prefill_compute_sink, .ctx = &sctx};
     epd_prefill_args_t args;
     epd_prefill_ev_t *ev = job->done_ev;
     epd_status_t status;
+    const float *row = NULL;
     int32_t token = -1;
+    uint32_t end;
+    int single;
 
-    ev->started_ns = epd_time_now_ns();
-    ev->layer_end_ns = 0;
-    sctx.layer_start_ns = ev->started_ns;
-    if (job->trace != NULL && !c->trace_named) {
-        epd_trace_thread_name(job->trace, "prefill compute");
-        c->trace_named = 1;
+    if (!job->chunk_started) {
+        job->chunk_started = 1;
+        job->chunk_next = job->start;
+        job->chunk_ckpt = 0;
+        ev->started_ns = epd_time_now_ns();
+        ev->layer_end_ns = 0;
+        if (job->trace != NULL && !c->trace_named) {
+            epd_trace_thread_name(job->trace, "prefill compute");
+            c->trace_named = 1;
+        }
+        atomic_fetch_add(&c->started_runs, 1);
+        atomic_fetch_add(&c->started_tokens[job->from_router != 0], job->n_tokens - job->start);
+        /* a hit's checkpoint goes into the slot once, before the first
+         * chunk; later chunks carry the state on (start > 0 keeps it) */
+        epd_prefill_compute_restore(c, job);
     }
-    atomic_fetch_add(&c->started_runs, 1);
-    atomic_fetch_add(&c->started_tokens[job->from_router != 0], job->n_tokens - job->start);
+    sctx.layer_start_ns = epd_time_now_ns();
+    end = prompt_end;
+    if (c->chunk_tokens > 0 && prompt_end - job->chunk_next > c->chunk_tokens) {
+        end = job->chunk_next + c->chunk_tokens;
+    }
+    single = job->chunk_next == job->start && end == prompt_end;
+    /* a layer is final only after the last chunk (and a resume's tail):
+     * an earlier chunk hands each layer over as partial (its rows so far,
+     * streamed to decode), unless it is a resume's (its layers change
+     * again in the tail) or nothing is written (prefill only) */
+    sctx.hold = job->n_decode > 0 || (end < prompt_end && job->layer_sums == NULL);
+    sctx.partial_end = end < prompt_end ? end : 0;
     if (atomic_load_explicit(job->cancel, memory_order_acquire)) {
         status = EPD_ERR_CANCELED;
     } else {
-        memset(&args, 0, sizeof(args));
-        args.seq = job->seq;
         /* a prefix hit's run starts after its cached blocks (a resume's
          * hits lie in its prompt part: epd__prefill_cache_place) */
-        args.tokens = job->tokens + job->start;
-        args.n_tokens = job->n_tokens - job->n_decode - job->start;
-        args.start = job->start;
-        args.replay_end = job->replay_end;
-        args.ckpts = job->ckpts;
-        args.n_ckpts = job->n_ckpts;
-        args.embeds = job->embeds;
-        args.n_embeds = job->n_embeds;
-        /* the last block's unused tail is the engine's to clear (ABI 3) */
-        args.want_sums = job->layer_sums != NULL;
-        epd_prefill_compute_restore(c, job);
+        epd_prefill_compute_chunk_args(c, job, end, &args);
+        /* an engine's checksum covers the rows of its call: a chunked run's
+         * layers are hashed by the loop from the bytes (kind BYTES).  The
+         * last block's unused tail is the engine's to clear (ABI 3) */
+        args.want_sums = job->layer_sums != NULL && single;
         status = epd_engine_prefill(c->engine, &c->pool, &args, &sink, c->logits);
+        job->chunk_next = end;
+        if (status == EPD_OK && end < prompt_end) {
+            /* not the last chunk: back to the queue's tail (round robin) */
+            epd_prefill_compute_emit(c, &job->chunk_ev);
+            return;
+        }
         if (status == EPD_OK && job->n_decode > 0) {
             status = epd_prefill_compute_tail(c, job);
         }
         if (status == EPD_OK) {
             /* step n_decode of the stateless sampler (0: the colocated first
              * token; a resume's: the token the stream continues with) */
-            status = epd_sample_token(&job->sample, c->scratch, c->logits, c->info->vocab_size,
+            epd_sample_adjust_t adj;
+
+            /* the request's logit adjustments first (the prompt's tokens;
+             * a resume's generated ones are its output), as decode does,
+             * on a copy: logprobs are the raw logits' */
+            epd_sample_adjust_of(&job->sample, c->info->eos_tokens, c->info->n_eos, &adj);
+            row = c->logits;
+            if (!epd_sample_adjust_is_off(&adj)) {
+                uint32_t n_in = job->n_tokens - job->n_decode;
+                float *copy = epd_sample_scratch_logits(c->scratch);
+
+                memcpy(copy, c->logits, (size_t)c->info->vocab_size * sizeof(*copy));
+                status = epd_sample_adjust(&adj, c->scratch, copy, c->info->vocab_size,
+                                           (const uint32_t *)job->tokens, n_in,
+                                           (const uint32_t *)job->tokens + n_in, job->n_decode);
+                row = copy;
+            }
+        }
+        if (status == EPD_OK) {
+            status = epd_sample_token(&job->sample, c->scratch, row, c->info->vocab_size,
                                       job->n_decode, &token);
+        }
+        if (status == EPD_OK && job->sample.logprobs > 0) {
+            status = epd_sample_logprobs(c->logits, c->info->vocab_size, token,
+                                         job->sample.logprobs - 1, &ev->first_logprob);
         }
     }
     ev->status = status;
@@ -257,16 +357,34 @@ static void epd_prefill_compute_on_job(void *arg, void *job_v, uint32_t queue)
 }
 
 /* Loop thread: one event, in posting order. */
-static void epd_prefill_compute_on_event(void *arg, void *ev)
+static void epd_prefill_compute_on_event(void *arg, void *ev_v)
 {
     epd_prefill_compute_t *c = arg;
+    epd_prefill_ev_t *ev = ev_v;
+    epd_prefill_job_t *job;
 
-    c->cb(c->cb_arg, ev);
+    if (ev->kind != EPD_PREFILL_EV_CHUNK) {
+        c->cb(c->cb_arg, ev);
+        return;
+    }
+    /* a chunk ended: the run's next turn queues behind the jobs queued
+     * meanwhile (the run holds its queue place once: the sizing of the
+     * header).  A queue that is full anyway ends the run as a failure */
+    job = ev->owner;
+    if (epd_handoff_submit(c->h, EPD_PREFILL_Q_RUN, job) != EPD_OK) {
+        epd_log_error(EPD_PREFILL_COMP, job->seq.req_id,
+                      "loop -> compute job queue full (sizing invariant broken)");
+        job->done_ev->status = EPD_ERR_NO_RESOURCE;
+        job->done_ev->first_token = -1;
+        job->done_ev->finished_ns = epd_time_now_ns();
+        c->cb(c->cb_arg, job->done_ev);
+    }
 }
 
 static void epd_prefill_compute_free(epd_prefill_compute_t *c)
 {
     epd_sample_scratch_destroy(c->scratch);
+    epd_free(c->spans);
     epd_free(c->logits);
     epd_free(c);
 }
@@ -304,14 +422,22 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
     if (st != EPD_OK) {
         goto err_free;
     }
+    c->max_media = max_media;
+    if (max_media > 0) {
+        c->spans = epd_calloc(max_media, sizeof(*c->spans));
+        if (c->spans == NULL) {
+            st = EPD_ERR_NO_MEMORY;
+            goto err_free;
+        }
+    }
     memset(&hc, 0, sizeof(hc));
     hc.name = "prefill compute";
     hc.n_queues = EPD_PREFILL_N_QUEUES;
     hc.queue_cap[EPD_PREFILL_Q_RELEASE] = max_requests;
     hc.queue_cap[EPD_PREFILL_Q_RUN] = (size_t)max_requests * (1 + (size_t)max_media);
-    /* the size argument of the header: each live request posts at most
-     * n_layers + 2 + max_media events */
-    hc.event_cap = (size_t)max_requests * ((size_t)c->info->kv.n_layers + 2 + max_media);
+    /* the size argument of the header: each live request has at most
+     * n_layers + 3 + max_media events queued */
+    hc.event_cap = (size_t)max_requests * ((size_t)c->info->kv.n_layers + 3 + max_media);
     hc.run = epd_prefill_compute_on_job;
     hc.run_arg = c;
     hc.on_event = epd_prefill_compute_on_event;
@@ -324,7 +450,7 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
     }
     epd_log_info(EPD_PREFILL_COMP, 0,
                  "compute thread started: run queue %zu, release queue %zu, event queue %zu "
-                 "(%u requests x (%u layers + 2 + %u images))",
+                 "(%u requests x (%u layers + 3 + %u images))",
                  hc.queue_cap[EPD_PREFILL_Q_RUN], hc.queue_cap[EPD_PREFILL_Q_RELEASE],
                  hc.event_cap, max_requests, c->info->kv.n_layers, max_media);
     *c_p = c;
@@ -335,9 +461,24 @@ err_free:
     return st;
 }
 
+void epd_prefill_compute_set_chunk(epd_prefill_compute_t *c, uint32_t tokens)
+{
+    c->chunk_tokens = tokens;
+}
+
 epd_status_t epd_prefill_compute_submit(epd_prefill_compute_t *c, epd_prefill_job_t *job)
 {
-    epd_status_t st = epd_handoff_submit(
+    epd_status_t st;
+
+    if (job->kind == EPD_PREFILL_JOB_RUN) {
+        /* the compute module's part of the job (before the hand-off
+         * publishes it to the compute thread) */
+        job->chunk_started = 0;
+        job->chunk_next = 0;
+        job->chunk_ckpt = 0;
+        job->chunk_ev = (epd_prefill_ev_t){.kind = EPD_PREFILL_EV_CHUNK, .owner = job};
+    }
+    st = epd_handoff_submit(
         c->h, job->kind == EPD_PREFILL_JOB_RELEASE ? EPD_PREFILL_Q_RELEASE : EPD_PREFILL_Q_RUN, job);
 
     if (st != EPD_OK) {

@@ -21,17 +21,38 @@
  *     layer boundary (EPD_ERR_CANCELED) when the loop set it.
  *
  * Sizing, so that the sink never meets a full queue: every event pointer
- * lives inside a request, a request produces at most n_layers + 2 +
- * max_media events in its life (one per layer, "finished", "released", one
- * per image it encodes itself) and is freed by the loop only after it
- * consumed "released", its last event; live requests are bounded by
- * max_requests (each holds one local state slot).  So at most max_requests
- * * (n_layers + 2 + max_media) events are ever queued, and that is the
- * event queue's capacity.  Likewise a request submits one run, max_media
+ * lives inside a request, a request has at most n_layers + 3 + max_media
+ * events queued at once (one per layer, "finished", "released", its CHUNK
+ * event, one per image it encodes itself) and is freed by the loop only
+ * after it consumed "released", its last event; live requests are bounded
+ * by max_requests (each holds one local state slot).  So at most
+ * max_requests * (n_layers + 3 + max_media) events are ever queued, and
+ * that is the event queue's capacity.  Likewise a request has at most one
+ * run queued (a chunked run goes back only after its turn), max_media
  * encodes (the run queue holds max_requests * (1 + max_media)) and one
  * release (the release queue holds max_requests).  A push that fails anyway
  * (a broken invariant) is logged and retried with short sleeps while the
  * thread is not being stopped — it never blocks forever.
+ *
+ * Chunked prefill (epd_prefill_compute_set_chunk): a run whose uncached
+ * prompt part is longer than the chunk is computed chunk by chunk, each an
+ * epd_engine_prefill with `start` at the chunk.  Policy: one chunk is one
+ * turn; after a turn that did not end the run, the compute thread posts the
+ * job's CHUNK event and the loop puts the job back at the tail of the run
+ * queue, so the runs (and local image encodes) queued meanwhile go first:
+ * round robin among running prompts with a budget of one chunk's tokens per
+ * turn, and a prompt no longer than a chunk waits behind at most one chunk
+ * of each prompt ahead of it.  Each chunk hands every layer to the loop as
+ * it finishes: in an earlier chunk with final_tokens set (its attention
+ * rows so far are final: the loop streams their full blocks to decode), in
+ * the last chunk as an unchunked run does (a resume's layers and a prefill
+ * only run's wait for the end, as before).  A layer event is re-posted in
+ * the next chunk only after the loop consumed the CHUNK event posted behind
+ * it, hence the layer event too.  The cancel flag
+ * is checked at every layer and at the start of every turn, so an abort or
+ * a decode worker's death stops it at the next layer or chunk boundary.
+ * The CHUNK event lives in the job and is re-posted only after the loop
+ * consumed it: one more event per request (n_layers + 3 + max_media).
  *
  * Threads: create, submit, backlog and destroy on the loop thread; the
  * event callback runs on the loop thread (from the hand-off's uv_async).
@@ -56,6 +77,9 @@ typedef enum {
                                * holds nothing of the request any more */
     EPD_PREFILL_EV_ENCODED,   /* an ENCODE job finished: status (media index
                                * in `layer`) */
+    EPD_PREFILL_EV_CHUNK,     /* a chunked run finished a chunk: the compute
+                               * module queues its next one (never handed to
+                               * the event callback) */
 } epd_prefill_ev_kind_t;
 
 typedef struct {
@@ -64,9 +88,15 @@ typedef struct {
     void *owner;                /* the request; set by the loop */
     epd_status_t status;        /* DONE: written by compute before the push */
     int32_t first_token;        /* DONE */
+    epd_sample_logprob_t first_logprob; /* DONE, when the request asked (sample.logprobs) */
     uint64_t started_ns;        /* DONE: when the run started (epd_time_now_ns) */
     uint64_t finished_ns;       /* DONE: when compute and sampling ended */
     uint64_t layer_end_ns;      /* DONE: when the last layer's sink ran */
+    /* LAYER, written by compute before the push: 0 = the layer is final
+     * (the run's last chunk); else only its attention rows [0,
+     * final_tokens) are (an earlier chunk of a chunked run: they may be
+     * written to decode now — per-chunk streaming) */
+    uint32_t final_tokens;
 } epd_prefill_ev_t;
 
 typedef enum {
@@ -141,6 +171,14 @@ typedef struct {
     const unsigned char *content_hash;
     uint64_t max_pixels;
     float *embed_out;
+    /* RUN, chunked prefill: the compute module's own (set by submit and the
+     * compute thread; the loop touches none of it): whether the run
+     * started, where its next chunk starts, its next checkpoint, and the
+     * event that sends it back to the queue after a chunk */
+    int chunk_started;
+    uint32_t chunk_next;
+    uint32_t chunk_ckpt;
+    epd_prefill_ev_t chunk_ev;
 } epd_prefill_job_t;
 
 typedef struct epd_prefill_compute epd_prefill_compute_t;
@@ -160,6 +198,11 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
                                         const epd_kv_pool_t *pool, uint32_t max_requests,
                                         uint32_t max_media, epd_prefill_ev_cb_t cb, void *cb_arg,
                                         epd_prefill_compute_t **c_p);
+
+/* Sets the chunk size of later runs: at most `tokens` prompt tokens per
+ * engine call and per turn (0: a run is one call).  Loop thread, before the
+ * first submit. */
+void epd_prefill_compute_set_chunk(epd_prefill_compute_t *c, uint32_t tokens);
 
 /* Queues `job` (lent, see above).  EPD_ERR_NO_RESOURCE only when the sizing
  * invariant is broken.  Loop thread; never blocks. */

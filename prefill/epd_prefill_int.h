@@ -61,6 +61,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "epd_daemon.h"
 #include "epd_engine.h"
@@ -83,6 +84,27 @@
 #define EPD_PREFILL_LOG "prefill"
 #define EPD_PREFILL_STASH_MAX 256 /* reservations that came before their request */
 #define EPD_PREFILL_TOMB_MAX 4096 /* recently aborted / failed request ids */
+/* --prefill-chunk-tokens defaults per engine.  sim models a GPU, where 8k
+ * tokens per step is what the field runs (vLLM's max_num_batched_tokens,
+ * SGLang's chunked-prefill-size); ref is the CPU reference, slow per
+ * token: 2k keeps a short prompt's wait behind a long one near a second
+ * at its test scales.  Other engines: off until measured. */
+#define EPD_PREFILL_CHUNK_SIM 8192u
+#define EPD_PREFILL_CHUNK_REF 2048u
+#define EPD_PREFILL_CHUNK_DEFAULTS "ref 2048, sim 8192, others 0"
+
+/* The default chunk of engine `name` (0: off).  Pure. */
+static inline uint32_t epd_prefill_chunk_default(const char *name)
+{
+    if (name != NULL && strcmp(name, "sim") == 0) {
+        return EPD_PREFILL_CHUNK_SIM;
+    }
+    if (name != NULL && strcmp(name, "ref") == 0) {
+        return EPD_PREFILL_CHUNK_REF;
+    }
+    return 0;
+}
+
 /* --write-group-bytes default: every layer as it finishes.  Measured with
  * `epd-bench overhead --groups per-layer,64K,256K,1M,4M,1024M` at 128, 256
  * and 1k tokens on shm and TCP (docs/benchmarks/overhead.md of the time): no
@@ -283,6 +305,19 @@ struct epd_prefill_xfer {
      * transfer is the one that stops the process once its later layers are
      * computed (0: not armed for it) */
     int fault_pause;
+    int cur_begun; /* the cursor's layer (post_layer) began: checksum taken */
+    /* per-chunk streaming of a chunked run (attention layers, [n_layers]
+     * each): blocks [0, ready_blocks) are final by an earlier chunk, [0,
+     * sent_blocks) were posted ahead of the layer's end, and srun is the
+     * run that holds block sent_blocks (a cursor: O(chunk) per chunk) */
+    uint32_t *ready_blocks;
+    uint32_t *sent_blocks;
+    uint32_t *srun;
+    /* ... and the layer's BYTES checksum over blocks [0, hashed_blocks),
+     * hashed as they become final (NULL: none yet, or no memory for it —
+     * then the whole layer is hashed at its end, as unchunked) */
+    epd_hash_state_t **lhash;
+    uint32_t *hashed_blocks;
 };
 
 /* -------------------------------------------------------------- request */
@@ -326,6 +361,7 @@ typedef struct epd_prefill_req {
     int compute_done; /* DONE consumed */
     epd_status_t compute_status;
     int32_t first_token;
+    epd_sample_logprob_t first_logprob; /* when run_job.sample.logprobs > 0 */
     int complete_sent; /* PrefillComplete (or the first token) went out */
     int landed_seen;   /* its last write landed (observed once for /metrics) */
     int hold;          /* admitted under pressure: its run waits for the reservation */
@@ -359,6 +395,7 @@ typedef struct epd_prefill_srv {
      * this many of their bytes wait (0: every layer at once); after compute
      * everything left goes at once */
     uint64_t write_group_bytes;
+    uint32_t chunk_tokens; /* --prefill-chunk-tokens, resolved (0: off) */
     /* after each layer's writes, a LayerDone (landed) fenced behind them, so
      * decode verifies that layer while the next ones compute */
     int layer_notify;
@@ -614,14 +651,22 @@ epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
  * call again at the next pump).  EPD_OK; EPD_ERR_NO_RESOURCE when the
  * transport pushed back (the cursor stays: post again after room was made);
  * another error with msg[0..cap) when the transfer cannot go on. */
+/* An earlier chunk of a chunked run made layer `layer`'s attention rows
+ * [0, final_tokens) final: its full blocks may go to decode now (posted by
+ * the next epd__prefill_xfer_post).  Loop thread. */
+void epd__prefill_xfer_chunk_ready(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint32_t layer,
+                                   uint32_t final_tokens);
+
 epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
                                     uint32_t layers_done, int compute_done, char *msg, size_t cap);
-/* PrefillComplete{first_token, n_tokens, checksums, times (borrowed; rule 38)},
+/* PrefillComplete{first_token, n_tokens, checksums, times (borrowed; rule 38),
+ * first_logprob (borrowed; NULL: none)},
  * fenced behind every
  * write; EPD_OK or the link's failure. */
 epd_status_t epd__prefill_xfer_complete(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
                                         int32_t first_token, uint32_t n_tokens,
-                                        const Epd__PhaseTimes *times);
+                                        const Epd__PhaseTimes *times,
+                                        const epd_sample_logprob_t *first_logprob);
 /* Prefill only: TokenChunk{index 0, [first_token], finish LENGTH} to the
  * client (a failure is logged: the request is over either way). */
 void epd__prefill_xfer_first_token(epd_prefill_srv_t *srv, epd_link_t *client, uint64_t id,
@@ -678,8 +723,10 @@ epd_status_t epd__prefill_media_place(epd_prefill_srv_t *srv, epd_prefill_media_
                                       uint64_t id, void *owner, const epd_status_t *failed,
                                       uint32_t *pending_p, uint32_t *encodes_p, char *msg,
                                       size_t cap, const char **culprit_p);
-/* The rows of m's slot, for the run. */
-const float *epd__prefill_media_rows(const epd_prefill_srv_t *srv, const epd_prefill_media_t *m);
+/* The run's embedding spans of m[0..n): each image's position, length and
+ * the rows of its slot (spans[0..n), the caller's). */
+void epd__prefill_media_spans(const epd_prefill_srv_t *srv, const epd_prefill_media_t *m,
+                              uint32_t n, epd_embed_span_t *spans);
 /* Our own encode of m came back with `status`: READY (EPD_OK) or its slot
  * free (GONE) and what was wrong with the image in msg. */
 void epd__prefill_media_encoded(epd_prefill_srv_t *srv, epd_prefill_media_t *m,

@@ -117,9 +117,14 @@ static unsigned char *epd_prefill_slot_data(const epd_prefill_srv_t *srv,
            (uint64_t)slot->idx * srv->embed_slot_bytes;
 }
 
-const float *epd__prefill_media_rows(const epd_prefill_srv_t *srv, const epd_prefill_media_t *m)
+void epd__prefill_media_spans(const epd_prefill_srv_t *srv, const epd_prefill_media_t *m,
+                              uint32_t n, epd_embed_span_t *spans)
 {
-    return (const float *)(const void *)epd_prefill_slot_data(srv, m->slot);
+    for (uint32_t i = 0; i < n; i++) {
+        spans[i].pos = m[i].pos;
+        spans[i].n = m[i].n;
+        spans[i].data = (const float *)(const void *)epd_prefill_slot_data(srv, m[i].slot);
+    }
 }
 
 static void epd_prefill_slot_set_enc(epd_prefill_eslot_t *slot, epd_peer_t *enc)
@@ -231,8 +236,7 @@ epd_status_t epd__prefill_media_copy(epd_prefill_srv_t *srv, epd_prefill_media_t
 }
 
 /* Do the free and evictable slots cover the uncached ones of m[0..n)? */
-static int epd_prefill_slots_cover(epd_prefill_srv_t *srv, const epd_prefill_media_t *m,
-                                   uint32_t n)
+static int epd_prefill_slots_cover(epd_prefill_srv_t *srv, const epd_prefill_media_t *m, uint32_t n)
 {
     uint32_t misses = 0, avail = 0;
 
@@ -279,8 +283,7 @@ void epd__prefill_media_wait(epd_prefill_srv_t *srv, epd_prefill_waiter_t *w)
     srv->wait_tail = w;
     srv->embed_parked++;
     epd_trace_instant(srv->trace, "waiting for embedding slots", "wait", w->id, -1, w->since_ns);
-    epd_log_debug(EPD_PREFILL_LOG, w->id, "%u images: every embedding slot is busy, waiting",
-                  w->n);
+    epd_log_debug(EPD_PREFILL_LOG, w->id, "%u images: every embedding slot is busy, waiting", w->n);
 }
 
 void epd__prefill_media_unwait(epd_prefill_srv_t *srv, epd_prefill_waiter_t *w)
@@ -327,7 +330,7 @@ epd_prefill_waiter_t *epd__prefill_media_overdue(epd_prefill_srv_t *srv, uint64_
     epd_prefill_waiter_t *w = srv->wait_head;
 
     return w != NULL && now_ns - w->since_ns > (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC ? w
-                                                                                         : NULL;
+                                                                                           : NULL;
 }
 
 const epd_prefill_media_t *epd__prefill_media_silent(const epd_prefill_srv_t *srv,
@@ -375,8 +378,8 @@ static epd_status_t epd_prefill_send_embed_reservation(epd_prefill_srv_t *srv,
  * our own encode is submitted (LOCAL, job and event lent to the compute
  * thread until ENCODED).  EPD_OK or the failure with msg. */
 static epd_status_t epd_prefill_place_one(epd_prefill_srv_t *srv, epd_prefill_media_t *m,
-                                          uint64_t id, uint32_t index, epd_peer_t *enc,
-                                          void *owner, char *msg, size_t cap)
+                                          uint64_t id, uint32_t index, epd_peer_t *enc, void *owner,
+                                          char *msg, size_t cap)
 {
     epd_prefill_eslot_t *slot = epd_prefill_slot_take(srv);
     epd_status_t st;
@@ -500,8 +503,8 @@ epd_status_t epd__prefill_media_place(epd_prefill_srv_t *srv, epd_prefill_media_
 
 /* ---------------------------------------------------------------- results */
 
-void epd__prefill_media_encoded(epd_prefill_srv_t *srv, epd_prefill_media_t *m,
-                                epd_status_t status, char *msg, size_t cap)
+void epd__prefill_media_encoded(epd_prefill_srv_t *srv, epd_prefill_media_t *m, epd_status_t status,
+                                char *msg, size_t cap)
 {
     epd_free(m->data);
     m->data = NULL;
@@ -512,7 +515,7 @@ void epd__prefill_media_encoded(epd_prefill_srv_t *srv, epd_prefill_media_t *m,
                  : status == EPD_ERR_MALFORMED ? "the image does not decode"
                  : status == EPD_ERR_CORRUPT
                      ? "its content_hash is not the BLAKE2b-256 of its bytes: nothing cached"
-                                               : epd_status_string(status));
+                     : epd_status_string(status));
         /* the compute thread is done with the slot: nothing else writes it */
         epd_prefill_slot_free(srv, m->slot);
         m->slot = NULL;

@@ -175,6 +175,10 @@ static epd_status_t epd_prefill_check_generate(const epd_prefill_srv_t *srv,
                      (double)sp->temperature, (double)sp->top_p);
             return EPD_ERR_INVALID_PARAM;
         }
+        st = epd_sample_params_from_msg(g->sampling, info->vocab_size, sp, msg, cap);
+        if (st != EPD_OK) {
+            return st;
+        }
     }
     return EPD_OK;
 }

@@ -187,11 +187,7 @@ static int epd_prefill_post(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 /* The run of a request whose images are all READY (or that has none). */
 static epd_status_t epd_prefill_submit_run(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
-    for (uint32_t i = 0; i < req->n_media; i++) {
-        req->spans[i].pos = req->media[i].pos;
-        req->spans[i].n = req->media[i].n;
-        req->spans[i].data = epd__prefill_media_rows(srv, &req->media[i]);
-    }
+    epd__prefill_media_spans(srv, req->media, req->n_media, req->spans);
     req->run_job.embeds = req->n_media > 0 ? req->spans : NULL;
     req->run_job.n_embeds = req->n_media;
     if (req->n_media > 0 && req->t_media_ns == 0) {
@@ -205,13 +201,6 @@ static epd_status_t epd_prefill_submit_run(epd_prefill_srv_t *srv, epd_prefill_r
     return EPD_OK;
 }
 
-/* The release job, once compute and the transport hold nothing of the
- * request; nonzero when submitted (else retried on the tick). */
-static int epd_prefill_submit_release(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
-{
-    return epd_prefill_compute_submit(srv->compute, &req->release_job) == EPD_OK;
-}
-
 static void epd_prefill_send_complete(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
     Epd__PhaseTimes times = EPD__PHASE_TIMES__INIT;
@@ -219,7 +208,8 @@ static void epd_prefill_send_complete(epd_prefill_srv_t *srv, epd_prefill_req_t 
     epd_status_t st;
 
     epd__prefill_metrics_phases(srv, req, epd_time_now_ns(), &times);
-    st = epd__prefill_xfer_complete(srv, &req->xfer, req->first_token, req->n_tokens, &times);
+    st = epd__prefill_xfer_complete(srv, &req->xfer, req->first_token, req->n_tokens, &times,
+                                    req->run_job.sample.logprobs > 0 ? &req->first_logprob : NULL);
     if (st != EPD_OK) {
         snprintf(msg, sizeof(msg), "sending PrefillComplete to decode '%.80s': %s",
                  epd_peer_id(req->peer), epd_status_string(st));
@@ -306,7 +296,8 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
             break;
         case EPD_PREFILL_REQ_LANDING:
             epd__prefill_metrics_landed(srv, req);
-            if (req->xfer.writes_inflight == 0 && epd_prefill_submit_release(srv, req)) {
+            if (req->xfer.writes_inflight == 0 &&
+                epd_prefill_compute_submit(srv->compute, &req->release_job) == EPD_OK) {
                 req->state = EPD_PREFILL_REQ_RELEASING;
             }
             break;
@@ -316,7 +307,7 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
              * ran and no image of it is being encoded */
             if ((req->run_submitted ? req->compute_done : req->encodes_inflight == 0) &&
                 req->xfer.writes_inflight == 0 && req->owe == 0 &&
-                epd_prefill_submit_release(srv, req)) {
+                epd_prefill_compute_submit(srv->compute, &req->release_job) == EPD_OK) {
                 req->state = EPD_PREFILL_REQ_RELEASING;
             }
             break;
@@ -735,9 +726,14 @@ void epd__prefill_req_on_event(void *arg, epd_prefill_ev_t *ev)
 
     switch (ev->kind) {
     case EPD_PREFILL_EV_LAYER:
-        req->layers_done = ev->layer + 1;
-        if (ev->layer == 0) {
-            req->t_first_layer_ns = epd_time_now_ns();
+        if (ev->final_tokens != 0) {
+            /* an earlier chunk: its full blocks of this layer may go now */
+            epd__prefill_xfer_chunk_ready(srv, &req->xfer, ev->layer, ev->final_tokens);
+        } else {
+            req->layers_done = ev->layer + 1;
+            if (ev->layer == 0) {
+                req->t_first_layer_ns = epd_time_now_ns();
+            }
         }
         /* the lean path: post this layer's writes right here, at the top of
          * the loop, while the compute thread runs the next layer */
@@ -750,6 +746,7 @@ void epd__prefill_req_on_event(void *arg, epd_prefill_ev_t *ev)
         req->compute_done = 1;
         req->compute_status = ev->status;
         req->first_token = ev->first_token;
+        req->first_logprob = ev->first_logprob;
         req->compute_done_ns = epd_time_now_ns();
         req->t_start_ns = ev->started_ns;
         req->t_finished_ns = ev->finished_ns;
@@ -790,6 +787,8 @@ void epd__prefill_req_on_event(void *arg, epd_prefill_ev_t *ev)
     case EPD_PREFILL_EV_RELEASED:
         req->released = 1;
         break;
+    case EPD_PREFILL_EV_CHUNK:
+        return; /* the compute module's own: never handed here */
     }
     epd_prefill_dirty(srv, req);
 }
@@ -925,10 +924,9 @@ void epd__prefill_req_on_tick(void *arg, uint64_t now)
             continue;
         }
         if (!req->prefill_only && !req->xfer.have_resv &&
-            (req->compute_done ? req->compute_status == EPD_OK &&
-                                     now - req->compute_done_ns > lease_ns
-                               : req->hold && !req->run_submitted &&
-                                     now - req->t_admit_ns > lease_ns)) {
+            (req->compute_done
+                 ? req->compute_status == EPD_OK && now - req->compute_done_ns > lease_ns
+                 : req->hold && !req->run_submitted && now - req->t_admit_ns > lease_ns)) {
             snprintf(msg, sizeof(msg), "no KV reservation from decode '%.80s' within %u ms",
                      epd_peer_id(req->peer), srv->lease_ms);
             epd_prefill_fail(srv, req, EPD_ERR_TIMEOUT, msg, EPD_PREFILL_TELL_ALL, NULL);

@@ -70,8 +70,14 @@ epd_status_t epd__prefill_xfer_init(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
     x->lw = epd_calloc((size_t)n_layers + 1, sizeof(*x->lw));
     x->checksums = epd_calloc((size_t)n_layers + 1, sizeof(*x->checksums));
     x->sum_kinds = epd_calloc((size_t)n_layers + 1, sizeof(*x->sum_kinds));
-    if (x->remote_blocks == NULL || x->runs == NULL || x->lw == NULL || x->checksums == NULL ||
-        x->sum_kinds == NULL) {
+    x->ready_blocks = epd_calloc((size_t)n_layers + 1, sizeof(*x->ready_blocks));
+    x->sent_blocks = epd_calloc((size_t)n_layers + 1, sizeof(*x->sent_blocks));
+    x->srun = epd_calloc((size_t)n_layers + 1, sizeof(*x->srun));
+    x->lhash = epd_calloc((size_t)n_layers + 1, sizeof(*x->lhash));
+    x->hashed_blocks = epd_calloc((size_t)n_layers + 1, sizeof(*x->hashed_blocks));
+    if (x->lhash == NULL || x->hashed_blocks == NULL || x->remote_blocks == NULL ||
+        x->runs == NULL || x->lw == NULL || x->checksums == NULL || x->sum_kinds == NULL ||
+        x->ready_blocks == NULL || x->sent_blocks == NULL || x->srun == NULL) {
         epd__prefill_xfer_cleanup(x);
         return EPD_ERR_NO_MEMORY;
     }
@@ -93,6 +99,19 @@ void epd__prefill_xfer_cleanup(epd_prefill_xfer_t *x)
     epd_free(x->lw);
     epd_free(x->checksums);
     epd_free(x->sum_kinds);
+    epd_free(x->ready_blocks);
+    epd_free(x->sent_blocks);
+    epd_free(x->srun);
+    for (uint32_t l = 0; x->lhash != NULL && l < x->srv->info->kv.n_layers; l++) {
+        epd_hash_state_destroy(x->lhash[l]);
+    }
+    epd_free(x->lhash);
+    epd_free(x->hashed_blocks);
+    x->lhash = NULL;
+    x->hashed_blocks = NULL;
+    x->ready_blocks = NULL;
+    x->sent_blocks = NULL;
+    x->srun = NULL;
     x->remote_blocks = NULL;
     x->runs = NULL;
     x->lw = NULL;
@@ -279,8 +298,9 @@ void epd__prefill_xfer_keepalive(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, 
 static uint64_t epd_prefill_layer_bytes(const epd_kv_layout_t *kv, uint32_t layer,
                                         uint32_t n_blocks)
 {
-    return kv->kind[layer] == EPD_LAYER_ATTENTION ? (uint64_t)n_blocks * epd_kv_layer_block_bytes(kv, layer)
-                                                  : kv->state_bytes;
+    return kv->kind[layer] == EPD_LAYER_ATTENTION
+               ? (uint64_t)n_blocks * epd_kv_layer_block_bytes(kv, layer)
+               : kv->state_bytes;
 }
 
 /* Write grouping: while compute runs, finished layers wait until at least
@@ -295,7 +315,7 @@ static int epd_prefill_group_ready(const epd_prefill_srv_t *srv, const epd_prefi
     const epd_kv_layout_t *kv = &srv->info->kv;
     uint64_t pending = 0;
 
-    if (srv->write_group_bytes == 0 || compute_done || x->post_idx > 0 || x->post_off > 0) {
+    if (srv->write_group_bytes == 0 || compute_done || x->cur_begun) {
         return 1;
     }
     for (uint32_t l = x->post_layer; l < layers_done; l++) {
@@ -341,12 +361,19 @@ static epd_status_t epd_prefill_layer_sum(epd_prefill_srv_t *srv, epd_prefill_xf
             epd_hash_state_update(srv->hash, base + off, kv->state_bytes);
         }
     } else {
-        for (uint32_t i = 0; i < x->local.n_blocks; i++) {
+        /* blocks [0, hashed_blocks) went into the layer's own state as
+         * earlier chunks made them final: only the rest now */
+        epd_hash_state_t *h = x->lhash[layer] != NULL ? x->lhash[layer] : srv->hash;
+        uint32_t from = x->lhash[layer] != NULL ? x->hashed_blocks[layer] : 0;
+
+        for (uint32_t i = from; i < x->local.n_blocks; i++) {
             if (epd_kv_block_offset(kv, srv->pool.n_blocks, layer, x->local.block_ids[i], &off) ==
                 EPD_OK) {
-                epd_hash_state_update(srv->hash, base + off, epd_kv_layer_block_bytes(kv, layer));
+                epd_hash_state_update(h, base + off, epd_kv_layer_block_bytes(kv, layer));
             }
         }
+        x->checksums[layer] = epd_hash_state_digest(h);
+        return EPD_OK;
     }
     x->checksums[layer] = epd_hash_state_digest(srv->hash);
     return EPD_OK;
@@ -380,7 +407,7 @@ static epd_status_t epd_prefill_post_layer(epd_prefill_srv_t *srv, epd_prefill_x
         }
         len = w.len - x->post_off;
         len = len < srv->write_chunk_bytes ? len : srv->write_chunk_bytes;
-        if (lw->inflight == 0 && x->post_idx == 0 && x->post_off == 0) {
+        if (lw->posted_ns == 0) {
             lw->posted_ns = epd_time_now_ns();
         }
         st = epd_xport_write(epd_link_ep(epd_peer_link(x->peer)), base + w.local_off + x->post_off,
@@ -416,6 +443,152 @@ static epd_status_t epd_prefill_post_layer(epd_prefill_srv_t *srv, epd_prefill_x
         }
     }
     return EPD_OK;
+}
+
+void epd__prefill_xfer_chunk_ready(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint32_t layer,
+                                   uint32_t final_tokens)
+{
+    const epd_kv_layout_t *kv = &srv->info->kv;
+    uint32_t blocks;
+
+    if (layer >= kv->n_layers || kv->kind[layer] != EPD_LAYER_ATTENTION || kv->block_tokens == 0) {
+        return; /* a recurrent state is final only after the last chunk */
+    }
+    /* full blocks only: the next chunk writes the rest of a partial one */
+    blocks = final_tokens / kv->block_tokens;
+    if (blocks > x->local.n_blocks) {
+        blocks = x->local.n_blocks;
+    }
+    if (blocks > x->ready_blocks[layer]) {
+        x->ready_blocks[layer] = blocks;
+    }
+    /* the layer's BYTES checksum goes along (every block in order, those
+     * decode holds included): after the last chunk only its blocks are
+     * left to hash.  A chunked run's kind is BYTES: its engine gave no sum
+     * (epd_prefill_compute.c).  No memory: hashed whole at the end */
+    if (x->protocol_only || x->hashed_blocks[layer] >= blocks) {
+        return;
+    }
+    if (x->lhash[layer] == NULL && epd_hash_state_create(0, &x->lhash[layer]) != EPD_OK) {
+        x->lhash[layer] = NULL;
+        return;
+    }
+    for (uint32_t i = x->hashed_blocks[layer]; i < blocks; i++) {
+        uint64_t off;
+
+        if (epd_kv_block_offset(kv, srv->pool.n_blocks, layer, x->local.block_ids[i], &off) ==
+            EPD_OK) {
+            epd_hash_state_update(x->lhash[layer], (const char *)srv->pool.base + off,
+                                  epd_kv_layer_block_bytes(kv, layer));
+        }
+    }
+    x->hashed_blocks[layer] = blocks;
+}
+
+/* Posts layer `layer`'s blocks [sent_blocks, ready_blocks) — final by an
+ * earlier chunk — in block order (the checksum's order), through the runs
+ * (cut at the ready edge; blocks decode holds are skipped), each write at
+ * most --write-chunk-bytes (whole blocks).  Same returns as
+ * epd_prefill_post_layer. */
+static epd_status_t epd_prefill_stream_layer(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
+                                             uint32_t layer, uint64_t *budget, char *msg,
+                                             size_t cap)
+{
+    const epd_kv_layout_t *kv = &srv->info->kv;
+    uint64_t bb = epd_kv_layer_block_bytes(kv, layer); /* per layer: a KV dtype map */
+    uint32_t per_write = bb > 0 && srv->write_chunk_bytes >= bb
+                             ? (uint32_t)(srv->write_chunk_bytes / bb)
+                             : 1;
+    epd_prefill_lw_t *lw = &x->lw[layer];
+    char *base = srv->pool.base;
+
+    while (x->sent_blocks[layer] < x->ready_blocks[layer]) {
+        uint32_t sent = x->sent_blocks[layer];
+        uint32_t i = x->srun[layer];
+        uint32_t end;
+        epd_prefill_run_t r;
+        epd_prefill_write_t w;
+        epd_status_t st;
+
+        while (i < x->n_runs && x->runs[i].first + x->runs[i].n <= sent) {
+            i++;
+        }
+        x->srun[layer] = i;
+        if (i == x->n_runs) {
+            x->sent_blocks[layer] = x->ready_blocks[layer]; /* decode holds the rest */
+            break;
+        }
+        if (x->runs[i].first > sent) {
+            sent = x->runs[i].first; /* blocks decode holds (cached) */
+            if (sent >= x->ready_blocks[layer]) {
+                x->sent_blocks[layer] = x->ready_blocks[layer];
+                break;
+            }
+        }
+        if (*budget == 0) {
+            x->sent_blocks[layer] = sent;
+            return EPD_INPROGRESS;
+        }
+        end = x->runs[i].first + x->runs[i].n;
+        end = end < x->ready_blocks[layer] ? end : x->ready_blocks[layer];
+        r.first = sent;
+        r.n = end - sent < per_write ? end - sent : per_write;
+        st = epd_prefill_plan_run_write(kv, &x->local, &x->remote, x->region_size, layer, &r, &w);
+        if (st != EPD_OK) {
+            snprintf(msg, cap, "write plan outside a pool");
+            return st;
+        }
+        if (lw->posted_ns == 0) {
+            lw->posted_ns = epd_time_now_ns();
+        }
+        st = epd_xport_write(epd_link_ep(epd_peer_link(x->peer)), base + w.local_off, (size_t)w.len,
+                             srv->pool_mr, x->rkey, w.remote_off, epd_prefill_on_write, lw);
+        if (st == EPD_ERR_NO_RESOURCE) {
+            x->sent_blocks[layer] = sent;
+            if (!x->backpressured) {
+                x->backpressured = 1;
+                epd_log_debug(EPD_PREFILL_LOG, x->id,
+                              "transport backpressure streaming layer %u (%u in flight): "
+                              "retrying after progress",
+                              layer, x->writes_inflight);
+            }
+            return st;
+        }
+        if (st != EPD_INPROGRESS && st != EPD_OK) {
+            snprintf(msg, cap, "posting a KV write to decode '%.80s': %s", epd_peer_id(x->peer),
+                     epd_status_string(st));
+            return epd__prefill_xfer_peer_status(st);
+        }
+        x->writes_inflight++;
+        lw->inflight++;
+        lw->bytes += w.len;
+        x->writes_posted++;
+        x->writes_coalesced += r.n - 1;
+        *budget = *budget > w.len ? *budget - w.len : 0;
+        x->sent_blocks[layer] = sent + r.n;
+    }
+    return EPD_OK;
+}
+
+/* The cursor at the start of layer `layer`'s own posting: past the blocks
+ * streamed ahead by earlier chunks. */
+static void epd_prefill_cursor_skip_sent(const epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
+                                         uint32_t layer)
+{
+    uint32_t sent = x->sent_blocks[layer];
+    uint32_t i = x->srun[layer];
+
+    if (sent == 0 || srv->info->kv.kind[layer] != EPD_LAYER_ATTENTION) {
+        return;
+    }
+    while (i < x->n_runs && x->runs[i].first + x->runs[i].n <= sent) {
+        i++;
+    }
+    x->post_idx = i;
+    x->post_off = i < x->n_runs && sent > x->runs[i].first
+                      ? (uint64_t)(sent - x->runs[i].first) *
+                            epd_kv_layer_block_bytes(&srv->info->kv, layer)
+                      : 0;
 }
 
 /* Fault point prefill.pause_after_layer=N (common/epd_fault.h), for the
@@ -459,7 +632,31 @@ epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
     uint64_t budget = srv->write_chunk_bytes;
 
     x->more = 0;
-    if (!x->have_resv || !epd_prefill_group_ready(srv, x, layers_done, compute_done)) {
+    if (!x->have_resv) {
+        return EPD_OK;
+    }
+    /* per-chunk streaming: the layers not final yet post what earlier
+     * chunks made final, whatever the grouping (a chunk is large) */
+    for (uint32_t l = layers_done; !x->protocol_only && l < kv->n_layers; l++) {
+        epd_status_t st;
+
+        if (x->sent_blocks[l] >= x->ready_blocks[l]) {
+            continue;
+        }
+        if (!epd_peer_usable(x->peer) || x->rkey == NULL) {
+            snprintf(msg, cap, "decode worker '%.80s' is gone", epd_peer_id(x->peer));
+            return EPD_ERR_PEER_DEAD;
+        }
+        st = epd_prefill_stream_layer(srv, x, l, &budget, msg, cap);
+        if (st == EPD_INPROGRESS) {
+            x->more = 1; /* the loop's other events first */
+            return EPD_OK;
+        }
+        if (st != EPD_OK) {
+            return st;
+        }
+    }
+    if (!epd_prefill_group_ready(srv, x, layers_done, compute_done)) {
         return EPD_OK;
     }
     if (x->post_layer < layers_done && (!epd_peer_usable(x->peer) || x->rkey == NULL)) {
@@ -471,18 +668,19 @@ epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
         epd_prefill_lw_t *lw = &x->lw[layer];
         epd_status_t st;
 
-        if (x->post_idx == 0 && x->post_off == 0 &&
-            epd_prefill_fault_pause(x, layer, compute_done) != 0) {
+        if (!x->cur_begun && epd_prefill_fault_pause(x, layer, compute_done) != 0) {
             return EPD_OK; /* held until compute is done (fault point) */
         }
 
-        if (x->post_idx == 0 && x->post_off == 0) {
+        if (!x->cur_begun) {
             /* x->checksums[layer] was written by the compute thread before it
              * handed the layer over (the event queue orders it before us) */
             st = epd_prefill_layer_sum(srv, x, layer, msg, cap);
             if (st != EPD_OK) {
                 return st;
             }
+            epd_prefill_cursor_skip_sent(srv, x, layer);
+            x->cur_begun = 1;
         }
         st = epd_prefill_post_layer(srv, x, layer, &budget, msg, cap);
         if (st == EPD_INPROGRESS) {
@@ -495,6 +693,7 @@ epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
         x->post_layer++;
         x->post_idx = 0;
         x->post_off = 0;
+        x->cur_begun = 0;
         lw->all_posted = 1;
         if (lw->inflight == 0 && lw->bytes > 0) {
             epd_prefill_lw_done(srv, lw); /* completed while we were posting */
@@ -521,9 +720,16 @@ epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
 
 epd_status_t epd__prefill_xfer_complete(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
                                         int32_t first_token, uint32_t n_tokens,
-                                        const Epd__PhaseTimes *times)
+                                        const Epd__PhaseTimes *times,
+                                        const epd_sample_logprob_t *first_logprob)
 {
     Epd__PrefillComplete pc = EPD__PREFILL_COMPLETE__INIT;
+    Epd__TokenLogprob lp;
+
+    if (first_logprob != NULL) {
+        epd_token_logprob_view(first_logprob, &lp);
+        pc.first_logprob = &lp;
+    }
 
     pc.request_id = x->id;
     pc.first_token = (uint32_t)first_token;

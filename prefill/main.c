@@ -46,6 +46,7 @@ typedef struct {
     int64_t kv_disk_bytes; /* -1: not given */
     int kv_disk_persist;
     int64_t kv_tier_level;
+    int64_t chunk_tokens; /* -1: the engine's default */
 } epd_prefill_flags_t;
 
 /* Shutdown step 5 (daemon/epd_daemon.h): the compute thread writes into
@@ -137,6 +138,7 @@ static epd_status_t epd_prefill_setup(void *arg, epd_daemon_t *d)
         return st;
     }
     srv->engine = NULL; /* the compute thread owns it now */
+    epd_prefill_compute_set_chunk(srv->compute, srv->chunk_tokens);
     memset(&cap, 0, sizeof(cap));
     cap.kv_blocks_total = srv->kv_blocks;
     cap.block_tokens = info->kv.block_tokens;
@@ -234,6 +236,10 @@ static int epd_prefill_run(const epd_daemon_flags_t *dfl, void *arg)
     }
     srv.info = epd_engine_info(srv.engine);
     srv.engine_name = epd_engine_name(srv.engine);
+    srv.chunk_tokens = fl->chunk_tokens >= 0 ? (uint32_t)fl->chunk_tokens
+                                             : epd_prefill_chunk_default(srv.engine_name);
+    epd_log_info(EPD_PREFILL_LOG, 0, "chunked prefill: %s%u tokens per chunk",
+                 srv.chunk_tokens == 0 ? "off, " : "", srv.chunk_tokens);
 
     memset(&dc, 0, sizeof(dc));
     dc.role_name = EPD_PREFILL_LOG;
@@ -272,6 +278,7 @@ int main(int argc, char **argv)
         .kv_disk_bytes = -1,
         .kv_disk_persist = 0,
         .kv_tier_level = EPD_PREFILL_TIER_LEVEL_DEFAULT,
+        .chunk_tokens = -1,
     };
     const epd_opt_t opts[] = {
         {"kv-blocks", EPD_OPT_INT, &fl.kv_blocks, 1, 1 << 24, "local KV blocks"},
@@ -324,6 +331,10 @@ int main(int argc, char **argv)
          "layout (without it they are removed)"},
         {"kv-tier-level", EPD_OPT_INT, &fl.kv_tier_level, 1, 19,
          "zstd level of the host and disk tier"},
+        {"prefill-chunk-tokens", EPD_OPT_INT, &fl.chunk_tokens, -1, 1 << 24,
+         "compute a prompt's uncached part in chunks of at most this many tokens, one chunk "
+         "per turn, round robin with the other prompts (0: whole prompts; default -1: the "
+         "engine's, " EPD_PREFILL_CHUNK_DEFAULTS ")"},
     };
     return epd_daemon_main("epd-prefill",
                            "prefill worker: prompts in, KV streamed to decode per layer",

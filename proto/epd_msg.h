@@ -31,6 +31,7 @@
 #include "epd_common.pb-c.h"
 #include "epd_control.pb-c.h"
 #include "epd_request.pb-c.h"
+#include "epd_sample.h"
 #include "epd_status.h"
 
 #define EPD_MSG_MAGIC 0x4d445045u /* "EPDM" */
@@ -117,5 +118,20 @@ void epd_proto_free(ProtobufCMessage *msg);
  */
 int epd_proto_answer(const ProtobufCMessage *msg, void **resp_p, size_t *resp_len_p, char *err,
                      size_t err_cap);
+
+/* The logit adjustments of a request's SamplingParams (fields 7..13;
+ * absent: none) checked for a vocabulary of `vocab` ids and copied into
+ * *sp (its other fields untouched): EPD_OK, or EPD_ERR_INVALID_PARAM with
+ * msg[0..cap) saying why (a penalty out of range, a bias id >= vocab or
+ * value outside [-100, 100], more than EPD_SAMPLE_MAX_BIAS biases, ids
+ * and values of different counts).  Any thread. */
+/* A TokenLogprob message viewing *lp (borrowed: msg points into it). */
+void epd_token_logprob_view(const epd_sample_logprob_t *lp, Epd__TokenLogprob *msg);
+/* A received TokenLogprob into *lp, its ids checked against `vocab`:
+ * 0, or -1 for a malformed one. */
+int epd_token_logprob_read(const Epd__TokenLogprob *msg, uint32_t vocab, epd_sample_logprob_t *lp);
+
+epd_status_t epd_sample_params_from_msg(const Epd__SamplingParams *s, uint32_t vocab,
+                                        epd_sample_params_t *sp, char *msg, size_t cap);
 
 #endif

@@ -41,6 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "epd_sample.h"
 #include "epd_status.h"
 #include "epd_xport.h"
 
@@ -146,6 +147,8 @@ typedef struct {
     uint32_t cached_tokens;      /* prompt tokens prefill's prefix cache served */
 } epd_client_phase_times_t;
 
+#define EPD_CLIENT_LP_CHUNK_MAX 64 /* decode's EPD_DECODE_LP_CHUNK_MAX */
+
 typedef struct {
     epd_client_ev_kind_t kind;
     uint64_t request_id;
@@ -159,6 +162,10 @@ typedef struct {
     /* TOKENS at index 0: the phase times its decode worker sent, NULL
      * when it sent none (an older worker, prefill only) */
     const epd_client_phase_times_t *times;
+    /* TOKENS of a request that asked for logprobs (a chunk then holds at
+     * most EPD_CLIENT_LP_CHUNK_MAX tokens, as decode sends them): one per token
+     * (borrowed for the callback); NULL otherwise */
+    const epd_sample_logprob_t *logprobs;
     /* ERROR, REFUSED */
     epd_status_t status;
     const char *message; /* never NULL */
@@ -275,6 +282,19 @@ typedef struct {
     uint32_t max_tokens;      /* >= 1 */
     const uint32_t *stop_ids; /* may be NULL */
     uint32_t n_stop_ids;
+    /* logit adjustments (engine/epd_sample.h; SamplingParams 7..13): 0 /
+     * NULL for none */
+    float presence_penalty;
+    float frequency_penalty;
+    float repetition_penalty; /* 0 or 1: off */
+    const uint32_t *bias_ids; /* [n_bias] */
+    const float *bias_values; /* [n_bias] */
+    uint32_t n_bias;
+    uint32_t min_tokens;
+    int ignore_eos;
+    /* 0: none; 1 + k (k <= 20): every token's logprobs and its k best
+     * alternatives come in the TOKENS events (SamplingParams.logprobs) */
+    uint32_t logprobs;
     epd_client_worker_t *prefill; /* a worker of role PREFILL */
     epd_client_worker_t *decode;  /* a worker of role DECODE */
     uint32_t deadline_ms;         /* budget for the whole request (> 0) */

@@ -47,6 +47,7 @@ typedef struct epd__client_req {
     uint32_t abort_pending_e; /* bit i: Abort to enc[i] not yet accepted */
     uint32_t next_index;      /* tokens received so far */
     uint32_t max_tokens;
+    uint32_t logprobs;    /* the request's SamplingParams.logprobs */
     uint64_t deadline_ns; /* monotonic */
     int aborted;          /* the caller asked for an abort */
     int abort_pending_p;  /* Abort to prefill not yet accepted */

@@ -202,8 +202,26 @@ static int epd_client_sender_is(const Epd__SenderRef *s, const epd_client_worker
            s->epoch->nonce == w->info.epoch_nonce;
 }
 
+/* A chunk's TokenLogprobs into lps[0..n_tokens): 0, or -1 for a malformed
+ * one (ids beyond the worker's vocabulary are the router's to check: the
+ * client knows none, so it bounds them by UINT32_MAX only). */
+static int epd_client_chunk_logprobs(epd_client_t *c, const epd__client_req_t *r,
+                                     const Epd__TokenChunk *tc, epd_sample_logprob_t *lps)
+{
+    (void)c;
+    (void)r;
+    for (size_t i = 0; i < tc->n_tokens; i++) {
+        if (epd_token_logprob_read(tc->logprobs[i], UINT32_MAX, &lps[i]) != 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static void epd_client_on_chunk(epd_client_t *c, epd__client_req_t *r, const Epd__TokenChunk *tc)
 {
+    /* (chunks with logprobs carry at most EPD_CLIENT_LP_CHUNK_MAX tokens) */
+    epd_sample_logprob_t lps[EPD_CLIENT_LP_CHUNK_MAX];
     epd_client_phase_times_t times;
     epd_client_event_t ev;
     char msg[160];
@@ -234,7 +252,19 @@ static void epd_client_on_chunk(epd_client_t *c, epd__client_req_t *r, const Epd
                             r->decode->info.worker_id);
         return;
     }
+    if (r->logprobs > 0 &&
+        (tc->n_logprobs != tc->n_tokens || tc->n_tokens > EPD_CLIENT_LP_CHUNK_MAX ||
+         epd_client_chunk_logprobs(c, r, tc, lps) != 0)) {
+        snprintf(msg, sizeof(msg), "token chunk of %zu tokens with %zu bad or missing logprobs",
+                 tc->n_tokens, tc->n_logprobs);
+        epd_log_warn(EPD__CLIENT_LOG, r->id, "%s (from %s)", msg, r->decode->info.worker_id);
+        epd_client_abort_sides(c, r, EPD_CLIENT_ABORT_ALL, EPD_ERR_MALFORMED, msg);
+        epd_client_req_fail(c, r, EPD_CLIENT_EV_ERROR, EPD_ERR_MALFORMED, msg,
+                            r->decode->info.worker_id);
+        return;
+    }
     memset(&ev, 0, sizeof(ev));
+    ev.logprobs = r->logprobs > 0 ? lps : NULL;
     if (tc->times != NULL && tc->index == 0) {
         times.encode_ns = tc->times->encode_ns;
         times.prefill_queue_ns = tc->times->prefill_queue_ns;
@@ -532,11 +562,11 @@ epd_status_t epd_client_submit(epd_client_t *c, const epd_client_request_t *q,
         q->prefill == NULL || q->decode == NULL ||
         q->prefill->info.role != EPD_CLIENT_ROLE_PREFILL ||
         q->decode->info.role != EPD_CLIENT_ROLE_DECODE ||
-        (q->n_stop_ids > 0 && q->stop_ids == NULL) || q->n_media > EPD_CLIENT_MEDIA_MAX ||
-        (q->n_media > 0 && q->media == NULL) ||
-        (q->resume_generated > 0 &&
-         (q->resume_generated >= q->n_prompt || q->resume_generated >= q->max_tokens ||
-          q->n_media > 0))) {
+        (q->n_stop_ids > 0 && q->stop_ids == NULL) ||
+        (q->n_bias > 0 && (q->bias_ids == NULL || q->bias_values == NULL)) ||
+        q->n_media > EPD_CLIENT_MEDIA_MAX || (q->n_media > 0 && q->media == NULL) ||
+        (q->resume_generated > 0 && (q->resume_generated >= q->n_prompt ||
+                                     q->resume_generated >= q->max_tokens || q->n_media > 0))) {
         return EPD_ERR_INVALID_PARAM;
     }
     for (uint32_t i = 0; i < q->n_media; i++) {
@@ -580,6 +610,7 @@ epd_status_t epd_client_submit(epd_client_t *c, const epd_client_request_t *q,
     r->prefill = q->prefill;
     r->decode = q->decode;
     r->max_tokens = q->max_tokens;
+    r->logprobs = q->logprobs;
     r->next_index = q->resume_generated; /* (the tokens before came in an earlier attempt) */
     r->deadline_ns = epd_time_now_ns() + (uint64_t)q->deadline_ms * EPD_NSEC_PER_MSEC;
 
@@ -588,6 +619,16 @@ epd_status_t epd_client_submit(epd_client_t *c, const epd_client_request_t *q,
     sp.top_k = q->top_k;
     sp.seed = q->seed;
     sp.max_tokens = q->max_tokens;
+    sp.presence_penalty = q->presence_penalty;
+    sp.frequency_penalty = q->frequency_penalty;
+    sp.repetition_penalty = q->repetition_penalty;
+    sp.n_logit_bias_ids = q->n_bias;
+    sp.logit_bias_ids = (uint32_t *)q->bias_ids;
+    sp.n_logit_bias_values = q->n_bias;
+    sp.logit_bias_values = (float *)q->bias_values;
+    sp.min_tokens = q->min_tokens;
+    sp.ignore_eos = q->ignore_eos != 0;
+    sp.logprobs = q->logprobs;
     sp.n_stop_token_ids = q->n_stop_ids;
     sp.stop_token_ids = (uint32_t *)q->stop_ids;
     pe.start_time_ns = q->prefill->info.epoch_start_ns;

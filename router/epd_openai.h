@@ -10,12 +10,22 @@
  * Every refusal fills an epd_oai_error_t: the HTTP status, the OpenAI error
  * type, a message naming the field, `param` (the field, or empty for
  * null) and `code` (empty for null; "model_not_found" for an unknown
- * model).  A JSON null counts as an absent optional field.  Fields this
- * server does not know are ignored, as most OpenAI-compatible servers do.
+ * model).  A JSON null counts as an absent optional field.
+ *
+ * Fields.  Nothing is silently ignored (epd_openai_fields.c holds the
+ * table): every top-level key is implemented (below), accepted without
+ * effect (user, metadata, store, service_tier, parallel_tool_calls,
+ * prompt_cache_key, safety_identifier, request_id), accepted only at the
+ * value that asks for nothing (presence_penalty 0, logit_bias {}, tools [],
+ * response_format {"type": "text"}, ...; another value is a 400 with code
+ * "unsupported_parameter" naming it), or refused whenever present (audio,
+ * prediction, guided_*, ...).  An unknown key is a 400, "Unrecognized
+ * request argument supplied: KEY", as OpenAI answers it (param: the key).
  *
  *   model              required string, one of the served models (else 404)
- *   prompt             (completions) required: a string or an array of one
- *                      string
+ *   prompt             (completions) required: a string, an array of token
+ *                      ids (used as given, nothing added), or an array of
+ *                      exactly one of these
  *   messages           (chat) required non-empty array of {role, content}:
  *                      role "system" | "user" | "assistant"; content a string
  *                      or an array of {"type": "text", "text": string} and
@@ -25,8 +35,8 @@
  *                      or without padding); an http(s) URL is refused with a
  *                      clear 400 (this server does not fetch images); at
  *                      most EPD_OAI_MAX_IMAGES images
- *   max_tokens         integer ≥ 1 and ≤ the model's context (chat also takes
- *                      max_completion_tokens); default: completions 16, chat
+ *   max_tokens         integer ≥ 1 and ≤ the model's context (or
+ *                      max_completion_tokens: both must then agree); default: completions 16, chat
  *                      "up to the context" (see epd_oai_check_length)
  *   temperature        number in [0, 2], default 1
  *   top_p              number in (0, 1], default 1
@@ -37,14 +47,30 @@
  *                      with stream true)
  *   stop               a string or an array of at most 4 non-empty strings,
  *                      kept as text (the router maps them)
+ *   presence_penalty, frequency_penalty  numbers in [-2, 2], default 0
+ *   repetition_penalty (extension, vLLM's) number in (0, 2], default 1
+ *   logit_bias         object {"TOKEN_ID": number}: at most 300 entries,
+ *                      ids < vocab, values clamped to [-100, 100]
+ *   min_tokens         (extension) integer ≥ 0, ≤ the tokens to generate
+ *   ignore_eos         (extension) boolean
+ *   stop_token_ids     (extension) array of at most 64 token ids < vocab
+ *   logprobs           completions: integer 0..20 (the token's logprob and
+ *                      its K best); chat: boolean, with top_logprobs 0..20
  *   epd_encode         (extension) "auto" (default) or "local": the
  *                      prefill worker encodes the images itself even when
  *                      encoders are registered (benchmarks compare both)
  *   cache_salt         (extension, as vLLM's) a string of 1..256 bytes: the
  *                      request's prompt blocks are cached in a namespace of
  *                      their own, shared only with requests of the same salt
+ *   add_generation_prompt (chat, extension as vLLM's) boolean, default true
+ *   chat_template_kwargs  (chat, extension as vLLM's) an object; its
+ *                      "enable_thinking" (boolean, default true) is Qwen3's
+ *                      switch; other keys are ignored
  *
- * Chat template (documented, simple, model-agnostic): each message becomes
+ * Chat template.  The router renders the messages with the model's own
+ * template when its folder has one (engine/epd_chat.h: msgs below locate
+ * each message's role and content).  Otherwise, and in `prompt` always
+ * (documented, simple, model-agnostic): each message becomes
  * "<|ROLE|>\nCONTENT\n" in order (text parts of an array content are
  * concatenated), and the prompt ends with "<|assistant|>\n".  An image part
  * adds no text: it is recorded with the byte offset of the rendered prompt
@@ -101,16 +127,31 @@ typedef struct {
     uint32_t part;
 } epd_oai_image_t;
 
+/* One chat message: byte ranges of the request's prompt. */
+typedef struct {
+    size_t role_off, role_len;
+    size_t content_off, content_len;
+} epd_oai_msg_t;
+
 typedef struct {
     epd_oai_kind_t kind;
     char *model;        /* owned */
     char *prompt;       /* owned, NUL terminated; chat: the rendered template */
     size_t prompt_len;  /* bytes (prompts may hold no NUL: jansson refuses \u0000) */
+    /* completions: a prompt of token ids (owned [n_prompt_ids], used as
+     * given: nothing added), or NULL for a text prompt (prompt is then "") */
+    uint32_t *prompt_ids;
+    size_t n_prompt_ids;
     int64_t max_tokens; /* ≥ 1 when has_max_tokens */
     int has_max_tokens; /* 0: completions default 16 / chat up to the context */
     double temperature;
     double top_p;
     int64_t top_k; /* 0: off */
+    /* nonzero: the request gave the value (else it holds the API default,
+     * which a model folder's generation_config.json may replace) */
+    int has_temperature;
+    int has_top_p;
+    int has_top_k;
     int64_t seed;
     int has_seed;
     int stream;
@@ -121,6 +162,30 @@ typedef struct {
     size_t n_images;
     int encode_local; /* extension "epd_encode": "local": no encoder pool for its images */
     char *cache_salt; /* owned; NULL: none ("cache_salt", as vLLM's) */
+    /* logit adjustments (engine/epd_sample.h: vLLM's formulas), parsed by
+     * epd_openai_fields.c; ids checked against the vocabulary by
+     * epd_oai_check_sampling */
+    double presence_penalty;   /* [-2, 2], default 0 */
+    double frequency_penalty;  /* [-2, 2], default 0 */
+    double repetition_penalty; /* (0, 2], default 1 */
+    uint32_t *bias_ids;        /* owned [n_bias] (logit_bias keys) */
+    float *bias_values;        /* owned [n_bias], each in [-100, 100] */
+    size_t n_bias;
+    int64_t min_tokens; /* ≥ 0 */
+    int ignore_eos;
+    uint32_t *stop_token_ids; /* owned [n_stop_token_ids] */
+    size_t n_stop_token_ids;
+    /* logprobs: completions "logprobs": K, chat "logprobs": true with
+     * "top_logprobs": K (K <= 20) */
+    int want_logprobs;
+    uint32_t top_logprobs;
+    /* chat: message i's role and content as byte ranges of prompt (the
+     * plain rendering holds both verbatim), for a model's own template;
+     * owned [n_msgs] */
+    epd_oai_msg_t *msgs;
+    size_t n_msgs;
+    int add_generation_prompt; /* chat; default 1 */
+    int enable_thinking;       /* chat_template_kwargs.enable_thinking; default 1 */
 } epd_oai_request_t;
 
 typedef struct {
@@ -210,6 +275,13 @@ void epd_oai_request_destroy(epd_oai_request_t *req);
 epd_status_t epd_oai_check_length(const epd_oai_request_t *req, int64_t prompt_tokens,
                                   int64_t max_context, int64_t *max_new_p, epd_oai_error_t *err);
 
+/* The checks of the sampling fields that need the model: logit_bias and
+ * stop_token_ids ids below `vocab`, min_tokens at most max_new (the
+ * tokens epd_oai_check_length allows).  EPD_OK, or EPD_ERR_INVALID_PARAM
+ * with *err filled (400 naming the field).  Any thread. */
+epd_status_t epd_oai_check_sampling(const epd_oai_request_t *req, uint32_t vocab, int64_t max_new,
+                                    epd_oai_error_t *err);
+
 /* Appends the error JSON {"error": {"message", "type", "param", "code"}}.
  * EPD_OK or EPD_ERR_NO_MEMORY (buf unchanged in length). */
 epd_status_t epd_oai_error_encode(const epd_oai_error_t *err, epd_oai_buf_t *out);
@@ -222,19 +294,51 @@ void epd_oai_make_id(epd_oai_kind_t kind, uint64_t nonce, char id[EPD_OAI_ID_MAX
 /* Appends a non-streaming response: object "text_completion" (choices[0].
  * text) or "chat.completion" (choices[0].message {role: assistant,
  * content}), with finish_reason and usage {prompt_tokens,
- * completion_tokens, total_tokens}.  text[0..len) (borrowed) is the raw
- * generated bytes, repaired here.  `id` and `model` borrowed.  EPD_OK or
- * EPD_ERR_NO_MEMORY.  Any thread. */
+ * completion_tokens, total_tokens, and prompt_tokens_details
+ * {cached_tokens} when cached_tokens >= 0 (-1: unknown, left out)}.  text[0..len) (borrowed) is the
+ * raw generated bytes, repaired here.  `id` and `model` borrowed.  EPD_OK or EPD_ERR_NO_MEMORY. Any
+ * thread. */
 epd_status_t epd_oai_response_encode(epd_oai_kind_t kind, const char *id, const char *model,
                                      int64_t created, const void *text, size_t len,
                                      epd_oai_finish_t finish, int64_t prompt_tokens,
-                                     int64_t completion_tokens, epd_oai_buf_t *out);
+                                     int64_t completion_tokens, int64_t cached_tokens,
+                                     epd_oai_buf_t *out);
 
 /* Appends the GET /v1/models answer: {"object": "list", "data": [{id,
- * object: "model", created, owned_by: "epd"}...]}.  EPD_OK or
+ * object: "model", created, owned_by: "epd", max_model_len (vLLM's: the
+ * context in tokens; left out when max_model_len <= 0)}...]}.  EPD_OK or
  * EPD_ERR_NO_MEMORY. */
 epd_status_t epd_oai_models_encode(const char *const *models, size_t n_models, int64_t created,
-                                   epd_oai_buf_t *out);
+                                   int64_t max_model_len, epd_oai_buf_t *out);
+
+/* One generated token's log-probabilities for an answer: its raw bytes
+ * (borrowed; may be invalid UTF-8) and those of its n_top (<= 20) best
+ * alternatives. */
+#define EPD_OAI_MAX_TOP_LOGPROBS 20
+typedef struct {
+    const char *bytes;
+    size_t len;
+    double logprob;
+    uint32_t n_top;
+    const char *top_bytes[EPD_OAI_MAX_TOP_LOGPROBS];
+    size_t top_len[EPD_OAI_MAX_TOP_LOGPROBS];
+    double top_logprob[EPD_OAI_MAX_TOP_LOGPROBS];
+} epd_oai_token_lp_t;
+
+/* Appends the "logprobs" object of toks[0..n) (borrowed) in `kind`'s
+ * shape (epd_openai_logprobs.c): completions {tokens, token_logprobs,
+ * top_logprobs, text_offset}, chat {content: [{token, logprob, bytes,
+ * top_logprobs}], refusal}.  EPD_OK or EPD_ERR_NO_MEMORY (nothing
+ * appended).  Any thread. */
+epd_status_t epd_oai_logprobs_encode(epd_oai_kind_t kind, const epd_oai_token_lp_t *toks, size_t n,
+                                     epd_oai_buf_t *out);
+
+/* Replaces the first "logprobs":null of buf->data[from..) (an encoded
+ * answer or chunk: its only structural one) by frag[0..frag_len) (a JSON
+ * value, borrowed).  EPD_OK, EPD_ERR_NOT_FOUND, EPD_ERR_NO_MEMORY (buf
+ * unchanged). */
+epd_status_t epd_oai_splice_logprobs(epd_oai_buf_t *buf, size_t from, const char *frag,
+                                     size_t frag_len);
 
 /* The state of one streamed answer (caller's storage). */
 typedef struct {
@@ -273,7 +377,14 @@ epd_status_t epd_oai_stream_text(epd_oai_stream_t *stream, const void *bytes, si
  * (already finished), EPD_ERR_NO_MEMORY. */
 epd_status_t epd_oai_stream_finish(epd_oai_stream_t *stream, epd_oai_finish_t finish,
                                    int64_t prompt_tokens, int64_t completion_tokens,
-                                   epd_oai_buf_t *out);
+                                   int64_t cached_tokens, epd_oai_buf_t *out);
+
+/* Appends a chunk event with no text whose choice carries the logprobs
+ * object frag[0..frag_len) (borrowed: epd_oai_logprobs_encode's output):
+ * how a stream reports the log-probabilities of the tokens whose text it
+ * sent.  EPD_OK, EPD_ERR_INVALID_PARAM (finished), EPD_ERR_NO_MEMORY. */
+epd_status_t epd_oai_stream_logprobs(epd_oai_stream_t *stream, const char *frag, size_t frag_len,
+                                     epd_oai_buf_t *out);
 
 /* Appends a failure in the middle of a stream as the SDKs read it: an
  * event "data: {"error": {...}}\n\n" and then "data: [DONE]\n\n"; the

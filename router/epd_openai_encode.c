@@ -43,7 +43,9 @@ static void epd_oai_w_head(epd__oai_writer_t *w, const char *id, const char *obj
     epd__oai_w_str(w, model, strlen(model));
 }
 
-static void epd_oai_w_usage(epd__oai_writer_t *w, int64_t prompt_tokens, int64_t completion_tokens)
+/* cached_tokens < 0: unknown, no prompt_tokens_details */
+static void epd_oai_w_usage(epd__oai_writer_t *w, int64_t prompt_tokens, int64_t completion_tokens,
+                            int64_t cached_tokens)
 {
     epd__oai_w_puts(w, "\"usage\":{\"prompt_tokens\":");
     epd__oai_w_int(w, prompt_tokens);
@@ -51,13 +53,19 @@ static void epd_oai_w_usage(epd__oai_writer_t *w, int64_t prompt_tokens, int64_t
     epd__oai_w_int(w, completion_tokens);
     epd__oai_w_puts(w, ",\"total_tokens\":");
     epd__oai_w_int(w, prompt_tokens + completion_tokens);
+    if (cached_tokens >= 0) {
+        epd__oai_w_puts(w, ",\"prompt_tokens_details\":{\"cached_tokens\":");
+        epd__oai_w_int(w, cached_tokens);
+        epd__oai_w_puts(w, "}");
+    }
     epd__oai_w_puts(w, "}");
 }
 
 epd_status_t epd_oai_response_encode(epd_oai_kind_t kind, const char *id, const char *model,
                                      int64_t created, const void *text, size_t len,
                                      epd_oai_finish_t finish, int64_t prompt_tokens,
-                                     int64_t completion_tokens, epd_oai_buf_t *out)
+                                     int64_t completion_tokens, int64_t cached_tokens,
+                                     epd_oai_buf_t *out)
 {
     char *fixed;
     size_t flen = 0;
@@ -89,14 +97,14 @@ epd_status_t epd_oai_response_encode(epd_oai_kind_t kind, const char *id, const 
     epd__oai_w_puts(&w, ",\"logprobs\":null,\"finish_reason\":\"");
     epd__oai_w_puts(&w, epd_oai_finish_name(finish));
     epd__oai_w_puts(&w, "\"}],");
-    epd_oai_w_usage(&w, prompt_tokens, completion_tokens);
+    epd_oai_w_usage(&w, prompt_tokens, completion_tokens, cached_tokens);
     epd__oai_w_puts(&w, "}");
     epd_free(fixed);
     return epd__oai_w_end(&w);
 }
 
 epd_status_t epd_oai_models_encode(const char *const *models, size_t n_models, int64_t created,
-                                   epd_oai_buf_t *out)
+                                   int64_t max_model_len, epd_oai_buf_t *out)
 {
     epd__oai_writer_t w;
     size_t i;
@@ -111,7 +119,12 @@ epd_status_t epd_oai_models_encode(const char *const *models, size_t n_models, i
         epd__oai_w_str(&w, models[i], strlen(models[i]));
         epd__oai_w_puts(&w, ",\"object\":\"model\",\"created\":");
         epd__oai_w_int(&w, created);
-        epd__oai_w_puts(&w, ",\"owned_by\":\"epd\"}");
+        epd__oai_w_puts(&w, ",\"owned_by\":\"epd\"");
+        if (max_model_len > 0) {
+            epd__oai_w_puts(&w, ",\"max_model_len\":");
+            epd__oai_w_int(&w, max_model_len);
+        }
+        epd__oai_w_puts(&w, "}");
     }
     epd__oai_w_puts(&w, "]}");
     return epd__oai_w_end(&w);
@@ -261,7 +274,7 @@ epd_status_t epd_oai_stream_text(epd_oai_stream_t *stream, const void *bytes, si
 
 epd_status_t epd_oai_stream_finish(epd_oai_stream_t *stream, epd_oai_finish_t finish,
                                    int64_t prompt_tokens, int64_t completion_tokens,
-                                   epd_oai_buf_t *out)
+                                   int64_t cached_tokens, epd_oai_buf_t *out)
 {
     int role_sent = stream->role_sent;
     unsigned char held[4];
@@ -287,7 +300,7 @@ epd_status_t epd_oai_stream_finish(epd_oai_stream_t *stream, epd_oai_finish_t fi
                        stream->kind == EPD_OAI_CHAT ? "chat.completion.chunk" : "text_completion",
                        stream->created, stream->model);
         epd__oai_w_puts(&w, ",\"choices\":[],");
-        epd_oai_w_usage(&w, prompt_tokens, completion_tokens);
+        epd_oai_w_usage(&w, prompt_tokens, completion_tokens, cached_tokens);
         epd__oai_w_puts(&w, "}\n\n");
     }
     epd__oai_w_puts(&w, "data: [DONE]\n\n");
@@ -315,4 +328,29 @@ epd_status_t epd_oai_stream_error(epd_oai_stream_t *stream, const epd_oai_error_
     stream->finished = 1;
     stream->tail_len = 0;
     return EPD_OK;
+}
+
+epd_status_t epd_oai_stream_logprobs(epd_oai_stream_t *stream, const char *frag, size_t frag_len,
+                                     epd_oai_buf_t *out)
+{
+    size_t start = out->len;
+    epd__oai_writer_t w;
+    epd_status_t st;
+
+    if (stream == NULL || stream->finished || frag == NULL) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    epd__oai_w_begin(&w, out);
+    epd_oai_w_chunk(&w, stream, "", 0, -1);
+    st = epd__oai_w_end(&w);
+    if (st == EPD_OK) {
+        st = epd_oai_splice_logprobs(out, start, frag, frag_len);
+        if (st != EPD_OK) {
+            out->len = start;
+            if (out->data != NULL) {
+                out->data[start] = '\0';
+            }
+        }
+    }
+    return st;
 }

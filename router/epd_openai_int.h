@@ -7,6 +7,8 @@
  *   epd_openai_scan.c    the limits of a body's JSON, checked on its bytes
  *                        before it is parsed
  *   epd_openai_parse.c   request bodies: parsing and validation (jansson)
+ *   epd_openai_fields.c  the table of top-level fields: implemented,
+ *                        accepted without effect, or refused (400)
  *   epd_openai_encode.c  answers: full responses, /v1/models, and the SSE
  *                        stream encoder with its UTF-8 hold-back
  *
@@ -51,5 +53,18 @@ void epd__oai_w_cstr_or_null(epd__oai_writer_t *w, const char *s);
 epd_status_t epd__oai_w_end(epd__oai_writer_t *w);
 /* {"error": {"message", "type", "param", "code"}} */
 void epd__oai_w_error_object(epd__oai_writer_t *w, const epd_oai_error_t *err);
+
+/* ---- epd_openai_fields.c ---- */
+
+struct json_t; /* jansson's */
+/* Every top-level key of a request body `root` (borrowed) of `kind`
+ * checked against the table of fields: EPD_OK, or EPD_ERR_INVALID_PARAM
+ * with *err filled (400 naming the key). */
+epd_status_t epd__oai_fields_check(epd_oai_kind_t kind, struct json_t *root, epd_oai_error_t *err);
+/* The sampling fields (penalties, logit_bias, min_tokens, ignore_eos,
+ * stop_token_ids) of `root` into req (its arrays owned by req): EPD_OK,
+ * EPD_ERR_INVALID_PARAM or EPD_ERR_NO_MEMORY with *err filled. */
+epd_status_t epd__oai_parse_sampling(struct json_t *root, epd_oai_request_t *req,
+                                     epd_oai_error_t *err);
 
 #endif

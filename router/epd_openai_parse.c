@@ -87,6 +87,11 @@ void epd_oai_request_destroy(epd_oai_request_t *req)
     }
     epd_free(req->images);
     epd_free(req->cache_salt);
+    epd_free(req->bias_ids);
+    epd_free(req->bias_values);
+    epd_free(req->stop_token_ids);
+    epd_free(req->prompt_ids);
+    epd_free(req->msgs);
     epd_free(req);
 }
 
@@ -98,11 +103,39 @@ static epd_status_t epd_oai_parse_prompt(json_t *root, epd_oai_request_t *req, e
         epd_oai_missing_error(err, "prompt");
         return EPD_ERR_INVALID_PARAM;
     }
+    if (json_is_array(v) && json_array_size(v) == 1 && json_is_array(json_array_get(v, 0))) {
+        v = json_array_get(v, 0); /* [[ids]]: one prompt of token ids */
+    }
+    if (json_is_array(v) && json_array_size(v) > 0 && json_is_integer(json_array_get(v, 0))) {
+        /* token ids, used as given (nothing added, as vLLM does); the
+         * router checks them against the vocabulary and the context */
+        size_t n = json_array_size(v);
+
+        req->prompt_ids = epd_calloc(n, sizeof(*req->prompt_ids));
+        req->prompt = epd_strdup("");
+        if (req->prompt_ids == NULL || req->prompt == NULL) {
+            epd_oai_oom_error(err);
+            return EPD_ERR_NO_MEMORY;
+        }
+        for (size_t i = 0; i < n; i++) {
+            json_t *e = json_array_get(v, i);
+
+            if (!json_is_integer(e) || json_integer_value(e) < 0 ||
+                json_integer_value(e) > (json_int_t)UINT32_MAX) {
+                epd_oai_error_set(err, 400, "prompt", NULL,
+                                  "'prompt[%zu]' must be a token id (an integer >= 0).", i);
+                return EPD_ERR_INVALID_PARAM;
+            }
+            req->prompt_ids[i] = (uint32_t)json_integer_value(e);
+        }
+        req->n_prompt_ids = n;
+        return EPD_OK;
+    }
     if (json_is_array(v)) {
         if (json_array_size(v) != 1 || !json_is_string(json_array_get(v, 0))) {
             epd_oai_error_set(err, 400, "prompt", NULL,
-                              "'prompt' must be a string or an array of exactly one string "
-                              "(batched and token-id prompts are not supported).");
+                              "'prompt' must be a string, an array of token ids, or an array of "
+                              "exactly one of these (a batch of prompts is not supported).");
             return EPD_ERR_INVALID_PARAM;
         }
         v = json_array_get(v, 0);
@@ -369,6 +402,11 @@ static epd_status_t epd_oai_parse_messages(json_t *root, epd_oai_request_t *req,
         return EPD_ERR_INVALID_PARAM;
     }
     req->prompt = epd_malloc(total + 1);
+    req->msgs = epd_calloc(json_array_size(msgs), sizeof(*req->msgs));
+    if (req->msgs == NULL) {
+        epd_oai_oom_error(err);
+        return EPD_ERR_NO_MEMORY;
+    }
     if (total_images > 0) {
         req->images = epd_calloc(total_images, sizeof(*req->images));
     }
@@ -381,12 +419,17 @@ static epd_status_t epd_oai_parse_messages(json_t *root, epd_oai_request_t *req,
         const char *r = json_string_value(json_object_get(m, "role"));
         size_t clen, cimg;
 
+        req->msgs[i].role_off = pos + 2;
+        req->msgs[i].role_len = strlen(r);
         pos += (size_t)sprintf(req->prompt + pos, "<|%s|>\n", r);
         status = epd_oai_message_content(epd_oai_opt_field(m, "content"), i, req->prompt + pos, pos,
                                          req, &clen, &cimg, err);
         if (status != EPD_OK) {
             return status; /* out of memory only: pass 1 validated everything */
         }
+        req->msgs[i].content_off = pos;
+        req->msgs[i].content_len = clen;
+        req->n_msgs = i + 1;
         pos += clen;
         req->prompt[pos++] = '\n';
     }
@@ -544,8 +587,41 @@ static epd_status_t epd_oai_parse_fields(epd_oai_kind_t kind, json_t *root,
     if (status != EPD_OK) {
         return status;
     }
+    req->add_generation_prompt = 1;
+    req->enable_thinking = 1;
+    if (kind == EPD_OAI_CHAT) {
+        /* vLLM's extensions for the model's chat template */
+        json_t *kw = epd_oai_opt_field(root, "chat_template_kwargs");
 
-    if (kind == EPD_OAI_CHAT && epd_oai_opt_field(root, "max_completion_tokens") != NULL) {
+        status = epd_oai_parse_bool(root, "add_generation_prompt", "add_generation_prompt",
+                                    &req->add_generation_prompt, err);
+        if (status != EPD_OK) {
+            return status;
+        }
+        if (kw != NULL && !json_is_object(kw)) {
+            epd_oai_type_error(err, "chat_template_kwargs", "an object", kw);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        if (kw != NULL) {
+            status =
+                epd_oai_parse_bool(kw, "enable_thinking", "chat_template_kwargs.enable_thinking",
+                                   &req->enable_thinking, err);
+            if (status != EPD_OK) {
+                return status;
+            }
+        }
+    }
+
+    if (epd_oai_opt_field(root, "max_completion_tokens") != NULL) {
+        json_t *a = epd_oai_opt_field(root, "max_tokens");
+        json_t *b = epd_oai_opt_field(root, "max_completion_tokens");
+
+        /* both: they must agree (one would otherwise be ignored) */
+        if (a != NULL && !json_equal(a, b)) {
+            epd_oai_error_set(err, 400, "max_completion_tokens", NULL,
+                              "'max_tokens' and 'max_completion_tokens' differ: send one.");
+            return EPD_ERR_INVALID_PARAM;
+        }
         mt_name = "max_completion_tokens";
     }
     status = epd_oai_parse_int(root, mt_name, &req->max_tokens, &req->has_max_tokens, err);
@@ -592,6 +668,9 @@ static epd_status_t epd_oai_parse_fields(epd_oai_kind_t kind, json_t *root,
             req->top_k = 0;
         }
     }
+    req->has_temperature = epd_oai_opt_field(root, "temperature") != NULL;
+    req->has_top_p = epd_oai_opt_field(root, "top_p") != NULL;
+    req->has_top_k = epd_oai_opt_field(root, "top_k") != NULL;
     status = epd_oai_parse_int(root, "seed", &req->seed, &req->has_seed, err);
     if (status != EPD_OK) {
         return status;
@@ -628,6 +707,10 @@ static epd_status_t epd_oai_parse_fields(epd_oai_kind_t kind, json_t *root,
         }
     }
     status = epd_oai_parse_stop(root, req, err);
+    if (status != EPD_OK) {
+        return status;
+    }
+    status = epd__oai_parse_sampling(root, req, err);
     if (status != EPD_OK) {
         return status;
     }
@@ -732,6 +815,12 @@ epd_status_t epd_oai_request_parse_limited(epd_oai_kind_t kind, const void *body
         status = EPD_ERR_INVALID_PARAM;
         goto err_decref;
     }
+    /* nothing silently ignored: every key is known, and one that is not
+     * implemented is refused naming it (epd_openai_fields.c) */
+    status = epd__oai_fields_check(kind, root, err);
+    if (status != EPD_OK) {
+        goto err_decref;
+    }
     req = epd_calloc(1, sizeof(*req));
     if (req == NULL) {
         epd_oai_oom_error(err);
@@ -741,6 +830,7 @@ epd_status_t epd_oai_request_parse_limited(epd_oai_kind_t kind, const void *body
     req->kind = kind;
     req->temperature = 1.0;
     req->top_p = 1.0;
+    req->repetition_penalty = 1.0;
     status = epd_oai_parse_fields(kind, root, models, n_models, max_context, req, err);
     if (status != EPD_OK) {
         goto err_destroy_req;

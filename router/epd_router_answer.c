@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "epd_alloc.h"
+#include "epd_log.h"
 #include "epd_router_int.h"
 #include "epd_time.h"
 
@@ -187,6 +188,102 @@ static void epd_router_stream_emit(epd_router_t *rt, epd_router_req_t *r, size_t
     }
 }
 
+/* The logprobs object of tokens [from, to) of r (r->lps) into frag: each
+ * id (the token's and its alternatives') detokenized alone into one arena,
+ * then epd_oai_logprobs_encode.  0, or -1 (no memory; the arrays missing). */
+static int epd_router_logprobs_frag(epd_router_t *rt, epd_router_req_t *r, uint32_t from,
+                                    uint32_t to, epd_oai_buf_t *frag)
+{
+    uint32_t n = to > from ? to - from : 0;
+    epd_oai_token_lp_t *toks = NULL;
+    size_t *offs = NULL;
+    char *arena = NULL;
+    size_t cap = 0, len = 0;
+    int rc = -1;
+
+    if (r->lps == NULL || r->lp_ids == NULL) {
+        return -1;
+    }
+    cap = 256;
+    arena = epd_malloc(cap);
+    toks = epd_calloc(n > 0 ? n : 1, sizeof(*toks));
+    offs = epd_calloc((size_t)(n > 0 ? n : 1) * (1 + EPD_SAMPLE_MAX_LOGPROBS) * 2, sizeof(*offs));
+    if (toks == NULL || offs == NULL || arena == NULL) {
+        goto out;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const epd_sample_logprob_t *lp = &r->lps[from + i];
+
+        for (uint32_t j = 0; j <= lp->n_top; j++) {
+            int32_t id = (int32_t)(j == 0 ? r->lp_ids[from + i] : lp->top_ids[j - 1]);
+            size_t blen = 0;
+            size_t *o = &offs[((size_t)i * (1 + EPD_SAMPLE_MAX_LOGPROBS) + j) * 2];
+            epd_status_t st;
+
+            for (;;) {
+                st = epd_engine_detokenize(rt->engine, &id, 1, arena + len, cap - len, &blen);
+                if (st != EPD_ERR_TOO_LONG) {
+                    break;
+                }
+                {
+                    size_t ncap = cap * 2 + 256;
+                    char *p = epd_realloc(arena, ncap);
+
+                    if (p == NULL) {
+                        goto out;
+                    }
+                    arena = p;
+                    cap = ncap;
+                }
+            }
+            if (st != EPD_OK) {
+                blen = 0; /* an id outside the vocabulary: no text */
+            }
+            o[0] = len;
+            o[1] = blen;
+            len += blen;
+        }
+        toks[i].logprob = lp->logprob;
+        toks[i].n_top = lp->n_top;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t j = 0; j <= toks[i].n_top; j++) {
+            const size_t *o = &offs[((size_t)i * (1 + EPD_SAMPLE_MAX_LOGPROBS) + j) * 2];
+            const char *b = arena + o[0];
+
+            if (j == 0) {
+                toks[i].bytes = b;
+                toks[i].len = o[1];
+            } else {
+                toks[i].top_bytes[j - 1] = b;
+                toks[i].top_len[j - 1] = o[1];
+                toks[i].top_logprob[j - 1] = r->lps[from + i].top_logprobs[j - 1];
+            }
+        }
+    }
+    epd_oai_buf_reset(frag);
+    rc = epd_oai_logprobs_encode(r->oai->kind, toks, n, frag) == EPD_OK ? 0 : -1;
+out:
+    epd_free(arena);
+    epd_free(offs);
+    epd_free(toks);
+    return rc;
+}
+
+/* A full answer in rt->out: its "logprobs": null replaced by all its
+ * tokens' logprobs.  0, or -1. */
+static int epd_router_splice_logprobs(epd_router_t *rt, epd_router_req_t *r)
+{
+    epd_oai_buf_t frag = EPD_OAI_BUF_INIT;
+    int rc = epd_router_logprobs_frag(rt, r, 0, r->n_out, &frag);
+
+    if (rc == 0 && epd_oai_splice_logprobs(&rt->out, 0, frag.data, frag.len) != EPD_OK) {
+        rc = -1;
+    }
+    epd_oai_buf_cleanup(&frag);
+    return rc;
+}
+
 /* The generation finished well (EOS, max_tokens or a stop string). */
 void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish_t finish)
 {
@@ -204,7 +301,18 @@ void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish
         }
         epd_router_stream_emit(rt, r, r->text_len);
         epd_oai_buf_reset(&rt->out);
-        if (epd_oai_stream_finish(&r->stream, finish, r->n_prompt, r->n_out, &rt->out) == EPD_OK) {
+        if (r->oai->want_logprobs) {
+            /* the tokens' logprobs in one chunk of no text before the end */
+            epd_oai_buf_t frag = EPD_OAI_BUF_INIT;
+
+            if (epd_router_logprobs_frag(rt, r, r->lps_sent, r->n_out, &frag) == 0 &&
+                epd_oai_stream_logprobs(&r->stream, frag.data, frag.len, &rt->out) == EPD_OK) {
+                r->lps_sent = r->n_out;
+            }
+            epd_oai_buf_cleanup(&frag);
+        }
+        if (epd_oai_stream_finish(&r->stream, finish, r->n_prompt, r->n_out,
+                                  (int64_t)r->cached_tokens, &rt->out) == EPD_OK) {
             (void)epd_http_stream_send(r->http, rt->out.data, rt->out.len);
         }
         (void)epd_http_stream_end(r->http);
@@ -212,7 +320,8 @@ void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish
         epd_oai_buf_reset(&rt->out);
         if (epd_oai_response_encode(r->oai->kind, r->id, rt->model_name, r->created, r->text,
                                     r->text_len, finish, r->n_prompt, r->n_out,
-                                    &rt->out) != EPD_OK) {
+                                    (int64_t)r->cached_tokens, &rt->out) != EPD_OK ||
+            (r->oai->want_logprobs && epd_router_splice_logprobs(rt, r) != 0)) {
             epd__router_respond_simple_error(rt, r->http, 500, "out of memory");
         } else {
             char hdr[64];
@@ -228,13 +337,78 @@ void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish
     r->http = NULL; /* finished: the fact the request's step reads */
 }
 
+/* Makes room for `more` bytes after r->text_len.  0, or -1 out of memory. */
+static int epd_router_text_reserve(epd_router_req_t *r, size_t more)
+{
+    if (r->text_len + more + 1 > r->text_cap) {
+        size_t cap = (r->text_len + more + 1) * 2 + 64;
+        char *p = epd_realloc(r->text, cap);
+
+        if (p == NULL) {
+            return -1;
+        }
+        r->text = p;
+        r->text_cap = cap;
+    }
+    return 0;
+}
+
+/* The model folder's tokenizer: each id through the request's stream
+ * decoder (special tokens and the ids it names no token for give nothing,
+ * as epd_engine_detokenize). */
+static int epd_router_text_append_tok(epd_router_t *rt, epd_router_req_t *r,
+                                      const epd_tokenizer_t *tok, const uint32_t *ids, uint32_t n)
+{
+    size_t step = epd_tokenizer_max_token_bytes(tok) + 4;
+
+    for (uint32_t i = 0; i < n; i++) {
+        size_t got = 0;
+
+        if (ids[i] >= rt->info->vocab_size) {
+            epd_log_error(EPD_ROUTER_LOG, 0, "token id %u outside the vocabulary of %u", ids[i],
+                          rt->info->vocab_size);
+            return -1;
+        }
+        if (epd_tokenizer_id_bytes(tok, (int32_t)ids[i], &got, NULL) == NULL) {
+            continue;
+        }
+        if (epd_router_text_reserve(r, step) != 0 ||
+            epd_tokenizer_stream_push(tok, &r->detok, (int32_t)ids[i], r->text + r->text_len,
+                                      r->text_cap - r->text_len, &got) != EPD_OK) {
+            return -1;
+        }
+        r->text_len += got;
+    }
+    return 0;
+}
+
+int epd__router_text_flush(epd_router_t *rt, epd_router_req_t *r)
+{
+    size_t got = 0;
+
+    if (epd_engine_tokenizer(rt->engine) == NULL || r->detok.n_held == 0) {
+        return 0;
+    }
+    if (epd_router_text_reserve(r, sizeof(r->detok.held)) != 0 ||
+        epd_tokenizer_stream_finish(&r->detok, r->text + r->text_len, r->text_cap - r->text_len,
+                                    &got) != EPD_OK) {
+        return -1;
+    }
+    r->text_len += got;
+    return 0;
+}
+
 int epd__router_text_append(epd_router_t *rt, epd_router_req_t *r, const uint32_t *ids, uint32_t n)
 {
+    const epd_tokenizer_t *tok = epd_engine_tokenizer(rt->engine);
     size_t len = 0;
     epd_status_t st;
 
     if (n == 0) {
         return 0;
+    }
+    if (tok != NULL) {
+        return epd_router_text_append_tok(rt, r, tok, ids, n);
     }
     if (rt->tok_scratch_cap < n) {
         int32_t *p = epd_realloc(rt->tok_scratch, (size_t)n * 2 * sizeof(*p));
@@ -265,18 +439,8 @@ int epd__router_text_append(epd_router_t *rt, epd_router_req_t *r, const uint32_
             rt->detok_scratch_cap = cap;
         }
     }
-    if (st != EPD_OK) {
+    if (st != EPD_OK || epd_router_text_reserve(r, len) != 0) {
         return -1;
-    }
-    if (r->text_len + len + 1 > r->text_cap) {
-        size_t cap = (r->text_len + len + 1) * 2 + 64;
-        char *p = epd_realloc(r->text, cap);
-
-        if (p == NULL) {
-            return -1;
-        }
-        r->text = p;
-        r->text_cap = cap;
     }
     memcpy(r->text + r->text_len, rt->detok_scratch, len);
     r->text_len += len;

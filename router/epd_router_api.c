@@ -13,15 +13,17 @@
  * scratch stay bounded by the context, not by the body), check its images
  * (count, size, format, pixels: the header only), tokenize with the
  * engine's tokenizer (BOS added, as epd-generate does; each image's
- * placeholder tokens where it stands), check the length, and hand the
+ * placeholder tokens where it stands; a chat through the model's own
+ * template, engine/epd_chat.h, as epd-tokenize --chat --ids gives it),
+ * (epd_router_prompt.c), check the length, and hand the
  * request to epd_router_req.c, which owns it from there (its state, its
  * attempts, retries and events): built here PARSED, as epd_calloc leaves
- * it; this file records its facts and never sets its state.  Generated text equals epd-generate's for the same
- * prompt and sampling settings: an absent seed is 0 (epd-generate's
- * default), so outputs are reproducible.
+ * it; this file records its facts and never sets its state.  Generated text equals epd-generate's
+ * for the same prompt and sampling settings: an absent seed is 0 (epd-generate's default), so
+ * outputs are reproducible.
  *
  * The top of the request's layers: called by the HTTP server (its handler,
- * registered at start-up); calls epd_router_req.c and
+ * registered at start-up); calls epd_router_prompt.c, epd_router_req.c and
  * epd_router_answer.c, which never call it.
  */
 #include <stdio.h>
@@ -35,71 +37,19 @@
 #include "epd_router_int.h"
 #include "epd_time.h"
 
-static int epd_router_tokenize(epd_router_t *rt, const char *text, size_t len, size_t *n_p)
+/* The model folder's default sampling (generation_config.json) where the
+ * request gives none, as vLLM: a value the request gives always wins. */
+static void epd_router_apply_gen_defaults(const epd_gen_defaults_t *g, epd_oai_request_t *oai)
 {
-    size_t cap = len + 2;
-    epd_status_t st;
-
-    for (;;) {
-        if (rt->tok_scratch_cap < cap) {
-            int32_t *p = epd_realloc(rt->tok_scratch, cap * sizeof(*p));
-
-            if (p == NULL) {
-                return -1;
-            }
-            rt->tok_scratch = p;
-            rt->tok_scratch_cap = cap;
-        }
-        st = epd_engine_tokenize(rt->engine, text, len, 1, rt->tok_scratch, rt->tok_scratch_cap,
-                                 n_p);
-        if (st != EPD_ERR_TOO_LONG) {
-            return st == EPD_OK ? 0 : -1;
-        }
-        cap = rt->tok_scratch_cap * 2;
+    if (!oai->has_temperature && g->has_temperature) {
+        oai->temperature = g->temperature;
     }
-}
-
-/* The prompt of a request with images: BOS, the text before image 0, its
- * image_embeddings placeholder tokens, the text up to image 1, ... (as
- * epd_engine_tokenize_images does with "<|image|>" markers, so the tokens
- * equal epd-generate's for the same template text with a marker where
- * each image stands).  img_pos[k] gets image k's first placeholder.
- * 0, or -1 out of memory. */
-static int epd_router_tokenize_images(epd_router_t *rt, const epd_oai_request_t *oai,
-                                      uint32_t *img_pos, size_t *n_p)
-{
-    size_t per = rt->info->image_embeddings;
-    size_t cap = oai->prompt_len + 1 + oai->n_images * per;
-    size_t n = 0, done = 0;
-
-    if (rt->tok_scratch_cap < cap) {
-        int32_t *p = epd_realloc(rt->tok_scratch, cap * sizeof(*p));
-
-        if (p == NULL) {
-            return -1;
-        }
-        rt->tok_scratch = p;
-        rt->tok_scratch_cap = cap;
+    if (!oai->has_top_p && g->has_top_p) {
+        oai->top_p = g->top_p;
     }
-    for (size_t k = 0; k <= oai->n_images; k++) {
-        size_t end = k < oai->n_images ? oai->images[k].prompt_offset : oai->prompt_len;
-        size_t got = 0;
-
-        if (epd_engine_tokenize(rt->engine, oai->prompt + done, end - done, k == 0,
-                                rt->tok_scratch + n, cap - n, &got) != EPD_OK) {
-            return -1;
-        }
-        n += got;
-        done = end;
-        if (k < oai->n_images) {
-            img_pos[k] = (uint32_t)n;
-            for (size_t i = 0; i < per; i++) {
-                rt->tok_scratch[n++] = rt->info->image_token;
-            }
-        }
+    if (!oai->has_top_k && g->has_top_k) {
+        oai->top_k = g->top_k;
     }
-    *n_p = n;
-    return 0;
 }
 
 /* The router's own checks of a request's images (rule 13): a model with a
@@ -127,8 +77,7 @@ static epd_status_t epd_router_check_images(epd_router_t *rt, const epd_oai_requ
         char param[96];
         epd_status_t st;
 
-        snprintf(param, sizeof(param), "messages[%u].content[%u].image_url", im->message,
-                 im->part);
+        snprintf(param, sizeof(param), "messages[%u].content[%u].image_url", im->message, im->part);
         if (im->len > rt->max_image_bytes) {
             epd_oai_error_set(err, 400, param, "image_too_large",
                               "The image in '%s' is %zu bytes: at most %llu are accepted.", param,
@@ -169,8 +118,10 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
     size_t n_tok = 0;
     int64_t max_new = 0;
     uint64_t now = epd_time_now_ns();
+    size_t prompt_len;
+    int use_chat;
     uint32_t *img_pos = NULL;
-    unsigned char (*img_hash)[32] = NULL;
+    unsigned char(*img_hash)[32] = NULL;
     epd_status_t st;
 
     body = epd_http_req_body(http, &body_len);
@@ -182,7 +133,18 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
         epd__router_respond_error(rt, http, &err);
         return;
     }
-    if (rt->max_prompt_bytes != 0 && oai->prompt_len > rt->max_prompt_bytes) {
+    epd_router_apply_gen_defaults(&rt->gen_defaults, oai);
+    /* a model's own chat template (images keep the plain rendering: no
+     * model with a tokenizer.json has a vision encoder) */
+    use_chat = kind == EPD_OAI_CHAT && rt->chat != NULL && oai->n_images == 0;
+    prompt_len = oai->prompt_len;
+    if (use_chat && epd__router_render_chat(rt, oai, &prompt_len) != 0) {
+        rt->m.errors[EPD_ROUTER_ERR_INTERNAL]++;
+        epd__router_respond_simple_error(rt, http, 500, "out of memory");
+        epd_oai_request_destroy(oai);
+        return;
+    }
+    if (rt->max_prompt_bytes != 0 && prompt_len > rt->max_prompt_bytes) {
         const char *what = kind == EPD_OAI_CHAT ? "messages" : "prompt";
 
         rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
@@ -190,7 +152,7 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
                           "This model's maximum context length is %u tokens. However, your %s is "
                           "%zu bytes, more than %llu tokens of this model's tokenizer can hold. "
                           "Please reduce the length of the %s.",
-                          rt->info->max_context, what, oai->prompt_len,
+                          rt->info->max_context, what, prompt_len,
                           (unsigned long long)rt->info->max_context, what);
         epd__router_respond_error(rt, http, &err);
         epd_oai_request_destroy(oai);
@@ -206,9 +168,17 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
         img_pos = epd_calloc(oai->n_images, sizeof(*img_pos));
         img_hash = epd_calloc(oai->n_images, sizeof(*img_hash));
     }
+    if (oai->prompt_ids != NULL && epd__router_prompt_ids(rt, oai, &n_tok, &err) != 0) {
+        rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
+        epd__router_respond_error(rt, http, &err);
+        epd_oai_request_destroy(oai);
+        return;
+    }
     if ((oai->n_images > 0 && (img_pos == NULL || img_hash == NULL)) ||
-        (oai->n_images > 0 ? epd_router_tokenize_images(rt, oai, img_pos, &n_tok)
-                           : epd_router_tokenize(rt, oai->prompt, oai->prompt_len, &n_tok)) != 0) {
+        (oai->prompt_ids == NULL &&
+         (oai->n_images > 0 ? epd__router_tokenize_images(rt, oai, img_pos, &n_tok)
+          : use_chat        ? epd__router_tokenize_chat(rt, &n_tok)
+                     : epd__router_tokenize(rt, oai->prompt, oai->prompt_len, &n_tok)) != 0)) {
         rt->m.errors[EPD_ROUTER_ERR_INTERNAL]++;
         epd__router_respond_simple_error(rt, http, 500, "cannot tokenize the prompt");
         epd_free(img_pos);
@@ -217,7 +187,8 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
         return;
     }
     if (epd_oai_check_length(oai, (int64_t)n_tok, rt->info->max_context, &max_new, &err) !=
-        EPD_OK) {
+            EPD_OK ||
+        epd_oai_check_sampling(oai, rt->info->vocab_size, max_new, &err) != EPD_OK) {
         rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
         epd__router_respond_error(rt, http, &err);
         epd_free(img_pos);
@@ -228,6 +199,7 @@ static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_
     r = epd_calloc(1, sizeof(*r));
     if (r != NULL) {
         r->prompt = epd_malloc(n_tok * sizeof(*r->prompt));
+        epd_tokenizer_stream_init(&r->detok, EPD_DETOKENIZE_SKIP_SPECIAL);
     }
     if (r == NULL || r->prompt == NULL) {
         if (r != NULL) {
@@ -320,10 +292,11 @@ static void epd_router_ready(epd_router_t *rt, epd_http_req_t *http)
     } else if (e == 0 && rt->info->image_embeddings > 0 && !rt->ready_without_encoder) {
         why = "no READY encoder (the model has vision)";
     }
-    n = snprintf(body, sizeof(body),
-                 "{\"ready\":%s,\"prefill_ready\":%u,\"decode_ready\":%u,\"encoder_ready\":%u%s%s%s}",
-                 why == NULL ? "true" : "false", p, dc, e, why != NULL ? ",\"reason\":\"" : "",
-                 why != NULL ? why : "", why != NULL ? "\"" : "");
+    n = snprintf(
+        body, sizeof(body),
+        "{\"ready\":%s,\"prefill_ready\":%u,\"decode_ready\":%u,\"encoder_ready\":%u%s%s%s}",
+        why == NULL ? "true" : "false", p, dc, e, why != NULL ? ",\"reason\":\"" : "",
+        why != NULL ? why : "", why != NULL ? "\"" : "");
     (void)epd_http_respond(http, why == NULL ? 200 : 503, EPD_ROUTER_JSON, body, (size_t)n);
 }
 
@@ -350,8 +323,11 @@ static void epd_router_model(epd_router_t *rt, epd_http_req_t *http, const char 
             epd_router_text_printf(&t, "%c", *c);
         }
     }
-    epd_router_text_printf(&t, "\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"epd\"}",
-                           (long long)(rt->epoch.start_time_ns / 1000000000ull));
+    epd_router_text_printf(&t,
+                           "\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"epd\","
+                           "\"max_model_len\":%u}",
+                           (long long)(rt->epoch.start_time_ns / 1000000000ull),
+                           rt->info->max_context);
     if (t.failed) {
         epd__router_respond_simple_error(rt, http, 500, "out of memory");
     } else {
@@ -399,11 +375,17 @@ void epd__router_on_http(epd_http_req_t *http, void *arg)
 
         epd_oai_buf_reset(&rt->out);
         if (epd_oai_models_encode(models, 1, (int64_t)(rt->epoch.start_time_ns / 1000000000ull),
-                                  &rt->out) != EPD_OK) {
+                                  (int64_t)rt->info->max_context, &rt->out) != EPD_OK) {
             epd__router_respond_simple_error(rt, http, 500, "out of memory");
         } else {
             (void)epd_http_respond(http, 200, EPD_ROUTER_JSON, rt->out.data, rt->out.len);
         }
+    } else if (strcmp(path, "/tokenize") == 0 && post) {
+        epd__router_tokenize_http(rt, http);
+    } else if (strcmp(path, "/detokenize") == 0 && post) {
+        epd__router_detokenize_http(rt, http);
+    } else if (strcmp(path, "/version") == 0 && get) {
+        epd__router_version_http(rt, http);
     } else if (strncmp(path, "/v1/models/", 11) == 0 && get) {
         epd_router_model(rt, http, path + 11);
     } else if (strcmp(path, "/health") == 0 && get) {
@@ -426,7 +408,9 @@ void epd__router_on_http(epd_http_req_t *http, void *arg)
         epd_router_text_cleanup(&t);
     } else if (strcmp(path, "/v1/completions") == 0 || strcmp(path, "/v1/chat/completions") == 0 ||
                strcmp(path, "/v1/models") == 0 || strcmp(path, "/health") == 0 ||
-               strcmp(path, "/ready") == 0 || strcmp(path, "/metrics") == 0) {
+               strcmp(path, "/ready") == 0 || strcmp(path, "/metrics") == 0 ||
+               strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0 ||
+               strcmp(path, "/version") == 0) {
         rt->m.errors[EPD_ROUTER_ERR_BAD_REQUEST]++;
         epd__router_respond_simple_error(rt, http, 405, "method not allowed on this path");
     } else {

@@ -152,7 +152,9 @@ static uint32_t epd_router_avoid_expire(epd_router_t *rt, epd_router_req_t *r)
  * policy among those with room.  EPD_OK; EPD_ERR_UNREACHABLE (no eligible
  * worker), EPD_ERR_NO_CAPACITY (workers, but none with room now: the
  * request waits), EPD_ERR_NO_RESOURCE (transport backpressure: it waits
- * too), EPD_ERR_TOO_LONG, other submit errors. */
+ * too), EPD_ERR_OUT_OF_RANGE (no prefill or decode pool could ever hold
+ * it: r->never_* say which and how much; nothing was reserved),
+ * EPD_ERR_TOO_LONG, other submit errors. */
 epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns)
 {
     epd_client_request_t q;
@@ -161,6 +163,21 @@ epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
     epd_prefix_media_t pm[EPD_CLIENT_MEDIA_MAX];
     epd_prefix_hash_t salted;
     int expired = 0;
+    epd_router_fit_t whole = {.n_prompt = r->n_prompt, .max_new = r->max_new};
+
+    /* a prompt no pool can ever hold would wait for room that never comes
+     * (issue #25: long contexts): refused up front, before any reservation */
+    if (epd_router_registry_never_fits(&rt->reg, EPD_CLIENT_ROLE_DECODE, &whole, &r->never_limit)) {
+        r->never_role = EPD_CLIENT_ROLE_DECODE;
+        r->never_need = (uint64_t)r->n_prompt + r->max_new;
+        return EPD_ERR_OUT_OF_RANGE;
+    }
+    if (epd_router_registry_never_fits(&rt->reg, EPD_CLIENT_ROLE_PREFILL, &whole,
+                                       &r->never_limit)) {
+        r->never_role = EPD_CLIENT_ROLE_PREFILL;
+        r->never_need = r->n_prompt;
+        return EPD_ERR_OUT_OF_RANGE;
+    }
 
     if (rt->reg.policy == EPD_ROUTER_POLICY_PREFIX_AFFINITY) {
         /* KV-aware: the prompt's block keys, hashed as far as a worker holds them */
@@ -276,6 +293,17 @@ epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
         q.top_k = r->oai->top_k > 0 ? (uint32_t)r->oai->top_k : 0;
         q.seed = r->seed;
         q.max_tokens = r->max_new;
+        q.presence_penalty = (float)r->oai->presence_penalty;
+        q.frequency_penalty = (float)r->oai->frequency_penalty;
+        q.repetition_penalty = (float)r->oai->repetition_penalty;
+        q.bias_ids = r->oai->bias_ids;
+        q.bias_values = r->oai->bias_values;
+        q.n_bias = (uint32_t)r->oai->n_bias;
+        q.min_tokens = (uint32_t)r->oai->min_tokens;
+        q.ignore_eos = r->oai->ignore_eos;
+        q.logprobs = r->oai->want_logprobs ? 1 + r->oai->top_logprobs : 0;
+        q.stop_ids = r->oai->stop_token_ids;
+        q.n_stop_ids = (uint32_t)r->oai->n_stop_token_ids;
         q.prefill = pw->cw;
         q.decode = dw->cw;
         q.deadline_ms = (uint32_t)(left_ms > UINT32_MAX ? UINT32_MAX : left_ms);

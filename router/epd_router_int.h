@@ -68,12 +68,15 @@
 #include "epd_client.h"
 #include "epd_daemon.h"
 #include "epd_engine.h"
+#include "epd_gen_config.h"
 #include "epd_http.h"
 #include "epd_openai.h"
 #include "epd_router_metrics.h"
 #include "epd_router_registry.h"
 #include "epd_rng.h"
 #include "epd_rpc.h"
+#include "epd_chat.h"
+#include "epd_tokenizer.h"
 #include "epd_trace.h"
 
 #define EPD_ROUTER_LOG "router"
@@ -136,6 +139,15 @@ typedef struct epd_router_req {
     epd_oai_request_t *oai;
     uint32_t *prompt; /* token ids, BOS first */
     uint32_t n_prompt;
+    /* prompt tokens the prefill worker's prefix cache served (its first
+     * chunk's phase times; usage.prompt_tokens_details.cached_tokens) */
+    uint32_t cached_tokens;
+    /* logprobs (oai->want_logprobs): each generated token's id and
+     * log-probabilities, [max_new] each (owned; allocated with its first
+     * chunk); a stream reports [lps_sent, n_out) when it ends */
+    uint32_t *lp_ids;
+    epd_sample_logprob_t *lps;
+    uint32_t lps_sent;
     uint32_t max_new;
     uint64_t seed;
     /* the attempt in flight (SUBMITTED, STREAMING, ABORTING): its
@@ -167,6 +179,10 @@ typedef struct epd_router_req {
                            * from here, over every attempt */
     uint64_t nw_wait_ns;  /* how long it waited for a pair, once a pair took it */
     int nw_waiting;       /* its last try found no pair */
+    /* no pool of a role could ever hold it (dispatch's EPD_ERR_OUT_OF_RANGE):
+     * the role (EPD_CLIENT_ROLE_*), the tokens it needs there, the largest pool */
+    int never_role;
+    uint64_t never_need, never_limit;
     uint32_t dw_blocks;         /* the attempt's blocks in dw->kv_pending */
     uint64_t t_dispatch_ns;     /* the attempt was submitted */
     uint64_t t_sent_ns;         /* ...read from the clock right after (rule 38's queue end) */
@@ -195,6 +211,11 @@ typedef struct epd_router_req {
     size_t text_len;
     size_t text_cap;
     size_t sent; /* bytes of text already handed to the stream encoder */
+    /* a model folder with tokenizer.json: the ids' bytes go through this
+     * stream decoder, which holds a UTF-8 character split across ids until
+     * it is whole (at most 3 bytes), so r->text never ends in half a
+     * character the next id completes; flushed at a finish by EOS or length */
+    epd_tokenizer_stream_t detok;
     size_t max_stop_len;
     struct epd_router_req *prev, *next; /* all requests (listed from WAITING to DONE) */
 } epd_router_req_t;
@@ -227,7 +248,15 @@ struct epd_router {
     /* state */
     epd_msg_epoch_t epoch; /* the daemon's: Health, RegisterResponse, ids */
     epd_engine_t *engine;  /* tokenizer only */
+    epd_gen_defaults_t gen_defaults; /* the folder's generation_config.json sampling */
     const epd_engine_info_t *info;
+    /* the model's chat template (tokenizer_config.json, or --chat-template);
+     * NULL: chat requests keep the plain "<|role|>" rendering (a folder
+     * without tokenizer.json, or without a chat_template) */
+    epd_chat_template_t *chat;
+    epd_chat_prompt_t chat_prompt; /* a request's rendering (scratch) */
+    epd_chat_message_t *chat_msgs; /* [chat_msgs_cap] (scratch) */
+    size_t chat_msgs_cap;
     /* KV-aware routing: the model's prefix-cache namespace (unsalted),
      * compared with the workers' (RegisterRequest.prefix_root) */
     epd_prefix_hash_t prefix_plain;
@@ -318,6 +347,35 @@ void epd__router_pair_ok(epd_router_t *rt, const epd_router_worker_t *p,
 /* An OpenAI error JSON with its status (rt->out as scratch); finishes
  * `http`. */
 void epd__router_respond_error(epd_router_t *rt, epd_http_req_t *http, const epd_oai_error_t *err);
+
+/* ---- epd_router_tok.c: POST /tokenize, POST /detokenize (vLLM's
+ * shapes), GET /version; loop thread ---- */
+void epd__router_tokenize_http(epd_router_t *rt, epd_http_req_t *http);
+void epd__router_detokenize_http(epd_router_t *rt, epd_http_req_t *http);
+void epd__router_version_http(epd_router_t *rt, epd_http_req_t *http);
+
+/* ---- epd_router_prompt.c: a request's prompt as ids in rt->tok_scratch;
+ * loop thread.  Each returns 0, or -1 (out of memory; the ones taking err
+ * fill it) ---- */
+/* text[0..len) through the model's tokenizer, BOS added as epd-generate
+ * does */
+int epd__router_tokenize(epd_router_t *rt, const char *text, size_t len, size_t *n_p);
+/* a prompt of token ids, checked against the vocabulary and the context
+ * (-1 with *err filled), copied as tokenizing would */
+int epd__router_prompt_ids(epd_router_t *rt, const epd_oai_request_t *oai, size_t *n_p,
+                           epd_oai_error_t *err);
+/* the messages through the model's chat template into segments (rt->chat),
+ * *len_p the rendered length; then their ids */
+int epd__router_render_chat(epd_router_t *rt, const epd_oai_request_t *oai, size_t *len_p);
+int epd__router_tokenize_chat(epd_router_t *rt, size_t *n_p);
+/* a prompt with images: each image's placeholder tokens where it stands,
+ * img_pos[k] its first */
+int epd__router_tokenize_images(epd_router_t *rt, const epd_oai_request_t *oai,
+                                uint32_t *img_pos, size_t *n_p);
+/* a chat request without images tokenized exactly as /v1/chat/completions
+ * tokenizes it (the model's own template when it has one); -1 for images */
+int epd__router_tokenize_chat_request(epd_router_t *rt, const epd_oai_request_t *oai, size_t *n_p);
+
 void epd__router_respond_simple_error(epd_router_t *rt, epd_http_req_t *http, int status,
                                       const char *msg);
 /* Ends the HTTP side of `r` with an error (counted as `kind`): an HTTP
@@ -343,6 +401,10 @@ void epd__router_fail_no_workers(epd_router_t *rt, epd_router_req_t *r, uint64_t
 void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish_t finish);
 /* Detokenizes ids[0..n) onto r->text: 0, or -1 out of memory. */
 int epd__router_text_append(epd_router_t *rt, epd_router_req_t *r, const uint32_t *ids, uint32_t n);
+/* The bytes the stream decoder still holds (an incomplete character at
+ * the end of the generation) appended to r->text.  0, or -1 out of
+ * memory. */
+int epd__router_text_flush(epd_router_t *rt, epd_router_req_t *r);
 /* After new text: 1 when a stop string ends the generation (the text cut
  * before it); 0 after streaming what can no longer be part of a match;
  * -1 out of memory. */

@@ -586,6 +586,31 @@ epd_router_worker_t *epd_router_registry_pick_room_kv(epd_router_registry_t *reg
     return w;
 }
 
+int epd_router_registry_never_fits(const epd_router_registry_t *reg, int role,
+                                   const epd_router_fit_t *fit, uint64_t *limit_p)
+{
+    uint64_t need = (uint64_t)fit->n_prompt + (role == EPD_CLIENT_ROLE_DECODE ? fit->max_new : 0);
+    uint64_t limit = 0;
+    int seen = 0;
+
+    for (const epd_router_worker_t *c = reg->workers; c != NULL; c = c->next) {
+        uint64_t bt = c->info.block_tokens > 0 ? c->info.block_tokens : 16;
+
+        if (!epd_router_eligible(c, role)) {
+            continue;
+        }
+        if (c->info.kv_blocks_total == 0 || (need + bt - 1) / bt <= c->info.kv_blocks_total) {
+            return 0; /* this one could hold it (or says nothing of its pool) */
+        }
+        seen = 1;
+        if ((uint64_t)c->info.kv_blocks_total * bt > limit) {
+            limit = (uint64_t)c->info.kv_blocks_total * bt;
+        }
+    }
+    *limit_p = limit;
+    return seen;
+}
+
 /* Hints of `w` for the images, without touching their LRU order. */
 static uint32_t epd_router_cache_hits(const epd_router_worker_t *w,
                                       const unsigned char (*hashes)[32], uint32_t n_images)

@@ -206,6 +206,14 @@ uint32_t epd_router_decode_blocks(const epd_router_worker_t *w, const epd_router
  * is borrowed for the call. */
 int epd_router_has_room(const epd_router_worker_t *w, const epd_router_fit_t *fit);
 
+/* Nonzero when workers of `role` are eligible (READY, reachable) and not
+ * one of their pools could ever hold the request, however long it waited:
+ * decode prompt + max_new tokens, prefill the prompt (whole blocks, each
+ * worker's block size; a worker reporting no pool size is assumed to fit).
+ * *limit_p: the most tokens one of their pools holds.  `fit` borrowed. */
+int epd_router_registry_never_fits(const epd_router_registry_t *reg, int role,
+                                   const epd_router_fit_t *fit, uint64_t *limit_p);
+
 /* As epd_router_registry_pick, among the workers with room for `fit`.
  * NULL with *full_p 1 when eligible workers exist that could hold it but
  * none has room now (the request waits), 0 when there is none at all. */

@@ -144,6 +144,8 @@ static void epd_router_req_free(epd_router_t *rt, epd_router_req_t *r)
     epd_free(r->img_pos);
     epd_free(r->prompt);
     epd_free(r->out);
+    epd_free(r->lp_ids);
+    epd_free(r->lps);
     epd_free(r->text);
     epd_free(r);
 }
@@ -260,6 +262,17 @@ static void epd_router_dispatch_failed(epd_router_t *rt, epd_router_req_t *r, ep
     } else if (st == EPD_ERR_TOO_LONG) {
         epd__router_fail_http(rt, r, EPD_ROUTER_ERR_BAD_REQUEST, 400,
                               "the prompt does not fit in one request-plane message%s%s", "", "");
+    } else if (st == EPD_ERR_OUT_OF_RANGE) {
+        char need[64], limit[96];
+
+        snprintf(need, sizeof(need), "%llu", (unsigned long long)r->never_need);
+        snprintf(limit, sizeof(limit), "%s worker holds %llu",
+                 r->never_role == EPD_CLIENT_ROLE_DECODE ? "decode" : "prefill",
+                 (unsigned long long)r->never_limit);
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_BAD_REQUEST, 400,
+                              "this request needs %s tokens of KV cache, but the largest %s "
+                              "tokens; please reduce the length of the prompt or max_tokens",
+                              need, limit);
     } else {
         epd__router_fail_http(rt, r, EPD_ROUTER_ERR_UPSTREAM, 502,
                               "cannot submit the request: %s%s", epd_status_string(st), "");
@@ -533,7 +546,10 @@ static epd_router_attempt_next_t epd_router_attempt_over(epd_router_t *rt, epd_r
     if (r->http == NULL) {
         return EPD_ROUTER_ATTEMPT_FINAL;
     }
-    if (ev->finish == EPD_CLIENT_FINISH_LENGTH || ev->finish == EPD_CLIENT_FINISH_STOP) {
+    if ((ev->finish == EPD_CLIENT_FINISH_LENGTH || ev->finish == EPD_CLIENT_FINISH_STOP) &&
+        epd__router_text_flush(rt, r) != 0) {
+        epd__router_fail_http(rt, r, EPD_ROUTER_ERR_INTERNAL, 500, "out of memory%s%s", "", "");
+    } else if (ev->finish == EPD_CLIENT_FINISH_LENGTH || ev->finish == EPD_CLIENT_FINISH_STOP) {
         epd__router_finish_ok(rt, r,
                               ev->finish == EPD_CLIENT_FINISH_STOP ? EPD_OAI_FINISH_STOP
                                                                    : EPD_OAI_FINISH_LENGTH);
@@ -737,6 +753,7 @@ static void epd_router_phases(epd_router_t *rt, epd_router_req_t *r, const epd_c
     epd_prom_histo_observe(&rt->m.req_prompt_tokens, r->n_prompt);
     epd_prom_histo_observe(&rt->m.req_cached_tokens, cached);
     rt->m.cached_tokens += cached;
+    r->cached_tokens = cached;
 }
 
 /* The attempt's first tokens: the prefill worker ran with every image's
@@ -771,6 +788,7 @@ static void epd_router_first_tokens(epd_router_t *rt, epd_router_req_t *r,
 static void epd_router_on_tokens(epd_router_t *rt, epd_router_req_t *r,
                                  const epd_client_event_t *ev, uint64_t now)
 {
+    uint32_t n_text;
     int stop;
 
     if (r->n_out == r->n_base) {
@@ -784,11 +802,34 @@ static void epd_router_on_tokens(epd_router_t *rt, epd_router_req_t *r,
     if (r->out != NULL && ev->n_tokens <= r->max_new - r->n_out) {
         memcpy(r->out + r->n_out, ev->tokens, (size_t)ev->n_tokens * sizeof(uint32_t));
     }
+    if (r->oai->want_logprobs && ev->logprobs != NULL && ev->n_tokens <= r->max_new - r->n_out) {
+        if (r->lps == NULL) {
+            r->lp_ids = epd_calloc(r->max_new, sizeof(*r->lp_ids));
+            r->lps = epd_calloc(r->max_new, sizeof(*r->lps));
+        }
+        if (r->lps != NULL && r->lp_ids != NULL) {
+            memcpy(r->lp_ids + r->n_out, ev->tokens, (size_t)ev->n_tokens * sizeof(uint32_t));
+            memcpy(r->lps + r->n_out, ev->logprobs, (size_t)ev->n_tokens * sizeof(*r->lps));
+        }
+    }
     r->n_out += ev->n_tokens;
     if (r->http == NULL) {
         return; /* answered, or the client is gone: ABORTING */
     }
-    if (epd__router_text_append(rt, r, ev->tokens, ev->n_tokens) != 0) {
+    n_text = ev->n_tokens;
+    if (n_text > 0) {
+        /* a stop token id ends the text without its own (as vLLM's): it
+         * ends the generation, so it can only be a chunk's last token (its
+         * finish may come in a chunk of its own); EOS is a special token
+         * the detokenizer drops anyway */
+        for (size_t i = 0; i < r->oai->n_stop_token_ids; i++) {
+            if (r->oai->stop_token_ids[i] == ev->tokens[n_text - 1]) {
+                n_text--;
+                break;
+            }
+        }
+    }
+    if (epd__router_text_append(rt, r, ev->tokens, n_text) != 0) {
         epd__router_fail_http(rt, r, EPD_ROUTER_ERR_INTERNAL, 500,
                               "cannot detokenize the output%s%s", "", "");
     } else if ((stop = epd__router_after_text(rt, r)) > 0) {

@@ -50,6 +50,7 @@
 typedef struct {
     const char *listen;
     const char *served_model_name;
+    const char *chat_template;
     const char *policy;
     int64_t heartbeat_ms;
     int64_t dead_after_ms;
@@ -250,6 +251,43 @@ static unsigned epd_router_fd_budget(unsigned want)
     return want;
 }
 
+/* The model's chat template: a folder with tokenizer.json renders chat
+ * requests with the template its tokenizer_config.json names (or
+ * --chat-template); one it does not recognise stops the start with one
+ * line naming the built-in ones.  Without tokenizer.json, or without a
+ * chat_template, chats keep the plain "<|role|>" rendering. */
+static epd_status_t epd_router_chat_setup(epd_router_t *rt, const char *dir, const char *name)
+{
+    epd_status_t st;
+
+    if (name != NULL && name[0] == '\0') {
+        name = NULL;
+    }
+    if (epd_engine_tokenizer(rt->engine) == NULL) {
+        if (name != NULL) {
+            epd_log_error(EPD_ROUTER_LOG, 0,
+                          "--chat-template %s: the model folder '%s' has no tokenizer.json (its "
+                          "chats use the plain <|role|> format)",
+                          name, dir);
+            return EPD_ERR_CONFIG;
+        }
+        return EPD_OK;
+    }
+    st = epd_chat_load(dir, name, &rt->chat);
+    if (st == EPD_ERR_NOT_FOUND) {
+        epd_log_warn(EPD_ROUTER_LOG, 0,
+                     "%s/tokenizer_config.json has no chat_template: /v1/chat/completions renders "
+                     "the plain <|role|> format (--chat-template NAME: %s)",
+                     dir, EPD_CHAT_NAMES);
+        return EPD_OK;
+    }
+    if (st != EPD_OK) {
+        return st == EPD_ERR_NO_MEMORY ? st : EPD_ERR_CONFIG; /* logged */
+    }
+    epd_log_info(EPD_ROUTER_LOG, 0, "chat template: %s", epd_chat_name(rt->chat));
+    return EPD_OK;
+}
+
 /* The role on a created daemon: the tokenizer, the registry, the client on
  * the runtime's loop, the HTTP server.  EPD_OK or the failure (logged). */
 static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
@@ -276,12 +314,41 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
                  : epd_daemon_model_name(d));
     epd_router_metrics_init(&rt->m, rt->model_name);
 
-    /* the tokenizer (blocking: before the loop runs) */
-    st = epd_daemon_engine_open(dfl, EPD_ROUTER_LOG, 0, 1, &rt->engine);
+    /* the tokenizer (blocking: before the loop runs).  A Hugging Face
+     * folder opens from its config files without a weight read, except
+     * under prefix-affinity, whose block hashes need the model digest the
+     * engine computes from the weight files. */
+    {
+        epd_engine_config_t ecfg = {.model_dir = dfl->model,
+                                    .max_batch = 1,
+                                    .tokenizer_only =
+                                        policy != EPD_ROUTER_POLICY_PREFIX_AFFINITY};
+
+        st = epd_engine_open(dfl->engine, &ecfg, &rt->engine);
+        if (st != EPD_OK) {
+            epd_log_error(EPD_ROUTER_LOG, 0, "cannot open model '%s' with engine '%s': %s",
+                          dfl->model, dfl->engine, epd_status_string(st));
+            return st;
+        }
+    }
+    rt->info = epd_engine_info(rt->engine);
+    st = epd_gen_defaults_load(dfl->model, &rt->gen_defaults);
+    if (st != EPD_OK) {
+        return st; /* logged, naming the key */
+    }
+    if (rt->gen_defaults.has_temperature || rt->gen_defaults.has_top_p ||
+        rt->gen_defaults.has_top_k) {
+        epd_log_info(EPD_ROUTER_LOG, 0,
+                     "generation_config.json: a request without them samples with temperature "
+                     "%g, top_p %g, top_k %lld",
+                     rt->gen_defaults.has_temperature ? rt->gen_defaults.temperature : 1.0,
+                     rt->gen_defaults.has_top_p ? rt->gen_defaults.top_p : 1.0,
+                     (long long)rt->gen_defaults.top_k);
+    }
+    st = epd_router_chat_setup(rt, dfl->model, fl->chat_template);
     if (st != EPD_OK) {
         return st;
     }
-    rt->info = epd_engine_info(rt->engine);
     rt->max_prompt_bytes = (uint64_t)rt->info->max_context * epd_router_max_token_bytes(rt);
     epd_prefix_root(epd_engine_name(rt->engine), rt->info, NULL, 0, &rt->prefix_plain);
     rt->probe_hints = epd_calloc(rt->info->max_context / rt->info->kv.block_tokens + 1,
@@ -381,6 +448,10 @@ static void epd_router_cleanup(void *arg)
     epd_free(rt->mig_prompt);
     epd_free(rt->detok_scratch);
     epd_free(rt->probe_hints);
+    epd_chat_destroy(rt->chat);
+    rt->chat = NULL;
+    epd_chat_prompt_free(&rt->chat_prompt);
+    epd_free(rt->chat_msgs);
     epd_engine_close(rt->engine);
 }
 
@@ -552,6 +623,9 @@ int main(int argc, char **argv)
          "HTTP address HOST:PORT or [HOST]:PORT (port 0: ephemeral)"},
         {"served-model-name", EPD_OPT_STRING, &fl.served_model_name, 0, 0,
          "the model name clients send (default: the basename of --model)"},
+        {"chat-template", EPD_OPT_STRING, &fl.chat_template, 0, 0,
+         "the built-in chat template to use: " EPD_CHAT_NAMES
+         " (default: the one tokenizer_config.json's chat_template is)"},
         {"policy", EPD_OPT_STRING, &fl.policy, 0, 0,
          "worker choice: round-robin, least-load or prefix-affinity"},
         {"heartbeat-ms", EPD_OPT_INT, &fl.heartbeat_ms, 10, 600000,

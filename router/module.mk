@@ -12,7 +12,8 @@ $(call obj_of,$(ROUTER_CLIENT_SRCS) router/tools/epd_ctl.c router/tools/epd_ctl_
 ROUTER_API_SRCS := router/epd_http_conn.c router/epd_http_server.c router/epd_http_respond.c \
                    router/epd_http_auth.c router/epd_http_proxy.c \
                    router/epd_openai_json.c router/epd_openai_scan.c router/epd_openai_parse.c \
-                   router/epd_openai_encode.c
+                   router/epd_openai_encode.c router/epd_openai_fields.c \
+                   router/epd_openai_logprobs.c
 $(eval $(call epd_lib,epd_api,$(ROUTER_API_SRCS)))
 $(call obj_of,$(ROUTER_API_SRCS)): EPD_CPPFLAGS += -Irouter
 # The router daemon, epd-router, on the daemon runtime (daemon/): main.c
@@ -24,6 +25,7 @@ ROUTER_DAEMON_SRCS := router/main.c router/epd_router_api.c router/epd_router_re
                       router/epd_router_dispatch.c \
                       router/epd_router_answer.c router/epd_router_rpc.c \
                       router/epd_router_registry.c router/epd_router_hints.c \
-                      router/epd_router_metrics.c
+                      router/epd_router_metrics.c router/epd_router_tok.c \
+                      router/epd_router_prompt.c
 $(eval $(call epd_prog,epd-router,$(ROUTER_DAEMON_SRCS),epd_api epd_router epd_daemon epd_xport epd_proto epd_engine epd_common))
 $(call obj_of,$(ROUTER_DAEMON_SRCS)): EPD_CPPFLAGS += -Irouter

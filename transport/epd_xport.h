@@ -16,7 +16,7 @@
  *     after every earlier write on that endpoint has landed in the peer's
  *     memory ("KV done" never overtakes the KV).
  *
- * Layers: a backend-independent core (transport/epd_xport.c: handshake,
+ * Layers: a backend-independent core (transport/epd_xport*.c: handshake,
  * keepalive and peer timeout, fences, in-flight accounting, validation) over
  * a backend ops table (transport/epd_xport_int.h, backends in transport/ucx
  * and transport/ofi).  Core code never compares backend names.

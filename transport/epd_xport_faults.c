@@ -10,6 +10,8 @@
  */
 #include "epd_xport_faults.h"
 
+#include <stdbool.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +45,8 @@ static const char *const epd__fk_name[EPD__FK_COUNT] = {
     "write-comp-drop", "write-comp-delay", "write-corrupt",
 };
 
+typedef struct epd__xport_faults epd__faults_t;
+
 typedef struct epd__fframe {
     struct epd__fframe *next;
     uint64_t due_ns;
@@ -68,7 +72,22 @@ struct epd__xport_faults {
     epd__fcomp_t *comps;
     uint64_t count[EPD__FK_COUNT];
     uint64_t total;
+    /* the interposer: the core above, the backend below */
+    epd_xport_t *core;
+    const epd__xport_backend_ops_t *inner;
+    void *inner_be;
+    epd__xport_backend_ops_t ops; /* what the core calls: epd__faults_ops */
 };
+
+/* An endpoint of the backend below, as the core sees it through us. */
+typedef struct {
+    epd__faults_t *f;
+    void *inner;             /* the backend's endpoint */
+    epd_xport_ep_t *core_ep; /* the core's, for epd__xport_ep_live */
+} epd__fep_t;
+
+static int epd__faults_tick(epd__faults_t *f, epd_xport_t *x, uint64_t now_ns);
+static void epd__faults_release(epd__faults_t *f, const void *ep);
 
 static int epd__parse_p(const char *v, double *p)
 {
@@ -105,7 +124,7 @@ static int epd__parse_ms(const char *v, uint32_t *ms, double *p, bool p_required
     return epd__parse_p(end + 1, p);
 }
 
-static int epd__parse_entry(epd__xport_faults_t *f, char *e)
+static int epd__parse_entry(epd__faults_t *f, char *e)
 {
     char *eq = strchr(e, '=');
     char *end;
@@ -140,11 +159,11 @@ static int epd__parse_entry(epd__xport_faults_t *f, char *e)
     return -1;
 }
 
-/* Owned by the caller (epd__xport_faults_destroy). */
-epd_status_t epd__xport_faults_create(bool auth, const char *worker_id, epd__xport_faults_t **f_p)
+/* Owned by the caller (epd__faults_destroy). */
+static epd_status_t epd__faults_create(bool auth, const char *worker_id, epd__faults_t **f_p)
 {
     const char *spec = getenv("EPD_XPORT_FAULTS");
-    epd__xport_faults_t *f;
+    epd__faults_t *f;
     char *copy, *save = NULL, *e;
     uint64_t salt = 1469598103934665603ull;
 
@@ -197,7 +216,7 @@ err:
     return EPD_ERR_CONFIG;
 }
 
-static void epd__log_counts(const epd__xport_faults_t *f, const char *when)
+static void epd__log_counts(const epd__faults_t *f, const char *when)
 {
     char buf[512];
     size_t off = 0;
@@ -215,7 +234,7 @@ static void epd__log_counts(const epd__xport_faults_t *f, const char *when)
                  (unsigned long long)f->total, buf);
 }
 
-static void epd__count(epd__xport_faults_t *f, int kind)
+static void epd__count(epd__faults_t *f, int kind)
 {
     f->count[kind]++;
     f->total++;
@@ -224,17 +243,17 @@ static void epd__count(epd__xport_faults_t *f, int kind)
     }
 }
 
-static bool epd__hit(epd__xport_faults_t *f, double p)
+static bool epd__hit(epd__faults_t *f, double p)
 {
     return p > 0.0 && epd_rng_uniform(&f->rng) < p;
 }
 
-void epd__xport_faults_destroy(epd__xport_faults_t *f)
+static void epd__faults_destroy(epd__faults_t *f)
 {
     if (f == NULL) {
         return;
     }
-    epd__xport_faults_release(f, NULL);
+    epd__faults_release(f, NULL);
     while (f->head != NULL) {
         epd__fframe_t *h = f->head;
         f->head = h->next;
@@ -245,7 +264,7 @@ void epd__xport_faults_destroy(epd__xport_faults_t *f)
 }
 
 /* Appends a copy of the frame; false when out of memory. */
-static bool epd__hold(epd__xport_faults_t *f, const void *data, size_t len, uint64_t due_ns,
+static bool epd__hold(epd__faults_t *f, const void *data, size_t len, uint64_t due_ns,
                       bool passable, size_t flip_at)
 {
     epd__fframe_t *h = epd_malloc(sizeof(*h) + len);
@@ -271,7 +290,7 @@ static bool epd__hold(epd__xport_faults_t *f, const void *data, size_t len, uint
 }
 
 /* A frame that must wait: one not yet due and not passable is in the queue. */
-static bool epd__blocked(const epd__xport_faults_t *f)
+static bool epd__blocked(const epd__faults_t *f)
 {
     for (const epd__fframe_t *h = f->head; h != NULL; h = h->next) {
         if (!h->passable) {
@@ -281,7 +300,7 @@ static bool epd__blocked(const epd__xport_faults_t *f)
     return false;
 }
 
-int epd__xport_faults_rx(epd__xport_faults_t *f, epd_xport_t *x, const void *data, size_t len)
+static int epd__faults_rx(epd__faults_t *f, epd_xport_t *x, const void *data, size_t len)
 {
     size_t off;
     uint64_t now;
@@ -306,7 +325,7 @@ int epd__xport_faults_rx(epd__xport_faults_t *f, epd_xport_t *x, const void *dat
         size_t at = off + (size_t)(epd_rng_next(&f->rng) % (len - off));
         if (epd__hold(f, data, len, 0, false, at)) {
             epd__count(f, EPD__FK_CORRUPT);
-            (void)epd__xport_faults_tick(f, x, now); /* now, unless behind a delay */
+            (void)epd__faults_tick(f, x, now); /* now, unless behind a delay */
             return 1;
         }
     }
@@ -335,8 +354,8 @@ int epd__xport_faults_rx(epd__xport_faults_t *f, epd_xport_t *x, const void *dat
     return 0;
 }
 
-int epd__xport_faults_comp(epd__xport_faults_t *f, epd__xport_op_t *op, const void *ep,
-                           epd_status_t *status_p)
+static int epd__faults_comp(epd__faults_t *f, epd__xport_op_t *op, const void *ep,
+                            epd_status_t *status_p)
 {
     epd__fcomp_t *c;
 
@@ -365,7 +384,7 @@ int epd__xport_faults_comp(epd__xport_faults_t *f, epd__xport_op_t *op, const vo
 }
 
 /* The copy is owned by the caller. */
-int epd__xport_faults_write(epd__xport_faults_t *f, const void *local, size_t len, void **copy_p)
+static int epd__faults_write(epd__faults_t *f, const void *local, size_t len, void **copy_p)
 {
     unsigned char *copy;
 
@@ -383,7 +402,7 @@ int epd__xport_faults_write(epd__xport_faults_t *f, const void *local, size_t le
     return 1;
 }
 
-int epd__xport_faults_tick(epd__xport_faults_t *f, epd_xport_t *x, uint64_t now_ns)
+static int epd__faults_tick(epd__faults_t *f, epd_xport_t *x, uint64_t now_ns)
 {
     epd__fframe_t **pp = &f->head, *prev = NULL;
     epd__fcomp_t **cp = &f->comps;
@@ -428,12 +447,12 @@ int epd__xport_faults_tick(epd__xport_faults_t *f, epd_xport_t *x, uint64_t now_
     return n;
 }
 
-int epd__xport_faults_pending(const epd__xport_faults_t *f)
+static int epd__faults_pending(const epd__faults_t *f)
 {
     return f->head != NULL || f->comps != NULL;
 }
 
-void epd__xport_faults_release(epd__xport_faults_t *f, const void *ep)
+static void epd__faults_release(epd__faults_t *f, const void *ep)
 {
     epd__fcomp_t **cp = &f->comps;
 
@@ -449,3 +468,325 @@ void epd__xport_faults_release(epd__xport_faults_t *f, const void *ep)
         cp = &f->comps;
     }
 }
+
+/* ------------------------------------------------------ the interposer */
+
+/* Upcalls from the backend below, before the core sees them. */
+
+static int epd__faults_on_deliver(void *ip, const void *data, size_t len)
+{
+    epd__faults_t *f = ip;
+
+    return epd__faults_rx(f, f->core, data, len);
+}
+
+static int epd__faults_on_op_done(void *ip, epd__xport_op_t *op, epd_status_t *status_p)
+{
+    epd__faults_t *f = ip;
+    epd__fep_t *fep = op->ip_priv[0];
+
+    if (fep == NULL) {
+        return 0; /* not a write (a flush): untouched */
+    }
+    /* the backend is done with the bytes: a corrupted copy can go */
+    epd_free(op->ip_priv[1]);
+    op->ip_priv[1] = NULL;
+    /* held only while the endpoint lives (its teardown completes every op
+     * before it returns) */
+    return epd__xport_ep_live(fep->core_ep) && epd__faults_comp(f, op, fep, status_p);
+}
+
+static const epd__xport_hook_t epd__faults_hook = {
+    .deliver = epd__faults_on_deliver,
+    .op_done = epd__faults_on_op_done,
+};
+
+/* Downcalls: each goes to the backend below; write, ep_destroy, progress,
+ * arm and destroy do the faults' part first. */
+
+static epd_status_t epd__faults_be_create(epd_xport_t *core, const epd_xport_config_t *config,
+                                          void **be_p)
+{
+    (void)core;
+    (void)config;
+    (void)be_p;
+    return EPD_ERR_FATAL; /* armed through epd__faults_wrap only */
+}
+
+static void epd__faults_be_destroy(void *be)
+{
+    epd__faults_t *f = be;
+    const epd__xport_backend_ops_t *inner = f->inner;
+    void *inner_be = f->inner_be;
+
+    epd__xport_set_hook(f->core, NULL, NULL); /* whatever comes now goes straight up */
+    epd__faults_destroy(f); /* held frames go with it */
+    inner->destroy(inner_be);
+}
+
+static epd_status_t epd__faults_address(void *be, const void **blob_p, size_t *len_p)
+{
+    epd__faults_t *f = be;
+
+    return f->inner->address(f->inner_be, blob_p, len_p);
+}
+
+static void epd__faults_describe(void *be, char *buf, size_t len)
+{
+    epd__faults_t *f = be;
+
+    f->inner->describe(f->inner_be, buf, len);
+}
+
+/* *be_ep_p: owned by the core (ep_destroy). */
+static epd_status_t epd__faults_ep_create(void *be, const void *blob, size_t len,
+                                          epd_xport_ep_t *core_ep, void **be_ep_p)
+{
+    epd__faults_t *f = be;
+    epd__fep_t *fep = epd_calloc(1, sizeof(*fep));
+    epd_status_t st;
+
+    if (fep == NULL) {
+        return EPD_ERR_NO_MEMORY;
+    }
+    st = f->inner->ep_create(f->inner_be, blob, len, core_ep, &fep->inner);
+    if (st != EPD_OK) {
+        epd_free(fep);
+        return st;
+    }
+    fep->f = f;
+    fep->core_ep = core_ep;
+    *be_ep_p = fep;
+    return EPD_OK;
+}
+
+static void epd__faults_ep_destroy(void *be_ep)
+{
+    epd__fep_t *fep = be_ep;
+
+    epd__faults_release(fep->f, fep); /* completions it delayed */
+    fep->f->inner->ep_destroy(fep->inner);
+    epd_free(fep);
+}
+
+static void epd__faults_ep_describe(void *be_ep, char *buf, size_t len, const char **class_p)
+{
+    epd__fep_t *fep = be_ep;
+
+    fep->f->inner->ep_describe(fep->inner, buf, len, class_p);
+}
+
+static epd_status_t epd__faults_send(void *be_ep, const void *hdr, size_t hdr_len,
+                                     const void *payload, size_t len)
+{
+    epd__fep_t *fep = be_ep;
+
+    return fep->f->inner->send(fep->inner, hdr, hdr_len, payload, len);
+}
+
+/* op->ip_priv: [0] the endpoint (marks a write of ours), [1] a corrupted
+ * copy of the bytes (owned until the op completes, or NULL). */
+static epd_status_t epd__faults_be_write(void *be_ep, const void *local, size_t len,
+                                         void *be_local_mr, void *be_rkey, uint64_t remote_offset,
+                                         epd__xport_op_t *op)
+{
+    epd__fep_t *fep = be_ep;
+    void *copy = NULL;
+    epd_status_t st;
+
+    if (epd__faults_write(fep->f, local, len, &copy)) {
+        local = copy; /* unregistered: the backend copes (UCX and libfabric here) */
+        be_local_mr = NULL;
+    }
+    op->ip_priv[0] = fep;
+    op->ip_priv[1] = copy;
+    st = fep->f->inner->write(fep->inner, local, len, be_local_mr, be_rkey, remote_offset, op);
+    if (st != EPD_INPROGRESS) {
+        epd_free(copy);
+        op->ip_priv[0] = op->ip_priv[1] = NULL;
+    }
+    return st;
+}
+
+static epd_status_t epd__faults_flush(void *be_ep, epd__xport_op_t *op)
+{
+    epd__fep_t *fep = be_ep;
+
+    return fep->f->inner->flush(fep->inner, op);
+}
+
+static epd_status_t epd__faults_mr_alloc(void *be, size_t size, unsigned access, void **addr_p,
+                                         void **be_mr_p)
+{
+    epd__faults_t *f = be;
+
+    return f->inner->mr_alloc(f->inner_be, size, access, addr_p, be_mr_p);
+}
+
+static epd_status_t epd__faults_mr_reg(void *be, void *addr, size_t size, unsigned access,
+                                       void **be_mr_p)
+{
+    epd__faults_t *f = be;
+
+    return f->inner->mr_reg(f->inner_be, addr, size, access, be_mr_p);
+}
+
+static void epd__faults_mr_dereg(void *be, void *be_mr)
+{
+    epd__faults_t *f = be;
+
+    f->inner->mr_dereg(f->inner_be, be_mr);
+}
+
+static epd_status_t epd__faults_mr_pack(void *be, void *be_mr, void *buf, size_t cap, size_t *len_p)
+{
+    epd__faults_t *f = be;
+
+    return f->inner->mr_pack(f->inner_be, be_mr, buf, cap, len_p);
+}
+
+static epd_status_t epd__faults_rkey_unpack(void *be_ep, const void *blob, size_t len,
+                                            void **be_rkey_p, size_t *size_p)
+{
+    epd__fep_t *fep = be_ep;
+
+    return fep->f->inner->rkey_unpack(fep->inner, blob, len, be_rkey_p, size_p);
+}
+
+/* rkey_destroy names no backend state: the inner one is called directly
+ * (the table below takes it at wrap time). */
+
+static epd_status_t epd__faults_grant_open(void *be, void *be_mr, epd_xport_grant_t *core_grant,
+                                           void **be_grant_p)
+{
+    epd__faults_t *f = be;
+
+    return f->inner->grant_open(f->inner_be, be_mr, core_grant, be_grant_p);
+}
+
+static epd_status_t epd__faults_grant_pack(void *be, void *be_grant, void *buf, size_t cap,
+                                           size_t *len_p)
+{
+    epd__faults_t *f = be;
+
+    return f->inner->grant_pack(f->inner_be, be_grant, buf, cap, len_p);
+}
+
+static epd_status_t epd__faults_grant_revoke(void *be, void *be_grant, int writer_same_host)
+{
+    epd__faults_t *f = be;
+
+    return f->inner->grant_revoke(f->inner_be, be_grant, writer_same_host);
+}
+
+static int epd__faults_grant_settled(void *be, void *be_grant)
+{
+    epd__faults_t *f = be;
+
+    return f->inner->grant_settled(f->inner_be, be_grant);
+}
+
+static void epd__faults_grant_close(void *be, void *be_grant)
+{
+    epd__faults_t *f = be;
+
+    f->inner->grant_close(f->inner_be, be_grant);
+}
+
+static uint32_t epd__faults_limbo(void *be, uint64_t peer_xid)
+{
+    epd__faults_t *f = be;
+
+    return f->inner->limbo(f->inner_be, peer_xid);
+}
+
+/* The backend's progress, then what the faults hold that is due. */
+static int epd__faults_progress(void *be)
+{
+    epd__faults_t *f = be;
+    int n = f->inner->progress(f->inner_be);
+
+    return n + epd__faults_tick(f, f->core, epd_time_now_ns());
+}
+
+static epd_status_t epd__faults_get_fd(void *be, int *fd_p)
+{
+    epd__faults_t *f = be;
+
+    return f->inner->get_fd(f->inner_be, fd_p);
+}
+
+/* While anything is held the loop must not sleep on the fd. */
+static epd_status_t epd__faults_arm(void *be)
+{
+    epd__faults_t *f = be;
+
+    if (epd__faults_pending(f)) {
+        return EPD_ERR_BUSY;
+    }
+    return f->inner->arm(f->inner_be);
+}
+
+/* The template of every transport's table (epd__faults_wrap copies it):
+ * rkey_destroy names no backend state, so the copy gets the inner
+ * backend's own. */
+static const epd__xport_backend_ops_t epd__faults_ops = {
+    .size = sizeof(epd__xport_backend_ops_t),
+    .name = "faults",
+    .create = epd__faults_be_create,
+    .destroy = epd__faults_be_destroy,
+    .address = epd__faults_address,
+    .describe = epd__faults_describe,
+    .ep_create = epd__faults_ep_create,
+    .ep_destroy = epd__faults_ep_destroy,
+    .ep_describe = epd__faults_ep_describe,
+    .send = epd__faults_send,
+    .write = epd__faults_be_write,
+    .flush = epd__faults_flush,
+    .mr_alloc = epd__faults_mr_alloc,
+    .mr_reg = epd__faults_mr_reg,
+    .mr_dereg = epd__faults_mr_dereg,
+    .mr_pack = epd__faults_mr_pack,
+    .rkey_unpack = epd__faults_rkey_unpack,
+    .rkey_destroy = NULL, /* the inner backend's, in the copy */
+    .grant_open = epd__faults_grant_open,
+    .grant_pack = epd__faults_grant_pack,
+    .grant_revoke = epd__faults_grant_revoke,
+    .grant_settled = epd__faults_grant_settled,
+    .grant_close = epd__faults_grant_close,
+    .limbo = epd__faults_limbo,
+    .progress = epd__faults_progress,
+    .get_fd = epd__faults_get_fd,
+    .arm = epd__faults_arm,
+};
+
+/* Arms over (inner, inner_be) when EPD_XPORT_FAULTS asks for anything:
+ * *ip_p is then ours (destroyed through (*ops_p)->destroy, which destroys
+ * the inner backend too) and the core's upcalls come to us first. */
+static epd_status_t epd__faults_wrap(epd_xport_t *core, const epd_xport_config_t *config,
+                                     const epd__xport_backend_ops_t *inner, void *inner_be,
+                                     const epd__xport_backend_ops_t **ops_p, void **ip_p)
+{
+    epd__faults_t *f;
+    epd_status_t st;
+
+    *ip_p = NULL;
+    st = epd__faults_create(config->secret != NULL, config->identity.worker_id, &f);
+    if (st != EPD_OK || f == NULL) {
+        return st;
+    }
+    f->core = core;
+    f->inner = inner;
+    f->inner_be = inner_be;
+    f->ops = epd__faults_ops;
+    f->ops.rkey_destroy = inner->rkey_destroy;
+    epd__xport_set_hook(core, &epd__faults_hook, f);
+    *ops_p = &f->ops;
+    *ip_p = f;
+    return EPD_OK;
+}
+
+const epd__xport_interposer_t epd__xport_faults_interposer = {
+    .name = "faults",
+    .wrap = epd__faults_wrap,
+};

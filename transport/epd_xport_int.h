@@ -2,7 +2,7 @@
  * epd_xport_int.h — what a transport backend implements, and what the core
  * offers it.  Not for users of transport/ (they include epd_xport.h).
  *
- * The core (transport/epd_xport.c) owns every object the user sees and does
+ * The core (transport/epd_xport*.c) owns every object the user sees and does
  * everything that is the same on every library: the handshake (HELLO /
  * HELLO_ACK carrying worker ids and address blobs, so each side has an
  * endpoint to the other; with a cluster secret also identities, nonces,
@@ -47,7 +47,11 @@ typedef struct epd__xport_op {
      * peer's memory already (a put copied into memory the peer maps, a
      * delivery-complete write), so that a fence behind it needs no flush. */
     unsigned char delivers;
-    /* core-private fields follow in epd_xport.c's container */
+    /* Scratch space for an interposer (see "Interposers" below), zeroed with
+     * be_priv before each post: the faults keep which of their endpoints
+     * posted a write, and a corrupted copy of its bytes. */
+    void *ip_priv[2];
+    /* core-private fields follow in epd_xport_core.h's container */
 } epd__xport_op_t;
 
 /* Bytes the core puts in front of a payload (48-byte header, then a 16-byte
@@ -166,6 +170,54 @@ uint64_t epd__xport_ep_peer(const epd_xport_ep_t *core_ep);
  * for other signs of life. */
 void epd__xport_ep_alive(epd_xport_ep_t *core_ep);
 
+/* Interposers.  An interposer is a backend that wraps the backend below it
+ * (as libfabric's hook providers wrap a provider): the core calls its ops
+ * table, it calls the one below, and on the way it may watch or change
+ * what passes.  Downcalls it sees as its ops; the upcalls of the backend
+ * below (frames delivered, ops done) through a hook it sets on the core,
+ * which calls the hook first.  Each interposer is armed by its own switch
+ * at epd_xport_create (faults: EPD_XPORT_FAULTS, epd_xport_faults.h);
+ * unarmed it is not in the stack at all, so the core then calls the
+ * backend directly.  A tracing interposer would be the same shape: pass
+ * every op through, log it with its timing, and see frames and
+ * completions through the hook. */
+typedef struct {
+    /* A frame reached epd__xport_deliver: 1 when the interposer took it
+     * (it hands it on later, or never, through epd__xport_deliver_now), 0
+     * to let the core have it now. */
+    int (*deliver)(void *ip, const void *data, size_t len);
+    /* An op completed with *status_p: 1 when the interposer holds the
+     * completion (it completes it later through epd__xport_op_done_now),
+     * 0 to complete it now (*status_p may have been changed). */
+    int (*op_done)(void *ip, epd__xport_op_t *op, epd_status_t *status_p);
+} epd__xport_hook_t;
+
+typedef struct {
+    const char *name;
+    /* Called right after the backend (inner, inner_be) was created.  Not
+     * armed: *ip_p = NULL (EPD_OK).  Armed: *ops_p and *ip_p replace them
+     * for every later call of the core (its destroy destroys the inner
+     * backend too).  EPD_ERR_CONFIG (logged) when its switch is malformed. */
+    epd_status_t (*wrap)(epd_xport_t *core, const epd_xport_config_t *config,
+                         const epd__xport_backend_ops_t *inner, void *inner_be,
+                         const epd__xport_backend_ops_t **ops_p, void **ip_p);
+} epd__xport_interposer_t;
+
+/* Upcalls for interposers. */
+
+/* Routes the upcalls of the backend below through `hook` (one per
+ * transport; `ip` is handed to it). */
+void epd__xport_set_hook(epd_xport_t *core, const epd__xport_hook_t *hook, void *ip);
+/* epd__xport_deliver and epd__xport_op_done without the hook. */
+void epd__xport_deliver_now(epd_xport_t *core, const void *data, size_t len);
+void epd__xport_op_done_now(epd__xport_op_t *op, epd_status_t status);
+/* 1 when data[0..len) is a well-formed MSG frame; *payload_off_p gets where
+ * its payload starts (after header and tag). */
+int epd__xport_frame_is_msg(const void *data, size_t len, size_t *payload_off_p);
+/* 1 while core_ep is connected and its backend endpoint is not being
+ * destroyed (an interposer may then hold one of its completions). */
+int epd__xport_ep_live(const epd_xport_ep_t *core_ep);
+
 /* For tests and fuzzers only. */
 
 /* epd_xport_create with a backend that is not in the core's table (an
@@ -192,5 +244,9 @@ extern const epd__xport_backend_ops_t epd__xport_ucx_ops;
 #if EPD_WITH_OFI
 extern const epd__xport_backend_ops_t epd__xport_ofi_ops;
 #endif
+
+/* The interposers, innermost first, each armed by its own switch. */
+extern const epd__xport_interposer_t epd__xport_faults_interposer;
+#define EPD__XPORT_INTERPOSERS &epd__xport_faults_interposer,
 
 #endif

@@ -2,7 +2,7 @@
 # The libfabric backend is built only when EPD_WITH_OFI=1 and its sources
 # exist; without them EPD_WITH_OFI is forced to 0 so the core does not
 # reference epd__xport_ofi_ops (EPD_CPPFLAGS expands EPD_WITH_OFI lazily).
-XPORT_SRCS := transport/epd_xport.c transport/epd_xport_faults.c transport/epd_xport_uv.c
+XPORT_SRCS := $(wildcard transport/epd_xport*.c)
 ifeq ($(EPD_WITH_UCX),1)
 XPORT_SRCS += $(wildcard transport/ucx/*.c)
 endif

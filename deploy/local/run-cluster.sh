@@ -9,6 +9,7 @@
 #
 #   deploy/local/run-cluster.sh [BUILD] [CLUSTER_FILE]
 #   env overrides: PORT, PREFILL, DECODE, ENCODER, POLICY, TRANSPORT, ENGINE, MODEL
+#   (make run MODEL=DIR serves the folder DIR: epd-ref or Hugging Face)
 #   API_KEY=KEY: the router takes it as its API key (a 0600 file in the
 #   run's folder, --api-key-file): /v1 then needs 'Authorization: Bearer KEY'
 # Every daemon gets --cluster-secret-file: 32 fresh random bytes in a 0600
@@ -42,10 +43,20 @@ for k in PREFILL DECODE ENCODER PORT; do
 done
 [ "$PREFILL" -ge 1 ] && [ "$DECODE" -ge 1 ] || { echo "run-cluster: PREFILL and DECODE must be >= 1" >&2; exit 1; }
 
-if [ "$ENGINE" = ref ] && { [ ! -f "$MODEL/config.json" ] || [ ! -f "$MODEL/model.safetensors" ]; }; then
-  echo "writing the default model to $MODEL"
-  mkdir -p "$(dirname "$MODEL")"
-  "$bin/epd-mkmodel" --out "$MODEL" >/dev/null
+# MODEL=DIR (make run MODEL=DIR): the user's folder, served as it is — an
+# epd-ref folder or a Hugging Face one (config.json, model.safetensors or
+# model.safetensors.index.json and its shards, tokenizer.json,
+# tokenizer_config.json, generation_config.json); never written here.
+# Without MODEL the default model is written once to $build/models/default.
+if [ "$MODEL" = "$build/models/default" ]; then
+  if [ "$ENGINE" = ref ] && { [ ! -f "$MODEL/config.json" ] || [ ! -f "$MODEL/model.safetensors" ]; }; then
+    echo "writing the default model to $MODEL"
+    mkdir -p "$(dirname "$MODEL")"
+    "$bin/epd-mkmodel" --out "$MODEL" >/dev/null
+  fi
+elif [ "$ENGINE" != sim ] && [ ! -f "$MODEL/config.json" ]; then
+  echo "run-cluster: MODEL=$MODEL has no config.json (a model folder as Hugging Face publishes it, or one epd-mkmodel wrote)" >&2
+  exit 1
 fi
 
 run=$(mktemp -d "${TMPDIR:-/tmp}/epd-cluster.XXXXXX")
@@ -128,6 +139,8 @@ start router "$run/router.ready" "$bin/epd-router" --model "$MODEL" --engine "$E
   --transport "$TRANSPORT" --heartbeat-ms "$HEARTBEAT_MS" "${sec[@]}" \
   ${key_flags[@]+"${key_flags[@]}"}
 ctl=$(sed -n 's/.*control=\([^ ]*\).*/\1/p' "$run/router.ready")
+# the HTTP address the router bound (PORT=0: an ephemeral port)
+http=$(sed -n 's/.*http=\([^ ]*\).*/\1/p' "$run/router.ready")
 for i in $(seq 0 $((PREFILL - 1))); do
   start "prefill-$i" "$run/prefill-$i.ready" "$bin/epd-prefill" --model "$MODEL" --engine "$ENGINE" \
     --worker-id "prefill-$i" --transport "$TRANSPORT" --router "$ctl" "${sec[@]}"
@@ -161,14 +174,14 @@ name=$(basename "$MODEL")
 cat <<INFO
 
 epd cluster up: router + $ENCODER encoder + $PREFILL prefill + $DECODE decode ($POLICY, $TRANSPORT), model '$name'
-  endpoint:  http://127.0.0.1:$PORT/v1   (OpenAI API; GET /health, /metrics)${API_KEY:+
+  endpoint:  http://$http/v1   (OpenAI API; GET /health, /metrics)${API_KEY:+
   API key:   required on /v1 (the API_KEY given to make run; export it where you curl)}
-  try:       curl -s http://127.0.0.1:$PORT/v1/completions$auth_hdr -H 'Content-Type: application/json' \\
+  try:       curl -s http://$http/v1/completions$auth_hdr -H 'Content-Type: application/json' \\
                -d '{"model": "$name", "prompt": "The disaggregated cluster", "max_tokens": 32, "temperature": 0}'
 INFO
 if [ "$vision" = 1 ]; then
   cat <<INFO
-  an image:  IMG=\$(base64 -w0 picture.png); curl -s http://127.0.0.1:$PORT/v1/chat/completions$auth_hdr \\
+  an image:  IMG=\$(base64 -w0 picture.png); curl -s http://$http/v1/chat/completions$auth_hdr \\
                -H 'Content-Type: application/json' -d '{"model": "$name", "max_tokens": 32, "messages":
                [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
                {"type": "image_url", "image_url": {"url": "data:image/png;base64,'\$IMG'"}}]}]}'

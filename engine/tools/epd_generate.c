@@ -55,6 +55,13 @@ typedef struct {
     const char *logits_path; /* "prefill" | "decode" */
     int jsonl;               /* one JSON object per generated token */
     int64_t logprobs;        /* top_logprobs entries with --jsonl */
+    /* logit adjustments (engine/epd_sample.h), as the router's requests */
+    double presence_penalty;
+    double frequency_penalty;
+    double repetition_penalty;
+    const char *logit_bias; /* "ID:VALUE,ID:VALUE" */
+    int64_t min_tokens;
+    int ignore_eos;
 } epd_gen_args_t;
 
 /* The images of one run: files read, decoded and encoded. */
@@ -73,9 +80,9 @@ static int epd_gen_fail(const char *what)
 static int epd_gen_print(const epd_gen_args_t *args, epd_engine_t *engine, const int32_t *out,
                          size_t n_out)
 {
-    char *raw;
-    char *text;
-    size_t raw_len;
+    char *raw = NULL;
+    char *text = NULL;
+    size_t raw_len = 0;
     size_t text_len;
     int rc = 1;
 
@@ -86,22 +93,22 @@ static int epd_gen_print(const epd_gen_args_t *args, epd_engine_t *engine, const
         printf("\n");
         return 0;
     }
-    /* a token is one byte (ref) or up to a few hundred (BPE): grow */
-    for (size_t cap = n_out + 1;; cap *= 4) {
+    /* a token of a tokenizer.json spells up to max_token_bytes bytes: the
+     * buffer grows until the text fits (a byte tokenizer fits at once) */
+    for (size_t cap = n_out + 1;; cap *= 2) {
         epd_status_t st;
 
+        epd_free(raw);
         raw = epd_malloc(cap);
         if (raw == NULL) {
-            return 1;
+            goto out;
         }
         st = epd_engine_detokenize(engine, out, n_out, raw, cap, &raw_len);
         if (st == EPD_OK) {
             break;
         }
-        epd_free(raw);
-        raw = NULL;
-        if (st != EPD_ERR_TOO_LONG || cap > ((size_t)1 << 40)) {
-            return 1;
+        if (st != EPD_ERR_TOO_LONG) {
+            goto out;
         }
     }
     text = epd_malloc(EPD_UTF8_REPAIR_MAX(raw_len) + 1);
@@ -450,6 +457,43 @@ static void epd_gen_jsonl(epd_engine_t *engine, const float *logits, uint32_t vo
     printf("]}\n");
 }
 
+/* "ID:VALUE,ID:VALUE" into sp->bias (values clamped to [-100, 100] as
+ * OpenAI clamps them): 0, or -1 for bad text. */
+static int epd_gen_parse_bias(const char *text, epd_sample_params_t *sp)
+{
+    const char *p = text;
+
+    sp->n_bias = 0;
+    while (*p != '\0') {
+        char *end;
+        unsigned long id;
+        double v;
+
+        if (sp->n_bias == EPD_SAMPLE_MAX_BIAS || *p < '0' || *p > '9') {
+            return -1;
+        }
+        id = strtoul(p, &end, 10);
+        if (*end != ':' || id > UINT32_MAX) {
+            return -1;
+        }
+        p = end + 1;
+        v = strtod(p, &end);
+        if (end == p || !(v == v)) {
+            return -1;
+        }
+        sp->bias[sp->n_bias].id = (uint32_t)id;
+        sp->bias[sp->n_bias].bias = (float)(v < -100.0 ? -100.0 : v > 100.0 ? 100.0 : v);
+        sp->n_bias++;
+        p = end;
+        if (*p == ',') {
+            p++;
+        } else if (*p != '\0') {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int epd_gen_run(const epd_gen_args_t *args)
 {
     epd_engine_config_t cfg = {.model_dir = args->model,
@@ -471,6 +515,8 @@ static int epd_gen_run(const epd_gen_args_t *args)
     int32_t *prompt = NULL;
     int32_t *out = NULL;
     float *logits = NULL;
+    float *adj_logits = NULL; /* logits after the request's adjustments */
+    epd_sample_adjust_t adj;
     size_t plen = args->prompt != NULL ? strlen(args->prompt) : 0;
     size_t n_prompt = 0;
     size_t n_out = 0;
@@ -484,6 +530,15 @@ static int epd_gen_run(const epd_gen_args_t *args)
     sp.top_p = (float)args->top_p;
     sp.top_k = (uint32_t)args->top_k;
     sp.seed = (uint64_t)args->seed;
+    sp.presence_penalty = (float)args->presence_penalty;
+    sp.frequency_penalty = (float)args->frequency_penalty;
+    sp.repetition_penalty = (float)args->repetition_penalty;
+    sp.min_tokens = (uint32_t)args->min_tokens;
+    sp.ignore_eos = args->ignore_eos;
+    if (args->logit_bias != NULL && epd_gen_parse_bias(args->logit_bias, &sp) != 0) {
+        return epd_gen_fail("--logit-bias takes ID:VALUE,ID:VALUE (at most 300, values clamped "
+                            "to [-100, 100])");
+    }
     if (epd_sample_params_check(&sp) != EPD_OK) {
         return epd_gen_fail("bad sampling parameters (temperature 0..100, top-p in (0, 1])");
     }
@@ -517,7 +572,8 @@ static int epd_gen_run(const epd_gen_args_t *args)
     prompt = epd_calloc(cap, sizeof(*prompt));
     out = epd_calloc((size_t)args->max_tokens, sizeof(*out));
     logits = epd_calloc(info->vocab_size, sizeof(*logits));
-    if (prompt == NULL || out == NULL || logits == NULL ||
+    adj_logits = epd_calloc(info->vocab_size, sizeof(*adj_logits));
+    if (prompt == NULL || out == NULL || logits == NULL || adj_logits == NULL ||
         epd_sample_scratch_create(info->vocab_size, &scratch) != EPD_OK) {
         epd_gen_fail("out of memory");
         goto out;
@@ -587,7 +643,22 @@ static int epd_gen_run(const epd_gen_args_t *args)
         epd_decode_req_t r;
         int32_t tok;
 
-        if (epd_sample_token(&sp, scratch, logits, info->vocab_size, n_out, &tok) != EPD_OK) {
+        const float *row = logits;
+
+        /* the adjustments as prefill and decode make them (the prompt, the
+         * tokens so far); --jsonl still prints the raw logits' logprobs */
+        epd_sample_adjust_of(&sp, info->eos_tokens, info->n_eos, &adj);
+        if (!epd_sample_adjust_is_off(&adj)) {
+            memcpy(adj_logits, logits, (size_t)info->vocab_size * sizeof(*logits));
+            if (epd_sample_adjust(&adj, scratch, adj_logits, info->vocab_size,
+                                  (const uint32_t *)prompt, n_prompt, (const uint32_t *)out,
+                                  n_out) != EPD_OK) {
+                epd_gen_fail("bad logit adjustments (a --logit-bias id outside the vocabulary?)");
+                goto out;
+            }
+            row = adj_logits;
+        }
+        if (epd_sample_token(&sp, scratch, row, info->vocab_size, n_out, &tok) != EPD_OK) {
             epd_gen_fail("sampling failed");
             goto out;
         }
@@ -596,7 +667,7 @@ static int epd_gen_run(const epd_gen_args_t *args)
         }
         out[n_out++] = tok;
         /* the next decode would put this token at position n_prompt + n_out - 1 */
-        if (epd_engine_is_eos(info, tok) || n_out == (size_t)args->max_tokens ||
+        if ((!sp.ignore_eos && epd_engine_is_eos(info, tok)) || n_out == (size_t)args->max_tokens ||
             n_prompt + n_out - 1 >= info->max_context) {
             break;
         }
@@ -625,6 +696,7 @@ out:
     epd_free(table);
     epd_free(pool.base);
     epd_sample_scratch_destroy(scratch);
+    epd_free(adj_logits);
     epd_free(logits);
     epd_free(out);
     epd_free(prompt);
@@ -652,10 +724,17 @@ int main(int argc, char **argv)
         .logits_path = "prefill",
         .jsonl = 0,
         .logprobs = 0,
+        .presence_penalty = 0.0,
+        .frequency_penalty = 0.0,
+        .repetition_penalty = 1.0,
+        .logit_bias = NULL,
+        .min_tokens = 0,
+        .ignore_eos = 0,
     };
     const epd_opt_t opts[] = {
         {"engine", EPD_OPT_STRING, &a.engine, 0, 0, "engine: built-in name or path to a .so"},
-        {"model", EPD_OPT_STRING, &a.model, 0, 0, "model folder (ref: config.json + model.safetensors; sim: sim.conf)"},
+        {"model", EPD_OPT_STRING, &a.model, 0, 0,
+         "model folder (ref: config.json + model.safetensors; sim: sim.conf)"},
         {"prompt", EPD_OPT_STRING, &a.prompt, 0, 0, "prompt text"},
         {"max-tokens", EPD_OPT_INT, &a.max_tokens, 1, 1 << 24, "tokens to generate at most"},
         {"temperature", EPD_OPT_DOUBLE, &a.temperature, 0, 100, "0 = greedy"},
@@ -686,6 +765,18 @@ int main(int argc, char **argv)
          "temperature; top_logprobs best first)"},
         {"logprobs", EPD_OPT_INT, &a.logprobs, 0, 1 << 20,
          "with --jsonl: top_logprobs entries per token"},
+        {"presence-penalty", EPD_OPT_DOUBLE, &a.presence_penalty, -2, 2,
+         "subtract this from the logit of every token generated so far (OpenAI's)"},
+        {"frequency-penalty", EPD_OPT_DOUBLE, &a.frequency_penalty, -2, 2,
+         "subtract this times its count from the logit of every token generated so far"},
+        {"repetition-penalty", EPD_OPT_DOUBLE, &a.repetition_penalty, 0, 2,
+         "vLLM's: a logit > 0 of a prompt or generated token is divided by it, one <= 0 "
+         "multiplied (1 = off)"},
+        {"logit-bias", EPD_OPT_STRING, &a.logit_bias, 0, 0,
+         "ID:VALUE,...: add VALUE (clamped to [-100, 100]) to token ID's logit"},
+        {"min-tokens", EPD_OPT_INT, &a.min_tokens, 0, 1 << 24,
+         "EOS cannot be sampled before this many tokens"},
+        {"ignore-eos", EPD_OPT_BOOL, &a.ignore_eos, 0, 0, "EOS does not end the generation"},
     };
     epd_opts_t o = {.prog = "epd-generate",
                     .summary = "prefill + decode one prompt in one process (colocated baseline)",

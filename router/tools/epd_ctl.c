@@ -47,6 +47,7 @@
 #include "epd_grpc_health.pb-c.h"
 #include "epd_config.h"
 #include "epd_engine.h"
+#include "epd_tokenizer.h"
 #include "epd_log.h"
 #include "epd_msg.h"
 #include "epd_rpc.h"
@@ -113,6 +114,7 @@ static int ctl_take_tokens(ctl_stream_t *s, const uint32_t *ids, uint32_t n)
 {
     int32_t *tok;
     size_t len;
+    size_t need = n;
 
     if (s->tokens_mode) {
         for (uint32_t i = 0; i < n; i++) {
@@ -128,8 +130,13 @@ static int ctl_take_tokens(ctl_stream_t *s, const uint32_t *ids, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         tok[i] = (int32_t)ids[i];
     }
-    if (s->n_pending + n > s->cap_pending) {
-        size_t cap = (s->n_pending + n) * 2 + 64;
+    /* a tokenizer.json token spells up to max_token_bytes bytes (the byte
+     * tokenizer one) */
+    if (epd_engine_tokenizer(s->engine) != NULL) {
+        need = (size_t)n * epd_tokenizer_max_token_bytes(epd_engine_tokenizer(s->engine));
+    }
+    if (s->n_pending + need > s->cap_pending) {
+        size_t cap = (s->n_pending + need) * 2 + 64;
         char *p = epd_realloc(s->pending, cap);
 
         if (p == NULL) {
@@ -248,7 +255,8 @@ typedef struct {
 
 static int ctl_submit_run(const ctl_submit_args_t *a)
 {
-    epd_engine_config_t ecfg = {.model_dir = a->model};
+    /* only the tokenizer: a Hugging Face folder opens without its weights */
+    epd_engine_config_t ecfg = {.model_dir = a->model, .tokenizer_only = 1};
     epd_client_config_t cc;
     epd_client_request_t q;
     epd_client_t *client = NULL;

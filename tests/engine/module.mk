@@ -13,6 +13,8 @@ ALL_TESTS += tests/engine/test_hf_generate.sh
 $(eval $(call epd_test,test_epd_engine_utf8,tests/engine/test_epd_utf8.c,epd_engine epd_common))
 # The tokenizer of a tokenizer.json (tests/tokenizer holds the oracle test).
 $(eval $(call epd_test,test_epd_engine_tokenizer,tests/engine/test_epd_tokenizer.c,epd_engine epd_common))
+# the built-in chat templates (engine/epd_chat.c); the oracles are tests/tokenizer's
+$(eval $(call epd_test,test_epd_engine_chat,tests/engine/test_epd_chat.c,epd_engine epd_common))
 $(eval $(call epd_test,test_epd_engine_sample,tests/engine/test_epd_sample.c,epd_engine epd_common))
 $(eval $(call epd_test,test_epd_engine_safetensors,tests/engine/test_epd_safetensors.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
 
@@ -57,6 +59,10 @@ $(eval $(call epd_test,test_epd_engine_ref_vision,tests/engine/test_epd_ref_visi
 # wrong writes they exist to catch.
 $(eval $(call epd_test,test_epd_engine_kv_stamp,tests/engine/test_epd_kv_stamp.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
 
+# A model folder's tokenizer.json through the engine layer (any engine).
+$(eval $(call epd_test,test_epd_engine_tok,tests/engine/test_epd_engine_tok.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
+# generation_config.json's default sampling
+$(eval $(call epd_test,test_epd_engine_gen_config,tests/engine/test_epd_gen_config.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
 # Quantized KV codecs against a numpy reference (tests/engine/kvq_ref.py),
 # dtype maps and mixed-map offsets.
 $(eval $(call epd_test,test_epd_engine_kvq,tests/engine/test_epd_kvq.c $(ENGINE_TEST_UTIL),epd_engine epd_common))

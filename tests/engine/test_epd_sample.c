@@ -6,8 +6,10 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "epd_rng.h"
 #include "epd_sample.h"
 
 #define V 16
@@ -165,6 +167,310 @@ static void test_refuses_bad_input(void **state)
     assert_int_equal(epd_sample_scratch_create(0, &scratch), EPD_ERR_INVALID_PARAM);
 }
 
+/* ---- epd_sample_adjust against a reference computation (vLLM's formulas,
+ * token by token over the whole vocabulary, O(V * N)) ---- */
+
+static void reference_adjust(const epd_sample_adjust_t *a, float *out, const uint32_t *prompt,
+                             size_t n_prompt, const uint32_t *output, size_t n_output)
+{
+    for (uint32_t v = 0; v < V; v++) {
+        float x = logits[v];
+        int in_prompt = 0;
+        uint32_t count = 0;
+
+        for (uint32_t i = 0; i < a->n_bias; i++) {
+            if (a->bias[i].id == v) {
+                x += a->bias[i].bias;
+            }
+        }
+        if (n_output < a->min_tokens) {
+            int masked = 0;
+
+            for (uint32_t i = 0; i < a->n_eos; i++) {
+                masked |= a->eos_ids[i] == (int32_t)v;
+            }
+            for (uint32_t i = 0; i < a->n_stop_ids; i++) {
+                masked |= a->stop_ids[i] == v;
+            }
+            if (masked) {
+                x = -INFINITY;
+            }
+        }
+        for (size_t i = 0; i < n_prompt; i++) {
+            in_prompt |= prompt[i] == v;
+        }
+        for (size_t i = 0; i < n_output; i++) {
+            count += output[i] == v;
+        }
+        if (a->repetition_penalty != 1.0f && a->repetition_penalty != 0.0f &&
+            (in_prompt || count > 0)) {
+            x = x > 0.0f ? x / a->repetition_penalty : x * a->repetition_penalty;
+        }
+        if (count > 0) {
+            x -= a->frequency_penalty * (float)count + a->presence_penalty;
+        }
+        out[v] = x;
+    }
+}
+
+static void check_adjust(const epd_sample_adjust_t *a, const uint32_t *prompt, size_t n_prompt,
+                         const uint32_t *output, size_t n_output)
+{
+    float got[V];
+    float want[V];
+
+    memcpy(got, logits, sizeof(got));
+    reference_adjust(a, want, prompt, n_prompt, output, n_output);
+    assert_int_equal(epd_sample_adjust(a, scratch, got, V, prompt, n_prompt, output, n_output),
+                     EPD_OK);
+    for (int v = 0; v < V; v++) {
+        if (isinf(want[v])) {
+            assert_true(isinf(got[v]) && got[v] < 0);
+        } else {
+            assert_true(got[v] == want[v]); /* the same float operations */
+        }
+    }
+}
+
+static void test_adjust_matches_reference(void **state)
+{
+    /* token 11 is the argmax (logit ~1.9), 3 is negative, 99 out of vocab */
+    const uint32_t prompt[] = {11, 3, 3, 7, 99, 11};
+    const uint32_t output[] = {11, 5, 5, 5, 3, 99};
+    const epd_sample_bias_t bias[] = {{0, 100.0f}, {4, -2.5f}, {4, 1.0f}};
+    const uint32_t stops[] = {2, 9};
+    const int32_t eos[] = {1, 14};
+    epd_sample_adjust_t a;
+    float lg[V];
+    int32_t tok;
+
+    (void)state;
+    epd_sample_adjust_default(&a);
+    assert_true(epd_sample_adjust_is_off(&a));
+    check_adjust(&a, prompt, 6, output, 6);
+    a.repetition_penalty = 1.7f;
+    check_adjust(&a, prompt, 6, output, 6); /* repetition alone (prompt + output) */
+    check_adjust(&a, prompt, 6, NULL, 0);   /* the first token: prompt only */
+    epd_sample_adjust_default(&a);
+    a.frequency_penalty = 0.6f;
+    check_adjust(&a, prompt, 6, output, 6); /* frequency alone (output only) */
+    epd_sample_adjust_default(&a);
+    a.presence_penalty = -1.25f;
+    check_adjust(&a, prompt, 6, output, 6); /* presence alone, negative */
+    epd_sample_adjust_default(&a);
+    a.bias = bias;
+    a.n_bias = 3;
+    check_adjust(&a, prompt, 6, output, 6); /* bias alone (repeated ids add) */
+    epd_sample_adjust_default(&a);
+    a.min_tokens = 7;
+    a.eos_ids = eos;
+    a.n_eos = 2;
+    a.stop_ids = stops;
+    a.n_stop_ids = 2;
+    check_adjust(&a, prompt, 6, output, 6); /* min_tokens: 6 < 7 masks 1, 14, 2, 9 */
+    a.min_tokens = 6;
+    check_adjust(&a, prompt, 6, output, 6); /* reached: nothing masked */
+    /* all together, twice: the scratch's count space came back clean */
+    a.min_tokens = 9;
+    a.repetition_penalty = 1.3f;
+    a.frequency_penalty = 0.5f;
+    a.presence_penalty = 0.25f;
+    a.bias = bias;
+    a.n_bias = 3;
+    check_adjust(&a, prompt, 6, output, 6);
+    check_adjust(&a, prompt, 6, output, 6);
+
+    /* what a client sees: greedy follows the adjusted logits */
+    epd_sample_adjust_default(&a);
+    a.bias = bias; /* +100 on token 0 */
+    a.n_bias = 1;
+    memcpy(lg, logits, sizeof(lg));
+    assert_int_equal(epd_sample_adjust(&a, scratch, lg, V, NULL, 0, NULL, 0), EPD_OK);
+    {
+        epd_sample_params_t sp;
+
+        epd_sample_params_default(&sp);
+        assert_int_equal(epd_sample_token(&sp, scratch, lg, V, 0, &tok), EPD_OK);
+        assert_int_equal(tok, 0);
+    }
+
+    /* refusals */
+    epd_sample_adjust_default(&a);
+    a.presence_penalty = 2.5f;
+    assert_int_equal(epd_sample_adjust_check(&a, V), EPD_ERR_INVALID_PARAM);
+    epd_sample_adjust_default(&a);
+    a.repetition_penalty = NAN;
+    assert_int_equal(epd_sample_adjust_check(&a, V), EPD_ERR_INVALID_PARAM);
+    epd_sample_adjust_default(&a);
+    {
+        const epd_sample_bias_t oov = {V, 1.0f};
+        const epd_sample_bias_t big = {1, 1e30f};
+
+        a.bias = &oov;
+        a.n_bias = 1;
+        assert_int_equal(epd_sample_adjust_check(&a, V), EPD_ERR_INVALID_PARAM);
+        a.bias = &big;
+        assert_int_equal(epd_sample_adjust_check(&a, V), EPD_ERR_INVALID_PARAM);
+        memcpy(lg, logits, sizeof(lg));
+        assert_int_equal(epd_sample_adjust(&a, scratch, lg, V, NULL, 0, NULL, 0),
+                         EPD_ERR_INVALID_PARAM);
+    }
+}
+
+/* epd_sample_logprobs against the k-pass reference epd-generate --jsonl
+ * uses (ties: lower id first), logits with ties included */
+/* The sampler as it was before candidates were selected instead of sorted
+ * whole: when top-k or top-p can cut, every id sorted by (probability
+ * desc, id asc) and cut by top-k then top-p; one draw.  The selection must give the same token for any input. */
+static const double *ref_probs;
+
+static int ref_cmp(const void *a, const void *b)
+{
+    uint32_t ia = *(const uint32_t *)a, ib = *(const uint32_t *)b;
+
+    if (ref_probs[ia] != ref_probs[ib]) {
+        return ref_probs[ia] > ref_probs[ib] ? -1 : 1;
+    }
+    return ia < ib ? -1 : (ia > ib ? 1 : 0);
+}
+
+static int32_t ref_sample(const epd_sample_params_t *p, const float *lg, uint32_t n_vocab,
+                          uint64_t step, double *probs, uint32_t *ids)
+{
+    uint32_t best = 0, n = n_vocab;
+    double total = 0.0, u;
+    epd_rng_t rng;
+
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        best = lg[i] > lg[best] ? i : best;
+    }
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        probs[i] = exp(((double)lg[i] - lg[best]) / p->temperature);
+        total += probs[i];
+        ids[i] = i;
+    }
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        probs[i] /= total;
+    }
+    if ((p->top_k > 0 && p->top_k < n_vocab) || p->top_p < 1.0f) {
+        ref_probs = probs;
+        qsort(ids, n_vocab, sizeof(*ids), ref_cmp);
+        if (p->top_k > 0 && p->top_k < n) {
+            n = p->top_k;
+        }
+        total = 0.0;
+        for (uint32_t i = 0; i < n; i++) {
+            total += probs[ids[i]];
+            if (total >= p->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    total = 0.0;
+    for (uint32_t i = 0; i < n; i++) {
+        total += probs[ids[i]];
+    }
+    epd_rng_seed(&rng, p->seed ^ (0x9e3779b97f4a7c15ull * (step + 1)));
+    u = epd_rng_uniform(&rng) * total;
+    for (uint32_t i = 0; i < n; i++) {
+        u -= probs[ids[i]];
+        if (u < 0.0) {
+            return (int32_t)ids[i];
+        }
+    }
+    return (int32_t)ids[n - 1];
+}
+
+static void test_selection_equals_full_sort(void **state)
+{
+    enum { BIG = 20000 };
+    static float lg[BIG];
+    static double probs[BIG];
+    static uint32_t ids[BIG];
+    const uint32_t ks[] = {0, 1, 2, 7, 50, 255, 256, 257, 3000, BIG - 1, BIG};
+    const float ps[] = {1.0f, 0.999f, 0.9f, 0.5f, 0.05f};
+    const float ts[] = {0.3f, 1.0f, 2.5f, 20.0f};
+    epd_sample_scratch_t *big = NULL;
+    epd_rng_t rng;
+    uint32_t checks = 0;
+
+    (void)state;
+    assert_int_equal(epd_sample_scratch_create(BIG, &big), EPD_OK);
+    epd_rng_seed(&rng, 7);
+    for (int shape = 0; shape < 3; shape++) {
+        for (uint32_t i = 0; i < BIG; i++) {
+            double u = epd_rng_uniform(&rng);
+            /* peaked, flat, and coarse (many exact ties) */
+            lg[i] = shape == 0   ? (float)(u * u * u * 30.0)
+                    : shape == 1 ? (float)(u * 0.01)
+                                 : (float)floor(u * 8.0);
+        }
+        for (size_t a = 0; a < sizeof(ks) / sizeof(ks[0]); a++) {
+            for (size_t b = 0; b < sizeof(ps) / sizeof(ps[0]); b++) {
+                for (size_t c = 0; c < sizeof(ts) / sizeof(ts[0]); c++) {
+                    epd_sample_params_t sp = {
+                        .temperature = ts[c], .top_k = ks[a], .top_p = ps[b], .seed = a * 31 + b};
+                    int32_t tok = -1;
+
+                    for (uint64_t step = 0; step < 2; step++) {
+                        assert_int_equal(epd_sample_token(&sp, big, lg, BIG, step, &tok), EPD_OK);
+                        assert_int_equal(tok, ref_sample(&sp, lg, BIG, step, probs, ids));
+                        checks++;
+                    }
+                }
+            }
+        }
+    }
+    assert_int_equal(checks, 3 * 11 * 5 * 4 * 2);
+    epd_sample_scratch_destroy(big);
+}
+
+static void test_logprobs_match_reference(void **state)
+{
+    float lg[V];
+    epd_sample_logprob_t lp;
+
+    (void)state;
+    memcpy(lg, logits, sizeof(lg));
+    lg[3] = lg[11]; /* a tie with the best */
+    lg[5] = lg[7];
+    for (uint32_t k = 0; k <= V && k <= EPD_SAMPLE_MAX_LOGPROBS; k++) {
+        double mx = lg[0], sum = 0.0, lse;
+        float prev = INFINITY;
+        int32_t prev_id = -1;
+
+        for (int i = 1; i < V; i++) {
+            mx = lg[i] > mx ? lg[i] : mx;
+        }
+        for (int i = 0; i < V; i++) {
+            sum += exp((double)lg[i] - mx);
+        }
+        lse = mx + log(sum);
+        assert_int_equal(epd_sample_logprobs(lg, V, 6, k, &lp), EPD_OK);
+        assert_true(lp.logprob == (double)lg[6] - lse);
+        assert_int_equal(lp.n_top, k);
+        for (uint32_t j = 0; j < k; j++) {
+            int32_t best = -1;
+
+            for (int i = 0; i < V; i++) {
+                int after = lg[i] < prev || (lg[i] == prev && i > prev_id);
+
+                if (after && (best < 0 || lg[i] > lg[best])) {
+                    best = i;
+                }
+            }
+            assert_int_equal(lp.top_ids[j], best);
+            assert_true(lp.top_logprobs[j] == (double)lg[best] - lse);
+            prev = lg[best];
+            prev_id = best;
+        }
+    }
+    assert_int_equal(epd_sample_logprobs(lg, V, V, 1, &lp), EPD_ERR_INVALID_PARAM);
+    assert_int_equal(epd_sample_logprobs(lg, V, 0, EPD_SAMPLE_MAX_LOGPROBS + 1, &lp),
+                     EPD_ERR_INVALID_PARAM);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -174,6 +480,9 @@ int main(void)
         cmocka_unit_test(test_distribution_matches_softmax),
         cmocka_unit_test(test_reproducible),
         cmocka_unit_test(test_refuses_bad_input),
+        cmocka_unit_test(test_adjust_matches_reference),
+        cmocka_unit_test(test_logprobs_match_reference),
+        cmocka_unit_test(test_selection_equals_full_sort),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -51,11 +51,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                             1, size % 3 == 0) == EPD_OK) {
         (void)epd_oai_stream_text(&stream, data, split, &out);
         (void)epd_oai_stream_text(&stream, data + split, size - split, &out);
-        (void)epd_oai_stream_finish(&stream, EPD_OAI_FINISH_LENGTH, 1, 2, &out);
+        (void)epd_oai_stream_finish(&stream, EPD_OAI_FINISH_LENGTH, 1, 2, -1, &out);
         epd_oai_stream_cleanup(&stream);
     }
     (void)epd_oai_response_encode(EPD_OAI_CHAT, "id-2", "tiny", 1, data, size, EPD_OAI_FINISH_STOP,
-                                  1, 2, &out);
+                                  1, 2, -1, &out);
     epd_oai_buf_cleanup(&out);
     return 0;
 }

@@ -1,6 +1,6 @@
 /*
  * libFuzzer target for the transport core's frame decoder and handshake
- * (transport/epd_xport.c, epd__xport_deliver): every byte string handed to
+ * (transport/epd_xport_recv.c, epd__xport_deliver): every byte string handed to
  * a worker as a frame is routed, checked (length, magic, version, flags,
  * identity block, MACs, sequence) and either handled or dropped; never a
  * crash, a leak, undefined behaviour, an accept without a valid proof, or a

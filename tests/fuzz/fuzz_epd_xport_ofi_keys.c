@@ -1,6 +1,6 @@
 /*
  * libFuzzer target for the libfabric backend's address blobs and packed
- * keys (transport/ofi/epd_xport_ofi.c: epd__ofi_ep_create,
+ * keys (transport/ofi/epd_xport_ofi_ep.c, _mr.c: epd__ofi_ep_create,
  * epd__ofi_rkey_unpack) through the core's epd_xport_connect /
  * epd_xport_rkey_unpack.  The body is epd_fuzz_xport_keys.h; here the ofi
  * envelope of an address blob.  Runs on tcp;ofi_rxm unless FI_PROVIDER is

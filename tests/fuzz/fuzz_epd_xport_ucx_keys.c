@@ -1,9 +1,10 @@
 /*
  * libFuzzer target for the UCX backend's address blobs and packed keys
- * (transport/ucx/epd_xport_ucx.c: epd__ucx_ep_create, epd__ucx_rkey_unpack)
- * through the core's epd_xport_connect / epd_xport_rkey_unpack.  The body is
- * epd_fuzz_xport_keys.h; here the UCX envelope of an address blob.  Runs
- * with UCX_TLS=tcp,self on lo unless UCX_TLS is set.  `make fuzz`.
+ * (transport/ucx/epd_xport_ucx_ep.c, _mr.c: epd__ucx_ep_create,
+ * epd__ucx_rkey_unpack) through the core's epd_xport_connect /
+ * epd_xport_rkey_unpack.  The body is epd_fuzz_xport_keys.h; here the UCX
+ * envelope of an address blob.  Runs with UCX_TLS=tcp,self on lo unless
+ * UCX_TLS is set.  `make fuzz`.
  */
 #if EPD_WITH_UCX
 

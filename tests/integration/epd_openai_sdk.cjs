@@ -36,11 +36,12 @@ function chatPrompt(content) {
   return '<|user|>\n' + content + '\n<|assistant|>\n';
 }
 
-// epd-generate's text (it ends its output with one newline).
-function generate(prompt, maxTokens, s) {
+// epd-generate's text (it ends its output with one newline); extra: more
+// flags (the sampling fields' own).
+function generate(prompt, maxTokens, s, extra) {
   const args = ['--model', modelDir, '--prompt', prompt, '--max-tokens', String(maxTokens),
                 '--temperature', String(s.temperature), '--top-p', String(s.top_p),
-                '--seed', String(s.seed)];
+                '--seed', String(s.seed)].concat(extra || []);
   const out = execFileSync(genBin, args);
   if (out.length === 0 || out[out.length - 1] !== 0x0a) {
     fail('epd-generate output does not end in a newline');
@@ -160,6 +161,67 @@ async function main() {
     }
     same('streamed completion, ' + tag, wantText, text);
   }
+
+  // the sampling fields through the SDK, as typed (presence_penalty,
+  // frequency_penalty, logit_bias) and as extra body keys (vLLM's
+  // repetition_penalty, min_tokens), == epd-generate with the same flags
+  for (const s of samplings) {
+    const tag = 'penalties, temperature ' + s.temperature;
+    const want = generate(prompt, maxTokens, s,
+                          ['--presence-penalty', '0.7', '--frequency-penalty', '0.4',
+                           '--repetition-penalty', '1.3', '--logit-bias', '101:3,32:-2',
+                           '--min-tokens', '4']);
+    const body = {
+      model: modelName, prompt: prompt, max_tokens: maxTokens, temperature: s.temperature,
+      top_p: s.top_p, seed: s.seed, presence_penalty: 0.7, frequency_penalty: 0.4,
+      logit_bias: { '101': 3, '32': -2 }, repetition_penalty: 1.3, min_tokens: 4,
+    };
+    const t = await client.completions.create(body);
+    same('completion, ' + tag, want, t.choices[0].text);
+    const ts = await client.completions.create(Object.assign({}, body, { stream: true }));
+    let text = '';
+    for await (const chunk of ts) {
+      for (const ch of chunk.choices) {
+        text += ch.text || '';
+      }
+    }
+    same('streamed completion, ' + tag, want, text);
+  }
+
+  // logprobs through the SDK: one entry per token, each with its 2 best
+  {
+    const c = await client.chat.completions.create({
+      model: modelName, messages: [{ role: 'user', content: prompt }], max_tokens: 6,
+      temperature: 0, logprobs: true, top_logprobs: 2,
+    });
+    const content = c.choices[0].logprobs && c.choices[0].logprobs.content;
+    if (!content || content.length !== c.usage.completion_tokens ||
+        content.some((t) => t.top_logprobs.length !== 2 || !(t.logprob <= 0) ||
+                            !Array.isArray(t.bytes))) {
+      fail('chat logprobs: ' + JSON.stringify(c.choices[0].logprobs));
+    }
+    console.log('ok chat logprobs: ' + content.length + ' tokens, 2 alternatives each');
+  }
+
+  // nothing silently ignored: a refused field is the SDK's BadRequestError
+  // naming it (param), an unknown one too
+  for (const [extra, param] of [[{ tools: [{ type: 'function', function: { name: 'f' } }] },
+                                 'tools'],
+                                [{ response_format: { type: 'json_object' } }, 'response_format'],
+                                [{ logprobs: true, top_logprobs: 1000 }, 'top_logprobs'],
+                                [{ n: 2 }, 'n'],
+                                [{ no_such_knob: 1 }, 'no_such_knob']]) {
+    try {
+      await client.chat.completions.create(Object.assign({
+        model: modelName, messages: [{ role: 'user', content: 'x' }], max_tokens: 2 }, extra));
+      fail('a request with ' + param + ' succeeded');
+    } catch (e) {
+      if (!(e instanceof OpenAI.BadRequestError) || e.status !== 400 || e.param !== param) {
+        fail(param + ': ' + e + ' (status ' + e.status + ', param ' + e.param + ')');
+      }
+    }
+  }
+  console.log('ok refused fields -> BadRequestError 400 naming each');
 
   // a bad request: the router's OpenAI error becomes the SDK's APIError
   try {

@@ -3,6 +3,9 @@
 
   same URL MODEL_DIR GEN_BIN --prompt-file F --max-tokens N [--chat] [--stream]
        [--temperature T --top-p P --top-k K --seed S]
+       [--gen-temperature T --gen-top-p P --gen-top-k K]
+      (--gen-*: the server's default for a value the request omits, a
+      model folder's generation_config.json, given to epd-generate)
       One request through the router; its text must equal epd-generate's for
       the same prompt (the chat template rendered as the router renders it)
       and sampling flags.  Streams are checked for the SSE format (every
@@ -11,8 +14,9 @@
       C concurrent clients, R requests in all (streaming and not, completions
       and chat, over K prompts); every answer must equal epd-generate's.
   multi URL MODEL_DIR GEN_BIN --count K --prompt-file F --max-tokens N [--mixed]
+       [--top-p P]
       K concurrent greedy streaming completions of one prompt (--mixed:
-      every other one seeded, temperature 0.9, top_p 0.95, the first seed
+      every other one seeded, temperature 0.3, top_p P (0.9; 1: none), the first seed
       from 11 whose text is at least 90% of max_tokens bytes); prints
       one line per request: "ok" (equals epd-generate), "error HTTP-STATUS
       ..." (599: an error event inside the stream) or "differs"; exit 0.
@@ -239,8 +243,13 @@ def cmd_same(url, model, gen_bin, flags):
     max_tokens = int(flags["max_tokens"])
     chat = flags.get("chat", False)
     s = sampling_of(flags)
-    want = generate(gen_bin, model, chat_prompt(prompt) if chat else prompt, max_tokens,
-                    gen_sampling(s))
+    g = gen_sampling(s)
+    # --gen-temperature / --gen-top-p / --gen-top-k: the server's defaults
+    # (a model folder's generation_config.json) for what the request omits
+    for k, conv in (("temperature", float), ("top_p", float), ("top_k", int)):
+        if k not in s and "gen_" + k in flags:
+            g[k] = conv(flags["gen_" + k])
+    want = generate(gen_bin, model, chat_prompt(prompt) if chat else prompt, max_tokens, g)
     status, got, finish, usage = request(url, chat, prompt, max_tokens, flags.get("stream", False), s)
     if status != 200:
         fail("HTTP %d: %r" % (status, got[:300]))
@@ -396,8 +405,12 @@ def cmd_multi(url, model, gen_bin, flags):
         # found decode-1's streams all done at the cut (none migrated).  At
         # 0.3 / 0.9 the text still departs from greedy and most seeds run
         # to the end.
+        # --top-p 1: none (a full sort of a 150k vocabulary per token is slow)
+        top_p = float(flags.get("top_p", "0.9"))
         for seed in range(11, 61):
-            s = {"temperature": 0.3, "top_p": 0.9, "seed": seed}
+            s = {"temperature": 0.3, "top_p": top_p, "seed": seed}
+            if top_p >= 1.0:
+                del s["top_p"]
             ids = generate(gen_bin, model, prompt, max_tokens, dict(s, tokens=""))
             if len(ids.split()) >= max_tokens * 9 // 10:
                 break
@@ -440,8 +453,13 @@ def cmd_burst(url, model, gen_bin, flags):
     allow_429 = not flags.get("no_429", False)
     filler = "the pools hold what they can and the queue the rest "
     prompts = ["Burst %d: %s" % (i, (filler * 4)[: 7 * i]) for i in range(n_prompts)]
-    kinds = [{"temperature": 0.0}, {"temperature": 0.9, "top_p": 0.95, "seed": 77}]
-    use = {"greedy": (0,), "seeded": (1,)}.get(flags.get("sampling", "both"), (0, 1))
+    kinds = [{"temperature": 0.0}, {"temperature": 0.9, "top_p": 0.95, "seed": 77},
+             # the logit adjustments too (a resume must carry them): the
+             # keys are epd-generate's flags as well
+             {"temperature": 0.9, "top_p": 0.95, "seed": 77, "presence_penalty": 0.8,
+              "frequency_penalty": 0.3, "repetition_penalty": 1.2}]
+    use = {"greedy": (0,), "seeded": (1,), "penalized": (2,)}.get(flags.get("sampling", "both"),
+                                                                  (0, 1))
     want = {}
 
     def expect(p, s, chat, mt):

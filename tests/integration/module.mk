@@ -30,9 +30,6 @@ ifneq ($(findstring undefined,$(SANITIZER)),)
 $(epd-itest-image_OBJS): EPD_CFLAGS += -fno-sanitize=shift
 endif
 
-# Hugging Face folders (random Qwen3 / Qwen3-MoE, real vocabulary) through
-# prefill + decode daemons equal epd-generate, prefix-cache hit included.
-ALL_TESTS += tests/integration/test_hf_disagg.sh
 ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_disagg_ucx_tcp.sh \
              tests/integration/test_disagg_ofi_tcp.sh \
@@ -49,6 +46,7 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_prefill_queue_lease.sh \
              tests/integration/test_router_auth.sh \
              tests/integration/test_openai_sdk.sh \
+             tests/integration/test_openai_surface.sh \
              tests/integration/test_router_rejoin.sh \
              tests/integration/test_multimodal_local.sh \
              tests/integration/test_multimodal_ucx_shm.sh \
@@ -57,6 +55,8 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_kv_tier.sh \
              tests/integration/test_router_kv_aware.sh \
              tests/integration/test_ttft_phases.sh
+# /v1/chat/completions through a model's own chat template (engine/epd_chat.c)
+ALL_TESTS += tests/integration/test_router_chat_template.sh
 # run alone (tests/run.sh, EPD_TEST_EXCLUSIVE): after SIGSTOPping encoder-0
 # it has about a second (the router's --dead-after-ms 1000) for three
 # Python clients to start and reach the router, or they are not retried
@@ -102,6 +102,30 @@ ALL_TESTS += tests/integration/test_soak.sh
 # takes longer than a deadline
 EXCLUSIVE_TESTS += tests/integration/test_soak.sh
 endif
+# model folders with Qwen3's tokenizer.json (random Qwen3 and Qwen3-MoE)
+# through the router, prefill and decode: equal to epd-generate token for
+# token, completions and chat, prefix hit and miss; streams migrated after
+# their decode worker is killed (hf_cluster.sh CONF PART, one part each).
+# 30-90 s each on the 2-core machine, 3-4x that under the sanitizers: the
+# sanitizer pass runs the Qwen3 part over ucx-shm, the gcc pass all six.
+ALL_TESTS += tests/integration/test_hf_qwen3_ucx_shm.sh
+ifeq ($(SANITIZER),)
+ALL_TESTS += tests/integration/test_hf_qwen3moe_ucx_shm.sh \
+             tests/integration/test_hf_migrate_ucx_shm.sh \
+             tests/integration/test_hf_qwen3_ofi_tcp.sh \
+             tests/integration/test_hf_qwen3moe_ofi_tcp.sh \
+             tests/integration/test_hf_migrate_ofi_tcp.sh
+endif
+# characters split across generated ids (a byte-level tokenizer.json):
+# the router's streamed and whole texts equal epd-generate's
+ALL_TESTS += tests/integration/test_hf_utf8_stream.sh
+# make run MODEL=DIR (deploy/local/run-cluster.sh) on a folder with a
+# tokenizer.json and generation_config.json; PORT=0; the folder untouched
+ALL_TESTS += tests/integration/test_run_model.sh
+# chunked prefill (issue #25): 16k-token prompts on ref, whole and in
+# chunks, prefill -> decode and through a router; admission 400s; a
+# SIGSTOP/SIGCONT and an abort mid-run
+ALL_TESTS += tests/integration/test_chunked_prefill.sh
 # --kv-dtype bf16/fp8/int8 and a mixed map through prefill + decode (ucx
 # shm) on ref and a random Qwen3: disaggregated equals epd-generate
 # --kv-dtype, prefix-cache hits; a mismatched map refused with its line.

