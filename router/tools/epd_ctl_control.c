@@ -305,9 +305,10 @@ int epd_ctl_workers(const char *addr)
         }
         printf("%s pool: %u READY, %u DRAINING, %u SUSPECT, %u DEAD\n", epd_ctl_role_name(roles[r]),
                counts[1], counts[2], counts[3], counts[4]);
-        printf("  %-24s %-9s %8s %8s %14s %13s %9s  %-22s %-5s %-10s %s\n", "WORKER", "STATE",
+        /* KV_DTYPE last: scripts that read the columns before it keep working */
+        printf("  %-24s %-9s %8s %8s %14s %13s %9s  %-22s %-5s %-12s %s\n", "WORKER", "STATE",
                "RUNNING", "QUEUE", "QUEUED_TOKENS", "KV_FREE", "HB_AGE_MS", "ADDRESS", "LINK",
-               "KV_DTYPE", "PEER_LINKS");
+               "PEER_LINKS", "KV_DTYPE");
         for (size_t i = 0; i < st->n_workers; i++) {
             const Epd__WorkerStatus *w = st->workers[i];
             char kv[32];
@@ -325,15 +326,14 @@ int epd_ctl_workers(const char *addr)
             }
             ctl_link_class(w->link, cls, sizeof(cls));
             ctl_peer_links(w->load, peers, sizeof(peers));
-            printf("  %-24s %-9s %8u %8u %14llu %13s %9llu  %-22s %-5s %-10s %s\n",
+            printf("  %-24s %-9s %8u %8u %14llu %13s %9llu  %-22s %-5s %-12s %s\n",
                    w->worker->worker_id,
                    epd_ctl_state_name(w->state), w->load != NULL ? w->load->running_requests : 0,
                    w->load != NULL ? w->load->queue_depth : 0,
                    (unsigned long long)(w->load != NULL ? w->load->queued_tokens : 0), kv,
                    (unsigned long long)w->last_heartbeat_age_ms,
-                   w->control_address[0] != '\0' ? w->control_address : "-", cls,
-                   w->kv_dtype_map != NULL && w->kv_dtype_map[0] != '\0' ? w->kv_dtype_map : "-",
-                   peers);
+                   w->control_address[0] != '\0' ? w->control_address : "-", cls, peers,
+                   w->kv_dtype_map != NULL && w->kv_dtype_map[0] != '\0' ? w->kv_dtype_map : "-");
         }
     }
     epd_proto_free(msg);

@@ -130,7 +130,7 @@ grep -m1 "KV dtype map 'fp8' differs" "$T/rx.log" ||
   fail "the fp8 decode's refusal line is missing: $(tail -n 5 "$T/rx.log")"
 "$BIN/epd-ctl" workers "$r_ADDR" >"$T/workers" || fail "epd-ctl workers"
 cat "$T/workers"
-grep -Eq '^  decode-r +READY .* int8 ' "$T/workers" || fail "epd-ctl workers lacks decode-r's map"
+grep -Eq '^  decode-r +READY .* int8$' "$T/workers" || fail "epd-ctl workers lacks decode-r's map"
 grep -q 'decode-fp8' "$T/workers" && fail "the refused worker is listed"
 # the router's answers equal epd-generate --kv-dtype int8 (a wrapper adds the flag)
 printf '#!/bin/sh\nexec "%s" --kv-dtype int8 "$@"\n' "$(cd "$BIN" && pwd)/epd-generate" >"$T/gen-int8"
