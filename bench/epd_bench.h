@@ -16,6 +16,7 @@ int epd_bench_burst_main(int argc, char **argv);
 int epd_bench_fleet_main(int argc, char **argv);
 int epd_bench_soak_main(int argc, char **argv);
 int epd_bench_kvtier_main(int argc, char **argv);
+int epd_bench_kvq_main(int argc, char **argv);
 /* `serve --workload shared-prefix` (epd_bench_prefix.c) */
 int epd_bench_prefix_main(int argc, char **argv);
 

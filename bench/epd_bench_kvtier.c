@@ -45,9 +45,10 @@ static double epd_bk_now(void)
 }
 
 /* Prefills n tokens of model dir and gathers its full blocks into *kv_p. */
-static int epd_bk_prefill(const char *dir, uint32_t n, epd_bk_kv_t *kv_p)
+static int epd_bk_prefill(const char *dir, const char *kv_dtype, uint32_t n, epd_bk_kv_t *kv_p)
 {
-    epd_engine_config_t cfg = {.model_dir = dir, .block_tokens = 16, .max_batch = 1};
+    epd_engine_config_t cfg = {.model_dir = dir, .block_tokens = 16, .max_batch = 1,
+                               .kv_dtype = kv_dtype};
     const epd_engine_info_t *info;
     epd_engine_t *engine = NULL;
     epd_kv_pool_t pool;
@@ -77,7 +78,7 @@ static int epd_bk_prefill(const char *dir, uint32_t n, epd_bk_kv_t *kv_p)
     tokens = epd_calloc(n, sizeof(*tokens));
     logits = epd_calloc(info->vocab_size, sizeof(*logits));
     kv_p->n_blocks = n / info->kv.block_tokens;
-    kv_p->blk_bytes = (size_t)info->kv.n_attn_layers * info->kv.block_bytes;
+    kv_p->blk_bytes = (size_t)epd_kv_block_set_bytes(&info->kv);
     kv_p->kv = epd_malloc(kv_p->n_blocks * kv_p->blk_bytes + 1);
     if (pool.base == NULL || table == NULL || tokens == NULL || logits == NULL ||
         kv_p->kv == NULL) {
@@ -118,8 +119,8 @@ static int epd_bk_prefill(const char *dir, uint32_t n, epd_bk_kv_t *kv_p)
             }
             (void)epd_kv_block_offset(&info->kv, nb, l, b, &o);
             memcpy(kv_p->kv + b * kv_p->blk_bytes + off, (unsigned char *)pool.base + o,
-                   info->kv.block_bytes);
-            off += info->kv.block_bytes;
+                   epd_kv_layer_block_bytes(&info->kv, l));
+            off += epd_kv_layer_block_bytes(&info->kv, l);
         }
     }
     kv_p->n_tokens = n;
@@ -288,6 +289,7 @@ int epd_bench_kvtier_main(int argc, char **argv)
     const char *model = NULL;
     const char *models = "build/models";
     const char *disk = NULL;
+    const char *kv_dtype = NULL;
     int64_t n_tokens = 1024;
     int64_t reps = 3;
     int64_t level = 1;
@@ -299,6 +301,9 @@ int epd_bench_kvtier_main(int argc, char **argv)
         {"reps", EPD_OPT_INT, &reps, 1, 1000, "repetitions per row (best is printed)"},
         {"level", EPD_OPT_INT, &level, 1, 19, "zstd level of the tier's own costs"},
         {"disk", EPD_OPT_STRING, &disk, 0, 0, "a directory for the tier's disk costs (optional)"},
+        {"kv-dtype", EPD_OPT_STRING, &kv_dtype, 0, 0,
+         "the engine's KV dtype map (f32, bf16, fp8, int8, \"0-3:bf16,4-:fp8\"): the blocks the "
+         "tier stores as they are"},
     };
     epd_opts_t o = {.prog = "epd-bench kvtier",
                     .summary = "zstd ratio and speed on the ref engine's KV blocks",
@@ -337,7 +342,7 @@ int epd_bench_kvtier_main(int argc, char **argv)
         }
         model = dir;
     }
-    if (epd_bk_prefill(model, (uint32_t)n_tokens, &kv) != 0 || kv.n_blocks == 0) {
+    if (epd_bk_prefill(model, kv_dtype, (uint32_t)n_tokens, &kv) != 0 || kv.n_blocks == 0) {
         epd_free(kv.kv);
         epd_opts_cleanup(&o);
         return 1;

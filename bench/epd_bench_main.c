@@ -25,6 +25,8 @@ static const struct {
      "the router's CPU, memory and added latency while it holds 10, 100, 1,000 heartbeating workers"},
     {"kvtier", epd_bench_kvtier_main,
      "zstd ratio and MB/s on the ref engine's KV blocks (levels x byte-plane shuffles), the tier's cost per block"},
+    {"kvq", epd_bench_kvq_main,
+     "quantized KV (--kv-dtype): top-1 agreement and KL vs f32 KV, bytes per request, per dtype"},
     {"soak", epd_bench_soak_main,
      "requests through a cluster under transport faults, stalls, kills and aborts: every answer checked"},
 };

@@ -81,6 +81,7 @@ typedef struct epd_peer epd_peer_t; /* epd_peer.h */
 typedef struct {
     const char *model;          /* --model DIR (required) */
     const char *engine;         /* --engine (default "ref") */
+    const char *kv_dtype;       /* --kv-dtype MAP (NULL: the engine's, f32) */
     const char *worker_id;      /* --worker-id (NULL: <role>-<pid>) */
     const char *transport;      /* --transport ucx|ofi */
     const char *expect;         /* --expect-transport any|shm|tcp|rdma */

@@ -52,6 +52,9 @@ static size_t epd_daemon_common_opts(epd_daemon_flags_t *f, unsigned which, epd_
     opts[n++] = (epd_opt_t){"engine",   EPD_OPT_STRING,
                             &f->engine, 0,
                             0,          "engine: built-in name (ref, sim) or path to a .so"};
+    opts[n++] = (epd_opt_t){"kv-dtype", EPD_OPT_STRING, &f->kv_dtype, 0, 0,
+                            "KV cache dtype per layer: f32 (default), bf16, fp8, int8, or a map "
+                            "such as \"0-3:bf16,4-:fp8\"; prefill and decode must agree"};
     opts[n++] = (epd_opt_t){"worker-id",
                             EPD_OPT_STRING,
                             &f->worker_id,
@@ -363,6 +366,7 @@ epd_status_t epd_daemon_engine_open(const epd_daemon_flags_t *flags, const char 
     ecfg.model_dir = flags->model;
     ecfg.block_tokens = block_tokens;
     ecfg.max_batch = max_batch;
+    ecfg.kv_dtype = flags->kv_dtype;
     st = epd_engine_open(flags->engine, &ecfg, engine_p);
     if (st != EPD_OK) {
         epd_log_error(log, 0, "cannot open model '%s' with engine '%s': %s", flags->model,

@@ -51,6 +51,10 @@ void epd_prefix_root(const char *engine_name, const epd_engine_info_t *info, con
     epd_prefix_put32(&st, kv->head_dim);
     epd_prefix_put32(&st, kv->n_state_heads);
     epd_prefix_put64(&st, kv->block_bytes);
+    if (kv->attn_block_bytes != 0) {
+        /* a per-layer KV dtype map: blocks of another map are other bytes */
+        epd_content_hash_update(&st, kv->layer_dtype, n_layers);
+    }
     epd_prefix_put64(&st, kv->state_bytes);
     epd_prefix_put32(&st, (uint32_t)salt_len);
     if (salt_len > 0) {

@@ -201,7 +201,7 @@ epd_status_t epd__decode_cache_reserve(epd_decode_srv_t *srv, epd_decode_request
 
 uint64_t epd__decode_cache_head_bytes(const epd_decode_srv_t *srv, const epd_decode_request_t *req)
 {
-    return (uint64_t)req->n_cached * srv->info->kv.n_attn_layers * srv->info->kv.block_bytes;
+    return (uint64_t)req->n_cached * epd_kv_block_set_bytes(&srv->info->kv);
 }
 
 void epd__decode_cache_finished(epd_decode_srv_t *srv, epd_decode_request_t *req)

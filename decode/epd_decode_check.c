@@ -118,11 +118,11 @@ epd_status_t epd_decode_check_kv_layer(const epd_kv_layout_t *layout, const epd_
     } else {
         for (uint32_t i = 0; i < n_ids; i++) {
             if (epd_kv_block_offset(layout, pool->n_blocks, layer, ids[i], &off) != EPD_OK ||
-                off + layout->block_bytes > pool->bytes) {
+                off + epd_kv_layer_block_bytes(layout, layer) > pool->bytes) {
                 return EPD_ERR_INVALID_PARAM;
             }
-            epd_hash_state_update(h, base + off, layout->block_bytes);
-            bytes += layout->block_bytes;
+            epd_hash_state_update(h, base + off, epd_kv_layer_block_bytes(layout, layer));
+            bytes += epd_kv_layer_block_bytes(layout, layer);
         }
     }
     if (bytes_p != NULL) {

@@ -54,7 +54,7 @@ int epd__decode_fence_check(void *arg, void *grant_user, uint64_t off, uint64_t 
     const epd_kv_layout_t *kv = &srv->info->kv;
     const epd_peer_t *who = grant_user;
     uint64_t n_blocks = srv->pool.n_blocks, n_slots = srv->pool.n_state_slots;
-    uint64_t attn = (uint64_t)kv->n_attn_layers * n_blocks * kv->block_bytes;
+    uint64_t attn = n_blocks * epd_kv_block_set_bytes(kv);
     uint64_t end, last = 0;
 
     if (len == 0 || __builtin_add_overflow(off, len, &end)) {
@@ -62,16 +62,24 @@ int epd__decode_fence_check(void *arg, void *grant_user, uint64_t off, uint64_t 
     }
     /* attention layers: [layer][block][block_bytes]; every block touched */
     if (off < attn) {
-        if (kv->block_bytes == 0 || end > attn) {
+        uint64_t pos = off;
+
+        if (end > attn) {
             return 0;
         }
-        for (uint64_t u = off / kv->block_bytes; u <= (end - 1) / kv->block_bytes; u++) {
-            uint32_t b = (uint32_t)(u % n_blocks);
+        /* blocks of different layers may differ in size (a KV dtype map) */
+        while (pos < end) {
+            uint32_t l;
+            uint32_t b;
+            uint64_t start;
 
-            if (!epd_decode_fence_owned(srv, epd_decode_blocks_state(srv->blocks, b),
+            if (epd_kv_block_at(kv, (uint32_t)n_blocks, pos, &l, &b) != EPD_OK ||
+                epd_kv_block_offset(kv, (uint32_t)n_blocks, l, b, &start) != EPD_OK ||
+                !epd_decode_fence_owned(srv, epd_decode_blocks_state(srv->blocks, b),
                                         epd_decode_blocks_owner(srv->blocks, b), who, &last)) {
                 return 0;
             }
+            pos = start + epd_kv_layer_block_bytes(kv, l);
         }
         return 1;
     }

@@ -22,6 +22,7 @@
 
 #include "epd_decode_int.h"
 #include "epd_kv_stamp.h"
+#include "epd_kvq.h"
 #include "epd_log.h"
 
 typedef struct {
@@ -117,6 +118,7 @@ static epd_status_t epd_decode_setup(epd_decode_srv_t *srv, const epd_decode_fla
     uint32_t n_slots = kv->n_linear_layers > 0 ? (uint32_t)fl->state_slots : 0;
     epd_daemon_capacity_t cap;
     char desc[256];
+    char map[256];
     epd_status_t st;
 
     st = epd_decode_pool(srv, fl, n_slots);
@@ -170,11 +172,15 @@ static epd_status_t epd_decode_setup(epd_decode_srv_t *srv, const epd_decode_fla
     epd_daemon_set_capacity(srv->d, &cap);
     epd_daemon_set_kv_layout(srv->d, kv);
     epd_xport_describe(epd_daemon_xport(srv->d), desc, sizeof(desc));
+    epd_kvq_map_format(kv, map, sizeof(map));
     epd_log_info(EPD_DECODE_LOG, 0,
-                 "pool: %u blocks of %u tokens (%llu bytes each per layer), %u state slots, "
+                 "pool: %u blocks of %u tokens (%llu tokens; %llu bytes a block over all layers, "
+                 "KV dtype %s), %u state slots, "
                  "%llu bytes; layers %s; batch up to %u; lease %u ms; verify %s; KV %s (headroom "
                  "%u tokens); transport %s",
-                 srv->pool.n_blocks, kv->block_tokens, (unsigned long long)kv->block_bytes, n_slots,
+                 srv->pool.n_blocks, kv->block_tokens,
+                 (unsigned long long)srv->pool.n_blocks * kv->block_tokens,
+                 (unsigned long long)epd_kv_block_set_bytes(kv), map, n_slots,
                  (unsigned long long)srv->pool.bytes, srv->pattern, srv->max_batch, srv->lease_ms,
                  srv->verify_full ? "full" : "stamps",
                  srv->headroom > 0 ? "on demand" : "reserved up front", srv->headroom, desc);

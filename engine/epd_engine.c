@@ -52,6 +52,9 @@ size_t epd_dtype_size(epd_dtype_t dtype)
     case EPD_DTYPE_F16:
     case EPD_DTYPE_BF16:
         return 2;
+    case EPD_DTYPE_FP8_E4M3:
+    case EPD_DTYPE_INT8:
+        return 1;
     }
     return 0;
 }
@@ -65,8 +68,26 @@ const char *epd_dtype_name(epd_dtype_t dtype)
         return "F16";
     case EPD_DTYPE_BF16:
         return "BF16";
+    case EPD_DTYPE_FP8_E4M3:
+        return "F8_E4M3";
+    case EPD_DTYPE_INT8:
+        return "I8";
     }
     return "?";
+}
+
+uint64_t epd_kv_layer_block_bytes(const epd_kv_layout_t *layout, uint32_t layer)
+{
+    if (layer >= layout->n_layers || layout->kind[layer] != EPD_LAYER_ATTENTION) {
+        return 0;
+    }
+    return layout->attn_block_bytes != 0 ? layout->layer_block_bytes[layer] : layout->block_bytes;
+}
+
+uint64_t epd_kv_block_set_bytes(const epd_kv_layout_t *layout)
+{
+    return layout->attn_block_bytes != 0 ? layout->attn_block_bytes
+                                         : (uint64_t)layout->n_attn_layers * layout->block_bytes;
 }
 
 uint64_t epd_kv_pool_bytes(const epd_kv_layout_t *layout, uint32_t n_blocks, uint32_t n_state_slots)
@@ -75,8 +96,7 @@ uint64_t epd_kv_pool_bytes(const epd_kv_layout_t *layout, uint32_t n_blocks, uin
     uint64_t lin;
     uint64_t total;
 
-    if (__builtin_mul_overflow((uint64_t)layout->n_attn_layers * n_blocks, layout->block_bytes,
-                               &attn) ||
+    if (__builtin_mul_overflow((uint64_t)n_blocks, epd_kv_block_set_bytes(layout), &attn) ||
         __builtin_mul_overflow((uint64_t)layout->n_linear_layers * n_state_slots,
                                layout->state_bytes, &lin) ||
         __builtin_add_overflow(attn, lin, &total)) {
@@ -92,8 +112,33 @@ epd_status_t epd_kv_block_offset(const epd_kv_layout_t *layout, uint32_t n_block
         block >= n_blocks) {
         return EPD_ERR_OUT_OF_RANGE;
     }
-    *offset_p = ((uint64_t)layout->kind_index[layer] * n_blocks + block) * layout->block_bytes;
+    if (layout->attn_block_bytes != 0) {
+        /* per-layer map: [attn_layer][block], each layer's blocks its own size */
+        *offset_p = layout->layer_prefix[layer] * n_blocks +
+                    (uint64_t)block * layout->layer_block_bytes[layer];
+    } else {
+        *offset_p = ((uint64_t)layout->kind_index[layer] * n_blocks + block) * layout->block_bytes;
+    }
     return EPD_OK;
+}
+
+epd_status_t epd_kv_block_at(const epd_kv_layout_t *layout, uint32_t n_blocks, uint64_t off,
+                             uint32_t *layer_p, uint32_t *block_p)
+{
+    for (uint32_t l = 0; l < layout->n_layers; l++) {
+        uint64_t bb = epd_kv_layer_block_bytes(layout, l);
+        uint64_t start;
+
+        if (bb == 0 || epd_kv_block_offset(layout, n_blocks, l, 0, &start) != EPD_OK) {
+            continue;
+        }
+        if (off >= start && off - start < bb * n_blocks) {
+            *layer_p = l;
+            *block_p = (uint32_t)((off - start) / bb);
+            return EPD_OK;
+        }
+    }
+    return EPD_ERR_OUT_OF_RANGE;
 }
 
 epd_status_t epd_kv_state_offset(const epd_kv_layout_t *layout, uint32_t n_blocks,
@@ -104,7 +149,7 @@ epd_status_t epd_kv_state_offset(const epd_kv_layout_t *layout, uint32_t n_block
         slot >= n_state_slots) {
         return EPD_ERR_OUT_OF_RANGE;
     }
-    *offset_p = (uint64_t)layout->n_attn_layers * n_blocks * layout->block_bytes +
+    *offset_p = (uint64_t)n_blocks * epd_kv_block_set_bytes(layout) +
                 ((uint64_t)layout->kind_index[layer] * n_state_slots + slot) * layout->state_bytes;
     return EPD_OK;
 }

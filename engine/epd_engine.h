@@ -52,11 +52,13 @@ typedef enum {
     EPD_DTYPE_F32 = 0,
     EPD_DTYPE_F16 = 1,
     EPD_DTYPE_BF16 = 2,
+    EPD_DTYPE_FP8_E4M3 = 3, /* KV only (epd_kvq.h): OCP E4M3 with a scale per token and head */
+    EPD_DTYPE_INT8 = 4,     /* KV only (epd_kvq.h): symmetric int8, scale per token and head */
 } epd_dtype_t;
 
 /* Bytes of one element of `dtype` (0 for an unknown value). */
 size_t epd_dtype_size(epd_dtype_t dtype);
-/* "F32", "F16", "BF16" (static string; "?" for an unknown value). */
+/* "F32", "F16", "BF16", "F8_E4M3", "I8" (static string; "?" for an unknown value). */
 const char *epd_dtype_name(epd_dtype_t dtype);
 
 /* The KV layout of an opened engine: plain data, copyable, identical in two
@@ -77,7 +79,26 @@ typedef struct {
     /* linear layers */
     uint32_t n_state_heads;
     uint64_t state_bytes; /* one linear layer's recurrent state of one request */
+    /* Per-layer KV dtypes (epd_kvq_layout_apply fills these; a layout that
+     * leaves attn_block_bytes 0 is uniform: every attention layer holds
+     * `dtype` in blocks of `block_bytes`).  With a per-layer map,
+     * block_bytes is the largest layer's and dtype the first attention
+     * layer's; `mixed` is nonzero when the layers differ. */
+    uint8_t layer_dtype[EPD_KV_MAX_LAYERS];        /* epd_dtype_t of each layer's KV */
+    uint64_t layer_block_bytes[EPD_KV_MAX_LAYERS]; /* one block of that layer */
+    uint64_t layer_prefix[EPD_KV_MAX_LAYERS];      /* sum of layer_block_bytes of the
+                                                    * attention layers before it */
+    uint64_t attn_block_bytes;                     /* one block of every attention layer */
+    int mixed;
 } epd_kv_layout_t;
+
+/* Bytes of one block of attention layer `layer` (0 for a layer that is not
+ * attention).  K at the block's offset, V at + half of it.  Pure. */
+uint64_t epd_kv_layer_block_bytes(const epd_kv_layout_t *layout, uint32_t layer);
+
+/* Bytes of one block summed over every attention layer (what one block id
+ * costs in a pool).  Pure. */
+uint64_t epd_kv_block_set_bytes(const epd_kv_layout_t *layout);
 
 /* Bytes of a pool of `n_blocks` blocks and `n_state_slots` slots; 0 when it
  * overflows. */
@@ -85,10 +106,16 @@ uint64_t epd_kv_pool_bytes(const epd_kv_layout_t *layout, uint32_t n_blocks,
                            uint32_t n_state_slots);
 
 /* Offset of block `block` of attention layer `layer` (absolute layer index)
- * inside a pool of `n_blocks` blocks; K at the offset, V at +block_bytes/2.
+ * inside a pool of `n_blocks` blocks; K at the offset, V at + half the
+ * layer's block bytes (epd_kv_layer_block_bytes).
  * EPD_ERR_OUT_OF_RANGE for a layer that is not attention or a block >= n_blocks. */
 epd_status_t epd_kv_block_offset(const epd_kv_layout_t *layout, uint32_t n_blocks, uint32_t layer,
                                  uint32_t block, uint64_t *offset_p);
+
+/* The attention layer and block whose bytes hold pool offset `off` (a pool
+ * of `n_blocks` blocks); EPD_ERR_OUT_OF_RANGE past the attention part. */
+epd_status_t epd_kv_block_at(const epd_kv_layout_t *layout, uint32_t n_blocks, uint64_t off,
+                             uint32_t *layer_p, uint32_t *block_p);
 
 /* Offset of state slot `slot` of linear layer `layer` (absolute index) inside
  * a pool of `n_blocks` blocks and `n_state_slots` slots. */
@@ -166,6 +193,10 @@ typedef struct {
     uint32_t block_tokens; /* KV block size; 0 = 16 */
     uint32_t max_batch;    /* largest decode batch; 0 = 64 */
     uint32_t max_context;  /* 0 = the model's; otherwise min(this, the model's) */
+    /* KV dtype map (epd_kvq_map_parse: "int8", "0-3:bf16,4-:fp8"); borrowed
+     * during open; NULL = the engine's default (f32).  Engines that cannot
+     * quantize refuse a non-f32 map with EPD_ERR_UNSUPPORTED. */
+    const char *kv_dtype;
     /* nonzero: the caller only tokenizes (a router, epd-ctl): a Hugging
      * Face folder with a tokenizer.json is described from its config.json
      * and generation_config.json without the engine's open (no weight is
@@ -279,8 +310,9 @@ typedef struct epd_engine_impl epd_engine_impl_t;
  * the checksum in epd_layer_done_t, epd_engine_info_t.device_mem_bw, and a
  * prefill owns the unused tail of its last block (see epd_engine_prefill).
  * 4: epd_engine_info_t.model_digest, epd_prefill_args_t.replay_end and
- * state checkpoints (prefix caching). */
-#define EPD_ENGINE_ABI_VERSION 4u
+ * state checkpoints (prefix caching).  5: per-layer KV dtypes in
+ * epd_kv_layout_t, epd_engine_config_t.kv_dtype. */
+#define EPD_ENGINE_ABI_VERSION 5u
 
 /* The ops table.  No NULL slots.  Called only through epd_engine_* (which
  * validates arguments), on the instance's compute thread. */

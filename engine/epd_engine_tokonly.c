@@ -15,6 +15,7 @@
 
 #include "epd_engine_int.h"
 #include "epd_hf_model.h"
+#include "epd_kvq.h"
 
 epd_status_t epd__engine_tok_only_info(const epd_engine_config_t *config, epd_engine_info_t *info_p)
 {
@@ -56,6 +57,11 @@ epd_status_t epd__engine_tok_only_info(const epd_engine_config_t *config, epd_en
     kv->n_kv_heads = hp.n_kv_heads;
     kv->head_dim = hp.head_dim;
     kv->block_bytes = 2ull * hp.n_kv_heads * block_tokens * hp.head_dim * sizeof(float);
+    /* the router compares workers' KV dtype maps with this layout's */
+    status = epd_kvq_layout_set(kv, config->kv_dtype, "engine");
+    if (status != EPD_OK) {
+        return status;
+    }
     *info_p = info;
     return EPD_OK;
 }

@@ -20,6 +20,7 @@
 
 #include "epd_alloc.h"
 #include "epd_engine_int.h"
+#include "epd_kvq.h"
 #include "epd_hf_int.h"
 #include "epd_log.h"
 
@@ -56,19 +57,44 @@ static epd_status_t epd_hf_detokenize(const epd_engine_impl_t *e, const int32_t 
     return EPD_ERR_UNSUPPORTED;
 }
 
-/* K (or V when v) row of (kv head, position) of layer `layer`. */
-static inline float *epd_hf_kv_row(const epd_engine_impl_t *e, const epd_kv_pool_t *pool,
-                                   uint32_t layer, const epd_kv_seq_t *seq, uint32_t kvh,
-                                   uint32_t pos, int v)
+/* The block of attention layer `layer` holding position `pos` (arguments
+ * were validated by epd_engine_*). */
+static inline void *epd_hf_kv_block(const epd_engine_impl_t *e, const epd_kv_pool_t *pool, uint32_t layer,
+                                   const epd_kv_seq_t *seq, uint32_t pos)
 {
     const epd_kv_layout_t *kv = &e->info.kv;
-    uint32_t block = seq->block_table[pos / kv->block_tokens];
-    uint32_t tok = pos % kv->block_tokens;
-    uint64_t off = ((uint64_t)kv->kind_index[layer] * pool->n_blocks + block) * kv->block_bytes;
-    float *b = (float *)((char *)pool->base + off);
+    uint64_t off = 0;
 
-    return b + ((size_t)v * kv->n_kv_heads + kvh) * kv->block_tokens * kv->head_dim +
-           (size_t)tok * kv->head_dim;
+    (void)epd_kv_block_offset(kv, pool->n_blocks, layer, seq->block_table[pos / kv->block_tokens],
+                              &off);
+    return (char *)pool->base + off;
+}
+
+/* K (or V when v) row of (kv head, position) of layer `layer`, quantized to
+ * the layer's KV dtype on the way in (epd_kvq.h), dequantized on the way
+ * out: attention always reads what the pool holds, so a disaggregated run
+ * (the bytes moved) and a colocated one compute the same. */
+static inline void epd_hf_kv_put(const epd_engine_impl_t *e, const epd_kv_pool_t *pool, uint32_t layer,
+                                  const epd_kv_seq_t *seq, uint32_t kvh, uint32_t pos, int v,
+                                  const float *x)
+{
+    epd_kvq_row_put(&e->info.kv, layer, epd_hf_kv_block(e, pool, layer, seq, pos), v, kvh,
+                    pos % e->info.kv.block_tokens, x);
+}
+
+static inline void epd_hf_kv_get(const epd_engine_impl_t *e, const epd_kv_pool_t *pool, uint32_t layer,
+                                  const epd_kv_seq_t *seq, uint32_t kvh, uint32_t pos, int v,
+                                  float *out)
+{
+    epd_kvq_row_get(&e->info.kv, layer, epd_hf_kv_block(e, pool, layer, seq, pos), v, kvh,
+                    pos % e->info.kv.block_tokens, out);
+}
+
+static inline void epd_hf_kv_zero(const epd_engine_impl_t *e, const epd_kv_pool_t *pool, uint32_t layer,
+                                   const epd_kv_seq_t *seq, uint32_t kvh, uint32_t pos, int v)
+{
+    epd_kvq_row_zero(&e->info.kv, layer, epd_hf_kv_block(e, pool, layer, seq, pos), v, kvh,
+                     pos % e->info.kv.block_tokens);
 }
 
 /* Biases (qwen2), per-head q/k norms (qwen3) and RoPE on one position's
@@ -194,10 +220,8 @@ static void epd_hf_prefill_attention(const epd_engine_impl_t *e, const epd_kv_po
 
     for (uint32_t kvh = 0; kvh < e->hp.n_kv_heads; kvh++) {
         for (uint32_t p = 0; p < end; p++) {
-            memcpy(a->kg + (size_t)p * hd, epd_hf_kv_row(e, pool, l, &args->seq, kvh, p, 0),
-                   hd * sizeof(float));
-            memcpy(a->vg + (size_t)p * hd, epd_hf_kv_row(e, pool, l, &args->seq, kvh, p, 1),
-                   hd * sizeof(float));
+            epd_hf_kv_get(e, pool, l, &args->seq, kvh, p, 0, a->kg + (size_t)p * hd);
+            epd_hf_kv_get(e, pool, l, &args->seq, kvh, p, 1, a->vg + (size_t)p * hd);
         }
         for (uint32_t hq = kvh * group; hq < (kvh + 1) * group; hq++) {
             for (uint32_t r0 = 0; r0 < a->rows; r0 += EPD_HF_TILE) {
@@ -338,17 +362,15 @@ static epd_status_t epd_hf_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *po
                 continue;
             }
             for (uint32_t kvh = 0; kvh < hp->n_kv_heads; kvh++) {
-                memcpy(epd_hf_kv_row(e, pool, l, &args->seq, kvh, p, 0), k + (size_t)kvh * hd,
-                       hd * sizeof(float));
-                memcpy(epd_hf_kv_row(e, pool, l, &args->seq, kvh, p, 1), v + (size_t)kvh * hd,
-                       hd * sizeof(float));
+                epd_hf_kv_put(e, pool, l, &args->seq, kvh, p, 0, k + (size_t)kvh * hd);
+                epd_hf_kv_put(e, pool, l, &args->seq, kvh, p, 1, v + (size_t)kvh * hd);
             }
         }
         /* the rest of the chunk's last block holds nobody's KV */
         for (uint32_t p = end; p % kv->block_tokens != 0; p++) {
             for (uint32_t kvh = 0; kvh < hp->n_kv_heads; kvh++) {
-                memset(epd_hf_kv_row(e, pool, l, &args->seq, kvh, p, 0), 0, hd * sizeof(float));
-                memset(epd_hf_kv_row(e, pool, l, &args->seq, kvh, p, 1), 0, hd * sizeof(float));
+                epd_hf_kv_zero(e, pool, l, &args->seq, kvh, p, 0);
+                epd_hf_kv_zero(e, pool, l, &args->seq, kvh, p, 1);
             }
         }
         memset(&done, 0, sizeof(done));
@@ -402,7 +424,9 @@ static void epd_hf_decode_attention(epd_engine_impl_t *e, const epd_kv_pool_t *p
         float sum = 0.0f;
 
         for (uint32_t p = 0; p < n; p++) {
-            const float *k = epd_hf_kv_row(e, pool, l, &r->seq, kvh, p, 0);
+            float k[EPD_KVQ_MAX_HEAD_DIM];
+
+            epd_hf_kv_get(e, pool, l, &r->seq, kvh, p, 0, k);
             float d = 0.0f;
 
             for (uint32_t i = 0; i < hd; i++) {
@@ -417,7 +441,9 @@ static void epd_hf_decode_attention(epd_engine_impl_t *e, const epd_kv_pool_t *p
         }
         memset(oh, 0, hd * sizeof(float));
         for (uint32_t p = 0; p < n; p++) {
-            const float *v = epd_hf_kv_row(e, pool, l, &r->seq, kvh, p, 1);
+            float v[EPD_KVQ_MAX_HEAD_DIM];
+
+            epd_hf_kv_get(e, pool, l, &r->seq, kvh, p, 1, v);
             float w = s[p] / sum;
 
             for (uint32_t i = 0; i < hd; i++) {
@@ -466,10 +492,8 @@ static epd_status_t epd_hf_decode(epd_engine_impl_t *e, const epd_kv_pool_t *poo
             }
             epd_hf_qk_prep(e, L, q, k, e->d_cos + (size_t)b * half, e->d_sin + (size_t)b * half);
             for (uint32_t kvh = 0; kvh < hp->n_kv_heads; kvh++) {
-                memcpy(epd_hf_kv_row(e, pool, l, &r->seq, kvh, r->pos, 0), k + (size_t)kvh * hd,
-                       hd * sizeof(float));
-                memcpy(epd_hf_kv_row(e, pool, l, &r->seq, kvh, r->pos, 1), v + (size_t)kvh * hd,
-                       hd * sizeof(float));
+                epd_hf_kv_put(e, pool, l, &r->seq, kvh, r->pos, 0, k + (size_t)kvh * hd);
+                epd_hf_kv_put(e, pool, l, &r->seq, kvh, r->pos, 1, v + (size_t)kvh * hd);
             }
             epd_hf_decode_attention(e, pool, l, r, q, e->d_o + (size_t)b * qd);
         }

@@ -20,6 +20,7 @@
 #include "epd_alloc.h"
 #include "epd_hash.h"
 #include "epd_hf_int.h"
+#include "epd_kvq.h"
 #include "epd_log.h"
 
 /* Which file holds each tensor: the index's weight_map, or every tensor in
@@ -587,6 +588,10 @@ epd_status_t epd_hf_open(const epd_engine_config_t *config, epd_engine_impl_t **
     }
     epd_hf_inv_freq(e);
     epd_hf_fill_info(e, block_tokens, max_batch, max_context);
+    status = epd_kvq_layout_set(&e->info.kv, config->kv_dtype, EPD_HF_LOG);
+    if (status != EPD_OK) {
+        goto err;
+    }
     epd_log_debug(EPD_HF_LOG, 0,
                   "%s: %s, %u layers, dim %u, %u heads / %u kv heads of %u, ffn %u, experts %u "
                   "(top %u of %u), vocab %u, context %u, %u weight file(s)",

@@ -36,6 +36,7 @@
 #include "epd_alloc.h"
 #include "epd_engine.h"
 #include "epd_engine_int.h"
+#include "epd_kvq.h"
 #include "epd_hash.h"
 #include "epd_log.h"
 #include "epd_ref_model.h"
@@ -199,26 +200,51 @@ static inline float epd_ref_silu(float u)
     return u / (1.0f + expf(-u));
 }
 
-/* K (or V when v != 0) row of (kv head, position) of attention layer `layer`. */
-static inline float *epd_ref_kv_row(const struct epd_engine_impl *e, const epd_kv_pool_t *pool,
-                                    uint32_t layer, const epd_kv_seq_t *seq, uint32_t kvh,
-                                    uint32_t pos, int v)
+/* The block of attention layer `layer` holding position `pos` (arguments
+ * were validated by epd_engine_*). */
+static inline void *epd_ref_kv_block(const struct epd_engine_impl *e, const epd_kv_pool_t *pool, uint32_t layer,
+                                   const epd_kv_seq_t *seq, uint32_t pos)
 {
     const epd_kv_layout_t *kv = &e->info.kv;
-    uint32_t block = seq->block_table[pos / kv->block_tokens];
-    uint32_t tok = pos % kv->block_tokens;
-    uint64_t off = ((uint64_t)kv->kind_index[layer] * pool->n_blocks + block) * kv->block_bytes;
-    float *b = (float *)((char *)pool->base + off);
+    uint64_t off = 0;
 
-    return b + ((size_t)v * kv->n_kv_heads + kvh) * kv->block_tokens * kv->head_dim +
-           (size_t)tok * kv->head_dim;
+    (void)epd_kv_block_offset(kv, pool->n_blocks, layer, seq->block_table[pos / kv->block_tokens],
+                              &off);
+    return (char *)pool->base + off;
+}
+
+/* K (or V when v) row of (kv head, position) of layer `layer`, quantized to
+ * the layer's KV dtype on the way in (epd_kvq.h), dequantized on the way
+ * out: attention always reads what the pool holds, so a disaggregated run
+ * (the bytes moved) and a colocated one compute the same. */
+static inline void epd_ref_kv_put(const struct epd_engine_impl *e, const epd_kv_pool_t *pool, uint32_t layer,
+                                  const epd_kv_seq_t *seq, uint32_t kvh, uint32_t pos, int v,
+                                  const float *x)
+{
+    epd_kvq_row_put(&e->info.kv, layer, epd_ref_kv_block(e, pool, layer, seq, pos), v, kvh,
+                    pos % e->info.kv.block_tokens, x);
+}
+
+static inline void epd_ref_kv_get(const struct epd_engine_impl *e, const epd_kv_pool_t *pool, uint32_t layer,
+                                  const epd_kv_seq_t *seq, uint32_t kvh, uint32_t pos, int v,
+                                  float *out)
+{
+    epd_kvq_row_get(&e->info.kv, layer, epd_ref_kv_block(e, pool, layer, seq, pos), v, kvh,
+                    pos % e->info.kv.block_tokens, out);
+}
+
+static inline void epd_ref_kv_zero(const struct epd_engine_impl *e, const epd_kv_pool_t *pool, uint32_t layer,
+                                   const epd_kv_seq_t *seq, uint32_t kvh, uint32_t pos, int v)
+{
+    epd_kvq_row_zero(&e->info.kv, layer, epd_ref_kv_block(e, pool, layer, seq, pos), v, kvh,
+                     pos % e->info.kv.block_tokens);
 }
 
 static inline float *epd_ref_state(const struct epd_engine_impl *e, const epd_kv_pool_t *pool,
                                    uint32_t layer, uint32_t slot)
 {
     const epd_kv_layout_t *kv = &e->info.kv;
-    uint64_t off = (uint64_t)kv->n_attn_layers * pool->n_blocks * kv->block_bytes +
+    uint64_t off = (uint64_t)pool->n_blocks * epd_kv_block_set_bytes(kv) +
                    ((uint64_t)kv->kind_index[layer] * pool->n_state_slots + slot) * kv->state_bytes;
 
     return (float *)((char *)pool->base + off);
@@ -520,6 +546,10 @@ static epd_status_t epd_ref_open(const epd_engine_config_t *config, epd_engine_i
         e->decay[h] = (float)epd_ref_linear_decay(h);
     }
     epd_ref_fill_info(e, block_tokens, max_batch, max_context);
+    status = epd_kvq_layout_set(&e->info.kv, config->kv_dtype, EPD_REF_LOG);
+    if (status != EPD_OK) {
+        goto err_close;
+    }
     openblas_set_num_threads(1);
     epd_log_debug(EPD_REF_LOG, 0,
                   "%s: %u layers (%s), dim %u, %u heads / %u kv heads of %u, ffn %u, vocab %u, "
@@ -682,10 +712,8 @@ static void epd_ref_prefill_attention(const epd_engine_impl_t *e, const epd_kv_p
     for (uint32_t kvh = 0; kvh < e->hp.n_kv_heads; kvh++) {
         /* rows [end, a->keys) stay zero from the allocation */
         for (uint32_t p = 0; p < end; p++) {
-            memcpy(a->kg + (size_t)p * hd, epd_ref_kv_row(e, pool, l, &args->seq, kvh, p, 0),
-                   hd * sizeof(float));
-            memcpy(a->vg + (size_t)p * hd, epd_ref_kv_row(e, pool, l, &args->seq, kvh, p, 1),
-                   hd * sizeof(float));
+            epd_ref_kv_get(e, pool, l, &args->seq, kvh, p, 0, a->kg + (size_t)p * hd);
+            epd_ref_kv_get(e, pool, l, &args->seq, kvh, p, 1, a->vg + (size_t)p * hd);
         }
         for (uint32_t hq = kvh * group; hq < (kvh + 1) * group; hq++) {
             for (uint32_t r0 = 0; r0 < a->rows; r0 += EPD_REF_TILE) {
@@ -834,20 +862,16 @@ static epd_status_t epd_ref_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *p
                 }
                 epd_ref_rope(e, a.k + r * kvd, hp->n_kv_heads, p);
                 for (uint32_t kvh = 0; kvh < hp->n_kv_heads; kvh++) {
-                    memcpy(epd_ref_kv_row(e, pool, l, &args->seq, kvh, p, 0),
-                           a.k + r * kvd + (size_t)kvh * hd, hd * sizeof(float));
-                    memcpy(epd_ref_kv_row(e, pool, l, &args->seq, kvh, p, 1),
-                           a.v + r * kvd + (size_t)kvh * hd, hd * sizeof(float));
+                    epd_ref_kv_put(e, pool, l, &args->seq, kvh, p, 0, a.k + r * kvd + (size_t)kvh * hd);
+                    epd_ref_kv_put(e, pool, l, &args->seq, kvh, p, 1, a.v + r * kvd + (size_t)kvh * hd);
                 }
             }
             /* the rest of the chunk's last block holds nobody's KV: the
              * whole block may be written elsewhere (epd_engine_prefill) */
             for (uint32_t p = start + T; p % kv->block_tokens != 0; p++) {
                 for (uint32_t kvh = 0; kvh < hp->n_kv_heads; kvh++) {
-                    memset(epd_ref_kv_row(e, pool, l, &args->seq, kvh, p, 0), 0,
-                           hd * sizeof(float));
-                    memset(epd_ref_kv_row(e, pool, l, &args->seq, kvh, p, 1), 0,
-                           hd * sizeof(float));
+                    epd_ref_kv_zero(e, pool, l, &args->seq, kvh, p, 0);
+                    epd_ref_kv_zero(e, pool, l, &args->seq, kvh, p, 1);
                 }
             }
             /* The layer's KV is final now: let the transfer start while the
@@ -922,7 +946,9 @@ static void epd_ref_decode_attention(epd_engine_impl_t *e, const epd_kv_pool_t *
         float sum = 0.0f;
 
         for (uint32_t p = 0; p < n; p++) {
-            const float *k = epd_ref_kv_row(e, pool, l, &r->seq, kvh, p, 0);
+            float k[EPD_KVQ_MAX_HEAD_DIM];
+
+            epd_ref_kv_get(e, pool, l, &r->seq, kvh, p, 0, k);
             float d = 0.0f;
 
             for (uint32_t i = 0; i < hd; i++) {
@@ -939,7 +965,9 @@ static void epd_ref_decode_attention(epd_engine_impl_t *e, const epd_kv_pool_t *
             oh[i] = 0.0f;
         }
         for (uint32_t p = 0; p < n; p++) {
-            const float *v = epd_ref_kv_row(e, pool, l, &r->seq, kvh, p, 1);
+            float v[EPD_KVQ_MAX_HEAD_DIM];
+
+            epd_ref_kv_get(e, pool, l, &r->seq, kvh, p, 1, v);
             float w = s[p] / sum;
 
             for (uint32_t i = 0; i < hd; i++) {
@@ -986,10 +1014,8 @@ static epd_status_t epd_ref_decode(epd_engine_impl_t *e, const epd_kv_pool_t *po
                 epd_ref_rope(e, q, hp->n_heads, r->pos);
                 epd_ref_rope(e, k, hp->n_kv_heads, r->pos);
                 for (uint32_t kvh = 0; kvh < hp->n_kv_heads; kvh++) {
-                    memcpy(epd_ref_kv_row(e, pool, l, &r->seq, kvh, r->pos, 0),
-                           k + (size_t)kvh * hd, hd * sizeof(float));
-                    memcpy(epd_ref_kv_row(e, pool, l, &r->seq, kvh, r->pos, 1),
-                           v + (size_t)kvh * hd, hd * sizeof(float));
+                    epd_ref_kv_put(e, pool, l, &r->seq, kvh, r->pos, 0, k + (size_t)kvh * hd);
+                    epd_ref_kv_put(e, pool, l, &r->seq, kvh, r->pos, 1, v + (size_t)kvh * hd);
                 }
                 epd_ref_decode_attention(e, pool, l, r, q, o);
             } else {

@@ -357,6 +357,9 @@ epd_status_t epd_st_read_f32(const epd_st_file_t *file, const char *name, uint32
             dst[i] = t->dtype == EPD_DTYPE_F16 ? epd_f16_to_f32(h) : epd_bf16_to_f32(h);
         }
         break;
+    case EPD_DTYPE_FP8_E4M3: /* KV-only dtypes: the header parser never names them */
+    case EPD_DTYPE_INT8:
+        return EPD_ERR_MALFORMED;
     }
     for (uint64_t i = 0; i < t->n_elems; i++) {
         if (dst[i] != dst[i] || dst[i] > 3.0e38f || dst[i] < -3.0e38f) {

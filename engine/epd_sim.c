@@ -543,6 +543,12 @@ static epd_status_t epd_sim_open(const epd_engine_config_t *config, epd_engine_i
                       EPD_SIM_CONF_FILE);
         return EPD_ERR_INVALID_PARAM;
     }
+    if (config->kv_dtype != NULL) {
+        /* sim's KV dtype is its profile's (kv_dtype in sim.conf) */
+        epd_log_error(EPD_SIM_LOG, 0, "--kv-dtype: sim takes its KV dtype from %s",
+                      EPD_SIM_CONF_FILE);
+        return EPD_ERR_UNSUPPORTED;
+    }
     if (block_tokens > 4096 || max_batch > 4096) {
         epd_log_error(EPD_SIM_LOG, 0, "block_tokens %u / max_batch %u out of range (1..4096)",
                       block_tokens, max_batch);

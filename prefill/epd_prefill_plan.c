@@ -128,7 +128,7 @@ epd_status_t epd_prefill_plan_write(const epd_kv_layout_t *layout, const epd_pre
             st = epd_kv_block_offset(layout, remote->pool_blocks, layer, remote->block_ids[i],
                                      &w.remote_off);
         }
-        w.len = layout->block_bytes;
+        w.len = epd_kv_layer_block_bytes(layout, layer);
     }
     if (st != EPD_OK) {
         return st;

@@ -46,7 +46,7 @@ epd_status_t epd__prefill_tier_init(epd_prefill_srv_t *srv)
     cfg.level = srv->tier_level;
     cfg.shuffle = esz == 2 || esz == 4 ? (uint32_t)esz : 0;
     cfg.log_comp = EPD_PREFILL_LOG;
-    srv->tier_blk_bytes = (size_t)kv->n_attn_layers * kv->block_bytes;
+    srv->tier_blk_bytes = (size_t)epd_kv_block_set_bytes(kv);
     srv->tier_buf = epd_malloc(srv->tier_blk_bytes + srv->ckpt_bytes + 1);
     if (srv->tier_buf == NULL) {
         return EPD_ERR_NO_MEMORY;
@@ -88,8 +88,9 @@ void epd__prefill_tier_store(epd_prefill_srv_t *srv, const epd_prefix_hash_t *ke
             continue;
         }
         (void)epd_kv_block_offset(kv, srv->kv_blocks, l, block, &o);
-        memcpy(srv->tier_buf + off, base + o, kv->block_bytes);
-        off += kv->block_bytes;
+        /* quantized blocks move as they are, scales included: no re-quantization */
+        memcpy(srv->tier_buf + off, base + o, epd_kv_layer_block_bytes(kv, l));
+        off += epd_kv_layer_block_bytes(kv, l);
     }
     if (ckpt_len > 0) {
         memcpy(srv->tier_buf + off, ckpt, ckpt_len);
@@ -147,8 +148,8 @@ epd_status_t epd__prefill_tier_restore(epd_prefill_srv_t *srv, const epd_prefix_
             continue;
         }
         (void)epd_kv_block_offset(kv, srv->kv_blocks, l, block, &o);
-        memcpy(base + o, srv->tier_buf + off, kv->block_bytes);
-        off += kv->block_bytes;
+        memcpy(base + o, srv->tier_buf + off, epd_kv_layer_block_bytes(kv, l));
+        off += epd_kv_layer_block_bytes(kv, l);
     }
     *ckpt_p = ckpt_len > 0 ? srv->tier_buf + off : NULL;
     return EPD_OK;

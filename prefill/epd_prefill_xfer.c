@@ -298,8 +298,9 @@ void epd__prefill_xfer_keepalive(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, 
 static uint64_t epd_prefill_layer_bytes(const epd_kv_layout_t *kv, uint32_t layer,
                                         uint32_t n_blocks)
 {
-    return kv->kind[layer] == EPD_LAYER_ATTENTION ? (uint64_t)n_blocks * kv->block_bytes
-                                                  : kv->state_bytes;
+    return kv->kind[layer] == EPD_LAYER_ATTENTION
+               ? (uint64_t)n_blocks * epd_kv_layer_block_bytes(kv, layer)
+               : kv->state_bytes;
 }
 
 /* Write grouping: while compute runs, finished layers wait until at least
@@ -368,7 +369,7 @@ static epd_status_t epd_prefill_layer_sum(epd_prefill_srv_t *srv, epd_prefill_xf
         for (uint32_t i = from; i < x->local.n_blocks; i++) {
             if (epd_kv_block_offset(kv, srv->pool.n_blocks, layer, x->local.block_ids[i], &off) ==
                 EPD_OK) {
-                epd_hash_state_update(h, base + off, kv->block_bytes);
+                epd_hash_state_update(h, base + off, epd_kv_layer_block_bytes(kv, layer));
             }
         }
         x->checksums[layer] = epd_hash_state_digest(h);
@@ -478,7 +479,7 @@ void epd__prefill_xfer_chunk_ready(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x
         if (epd_kv_block_offset(kv, srv->pool.n_blocks, layer, x->local.block_ids[i], &off) ==
             EPD_OK) {
             epd_hash_state_update(x->lhash[layer], (const char *)srv->pool.base + off,
-                                  kv->block_bytes);
+                                  epd_kv_layer_block_bytes(kv, layer));
         }
     }
     x->hashed_blocks[layer] = blocks;
@@ -494,8 +495,9 @@ static epd_status_t epd_prefill_stream_layer(epd_prefill_srv_t *srv, epd_prefill
                                              size_t cap)
 {
     const epd_kv_layout_t *kv = &srv->info->kv;
-    uint32_t per_write = kv->block_bytes > 0 && srv->write_chunk_bytes >= kv->block_bytes
-                             ? (uint32_t)(srv->write_chunk_bytes / kv->block_bytes)
+    uint64_t bb = epd_kv_layer_block_bytes(kv, layer); /* per layer: a KV dtype map */
+    uint32_t per_write = bb > 0 && srv->write_chunk_bytes >= bb
+                             ? (uint32_t)(srv->write_chunk_bytes / bb)
                              : 1;
     epd_prefill_lw_t *lw = &x->lw[layer];
     char *base = srv->pool.base;
@@ -584,7 +586,8 @@ static void epd_prefill_cursor_skip_sent(const epd_prefill_srv_t *srv, epd_prefi
     }
     x->post_idx = i;
     x->post_off = i < x->n_runs && sent > x->runs[i].first
-                      ? (uint64_t)(sent - x->runs[i].first) * srv->info->kv.block_bytes
+                      ? (uint64_t)(sent - x->runs[i].first) *
+                            epd_kv_layer_block_bytes(&srv->info->kv, layer)
                       : 0;
 }
 

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "epd_kvq.h"
+
 static Epd__KvDtype epd_layout_dtype_to_msg(epd_dtype_t dtype)
 {
     switch (dtype) {
@@ -12,6 +14,10 @@ static Epd__KvDtype epd_layout_dtype_to_msg(epd_dtype_t dtype)
         return EPD__KV_DTYPE__KV_DTYPE_F16;
     case EPD_DTYPE_BF16:
         return EPD__KV_DTYPE__KV_DTYPE_BF16;
+    case EPD_DTYPE_FP8_E4M3:
+        return EPD__KV_DTYPE__KV_DTYPE_FP8;
+    case EPD_DTYPE_INT8:
+        return EPD__KV_DTYPE__KV_DTYPE_INT8;
     }
     return EPD__KV_DTYPE__KV_DTYPE_UNSPECIFIED;
 }
@@ -34,6 +40,8 @@ void epd_layout_to_msg(const epd_kv_layout_t *layout, Epd__KvLayout *msg,
     msg->dtype = epd_layout_dtype_to_msg(layout->dtype);
     msg->block_bytes = layout->block_bytes;
     msg->state_bytes = layout->state_bytes;
+    epd_kvq_map_format(layout, pattern + n + 1, EPD_LAYOUT_MAP_MAX);
+    msg->kv_dtype_map = pattern + n + 1;
 }
 
 epd_status_t epd_layout_check(const epd_kv_layout_t *layout, const Epd__KvLayout *msg,
@@ -56,6 +64,11 @@ epd_status_t epd_layout_check(const epd_kv_layout_t *layout, const Epd__KvLayout
         why = "KV head shape differs";
     } else if (msg->dtype != mine.dtype) {
         why = "KV dtype differs";
+    } else if (strcmp(msg->kv_dtype_map != NULL && msg->kv_dtype_map[0] != '\0'
+                          ? msg->kv_dtype_map
+                          : epd_kvq_dtype_short((epd_dtype_t)layout->dtype),
+                      mine.kv_dtype_map) != 0) {
+        why = "KV dtype map differs";
     } else if (msg->block_bytes != mine.block_bytes) {
         why = "block size differs";
     } else if (msg->state_bytes != mine.state_bytes) {

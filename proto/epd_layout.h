@@ -10,15 +10,20 @@
 #include "epd_engine.h"
 #include "epd_msg.h"
 
-/* Room for the layer pattern string ('A'/'L' per layer + NUL). */
-#define EPD_LAYOUT_PATTERN_MAX (EPD_KV_MAX_LAYERS + 1)
+/* Room for the layer pattern string ('A'/'L' per layer + NUL), then the
+ * canonical KV dtype map string (KvLayout.kv_dtype_map) after it. */
+#define EPD_LAYOUT_MAP_MAX 4096
+#define EPD_LAYOUT_PATTERN_MAX (EPD_KV_MAX_LAYERS + 1 + EPD_LAYOUT_MAP_MAX)
 
 /* Fills `msg` (caller's storage, initialized here) from `layout`;
- * msg->layer_pattern points into pattern[] (caller's storage). */
+ * msg->layer_pattern and msg->kv_dtype_map point into pattern[] (caller's
+ * storage). */
 void epd_layout_to_msg(const epd_kv_layout_t *layout, Epd__KvLayout *msg,
                        char pattern[EPD_LAYOUT_PATTERN_MAX]);
 
-/* EPD_OK when `msg` describes exactly `layout`; otherwise
+/* EPD_OK when `msg` describes exactly `layout` (the KV dtype map included:
+ * a prefill and a decode quantizing differently would write bytes the
+ * other misreads); otherwise
  * EPD_ERR_INVALID_PARAM and, when why_p is not NULL, a static string naming
  * the first field that differs. */
 epd_status_t epd_layout_check(const epd_kv_layout_t *layout, const Epd__KvLayout *msg,

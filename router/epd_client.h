@@ -84,6 +84,7 @@ typedef struct {
     uint32_t n_kv_heads;
     uint32_t head_dim;
     int kv_dtype; /* epd.KvDtype */
+    char kv_dtype_map[128]; /* KvLayout.kv_dtype_map, canonical ("int8", "0-3:bf16,4-7:fp8") */
     uint64_t block_bytes;
     uint64_t state_bytes;
     /* capacity (epd.Capacity) */

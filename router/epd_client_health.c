@@ -91,6 +91,8 @@ epd_status_t epd_client_health_parse(const void *buf, size_t len, epd_client_wor
         info->n_kv_heads = h->kv_layout->n_kv_heads;
         info->head_dim = h->kv_layout->head_dim;
         info->kv_dtype = h->kv_layout->dtype;
+        epd__client_copy_str(info->kv_dtype_map, sizeof(info->kv_dtype_map),
+                             h->kv_layout->kv_dtype_map != NULL ? h->kv_layout->kv_dtype_map : "");
         info->block_bytes = h->kv_layout->block_bytes;
         info->state_bytes = h->kv_layout->state_bytes;
     }

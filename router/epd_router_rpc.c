@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "epd_alloc.h"
+#include "epd_kvq.h"
 #include "epd_log.h"
 #include "epd_msg.h"
 #include "epd_router_int.h"
@@ -84,6 +85,7 @@ static int epd_router_register(epd_router_t *rt, const void *req, size_t req_len
     epd_client_worker_t *cw = NULL;
     const epd_kv_layout_t *kv = &rt->info->kv;
     char why[512];
+    char map[256];
     uint64_t now = epd_time_now_ns();
     int rc;
 
@@ -137,6 +139,19 @@ static int epd_router_register(epd_router_t *rt, const void *req, size_t req_len
                  rr->worker->worker_id, rr->kv_layout->n_layers, rr->kv_layout->n_kv_heads,
                  rr->kv_layout->head_dim, rr->kv_layout->block_tokens, kv->n_layers, kv->n_kv_heads,
                  kv->head_dim, kv->block_tokens);
+    } else if (epd_kvq_map_format(kv, map, sizeof(map)),
+               strcmp(rr->kv_layout->kv_dtype_map != NULL && rr->kv_layout->kv_dtype_map[0] != '\0'
+                          ? rr->kv_layout->kv_dtype_map
+                          : "f32",
+                      map) != 0) {
+        /* every prefill and decode the router pairs must quantize alike:
+         * the router's own --kv-dtype is the cluster's */
+        snprintf(why, sizeof(why),
+                 "worker '%.100s': KV dtype map '%.100s' differs from the router's '%.100s' "
+                 "(give every worker and the router the same --kv-dtype)",
+                 rr->worker->worker_id,
+                 rr->kv_layout->kv_dtype_map != NULL ? rr->kv_layout->kv_dtype_map : "",
+                 map);
     } else if (rr->kv_layout->layer_pattern != NULL &&
                strlen(rr->kv_layout->layer_pattern) >= EPD_CLIENT_PATTERN_MAX) {
         snprintf(why, sizeof(why), "worker '%.100s': oversized layer pattern",
@@ -198,6 +213,8 @@ static int epd_router_register(epd_router_t *rt, const void *req, size_t req_len
         info->n_kv_heads = rr->kv_layout->n_kv_heads;
         info->head_dim = rr->kv_layout->head_dim;
         info->kv_dtype = rr->kv_layout->dtype;
+        snprintf(info->kv_dtype_map, sizeof(info->kv_dtype_map), "%s",
+                 rr->kv_layout->kv_dtype_map != NULL ? rr->kv_layout->kv_dtype_map : "");
         info->block_bytes = rr->kv_layout->block_bytes;
         info->state_bytes = rr->kv_layout->state_bytes;
     }
@@ -570,6 +587,7 @@ static int epd_router_status(epd_router_t *rt, void **resp_p, size_t *resp_len_p
         q->ws.last_heartbeat_age_ms = (now - w->last_hb_ns) / 1000000ull;
         q->ws.control_address = w->control_addr;
         q->ws.data_address = w->data_addr;
+        q->ws.kv_dtype_map = w->info.kv_dtype_map;
         if (w->cw != NULL && w->state != EPD_ROUTER_DEAD) {
             epd_client_worker_link(w->cw, q->link, sizeof(q->link));
         } else {

@@ -321,6 +321,8 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
     {
         epd_engine_config_t ecfg = {.model_dir = dfl->model,
                                     .max_batch = 1,
+                                    /* the cluster's map: workers must equal it */
+                                    .kv_dtype = dfl->kv_dtype,
                                     .tokenizer_only =
                                         policy != EPD_ROUTER_POLICY_PREFIX_AFFINITY};
 

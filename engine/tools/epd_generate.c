@@ -47,6 +47,7 @@ typedef struct {
     int64_t seed;
     int tokens;
     int64_t block_tokens;
+    const char *kv_dtype; /* --kv-dtype MAP, or NULL (f32) */
     const char *image; /* comma-separated files, or NULL */
     int timing;        /* print the time of each phase to stderr */
     const char *prompt_ids;  /* "1,2,3": the prompt as ids, nothing added */
@@ -496,7 +497,8 @@ static int epd_gen_parse_bias(const char *text, epd_sample_params_t *sp)
 static int epd_gen_run(const epd_gen_args_t *args)
 {
     epd_engine_config_t cfg = {.model_dir = args->model,
-                               .block_tokens = (uint32_t)args->block_tokens};
+                               .block_tokens = (uint32_t)args->block_tokens,
+                               .kv_dtype = args->kv_dtype};
     const epd_engine_info_t *info;
     epd_sample_params_t sp;
     epd_sample_scratch_t *scratch = NULL;
@@ -741,6 +743,9 @@ int main(int argc, char **argv)
         {"seed", EPD_OPT_INT, &a.seed, 0, 0, "sampling seed"},
         {"tokens", EPD_OPT_BOOL, &a.tokens, 0, 0, "print token ids instead of text"},
         {"block-tokens", EPD_OPT_INT, &a.block_tokens, 1, 4096, "KV block size in tokens"},
+        {"kv-dtype", EPD_OPT_STRING, &a.kv_dtype, 0, 0,
+         "KV cache dtype per layer: f32 (default), bf16, fp8, int8, or a map such as "
+         "\"0-3:bf16,4-:fp8\" (the colocated reference of a disaggregated run)"},
         {"image", EPD_OPT_STRING, &a.image, 0, 0,
          "PNG / JPEG files, comma-separated (at most 8), placed at the prompt's <|image|> "
          "markers or after BOS"},

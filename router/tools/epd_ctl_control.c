@@ -203,9 +203,10 @@ int epd_ctl_health(const char *addr)
     printf("control_address=%s\ndata_address=%s\n", h->control_address, h->data_address);
     if (h->kv_layout != NULL) {
         printf("kv_layers=%u\nlayer_pattern=%s\nkv_block_tokens=%u\nkv_heads=%u\nhead_dim=%u\n"
-               "kv_dtype=%d\nblock_bytes=%llu\nstate_bytes=%llu\n",
+               "kv_dtype=%d\nkv_dtype_map=%s\nblock_bytes=%llu\nstate_bytes=%llu\n",
                h->kv_layout->n_layers, h->kv_layout->layer_pattern, h->kv_layout->block_tokens,
                h->kv_layout->n_kv_heads, h->kv_layout->head_dim, (int)h->kv_layout->dtype,
+               h->kv_layout->kv_dtype_map != NULL ? h->kv_layout->kv_dtype_map : "",
                (unsigned long long)h->kv_layout->block_bytes,
                (unsigned long long)h->kv_layout->state_bytes);
     }
@@ -304,8 +305,10 @@ int epd_ctl_workers(const char *addr)
         }
         printf("%s pool: %u READY, %u DRAINING, %u SUSPECT, %u DEAD\n", epd_ctl_role_name(roles[r]),
                counts[1], counts[2], counts[3], counts[4]);
-        printf("  %-24s %-9s %8s %8s %14s %13s %9s  %-22s %-5s %s\n", "WORKER", "STATE", "RUNNING",
-               "QUEUE", "QUEUED_TOKENS", "KV_FREE", "HB_AGE_MS", "ADDRESS", "LINK", "PEER_LINKS");
+        /* KV_DTYPE last: scripts that read the columns before it keep working */
+        printf("  %-24s %-9s %8s %8s %14s %13s %9s  %-22s %-5s %-12s %s\n", "WORKER", "STATE",
+               "RUNNING", "QUEUE", "QUEUED_TOKENS", "KV_FREE", "HB_AGE_MS", "ADDRESS", "LINK",
+               "PEER_LINKS", "KV_DTYPE");
         for (size_t i = 0; i < st->n_workers; i++) {
             const Epd__WorkerStatus *w = st->workers[i];
             char kv[32];
@@ -323,12 +326,14 @@ int epd_ctl_workers(const char *addr)
             }
             ctl_link_class(w->link, cls, sizeof(cls));
             ctl_peer_links(w->load, peers, sizeof(peers));
-            printf("  %-24s %-9s %8u %8u %14llu %13s %9llu  %-22s %-5s %s\n", w->worker->worker_id,
+            printf("  %-24s %-9s %8u %8u %14llu %13s %9llu  %-22s %-5s %-12s %s\n",
+                   w->worker->worker_id,
                    epd_ctl_state_name(w->state), w->load != NULL ? w->load->running_requests : 0,
                    w->load != NULL ? w->load->queue_depth : 0,
                    (unsigned long long)(w->load != NULL ? w->load->queued_tokens : 0), kv,
                    (unsigned long long)w->last_heartbeat_age_ms,
-                   w->control_address[0] != '\0' ? w->control_address : "-", cls, peers);
+                   w->control_address[0] != '\0' ? w->control_address : "-", cls, peers,
+                   w->kv_dtype_map != NULL && w->kv_dtype_map[0] != '\0' ? w->kv_dtype_map : "-");
         }
     }
     epd_proto_free(msg);

@@ -10,7 +10,7 @@ BENCH="$BIN/epd-bench"
 
 # the subcommands --help lists must be the ones this test runs
 listed=$("$BENCH" --help | awk '/^  [a-z]/ { print $1 }' | sort | tr '\n' ' ')
-[ "$listed" = "burst engine fleet kvtier overhead serve soak xfer " ] ||
+[ "$listed" = "burst engine fleet kvq kvtier overhead serve soak xfer " ] ||
   fail "epd-bench lists '$listed': add the new subcommand to this test"
 
 mkmodel "$T/m" --layers 2 --dim 64 --heads 4 --kv-heads 2 --layer-pattern LA --ffn 128 --vision 0 \
@@ -37,6 +37,11 @@ note "kvtier"
 "$BENCH" kvtier --model "$T/m" --tokens 64 --reps 1 >"$T/kvtier.out" 2>&1 ||
   { cat "$T/kvtier.out"; fail "kvtier"; }
 rows kvtier "$T/kvtier.out" 3 '^ +[0-9]+ +(none|[0-9]+-bit) +[0-9.]+'
+
+note "kvq (every dtype and a mixed map)"
+"$BENCH" kvq --model "$T/m" --prompts 2 --tokens 4 --prompt-len 8 --mixed "0-:int8" \
+  >"$T/kvq.out" 2>&1 || { cat "$T/kvq.out"; fail "kvq"; }
+rows kvq "$T/kvq.out" 5 '^\| (f32|bf16|fp8|int8|0-:int8) \| [0-9]+ \| [0-9]+ \| [0-9.]+ \| [0-9.]+ \|'
 
 note "xfer (ucx-shm)"
 "$BENCH" xfer --conf ucx-shm --secs 0.1 --lat-iters 100 --no-ref >"$T/xfer.out" 2>&1 ||

@@ -13,6 +13,7 @@
 #include "epd_alloc.h"
 #include "epd_daemon.h"
 #include "epd_decode_check.h"
+#include "epd_kvq.h"
 #include "epd_rng.h"
 #include "epd_test_engine_util.h"
 
@@ -249,6 +250,98 @@ static void test_kv_checksums(void **state)
                          EPD_ERR_INVALID_PARAM);
     }
     kv_fix_close(&F);
+}
+
+/* Quantized KV (a mixed map: fp8 in layer 1, int8 in layer 3): the scales
+ * live inside the blocks, so the per-layer checksum covers them and one
+ * flipped bit of a scale is refused like any other corrupted byte. */
+static void test_kv_scale_corrupted(void **state)
+{
+    epd_mkmodel_params_t p;
+    epd_engine_config_t cfg = {0};
+    epd_engine_t *engine = NULL;
+    const epd_engine_info_t *info;
+    const epd_kv_layout_t *kv;
+    epd_kv_pool_t pool;
+    epd_hash_state_t *h = NULL;
+    uint32_t ids[3] = {5, 1, 3};
+    int32_t tokens[40];
+    uint64_t sums[EPD_KV_MAX_LAYERS];
+    float *logits;
+    const char *dir = epd_test_tmpdir();
+    uint32_t bad = 99;
+
+    (void)state;
+    epd_test_tiny_params(&p);
+    cfg.model_dir = epd_test_write_model(dir, "tinyq", &p);
+    cfg.kv_dtype = "1:fp8,3:int8";
+    assert_int_equal(epd_engine_open("ref", &cfg, &engine), EPD_OK);
+    info = epd_engine_info(engine);
+    kv = &info->kv;
+    assert_true(kv->mixed);
+    assert_int_equal(kv->layer_dtype[1], EPD_DTYPE_FP8_E4M3);
+    assert_int_equal(kv->layer_dtype[3], EPD_DTYPE_INT8);
+    epd_test_pool(engine, 8, 4, &pool);
+    logits = epd_calloc(info->vocab_size, sizeof(float));
+    assert_non_null(logits);
+    for (int i = 0; i < 40; i++) {
+        tokens[i] = 1 + (i * 37) % 250;
+    }
+    {
+        epd_prefill_args_t a = {.seq = {.req_id = 1, .block_table = ids, .n_blocks = 3,
+                                        .state_slot = 2},
+                                .tokens = tokens, .n_tokens = 40};
+
+        assert_int_equal(epd_engine_prefill(engine, &pool, &a, NULL, logits), EPD_OK);
+    }
+    assert_int_equal(epd_hash_state_create(0, &h), EPD_OK);
+    /* the sums as prefill computes them: each layer's blocks, its own size */
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        uint64_t off;
+
+        epd_hash_state_reset(h, 0);
+        if (kv->kind[l] == EPD_LAYER_LINEAR) {
+            assert_int_equal(epd_kv_state_offset(kv, 8, 4, l, 2, &off), EPD_OK);
+            epd_hash_state_update(h, (unsigned char *)pool.base + off, kv->state_bytes);
+        } else {
+            for (int i = 0; i < 3; i++) {
+                assert_int_equal(epd_kv_block_offset(kv, 8, l, ids[i], &off), EPD_OK);
+                epd_hash_state_update(h, (unsigned char *)pool.base + off,
+                                      epd_kv_layer_block_bytes(kv, l));
+            }
+        }
+        sums[l] = epd_hash_state_digest(h);
+    }
+    assert_int_equal(epd_decode_check_kv(kv, &pool, ids, 3, 2, sums, kv->n_layers, h, &bad),
+                     EPD_OK);
+    for (uint32_t l = 1; l < kv->n_layers; l += 2) {
+        /* the scale of (V, kv head 1, token 2) of the prompt's second block */
+        uint64_t off;
+        uint64_t half = epd_kv_layer_block_bytes(kv, l) / 2;
+        uint64_t rows = (uint64_t)kv->n_kv_heads * kv->block_tokens;
+        uint64_t at = half + rows * kv->head_dim + (1ull * kv->block_tokens + 2) * sizeof(float);
+        unsigned char *b;
+        float before[EPD_KVQ_MAX_HEAD_DIM];
+        float after[EPD_KVQ_MAX_HEAD_DIM];
+
+        assert_int_equal(epd_kv_block_offset(kv, 8, l, ids[1], &off), EPD_OK);
+        b = (unsigned char *)pool.base + off;
+        epd_kvq_row_get(kv, l, b, 1, 1, 2, before);
+        b[at + 1] ^= 0x10;
+        epd_kvq_row_get(kv, l, b, 1, 1, 2, after);
+        assert_memory_not_equal(before, after, kv->head_dim * sizeof(float)); /* a scale */
+        assert_int_equal(epd_decode_check_kv(kv, &pool, ids, 3, 2, sums, kv->n_layers, h, &bad),
+                         EPD_ERR_CORRUPT);
+        assert_int_equal(bad, l);
+        b[at + 1] ^= 0x10;
+    }
+    assert_int_equal(epd_decode_check_kv(kv, &pool, ids, 3, 2, sums, kv->n_layers, h, &bad),
+                     EPD_OK);
+    epd_hash_state_destroy(h);
+    epd_free(logits);
+    epd_free(pool.base);
+    epd_engine_close(engine);
+    epd_test_rmtree(dir);
 }
 
 /* Verification as a request sees it: landed LayerDones one by one, then
@@ -488,6 +581,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_checks),
         cmocka_unit_test(test_kv_checksums),
+        cmocka_unit_test(test_kv_scale_corrupted),
         cmocka_unit_test(test_kv_landed_then_completed),
         cmocka_unit_test(test_kv_stamped),
         cmocka_unit_test(test_prefill_named),

@@ -63,3 +63,8 @@ $(eval $(call epd_test,test_epd_engine_kv_stamp,tests/engine/test_epd_kv_stamp.c
 $(eval $(call epd_test,test_epd_engine_tok,tests/engine/test_epd_engine_tok.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
 # generation_config.json's default sampling
 $(eval $(call epd_test,test_epd_engine_gen_config,tests/engine/test_epd_gen_config.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
+# Quantized KV codecs against a numpy reference (tests/engine/kvq_ref.py),
+# dtype maps and mixed-map offsets.
+$(eval $(call epd_test,test_epd_engine_kvq,tests/engine/test_epd_kvq.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
+$(test_epd_engine_kvq_OBJS): EPD_CPPFLAGS += -DEPD_TEST_PYTHON='"/usr/bin/python3"' \
+	-DEPD_TEST_KVQ_REF='"$(abspath tests/engine/kvq_ref.py)"'

@@ -240,13 +240,14 @@ prompt_of_len() {
 
 # same_as_colocated MODEL PREFILL_ADDR DECODE_ADDR PROMPT_FILE MAX [flags]:
 # epd-ctl submit --tokens through the two workers must print exactly what
-# epd-generate --tokens prints for the same prompt and sampling flags.
+# epd-generate --tokens prints for the same prompt and sampling flags
+# (GEN_FLAGS: flags for epd-generate alone, such as --kv-dtype).
 same_as_colocated() {
   local model=$1 p=$2 d=$3 pf=$4 max=$5
   shift 5
   local want got
   want=$("$BIN/epd-generate" --model "$model" --prompt "$(cat "$pf")" --max-tokens "$max" \
-         --tokens "$@") || fail "epd-generate failed"
+         --tokens ${GEN_FLAGS:-} "$@") || fail "epd-generate failed"
   got=$("$BIN/epd-ctl" submit --prefill "$p" --decode "$d" --model "$model" --prompt-file "$pf" \
         --max-tokens "$max" --tokens --timeout-ms 60000 ${CTL_FLAGS:-} "$@") ||
     fail "epd-ctl submit failed (prompt $(wc -c <"$pf") bytes, max $max, flags: $*)"

@@ -126,3 +126,7 @@ ALL_TESTS += tests/integration/test_run_model.sh
 # chunks, prefill -> decode and through a router; admission 400s; a
 # SIGSTOP/SIGCONT and an abort mid-run
 ALL_TESTS += tests/integration/test_chunked_prefill.sh
+# --kv-dtype bf16/fp8/int8 and a mixed map through prefill + decode (ucx
+# shm) on ref and a random Qwen3: disaggregated equals epd-generate
+# --kv-dtype, prefix-cache hits; a mismatched map refused with its line.
+ALL_TESTS += tests/integration/test_kv_dtype.sh
