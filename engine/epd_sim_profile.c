@@ -579,9 +579,8 @@ epd_status_t epd_sim_conf_write(const char *dir, const epd_sim_options_t *opts)
     if (opts->model == NULL || opts->accel == NULL || !(scale > 0.0 && scale <= 1.0) ||
         opts->devices > 4096 || (opts->vocab != 0 && opts->vocab < 258) ||
         (opts->mode != EPD_SIM_SLEEP && opts->mode != EPD_SIM_SPIN) ||
-        (opts->kv_dtype_map != NULL &&
-         (strlen(opts->kv_dtype_map) >= EPD_KVQ_MAP_MAX ||
-          strpbrk(opts->kv_dtype_map, "#\n") != NULL)) ||
+        (opts->kv_dtype_map != NULL && (strlen(opts->kv_dtype_map) >= EPD_KVQ_MAP_MAX ||
+                                        strpbrk(opts->kv_dtype_map, "#\n") != NULL)) ||
         snprintf(path, sizeof(path), "%s/%s", dir, EPD_SIM_CONF_FILE) >= (int)sizeof(path)) {
         epd_log_error(EPD_SIM_LOG, 0, "sim.conf options out of range");
         return EPD_ERR_INVALID_PARAM;

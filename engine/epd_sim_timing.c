@@ -29,9 +29,8 @@ static uint64_t epd_sim_block_bytes(uint32_t dtype, uint32_t kvh, uint32_t bt, u
 static int epd_sim_kv_fits(uint32_t dmask, uint32_t kvh, uint32_t bt, uint64_t hd)
 {
     for (uint32_t d = 0; d < 8; d++) {
-        if ((dmask >> d & 1) != 0 &&
-            (hd * epd_dtype_size((epd_dtype_t)d) < 8 ||
-             epd_sim_block_bytes(d, kvh, bt, hd) % 64 != 0)) {
+        if ((dmask >> d & 1) != 0 && (hd * epd_dtype_size((epd_dtype_t)d) < 8 ||
+                                      epd_sim_block_bytes(d, kvh, bt, hd) % 64 != 0)) {
             return 0;
         }
     }
@@ -179,8 +178,8 @@ epd_status_t epd_sim_timing_init(const epd_sim_conf_t *conf, uint32_t block_toke
             t.kv_dtype[l] = (uint8_t)m->kv_dtype;
         }
         dmask |= 1u << t.kv_dtype[l];
-        t.kv_tok[l] = (double)epd_kvq_block_bytes((epd_dtype_t)t.kv_dtype[l], m->n_kv_heads, 1,
-                                                  m->head_dim);
+        t.kv_tok[l] =
+            (double)epd_kvq_block_bytes((epd_dtype_t)t.kv_dtype[l], m->n_kv_heads, 1, m->head_dim);
     }
     if (dmask == 0) {
         dmask = 1u << m->kv_dtype; /* no attention layer: the layout is still described */

@@ -139,8 +139,7 @@ static void check_layout(const epd_kv_layout_t *kv, const uint8_t *dtypes)
         if (epd_kv_layer_block_bytes(kv, l) != want) {
             fail_msg("layer %u (%s): %llu bytes per block, want %llu", l,
                      epd_kvq_dtype_short((epd_dtype_t)dtypes[l]),
-                     (unsigned long long)epd_kv_layer_block_bytes(kv, l),
-                     (unsigned long long)want);
+                     (unsigned long long)epd_kv_layer_block_bytes(kv, l), (unsigned long long)want);
         }
         set += want;
     }
@@ -233,8 +232,8 @@ static void test_conf_map_and_refusals(void **state)
 static void test_scaled_shipped_profile(void **state)
 {
     static const char *maps[] = {"bf16", "fp8", "int8", "0-3:bf16,4-:fp8", "f32"};
-    const char *dir = sim_dir("d70", profile("dense-70b.profile"), profile("h200.profile"), 0.05,
-                              NULL);
+    const char *dir =
+        sim_dir("d70", profile("dense-70b.profile"), profile("h200.profile"), 0.05, NULL);
     uint64_t per_map[5] = {0};
 
     (void)state;
@@ -262,8 +261,7 @@ static void test_scaled_shipped_profile(void **state)
             assert_true(t.kv_tok[l] == (double)epd_kvq_block_bytes((epd_dtype_t)dt[l],
                                                                    c.model.n_kv_heads, 1,
                                                                    c.model.head_dim));
-            assert_true(t.factor[l] * t.kv_tok[l] * 16 ==
-                        (double)epd_kv_layer_block_bytes(kv, l));
+            assert_true(t.factor[l] * t.kv_tok[l] * 16 == (double)epd_kv_layer_block_bytes(kv, l));
             if (fabs(t.factor[l] / 0.05 - 1.0) > 0.05) {
                 fail_msg("%s layer %u: factor %g at scale 0.05", maps[m], l, t.factor[l]);
             }
@@ -458,12 +456,14 @@ static void test_stamps_of_a_mixed_map(void **state)
         toks[i] = 32 + (i * 7) % 90;
     }
     {
-        epd_prefill_args_t a = {
-            .seq = {.req_id = 7, .block_table = tp, .n_blocks = N_BLK, .state_slot = 1,
-                    .stamp_tag = 0x7a67},
-            .tokens = toks,
-            .n_tokens = N_TOK,
-            .want_sums = 1};
+        epd_prefill_args_t a = {.seq = {.req_id = 7,
+                                        .block_table = tp,
+                                        .n_blocks = N_BLK,
+                                        .state_slot = 1,
+                                        .stamp_tag = 0x7a67},
+                                .tokens = toks,
+                                .n_tokens = N_TOK,
+                                .want_sums = 1};
 
         assert_int_equal(epd_engine_prefill(e, &pp, &a, &sk, lp), EPD_OK);
     }
@@ -496,9 +496,9 @@ static void test_stamps_of_a_mixed_map(void **state)
         assert_int_equal(epd_kv_block_offset(kv, POOL_BLK, 3, td[2], &off), EPD_OK);
         ((unsigned char *)pd.base)[off + 192 - 32 - 1] ^= 0x10;
         x.full = 1;
-        assert_int_equal(epd_kv_stamp_check_layer(kv, &pd, td, N_BLK, 3, 3, &x, sums.sums[3], h,
-                                                  NULL, &why),
-                         EPD_ERR_CORRUPT);
+        assert_int_equal(
+            epd_kv_stamp_check_layer(kv, &pd, td, N_BLK, 3, 3, &x, sums.sums[3], h, NULL, &why),
+            EPD_ERR_CORRUPT);
         ((unsigned char *)pd.base)[off + 192 - 32 - 1] ^= 0x10;
     }
     /* decode continues from the copy exactly as from the original */
