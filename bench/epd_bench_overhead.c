@@ -53,8 +53,15 @@
  *             /proc/PID/task/TID/schedstat around each request (ns): what
  *             each arm asks of the machine's cores
  *
+ * --kv-dtype MAP (repeatable; or --kv-dtypes "MAP;MAP", ';' between maps
+ * since a map holds commas) runs every configuration once per KV dtype map,
+ * both daemons started with --kv-dtype MAP and the layer bytes (floor,
+ * link) taken from that map's layout; each row names its map (kv_dtype,
+ * canonical: what workers register) and its KV bytes per request.
+ * Without it each engine keeps its own dtype (sim: its profile's; ref: f32).
+ *
  * --tsv prints the same rows machine-readably (columns named in its header:
- * engine, xport, tokens, ovh_pct, floor_pct, excess_pct, bound, ...).
+ * engine, xport, tokens, kv_dtype, kv_bytes, ovh_pct, floor_pct, ...).
  * --trace FILE writes one B request's events from both daemons into one
  * Chrome trace JSON (open it in ui.perfetto.dev).  This measures; it never
  * judges (tests/ do).
@@ -78,6 +85,7 @@
 #include "epd_bench.h"
 #include "epd_client.h"
 #include "epd_engine.h"
+#include "epd_kvq.h"
 #include "epd_msg.h"
 #include "epd_rng.h"
 #include "epd_secret.h"
@@ -161,6 +169,10 @@ typedef struct {
     int n_xports;
     long long groups[OB_MAX_LIST];
     int n_groups;
+    const char *kv_dtypes[OB_MAX_LIST]; /* --kv-dtype maps (borrowed from argv) */
+    int n_kv_dtypes;                    /* 0: each engine's own dtype */
+    char kv_dtypes_buf[1024];           /* --kv-dtypes' copies, split at ';' */
+    size_t kv_dtypes_used;              /* bytes of kv_dtypes_buf taken */
     int reps, reps_long, reps_ref, warmup;
     int zero; /* run the Z arm */
     double scale; /* 0: each sim engine's own */
@@ -196,6 +208,9 @@ typedef struct {
     int trace_written;
     /* the engine's layout (bytes per layer) and model */
     epd_kv_layout_t kv;
+    char kv_name[EPD_KVQ_MAP_MAX]; /* its canonical KV dtype map */
+    int n_configs;                 /* daemon pairs started so far (log names) */
+    int kv_w;                      /* the table's kv_dtype column width */
     epd_sim_timing_t timing;
     int have_timing;
     /* CPU accounting of the configuration being run */
@@ -765,7 +780,20 @@ static double ob_layer_bytes(const epd_kv_layout_t *kv, uint32_t l, uint32_t n_t
     if (kv->kind[l] == EPD_LAYER_LINEAR) {
         return (double)kv->state_bytes;
     }
-    return (double)((n_tokens + kv->block_tokens - 1) / kv->block_tokens) * (double)kv->block_bytes;
+    /* a KV dtype map: each layer's own block size */
+    return (double)((n_tokens + kv->block_tokens - 1) / kv->block_tokens) *
+           (double)epd_kv_layer_block_bytes(kv, l);
+}
+
+/* KV bytes of a whole request of n_tokens (every layer). */
+static double ob_req_bytes(const epd_kv_layout_t *kv, uint32_t n_tokens)
+{
+    double bytes = 0.0;
+
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        bytes += ob_layer_bytes(kv, l, n_tokens);
+    }
+    return bytes;
 }
 
 /* The KV of a B request over the union of its layers' write spans (B/s),
@@ -969,13 +997,14 @@ static void ob_fmt(char *buf, size_t cap, const char *fmt, double v)
 static void ob_print_header(const ob_t *b)
 {
     if (b->tsv) {
-        printf("engine\txport\ttokens\tovh_pct\tfloor_pct\texcess_pct\tbound\tpairs\tmodel_ms\ta_ms"
+        printf("engine\txport\ttokens\tkv_dtype\tkv_bytes\tovh_pct\tfloor_pct\texcess_pct\tbound\tpairs\tmodel_ms\ta_ms"
                "\tb_ms\tdiff_ms\tdiff_lo_ms\tdiff_hi_ms\tzero_ms\tzero_diff_ms\tmsg_us\tlink_gbs"
                "\tfloor_ms\ta_compute_ms\ta_flag\ttail_ms\tverify_ms\n");
         return;
     }
-    printf("%-11s %-7s %6s %5s | %8s %8s %8s | %8s %-19s %7s | %6s %7s %8s %7s %7s %-7s | %8s\n",
-           "engine", "xport", "tokens", "pairs", "model", "A med", "B med", "B-A", "[95% CI]", "ovh",
+    printf("%-11s %-7s %6s %-*s %8s %5s | %8s %8s %8s | %8s %-19s %7s | %6s %7s %8s %7s %7s %-7s "
+           "| %8s\n",
+           "engine", "xport", "tokens", b->kv_w, "kv_dtype", "KV MB", "pairs", "model", "A med", "B med", "B-A", "[95% CI]", "ovh",
            "msg us", "GB/s", "floor", "floor", "excess", "bound", "Z-A");
 }
 
@@ -987,10 +1016,10 @@ static void ob_print_row(const ob_t *b, const ob_engine_t *e, const ob_xport_t *
     char m[32], ci[48], msg[32], bw[32], z[32];
 
     if (b->tsv) {
-        printf("%s\t%s\t%u\t%.3f\t%.3f\t%.3f\t%s\t%d\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f"
+        printf("%s\t%s\t%u\t%s\t%.0f\t%.3f\t%.3f\t%.3f\t%s\t%d\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f"
                "\t%.2f\t%.3f\t%.4f\t%.4f\t%d\t%.4f\t%.4f\n",
-               e->name, xp->name, len, ovh, fl, ovh - fl, w->link_bound ? "link" : "compute",
-               w->n_pairs, w->model_ms, w->a_ms, w->b_ms, w->d_ms, w->d_lo_ms, w->d_hi_ms, w->z_ms,
+               e->name, xp->name, len, b->kv_name, ob_req_bytes(&b->kv, len), ovh, fl, ovh - fl,
+               w->link_bound ? "link" : "compute", w->n_pairs, w->model_ms, w->a_ms, w->b_ms, w->d_ms, w->d_lo_ms, w->d_hi_ms, w->z_ms,
                w->zd_ms, w->msg_us, w->link_gbs, w->floor_ms, w->a_compute_ms, w->a_flag,
                w->tail_ms, w->verify_ms);
         return;
@@ -1004,9 +1033,9 @@ static void ob_print_row(const ob_t *b, const ob_engine_t *e, const ob_xport_t *
     ob_fmt(msg, sizeof(msg), "%6.1f", w->msg_us);
     ob_fmt(bw, sizeof(bw), "%7.2f", w->link_gbs);
     ob_fmt(z, sizeof(z), "%+8.3f", w->zd_ms);
-    printf("%-11s %-7s %6u %5d | %8s %7.3f%s %8.3f | %+8.3f %-19s %6.2f%% | %6s %7s %8.3f %6.2f%% "
-           "%6.2f%% %-7s | %8s\n",
-           e->name, xp->name, len, w->n_pairs, m, w->a_ms, w->a_flag ? "!" : " ", w->b_ms,
+    printf("%-11s %-7s %6u %-*s %8.3f %5d | %8s %7.3f%s %8.3f | %+8.3f %-19s %6.2f%% | %6s %7s "
+           "%8.3f %6.2f%% %6.2f%% %-7s | %8s\n",
+           e->name, xp->name, len, b->kv_w, b->kv_name, ob_req_bytes(&b->kv, len) / 1e6, w->n_pairs, m, w->a_ms, w->a_flag ? "!" : " ", w->b_ms,
            w->d_ms, ci, ovh, msg, bw, w->floor_ms, fl, ovh - fl,
            w->link_bound ? "link" : "compute", z);
     printf("%-28s compute A %.3f B %.3f  tail %.3f  verify %.3f  queue %.3f  resv %.3f  step1 "
@@ -1108,10 +1137,12 @@ static int ob_model_dir(ob_t *b, const ob_engine_t *e, char *dir, size_t cap)
     }
 }
 
-/* The engine's KV layout (bytes per layer) and, for sim, its timing. */
-static int ob_engine_facts(ob_t *b, const ob_engine_t *e, const char *model)
+/* The engine's KV layout (bytes per layer) and, for sim, its timing, with
+ * KV dtype map `kvd` (NULL: the engine's own dtype). */
+static int ob_engine_facts(ob_t *b, const ob_engine_t *e, const char *model, const char *kvd)
 {
-    epd_engine_config_t cfg = {.model_dir = model, .block_tokens = OB_BLOCK_TOKENS};
+    epd_engine_config_t cfg = {
+        .model_dir = model, .block_tokens = OB_BLOCK_TOKENS, .kv_dtype = kvd};
     epd_engine_t *eng = NULL;
 
     if (epd_engine_open(e->profile != NULL ? "sim" : "ref", &cfg, &eng) != EPD_OK) {
@@ -1120,12 +1151,20 @@ static int ob_engine_facts(ob_t *b, const ob_engine_t *e, const char *model)
     }
     b->kv = epd_engine_info(eng)->kv;
     epd_engine_close(eng);
+    epd_kvq_map_format(&b->kv, b->kv_name, sizeof(b->kv_name));
     b->have_timing = 0;
     if (e->profile != NULL) {
         epd_sim_conf_t conf;
 
-        if (epd_sim_conf_load(model, &conf) != EPD_OK ||
-            epd_sim_timing_init(&conf, OB_BLOCK_TOKENS, &b->timing) != EPD_OK) {
+        if (epd_sim_conf_load(model, &conf) != EPD_OK) {
+            return -1;
+        }
+        if (kvd != NULL) {
+            /* as the engine: --kv-dtype wins over sim.conf (the engine above
+             * accepted it, so it fits) */
+            snprintf(conf.kv_dtype_map, sizeof(conf.kv_dtype_map), "%s", kvd);
+        }
+        if (epd_sim_timing_init(&conf, OB_BLOCK_TOKENS, &b->timing) != EPD_OK) {
             return -1;
         }
         b->have_timing = 1;
@@ -1133,9 +1172,10 @@ static int ob_engine_facts(ob_t *b, const ob_engine_t *e, const char *model)
     return 0;
 }
 
-/* Runs one daemon pair over `lengths` and prints its rows. */
+/* Runs one daemon pair (KV dtype map kvd; NULL: the engine's own) over
+ * `lengths` and prints its rows. */
 static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long long group,
-                     const uint32_t *lengths, int n_lengths)
+                     const char *kvd, const uint32_t *lengths, int n_lengths)
 {
     char model[PATH_MAX], p_ready[PATH_MAX], d_ready[PATH_MAX], p_trace[PATH_MAX],
         d_trace[PATH_MAX], p_log[PATH_MAX], d_log[PATH_MAX], p_ctl[128], d_ctl[128];
@@ -1154,7 +1194,8 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
     for (int i = 0; i < n_lengths; i++) {
         max_len = lengths[i] > max_len ? lengths[i] : max_len;
     }
-    if (ob_model_dir(b, e, model, sizeof(model)) != 0 || ob_engine_facts(b, e, model) != 0) {
+    if (ob_model_dir(b, e, model, sizeof(model)) != 0 ||
+        ob_engine_facts(b, e, model, kvd) != 0) {
         return -1;
     }
     memset(b->n_cpu, 0, sizeof(b->n_cpu));
@@ -1165,8 +1206,12 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
     snprintf(d_ready, sizeof(d_ready), "%s/d.ready", b->tmp);
     snprintf(p_trace, sizeof(p_trace), "%s/p.json", b->tmp);
     snprintf(d_trace, sizeof(d_trace), "%s/d.json", b->tmp);
-    snprintf(p_log, sizeof(p_log), "%s/p-%s-%s-%s.log", b->tmp, e->name, xp->name, gname);
-    snprintf(d_log, sizeof(d_log), "%s/d-%s-%s-%s.log", b->tmp, e->name, xp->name, gname);
+    /* numbered: one per configuration, KV dtype maps included */
+    b->n_configs++;
+    snprintf(p_log, sizeof(p_log), "%s/p-%s-%s-%s-%d.log", b->tmp, e->name, xp->name, gname,
+             b->n_configs);
+    snprintf(d_log, sizeof(d_log), "%s/d-%s-%s-%s-%d.log", b->tmp, e->name, xp->name, gname,
+             b->n_configs);
     unlink(p_ready);
     unlink(d_ready);
     unlink(p_trace);
@@ -1219,6 +1264,10 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
         if (xp->provider != NULL) {
             dargv[n++] = "--provider";
             dargv[n++] = (char *)xp->provider;
+        }
+        if (kvd != NULL) {
+            dargv[n++] = "--kv-dtype";
+            dargv[n++] = (char *)kvd;
         }
         dargv[n] = NULL;
         /* prefill takes the same flags, then its own */
@@ -1391,9 +1440,10 @@ out:
         if (ob_write_merged(b->trace_out, pj, dj, trace_id) == 0) {
             ob_req_t *r = ob_find(b, trace_id);
 
-            printf("# trace of request %llu (%s, %s, %u tokens, %s, prefill + transfer) -> %s\n",
+            printf("# trace of request %llu (%s, %s, %u tokens, KV %s, %s, prefill + transfer) -> "
+                   "%s\n",
                    (unsigned long long)trace_id, e->name, xp->name, r != NULL ? r->n_tokens : 0,
-                   gname, b->trace_out);
+                   b->kv_name, gname, b->trace_out);
             b->trace_written = 1;
         } else {
             fprintf(stderr, "overhead: cannot write %s\n", b->trace_out);
@@ -1513,6 +1563,30 @@ static int ob_parse_groups(const char *s, long long *groups, int *n_p)
     return n > 0 ? 0 : -1;
 }
 
+/* --kv-dtypes "MAP;MAP;...": appended to the --kv-dtype list (';' because
+ * a map holds commas).  Nonzero for an empty entry or too many. */
+static int ob_parse_kv_dtypes(const char *s, ob_t *b)
+{
+    size_t len = strlen(s);
+    char *p;
+    char *save = NULL;
+
+    if (b->kv_dtypes_used + len + 1 > sizeof(b->kv_dtypes_buf) || len == 0 || s[0] == ';' ||
+        strstr(s, ";;") != NULL || s[len - 1] == ';') {
+        return -1;
+    }
+    p = b->kv_dtypes_buf + b->kv_dtypes_used;
+    memcpy(p, s, len + 1);
+    b->kv_dtypes_used += len + 1;
+    for (char *tok = strtok_r(p, ";", &save); tok != NULL; tok = strtok_r(NULL, ";", &save)) {
+        if (b->n_kv_dtypes == OB_MAX_LIST || strlen(tok) >= EPD_KVQ_MAP_MAX) {
+            return -1;
+        }
+        b->kv_dtypes[b->n_kv_dtypes++] = tok;
+    }
+    return 0;
+}
+
 static void ob_usage(void)
 {
     printf("usage: epd-bench overhead [options]\n"
@@ -1530,11 +1604,17 @@ static void ob_usage(void)
            "  --reps-ref N         repetitions per length with ref (slow on a CPU) [6]\n"
            "  --warmup N           repetitions not counted, per length [1]\n"
            "  --no-zero            without the zero-byte arm (Z)\n"
+           "  --kv-dtype MAP       run every configuration with this KV dtype map (f32, bf16,\n"
+           "                       fp8, int8 or per layer \"0-3:bf16,4-:fp8\"); repeat it for\n"
+           "                       rows of each map side by side [each engine's own: sim its\n"
+           "                       profile's, ref f32]\n"
+           "  --kv-dtypes LIST     the same, maps separated by ';' (\"bf16;int8;0-3:bf16,4-:fp8\")\n"
            "  --scale S            sim engines at scale S (0 < S <= 1) instead of their own\n"
            "                       (dense-70b 0.05, hybrid-320b 0.1): 1 is the full-size KV\n"
            "  --verify MODE        decode's --verify for stamped KV: stamps or full [stamps]\n"
-           "  --tsv                tab-separated rows (engine xport tokens ovh_pct floor_pct\n"
-           "                       excess_pct bound ...; the header names every column)\n"
+           "  --tsv                tab-separated rows (engine xport tokens kv_dtype kv_bytes\n"
+           "                       ovh_pct floor_pct excess_pct bound ...; the header names\n"
+           "                       every column)\n"
            "  --no-cpu             without the per-thread CPU lines\n"
            "  --trace FILE         one B request, prefill and decode merged (Chrome JSON)\n"
            "  --trace-length N     which length that request has [1024]\n"
@@ -1620,6 +1700,13 @@ int epd_bench_overhead_main(int argc, char **argv)
         } else if (strcmp(a, "--warmup") == 0) {
             b.warmup = atoi(v);
             bad = b.warmup < 0;
+        } else if (strcmp(a, "--kv-dtype") == 0) {
+            bad = b.n_kv_dtypes == OB_MAX_LIST || v[0] == '\0' || strlen(v) >= EPD_KVQ_MAP_MAX;
+            if (!bad) {
+                b.kv_dtypes[b.n_kv_dtypes++] = v;
+            }
+        } else if (strcmp(a, "--kv-dtypes") == 0) {
+            bad = ob_parse_kv_dtypes(v, &b);
         } else if (strcmp(a, "--scale") == 0) {
             b.scale = atof(v);
             bad = !(b.scale > 0.0 && b.scale <= 1.0);
@@ -1652,6 +1739,13 @@ int epd_bench_overhead_main(int argc, char **argv)
     if (b.n_groups == 0) {
         b.groups[0] = OB_GROUP_DEFAULT;
         b.n_groups = 1;
+    }
+    /* canonical maps spell out the last layer ("4-" -> "4-79"): room for that */
+    b.kv_w = 8;
+    for (int i = 0; i < b.n_kv_dtypes; i++) {
+        int w = (int)strlen(b.kv_dtypes[i]) + 3;
+
+        b.kv_w = w > b.kv_w ? w : b.kv_w;
     }
     n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     if (n <= 0) {
@@ -1718,8 +1812,12 @@ int epd_bench_overhead_main(int argc, char **argv)
 
         for (int xi = 0; xi < b.n_xports; xi++) {
             for (int gi = 0; gi < b.n_groups; gi++) {
-                if (ob_config(&b, e, b.xports[xi], b.groups[gi], lens, nl) != 0) {
-                    rc = 1;
+                /* the maps innermost: one engine and link's rows side by side */
+                for (int ki = 0; ki < (b.n_kv_dtypes > 0 ? b.n_kv_dtypes : 1); ki++) {
+                    if (ob_config(&b, e, b.xports[xi], b.groups[gi],
+                                  b.n_kv_dtypes > 0 ? b.kv_dtypes[ki] : NULL, lens, nl) != 0) {
+                        rc = 1;
+                    }
                 }
             }
         }

@@ -171,8 +171,10 @@ epd_status_t epd_kv_stamp_check_layer(const epd_kv_layout_t *layout, const epd_k
         bytes = layout->state_bytes;
     } else {
         uint32_t bt = layout->block_tokens;
+        /* this layer's blocks: with a KV dtype map, layers differ in size */
+        uint64_t bb = epd_kv_layer_block_bytes(layout, layer);
 
-        if (layout->block_bytes < EPD_KV_STAMP_MIN || bt == 0) {
+        if (bb < EPD_KV_STAMP_MIN || bt == 0) {
             return epd_kv_stamp_refuse(why_p, "KV blocks too small for stamps",
                                        EPD_ERR_INVALID_PARAM);
         }
@@ -185,19 +187,19 @@ epd_status_t epd_kv_stamp_check_layer(const epd_kv_layout_t *layout, const epd_k
             if (i + EPD_KV_STAMP_AHEAD < n_ids &&
                 epd_kv_block_offset(layout, pool->n_blocks, layer, ids[i + EPD_KV_STAMP_AHEAD],
                                     &pf) == EPD_OK &&
-                pf + layout->block_bytes <= pool->bytes) {
+                pf + bb <= pool->bytes) {
                 __builtin_prefetch(base + pf);
-                __builtin_prefetch(base + pf + layout->block_bytes - EPD_KV_STAMP_HALF);
+                __builtin_prefetch(base + pf + bb - EPD_KV_STAMP_HALF);
             }
             uint32_t count = x->n_tokens > first
                                  ? (uint32_t)(x->n_tokens - first < bt ? x->n_tokens - first : bt)
                                  : 0;
 
             if (epd_kv_block_offset(layout, pool->n_blocks, layer, ids[i], &off) != EPD_OK ||
-                off + layout->block_bytes > pool->bytes) {
+                off + bb > pool->bytes) {
                 return epd_kv_stamp_refuse(why_p, "block outside the pool", EPD_ERR_INVALID_PARAM);
             }
-            st = epd_kv_stamp_check_unit(base + off, layout->block_bytes, layer, i, count, x,
+            st = epd_kv_stamp_check_unit(base + off, bb, layer, i, count, x,
                                          buf + (size_t)n_buf * EPD_KV_STAMP_BYTES, why_p);
             if (st != EPD_OK) {
                 return st;
@@ -208,7 +210,7 @@ epd_status_t epd_kv_stamp_check_layer(const epd_kv_layout_t *layout, const epd_k
                 epd_hash_state_update(h, buf, sizeof(buf));
                 n_buf = 0;
             }
-            bytes += layout->block_bytes;
+            bytes += bb;
         }
         if (n_buf > 0) {
             epd_hash_state_update(h, buf, (size_t)n_buf * EPD_KV_STAMP_BYTES);

@@ -4,8 +4,9 @@
  * receiving side can check, cheaply and without hashing every byte, that
  * the right bytes landed in the right place.
  *
- * A unit is one block of one attention layer (block_bytes) or one linear
- * layer's state slot (state_bytes), at least EPD_KV_STAMP_MIN bytes.  Its
+ * A unit is one block of one attention layer (epd_kv_layer_block_bytes:
+ * layers of different KV dtypes differ in size) or one linear layer's
+ * state slot (state_bytes), at least EPD_KV_STAMP_MIN bytes.  Its
  * first 32 bytes (the head) and its last 32 bytes (the tail) are the stamp;
  * the bytes between (the body) are the engine's:
  *

@@ -67,6 +67,7 @@
 #include "epd_engine_int.h"
 #include "epd_hash.h"
 #include "epd_kv_stamp.h"
+#include "epd_kvq.h"
 #include "epd_log.h"
 #include "epd_rng.h"
 #include "epd_sim.h"
@@ -154,13 +155,15 @@ static void epd_sim_fill(const epd_engine_impl_t *e, unsigned char *dst, size_t 
     }
 }
 
+/* Block `block` of attention layer `layer` (blocks of layers of another
+ * KV dtype differ in size: epd_kv_block_offset). */
 static inline unsigned char *epd_sim_block(const epd_engine_impl_t *e, const epd_kv_pool_t *pool,
                                            uint32_t layer, uint32_t block)
 {
-    const epd_kv_layout_t *kv = &e->info.kv;
+    uint64_t off = 0;
 
-    return (unsigned char *)pool->base +
-           ((uint64_t)kv->kind_index[layer] * pool->n_blocks + block) * kv->block_bytes;
+    (void)epd_kv_block_offset(&e->info.kv, pool->n_blocks, layer, block, &off);
+    return (unsigned char *)pool->base + off;
 }
 
 static inline unsigned char *epd_sim_state(const epd_engine_impl_t *e, const epd_kv_pool_t *pool,
@@ -168,8 +171,7 @@ static inline unsigned char *epd_sim_state(const epd_engine_impl_t *e, const epd
 {
     const epd_kv_layout_t *kv = &e->info.kv;
 
-    return (unsigned char *)pool->base +
-           (uint64_t)kv->n_attn_layers * pool->n_blocks * kv->block_bytes +
+    return (unsigned char *)pool->base + (uint64_t)pool->n_blocks * epd_kv_block_set_bytes(kv) +
            ((uint64_t)kv->kind_index[layer] * pool->n_state_slots + slot) * kv->state_bytes;
 }
 
@@ -227,7 +229,7 @@ static void epd_sim_stamp_rows(epd_engine_impl_t *e, const epd_kv_pool_t *pool,
 {
     const epd_kv_layout_t *kv = &e->info.kv;
     uint32_t bt = kv->block_tokens;
-    uint64_t bb = kv->block_bytes;
+    uint64_t bb = epd_kv_layer_block_bytes(kv, layer);
     uint64_t *dig = e->tmpl.blk + (size_t)kv->kind_index[layer] * pool->n_blocks;
     uint32_t first = pos / bt;
     uint32_t last = (end - 1) / bt;
@@ -344,7 +346,7 @@ static void epd_sim_stamp_step(const epd_engine_impl_t *e, const epd_kv_pool_t *
 
     if (kv->kind[layer] == EPD_LAYER_ATTENTION) {
         u = epd_sim_block(e, pool, layer, seq->block_table[pos / bt]);
-        bytes = kv->block_bytes;
+        bytes = epd_kv_layer_block_bytes(kv, layer);
         st.index = pos / bt;
         st.count = pos % bt + 1;
     } else {
@@ -366,7 +368,7 @@ static uint64_t epd_sim_recover(const epd_engine_impl_t *e, const epd_kv_pool_t 
     if (e->first_attn != UINT32_MAX) {
         (void)epd_kv_stamp_get(
             epd_sim_block(e, pool, e->first_attn, seq->block_table[pos / kv->block_tokens]),
-            kv->block_bytes, &st);
+            epd_kv_layer_block_bytes(kv, e->first_attn), &st);
         return st.hk ^ e->key[e->first_attn];
     }
     (void)epd_kv_stamp_get(epd_sim_state(e, pool, e->first_linear, seq->state_slot),
@@ -514,8 +516,26 @@ static void epd_sim_fill_info(epd_engine_impl_t *e, uint32_t block_tokens, uint3
     kv->head_dim = t->head_dim_scaled;
     kv->block_bytes =
         2ull * kv->n_kv_heads * block_tokens * kv->head_dim * epd_dtype_size(kv->dtype);
+    if (t->kv_mapped) {
+        /* a KV dtype map: each attention layer's blocks in its own dtype
+         * (scales inside the block for fp8 / int8), as the timing counts */
+        epd_kvq_layout_apply(kv, t->kv_dtype);
+    }
     kv->n_state_heads = kv->n_linear_layers > 0 ? 1 : 0; /* the state is opaque bytes */
     kv->state_bytes = t->state_bytes_scaled;
+}
+
+/* The smallest block of an attention layer (UINT64_MAX when none). */
+static uint64_t epd_sim_min_block_bytes(const epd_kv_layout_t *kv)
+{
+    uint64_t least = UINT64_MAX;
+
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        uint64_t bb = epd_kv_layer_block_bytes(kv, l);
+
+        least = bb != 0 && bb < least ? bb : least;
+    }
+    return least;
 }
 
 /* Modelled seconds of a whole prefill of n tokens from position 0. */
@@ -534,6 +554,7 @@ static epd_status_t epd_sim_open(const epd_engine_config_t *config, epd_engine_i
     uint32_t block_tokens = config->block_tokens ? config->block_tokens : 16;
     uint32_t max_batch = config->max_batch ? config->max_batch : 64;
     uint32_t max_context;
+    char map[EPD_KVQ_MAP_MAX];
     epd_engine_impl_t *e;
     epd_rng_t rng;
     epd_status_t status;
@@ -542,12 +563,6 @@ static epd_status_t epd_sim_open(const epd_engine_config_t *config, epd_engine_i
         epd_log_error(EPD_SIM_LOG, 0, "no model folder given (a folder holding %s)",
                       EPD_SIM_CONF_FILE);
         return EPD_ERR_INVALID_PARAM;
-    }
-    if (config->kv_dtype != NULL) {
-        /* sim's KV dtype is its profile's (kv_dtype in sim.conf) */
-        epd_log_error(EPD_SIM_LOG, 0, "--kv-dtype: sim takes its KV dtype from %s",
-                      EPD_SIM_CONF_FILE);
-        return EPD_ERR_UNSUPPORTED;
     }
     if (block_tokens > 4096 || max_batch > 4096) {
         epd_log_error(EPD_SIM_LOG, 0, "block_tokens %u / max_batch %u out of range (1..4096)",
@@ -561,6 +576,18 @@ static epd_status_t epd_sim_open(const epd_engine_config_t *config, epd_engine_i
     status = epd_sim_conf_load(config->model_dir, &e->conf);
     if (status != EPD_OK) {
         goto err_close;
+    }
+    if (config->kv_dtype != NULL) {
+        /* --kv-dtype wins over sim.conf's kv_dtype_map and the profile's
+         * kv_dtype; "" is the grammar's all-f32 */
+        int n = snprintf(e->conf.kv_dtype_map, sizeof(e->conf.kv_dtype_map), "%s",
+                         config->kv_dtype[0] != '\0' ? config->kv_dtype : "f32");
+
+        if (n < 0 || (size_t)n >= sizeof(e->conf.kv_dtype_map)) {
+            epd_log_error(EPD_SIM_LOG, 0, "--kv-dtype: KV dtype map too long");
+            status = EPD_ERR_INVALID_PARAM;
+            goto err_close;
+        }
     }
     status = epd_sim_timing_init(&e->conf, block_tokens, &e->timing);
     if (status != EPD_OK) {
@@ -583,11 +610,11 @@ static epd_status_t epd_sim_open(const epd_engine_config_t *config, epd_engine_i
         goto err_close;
     }
     epd_sim_fill_info(e, block_tokens, max_batch, max_context);
-    if ((e->info.kv.n_attn_layers > 0 && e->info.kv.block_bytes < EPD_KV_STAMP_MIN) ||
+    if ((e->info.kv.n_attn_layers > 0 && epd_sim_min_block_bytes(&e->info.kv) < EPD_KV_STAMP_MIN) ||
         (e->info.kv.n_linear_layers > 0 && e->info.kv.state_bytes < EPD_KV_STAMP_MIN)) {
         epd_log_error(EPD_SIM_LOG, 0,
                       "%s: blocks of %llu bytes / states of %llu bytes: the KV stamps need %u",
-                      config->model_dir, (unsigned long long)e->info.kv.block_bytes,
+                      config->model_dir, (unsigned long long)epd_sim_min_block_bytes(&e->info.kv),
                       (unsigned long long)e->info.kv.state_bytes, EPD_KV_STAMP_MIN);
         status = EPD_ERR_INVALID_PARAM;
         goto err_close;
@@ -609,16 +636,17 @@ static epd_status_t epd_sim_open(const epd_engine_config_t *config, epd_engine_i
 
         epd_hash128(id, sizeof(id), 0x73696d /* "sim" */, e->info.model_digest);
     }
+    epd_kvq_map_format(&e->info.kv, map, sizeof(map));
     epd_log_debug(EPD_SIM_LOG, 0,
                   "%s: %s on %u x %s, scale %g (KV x%.4g, state x%.4g), %s; %u layers (%u "
-                  "attention), %u-token blocks of %llu bytes (%u x %u %s), state %llu bytes, "
-                  "context %u; 1024-token prefill %.3f ms",
+                  "attention), %u-token blocks of up to %llu bytes (%u x %u, KV %s), state %llu "
+                  "bytes, context %u; 1024-token prefill %.3f ms",
                   config->model_dir, e->conf.model.name, e->conf.devices, e->conf.accel.name,
                   e->conf.scale, e->timing.attn_factor, e->timing.linear_factor,
                   e->conf.mode == EPD_SIM_SPIN ? "spin" : "sleep", e->info.kv.n_layers,
                   e->info.kv.n_attn_layers, block_tokens,
                   (unsigned long long)e->info.kv.block_bytes, e->info.kv.n_kv_heads,
-                  e->info.kv.head_dim, epd_dtype_name(e->info.kv.dtype),
+                  e->info.kv.head_dim, map,
                   (unsigned long long)e->info.kv.state_bytes, max_context,
                   epd_sim_prefill_total(&e->timing, 1024) * 1e3);
     *impl_p = e;
@@ -724,7 +752,8 @@ static epd_status_t epd_sim_prefill(epd_engine_impl_t *e, const epd_kv_pool_t *p
             done->first_block = from / kv->block_tokens;
             done->n_blocks = (end - 1) / kv->block_tokens - done->first_block + 1;
             done->block_ids = args->seq.block_table + done->first_block;
-            kernel_s = (double)((end - 1) / kv->block_tokens + 1) * (double)kv->block_bytes;
+            kernel_s = (double)((end - 1) / kv->block_tokens + 1) *
+                       (double)epd_kv_layer_block_bytes(kv, l);
         } else {
             if (start > 0) {
                 /* the slot may hold a checkpoint a prefix cache restored

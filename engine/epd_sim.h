@@ -47,6 +47,7 @@
 #include <stdint.h>
 
 #include "epd_engine.h"
+#include "epd_kvq.h"
 #include "epd_status.h"
 
 #define EPD_SIM_NAME_MAX 64
@@ -90,6 +91,10 @@ typedef struct {
     epd_sim_mode_t mode;
     uint64_t seed;  /* KV bytes and logits */
     uint32_t vocab; /* 0 = the model's; else overrides it (cheaper logits on a CPU) */
+    /* a per-layer KV dtype map (epd_kvq.h grammar: "int8", "0-3:bf16,4-:fp8");
+     * "" = the profile's kv_dtype on every attention layer.  sim.conf's
+     * kv_dtype_map, or the engine config's kv_dtype (--kv-dtype), which wins. */
+    char kv_dtype_map[EPD_KVQ_MAP_MAX];
 } epd_sim_conf_t;
 
 /* Parses a model (accelerator) profile from `len` bytes of `text`; `origin`
@@ -111,7 +116,10 @@ epd_status_t epd_sim_accel_load(const char *path, epd_sim_accel_t *accel_p);
  *   mode    = sleep | spin (default sleep)
  *   seed    = N      (default 0)
  *   vocab   = N      258.. (default: the model's)
- * and both profiles.  Errors as the parsers.
+ *   kv_dtype_map = MAP  per-layer KV dtypes (f32, bf16, fp8, int8; epd_kvq.h)
+ *                    instead of the profile's kv_dtype (default: none)
+ * and both profiles (the map is checked against the model by
+ * epd_sim_timing_init).  Errors as the parsers.
  */
 epd_status_t epd_sim_conf_load(const char *dir, epd_sim_conf_t *conf_p);
 
@@ -124,6 +132,7 @@ typedef struct {
     epd_sim_mode_t mode;
     uint64_t seed;
     uint32_t vocab; /* 0 = the model's */
+    const char *kv_dtype_map; /* borrowed; NULL or "": none (the profile's kv_dtype) */
 } epd_sim_options_t;
 
 /* Creates DIR if needed and writes DIR/sim.conf from `opts` (profile paths
@@ -138,7 +147,9 @@ epd_status_t epd_sim_conf_write(const char *dir, const epd_sim_options_t *opts);
  * Roofline per layer l, with D = devices, F = D * flops, B = D * mem_bw,
  * P_a / P_t the active / total parameters, L layers, wb bytes per parameter,
  * kv_tok = 2 * n_kv_heads * head_dim * dtype bytes (one token, one layer,
- * full size), S = state_bytes:
+ * full size; with a KV dtype map, layer l's dtype, plus 2 * n_kv_heads * 4
+ * bytes of scales for fp8 / int8: epd_kvq_block_bytes of one token),
+ * S = state_bytes:
  *
  *   weights(n) = min(P_t, n * P_a) / L * wb      (n tokens touch at most
  *                                                  every expert once)
@@ -169,6 +180,14 @@ epd_status_t epd_sim_conf_write(const char *dir, const epd_sim_options_t *opts);
  * factor of each kind is the exact ratio of its scaled to its full bytes:
  *   attn_factor   = (n_kv_heads' * head_dim') / (n_kv_heads * head_dim)
  *   linear_factor = state_bytes' / state_bytes
+ * With a KV dtype map every attention layer's block (its codes and, for
+ * fp8 / int8, its f32 scale per token and head: the real format, scaled) is
+ * kept a multiple of 64 bytes and each code row >= 8 bytes, head_dim' is
+ * chosen so that the worst layer's bytes are closest to s times its full
+ * bytes, and layer l's factor is its own exact ratio
+ *   factor_l = block_bytes_l(n_kv_heads', head_dim') / block_bytes_l(full)
+ * (= attn_factor for f32 / bf16 / f16: scales do not shrink with head_dim,
+ * so an int8 layer's ratio is a little above the head ratio);
  * so the invariant is exact per layer: for every layer, prefill chunk and
  * decode batch,  time_l(s) / bytes_written_l(s) = time_l(1) / bytes_written_l(1)
  * where bytes_written_l is what the layer writes into the pool (n * kv_tok'
@@ -186,10 +205,17 @@ typedef struct {
     double n_heads;
     double head_dim;
     double qkv_params;   /* the QKV projection's parameters per layer (<= P_a / L) */
-    double kv_tok_bytes; /* full size */
     double state_bytes;  /* full size */
-    double attn_factor;
+    double attn_factor;  /* the head ratio (the layout's); layers use factor[] */
     double linear_factor;
+    /* per layer: the KV dtype (epd_dtype_t; attention layers), the full-size
+     * KV bytes of one token (codes and scales; 0 for linear layers) and the
+     * factor its time is scaled by (attention: factor_l above; linear:
+     * linear_factor) */
+    uint8_t kv_dtype[EPD_KV_MAX_LAYERS];
+    double kv_tok[EPD_KV_MAX_LAYERS];
+    double factor[EPD_KV_MAX_LAYERS];
+    int kv_mapped; /* kv_dtype[] comes from conf->kv_dtype_map */
     /* the scaled layout */
     uint32_t n_kv_heads_scaled;
     uint32_t head_dim_scaled;
@@ -200,7 +226,8 @@ typedef struct {
 } epd_sim_timing_t;
 
 /* Resolves `conf` for KV blocks of `block_tokens` tokens.
- * EPD_ERR_INVALID_PARAM when the scale cannot be met (logged). */
+ * EPD_ERR_INVALID_PARAM when the scale cannot be met or conf->kv_dtype_map
+ * is not a map of this model's layers (logged). */
 epd_status_t epd_sim_timing_init(const epd_sim_conf_t *conf, uint32_t block_tokens,
                                  epd_sim_timing_t *timing_p);
 

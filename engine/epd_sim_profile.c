@@ -34,6 +34,7 @@ typedef enum {
     EPD_SIM_V_PATTERN, /* char[EPD_KV_MAX_LAYERS + 1] of L / A */
     EPD_SIM_V_DTYPE,   /* epd_dtype_t */
     EPD_SIM_V_MODE,    /* epd_sim_mode_t */
+    EPD_SIM_V_KVMAP,   /* char[EPD_KVQ_MAP_MAX]: checked against the model later */
 } epd_sim_vtype_t;
 
 typedef struct {
@@ -106,6 +107,14 @@ static const char *epd_sim_store(const epd_sim_key_t *k, const char *value, void
         if (strlen(value) >= EPD_SIM_NAME_MAX) {
             snprintf(why, why_len, "value of '%s' longer than %d characters", k->key,
                      EPD_SIM_NAME_MAX - 1);
+            return why;
+        }
+        strcpy(field, value);
+        return NULL;
+    case EPD_SIM_V_KVMAP:
+        if (strlen(value) >= EPD_KVQ_MAP_MAX) {
+            snprintf(why, why_len, "value of '%s' longer than %d characters", k->key,
+                     EPD_KVQ_MAP_MAX - 1);
             return why;
         }
         strcpy(field, value);
@@ -473,6 +482,7 @@ typedef struct {
     epd_sim_mode_t mode;
     uint64_t seed;
     uint32_t vocab;
+    char kv_dtype_map[EPD_KVQ_MAP_MAX];
 } epd_sim_conf_file_t;
 
 #define EPD_SIM_C(field) offsetof(epd_sim_conf_file_t, field)
@@ -485,6 +495,7 @@ static const epd_sim_key_t epd_sim_conf_keys[] = {
     {"mode", EPD_SIM_V_MODE, EPD_SIM_C(mode), 0, 0, 0},
     {"seed", EPD_SIM_V_U64, EPD_SIM_C(seed), 0, (double)UINT64_MAX, 0},
     {"vocab", EPD_SIM_V_U32, EPD_SIM_C(vocab), 258, INT32_MAX, 0},
+    {"kv_dtype_map", EPD_SIM_V_KVMAP, EPD_SIM_C(kv_dtype_map), 0, 0, 0},
 };
 
 /* dir/rel, or rel when absolute. */
@@ -547,6 +558,7 @@ epd_status_t epd_sim_conf_load(const char *dir, epd_sim_conf_t *conf_p)
     c.mode = f->mode;
     c.seed = f->seed;
     c.vocab = f->vocab;
+    memcpy(c.kv_dtype_map, f->kv_dtype_map, sizeof(c.kv_dtype_map));
     *conf_p = c;
 out:
     epd_free(text);
@@ -567,6 +579,8 @@ epd_status_t epd_sim_conf_write(const char *dir, const epd_sim_options_t *opts)
     if (opts->model == NULL || opts->accel == NULL || !(scale > 0.0 && scale <= 1.0) ||
         opts->devices > 4096 || (opts->vocab != 0 && opts->vocab < 258) ||
         (opts->mode != EPD_SIM_SLEEP && opts->mode != EPD_SIM_SPIN) ||
+        (opts->kv_dtype_map != NULL && (strlen(opts->kv_dtype_map) >= EPD_KVQ_MAP_MAX ||
+                                        strpbrk(opts->kv_dtype_map, "#\n") != NULL)) ||
         snprintf(path, sizeof(path), "%s/%s", dir, EPD_SIM_CONF_FILE) >= (int)sizeof(path)) {
         epd_log_error(EPD_SIM_LOG, 0, "sim.conf options out of range");
         return EPD_ERR_INVALID_PARAM;
@@ -617,6 +631,9 @@ epd_status_t epd_sim_conf_write(const char *dir, const epd_sim_options_t *opts)
             opts->mode == EPD_SIM_SPIN ? "spin" : "sleep", (unsigned long long)opts->seed);
     if (opts->vocab != 0) {
         fprintf(f, "vocab = %u\n", opts->vocab);
+    }
+    if (opts->kv_dtype_map != NULL && opts->kv_dtype_map[0] != '\0') {
+        fprintf(f, "kv_dtype_map = %s\n", opts->kv_dtype_map);
     }
     if (fclose(f) != 0) {
         epd_log_error(EPD_SIM_LOG, 0, "cannot write %s", path);

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every `epd-bench` subcommand runs at a tiny size and prints its rows; the
-# overhead table's --tsv parses (one header, rows with as many fields).
+# overhead table's --tsv parses (one header, rows with as many fields), and
+# --kv-dtype three times gives a row per engine and map in one run (its
+# kv_dtype column; KV bytes int8 < a mixed map < bf16).
 # Asserts completion and shape only — a benchmark measures, a test judges,
 # and no figure here is judged.  Also the 32k row that once failed at once
 # ("decode refused the KV reservation": its pool was sized without decode's
@@ -64,7 +66,38 @@ for r in rows:
     d = dict(zip(head, r))
     assert d["xport"] == "ucx-shm" and d["tokens"] == "128", d
     float(d["ovh_pct"])
+    # without --kv-dtype each engine keeps its own KV dtype
+    assert d["kv_dtype"] == {"ref": "f32", "dense-70b": "bf16"}[d["engine"]], d
+    assert int(d["kv_bytes"]) > 0, d
 print("overhead --tsv: %d columns, engines %s" % (len(head), sorted(r[head.index("engine")] for r in rows)))
+PY
+
+note "overhead --kv-dtype: ref and dense-70b at 128 tokens, bf16, int8 and a mixed map in one run"
+"$BENCH" overhead --engines ref,dense-70b --transports ucx-shm --lengths 128 --ref-lengths 128 \
+  --reps 1 --reps-ref 1 --warmup 0 --no-zero --no-cpu --tsv --kv-dtype bf16 --kv-dtype int8 \
+  --kv-dtype "0-3:bf16,4-:int8" \
+  >"$T/ovhkv.tsv" 2>"$T/ovhkv.err" || { cat "$T/ovhkv.err"; fail "overhead --kv-dtype"; }
+"$PYTHON3" - "$T/ovhkv.tsv" <<'PY' || fail "overhead --kv-dtype: rows"
+import sys
+lines = [l.rstrip("\n") for l in open(sys.argv[1]) if l.strip() and not l.startswith("#")]
+head = lines[0].split("\t")
+rows = [dict(zip(head, l.split("\t"))) for l in lines[1:]]
+assert all(len(l.split("\t")) == len(head) for l in lines[1:]), lines
+# a row per engine and map; both daemons ran the map (the row exists: decode
+# verified every layer's stamps (sim) or checksums (ref) at that layer's
+# block size, which differ under the mixed map)
+got = sorted((r["engine"], r["kv_dtype"]) for r in rows)
+assert got == [("dense-70b", "0-3:bf16,4-79:int8"), ("dense-70b", "bf16"), ("dense-70b", "int8"),
+               ("ref", "2-4:bf16,5-7:int8"), ("ref", "bf16"), ("ref", "int8")], got
+for e in ("ref", "dense-70b"):
+    b = {r["kv_dtype"]: int(r["kv_bytes"]) for r in rows if r["engine"] == e}
+    mixed = [v for k, v in b.items() if ":" in k][0]
+    # bytes, not time: int8 (1-byte codes + an f32 scale per token and head)
+    # moves less than bf16, the mixed map in between
+    assert 0 < b["int8"] < mixed < b["bf16"], (e, b)
+    for r in rows:
+        float(r["ovh_pct"])
+print("overhead --kv-dtype: %s" % got)
 PY
 
 note "overhead: dense-70b at 32768 tokens (decode's pool and its admission)"

@@ -41,6 +41,10 @@ $(eval $(call epd_test,test_epd_engine_sim,tests/engine/test_epd_engine_sim.c $(
 $(test_epd_engine_sim_OBJS): EPD_CPPFLAGS += -DEPD_TEST_PROFILES='"$(abspath engine/profiles)"' \
 	-DEPD_TEST_BIN_DIR='"$(abspath $(BUILD))/bin"'
 $(BUILD)/tests/test_epd_engine_sim: $(BUILD)/bin/epd-generate
+# sim with a per-layer KV dtype map: block bytes, scaled layouts, the
+# timing's per-layer bytes, stamps of a mixed map.
+$(eval $(call epd_test,test_epd_engine_sim_kvq,tests/engine/test_epd_sim_kvq.c $(ENGINE_TEST_UTIL),epd_engine epd_common))
+$(test_epd_engine_sim_kvq_OBJS): EPD_CPPFLAGS += -DEPD_TEST_PROFILES='"$(abspath engine/profiles)"'
 
 # Image decoding (stb_image_write and libjpeg make the files in the test;
 # it decodes tests/fuzz's reproducers too).
