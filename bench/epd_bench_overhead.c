@@ -76,6 +76,7 @@
 #include <jansson.h>
 
 #include "epd_bench.h"
+#include "epd_bench_overhead_int.h"
 #include "epd_client.h"
 #include "epd_engine.h"
 #include "epd_msg.h"
@@ -85,21 +86,7 @@
 #include "epd_time.h"
 #include "epd_xport.h"
 
-#define OB_MAX_LIST 16
-#define OB_MAX_REQS 4096
-#define OB_MAX_THREADS 48
-#define OB_GROUP_DEFAULT (-1LL) /* the daemon's default --write-group-bytes */
-#define OB_BLOCK_TOKENS 16      /* the daemons' --block-tokens default */
-
-enum { OB_ARM_A = 0, OB_ARM_B = 1, OB_ARM_Z = 2, OB_ARMS = 3 };
 static const char *const ob_arm_name[OB_ARMS] = {"A", "B", "Z"};
-
-typedef struct {
-    const char *name;
-    const char *backend;
-    const char *provider; /* ofi */
-    const char *ucx_tls;  /* ucx */
-} ob_xport_t;
 
 static const ob_xport_t ob_xports[] = {
     {"ucx-shm", "ucx", NULL, "posix,cma,tcp"},
@@ -107,105 +94,11 @@ static const ob_xport_t ob_xports[] = {
     {"ofi-tcp", "ofi", "tcp;ofi_rxm", NULL},
 };
 
-typedef struct {
-    const char *name;    /* as on the command line and in the table */
-    const char *profile; /* sim: model profile file; NULL: ref */
-    const char *accel;
-    uint32_t devices;
-    double scale;
-} ob_engine_t;
-
 static const ob_engine_t ob_engines[] = {
     {"dense-70b", "dense-70b.profile", "h200.profile", 4, 0.05},
     {"hybrid-320b", "hybrid-moe-320b.profile", "h200.profile", 8, 0.1},
     {"ref", NULL, NULL, 0, 0},
 };
-
-/* One request as the daemons' traces tell it (ns, CLOCK_MONOTONIC). */
-typedef struct {
-    uint64_t id;
-    uint32_t n_tokens;
-    int arm;
-    int rep;
-    int warmup;
-    int ok;
-    double p_recv, q_end, c_start, c_end, resv, d_held, pc_recv, step1;
-    /* per layer ([n_layers] each, one allocation; 0 = not seen) */
-    double *ready;           /* the "compute" span's end: the sink ran */
-    double *wr_s, *wr_e;     /* the "KV write" span */
-    double *ld_sent, *ld_rx; /* LayerDone sent (prefill) / received (decode) */
-} ob_req_t;
-
-/* Host CPU of one thread name ("p:<comm>" / "d:<comm>") per arm. */
-typedef struct {
-    char name[32];
-    double ns[OB_ARMS];
-} ob_cpu_t;
-
-/* A thread seen in /proc (its CPU so far). */
-typedef struct {
-    int tid;
-    char name[32];
-    double ns;
-} ob_task_t;
-
-typedef struct {
-    /* options */
-    uint32_t lengths[OB_MAX_LIST];
-    int n_lengths;
-    uint32_t ref_lengths[OB_MAX_LIST];
-    int n_ref_lengths;
-    const ob_engine_t *engines[OB_MAX_LIST];
-    int n_engines;
-    const ob_xport_t *xports[OB_MAX_LIST];
-    int n_xports;
-    long long groups[OB_MAX_LIST];
-    int n_groups;
-    int reps, reps_long, reps_ref, warmup;
-    int zero; /* run the Z arm */
-    double scale; /* 0: each sim engine's own */
-    int tsv;
-    int cpu;  /* print the per-thread CPU lines */
-    const char *verify; /* decode's --verify */
-    const char *trace_out;
-    uint32_t trace_len;
-    const char *profiles;
-    const char *ref_model;
-    int keep;
-    char bindir[1024];
-    char tmp[256];
-    /* the cluster secret the bench makes for its daemons and itself (0600
-     * in tmp): the request plane authenticated, as in a deployment */
-    char secret_file[320];
-    epd_secret_t secret;
-    /* state of one configuration */
-    epd_xport_t *x;
-    epd_xport_ep_t *ep_p, *ep_d;
-    epd_client_worker_info_t pi, di;
-    uint64_t epoch_start, epoch_nonce;
-    uint64_t seq;
-    int n_connected, connect_failed;
-    uint64_t waiting_id;
-    int waiting_done;
-    epd_status_t waiting_status;
-    char waiting_msg[256];
-    unsigned char *txbuf;
-    ob_req_t reqs[OB_MAX_REQS];
-    int n_reqs;
-    uint64_t next_id;
-    int trace_written;
-    /* the engine's layout (bytes per layer) and model */
-    epd_kv_layout_t kv;
-    epd_sim_timing_t timing;
-    int have_timing;
-    /* CPU accounting of the configuration being run */
-    pid_t pid_p, pid_d;
-    ob_task_t tasks[2][OB_MAX_THREADS];
-    int n_tasks[2];
-    ob_cpu_t cpu_tab[OB_MAX_LIST][OB_MAX_THREADS];
-    int n_cpu[OB_MAX_LIST];
-    int cpu_reqs[OB_MAX_LIST][OB_ARMS];
-} ob_t;
 
 /* ------------------------------------------------------------ processes */
 
@@ -837,19 +730,6 @@ static double ob_req_floor(const ob_t *b, const ob_req_t *r, double bw, double m
                     (bw > 0.0 && first_ready > 0.0 && total / bw * 1e9 > r->c_end - first_ready);
     return (finish > r->c_end ? finish - r->c_end : 0.0) + msg;
 }
-
-/* What one row reports. */
-typedef struct {
-    int n_pairs;
-    double model_ms; /* NaN: no model (ref) */
-    double a_ms, b_ms, z_ms, a_compute_ms;
-    double d_ms, d_lo_ms, d_hi_ms; /* B - A paired */
-    double zd_ms;                  /* Z - A paired */
-    double msg_us, link_gbs, floor_ms;
-    int link_bound;
-    double queue_ms, resv_ms, tail_ms, verify_ms, step1_ms, b_compute_ms;
-    int a_flag;
-} ob_row_t;
 
 static void ob_row(const ob_t *b, uint32_t len, ob_row_t *row)
 {
