@@ -306,6 +306,12 @@ static epd_status_t ob_send_generate(ob_t *b, epd_xport_ep_t *ep, const uint32_t
         g.decode_address.len = b->di.address_len;
     }
     g.deadline_ms = 120000;
+    if (b->attach) {
+        /* the daemons' prefix caches are their operator's to configure: a
+         * salt per request (rule 35) has every arm compute its whole prompt */
+        g.cache_salt.data = (uint8_t *)&id;
+        g.cache_salt.len = sizeof(id);
+    }
     env.body_case = EPD__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
     st = epd_msg_encode(&env, b->txbuf, 1 << 20, &len);
@@ -512,6 +518,48 @@ static ob_req_t *ob_find(ob_t *b, uint64_t id)
     return NULL;
 }
 
+/* Folds one trace event (ns on the benchmark's clock) into its request,
+ * if it is one of ours. */
+static void ob_fold(ob_t *b, int is_decode, const char *name, uint64_t req, long long layer,
+                    double ts, double dur)
+{
+    int lok = layer >= 0 && layer < (long long)b->kv.n_layers;
+    ob_req_t *r = ob_find(b, req);
+
+    if (r == NULL) {
+        return;
+    }
+    if (!is_decode) {
+        if (strncmp(name, "GenerateRequest received", 24) == 0) {
+            r->p_recv = ts;
+        } else if (strcmp(name, "queued") == 0) {
+            r->q_end = ts + dur;
+        } else if (strcmp(name, "prefill") == 0) {
+            r->c_start = ts;
+            r->c_end = ts + dur;
+        } else if (strcmp(name, "compute") == 0 && lok) {
+            r->ready[layer] = ts + dur;
+        } else if (strcmp(name, "KV write") == 0 && lok) {
+            r->wr_s[layer] = ts;
+            r->wr_e[layer] = ts + dur;
+        } else if (strcmp(name, "LayerDone sent") == 0 && lok && r->ld_sent[layer] == 0) {
+            r->ld_sent[layer] = ts;
+        } else if (strcmp(name, "KvReservation received") == 0) {
+            r->resv = ts;
+        }
+    } else {
+        if (strcmp(name, "KV held") == 0) {
+            r->d_held = ts;
+        } else if (strcmp(name, "first decode step") == 0) {
+            r->step1 = dur;
+        } else if (strcmp(name, "PrefillComplete received") == 0) {
+            r->pc_recv = ts;
+        } else if (strcmp(name, "LayerDone received") == 0 && lok && r->ld_rx[layer] == 0) {
+            r->ld_rx[layer] = ts;
+        }
+    }
+}
+
 /* Folds one daemon's trace into the requests.  Returns the root (owned by
  * the caller) or NULL. */
 static json_t *ob_read_trace(ob_t *b, const char *path, int is_decode)
@@ -535,45 +583,11 @@ static json_t *ob_read_trace(ob_t *b, const char *path, int is_decode)
         double ts = json_number_value(json_object_get(e, "ts")) * 1000.0;
         double dur = json_number_value(json_object_get(e, "dur")) * 1000.0;
         long long layer = json_is_integer(lj) ? json_integer_value(lj) : -1;
-        int lok = layer >= 0 && layer < (long long)b->kv.n_layers;
-        ob_req_t *r;
 
         if (name == NULL || !json_is_integer(req)) {
             continue;
         }
-        r = ob_find(b, (uint64_t)json_integer_value(req));
-        if (r == NULL) {
-            continue;
-        }
-        if (!is_decode) {
-            if (strncmp(name, "GenerateRequest received", 24) == 0) {
-                r->p_recv = ts;
-            } else if (strcmp(name, "queued") == 0) {
-                r->q_end = ts + dur;
-            } else if (strcmp(name, "prefill") == 0) {
-                r->c_start = ts;
-                r->c_end = ts + dur;
-            } else if (strcmp(name, "compute") == 0 && lok) {
-                r->ready[layer] = ts + dur;
-            } else if (strcmp(name, "KV write") == 0 && lok) {
-                r->wr_s[layer] = ts;
-                r->wr_e[layer] = ts + dur;
-            } else if (strcmp(name, "LayerDone sent") == 0 && lok && r->ld_sent[layer] == 0) {
-                r->ld_sent[layer] = ts;
-            } else if (strcmp(name, "KvReservation received") == 0) {
-                r->resv = ts;
-            }
-        } else {
-            if (strcmp(name, "KV held") == 0) {
-                r->d_held = ts;
-            } else if (strcmp(name, "first decode step") == 0) {
-                r->step1 = dur;
-            } else if (strcmp(name, "PrefillComplete received") == 0) {
-                r->pc_recv = ts;
-            } else if (strcmp(name, "LayerDone received") == 0 && lok && r->ld_rx[layer] == 0) {
-                r->ld_rx[layer] = ts;
-            }
-        }
+        ob_fold(b, is_decode, name, (uint64_t)json_integer_value(req), layer, ts, dur);
     }
     return root;
 }
@@ -1430,6 +1444,9 @@ int epd_bench_overhead_main(int argc, char **argv)
     ssize_t n;
     int rc = 0;
 
+    if (epd__ob_attach_wanted(argc, argv)) {
+        return epd__ob_attach_main(argc, argv); /* epd_bench_overhead_attach.c */
+    }
     memset(&b, 0, sizeof(b));
     b.lengths[0] = 128;
     b.lengths[1] = 1024;
@@ -1618,4 +1635,69 @@ int epd_bench_overhead_main(int argc, char **argv)
     free(b.txbuf);
     epd_secret_wipe(&b.secret);
     return rc;
+}
+
+/* ------------------------------------- for epd_bench_overhead_attach.c */
+
+void epd__ob_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
+{
+    ob_on_msg(arg, ep, data, len);
+}
+
+void epd__ob_on_err(void *arg, epd_xport_ep_t *ep, epd_status_t status)
+{
+    ob_on_err(arg, ep, status);
+}
+
+void epd__ob_on_connect(void *arg, epd_status_t status)
+{
+    ob_on_connect(arg, status);
+}
+
+int epd__ob_request(ob_t *b, const uint32_t *tokens, uint32_t n, int arm, int rep, int warmup,
+                    int li)
+{
+    return ob_request(b, tokens, n, arm, rep, warmup, li);
+}
+
+void epd__ob_free_reqs(ob_t *b)
+{
+    ob_free_reqs(b);
+}
+
+ob_req_t *epd__ob_find(ob_t *b, uint64_t id)
+{
+    return ob_find(b, id);
+}
+
+void epd__ob_fold(ob_t *b, int is_decode, const char *name, uint64_t req, long long layer,
+                  double ts, double dur)
+{
+    ob_fold(b, is_decode, name, req, layer, ts, dur);
+}
+
+double epd__ob_layer_bytes(const epd_kv_layout_t *kv, uint32_t l, uint32_t n_tokens)
+{
+    return ob_layer_bytes(kv, l, n_tokens);
+}
+
+void epd__ob_row(const ob_t *b, uint32_t len, ob_row_t *row)
+{
+    ob_row(b, len, row);
+}
+
+void epd__ob_print_header(const ob_t *b)
+{
+    ob_print_header(b);
+}
+
+void epd__ob_print_row(const ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, uint32_t len,
+                       const ob_row_t *row)
+{
+    ob_print_row(b, e, xp, len, row);
+}
+
+int epd__ob_parse_u32_list(const char *s, uint32_t *out, int *n_p)
+{
+    return ob_parse_u32_list(s, out, n_p);
 }

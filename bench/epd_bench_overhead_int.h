@@ -92,6 +92,7 @@ typedef struct {
     const char *profiles;
     const char *ref_model;
     int keep;
+    int attach; /* against running daemons (epd_bench_overhead_attach.c) */
     char bindir[1024];
     char tmp[256];
     /* the cluster secret the bench makes for its daemons and itself (0600
@@ -139,5 +140,37 @@ typedef struct {
     double queue_ms, resv_ms, tail_ms, verify_ms, step1_ms, b_compute_ms;
     int a_flag;
 } ob_row_t;
+
+/* ---- epd_bench_overhead_attach.c ---- */
+/* Whether argv asks for the attach mode (--attach-prefill / -decode). */
+int epd__ob_attach_wanted(int argc, char **argv);
+/* `epd-bench overhead --attach-prefill HOST:PORT --attach-decode HOST:PORT
+ * --cluster-secret-file F ...`: the exit status. */
+int epd__ob_attach_main(int argc, char **argv);
+
+/* ---- epd_bench_overhead.c, for the attach mode (one thread) ---- */
+/* The client transport's callbacks (arg: the ob_t). */
+void epd__ob_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len);
+void epd__ob_on_err(void *arg, epd_xport_ep_t *ep, epd_status_t status);
+void epd__ob_on_connect(void *arg, epd_status_t status);
+/* One request of arm `arm` to completion, recorded in b->reqs (its times
+ * come later, from the traces).  0 or -1 (said on stderr). */
+int epd__ob_request(ob_t *b, const uint32_t *tokens, uint32_t n, int arm, int rep, int warmup,
+                    int li);
+void epd__ob_free_reqs(ob_t *b);
+ob_req_t *epd__ob_find(ob_t *b, uint64_t id);
+/* One trace event of prefill (is_decode 0) or decode into its request;
+ * ts and dur in ns on the benchmark's clock. */
+void epd__ob_fold(ob_t *b, int is_decode, const char *name, uint64_t req, long long layer,
+                  double ts, double dur);
+/* Bytes layer l of a request of n_tokens writes. */
+double epd__ob_layer_bytes(const epd_kv_layout_t *kv, uint32_t l, uint32_t n_tokens);
+/* The row of prompt length `len` from b->reqs; printed as the one-host
+ * mode prints it. */
+void epd__ob_row(const ob_t *b, uint32_t len, ob_row_t *row);
+void epd__ob_print_header(const ob_t *b);
+void epd__ob_print_row(const ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, uint32_t len,
+                       const ob_row_t *row);
+int epd__ob_parse_u32_list(const char *s, uint32_t *out, int *n_p);
 
 #endif
