@@ -42,6 +42,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "epd_bench.h"
 #include "epd_bench_overhead_int.h"
 #include "epd_msg.h"
@@ -80,9 +82,67 @@ typedef struct {
     uint64_t cursor[2];
     uint64_t dropped0[2];
     oa_clock_t clk[2]; /* the row's */
+    /* --trace FILE: the events of one B request, both daemons */
+    const char *trace_out;
+    uint32_t trace_len;
+    uint64_t trace_id;
+    json_t *trace_evs;
 } oa_t;
 
 /* ------------------------------------------------------ request plane */
+
+/* One event of the traced request, Chrome trace JSON on our clock (us):
+ * prefill is process 1, decode process 2. */
+static void oa_trace_event(oa_t *a, const Epd__TraceEvent *e, double ts_ns)
+{
+    json_t *o = json_object();
+    json_t *args = json_object();
+
+    json_object_set_new(o, "name", json_string(e->name));
+    json_object_set_new(o, "cat", json_string(oa_who[a->fetch_which]));
+    json_object_set_new(o, "ph", json_string(e->instant ? "i" : "X"));
+    json_object_set_new(o, "ts", json_real(ts_ns / 1e3));
+    if (e->instant) {
+        json_object_set_new(o, "s", json_string("t"));
+    } else {
+        json_object_set_new(o, "dur", json_real((double)e->dur_ns / 1e3));
+    }
+    json_object_set_new(o, "pid", json_integer(a->fetch_which + 1));
+    json_object_set_new(o, "tid", json_integer(0));
+    json_object_set_new(args, "req", json_integer((json_int_t)e->req_id));
+    if (e->layer >= 0) {
+        json_object_set_new(args, "layer", json_integer(e->layer));
+    }
+    json_object_set_new(o, "args", args);
+    json_array_append_new(a->trace_evs, o);
+}
+
+/* Writes the traced request's events (and the two processes' names). */
+static int oa_trace_write(oa_t *a)
+{
+    json_t *root = json_object();
+    int rc;
+
+    for (int w = 0; w < 2; w++) {
+        char name[160];
+        json_t *m = json_object(), *args = json_object();
+
+        snprintf(name, sizeof(name), "epd-%s %s at %s (this host's clock)", oa_who[w],
+                 w == OA_P ? a->b->pi.worker_id : a->b->di.worker_id, a->addr[w]);
+        json_object_set_new(args, "name", json_string(name));
+        json_object_set_new(m, "name", json_string("process_name"));
+        json_object_set_new(m, "ph", json_string("M"));
+        json_object_set_new(m, "pid", json_integer(w + 1));
+        json_object_set_new(m, "tid", json_integer(0));
+        json_object_set_new(m, "args", args);
+        json_array_append_new(a->trace_evs, m);
+    }
+    json_object_set_new(root, "displayTimeUnit", json_string("ns"));
+    json_object_set(root, "traceEvents", a->trace_evs);
+    rc = json_dump_file(root, a->trace_out, JSON_COMPACT);
+    json_decref(root);
+    return rc;
+}
 
 static void oa_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
 {
@@ -115,9 +175,13 @@ static void oa_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t le
                  * in 64-bit modular arithmetic, then a double of ns) */
                 double ts = (double)((int64_t)(e->ts_ns - a->base_ns) - a->fetch_off);
 
-                if (e->name != NULL) {
-                    epd__ob_fold(a->b, a->fetch_which == OA_D, e->name, e->req_id, e->layer, ts,
-                                 (double)e->dur_ns);
+                if (e->name == NULL) {
+                    continue;
+                }
+                epd__ob_fold(a->b, a->fetch_which == OA_D, e->name, e->req_id, e->layer, ts,
+                             (double)e->dur_ns);
+                if (e->req_id == a->trace_id && a->trace_evs != NULL) {
+                    oa_trace_event(a, e, ts);
                 }
             }
         }
@@ -395,6 +459,15 @@ static int oa_length(oa_t *a, const ob_engine_t *e, const ob_xport_t *xp, uint32
         }
     }
     hi = b->next_id - 1;
+    if (a->trace_out != NULL && a->trace_evs == NULL && len == a->trace_len) {
+        /* the first counted B request of this length */
+        for (int i = 0; i < b->n_reqs && a->trace_id == 0; i++) {
+            if (b->reqs[i].arm == OB_ARM_B && !b->reqs[i].warmup) {
+                a->trace_id = b->reqs[i].id;
+            }
+        }
+        a->trace_evs = json_array();
+    }
     for (int w = 0; w < 2; w++) {
         if (oa_clock_round(a, w, &c1[w]) != 0) {
             return -1;
@@ -403,6 +476,15 @@ static int oa_length(oa_t *a, const ob_engine_t *e, const ob_xport_t *xp, uint32
         if (oa_fetch(a, w, lo, hi) != 0) {
             return -1;
         }
+    }
+    if (a->trace_evs != NULL && a->trace_id != 0) {
+        if (oa_trace_write(a) == 0) {
+            printf("# trace of request %llu (%u tokens, prefill + transfer) -> %s\n",
+                   (unsigned long long)a->trace_id, len, a->trace_out);
+        } else {
+            fprintf(stderr, "overhead: cannot write %s\n", a->trace_out);
+        }
+        a->trace_id = 0; /* once */
     }
     for (int i = 0; i < b->n_reqs; i++) {
         ob_req_t *r = &b->reqs[i];
@@ -457,6 +539,9 @@ static void oa_usage(void)
            "  --no-zero            without the zero-byte arm (Z)\n"
            "  --probes N           clock probes per daemon before and after each length [%d]\n"
            "  --data-addr IP       this host's data-plane address (ofi binds it) [127.0.0.1]\n"
+           "  --trace FILE         one B request, prefill and decode merged on this host's\n"
+           "                       clock (Chrome JSON)\n"
+           "  --trace-length N     which length that request has [1024]\n"
            "  --tsv                tab-separated rows: p_off_us p_unc_us d_off_us d_unc_us\n"
            "                       clock_unc_us kv_mb, then the one-host mode's columns\n",
            OA_PROBES_DEFAULT);
@@ -472,12 +557,13 @@ int epd__ob_attach_main(int argc, char **argv)
     epd_rng_t rng;
     uint32_t *tokens = NULL, max_len = 0;
     char why[256];
-    int rc = 1;
+    int rc = 1, found_len = 0;
 
     memset(&b, 0, sizeof(b));
     memset(&a, 0, sizeof(a));
     a.b = &b;
     a.probes = OA_PROBES_DEFAULT;
+    a.trace_len = 1024;
     b.attach = 1;
     b.lengths[0] = 128;
     b.lengths[1] = 1024;
@@ -527,6 +613,10 @@ int epd__ob_attach_main(int argc, char **argv)
         } else if (strcmp(o, "--warmup") == 0) {
             b.warmup = atoi(v);
             bad = b.warmup < 0;
+        } else if (strcmp(o, "--trace") == 0) {
+            a.trace_out = v;
+        } else if (strcmp(o, "--trace-length") == 0) {
+            a.trace_len = (uint32_t)atoi(v);
         } else if (strcmp(o, "--probes") == 0) {
             a.probes = atoi(v);
             bad = a.probes < 1;
@@ -554,6 +644,10 @@ int epd__ob_attach_main(int argc, char **argv)
     }
     for (int i = 0; i < b.n_lengths; i++) {
         max_len = b.lengths[i] > max_len ? b.lengths[i] : max_len;
+        found_len |= b.lengths[i] == a.trace_len;
+    }
+    if (!found_len) {
+        a.trace_len = b.lengths[0]; /* as the one-host mode: the first length's */
     }
     b.txbuf = malloc(1 << 20);
     tokens = malloc(sizeof(*tokens) * (max_len + 1));
@@ -620,6 +714,7 @@ out:
     }
     free(tokens);
     free(b.txbuf);
+    json_decref(a.trace_evs);
     epd_secret_wipe(&b.secret);
     return rc;
 }

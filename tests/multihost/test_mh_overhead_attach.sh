@@ -20,7 +20,8 @@
 #     benchmark gets nothing (its endpoints are refused), and a daemon
 #     without --trace is named as such.
 # No time is judged: every comparison is between measured quantities.
-# The table itself is printed first, for a human (and docs/benchmarks).
+# The table itself is printed first, for a human (and docs/benchmarks),
+# with its --trace of one B request (both daemons, this host's clock).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -46,8 +47,17 @@ mh_in p tc qdisc add dev eth0 root tbf rate 2gbit burst 64kb latency 1s
 OV=("$BIN/epd-bench" overhead --attach-prefill "$pre_ADDR" --attach-decode "$dec_ADDR"
     --cluster-secret-file "$T/cluster-secret" --lengths 128,1024 --reps 6 --warmup 1)
 note "the table (host b)"
-mh_in b "${OV[@]}" >"$T/table.out" 2>"$T/table.err" || { cat "$T/table.err"; fail "overhead --attach"; }
+mh_in b "${OV[@]}" --trace "$T/merged.json" >"$T/table.out" 2>"$T/table.err" ||
+  { cat "$T/table.err"; fail "overhead --attach"; }
 cat "$T/table.out"
+"$PYTHON3" - "$T/merged.json" <<'PY' || fail "the merged trace (--trace) of one B request"
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+names = {(e["pid"], e["name"]) for e in ev}
+for want in [(1, "KV write"), (1, "LayerDone sent"), (1, "PrefillComplete sent"), (2, "KV held")]:
+    assert want in names, (want, sorted(names))
+assert len({e["args"]["req"] for e in ev if e["ph"] != "M"}) == 1, "one request"
+PY
 note "the same, --tsv"
 mh_in b "${OV[@]}" --tsv >"$T/ovh.tsv" 2>"$T/ovh.err" || { cat "$T/ovh.err"; fail "overhead --attach --tsv"; }
 ol=$(mh_in p tc -s qdisc show dev eth0 | sed -n 's/.*overlimits \([0-9]*\).*/\1/p' | head -n 1)
