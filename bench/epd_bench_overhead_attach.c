@@ -240,8 +240,9 @@ static int oa_wait(oa_t *a, int which, const char *what)
         epd_xport_poll(a->b->x, 5);
     }
     if (!a->got) {
-        fprintf(stderr, "overhead: %s at %s did not answer a %s in 10 s (a daemon older than "
-                        "rule 39, or the link is down)\n",
+        fprintf(stderr,
+                "overhead: %s at %s did not answer a %s in 10 s (a daemon older than "
+                "rule 39, or the link is down)\n",
                 oa_who[which], a->addr[which], what);
         return -1;
     }
@@ -305,17 +306,19 @@ static int oa_fetch(oa_t *a, int which, uint64_t lo, uint64_t hi)
             return -1;
         }
         if (!a->tracing) {
-            fprintf(stderr, "overhead: %s at %s runs without --trace: start it with --trace FILE "
-                            "(the benchmark reads the recorder over the request plane)\n",
+            fprintf(stderr,
+                    "overhead: %s at %s runs without --trace: start it with --trace FILE "
+                    "(the benchmark reads the recorder over the request plane)\n",
                     oa_who[which], a->addr[which]);
             return -1;
         }
         a->cursor[which] = a->next_cursor;
         if (a->next_cursor >= a->recorded) {
             if (a->dropped > a->dropped0[which]) {
-                fprintf(stderr, "overhead: %s's trace recorder is full (%" PRIu64 " events "
-                                "dropped): its requests lack times; restart it with a larger "
-                                "--trace-events\n",
+                fprintf(stderr,
+                        "overhead: %s's trace recorder is full (%" PRIu64 " events "
+                        "dropped): its requests lack times; restart it with a larger "
+                        "--trace-events\n",
                         oa_who[which], a->dropped);
                 a->dropped0[which] = a->dropped;
             }
@@ -349,8 +352,7 @@ static int oa_health(oa_t *a)
         }
     }
     if (strcmp(b->pi.transport, b->di.transport) != 0) {
-        fprintf(stderr, "overhead: prefill runs %s, decode %s\n", b->pi.transport,
-                b->di.transport);
+        fprintf(stderr, "overhead: prefill runs %s, decode %s\n", b->pi.transport, b->di.transport);
         return -1;
     }
     if (p->n_layers == 0 || p->n_layers > EPD_KV_MAX_LAYERS ||
@@ -623,8 +625,9 @@ int epd__ob_attach_main(int argc, char **argv)
         } else {
             /* --engines, --transports, --groups, --verify, ...: the daemons'
              * flags are their operator's, not the benchmark's */
-            fprintf(stderr, "overhead: %s is not an option of the attach mode (see --attach-prefill "
-                            "--help)\n",
+            fprintf(stderr,
+                    "overhead: %s is not an option of the attach mode (see --attach-prefill "
+                    "--help)\n",
                     o);
             return 2;
         }
@@ -672,8 +675,9 @@ int epd__ob_attach_main(int argc, char **argv)
         a.cursor[w] = a.recorded;
         a.dropped0[w] = a.dropped;
         if (a.dropped > 0) {
-            fprintf(stderr, "overhead: %s's trace recorder is full (%" PRIu64 " events dropped): "
-                            "restart it (--trace-events sets its size)\n",
+            fprintf(stderr,
+                    "overhead: %s's trace recorder is full (%" PRIu64 " events dropped): "
+                    "restart it (--trace-events sets its size)\n",
                     oa_who[w], a.dropped);
             goto out;
         }

@@ -150,9 +150,8 @@ void epd_trace_counts(const epd_trace_t *t, uint64_t *recorded_p, uint64_t *drop
     *dropped_p = atomic_load(&((epd_trace_t *)t)->dropped);
 }
 
-size_t epd_trace_read(const epd_trace_t *t, uint64_t *cursor_p, uint64_t req_min,
-                      uint64_t req_max, size_t scan, epd_trace_rec_t *out, size_t cap,
-                      uint64_t *recorded_p)
+size_t epd_trace_read(const epd_trace_t *t, uint64_t *cursor_p, uint64_t req_min, uint64_t req_max,
+                      size_t scan, epd_trace_rec_t *out, size_t cap, uint64_t *recorded_p)
 {
     size_t next = atomic_load(&((epd_trace_t *)t)->next);
     uint64_t i = *cursor_p;

@@ -57,8 +57,8 @@ static void epd_daemon_bench_trace(epd_daemon_t *d, epd_link_t *from, const Epd_
     r.request_id = f->request_id;
     r.tracing = d->trace != NULL;
     if (d->trace != NULL) {
-        n = epd_trace_read(d->trace, &cursor, f->req_min, f->req_max, EPD_DAEMON_BENCH_SCAN,
-                           recs, EPD_DAEMON_BENCH_EVENTS, &recorded);
+        n = epd_trace_read(d->trace, &cursor, f->req_min, f->req_max, EPD_DAEMON_BENCH_SCAN, recs,
+                           EPD_DAEMON_BENCH_EVENTS, &recorded);
         epd_trace_counts(d->trace, &recorded, &dropped);
     }
     for (size_t i = 0; i < n; i++) {
