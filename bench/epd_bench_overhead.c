@@ -1665,11 +1665,6 @@ void epd__ob_free_reqs(ob_t *b)
     ob_free_reqs(b);
 }
 
-ob_req_t *epd__ob_find(ob_t *b, uint64_t id)
-{
-    return ob_find(b, id);
-}
-
 void epd__ob_fold(ob_t *b, int is_decode, const char *name, uint64_t req, long long layer,
                   double ts, double dur)
 {

@@ -158,7 +158,6 @@ void epd__ob_on_connect(void *arg, epd_status_t status);
 int epd__ob_request(ob_t *b, const uint32_t *tokens, uint32_t n, int arm, int rep, int warmup,
                     int li);
 void epd__ob_free_reqs(ob_t *b);
-ob_req_t *epd__ob_find(ob_t *b, uint64_t id);
 /* One trace event of prefill (is_decode 0) or decode into its request;
  * ts and dur in ns on the benchmark's clock. */
 void epd__ob_fold(ob_t *b, int is_decode, const char *name, uint64_t req, long long layer,
