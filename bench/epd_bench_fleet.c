@@ -218,12 +218,11 @@ static epd_status_t fl_worker_start(fl_t *b, uint32_t i)
     kv.n_kv_heads = b->layout.n_kv_heads;
     kv.head_dim = b->layout.head_dim;
     kv.dtype = (Epd__KvDtype)b->layout.kv_dtype;
-    kv.kv_dtype_map = b->layout.kv_dtype_map; /* the router compares maps */
-    kv.block_bytes = b->layout.block_bytes;
-    kv.state_bytes = b->layout.state_bytes;
     /* the real prefill's KV dtype map: the router admits only workers whose
      * map is its own (without it a sim worker reads as f32 beside bf16) */
     kv.kv_dtype_map = b->layout.kv_dtype_map;
+    kv.block_bytes = b->layout.block_bytes;
+    kv.state_bytes = b->layout.state_bytes;
     r.worker = &id;
     r.transport = "ucx";
     r.data_plane_address.data = (uint8_t *)(uintptr_t)b->addr;

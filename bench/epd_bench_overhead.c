@@ -83,6 +83,7 @@
 #include <jansson.h>
 
 #include "epd_bench.h"
+#include "epd_bench_overhead_int.h"
 #include "epd_client.h"
 #include "epd_engine.h"
 #include "epd_kvq.h"
@@ -93,21 +94,7 @@
 #include "epd_time.h"
 #include "epd_xport.h"
 
-#define OB_MAX_LIST 16
-#define OB_MAX_REQS 4096
-#define OB_MAX_THREADS 48
-#define OB_GROUP_DEFAULT (-1LL) /* the daemon's default --write-group-bytes */
-#define OB_BLOCK_TOKENS 16      /* the daemons' --block-tokens default */
-
-enum { OB_ARM_A = 0, OB_ARM_B = 1, OB_ARM_Z = 2, OB_ARMS = 3 };
 static const char *const ob_arm_name[OB_ARMS] = {"A", "B", "Z"};
-
-typedef struct {
-    const char *name;
-    const char *backend;
-    const char *provider; /* ofi */
-    const char *ucx_tls;  /* ucx */
-} ob_xport_t;
 
 static const ob_xport_t ob_xports[] = {
     {"ucx-shm", "ucx", NULL, "posix,cma,tcp"},
@@ -115,112 +102,11 @@ static const ob_xport_t ob_xports[] = {
     {"ofi-tcp", "ofi", "tcp;ofi_rxm", NULL},
 };
 
-typedef struct {
-    const char *name;    /* as on the command line and in the table */
-    const char *profile; /* sim: model profile file; NULL: ref */
-    const char *accel;
-    uint32_t devices;
-    double scale;
-} ob_engine_t;
-
 static const ob_engine_t ob_engines[] = {
     {"dense-70b", "dense-70b.profile", "h200.profile", 4, 0.05},
     {"hybrid-320b", "hybrid-moe-320b.profile", "h200.profile", 8, 0.1},
     {"ref", NULL, NULL, 0, 0},
 };
-
-/* One request as the daemons' traces tell it (ns, CLOCK_MONOTONIC). */
-typedef struct {
-    uint64_t id;
-    uint32_t n_tokens;
-    int arm;
-    int rep;
-    int warmup;
-    int ok;
-    double p_recv, q_end, c_start, c_end, resv, d_held, pc_recv, step1;
-    /* per layer ([n_layers] each, one allocation; 0 = not seen) */
-    double *ready;           /* the "compute" span's end: the sink ran */
-    double *wr_s, *wr_e;     /* the "KV write" span */
-    double *ld_sent, *ld_rx; /* LayerDone sent (prefill) / received (decode) */
-} ob_req_t;
-
-/* Host CPU of one thread name ("p:<comm>" / "d:<comm>") per arm. */
-typedef struct {
-    char name[32];
-    double ns[OB_ARMS];
-} ob_cpu_t;
-
-/* A thread seen in /proc (its CPU so far). */
-typedef struct {
-    int tid;
-    char name[32];
-    double ns;
-} ob_task_t;
-
-typedef struct {
-    /* options */
-    uint32_t lengths[OB_MAX_LIST];
-    int n_lengths;
-    uint32_t ref_lengths[OB_MAX_LIST];
-    int n_ref_lengths;
-    const ob_engine_t *engines[OB_MAX_LIST];
-    int n_engines;
-    const ob_xport_t *xports[OB_MAX_LIST];
-    int n_xports;
-    long long groups[OB_MAX_LIST];
-    int n_groups;
-    const char *kv_dtypes[OB_MAX_LIST]; /* --kv-dtype maps (borrowed from argv) */
-    int n_kv_dtypes;                    /* 0: each engine's own dtype */
-    char kv_dtypes_buf[1024];           /* --kv-dtypes' copies, split at ';' */
-    size_t kv_dtypes_used;              /* bytes of kv_dtypes_buf taken */
-    int reps, reps_long, reps_ref, warmup;
-    int zero; /* run the Z arm */
-    double scale; /* 0: each sim engine's own */
-    int tsv;
-    int cpu;  /* print the per-thread CPU lines */
-    const char *verify; /* decode's --verify */
-    const char *trace_out;
-    uint32_t trace_len;
-    const char *profiles;
-    const char *ref_model;
-    int keep;
-    char bindir[1024];
-    char tmp[256];
-    /* the cluster secret the bench makes for its daemons and itself (0600
-     * in tmp): the request plane authenticated, as in a deployment */
-    char secret_file[320];
-    epd_secret_t secret;
-    /* state of one configuration */
-    epd_xport_t *x;
-    epd_xport_ep_t *ep_p, *ep_d;
-    epd_client_worker_info_t pi, di;
-    uint64_t epoch_start, epoch_nonce;
-    uint64_t seq;
-    int n_connected, connect_failed;
-    uint64_t waiting_id;
-    int waiting_done;
-    epd_status_t waiting_status;
-    char waiting_msg[256];
-    unsigned char *txbuf;
-    ob_req_t reqs[OB_MAX_REQS];
-    int n_reqs;
-    uint64_t next_id;
-    int trace_written;
-    /* the engine's layout (bytes per layer) and model */
-    epd_kv_layout_t kv;
-    char kv_name[EPD_KVQ_MAP_MAX]; /* its canonical KV dtype map */
-    int n_configs;                 /* daemon pairs started so far (log names) */
-    int kv_w;                      /* the table's kv_dtype column width */
-    epd_sim_timing_t timing;
-    int have_timing;
-    /* CPU accounting of the configuration being run */
-    pid_t pid_p, pid_d;
-    ob_task_t tasks[2][OB_MAX_THREADS];
-    int n_tasks[2];
-    ob_cpu_t cpu_tab[OB_MAX_LIST][OB_MAX_THREADS];
-    int n_cpu[OB_MAX_LIST];
-    int cpu_reqs[OB_MAX_LIST][OB_ARMS];
-} ob_t;
 
 /* ------------------------------------------------------------ processes */
 
@@ -428,6 +314,12 @@ static epd_status_t ob_send_generate(ob_t *b, epd_xport_ep_t *ep, const uint32_t
         g.decode_address.len = b->di.address_len;
     }
     g.deadline_ms = 120000;
+    if (b->attach) {
+        /* the daemons' prefix caches are their operator's to configure: a
+         * salt per request (rule 35) has every arm compute its whole prompt */
+        g.cache_salt.data = (uint8_t *)&id;
+        g.cache_salt.len = sizeof(id);
+    }
     env.body_case = EPD__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
     st = epd_msg_encode(&env, b->txbuf, 1 << 20, &len);
@@ -634,6 +526,48 @@ static ob_req_t *ob_find(ob_t *b, uint64_t id)
     return NULL;
 }
 
+/* Folds one trace event (ns on the benchmark's clock) into its request,
+ * if it is one of ours. */
+static void ob_fold(ob_t *b, int is_decode, const char *name, uint64_t req, long long layer,
+                    double ts, double dur)
+{
+    int lok = layer >= 0 && layer < (long long)b->kv.n_layers;
+    ob_req_t *r = ob_find(b, req);
+
+    if (r == NULL) {
+        return;
+    }
+    if (!is_decode) {
+        if (strncmp(name, "GenerateRequest received", 24) == 0) {
+            r->p_recv = ts;
+        } else if (strcmp(name, "queued") == 0) {
+            r->q_end = ts + dur;
+        } else if (strcmp(name, "prefill") == 0) {
+            r->c_start = ts;
+            r->c_end = ts + dur;
+        } else if (strcmp(name, "compute") == 0 && lok) {
+            r->ready[layer] = ts + dur;
+        } else if (strcmp(name, "KV write") == 0 && lok) {
+            r->wr_s[layer] = ts;
+            r->wr_e[layer] = ts + dur;
+        } else if (strcmp(name, "LayerDone sent") == 0 && lok && r->ld_sent[layer] == 0) {
+            r->ld_sent[layer] = ts;
+        } else if (strcmp(name, "KvReservation received") == 0) {
+            r->resv = ts;
+        }
+    } else {
+        if (strcmp(name, "KV held") == 0) {
+            r->d_held = ts;
+        } else if (strcmp(name, "first decode step") == 0) {
+            r->step1 = dur;
+        } else if (strcmp(name, "PrefillComplete received") == 0) {
+            r->pc_recv = ts;
+        } else if (strcmp(name, "LayerDone received") == 0 && lok && r->ld_rx[layer] == 0) {
+            r->ld_rx[layer] = ts;
+        }
+    }
+}
+
 /* Folds one daemon's trace into the requests.  Returns the root (owned by
  * the caller) or NULL. */
 static json_t *ob_read_trace(ob_t *b, const char *path, int is_decode)
@@ -657,45 +591,11 @@ static json_t *ob_read_trace(ob_t *b, const char *path, int is_decode)
         double ts = json_number_value(json_object_get(e, "ts")) * 1000.0;
         double dur = json_number_value(json_object_get(e, "dur")) * 1000.0;
         long long layer = json_is_integer(lj) ? json_integer_value(lj) : -1;
-        int lok = layer >= 0 && layer < (long long)b->kv.n_layers;
-        ob_req_t *r;
 
         if (name == NULL || !json_is_integer(req)) {
             continue;
         }
-        r = ob_find(b, (uint64_t)json_integer_value(req));
-        if (r == NULL) {
-            continue;
-        }
-        if (!is_decode) {
-            if (strncmp(name, "GenerateRequest received", 24) == 0) {
-                r->p_recv = ts;
-            } else if (strcmp(name, "queued") == 0) {
-                r->q_end = ts + dur;
-            } else if (strcmp(name, "prefill") == 0) {
-                r->c_start = ts;
-                r->c_end = ts + dur;
-            } else if (strcmp(name, "compute") == 0 && lok) {
-                r->ready[layer] = ts + dur;
-            } else if (strcmp(name, "KV write") == 0 && lok) {
-                r->wr_s[layer] = ts;
-                r->wr_e[layer] = ts + dur;
-            } else if (strcmp(name, "LayerDone sent") == 0 && lok && r->ld_sent[layer] == 0) {
-                r->ld_sent[layer] = ts;
-            } else if (strcmp(name, "KvReservation received") == 0) {
-                r->resv = ts;
-            }
-        } else {
-            if (strcmp(name, "KV held") == 0) {
-                r->d_held = ts;
-            } else if (strcmp(name, "first decode step") == 0) {
-                r->step1 = dur;
-            } else if (strcmp(name, "PrefillComplete received") == 0) {
-                r->pc_recv = ts;
-            } else if (strcmp(name, "LayerDone received") == 0 && lok && r->ld_rx[layer] == 0) {
-                r->ld_rx[layer] = ts;
-            }
-        }
+        ob_fold(b, is_decode, name, (uint64_t)json_integer_value(req), layer, ts, dur);
     }
     return root;
 }
@@ -865,19 +765,6 @@ static double ob_req_floor(const ob_t *b, const ob_req_t *r, double bw, double m
                     (bw > 0.0 && first_ready > 0.0 && total / bw * 1e9 > r->c_end - first_ready);
     return (finish > r->c_end ? finish - r->c_end : 0.0) + msg;
 }
-
-/* What one row reports. */
-typedef struct {
-    int n_pairs;
-    double model_ms; /* NaN: no model (ref) */
-    double a_ms, b_ms, z_ms, a_compute_ms;
-    double d_ms, d_lo_ms, d_hi_ms; /* B - A paired */
-    double zd_ms;                  /* Z - A paired */
-    double msg_us, link_gbs, floor_ms;
-    int link_bound;
-    double queue_ms, resv_ms, tail_ms, verify_ms, step1_ms, b_compute_ms;
-    int a_flag;
-} ob_row_t;
 
 static void ob_row(const ob_t *b, uint32_t len, ob_row_t *row)
 {
@@ -1630,6 +1517,9 @@ int epd_bench_overhead_main(int argc, char **argv)
     ssize_t n;
     int rc = 0;
 
+    if (epd__ob_attach_wanted(argc, argv)) {
+        return epd__ob_attach_main(argc, argv); /* epd_bench_overhead_attach.c */
+    }
     memset(&b, 0, sizeof(b));
     b.lengths[0] = 128;
     b.lengths[1] = 1024;
@@ -1836,4 +1726,64 @@ int epd_bench_overhead_main(int argc, char **argv)
     free(b.txbuf);
     epd_secret_wipe(&b.secret);
     return rc;
+}
+
+/* ------------------------------------- for epd_bench_overhead_attach.c */
+
+void epd__ob_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
+{
+    ob_on_msg(arg, ep, data, len);
+}
+
+void epd__ob_on_err(void *arg, epd_xport_ep_t *ep, epd_status_t status)
+{
+    ob_on_err(arg, ep, status);
+}
+
+void epd__ob_on_connect(void *arg, epd_status_t status)
+{
+    ob_on_connect(arg, status);
+}
+
+int epd__ob_request(ob_t *b, const uint32_t *tokens, uint32_t n, int arm, int rep, int warmup,
+                    int li)
+{
+    return ob_request(b, tokens, n, arm, rep, warmup, li);
+}
+
+void epd__ob_free_reqs(ob_t *b)
+{
+    ob_free_reqs(b);
+}
+
+void epd__ob_fold(ob_t *b, int is_decode, const char *name, uint64_t req, long long layer,
+                  double ts, double dur)
+{
+    ob_fold(b, is_decode, name, req, layer, ts, dur);
+}
+
+double epd__ob_layer_bytes(const epd_kv_layout_t *kv, uint32_t l, uint32_t n_tokens)
+{
+    return ob_layer_bytes(kv, l, n_tokens);
+}
+
+void epd__ob_row(const ob_t *b, uint32_t len, ob_row_t *row)
+{
+    ob_row(b, len, row);
+}
+
+void epd__ob_print_header(const ob_t *b)
+{
+    ob_print_header(b);
+}
+
+void epd__ob_print_row(const ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, uint32_t len,
+                       const ob_row_t *row)
+{
+    ob_print_row(b, e, xp, len, row);
+}
+
+int epd__ob_parse_u32_list(const char *s, uint32_t *out, int *n_p)
+{
+    return ob_parse_u32_list(s, out, n_p);
 }

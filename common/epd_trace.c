@@ -150,6 +150,40 @@ void epd_trace_counts(const epd_trace_t *t, uint64_t *recorded_p, uint64_t *drop
     *dropped_p = atomic_load(&((epd_trace_t *)t)->dropped);
 }
 
+size_t epd_trace_read(const epd_trace_t *t, uint64_t *cursor_p, uint64_t req_min, uint64_t req_max,
+                      size_t scan, epd_trace_rec_t *out, size_t cap, uint64_t *recorded_p)
+{
+    size_t next = atomic_load(&((epd_trace_t *)t)->next);
+    uint64_t i = *cursor_p;
+    size_t n = 0;
+
+    if (next > t->capacity) {
+        next = t->capacity;
+    }
+    for (; i < next && scan > 0 && n < cap; i++, scan--) {
+        epd_trace_event_t *e = &t->events[i];
+
+        if (!atomic_load_explicit(&e->ready, memory_order_acquire)) {
+            break; /* claimed, not yet published: read it next time */
+        }
+        if (e->req_id < req_min || e->req_id > req_max) {
+            continue;
+        }
+        out[n].name = e->name;
+        out[n].req_id = e->req_id;
+        out[n].layer = e->layer;
+        out[n].instant = e->phase != 'X';
+        out[n].ts_ns = e->ts_ns;
+        out[n].dur_ns = e->dur_ns;
+        n++;
+    }
+    *cursor_p = i;
+    if (recorded_p != NULL) {
+        *recorded_p = next;
+    }
+    return n;
+}
+
 /* Writes a JSON string with the escapes JSON requires. */
 static void epd_trace_json_string(FILE *f, const char *s)
 {

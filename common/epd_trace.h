@@ -50,6 +50,31 @@ void epd_trace_instant(epd_trace_t *trace, const char *name, const char *cat, ui
 /* Events recorded and events dropped (buffer full) so far. */
 void epd_trace_counts(const epd_trace_t *trace, uint64_t *recorded_p, uint64_t *dropped_p);
 
+/* One recorded event as epd_trace_read copies it (plain data; `name` is
+ * the static string the recorder was given). */
+typedef struct {
+    const char *name;
+    uint64_t req_id;
+    int32_t layer; /* -1: none */
+    int instant;   /* 1: an instant (dur_ns 0), 0: a span */
+    uint64_t ts_ns;
+    uint64_t dur_ns;
+} epd_trace_rec_t;
+
+/*
+ * Copies into out[0..cap) the events of requests req_min..req_max found
+ * from slot *cursor_p on, looking at `scan` slots at most (bounded work:
+ * a loop thread answers a remote fetch with it).  It stops before a slot
+ * still being written (a later call reads it) and when out is full;
+ * *cursor_p moves past every slot it finished with.  Returns how many it
+ * copied; *recorded_p (may be NULL) is the number of slots recorded so far
+ * (at most the capacity): reading is done when *cursor_p reaches it.
+ * Any thread, concurrently with recording.
+ */
+size_t epd_trace_read(const epd_trace_t *trace, uint64_t *cursor_p, uint64_t req_min,
+                      uint64_t req_max, size_t scan, epd_trace_rec_t *out, size_t cap,
+                      uint64_t *recorded_p);
+
 /*
  * Writes every recorded event (only those of request `req_id` when it is
  * not 0) as a Chrome trace JSON object {"traceEvents": [...]} to `path`.

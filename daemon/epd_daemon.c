@@ -199,6 +199,10 @@ static void epd_daemon_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, s
         epd_msg_free(env);
         return;
     }
+    if (epd__daemon_bench_on_msg(d, from, env)) {
+        epd_msg_free(env);
+        return;
+    }
     if (!d->ops.on_msg(d->cfg.arg, from, env)) {
         epd_msg_free(env);
     }

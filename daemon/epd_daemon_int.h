@@ -12,10 +12,11 @@
  *   epd_daemon_log.c    rate-limited refusal lines
  *   epd_link.c          links and their outboxes
  *   epd_peer.c          peers by incarnation, the epoch rule
+ *   epd_daemon_bench.c  a benchmark's clock probes and trace fetches
  *
  * Calls between them go one way (the file first named calls the others):
  *   epd_daemon.c -> epd_daemon_rpc.c, epd_daemon_addr.c, epd_peer.c, epd_link.c,
- *                   epd_daemon_log.c
+ *                   epd_daemon_log.c, epd_daemon_bench.c
  *   epd_peer.c -> epd_link.c -> epd_daemon_log.c
  * Lower files reach the loop's handles only through the fields below
  * (epd__daemon_pump_kick starts the pump handle with the callback
@@ -242,6 +243,12 @@ epd_status_t epd__daemon_metrics_start(epd_daemon_t *d);
 void epd__daemon_metrics_stop(epd_daemon_t *d);
 /* Load with the daemon's parts (epd_daemon_rpc.c): links, fence, draining. */
 void epd__daemon_load_now(epd_daemon_t *d, epd_daemon_load_t *l);
+
+/* ---- epd_daemon_bench.c ---- */
+/* A benchmark's ClockProbe or TraceFetch (rule 39) that came on `from`:
+ * answered at once; returns 1 when `env` was one of them (the caller still
+ * frees it), 0 otherwise.  Loop thread. */
+int epd__daemon_bench_on_msg(epd_daemon_t *d, epd_link_t *from, const Epd__Envelope *env);
 
 /* ---- epd_daemon_rpc.c ---- */
 int epd__daemon_on_rpc(void *arg, const char *method, const void *req, size_t req_len,

@@ -120,6 +120,14 @@ uint64_t epd_msg_request_id(const Epd__Envelope *env)
         return env->embed_reservation->request_id;
     case EPD__ENVELOPE__BODY_EMBED_COMPLETE:
         return env->embed_complete->request_id;
+    case EPD__ENVELOPE__BODY_CLOCK_PROBE:
+        return env->clock_probe->request_id;
+    case EPD__ENVELOPE__BODY_CLOCK_REPLY:
+        return env->clock_reply->request_id;
+    case EPD__ENVELOPE__BODY_TRACE_FETCH:
+        return env->trace_fetch->request_id;
+    case EPD__ENVELOPE__BODY_TRACE_EVENTS:
+        return env->trace_events->request_id;
     case EPD__ENVELOPE__BODY__NOT_SET:
     default:
         return 0;
@@ -153,6 +161,14 @@ const char *epd_msg_body_name(const Epd__Envelope *env)
         return "embed_reservation";
     case EPD__ENVELOPE__BODY_EMBED_COMPLETE:
         return "embed_complete";
+    case EPD__ENVELOPE__BODY_CLOCK_PROBE:
+        return "clock_probe";
+    case EPD__ENVELOPE__BODY_CLOCK_REPLY:
+        return "clock_reply";
+    case EPD__ENVELOPE__BODY_TRACE_FETCH:
+        return "trace_fetch";
+    case EPD__ENVELOPE__BODY_TRACE_EVENTS:
+        return "trace_events";
     case EPD__ENVELOPE__BODY__NOT_SET:
     default:
         return "none";
@@ -235,6 +251,18 @@ epd_status_t epd_msg_encode_body(const char *sender_id, const epd_msg_epoch_t *e
         break;
     case EPD__ENVELOPE__BODY_EMBED_COMPLETE:
         env.embed_complete = body;
+        break;
+    case EPD__ENVELOPE__BODY_CLOCK_PROBE:
+        env.clock_probe = body;
+        break;
+    case EPD__ENVELOPE__BODY_CLOCK_REPLY:
+        env.clock_reply = body;
+        break;
+    case EPD__ENVELOPE__BODY_TRACE_FETCH:
+        env.trace_fetch = body;
+        break;
+    case EPD__ENVELOPE__BODY_TRACE_EVENTS:
+        env.trace_events = body;
         break;
     case EPD__ENVELOPE__BODY__NOT_SET:
     default:

@@ -6,3 +6,7 @@
 ifeq ($(SANITIZER),)
 ALL_TESTS += tests/bench/test_bench_smoke.sh
 endif
+# test_bench_overhead_attach.sh: overhead --attach-* against two daemons
+# on loopback (~2 s; the daemons' clock and trace answers, rule 39, under
+# the sanitizers too; across hosts: tests/multihost/test_mh_overhead_attach.sh)
+ALL_TESTS += tests/bench/test_bench_overhead_attach.sh

@@ -1,7 +1,7 @@
 /* Unit tests of common/epd_trace.c: the JSON is valid Chrome trace format
  * (parsed back with jansson), holds exactly the recorded spans with their
  * request and layer, filters by request, and a full buffer drops (counted)
- * instead of blocking. */
+ * instead of blocking, and epd_trace_read resumes from its cursor. */
 #include "epd_test.h"
 
 #include <jansson.h>
@@ -144,11 +144,61 @@ static void test_full_buffer_drops(void **state)
     assert_int_equal(epd_trace_create(0, "x", &t), EPD_ERR_INVALID_PARAM);
 }
 
+/* epd_trace_read: the events of a request range, in slot order, bounded by
+ * `scan` and `cap`, resumable from the cursor until it reaches `recorded`. */
+static void test_read_by_cursor(void **state)
+{
+    epd_trace_t *t = NULL;
+    epd_trace_rec_t out[4];
+    uint64_t cursor = 0, rec = 0;
+    size_t n, total = 0;
+    int calls = 0;
+
+    (void)state;
+    assert_int_equal(epd_trace_create(64, "prefill", &t), EPD_OK);
+    for (int i = 0; i < 10; i++) {
+        /* requests 100 (even i) and 200 (odd i) interleaved */
+        epd_trace_span(t, "compute", "compute", i % 2 ? 200 : 100, i, (uint64_t)i * 10,
+                       (uint64_t)i * 10 + 5);
+    }
+    epd_trace_instant(t, "KV held", "msg", 100, -1, 1000);
+    /* scan 3 slots at a time, room for 4: request 100 only */
+    while (cursor < 11 || calls == 0) {
+        n = epd_trace_read(t, &cursor, 100, 150, 3, out, 4, &rec);
+        assert_int_equal(rec, 11);
+        for (size_t k = 0; k < n; k++) {
+            assert_int_equal(out[k].req_id, 100);
+            if (out[k].instant) {
+                assert_string_equal(out[k].name, "KV held");
+                assert_int_equal(out[k].ts_ns, 1000);
+                assert_int_equal(out[k].layer, -1);
+            } else {
+                assert_int_equal(out[k].layer % 2, 0);
+                assert_int_equal(out[k].ts_ns, (uint64_t)out[k].layer * 10);
+                assert_int_equal(out[k].dur_ns, 5);
+            }
+        }
+        total += n;
+        assert_true(++calls < 20);
+    }
+    assert_int_equal(total, 6);
+    assert_int_equal(cursor, 11);
+    /* a full `out` stops the cursor at the first event not copied */
+    cursor = 0;
+    n = epd_trace_read(t, &cursor, 0, UINT64_MAX, 100, out, 2, NULL);
+    assert_int_equal(n, 2);
+    assert_int_equal(cursor, 2);
+    n = epd_trace_read(t, &cursor, 0, UINT64_MAX, 100, out, 1, NULL);
+    assert_int_equal(out[0].layer, 2);
+    epd_trace_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_holds_the_spans),
         cmocka_unit_test(test_full_buffer_drops),
+        cmocka_unit_test(test_read_by_cursor),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

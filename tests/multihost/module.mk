@@ -11,7 +11,12 @@ ALL_TESTS += tests/multihost/test_mh_ucx_tcp.sh \
              tests/multihost/test_mh_partition.sh \
              tests/multihost/test_mh_loss.sh \
              tests/multihost/test_mh_slow.sh \
-             tests/multihost/test_docs_two_hosts.sh
+             tests/multihost/test_docs_two_hosts.sh \
+             tests/multihost/test_mh_overhead_attach.sh
+# test_mh_overhead_attach.sh runs epd-bench overhead --attach-* across three
+# hosts of its own (~15 s, 10 of them a connect with another secret timing
+# out) and judges only measured quantities against each other (no time):
+# it runs beside other tests too.
 # test_docs_two_hosts.sh runs docs/deploy/two-hosts.md's blocks as written
 # on two hosts of its own (no timing judged): it runs beside other tests.
 # Run alone (tests/run.sh, EPD_TEST_EXCLUSIVE): each builds six namespaces
