@@ -165,6 +165,15 @@ struct epd_tokenizer {
 /* the vocabulary lookup: id of bytes[0..len), or EPD_TOK_NONE */
 uint32_t epd__tok_vocab_find(const epd_tokenizer_t *tok, const char *bytes, size_t len);
 
+/* Inserts id (whose bytes are vocab_bytes[id]) into the vocabulary table;
+ * a second id with the same bytes keeps the first. */
+void epd__tok_vocab_insert(epd_tokenizer_t *tok, uint32_t id);
+
+/* Inserts the merge (a, b) -> id at rank; a pair listed again takes the
+ * later rank, as the Rust crate's map does. */
+void epd__tok_merge_insert(epd_tokenizer_t *tok, uint32_t a, uint32_t b, uint32_t rank,
+                           uint32_t id);
+
 /* the merge of (a, b), or NULL */
 const epd_tok_merge_t *epd__tok_merge_find(const epd_tokenizer_t *tok, uint32_t a, uint32_t b);
 
