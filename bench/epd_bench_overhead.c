@@ -1507,7 +1507,10 @@ static void ob_usage(void)
            "  --trace-length N     which length that request has [1024]\n"
            "  --profiles DIR       sim profiles [<repo>/engine/profiles]\n"
            "  --ref-model DIR      ref model [epd-mkmodel defaults, written to a temp dir]\n"
-           "  --keep               keep the temp dir (daemon logs, traces)\n");
+           "  --keep               keep the temp dir (daemon logs, traces)\n\n"
+           "  Against daemons already running on other hosts: --attach-prefill HOST:PORT\n"
+           "  --attach-decode HOST:PORT --cluster-secret-file F (their options:\n"
+           "  epd-bench overhead --attach-prefill X --help).\n");
 }
 
 int epd_bench_overhead_main(int argc, char **argv)
@@ -1517,9 +1520,6 @@ int epd_bench_overhead_main(int argc, char **argv)
     ssize_t n;
     int rc = 0;
 
-    if (epd__ob_attach_wanted(argc, argv)) {
-        return epd__ob_attach_main(argc, argv); /* epd_bench_overhead_attach.c */
-    }
     memset(&b, 0, sizeof(b));
     b.lengths[0] = 128;
     b.lengths[1] = 1024;

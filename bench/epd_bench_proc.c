@@ -1,6 +1,6 @@
 /*
  * epd_bench_proc.c — what the benchmarks that start their own cluster do
- * alike: spawn a daemon with its log, wait for its ready line, stop it,
+ * alike: find their own bin folder, spawn a daemon with its log, wait for its ready line, stop it,
  * make the cluster secret, wait until the router lists the workers READY,
  * and write a small `sim` model.  Plain processes and files; every wait
  * has a timeout.
@@ -21,6 +21,22 @@
 #include "epd_rng.h"
 #include "epd_rpc.h"
 #include "epd_time.h"
+
+int epd_bench_bindir(char *out, size_t cap)
+{
+    ssize_t n = readlink("/proc/self/exe", out, cap - 1);
+    char *slash;
+
+    if (n <= 0) {
+        return -1;
+    }
+    out[n] = '\0';
+    slash = strrchr(out, '/');
+    if (slash != NULL) {
+        *slash = '\0';
+    }
+    return 0;
+}
 
 pid_t epd_bench_spawn(char *const argv[], const char *log)
 {

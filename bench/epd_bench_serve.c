@@ -1603,22 +1603,6 @@ static void sv_cluster_stop(sv_t *b)
     }
 }
 
-int epd_bench_bindir(char *out, size_t cap)
-{
-    ssize_t n = readlink("/proc/self/exe", out, cap - 1);
-    char *slash;
-
-    if (n <= 0) {
-        return -1;
-    }
-    out[n] = '\0';
-    slash = strrchr(out, '/');
-    if (slash != NULL) {
-        *slash = '\0';
-    }
-    return 0;
-}
-
 /* ------------------------------------------------------------------ main */
 
 static int sv_tokenize(sv_t *b)
