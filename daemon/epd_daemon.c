@@ -599,6 +599,8 @@ static epd_status_t epd_daemon_ready(epd_daemon_t *d)
     return EPD_OK;
 }
 
+static void epd_daemon_joined(void *arg);
+
 /* Start-up after create: the driver, the control plane, the ready line,
  * registration.  EPD_OK, or the failure (logged). */
 static epd_status_t epd_daemon_start(epd_daemon_t *d, const char *ready_prefix)
@@ -674,17 +676,21 @@ static epd_status_t epd_daemon_start(epd_daemon_t *d, const char *ready_prefix)
         }
     } else {
         /* a worker the router has not listed serves nobody: an
-         * orchestrator must not count it ready (epd__daemon_joined) */
+         * orchestrator must not count it ready (epd_daemon_joined) */
         epd_log_info(d->log, 0,
                      "control plane at %s; not ready until the router %s accepts this worker "
                      "(no ready file, grpc.health.v1 NOT_SERVING until then)",
                      d->control_advertised, fl->router);
     }
-    return epd__daemon_register(d, d->control_advertised);
+    return epd__daemon_register(d, d->control_advertised, epd_daemon_joined);
 }
 
-void epd__daemon_joined(epd_daemon_t *d)
+/* The registrar's joined_cb (arg: the daemon): the router listed this
+ * worker, so it is ready now. */
+static void epd_daemon_joined(void *arg)
 {
+    epd_daemon_t *d = arg;
+
     if (d->joined || d->stopping) {
         return;
     }

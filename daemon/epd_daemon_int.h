@@ -253,10 +253,11 @@ int epd__daemon_bench_on_msg(epd_daemon_t *d, epd_link_t *from, const Epd__Envel
 /* ---- epd_daemon_rpc.c ---- */
 int epd__daemon_on_rpc(void *arg, const char *method, const void *req, size_t req_len,
                        void **resp_p, size_t *resp_len_p, char *err, size_t err_cap);
-/* Starts the registrar (--router); EPD_OK when not asked to register. */
-epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address);
-/* Loop thread: the router accepted this worker (the registrar's joined_cb):
- * the ready file is written, grpc.health.v1 answers SERVING. */
-void epd__daemon_joined(epd_daemon_t *d);
+/* Starts the registrar (--router); EPD_OK when not asked to register.
+ * joined_cb(d) runs on the loop thread when the router accepted this
+ * worker (epd_daemon.c's: the ready file is written, grpc.health.v1
+ * answers SERVING). */
+epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address,
+                                  void (*joined_cb)(void *d));
 
 #endif

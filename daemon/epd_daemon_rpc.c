@@ -10,7 +10,7 @@
  * A role with a control plane of its own (the router) answers first
  * (ops->on_rpc); EPD_DAEMON_RPC_PASS hands the call to the code here.
  *
- * With a cluster secret (epd_daemon_secret) the control server requires
+ * With a cluster secret (d->secret) the control server requires
  * every call but Health to be signed with it (epd_rpc.h: checked on the
  * server's thread, so the handlers below never see an unauthenticated
  * call), and the registrar signs its own.
@@ -264,24 +264,16 @@ static void epd_daemon_registrar_drain(void *arg)
     epd_daemon_drain(arg, "asked by the router");
 }
 
-static void epd_daemon_registrar_joined(void *arg)
-{
-    epd__daemon_joined(arg);
-}
-
 /* Called by epd__daemon_register right after the control server started,
  * before the loop first runs: no call can have reached a handler yet. */
 static epd_status_t epd_daemon_rpc_secure(epd_daemon_t *d)
 {
-    const void *secret = NULL;
-    size_t len = 0;
     epd_status_t st;
 
-    epd_daemon_secret(d, &secret, &len);
-    if (len == 0) {
+    if (d->secret.len == 0) {
         return EPD_OK;
     }
-    st = epd_rpc_server_set_auth(d->rpc, secret, len);
+    st = epd_rpc_server_set_auth(d->rpc, d->secret.bytes, d->secret.len);
     if (st != EPD_OK) {
         epd_log_error(d->log, 0, "cannot require the cluster secret on the control plane: %s",
                       epd_status_string(st));
@@ -291,7 +283,8 @@ static epd_status_t epd_daemon_rpc_secure(epd_daemon_t *d)
     return EPD_OK;
 }
 
-epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
+epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address,
+                                  void (*joined_cb)(void *d))
 {
     Epd__RegisterRequest r = EPD__REGISTER_REQUEST__INIT;
     epd_registrar_config_t cfg;
@@ -332,10 +325,11 @@ epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address)
     cfg.request_len = n;
     cfg.load_cb = epd_daemon_registrar_load;
     cfg.drain_cb = epd_daemon_registrar_drain;
-    cfg.joined_cb = epd_daemon_registrar_joined;
+    cfg.joined_cb = joined_cb;
     cfg.cb_arg = d;
     cfg.log_component = d->log;
-    epd_daemon_secret(d, &cfg.secret, &cfg.secret_len);
+    cfg.secret = d->secret.len > 0 ? d->secret.bytes : NULL;
+    cfg.secret_len = d->secret.len;
     /* KV hints between two heartbeats: a pool's worth of evictions and
      * insertions is plenty; more, and the router is told to reset */
     cfg.hint_capacity = d->have_prefix_root ? EPD_DAEMON_HINTS_MAX : 0;
