@@ -7,11 +7,15 @@
 #   - no daemon folder uses another daemon folder's symbols (the Makefile's
 #     include paths refuse the headers; this catches a declaration copied
 #     by hand).
-# The same two rules (one-way calls, files under 1,000 lines) hold in the
-# libraries below the daemons: common/, transport/ and each transport
-# backend folder (transport/ucx/, transport/ofi/: their own folders, as a
-# backend never calls a sibling backend); and dependencies point down:
-# common/ uses nothing of transport/.
+# The same two rules (one-way calls, files under 1,000 lines) hold in every
+# other folder: common/, transport/ and each transport backend folder
+# (transport/ucx/, transport/ofi/: their own folders, as a backend never
+# calls a sibling backend), engine/, proto/, daemon/ and bench/ — less the
+# files LONG lists, each over 1,000 lines today (a debt: the list may only
+# shrink, and a listed file that got under 1,000 lines fails until it is
+# taken off).  Dependencies point down the floors, common/ < transport/,
+# engine/ < proto/ < daemon/ < the daemons < bench/: no folder uses a
+# definition of one above it.
 # Reads the object files of $EPD_BUILD (nm), so it judges what was built.
 set -u
 build=${EPD_BUILD:-build}
@@ -33,7 +37,8 @@ used() {
   cat "$k"
 }
 
-for dir in encoder prefill decode router common transport transport/ucx transport/ofi; do
+LONG=" bench/epd_bench_fleet.c bench/epd_bench_overhead.c bench/epd_bench_serve.c engine/epd_ref.c proto/epd_rpc.c "
+for dir in encoder prefill decode router common transport transport/ucx transport/ofi engine proto daemon bench; do
   objs=("$build"/obj/$dir/*.o)
   # a backend switched off at build time has no objects
   case $dir in transport/*) [ -e "${objs[0]}" ] || continue ;; esac
@@ -77,10 +82,18 @@ for dir in encoder prefill decode router common transport transport/ucx transpor
   for f in "$root"/$dir/*.c $subs; do
     [ -e "$f" ] || continue
     n=$(wc -l <"$f")
-    if [ "$n" -gt 1000 ]; then
-      echo "FAIL: ${f#$root/} has $n lines (at most 1,000)"
-      fail=1
-    fi
+    case $LONG in
+      *" ${f#$root/} "*)
+        if [ "$n" -le 1000 ]; then
+          echo "FAIL: ${f#$root/} has $n lines now: take it off LONG in $0"
+          fail=1
+        fi ;;
+      *)
+        if [ "$n" -gt 1000 ]; then
+          echo "FAIL: ${f#$root/} has $n lines (at most 1,000)"
+          fail=1
+        fi ;;
+    esac
   done
 done
 # no daemon uses another daemon's definitions
@@ -96,14 +109,30 @@ for dir in encoder prefill decode router; do
     fi
   done
 done
-# dependencies point down: common/ uses nothing of transport/
-mine=$(for o in "$build"/obj/common/*.o; do used "$o"; done | sort -u)
-theirs=$(for o in "$build"/obj/transport/*.o "$build"/obj/transport/*/*.o; do
-           [ -e "$o" ] && defined "$o"; done | sort -u)
-both=$(comm -12 <(echo "$mine") <(echo "$theirs") | head -3 | tr '\n' ' ')
-if [ -n "$both" ]; then
-  echo "FAIL: common/ uses transport/'s symbols: $both"
-  fail=1
-fi
-[ $fail -eq 0 ] && echo "layers: one-way calls inside encoder/ prefill/ decode/ router/ common/ transport/ (and each backend folder), every file under 1,000 lines, no daemon uses another's code, common/ nothing of transport/"
+# dependencies point down the floors: a folder uses nothing a folder above
+# it defines (a folder's own objects, not its tools/)
+floor_of() {
+  case $1 in
+    common) echo 1 ;; transport | engine) echo 2 ;; proto) echo 3 ;; daemon) echo 4 ;;
+    encoder | prefill | decode | router) echo 5 ;; bench) echo 6 ;;
+  esac
+}
+folders="common transport engine proto daemon encoder prefill decode router bench"
+for dir in $folders; do
+  objs="$build/obj/$dir/*.o"
+  [ "$dir" = transport ] && objs="$objs $build/obj/transport/*/*.o"
+  for o in $objs; do [ -e "$o" ] && used "$o"; done | sort -u >"$cache/used_$dir"
+  for o in $objs; do [ -e "$o" ] && defined "$o"; done | grep -v '^main$' | sort -u >"$cache/def_$dir"
+done
+for dir in $folders; do
+  for other in $folders; do
+    [ "$(floor_of "$other")" -gt "$(floor_of "$dir")" ] || continue
+    both=$(comm -12 "$cache/used_$dir" "$cache/def_$other" | head -3 | tr '\n' ' ')
+    if [ -n "$both" ]; then
+      echo "FAIL: $dir/ uses $other/'s symbols (a floor above it): $both"
+      fail=1
+    fi
+  done
+done
+[ $fail -eq 0 ] && echo "layers: one-way calls inside every folder (each transport backend its own), every file under 1,000 lines but the $(echo $LONG | wc -w) listed, no daemon uses another's code, dependencies only downward (common < transport, engine < proto < daemon < daemons < bench)"
 exit $fail
