@@ -1293,6 +1293,9 @@ static void client_body_budget(fx_t *fx)
     for (i = 1; i < 16; i++) {
         cl_close(hold[i]);
     }
+    /* the server's count is read when this returns: wait until it saw every
+     * held request go (on a loaded machine it had not, 3 of 15 once) */
+    check(fx, wait_atomic(&fx->aborts, 16), "every held request aborted");
     for (i = 0; i < 32; i++) {
         cl_close(idle[i]);
     }
