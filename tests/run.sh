@@ -12,7 +12,9 @@
 #                       The Makefile passes the EXCLUSIVE_TESTS of the
 #                       module.mk files (each listed there with its reason);
 #                       run by hand, pass it yourself or use EPD_TEST_JOBS=1
-#   EPD_TEST_TIMEOUT    seconds per program (default 300)
+#   EPD_TEST_TIMEOUT    seconds per program (default 300); a shell test
+#                       that needs more at any load says so in its own
+#                       header, `# epd-test-timeout: N` (the larger wins)
 #   EPD_TEST_FILTER     only run programs whose path matches this regex
 #   EPD_TEST_STRESS     1: a CPU hog (a busy shell loop, nice 0) on every
 #                       core for the whole run, so a submission can be
@@ -38,6 +40,15 @@
 set -u
 
 timeout_s=${EPD_TEST_TIMEOUT:-300}
+# limit_of PATH: the seconds PATH may run: timeout_s, or its own header's
+# `# epd-test-timeout: N` when larger
+limit_of() {
+  local n=""
+  case $1 in
+    *.sh) n=$(sed -n 's/^# epd-test-timeout: \([0-9][0-9]*\)$/\1/p' "$1" 2>/dev/null | head -1) ;;
+  esac
+  if [ -n "$n" ] && [ "$n" -gt "$timeout_s" ]; then echo "$n"; else echo "$timeout_s"; fi
+}
 jobs=${EPD_TEST_JOBS:-3}
 build=${EPD_BUILD:-build}
 logdir="$build/test-logs"
@@ -95,7 +106,7 @@ run_one() {
   # leaves behind in that group — daemons of a program that was killed, or
   # that died without stopping them — is killed here, by that group's id.
   pidfile="$logdir/$name.pid"
-  EPD_BUILD="$build" timeout -k 5 "$timeout_s" \
+  EPD_BUILD="$build" timeout -k 5 "$(limit_of "$t")" \
     setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' epd-test "$pidfile" "$t" \
     >"$log" 2>&1 </dev/null
   rc=$?
@@ -142,7 +153,7 @@ report() {
     failed=$((failed + 1))
     failed_names+=("$name")
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-      printf 'FAIL  %-40s timed out after %ss\n' "$name" "$timeout_s"
+      printf 'FAIL  %-40s timed out after %ss\n' "$name" "$(limit_of "$t")"
     else
       printf 'FAIL  %-40s exit %d\n' "$name" "$rc"
     fi

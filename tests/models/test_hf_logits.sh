@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# epd-test-timeout: 900
 # The engine's Hugging Face architectures against an independent float64
 # forward pass (tests/models/hf_ref.py, numpy, written from transformers'
 # modeling code): Qwen2 (q/k/v biases), Qwen3 (q/k norm, head_dim !=
