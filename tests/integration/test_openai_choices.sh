@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Several choices in one OpenAI answer through a real cluster (router, 1
+# prefill, 1 decode, the tiny model) and the official OpenAI Node SDK
+# (epd_openai_choices.cjs: n > 1 seeded seed + i == epd-generate, a batch
+# of prompts in order == each prompt's own answer, echo, the hostile
+# battery).  Then what the prefill worker's own counters show for n = 3:
+# 3 requests, the 2 later choices each a prefix-cache hit of the whole
+# prompt's full blocks (one prefill of the prompt, the other choices
+# compute only its tail); a client that goes away in the middle of a
+# streamed n = 4 leaves no request and no KV block behind; the router is
+# healthy after.  Without node, or without the SDK installed (npm
+# offline), the SDK part says SKIP and the rest still runs.
+source "$(dirname "$0")/lib.sh"
+
+NODE_DIR=${EPD_NODE_DIR:-build/node}
+mkmodel "$T/m" "${TINY_MODEL_FLAGS[@]}"
+start_router r --model "$T/m" --heartbeat-ms 200
+start_daemon d decode --model "$T/m" --worker-id decode-0 --kv-blocks 512 --state-slots 32 \
+  --router "$r_ADDR"
+start_daemon p prefill --model "$T/m" --worker-id prefill-0 --router "$r_ADDR"
+wait_router_state "$r_ADDR" decode-0 READY
+wait_router_state "$r_ADDR" prefill-0 READY
+
+have_sdk=0
+if command -v node >/dev/null 2>&1; then
+  if [ ! -f "$NODE_DIR/node_modules/openai/package.json" ] && command -v npm >/dev/null 2>&1; then
+    mkdir -p "$NODE_DIR"
+    timeout 180 npm install --prefix "$NODE_DIR" --no-audit --no-fund --loglevel=error \
+      openai@4 >"$T/npm.log" 2>&1 || tail -n 5 "$T/npm.log"
+  fi
+  [ -f "$NODE_DIR/node_modules/openai/package.json" ] && have_sdk=1
+fi
+if [ "$have_sdk" = 1 ]; then
+  note "OpenAI Node SDK $(sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' \
+    "$NODE_DIR/node_modules/openai/package.json" | head -n 1), node $(node --version)"
+  node "$(dirname "$0")/epd_openai_choices.cjs" "$NODE_DIR" "$r_HTTP/v1" m "$T/m" \
+    "$BIN/epd-generate" || fail "the OpenAI Node SDK run above"
+else
+  echo "SKIP: the OpenAI Node SDK part (no node, or npm could not install openai)"
+fi
+
+note "n = 3: one prefill of the prompt, the 2 other choices prefix-cache hits"
+# a prompt no request above sent: 1 + 90 bytes (BOS and the byte tokens)
+LONGP=$(prompt_of_len 90 4)
+q0=$(health_field "$p_ADDR" prefix_requests)
+h0=$(health_field "$p_ADDR" prefix_hit_tokens)
+L=$(curl -s --max-time 120 "$r_HTTP/v1/completions" -d "{\"model\": \"m\", \"prompt\": \"$LONGP\",
+  \"max_tokens\": 6, \"temperature\": 0.8, \"seed\": 1, \"n\": 3}" |
+  "$PYTHON3" -c 'import json, sys
+b = json.load(sys.stdin)
+assert [c["index"] for c in b["choices"]] == [0, 1, 2], b
+print(b["usage"]["prompt_tokens"])') || fail "n=3 for the counters"
+q1=$(health_field "$p_ADDR" prefix_requests)
+h1=$(health_field "$p_ADDR" prefix_hit_tokens)
+# the cache holds full blocks of 16 tokens and always computes the last one
+want=$(( (L - 1) / 16 * 16 * 2 ))
+note "  prompt $L tokens: prefill requests ${q0:-0} -> $q1, hit tokens ${h0:-0} -> $h1 (want +$want)"
+[ $((q1 - ${q0:-0})) = 3 ] || fail "the prefill counted $((q1 - ${q0:-0})) requests, want 3"
+[ $((h1 - ${h0:-0})) = "$want" ] || fail "the prefill hit $((h1 - ${h0:-0})) tokens, want $want"
+
+note "a client gone in the middle of a streamed n = 4"
+curl -s -N --max-time 120 "$r_HTTP/v1/completions" -d '{"model": "m", "prompt": "gone",
+  "max_tokens": 1500, "ignore_eos": true, "n": 4, "stream": true}' >"$T/gone.out" 2>&1 &
+cpid=$!
+for i in $(seq 1 600); do
+  grep -q '"index":3' "$T/gone.out" 2>/dev/null && break
+  sleep 0.1
+done
+grep -q '"index":3' "$T/gone.out" || fail "the streamed n=4 never sent choice 3"
+kill "$cpid" 2>/dev/null || true
+wait "$cpid" 2>/dev/null || true
+for i in $(seq 1 600); do
+  inflight=$(curl -s "$r_HTTP/health" | "$PYTHON3" -c 'import json, sys
+print(json.load(sys.stdin)["requests_in_flight"])')
+  [ "$inflight" = 0 ] && break
+  sleep 0.1
+done
+[ "$inflight" = 0 ] || fail "$inflight requests still in flight after the client left"
+wait_blocks_free "$d_ADDR"
+
+st=$(curl -s -o /dev/null -w '%{http_code}' "$r_HTTP/health")
+[ "$st" = 200 ] || fail "router /health $st after the battery"
+curl -s --max-time 60 "$r_HTTP/v1/completions" \
+  -d '{"model": "m", "prompt": "still here", "max_tokens": 3}' | grep -q '"text_completion"' ||
+  fail "a plain request after the battery"
+finish_ok
