@@ -215,8 +215,8 @@ static void epd_router_stream_emit(epd_router_t *rt, epd_router_req_t *r, size_t
 /* The logprobs object of tokens [from, to) of r (r->lps) into frag: each
  * id (the token's and its alternatives') detokenized alone into one arena,
  * then epd_oai_logprobs_encode.  0, or -1 (no memory; the arrays missing). */
-int epd__router_logprobs_frag(epd_router_t *rt, epd_router_req_t *r, uint32_t from, uint32_t to,
-                              epd_oai_buf_t *frag)
+static int epd_router_logprobs_frag(epd_router_t *rt, epd_router_req_t *r, uint32_t from,
+                                    uint32_t to, epd_oai_buf_t *frag)
 {
     uint32_t n = to > from ? to - from : 0;
     epd_oai_token_lp_t *toks = NULL;
@@ -299,7 +299,7 @@ out:
 static int epd_router_splice_logprobs(epd_router_t *rt, epd_router_req_t *r)
 {
     epd_oai_buf_t frag = EPD_OAI_BUF_INIT;
-    int rc = epd__router_logprobs_frag(rt, r, 0, r->n_out, &frag);
+    int rc = epd_router_logprobs_frag(rt, r, 0, r->n_out, &frag);
 
     if (rc == 0 && epd_oai_splice_logprobs(&rt->out, 0, frag.data, frag.len) != EPD_OK) {
         rc = -1;
@@ -329,7 +329,7 @@ void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish
             /* the tokens' logprobs in one chunk of no text before the end */
             epd_oai_buf_t frag = EPD_OAI_BUF_INIT;
 
-            if (epd__router_logprobs_frag(rt, r, r->lps_sent, r->n_out, &frag) == 0 &&
+            if (epd_router_logprobs_frag(rt, r, r->lps_sent, r->n_out, &frag) == 0 &&
                 epd_oai_stream_logprobs(&r->stream, frag.data, frag.len, &rt->out) == EPD_OK) {
                 r->lps_sent = r->n_out;
             }
@@ -340,12 +340,22 @@ void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish
             (void)epd_http_stream_send(r->http, rt->out.data, rt->out.len);
         }
         if (r->group != NULL) {
-            epd__router_group_finish(rt, r, finish); /* the last ends the stream */
+            epd__router_group_finish(rt, r, finish, NULL, 0); /* the last ends the stream */
         } else {
             (void)epd_http_stream_end(r->http);
         }
     } else if (r->group != NULL) {
-        epd__router_group_finish(rt, r, finish); /* the last answers */
+        /* the last answers; a member's logprobs go with its choice */
+        epd_oai_buf_t frag = EPD_OAI_BUF_INIT;
+
+        if (r->oai->want_logprobs && epd_router_logprobs_frag(rt, r, 0, r->n_out, &frag) != 0) {
+            epd__router_fail_http(rt, r, EPD_ROUTER_ERR_INTERNAL, 500, "out of memory%s%s", "",
+                                  "");
+        } else {
+            epd__router_group_finish(rt, r, finish, r->oai->want_logprobs ? frag.data : NULL,
+                                     frag.len);
+        }
+        epd_oai_buf_cleanup(&frag);
     } else if (r->echo_len > 0) {
         epd_oai_choice_t c = {r->echo, r->echo_len, r->text != NULL ? r->text : "",
                               r->text_len, finish, NULL, 0};

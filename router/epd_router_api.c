@@ -261,6 +261,52 @@ static int epd_router_echo_of(epd_router_t *rt, const epd_oai_request_t *oai, co
     return 0;
 }
 
+/* A group's HTTP client went away: every started member's HTTP side is
+ * finished and each is stepped (the group held over the walk: the last
+ * member's free would drop it). */
+static void epd_router_on_group_abort(epd_http_req_t *http, void *arg)
+{
+    epd_router_group_t *g = arg;
+    uint64_t now = epd_time_now_ns();
+
+    (void)http;
+    if (g->http == NULL) {
+        return;
+    }
+    g->http = NULL;
+    g->refs++;
+    for (uint32_t i = 0; i < g->n_members; i++) {
+        epd_router_req_t *m = g->started[i] ? g->members[i] : NULL;
+
+        if (m != NULL) {
+            if (m->http != NULL) {
+                m->http = NULL;
+                m->rt->m.errors[EPD_ROUTER_ERR_CLIENT_GONE]++;
+            }
+            epd__router_req_poke(m->rt, m, now);
+        }
+    }
+    epd__router_group_unref(g); /* the walk's */
+    epd__router_group_unref(g); /* the HTTP side's */
+}
+
+/* Starts a group's leaders (choice 0 of each prompt); the others follow
+ * each leader's first token (epd_router_req.c). */
+static void epd_router_group_start(epd_router_t *rt, epd_router_group_t *g, uint64_t now)
+{
+    epd_http_req_set_abort(g->http, epd_router_on_group_abort, g);
+    g->refs++; /* held while the leaders start: one may end the group */
+    for (uint32_t i = 0; i < g->n_members; i += g->n_choices) {
+        if (g->members[i] != NULL && !g->started[i]) {
+            g->started[i] = 1;
+            g->refs++; /* dropped when it is freed */
+            g->members[i]->http = g->http;
+            epd__router_req_start(rt, g->members[i], now);
+        }
+    }
+    epd__router_group_unref(g);
+}
+
 /* A request of several choices (n > 1, a batch of prompts): one member
  * a choice, each prompt tokenized and checked alone (a batch's prompt k
  * lent to oai's prompt fields meanwhile); oai owned from here. */
@@ -343,7 +389,7 @@ static void epd_router_generate_group(epd_router_t *rt, epd_http_req_t *http,
         return;
     }
     rt->m.requests[oai->kind == EPD_OAI_CHAT][oai->stream != 0]++;
-    epd__router_group_start(rt, g, now);
+    epd_router_group_start(rt, g, now);
 }
 
 static void epd_router_generate(epd_router_t *rt, epd_http_req_t *http, epd_oai_kind_t kind)

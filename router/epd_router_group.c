@@ -10,8 +10,9 @@
  * member's failure fails the whole answer (OpenAI answers all or
  * nothing).
  *
- * At the level of epd_router_answer.c (which calls it for a member's
- * answers): it records facts — every member's r->http NULL once the
+ * Below epd_router_answer.c (which calls it for a member's answers) and
+ * the intake (epd_router_api.c builds and starts a group), it calls
+ * neither: it records facts — every member's r->http NULL once the
  * group's HTTP side is finished — and never changes a request's state.
  * Loop thread only.
  */
@@ -81,6 +82,18 @@ void epd__router_group_unref(epd_router_group_t *g)
     epd_free(g);
 }
 
+/* An OpenAI error answer on the group's HTTP request (rt->out as scratch). */
+static void epd_router_group_respond_error(epd_router_t *rt, epd_router_group_t *g,
+                                           const epd_oai_error_t *err)
+{
+    epd_oai_buf_reset(&rt->out);
+    if (epd_oai_error_encode(err, &rt->out) != EPD_OK) {
+        (void)epd_http_respond(g->http, 500, EPD_ROUTER_JSON, "{}", 2);
+        return;
+    }
+    (void)epd_http_respond(g->http, err->http_status, EPD_ROUTER_JSON, rt->out.data, rt->out.len);
+}
+
 /* The group's HTTP side is finished: no member answers any more (each
  * stops at its next step), and the group drops its HTTP reference. */
 static void epd_router_group_closed(epd_router_group_t *g)
@@ -140,7 +153,7 @@ void epd__router_group_fail(epd_router_t *rt, epd_router_req_t *r, const epd_oai
         }
         (void)epd_http_stream_end(g->http);
     } else {
-        epd__router_respond_error(rt, g->http, err);
+        epd_router_group_respond_error(rt, g, err);
     }
     epd_router_group_closed(g);
 }
@@ -167,7 +180,10 @@ static void epd_router_group_answer(epd_router_t *rt, epd_router_group_t *g, con
                                                      g->n_members, g->prompt_tokens,
                                                      g->completion_tokens, g->cached_tokens,
                                                      &rt->out) != EPD_OK) {
-        epd__router_respond_simple_error(rt, g->http, 500, "out of memory");
+        epd_oai_error_t err;
+
+        epd_oai_error_set(&err, 500, NULL, NULL, "out of memory");
+        epd_router_group_respond_error(rt, g, &err);
     } else {
         (void)epd_http_respond(g->http, 200, EPD_ROUTER_JSON, rt->out.data, rt->out.len);
     }
@@ -189,7 +205,8 @@ static int epd_router_dup(char **dst_p, size_t *len_p, const char *src, size_t l
     return 0;
 }
 
-void epd__router_group_finish(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish_t finish)
+void epd__router_group_finish(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish_t finish,
+                              const char *lp, size_t lp_len)
 {
     epd_router_group_t *g = r->group;
     epd_router_choice_res_t *res = &g->res[r->choice];
@@ -201,17 +218,12 @@ void epd__router_group_finish(epd_router_t *rt, epd_router_req_t *r, epd_oai_fin
     }
     res->finish = finish;
     if (!g->oai->stream) {
-        epd_oai_buf_t frag = EPD_OAI_BUF_INIT;
         int bad = epd_router_dup(&res->text, &res->len, r->text != NULL ? r->text : "",
                                  r->text_len) != 0 ||
                   (r->echo_len > 0 &&
-                   epd_router_dup(&res->echo, &res->echo_len, r->echo, r->echo_len) != 0);
+                   epd_router_dup(&res->echo, &res->echo_len, r->echo, r->echo_len) != 0) ||
+                  (lp != NULL && epd_router_dup(&res->lp, &res->lp_len, lp, lp_len) != 0);
 
-        if (!bad && g->oai->want_logprobs) {
-            bad = epd__router_logprobs_frag(rt, r, 0, r->n_out, &frag) != 0 ||
-                  epd_router_dup(&res->lp, &res->lp_len, frag.data, frag.len) != 0;
-        }
-        epd_oai_buf_cleanup(&frag);
         if (bad) {
             epd_oai_error_set(&err, 500, NULL, NULL, "out of memory");
             snprintf(err.type, sizeof(err.type), "server_error");

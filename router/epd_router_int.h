@@ -15,13 +15,16 @@
  *                          (called by epd_router_req.c)
  *   epd_router_answer.c    what the HTTP client sees: errors, the JSON
  *                          answer or the SSE stream, text and stop strings
+ *   epd_router_group.c     an answer of several choices (n > 1, a batch of
+ *                          prompts): the members' answers gathered
  *   epd_router_registry.c  workers, their states and the policies
  *   epd_router_metrics.c   counters, histograms, /metrics
  *
  * Calls go one way, down this order:
  *   main.c -> epd_router_rpc.c, epd_router_api.c, epd_router_req.c
  *   epd_router_api.c -> epd_router_req.c -> epd_router_dispatch.c,
- *                                           epd_router_answer.c
+ *                                           epd_router_answer.c ->
+ *                                           epd_router_group.c
  *   (each of them) -> epd_router_registry.c, epd_router_metrics.c
  * and below all of them the libraries: the request-plane client
  * (epd_client*.c), the HTTP server (epd_http_*.c), the OpenAI layer
@@ -356,6 +359,9 @@ void epd__router_on_http(epd_http_req_t *req, void *arg);
  * owned from here: it frees it): lists it, hears of its client going away,
  * and submits its first attempt (or answers why it cannot). */
 void epd__router_req_start(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns);
+/* Steps `r` after a fact of it changed outside its events (a group's
+ * client gone: r->http NULL); frees it when it is done. */
+void epd__router_req_poke(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns);
 /* Request-plane events (epd_client_event_cb_t), arg = the router. */
 void epd__router_on_event(void *arg, const epd_client_event_t *ev);
 /* Registry upkeep, and WAITING requests submitted again (or failed past
@@ -398,10 +404,12 @@ epd_router_group_t *epd__router_group_new(epd_http_req_t *http, epd_oai_request_
 /* Drops a reference (a member freed, or the HTTP side finished); frees
  * the group and any member never started at the last. */
 void epd__router_group_unref(epd_router_group_t *g);
-/* A member's generation finished well: its choice recorded (its chunk
- * with finish_reason sent when streaming); the answer, or the stream's
- * end, once it is the last.  r->http NULL afterwards. */
-void epd__router_group_finish(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish_t finish);
+/* A member's generation finished well: its choice recorded with its
+ * logprobs JSON lp[0..lp_len) (borrowed; NULL: none) (its chunk with
+ * finish_reason sent when streaming); the answer, or the stream's end,
+ * once it is the last.  r->http NULL afterwards. */
+void epd__router_group_finish(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish_t finish,
+                              const char *lp, size_t lp_len);
 /* A member failed: the whole answer fails with err (an error answer, or
  * an error event in the stream); every member's http NULL, so the others
  * stop at their next step.  Counted by the caller. */
@@ -412,15 +420,6 @@ int epd__router_group_stream_start(epd_router_t *rt, epd_router_req_t *r);
 /* Frees a member never started (the intake's failures). */
 void epd__router_req_discard(epd_router_req_t *r);
 
-/* ---- epd_router_req.c: groups ---- */
-/* Starts a group's leaders (choice 0 of each prompt); the others follow
- * each leader's first token (or its end).  Sets the abort callback. */
-void epd__router_group_start(epd_router_t *rt, epd_router_group_t *g, uint64_t now_ns);
-
-/* The logprobs object of tokens [from, to) of r into frag (answer.c): 0,
- * or -1 out of memory. */
-int epd__router_logprobs_frag(epd_router_t *rt, epd_router_req_t *r, uint32_t from, uint32_t to,
-                              epd_oai_buf_t *frag);
 
 /* ---- epd_router_tok.c: POST /tokenize, POST /detokenize (vLLM's
  * shapes), GET /version; loop thread ---- */

@@ -962,46 +962,9 @@ void epd__router_tick(epd_router_t *rt, uint64_t now_ns)
     epd_router_queue_run(rt, now_ns);
 }
 
-/* A group's HTTP client went away: every started member's HTTP side is
- * finished, each stepped (the group is held over the walk: the last
- * member's free would drop it). */
-static void epd_router_on_group_abort(epd_http_req_t *http, void *arg)
+void epd__router_req_poke(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns)
 {
-    epd_router_group_t *g = arg;
-    epd_router_t *rt = NULL;
-    uint64_t now = epd_time_now_ns();
-
-    (void)http;
-    if (g->http == NULL) {
-        return;
-    }
-    g->http = NULL;
-    g->refs++;
-    for (uint32_t i = 0; i < g->n_members; i++) {
-        epd_router_req_t *m = g->started[i] ? g->members[i] : NULL;
-
-        if (m != NULL) {
-            rt = m->rt;
-            if (m->http != NULL) {
-                m->http = NULL;
-                rt->m.errors[EPD_ROUTER_ERR_CLIENT_GONE]++;
-            }
-            epd_router_req_advance(rt, m, NULL, now);
-        }
-    }
-    epd__router_group_unref(g); /* the walk's */
-    epd__router_group_unref(g); /* the HTTP side's */
-}
-
-void epd__router_group_start(epd_router_t *rt, epd_router_group_t *g, uint64_t now_ns)
-{
-    epd_http_req_set_abort(g->http, epd_router_on_group_abort, g);
-    g->refs++; /* held while the leaders start: one may end the group */
-    for (uint32_t i = 0; i < g->n_members; i += g->n_choices) {
-        epd_router_group_start_member(rt, g, i, now_ns);
-    }
-    epd__router_group_unref(g);
-    epd_router_queue_run(rt, now_ns);
+    epd_router_req_advance(rt, r, NULL, now_ns);
 }
 
 void epd__router_req_start(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns)
