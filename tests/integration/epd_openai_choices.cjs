@@ -117,6 +117,36 @@ async function main() {
                 JSON.stringify(s.usage));
   }
 
+  // logprobs with n = 2: each choice its own, one entry per token, equal
+  // to the same choice alone (seed + 1 for choice 1)
+  {
+    const c = await client.completions.create({ model: modelName, prompt, max_tokens: 6,
+                                                temperature: temp, seed, n: 2, logprobs: 2 });
+    const one = await client.completions.create({ model: modelName, prompt, max_tokens: 6,
+                                                  temperature: temp, seed: seed + 1,
+                                                  logprobs: 2 });
+    const lp = c.choices[1].logprobs;
+    if (!lp || JSON.stringify(lp) !== JSON.stringify(one.choices[0].logprobs) ||
+        !c.choices[0].logprobs || c.choices[0].logprobs.tokens.length < 1) {
+      fail('n=2 logprobs: ' + JSON.stringify(c.choices) + ' vs ' + JSON.stringify(one.choices));
+    }
+    const s = await client.completions.create({ model: modelName, prompt, max_tokens: 6,
+                                                temperature: temp, seed, n: 2, logprobs: 2,
+                                                stream: true });
+    const toks = [[], []];
+    for await (const chunk of s) {
+      for (const ch of chunk.choices) {
+        if (ch.logprobs) {
+          toks[ch.index] = toks[ch.index].concat(ch.logprobs.tokens);
+        }
+      }
+    }
+    if (JSON.stringify(toks[1]) !== JSON.stringify(lp.tokens)) {
+      fail('streamed n=2 logprobs ' + JSON.stringify(toks) + ' vs ' + JSON.stringify(lp.tokens));
+    }
+    console.log('ok n=2 logprobs: choice 1 == seed+1 alone, streamed and not');
+  }
+
   // chat, n = 2
   {
     const chatPrompt = '<|user|>\n' + prompt + '\n<|assistant|>\n';
