@@ -7,8 +7,10 @@
 # 3 requests, the 2 later choices each a prefix-cache hit of the whole
 # prompt's full blocks (one prefill of the prompt, the other choices
 # compute only its tail); a client that goes away in the middle of a
-# streamed n = 4 leaves no request and no KV block behind; the router is
-# healthy after.  Without node, or without the SDK installed (npm
+# streamed n = 4 leaves no request and no KV block behind; the decode
+# worker killed in the middle of a streamed n = 3 fails the whole stream
+# (one error event, one [DONE]) and leaves no request behind; the router
+# is healthy after.  Without node, or without the SDK installed (npm
 # offline), the SDK part says SKIP and the rest still runs.
 source "$(dirname "$0")/lib.sh"
 
@@ -83,4 +85,30 @@ st=$(curl -s -o /dev/null -w '%{http_code}' "$r_HTTP/health")
 curl -s --max-time 60 "$r_HTTP/v1/completions" \
   -d '{"model": "m", "prompt": "still here", "max_tokens": 3}' | grep -q '"text_completion"' ||
   fail "a plain request after the battery"
+
+note "the decode worker killed in the middle of a streamed n = 3: the whole stream fails"
+curl -s -N --max-time 120 "$r_HTTP/v1/completions" -d '{"model": "m", "prompt": "dies",
+  "max_tokens": 1500, "ignore_eos": true, "n": 3, "stream": true}' >"$T/dies.out" 2>&1 &
+cpid=$!
+for i in $(seq 1 600); do
+  grep -q '"index":2' "$T/dies.out" 2>/dev/null && break
+  sleep 0.1
+done
+grep -q '"index":2' "$T/dies.out" || fail "the streamed n=3 never sent choice 2"
+stop_daemon d KILL
+wait "$cpid" || fail "curl of the stream whose decode died: rc $?"
+grep -q '^data: {"error"' "$T/dies.out" || fail "no error event: $(tail -c 300 "$T/dies.out")"
+[ "$(tail -c 14 "$T/dies.out")" = "data: [DONE]" ] ||
+  fail "the failed stream does not end with one [DONE]: $(tail -c 200 "$T/dies.out")"
+[ "$(grep -c '\[DONE\]' "$T/dies.out")" = 1 ] || fail "more than one [DONE]"
+note "  $(grep '^data: {"error"' "$T/dies.out" | head -c 160)"
+for i in $(seq 1 600); do
+  inflight=$(curl -s "$r_HTTP/health" | "$PYTHON3" -c 'import json, sys
+print(json.load(sys.stdin)["requests_in_flight"])')
+  [ "$inflight" = 0 ] && break
+  sleep 0.1
+done
+[ "$inflight" = 0 ] || fail "$inflight requests still in flight after the failed group"
+st=$(curl -s -o /dev/null -w '%{http_code}' "$r_HTTP/health")
+[ "$st" = 200 ] || fail "router /health $st after the failed group"
 finish_ok
