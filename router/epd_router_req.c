@@ -806,6 +806,10 @@ static void epd_router_first_tokens(epd_router_t *rt, epd_router_req_t *r,
             epd_router_group_t *g = r->group;
 
             for (uint32_t i = r->choice + 1; i < r->choice + g->n_choices; i++) {
+                if (g->members[i] != NULL && r->pw != NULL) {
+                    snprintf(g->members[i]->pin_prefill, sizeof(g->members[i]->pin_prefill),
+                             "%s", r->pw->info.worker_id);
+                }
                 epd_router_group_start_member(rt, g, i, now);
             }
         }

@@ -6,7 +6,8 @@
 # battery).  Then what the prefill worker's own counters show for n = 3:
 # 3 requests, the 2 later choices each a prefix-cache hit of the whole
 # prompt's full blocks (one prefill of the prompt, the other choices
-# compute only its tail); a client that goes away in the middle of a
+# compute only its tail), also with two prefill workers (the later
+# choices pinned to the first's); a client that goes away in the middle of a
 # streamed n = 4 leaves no request and no KV block behind; the decode
 # worker killed in the middle of a streamed n = 3 fails the whole stream
 # (one error event, one [DONE]) and leaves no request behind; the router
@@ -85,6 +86,37 @@ st=$(curl -s -o /dev/null -w '%{http_code}' "$r_HTTP/health")
 curl -s --max-time 60 "$r_HTTP/v1/completions" \
   -d '{"model": "m", "prompt": "still here", "max_tokens": 3}' | grep -q '"text_completion"' ||
   fail "a plain request after the battery"
+
+note "two fresh prefill workers: the later choices are pinned to the first's (its cache)"
+# a cluster of its own: with both prefill workers idle and equally used the
+# policy (least-load, ties to the one that served fewer) would spread the
+# choices over both; the pin keeps them where the prompt is cached
+start_router r2 --model "$T/m" --heartbeat-ms 200
+start_daemon d2 decode --model "$T/m" --worker-id decode-b --kv-blocks 512 --state-slots 32 \
+  --router "$r2_ADDR"
+start_daemon pa prefill --model "$T/m" --worker-id prefill-a --router "$r2_ADDR"
+start_daemon pb prefill --model "$T/m" --worker-id prefill-b --router "$r2_ADDR"
+for w in decode-b prefill-a prefill-b; do
+  wait_router_state "$r2_ADDR" "$w" READY
+done
+for k in 1 2 3; do
+  P2=$(prompt_of_len 90 $((10 + k)))
+  a0=$(health_field "$pa_ADDR" prefix_requests); a0=${a0:-0}
+  b0=$(health_field "$pb_ADDR" prefix_requests); b0=${b0:-0}
+  ha0=$(health_field "$pa_ADDR" prefix_hit_tokens); ha0=${ha0:-0}
+  hb0=$(health_field "$pb_ADDR" prefix_hit_tokens); hb0=${hb0:-0}
+  curl -s --max-time 120 "$r2_HTTP/v1/completions" -d "{\"model\": \"m\", \"prompt\": \"$P2\",
+    \"max_tokens\": 4, \"temperature\": 0.8, \"n\": 4}" | grep -q '"index":3' ||
+    fail "n=4 with two prefill workers"
+  a1=$(health_field "$pa_ADDR" prefix_requests); a1=${a1:-0}
+  b1=$(health_field "$pb_ADDR" prefix_requests); b1=${b1:-0}
+  ha1=$(health_field "$pa_ADDR" prefix_hit_tokens); ha1=${ha1:-0}
+  hb1=$(health_field "$pb_ADDR" prefix_hit_tokens); hb1=${hb1:-0}
+  note "  n=4 #$k: prefill-a +$((a1 - a0)) requests +$((ha1 - ha0)) hit, prefill-b +$((b1 - b0)) requests +$((hb1 - hb0)) hit"
+  { [ $((a1 - a0)) = 4 ] && [ $((b1 - b0)) = 0 ] && [ $((ha1 - ha0)) = 240 ]; } ||
+    { [ $((b1 - b0)) = 4 ] && [ $((a1 - a0)) = 0 ] && [ $((hb1 - hb0)) = 240 ]; } ||
+    fail "the 4 choices were not all on one prefill worker with 3 x 80 hit tokens"
+done
 
 note "the decode worker killed in the middle of a streamed n = 3: the whole stream fails"
 curl -s -N --max-time 120 "$r_HTTP/v1/completions" -d '{"model": "m", "prompt": "dies",
