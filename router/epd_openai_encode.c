@@ -103,6 +103,81 @@ epd_status_t epd_oai_response_encode(epd_oai_kind_t kind, const char *id, const 
     return epd__oai_w_end(&w);
 }
 
+epd_status_t epd_oai_response_encode_choices(epd_oai_kind_t kind, const char *id,
+                                             const char *model, int64_t created,
+                                             const epd_oai_choice_t *choices, size_t n,
+                                             int64_t prompt_tokens, int64_t completion_tokens,
+                                             int64_t cached_tokens, epd_oai_buf_t *out)
+{
+    epd__oai_writer_t w;
+    char *raw = NULL, *fixed = NULL;
+    size_t cap = 0;
+
+    if (id == NULL || model == NULL || (choices == NULL && n > 0)) {
+        return EPD_ERR_INVALID_PARAM;
+    }
+    epd__oai_w_begin(&w, out);
+    epd_oai_w_head(&w, id, kind == EPD_OAI_CHAT ? "chat.completion" : "text_completion", created,
+                   model);
+    epd__oai_w_puts(&w, ",\"choices\":[");
+    for (size_t i = 0; i < n && !w.failed; i++) {
+        const epd_oai_choice_t *c = &choices[i];
+        size_t len = c->prefix_len + c->len, flen = 0;
+
+        if ((c->text == NULL && c->len > 0) || (c->prefix == NULL && c->prefix_len > 0) ||
+            len > SIZE_MAX / 8) {
+            w.failed = 1;
+            break;
+        }
+        if (len + 1 > cap) {
+            /* the prefix and the text joined, then repaired as one */
+            epd_free(raw);
+            epd_free(fixed);
+            cap = len + 1;
+            raw = epd_malloc(cap);
+            fixed = epd_malloc(EPD_UTF8_REPAIR_MAX(cap) + 1);
+            if (raw == NULL || fixed == NULL) {
+                w.failed = 1;
+                break;
+            }
+        }
+        if (c->prefix_len > 0) {
+            memcpy(raw, c->prefix, c->prefix_len);
+        }
+        if (c->len > 0) {
+            memcpy(raw + c->prefix_len, c->text, c->len);
+        }
+        if (len > 0) {
+            epd_utf8_repair(raw, len, fixed, EPD_UTF8_REPAIR_MAX(len), &flen);
+        }
+        epd__oai_w_puts(&w, i > 0 ? ",{\"index\":" : "{\"index\":");
+        epd__oai_w_int(&w, (int64_t)i);
+        if (kind == EPD_OAI_CHAT) {
+            epd__oai_w_puts(&w, ",\"message\":{\"role\":\"assistant\",\"content\":");
+            epd__oai_w_str(&w, fixed != NULL ? fixed : "", flen);
+            epd__oai_w_puts(&w, "}");
+        } else {
+            epd__oai_w_puts(&w, ",\"text\":");
+            epd__oai_w_str(&w, fixed != NULL ? fixed : "", flen);
+        }
+        epd__oai_w_puts(&w, ",\"logprobs\":");
+        if (c->logprobs != NULL) {
+            epd__oai_w_put(&w, c->logprobs, c->logprobs_len);
+        } else {
+            epd__oai_w_puts(&w, "null");
+        }
+        epd__oai_w_puts(&w, ",\"finish_reason\":\"");
+        epd__oai_w_puts(&w, epd_oai_finish_name(c->finish));
+        epd__oai_w_puts(&w, "\"}");
+    }
+    epd__oai_w_puts(&w, "],");
+    epd_oai_w_usage(&w, prompt_tokens, completion_tokens, cached_tokens);
+    epd__oai_w_puts(&w, "}");
+    epd_free(raw);
+    epd_free(fixed);
+    return epd__oai_w_end(&w);
+}
+
 epd_status_t epd_oai_models_encode(const char *const *models, size_t n_models, int64_t created,
                                    int64_t max_model_len, epd_oai_buf_t *out)
 {
@@ -170,7 +245,9 @@ static void epd_oai_w_chunk(epd__oai_writer_t *w, epd_oai_stream_t *s, const cha
     epd__oai_w_puts(w, "data: ");
     epd_oai_w_head(w, s->id, chat ? "chat.completion.chunk" : "text_completion", s->created,
                    s->model);
-    epd__oai_w_puts(w, ",\"choices\":[{\"index\":0,");
+    epd__oai_w_puts(w, ",\"choices\":[{\"index\":");
+    epd__oai_w_int(w, s->index);
+    epd__oai_w_puts(w, ",");
     if (chat) {
         epd__oai_w_puts(w, "\"delta\":{");
         if (!s->role_sent) {
@@ -294,6 +371,36 @@ epd_status_t epd_oai_stream_finish(epd_oai_stream_t *stream, epd_oai_finish_t fi
         epd_oai_w_chunk(&w, stream, text, tlen, -1);
     }
     epd_oai_w_chunk(&w, stream, "", 0, (int)finish);
+    if (stream->member) {
+        /* one choice of several: the group writes the usage and [DONE] */
+    } else if (stream->include_usage) {
+        epd__oai_w_puts(&w, "data: ");
+        epd_oai_w_head(&w, stream->id,
+                       stream->kind == EPD_OAI_CHAT ? "chat.completion.chunk" : "text_completion",
+                       stream->created, stream->model);
+        epd__oai_w_puts(&w, ",\"choices\":[],");
+        epd_oai_w_usage(&w, prompt_tokens, completion_tokens, cached_tokens);
+        epd__oai_w_puts(&w, "}\n\n");
+    }
+    if (!stream->member) {
+        epd__oai_w_puts(&w, "data: [DONE]\n\n");
+    }
+    if (epd__oai_w_end(&w) != EPD_OK) {
+        stream->role_sent = role_sent;
+        return EPD_ERR_NO_MEMORY;
+    }
+    stream->tail_len = 0;
+    stream->finished = 1;
+    return EPD_OK;
+}
+
+epd_status_t epd_oai_stream_trailer(const epd_oai_stream_t *stream, int64_t prompt_tokens,
+                                    int64_t completion_tokens, int64_t cached_tokens,
+                                    epd_oai_buf_t *out)
+{
+    epd__oai_writer_t w;
+
+    epd__oai_w_begin(&w, out);
     if (stream->include_usage) {
         epd__oai_w_puts(&w, "data: ");
         epd_oai_w_head(&w, stream->id,
@@ -304,13 +411,7 @@ epd_status_t epd_oai_stream_finish(epd_oai_stream_t *stream, epd_oai_finish_t fi
         epd__oai_w_puts(&w, "}\n\n");
     }
     epd__oai_w_puts(&w, "data: [DONE]\n\n");
-    if (epd__oai_w_end(&w) != EPD_OK) {
-        stream->role_sent = role_sent;
-        return EPD_ERR_NO_MEMORY;
-    }
-    stream->tail_len = 0;
-    stream->finished = 1;
-    return EPD_OK;
+    return epd__oai_w_end(&w);
 }
 
 epd_status_t epd_oai_stream_error(epd_oai_stream_t *stream, const epd_oai_error_t *err,

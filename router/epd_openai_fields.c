@@ -93,6 +93,7 @@ static const epd_oai_field_t epd_oai_fields[] = {
     {"stop_token_ids", EPD_OAI_K_ALL, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
     {"logprobs", EPD_OAI_K_ALL, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
     {"top_logprobs", EPD_OAI_K_CH, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
+    {"echo", EPD_OAI_K_C, EPD_OAI_F_IMPL, EPD_OAI_NOOP_NONE, NULL},
     /* accepted, without effect */
     {"user", EPD_OAI_K_ALL, EPD_OAI_F_NOEFFECT, EPD_OAI_NOOP_NONE, NULL},
     {"metadata", EPD_OAI_K_ALL, EPD_OAI_F_NOEFFECT, EPD_OAI_NOOP_NONE, NULL},
@@ -105,7 +106,7 @@ static const epd_oai_field_t epd_oai_fields[] = {
     /* accepted only at the value that asks for nothing */
     {"min_p", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_ZERO, "min_p sampling"},
     {"best_of", EPD_OAI_K_C, EPD_OAI_F_NOOP, EPD_OAI_NOOP_ONE, "best_of"},
-    {"echo", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_FALSE, "echo"},
+    {"echo", EPD_OAI_K_CH, EPD_OAI_F_NOOP, EPD_OAI_NOOP_FALSE, "echo"},
     {"suffix", EPD_OAI_K_C, EPD_OAI_F_NOOP, EPD_OAI_NOOP_EMPTY_STR, "suffixes (insertion)"},
     {"response_format", EPD_OAI_K_ALL, EPD_OAI_F_NOOP, EPD_OAI_NOOP_FORMAT_TEXT,
      "structured output (only {\"type\": \"text\"})"},

@@ -92,28 +92,42 @@ void epd_oai_request_destroy(epd_oai_request_t *req)
     epd_free(req->stop_token_ids);
     epd_free(req->prompt_ids);
     epd_free(req->msgs);
+    for (i = 0; i < req->n_batch; i++) {
+        epd_free(req->batch[i].text);
+        epd_free(req->batch[i].ids);
+    }
+    epd_free(req->batch);
     epd_free(req);
 }
 
-static epd_status_t epd_oai_parse_prompt(json_t *root, epd_oai_request_t *req, epd_oai_error_t *err)
+/* One prompt `v` (a string or a non-empty array of token ids; `what` names
+ * it in errors) into *text and *len, or *ids and *n_ids (then *text is "").
+ * Owned by the caller, also on failure. */
+static epd_status_t epd_oai_prompt_one(json_t *v, const char *what, char **text, size_t *len,
+                                       uint32_t **ids, size_t *n_ids, epd_oai_error_t *err)
 {
-    json_t *v = epd_oai_opt_field(root, "prompt");
-
-    if (v == NULL) {
-        epd_oai_missing_error(err, "prompt");
+    if (json_is_string(v)) {
+        *len = json_string_length(v);
+        *text = epd_strndup(json_string_value(v), *len);
+        if (*text == NULL) {
+            epd_oai_oom_error(err);
+            return EPD_ERR_NO_MEMORY;
+        }
+        return EPD_OK;
+    }
+    if (!json_is_array(v) || json_array_size(v) == 0) {
+        epd_oai_error_set(err, 400, "prompt", NULL,
+                          "'%s' must be a string or a non-empty array of token ids.", what);
         return EPD_ERR_INVALID_PARAM;
     }
-    if (json_is_array(v) && json_array_size(v) == 1 && json_is_array(json_array_get(v, 0))) {
-        v = json_array_get(v, 0); /* [[ids]]: one prompt of token ids */
-    }
-    if (json_is_array(v) && json_array_size(v) > 0 && json_is_integer(json_array_get(v, 0))) {
+    {
         /* token ids, used as given (nothing added, as vLLM does); the
          * router checks them against the vocabulary and the context */
         size_t n = json_array_size(v);
 
-        req->prompt_ids = epd_calloc(n, sizeof(*req->prompt_ids));
-        req->prompt = epd_strdup("");
-        if (req->prompt_ids == NULL || req->prompt == NULL) {
+        *ids = epd_calloc(n, sizeof(**ids));
+        *text = epd_strdup("");
+        if (*ids == NULL || *text == NULL) {
             epd_oai_oom_error(err);
             return EPD_ERR_NO_MEMORY;
         }
@@ -123,31 +137,68 @@ static epd_status_t epd_oai_parse_prompt(json_t *root, epd_oai_request_t *req, e
             if (!json_is_integer(e) || json_integer_value(e) < 0 ||
                 json_integer_value(e) > (json_int_t)UINT32_MAX) {
                 epd_oai_error_set(err, 400, "prompt", NULL,
-                                  "'prompt[%zu]' must be a token id (an integer >= 0).", i);
+                                  "'%s[%zu]' must be a token id (an integer >= 0).", what, i);
                 return EPD_ERR_INVALID_PARAM;
             }
-            req->prompt_ids[i] = (uint32_t)json_integer_value(e);
+            (*ids)[i] = (uint32_t)json_integer_value(e);
         }
-        req->n_prompt_ids = n;
-        return EPD_OK;
+        *n_ids = n;
     }
-    if (json_is_array(v)) {
-        if (json_array_size(v) != 1 || !json_is_string(json_array_get(v, 0))) {
-            epd_oai_error_set(err, 400, "prompt", NULL,
-                              "'prompt' must be a string, an array of token ids, or an array of "
-                              "exactly one of these (a batch of prompts is not supported).");
-            return EPD_ERR_INVALID_PARAM;
-        }
-        v = json_array_get(v, 0);
-    } else if (!json_is_string(v)) {
-        epd_oai_type_error(err, "prompt", "a string", v);
+    return EPD_OK;
+}
+
+/* "prompt": a string, an array of token ids, or an array of these (one:
+ * a single prompt; 2..EPD_OAI_MAX_BATCH: a batch, req->batch). */
+static epd_status_t epd_oai_parse_prompt(json_t *root, epd_oai_request_t *req, epd_oai_error_t *err)
+{
+    json_t *v = epd_oai_opt_field(root, "prompt");
+    size_t n;
+
+    if (v == NULL) {
+        epd_oai_missing_error(err, "prompt");
         return EPD_ERR_INVALID_PARAM;
     }
-    req->prompt_len = json_string_length(v);
-    req->prompt = epd_strndup(json_string_value(v), req->prompt_len);
-    if (req->prompt == NULL) {
+    if (json_is_array(v) && json_array_size(v) > 0 && json_is_integer(json_array_get(v, 0))) {
+        return epd_oai_prompt_one(v, "prompt", &req->prompt, &req->prompt_len, &req->prompt_ids,
+                                  &req->n_prompt_ids, err);
+    }
+    if (!json_is_array(v)) {
+        if (!json_is_string(v)) {
+            epd_oai_type_error(err, "prompt", "a string", v);
+            return EPD_ERR_INVALID_PARAM;
+        }
+        return epd_oai_prompt_one(v, "prompt", &req->prompt, &req->prompt_len, &req->prompt_ids,
+                                  &req->n_prompt_ids, err);
+    }
+    n = json_array_size(v);
+    if (n == 0 || n > EPD_OAI_MAX_BATCH) {
+        epd_oai_error_set(err, 400, "prompt", NULL,
+                          "'prompt' as a batch must hold 1 to %d prompts, got %zu.",
+                          EPD_OAI_MAX_BATCH, n);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (n == 1) {
+        return epd_oai_prompt_one(json_array_get(v, 0), "prompt[0]", &req->prompt,
+                                  &req->prompt_len, &req->prompt_ids, &req->n_prompt_ids, err);
+    }
+    req->batch = epd_calloc(n, sizeof(*req->batch));
+    req->prompt = epd_strdup(""); /* each member's prompt is its batch entry */
+    if (req->batch == NULL || req->prompt == NULL) {
         epd_oai_oom_error(err);
         return EPD_ERR_NO_MEMORY;
+    }
+    req->n_batch = n;
+    for (size_t i = 0; i < n; i++) {
+        epd_oai_prompt_t *p = &req->batch[i];
+        char what[32];
+        epd_status_t st;
+
+        snprintf(what, sizeof(what), "prompt[%zu]", i);
+        st = epd_oai_prompt_one(json_array_get(v, i), what, &p->text, &p->len, &p->ids,
+                                &p->n_ids, err);
+        if (st != EPD_OK) {
+            return st;
+        }
     }
     return EPD_OK;
 }
@@ -679,10 +730,17 @@ static epd_status_t epd_oai_parse_fields(epd_oai_kind_t kind, json_t *root,
     if (status != EPD_OK) {
         return status;
     }
-    if (n != 1) {
-        epd_oai_error_set(
-            err, 400, "n", NULL,
-            "'n' must be 1: this server returns one choice per request (got %" PRId64 ").", n);
+    if (n < 1 || n > EPD_OAI_MAX_N) {
+        epd_oai_error_set(err, 400, "n", NULL,
+                          "'n' must be an integer from 1 to %d (got %" PRId64 ").", EPD_OAI_MAX_N,
+                          n);
+        return EPD_ERR_INVALID_PARAM;
+    }
+    req->n = (uint32_t)n;
+    if ((req->n_batch > 0 ? req->n_batch : 1) * req->n > EPD_OAI_MAX_CHOICES) {
+        epd_oai_error_set(err, 400, "n", NULL,
+                          "'n' x the prompts must be at most %d choices (got %zu).",
+                          EPD_OAI_MAX_CHOICES, req->n_batch * req->n);
         return EPD_ERR_INVALID_PARAM;
     }
     status = epd_oai_parse_bool(root, "stream", "stream", &req->stream, err);
@@ -713,6 +771,20 @@ static epd_status_t epd_oai_parse_fields(epd_oai_kind_t kind, json_t *root,
     status = epd__oai_parse_sampling(root, req, err);
     if (status != EPD_OK) {
         return status;
+    }
+    if (kind == EPD_OAI_COMPLETION) {
+        status = epd_oai_parse_bool(root, "echo", "echo", &req->echo, err);
+        if (status != EPD_OK) {
+            return status;
+        }
+        if (req->echo && req->want_logprobs) {
+            /* the prompt's own logprobs would need a scoring pass the
+             * prefill does not make: refused rather than half answered */
+            epd_oai_error_set(err, 400, "echo", "unsupported_parameter",
+                              "'echo' with 'logprobs' is not supported: this server does not "
+                              "compute the prompt's log-probabilities.");
+            return EPD_ERR_INVALID_PARAM;
+        }
     }
     {
         /* extension: "epd_encode": "local" makes the prefill worker encode

@@ -60,7 +60,7 @@ void epd__router_fail_no_workers(epd_router_t *rt, epd_router_req_t *r, uint64_t
     char headers[160], wait[64];
     uint32_t retry_s = 1;
 
-    if (r->stream_started || r->http == NULL) {
+    if (r->stream_started || r->http == NULL || r->group != NULL) {
         epd__router_fail_http(rt, r, EPD_ROUTER_ERR_NO_WORKERS, 503,
                               "no prefill or decode worker is available%s%s", "", "");
         return;
@@ -101,7 +101,9 @@ void epd__router_fail_http(epd_router_t *rt, epd_router_req_t *r, epd_router_err
     if (http_status >= 500) {
         snprintf(err.type, sizeof(err.type), "server_error");
     }
-    if (r->stream_started) {
+    if (r->group != NULL) {
+        epd__router_group_fail(rt, r, &err); /* the whole answer */
+    } else if (r->stream_started) {
         epd_oai_buf_reset(&rt->out);
         if (epd_oai_stream_error(&r->stream, &err, &rt->out) == EPD_OK) {
             (void)epd_http_stream_send(r->http, rt->out.data, rt->out.len);
@@ -140,6 +142,15 @@ void epd__router_fail_overloaded(epd_router_t *rt, epd_router_req_t *r, const ch
                       "The server is overloaded: %s. Please try again in %us.", why,
                       (retry_ms + 999) / 1000);
     snprintf(err.type, sizeof(err.type), "requests");
+    if (r->group != NULL) {
+        /* the whole answer (without Retry-After: the SDKs retry a 429
+         * all the same) */
+        epd__router_group_fail(rt, r, &err);
+        epd_router_histo_observe(&rt->m.e2e,
+                                 (double)(epd_time_now_ns() - r->t_arrival_ns) / 1e9);
+        r->http = NULL;
+        return;
+    }
     epd_oai_buf_reset(&rt->out);
     snprintf(headers, sizeof(headers), "Retry-After: %u\r\nretry-after-ms: %u\r\n",
              (retry_ms + 999) / 1000, retry_ms);
@@ -159,6 +170,9 @@ static int epd_router_stream_start(epd_router_t *rt, epd_router_req_t *r)
 {
     char hdr[64];
 
+    if (r->group != NULL) {
+        return epd__router_group_stream_start(rt, r);
+    }
     if (r->stream_started) {
         return 0;
     }
@@ -169,6 +183,16 @@ static int epd_router_stream_start(epd_router_t *rt, epd_router_req_t *r)
     r->stream_started = 1;
     (void)epd_http_stream_start_ex(r->http, 200,
                                    epd_router_wait_header(r, r->nw_wait_ns, hdr, sizeof(hdr)));
+    if (r->echo_len > 0) {
+        /* echo: the prompt is the choice's first text */
+        epd_oai_buf_reset(&rt->out);
+        if (epd_oai_stream_text(&r->stream, r->echo, r->echo_len, &rt->out) != EPD_OK) {
+            return -1;
+        }
+        if (rt->out.len > 0) {
+            (void)epd_http_stream_send(r->http, rt->out.data, rt->out.len);
+        }
+    }
     return 0;
 }
 
@@ -315,7 +339,35 @@ void epd__router_finish_ok(epd_router_t *rt, epd_router_req_t *r, epd_oai_finish
                                   (int64_t)r->cached_tokens, &rt->out) == EPD_OK) {
             (void)epd_http_stream_send(r->http, rt->out.data, rt->out.len);
         }
-        (void)epd_http_stream_end(r->http);
+        if (r->group != NULL) {
+            epd__router_group_finish(rt, r, finish, NULL, 0); /* the last ends the stream */
+        } else {
+            (void)epd_http_stream_end(r->http);
+        }
+    } else if (r->group != NULL) {
+        /* the last answers; a member's logprobs go with its choice */
+        epd_oai_buf_t frag = EPD_OAI_BUF_INIT;
+
+        if (r->oai->want_logprobs && epd_router_logprobs_frag(rt, r, 0, r->n_out, &frag) != 0) {
+            epd__router_fail_http(rt, r, EPD_ROUTER_ERR_INTERNAL, 500, "out of memory%s%s", "",
+                                  "");
+        } else {
+            epd__router_group_finish(rt, r, finish, r->oai->want_logprobs ? frag.data : NULL,
+                                     frag.len);
+        }
+        epd_oai_buf_cleanup(&frag);
+    } else if (r->echo_len > 0) {
+        epd_oai_choice_t c = {r->echo, r->echo_len, r->text != NULL ? r->text : "",
+                              r->text_len, finish, NULL, 0};
+
+        epd_oai_buf_reset(&rt->out);
+        if (epd_oai_response_encode_choices(r->oai->kind, r->id, rt->model_name, r->created, &c,
+                                            1, r->n_prompt, r->n_out, (int64_t)r->cached_tokens,
+                                            &rt->out) != EPD_OK) {
+            epd__router_respond_simple_error(rt, r->http, 500, "out of memory");
+        } else {
+            (void)epd_http_respond(r->http, 200, EPD_ROUTER_JSON, rt->out.data, rt->out.len);
+        }
     } else {
         epd_oai_buf_reset(&rt->out);
         if (epd_oai_response_encode(r->oai->kind, r->id, rt->model_name, r->created, r->text,

@@ -213,7 +213,15 @@ epd_status_t epd__router_dispatch(epd_router_t *rt, epd_router_req_t *r, uint64_
         epd_router_worker_t *ew[EPD_CLIENT_MEDIA_MAX];
         uint64_t t_send;
 
-        pw = r->n_images > 0
+        /* a group's later choice: the prefill worker that computed its
+         * prompt for the first (its prefix cache holds it), when it can
+         * take it now; else the policy's pick */
+        pw = r->pin_prefill[0] != '\0'
+                 ? epd_router_registry_pinned(&rt->reg, EPD_CLIENT_ROLE_PREFILL, r->pin_prefill,
+                                              &fit, r->avoid, r->n_avoid)
+                 : NULL;
+        pw = pw != NULL        ? pw
+             : r->n_images > 0
                  ? epd_router_registry_pick_images(&rt->reg, r->prompt, r->n_prompt,
                                                    (const unsigned char(*)[32])r->img_hash,
                                                    r->n_images, r->avoid, r->n_avoid, now_ns)

@@ -548,6 +548,21 @@ epd_router_worker_t *epd_router_registry_pick_kv(epd_router_registry_t *reg, int
     return NULL;
 }
 
+epd_router_worker_t *epd_router_registry_pinned(epd_router_registry_t *reg, int role,
+                                                const char *worker_id,
+                                                const epd_router_fit_t *fit,
+                                                epd_router_worker_t *const *avoid,
+                                                size_t n_avoid)
+{
+    epd_router_worker_t *w = epd_router_registry_find(reg, worker_id);
+
+    if (w == NULL || !epd_router_eligible_fit(w, role, fit) ||
+        epd_router_avoided(w, avoid, n_avoid)) {
+        return NULL;
+    }
+    return w;
+}
+
 epd_router_worker_t *epd_router_registry_pick(epd_router_registry_t *reg, int role,
                                               const uint32_t *prompt, uint32_t n_prompt,
                                               epd_router_worker_t *const *avoid, size_t n_avoid)

@@ -206,6 +206,16 @@ uint32_t epd_router_decode_blocks(const epd_router_worker_t *w, const epd_router
  * is borrowed for the call. */
 int epd_router_has_room(const epd_router_worker_t *w, const epd_router_fit_t *fit);
 
+/* The live entry of `worker_id` when it is a `role` worker that could take
+ * a request of `fit` now (READY, reachable, room) and is not in
+ * avoid[0..n_avoid); else NULL.  A group's later choices are pinned so to
+ * the prefill worker whose prefix cache holds their prompt. */
+epd_router_worker_t *epd_router_registry_pinned(epd_router_registry_t *reg, int role,
+                                                const char *worker_id,
+                                                const epd_router_fit_t *fit,
+                                                epd_router_worker_t *const *avoid,
+                                                size_t n_avoid);
+
 /* Nonzero when workers of `role` are eligible (READY, reachable) and not
  * one of their pools could ever hold the request, however long it waited:
  * decode prompt + max_new tokens, prefill the prompt (whole blocks, each

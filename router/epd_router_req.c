@@ -138,7 +138,14 @@ static void epd_router_req_free(epd_router_t *rt, epd_router_req_t *r)
         r->next->prev = r->prev;
     }
     rt->n_reqs--;
-    epd_oai_request_destroy(r->oai);
+    if (r->group != NULL) {
+        /* a member borrows the group's oai */
+        r->group->members[r->choice] = NULL;
+        epd__router_group_unref(r->group);
+    } else {
+        epd_oai_request_destroy(r->oai);
+    }
+    epd_free(r->echo);
     epd_oai_stream_cleanup(&r->stream);
     epd_free(r->img_hash);
     epd_free(r->img_pos);
@@ -580,7 +587,10 @@ static void epd_router_req_step(epd_router_t *rt, epd_router_req_t *r,
         switch (r->state) {
         case EPD_ROUTER_REQ_PARSED:
             epd_router_req_list(rt, r);
-            epd_http_req_set_abort(r->http, epd_router_on_http_abort, r);
+            if (r->group == NULL) {
+                /* (a group's members hear of it through the group's) */
+                epd_http_req_set_abort(r->http, epd_router_on_http_abort, r);
+            }
             if (rt->n_waiting >= rt->max_queue) {
                 /* the queue is full: not even a place in line */
                 rt->m.rejected_queue_full++;
@@ -756,6 +766,24 @@ static void epd_router_phases(epd_router_t *rt, epd_router_req_t *r, const epd_c
     r->cached_tokens = cached;
 }
 
+/* Hands group member i (PARSED) to the request path, its HTTP side the
+ * group's (NULL when the group is already answered: it just ends). */
+static void epd_router_group_start_member(epd_router_t *rt, epd_router_group_t *g, uint32_t i,
+                                          uint64_t now_ns)
+{
+    epd_router_req_t *m = g->members[i];
+
+    if (m == NULL || g->started[i]) {
+        return;
+    }
+    g->started[i] = 1;
+    g->refs++; /* dropped when it is freed */
+    m->http = g->http;
+    m->queue_deadline_ns = now_ns + (uint64_t)rt->queue_timeout_ms * 1000000ull;
+    epd_router_req_advance(rt, m, NULL, now_ns);
+    rt->queue_kick = 1; /* the event's handler walks the queue once it is done */
+}
+
 /* The attempt's first tokens: the prefill worker ran with every image's
  * embeddings (it has them cached now), and its prompt no longer waits. */
 static void epd_router_first_tokens(epd_router_t *rt, epd_router_req_t *r,
@@ -771,6 +799,20 @@ static void epd_router_first_tokens(epd_router_t *rt, epd_router_req_t *r,
     if (r->n_out == 0) {
         epd_router_histo_observe(&rt->m.ttft, (double)(now - r->t_arrival_ns) / 1e9);
         epd_router_phases(rt, r, ev, now);
+        if (r->group != NULL && r->choice % r->group->n_choices == 0) {
+            /* a leader's prompt is prefilled and cached: its other
+             * choices now (queued behind what waits; started from an
+             * event, so the queue's walk runs them) */
+            epd_router_group_t *g = r->group;
+
+            for (uint32_t i = r->choice + 1; i < r->choice + g->n_choices; i++) {
+                if (g->members[i] != NULL && r->pw != NULL) {
+                    snprintf(g->members[i]->pin_prefill, sizeof(g->members[i]->pin_prefill),
+                             "%s", r->pw->info.worker_id);
+                }
+                epd_router_group_start_member(rt, g, i, now);
+            }
+        }
     }
     epd_trace_span(rt->trace, "wait for first token", "router", ev->request_id, -1, r->t_submit_ns,
                    now);
@@ -885,8 +927,11 @@ void epd__router_on_event(void *arg, const epd_client_event_t *ev)
     }
     /* an ERROR or a REFUSED is always an attempt's last event */
     epd_router_req_advance(rt, r, terminal ? ev : NULL, now);
-    if (terminal && rt->wait_head != NULL) {
-        epd_router_queue_run(rt, now); /* an attempt's end may have made room */
+    if ((terminal || rt->queue_kick) && rt->wait_head != NULL) {
+        /* an attempt's end may have made room; a group's choices may have
+         * joined the queue */
+        rt->queue_kick = 0;
+        epd_router_queue_run(rt, now);
     }
 }
 
@@ -919,6 +964,11 @@ void epd__router_tick(epd_router_t *rt, uint64_t now_ns)
         epd_router_req_advance(rt, r, NULL, now_ns);
     }
     epd_router_queue_run(rt, now_ns);
+}
+
+void epd__router_req_poke(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns)
+{
+    epd_router_req_advance(rt, r, NULL, now_ns);
 }
 
 void epd__router_req_start(epd_router_t *rt, epd_router_req_t *r, uint64_t now_ns)

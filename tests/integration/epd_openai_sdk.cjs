@@ -209,7 +209,7 @@ async function main() {
                                  'tools'],
                                 [{ response_format: { type: 'json_object' } }, 'response_format'],
                                 [{ logprobs: true, top_logprobs: 1000 }, 'top_logprobs'],
-                                [{ n: 2 }, 'n'],
+                                [{ n: 17 }, 'n'],
                                 [{ no_such_knob: 1 }, 'no_such_knob']]) {
     try {
       await client.chat.completions.create(Object.assign({

@@ -47,6 +47,7 @@ ALL_TESTS += tests/integration/test_disagg_ucx_shm.sh \
              tests/integration/test_router_auth.sh \
              tests/integration/test_openai_sdk.sh \
              tests/integration/test_openai_surface.sh \
+             tests/integration/test_openai_choices.sh \
              tests/integration/test_router_rejoin.sh \
              tests/integration/test_multimodal_local.sh \
              tests/integration/test_multimodal_ucx_shm.sh \

@@ -5,7 +5,7 @@
 # apiKey: models, chat and completions, non-streaming and streaming, equal
 # epd-generate's text, with the sampling fields (penalties, logit_bias,
 # repetition_penalty, min_tokens) too; a refused field (tools,
-# response_format, top_logprobs 1000, n 2, an unknown key) is the SDK's
+# response_format, top_logprobs 1000, n 17, an unknown key) is the SDK's
 # BadRequestError naming it; chat logprobs come one per token; a bad request becomes the SDK's APIError with a 4xx,
 # a wrong key its AuthenticationError (401, invalid_api_key).  The SDK is
 # installed into build/node once (npm); without node/npm, or when npm

@@ -194,7 +194,7 @@ bad = [
     ({"model": "m", "messages": msgs, "top_logprobs": 2}, "top_logprobs"),
     ({"model": "m", "messages": msgs, "logprobs": True, "top_logprobs": 1000}, "top_logprobs"),
     ({"model": "m", "prompt": "a", "n": -1}, "n"),
-    ({"model": "m", "prompt": "a", "n": 3}, "n"),
+    ({"model": "m", "prompt": "a", "n": 17}, "n"),
     ({"model": "m", "prompt": "a", "no_such_field": 1}, "no_such_field"),
     ({"model": "m", "prompt": "a", "logit_bias": {"258": 1}}, "logit_bias"),
     ({"model": "m", "prompt": "a", "logit_bias": {"4294967296": 1}}, "logit_bias"),

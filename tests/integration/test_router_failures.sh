@@ -60,7 +60,7 @@ check_bad 400 POST /v1/completions '{"model":"m","prompt":"x","max_tokens":0}'
 check_bad 400 POST /v1/completions '{"model":"m","prompt":"x","max_tokens":100000}'
 check_bad 400 POST /v1/completions '{"model":"m","prompt":"x","temperature":5}'
 check_bad 400 POST /v1/completions '{"model":"m","prompt":"x","top_p":0}'
-check_bad 400 POST /v1/completions '{"model":"m","prompt":"x","n":2}'
+check_bad 400 POST /v1/completions '{"model":"m","prompt":"x","n":17}'
 check_bad 400 POST /v1/completions '{"model":"m","prompt":"x","stream":"yes"}'
 check_bad 400 POST /v1/completions "{\"model\":\"m\",\"prompt\":\"$(cat "$T/toolong")\"}"
 check_bad 400 POST /v1/chat/completions '{"model":"m","messages":[]}'

@@ -6,6 +6,9 @@ $(test_epd_client_OBJS): EPD_CPPFLAGS += -Irouter
 # router/epd_http_*.c (a real server on loopback driven by raw sockets).
 $(eval $(call epd_test,test_epd_openai,tests/router/test_epd_openai.c,epd_api epd_engine epd_common))
 $(test_epd_openai_OBJS): EPD_CPPFLAGS += -Irouter
+# several choices: prompt batches, n, echo, the multi-choice answer and stream
+$(eval $(call epd_test,test_epd_openai_choices,tests/router/test_epd_openai_choices.c,epd_api epd_engine epd_common))
+$(test_epd_openai_choices_OBJS): EPD_CPPFLAGS += -Irouter
 $(eval $(call epd_test,test_epd_http,tests/router/test_epd_http.c,epd_api epd_engine epd_common))
 $(test_epd_http_OBJS): EPD_CPPFLAGS += -Irouter
 # router/epd_http_proxy.c: --trusted-proxies parsing and the X-Forwarded-For
