@@ -164,6 +164,8 @@ deps:
 		echo "deps: the npm packages of the k8s manifest check are not installed (offline?)"
 	@./tests/tokenizer/deps.sh build/tokenizer-node || \
 		echo "deps: the npm packages of the tokenizer oracle test are not installed (offline?)"
+	@./tests/integration/openai-sdk/deps.sh build/node || \
+		echo "deps: the OpenAI Node SDK of the OpenAI-surface tests is not installed (offline?)"
 
 # Every test: unit (cmocka) and integration, each in its own process with a
 # timeout; then the same suite built with ASan + UBSan by clang.

@@ -26,11 +26,7 @@ wait_router_state "$r_ADDR" prefill-0 READY
 
 have_sdk=0
 if command -v node >/dev/null 2>&1; then
-  if [ ! -f "$NODE_DIR/node_modules/openai/package.json" ] && command -v npm >/dev/null 2>&1; then
-    mkdir -p "$NODE_DIR"
-    timeout 180 npm install --prefix "$NODE_DIR" --no-audit --no-fund --loglevel=error \
-      openai@4 >"$T/npm.log" 2>&1 || tail -n 5 "$T/npm.log"
-  fi
+  # make deps installs it (tests/integration/openai-sdk/deps.sh)
   [ -f "$NODE_DIR/node_modules/openai/package.json" ] && have_sdk=1
 fi
 if [ "$have_sdk" = 1 ]; then

@@ -7,9 +7,9 @@
 # repetition_penalty, min_tokens) too; a refused field (tools,
 # response_format, top_logprobs 1000, n 17, an unknown key) is the SDK's
 # BadRequestError naming it; chat logprobs come one per token; a bad request becomes the SDK's APIError with a 4xx,
-# a wrong key its AuthenticationError (401, invalid_api_key).  The SDK is
-# installed into build/node once (npm); without node/npm, or when npm
-# cannot install it (offline), the test says SKIP and passes.
+# a wrong key its AuthenticationError (401, invalid_api_key).  The SDK
+# (openai 4.104.0, pinned in tests/integration/openai-sdk/) is installed
+# into build/node by make deps; without it (offline) the test says SKIP.
 source "$(dirname "$0")/lib.sh"
 
 NODE_DIR=${EPD_NODE_DIR:-build/node}
@@ -18,18 +18,9 @@ if ! command -v node >/dev/null 2>&1; then
   exit 0
 fi
 if [ ! -f "$NODE_DIR/node_modules/openai/package.json" ]; then
-  if ! command -v npm >/dev/null 2>&1; then
-    echo "SKIP: npm is not installed (cannot install the OpenAI Node SDK into $NODE_DIR)"
-    exit 0
-  fi
-  mkdir -p "$NODE_DIR"
-  note "npm install openai@4 into $NODE_DIR"
-  if ! timeout 180 npm install --prefix "$NODE_DIR" --no-audit --no-fund --loglevel=error \
-      openai@4 >"$T/npm.log" 2>&1; then
-    tail -n 5 "$T/npm.log"
-    echo "SKIP: npm could not install the OpenAI Node SDK (offline?)"
-    exit 0
-  fi
+  # make deps installs it (tests/integration/openai-sdk/deps.sh)
+  echo "SKIP: the OpenAI Node SDK is not installed in $NODE_DIR (make deps; offline?)"
+  exit 0
 fi
 note "OpenAI Node SDK $(sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' \
   "$NODE_DIR/node_modules/openai/package.json" | head -n 1), node $(node --version)"
