@@ -189,12 +189,9 @@ static int bu_cmp_double(const void *a, const void *b)
 /* The value of one series of /metrics (0 when absent). */
 static double bu_metric(const char *text, const char *name)
 {
-    char key[160];
-    const char *p;
+    double v = 0.0;
 
-    snprintf(key, sizeof(key), "\n%s ", name);
-    p = text != NULL ? strstr(text, key) : NULL;
-    return p != NULL ? strtod(p + strlen(key), NULL) : 0.0;
+    return text != NULL && epd_bench_metric(text, name, &v) ? v : 0.0;
 }
 
 static char *bu_get_metrics(const struct sockaddr_in *addr)

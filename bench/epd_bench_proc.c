@@ -224,3 +224,31 @@ int epd_bench_write_sim(const char *dir)
     fclose(f);
     return 0;
 }
+
+int epd_bench_metric(const char *text, const char *name, double *out)
+{
+    size_t nl = strlen(name);
+
+    for (const char *p = text; p != NULL && *p != '\0';) {
+        const char *eol = strchr(p, '\n');
+        const char *q = p + nl;
+
+        if (*p != '#' && strncmp(p, name, nl) == 0) {
+            if (strncmp(q, "{model=\"", 8) == 0) {
+                /* skip the (escaped) value to its closing quote */
+                for (q += 8; *q != '\0' && *q != '\n' && *q != '"'; q++) {
+                    if (*q == '\\' && q[1] != '\0' && q[1] != '\n') {
+                        q++;
+                    }
+                }
+                q = *q == '"' && q[1] == '}' ? q + 2 : NULL;
+            }
+            if (q != NULL && *q == ' ') {
+                *out = strtod(q + 1, NULL);
+                return 1;
+            }
+        }
+        p = eol != NULL ? eol + 1 : NULL;
+    }
+    return 0;
+}

@@ -1323,10 +1323,8 @@ static void sv_print(sv_t *b, sv_phase_t *phs, int n_ph)
  * (blocking, 5 s at most; before and after the run only). */
 static int sv_metrics_ttft(const sv_t *b, double *sum_p, uint64_t *count_p)
 {
-    static const char k_sum[] = "\nepd_router_ttft_seconds_sum ";
-    static const char k_count[] = "\nepd_router_ttft_seconds_count ";
     struct timeval tv = {.tv_sec = 5, .tv_usec = 0};
-    char req[256], *buf, *p;
+    char req[256], *buf;
     size_t len = 0, cap = 1 << 20;
     int fd, n, rc = -1;
 
@@ -1346,19 +1344,16 @@ static int sv_metrics_ttft(const sv_t *b, double *sum_p, uint64_t *count_p)
     if (connect(fd, (const struct sockaddr *)&b->addr, sizeof(b->addr)) == 0 &&
         write(fd, req, (size_t)n) == n) {
         ssize_t got;
+        double count;
 
         while (len < cap && (got = read(fd, buf + len, cap - len)) > 0) {
             len += (size_t)got;
         }
         buf[len] = '\0';
-        p = strstr(buf, k_sum);
-        if (p != NULL) {
-            *sum_p = strtod(p + sizeof(k_sum) - 1, NULL);
-            p = strstr(buf, k_count);
-            if (p != NULL) {
-                *count_p = strtoull(p + sizeof(k_count) - 1, NULL, 10);
-                rc = 0;
-            }
+        if (epd_bench_metric(buf, "epd_router_ttft_seconds_sum", sum_p) &&
+            epd_bench_metric(buf, "epd_router_ttft_seconds_count", &count)) {
+            *count_p = (uint64_t)count;
+            rc = 0;
         }
     }
     close(fd);
@@ -1397,12 +1392,9 @@ static int sv_metrics_get(const sv_t *b, const char *const *names, int n, double
         }
         buf[len] = '\0';
         for (int i = 0; i < n; i++) {
-            char key[128];
-            char *p;
-
-            snprintf(key, sizeof(key), "\n%s ", names[i]);
-            p = strstr(buf, key);
-            out[i] = p != NULL ? strtod(p + strlen(key), NULL) : 0.0;
+            if (!epd_bench_metric(buf, names[i], &out[i])) {
+                out[i] = 0.0;
+            }
         }
         rc = 0;
     }

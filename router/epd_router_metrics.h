@@ -151,8 +151,10 @@ void epd_router_drain_sample(epd_router_drain_t *d, uint64_t ok, uint64_t now_ns
  * anything was measured. */
 uint32_t epd_router_drain_retry_ms(const epd_router_drain_t *d, uint32_t n_waiting);
 
-/* Renders every metric into `out` (appended).  `live` is the number of
- * requests the router holds now.  EPD_OK or EPD_ERR_NO_MEMORY. */
+/* Renders every metric into `out` (appended), every sample labelled
+ * model="<m->model>" first (escaped; "" when NULL), then its own labels
+ * (worker ids escaped too).  `live` is the number of requests the router
+ * holds now.  EPD_OK or EPD_ERR_NO_MEMORY. */
 epd_status_t epd_router_metrics_render(const epd_router_metrics_t *m,
                                        const epd_router_registry_t *reg, uint32_t live,
                                        epd_router_text_t *out);

@@ -110,6 +110,9 @@ note "serve"
 "$BENCH" serve --duration 1 --rate 20 --warmup 0 --prompt-len 16:32 --output-len 2:4 \
   >"$T/serve.out" 2>&1 || { tail -20 "$T/serve.out"; fail "serve"; }
 rows serve "$T/serve.out" 2 '^(router|direct) +[0-9]+ +0 '
+# the router's TTFT from its /metrics (series labelled model=, epd_bench_metric)
+grep -q "TTFT means .*the router's own /metrics .* over [1-9]" "$T/serve.out" ||
+  { tail -20 "$T/serve.out"; fail "serve: no TTFT read from the router's /metrics"; }
 
 note "burst"
 "$BENCH" burst --requests 20 --kv-blocks 512 >"$T/burst.out" 2>&1 ||

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """epd_dashboard_names.py DASHBOARD.json NAMES: every PromQL query of the
-Grafana dashboard names at least one epd_* metric, and every epd_* name a
+Grafana dashboard names at least one epd_* metric, every epd_* name a
 query uses is in NAMES (one per line: the sample and family names a live
-cluster's /metrics served).  Prints each query's names; exit 1 on a miss.
+cluster's /metrics served), and every selector filters {model=~"$model"}
+first (every series of every daemon carries the model label).  Prints each query's names; exit 1 on a miss.
 """
 import json
 import re
@@ -44,7 +45,16 @@ def main():
         if missing:
             print("FAIL: %s: not served: %s" % (q, ", ".join(missing)))
             bad += 1
-    print("dashboard: %d queries, %d with a metric nobody serves" % (len(queries), bad))
+            continue
+        # every daemon labels every series model="..." (docs/metrics.md):
+        # each selector filters by the dashboard's model variable
+        unfiltered = [m.group(1) for m in re.finditer(r'\b(epd_[a-zA-Z0-9_:]+)(\{[^}]*\})?', q)
+                      if not (m.group(2) or "").startswith('{model=~"$model"')]
+        if unfiltered:
+            print('FAIL: %s: not filtered by {model=~"$model"}: %s' % (q, ", ".join(unfiltered)))
+            bad += 1
+    print("dashboard: %d queries, %d with a metric nobody serves or not filtered by model"
+          % (len(queries), bad))
     return 1 if bad else 0
 
 

@@ -7,7 +7,8 @@
 # (its own series, plus each worker's last heartbeat republished as
 # epd_router_worker_* labelled worker= and pool=); each worker given
 # --metrics-addr serves its own /metrics (epd_<role>_*, labelled model=:
-# its phases' histograms, queue, KV, cache).  The test checks: promtool
+# its phases' histograms, queue, KV, cache).  Every sample of every daemon
+# carries model="..." first.  The test checks: promtool
 # passes every daemon's text with no parse error and no lint finding (exit
 # 0, not 3), every worker has its per-worker series at the router, each
 # worker's own families are there with the model label, a worker's
@@ -119,6 +120,24 @@ grep -q '^epd_encoder_encode_seconds_count{model="m"} 1$' "$T/e.prom" ||
 grep -q '^epd_encoder_queue_seconds_count{model="m"} 1$' "$T/e.prom" || fail "encoder: no queue"
 grep -q '^epd_encoder_queue_depth{model="m"} ' "$T/e.prom" || fail "encoder: no queue_depth"
 
+note "every sample of every daemon carries the model label first (model=\"m\", the folder's name)"
+for n in router d p e; do
+  grep -v '^#' "$T/$n.prom" | grep -v '^[a-zA-Z_:][a-zA-Z0-9_:]*{model="m"[,}]' >"$T/unlabelled.$n" || true
+  [ ! -s "$T/unlabelled.$n" ] ||
+    fail "$n: $(wc -l <"$T/unlabelled.$n") samples without model=\"m\" first: $(head -n 3 "$T/unlabelled.$n")"
+done
+grep -q '^epd_router_ttft_seconds_count{model="m"} 2$' "$T/router.prom" ||
+  fail "router: not two TTFT observations: $(grep '^epd_router_ttft_seconds_count' "$T/router.prom")"
+grep -q '^epd_router_requests_ok_total{model="m"} 2$' "$T/router.prom" ||
+  fail "router: not two requests ok: $(grep '^epd_router_requests_ok_total' "$T/router.prom")"
+# the tests' reader (router_metric) names series without the model label
+[ "$(epd_metric_value 'epd_router_worker_kv_blocks{worker="decode-0"}' <"$T/router.prom")" = 512 ] ||
+  fail "epd_metric_value does not find epd_router_worker_kv_blocks{worker=\"decode-0\"} 512"
+[ "$(epd_metric_value 'epd_router_requests_ok_total' <"$T/router.prom")" = 2 ] ||
+  fail "epd_metric_value does not find epd_router_requests_ok_total 2"
+[ -z "$(epd_metric_value 'epd_router_requests_ok_total{model="other"}' <"$T/router.prom")" ] ||
+  fail "epd_metric_value matched another model's series"
+
 note "every metric the Grafana dashboard queries is served by this cluster"
 cat "$T/router.prom" "$T/d.prom" "$T/p.prom" "$T/e.prom" |
   awk '!/^#/ { n = $1; sub(/\{.*/, "", n); print n } /^# TYPE/ { print $3 }' | sort -u >"$T/names"
@@ -135,15 +154,15 @@ grep '^# TYPE' "$T/router.prom" "$T/d.prom" "$T/p.prom" "$T/e.prom" | awk '{ pri
 note "every worker's heartbeat series in the router's /metrics; Health on each control port"
 for w in decode-0:decode prefill-0:prefill encoder-0:encoder; do
   id=${w%%:*} pool=${w#*:}
-  grep -q "^epd_router_worker_queue_depth{worker=\"$id\",pool=\"$pool\"} " "$T/router.prom" ||
+  grep -q "^epd_router_worker_queue_depth{model=\"m\",worker=\"$id\",pool=\"$pool\"} " "$T/router.prom" ||
     fail "no epd_router_worker_queue_depth series for $id"
 done
 # the autoscalers' signals (deploy/k8s/prometheus/rules.yaml)
-grep -q '^epd_router_worker_kv_blocks_free{worker="decode-0"} ' "$T/router.prom" ||
+grep -q '^epd_router_worker_kv_blocks_free{model="m",worker="decode-0"} ' "$T/router.prom" ||
   fail "no epd_router_worker_kv_blocks_free for decode-0"
-grep -q '^epd_router_worker_kv_blocks{worker="decode-0"} 512$' "$T/router.prom" ||
+grep -q '^epd_router_worker_kv_blocks{model="m",worker="decode-0"} 512$' "$T/router.prom" ||
   fail "no epd_router_worker_kv_blocks 512 for decode-0"
-grep -q '^epd_router_worker_queued_tokens{worker="prefill-0"} ' "$T/router.prom" ||
+grep -q '^epd_router_worker_queued_tokens{model="m",worker="prefill-0"} ' "$T/router.prom" ||
   fail "no epd_router_worker_queued_tokens for prefill-0"
 for n in d p e; do
   a="${n}_ADDR"

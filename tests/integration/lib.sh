@@ -320,7 +320,16 @@ wait_while_running() {
 
 # router_metric HTTP_URL SERIES: the value of one series of the router's
 # /metrics, e.g. 'epd_router_worker_requests_total{worker="decode-0",pool="decode"}'
-# (empty when absent).
+# (empty when absent).  Every router series carries model="..." first; a
+# SERIES without it names the series of whatever model the router serves
+# (epd_metric_value.awk), one with it must match exactly.
 router_metric() {
-  curl -s --max-time 10 "$1/metrics" | awk -v s="$2" '$1 == s { print $2 }'
+  curl -s --max-time 10 "$1/metrics" | epd_metric_value "$2"
+}
+
+# epd_metric_value SERIES: on stdin a Prometheus text, on stdout the value
+# of SERIES (empty when absent; epd_metric_value.awk says how the model
+# label is matched).
+epd_metric_value() {
+  awk -v s="$1" -f "$(dirname "${BASH_SOURCE[0]}")/epd_metric_value.awk"
 }

@@ -153,7 +153,7 @@ PY
 
 note "declared bodies take no budget; framing refused whole (505, 501, 400, 431, 413)"
 "$PYTHON3" - "$r_HTTP" "$KEY" <<'PY' || fail "the front door"
-import http.client, json, socket, sys, urllib.parse
+import http.client, json, re, socket, sys, urllib.parse
 url, key = sys.argv[1:3]
 u = urllib.parse.urlparse(url)
 def metric(name):
@@ -162,8 +162,14 @@ def metric(name):
     text = c.getresponse().read().decode()
     c.close()
     for line in text.splitlines():
-        if line.split(" ")[0] == name:
-            return float(line.split(" ")[1])
+        if line.startswith("#") or " " not in line:
+            continue
+        series, value = line.rsplit(" ", 1)
+        # every router series has model="..." first: `name` is without it
+        series = re.sub(r'\{model="(?:[^"\\]|\\.)*"\}$', "", series)
+        series = re.sub(r'\{model="(?:[^"\\]|\\.)*",', "{", series)
+        if series == name:
+            return float(value)
     raise AssertionError("no metric " + name)
 def post(body):
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)

@@ -87,7 +87,7 @@ pools = {"queue": "router", "encode": "encoder", "prefill_queue": "prefill",
 def ph(stat, name):
     return r['epd_router_ttft_phase_seconds_%s{model="m",pool="%s",phase="%s"}' % (stat, pools[name], name)]
 bad = []
-ttft_n, ttft_s = r["epd_router_ttft_seconds_count"], r["epd_router_ttft_seconds_sum"]
+ttft_n, ttft_s = r['epd_router_ttft_seconds_count{model="m"}'], r['epd_router_ttft_seconds_sum{model="m"}']
 if ttft_n != n:
     bad.append("ttft count %d != %d requests served" % (ttft_n, n))
 total = 0.0
@@ -128,9 +128,9 @@ for w, key in ((p, 'epd_prefill_compute_seconds_count{model="m"}'),
     if w[key] != n:
         bad.append("%s = %d, not %d" % (key, w[key], n))
 pt = r['epd_router_request_prompt_tokens_sum{model="m"}']
-if pt != r["epd_router_prompt_tokens_total"] or r['epd_router_request_prompt_tokens_count{model="m"}'] != n:
+if pt != r['epd_router_prompt_tokens_total{model="m"}'] or r['epd_router_request_prompt_tokens_count{model="m"}'] != n:
     bad.append("prompt tokens per request sum %d != epd_router_prompt_tokens_total %d" %
-               (pt, r["epd_router_prompt_tokens_total"]))
+               (pt, r['epd_router_prompt_tokens_total{model="m"}']))
 cached = r['epd_router_cached_tokens_total{model="m"}']
 print("  prompt tokens %d, cached %d" % (pt, cached))
 if cached <= 0 or cached != r['epd_router_request_cached_tokens_sum{model="m"}']:

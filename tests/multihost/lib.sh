@@ -279,9 +279,10 @@ mh_curl() {
   mh_in "$host" curl -s --max-time 30 "$@"
 }
 
-# mh_metric HOST URL SERIES: one series of the router's /metrics.
+# mh_metric HOST URL SERIES: one series of the router's /metrics (SERIES
+# without the model label matches the series with it: epd_metric_value.awk).
 mh_metric() {
-  mh_curl "$1" "$2/metrics" | awk -v s="$3" '$1 == s { print $2 }'
+  mh_curl "$1" "$2/metrics" | awk -v s="$3" -f "$ITEST_DIR/epd_metric_value.awk"
 }
 
 # mh_state HOST ROUTER_ADDR WORKER: the worker's state at the router.

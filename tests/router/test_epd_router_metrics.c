@@ -1,7 +1,8 @@
 /*
  * test_epd_router_metrics.c — the router's metrics (router/epd_router_metrics.c)
  * linked with the registry alone: the queue's drain rate and the wait a
- * 429 advertises from it, and that the migrations counter is rendered.
+ * 429 advertises from it, that the migrations counter is rendered, and
+ * that every series carries the model label (escaped) before its own.
  */
 #include <stdio.h>
 #include <string.h>
@@ -65,7 +66,7 @@ static void test_render_migrations(void **state)
     epd_router_registry_init(&reg, EPD_ROUTER_POLICY_LEAST_LOAD, 1000);
     assert_int_equal(epd_router_metrics_render(&m, &reg, 0, &t), EPD_OK);
     assert_non_null(t.data);
-    assert_non_null(strstr(t.data, "\nepd_router_migrations_total 3\n"));
+    assert_non_null(strstr(t.data, "\nepd_router_migrations_total{model=\"\"} 3\n"));
     assert_non_null(strstr(t.data, "# TYPE epd_router_migrations_total counter\n"));
     epd_router_text_cleanup(&t);
     epd_router_registry_cleanup(&reg);
@@ -89,14 +90,128 @@ static void test_render_tier(void **state)
     m.prefix.tier_dropped = 7;
     epd_router_registry_init(&reg, EPD_ROUTER_POLICY_LEAST_LOAD, 1000);
     assert_int_equal(epd_router_metrics_render(&m, &reg, 0, &t), EPD_OK);
-    assert_non_null(strstr(t.data, "\nepd_router_prefix_evictions_total 9\n"));
-    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_stored_total 11\n"));
-    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_restored_disk_total 5\n"));
-    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_restore_seconds_total 0.001234\n"));
-    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_checksum_failures_total 2\n"));
-    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_dropped_total 7\n"));
+    assert_non_null(strstr(t.data, "\nepd_router_prefix_evictions_total{model=\"\"} 9\n"));
+    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_stored_total{model=\"\"} 11\n"));
+    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_restored_disk_total{model=\"\"} 5\n"));
+    assert_non_null(
+        strstr(t.data, "\nepd_router_prefix_tier_restore_seconds_total{model=\"\"} 0.001234\n"));
+    assert_non_null(
+        strstr(t.data, "\nepd_router_prefix_tier_checksum_failures_total{model=\"\"} 2\n"));
+    assert_non_null(strstr(t.data, "\nepd_router_prefix_tier_dropped_total{model=\"\"} 7\n"));
     assert_non_null(strstr(t.data, "# TYPE epd_router_prefix_tier_bytes gauge\n"));
     assert_null(strstr(t.data, "epd_router_prefix_tier_host_bytes_total"));
+    epd_router_text_cleanup(&t);
+    epd_router_registry_cleanup(&reg);
+}
+
+/* A worker of `role` named `id` in the registry (the client handle the
+ * registry asks about). */
+static struct epd_client_worker fx_cw[4];
+
+static epd_router_worker_t *fx_add(epd_router_registry_t *reg, int i, const char *id, int role)
+{
+    epd_client_worker_info_t info;
+    epd_router_worker_t *w;
+
+    memset(&info, 0, sizeof(info));
+    snprintf(info.worker_id, sizeof(info.worker_id), "%s", id);
+    info.role = role;
+    info.block_tokens = 16;
+    info.kv_blocks_total = 512;
+    info.kv_blocks_free = 512;
+    info.max_batch = 8;
+    w = epd_router_registry_add(reg, &info, 1);
+    assert_non_null(w);
+    fx_cw[i].state = EPD_OK;
+    w->cw = &fx_cw[i];
+    return w;
+}
+
+/* Every sample line of the router's /metrics is NAME{model="MODEL"...}
+ * with the model label first and escaped (backslash, quote, newline), so
+ * the older families (counters, per-worker gauges, ttft) fit the same
+ * scrape config as the workers' own /metrics; values and other labels
+ * are what they were. */
+static void test_render_model_label(void **state)
+{
+    epd_router_registry_t reg;
+    epd_router_metrics_t m;
+    epd_router_text_t t = {0};
+    epd_router_worker_t *pw, *dw;
+    const char *want = "{model=\"a\\\"b\\\\c\\nd\"";
+    size_t samples = 0;
+
+    (void)state;
+    memset(&m, 0, sizeof(m));
+    epd_router_metrics_init(&m, "a\"b\\c\nd");
+    m.migrations = 3;
+    m.ok = 41;
+    m.requests[1][1] = 6;
+    m.errors[EPD_ROUTER_ERR_CLIENT_GONE] = 2;
+    m.http.refused_per_addr = 5;
+    m.rejected_queue_full = 4;
+    epd_router_histo_observe(&m.ttft, 0.003);
+    epd_router_histo_observe(&m.ttft, 0.2);
+    epd_router_registry_init(&reg, EPD_ROUTER_POLICY_LEAST_LOAD, 1000);
+    pw = fx_add(&reg, 0, "prefill-\"0\"", EPD_CLIENT_ROLE_PREFILL);
+    dw = fx_add(&reg, 1, "decode-0", EPD_CLIENT_ROLE_DECODE);
+    pw->hb_queued_tokens = 77;
+    pw->served = 9;
+    dw->hb_kv_blocks_free = 100;
+    dw->hb_kv_bytes_received = 4096;
+    assert_int_equal(epd_router_metrics_render(&m, &reg, 2, &t), EPD_OK);
+    assert_non_null(t.data);
+    for (const char *l = t.data; *l != '\0';) {
+        const char *eol = strchr(l, '\n');
+        const char *brace = strchr(l, '{');
+
+        assert_non_null(eol);
+        if (*l != '#') {
+            /* the name, then the model label first, before any other */
+            assert_non_null(brace);
+            assert_true(brace < eol);
+            assert_int_equal(strncmp(brace, want, strlen(want)), 0);
+            assert_true(brace[strlen(want)] == '}' || brace[strlen(want)] == ',');
+            samples++;
+        }
+        l = eol + 1;
+    }
+    assert_true(samples > 100);
+#define HAS(s) assert_non_null(strstr(t.data, s))
+    HAS("\nepd_router_migrations_total{model=\"a\\\"b\\\\c\\nd\"} 3\n");
+    HAS("\nepd_router_requests_ok_total{model=\"a\\\"b\\\\c\\nd\"} 41\n");
+    HAS("\nepd_router_requests_total{model=\"a\\\"b\\\\c\\nd\",api=\"chat\",stream=\"true\"} 6\n");
+    HAS("\nepd_router_errors_total{model=\"a\\\"b\\\\c\\nd\",kind=\"client_gone\"} 2\n");
+    HAS("\nepd_router_http_refused_total{model=\"a\\\"b\\\\c\\nd\",limit=\"per_address\"} 5\n");
+    HAS("\nepd_router_rejected_total{model=\"a\\\"b\\\\c\\nd\",reason=\"queue_full\"} 4\n");
+    HAS("\nepd_router_requests_in_flight{model=\"a\\\"b\\\\c\\nd\"} 2\n");
+    /* the router's histograms: buckets cumulative, +Inf and _count equal */
+    HAS("\nepd_router_ttft_seconds_bucket{model=\"a\\\"b\\\\c\\nd\",le=\"0.0025\"} 0\n");
+    HAS("\nepd_router_ttft_seconds_bucket{model=\"a\\\"b\\\\c\\nd\",le=\"0.005\"} 1\n");
+    HAS("\nepd_router_ttft_seconds_bucket{model=\"a\\\"b\\\\c\\nd\",le=\"0.25\"} 2\n");
+    HAS("\nepd_router_ttft_seconds_bucket{model=\"a\\\"b\\\\c\\nd\",le=\"60\"} 2\n");
+    HAS("\nepd_router_ttft_seconds_bucket{model=\"a\\\"b\\\\c\\nd\",le=\"+Inf\"} 2\n");
+    HAS("\nepd_router_ttft_seconds_sum{model=\"a\\\"b\\\\c\\nd\"} 0.203000000\n");
+    HAS("\nepd_router_ttft_seconds_count{model=\"a\\\"b\\\\c\\nd\"} 2\n");
+    HAS("\nepd_router_itl_seconds_count{model=\"a\\\"b\\\\c\\nd\"} 0\n");
+    HAS("\nepd_router_workers{model=\"a\\\"b\\\\c\\nd\",pool=\"decode\",state=\"READY\"} 1\n");
+    /* per-worker series: the worker id escaped too */
+    HAS("\nepd_router_worker_queued_tokens{model=\"a\\\"b\\\\c\\nd\","
+        "worker=\"prefill-\\\"0\\\"\"} 77\n");
+    HAS("\nepd_router_worker_requests_total{model=\"a\\\"b\\\\c\\nd\","
+        "worker=\"prefill-\\\"0\\\"\",pool=\"prefill\"} 9\n");
+    HAS("\nepd_router_worker_kv_blocks_free{model=\"a\\\"b\\\\c\\nd\",worker=\"decode-0\"} 100\n");
+    HAS("\nepd_router_worker_kv_blocks{model=\"a\\\"b\\\\c\\nd\",worker=\"decode-0\"} 512\n");
+    HAS("\nepd_router_worker_kv_bytes_total{model=\"a\\\"b\\\\c\\nd\",worker=\"decode-0\","
+        "pool=\"decode\",direction=\"received\"} 4096\n");
+    HAS("\nepd_router_prefix_tier_bytes{model=\"a\\\"b\\\\c\\nd\",tier=\"host\"} 0\n");
+    /* the families' names and types are unchanged */
+    HAS("\n# TYPE epd_router_ttft_seconds histogram\n");
+    HAS("\n# TYPE epd_router_worker_kv_blocks_free gauge\n");
+    HAS("\n# TYPE epd_router_errors_total counter\n");
+#undef HAS
+    /* the raw newline of the model name never reaches the text */
+    assert_null(strstr(t.data, "a\"b"));
     epd_router_text_cleanup(&t);
     epd_router_registry_cleanup(&reg);
 }
@@ -107,6 +222,7 @@ int main(void)
         cmocka_unit_test(test_drain_retry),
         cmocka_unit_test(test_render_migrations),
         cmocka_unit_test(test_render_tier),
+        cmocka_unit_test(test_render_model_label),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
