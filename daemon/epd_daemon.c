@@ -903,6 +903,11 @@ void epd_daemon_set_prefix_root(epd_daemon_t *d, const unsigned char root[32])
     d->have_prefix_root = 1;
 }
 
+void epd_daemon_set_prefix_cache(epd_daemon_t *d, const epd_kvcache_t *cache)
+{
+    d->prefix_cache = cache;
+}
+
 void epd_daemon_prefix_hint(epd_daemon_t *d, uint64_t hint, int added)
 {
     epd_registrar_hint(d->registrar, hint, added);

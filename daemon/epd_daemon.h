@@ -59,6 +59,7 @@
 
 #include "epd_config.h"
 #include "epd_engine.h"
+#include "epd_kvcache.h"
 #include "epd_msg.h"
 #include "epd_registrar.h"
 #include "epd_rpc.h"
@@ -345,6 +346,11 @@ void epd_daemon_set_kv_layout(epd_daemon_t *d, const epd_kv_layout_t *kv); /* co
  * (daemon/epd_prefix.h; copied): RegisterRequest.prefix_root, and the
  * heartbeats carry its KV hints (epd_daemon_prefix_hint).  Before serve. */
 void epd_daemon_set_prefix_root(epd_daemon_t *d, const unsigned char root[32]);
+/* That cache (borrowed; loop thread only; outlives the daemon's serve):
+ * when the router's hints of this worker start over (a lost heartbeat, a
+ * new registration), every block it holds is hinted again, so the router's
+ * view converges to it.  Before serve. */
+void epd_daemon_set_prefix_cache(epd_daemon_t *d, const epd_kvcache_t *cache);
 /* Block key hint `hint` (epd_prefix_hint) was cached (added) or evicted:
  * queued for the router's KV-aware routing (a no-op without --router or a
  * root).  Loop thread; never blocks. */

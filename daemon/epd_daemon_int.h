@@ -158,6 +158,7 @@ struct epd_daemon {
 #define EPD_DAEMON_HINTS_MAX 65536 /* KV hints queued between two heartbeats */
     int have_prefix_root;
     unsigned char prefix_root[32];
+    const epd_kvcache_t *prefix_cache; /* the role's (borrowed): resync of hints */
     Epd__KvLayout layout_msg;
     char pattern[EPD_LAYOUT_PATTERN_MAX];
     /* links and peers */

@@ -21,6 +21,8 @@
 #include "epd_alloc.h"
 #include "epd_daemon_int.h"
 #include "epd_grpc_health.pb-c.h"
+#include "epd_kvcache.h"
+#include "epd_prefix.h"
 
 /* Storage for the nested messages of one answer (caller's stack). */
 typedef struct {
@@ -264,6 +266,22 @@ static void epd_daemon_registrar_drain(void *arg)
     epd_daemon_drain(arg, "asked by the router");
 }
 
+/* The router's hints of this worker start over: every block the role's
+ * cache holds, hinted again (loop thread, through the registrar's async). */
+static void epd_daemon_registrar_resync(void *arg)
+{
+    epd_daemon_t *d = arg;
+    uint32_t n = epd_kvcache_capacity(d->prefix_cache);
+
+    for (uint32_t b = 0; b < n; b++) {
+        const epd_prefix_hash_t *key = epd_kvcache_key(d->prefix_cache, b);
+
+        if (key != NULL) {
+            epd_registrar_hint(d->registrar, epd_prefix_hint(key), 1);
+        }
+    }
+}
+
 /* Called by epd__daemon_register right after the control server started,
  * before the loop first runs: no call can have reached a handler yet. */
 static epd_status_t epd_daemon_rpc_secure(epd_daemon_t *d)
@@ -326,6 +344,7 @@ epd_status_t epd__daemon_register(epd_daemon_t *d, const char *control_address,
     cfg.load_cb = epd_daemon_registrar_load;
     cfg.drain_cb = epd_daemon_registrar_drain;
     cfg.joined_cb = joined_cb;
+    cfg.resync_cb = d->prefix_cache != NULL ? epd_daemon_registrar_resync : NULL;
     cfg.cb_arg = d;
     cfg.log_component = d->log;
     cfg.secret = d->secret.len > 0 ? d->secret.bytes : NULL;

@@ -85,6 +85,11 @@ uint32_t epd_kvcache_find(const epd_kvcache_t *c, const epd_prefix_hash_t *h)
     return EPD_KVCACHE_NONE;
 }
 
+uint32_t epd_kvcache_capacity(const epd_kvcache_t *c)
+{
+    return c->n_blocks;
+}
+
 const epd_prefix_hash_t *epd_kvcache_key(const epd_kvcache_t *c, uint32_t block)
 {
     return block < c->n_blocks && c->ent[block].cached ? &c->ent[block].key : NULL;

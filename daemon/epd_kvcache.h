@@ -47,6 +47,9 @@ uint32_t epd_kvcache_acquire(epd_kvcache_t *c, const epd_prefix_hash_t *hashes, 
 /* The block cached under h, or EPD_KVCACHE_NONE (nothing changes). */
 uint32_t epd_kvcache_find(const epd_kvcache_t *c, const epd_prefix_hash_t *h);
 
+/* Blocks the cache was created for (every block id is below it). */
+uint32_t epd_kvcache_capacity(const epd_kvcache_t *c);
+
 /* The key of cached block `block` (NULL when it is not cached). */
 const epd_prefix_hash_t *epd_kvcache_key(const epd_kvcache_t *c, uint32_t block);
 

@@ -55,6 +55,7 @@ struct epd_registrar {
     epd_registrar_load_cb_t load_cb;
     epd_registrar_drain_cb_t drain_cb;
     epd_registrar_joined_cb_t joined_cb;
+    epd_registrar_resync_cb_t resync_cb;
     void *cb_arg;
     const char *comp;
     uint32_t retry_ms, call_timeout_ms, publish_ms;
@@ -90,6 +91,7 @@ struct epd_registrar {
     atomic_int drain_delivered;
     atomic_int joined_posted; /* the first acceptance reported to the loop (once) */
     int joined_delivered;     /* loop */
+    atomic_int resync_posted; /* the router's hints were reset: resync_cb wanted */
     /* counters (thread writes, anyone reads) */
     atomic_uint_fast64_t n_attempts, n_registered, n_hb_ok, n_hb_failed, n_unknown;
     atomic_uint_fast32_t interval_ms;
@@ -226,6 +228,24 @@ static void epd_registrar_on_async(uv_async_t *async)
         if (reg->drain_cb != NULL) {
             reg->drain_cb(reg->cb_arg);
         }
+    }
+    if (atomic_exchange(&reg->resync_posted, 0) && reg->resync_cb != NULL) {
+        reg->resync_cb(reg->cb_arg); /* pushes every hint it holds again */
+    }
+}
+
+/* Registrar thread: the router's hints of this worker start over (the next
+ * heartbeat says prefix_reset): the loop is asked to push every block it
+ * holds as an added hint again, so that the router's view converges to the
+ * cache instead of keeping only what happens next. */
+static void epd_registrar_hints_restart(epd_registrar_t *reg)
+{
+    if (reg->hints == NULL) {
+        return;
+    }
+    reg->hint_reset = 1;
+    if (reg->resync_cb != NULL && !atomic_exchange(&reg->resync_posted, 1)) {
+        uv_async_send(&reg->async);
     }
 }
 
@@ -371,6 +391,8 @@ static int epd_registrar_register(epd_registrar_t *reg, epd_rpc_client_t **clien
                                                                      r->router_epoch->nonce)
                                            : 0);
         atomic_fetch_add(&reg->n_registered, 1);
+        /* a router that (re)accepts this worker knows none of its blocks */
+        epd_registrar_hints_restart(reg);
         if (!atomic_exchange(&reg->joined_posted, 1)) {
             uv_async_send(&reg->async);
         }
@@ -450,7 +472,7 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
         /* a lost event (ring full, a failed heartbeat) resets the router's
          * view of this worker: what it believes then is only what follows */
         if (atomic_exchange_explicit(&reg->hint_lost, 0, memory_order_relaxed)) {
-            reg->hint_reset = 1;
+            epd_registrar_hints_restart(reg);
         }
         head = atomic_load_explicit(&reg->hint_head, memory_order_relaxed);
         tail = atomic_load_explicit(&reg->hint_tail, memory_order_acquire);
@@ -472,7 +494,7 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     if (buf == NULL) {
         snprintf(why, why_cap, "out of memory");
         if (n_events > 0) {
-            reg->hint_reset = 1; /* those are lost */
+            epd_registrar_hints_restart(reg); /* those are lost */
         }
         return -1;
     }
@@ -481,7 +503,7 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
         snprintf(why, why_cap, "cannot create a gRPC channel");
         epd_free(buf);
         if (n_events > 0) {
-            reg->hint_reset = 1;
+            epd_registrar_hints_restart(reg);
         }
         return -1;
     }
@@ -490,7 +512,7 @@ static int epd_registrar_heartbeat(epd_registrar_t *reg, epd_rpc_client_t **clie
     epd_free(buf);
     if (st != EPD_OK) {
         if (n_events > 0) {
-            reg->hint_reset = 1;
+            epd_registrar_hints_restart(reg);
         }
         snprintf(why, why_cap, "%s%s%s", epd_status_string(st), err[0] != '\0' ? ": " : "", err);
         epd_registrar_reset_channel(client);
@@ -692,6 +714,7 @@ epd_status_t epd_registrar_start(uv_loop_t *loop, const epd_registrar_config_t *
     reg->load_cb = config->load_cb;
     reg->drain_cb = config->drain_cb;
     reg->joined_cb = config->joined_cb;
+    reg->resync_cb = config->resync_cb;
     reg->cb_arg = config->cb_arg;
     reg->comp = config->log_component != NULL ? config->log_component : "registrar";
     reg->retry_ms = config->retry_ms != 0 ? config->retry_ms : 1000;

@@ -112,6 +112,10 @@ typedef void (*epd_registrar_drain_cb_t)(void *arg);
 /* Loop thread: the router accepted this worker for the first time (called
  * once; a worker that has not joined is not ready). */
 typedef void (*epd_registrar_joined_cb_t)(void *arg);
+/* Loop thread: the router's KV hints of this worker were reset (a lost
+ * heartbeat, a full ring, a new registration): push every block held now
+ * again with epd_registrar_hint(..., added 1). */
+typedef void (*epd_registrar_resync_cb_t)(void *arg);
 
 typedef struct {
     const char *router;  /* "HOST:PORT" of the router's gRPC service (copied) */
@@ -121,6 +125,8 @@ typedef struct {
     epd_registrar_load_cb_t load_cb;   /* required */
     epd_registrar_drain_cb_t drain_cb; /* NULL: drain requests are only logged */
     epd_registrar_joined_cb_t joined_cb; /* NULL: not told */
+    epd_registrar_resync_cb_t resync_cb; /* NULL: after a reset the router
+                                          * learns only later hints */
     void *cb_arg;
     const char *log_component; /* static string, e.g. "prefill"; NULL: "registrar" */
     uint32_t retry_ms;         /* between RegisterWorker attempts; 0: 1000 */
@@ -161,9 +167,10 @@ void epd_registrar_publish(epd_registrar_t *reg, const epd_registrar_load_t *loa
  * (epd_prefix_hint of a block key) was cached (added) or evicted.  Queued
  * for the next heartbeats, in order (a lock-free ring: the loop thread
  * writes, the registrar's thread reads).  When the ring is full, or a
- * heartbeat carrying hints fails, the router is told to forget this
- * worker's earlier hints (prefix_reset): hints are only hints, a lost one
- * costs a worse choice, never a wrong answer.  Loop thread.
+ * heartbeat carrying hints fails, or the router (re)accepts this worker,
+ * the router is told to forget this worker's earlier hints (prefix_reset)
+ * and resync_cb pushes every block held again: hints are only hints, a
+ * lost one costs a worse choice, never a wrong answer.  Loop thread.
  */
 void epd_registrar_hint(epd_registrar_t *reg, uint64_t hint, int added);
 

@@ -66,6 +66,7 @@ epd_status_t epd__decode_cache_init(epd_decode_srv_t *srv, const char *engine_na
         return st;
     }
     epd_daemon_set_prefix_root(srv->d, srv->proot.b); /* KV hints for the router */
+    epd_daemon_set_prefix_cache(srv->d, srv->pcache);
     epd_log_info(EPD_DECODE_LOG, 0, "decode-side reuse on: finished prompts' blocks stay cached");
     return EPD_OK;
 }

@@ -62,6 +62,7 @@ epd_status_t epd__prefill_cache_init(epd_prefill_srv_t *srv, const char *engine_
     }
     /* the router routes by what we hold (KV hints with the heartbeats) */
     epd_daemon_set_prefix_root(srv->d, srv->proot.b);
+    epd_daemon_set_prefix_cache(srv->d, srv->pcache);
     srv->ckpt_bytes = (uint64_t)kv->n_linear_layers * kv->state_bytes;
     if (srv->ckpt_bytes > 0) {
         uint64_t slots = srv->ckpt_budget / srv->ckpt_bytes;
