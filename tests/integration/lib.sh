@@ -123,6 +123,10 @@ start_unjoined() {
   local name=$1 role=$2
   shift 2
   rm -f "$T/$name.ready"
+  # the log exists before the loop below reads it: the background job opens
+  # it in its own time ("sed: can't read p.log", exit 2 under set -e, once
+  # in a loaded make check)
+  : >>"$T/$name.log"
   "$BIN/epd-$role" --ready-file "$T/$name.ready" "$@" >>"$T/$name.log" 2>&1 &
   local pid=$!
   PIDS+=("$pid")
