@@ -50,24 +50,31 @@ EPD_CPPFLAGS := -D_GNU_SOURCE $(PKG_CFLAGS) \
 # The layers (DESIGN.md "Layers inside the tree"): each folder compiles with
 # the include paths of what it may use and nothing above it, so an include
 # that goes up a layer (or sideways into another daemon) fails to build.
-#   common <- transport, engine <- proto <- daemon <- encoder, prefill, decode, router
+#   common <- transport, engine <- api, proto <- daemon, client
+#          <- encoder, prefill, decode, router <- bench
+# (api: the HTTP server and the OpenAI layer; client: the request-plane
+# client and epd-ctl)
 INC_common    := -Icommon
 INC_transport := $(INC_common) -Itransport
 INC_engine    := $(INC_common) -Iengine
+INC_api       := $(INC_engine) -Iapi
 INC_proto     := $(INC_common) -Itransport -Iengine -Iproto -I$(BUILD)/gen
 INC_daemon    := $(INC_proto) -Idaemon
+INC_client    := $(INC_proto) -Iclient
 INC_encoder   := $(INC_daemon) -Iencoder
 INC_prefill   := $(INC_daemon) -Iprefill
 INC_decode    := $(INC_daemon) -Idecode
-INC_router    := $(INC_daemon) -Irouter
+INC_router    := $(INC_daemon) -Iapi -Iclient -Irouter
 # benchmarks and tests stand above everything (tests reach internals)
-INC_all       := $(INC_daemon) -Iencoder -Iprefill -Idecode -Irouter
+INC_all       := $(INC_daemon) -Iapi -Iclient -Iencoder -Iprefill -Idecode -Irouter
 $(BUILD)/obj/common/%.o:    EPD_INC = $(INC_common)
 $(BUILD)/obj/transport/%.o: EPD_INC = $(INC_transport)
 $(BUILD)/obj/engine/%.o:    EPD_INC = $(INC_engine)
 $(BUILD)/obj/proto/%.o:     EPD_INC = $(INC_proto)
 $(BUILD)/obj/gen/%.o:       EPD_INC = $(INC_proto)
 $(BUILD)/obj/daemon/%.o:    EPD_INC = $(INC_daemon)
+$(BUILD)/obj/api/%.o:       EPD_INC = $(INC_api)
+$(BUILD)/obj/client/%.o:    EPD_INC = $(INC_client)
 $(BUILD)/obj/encoder/%.o:   EPD_INC = $(INC_encoder)
 $(BUILD)/obj/prefill/%.o:   EPD_INC = $(INC_prefill)
 $(BUILD)/obj/decode/%.o:    EPD_INC = $(INC_decode)
@@ -134,7 +141,7 @@ $(BUILD)/tests/$(1): $$($(1)_OBJS) $$(foreach l,$(3),$(BUILD)/lib/lib$$(l).a)
 endef
 
 # Each folder registers its pieces.  Order matters only for readability.
-MODULES := common proto transport engine daemon encoder prefill decode router bench tests
+MODULES := common proto transport engine api daemon client encoder prefill decode router bench tests
 -include $(foreach m,$(MODULES),$(wildcard $(m)/module.mk))
 
 $(BUILD)/obj/%.o: %.c

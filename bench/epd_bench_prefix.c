@@ -15,7 +15,7 @@
  *                  prompt, every question and every answer, the answers
  *                  being the tokens the cluster generated) plus a new
  *                  question.
- * Requests go straight to the two workers (router/epd_client, token ids,
+ * Requests go straight to the two workers (client/epd_client, token ids,
  * the router's chat template), greedy, --max-tokens each.  Per row: TTFT
  * p50 / p99 (submit -> first token), prompt tokens, prefill tokens
  * computed (the prefill's Load.prefix counters; with the cache off every

@@ -19,7 +19,7 @@
  *           events, E2E = `data: [DONE]`;
  *   direct  the same token ids (tokenized here with the same engine the
  *           router uses) straight to the prefill and decode workers with
- *           router/epd_client, driven from the same kind of loop:
+ *           client/epd_client, driven from the same kind of loop:
  *           TTFT = first TokenChunk, ITL = gaps between chunks, E2E = the
  *           last chunk.
  * "What the router adds" is the difference of the two paths'

@@ -4,7 +4,7 @@
  * `GET /metrics` (and HEAD) with the Prometheus text a render callback
  * writes, 404 for another path, 405 for another method, then closes.
  *
- * Why not router/epd_http: it lives above daemon/ (tests/tree/test_layers.sh
+ * Why not api/epd_http: it lives above daemon/ (tests/tree/test_layers.sh
  * and the Makefile's include paths forbid the upward use), and a scrape
  * needs none of its keep-alive, bodies, API keys or OpenAI routes.  What it
  * keeps of its defences: at most EPD_METRICS_HTTP_CONNS connections (a new

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the HTTP request path (router/epd_http_*): the
+ * libFuzzer target for the HTTP request path (api/epd_http_*): the
  * input is the byte stream a client sends on one connection to a real
  * server — request lines, headers, Content-Length and chunked bodies,
  * pipelined requests, garbage — parsed by http-parser through the server's
@@ -97,7 +97,7 @@ static int setup(void)
     cfg.max_body_bytes = 8192;
     /* a connection's share of it, 4096, is the body limit: a declared 7000
      * fits max_body_bytes, not the share (one connection at a time cannot
-     * reach the budget itself; tests/router/test_epd_http.c does) */
+     * reach the budget itself; tests/api/test_epd_http.c does) */
     cfg.max_buffered_body_bytes = 16 * 4096;
     cfg.max_connections = 8;
     cfg.max_connections_per_addr = 4;

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the OpenAI request parser (router/epd_openai): any
+ * libFuzzer target for the OpenAI request parser (api/epd_openai): any
  * body is parsed, as a completion and as a chat request, into a checked
  * request or refused with a 4xx error whose JSON encodes; a parsed request
  * then goes through the length check, and the body's bytes are streamed

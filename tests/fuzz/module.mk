@@ -14,10 +14,10 @@ FUZZ_LOOP_OBJ := $(BUILD)/obj/tests/transport/epd_xport_loop.o
 # to rebuild when only a header changed), after the generated headers
 FUZZ_OBJS := $(patsubst tests/fuzz/%.c,$(BUILD)/obj/tests/fuzz/%.o,$(FUZZ_SRCS))
 ALL_OBJS += $(FUZZ_OBJS)
-$(BUILD)/obj/tests/fuzz/fuzz_epd_openai.o: EPD_CPPFLAGS += -Irouter
+$(BUILD)/obj/tests/fuzz/fuzz_epd_openai.o: EPD_CPPFLAGS += -Iapi
 # the HTTP request path: bytes of one connection to a real server on
-# loopback (its internals: -Irouter, epd_http_int.h)
-$(BUILD)/obj/tests/fuzz/fuzz_epd_http.o: EPD_CPPFLAGS += -Irouter
+# loopback (its internals: -Iapi, epd_http_int.h)
+$(BUILD)/obj/tests/fuzz/fuzz_epd_http.o: EPD_CPPFLAGS += -Iapi
 $(BUILD)/obj/tests/fuzz/fuzz_epd_xport_frame.o \
 $(BUILD)/obj/tests/fuzz-replay/fuzz_epd_xport_frame.o: EPD_CPPFLAGS += -Itests/transport
 $(BUILD)/fuzz/fuzz_epd_xport_frame: $(FUZZ_LOOP_OBJ)
@@ -58,7 +58,7 @@ FUZZ_REPLAY_OBJS := $(patsubst %,$(BUILD)/obj/tests/fuzz-replay/%.o,$(FUZZ_NAMES
 FUZZ_REPLAY_MAIN := $(BUILD)/obj/tests/fuzz/epd_fuzz_replay.o
 ALL_OBJS += $(FUZZ_REPLAY_OBJS) $(FUZZ_REPLAY_MAIN)
 ALL_TESTS += $(BUILD)/tests/test_fuzz_replay
-$(FUZZ_REPLAY_OBJS) $(FUZZ_REPLAY_MAIN): EPD_CPPFLAGS += -Irouter
+$(FUZZ_REPLAY_OBJS) $(FUZZ_REPLAY_MAIN): EPD_CPPFLAGS += -Iapi -Iclient -Irouter
 $(FUZZ_REPLAY_MAIN): EPD_CPPFLAGS += '-DEPD_FUZZ_LIST=$(foreach n,$(FUZZ_NAMES),X($(n)))' \
                                      -DEPD_FUZZ_CORPUS='"$(CURDIR)/tests/fuzz/corpus"'
 # the list is compiled in: a target added (a new fuzz_*.c) rebuilds it

@@ -1,7 +1,7 @@
 /*
  * epd_itest_storm.c — `epd-itest-storm --prefill ADDR --decode ADDR --model DIR`:
  * many concurrent requests through one prefill and one decode daemon, with
- * aborts at random moments, over router/epd_client (what the router will
+ * aborts at random moments, over client/epd_client (what the router will
  * use).  Run by test_storm_aborts.sh, which starts and stops the daemons.
  *
  * Each request gets a random prompt, max_tokens and sampling (greedy or

@@ -31,7 +31,7 @@ function fail(msg) {
   process.exit(1);
 }
 
-// The router's chat template (router/epd_openai.c), one user message.
+// The router's chat template (api/epd_openai.c), one user message.
 function chatPrompt(content) {
   return '<|user|>\n' + content + '\n<|assistant|>\n';
 }

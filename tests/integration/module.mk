@@ -3,14 +3,14 @@
 # timeout, with EPD_BUILD naming the build whose binaries it tests); the C
 # helper programs they run are built into $(BUILD)/itest (not
 # $(BUILD)/tests: the runner must not start them on their own).
-ITEST_LIBS := epd_router epd_xport epd_proto epd_engine epd_common
+ITEST_LIBS := epd_client epd_xport epd_proto epd_engine epd_common
 
 # $(call epd_itest_prog,NAME,SOURCES) -> $(BUILD)/itest/NAME
 define epd_itest_prog
 $(1)_OBJS := $$(call obj_of,$(2))
 ALL_OBJS += $$($(1)_OBJS)
 ALL_PROGS += $(BUILD)/itest/$(1)
-$$($(1)_OBJS): EPD_CPPFLAGS += -Irouter -Itests/integration
+$$($(1)_OBJS): EPD_CPPFLAGS += -Iclient -Itests/integration
 $(BUILD)/itest/$(1): $$($(1)_OBJS) $$(foreach l,$(ITEST_LIBS),$(BUILD)/lib/lib$$(l).a)
 	@mkdir -p $$(@D)
 	@$(if $(filter 1,$(V)),,echo "  LD      $$@";)$(CC) $(EPD_LDFLAGS) -o $$@ $$($(1)_OBJS) \

@@ -1,5 +1,5 @@
 /*
- * Tests of router/epd_openai_*.c: every refusal has its status, type, param
+ * Tests of api/epd_openai_*.c: every refusal has its status, type, param
  * and code; valid bodies parse to the right fields; the chat template is
  * exact; every encoder's output parses back with jansson and has the
  * fields the official SDKs read; a stream never splits a UTF-8 character

@@ -1,5 +1,5 @@
 /*
- * Tests of router/epd_client.c without daemons: Health answers are parsed
+ * Tests of client/epd_client.c without daemons: Health answers are parsed
  * and refused exactly; and a client talks over a real transport (UCX on
  * loopback, both ends in this process and thread) to a scripted fake
  * worker that plays prefill and decode: the GenerateRequest both receive,

@@ -23,7 +23,7 @@
  * Without the flag, the file EPD_CLUSTER_SECRET_FILE names is used, if set
  * (scripts that call epd-ctl many times).
  *
- * submit is a one-request client of the request plane (router/epd_client):
+ * submit is a one-request client of the request plane (client/epd_client):
  * Health on both control addresses, the same GenerateRequest to both
  * workers, then the token stream printed as it arrives.  The model folder
  * is used only for the tokenizer: the prompt is tokenized exactly as

@@ -1,5 +1,5 @@
 /*
- * test_epd_openai_choices.c — router/epd_openai_*.c for answers of several
+ * test_epd_openai_choices.c — api/epd_openai_*.c for answers of several
  * choices: "prompt" as a batch (strings and token ids), "n" and its caps,
  * "echo", the multi-choice answer (epd_oai_response_encode_choices) and a
  * member stream's index, finish without [DONE], and the trailer.  Each

@@ -1,5 +1,5 @@
 /*
- * Tests of router/epd_http_*.c: a real server on 127.0.0.1 (ephemeral port)
+ * Tests of api/epd_http_*.c: a real server on 127.0.0.1 (ephemeral port)
  * runs on a libuv loop in the test's main thread, and a client thread
  * speaks raw HTTP to it over blocking sockets (each read has a timeout).
  * The client records what it saw; the main thread asserts once the loop

@@ -1,5 +1,5 @@
 /*
- * Tests of router/epd_http_proxy.c: --trusted-proxies parsing (IPv4 and
+ * Tests of api/epd_http_proxy.c: --trusted-proxies parsing (IPv4 and
  * IPv6 blocks, single addresses, every malformed entry refused with a
  * reason that names it) and the X-Forwarded-For rule (nginx's
  * real_ip_recursive): from an untrusted peer the header is ignored; from a
