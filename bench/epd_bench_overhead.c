@@ -94,6 +94,10 @@
 #include "epd_time.h"
 #include "epd_xport.h"
 
+/* a GenerateRequest carries its prompt: room for 1M tokens and more (the
+ * transport's limit; 1 MiB refused 1M-token prompts) */
+#define OB_TXBUF (16u << 20)
+
 static const char *const ob_arm_name[OB_ARMS] = {"A", "B", "Z"};
 
 static const ob_xport_t ob_xports[] = {
@@ -322,7 +326,7 @@ static epd_status_t ob_send_generate(ob_t *b, epd_xport_ep_t *ep, const uint32_t
     }
     env.body_case = EPD__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
-    st = epd_msg_encode(&env, b->txbuf, 1 << 20, &len);
+    st = epd_msg_encode(&env, b->txbuf, OB_TXBUF, &len);
     if (st != EPD_OK) {
         return st;
     }
@@ -1682,7 +1686,7 @@ int epd_bench_overhead_main(int argc, char **argv)
                               "overhead") != 0) {
         return 1;
     }
-    b.txbuf = malloc(1 << 20);
+    b.txbuf = malloc(OB_TXBUF);
     b.epoch_start = epd_time_wall_ns();
     b.epoch_nonce = epd_rng_entropy();
     b.next_id = ((uint64_t)(uint32_t)getpid() << 32) | 1;
