@@ -183,6 +183,7 @@ struct sv {
     int64_t long_len;   /* --long-len: bytes of every --long-every'th prompt */
     int64_t long_every; /* 0: no long prompts */
     int64_t chunk_tokens; /* own cluster: prefill's --prefill-chunk-tokens, -1 default */
+    int no_prefix_cache;  /* own cluster: prefill's --no-prefix-cache */
     char **img_url;     /* [2 * n_images] data: URLs */
     size_t *img_url_len;
     double img0[6], img1[6]; /* the router's image counters before / after */
@@ -1309,9 +1310,10 @@ static void sv_print(sv_t *b, sv_phase_t *phs, int n_ph)
 
         snprintf(ct, sizeof(ct), "%lld", (long long)b->chunk_tokens);
         printf("long-mixed: arrival N*%lld-1 a %lld-byte prompt; the percentiles below are the "
-               "other prompts'; prefill --prefill-chunk-tokens %s\n",
+               "other prompts'; prefill --prefill-chunk-tokens %s%s\n",
                (long long)b->long_every, (long long)b->long_len,
-               b->chunk_tokens < 0 ? "(the engine's default)" : ct);
+               b->chunk_tokens < 0 ? "(the engine's default)" : ct,
+               b->no_prefix_cache ? ", --no-prefix-cache" : "");
     }
     printf("%-8s %7s %6s %8s %9s | %8s %8s %8s | %7s %7s %7s | %8s %8s %8s\n", "path", "ok",
            "errors", "req/s", "tok/s", "ttft_p50", "ttft_p90", "ttft_p99", "itl_p50", "itl_p90",
@@ -1622,11 +1624,15 @@ static int sv_cluster_start(sv_t *b)
             "--worker-id", "prefill-0",   "--router", b->router_ctl_buf, "--ready-file",
             pready,        "--kv-blocks", pblocks,    "--state-slots",   "512",
             "--cluster-secret-file", b->secret_file,
-            "--log-level", "warn",        NULL, NULL, NULL};
+            "--log-level", "warn",        NULL, NULL, NULL, NULL};
+        int n = 19;
 
         if (b->chunk_tokens >= 0) {
-            argv[19] = "--prefill-chunk-tokens";
-            argv[20] = chunk;
+            argv[n++] = "--prefill-chunk-tokens";
+            argv[n++] = chunk;
+        }
+        if (b->no_prefix_cache) {
+            argv[n++] = "--no-prefix-cache";
         }
 
         b->pids[2] = epd_bench_spawn(argv, plog);
@@ -1797,6 +1803,9 @@ int epd_bench_serve_main(int argc, char **argv)
          "the other prompts', the long ones get their own line"},
         {"prefill-chunk-tokens", EPD_OPT_INT, &b.chunk_tokens, -1, 1 << 24,
          "own cluster: prefill's --prefill-chunk-tokens (0: off; -1: the engine's default)"},
+        {"no-prefix-cache", EPD_OPT_BOOL, &b.no_prefix_cache, 0, 0,
+         "own cluster: prefill without its prefix cache (long prompts then evict nothing into "
+         "its host tier)"},
         {"workload", EPD_OPT_STRING, &workload_help, 0, 0,
          "shared-prefix: the prefix cache off vs on, its own options (--workload shared-prefix "
          "--help)"},

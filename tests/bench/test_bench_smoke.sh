@@ -122,9 +122,10 @@ note "serve"
   >"$T/serve.out" 2>&1 || { tail -20 "$T/serve.out"; fail "serve"; }
 rows serve "$T/serve.out" 2 '^(router|direct) +[0-9]+ +0 '
 
-note "serve long-mixed: every 4th prompt 40,000 bytes, prefill chunks of 4096"
+note "serve long-mixed: every 4th prompt 40,000 bytes, prefill chunks of 4096, no prefix cache"
 "$BENCH" serve --duration 1 --rate 8 --warmup 0 --prompt-len 1000 --output-len 2:4 \
-  --long-len 40000 --long-every 4 --prefill-chunk-tokens 4096 --phases router,direct \
+  --long-len 40000 --long-every 4 --prefill-chunk-tokens 4096 --no-prefix-cache \
+  --phases router,direct \
   >"$T/servelong.out" 2>&1 || { tail -20 "$T/servelong.out"; fail "serve long-mixed"; }
 rows "serve long-mixed" "$T/servelong.out" 2 '^(router|direct) +[0-9]+ +0 '
 rows "serve long-mixed, long lines" "$T/servelong.out" 2 '^  (router|direct) long prompts: [1-9]'
