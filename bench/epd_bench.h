@@ -53,6 +53,8 @@ int epd_bench_wait_workers(const char *ctl, const epd_secret_t *secret, int want
  * 1B-parameter timing on one H200 (prefill of 128 tokens ~0.4 ms, a decode
  * step ~0.5 ms), byte tokenizer, context 4096.  0 or -1. */
 int epd_bench_write_sim(const char *dir);
+/* The same with the profile's max_context set (long-prompt workloads). */
+int epd_bench_write_sim_ctx(const char *dir, uint32_t max_context);
 /* The value of the sample `name` (a name without labels) in the
  * Prometheus text `text`: the line `name value` or `name{model="..."}
  * value` (the model label every router series carries).  1 with *out set,

@@ -94,6 +94,10 @@
 #include "epd_time.h"
 #include "epd_xport.h"
 
+/* a GenerateRequest carries its prompt: room for 1M tokens and more (the
+ * transport's limit; 1 MiB refused 1M-token prompts) */
+#define OB_TXBUF (16u << 20)
+
 static const char *const ob_arm_name[OB_ARMS] = {"A", "B", "Z"};
 
 static const ob_xport_t ob_xports[] = {
@@ -322,7 +326,7 @@ static epd_status_t ob_send_generate(ob_t *b, epd_xport_ep_t *ep, const uint32_t
     }
     env.body_case = EPD__ENVELOPE__BODY_GENERATE;
     env.generate = &g;
-    st = epd_msg_encode(&env, b->txbuf, 1 << 20, &len);
+    st = epd_msg_encode(&env, b->txbuf, OB_TXBUF, &len);
     if (st != EPD_OK) {
         return st;
     }
@@ -1066,7 +1070,7 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
 {
     char model[PATH_MAX], p_ready[PATH_MAX], d_ready[PATH_MAX], p_trace[PATH_MAX],
         d_trace[PATH_MAX], p_log[PATH_MAX], d_log[PATH_MAX], p_ctl[128], d_ctl[128];
-    char pexe[PATH_MAX], dexe[PATH_MAX], gbuf[32], kvb_p[32], kvb_d[32], gname[32];
+    char pexe[PATH_MAX], dexe[PATH_MAX], gbuf[32], kvb_p[32], kvb_d[32], gname[32], cbuf[16];
     int arms[OB_ARMS] = {OB_ARM_A, OB_ARM_B, OB_ARM_Z};
     int n_arms = b->zero ? 3 : 2;
     uint32_t max_len = 0;
@@ -1175,6 +1179,14 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
             pargv[n++] = gbuf;
             pargv[n] = NULL;
         }
+        if (b->chunk_tokens >= 0) {
+            /* long prompts: chunked prefill streams each chunk's KV as it
+             * is made (docs/long-context.md); absent, the engine's default */
+            snprintf(cbuf, sizeof(cbuf), "%d", b->chunk_tokens);
+            pargv[n++] = "--prefill-chunk-tokens";
+            pargv[n++] = cbuf;
+            pargv[n] = NULL;
+        }
         /* decode's own */
         n = 0;
         while (dargv[n] != NULL) {
@@ -1214,7 +1226,7 @@ static int ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long l
     epd_xport_config_init(&xc);
     xc.backend = xp->backend;
     xc.provider = xp->provider;
-    xc.max_msg_size = 64 * 1024; /* as the daemons */
+    xc.max_msg_size = epd_msg_cap_for_context(max_len); /* the prompt travels whole */
     xc.peer_timeout_ms = 60000;
     xc.connect_timeout_ms = 10000;
     xc.msg_cb = ob_on_msg;
@@ -1498,6 +1510,7 @@ static void ob_usage(void)
            "  --kv-dtypes LIST     the same, maps separated by ';' (\"bf16;int8;0-3:bf16,4-:fp8\")\n"
            "  --scale S            sim engines at scale S (0 < S <= 1) instead of their own\n"
            "                       (dense-70b 0.05, hybrid-320b 0.1): 1 is the full-size KV\n"
+           "  --chunk-tokens N     prefill's --prefill-chunk-tokens (0: off) [its engine's]\n"
            "  --verify MODE        decode's --verify for stamped KV: stamps or full [stamps]\n"
            "  --tsv                tab-separated rows (engine xport tokens kv_dtype kv_bytes\n"
            "                       ovh_pct floor_pct excess_pct bound ...; the header names\n"
@@ -1537,6 +1550,7 @@ int epd_bench_overhead_main(int argc, char **argv)
     b.zero = 1;
     b.cpu = 1;
     b.verify = "stamps";
+    b.chunk_tokens = -1;
     b.trace_len = 1024;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1600,6 +1614,9 @@ int epd_bench_overhead_main(int argc, char **argv)
         } else if (strcmp(a, "--scale") == 0) {
             b.scale = atof(v);
             bad = !(b.scale > 0.0 && b.scale <= 1.0);
+        } else if (strcmp(a, "--chunk-tokens") == 0) {
+            b.chunk_tokens = atoi(v);
+            bad = b.chunk_tokens < 0 || strspn(v, "0123456789") != strlen(v);
         } else if (strcmp(a, "--verify") == 0) {
             b.verify = v;
             bad = strcmp(v, "stamps") != 0 && strcmp(v, "full") != 0;
@@ -1669,7 +1686,7 @@ int epd_bench_overhead_main(int argc, char **argv)
                               "overhead") != 0) {
         return 1;
     }
-    b.txbuf = malloc(1 << 20);
+    b.txbuf = malloc(OB_TXBUF);
     b.epoch_start = epd_time_wall_ns();
     b.epoch_nonce = epd_rng_entropy();
     b.next_id = ((uint64_t)(uint32_t)getpid() << 32) | 1;
@@ -1693,6 +1710,9 @@ int epd_bench_overhead_main(int argc, char **argv)
                "# bandwidth (B); floor = least B-A this link and compute allow; excess = ovh -\n"
                "# floor; A! = A's compute > 1.02 x model.  Load average at start: %s, %ld CPUs\n",
                b.verify, la, sysconf(_SC_NPROCESSORS_ONLN));
+        if (b.chunk_tokens >= 0) {
+            printf("# prefill --prefill-chunk-tokens %d\n", b.chunk_tokens);
+        }
     }
     ob_print_header(&b);
     for (int ei = 0; ei < b.n_engines; ei++) {

@@ -89,6 +89,7 @@ typedef struct {
     int reps, reps_long, reps_ref, warmup;
     int zero; /* run the Z arm */
     double scale; /* 0: each sim engine's own */
+    int chunk_tokens; /* prefill's --prefill-chunk-tokens; -1: its engine's default */
     int tsv;
     int cpu;  /* print the per-thread CPU lines */
     const char *verify; /* decode's --verify */

@@ -191,6 +191,11 @@ int epd_bench_wait_workers(const char *ctl, const epd_secret_t *secret, int want
 
 int epd_bench_write_sim(const char *dir)
 {
+    return epd_bench_write_sim_ctx(dir, 4096);
+}
+
+int epd_bench_write_sim_ctx(const char *dir, uint32_t max_context)
+{
     char path[4096 + 32];
     FILE *f;
 
@@ -205,7 +210,8 @@ int epd_bench_write_sim(const char *dir)
     fprintf(f, "name = serve-1b\nn_layers = 4\nlayer_pattern = A\nhidden = 2048\nn_heads = 16\n"
                "n_kv_heads = 4\nhead_dim = 64\nkv_dtype = BF16\nstate_bytes = 0\n"
                "active_params = 1.0e9\ntotal_params = 1.0e9\nweight_bytes = 2\nvocab = 258\n"
-               "max_context = 4096\n");
+               "max_context = %u\n",
+            max_context);
     fclose(f);
     snprintf(path, sizeof(path), "%s/h200.profile", dir);
     f = fopen(path, "w");

@@ -31,6 +31,14 @@
  * gives its mean, which splits the added time into the router's inside and
  * the HTTP/SSE hop.
  *
+ * Long-mixed (--long-len L --long-every N): every N-th arrival's prompt is
+ * L bytes instead (drawn after the others' values, so the short prompts
+ * are those of the same run without it); the TTFT/ITL/E2E percentiles are
+ * then the short prompts' alone — what the long ones cost them — and the
+ * long ones get a line of their own.  With an own cluster, the sim model's
+ * window and both pools grow to hold two long prompts, and
+ * --prefill-chunk-tokens is given to the prefill worker (0: chunking off).
+ *
  * Without --router the benchmark starts its own cluster from build/bin
  * (router + 1 prefill + 1 decode, engine sim with a small profile written
  * into a temp folder; --sim-model DIR to use another sim or ref model
@@ -91,6 +99,7 @@ typedef struct {
     uint32_t text_off, text_len;
     uint32_t max_tokens;
     int32_t image; /* index into the image pool, -1: none */
+    int is_long;   /* --long-every: one of the long prompts */
     uint64_t seed;
     int32_t *tokens; /* direct phase: BOS + bytes (tokenized here) */
     uint32_t n_tokens;
@@ -171,6 +180,10 @@ struct sv {
     int keep;
     int64_t n_images;   /* --images: distinct images per path (0: text requests) */
     int64_t image_size; /* their width and height */
+    int64_t long_len;   /* --long-len: bytes of every --long-every'th prompt */
+    int64_t long_every; /* 0: no long prompts */
+    int64_t chunk_tokens; /* own cluster: prefill's --prefill-chunk-tokens, -1 default */
+    int no_prefix_cache;  /* own cluster: prefill's --no-prefix-cache */
     char **img_url;     /* [2 * n_images] data: URLs */
     size_t *img_url_len;
     double img0[6], img1[6]; /* the router's image counters before / after */
@@ -345,8 +358,12 @@ static int sv_workload(sv_t *b)
         fprintf(stderr, "serve: --prompt-len/--output-len: want N or A:B (1..1000000)\n");
         return -1;
     }
-    if (phi >= SV_TEXT_BYTES / 2) {
+    if (phi >= SV_TEXT_BYTES / 2 || b->long_len >= SV_TEXT_BYTES / 2) {
         fprintf(stderr, "serve: prompts up to %u bytes\n", SV_TEXT_BYTES / 2);
+        return -1;
+    }
+    if (b->long_every > 0 && b->long_len == 0) {
+        fprintf(stderr, "serve: --long-every needs --long-len\n");
         return -1;
     }
     b->n_work = (uint32_t)ceil(b->rate * b->duration_s);
@@ -371,6 +388,13 @@ static int sv_workload(sv_t *b)
         w->text_off = (uint32_t)(sv_rand(&s) % (SV_TEXT_BYTES - w->text_len));
         w->max_tokens = olo + (uint32_t)(sv_rand(&s) % (ohi - olo + 1));
         w->seed = sv_rand(&s);
+        /* drawn like the others first, so the short prompts around it are
+         * the same as in a run without long prompts */
+        if (b->long_every > 0 && i % (uint32_t)b->long_every == (uint32_t)b->long_every - 1) {
+            w->is_long = 1;
+            w->text_len = (uint32_t)b->long_len;
+            w->text_off = (uint32_t)(sv_rand(&s) % (SV_TEXT_BYTES - w->text_len));
+        }
         w->image = -1;
         if (b->n_images > 0) {
             /* each path its own pool of --images distinct images (a cache
@@ -1096,6 +1120,8 @@ static int sv_run_phase(sv_t *b, int mode, sv_phase_t *hph, sv_phase_t *dph)
         epd_status_t st;
 
         epd_client_config_init(&cc);
+        /* the longest prompt travels whole (BOS + one token a byte at most) */
+        cc.max_msg_size = epd_msg_cap_for_context(SV_TEXT_BYTES / 2 + 1);
         cc.event_cb = sv_on_client_event;
         cc.cb_arg = b;
         cc.worker_id = "bench-serve";
@@ -1163,7 +1189,9 @@ static double sv_pct(double *v, size_t n, double p)
 }
 
 typedef struct {
-    double ttft[3], itl[3], e2e[3]; /* p50, p90, p99 in ms */
+    double ttft[3], itl[3], e2e[3]; /* p50, p90, p99 in ms (long prompts apart) */
+    double long_ttft[3];            /* --long-every's prompts: p50, max, mean in ms */
+    uint64_t long_ok;
     uint64_t ok, err, tokens;
     double secs, rps, tps;
     double ttft_mean_all; /* ms, every ok request, warm-up included (vs /metrics) */
@@ -1174,13 +1202,15 @@ static void sv_stats(sv_t *b, sv_phase_t *ph, sv_stats_t *s)
 {
     double *ttft = epd_malloc((ph->n + 1) * sizeof(double));
     double *e2e = epd_malloc((ph->n + 1) * sizeof(double));
+    double *long_ttft = epd_malloc((ph->n + 1) * sizeof(double));
     size_t n = 0;
     static const double ps[3] = {50, 90, 99};
 
     memset(s, 0, sizeof(*s));
-    if (ttft == NULL || e2e == NULL) {
+    if (ttft == NULL || e2e == NULL || long_ttft == NULL) {
         epd_free(ttft);
         epd_free(e2e);
+        epd_free(long_ttft);
         return;
     }
     /* the first --warmup requests are sent but not counted */
@@ -1196,6 +1226,14 @@ static void sv_stats(sv_t *b, sv_phase_t *ph, sv_stats_t *s)
         }
         s->ok++;
         s->tokens += r->n_tokens;
+        if (b->work[i].is_long) {
+            /* the percentiles are the short prompts' (what a long prompt
+             * costs the others); the long ones get their own line */
+            double t = (double)(r->t_first - r->t_send) / 1e6;
+
+            long_ttft[s->long_ok++] = t;
+            continue;
+        }
         ttft[n] = (double)(r->t_first - r->t_send) / 1e6;
         e2e[n] = (double)(r->t_end - r->t_send) / 1e6;
         n++;
@@ -1215,6 +1253,17 @@ static void sv_stats(sv_t *b, sv_phase_t *ph, sv_stats_t *s)
     }
     qsort(ttft, n, sizeof(double), sv_cmp_double);
     qsort(e2e, n, sizeof(double), sv_cmp_double);
+    qsort(long_ttft, s->long_ok, sizeof(double), sv_cmp_double);
+    if (s->long_ok > 0) {
+        double sum = 0;
+
+        for (uint64_t i = 0; i < s->long_ok; i++) {
+            sum += long_ttft[i];
+        }
+        s->long_ttft[0] = sv_pct(long_ttft, s->long_ok, 50);
+        s->long_ttft[1] = long_ttft[s->long_ok - 1];
+        s->long_ttft[2] = sum / (double)s->long_ok;
+    }
     qsort(ph->itl_us, ph->n_itl, sizeof(double), sv_cmp_double);
     for (int k = 0; k < 3; k++) {
         s->ttft[k] = sv_pct(ttft, n, ps[k]);
@@ -1232,6 +1281,7 @@ static void sv_stats(sv_t *b, sv_phase_t *ph, sv_stats_t *s)
     s->tps = s->secs > 0 ? (double)s->tokens / s->secs : 0;
     epd_free(ttft);
     epd_free(e2e);
+    epd_free(long_ttft);
 }
 
 static void sv_print(sv_t *b, sv_phase_t *phs, int n_ph)
@@ -1255,6 +1305,16 @@ static void sv_print(sv_t *b, sv_phase_t *phs, int n_ph)
                strcmp(b->phases, "ab") == 0 ? "alternating router/direct (half the rate each)"
                                             : b->phases);
     }
+    if (b->long_every > 0) {
+        char ct[32];
+
+        snprintf(ct, sizeof(ct), "%lld", (long long)b->chunk_tokens);
+        printf("long-mixed: arrival N*%lld-1 a %lld-byte prompt; the percentiles below are the "
+               "other prompts'; prefill --prefill-chunk-tokens %s%s\n",
+               (long long)b->long_every, (long long)b->long_len,
+               b->chunk_tokens < 0 ? "(the engine's default)" : ct,
+               b->no_prefix_cache ? ", --no-prefix-cache" : "");
+    }
     printf("%-8s %7s %6s %8s %9s | %8s %8s %8s | %7s %7s %7s | %8s %8s %8s\n", "path", "ok",
            "errors", "req/s", "tok/s", "ttft_p50", "ttft_p90", "ttft_p99", "itl_p50", "itl_p90",
            "itl_p99", "e2e_p50", "e2e_p90", "e2e_p99");
@@ -1274,6 +1334,11 @@ static void sv_print(sv_t *b, sv_phase_t *phs, int n_ph)
                phs[k].name, (unsigned long long)s->ok, (unsigned long long)s->err, s->rps, s->tps,
                s->ttft[0], s->ttft[1], s->ttft[2], s->itl[0], s->itl[1], s->itl[2], s->e2e[0],
                s->e2e[1], s->e2e[2]);
+    }
+    for (int k = 0; k < n_ph && b->long_every > 0; k++) {
+        printf("  %s long prompts: %llu ok, TTFT p50 %.3f ms, max %.3f ms, mean %.3f ms\n",
+               phs[k].name, (unsigned long long)st[k].long_ok, st[k].long_ttft[0],
+               st[k].long_ttft[1], st[k].long_ttft[2]);
     }
     for (int k = 0; k < n_ph; k++) {
         for (int e = 0; e < phs[k].n_errs; e++) {
@@ -1427,7 +1492,14 @@ static int sv_cluster_start(sv_t *b)
     char model[PATH_MAX + 16], rready[PATH_MAX + 16], pready[PATH_MAX + 16], dready[PATH_MAX + 16];
     char rlog[PATH_MAX + 16], plog[PATH_MAX + 16], dlog[PATH_MAX + 16];
     char exe[PATH_MAX + 32], pexe[PATH_MAX + 32], dexe[PATH_MAX + 32];
+    char pblocks[24], dblocks[24], chunk[24];
+    /* a long prompt's blocks on top of the short prompts' pools, twice (a
+     * second one may arrive while the first's blocks are still held) */
+    uint64_t extra = b->long_every > 0 ? 2 * ((uint64_t)b->long_len / 16 + 2) : 0;
 
+    snprintf(pblocks, sizeof(pblocks), "%llu", (unsigned long long)(8192 + extra));
+    snprintf(dblocks, sizeof(dblocks), "%llu", (unsigned long long)(16384 + extra));
+    snprintf(chunk, sizeof(chunk), "%lld", (long long)b->chunk_tokens);
     snprintf(b->tmp, sizeof(b->tmp), "/tmp/epd-serve.XXXXXX");
     if (mkdtemp(b->tmp) == NULL) {
         return -1;
@@ -1458,7 +1530,10 @@ static int sv_cluster_start(sv_t *b)
         }
     } else {
         snprintf(model, sizeof(model), "%s/sim", b->tmp);
-        if (epd_bench_write_sim(model) != 0) {
+        /* long prompts: a context that holds them and their output */
+        if (epd_bench_write_sim_ctx(model, b->long_len + 4096 > 4096
+                                               ? (uint32_t)(b->long_len + 4096)
+                                               : 4096) != 0) {
             fprintf(stderr, "serve: cannot write the sim model into %s\n", model);
             return -1;
         }
@@ -1522,7 +1597,7 @@ static int sv_cluster_start(sv_t *b)
                         "--ready-file",
                         dready,
                         "--kv-blocks",
-                        "16384",
+                        dblocks,
                         "--max-batch",
                         "256",
                         "--state-slots",
@@ -1539,9 +1614,18 @@ static int sv_cluster_start(sv_t *b)
         char *argv[] = {
             pexe,          "--model",     model,      "--engine",        (char *)b->engine_name,
             "--worker-id", "prefill-0",   "--router", b->router_ctl_buf, "--ready-file",
-            pready,        "--kv-blocks", "8192",     "--state-slots",   "512",
+            pready,        "--kv-blocks", pblocks,    "--state-slots",   "512",
             "--cluster-secret-file", b->secret_file,
-            "--log-level", "warn",        NULL};
+            "--log-level", "warn",        NULL, NULL, NULL, NULL};
+        int n = 19;
+
+        if (b->chunk_tokens >= 0) {
+            argv[n++] = "--prefill-chunk-tokens";
+            argv[n++] = chunk;
+        }
+        if (b->no_prefix_cache) {
+            argv[n++] = "--no-prefix-cache";
+        }
 
         b->pids[2] = epd_bench_spawn(argv, plog);
     }
@@ -1687,6 +1771,17 @@ int epd_bench_serve_main(int argc, char **argv)
          "path; paths encoders vs local (prefill encodes) alternate; own cluster: ref with "
          "vision + 1 encoder (0: text requests)"},
         {"image-size", EPD_OPT_INT, &b.image_size, 8, 4096, "the images' width and height"},
+        {"long-len", EPD_OPT_INT, &b.long_len, 0, SV_TEXT_BYTES / 2 - 1,
+         "long-mixed workload: the long prompts' bytes (= tokens - 1); own cluster: the sim "
+         "model's context and the pools grow to hold two"},
+        {"long-every", EPD_OPT_INT, &b.long_every, 0, 1 << 30,
+         "every N-th arrival is a --long-len prompt (0: none); TTFT/E2E percentiles are then "
+         "the other prompts', the long ones get their own line"},
+        {"prefill-chunk-tokens", EPD_OPT_INT, &b.chunk_tokens, -1, 1 << 24,
+         "own cluster: prefill's --prefill-chunk-tokens (0: off; -1: the engine's default)"},
+        {"no-prefix-cache", EPD_OPT_BOOL, &b.no_prefix_cache, 0, 0,
+         "own cluster: prefill without its prefix cache (long prompts then evict nothing into "
+         "its host tier)"},
         {"workload", EPD_OPT_STRING, &workload_help, 0, 0,
          "shared-prefix: the prefix cache off vs on, its own options (--workload shared-prefix "
          "--help)"},
@@ -1715,6 +1810,7 @@ int epd_bench_serve_main(int argc, char **argv)
     b.warmup = 200;
     b.seed = 1;
     b.image_size = 224;
+    b.chunk_tokens = -1;
     signal(SIGPIPE, SIG_IGN);
     for (int k = 1; k < argc; k++) {
         /* the prefix-cache workloads are their own benchmark */

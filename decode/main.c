@@ -24,6 +24,7 @@
 #include "epd_kv_stamp.h"
 #include "epd_kvq.h"
 #include "epd_log.h"
+#include "epd_msg.h"
 
 typedef struct {
     int64_t kv_blocks;
@@ -315,6 +316,8 @@ static int epd_decode_run(const epd_daemon_flags_t *dfl, void *arg)
     dc.role = EPD__ROLE__ROLE_DECODE;
     dc.flags = dfl;
     dc.with_xport = 1;
+    /* GenerateRequests (and the resumes decode sends) carry the prompt */
+    dc.max_msg_size = epd_msg_cap_for_context(srv.info->max_context);
     /* the lease sweep: a lease is noticed within an eighth of it */
     dc.tick_ms = srv.lease_ms / 8 > 10 ? srv.lease_ms / 8 : 10;
     dc.ops = &epd_decode_ops;

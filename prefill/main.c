@@ -23,6 +23,7 @@
 #include "epd_image.h"
 #include "epd_layout.h"
 #include "epd_log.h"
+#include "epd_msg.h"
 #include "epd_prefill_int.h"
 
 typedef struct {
@@ -249,6 +250,10 @@ static int epd_prefill_run(const epd_daemon_flags_t *dfl, void *arg)
     /* images may come inline (a cluster without encoders): room for them */
     dc.max_msg_size = srv.info->image_embeddings > 0 && srv.embed_slots > 0 ? EPD_PREFILL_MSG_IMAGES
                                                                             : EPD_PREFILL_MSG_TEXT;
+    /* a prompt as long as the model's window fits one GenerateRequest */
+    if (epd_msg_cap_for_context(srv.info->max_context) > dc.max_msg_size) {
+        dc.max_msg_size = epd_msg_cap_for_context(srv.info->max_context);
+    }
     dc.max_inflight = (uint32_t)fl->max_inflight_writes;
     dc.ops = &epd_prefill_ops;
     dc.arg = &srv;

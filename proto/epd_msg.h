@@ -49,6 +49,20 @@
 #define EPD_RPC_GRPC_HEALTH_CHECK "/grpc.health.v1.Health/Check"
 #define EPD_RPC_GRPC_HEALTH_WATCH "/grpc.health.v1.Health/Watch"
 
+/* The request-plane message size (a transport's max_msg_size) that holds
+ * a prompt of `max_context` tokens: a GenerateRequest carries the whole
+ * prompt (decode's resume, prompt + output), at most 5 bytes a token (a
+ * uint32 varint), plus 64 KiB for the rest; never under 64 KiB (the
+ * default) nor over 16 MiB (the transport's limit).  A flat 64 KiB
+ * refused prompts from about 30k tokens on (issue #25).  Both ends of a
+ * message must allow it: the sender's buffer, the receiver's check. */
+static inline size_t epd_msg_cap_for_context(uint64_t max_context)
+{
+    uint64_t cap = ((uint64_t)64 << 10) + 5 * max_context;
+
+    return cap > ((uint64_t)16 << 20) ? (size_t)16 << 20 : (size_t)cap;
+}
+
 /* protobuf-c allocator backed by epd_malloc/epd_free. */
 extern ProtobufCAllocator epd_proto_allocator;
 

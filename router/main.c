@@ -45,6 +45,7 @@
 #include "epd_alloc.h"
 #include "epd_config.h"
 #include "epd_log.h"
+#include "epd_msg.h"
 #include "epd_router_int.h"
 
 typedef struct {
@@ -373,6 +374,10 @@ static epd_status_t epd_router_setup(void *arg, epd_daemon_t *d)
         /* an image travels in one message (to its encoder, or inline to a
          * prefill worker): room for the largest one */
         cc.max_msg_size = (size_t)16 << 20;
+    }
+    /* a prompt as long as the model's window fits one GenerateRequest */
+    if (epd_msg_cap_for_context(rt->info->max_context) > cc.max_msg_size) {
+        cc.max_msg_size = epd_msg_cap_for_context(rt->info->max_context);
     }
     epd_daemon_secret(d, &cc.secret, &cc.secret_len);
     cc.worker_id = epd_daemon_worker_id(rt->d);

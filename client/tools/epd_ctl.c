@@ -314,6 +314,7 @@ static int ctl_submit_run(const ctl_submit_args_t *a)
     }
 
     epd_client_config_init(&cc);
+    cc.max_msg_size = epd_msg_cap_for_context(n_tok); /* the prompt travels whole */
     cc.backend = a->transport;
     cc.expect = a->expect;
     cc.provider = a->provider;

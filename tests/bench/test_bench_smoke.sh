@@ -6,7 +6,10 @@
 # Asserts completion and shape only — a benchmark measures, a test judges,
 # and no figure here is judged.  Also the 32k row that once failed at once
 # ("decode refused the KV reservation": its pool was sized without decode's
-# admission watermark).
+# admission watermark).  Long context (issue #25): overhead --chunk-tokens
+# at 40,000 tokens (a prompt over a 64 KiB message: refused before), and
+# serve's long-mixed workload (--long-len/--long-every: the long prompts'
+# own line, the others' percentiles).
 source "$(dirname "$0")/../integration/lib.sh"
 BENCH="$BIN/epd-bench"
 
@@ -106,6 +109,14 @@ note "overhead: dense-70b at 32768 tokens (decode's pool and its admission)"
 grep -q 'refused' "$T/ovh32k.out" && { tail -20 "$T/ovh32k.out"; fail "overhead 32k: a refusal"; }
 rows "overhead 32k" "$T/ovh32k.out" 1 '^dense-70b +ucx-shm +32768 '
 
+note "overhead --chunk-tokens: hybrid-320b at 40000 tokens (over a 64 KiB message) in chunks of 1000"
+"$BENCH" overhead --engines hybrid-320b --transports ucx-shm --lengths 40000 --scale 0.02 \
+  --reps 1 --reps-long 1 --warmup 0 --no-zero --no-cpu --chunk-tokens 1000 >"$T/ovhchunk.out" 2>&1 ||
+  { tail -20 "$T/ovhchunk.out"; fail "overhead --chunk-tokens"; }
+grep -q '^# prefill --prefill-chunk-tokens 1000$' "$T/ovhchunk.out" ||
+  { cat "$T/ovhchunk.out"; fail "overhead --chunk-tokens: not in the header"; }
+rows "overhead --chunk-tokens" "$T/ovhchunk.out" 1 '^hybrid-320b +ucx-shm +40000 '
+
 note "serve"
 "$BENCH" serve --duration 1 --rate 20 --warmup 0 --prompt-len 16:32 --output-len 2:4 \
   >"$T/serve.out" 2>&1 || { tail -20 "$T/serve.out"; fail "serve"; }
@@ -113,6 +124,14 @@ rows serve "$T/serve.out" 2 '^(router|direct) +[0-9]+ +0 '
 # the router's TTFT from its /metrics (series labelled model=, epd_bench_metric)
 grep -q "TTFT means .*the router's own /metrics .* over [1-9]" "$T/serve.out" ||
   { tail -20 "$T/serve.out"; fail "serve: no TTFT read from the router's /metrics"; }
+
+note "serve long-mixed: every 4th prompt 40,000 bytes, prefill chunks of 4096, no prefix cache"
+"$BENCH" serve --duration 1 --rate 8 --warmup 0 --prompt-len 1000 --output-len 2:4 \
+  --long-len 40000 --long-every 4 --prefill-chunk-tokens 4096 --no-prefix-cache \
+  --phases router,direct \
+  >"$T/servelong.out" 2>&1 || { tail -20 "$T/servelong.out"; fail "serve long-mixed"; }
+rows "serve long-mixed" "$T/servelong.out" 2 '^(router|direct) +[0-9]+ +0 '
+rows "serve long-mixed, long lines" "$T/servelong.out" 2 '^  (router|direct) long prompts: [1-9]'
 
 note "burst"
 "$BENCH" burst --requests 20 --kv-blocks 512 >"$T/burst.out" 2>&1 ||

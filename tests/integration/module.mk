@@ -127,6 +127,9 @@ ALL_TESTS += tests/integration/test_run_model.sh
 # chunks, prefill -> decode and through a router; admission 400s; a
 # SIGSTOP/SIGCONT and an abort mid-run
 ALL_TESTS += tests/integration/test_chunked_prefill.sh
+# a 100,001-token prompt (over a 64 KiB message) on sim: prefill -> decode
+# and through a router equal epd-generate (messages sized for the window)
+ALL_TESTS += tests/integration/test_long_prompt.sh
 # --kv-dtype bf16/fp8/int8 and a mixed map through prefill + decode (ucx
 # shm) on ref and a random Qwen3: disaggregated equals epd-generate
 # --kv-dtype, prefix-cache hits; a mismatched map refused with its line.
