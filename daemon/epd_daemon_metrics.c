@@ -94,6 +94,10 @@ static void epd_daemon_render(void *arg, epd_prom_text_t *t)
     }
     if (d->cfg.role == EPD__ROLE__ROLE_DECODE) {
         epd_daemon_mgauge(d, t, "kv_blocks", "KV blocks of the pool", d->capacity.kv_blocks_total);
+        /* --kv-blocks counts blocks of the KV dtype map's size: what they
+         * hold in tokens is what an operator sizes by */
+        epd_daemon_mgauge(d, t, "kv_tokens", "Tokens the KV pool holds (blocks x block tokens)",
+                          (double)d->capacity.kv_blocks_total * d->capacity.block_tokens);
         epd_daemon_mgauge(d, t, "kv_blocks_used", "KV blocks not free (in use, quarantined, kept)",
                           d->capacity.kv_blocks_total >= l.kv_blocks_free
                               ? d->capacity.kv_blocks_total - l.kv_blocks_free

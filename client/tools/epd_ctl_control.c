@@ -169,10 +169,14 @@ static void ctl_print_capacity(const char *sep, const Epd__Capacity *cap)
     if (cap == NULL) {
         return;
     }
-    printf("kv_blocks_total=%u%sblock_tokens=%u%sstate_slots_total=%u%smax_batch=%u%s"
-           "max_context=%u%s",
-           cap->kv_blocks_total, sep, cap->block_tokens, sep, cap->state_slots_total, sep,
-           cap->max_batch, sep, cap->max_context, sep);
+    /* kv_tokens_total: what the pool holds in tokens (its blocks are of
+     * the KV dtype map's size: --kv-blocks int8 blocks hold as many tokens
+     * as f32 ones, in a quarter of the memory) */
+    printf("kv_blocks_total=%u%sblock_tokens=%u%skv_tokens_total=%llu%sstate_slots_total=%u%s"
+           "max_batch=%u%smax_context=%u%s",
+           cap->kv_blocks_total, sep, cap->block_tokens, sep,
+           (unsigned long long)cap->kv_blocks_total * cap->block_tokens, sep,
+           cap->state_slots_total, sep, cap->max_batch, sep, cap->max_context, sep);
 }
 
 static void ctl_print_identity(const char *sep, const Epd__WorkerIdentity *w)

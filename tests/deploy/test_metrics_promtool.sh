@@ -112,6 +112,9 @@ grep -q '^epd_prefill_prefix_cache_hit_tokens_total{model="m"} ' "$T/p.prom" ||
 grep -q '^epd_decode_step_seconds_count{model="m"} [1-9]' "$T/d.prom" || fail "decode: no step"
 grep -q '^epd_decode_batch_size_count{model="m"} [1-9]' "$T/d.prom" || fail "decode: no batch size"
 grep -q '^epd_decode_kv_blocks_used{model="m"} ' "$T/d.prom" || fail "decode: no kv_blocks_used"
+# the pool in tokens: blocks x block tokens (512 x 16)
+[ "$(epd_metric_value 'epd_decode_kv_tokens' <"$T/d.prom")" = 8192 ] ||
+  fail "decode: kv_tokens is '$(epd_metric_value 'epd_decode_kv_tokens' <"$T/d.prom")', not 8192"
 grep -q '^epd_decode_preemptions_total{model="m"} ' "$T/d.prom" || fail "decode: no preemptions"
 grep -q '^epd_decode_verification_failures_total{model="m"} 0$' "$T/d.prom" ||
   fail "decode: no verification_failures_total 0"

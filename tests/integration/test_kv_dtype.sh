@@ -56,6 +56,9 @@ for m in "${MODELS[@]}"; do
     same_as_colocated "$T/$m" "${!pv}" "${!dv}" "$T/long" 8 --temperature 0.8 --seed 3
     [ "$(health_field "${!pv}" prefix_hit_tokens)" -gt 0 ] ||
       fail "$m $map: the prefill worker's prefix cache never hit"
+    # --kv-blocks counts blocks of the map's size: 128 of 16 tokens whatever the dtype
+    [ "$(health_field "${!dv}" kv_tokens_total)" = 2048 ] ||
+      fail "$m $map: decode's kv_tokens_total is '$(health_field "${!dv}" kv_tokens_total)', not 2048"
     if [ "$map" != int8 ]; then
       stop_daemon "d$n"
       stop_daemon "p$n"
