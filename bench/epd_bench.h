@@ -61,4 +61,23 @@ int epd_bench_write_sim_ctx(const char *dir, uint32_t max_context);
  * 0 when absent. */
 int epd_bench_metric(const char *text, const char *name, double *out);
 
+/* ---- epd_bench_stats.c: the statistics every table uses ---- */
+/* qsort comparator of doubles, ascending. */
+int epd_bench_cmp_double(const void *a, const void *b);
+/* Sorts v[0..n) ascending, in place. */
+void epd_bench_sort(double *v, size_t n);
+/* The p-th percentile (p in percent, 0..100) of sorted[0..n), nearest
+ * rank: the smallest value with at least p% of the samples at or below
+ * it; p <= 0 gives the minimum.  NaN when n is 0. */
+double epd_bench_pct(const double *sorted, size_t n, double p);
+/* The median of v[0..n) (sorts v in place); NaN when n is 0. */
+double epd_bench_median(double *v, size_t n);
+/* The distribution-free ~95% interval of the median of sorted[0..n):
+ * [v_(k), v_(n-k+1)] with k the largest rank such that P(Bin(n, 1/2) <
+ * k) <= 0.025.  Both NaN when n is too small for one (n < 6). */
+void epd_bench_median_ci(const double *sorted, size_t n, double *lo_p, double *hi_p);
+/* utime + stime of process `pid` in ns (every thread, exited ones too),
+ * from /proc/PID/stat.  0, or -1 (no such process). */
+int epd_bench_cpu_ns(pid_t pid, uint64_t *ns_p);
+
 #endif
