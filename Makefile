@@ -50,16 +50,18 @@ EPD_CPPFLAGS := -D_GNU_SOURCE $(PKG_CFLAGS) \
 # The layers (DESIGN.md "Layers inside the tree"): each folder compiles with
 # the include paths of what it may use and nothing above it, so an include
 # that goes up a layer (or sideways into another daemon) fails to build.
-#   common <- transport, engine <- api, proto <- daemon, client
+#   common <- transport, engine <- api, kv, proto <- daemon, client
 #          <- encoder, prefill, decode, router <- bench
-# (api: the HTTP server and the OpenAI layer; client: the request-plane
-# client and epd-ctl)
+# (api: the HTTP server and the OpenAI layer; kv: the KV that outlives a
+# request, prefix keys, cache index and host/disk tier; client: the
+# request-plane client and epd-ctl)
 INC_common    := -Icommon
 INC_transport := $(INC_common) -Itransport
 INC_engine    := $(INC_common) -Iengine
 INC_api       := $(INC_engine) -Iapi
+INC_kv        := $(INC_engine) -Ikv
 INC_proto     := $(INC_common) -Itransport -Iengine -Iproto -I$(BUILD)/gen
-INC_daemon    := $(INC_proto) -Idaemon
+INC_daemon    := $(INC_proto) -Ikv -Idaemon
 INC_client    := $(INC_proto) -Iclient
 INC_encoder   := $(INC_daemon) -Iencoder
 INC_prefill   := $(INC_daemon) -Iprefill
@@ -74,6 +76,7 @@ $(BUILD)/obj/proto/%.o:     EPD_INC = $(INC_proto)
 $(BUILD)/obj/gen/%.o:       EPD_INC = $(INC_proto)
 $(BUILD)/obj/daemon/%.o:    EPD_INC = $(INC_daemon)
 $(BUILD)/obj/api/%.o:       EPD_INC = $(INC_api)
+$(BUILD)/obj/kv/%.o:        EPD_INC = $(INC_kv)
 $(BUILD)/obj/client/%.o:    EPD_INC = $(INC_client)
 $(BUILD)/obj/encoder/%.o:   EPD_INC = $(INC_encoder)
 $(BUILD)/obj/prefill/%.o:   EPD_INC = $(INC_prefill)
@@ -141,7 +144,7 @@ $(BUILD)/tests/$(1): $$($(1)_OBJS) $$(foreach l,$(3),$(BUILD)/lib/lib$$(l).a)
 endef
 
 # Each folder registers its pieces.  Order matters only for readability.
-MODULES := common proto transport engine api daemon client encoder prefill decode router bench tests
+MODULES := common proto transport engine api kv daemon client encoder prefill decode router bench tests
 -include $(foreach m,$(MODULES),$(wildcard $(m)/module.mk))
 
 $(BUILD)/obj/%.o: %.c

@@ -1,7 +1,7 @@
 /*
  * epd_bench_kvtier.c — `epd-bench kvtier [--model DIR] [--tokens N]`: how
  * well zstd compresses the ref engine's real KV, block by block as the
- * prefix cache's host/disk tier stores it (daemon/epd_kvtier.h).
+ * prefix cache's host/disk tier stores it (kv/epd_kvtier.h).
  *
  * Runs one prefill of N random tokens (default model: epd-mkmodel's
  * defaults, written once into MODELS/bench-kvtier), gathers each full

@@ -1,7 +1,7 @@
 # bench/: epd-bench, one subcommand per bench/epd_bench_<name>.c.
 # BENCH_LIBS lists the epd libraries it links, users first.
 BENCH_SRCS := $(wildcard bench/*.c)
-BENCH_LIBS := epd_client epd_daemon epd_xport epd_proto epd_engine epd_common
+BENCH_LIBS := epd_client epd_daemon epd_kv epd_xport epd_proto epd_engine epd_common
 $(eval $(call epd_prog,epd-bench,$(BENCH_SRCS),$(BENCH_LIBS)))
 $(call obj_of,$(BENCH_SRCS)): EPD_CPPFLAGS += -Iclient -Idaemon
 # stb_image_write (the multimodal mix's PNGs) shifts negative ints in its

@@ -45,7 +45,7 @@ void epd_content_hash(const void *data, size_t len, unsigned char out[EPD_CONTEN
 /* The same, streaming (caller's storage, one thread at a time): init,
  * update with each piece, final — equals epd_content_hash of the
  * concatenation.  The chain hashes of the prefix caches
- * (daemon/epd_prefix.h). */
+ * (kv/epd_prefix.h). */
 typedef struct {
     _Alignas(64) unsigned char opaque_[512]; /* libsodium's state */
 } epd_content_hash_state_t;

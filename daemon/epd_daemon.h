@@ -343,7 +343,7 @@ void epd_daemon_secret(const epd_daemon_t *d, const void **secret_p, size_t *len
 void epd_daemon_set_capacity(epd_daemon_t *d, const epd_daemon_capacity_t *cap);
 void epd_daemon_set_kv_layout(epd_daemon_t *d, const epd_kv_layout_t *kv); /* copied */
 /* The role keeps a prefix cache whose unsalted namespace is root[0..32)
- * (daemon/epd_prefix.h; copied): RegisterRequest.prefix_root, and the
+ * (kv/epd_prefix.h; copied): RegisterRequest.prefix_root, and the
  * heartbeats carry its KV hints (epd_daemon_prefix_hint).  Before serve. */
 void epd_daemon_set_prefix_root(epd_daemon_t *d, const unsigned char root[32]);
 /* That cache (borrowed; loop thread only; outlives the daemon's serve):

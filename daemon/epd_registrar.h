@@ -49,7 +49,7 @@ typedef struct {
     uint64_t requests, prompt_tokens, hit_tokens, computed_tokens, replayed_tokens, replay_cut;
     uint64_t checkpoints_taken, checkpoints_restored, checkpoints_dropped, evictions;
     uint64_t cached_blocks, checkpoints_held;
-    /* the host/disk tier (daemon/epd_kvtier.h): counters, then two gauges */
+    /* the host/disk tier (kv/epd_kvtier.h): counters, then two gauges */
     uint64_t tier_stored, tier_spilled, tier_restored_host, tier_restored_disk;
     uint64_t tier_restore_us, tier_checksum_failures, tier_refused_files, tier_dropped;
     uint64_t tier_host_bytes, tier_disk_bytes;

@@ -7,7 +7,7 @@
  * its fully written prompt blocks (those prefill wrote and decode verified:
  * the blocks before the one holding the prompt's last position, which
  * decode's own steps write into) stay here, keyed like prefill's prefix
- * cache (daemon/epd_prefix.h: the same namespace, so the same keys) and
+ * cache (kv/epd_prefix.h: the same namespace, so the same keys) and
  * CACHED in the allocator.  A later request whose prompt starts with them
  * gets them as the head of its reservation, read-only and pinned, and
  * tells prefill (KvReservation.cached_blocks) not to write them.  Its

@@ -10,4 +10,4 @@ DECODE_SRCS := decode/main.c decode/epd_decode_msg.c decode/epd_decode_req.c dec
                decode/epd_decode_admit.c decode/epd_decode_send.c decode/epd_decode_kv.c \
                decode/epd_decode_cache.c decode/epd_decode_metrics.c
 $(eval $(call epd_lib,epd_decode,$(DECODE_LIB_SRCS)))
-$(eval $(call epd_prog,epd-decode,$(DECODE_SRCS),epd_decode epd_daemon epd_xport epd_proto epd_engine epd_common))
+$(eval $(call epd_prog,epd-decode,$(DECODE_SRCS),epd_decode epd_daemon epd_kv epd_xport epd_proto epd_engine epd_common))

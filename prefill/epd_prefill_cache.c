@@ -3,9 +3,9 @@
  * request layer (called by it and by the pool part).
  *
  * Full prompt blocks outlive their request.  A request's prompt is cut
- * into keys (daemon/epd_prefix.h: a chain over the tokens and images, in
+ * into keys (kv/epd_prefix.h: a chain over the tokens and images, in
  * the namespace of this engine, model, layout and the request's salt); the
- * leading blocks the index (daemon/epd_kvcache.h) holds are lent to the
+ * leading blocks the index (kv/epd_kvcache.h) holds are lent to the
  * request, pinned, as the head of its block table, and its run computes
  * only the rest.  Its whole KV still goes to decode as before: the cached
  * blocks are read by the writes like any other.  When the run is done its

@@ -1,6 +1,6 @@
 /*
  * epd_prefill_tier.c — the host and disk tier of prefill's prefix cache
- * (daemon/epd_kvtier.h): a role part called only by the cache part.
+ * (kv/epd_kvtier.h): a role part called only by the cache part.
  *
  * A block the cache evicts from the pool is gathered — every attention
  * layer's part of it in layer order ([attn layer][2][kv_head][tok][dim],

@@ -1,6 +1,6 @@
 /*
  * epd_router_hints.h — the router's index of the KV blocks one worker
- * holds: the 8-byte hints (daemon/epd_prefix.h epd_prefix_hint, bit 0
+ * holds: the 8-byte hints (kv/epd_prefix.h epd_prefix_hint, bit 0
  * cleared) its heartbeats publish, and the ones the router adds itself
  * when it sends a prompt there (the worker will cache them; its own
  * events confirm or correct that).  A set of uint64 with linear probing and

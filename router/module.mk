@@ -9,5 +9,5 @@ ROUTER_DAEMON_SRCS := router/main.c router/epd_router_api.c router/epd_router_re
                       router/epd_router_registry.c router/epd_router_hints.c \
                       router/epd_router_metrics.c router/epd_router_tok.c \
                       router/epd_router_prompt.c router/epd_router_group.c
-$(eval $(call epd_prog,epd-router,$(ROUTER_DAEMON_SRCS),epd_api epd_client epd_daemon epd_xport epd_proto epd_engine epd_common))
+$(eval $(call epd_prog,epd-router,$(ROUTER_DAEMON_SRCS),epd_api epd_client epd_daemon epd_kv epd_xport epd_proto epd_engine epd_common))
 $(call obj_of,$(ROUTER_DAEMON_SRCS)): EPD_CPPFLAGS += -Irouter

@@ -2,13 +2,11 @@
 # through a minimal role on it (epd-daemon-testd, built into $(BUILD)/itest
 # so that the test runner does not start it on its own) driven by
 # test_epd_daemon over its request plane, gRPC, signals and ready file.
-DAEMON_TEST_LIBS := epd_daemon epd_xport epd_proto epd_engine epd_common
+DAEMON_TEST_LIBS := epd_daemon epd_kv epd_xport epd_proto epd_engine epd_common
 $(eval $(call epd_test,test_epd_registrar,tests/daemon/test_epd_registrar.c,$(DAEMON_TEST_LIBS)))
 $(eval $(call epd_test,test_epd_daemon,tests/daemon/test_epd_daemon.c tests/engine/epd_test_engine_util.c,$(DAEMON_TEST_LIBS)))
 $(test_epd_daemon_OBJS): EPD_CPPFLAGS += -Itests/engine
 $(BUILD)/tests/test_epd_daemon: $(BUILD)/itest/epd-daemon-testd
-$(eval $(call epd_test,test_epd_kvcache,tests/daemon/test_epd_kvcache.c,$(DAEMON_TEST_LIBS)))
-$(eval $(call epd_test,test_epd_kvtier,tests/daemon/test_epd_kvtier.c,$(DAEMON_TEST_LIBS)))
 $(eval $(call epd_test,test_epd_daemon_parts,tests/daemon/test_epd_daemon_parts.c,$(DAEMON_TEST_LIBS)))
 
 EPD_TESTD_OBJS := $(call obj_of,tests/daemon/epd_daemon_testd.c)

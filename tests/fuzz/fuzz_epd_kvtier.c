@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the KV tier's file decoder (daemon/epd_kvtier.c):
+ * libFuzzer target for the KV tier's file decoder (kv/epd_kvtier.c):
  * any bytes, as a file in a persistent tier's directory, are indexed only
  * when their header checks out (magic, version, header checksum, our
  * namespace, lengths against the file's size, the name against the key)

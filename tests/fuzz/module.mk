@@ -23,17 +23,18 @@ $(BUILD)/obj/tests/fuzz-replay/fuzz_epd_xport_frame.o: EPD_CPPFLAGS += -Itests/t
 $(BUILD)/fuzz/fuzz_epd_xport_frame: $(FUZZ_LOOP_OBJ)
 # the control-plane target runs the router's own handlers (with the
 # registry; the client and daemon it calls are stubbed in the target;
-# the prefix keys and stats come from libepd_daemon)
+# the prefix stats come from libepd_daemon, the prefix keys from libepd_kv)
 FUZZ_ROUTER_OBJS := $(call obj_of,router/epd_router_rpc.c router/epd_router_registry.c \
-                                  router/epd_router_hints.c) $(BUILD)/lib/libepd_daemon.a
+                                  router/epd_router_hints.c) $(BUILD)/lib/libepd_daemon.a \
+                    $(BUILD)/lib/libepd_kv.a
 $(BUILD)/fuzz/fuzz_epd_control: $(FUZZ_ROUTER_OBJS)
 # a worker's /metrics request heads (daemon/epd_metrics_http.c)
 $(BUILD)/fuzz/fuzz_epd_metrics_http: $(BUILD)/lib/libepd_daemon.a
 $(BUILD)/obj/tests/fuzz/fuzz_epd_metrics_http.o \
 $(BUILD)/obj/tests/fuzz-replay/fuzz_epd_metrics_http.o: EPD_CPPFLAGS += -Idaemon
-# the KV tier's files (daemon/epd_kvtier.c)
-$(BUILD)/fuzz/fuzz_epd_kvtier: $(BUILD)/lib/libepd_daemon.a
-$(BUILD)/obj/tests/fuzz/fuzz_epd_kvtier.o $(BUILD)/obj/tests/fuzz-replay/fuzz_epd_kvtier.o: EPD_CPPFLAGS += -Idaemon
+# the KV tier's files (kv/epd_kvtier.c)
+$(BUILD)/fuzz/fuzz_epd_kvtier: $(BUILD)/lib/libepd_kv.a
+$(BUILD)/obj/tests/fuzz/fuzz_epd_kvtier.o $(BUILD)/obj/tests/fuzz-replay/fuzz_epd_kvtier.o: EPD_CPPFLAGS += -Ikv
 
 $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(FUZZ_LIBS)
 	@mkdir -p $(@D)

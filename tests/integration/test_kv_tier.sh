@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prefix cache's host and disk tier (daemon/epd_kvtier.c,
+# The prefix cache's host and disk tier (kv/epd_kvtier.c,
 # prefill/epd_prefill_tier.c, docs/prefix-cache.md "Host and disk tier"), for the
 # hybrid model (LLA: checkpoints travel with their blocks) and an
 # attention-only one.  Every answer equals `epd-generate`'s.  Per model:

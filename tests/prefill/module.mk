@@ -2,7 +2,7 @@
 # module: the write plan (pure) and the compute thread's hand-offs.
 $(eval $(call epd_test,test_epd_prefill_plan,tests/prefill/test_epd_prefill_plan.c prefill/epd_prefill_plan.c,epd_engine epd_common))
 $(test_epd_prefill_plan_OBJS): EPD_CPPFLAGS += -Iprefill
-$(eval $(call epd_test,test_epd_prefill_compute,tests/prefill/test_epd_prefill_compute.c prefill/epd_prefill_compute.c tests/engine/epd_test_engine_util.c,epd_daemon epd_engine epd_common))
+$(eval $(call epd_test,test_epd_prefill_compute,tests/prefill/test_epd_prefill_compute.c prefill/epd_prefill_compute.c tests/engine/epd_test_engine_util.c,epd_daemon epd_kv epd_engine epd_common))
 $(test_epd_prefill_compute_OBJS): EPD_CPPFLAGS += -Iprefill -Itests/engine
 
 # The daemon itself, driven by a fake client and a fake decode worker over

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the prefix cache's host and disk tier (daemon/epd_kvtier.c):
+ * Unit tests of the prefix cache's host and disk tier (kv/epd_kvtier.c):
  * round trips bit for bit with and without the byte-plane shuffle; the host
  * tier's LRU bound and its spill to disk, the disk bound; a flipped payload
  * byte in a file fails the checksum (the entry and file gone, never handed

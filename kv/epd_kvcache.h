@@ -1,6 +1,6 @@
 /*
  * epd_kvcache.h — the index of a prefix cache: which blocks of a worker's
- * KV pool hold which chain-hashed prompt blocks (daemon/epd_prefix.h),
+ * KV pool hold which chain-hashed prompt blocks (kv/epd_prefix.h),
  * who uses them, and which go first when room is needed.
  *
  * The cache never owns memory of the pool: it maps a key to a block id the

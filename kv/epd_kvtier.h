@@ -4,7 +4,7 @@
  * bounded host tier and then (optionally) in a bounded directory on local
  * disk, until a prompt that starts the same way asks for them again.
  *
- * An entry is one block, keyed by its chain hash (daemon/epd_prefix.h):
+ * An entry is one block, keyed by its chain hash (kv/epd_prefix.h):
  * its payload is every attention layer's part of the block in layer order,
  * then optionally the block's recurrent-state checkpoint (the caller lays
  * it out; the tier only keeps bytes and the checkpoint's length).  The
