@@ -131,6 +131,32 @@ epd_status_t epd_decode_check_kv_layer(const epd_kv_layout_t *layout, const epd_
     return epd_hash_state_digest(h) == sum ? EPD_OK : EPD_ERR_CORRUPT;
 }
 
+epd_status_t epd_decode_check_kv_blocks(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
+                                        const uint32_t *ids, uint32_t from, uint32_t to,
+                                        uint32_t layer, uint64_t sum, epd_hash_state_t *h,
+                                        uint64_t *bytes_p, const char **why_p)
+{
+    const unsigned char *base = pool->base;
+    uint64_t bb, off;
+
+    *bytes_p = 0;
+    if (layer >= layout->n_layers || layout->kind[layer] != EPD_LAYER_ATTENTION || from > to) {
+        return epd__refuse(why_p, "KV verification failed", EPD_ERR_INVALID_PARAM);
+    }
+    bb = epd_kv_layer_block_bytes(layout, layer);
+    for (uint32_t i = from; i < to; i++) {
+        if (epd_kv_block_offset(layout, pool->n_blocks, layer, ids[i], &off) != EPD_OK ||
+            off + bb > pool->bytes) {
+            return epd__refuse(why_p, "KV verification failed", EPD_ERR_INVALID_PARAM);
+        }
+        epd_hash_state_update(h, base + off, bb);
+        *bytes_p += bb;
+    }
+    return epd_hash_state_digest(h) == sum
+               ? EPD_OK
+               : epd__refuse(why_p, "KV checksum mismatch: the cache is corrupt", EPD_ERR_CORRUPT);
+}
+
 epd_status_t epd_decode_check_kv(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
                                  const uint32_t *ids, uint32_t n_ids, uint32_t slot,
                                  const uint64_t *sums, size_t n_sums, epd_hash_state_t *h,

@@ -86,6 +86,19 @@ epd_status_t epd_decode_check_kv_layer(const epd_kv_layout_t *layout, const epd_
                                        uint64_t *bytes_p);
 
 /*
+ * Part of a BYTES check (a chunked prefill's layer, rule 4): hashes
+ * attention layer `layer`'s blocks ids[from..to) into `h` (NOT reset: it
+ * holds blocks [0, from) already) and compares its digest with `sum`.
+ * EPD_OK; EPD_ERR_CORRUPT or EPD_ERR_INVALID_PARAM (a block outside the
+ * pool, a linear layer) with *why_p a static string; *bytes_p the bytes
+ * hashed now.
+ */
+epd_status_t epd_decode_check_kv_blocks(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
+                                        const uint32_t *ids, uint32_t from, uint32_t to,
+                                        uint32_t layer, uint64_t sum, epd_hash_state_t *h,
+                                        uint64_t *bytes_p, const char **why_p);
+
+/*
  * One layer's check of either kind (proto/README.md rule 6): BYTES hashes
  * every byte (epd_decode_check_kv_layer); STAMPED checks every unit's stamp
  * against `expect` and the stamps' checksum (epd_kv_stamp_check_layer; with

@@ -23,12 +23,15 @@
  *   epd_decode_check.c     the pure checks and the KV verification (own header)
  *   epd_decode_batch.c     the compute thread: continuous batching (own header)
  *   epd_decode_verify.c    the verifier thread: the KV checks off the loop (own header)
+ *   epd_decode_lend.c      lending the KV checks to the verifier: whole
+ *                          layers, and a chunked prefill's blocks as they land
  *   epd_decode_cache.c     decode-side reuse: finished prompts' blocks kept
  *   epd_decode_metrics.c   /metrics: a request's phase times (rule 38), the
  *                          role's histograms, rendered
  *
  * Calls go one way: main.c -> epd_decode_msg.c -> epd_decode_req.c ->
- * epd_decode_admit.c, epd_decode_send.c, epd_decode_kv.c, epd_decode_cache.c,
+ * epd_decode_admit.c, epd_decode_send.c, epd_decode_kv.c, epd_decode_lend.c,
+ * epd_decode_cache.c,
  * epd_decode_metrics.c, epd_decode_blocks.c, epd_decode_check.c, epd_decode_batch.c,
  * epd_decode_verify.c (-> epd_decode_check.c); epd_decode_admit.c ->
  * epd_decode_cache.c -> epd_decode_blocks.c (the message layer also
@@ -117,6 +120,18 @@ typedef enum {
 
 struct epd_decode_srv;
 
+/* One layer's checks of a chunked prefill's blocks as they land
+ * (epd_decode_lend.c): blocks [0, done) checked, hashed into h (the
+ * verifier's while the layer's job is out); a range [0, pend) with its
+ * checksum waiting for that job; the layer's own check waiting too. */
+typedef struct {
+    epd_hash_state_t *h;
+    uint32_t done, pend;
+    uint64_t pend_sum;
+    uint8_t busy;       /* the layer's job is out with a range check */
+    uint8_t final_wait; /* the layer's own check follows it */
+} epd_decode_range_t;
+
 typedef struct epd_decode_request {
     epd_reqent_t ent;  /* srv->reqs, keyed (id, 0): the client's id */
     epd_reqent_t pent; /* srv->by_pid, keyed (pid, 0): the id its prefill worker knows
@@ -152,6 +167,7 @@ typedef struct epd_decode_request {
     epd_decode_kv_seen_t kv; /* per-layer verification so far ([n_layers] arrays) */
     epd_decode_vjob_t *vjobs; /* [n_layers]: a layer's check, lent to the verifier */
     uint32_t v_lent;          /* jobs lent: the request is freed only once they are back */
+    epd_decode_range_t *rng;  /* [n_layers] once a LayerDone with blocks came, else NULL */
     epd_decode_seq_t seq;    /* lent to the compute thread while RUNNING; seq.tokens
                               * [max_tokens] int32 */
     uint32_t n_sent;         /* tokens sent to the client */
@@ -240,6 +256,8 @@ typedef struct epd_decode_srv {
     uint64_t preemptions;       /* requests preempted */
     uint64_t recomputed_tokens; /* tokens prefilled again to resume them */
     uint64_t verify_failures;   /* requests failed because their KV failed its check */
+    uint64_t kv_range_checks;   /* chunked prefill: block ranges checked as they landed */
+    uint64_t kv_range_bytes;    /* ... and their bytes */
     epd_trace_t *trace;         /* the daemon's (NULL = off) */
     /* /metrics (epd_decode_metrics.c renders; the request layer observes
      * on the loop thread, the batch its own step histograms) */
@@ -407,6 +425,26 @@ void epd__decode_req_failed_by(epd_decode_srv_t *srv, epd_link_t *from, const Ep
                                uint64_t id, int32_t status, const char *text);
 /* The compute thread woke the loop (main.c's uv_async). */
 void epd__decode_req_on_batch(epd_decode_srv_t *srv);
+/* ---- epd_decode_lend.c: lending the KV checks (below the request layer) */
+/* Layer `layer`'s own check (marked CHECKING, its sum recorded): lent now,
+ * only the blocks no range check covered when the layer's running state
+ * holds some, or after the range check that is out.  EPD_OK, or
+ * EPD_ERR_NO_RESOURCE (the verifier's sizing broken: the request fails). */
+epd_status_t epd__decode_lend_layer(epd_decode_srv_t *srv, epd_decode_request_t *req,
+                                    uint32_t layer);
+/* A landed LayerDone with `blocks` (checked by the message layer: an
+ * attention layer, kind BYTES) of a RESERVED request: the blocks'
+ * check lent now or after the one out.  EPD_OK (also when there is
+ * nothing to check), or an error with *why_p: the request fails. */
+epd_status_t epd__decode_lend_range_landed(epd_decode_srv_t *srv, epd_decode_request_t *req,
+                                           const Epd__LayerDone *ld, const char **why_p);
+/* A range check came back: EPD_OK (what waited on it is lent), or its
+ * failure with *why_p. */
+epd_status_t epd__decode_lend_range_back(epd_decode_srv_t *srv, epd_decode_request_t *req,
+                                         const epd_decode_vjob_t *job, const char **why_p);
+/* Frees the range states (a resume starts over; the request's end). */
+void epd__decode_lend_reset(epd_decode_srv_t *srv, epd_decode_request_t *req);
+
 /* A layer's check came back from the verifier thread (its callback). */
 void epd__decode_req_on_verified(void *arg, epd_decode_vjob_t *job);
 /* Callbacks of the daemon's ops, registered by main.c. */

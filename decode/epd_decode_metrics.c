@@ -54,6 +54,13 @@ void epd__decode_metrics_render(void *arg, const char *model, epd_prom_text_t *t
     epd_decode_metrics_histo(t, "epd_decode_kv_wait_seconds",
                              "GenerateRequest received to the request's KV held", model,
                              &srv->hist.wait);
+    epd_prom_counter(t, "epd_decode_kv_range_checks_total",
+                     "Chunked prefill: checks of a layer's blocks as they landed, before the "
+                     "layer's end (LayerDone with blocks)",
+                     model, srv->kv_range_checks);
+    epd_prom_counter(t, "epd_decode_kv_range_bytes_total",
+                     "Chunked prefill: KV bytes verified as their chunk landed", model,
+                     srv->kv_range_bytes);
     epd_prom_counter(t, "epd_decode_verification_failures_total",
                      "Requests failed because their KV did not match its checksums", model,
                      srv->verify_failures);

@@ -144,6 +144,12 @@ int epd__decode_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env)
         } else if (env->layer_done->landed && env->layer_done->checksum_kind > EPD_KV_SUM_STAMPED) {
             st = EPD_ERR_INVALID_PARAM;
             why = "LayerDone: unknown checksum kind";
+        } else if (env->layer_done->blocks > 0 &&
+                   (!env->layer_done->landed || env->layer_done->checksum_kind != EPD_KV_SUM_BYTES ||
+                    srv->info->kv.kind[env->layer_done->layer] != EPD_LAYER_ATTENTION)) {
+            /* blocks so far: of an attention layer, landed, kind BYTES (rule 4) */
+            st = EPD_ERR_INVALID_PARAM;
+            why = "LayerDone: blocks of a linear layer, unlanded, or not of kind BYTES";
         }
         epd__decode_req_layer_done(srv, from, env, st, why);
         return 0;

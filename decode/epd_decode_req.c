@@ -146,24 +146,12 @@ static void epd_decode_fail_kv(epd_decode_srv_t *srv, epd_decode_request_t *req,
  * verifier; a refusal is a broken sizing invariant: the request fails. */
 static void epd_decode_check_lend(epd_decode_srv_t *srv, epd_decode_request_t *req, uint32_t layer)
 {
-    epd_decode_vjob_t *j = &req->vjobs[layer];
-    /* P knows the request by its prefill-side id and wrote prompt + the
-     * tokens of a resume */
-    epd_kv_stamp_expect_t x = {.req_id = req->pid,
-                               .tag = srv->stamp_tag,
-                               .n_tokens = req->n_prompt + req->n_resume,
-                               .full = srv->verify_full};
-
-    epd_decode_vjob_init(j, req, layer, req->kv.sums[layer], (epd_kv_sum_kind_t)req->kv.kind,
-                         req->blocks, req->n_prompt_blocks, req->seq.slot, &x);
-    if (epd_decode_verify_submit(srv->verify, j) != EPD_OK) {
+    if (epd__decode_lend_layer(srv, req, layer) != EPD_OK) {
         epd_log_error(EPD_DECODE_LOG, req->id, "verifier queue full (sizing invariant broken)");
         (void)epd_decode_seen_result(&req->kv, layer, EPD_ERR_NO_RESOURCE, 0, NULL);
         epd_decode_fail(srv, req, EPD_ERR_NO_RESOURCE, "verifier queue full",
                         EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
-        return;
     }
-    req->v_lent++;
 }
 
 /* ------------------------------------------------------------------- step */
@@ -289,6 +277,7 @@ static epd_status_t epd_decode_resume(epd_decode_srv_t *srv, epd_decode_request_
     req->kv.kind = -1;
     req->kv.bytes = 0;
     memset(req->kv.state, 0, kv->n_layers);
+    epd__decode_lend_reset(srv, req);
     req->lease_ns = now + (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
     req->lease_cap_ns = req->lease_ns + 3 * (uint64_t)srv->lease_ms * EPD_NSEC_PER_MSEC;
     epd_decode_seq_init(&req->seq, k + 1, n_blocks);
@@ -450,6 +439,7 @@ static void epd_decode_destroy(epd_decode_srv_t *srv, epd_decode_request_t *req)
     epd_reqtab_remove(&srv->by_pid, &req->pent);
     epd_link_unref(req->client);
     epd_peer_unref(req->peer);
+    epd__decode_lend_reset(srv, req);
     epd_free(req);
 }
 
@@ -673,6 +663,15 @@ void epd__decode_req_layer_done(epd_decode_srv_t *srv, epd_link_t *from, const E
         epd_decode_advance(srv, req);
         return;
     }
+    if (ld->blocks > 0) {
+        /* a chunked prefill's blocks [0, blocks) of the layer landed */
+        st = epd__decode_lend_range_landed(srv, req, ld, &why);
+        if (st != EPD_OK) {
+            epd_decode_fail_kv(srv, req, from, env, st, why, ld->layer);
+            epd_decode_advance(srv, req);
+        }
+        return;
+    }
     /* fenced behind the layer's writes: its bytes are final here */
     st = epd_decode_seen_landed(&req->kv, srv->info->kv.n_layers, ld->layer, ld->checksum,
                                 (int)ld->checksum_kind, &check, &why);
@@ -822,12 +821,14 @@ void epd__decode_req_on_verified(void *arg, epd_decode_vjob_t *job)
     epd_status_t st;
 
     req->v_lent--;
-    st = epd_decode_seen_result(&req->kv, job->layer, job->status, job->bytes, &why);
+    st = job->range ? epd__decode_lend_range_back(srv, req, job, &why)
+                    : epd_decode_seen_result(&req->kv, job->layer, job->status, job->bytes, &why);
     if (req->state == EPD_DECODE_REQ_RESERVED && req->fail_status == EPD_OK && st != EPD_OK) {
         srv->verify_failures++;
         epd_log_error(EPD_DECODE_LOG, req->id,
-                      "KV of layer %u from %s fails its check (%s): request failed, never generated",
-                      job->layer, epd_peer_id(req->peer), why != NULL ? why : epd_status_string(st));
+                      "KV of layer %u%s from %s fails its check (%s): request failed, never generated",
+                      job->layer, job->range ? " (blocks landed so far, before the last chunk)" : "",
+                      epd_peer_id(req->peer), why != NULL ? why : epd_status_string(st));
         epd_decode_fail(srv, req, st, why != NULL ? why : "KV verification failed",
                         EPD_DECODE_TELL_CLIENT | EPD_DECODE_ABORT_P);
     }

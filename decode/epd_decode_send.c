@@ -86,6 +86,7 @@ epd_status_t epd__decode_send_reservation(epd_decode_srv_t *srv, const epd_decod
      * fence refuses anyway (CACHED blocks are nobody's to write) */
     kr.cached_blocks = req->n_cached;
     kr.stamped_sums = 1; /* we check either kind */
+    kr.range_sums = 1;   /* and a chunked prefill's layers chunk by chunk */
     return epd_link_send(epd_peer_link(req->peer), EPD__ENVELOPE__BODY_RESERVATION, &kr, 0);
 }
 

@@ -73,9 +73,15 @@ static void epd_decode_verify_run(void *arg, void *job_v, uint32_t queue)
     job->start_ns = epd_time_now_ns();
     job->why = NULL;
     job->bytes = 0;
-    job->status = epd_decode_check_layer(kv, &v->pool, job->ids, job->n_ids, job->slot,
-                                         job->layer, job->sum, job->kind, &job->expect, v->h,
-                                         &job->bytes, &job->why);
+    if (job->hs != NULL) {
+        job->status = epd_decode_check_kv_blocks(kv, &v->pool, job->ids, job->from, job->n_ids,
+                                                 job->layer, job->sum, job->hs, &job->bytes,
+                                                 &job->why);
+    } else {
+        job->status = epd_decode_check_layer(kv, &v->pool, job->ids, job->n_ids, job->slot,
+                                             job->layer, job->sum, job->kind, &job->expect, v->h,
+                                             &job->bytes, &job->why);
+    }
     if (job->kind == EPD_KV_SUM_STAMPED && !job->expect.full && v->info->device_mem_bw > 0.0) {
         /* the device's verification kernel reads the layer once */
         double s = (double)job->bytes / v->info->device_mem_bw;
@@ -84,7 +90,8 @@ static void epd_decode_verify_run(void *arg, void *job_v, uint32_t queue)
     }
     job->end_ns = epd_time_now_ns();
     if (v->trace != NULL) {
-        epd_trace_span(v->trace, "verify layer", "compute", job->req_id, (int32_t)job->layer,
+        epd_trace_span(v->trace, job->range ? "verify blocks" : "verify layer", "compute",
+                       job->req_id, (int32_t)job->layer,
                        job->start_ns, job->end_ns);
     }
     epd_handoff_post(v->ho, job);

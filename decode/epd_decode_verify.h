@@ -32,6 +32,7 @@
 #include <uv.h>
 
 #include "epd_engine.h"
+#include "epd_hash.h"
 #include "epd_kv_stamp.h"
 #include "epd_status.h"
 #include "epd_trace.h"
@@ -48,6 +49,14 @@ typedef struct {
     uint32_t n_ids;
     uint32_t slot;
     epd_kv_stamp_expect_t expect; /* STAMPED: what every unit must say */
+    /* BYTES over blocks ids[from..n_ids) continuing `hs` (the layer's
+     * running state, lent with the job) instead of from a fresh state:
+     * a chunked prefill's layer checked chunk by chunk (epd_decode_lend.c).
+     * NULL: the whole layer.  `range`: a check of the blocks so far, not
+     * of the whole layer. */
+    epd_hash_state_t *hs;
+    uint32_t from;
+    int range;
     /* results (verifier thread, before the hand-back) */
     epd_status_t status;
     const char *why; /* static string when status != EPD_OK */

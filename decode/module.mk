@@ -8,6 +8,6 @@ DECODE_LIB_SRCS := decode/epd_decode_blocks.c decode/epd_decode_check.c decode/e
                    decode/epd_decode_verify.c
 DECODE_SRCS := decode/main.c decode/epd_decode_msg.c decode/epd_decode_req.c decode/epd_decode_fence.c \
                decode/epd_decode_admit.c decode/epd_decode_send.c decode/epd_decode_kv.c \
-               decode/epd_decode_cache.c decode/epd_decode_metrics.c
+               decode/epd_decode_cache.c decode/epd_decode_metrics.c decode/epd_decode_lend.c
 $(eval $(call epd_lib,epd_decode,$(DECODE_LIB_SRCS)))
 $(eval $(call epd_prog,epd-decode,$(DECODE_SRCS),epd_decode epd_daemon epd_kv epd_xport epd_proto epd_engine epd_common))

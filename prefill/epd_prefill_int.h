@@ -285,6 +285,7 @@ struct epd_prefill_xfer {
     uint32_t skip;              /* leading blocks decode holds already (not written) */
     int from_cache;             /* the KV has blocks of the prefix cache (no STAMPED sums) */
     int d_stamped;              /* decode verifies STAMPED checksums */
+    int d_ranges;               /* decode verifies LayerDone block ranges (chunked) */
     /* the write runs, planned once when the reservation is taken */
     epd_prefill_run_t *runs;    /* [n_blocks] */
     uint32_t n_runs;
@@ -318,6 +319,9 @@ struct epd_prefill_xfer {
      * then the whole layer is hashed at its end, as unchunked) */
     epd_hash_state_t **lhash;
     uint32_t *hashed_blocks;
+    /* ... and the blocks [0, range_sent) a LayerDone with `blocks` told
+     * decode about (rule 4: verified chunk by chunk) */
+    uint32_t *range_sent;
 };
 
 /* -------------------------------------------------------------- request */

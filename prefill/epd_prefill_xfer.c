@@ -75,7 +75,8 @@ epd_status_t epd__prefill_xfer_init(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
     x->srun = epd_calloc((size_t)n_layers + 1, sizeof(*x->srun));
     x->lhash = epd_calloc((size_t)n_layers + 1, sizeof(*x->lhash));
     x->hashed_blocks = epd_calloc((size_t)n_layers + 1, sizeof(*x->hashed_blocks));
-    if (x->lhash == NULL || x->hashed_blocks == NULL || x->remote_blocks == NULL ||
+    x->range_sent = epd_calloc((size_t)n_layers + 1, sizeof(*x->range_sent));
+    if (x->lhash == NULL || x->hashed_blocks == NULL || x->range_sent == NULL || x->remote_blocks == NULL ||
         x->runs == NULL || x->lw == NULL || x->checksums == NULL || x->sum_kinds == NULL ||
         x->ready_blocks == NULL || x->sent_blocks == NULL || x->srun == NULL) {
         epd__prefill_xfer_cleanup(x);
@@ -107,8 +108,10 @@ void epd__prefill_xfer_cleanup(epd_prefill_xfer_t *x)
     }
     epd_free(x->lhash);
     epd_free(x->hashed_blocks);
+    epd_free(x->range_sent);
     x->lhash = NULL;
     x->hashed_blocks = NULL;
+    x->range_sent = NULL;
     x->ready_blocks = NULL;
     x->sent_blocks = NULL;
     x->srun = NULL;
@@ -196,6 +199,7 @@ epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
      * (rule 36): no run writes them */
     x->n_runs = epd_prefill_plan_runs_skip(x->runs, x->n_runs, r->cached_blocks);
     x->d_stamped = r->stamped_sums;
+    x->d_ranges = r->range_sums;
     x->rkey = rkey;
     x->rkey_shared = shared;
     x->d_lease_ms = r->lease_ms;
@@ -570,6 +574,43 @@ static epd_status_t epd_prefill_stream_layer(epd_prefill_srv_t *srv, epd_prefill
     return EPD_OK;
 }
 
+/* After layer `layer`'s blocks [0, sent_blocks) were posted ahead of its
+ * end (a chunk made them final): a landed LayerDone naming them, fenced
+ * behind those writes, with their BYTES checksum so far — decode verifies
+ * them while later chunks compute, and only the last chunk's blocks are
+ * left to check after the last one (rule 4).  Only when decode takes
+ * ranges and the layer's hash covers exactly the posted blocks; a message
+ * refused for backpressure is skipped (the next range, or the layer's own
+ * LayerDone, covers its blocks). */
+static void epd_prefill_range_done(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint32_t layer)
+{
+    epd_link_t *link = epd_peer_link(x->peer);
+    Epd__LayerDone ld = EPD__LAYER_DONE__INIT;
+    uint32_t k = x->sent_blocks[layer];
+    uint64_t now;
+
+    if (!x->d_ranges || !srv->layer_notify || x->protocol_only || x->lhash[layer] == NULL ||
+        k == 0 || k != x->hashed_blocks[layer] || k <= x->range_sent[layer] ||
+        (x->sum_kind >= 0 && x->sum_kind != EPD_KV_SUM_BYTES) || link == NULL ||
+        epd_link_queued(link) > 0) {
+        return;
+    }
+    x->sum_kind = EPD_KV_SUM_BYTES; /* a chunked run's (epd_prefill_layer_sum) */
+    ld.request_id = x->id;
+    ld.layer = layer;
+    ld.checksum = epd_hash_state_digest(x->lhash[layer]);
+    ld.checksum_kind = EPD_KV_SUM_BYTES;
+    ld.landed = 1;
+    ld.blocks = k;
+    if (epd_link_send(link, EPD__ENVELOPE__BODY_LAYER_DONE, &ld, EPD_XPORT_SEND_FENCE) != EPD_OK) {
+        return;
+    }
+    now = epd_time_now_ns();
+    x->range_sent[layer] = k;
+    x->last_d_msg_ns = now;
+    epd_trace_instant(srv->trace, "LayerDone (blocks) sent", "msg", x->id, (int32_t)layer, now);
+}
+
 /* The cursor at the start of layer `layer`'s own posting: past the blocks
  * streamed ahead by earlier chunks. */
 static void epd_prefill_cursor_skip_sent(const epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
@@ -641,6 +682,7 @@ epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
         epd_status_t st;
 
         if (x->sent_blocks[l] >= x->ready_blocks[l]) {
+            epd_prefill_range_done(srv, x, l); /* one skipped for backpressure */
             continue;
         }
         if (!epd_peer_usable(x->peer) || x->rkey == NULL) {
@@ -655,6 +697,7 @@ epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
         if (st != EPD_OK) {
             return st;
         }
+        epd_prefill_range_done(srv, x, l);
     }
     if (!epd_prefill_group_ready(srv, x, layers_done, compute_done)) {
         return EPD_OK;

@@ -65,6 +65,7 @@ typedef struct epd__fcomp {
 
 struct epd__xport_faults {
     double p_drop, p_delay, p_dup, p_reorder, p_corrupt, p_stall;
+    double p_wcorrupt; /* writes' bytes alone (wcorrupt=P); else p_corrupt */
     uint32_t delay_ms, stall_ms;
     uint64_t seed;
     epd_rng_t rng;
@@ -146,6 +147,9 @@ static int epd__parse_entry(epd__faults_t *f, char *e)
     if (strcmp(e, "corrupt") == 0) {
         return epd__parse_p(v, &f->p_corrupt);
     }
+    if (strcmp(e, "wcorrupt") == 0) {
+        return epd__parse_p(v, &f->p_wcorrupt);
+    }
     if (strcmp(e, "delay") == 0) {
         return epd__parse_ms(v, &f->delay_ms, &f->p_delay, false);
     }
@@ -183,7 +187,7 @@ static epd_status_t epd__faults_create(bool auth, const char *worker_id, epd__fa
         if (epd__parse_entry(f, e) != 0) {
             epd_log_error(EPD__FAULTS_COMP, 0,
                           "EPD_XPORT_FAULTS: bad entry '%s' in '%s' (want drop=P, delay=MS[:P], "
-                          "dup=P, reorder=P, corrupt=P, stall=MS:P, seed=N; P in 0..1, MS up to "
+                          "dup=P, reorder=P, corrupt=P, wcorrupt=P, stall=MS:P, seed=N; P in 0..1, MS up to "
                           "%d)",
                           e, spec, EPD__FAULTS_MS_MAX);
             goto err;
@@ -205,7 +209,8 @@ static epd_status_t epd__faults_create(bool auth, const char *worker_id, epd__fa
                  "reorder %.4g, corrupt %.4g, stall %u ms at %.4g; write completions drop %.4g, "
                  "delay at %.4g; write bytes corrupt %.4g; seed %llu",
                  f->p_drop, f->delay_ms, f->p_delay, f->p_dup, f->p_reorder, f->p_corrupt,
-                 f->stall_ms, f->p_stall, f->p_drop, f->p_delay, f->p_corrupt,
+                 f->stall_ms, f->p_stall, f->p_drop, f->p_delay,
+                 f->p_wcorrupt > 0.0 ? f->p_wcorrupt : f->p_corrupt,
                  (unsigned long long)f->seed);
     *f_p = f;
     return EPD_OK;
@@ -388,7 +393,7 @@ static int epd__faults_write(epd__faults_t *f, const void *local, size_t len, vo
 {
     unsigned char *copy;
 
-    if (!epd__hit(f, f->p_corrupt)) {
+    if (!epd__hit(f, f->p_wcorrupt > 0.0 ? f->p_wcorrupt : f->p_corrupt)) {
         return 0;
     }
     copy = epd_malloc(len);

@@ -3,7 +3,7 @@
  * interposer between the transport core and its backend (transport/ only;
  * users never see it).
  *
- *   EPD_XPORT_FAULTS="drop=P,delay=MS[:P],dup=P,reorder=P,corrupt=P,stall=MS:P,seed=N"
+ *   EPD_XPORT_FAULTS="drop=P,delay=MS[:P],dup=P,reorder=P,corrupt=P,wcorrupt=P,stall=MS:P,seed=N"
  *
  * P is a probability (0..1) per event, MS milliseconds.  The events:
  *   - every request-plane message (a MSG frame) a worker receives: dropped,
@@ -15,7 +15,9 @@
  *     EPD_ERR_TRANSPORT, the endpoint fails) or delayed;
  *   - every write's bytes: one byte flipped on the way (corrupt: the bytes
  *     are copied first, the writer's memory is never touched; the
- *     receiver's checksums refuse them).
+ *     receiver's checksums refuse them); wcorrupt=P flips write bytes
+ *     alone, at its own probability, and leaves messages whole (no secret
+ *     needed: the KV checksums, not the MACs, are what it tests).
  * The draws are seeded (seed=N, default 1, mixed with the worker id), so a
  * run repeats per seed given the same order of events.  The interposer is
  * in the stack only when the variable was set at create: without it the

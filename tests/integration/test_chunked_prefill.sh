@@ -12,6 +12,11 @@
 #  - a request that needs more KV than the decode worker's whole pool is a
 #    400 naming the limit (nothing reserved: decode's free blocks stay at
 #    their total); one over the model's window is a 400 too;
+#  - decode verifies each chunk's blocks as they land (LayerDone with
+#    `blocks`, rule 4): its epd_decode_kv_range_checks_total and _bytes
+#    grow with a chunked run; a prefill whose KV writes are corrupted on
+#    the wire (EPD_XPORT_FAULTS=wcorrupt=1) has its request failed by such
+#    a chunk check, before its layer's end, with nothing leaked;
 #  - a prefill stopped (SIGSTOP) in the middle of a chunked run and resumed
 #    (SIGCONT) finishes the request equal to epd-generate; one stopped
 #    while its client goes away (the router's Abort waits for it) ends at
@@ -53,9 +58,11 @@ for pat in A LLA; do
   w_greedy=$(want "$m")
   w_seeded=$(want "$m" "${SEEDED[@]}")
   start_daemon "d_$pat" decode --model "$m" --worker-id "decode-$pat" --kv-blocks "$D_BLOCKS" \
-    --state-slots 8
+    --state-slots 8 --metrics-addr 127.0.0.1:0
   daddr_var="d_${pat}_ADDR"
   daddr=${!daddr_var}
+  dmet=$(sed -n 's/.* metrics=\([^ ]*\).*/http:\/\/\1/p' "$T/d_$pat.ready")
+  [ -n "$dmet" ] || fail "no metrics= in the ready file of d_$pat"
   total=$(status_field "$daddr" kv_blocks_total)
   for chunk in 1000 2048; do
     name="p_${pat}_$chunk"
@@ -73,6 +80,32 @@ for pat in A LLA; do
   done
   wait_blocks_free "$daddr"
   [ "$(status_field "$daddr" kv_blocks_free)" = "$total" ] || fail "decode blocks leaked"
+  checks=$(router_metric "$dmet" epd_decode_kv_range_checks_total)
+  bytes=$(router_metric "$dmet" epd_decode_kv_range_bytes_total)
+  note "$pat: $checks chunk checks on decode, $bytes bytes verified as they landed"
+  [ "${checks:-0}" -gt 0 ] && [ "${bytes:-0}" -gt 0 ] ||
+    fail "$pat: decode checked no chunk as it landed (checks '$checks', bytes '$bytes')"
+
+  note "$pat: every KV write corrupted on the wire: a chunk check fails the request"
+  fails0=$(router_metric "$dmet" epd_decode_verification_failures_total)
+  EPD_XPORT_FAULTS=wcorrupt=1,seed=1 start_daemon "c_$pat" prefill --model "$m" \
+    --worker-id "prefill-$pat-corrupt" --prefill-chunk-tokens 1000 --state-slots 8 \
+    --no-prefix-cache
+  caddr_var="c_${pat}_ADDR"
+  if out=$("$BIN/epd-ctl" submit --prefill "${!caddr_var}" --decode "$daddr" --model "$m" \
+    --prompt-file "$T/long.txt" --max-tokens 8 --tokens --timeout-ms 120000 2>&1); then
+    fail "$pat: a request with corrupted KV succeeded: $out"
+  fi
+  grep -qi "corrupt" <<<"$out" || fail "$pat: the error does not say the KV was corrupt: $out"
+  grep -q "layer [0-9]* (blocks landed so far, before the last chunk) from prefill-$pat-corrupt" \
+    "$T/d_$pat.log" ||
+    fail "$pat: no chunk check caught it: $(grep -m1 'fails its check' "$T/d_$pat.log")"
+  [ "$(router_metric "$dmet" epd_decode_verification_failures_total)" = $((fails0 + 1)) ] ||
+    fail "$pat: verification failures did not count it"
+  wait_blocks_free "$daddr"
+  [ "$(status_field "$daddr" kv_blocks_free)" = "$total" ] || fail "$pat: decode blocks leaked"
+  stop_daemon "c_$pat" TERM
+  [ "$STOP_RC" = 0 ] || fail "prefill c_$pat exited $STOP_RC"
   stop_daemon "d_$pat" TERM
   [ "$STOP_RC" = 0 ] || fail "decode d_$pat exited $STOP_RC"
 done
