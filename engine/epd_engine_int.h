@@ -24,7 +24,7 @@ epd_status_t epd__byte_detokenize(const int32_t *tokens, size_t n, char *buf, si
 epd_status_t epd__engine_tok_only_info(const epd_engine_config_t *config,
                                        epd_engine_info_t *info_p);
 
-/* The built-in `ref` engine (epd_ref.c). */
+/* The built-in `ref` engine (epd_ref.c; its files: epd_ref_int.h). */
 extern const epd_engine_ops_t epd__ref_ops;
 /* The Hugging Face engine (epd_hf.c), opened as `ref` on an HF folder. */
 extern const epd_engine_ops_t epd__hf_ops;

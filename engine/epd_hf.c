@@ -207,7 +207,7 @@ static epd_status_t epd_hf_act_alloc(const epd_engine_impl_t *e, uint32_t start,
 }
 
 /* Causal attention of the chunk's queries over every cached key of layer
- * l, into a->o (ref's algorithm, engine/epd_ref.c). */
+ * l, into a->o (ref's algorithm, engine/epd_ref_forward.c). */
 static void epd_hf_prefill_attention(const epd_engine_impl_t *e, const epd_kv_pool_t *pool,
                                      uint32_t l, const epd_prefill_args_t *args, epd_hf_act_t *a)
 {

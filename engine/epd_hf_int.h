@@ -22,7 +22,7 @@
 
 #define EPD_HF_LOG "hf"
 /* prefill row tile (aligned to absolute positions) and key tile, as ref's
- * (engine/epd_ref.c "Split invariance") */
+ * (engine/epd_ref_forward.c "Split invariance") */
 #define EPD_HF_TILE 64
 #define EPD_HF_KTILE 64
 

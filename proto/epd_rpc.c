@@ -1,5 +1,7 @@
 /*
- * epd_rpc.c — unary gRPC server and client over the gRPC core C API.
+ * epd_rpc.c — the control plane's unary gRPC server over the gRPC core C
+ * API (the client: epd_rpc_client.c; the x-epd-auth check and its replay
+ * cache: epd_rpc_auth.c; epd_rpc_int.h lists the files).
  *
  * Server call life (tag = the call struct, state says which batch ended):
  *   REQUESTED  grpc_server_request_call finished: a client called.  Post a
@@ -20,57 +22,28 @@
  * (set once, freed after the thread is joined).  The loop keeps its own
  * flag: a call the cq thread passed before the secret was set is refused
  * when it reaches the loop, so no call runs unchecked after set_auth.
- *
- * Replay cache: open addressing (linear probing, SipHash of the nonce under
- * a random key, load <= 1/2), each slot a nonce and the unix ms after
- * which its call fails the clock check anyway (time + window).  Expired
- * slots are swept (backward-shift deletion, no tombstones) only when the
- * cache is full, at most once a second; still full, the call is refused.
  */
 #include "epd_rpc.h"
 
-#include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <pthread.h>
-#include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "epd_alloc.h"
-#include "epd_bytes.h"
 #include "epd_log.h"
-#include "epd_msg.h"
+#include "epd_msg.h" /* the method names (the open ones) */
 #include "epd_queue.h"
 #include "epd_rpc_guard.h"
-#include "epd_time.h"
+#include "epd_rpc_int.h"
 
 #define EPD_RPC_PENDING_REQUESTS 8
 #define EPD_RPC_QUEUE_DEPTH 256
-#define EPD_RPC_MAX_MESSAGE (16u << 20)
-
-#define EPD_RPC_AUTH_NONCE_BYTES 16
-#define EPD_RPC_AUTH_MAC_BYTES 32
-#define EPD_RPC_AUTH_SWEEP_MS 1000 /* a full cache is swept at most this often */
-
-typedef struct {
-    uint64_t expire_ms; /* unix ms; 0: empty slot */
-    unsigned char nonce[EPD_RPC_AUTH_NONCE_BYTES];
-} epd__rpc_nonce_t;
-
-struct epd_rpc_auth {
-    unsigned char key[crypto_generichash_BYTES]; /* K; wiped at destroy */
-    unsigned char hkey[crypto_shorthash_KEYBYTES];
-    epd__rpc_nonce_t *slots; /* [mask + 1]; NULL: no replay cache */
-    size_t mask;
-    uint32_t count; /* slots in use (expired ones until swept) */
-    uint32_t max;
-    uint64_t next_sweep_ms;
-};
 
 typedef enum {
     EPD_RPC_CALL_REQUESTED,
@@ -120,268 +93,6 @@ struct epd_rpc_server {
     epd_log_limit_t auth_log_cq, auth_log_loop; /* one per thread */
 };
 
-struct epd_rpc_client {
-    grpc_channel *channel;
-    grpc_completion_queue *cq;
-    epd_rpc_auth_t *auth; /* NULL: calls are not signed */
-};
-
-/* ------------------------------------------------------ authentication */
-
-epd_status_t epd_rpc_auth_create(const void *secret, size_t secret_len, uint32_t max_nonces,
-                                 epd_rpc_auth_t **auth_p)
-{
-    /* 16 bytes, zero padded: the transport's HELLO key is "epd-xport-v1" */
-    static const unsigned char personal[crypto_generichash_blake2b_PERSONALBYTES] = "epd-rpc-v1";
-    epd_rpc_auth_t *a;
-
-    if (secret == NULL || secret_len < EPD_RPC_SECRET_MIN || secret_len > EPD_RPC_SECRET_MAX ||
-        max_nonces > (1u << 30)) {
-        return EPD_ERR_INVALID_PARAM;
-    }
-    if (sodium_init() < 0) {
-        return EPD_ERR_FATAL;
-    }
-    a = epd_calloc(1, sizeof(*a));
-    if (a == NULL) {
-        return EPD_ERR_NO_MEMORY;
-    }
-    if (max_nonces > 0) {
-        size_t slots = 2;
-
-        while (slots < 2 * (size_t)max_nonces) {
-            slots <<= 1;
-        }
-        a->slots = epd_calloc(slots, sizeof(*a->slots));
-        if (a->slots == NULL) {
-            epd_free(a);
-            return EPD_ERR_NO_MEMORY;
-        }
-        a->mask = slots - 1;
-        a->max = max_nonces;
-        randombytes_buf(a->hkey, sizeof(a->hkey));
-    }
-    crypto_generichash_blake2b_salt_personal(a->key, sizeof(a->key), secret, secret_len, NULL, 0,
-                                             NULL, personal);
-    *auth_p = a;
-    return EPD_OK;
-}
-
-void epd_rpc_auth_destroy(epd_rpc_auth_t *a)
-{
-    if (a == NULL) {
-        return;
-    }
-    sodium_memzero(a->key, sizeof(a->key));
-    epd_free(a->slots);
-    epd_free(a);
-}
-
-uint32_t epd_rpc_auth_nonces(const epd_rpc_auth_t *a)
-{
-    return a->count;
-}
-
-static void epd_rpc_auth_mac(const epd_rpc_auth_t *a, const char *method, const void *body,
-                             size_t body_len, uint64_t time_ms, const unsigned char *nonce,
-                             unsigned char mac[EPD_RPC_AUTH_MAC_BYTES])
-{
-    crypto_generichash_state st;
-    size_t mlen = strlen(method);
-    unsigned char version = 1;
-    unsigned char n4[4], n8[8];
-
-    crypto_generichash_init(&st, a->key, sizeof(a->key), EPD_RPC_AUTH_MAC_BYTES);
-    crypto_generichash_update(&st, &version, 1);
-    epd_le_put(n4, mlen, 4);
-    crypto_generichash_update(&st, n4, 4);
-    crypto_generichash_update(&st, (const unsigned char *)method, mlen);
-    epd_le_put(n8, body_len, 8);
-    crypto_generichash_update(&st, n8, 8);
-    if (body_len > 0) {
-        crypto_generichash_update(&st, body, body_len);
-    }
-    epd_le_put(n8, time_ms, 8);
-    crypto_generichash_update(&st, n8, 8);
-    crypto_generichash_update(&st, nonce, EPD_RPC_AUTH_NONCE_BYTES);
-    crypto_generichash_final(&st, mac, EPD_RPC_AUTH_MAC_BYTES);
-}
-
-epd_status_t epd_rpc_auth_sign(const epd_rpc_auth_t *a, const char *method, const void *body,
-                               size_t body_len, uint64_t now_ms, char *value, size_t cap)
-{
-    unsigned char nonce[EPD_RPC_AUTH_NONCE_BYTES];
-    unsigned char mac[EPD_RPC_AUTH_MAC_BYTES];
-    int n;
-
-    if (cap < EPD_RPC_AUTH_VALUE_MAX) {
-        return EPD_ERR_TOO_LONG;
-    }
-    randombytes_buf(nonce, sizeof(nonce));
-    epd_rpc_auth_mac(a, method, body, body_len, now_ms, nonce, mac);
-    n = snprintf(value, cap, "v1:%llu:", (unsigned long long)now_ms);
-    epd_hex_encode(value + n, nonce, sizeof(nonce));
-    n += 2 * (int)sizeof(nonce);
-    value[n++] = ':';
-    epd_hex_encode(value + n, mac, sizeof(mac));
-    n += 2 * (int)sizeof(mac);
-    value[n] = '\0';
-    return EPD_OK;
-}
-
-/* Parses "v1:<ms>:<32 hex>:<64 hex>" exactly; 0 when well formed. */
-static int epd_rpc_auth_parse(const char *v, size_t len, uint64_t *time_p,
-                              unsigned char nonce[EPD_RPC_AUTH_NONCE_BYTES],
-                              unsigned char mac[EPD_RPC_AUTH_MAC_BYTES])
-{
-    uint64_t t = 0;
-    size_t i = 3, digits;
-
-    if (len < 3 || memcmp(v, "v1:", 3) != 0) {
-        return -1;
-    }
-    for (digits = 0; i < len && v[i] >= '0' && v[i] <= '9'; i++, digits++) {
-        unsigned d = (unsigned)(v[i] - '0');
-
-        if (t > (UINT64_MAX - d) / 10) {
-            return -1;
-        }
-        t = t * 10 + d;
-    }
-    /* no leading zero: one spelling per time */
-    if (digits == 0 || (digits > 1 && v[3] == '0')) {
-        return -1;
-    }
-    if (len - i != 1 + 2 * EPD_RPC_AUTH_NONCE_BYTES + 1 + 2 * EPD_RPC_AUTH_MAC_BYTES ||
-        v[i] != ':' || v[i + 1 + 2 * EPD_RPC_AUTH_NONCE_BYTES] != ':') {
-        return -1;
-    }
-    if (epd_hex_decode(nonce, v + i + 1, EPD_RPC_AUTH_NONCE_BYTES) != 0 ||
-        epd_hex_decode(mac, v + i + 2 + 2 * EPD_RPC_AUTH_NONCE_BYTES, EPD_RPC_AUTH_MAC_BYTES) !=
-            0) {
-        return -1;
-    }
-    *time_p = t;
-    return 0;
-}
-
-static size_t epd_rpc_nonce_home(const epd_rpc_auth_t *a, const unsigned char *nonce)
-{
-    unsigned char h[crypto_shorthash_BYTES];
-
-    crypto_shorthash(h, nonce, EPD_RPC_AUTH_NONCE_BYTES, a->hkey);
-    return (size_t)epd_le_get(h, 8) & a->mask;
-}
-
-/* Empties slot i and moves later members of its probe run back (Knuth's
- * algorithm R): lookups never need tombstones. */
-static void epd_rpc_nonce_delete(epd_rpc_auth_t *a, size_t i)
-{
-    size_t j = i;
-
-    for (;;) {
-        size_t k;
-
-        j = (j + 1) & a->mask;
-        if (a->slots[j].expire_ms == 0) {
-            break;
-        }
-        k = epd_rpc_nonce_home(a, a->slots[j].nonce);
-        /* j stays when its home k lies cyclically in (i, j] */
-        if (i <= j ? (i < k && k <= j) : (i < k || k <= j)) {
-            continue;
-        }
-        a->slots[i] = a->slots[j];
-        i = j;
-    }
-    a->slots[i].expire_ms = 0;
-    a->count--;
-}
-
-/* Forgets every nonce whose call would now fail the clock check.  A slot
- * filled by a shift is looked at again (i is not advanced). */
-static void epd_rpc_nonce_sweep(epd_rpc_auth_t *a, uint64_t now_ms)
-{
-    size_t i = 0;
-
-    while (i <= a->mask) {
-        if (a->slots[i].expire_ms != 0 && a->slots[i].expire_ms < now_ms) {
-            epd_rpc_nonce_delete(a, i);
-        } else {
-            i++;
-        }
-    }
-}
-
-static uint64_t epd_rpc_add_sat(uint64_t a, uint64_t b)
-{
-    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
-}
-
-epd_status_t epd_rpc_auth_check(epd_rpc_auth_t *a, const char *method, const void *body,
-                                size_t body_len, const char *value, size_t value_len,
-                                uint64_t now_ms, const char **why_p)
-{
-    unsigned char nonce[EPD_RPC_AUTH_NONCE_BYTES];
-    unsigned char mac[EPD_RPC_AUTH_MAC_BYTES], want[EPD_RPC_AUTH_MAC_BYTES];
-    uint64_t t;
-    size_t i;
-
-    if (value == NULL) {
-        *why_p = "no " EPD_RPC_AUTH_KEY " metadata: the cluster secret is required";
-        return EPD_ERR_AUTH;
-    }
-    if (epd_rpc_auth_parse(value, value_len, &t, nonce, mac) != 0) {
-        *why_p = "malformed " EPD_RPC_AUTH_KEY " metadata";
-        return EPD_ERR_AUTH;
-    }
-    /* saturated sums: no time, however absurd, wraps around */
-    if (t > epd_rpc_add_sat(now_ms, EPD_RPC_AUTH_WINDOW_MS) ||
-        epd_rpc_add_sat(t, EPD_RPC_AUTH_WINDOW_MS) < now_ms) {
-        *why_p = "call time outside the +-30 s window (clocks differ, or a replay)";
-        return EPD_ERR_AUTH;
-    }
-    epd_rpc_auth_mac(a, method, body, body_len, t, nonce, want);
-    if (crypto_verify_32(mac, want) != 0) {
-        *why_p = "MAC does not verify (another cluster secret, or altered)";
-        return EPD_ERR_AUTH;
-    }
-    if (a->slots == NULL) {
-        return EPD_OK;
-    }
-    for (i = epd_rpc_nonce_home(a, nonce); a->slots[i].expire_ms != 0; i = (i + 1) & a->mask) {
-        if (memcmp(a->slots[i].nonce, nonce, sizeof(nonce)) == 0) {
-            *why_p = "replayed call (nonce already seen)";
-            return EPD_ERR_AUTH;
-        }
-    }
-    if (a->count >= a->max) {
-        /* (a clock stepped back more than that sweeps at once) */
-        if (now_ms < a->next_sweep_ms && a->next_sweep_ms - now_ms <= EPD_RPC_AUTH_SWEEP_MS) {
-            *why_p = "replay cache full";
-            return EPD_ERR_NO_RESOURCE;
-        }
-        a->next_sweep_ms = epd_rpc_add_sat(now_ms, EPD_RPC_AUTH_SWEEP_MS);
-        epd_rpc_nonce_sweep(a, now_ms);
-        if (a->count >= a->max) {
-            *why_p = "replay cache full";
-            return EPD_ERR_NO_RESOURCE;
-        }
-        /* the sweep moved slots: find the free one again */
-        for (i = epd_rpc_nonce_home(a, nonce); a->slots[i].expire_ms != 0; i = (i + 1) & a->mask) {
-        }
-    }
-    memcpy(a->slots[i].nonce, nonce, sizeof(nonce));
-    a->slots[i].expire_ms = epd_rpc_add_sat(t, EPD_RPC_AUTH_WINDOW_MS); /* never 0 */
-    a->count++;
-    return EPD_OK;
-}
-
-static uint64_t epd_rpc_now_ms(void)
-{
-    return epd_time_wall_ns() / EPD_NSEC_PER_MSEC;
-}
-
 static void epd_rpc_call_free(epd__rpc_call_t *c)
 {
     if (c->call != NULL) {
@@ -421,38 +132,6 @@ static epd_status_t epd_rpc_request_one(epd_rpc_server_t *s)
         epd_rpc_call_free(c);
         return EPD_ERR_TRANSPORT;
     }
-    return EPD_OK;
-}
-
-/* Copies the bytes of a received message into an epd_malloc buffer. */
-static epd_status_t epd_rpc_read_buffer(grpc_byte_buffer *bb, void **buf_p, size_t *len_p)
-{
-    grpc_byte_buffer_reader reader;
-    grpc_slice all;
-    size_t len;
-    void *buf = NULL;
-
-    if (!grpc_byte_buffer_reader_init(&reader, bb)) {
-        return EPD_ERR_MALFORMED;
-    }
-    all = grpc_byte_buffer_reader_readall(&reader);
-    grpc_byte_buffer_reader_destroy(&reader);
-    len = GRPC_SLICE_LENGTH(all);
-    if (len > EPD_RPC_MAX_MESSAGE) {
-        grpc_slice_unref(all);
-        return EPD_ERR_TOO_LONG;
-    }
-    if (len > 0) {
-        buf = epd_malloc(len);
-        if (buf == NULL) {
-            grpc_slice_unref(all);
-            return EPD_ERR_NO_MEMORY;
-        }
-        memcpy(buf, GRPC_SLICE_START_PTR(all), len);
-    }
-    grpc_slice_unref(all);
-    *buf_p = buf;
-    *len_p = len;
     return EPD_OK;
 }
 
@@ -597,7 +276,7 @@ static int epd_rpc_authenticate(epd_rpc_server_t *s, epd__rpc_call_t *c)
         return -1;
     }
     st = epd_rpc_auth_check(auth, c->method, c->req_buf, c->req_len, value, value_len,
-                            epd_rpc_now_ms(), &why);
+                            epd__rpc_now_ms(), &why);
     if (st != EPD_OK) {
         epd_rpc_refuse_auth(
             s, c, &s->auth_log_cq,
@@ -617,7 +296,7 @@ static void epd_rpc_on_received(epd_rpc_server_t *s, epd__rpc_call_t *c, int suc
         epd_rpc_call_free(c); /* cancelled, or the client sent no message */
         return;
     }
-    status = epd_rpc_read_buffer(c->request, &c->req_buf, &c->req_len);
+    status = epd__rpc_read_buffer(c->request, &c->req_buf, &c->req_len);
     if (status != EPD_OK) {
         epd_rpc_send_answer(c, EPD_RPC_INVALID_ARGUMENT, epd_status_string(status), NULL, 0);
         return;
@@ -903,205 +582,4 @@ void epd_rpc_server_destroy(epd_rpc_server_t *s)
     epd_rpc_guard_destroy(s->guard);
     s->guard = NULL;
     uv_close((uv_handle_t *)&s->async, epd_rpc_on_async_closed);
-}
-
-epd_status_t epd_rpc_client_create(const char *target, epd_rpc_client_t **client_p)
-{
-    epd_rpc_client_t *c = epd_calloc(1, sizeof(*c));
-    grpc_channel_credentials *creds;
-
-    if (c == NULL) {
-        return EPD_ERR_NO_MEMORY;
-    }
-    grpc_init();
-    creds = grpc_insecure_credentials_create();
-    c->channel = grpc_channel_create(target, creds, NULL);
-    grpc_channel_credentials_release(creds);
-    c->cq = grpc_completion_queue_create_for_pluck(NULL);
-    if (c->channel == NULL || c->cq == NULL) {
-        epd_rpc_client_destroy(c);
-        return EPD_ERR_FATAL;
-    }
-    *client_p = c;
-    return EPD_OK;
-}
-
-void epd_rpc_client_destroy(epd_rpc_client_t *c)
-{
-    if (c == NULL) {
-        return;
-    }
-    if (c->channel != NULL) {
-        grpc_channel_destroy(c->channel);
-    }
-    if (c->cq != NULL) {
-        grpc_completion_queue_shutdown(c->cq);
-        while (grpc_completion_queue_pluck(c->cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
-                   .type != GRPC_QUEUE_SHUTDOWN) {
-        }
-        grpc_completion_queue_destroy(c->cq);
-    }
-    grpc_shutdown();
-    epd_rpc_auth_destroy(c->auth);
-    epd_free(c);
-}
-
-epd_status_t epd_rpc_client_set_auth(epd_rpc_client_t *c, const void *secret, size_t len)
-{
-    epd_rpc_auth_t *auth = NULL;
-
-    if (secret != NULL || len != 0) {
-        /* signing only: a client keeps no replay cache */
-        epd_status_t st = epd_rpc_auth_create(secret, len, 0, &auth);
-
-        if (st != EPD_OK) {
-            return st;
-        }
-    }
-    epd_rpc_auth_destroy(c->auth);
-    c->auth = auth;
-    return EPD_OK;
-}
-
-static epd_status_t epd_rpc_map_status(grpc_status_code code)
-{
-    switch (code) {
-    case GRPC_STATUS_OK:
-        return EPD_OK;
-    case GRPC_STATUS_DEADLINE_EXCEEDED:
-        return EPD_ERR_TIMEOUT;
-    case GRPC_STATUS_UNAVAILABLE:
-        return EPD_ERR_UNREACHABLE;
-    case GRPC_STATUS_INVALID_ARGUMENT:
-        return EPD_ERR_INVALID_PARAM;
-    case GRPC_STATUS_NOT_FOUND:
-        return EPD_ERR_NOT_FOUND;
-    case GRPC_STATUS_FAILED_PRECONDITION:
-        return EPD_ERR_DRAINING;
-    case GRPC_STATUS_UNIMPLEMENTED:
-        return EPD_ERR_UNSUPPORTED;
-    case GRPC_STATUS_UNAUTHENTICATED:
-    case GRPC_STATUS_PERMISSION_DENIED:
-        return EPD_ERR_AUTH;
-    default:
-        return EPD_ERR_TRANSPORT;
-    }
-}
-
-epd_status_t epd_rpc_call(epd_rpc_client_t *client, const char *method, const void *req,
-                          size_t req_len, int timeout_ms, void **resp_p, size_t *resp_len_p,
-                          char *err, size_t err_cap)
-{
-    char value[EPD_RPC_AUTH_VALUE_MAX];
-
-    if (client->auth == NULL) {
-        return epd_rpc_call_with_auth(client, method, req, req_len, NULL, timeout_ms, resp_p,
-                                      resp_len_p, err, err_cap);
-    }
-    (void)epd_rpc_auth_sign(client->auth, method, req, req_len, epd_rpc_now_ms(), value,
-                            sizeof(value));
-    return epd_rpc_call_with_auth(client, method, req, req_len, value, timeout_ms, resp_p,
-                                  resp_len_p, err, err_cap);
-}
-
-epd_status_t epd_rpc_call_with_auth(epd_rpc_client_t *client, const char *method, const void *req,
-                                    size_t req_len, const char *auth_value, int timeout_ms,
-                                    void **resp_p, size_t *resp_len_p, char *err, size_t err_cap)
-{
-    gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                         gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
-    grpc_slice method_slice = grpc_slice_from_copied_string(method);
-    grpc_slice req_slice = grpc_slice_from_copied_buffer(req != NULL ? req : "", req_len);
-    grpc_byte_buffer *request = grpc_raw_byte_buffer_create(&req_slice, 1);
-    grpc_byte_buffer *response = NULL;
-    grpc_metadata_array initial_md;
-    grpc_metadata_array trailing_md;
-    grpc_status_code code = GRPC_STATUS_UNKNOWN;
-    grpc_slice details = grpc_empty_slice();
-    grpc_call *call;
-    grpc_op ops[6];
-    grpc_metadata md;
-    grpc_event ev;
-    grpc_call_error ce;
-    epd_status_t status;
-    void *buf = NULL;
-    size_t len = 0;
-
-    grpc_slice_unref(req_slice);
-    grpc_metadata_array_init(&initial_md);
-    grpc_metadata_array_init(&trailing_md);
-    call = grpc_channel_create_call(client->channel, NULL, GRPC_PROPAGATE_DEFAULTS, client->cq,
-                                    method_slice, NULL, deadline, NULL);
-    grpc_slice_unref(method_slice);
-    memset(ops, 0, sizeof(ops));
-    memset(&md, 0, sizeof(md));
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    if (auth_value != NULL) {
-        md.key = grpc_slice_from_static_string(EPD_RPC_AUTH_KEY);
-        md.value = grpc_slice_from_copied_string(auth_value);
-        ops[0].data.send_initial_metadata.count = 1;
-        ops[0].data.send_initial_metadata.metadata = &md;
-    }
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = request;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &response;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
-    ops[5].data.recv_status_on_client.status = &code;
-    ops[5].data.recv_status_on_client.status_details = &details;
-    ce = grpc_call_start_batch(call, ops, 6, call, NULL);
-    if (ce != GRPC_CALL_OK) {
-        status = ce == GRPC_CALL_ERROR_INVALID_METADATA ? EPD_ERR_INVALID_PARAM : EPD_ERR_TRANSPORT;
-        goto out_call;
-    }
-    /* The call carries the deadline; the extra second only guards against a
-     * library that never reports it. */
-    ev = grpc_completion_queue_pluck(client->cq, call,
-                                     gpr_time_add(deadline, gpr_time_from_millis(1000, GPR_TIMESPAN)),
-                                     NULL);
-    if (ev.type == GRPC_QUEUE_TIMEOUT) {
-        grpc_call_cancel(call, NULL);
-        grpc_completion_queue_pluck(client->cq, call, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-        code = GRPC_STATUS_DEADLINE_EXCEEDED;
-    }
-    status = epd_rpc_map_status(code);
-    if (err != NULL && err_cap > 0) {
-        size_t n = GRPC_SLICE_LENGTH(details);
-
-        if (n >= err_cap) {
-            n = err_cap - 1;
-        }
-        memcpy(err, GRPC_SLICE_START_PTR(details), n);
-        err[n] = '\0';
-    }
-    if (status == EPD_OK) {
-        if (response == NULL) {
-            status = EPD_ERR_MALFORMED;
-        } else {
-            status = epd_rpc_read_buffer(response, &buf, &len);
-        }
-    }
-
-out_call:
-    grpc_call_unref(call);
-    if (auth_value != NULL) {
-        grpc_slice_unref(md.key);
-        grpc_slice_unref(md.value);
-    }
-    grpc_byte_buffer_destroy(request);
-    if (response != NULL) {
-        grpc_byte_buffer_destroy(response);
-    }
-    grpc_slice_unref(details);
-    grpc_metadata_array_destroy(&initial_md);
-    grpc_metadata_array_destroy(&trailing_md);
-    if (status == EPD_OK) {
-        *resp_p = buf;
-        *resp_len_p = len;
-    }
-    return status;
 }

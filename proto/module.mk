@@ -17,7 +17,7 @@ $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c | $(GEN_HDRS)
 	@$(if $(filter 1,$(V)),,echo "  CC      $<";)$(CC) $(EPD_INC) $(EPD_CPPFLAGS) $(EPD_CFLAGS) -c -o $@ $<
 
 PROTO_OBJS := $(patsubst $(BUILD)/gen/%.c,$(BUILD)/obj/gen/%.o,$(PROTO_GEN_C)) \
-              $(call obj_of,proto/epd_msg.c proto/epd_msg_sample.c proto/epd_msg_logprob.c proto/epd_rpc.c proto/epd_rpc_guard.c proto/epd_rpc_h2scan.c proto/epd_layout.c)
+              $(call obj_of,proto/epd_msg.c proto/epd_msg_sample.c proto/epd_msg_logprob.c proto/epd_rpc.c proto/epd_rpc_auth.c proto/epd_rpc_client.c proto/epd_rpc_frame.c proto/epd_rpc_guard.c proto/epd_rpc_h2scan.c proto/epd_layout.c)
 ALL_OBJS += $(PROTO_OBJS)
 ALL_LIBS += $(BUILD)/lib/libepd_proto.a
 $(BUILD)/lib/libepd_proto.a: $(PROTO_OBJS)

@@ -11,7 +11,7 @@
  *     what was registered, a new epoch under the same id, Status over the
  *     result, are all reachable.  An answer OK must unpack as its method's
  *     response type.
- *   byte 0 odd — the x-epd-auth check (proto/epd_rpc.c):
+ *   byte 0 odd — the x-epd-auth check (proto/epd_rpc_auth.c):
  *     [method][now: le64][value length][value][body]: the fuzzed value is
  *     checked (never accepted: the fuzzer has no key); then a value signed
  *     for the same call must pass once, fail as a replay, and fail for any

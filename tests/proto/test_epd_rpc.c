@@ -1,5 +1,5 @@
 /*
- * Tests of proto/epd_rpc.c: a real gRPC server on 127.0.0.1 whose handler
+ * Tests of proto/epd_rpc*.c: a real gRPC server on 127.0.0.1 whose handler
  * runs on a libuv loop (this program's main thread), called by client
  * threads: answers and errors arrive intact, deadlines and a dead server
  * fail within bounded time, many concurrent calls all complete, and the
