@@ -191,6 +191,16 @@ epd_status_t epd__prefill_pool_admit(epd_prefill_srv_t *srv, const Epd__Generate
     }
     req->xfer.protocol_only = g->protocol_only;
     req->xfer.from_cache = req->hit_blocks > 0;
+    if (peer != NULL && !g->protocol_only && req->hit_blocks > 0) {
+        /* a prefix hit's blocks are final already: they cross to decode as
+         * soon as its reservation is here, before the rest computes, as an
+         * earlier chunk's would (hashed now rather than at the layer's end:
+         * a hit's checksums are BYTES) */
+        for (uint32_t l = 0; l < kv->n_layers; l++) {
+            epd__prefill_xfer_chunk_ready(srv, &req->xfer, l,
+                                          req->hit_blocks * kv->block_tokens);
+        }
+    }
     req->release_job.kind = EPD_PREFILL_JOB_RELEASE;
     req->release_job.seq = req->run_job.seq;
     req->release_job.done_ev = &req->evs[kv->n_layers + 1];

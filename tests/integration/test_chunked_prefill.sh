@@ -17,6 +17,10 @@
 #    grow with a chunked run; a prefill whose KV writes are corrupted on
 #    the wire (EPD_XPORT_FAULTS=wcorrupt=1) has its request failed by such
 #    a chunk check, before its layer's end, with nothing leaked;
+#  - a prefix hit's blocks cross to decode (and are checked there) before
+#    the rest of the prompt computes, chunked or not: an unchunked prefill
+#    with a hit of 250 blocks and 4,000 tokens to compute (4 layers) makes
+#    decode count block-range checks, and the answer equals epd-generate's;
 #  - a prefill stopped (SIGSTOP) in the middle of a chunked run and resumed
 #    (SIGCONT) finishes the request equal to epd-generate; one stopped
 #    while its client goes away (the router's Abort waits for it) ends at
@@ -108,6 +112,40 @@ for pat in A LLA; do
   [ "$STOP_RC" = 0 ] || fail "prefill c_$pat exited $STOP_RC"
   stop_daemon "d_$pat" TERM
   [ "$STOP_RC" = 0 ] || fail "decode d_$pat exited $STOP_RC"
+done
+
+note "a prefix hit crosses to decode before the rest computes (chunking off)"
+# 4 layers, so that the 4,000 tokens after the hit take a while and every
+# layer's end gives the hit's range another chance to go out
+mh="$T/m_hit"
+mkmodel "$mh" --layers 4 --dim 8 --heads 1 --kv-heads 1 --layer-pattern A --ffn 16 --vision 0 \
+  --max-context 20000 --seed 5
+head -c 8000 "$T/long.txt" >"$T/base.txt"
+{ head -c 4000 "$T/long.txt"; prompt_of_len 4000 7; } >"$T/half.txt"
+w_base=$("$G" --model "$mh" --prompt "$(cat "$T/base.txt")" --max-tokens 8 --tokens) ||
+  fail "epd-generate, the base prompt"
+w_half=$("$G" --model "$mh" --prompt "$(cat "$T/half.txt")" --max-tokens 8 --tokens) ||
+  fail "epd-generate, the half-shared prompt"
+start_daemon hd decode --model "$mh" --worker-id decode-hit --kv-blocks "$D_BLOCKS" \
+  --metrics-addr 127.0.0.1:0
+hmet=$(sed -n 's/.* metrics=\([^ ]*\).*/http:\/\/\1/p' "$T/hd.ready")
+start_daemon hp prefill --model "$mh" --worker-id prefill-hit --prefill-chunk-tokens 0
+# the base prompt fills prefill's prefix cache (no hit, no chunks)
+g=$("$BIN/epd-ctl" submit --prefill "$hp_ADDR" --decode "$hd_ADDR" --model "$mh" \
+  --prompt-file "$T/base.txt" --max-tokens 8 --tokens --timeout-ms 120000) ||
+  fail "the base prompt"
+[ "$g" = "$w_base" ] || fail "unchunked: got '$g', want '$w_base'"
+c0=$(router_metric "$hmet" epd_decode_kv_range_checks_total)
+g=$("$BIN/epd-ctl" submit --prefill "$hp_ADDR" --decode "$hd_ADDR" --model "$mh" \
+  --prompt-file "$T/half.txt" --max-tokens 8 --tokens --timeout-ms 120000) ||
+  fail "the half-shared prompt"
+[ "$g" = "$w_half" ] || fail "a prefix hit: got '$g', want '$w_half'"
+c1=$(router_metric "$hmet" epd_decode_kv_range_checks_total)
+note "decode checked $((c1 - c0)) block ranges of the hit before the prompt's end"
+[ "$c1" -gt "$c0" ] || fail "the hit's blocks did not cross ahead (checks $c0 -> $c1)"
+for n in hp hd; do
+  stop_daemon "$n" TERM
+  [ "$STOP_RC" = 0 ] || fail "$n exited $STOP_RC"
 done
 
 note "sim engine (hybrid MoE profile, shrunk), chunks of 1000: decode --verify full and stamps"
