@@ -179,13 +179,6 @@ out:
     return NULL;
 }
 
-static int bu_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return x < y ? -1 : x > y;
-}
-
 /* The value of one series of /metrics (0 when absent). */
 static double bu_metric(const char *text, const char *name)
 {
@@ -324,9 +317,9 @@ static int bu_burst(const bu_opts_t *o, const char *http, bu_row_t *row)
     row->tok_s = row->wall_s > 0 ? (double)tokens / row->wall_s : 0;
     row->mean_tokens = row->ok > 0 ? (double)tokens / row->ok : 0;
     if (n_lat > 0) {
-        qsort(lat, n_lat, sizeof(*lat), bu_cmp_double);
-        row->e2e_p50 = lat[(n_lat - 1) / 2];
-        row->e2e_p99 = lat[(uint32_t)floor((n_lat - 1) * 0.99)];
+        epd_bench_sort(lat, n_lat);
+        row->e2e_p50 = epd_bench_pct(lat, n_lat, 50);
+        row->e2e_p99 = epd_bench_pct(lat, n_lat, 99);
     }
     /* the workers' heartbeats (every 100 ms) carry their counters */
     epd_time_sleep_ns(400 * EPD_NSEC_PER_MSEC);
@@ -569,15 +562,8 @@ int epd_bench_burst_main(int argc, char **argv)
     }
     if (o.bindir_opt != NULL) {
         snprintf(o.bindir, sizeof(o.bindir), "%s", o.bindir_opt);
-    } else {
-        ssize_t n = readlink("/proc/self/exe", o.bindir, sizeof(o.bindir) - 1);
-        char *slash;
-
-        o.bindir[n > 0 ? n : 0] = '\0';
-        slash = strrchr(o.bindir, '/');
-        if (slash != NULL) {
-            *slash = '\0';
-        }
+    } else if (epd_bench_bindir(o.bindir, sizeof(o.bindir)) != 0) {
+        o.bindir[0] = '\0';
     }
     if (o.n_modes == 0 || bu_model(&o) != 0) {
         fprintf(stderr, "burst: no modes, or no model\n");

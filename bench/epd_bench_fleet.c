@@ -423,32 +423,6 @@ static uint64_t fl_heartbeats(fl_t *b, uint64_t *failed_p)
 
 /* ---------------------------------------------------- the router's costs */
 
-/* utime + stime of process `pid` in ns (every thread, exited ones too). */
-static int fl_cpu_ns(pid_t pid, uint64_t *ns_p)
-{
-    char path[64], buf[2048], *p;
-    unsigned long long ut = 0, st = 0;
-    long hz = sysconf(_SC_CLK_TCK);
-    FILE *f;
-    size_t n;
-
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    f = fopen(path, "r");
-    if (f == NULL) {
-        return -1;
-    }
-    n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    p = strrchr(buf, ')'); /* the command may hold spaces */
-    if (p == NULL || hz <= 0 ||
-        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) {
-        return -1;
-    }
-    *ns_p = (ut + st) * (1000000000ull / (unsigned long long)hz);
-    return 0;
-}
-
 static double fl_rss_mib(pid_t pid)
 {
     char path[64], line[256];
@@ -550,24 +524,6 @@ static double fl_request(const fl_t *b)
     return ok ? (double)(epd_time_now_ns() - t0) / 1e6 : -1;
 }
 
-static int fl_cmp(const void *a, const void *c)
-{
-    double x = *(const double *)a, y = *(const double *)c;
-
-    return x < y ? -1 : x > y;
-}
-
-static double fl_pct(const double *v, uint32_t n, double p)
-{
-    uint32_t i;
-
-    if (n == 0) {
-        return 0;
-    }
-    i = (uint32_t)(p * (n - 1) + 0.5);
-    return v[i < n ? i : n - 1];
-}
-
 /* Grows the fleet to `size` and measures the router (one row). */
 static int fl_measure(fl_t *b, uint32_t size, fl_row_t *row)
 {
@@ -605,12 +561,12 @@ static int fl_measure(fl_t *b, uint32_t size, fl_row_t *row)
     /* heartbeats only */
     h0 = fl_heartbeats(b, &f0);
     t0 = epd_time_now_ns();
-    if (fl_cpu_ns(b->pids[0], &c0) != 0) {
+    if (epd_bench_cpu_ns(b->pids[0], &c0) != 0) {
         return -1;
     }
     epd_time_sleep_ns((uint64_t)(b->idle_s * 1e9));
     t1 = epd_time_now_ns();
-    if (fl_cpu_ns(b->pids[0], &c1) != 0) {
+    if (epd_bench_cpu_ns(b->pids[0], &c1) != 0) {
         return -1;
     }
     h1 = fl_heartbeats(b, &f1);
@@ -629,7 +585,7 @@ static int fl_measure(fl_t *b, uint32_t size, fl_row_t *row)
     }
     s0 = atomic_load(&b->strays);
     t0 = epd_time_now_ns();
-    fl_cpu_ns(b->pids[0], &c0);
+    epd_bench_cpu_ns(b->pids[0], &c0);
     for (uint32_t i = 0; i < b->requests; i++) {
         double ms = fl_request(b);
 
@@ -640,15 +596,17 @@ static int fl_measure(fl_t *b, uint32_t size, fl_row_t *row)
         }
     }
     t1 = epd_time_now_ns();
-    fl_cpu_ns(b->pids[0], &c1);
+    epd_bench_cpu_ns(b->pids[0], &c1);
     row->cpu_req = (double)(c1 - c0) / 1e6 / ((double)(t1 - t0) / 1e9);
     row->strays = atomic_load(&b->strays) - s0;
     row->rss_mib = fl_rss_mib(b->pids[0]);
-    qsort(lat, n, sizeof(*lat), fl_cmp);
+    epd_bench_sort(lat, n);
     row->ok = n;
-    row->p50 = fl_pct(lat, n, 0.50);
-    row->p90 = fl_pct(lat, n, 0.90);
-    row->p99 = fl_pct(lat, n, 0.99);
+    if (n > 0) { /* nearest rank, as every epd-bench table; 0 when none */
+        row->p50 = epd_bench_pct(lat, n, 50);
+        row->p90 = epd_bench_pct(lat, n, 90);
+        row->p99 = epd_bench_pct(lat, n, 99);
+    }
     epd_free(lat);
     fprintf(stderr, "fleet: size %u measured (%u READY, %.0f heartbeats/s)\n", size, row->ready,
             row->hb_per_s);
@@ -696,41 +654,6 @@ static void fl_print(const fl_t *b)
 
 /* ------------------------------------------------------------ the cluster */
 
-/* The sim model of `epd-bench serve` (4 attention layers, 1B-parameter
- * timings, byte tokenizer): the subject is the router, not compute. */
-static int fl_write_sim(const char *dir)
-{
-    static const char *const files[3][2] = {
-        {"serve.profile",
-         "name = serve-1b\nn_layers = 4\nlayer_pattern = A\nhidden = 2048\nn_heads = 16\n"
-         "n_kv_heads = 4\nhead_dim = 64\nkv_dtype = BF16\nstate_bytes = 0\n"
-         "active_params = 1.0e9\ntotal_params = 1.0e9\nweight_bytes = 2\nvocab = 258\n"
-         "max_context = 4096\n"},
-        {"h200.profile", "name = h200\nflops = 5.94e14\nmem_bw = 4.08e12\nhbm_bytes = 141e9\n"},
-        {"sim.conf", "model = serve.profile\naccel = h200.profile\nscale = 1\ndevices = 1\n"
-                     "mode = sleep\nseed = 1\n"},
-    };
-
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        return -1;
-    }
-    for (int i = 0; i < 3; i++) {
-        char path[PATH_MAX + 32];
-        FILE *f;
-
-        snprintf(path, sizeof(path), "%s/%s", dir, files[i][0]);
-        f = fopen(path, "w");
-        if (f == NULL) {
-            return -1;
-        }
-        fputs(files[i][1], f);
-        if (fclose(f) != 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* The real prefill's layout and capacity (its Health, signed). */
 static int fl_layout(fl_t *b)
 {
@@ -762,7 +685,9 @@ static int fl_cluster_start(fl_t *b)
     uint16_t port;
 
     snprintf(b->model_dir, sizeof(b->model_dir), "%s/sim", b->tmp);
-    if (fl_write_sim(b->model_dir) != 0) {
+    /* serve's sim model (4 attention layers, 1B-parameter timings, byte
+     * tokenizer): the subject is the router, not compute */
+    if (epd_bench_write_sim(b->model_dir) != 0) {
         fprintf(stderr, "fleet: cannot write the sim model into %s\n", b->model_dir);
         return -1;
     }
@@ -999,19 +924,9 @@ int epd_bench_fleet_main(int argc, char **argv)
     if (b.attach != NULL) {
         return fl_attach(&b);
     }
-    {
-        ssize_t n = readlink("/proc/self/exe", b.bindir, sizeof(b.bindir) - 1);
-        char *slash;
-
-        if (n <= 0) {
-            fprintf(stderr, "fleet: cannot find my own binary\n");
-            return 1;
-        }
-        b.bindir[n] = '\0';
-        slash = strrchr(b.bindir, '/');
-        if (slash != NULL) {
-            *slash = '\0';
-        }
+    if (epd_bench_bindir(b.bindir, sizeof(b.bindir)) != 0) {
+        fprintf(stderr, "fleet: cannot find my own binary\n");
+        return 1;
     }
     snprintf(b.tmp, sizeof(b.tmp), "%s/epd-fleet.XXXXXX",
              tmpdir != NULL && tmpdir[0] != '\0' ? tmpdir : "/tmp");

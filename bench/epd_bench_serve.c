@@ -1169,25 +1169,6 @@ static int sv_run_phase(sv_t *b, int mode, sv_phase_t *hph, sv_phase_t *dph)
 
 /* ------------------------------------------------------------- the table */
 
-static int sv_cmp_double(const void *a, const void *c)
-{
-    double x = *(const double *)a, y = *(const double *)c;
-
-    return x < y ? -1 : x > y;
-}
-
-static double sv_pct(double *v, size_t n, double p)
-{
-    size_t i;
-
-    if (n == 0) {
-        return NAN;
-    }
-    i = (size_t)ceil(p / 100.0 * (double)n);
-    i = i == 0 ? 0 : i - 1;
-    return v[i < n ? i : n - 1];
-}
-
 typedef struct {
     double ttft[3], itl[3], e2e[3]; /* p50, p90, p99 in ms (long prompts apart) */
     double long_ttft[3];            /* --long-every's prompts: p50, max, mean in ms */
@@ -1251,24 +1232,24 @@ static void sv_stats(sv_t *b, sv_phase_t *ph, sv_stats_t *s)
         }
         s->ttft_mean_all = s->n_all > 0 ? sum / (double)s->n_all : NAN;
     }
-    qsort(ttft, n, sizeof(double), sv_cmp_double);
-    qsort(e2e, n, sizeof(double), sv_cmp_double);
-    qsort(long_ttft, s->long_ok, sizeof(double), sv_cmp_double);
+    epd_bench_sort(ttft, n);
+    epd_bench_sort(e2e, n);
+    epd_bench_sort(long_ttft, s->long_ok);
     if (s->long_ok > 0) {
         double sum = 0;
 
         for (uint64_t i = 0; i < s->long_ok; i++) {
             sum += long_ttft[i];
         }
-        s->long_ttft[0] = sv_pct(long_ttft, s->long_ok, 50);
+        s->long_ttft[0] = epd_bench_pct(long_ttft, s->long_ok, 50);
         s->long_ttft[1] = long_ttft[s->long_ok - 1];
         s->long_ttft[2] = sum / (double)s->long_ok;
     }
-    qsort(ph->itl_us, ph->n_itl, sizeof(double), sv_cmp_double);
+    epd_bench_sort(ph->itl_us, ph->n_itl);
     for (int k = 0; k < 3; k++) {
-        s->ttft[k] = sv_pct(ttft, n, ps[k]);
-        s->e2e[k] = sv_pct(e2e, n, ps[k]);
-        s->itl[k] = sv_pct(ph->itl_us, ph->n_itl, ps[k]) / 1e3;
+        s->ttft[k] = epd_bench_pct(ttft, n, ps[k]);
+        s->e2e[k] = epd_bench_pct(e2e, n, ps[k]);
+        s->itl[k] = epd_bench_pct(ph->itl_us, ph->n_itl, ps[k]) / 1e3;
     }
     /* the counted window: from the first counted arrival to the end */
     {
@@ -1827,18 +1808,8 @@ int epd_bench_serve_main(int argc, char **argv)
         fprintf(stderr, "serve: --rate and --duration must be > 0 (see --help)\n");
         goto out;
     }
-    {
-        ssize_t n = readlink("/proc/self/exe", b.bindir, sizeof(b.bindir) - 1);
-        char *slash;
-
-        if (n <= 0) {
-            goto out;
-        }
-        b.bindir[n] = '\0';
-        slash = strrchr(b.bindir, '/');
-        if (slash != NULL) {
-            *slash = '\0';
-        }
+    if (epd_bench_bindir(b.bindir, sizeof(b.bindir)) != 0) {
+        goto out;
     }
     if (b.n_images > 0) {
         /* the multimodal mix: ref with its vision encoder, chat, both
