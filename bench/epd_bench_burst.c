@@ -41,6 +41,7 @@
 
 #include "epd_alloc.h"
 #include "epd_bench.h"
+#include "epd_bench_http.h"
 #include "epd_config.h"
 #include "epd_time.h"
 
@@ -187,25 +188,6 @@ static double bu_metric(const char *text, const char *name)
     return text != NULL && epd_bench_metric(text, name, &v) ? v : 0.0;
 }
 
-static char *bu_get_metrics(const struct sockaddr_in *addr)
-{
-    static const char req[] = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-    char *buf = epd_malloc(1 << 20);
-    size_t len = 0;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-    if (buf == NULL || fd < 0 || connect(fd, (const struct sockaddr *)addr, sizeof(*addr)) != 0 ||
-        send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof(req) - 1) ||
-        bu_read_all(fd, buf, 1 << 20, &len) != 0) {
-        epd_free(buf);
-        buf = NULL;
-    }
-    if (fd >= 0) {
-        close(fd);
-    }
-    return buf;
-}
-
 /* The bodies: chat requests of --prompt-len random bytes (a seeded
  * alphabet without quotes), temperature, a seed each, the stop string,
  * max_tokens only when asked. */
@@ -323,7 +305,9 @@ static int bu_burst(const bu_opts_t *o, const char *http, bu_row_t *row)
     }
     /* the workers' heartbeats (every 100 ms) carry their counters */
     epd_time_sleep_ns(400 * EPD_NSEC_PER_MSEC);
-    metrics = bu_get_metrics(&b.addr);
+    if (epd_bench_http_get(http, "/metrics", 10000, &metrics, NULL) != EPD_OK) {
+        metrics = NULL; /* every counter reads 0 */
+    }
     row->preemptions = bu_metric(metrics, "epd_router_decode_preemptions_total");
     row->recomputed = bu_metric(metrics, "epd_router_decode_recomputed_tokens_total");
     row->cap_retries = bu_metric(metrics, "epd_router_capacity_retries_total");

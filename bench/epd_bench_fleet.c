@@ -62,9 +62,9 @@
 
 #include <uv.h>
 
-#include "epd_addr.h"
 #include "epd_alloc.h"
 #include "epd_bench.h"
+#include "epd_bench_http.h"
 #include "epd_client.h"
 #include "epd_log.h"
 #include "epd_msg.h"
@@ -112,7 +112,6 @@ typedef struct {
     epd_secret_t secret;
     pid_t pids[3]; /* router, decode, prefill */
     char router_http[128], router_ctl[128], prefill_ctl[128], decode_ctl[128];
-    struct sockaddr_in http_addr;
     char model_dir[PATH_MAX + 16];
     epd_client_worker_info_t layout; /* the real prefill's layout and capacity */
     /* the fleet thread */
@@ -485,42 +484,26 @@ static int fl_wait_ready(const fl_t *b, uint32_t want, double timeout_s, uint32_
 }
 
 /* One completion through the router (a fresh connection, not streamed).
- * Its latency in ms, or a negative value when it failed. */
+ * Its latency in ms (connect to the answer's end), or a negative value
+ * when it failed. */
 static double fl_request(const fl_t *b)
 {
     static const char prompt[] = "How much does a fleet of idle workers cost the router?";
-    struct timeval tv = {.tv_sec = 30, .tv_usec = 0};
-    char body[512], req[1024], resp[8192];
-    size_t got = 0;
+    epd_bench_http_resp_t r;
+    char body[512];
     uint64_t t0;
-    ssize_t r;
-    int fd, bl, rl, ok;
+    int bl, ok;
 
     bl = snprintf(body, sizeof(body),
                   "{\"model\":\"sim\",\"prompt\":\"%s\",\"max_tokens\":%u,\"temperature\":0}",
                   prompt, b->max_tokens);
-    rl = snprintf(req, sizeof(req),
-                  "POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                  "Connection: close\r\nContent-Length: %d\r\n\r\n%s",
-                  b->router_http, bl, body);
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) {
-        return -1;
-    }
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     t0 = epd_time_now_ns();
-    if (connect(fd, (const struct sockaddr *)&b->http_addr, sizeof(b->http_addr)) != 0 ||
-        write(fd, req, (size_t)rl) != rl) {
-        close(fd);
+    if (epd_bench_http_request(b->router_http, "POST", "/v1/completions", body, (size_t)bl,
+                               30000, 1 << 20, &r) != EPD_OK) {
         return -1;
     }
-    while (got < sizeof(resp) - 1 && (r = read(fd, resp + got, sizeof(resp) - 1 - got)) > 0) {
-        got += (size_t)r;
-    }
-    resp[got] = '\0';
-    close(fd);
-    ok = strncmp(resp, "HTTP/1.1 200", 12) == 0 && strstr(resp, "\"choices\"") != NULL;
+    ok = r.status == 200 && strstr(r.body, "\"choices\"") != NULL;
+    epd_bench_http_resp_cleanup(&r);
     return ok ? (double)(epd_time_now_ns() - t0) / 1e6 : -1;
 }
 
@@ -681,8 +664,6 @@ static int fl_cluster_start(fl_t *b)
     char rready[PATH_MAX + 16], pready[PATH_MAX + 16], dready[PATH_MAX + 16];
     char rlog[PATH_MAX + 16], plog[PATH_MAX + 16], dlog[PATH_MAX + 16];
     char exe[3][PATH_MAX + 32];
-    char host[64];
-    uint16_t port;
 
     snprintf(b->model_dir, sizeof(b->model_dir), "%s/sim", b->tmp);
     /* serve's sim model (4 attention layers, 1B-parameter timings, byte
@@ -737,13 +718,6 @@ static int fl_cluster_start(fl_t *b)
         fprintf(stderr, "fleet: a worker did not start (logs: %s, %s)\n", plog, dlog);
         return -1;
     }
-    if (epd_addr_split(b->router_http, host, sizeof(host), &port, NULL) != EPD_OK ||
-        inet_pton(AF_INET, host, &b->http_addr.sin_addr) != 1) {
-        fprintf(stderr, "fleet: the router's HTTP address '%s' is not IPv4\n", b->router_http);
-        return -1;
-    }
-    b->http_addr.sin_family = AF_INET;
-    b->http_addr.sin_port = htons(port);
     fprintf(stderr, "fleet: cluster up: router http=%s control=%s (pid %d), files in %s\n",
             b->router_http, b->router_ctl, (int)b->pids[0], b->tmp);
     return fl_layout(b);

@@ -78,6 +78,7 @@
 
 #include "epd_alloc.h"
 #include "epd_bench.h"
+#include "epd_bench_http.h"
 #include "epd_client.h"
 #include "epd_config.h"
 #include "epd_engine.h"
@@ -1365,88 +1366,48 @@ static void sv_print(sv_t *b, sv_phase_t *phs, int n_ph)
     fflush(stdout);
 }
 
-/* The router's epd_router_ttft_seconds _sum and _count from GET /metrics
- * (blocking, 5 s at most; before and after the run only). */
-static int sv_metrics_ttft(const sv_t *b, double *sum_p, uint64_t *count_p)
+/* The values of the router's `n` series `names` from GET /metrics
+ * (5 s at most; before and after the run only): absent ones read 0, and
+ * how many were there into *found_p.  0, or -1 when /metrics did not
+ * answer. */
+static int sv_metrics_get(const sv_t *b, const char *const *names, int n, double *out,
+                          int *found_p)
 {
-    struct timeval tv = {.tv_sec = 5, .tv_usec = 0};
-    char req[256], *buf;
-    size_t len = 0, cap = 1 << 20;
-    int fd, n, rc = -1;
+    char *text = NULL;
+    int found = 0;
 
-    buf = epd_malloc(cap + 1);
-    if (buf == NULL) {
+    if (epd_bench_http_get(b->router, "/metrics", 5000, &text, NULL) != EPD_OK) {
         return -1;
     }
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) {
-        epd_free(buf);
-        return -1;
-    }
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    n = snprintf(req, sizeof(req), "GET /metrics HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
-                 b->router);
-    if (connect(fd, (const struct sockaddr *)&b->addr, sizeof(b->addr)) == 0 &&
-        write(fd, req, (size_t)n) == n) {
-        ssize_t got;
-        double count;
-
-        while (len < cap && (got = read(fd, buf + len, cap - len)) > 0) {
-            len += (size_t)got;
-        }
-        buf[len] = '\0';
-        if (epd_bench_metric(buf, "epd_router_ttft_seconds_sum", sum_p) &&
-            epd_bench_metric(buf, "epd_router_ttft_seconds_count", &count)) {
-            *count_p = (uint64_t)count;
-            rc = 0;
+    for (int i = 0; i < n; i++) {
+        if (epd_bench_metric(text, names[i], &out[i])) {
+            found++;
+        } else {
+            out[i] = 0.0;
         }
     }
-    close(fd);
-    epd_free(buf);
-    return rc;
+    epd_free(text);
+    if (found_p != NULL) {
+        *found_p = found;
+    }
+    return 0;
 }
 
-/* The values of the router's `n` counters `names` (GET /metrics; blocking,
- * 5 s at most; before and after the run only).  Absent ones read 0. */
-static int sv_metrics_get(const sv_t *b, const char *const *names, int n, double *out)
+/* The router's epd_router_ttft_seconds _sum and _count.  0, or -1 when
+ * /metrics did not answer or lacks them. */
+static int sv_metrics_ttft(const sv_t *b, double *sum_p, uint64_t *count_p)
 {
-    struct timeval tv = {.tv_sec = 5, .tv_usec = 0};
-    char req[256], *buf;
-    size_t len = 0, cap = 1 << 20;
-    int fd, rn, rc = -1;
+    static const char *const names[2] = {"epd_router_ttft_seconds_sum",
+                                         "epd_router_ttft_seconds_count"};
+    double v[2];
+    int found = 0;
 
-    buf = epd_malloc(cap + 1);
-    if (buf == NULL) {
+    if (sv_metrics_get(b, names, 2, v, &found) != 0 || found != 2) {
         return -1;
     }
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) {
-        epd_free(buf);
-        return -1;
-    }
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    rn = snprintf(req, sizeof(req),
-                  "GET /metrics HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", b->router);
-    if (connect(fd, (const struct sockaddr *)&b->addr, sizeof(b->addr)) == 0 &&
-        write(fd, req, (size_t)rn) == rn) {
-        ssize_t got;
-
-        while (len < cap && (got = read(fd, buf + len, cap - len)) > 0) {
-            len += (size_t)got;
-        }
-        buf[len] = '\0';
-        for (int i = 0; i < n; i++) {
-            if (!epd_bench_metric(buf, names[i], &out[i])) {
-                out[i] = 0.0;
-            }
-        }
-        rc = 0;
-    }
-    close(fd);
-    epd_free(buf);
-    return rc;
+    *sum_p = v[0];
+    *count_p = (uint64_t)v[1];
+    return 0;
 }
 
 static const char *const sv_img_metrics[6] = {
@@ -1884,7 +1845,7 @@ int epd_bench_serve_main(int argc, char **argv)
             goto out_cluster;
         }
         if (b.n_images > 0) {
-            (void)sv_metrics_get(&b, sv_img_metrics, 6, b.img0);
+            (void)sv_metrics_get(&b, sv_img_metrics, 6, b.img0, NULL);
             fprintf(stderr, "serve: images: encoders and local interleaved, %u requests at "
                             "%.1f/s\n",
                     b.n_work, b.rate);
@@ -1893,7 +1854,7 @@ int epd_bench_serve_main(int argc, char **argv)
                 sv_run_phase(&b, 3, &phs[0], &phs[1]) == 0) {
                 n_ph = 2;
             }
-            (void)sv_metrics_get(&b, sv_img_metrics, 6, b.img1);
+            (void)sv_metrics_get(&b, sv_img_metrics, 6, b.img1, NULL);
             want_r = want_d = ab = 0;
         }
         if (want_d && (b.prefill_ctl == NULL || b.decode_ctl == NULL || b.model_dir == NULL)) {

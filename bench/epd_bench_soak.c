@@ -46,6 +46,7 @@
 
 #include "epd_alloc.h"
 #include "epd_bench.h"
+#include "epd_bench_http.h"
 #include "epd_config.h"
 #include "epd_rng.h"
 #include "epd_time.h"
@@ -471,29 +472,12 @@ static void *so_chaos(void *arg)
 
 /* ------------------------------------------------------------ the metrics */
 
+/* The router's /metrics (GET, 5 s at most; owned by the caller), or NULL. */
 static char *so_metrics(const so_opts_t *o)
 {
-    static const char req[] = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
-    char *buf = epd_malloc(SO_BUF);
-    size_t len = 0;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    char *text = NULL;
 
-    if (buf == NULL || fd < 0 ||
-        connect(fd, (const struct sockaddr *)&o->addr, sizeof(o->addr)) != 0 ||
-        send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof(req) - 1)) {
-        epd_free(buf);
-        buf = NULL;
-    } else {
-        ssize_t n;
-        while (len < SO_BUF - 1 && (n = recv(fd, buf + len, SO_BUF - 1 - len, 0)) > 0) {
-            len += (size_t)n;
-        }
-        buf[len] = '\0';
-    }
-    if (fd >= 0) {
-        close(fd);
-    }
-    return buf;
+    return epd_bench_http_get(o->http, "/metrics", 5000, &text, NULL) == EPD_OK ? text : NULL;
 }
 
 /* The sum of every series of metric `name` (any labels). */
