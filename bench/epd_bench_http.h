@@ -4,18 +4,22 @@
  * exchange (name lookup, connect, send, every read) under one deadline.
  * What the subcommands use to read a router's /metrics before and after a
  * run, and to send one completion at a time where the request itself is
- * what is timed (fleet).  The load generators' own paths (serve's libuv
- * SSE driver, burst's barrier, soak's aborts) stay theirs: they need
- * control between connect, send and read that one call cannot give.
+ * what is timed (fleet).  Any thread; no state between calls; nothing
+ * outlives a call but the buffers it hands over.
  *
- * Any thread; no state between calls; nothing outlives a call but the
- * buffers it hands over.
+ * Below it, epd_bench_sse.c: many streaming requests at once on a libuv
+ * loop (serve's router path).  burst's barrier and soak's aborts keep
+ * sockets of their own: they need control between connect, send and read
+ * that neither gives.
  */
 #ifndef EPD_BENCH_HTTP_H
 #define EPD_BENCH_HTTP_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
+
+#include <uv.h>
 
 #include "epd_status.h"
 
@@ -55,5 +59,54 @@ void epd_bench_http_resp_cleanup(epd_bench_http_resp_t *resp);
  * epd_bench_http_request.  Outputs written only on success. */
 epd_status_t epd_bench_http_get(const char *hostport, const char *path, uint32_t timeout_ms,
                                 char **body_p, size_t *len_p);
+
+/* ---- epd_bench_sse.c: streaming requests on a libuv loop ---- */
+
+/* Requests to one address over kept-alive connections: a request takes an
+ * idle one or opens another (unbounded: the caller bounds what it has in
+ * flight), its answer is parsed as it arrives and each SSE `data:` event
+ * handed over at once.  One thread: the loop's; every callback runs on it. */
+typedef struct epd_bench_sse epd_bench_sse_t;
+
+/* How one request ended. */
+typedef struct {
+    int status;        /* HTTP status; 0 with `lost` */
+    int saw_done;      /* a `data: [DONE]` event came */
+    const char *error; /* the data of the stream's `{"error"...}` event, or NULL */
+    const char *body;  /* status != 200: the answer's body, or NULL */
+    const char *lost;  /* no whole answer: "connection lost", "bad HTTP response",
+                        * "out of memory"; NULL otherwise */
+} epd_bench_sse_end_t;
+
+/* Pointers in the arguments are borrowed for the call. */
+typedef struct {
+    /* request `user`'s bytes go to the socket now (after the connect, when
+     * it needed a new connection); may be NULL */
+    void (*on_send)(void *arg, void *user, uint64_t now);
+    /* one `data:` payload of request `user`'s stream (NUL-terminated),
+     * other than [DONE] and an error event; `now`: when its bytes came */
+    void (*on_data)(void *arg, void *user, const char *data, uint64_t now);
+    /* request `user` ended: once for every request started */
+    void (*on_end)(void *arg, void *user, const epd_bench_sse_end_t *end, uint64_t now);
+    /* a connection closed (the server's close or an error); may be NULL */
+    void (*on_close)(void *arg);
+    void *arg;
+} epd_bench_sse_cbs_t;
+
+/* A client of the server at addr[0..addr_len) on `loop` (borrowed; it
+ * must outlive the client).  EPD_OK with *sse_p, EPD_ERR_NO_MEMORY or
+ * EPD_ERR_INVALID_PARAM (on_data or on_end NULL). */
+epd_status_t epd_bench_sse_create(uv_loop_t *loop, const struct sockaddr *addr, size_t addr_len,
+                                  const epd_bench_sse_cbs_t *cbs, epd_bench_sse_t **sse_p);
+/* Sends the whole HTTP request req[0..len) (epd_malloc'd; taken) as
+ * request `user`; its end comes through on_end (at once when nothing
+ * could be sent). */
+void epd_bench_sse_start(epd_bench_sse_t *sse, char *req, size_t len, void *user);
+/* Closes every connection (a request in flight ends "connection lost");
+ * they are freed as the loop runs their close callbacks. */
+void epd_bench_sse_close_all(epd_bench_sse_t *sse);
+/* Frees the client, once the loop ran the closes of epd_bench_sse_close_all
+ * (the loop has no handle of it left); NULL is a no-op. */
+void epd_bench_sse_destroy(epd_bench_sse_t *sse);
 
 #endif

@@ -177,15 +177,17 @@ static void sv_launch_due(sv_t *b)
     }
 }
 
+/* A router connection closed: the arrivals that are due go now. */
+static void sv_on_conn_close(void *arg)
+{
+    sv_launch_due(arg);
+}
+
 static void sv_stop_loop(uv_handle_t *h, void *arg)
 {
     (void)arg;
-    if (!uv_is_closing(h)) {
-        if (h->type == UV_TCP) {
-            epd__sv_conn_close(h->data);
-        } else if (h->type == UV_TIMER) {
-            uv_close(h, NULL);
-        }
+    if (!uv_is_closing(h) && h->type == UV_TIMER) {
+        uv_close(h, NULL);
     }
 }
 
@@ -217,6 +219,7 @@ static void sv_on_tick(uv_timer_t *t)
             epd_xport_uv_stop(b->xuv);
             b->xuv = NULL;
         }
+        epd_bench_sse_close_all(b->sse);
         uv_walk(&b->loop, sv_stop_loop, NULL);
     }
 }
@@ -236,9 +239,19 @@ static int sv_run_phase(sv_t *b, int mode, sv_phase_t *hph, sv_phase_t *dph)
     b->deferred_head = 0;
     b->n_deferred = 0;
     b->inflight = 0;
-    b->idle = NULL;
     if (uv_loop_init(&b->loop) != 0) {
         return -1;
+    }
+    {
+        epd_bench_sse_cbs_t cbs;
+
+        epd__sv_http_cbs(b, &cbs);
+        cbs.on_close = sv_on_conn_close;
+        if (epd_bench_sse_create(&b->loop, (const struct sockaddr *)&b->addr, sizeof(b->addr),
+                                 &cbs, &b->sse) != EPD_OK) {
+            uv_loop_close(&b->loop);
+            return -1;
+        }
     }
     if (direct) {
         epd_client_config_t cc;
@@ -268,6 +281,8 @@ static int sv_run_phase(sv_t *b, int mode, sv_phase_t *hph, sv_phase_t *dph)
             epd_client_destroy(b->client);
             b->client = NULL;
             uv_loop_close(&b->loop);
+            epd_bench_sse_destroy(b->sse);
+            b->sse = NULL;
             return -1;
         }
     }
@@ -289,6 +304,8 @@ static int sv_run_phase(sv_t *b, int mode, sv_phase_t *hph, sv_phase_t *dph)
     }
     uv_run(&b->loop, UV_RUN_DEFAULT);
     uv_loop_close(&b->loop);
+    epd_bench_sse_destroy(b->sse); /* its connections closed with the loop */
+    b->sse = NULL;
     return 0;
 }
 
@@ -364,7 +381,6 @@ int epd_bench_serve_main(int argc, char **argv)
 
     memset(&b, 0, sizeof(b));
     memset(phs, 0, sizeof(phs));
-    b.progress = sv_launch_due;
     b.engine_name = "sim";
     b.model_name = "bench-sim";
     b.rate = 200;

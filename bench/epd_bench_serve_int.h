@@ -1,11 +1,10 @@
 /*
  * epd_bench_serve_int.h — what the files of `epd-bench serve` share: the
  * workload (sv_work_t), one request's result (sv_res_t), one phase's
- * results (sv_phase_t), one HTTP connection of the router path
- * (sv_conn_t) and the benchmark's state (sv_t).  The files, each calling
+ * results (sv_phase_t) and the benchmark's state (sv_t).  The files, each calling
  * only those listed after it:
  *   epd_bench_serve.c          options, the phases' loop, the direct path
- *   epd_bench_serve_http.c     the router path: HTTP/1.1 keep-alive + SSE on libuv
+ *   epd_bench_serve_http.c     the router path's requests and streams (epd_bench_sse.c)
  *   epd_bench_serve_cluster.c  the own cluster, the router's /metrics
  *   epd_bench_serve_load.c     the workload: arrivals, prompts, images, tokens
  *   epd_bench_serve_stats.c    errors and token events recorded, the table
@@ -22,6 +21,7 @@
 
 #include <uv.h>
 
+#include "epd_bench_http.h"
 #include "epd_client.h"
 #include "epd_secret.h"
 #include "epd_time.h"
@@ -73,35 +73,7 @@ typedef struct {
 
 typedef struct sv sv_t;
 
-typedef struct sv_conn {
-    uv_tcp_t tcp;
-    uv_connect_t connect;
-    uv_write_t wr;
-    sv_t *b;
-    struct sv_conn *next_idle;
-    int connected;
-    int closing;
-    int idx;        /* request in flight, -1 none */
-    sv_phase_t *ph; /* the phase that request belongs to */
-    char *wbuf;
-    /* response parsing */
-    char *in;
-    size_t in_len, in_cap;
-    int state; /* 0 headers, 1 chunk size, 2 chunk data, 3 chunk crlf, 4 length, 5 to close */
-    int status;
-    int keepalive;
-    uint64_t left;
-    char *sse;
-    size_t sse_len, sse_cap;
-    int saw_done;
-    int saw_error;
-    char errmsg[160]; /* the error event's data */
-} sv_conn_t;
-
 struct sv {
-    /* set by epd_bench_serve.c: launches the arrivals that are due; the
-     * router path calls it after a connection closed */
-    void (*progress)(sv_t *b);
     /* options */
     const char *router;     /* HTTP host:port */
     const char *router_ctl; /* gRPC host:port */
@@ -145,8 +117,7 @@ struct sv {
     uint32_t inflight;
     uint64_t hard_end;
     struct sockaddr_in addr;
-    sv_conn_t *idle;
-    uint32_t n_conns;
+    epd_bench_sse_t *sse; /* the router path's client (epd_bench_sse.c) */
     /* direct */
     epd_client_t *client;
     epd_client_worker_t *pw, *dw;
@@ -197,12 +168,12 @@ void epd__sv_images_free(sv_t *b);
 int epd__sv_tokenize(sv_t *b);
 
 /* ---- epd_bench_serve_http.c: the router path ---- */
-/* Sends arrival `i` of phase `ph` to the router (an idle keep-alive
- * connection, else a new one); its end is recorded in ph->res[i]. */
+/* The router path's callbacks for epd_bench_sse_create (arg b; on_close
+ * left NULL for the caller). */
+void epd__sv_http_cbs(sv_t *b, epd_bench_sse_cbs_t *cbs_p);
+/* Sends arrival `i` of phase `ph` to the router (b->sse); its end is
+ * recorded in ph->res[i]. */
 void epd__sv_http_start(sv_t *b, uint32_t i, sv_phase_t *ph);
-/* Closes connection `c` (its request, if any, counted "connection
- * lost"); freed once libuv is done with it. */
-void epd__sv_conn_close(sv_conn_t *c);
 
 /* ---- epd_bench_serve_cluster.c: the own cluster, /metrics ---- */
 /* Router, prefill, decode (and encoder with --images) from b->bindir in a
