@@ -78,7 +78,8 @@ typedef struct {
                         * "out of memory"; NULL otherwise */
 } epd_bench_sse_end_t;
 
-/* Pointers in the arguments are borrowed for the call. */
+/* Pointers in the arguments are borrowed for the call.  A callback may
+ * call epd_bench_sse_start and epd_bench_sse_close_all. */
 typedef struct {
     /* request `user`'s bytes go to the socket now (after the connect, when
      * it needed a new connection); may be NULL */

@@ -247,8 +247,8 @@ static int sv_run_phase(sv_t *b, int mode, sv_phase_t *hph, sv_phase_t *dph)
 
         epd__sv_http_cbs(b, &cbs);
         cbs.on_close = sv_on_conn_close;
-        if (epd_bench_sse_create(&b->loop, (const struct sockaddr *)&b->addr, sizeof(b->addr),
-                                 &cbs, &b->sse) != EPD_OK) {
+        if (epd_bench_sse_create(&b->loop, (const struct sockaddr *)&b->addr, sizeof(b->addr), &cbs,
+                                 &b->sse) != EPD_OK) {
             uv_loop_close(&b->loop);
             return -1;
         }

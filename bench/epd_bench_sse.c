@@ -208,6 +208,9 @@ static void sse_done(sse_conn_t *c, uint64_t now)
     sse_end(c, &end, now);
     c->sse_len = 0;
     c->state = SSE_HEADERS;
+    if (c->closing) {
+        return; /* on_end closed it (epd_bench_sse_close_all) */
+    }
     if (c->keepalive) {
         c->next_idle = s->idle;
         s->idle = c;
@@ -477,8 +480,8 @@ void epd_bench_sse_start(epd_bench_sse_t *s, char *req, size_t len, void *user)
     uv_tcp_init(s->loop, &c->tcp);
     c->next = s->all;
     s->all = c;
-    if (uv_tcp_connect(&c->connect, &c->tcp, (const struct sockaddr *)&s->addr,
-                       sse_on_connect) != 0) {
+    if (uv_tcp_connect(&c->connect, &c->tcp, (const struct sockaddr *)&s->addr, sse_on_connect) !=
+        0) {
         sse_close(c);
     }
 }

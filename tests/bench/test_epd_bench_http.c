@@ -257,8 +257,7 @@ static void test_unreachable(void **state)
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
     assert_int_equal(epd_bench_http_get(addr, "/", 60000, &body, NULL), EPD_ERR_UNREACHABLE);
     close(fd);
-    assert_int_equal(epd_bench_http_get("no-port", "/", 1000, &body, NULL),
-                     EPD_ERR_INVALID_PARAM);
+    assert_int_equal(epd_bench_http_get("no-port", "/", 1000, &body, NULL), EPD_ERR_INVALID_PARAM);
     assert_null(body);
 }
 
