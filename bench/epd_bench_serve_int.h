@@ -1,10 +1,11 @@
 /*
  * epd_bench_serve_int.h — what the files of `epd-bench serve` share: the
  * workload (sv_work_t), one request's result (sv_res_t), one phase's
- * results (sv_phase_t) and the benchmark's state (sv_t).  The files, each calling
- * only those listed after it:
+ * results (sv_phase_t) and the benchmark's state (sv_t).  The files, each
+ * calling only those listed after it (tests/tree/test_layers.sh):
  *   epd_bench_serve.c          options, the phases' loop, the direct path
- *   epd_bench_serve_http.c     the router path's requests and streams (epd_bench_sse.c)
+ *   epd_bench_serve_http.c     the router path's requests and streams
+ *                              (on epd_bench_sse.c)
  *   epd_bench_serve_cluster.c  the own cluster, the router's /metrics
  *   epd_bench_serve_load.c     the workload: arrivals, prompts, images, tokens
  *   epd_bench_serve_stats.c    errors and token events recorded, the table
