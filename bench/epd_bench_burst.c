@@ -41,6 +41,7 @@
 
 #include "epd_alloc.h"
 #include "epd_bench.h"
+#include "epd_bench_http.h"
 #include "epd_config.h"
 #include "epd_time.h"
 
@@ -179,38 +180,12 @@ out:
     return NULL;
 }
 
-static int bu_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return x < y ? -1 : x > y;
-}
-
 /* The value of one series of /metrics (0 when absent). */
 static double bu_metric(const char *text, const char *name)
 {
     double v = 0.0;
 
     return text != NULL && epd_bench_metric(text, name, &v) ? v : 0.0;
-}
-
-static char *bu_get_metrics(const struct sockaddr_in *addr)
-{
-    static const char req[] = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-    char *buf = epd_malloc(1 << 20);
-    size_t len = 0;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-    if (buf == NULL || fd < 0 || connect(fd, (const struct sockaddr *)addr, sizeof(*addr)) != 0 ||
-        send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof(req) - 1) ||
-        bu_read_all(fd, buf, 1 << 20, &len) != 0) {
-        epd_free(buf);
-        buf = NULL;
-    }
-    if (fd >= 0) {
-        close(fd);
-    }
-    return buf;
 }
 
 /* The bodies: chat requests of --prompt-len random bytes (a seeded
@@ -324,13 +299,15 @@ static int bu_burst(const bu_opts_t *o, const char *http, bu_row_t *row)
     row->tok_s = row->wall_s > 0 ? (double)tokens / row->wall_s : 0;
     row->mean_tokens = row->ok > 0 ? (double)tokens / row->ok : 0;
     if (n_lat > 0) {
-        qsort(lat, n_lat, sizeof(*lat), bu_cmp_double);
-        row->e2e_p50 = lat[(n_lat - 1) / 2];
-        row->e2e_p99 = lat[(uint32_t)floor((n_lat - 1) * 0.99)];
+        epd_bench_sort(lat, n_lat);
+        row->e2e_p50 = epd_bench_pct(lat, n_lat, 50);
+        row->e2e_p99 = epd_bench_pct(lat, n_lat, 99);
     }
     /* the workers' heartbeats (every 100 ms) carry their counters */
     epd_time_sleep_ns(400 * EPD_NSEC_PER_MSEC);
-    metrics = bu_get_metrics(&b.addr);
+    if (epd_bench_http_get(http, "/metrics", 10000, &metrics, NULL) != EPD_OK) {
+        metrics = NULL; /* every counter reads 0 */
+    }
     row->preemptions = bu_metric(metrics, "epd_router_decode_preemptions_total");
     row->recomputed = bu_metric(metrics, "epd_router_decode_recomputed_tokens_total");
     row->cap_retries = bu_metric(metrics, "epd_router_capacity_retries_total");
@@ -569,15 +546,8 @@ int epd_bench_burst_main(int argc, char **argv)
     }
     if (o.bindir_opt != NULL) {
         snprintf(o.bindir, sizeof(o.bindir), "%s", o.bindir_opt);
-    } else {
-        ssize_t n = readlink("/proc/self/exe", o.bindir, sizeof(o.bindir) - 1);
-        char *slash;
-
-        o.bindir[n > 0 ? n : 0] = '\0';
-        slash = strrchr(o.bindir, '/');
-        if (slash != NULL) {
-            *slash = '\0';
-        }
+    } else if (epd_bench_bindir(o.bindir, sizeof(o.bindir)) != 0) {
+        o.bindir[0] = '\0';
     }
     if (o.n_modes == 0 || bu_model(&o) != 0) {
         fprintf(stderr, "burst: no modes, or no model\n");

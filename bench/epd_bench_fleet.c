@@ -37,12 +37,11 @@
  * existing router for `--hold` seconds (no cluster, no table): for tests.
  *
  * Threads: the fleet lives on its own libuv loop thread (the transport and
- * the registrars' publish timers belong to it); the main thread measures
- * and asks the fleet thread to grow or stop (a mutex, a condition variable
- * and uv_async_send).
+ * the registrars' publish timers belong to it; epd_bench_fleet_sim.c); the
+ * main thread measures (this file) and asks the fleet thread to grow or
+ * stop (a mutex, a condition variable and uv_async_send).
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -50,404 +49,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/time.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include <uv.h>
-
-#include "epd_addr.h"
 #include "epd_alloc.h"
 #include "epd_bench.h"
+#include "epd_bench_fleet_int.h"
+#include "epd_bench_http.h"
 #include "epd_client.h"
 #include "epd_log.h"
 #include "epd_msg.h"
-#include "epd_registrar.h"
-#include "epd_rng.h"
 #include "epd_rpc.h"
 #include "epd_secret.h"
 #include "epd_time.h"
-#include "epd_xport.h"
-#include "epd_xport_uv.h"
-
-#define FL_SIZES_MAX 8
-#define FL_FLEET_MAX 10000
-#define FL_STEP 100 /* workers started at once */
-
-typedef struct {
-    uint32_t size;
-    uint32_t ready;      /* READY workers at the router (the real pair included) */
-    double hb_per_s;     /* accepted heartbeats of the fleet per second */
-    double hb_failed_per_s; /* refused or timed-out heartbeats per second */
-    double cpu_idle;     /* router CPU ms per s, heartbeats only */
-    double cpu_req;      /* router CPU ms per s, while requests run */
-    double rss_mib;      /* router VmRSS after the window */
-    double p50, p90, p99; /* request latency, ms */
-    uint32_t ok, failed;
-    uint64_t strays; /* request-plane messages that reached a simulated worker */
-} fl_row_t;
-
-typedef struct {
-    /* options */
-    uint32_t sizes[FL_SIZES_MAX];
-    int n_sizes;
-    double idle_s;
-    uint32_t requests;
-    uint32_t max_tokens;
-    const char *attach;
-    const char *secret_path;
-    const char *like; /* --attach: a worker whose layout the fleet copies */
-    double hold_s;
-    int keep;
-    /* the cluster */
-    char bindir[PATH_MAX];
-    char tmp[PATH_MAX];
-    char secret_file[PATH_MAX + 32];
-    epd_secret_t secret;
-    pid_t pids[3]; /* router, decode, prefill */
-    char router_http[128], router_ctl[128], prefill_ctl[128], decode_ctl[128];
-    struct sockaddr_in http_addr;
-    char model_dir[PATH_MAX + 16];
-    epd_client_worker_info_t layout; /* the real prefill's layout and capacity */
-    /* the fleet thread */
-    pthread_t thread;
-    int thread_started;
-    uv_loop_t loop;
-    uv_async_t async;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    uint32_t want;  /* mu: the size asked for */
-    uint32_t have;  /* mu: registrars started */
-    int stop;       /* mu: stop every registrar and the loop */
-    int started;    /* mu: 1 once the transport is up, -1 when it failed */
-    int failed;     /* mu: a registrar did not start */
-    epd_xport_t *x;
-    epd_xport_uv_t *xuv;
-    const void *addr;
-    size_t addr_len;
-    epd_registrar_t **regs; /* [FL_FLEET_MAX] */
-    _Atomic uint64_t strays;
-    _Atomic uint64_t accepted;
-    fl_row_t rows[FL_SIZES_MAX];
-} fl_t;
-
-/* ------------------------------------------------------------ the fleet */
-
-static void fl_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
-{
-    fl_t *b = arg;
-
-    (void)ep;
-    (void)data;
-    (void)len;
-    atomic_fetch_add(&b->strays, 1);
-}
-
-static void fl_on_accept(void *arg, epd_xport_ep_t *ep)
-{
-    fl_t *b = arg;
-
-    (void)ep; /* the transport keeps it; closed at destroy */
-    atomic_fetch_add(&b->accepted, 1);
-}
-
-/* Heavy but plausible loads (see the top of the file); loop thread. */
-static void fl_load_prefill(void *arg, epd_registrar_load_t *load_p)
-{
-    const fl_t *b = arg;
-
-    memset(load_p, 0, sizeof(*load_p));
-    load_p->queue_depth = 8;
-    load_p->queued_tokens = 65536;
-    load_p->running_requests = 4;
-    load_p->kv_blocks_free = b->layout.kv_blocks_total / 4;
-    load_p->state_slots_free = b->layout.state_slots_total / 4;
-    load_p->links[EPD_REGISTRAR_LINK_TCP] = 1;
-}
-
-static void fl_load_decode(void *arg, epd_registrar_load_t *load_p)
-{
-    const fl_t *b = arg;
-
-    memset(load_p, 0, sizeof(*load_p));
-    load_p->queue_depth = 2;
-    load_p->running_requests = 256;
-    load_p->kv_blocks_free = 16384 / 20;
-    load_p->state_slots_free = b->layout.state_slots_total / 20;
-}
-
-/* Starts simulated worker `i` (even: prefill, odd: decode).  Loop thread. */
-static epd_status_t fl_worker_start(fl_t *b, uint32_t i)
-{
-    Epd__RegisterRequest r = EPD__REGISTER_REQUEST__INIT;
-    Epd__WorkerIdentity id = EPD__WORKER_IDENTITY__INIT;
-    Epd__Epoch ep = EPD__EPOCH__INIT;
-    Epd__Capacity cap = EPD__CAPACITY__INIT;
-    Epd__KvLayout kv = EPD__KV_LAYOUT__INIT;
-    epd_registrar_config_t cfg;
-    char wid[64], ctl[64];
-    int decode = (i & 1u) != 0;
-    epd_status_t st;
-    size_t n;
-    void *buf;
-
-    snprintf(wid, sizeof(wid), "sim-%s-%u", decode ? "decode" : "prefill", i);
-    /* never called: the router reaches workers' control ports only for
-     * operators' Drain and Status calls through it */
-    snprintf(ctl, sizeof(ctl), "127.0.0.1:%u", 1u + i % 1000u);
-    ep.start_time_ns = epd_time_wall_ns();
-    ep.nonce = epd_rng_entropy();
-    id.worker_id = wid;
-    id.role = decode ? EPD__ROLE__ROLE_DECODE : EPD__ROLE__ROLE_PREFILL;
-    id.model = b->layout.model;
-    id.epoch = &ep;
-    cap.kv_blocks_total = decode ? 16384 : b->layout.kv_blocks_total;
-    cap.block_tokens = b->layout.block_tokens;
-    cap.state_slots_total = b->layout.state_slots_total;
-    cap.max_batch = decode ? 256 : b->layout.max_batch;
-    cap.max_context = b->layout.max_context;
-    kv.n_layers = b->layout.n_layers;
-    kv.layer_pattern = b->layout.layer_pattern;
-    kv.block_tokens = b->layout.block_tokens;
-    kv.n_kv_heads = b->layout.n_kv_heads;
-    kv.head_dim = b->layout.head_dim;
-    kv.dtype = (Epd__KvDtype)b->layout.kv_dtype;
-    /* the real prefill's KV dtype map: the router admits only workers whose
-     * map is its own (without it a sim worker reads as f32 beside bf16) */
-    kv.kv_dtype_map = b->layout.kv_dtype_map;
-    kv.block_bytes = b->layout.block_bytes;
-    kv.state_bytes = b->layout.state_bytes;
-    r.worker = &id;
-    r.transport = "ucx";
-    r.data_plane_address.data = (uint8_t *)(uintptr_t)b->addr;
-    r.data_plane_address.len = b->addr_len;
-    r.control_address = ctl;
-    r.data_address = "127.0.0.1";
-    r.capacity = &cap;
-    r.kv_layout = &kv;
-    n = protobuf_c_message_get_packed_size(&r.base);
-    buf = epd_malloc(n);
-    if (buf == NULL) {
-        return EPD_ERR_NO_MEMORY;
-    }
-    protobuf_c_message_pack(&r.base, buf);
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.router = b->router_ctl;
-    cfg.request = buf;
-    cfg.request_len = n;
-    cfg.load_cb = decode ? fl_load_decode : fl_load_prefill;
-    cfg.cb_arg = b;
-    cfg.log_component = "fleet";
-    cfg.secret = b->secret.bytes;
-    cfg.secret_len = b->secret.len;
-    st = epd_registrar_start(&b->loop, &cfg, &b->regs[i]);
-    epd_free(buf);
-    return st;
-}
-
-static void fl_on_async(uv_async_t *h)
-{
-    fl_t *b = h->data;
-    uint32_t want, have;
-    int stop;
-
-    pthread_mutex_lock(&b->mu);
-    want = b->want;
-    have = b->have;
-    stop = b->stop;
-    pthread_mutex_unlock(&b->mu);
-    if (stop) {
-        for (uint32_t i = 0; i < have; i++) {
-            epd_registrar_stop(b->regs[i]);
-            b->regs[i] = NULL;
-        }
-        epd_xport_uv_stop(b->xuv);
-        b->xuv = NULL;
-        uv_close((uv_handle_t *)&b->async, NULL);
-        pthread_mutex_lock(&b->mu);
-        b->have = 0;
-        pthread_cond_broadcast(&b->cv);
-        pthread_mutex_unlock(&b->mu);
-        return;
-    }
-    while (have < want) {
-        epd_status_t st = fl_worker_start(b, have);
-
-        if (st != EPD_OK) {
-            fprintf(stderr, "fleet: simulated worker %u did not start: %s\n", have,
-                    epd_status_string(st));
-            pthread_mutex_lock(&b->mu);
-            b->failed = 1;
-            pthread_mutex_unlock(&b->mu);
-            break;
-        }
-        have++;
-    }
-    pthread_mutex_lock(&b->mu);
-    b->have = have;
-    pthread_cond_broadcast(&b->cv);
-    pthread_mutex_unlock(&b->mu);
-}
-
-static void *fl_thread(void *arg)
-{
-    fl_t *b = arg;
-    epd_xport_config_t xc;
-    epd_status_t st;
-    int ok = 0;
-
-    epd_xport_config_init(&xc);
-    xc.backend = "ucx";
-    xc.msg_cb = fl_on_msg;
-    xc.accept_cb = fl_on_accept;
-    xc.cb_arg = b;
-    xc.peer_timeout_ms = 3000; /* the daemons' default */
-    xc.connect_timeout_ms = 3000;
-    xc.secret = b->secret.bytes;
-    xc.secret_len = b->secret.len;
-    snprintf(xc.identity.worker_id, sizeof(xc.identity.worker_id), "sim-fleet");
-    xc.identity.role = EPD__ROLE__ROLE_DECODE;
-    xc.identity.epoch.start_time_ns = epd_time_wall_ns();
-    xc.identity.epoch.nonce = epd_rng_entropy();
-    if (uv_loop_init(&b->loop) != 0) {
-        pthread_mutex_lock(&b->mu);
-        b->started = -1;
-        pthread_cond_broadcast(&b->cv);
-        pthread_mutex_unlock(&b->mu);
-        return NULL;
-    }
-    st = epd_xport_create(&xc, &b->x);
-    if (st == EPD_OK) {
-        st = epd_xport_address(b->x, &b->addr, &b->addr_len);
-    }
-    if (st == EPD_OK) {
-        st = epd_xport_uv_start(&b->loop, b->x, 50, &b->xuv);
-    }
-    if (st == EPD_OK && uv_async_init(&b->loop, &b->async, fl_on_async) == 0) {
-        b->async.data = b;
-        ok = 1;
-    } else {
-        fprintf(stderr, "fleet: the simulated workers' transport did not start: %s\n",
-                epd_status_string(st));
-        epd_xport_uv_stop(b->xuv);
-        b->xuv = NULL;
-    }
-    pthread_mutex_lock(&b->mu);
-    b->started = ok ? 1 : -1;
-    pthread_cond_broadcast(&b->cv);
-    pthread_mutex_unlock(&b->mu);
-    uv_run(&b->loop, UV_RUN_DEFAULT); /* until fl_on_async closed every handle */
-    epd_xport_destroy(b->x);
-    b->x = NULL;
-    uv_loop_close(&b->loop);
-    return NULL;
-}
-
-/* Asks the fleet thread for `size` simulated workers and waits until they
- * were started (registration goes on in their threads).  0 or -1. */
-static int fl_grow(fl_t *b, uint32_t size)
-{
-    int rc;
-
-    pthread_mutex_lock(&b->mu);
-    b->want = size;
-    uv_async_send(&b->async);
-    while (b->have < size && !b->failed) {
-        pthread_cond_wait(&b->cv, &b->mu);
-    }
-    rc = b->failed ? -1 : 0;
-    pthread_mutex_unlock(&b->mu);
-    return rc;
-}
-
-static int fl_fleet_start(fl_t *b)
-{
-    int started;
-
-    b->regs = epd_calloc(FL_FLEET_MAX, sizeof(*b->regs));
-    if (b->regs == NULL || pthread_create(&b->thread, NULL, fl_thread, b) != 0) {
-        return -1;
-    }
-    b->thread_started = 1;
-    pthread_mutex_lock(&b->mu);
-    while (b->started == 0) {
-        pthread_cond_wait(&b->cv, &b->mu);
-    }
-    started = b->started;
-    pthread_mutex_unlock(&b->mu);
-    return started == 1 ? 0 : -1;
-}
-
-static void fl_fleet_stop(fl_t *b)
-{
-    if (b->thread_started) {
-        pthread_mutex_lock(&b->mu);
-        b->stop = 1;
-        if (b->started == 1) {
-            uv_async_send(&b->async);
-        }
-        pthread_mutex_unlock(&b->mu);
-        pthread_join(b->thread, NULL);
-        b->thread_started = 0;
-    }
-    epd_free(b->regs);
-    b->regs = NULL;
-}
-
-/* Accepted heartbeats of the whole fleet so far; failed ones (refused or
- * timed out) into *failed_p. */
-static uint64_t fl_heartbeats(fl_t *b, uint64_t *failed_p)
-{
-    uint64_t n = 0, failed = 0;
-    uint32_t have;
-
-    pthread_mutex_lock(&b->mu);
-    have = b->have;
-    for (uint32_t i = 0; i < have; i++) {
-        epd_registrar_counts_t c;
-
-        epd_registrar_counts(b->regs[i], &c);
-        n += c.heartbeats_ok;
-        failed += c.heartbeats_failed;
-    }
-    pthread_mutex_unlock(&b->mu);
-    *failed_p = failed;
-    return n;
-}
 
 /* ---------------------------------------------------- the router's costs */
-
-/* utime + stime of process `pid` in ns (every thread, exited ones too). */
-static int fl_cpu_ns(pid_t pid, uint64_t *ns_p)
-{
-    char path[64], buf[2048], *p;
-    unsigned long long ut = 0, st = 0;
-    long hz = sysconf(_SC_CLK_TCK);
-    FILE *f;
-    size_t n;
-
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    f = fopen(path, "r");
-    if (f == NULL) {
-        return -1;
-    }
-    n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    p = strrchr(buf, ')'); /* the command may hold spaces */
-    if (p == NULL || hz <= 0 ||
-        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) {
-        return -1;
-    }
-    *ns_p = (ut + st) * (1000000000ull / (unsigned long long)hz);
-    return 0;
-}
 
 static double fl_rss_mib(pid_t pid)
 {
@@ -511,61 +128,27 @@ static int fl_wait_ready(const fl_t *b, uint32_t want, double timeout_s, uint32_
 }
 
 /* One completion through the router (a fresh connection, not streamed).
- * Its latency in ms, or a negative value when it failed. */
+ * Its latency in ms (connect to the answer's end), or a negative value
+ * when it failed. */
 static double fl_request(const fl_t *b)
 {
     static const char prompt[] = "How much does a fleet of idle workers cost the router?";
-    struct timeval tv = {.tv_sec = 30, .tv_usec = 0};
-    char body[512], req[1024], resp[8192];
-    size_t got = 0;
+    epd_bench_http_resp_t r;
+    char body[512];
     uint64_t t0;
-    ssize_t r;
-    int fd, bl, rl, ok;
+    int bl, ok;
 
     bl = snprintf(body, sizeof(body),
                   "{\"model\":\"sim\",\"prompt\":\"%s\",\"max_tokens\":%u,\"temperature\":0}",
                   prompt, b->max_tokens);
-    rl = snprintf(req, sizeof(req),
-                  "POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                  "Connection: close\r\nContent-Length: %d\r\n\r\n%s",
-                  b->router_http, bl, body);
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) {
-        return -1;
-    }
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     t0 = epd_time_now_ns();
-    if (connect(fd, (const struct sockaddr *)&b->http_addr, sizeof(b->http_addr)) != 0 ||
-        write(fd, req, (size_t)rl) != rl) {
-        close(fd);
+    if (epd_bench_http_request(b->router_http, "POST", "/v1/completions", body, (size_t)bl,
+                               30000, 1 << 20, &r) != EPD_OK) {
         return -1;
     }
-    while (got < sizeof(resp) - 1 && (r = read(fd, resp + got, sizeof(resp) - 1 - got)) > 0) {
-        got += (size_t)r;
-    }
-    resp[got] = '\0';
-    close(fd);
-    ok = strncmp(resp, "HTTP/1.1 200", 12) == 0 && strstr(resp, "\"choices\"") != NULL;
+    ok = r.status == 200 && strstr(r.body, "\"choices\"") != NULL;
+    epd_bench_http_resp_cleanup(&r);
     return ok ? (double)(epd_time_now_ns() - t0) / 1e6 : -1;
-}
-
-static int fl_cmp(const void *a, const void *c)
-{
-    double x = *(const double *)a, y = *(const double *)c;
-
-    return x < y ? -1 : x > y;
-}
-
-static double fl_pct(const double *v, uint32_t n, double p)
-{
-    uint32_t i;
-
-    if (n == 0) {
-        return 0;
-    }
-    i = (uint32_t)(p * (n - 1) + 0.5);
-    return v[i < n ? i : n - 1];
 }
 
 /* Grows the fleet to `size` and measures the router (one row). */
@@ -586,7 +169,7 @@ static int fl_measure(fl_t *b, uint32_t size, fl_row_t *row)
     pthread_mutex_unlock(&b->mu);
     while (have < size) {
         have = size - have > FL_STEP ? have + FL_STEP : size;
-        if (fl_grow(b, have) != 0) {
+        if (epd__fl_grow(b, have) != 0) {
             return -1;
         }
         if (fl_wait_ready(b, have + 2, 120, &row->ready) != 0) {
@@ -603,17 +186,17 @@ static int fl_measure(fl_t *b, uint32_t size, fl_row_t *row)
     /* a full heartbeat round of every new worker before measuring */
     epd_time_sleep_ns(1500 * EPD_NSEC_PER_MSEC);
     /* heartbeats only */
-    h0 = fl_heartbeats(b, &f0);
+    h0 = epd__fl_heartbeats(b, &f0);
     t0 = epd_time_now_ns();
-    if (fl_cpu_ns(b->pids[0], &c0) != 0) {
+    if (epd_bench_cpu_ns(b->pids[0], &c0) != 0) {
         return -1;
     }
     epd_time_sleep_ns((uint64_t)(b->idle_s * 1e9));
     t1 = epd_time_now_ns();
-    if (fl_cpu_ns(b->pids[0], &c1) != 0) {
+    if (epd_bench_cpu_ns(b->pids[0], &c1) != 0) {
         return -1;
     }
-    h1 = fl_heartbeats(b, &f1);
+    h1 = epd__fl_heartbeats(b, &f1);
     row->cpu_idle = (double)(c1 - c0) / 1e6 / ((double)(t1 - t0) / 1e9);
     row->hb_per_s = (double)(h1 - h0) / ((double)(t1 - t0) / 1e9);
     row->hb_failed_per_s = (double)(f1 - f0) / ((double)(t1 - t0) / 1e9);
@@ -629,7 +212,7 @@ static int fl_measure(fl_t *b, uint32_t size, fl_row_t *row)
     }
     s0 = atomic_load(&b->strays);
     t0 = epd_time_now_ns();
-    fl_cpu_ns(b->pids[0], &c0);
+    epd_bench_cpu_ns(b->pids[0], &c0);
     for (uint32_t i = 0; i < b->requests; i++) {
         double ms = fl_request(b);
 
@@ -640,15 +223,17 @@ static int fl_measure(fl_t *b, uint32_t size, fl_row_t *row)
         }
     }
     t1 = epd_time_now_ns();
-    fl_cpu_ns(b->pids[0], &c1);
+    epd_bench_cpu_ns(b->pids[0], &c1);
     row->cpu_req = (double)(c1 - c0) / 1e6 / ((double)(t1 - t0) / 1e9);
     row->strays = atomic_load(&b->strays) - s0;
     row->rss_mib = fl_rss_mib(b->pids[0]);
-    qsort(lat, n, sizeof(*lat), fl_cmp);
+    epd_bench_sort(lat, n);
     row->ok = n;
-    row->p50 = fl_pct(lat, n, 0.50);
-    row->p90 = fl_pct(lat, n, 0.90);
-    row->p99 = fl_pct(lat, n, 0.99);
+    if (n > 0) { /* nearest rank, as every epd-bench table; 0 when none */
+        row->p50 = epd_bench_pct(lat, n, 50);
+        row->p90 = epd_bench_pct(lat, n, 90);
+        row->p99 = epd_bench_pct(lat, n, 99);
+    }
     epd_free(lat);
     fprintf(stderr, "fleet: size %u measured (%u READY, %.0f heartbeats/s)\n", size, row->ready,
             row->hb_per_s);
@@ -696,41 +281,6 @@ static void fl_print(const fl_t *b)
 
 /* ------------------------------------------------------------ the cluster */
 
-/* The sim model of `epd-bench serve` (4 attention layers, 1B-parameter
- * timings, byte tokenizer): the subject is the router, not compute. */
-static int fl_write_sim(const char *dir)
-{
-    static const char *const files[3][2] = {
-        {"serve.profile",
-         "name = serve-1b\nn_layers = 4\nlayer_pattern = A\nhidden = 2048\nn_heads = 16\n"
-         "n_kv_heads = 4\nhead_dim = 64\nkv_dtype = BF16\nstate_bytes = 0\n"
-         "active_params = 1.0e9\ntotal_params = 1.0e9\nweight_bytes = 2\nvocab = 258\n"
-         "max_context = 4096\n"},
-        {"h200.profile", "name = h200\nflops = 5.94e14\nmem_bw = 4.08e12\nhbm_bytes = 141e9\n"},
-        {"sim.conf", "model = serve.profile\naccel = h200.profile\nscale = 1\ndevices = 1\n"
-                     "mode = sleep\nseed = 1\n"},
-    };
-
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        return -1;
-    }
-    for (int i = 0; i < 3; i++) {
-        char path[PATH_MAX + 32];
-        FILE *f;
-
-        snprintf(path, sizeof(path), "%s/%s", dir, files[i][0]);
-        f = fopen(path, "w");
-        if (f == NULL) {
-            return -1;
-        }
-        fputs(files[i][1], f);
-        if (fclose(f) != 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* The real prefill's layout and capacity (its Health, signed). */
 static int fl_layout(fl_t *b)
 {
@@ -758,11 +308,11 @@ static int fl_cluster_start(fl_t *b)
     char rready[PATH_MAX + 16], pready[PATH_MAX + 16], dready[PATH_MAX + 16];
     char rlog[PATH_MAX + 16], plog[PATH_MAX + 16], dlog[PATH_MAX + 16];
     char exe[3][PATH_MAX + 32];
-    char host[64];
-    uint16_t port;
 
     snprintf(b->model_dir, sizeof(b->model_dir), "%s/sim", b->tmp);
-    if (fl_write_sim(b->model_dir) != 0) {
+    /* serve's sim model (4 attention layers, 1B-parameter timings, byte
+     * tokenizer): the subject is the router, not compute */
+    if (epd_bench_write_sim(b->model_dir) != 0) {
         fprintf(stderr, "fleet: cannot write the sim model into %s\n", b->model_dir);
         return -1;
     }
@@ -812,13 +362,6 @@ static int fl_cluster_start(fl_t *b)
         fprintf(stderr, "fleet: a worker did not start (logs: %s, %s)\n", plog, dlog);
         return -1;
     }
-    if (epd_addr_split(b->router_http, host, sizeof(host), &port, NULL) != EPD_OK ||
-        inet_pton(AF_INET, host, &b->http_addr.sin_addr) != 1) {
-        fprintf(stderr, "fleet: the router's HTTP address '%s' is not IPv4\n", b->router_http);
-        return -1;
-    }
-    b->http_addr.sin_family = AF_INET;
-    b->http_addr.sin_port = htons(port);
     fprintf(stderr, "fleet: cluster up: router http=%s control=%s (pid %d), files in %s\n",
             b->router_http, b->router_ctl, (int)b->pids[0], b->tmp);
     return fl_layout(b);
@@ -907,8 +450,8 @@ static int fl_attach(fl_t *b)
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
-    if (fl_fleet_start(b) != 0 || fl_grow(b, size) != 0) {
-        fl_fleet_stop(b);
+    if (epd__fl_fleet_start(b) != 0 || epd__fl_grow(b, size) != 0) {
+        epd__fl_fleet_stop(b);
         return 1;
     }
     printf("fleet: %u simulated workers started against %s\n", size, b->attach);
@@ -918,8 +461,8 @@ static int fl_attach(fl_t *b)
     do {
         sig = sigtimedwait(&set, NULL, &ts);
     } while (sig < 0 && errno == EINTR);
-    hb = fl_heartbeats(b, &failed);
-    fl_fleet_stop(b);
+    hb = epd__fl_heartbeats(b, &failed);
+    epd__fl_fleet_stop(b);
     printf("fleet: stopped (%s), %llu heartbeats accepted, %llu failed, %llu request-plane "
            "endpoints accepted, %llu messages to simulated workers\n",
            sig > 0 ? "signal" : "--hold ended", (unsigned long long)hb,
@@ -999,19 +542,9 @@ int epd_bench_fleet_main(int argc, char **argv)
     if (b.attach != NULL) {
         return fl_attach(&b);
     }
-    {
-        ssize_t n = readlink("/proc/self/exe", b.bindir, sizeof(b.bindir) - 1);
-        char *slash;
-
-        if (n <= 0) {
-            fprintf(stderr, "fleet: cannot find my own binary\n");
-            return 1;
-        }
-        b.bindir[n] = '\0';
-        slash = strrchr(b.bindir, '/');
-        if (slash != NULL) {
-            *slash = '\0';
-        }
+    if (epd_bench_bindir(b.bindir, sizeof(b.bindir)) != 0) {
+        fprintf(stderr, "fleet: cannot find my own binary\n");
+        return 1;
     }
     snprintf(b.tmp, sizeof(b.tmp), "%s/epd-fleet.XXXXXX",
              tmpdir != NULL && tmpdir[0] != '\0' ? tmpdir : "/tmp");
@@ -1019,7 +552,7 @@ int epd_bench_fleet_main(int argc, char **argv)
         fprintf(stderr, "fleet: cannot make a folder under %s: %s\n", b.tmp, strerror(errno));
         return 1;
     }
-    if (epd_bench_make_secret(b.tmp, b.secret_file, sizeof(b.secret_file), &b.secret, "fleet") != 0 || fl_cluster_start(&b) != 0 || fl_fleet_start(&b) != 0) {
+    if (epd_bench_make_secret(b.tmp, b.secret_file, sizeof(b.secret_file), &b.secret, "fleet") != 0 || fl_cluster_start(&b) != 0 || epd__fl_fleet_start(&b) != 0) {
         goto out;
     }
     for (int i = 0; i < b.n_sizes; i++) {
@@ -1030,7 +563,7 @@ int epd_bench_fleet_main(int argc, char **argv)
     fl_print(&b);
     rc = 0;
 out:
-    fl_fleet_stop(&b);
+    epd__fl_fleet_stop(&b);
     fl_cluster_stop(&b);
     epd_secret_wipe(&b.secret);
     if (!b.keep && rc == 0) {
@@ -1045,3 +578,4 @@ out:
     }
     return rc;
 }
+

@@ -356,34 +356,15 @@ static uint32_t pb_qlen(const pb_t *b, uint64_t *s)
     return lo + (uint32_t)(pb_rand(s) % (hi - lo + 1));
 }
 
-static int pb_cmp(const void *a, const void *c)
+/* The p-th percentile (p in percent) of a row's TTFTs: nearest rank, as
+ * every epd-bench table (sorts them in place); 0 when there are none. */
+static double pb_pct(double *v, uint32_t n, double p)
 {
-    double x = *(const double *)a, y = *(const double *)c;
-
-    return x < y ? -1 : x > y;
-}
-
-static double pb_pct(const double *v, uint32_t n, double p)
-{
-    double *s;
-    double r;
-    double pos;
-    uint32_t i;
-
     if (n == 0) {
         return 0;
     }
-    s = epd_malloc(n * sizeof(double));
-    if (s == NULL) {
-        return 0;
-    }
-    memcpy(s, v, n * sizeof(double));
-    qsort(s, n, sizeof(double), pb_cmp);
-    pos = p * (n - 1);
-    i = (uint32_t)pos;
-    r = i + 1 < n ? s[i] + (s[i + 1] - s[i]) * (pos - i) : s[i];
-    epd_free(s);
-    return r;
+    epd_bench_sort(v, n);
+    return epd_bench_pct(v, n, p);
 }
 
 /* Both workloads on a running pair: rows[0] shared-prefix, rows[1]
@@ -479,8 +460,8 @@ static void pb_print(const pb_row_t *rows, int n_rows)
         const pb_row_t *r = &rows[i];
 
         printf("%-7s %-13s %-7s %5u | %10.2f %10.2f | %9llu %9llu %6.1f%% | %9.2f\n", r->model,
-               r->workload, r->cache, r->n, pb_pct(r->ttft_ms, r->n, 0.5),
-               pb_pct(r->ttft_ms, r->n, 0.99), (unsigned long long)r->prompt_tokens,
+               r->workload, r->cache, r->n, pb_pct(r->ttft_ms, r->n, 50),
+               pb_pct(r->ttft_ms, r->n, 99), (unsigned long long)r->prompt_tokens,
                (unsigned long long)r->computed,
                r->prompt_tokens > 0 ? 100.0 * (double)r->hit / (double)r->prompt_tokens : 0.0,
                (double)r->kv_bytes / 1e6);
@@ -491,7 +472,7 @@ static void pb_print(const pb_row_t *rows, int n_rows)
 
         if (strcmp(off->model, on->model) == 0 && strcmp(off->workload, on->workload) == 0 &&
             strcmp(off->cache, "off") == 0 && strcmp(on->cache, "on") == 0) {
-            double a = pb_pct(off->ttft_ms, off->n, 0.5), c = pb_pct(on->ttft_ms, on->n, 0.5);
+            double a = pb_pct(off->ttft_ms, off->n, 50), c = pb_pct(on->ttft_ms, on->n, 50);
 
             printf("  %-7s %-13s %.2f / %.2f = %.3f\n", on->model, on->workload, c, a,
                    a > 0 ? c / a : 0.0);

@@ -46,6 +46,7 @@
 
 #include "epd_alloc.h"
 #include "epd_bench.h"
+#include "epd_bench_http.h"
 #include "epd_config.h"
 #include "epd_rng.h"
 #include "epd_time.h"
@@ -471,29 +472,12 @@ static void *so_chaos(void *arg)
 
 /* ------------------------------------------------------------ the metrics */
 
+/* The router's /metrics (GET, 5 s at most; owned by the caller), or NULL. */
 static char *so_metrics(const so_opts_t *o)
 {
-    static const char req[] = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
-    char *buf = epd_malloc(SO_BUF);
-    size_t len = 0;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    char *text = NULL;
 
-    if (buf == NULL || fd < 0 ||
-        connect(fd, (const struct sockaddr *)&o->addr, sizeof(o->addr)) != 0 ||
-        send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof(req) - 1)) {
-        epd_free(buf);
-        buf = NULL;
-    } else {
-        ssize_t n;
-        while (len < SO_BUF - 1 && (n = recv(fd, buf + len, SO_BUF - 1 - len, 0)) > 0) {
-            len += (size_t)n;
-        }
-        buf[len] = '\0';
-    }
-    if (fd >= 0) {
-        close(fd);
-    }
-    return buf;
+    return epd_bench_http_get(o->http, "/metrics", 5000, &text, NULL) == EPD_OK ? text : NULL;
 }
 
 /* The sum of every series of metric `name` (any labels). */
@@ -550,13 +534,6 @@ static uint64_t so_logs_count(const so_run_t *s, const char *what, int last_numb
         }
     }
     return total;
-}
-
-static int so_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return x < y ? -1 : x > y;
 }
 
 /* $TMPDIR when set (an absolute path that leaves room for our names), else /tmp. */
@@ -639,15 +616,8 @@ int epd_bench_soak_main(int argc, char **argv)
     }
     if (o.bindir_opt != NULL) {
         snprintf(o.bindir, sizeof(o.bindir), "%s", o.bindir_opt);
-    } else {
-        ssize_t n = readlink("/proc/self/exe", o.bindir, sizeof(o.bindir) - 1);
-        char *slash;
-
-        o.bindir[n > 0 ? n : 0] = '\0';
-        slash = strrchr(o.bindir, '/');
-        if (slash != NULL) {
-            *slash = '\0';
-        }
+    } else if (epd_bench_bindir(o.bindir, sizeof(o.bindir)) != 0) {
+        o.bindir[0] = '\0';
     }
     s.o = &o;
     pthread_mutex_init(&s.lock, NULL);
@@ -778,9 +748,9 @@ int epd_bench_soak_main(int argc, char **argv)
         epd_time_sleep_ns(100 * EPD_NSEC_PER_MSEC);
     }
     if (s.n_t > 0) {
-        qsort(s.t_ms, s.n_t, sizeof(*s.t_ms), so_cmp_double);
-        p50 = s.t_ms[(s.n_t - 1) / 2];
-        p99 = s.t_ms[(uint64_t)floor((double)(s.n_t - 1) * 0.99)];
+        epd_bench_sort(s.t_ms, s.n_t);
+        p50 = epd_bench_pct(s.t_ms, s.n_t, 50);
+        p99 = epd_bench_pct(s.t_ms, s.n_t, 99);
     }
     for (int i = 0; i < s.n_workers; i++) {
         epd_bench_kill(s.w[i].pid, "soak", s.w[i].name);
@@ -823,12 +793,12 @@ int epd_bench_soak_main(int argc, char **argv)
                : 0.0);
     printf("  time to terminal      p50 %.1f ms, p99 %.1f ms\n", p50, p99);
     if (s.n_wait > 0) {
-        qsort(s.wait_ms, s.n_wait, sizeof(*s.wait_ms), so_cmp_double);
+        epd_bench_sort(s.wait_ms, s.n_wait);
         printf("  waited for a worker   %llu (then served %llu, 503 %llu); wait p50 %.0f ms, p99 "
                "%.0f ms, max %.0f ms\n",
                (unsigned long long)s.n_wait, (unsigned long long)s.wait_served,
-               (unsigned long long)s.wait_503, s.wait_ms[(s.n_wait - 1) / 2],
-               s.wait_ms[(uint64_t)floor((double)(s.n_wait - 1) * 0.99)],
+               (unsigned long long)s.wait_503, epd_bench_pct(s.wait_ms, s.n_wait, 50),
+               epd_bench_pct(s.wait_ms, s.n_wait, 99),
                s.wait_ms[s.n_wait - 1]);
     } else {
         printf("  waited for a worker   0\n");

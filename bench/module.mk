@@ -7,5 +7,5 @@ $(call obj_of,$(BENCH_SRCS)): EPD_CPPFLAGS += -Iclient -Idaemon
 # stb_image_write (the multimodal mix's PNGs) shifts negative ints in its
 # JPEG writer (undefined, harmless; unused here): UBSan's shift check off
 ifneq ($(findstring undefined,$(SANITIZER)),)
-$(BUILD)/obj/bench/epd_bench_serve.o: EPD_CFLAGS += -fno-sanitize=shift
+$(BUILD)/obj/bench/epd_bench_serve_load.o: EPD_CFLAGS += -fno-sanitize=shift
 endif

@@ -10,3 +10,14 @@ endif
 # on loopback (~2 s; the daemons' clock and trace answers, rule 39, under
 # the sanitizers too; across hosts: tests/multihost/test_mh_overhead_attach.sh)
 ALL_TESTS += tests/bench/test_bench_overhead_attach.sh
+# bench/epd_bench_http.c (the blocking client that reads /metrics and
+# sends fleet's requests) against a server thread on 127.0.0.1: an answer
+# ends at its length or last chunk, statuses and failures map to their
+# epd_status_t, the deadline holds
+$(eval $(call epd_test,test_epd_bench_http,tests/bench/test_epd_bench_http.c bench/epd_bench_http.c,epd_common))
+$(test_epd_bench_http_OBJS): EPD_CPPFLAGS += -Ibench
+# bench/epd_bench_sse.c (serve's streaming client) on a libuv loop against
+# a scripted server thread on 127.0.0.1: payloads, [DONE] and error
+# events, keep-alive reuse, statuses, lost requests, each ended once
+$(eval $(call epd_test,test_epd_bench_sse,tests/bench/test_epd_bench_sse.c bench/epd_bench_sse.c,epd_common))
+$(test_epd_bench_sse_OBJS): EPD_CPPFLAGS += -Ibench
