@@ -169,6 +169,14 @@ epd_status_t epd_handoff_submit(epd_handoff_t *h, uint32_t queue, void *job)
     return EPD_OK;
 }
 
+int epd_handoff_idle(epd_handoff_t *h)
+{
+    int v = 1;
+
+    /* the semaphore counts the jobs queued (and the stop's post) */
+    return !atomic_load(&h->stop) && sem_getvalue(&h->sem, &v) == 0 && v <= 0;
+}
+
 uint32_t epd_handoff_backlog(const epd_handoff_t *h, uint32_t queue)
 {
     uint64_t started;

@@ -69,6 +69,11 @@ uint32_t epd_handoff_backlog(const epd_handoff_t *h, uint32_t queue);
  * wakes the loop. */
 void epd_handoff_post(epd_handoff_t *h, void *event);
 
+/* Compute thread: nonzero when no job waits in any queue and no stop was
+ * asked — a job in several turns may run its next one at once instead of
+ * going back to the loop (a job submitted just after waits for that turn). */
+int epd_handoff_idle(epd_handoff_t *h);
+
 /* Compute thread: nonzero once destroy was asked (long jobs may end early). */
 int epd_handoff_stopping(const epd_handoff_t *h);
 

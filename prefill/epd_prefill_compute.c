@@ -200,8 +200,9 @@ static void epd_prefill_compute_chunk_args(epd_prefill_compute_t *c, epd_prefill
 
 /* One turn of a run: its next chunk (the whole uncached prompt part when
  * chunking is off or the part fits one chunk).  A turn that does not end
- * the run posts the job's CHUNK event (the loop queues it again); the last
- * one runs a resume's decode tail, samples and posts DONE. */
+ * the run posts the job's CHUNK event (the loop queues it again) — or,
+ * when no other job waits (epd_handoff_idle), runs the next chunk at once;
+ * the last one runs a resume's decode tail, samples and posts DONE. */
 static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t *job)
 {
     uint32_t prompt_end = job->n_tokens - job->n_decode;
@@ -231,6 +232,7 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
          * chunk; later chunks carry the state on (start > 0 keeps it) */
         epd_prefill_compute_restore(c, job);
     }
+next_turn:
     sctx.layer_start_ns = epd_time_now_ns();
     end = prompt_end;
     if (c->chunk_tokens > 0 && prompt_end - job->chunk_next > c->chunk_tokens) {
@@ -256,6 +258,12 @@ static void epd_prefill_compute_run(epd_prefill_compute_t *c, epd_prefill_job_t 
         status = epd_engine_prefill(c->engine, &c->pool, &args, &sink, c->logits);
         job->chunk_next = end;
         if (status == EPD_OK && end < prompt_end) {
+            if (epd_handoff_idle(c->h)) {
+                /* nobody waits: the next chunk at once, rather than a round
+                 * trip through the loop, which is busy with this chunk's
+                 * layers (hashing, posting their writes) */
+                goto next_turn;
+            }
             /* not the last chunk: back to the queue's tail (round robin) */
             epd_prefill_compute_emit(c, &job->chunk_ev);
             return;
