@@ -122,11 +122,11 @@ int epd_bench_stop(pid_t pid, uint32_t timeout_ms, const char *who, const char *
         epd_time_sleep_ns(10 * EPD_NSEC_PER_MSEC);
     }
     if (timeout_ms % 1000 == 0) {
-        fprintf(stderr, "%s: %s (pid %d) did not exit within %u s of SIGTERM: killed\n", who,
-                name, (int)pid, timeout_ms / 1000);
+        fprintf(stderr, "%s: %s (pid %d) did not exit within %u s of SIGTERM: killed\n", who, name,
+                (int)pid, timeout_ms / 1000);
     } else {
-        fprintf(stderr, "%s: %s (pid %d) did not exit within %u ms of SIGTERM: killed\n", who,
-                name, (int)pid, timeout_ms);
+        fprintf(stderr, "%s: %s (pid %d) did not exit within %u ms of SIGTERM: killed\n", who, name,
+                (int)pid, timeout_ms);
     }
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);

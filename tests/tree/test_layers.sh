@@ -39,7 +39,7 @@ used() {
   cat "$k"
 }
 
-LONG=" bench/epd_bench_fleet.c bench/epd_bench_overhead.c bench/epd_bench_serve.c engine/epd_ref.c proto/epd_rpc.c "
+LONG=" bench/epd_bench_fleet.c bench/epd_bench_serve.c engine/epd_ref.c proto/epd_rpc.c "
 for dir in encoder prefill decode router common transport transport/ucx transport/ofi engine api proto daemon client bench; do
   objs=("$build"/obj/$dir/*.o)
   # a backend switched off at build time has no objects
