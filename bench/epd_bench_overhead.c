@@ -104,91 +104,11 @@ int epd_bench_overhead_main(int argc, char **argv)
     b.verify = "stamps";
     b.chunk_tokens = -1;
     b.trace_len = 1024;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            epd__ob_usage();
-            return 0;
-        }
-        if (strcmp(a, "--keep") == 0) {
-            b.keep = 1;
-            continue;
-        }
-        if (strcmp(a, "--no-zero") == 0) {
-            b.zero = 0;
-            continue;
-        }
-        if (strcmp(a, "--tsv") == 0) {
-            b.tsv = 1;
-            continue;
-        }
-        if (strcmp(a, "--no-cpu") == 0) {
-            b.cpu = 0;
-            continue;
-        }
-        if (v == NULL) {
-            fprintf(stderr, "overhead: %s needs a value\n", a);
-            return 2;
-        }
-        i++;
-        if (strcmp(a, "--lengths") == 0) {
-            bad = epd__ob_parse_u32_list(v, b.lengths, &b.n_lengths);
-        } else if (strcmp(a, "--ref-lengths") == 0) {
-            bad = epd__ob_parse_u32_list(v, b.ref_lengths, &b.n_ref_lengths);
-        } else if (strcmp(a, "--engines") == 0) {
-            bad = epd__ob_parse_names(v, 1, &b);
-        } else if (strcmp(a, "--transports") == 0) {
-            bad = epd__ob_parse_names(v, 0, &b);
-        } else if (strcmp(a, "--groups") == 0) {
-            bad = epd__ob_parse_groups(v, b.groups, &b.n_groups);
-        } else if (strcmp(a, "--reps") == 0) {
-            b.reps = atoi(v);
-            bad = b.reps < 1;
-        } else if (strcmp(a, "--reps-ref") == 0) {
-            b.reps_ref = atoi(v);
-            bad = b.reps_ref < 1;
-        } else if (strcmp(a, "--reps-long") == 0) {
-            b.reps_long = atoi(v);
-            bad = b.reps_long < 1;
-        } else if (strcmp(a, "--warmup") == 0) {
-            b.warmup = atoi(v);
-            bad = b.warmup < 0;
-        } else if (strcmp(a, "--kv-dtype") == 0) {
-            bad = b.n_kv_dtypes == OB_MAX_LIST || v[0] == '\0' || strlen(v) >= EPD_KVQ_MAP_MAX;
-            if (!bad) {
-                b.kv_dtypes[b.n_kv_dtypes++] = v;
-            }
-        } else if (strcmp(a, "--kv-dtypes") == 0) {
-            bad = epd__ob_parse_kv_dtypes(v, &b);
-        } else if (strcmp(a, "--scale") == 0) {
-            b.scale = atof(v);
-            bad = !(b.scale > 0.0 && b.scale <= 1.0);
-        } else if (strcmp(a, "--chunk-tokens") == 0) {
-            b.chunk_tokens = atoi(v);
-            bad = b.chunk_tokens < 0 || strspn(v, "0123456789") != strlen(v);
-        } else if (strcmp(a, "--verify") == 0) {
-            b.verify = v;
-            bad = strcmp(v, "stamps") != 0 && strcmp(v, "full") != 0;
-        } else if (strcmp(a, "--trace") == 0) {
-            b.trace_out = v;
-        } else if (strcmp(a, "--trace-length") == 0) {
-            b.trace_len = (uint32_t)atoi(v);
-        } else if (strcmp(a, "--profiles") == 0) {
-            b.profiles = v;
-        } else if (strcmp(a, "--ref-model") == 0) {
-            b.ref_model = v;
-        } else {
-            fprintf(stderr, "overhead: unknown option %s (see --help)\n", a);
-            return 2;
-        }
-        if (bad) {
-            fprintf(stderr, "overhead: bad value for %s: '%s'\n", a, v);
-            return 2;
-        }
+    rc = epd__ob_parse_args(&b, argc, argv);
+    if (rc >= 0) {
+        return rc;
     }
+    rc = 0;
     if (b.n_engines == 0) {
         epd__ob_parse_names("dense-70b,hybrid-320b,ref", 1, &b);
     }

@@ -36,6 +36,7 @@
 #define OB_MAX_THREADS 48
 #define OB_GROUP_DEFAULT (-1LL) /* the daemon's default --write-group-bytes */
 #define OB_BLOCK_TOKENS 16      /* the daemons' --block-tokens default */
+#define OB_PROBES_DEFAULT 16    /* the attach mode's --probes */
 /* a GenerateRequest carries its prompt: room for 1M tokens and more (the
  * transport's limit; 1 MiB refused 1M-token prompts) */
 #define OB_TXBUF (16u << 20)
@@ -122,6 +123,13 @@ typedef struct {
     const char *ref_model;
     int keep;
     int attach; /* against running daemons (epd_bench_overhead_attach.c) */
+    /* the attach mode's options: the daemons' control addresses (prefill,
+     * decode), the cluster secret file, this host's data-plane address,
+     * clock probes per round */
+    const char *attach_addr[2];
+    const char *attach_secret;
+    const char *data_addr;
+    int probes;
     char bindir[1024];
     char tmp[256];
     /* the cluster secret the bench makes for its daemons and itself (0600
@@ -181,18 +189,14 @@ int epd__ob_attach_wanted(int argc, char **argv);
 int epd__ob_attach_main(int argc, char **argv);
 
 /* ---- epd_bench_overhead_opts.c ---- */
-/* "128,1k,4096" into out[0..OB_MAX_LIST) (k: x1024; each 1..1M); 0, or -1
- * for a bad or empty list. */
-int epd__ob_parse_u32_list(const char *s, uint32_t *out, int *n_p);
 /* A comma list of engine (engines 1) or transport names appended to
  * b->engines / b->xports; 0, or -1 after a line naming an unknown one. */
 int epd__ob_parse_names(const char *s, int engines, ob_t *b);
-/* --groups "default,per-layer,64K,1M"; 0 or -1. */
-int epd__ob_parse_groups(const char *s, long long *groups, int *n_p);
-/* --kv-dtypes "MAP;MAP" appended to b->kv_dtypes; 0 or -1. */
-int epd__ob_parse_kv_dtypes(const char *s, ob_t *b);
-/* The one-host mode's --help. */
-void epd__ob_usage(void);
+/* Parses argv[1..argc) into b for its mode (b->attach; b holds the
+ * mode's defaults).  -1: run; else the exit status (0 after --help, 2
+ * after a line on stderr for an unknown option, a missing or bad value).
+ * The strings stored in b point into argv. */
+int epd__ob_parse_args(ob_t *b, int argc, char **argv);
 
 /* ---- epd_bench_overhead_cluster.c ---- */
 /* Runs one daemon pair (engine e, transport xp, prefill's

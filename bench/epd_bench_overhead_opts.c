@@ -1,9 +1,13 @@
 /*
- * epd_bench_overhead_opts.c — the option values of `epd-bench overhead`:
- * lists of lengths, engines, transports, write groups and KV dtype maps;
- * the engines and transports the one-host mode knows (each transport with
- * the environment its daemons and client get); the usage.  The
- * benchmark's thread.
+ * epd_bench_overhead_opts.c — the options of `epd-bench overhead`, both
+ * modes, from one table: each option names the modes that take it (the
+ * one-host mode, the attach mode, or both), whether it takes a value, and
+ * one switch checks and stores that value in the ob_t.  One loop parses
+ * argv for either mode, with the messages both printed before; the values'
+ * parsers (lists of lengths, engines, transports, write groups, KV dtype
+ * maps); the engines and transports the one-host mode knows (each
+ * transport with the environment its daemons and client get); both
+ * usages.  The benchmark's thread.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +30,9 @@ static const ob_engine_t ob_engines[] = {
 
 /* -------------------------------------------------------------- parsing */
 
-int epd__ob_parse_u32_list(const char *s, uint32_t *out, int *n_p)
+/* "128,1k,4096" into out[0..OB_MAX_LIST) (k: x1024; each 1..1M); 0, or -1
+ * for a bad or empty list. */
+static int ob_parse_u32_list(const char *s, uint32_t *out, int *n_p)
 {
     int n = 0;
 
@@ -86,7 +92,8 @@ int epd__ob_parse_names(const char *s, int engines, ob_t *b)
     return 0;
 }
 
-int epd__ob_parse_groups(const char *s, long long *groups, int *n_p)
+/* --groups "default,per-layer,64K,1M" (K, M: x1024, x1024^2); 0 or -1. */
+static int ob_parse_groups(const char *s, long long *groups, int *n_p)
 {
     char buf[512];
     char *save = NULL;
@@ -125,7 +132,7 @@ int epd__ob_parse_groups(const char *s, long long *groups, int *n_p)
 
 /* --kv-dtypes "MAP;MAP;...": appended to the --kv-dtype list (';' because
  * a map holds commas).  Nonzero for an empty entry or too many. */
-int epd__ob_parse_kv_dtypes(const char *s, ob_t *b)
+static int ob_parse_kv_dtypes(const char *s, ob_t *b)
 {
     size_t len = strlen(s);
     char *p;
@@ -147,7 +154,7 @@ int epd__ob_parse_kv_dtypes(const char *s, ob_t *b)
     return 0;
 }
 
-void epd__ob_usage(void)
+static void ob_usage(void)
 {
     printf("usage: epd-bench overhead [options]\n"
            "  prefill-only (A) vs prefill + KV transfer into a live decode (B) vs the protocol\n"
@@ -185,4 +192,218 @@ void epd__ob_usage(void)
            "  Against daemons already running on other hosts: --attach-prefill HOST:PORT\n"
            "  --attach-decode HOST:PORT --cluster-secret-file F (their options:\n"
            "  epd-bench overhead --attach-prefill X --help).\n");
+}
+
+static void ob_attach_usage(void)
+{
+    printf("usage: epd-bench overhead --attach-prefill HOST:PORT --attach-decode HOST:PORT\n"
+           "                          --cluster-secret-file FILE [options]\n"
+           "  The A/B/Z arms against a prefill and a decode someone else started (run with\n"
+           "  --trace FILE, any file), on other hosts; HOST:PORT are their control addresses.\n"
+           "  Times from their trace recorders over the request plane, put on this host's\n"
+           "  clock with each daemon's offset (clock probes; the uncertainty is printed).\n\n"
+           "  --lengths LIST       prompt lengths [128,1024,4096]\n"
+           "  --reps N             repetitions (one request of each arm) per length [12]\n"
+           "  --warmup N           repetitions not counted, per length [1]\n"
+           "  --no-zero            without the zero-byte arm (Z)\n"
+           "  --probes N           clock probes per daemon before and after each length [%d]\n"
+           "  --data-addr IP       this host's data-plane address (ofi binds it) [127.0.0.1]\n"
+           "  --trace FILE         one B request, prefill and decode merged on this host's\n"
+           "                       clock (Chrome JSON)\n"
+           "  --trace-length N     which length that request has [1024]\n"
+           "  --tsv                tab-separated rows: p_off_us p_unc_us d_off_us d_unc_us\n"
+           "                       clock_unc_us kv_mb, then the one-host mode's columns\n",
+           OB_PROBES_DEFAULT);
+}
+
+/* ---------------------------------------------------------- the table */
+
+enum { OB_ONE = 1, OB_ATTACH = 2, OB_BOTH = 3 }; /* the modes that take an option */
+
+typedef enum {
+    OB_O_KEEP, OB_O_NO_ZERO, OB_O_TSV, OB_O_NO_CPU, OB_O_LENGTHS, OB_O_REF_LENGTHS,
+    OB_O_ENGINES, OB_O_TRANSPORTS, OB_O_GROUPS, OB_O_REPS, OB_O_REPS_REF, OB_O_REPS_LONG,
+    OB_O_WARMUP, OB_O_KV_DTYPE, OB_O_KV_DTYPES, OB_O_SCALE, OB_O_CHUNK_TOKENS, OB_O_VERIFY,
+    OB_O_TRACE, OB_O_TRACE_LENGTH, OB_O_PROFILES, OB_O_REF_MODEL, OB_O_ATTACH_PREFILL,
+    OB_O_ATTACH_DECODE, OB_O_SECRET, OB_O_DATA_ADDR, OB_O_PROBES,
+} ob_opt_id_t;
+
+typedef struct {
+    const char *name;
+    int modes;     /* OB_ONE, OB_ATTACH or both */
+    int has_value; /* 0: a flag */
+    ob_opt_id_t id;
+} ob_opt_t;
+
+static const ob_opt_t ob_opts[] = {
+    {"--keep", OB_ONE, 0, OB_O_KEEP},
+    {"--no-zero", OB_BOTH, 0, OB_O_NO_ZERO},
+    {"--tsv", OB_BOTH, 0, OB_O_TSV},
+    /* the attach mode has no CPU lines anyway: taken, changes nothing */
+    {"--no-cpu", OB_BOTH, 0, OB_O_NO_CPU},
+    {"--lengths", OB_BOTH, 1, OB_O_LENGTHS},
+    {"--ref-lengths", OB_ONE, 1, OB_O_REF_LENGTHS},
+    /* the daemons' flags (engine, transport, groups, KV dtype, verify) are
+     * their operator's in the attach mode, not the benchmark's */
+    {"--engines", OB_ONE, 1, OB_O_ENGINES},
+    {"--transports", OB_ONE, 1, OB_O_TRANSPORTS},
+    {"--groups", OB_ONE, 1, OB_O_GROUPS},
+    {"--reps", OB_BOTH, 1, OB_O_REPS},
+    {"--reps-ref", OB_ONE, 1, OB_O_REPS_REF},
+    {"--reps-long", OB_ONE, 1, OB_O_REPS_LONG},
+    {"--warmup", OB_BOTH, 1, OB_O_WARMUP},
+    {"--kv-dtype", OB_ONE, 1, OB_O_KV_DTYPE},
+    {"--kv-dtypes", OB_ONE, 1, OB_O_KV_DTYPES},
+    {"--scale", OB_ONE, 1, OB_O_SCALE},
+    {"--chunk-tokens", OB_ONE, 1, OB_O_CHUNK_TOKENS},
+    {"--verify", OB_ONE, 1, OB_O_VERIFY},
+    {"--trace", OB_BOTH, 1, OB_O_TRACE},
+    {"--trace-length", OB_BOTH, 1, OB_O_TRACE_LENGTH},
+    {"--profiles", OB_ONE, 1, OB_O_PROFILES},
+    {"--ref-model", OB_ONE, 1, OB_O_REF_MODEL},
+    {"--attach-prefill", OB_ATTACH, 1, OB_O_ATTACH_PREFILL},
+    {"--attach-decode", OB_ATTACH, 1, OB_O_ATTACH_DECODE},
+    {"--cluster-secret-file", OB_ATTACH, 1, OB_O_SECRET},
+    {"--data-addr", OB_ATTACH, 1, OB_O_DATA_ADDR},
+    {"--probes", OB_ATTACH, 1, OB_O_PROBES},
+};
+
+/* Option `id` with value v (NULL for a flag) into b.  0, or nonzero for a
+ * bad value (a list parser may have said why first). */
+static int ob_opt_set(ob_t *b, ob_opt_id_t id, const char *v)
+{
+    switch (id) {
+    case OB_O_KEEP:
+        b->keep = 1;
+        return 0;
+    case OB_O_NO_ZERO:
+        b->zero = 0;
+        return 0;
+    case OB_O_TSV:
+        b->tsv = 1;
+        return 0;
+    case OB_O_NO_CPU:
+        b->cpu = 0;
+        return 0;
+    case OB_O_LENGTHS:
+        return ob_parse_u32_list(v, b->lengths, &b->n_lengths);
+    case OB_O_REF_LENGTHS:
+        return ob_parse_u32_list(v, b->ref_lengths, &b->n_ref_lengths);
+    case OB_O_ENGINES:
+        return epd__ob_parse_names(v, 1, b);
+    case OB_O_TRANSPORTS:
+        return epd__ob_parse_names(v, 0, b);
+    case OB_O_GROUPS:
+        return ob_parse_groups(v, b->groups, &b->n_groups);
+    case OB_O_REPS:
+        b->reps = atoi(v);
+        return b->reps < 1;
+    case OB_O_REPS_REF:
+        b->reps_ref = atoi(v);
+        return b->reps_ref < 1;
+    case OB_O_REPS_LONG:
+        b->reps_long = atoi(v);
+        return b->reps_long < 1;
+    case OB_O_WARMUP:
+        b->warmup = atoi(v);
+        return b->warmup < 0;
+    case OB_O_KV_DTYPE:
+        if (b->n_kv_dtypes == OB_MAX_LIST || v[0] == '\0' || strlen(v) >= EPD_KVQ_MAP_MAX) {
+            return 1;
+        }
+        b->kv_dtypes[b->n_kv_dtypes++] = v;
+        return 0;
+    case OB_O_KV_DTYPES:
+        return ob_parse_kv_dtypes(v, b);
+    case OB_O_SCALE:
+        b->scale = atof(v);
+        return !(b->scale > 0.0 && b->scale <= 1.0);
+    case OB_O_CHUNK_TOKENS:
+        b->chunk_tokens = atoi(v);
+        return b->chunk_tokens < 0 || strspn(v, "0123456789") != strlen(v);
+    case OB_O_VERIFY:
+        b->verify = v;
+        return strcmp(v, "stamps") != 0 && strcmp(v, "full") != 0;
+    case OB_O_TRACE:
+        b->trace_out = v;
+        return 0;
+    case OB_O_TRACE_LENGTH:
+        b->trace_len = (uint32_t)atoi(v);
+        return 0;
+    case OB_O_PROFILES:
+        b->profiles = v;
+        return 0;
+    case OB_O_REF_MODEL:
+        b->ref_model = v;
+        return 0;
+    case OB_O_ATTACH_PREFILL:
+        b->attach_addr[0] = v;
+        return 0;
+    case OB_O_ATTACH_DECODE:
+        b->attach_addr[1] = v;
+        return 0;
+    case OB_O_SECRET:
+        b->attach_secret = v;
+        return 0;
+    case OB_O_DATA_ADDR:
+        b->data_addr = v;
+        return 0;
+    case OB_O_PROBES:
+        b->probes = atoi(v);
+        return b->probes < 1;
+    }
+    return 1;
+}
+
+int epd__ob_parse_args(ob_t *b, int argc, char **argv)
+{
+    int mode = b->attach ? OB_ATTACH : OB_ONE;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const ob_opt_t *o = NULL;
+
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            if (b->attach) {
+                ob_attach_usage();
+            } else {
+                ob_usage();
+            }
+            return 0;
+        }
+        for (size_t k = 0; k < sizeof(ob_opts) / sizeof(ob_opts[0]); k++) {
+            if ((ob_opts[k].modes & mode) != 0 && strcmp(a, ob_opts[k].name) == 0) {
+                o = &ob_opts[k];
+                break;
+            }
+        }
+        if (o != NULL && !o->has_value) {
+            (void)ob_opt_set(b, o->id, NULL);
+            continue;
+        }
+        /* as before the table: anything but a known flag takes the next
+         * argument, or is missing it */
+        if (v == NULL) {
+            fprintf(stderr, "overhead: %s needs a value\n", a);
+            return 2;
+        }
+        i++;
+        if (o == NULL) {
+            if (b->attach) {
+                fprintf(stderr,
+                        "overhead: %s is not an option of the attach mode (see --attach-prefill "
+                        "--help)\n",
+                        a);
+            } else {
+                fprintf(stderr, "overhead: unknown option %s (see --help)\n", a);
+            }
+            return 2;
+        }
+        if (ob_opt_set(b, o->id, v) != 0) {
+            fprintf(stderr, "overhead: bad value for %s: '%s'\n", a, v);
+            return 2;
+        }
+    }
+    return -1;
 }

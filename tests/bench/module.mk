@@ -10,3 +10,6 @@ endif
 # on loopback (~2 s; the daemons' clock and trace answers, rule 39, under
 # the sanitizers too; across hosts: tests/multihost/test_mh_overhead_attach.sh)
 ALL_TESTS += tests/bench/test_bench_overhead_attach.sh
+# test_bench_overhead_opts.sh: overhead's option table, both modes (no
+# daemon; well under a second)
+ALL_TESTS += tests/bench/test_bench_overhead_opts.sh
