@@ -65,6 +65,10 @@
  * --trace FILE writes one B request's events from both daemons into one
  * Chrome trace JSON (open it in ui.perfetto.dev).  This measures; it never
  * judges (tests/ do).
+ *
+ * This file is the one-host mode's main: defaults, the configurations'
+ * loop, the temp dir.  The rest is in the files epd_bench_overhead_int.h
+ * lists (options, one daemon pair, requests, CPU, traces, rows).
  */
 #include <errno.h>
 #include <limits.h>

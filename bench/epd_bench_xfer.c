@@ -21,7 +21,6 @@
  * processes on 127.0.0.1 with their own ports.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
