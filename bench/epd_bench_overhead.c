@@ -78,6 +78,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "epd_alloc.h"
 #include "epd_bench.h"
 #include "epd_bench_overhead_int.h"
 #include "epd_rng.h"
@@ -158,7 +159,7 @@ int epd_bench_overhead_main(int argc, char **argv)
                               "overhead") != 0) {
         return 1;
     }
-    b.txbuf = malloc(OB_TXBUF);
+    b.txbuf = epd_malloc(OB_TXBUF);
     b.epoch_start = epd_time_wall_ns();
     b.epoch_nonce = epd_rng_entropy();
     b.next_id = ((uint64_t)(uint32_t)getpid() << 32) | 1;
@@ -215,7 +216,7 @@ int epd_bench_overhead_main(int argc, char **argv)
             fprintf(stderr, "overhead: could not remove %s\n", b.tmp);
         }
     }
-    free(b.txbuf);
+    epd_free(b.txbuf);
     epd_secret_wipe(&b.secret);
     return rc;
 }

@@ -44,6 +44,7 @@
 
 #include <jansson.h>
 
+#include "epd_alloc.h"
 #include "epd_bench.h"
 #include "epd_bench_overhead_int.h"
 #include "epd_kvq.h"
@@ -603,8 +604,8 @@ int epd__ob_attach_main(int argc, char **argv)
     if (!found_len) {
         a.trace_len = b.lengths[0]; /* as the one-host mode: the first length's */
     }
-    b.txbuf = malloc(1 << 20);
-    tokens = malloc(sizeof(*tokens) * (max_len + 1));
+    b.txbuf = epd_malloc(1 << 20);
+    tokens = epd_malloc(sizeof(*tokens) * (max_len + 1));
     if (b.txbuf == NULL || tokens == NULL) {
         goto out;
     }
@@ -667,8 +668,8 @@ out:
         epd_xport_destroy(b.x);
         b.x = NULL;
     }
-    free(tokens);
-    free(b.txbuf);
+    epd_free(tokens);
+    epd_free(b.txbuf);
     json_decref(a.trace_evs);
     epd_secret_wipe(&b.secret);
     return rc;

@@ -16,6 +16,7 @@
 
 #include <jansson.h>
 
+#include "epd_alloc.h"
 #include "epd_bench.h"
 #include "epd_bench_overhead_int.h"
 #include "epd_client.h"
@@ -330,7 +331,7 @@ int epd__ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long lon
         goto out;
     }
 
-    tokens = malloc(sizeof(*tokens) * (max_len + 1));
+    tokens = epd_malloc(sizeof(*tokens) * (max_len + 1));
     if (tokens == NULL) {
         goto out;
     }
@@ -369,7 +370,7 @@ int epd__ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long lon
     }
     rc = 0;
 out:
-    free(tokens);
+    epd_free(tokens);
     if (b->x != NULL) {
         epd_xport_ep_close(b->ep_p);
         epd_xport_ep_close(b->ep_d);

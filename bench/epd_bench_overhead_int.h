@@ -212,8 +212,9 @@ void epd__ob_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len)
 void epd__ob_on_err(void *arg, epd_xport_ep_t *ep, epd_status_t status);
 void epd__ob_on_connect(void *arg, epd_status_t status);
 /* One request of arm `arm` to completion, recorded in b->reqs (its times
- * come later, from the traces; row li's CPU accounted when b->cpu).  0 or
- * -1 (said on stderr). */
+ * come later, from the traces; row li's CPU accounted when b->cpu; its
+ * per-layer arrays are b's, from epd_calloc, freed by epd__ob_free_reqs).
+ * 0 or -1 (said on stderr). */
 int epd__ob_request(ob_t *b, const uint32_t *tokens, uint32_t n, int arm, int rep, int warmup,
                     int li);
 /* Frees every recorded request's per-layer times; b->n_reqs = 0. */

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "epd_alloc.h"
 #include "epd_bench_overhead_int.h"
 #include "epd_msg.h"
 #include "epd_time.h"
@@ -207,7 +208,7 @@ int epd__ob_request(ob_t *b, const uint32_t *tokens, uint32_t n, int arm, int re
     }
     r = &b->reqs[b->n_reqs];
     memset(r, 0, sizeof(*r));
-    r->ready = calloc((size_t)b->kv.n_layers * 5 + 1, sizeof(double));
+    r->ready = epd_calloc((size_t)b->kv.n_layers * 5 + 1, sizeof(double));
     if (r->ready == NULL) {
         return -1;
     }
@@ -227,7 +228,7 @@ int epd__ob_request(ob_t *b, const uint32_t *tokens, uint32_t n, int arm, int re
 void epd__ob_free_reqs(ob_t *b)
 {
     for (int i = 0; i < b->n_reqs; i++) {
-        free(b->reqs[i].ready);
+        epd_free(b->reqs[i].ready);
         b->reqs[i].ready = NULL;
     }
     b->n_reqs = 0;
