@@ -31,12 +31,39 @@ int epd_bench_bindir(char *out, size_t cap);
 
 #include "epd_secret.h"
 
-/* Forks and execs argv[0] (an absolute path) with stdout and stderr into
- * `log`, UCX held to loopback unless the environment says otherwise; the
- * child's pid (-1: fork failed). */
+/* Sets each "NAME=VALUE" of env (NULL-terminated; NULL: none) in this
+ * process's environment, over what it has when `overwrite`; an entry
+ * without '=' is skipped. */
+void epd_bench_setenv(const char *const *env, int overwrite);
+/* How epd_bench_spawn_ex starts a process.  Every pointer is borrowed for
+ * the call only (the child has its own copy once forked). */
+typedef struct {
+    /* stdout and stderr into this file (created 0644, truncated); NULL:
+     * stdout into out_fd and stderr into /dev/null */
+    const char *log;
+    int out_fd; /* with log NULL: stdout's fd, or -1 for /dev/null */
+    /* "NAME=VALUE" strings, NULL-terminated (either list may be NULL):
+     * env_default's are set only where the environment has no NAME, then
+     * env's are set whatever it has */
+    const char *const *env_default;
+    const char *const *env;
+} epd_bench_spawn_t;
+
+/* Forks and execs argv[0] (a path, or a name looked up in PATH) as `how`
+ * says; the child's pid (-1: fork failed; a failed exec exits 127).  The
+ * one launcher of every subcommand: the daemons of a benchmark's own
+ * cluster and the reference tools (xfer) alike.  Benchmark's thread. */
+pid_t epd_bench_spawn_ex(char *const argv[], const epd_bench_spawn_t *how);
+/* The daemons' usual case: stdout and stderr into `log`, UCX held to
+ * loopback unless the environment says otherwise (env_default
+ * UCX_TLS=posix,cma,tcp, UCX_NET_DEVICES=lo). */
 pid_t epd_bench_spawn(char *const argv[], const char *log);
-/* SIGTERM, then SIGKILL after 10 s; says (prefixed `who`) when daemon
- * `name` did not exit 0. */
+/* SIGTERM, then up to timeout_ms for the exit, then SIGKILL.  0 when the
+ * process exited 0 (under a sanitizer: no report either), -1 otherwise
+ * (pid <= 0, a signal, another status, killed: each said on stderr,
+ * prefixed `who`, naming `name`, except pid <= 0). */
+int epd_bench_stop(pid_t pid, uint32_t timeout_ms, const char *who, const char *name);
+/* epd_bench_stop with 10 s, its verdict said and dropped. */
 void epd_bench_kill(pid_t pid, const char *who, const char *name);
 /* Waits (120 s) for the ready file `path` of `pid` and copies the value of
  * its `key=` into out[0..cap).  0, or -1 (timeout, the process died). */

@@ -44,6 +44,7 @@
 
 #include <jansson.h>
 
+#include "epd_alloc.h"
 #include "epd_bench.h"
 #include "epd_bench_overhead_int.h"
 #include "epd_kvq.h"
@@ -51,7 +52,6 @@
 #include "epd_rng.h"
 #include "epd_time.h"
 
-#define OA_PROBES_DEFAULT 16
 #define OA_PROBE_BASE (1ull << 62) /* probe and fetch ids: never a request's */
 #define OA_WAIT_NS (10ull * 1000000000ull)
 
@@ -551,28 +551,6 @@ int epd__ob_attach_wanted(int argc, char **argv)
     return 0;
 }
 
-static void oa_usage(void)
-{
-    printf("usage: epd-bench overhead --attach-prefill HOST:PORT --attach-decode HOST:PORT\n"
-           "                          --cluster-secret-file FILE [options]\n"
-           "  The A/B/Z arms against a prefill and a decode someone else started (run with\n"
-           "  --trace FILE, any file), on other hosts; HOST:PORT are their control addresses.\n"
-           "  Times from their trace recorders over the request plane, put on this host's\n"
-           "  clock with each daemon's offset (clock probes; the uncertainty is printed).\n\n"
-           "  --lengths LIST       prompt lengths [128,1024,4096]\n"
-           "  --reps N             repetitions (one request of each arm) per length [12]\n"
-           "  --warmup N           repetitions not counted, per length [1]\n"
-           "  --no-zero            without the zero-byte arm (Z)\n"
-           "  --probes N           clock probes per daemon before and after each length [%d]\n"
-           "  --data-addr IP       this host's data-plane address (ofi binds it) [127.0.0.1]\n"
-           "  --trace FILE         one B request, prefill and decode merged on this host's\n"
-           "                       clock (Chrome JSON)\n"
-           "  --trace-length N     which length that request has [1024]\n"
-           "  --tsv                tab-separated rows: p_off_us p_unc_us d_off_us d_unc_us\n"
-           "                       clock_unc_us kv_mb, then the one-host mode's columns\n",
-           OA_PROBES_DEFAULT);
-}
-
 int epd__ob_attach_main(int argc, char **argv)
 {
     static ob_t b;
@@ -588,8 +566,6 @@ int epd__ob_attach_main(int argc, char **argv)
     memset(&b, 0, sizeof(b));
     memset(&a, 0, sizeof(a));
     a.b = &b;
-    a.probes = OA_PROBES_DEFAULT;
-    a.trace_len = 1024;
     b.attach = 1;
     b.lengths[0] = 128;
     b.lengths[1] = 1024;
@@ -598,68 +574,20 @@ int epd__ob_attach_main(int argc, char **argv)
     b.reps = 12;
     b.warmup = 1;
     b.zero = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-
-        if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
-            oa_usage();
-            return 0;
-        }
-        if (strcmp(o, "--no-zero") == 0) {
-            b.zero = 0;
-            continue;
-        }
-        if (strcmp(o, "--tsv") == 0) {
-            b.tsv = 1;
-            continue;
-        }
-        if (strcmp(o, "--no-cpu") == 0) {
-            continue; /* no CPU lines here anyway */
-        }
-        if (v == NULL) {
-            fprintf(stderr, "overhead: %s needs a value\n", o);
-            return 2;
-        }
-        i++;
-        if (strcmp(o, "--attach-prefill") == 0) {
-            a.addr[OA_P] = v;
-        } else if (strcmp(o, "--attach-decode") == 0) {
-            a.addr[OA_D] = v;
-        } else if (strcmp(o, "--cluster-secret-file") == 0) {
-            secret_file = v;
-        } else if (strcmp(o, "--data-addr") == 0) {
-            data_addr = v;
-        } else if (strcmp(o, "--lengths") == 0) {
-            bad = epd__ob_parse_u32_list(v, b.lengths, &b.n_lengths);
-        } else if (strcmp(o, "--reps") == 0) {
-            b.reps = atoi(v);
-            bad = b.reps < 1;
-        } else if (strcmp(o, "--warmup") == 0) {
-            b.warmup = atoi(v);
-            bad = b.warmup < 0;
-        } else if (strcmp(o, "--trace") == 0) {
-            a.trace_out = v;
-        } else if (strcmp(o, "--trace-length") == 0) {
-            a.trace_len = (uint32_t)atoi(v);
-        } else if (strcmp(o, "--probes") == 0) {
-            a.probes = atoi(v);
-            bad = a.probes < 1;
-        } else {
-            /* --engines, --transports, --groups, --verify, ...: the daemons'
-             * flags are their operator's, not the benchmark's */
-            fprintf(stderr,
-                    "overhead: %s is not an option of the attach mode (see --attach-prefill "
-                    "--help)\n",
-                    o);
-            return 2;
-        }
-        if (bad) {
-            fprintf(stderr, "overhead: bad value for %s: '%s'\n", o, v);
-            return 2;
-        }
+    b.probes = OB_PROBES_DEFAULT;
+    b.trace_len = 1024;
+    rc = epd__ob_parse_args(&b, argc, argv);
+    if (rc >= 0) {
+        return rc;
     }
+    rc = 1;
+    a.addr[OA_P] = b.attach_addr[0];
+    a.addr[OA_D] = b.attach_addr[1];
+    secret_file = b.attach_secret;
+    data_addr = b.data_addr;
+    a.probes = b.probes;
+    a.trace_out = b.trace_out;
+    a.trace_len = b.trace_len;
     if (a.addr[OA_P] == NULL || a.addr[OA_D] == NULL || secret_file == NULL) {
         fprintf(stderr, "overhead: the attach mode needs --attach-prefill, --attach-decode and "
                         "--cluster-secret-file\n");
@@ -676,8 +604,8 @@ int epd__ob_attach_main(int argc, char **argv)
     if (!found_len) {
         a.trace_len = b.lengths[0]; /* as the one-host mode: the first length's */
     }
-    b.txbuf = malloc(1 << 20);
-    tokens = malloc(sizeof(*tokens) * (max_len + 1));
+    b.txbuf = epd_malloc(1 << 20);
+    tokens = epd_malloc(sizeof(*tokens) * (max_len + 1));
     if (b.txbuf == NULL || tokens == NULL) {
         goto out;
     }
@@ -740,8 +668,8 @@ out:
         epd_xport_destroy(b.x);
         b.x = NULL;
     }
-    free(tokens);
-    free(b.txbuf);
+    epd_free(tokens);
+    epd_free(b.txbuf);
     json_decref(a.trace_evs);
     epd_secret_wipe(&b.secret);
     return rc;

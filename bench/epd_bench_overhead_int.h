@@ -5,12 +5,24 @@
  * one-host mode (it starts the daemons); epd_bench_overhead_attach.c runs
  * against daemons someone else started, on other hosts (--attach-*).
  * Internal to bench/: one thread (the benchmark's).
+ *
+ * The files, each calling only those below it:
+ *   epd_bench_overhead.c          the one-host mode's main
+ *   epd_bench_overhead_attach.c   the attach mode (main and clocks)
+ *   epd_bench_overhead_opts.c     options of both modes, engines, transports
+ *   epd_bench_overhead_cluster.c  one daemon pair (one-host mode)
+ *   epd_bench_overhead_req.c      the request plane: one request of an arm
+ *   epd_bench_overhead_cpu.c      the daemons' per-thread CPU (one-host)
+ *   epd_bench_overhead_trace.c    trace events folded into the requests
+ *   epd_bench_overhead_row.c      a row's statistics, floor and printing
  */
 #ifndef EPD_BENCH_OVERHEAD_INT_H
 #define EPD_BENCH_OVERHEAD_INT_H
 
 #include <stdint.h>
 #include <sys/types.h>
+
+#include <jansson.h>
 
 #include "epd_client.h"
 #include "epd_engine.h"
@@ -24,14 +36,26 @@
 #define OB_MAX_THREADS 48
 #define OB_GROUP_DEFAULT (-1LL) /* the daemon's default --write-group-bytes */
 #define OB_BLOCK_TOKENS 16      /* the daemons' --block-tokens default */
+#define OB_PROBES_DEFAULT 16    /* the attach mode's --probes */
+/* a GenerateRequest carries its prompt: room for 1M tokens and more (the
+ * transport's limit; 1 MiB refused 1M-token prompts) */
+#define OB_TXBUF (16u << 20)
 
 enum { OB_ARM_A = 0, OB_ARM_B = 1, OB_ARM_Z = 2, OB_ARMS = 3 };
+
+/* The arm's letter, as the table and the messages name it. */
+static inline const char *ob_arm_name(int arm)
+{
+    return arm == OB_ARM_A ? "A" : arm == OB_ARM_B ? "B" : "Z";
+}
 
 typedef struct {
     const char *name;
     const char *backend;
     const char *provider; /* ofi */
-    const char *ucx_tls;  /* ucx */
+    /* "NAME=VALUE", NULL-terminated: set over the environment of both
+     * daemons and of the benchmark's own client transport */
+    const char *env[3];
 } ob_xport_t;
 
 typedef struct {
@@ -99,6 +123,13 @@ typedef struct {
     const char *ref_model;
     int keep;
     int attach; /* against running daemons (epd_bench_overhead_attach.c) */
+    /* the attach mode's options: the daemons' control addresses (prefill,
+     * decode), the cluster secret file, this host's data-plane address,
+     * clock probes per round */
+    const char *attach_addr[2];
+    const char *attach_secret;
+    const char *data_addr;
+    int probes;
     char bindir[1024];
     char tmp[256];
     /* the cluster secret the bench makes for its daemons and itself (0600
@@ -150,35 +181,75 @@ typedef struct {
     int a_flag;
 } ob_row_t;
 
-/* ---- epd_bench_overhead_attach.c ---- */
+/* ---- epd_bench_overhead_attach.c (called by epd_bench_main.c) ---- */
 /* Whether argv asks for the attach mode (--attach-prefill / -decode). */
 int epd__ob_attach_wanted(int argc, char **argv);
 /* `epd-bench overhead --attach-prefill HOST:PORT --attach-decode HOST:PORT
  * --cluster-secret-file F ...`: the exit status. */
 int epd__ob_attach_main(int argc, char **argv);
 
-/* ---- epd_bench_overhead.c, for the attach mode (one thread) ---- */
+/* ---- epd_bench_overhead_opts.c ---- */
+/* A comma list of engine (engines 1) or transport names appended to
+ * b->engines / b->xports; 0, or -1 after a line naming an unknown one. */
+int epd__ob_parse_names(const char *s, int engines, ob_t *b);
+/* Parses argv[1..argc) into b for its mode (b->attach; b holds the
+ * mode's defaults).  -1: run; else the exit status (0 after --help, 2
+ * after a line on stderr for an unknown option, a missing or bad value).
+ * The strings stored in b point into argv. */
+int epd__ob_parse_args(ob_t *b, int argc, char **argv);
+
+/* ---- epd_bench_overhead_cluster.c ---- */
+/* Runs one daemon pair (engine e, transport xp, prefill's
+ * --write-group-bytes `group`, KV dtype map kvd; NULL: the engine's own)
+ * over lengths[0..n_lengths) and prints its rows.  0, or -1 (said on
+ * stderr; the daemons' logs kept in b->tmp). */
+int epd__ob_config(ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, long long group,
+                   const char *kvd, const uint32_t *lengths, int n_lengths);
+
+/* ---- epd_bench_overhead_req.c ---- */
 /* The client transport's callbacks (arg: the ob_t). */
 void epd__ob_on_msg(void *arg, epd_xport_ep_t *ep, const void *data, size_t len);
 void epd__ob_on_err(void *arg, epd_xport_ep_t *ep, epd_status_t status);
 void epd__ob_on_connect(void *arg, epd_status_t status);
 /* One request of arm `arm` to completion, recorded in b->reqs (its times
- * come later, from the traces).  0 or -1 (said on stderr). */
+ * come later, from the traces; row li's CPU accounted when b->cpu; its
+ * per-layer arrays are b's, from epd_calloc, freed by epd__ob_free_reqs).
+ * 0 or -1 (said on stderr). */
 int epd__ob_request(ob_t *b, const uint32_t *tokens, uint32_t n, int arm, int rep, int warmup,
                     int li);
+/* Frees every recorded request's per-layer times; b->n_reqs = 0. */
 void epd__ob_free_reqs(ob_t *b);
-/* One trace event of prefill (is_decode 0) or decode into its request;
- * ts and dur in ns on the benchmark's clock. */
+
+/* ---- epd_bench_overhead_cpu.c ---- */
+/* Adds what each thread of daemon `which` (0 prefill, 1 decode) ran since
+ * the last sample to row `li`, arm `arm` (arm < 0: only take the sample). */
+void epd__ob_cpu_account(ob_t *b, int which, int li, int arm);
+/* Row li's "cpu ms/req" line (nothing with --no-cpu, --tsv or no data). */
+void epd__ob_print_cpu(const ob_t *b, int li);
+
+/* ---- epd_bench_overhead_trace.c ---- */
+/* The recorded request `id`, or NULL. */
+ob_req_t *epd__ob_find(ob_t *b, uint64_t id);
+/* One trace event of prefill (is_decode 0) or decode into its request, if
+ * it is one of ours; ts and dur in ns on the benchmark's clock. */
 void epd__ob_fold(ob_t *b, int is_decode, const char *name, uint64_t req, long long layer,
                   double ts, double dur);
-/* Bytes layer l of a request of n_tokens writes. */
+/* Folds one daemon's trace file into the requests.  Its root (the
+ * caller's, json_decref) or NULL (said on stderr). */
+json_t *epd__ob_read_trace(ob_t *b, const char *path, int is_decode);
+/* Writes request `id`'s events of both traces (and their track names)
+ * into one Chrome trace file `out`.  0 or -1. */
+int epd__ob_write_merged(const char *out, json_t *p, json_t *d, uint64_t id);
+
+/* ---- epd_bench_overhead_row.c ---- */
+/* Bytes layer l of a request of n_tokens writes; of all its layers. */
 double epd__ob_layer_bytes(const epd_kv_layout_t *kv, uint32_t l, uint32_t n_tokens);
-/* The row of prompt length `len` from b->reqs; printed as the one-host
- * mode prints it. */
+double epd__ob_req_bytes(const epd_kv_layout_t *kv, uint32_t n_tokens);
+/* The row of prompt length `len` from b->reqs. */
 void epd__ob_row(const ob_t *b, uint32_t len, ob_row_t *row);
+/* The table's header and one row (--tsv: tab-separated). */
 void epd__ob_print_header(const ob_t *b);
 void epd__ob_print_row(const ob_t *b, const ob_engine_t *e, const ob_xport_t *xp, uint32_t len,
                        const ob_row_t *row);
-int epd__ob_parse_u32_list(const char *s, uint32_t *out, int *n_p);
 
 #endif

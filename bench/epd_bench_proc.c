@@ -1,7 +1,8 @@
 /*
  * epd_bench_proc.c — what the benchmarks that start their own cluster do
- * alike: find their own bin folder, spawn a daemon with its log, wait for its ready line, stop it,
- * make the cluster secret, wait until the router lists the workers READY,
+ * alike: find their own bin folder, spawn a process (a daemon with its log,
+ * a reference tool with its output captured), wait for its ready line,
+ * stop it, make the cluster secret, wait until the router lists the workers READY,
  * and write a small `sim` model.  Plain processes and files; every wait
  * has a timeout.
  */
@@ -38,58 +39,103 @@ int epd_bench_bindir(char *out, size_t cap)
     return 0;
 }
 
-pid_t epd_bench_spawn(char *const argv[], const char *log)
+void epd_bench_setenv(const char *const *env, int overwrite)
+{
+    for (size_t i = 0; env != NULL && env[i] != NULL; i++) {
+        char buf[512];
+        char *eq;
+
+        snprintf(buf, sizeof(buf), "%s", env[i]);
+        eq = strchr(buf, '=');
+        if (eq != NULL) {
+            *eq = '\0';
+            setenv(buf, eq + 1, overwrite);
+        }
+    }
+}
+
+pid_t epd_bench_spawn_ex(char *const argv[], const epd_bench_spawn_t *how)
 {
     pid_t pid = fork();
 
     if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (how->log != NULL) {
+            int fd = open(how->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
+            if (fd >= 0) {
+                dup2(fd, 1);
+                dup2(fd, 2);
+                close(fd);
+            }
+        } else {
+            int devnull = open("/dev/null", O_RDWR);
+
+            dup2(how->out_fd >= 0 ? how->out_fd : devnull, 1);
+            dup2(devnull, 2);
+            if (devnull > 2) {
+                close(devnull);
+            }
         }
-        if (getenv("UCX_TLS") == NULL) {
-            setenv("UCX_TLS", "posix,cma,tcp", 1);
-        }
-        if (getenv("UCX_NET_DEVICES") == NULL) {
-            setenv("UCX_NET_DEVICES", "lo", 1);
-        }
-        execv(argv[0], argv);
+        epd_bench_setenv(how->env_default, 0);
+        epd_bench_setenv(how->env, 1);
+        /* a name with a '/' runs as it is; one without (a reference tool)
+         * is looked up in PATH */
+        execvp(argv[0], argv);
         _exit(127);
     }
     return pid;
 }
 
-void epd_bench_kill(pid_t pid, const char *who, const char *name)
+pid_t epd_bench_spawn(char *const argv[], const char *log)
+{
+    static const char *const loopback[] = {"UCX_TLS=posix,cma,tcp", "UCX_NET_DEVICES=lo", NULL};
+    epd_bench_spawn_t how = {.log = log, .out_fd = -1, .env_default = loopback, .env = NULL};
+
+    return epd_bench_spawn_ex(argv, &how);
+}
+
+int epd_bench_stop(pid_t pid, uint32_t timeout_ms, const char *who, const char *name)
 {
     uint64_t end;
     int status;
 
     if (pid <= 0) {
-        return;
+        return -1;
     }
     kill(pid, SIGTERM);
-    end = epd_time_now_ns() + 10 * EPD_NSEC_PER_SEC;
+    end = epd_time_now_ns() + (uint64_t)timeout_ms * EPD_NSEC_PER_MSEC;
     while (epd_time_now_ns() < end) {
         if (waitpid(pid, &status, WNOHANG) == pid) {
             /* a daemon that crashed on the way out is a bug worth a line */
             if (WIFSIGNALED(status)) {
                 fprintf(stderr, "%s: %s (pid %d) died of signal %d on SIGTERM\n", who, name,
                         (int)pid, WTERMSIG(status));
-            } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+                return -1;
+            }
+            if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
                 fprintf(stderr, "%s: %s (pid %d) exited %d on SIGTERM\n", who, name, (int)pid,
                         WEXITSTATUS(status));
+                return -1;
             }
-            return;
+            return 0;
         }
         epd_time_sleep_ns(10 * EPD_NSEC_PER_MSEC);
     }
-    fprintf(stderr, "%s: %s (pid %d) did not exit within 10 s of SIGTERM: killed\n", who, name,
-            (int)pid);
+    if (timeout_ms % 1000 == 0) {
+        fprintf(stderr, "%s: %s (pid %d) did not exit within %u s of SIGTERM: killed\n", who, name,
+                (int)pid, timeout_ms / 1000);
+    } else {
+        fprintf(stderr, "%s: %s (pid %d) did not exit within %u ms of SIGTERM: killed\n", who, name,
+                (int)pid, timeout_ms);
+    }
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
+    return -1;
+}
+
+void epd_bench_kill(pid_t pid, const char *who, const char *name)
+{
+    (void)epd_bench_stop(pid, 10000, who, name);
 }
 
 int epd_bench_wait_ready(const char *path, pid_t pid, const char *key, char *out, size_t cap)

@@ -21,7 +21,6 @@
  * processes on 127.0.0.1 with their own ports.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -103,20 +102,6 @@ static int xb_lat_iters = 20000;
  * whole 64 MiB region, as KV blocks would (DRAM-bound, compare to memcpy). */
 static uint64_t xb_spread = 0;
 static char xb_self[4096];
-
-static void xb_apply_env(const char *const *env)
-{
-    for (int i = 0; env[i] != NULL; i++) {
-        char buf[256];
-        char *eq;
-        snprintf(buf, sizeof(buf), "%s", env[i]);
-        eq = strchr(buf, '=');
-        if (eq != NULL) {
-            *eq = '\0';
-            setenv(buf, eq + 1, 1);
-        }
-    }
-}
 
 static int xb_write_all(int fd, const void *data, size_t len)
 {
@@ -301,13 +286,6 @@ static void xb_conn_done(void *arg, epd_status_t status)
     *st = status;
 }
 
-static int xb_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return x < y ? -1 : x > y;
-}
-
 /* Many writes in flight from one registered buffer: a warm-up, then the
  * best of three runs of xb_secs/3 each (the machine is shared; the best run
  * is the one least disturbed, as the reference tools are run twice). */
@@ -395,7 +373,7 @@ static double xb_measure_lat(epd_xport_t *x, xb_host_t *h, epd_xport_ep_t *ep, s
             samples[i] = (double)(epd_time_now_ns() - t0) / 2e3; /* one way, µs */
         }
     }
-    qsort(samples, (size_t)xb_lat_iters, sizeof(double), xb_cmp_double);
+    epd_bench_sort(samples, (size_t)xb_lat_iters);
     med = samples[xb_lat_iters / 2];
 out:
     epd_free(samples);
@@ -424,7 +402,7 @@ static int xb_host_main(const xb_conf_t *c, xb_result_t *r)
     size_t max_size = 0;
 
     memset(&h, 0, sizeof(h));
-    xb_apply_env(c->env);
+    epd_bench_setenv(c->env, 1);
     epd_xport_config_init(&cfg);
     cfg.backend = c->backend;
     cfg.expect = c->expect;
@@ -507,22 +485,9 @@ static int xb_host_main(const xb_conf_t *c, xb_result_t *r)
 
 /* ------------------------------------------------------ reference tools */
 
-/* Runs argv with env applied, stdout into buf; returns the exit status. */
-static pid_t xb_spawn(char *const argv[], const char *const *env, int out_fd)
-{
-    pid_t pid = fork();
-
-    if (pid == 0) {
-        int devnull = open("/dev/null", O_RDWR);
-        xb_apply_env(env);
-        dup2(out_fd >= 0 ? out_fd : devnull, 1);
-        dup2(devnull, 2);
-        execvp(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
-
+/* Runs argv (looked up in PATH) with env set over ours, its stdout into
+ * buf[0..cap) (the tail when longer; NUL-terminated), for at most
+ * timeout_s; its wait status. */
 static int xb_run_capture(char *const argv[], const char *const *env, char *buf, size_t cap,
                           int timeout_s)
 {
@@ -534,7 +499,7 @@ static int xb_run_capture(char *const argv[], const char *const *env, char *buf,
     if (pipe(pfd) != 0) {
         return -1;
     }
-    pid = xb_spawn(argv, env, pfd[1]);
+    pid = epd_bench_spawn_ex(argv, &(epd_bench_spawn_t){.out_fd = pfd[1], .env = env});
     close(pfd[1]);
     for (;;) {
         struct pollfd p = {.fd = pfd[0], .events = POLLIN};
@@ -595,7 +560,7 @@ static double xb_perftest(const char *test, size_t size, long iters, const char 
     snprintf(sz, sizeof(sz), "%zu", size);
     snprintf(n, sizeof(n), "%ld", iters);
     snprintf(w, sizeof(w), "%ld", iters / 10 + 1);
-    server = xb_spawn(srv_argv, env, -1);
+    server = epd_bench_spawn_ex(srv_argv, &(epd_bench_spawn_t){.out_fd = -1, .env = env});
     if (server < 0) {
         return -1;
     }
@@ -630,7 +595,7 @@ static double xb_fi_pingpong(const char *prov, size_t size, long iters, int col)
     snprintf(port, sizeof(port), "%d", xb_port++);
     snprintf(sz, sizeof(sz), "%zu", size);
     snprintf(n, sizeof(n), "%ld", iters);
-    server = xb_spawn(srv_argv, no_env, -1);
+    server = epd_bench_spawn_ex(srv_argv, &(epd_bench_spawn_t){.out_fd = -1, .env = no_env});
     if (server < 0) {
         return -1;
     }
@@ -804,7 +769,7 @@ int epd_bench_xfer_main(int argc, char **argv)
         }
         for (size_t i = 0; i < XB_N_CONFS; i++) {
             if (strcmp(xb_confs[i].name, argv[2]) == 0) {
-                xb_apply_env(xb_confs[i].env);
+                epd_bench_setenv(xb_confs[i].env, 1);
                 return xb_peer_main(&xb_confs[i], atoi(argv[3]));
             }
         }

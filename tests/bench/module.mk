@@ -21,3 +21,6 @@ $(test_epd_bench_http_OBJS): EPD_CPPFLAGS += -Ibench
 # events, keep-alive reuse, statuses, lost requests, each ended once
 $(eval $(call epd_test,test_epd_bench_sse,tests/bench/test_epd_bench_sse.c bench/epd_bench_sse.c,epd_common))
 $(test_epd_bench_sse_OBJS): EPD_CPPFLAGS += -Ibench
+# test_bench_overhead_opts.sh: overhead's option table, both modes (no
+# daemon; well under a second)
+ALL_TESTS += tests/bench/test_bench_overhead_opts.sh

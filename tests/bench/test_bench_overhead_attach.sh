@@ -20,11 +20,25 @@ W=(--engine sim --model "$T/sim" --transport ucx --cluster-secret-file "$T/secre
 start_daemon dec decode "${W[@]}" --worker-id decode-1 --trace "$T/d.json"
 start_daemon pre prefill "${W[@]}" --worker-id prefill-1 --trace "$T/p.json" --no-prefix-cache
 
-note "overhead --attach, 128 and 1024 tokens, --tsv"
+note "overhead --attach, 128 and 1024 tokens, --tsv, --trace"
 "$BENCH" overhead --attach-prefill "$pre_ADDR" --attach-decode "$dec_ADDR" \
   --cluster-secret-file "$T/secret" --lengths 128,1024 --reps 6 --tsv \
+  --trace "$T/merged.json" --trace-length 1024 \
   >"$T/ovh.tsv" 2>"$T/ovh.err" || { cat "$T/ovh.err"; fail "overhead --attach"; }
 grep -v '^#' "$T/ovh.tsv"
+# --trace FILE (an option both modes take): one B request of 1,024 tokens,
+# both daemons' events on this host's clock
+grep -q "^# trace of request [0-9]* (1024 tokens, prefill + transfer) -> $T/merged.json" \
+  "$T/ovh.tsv" || { cat "$T/ovh.tsv"; fail "no trace line"; }
+"$PYTHON3" - "$T/merged.json" <<'PY' || fail "the merged trace (above)"
+import json, sys
+evs = json.load(open(sys.argv[1]))["traceEvents"]
+pids = {e["pid"] for e in evs if e.get("ph") != "M"}
+assert pids == {1, 2}, ("events of prefill (1) and decode (2)", pids)
+reqs = {e["args"]["req"] for e in evs if e.get("ph") != "M"}
+assert len(reqs) == 1, ("one request", reqs)
+print("merged trace: %d events of request %d from both daemons" % (len(evs), reqs.pop()))
+PY
 "$PYTHON3" - "$T/ovh.tsv" <<'PY' || fail "the attach rows (above)"
 import sys
 lines = [l.rstrip("\n") for l in open(sys.argv[1]) if l.strip() and not l.startswith("#")]
