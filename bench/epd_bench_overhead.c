@@ -160,6 +160,10 @@ int epd_bench_overhead_main(int argc, char **argv)
         return 1;
     }
     b.txbuf = epd_malloc(OB_TXBUF);
+    if (b.txbuf == NULL) {
+        fprintf(stderr, "overhead: out of memory for a %u-byte send buffer\n", (unsigned)OB_TXBUF);
+        return 1;
+    }
     b.epoch_start = epd_time_wall_ns();
     b.epoch_nonce = epd_rng_entropy();
     b.next_id = ((uint64_t)(uint32_t)getpid() << 32) | 1;
