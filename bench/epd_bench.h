@@ -20,7 +20,7 @@ int epd_bench_kvq_main(int argc, char **argv);
 /* `serve --workload shared-prefix` (epd_bench_prefix.c) */
 int epd_bench_prefix_main(int argc, char **argv);
 
-/* The folder of the running epd-bench (build/bin; epd_bench_serve.c).
+/* The folder of the running epd-bench (build/bin; epd_bench_proc.c).
  * The process helpers are epd_bench_proc.c's, below. */
 #include <stddef.h>
 int epd_bench_bindir(char *out, size_t cap);
