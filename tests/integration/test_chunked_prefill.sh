@@ -101,7 +101,7 @@ for pat in A LLA; do
     fail "$pat: a request with corrupted KV succeeded: $out"
   fi
   grep -qi "corrupt" <<<"$out" || fail "$pat: the error does not say the KV was corrupt: $out"
-  grep -q "layer [0-9]* (blocks landed so far, before the last chunk) from prefill-$pat-corrupt" \
+  grep -q "KV of layer [0-9]* from prefill-$pat-corrupt fails its check.*(a chunk check: the blocks landed so far)" \
     "$T/d_$pat.log" ||
     fail "$pat: no chunk check caught it: $(grep -m1 'fails its check' "$T/d_$pat.log")"
   [ "$(router_metric "$dmet" epd_decode_verification_failures_total)" = $((fails0 + 1)) ] ||
