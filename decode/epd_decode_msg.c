@@ -145,7 +145,8 @@ int epd__decode_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env)
             st = EPD_ERR_INVALID_PARAM;
             why = "LayerDone: unknown checksum kind";
         } else if (env->layer_done->blocks > 0 &&
-                   (!env->layer_done->landed || env->layer_done->checksum_kind != EPD_KV_SUM_BYTES ||
+                   (!env->layer_done->landed ||
+                    env->layer_done->checksum_kind != EPD_KV_SUM_BYTES ||
                     srv->info->kv.kind[env->layer_done->layer] != EPD_LAYER_ATTENTION)) {
             /* blocks so far: of an attention layer, landed, kind BYTES (rule 4) */
             st = EPD_ERR_INVALID_PARAM;

@@ -826,7 +826,8 @@ void epd__decode_req_on_verified(void *arg, epd_decode_vjob_t *job)
     if (req->state == EPD_DECODE_REQ_RESERVED && req->fail_status == EPD_OK && st != EPD_OK) {
         srv->verify_failures++;
         epd_log_error(EPD_DECODE_LOG, req->id,
-                      "KV of layer %u from %s fails its check (%s): request failed, never generated%s",
+                      "KV of layer %u from %s fails its check (%s): request failed, never "
+                      "generated%s",
                       job->layer, epd_peer_id(req->peer), why != NULL ? why : epd_status_string(st),
                       job->range ? " (a chunk check: the blocks landed so far)" : "");
         epd_decode_fail(srv, req, st, why != NULL ? why : "KV verification failed",

@@ -76,9 +76,10 @@ epd_status_t epd__prefill_xfer_init(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
     x->lhash = epd_calloc((size_t)n_layers + 1, sizeof(*x->lhash));
     x->hashed_blocks = epd_calloc((size_t)n_layers + 1, sizeof(*x->hashed_blocks));
     x->range_sent = epd_calloc((size_t)n_layers + 1, sizeof(*x->range_sent));
-    if (x->lhash == NULL || x->hashed_blocks == NULL || x->range_sent == NULL || x->remote_blocks == NULL ||
-        x->runs == NULL || x->lw == NULL || x->checksums == NULL || x->sum_kinds == NULL ||
-        x->ready_blocks == NULL || x->sent_blocks == NULL || x->srun == NULL) {
+    if (x->lhash == NULL || x->hashed_blocks == NULL || x->range_sent == NULL ||
+        x->remote_blocks == NULL || x->runs == NULL || x->lw == NULL || x->checksums == NULL ||
+        x->sum_kinds == NULL || x->ready_blocks == NULL || x->sent_blocks == NULL ||
+        x->srun == NULL) {
         epd__prefill_xfer_cleanup(x);
         return EPD_ERR_NO_MEMORY;
     }

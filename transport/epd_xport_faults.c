@@ -187,8 +187,8 @@ static epd_status_t epd__faults_create(bool auth, const char *worker_id, epd__fa
         if (epd__parse_entry(f, e) != 0) {
             epd_log_error(EPD__FAULTS_COMP, 0,
                           "EPD_XPORT_FAULTS: bad entry '%s' in '%s' (want drop=P, delay=MS[:P], "
-                          "dup=P, reorder=P, corrupt=P, wcorrupt=P, stall=MS:P, seed=N; P in 0..1, MS up to "
-                          "%d)",
+                          "dup=P, reorder=P, corrupt=P, wcorrupt=P, stall=MS:P, seed=N; P in "
+                          "0..1, MS up to %d)",
                           e, spec, EPD__FAULTS_MS_MAX);
             goto err;
         }
