@@ -9,7 +9,7 @@
  * bytes) and one for a file's compressed bytes.
  */
 
-#include "epd_kvtier.h"
+#include "epd_kvtier_int.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -31,18 +31,6 @@
 #define EPD_KVTIER_PATH_MAX 4096
 static const unsigned char epd_kvtier_magic[8] = {'E', 'P', 'D', 'K', 'V', 'T', 'R', 0};
 
-typedef struct epd_kvtier_ent {
-    epd_prefix_hash_t key;
-    struct epd_kvtier_ent *chain;      /* next of the bucket */
-    struct epd_kvtier_ent *prev, *next; /* its tier's LRU list (prev: older) */
-    epd_kvtier_where_t where;
-    uint64_t raw_len, comp_len, ckpt_len;
-    uint8_t sum[16];           /* XXH3-128 of the raw payload */
-    uint32_t shuffle;          /* as stored */
-    unsigned char *data;       /* host: comp_len bytes (owned) */
-    uint64_t file_bytes;       /* disk: the file's size */
-    uint64_t mtime_ns;         /* persist scan: order */
-} epd_kvtier_ent_t;
 
 typedef struct {
     epd_kvtier_ent_t *lru, *mru;
@@ -58,7 +46,7 @@ struct epd_kvtier {
     size_t scratch_cap;
     unsigned char *fbuf; /* compressed bytes (put: the file image, header first) */
     size_t fbuf_cap;
-    ZSTD_CCtx *cctx;
+    epd_kvtier_packer_t *packer; /* epd_kvtier_put's */
     ZSTD_DCtx *dctx;
     epd_kvtier_stats_t st;
     double rate; /* EWMA of restore bytes per second */
@@ -88,64 +76,6 @@ static void epd_kvtier_path(const epd_kvtier_t *t, const epd_prefix_hash_t *key,
 
     epd_kvtier_file_name(key, name);
     snprintf(out, cap, "%s/%s", t->dir, name);
-}
-
-void epd_kvtier_shuffle(const void *src, void *dst, size_t len, uint32_t w)
-{
-    const unsigned char *s = src;
-    unsigned char *d = dst;
-    size_t n;
-
-    if (w <= 1) {
-        memcpy(d, s, len);
-        return;
-    }
-    n = len / w;
-    for (uint32_t j = 0; j < w; j++) {
-        unsigned char *plane = d + (size_t)j * n;
-
-        for (size_t i = 0; i < n; i++) {
-            plane[i] = s[i * w + j];
-        }
-    }
-    memcpy(d + n * w, s + n * w, len - n * w);
-}
-
-void epd_kvtier_unshuffle(const void *src, void *dst, size_t len, uint32_t w)
-{
-    const unsigned char *s = src;
-    unsigned char *d = dst;
-    size_t n;
-
-    if (w <= 1) {
-        memcpy(d, s, len);
-        return;
-    }
-    n = len / w;
-    for (uint32_t j = 0; j < w; j++) {
-        const unsigned char *plane = s + (size_t)j * n;
-
-        for (size_t i = 0; i < n; i++) {
-            d[i * w + j] = plane[i];
-        }
-    }
-    memcpy(d + n * w, s + n * w, len - n * w);
-}
-
-static int epd_kvtier_grow(unsigned char **buf, size_t *cap, size_t need)
-{
-    unsigned char *p;
-
-    if (need <= *cap) {
-        return 0;
-    }
-    p = epd_realloc(*buf, need);
-    if (p == NULL) {
-        return -1;
-    }
-    *buf = p;
-    *cap = need;
-    return 0;
 }
 
 /* ---- the index ---------------------------------------------------------- */
@@ -568,9 +498,8 @@ epd_status_t epd_kvtier_create(const epd_kvtier_config_t *cfg, epd_kvtier_t **t_
     t->cfg.log_comp = comp;
     t->cfg.disk_dir = NULL;
     t->buckets = epd_calloc(EPD_KVTIER_BUCKETS, sizeof(*t->buckets));
-    t->cctx = ZSTD_createCCtx();
     t->dctx = ZSTD_createDCtx();
-    if (t->buckets == NULL || t->cctx == NULL || t->dctx == NULL) {
+    if (t->buckets == NULL || t->dctx == NULL || epd_kvtier_packer_create(cfg, &t->packer) != EPD_OK) {
         epd_kvtier_destroy(t);
         return EPD_ERR_NO_MEMORY;
     }
@@ -622,7 +551,7 @@ void epd_kvtier_destroy(epd_kvtier_t *t)
             epd_kvtier_remove(t, t->disk.lru);
         }
     }
-    ZSTD_freeCCtx(t->cctx);
+    epd_kvtier_packer_destroy(t->packer);
     ZSTD_freeDCtx(t->dctx);
     epd_free(t->buckets);
     epd_free(t->scratch);
@@ -633,54 +562,33 @@ void epd_kvtier_destroy(epd_kvtier_t *t)
 
 /* ---- put / get ---------------------------------------------------------- */
 
-epd_status_t epd_kvtier_put(epd_kvtier_t *t, const epd_prefix_hash_t *key, const void *payload,
-                            size_t len, size_t ckpt_len)
+epd_status_t epd_kvtier_insert(epd_kvtier_t *t, epd_kvtier_packed_t *e)
 {
-    epd_kvtier_ent_t *e = epd_kvtier_find(t, key);
-    size_t bound = ZSTD_compressBound(len);
-    size_t clen;
+    epd_kvtier_ent_t *had = epd_kvtier_find(t, &e->key);
+    epd_kvtier_ent_t **slot;
 
-    if (e != NULL) {
-        epd_kvtier_unlist(t, e);
-        epd_kvtier_list_mru(t, e);
+    if (had != NULL) {
+        epd_kvtier_packed_free(e);
+        epd_kvtier_unlist(t, had);
+        epd_kvtier_list_mru(t, had);
         return EPD_OK;
     }
-    if (ckpt_len > len || epd_kvtier_grow(&t->scratch, &t->scratch_cap, len) != 0 ||
-        epd_kvtier_grow(&t->fbuf, &t->fbuf_cap, bound) != 0) {
-        return ckpt_len > len ? EPD_ERR_INVALID_PARAM : EPD_ERR_NO_MEMORY;
-    }
-    e = epd_calloc(1, sizeof(*e));
-    if (e == NULL) {
-        return EPD_ERR_NO_MEMORY;
-    }
-    e->key = *key;
-    e->raw_len = len;
-    e->ckpt_len = ckpt_len;
-    e->shuffle = t->cfg.shuffle;
-    epd_hash128(payload, len, 0, e->sum);
-    epd_kvtier_shuffle(payload, t->scratch, len, e->shuffle);
-    clen = ZSTD_compressCCtx(t->cctx, t->fbuf, bound, t->scratch, len, t->cfg.level);
-    if (ZSTD_isError(clen)) {
-        epd_free(e);
-        epd_log_warn(t->cfg.log_comp, 0, "kv tier: zstd: %s", ZSTD_getErrorName(clen));
-        return EPD_ERR_IO;
-    }
-    e->comp_len = clen;
-    if (clen > t->cfg.host_bytes) {
+    slot = epd_kvtier_slot(t, &e->key);
+    if (e->comp_len > t->cfg.host_bytes) {
         /* no room in memory at all: straight to disk, if any */
-        epd_kvtier_ent_t **slot = epd_kvtier_slot(t, key);
-
-        if (t->dir == NULL || EPD_KVTIER_HDR_BYTES + clen > t->cfg.disk_bytes) {
-            epd_free(e);
+        if (t->dir == NULL || EPD_KVTIER_HDR_BYTES + e->comp_len > t->cfg.disk_bytes) {
+            epd_kvtier_packed_free(e);
             t->st.dropped++;
             return EPD_ERR_TOO_LONG;
         }
-        epd_kvtier_trim_disk(t, EPD_KVTIER_HDR_BYTES + clen);
-        if (epd_kvtier_write_file(t, e, t->fbuf) != 0) {
-            epd_free(e);
+        epd_kvtier_trim_disk(t, EPD_KVTIER_HDR_BYTES + e->comp_len);
+        if (epd_kvtier_write_file(t, e, e->data) != 0) {
+            epd_kvtier_packed_free(e);
             t->st.dropped++;
             return EPD_ERR_IO;
         }
+        epd_free(e->data);
+        e->data = NULL;
         e->where = EPD_KVTIER_DISK;
         e->chain = *slot;
         *slot = e;
@@ -688,23 +596,28 @@ epd_status_t epd_kvtier_put(epd_kvtier_t *t, const epd_prefix_hash_t *key, const
         t->st.spilled++;
         return EPD_OK;
     }
-    e->data = epd_malloc(clen);
-    if (e->data == NULL) {
-        epd_free(e);
-        return EPD_ERR_NO_MEMORY;
-    }
-    memcpy(e->data, t->fbuf, clen);
     e->where = EPD_KVTIER_HOST;
-    {
-        epd_kvtier_ent_t **slot = epd_kvtier_slot(t, key);
-
-        e->chain = *slot;
-        *slot = e;
-    }
+    e->chain = *slot;
+    *slot = e;
     epd_kvtier_list_mru(t, e);
     t->st.stored++;
     epd_kvtier_trim_host(t);
     return EPD_OK;
+}
+
+epd_status_t epd_kvtier_put(epd_kvtier_t *t, const epd_prefix_hash_t *key, const void *payload,
+                            size_t len, size_t ckpt_len)
+{
+    epd_kvtier_ent_t *e = epd_kvtier_find(t, key);
+    epd_status_t st;
+
+    if (e != NULL) {
+        epd_kvtier_unlist(t, e);
+        epd_kvtier_list_mru(t, e);
+        return EPD_OK;
+    }
+    st = epd_kvtier_pack(t->packer, key, payload, len, ckpt_len, &e);
+    return st != EPD_OK ? st : epd_kvtier_insert(t, e);
 }
 
 epd_kvtier_where_t epd_kvtier_where(const epd_kvtier_t *t, const epd_prefix_hash_t *key)
@@ -725,7 +638,7 @@ static epd_status_t epd_kvtier_load(epd_kvtier_t *t, epd_kvtier_ent_t *e, const 
     ssize_t have;
     int ours;
 
-    if (epd_kvtier_grow(&t->fbuf, &t->fbuf_cap, EPD_KVTIER_HDR_BYTES + e->comp_len + 1) != 0) {
+    if (epd__kvtier_grow(&t->fbuf, &t->fbuf_cap, EPD_KVTIER_HDR_BYTES + e->comp_len + 1) != 0) {
         return EPD_ERR_NO_MEMORY;
     }
     /* one byte more than expected: a longer file is refused too */
@@ -771,7 +684,7 @@ epd_status_t epd_kvtier_get(epd_kvtier_t *t, const epd_prefix_hash_t *key, void 
     if (e->raw_len > cap) {
         return EPD_ERR_TOO_LONG;
     }
-    if (epd_kvtier_grow(&t->scratch, &t->scratch_cap, e->raw_len) != 0) {
+    if (epd__kvtier_grow(&t->scratch, &t->scratch_cap, e->raw_len) != 0) {
         return EPD_ERR_NO_MEMORY;
     }
     where = e->where;

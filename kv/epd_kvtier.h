@@ -39,7 +39,10 @@
  *
  * Synchronous: put compresses (and may write a file), get reads and
  * decompresses, on the caller's thread.  Threads: one (the caller's; no
- * lock).  Allocates per entry (its compressed bytes).
+ * lock) — but a store may be split: epd_kvtier_pack (hash, shuffle, zstd:
+ * the cost) on any thread with a packer of its own, then
+ * epd_kvtier_insert on the tier's thread.  Allocates per entry (its
+ * compressed bytes).
  */
 #ifndef EPD_KVTIER_H
 #define EPD_KVTIER_H
@@ -100,6 +103,28 @@ void epd_kvtier_destroy(epd_kvtier_t *t);
  * EPD_ERR_TOO_LONG (over the host bound and no disk: not kept). */
 epd_status_t epd_kvtier_put(epd_kvtier_t *t, const epd_prefix_hash_t *key, const void *payload,
                             size_t len, size_t ckpt_len);
+
+/* A block packed for a tier (hashed, shuffled, compressed), not in one
+ * yet; and the compression context of one thread. */
+typedef struct epd_kvtier_ent epd_kvtier_packed_t;
+typedef struct epd_kvtier_packer epd_kvtier_packer_t;
+
+/* A packer with cfg's level and shuffle (*p_p owned by the caller,
+ * epd_kvtier_packer_destroy; NULL is a no-op there).  EPD_ERR_NO_MEMORY. */
+epd_status_t epd_kvtier_packer_create(const epd_kvtier_config_t *cfg, epd_kvtier_packer_t **p_p);
+void epd_kvtier_packer_destroy(epd_kvtier_packer_t *p);
+/* Packs payload[0..len) (borrowed for the call; its last ckpt_len bytes a
+ * checkpoint) under key: *pk_p owned by the caller until epd_kvtier_insert
+ * or epd_kvtier_packed_free.  Touches no tier: any thread, one packer per
+ * thread.  EPD_ERR_INVALID_PARAM, EPD_ERR_NO_MEMORY, EPD_ERR_IO (zstd). */
+epd_status_t epd_kvtier_pack(epd_kvtier_packer_t *p, const epd_prefix_hash_t *key,
+                             const void *payload, size_t len, size_t ckpt_len,
+                             epd_kvtier_packed_t **pk_p);
+/* Puts a packed block into the tier (taking it: freed when not kept), as
+ * epd_kvtier_put would.  Same returns. */
+epd_status_t epd_kvtier_insert(epd_kvtier_t *t, epd_kvtier_packed_t *pk);
+/* NULL is a no-op. */
+void epd_kvtier_packed_free(epd_kvtier_packed_t *pk);
 
 /* Where key is (nothing changes). */
 epd_kvtier_where_t epd_kvtier_where(const epd_kvtier_t *t, const epd_prefix_hash_t *key);

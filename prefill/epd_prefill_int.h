@@ -453,6 +453,13 @@ typedef struct epd_prefill_srv {
     unsigned char *tier_buf;   /* one block's payload: attention KV then a checkpoint */
     size_t tier_blk_bytes;     /* its attention part */
     double tier_tps;           /* EWMA of the prefill's computed tokens per second */
+    /* stores on their way: the tier thread packs them (epd_prefill_tier.c) */
+    struct epd_handoff *tier_ho;
+    epd_kvtier_packer_t *tier_packer;      /* the tier thread's */
+    struct epd_prefill_tjob **tier_pend;   /* [EPD_PREFILL_TIER_BUCKETS]: by key, not inserted */
+    struct epd_prefill_tjob *tier_jobs;    /* every job not freed yet */
+    uint64_t tier_staged, tier_staged_max; /* payload bytes of the pending ones, and their cap */
+    uint64_t tier_skipped;                 /* evicted blocks not kept: the cap was reached */
     /* requests (the request layer's) */
     epd_reqtab_t reqs;
     int room; /* a write completed: retry the blocked */
@@ -615,13 +622,16 @@ uint32_t epd__prefill_cache_available(const epd_prefill_srv_t *srv);
  * --kv-host-bytes nor --kv-disk).  EPD_OK or the failure (logged). */
 epd_status_t epd__prefill_tier_init(epd_prefill_srv_t *srv);
 void epd__prefill_tier_cleanup(epd_prefill_srv_t *srv);
+/* Joins the tier thread (shutdown step 5; stores not packed yet are not
+ * kept).  Idempotent. */
+void epd__prefill_tier_stop(epd_prefill_srv_t *srv);
 /* Puts pool block `block` (evicted under key) and its checkpoint (ckpt:
  * ckpt_bytes, borrowed; NULL: none) into the tier. */
 void epd__prefill_tier_store(epd_prefill_srv_t *srv, const epd_prefix_hash_t *key, uint32_t block,
                              const void *ckpt);
 /* How many of keys[0..n) (consecutive, from the first) to restore from
  * the tier: the run the tier holds, or 0 when computing them is faster. */
-uint32_t epd__prefill_tier_worth(const epd_prefill_srv_t *srv, const epd_prefix_hash_t *keys,
+uint32_t epd__prefill_tier_worth(epd_prefill_srv_t *srv, const epd_prefix_hash_t *keys,
                                  uint32_t n);
 /* Restores key's block into free pool block `block` (verified); *ckpt_p its
  * checkpoint (ckpt_bytes in the tier's buffer, valid until the next tier

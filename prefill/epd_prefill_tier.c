@@ -17,15 +17,150 @@
  * verified against the XXH3-128 of its payload; one that fails is not
  * used, and the run of restored blocks stops there (the rest computes).
  *
- * Synchronous on the loop thread: compression at eviction, reads and
- * decompression at admission (docs/prefix-cache.md "Host and disk tier" has what a
- * block costs).  Loop thread only.
+ * A store is a copy and a hand-off on the loop thread: the block is
+ * gathered into a buffer of its own and the tier thread (daemon/
+ * epd_handoff) hashes, shuffles and compresses it (epd_kvtier_pack, about
+ * 260 us a 64 KiB block at level 3 — a long prompt evicting thousands of
+ * blocks used to hold the loop, and every short prompt on the worker, for
+ * seconds); the loop inserts it when it comes back.  The buffers of the
+ * stores on their way are capped at the host tier's size (--kv-host-bytes,
+ * at least 64 MiB): a block evicted beyond the cap is not
+ * kept (counted with the tier's dropped blocks).  A lookup that meets a
+ * block still on its way waits for it, so what was stored is found:
+ * nothing but such a lookup ever waits.  Reads and decompression at
+ * admission stay on the loop (docs/prefix-cache.md "Host and disk tier"
+ * has what a block costs).
  */
+#include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #include "epd_alloc.h"
+#include "epd_handoff.h"
 #include "epd_log.h"
 #include "epd_prefill_int.h"
+#include "epd_time.h"
+
+#define EPD_PREFILL_TIER_BUCKETS 4096u
+#define EPD_PREFILL_TIER_JOBS_MAX 65536u
+#define EPD_PREFILL_TIER_WAIT_MS 10000u
+
+/* One store on its way.  The loop owns it but for what the tier thread
+ * reads (key, payload) and writes (pk, status, then done) while it packs. */
+typedef struct epd_prefill_tjob {
+    struct epd_prefill_tjob *pnext;        /* srv->tier_pend bucket (loop) */
+    struct epd_prefill_tjob *lprev, *lnext; /* srv->tier_jobs (loop) */
+    epd_prefill_srv_t *srv;
+    epd_prefix_hash_t key;
+    unsigned char *payload; /* owned; len bytes, the last ckpt_len a checkpoint */
+    size_t len, ckpt_len;
+    epd_kvtier_packed_t *pk; /* tier thread: the result */
+    epd_status_t status;
+    atomic_int done;         /* tier thread: pk and status are set */
+    int taken;               /* loop: inserted (or given up), out of the bucket */
+} epd_prefill_tjob_t;
+
+static uint32_t epd_prefill_tier_bucket(const epd_prefix_hash_t *key)
+{
+    uint32_t b;
+
+    memcpy(&b, key->b, sizeof(b)); /* a BLAKE2b output: any bytes index well */
+    return b % EPD_PREFILL_TIER_BUCKETS;
+}
+
+static epd_prefill_tjob_t *epd_prefill_tier_pending(const epd_prefill_srv_t *srv,
+                                                    const epd_prefix_hash_t *key)
+{
+    epd_prefill_tjob_t *j = srv->tier_pend[epd_prefill_tier_bucket(key)];
+
+    while (j != NULL && memcmp(j->key.b, key->b, sizeof(key->b)) != 0) {
+        j = j->pnext;
+    }
+    return j;
+}
+
+/* Tier thread: packs one block. */
+static void epd_prefill_tier_run(void *arg, void *job_v, uint32_t queue)
+{
+    epd_prefill_srv_t *srv = arg;
+    epd_prefill_tjob_t *j = job_v;
+
+    (void)queue;
+    j->status = epd_kvtier_pack(srv->tier_packer, &j->key, j->payload, j->len, j->ckpt_len,
+                                &j->pk);
+    atomic_store_explicit(&j->done, 1, memory_order_release);
+    epd_handoff_post(srv->tier_ho, j);
+}
+
+/* Loop: a packed job into the tier (once), out of the bucket, its buffer
+ * freed. */
+static void epd_prefill_tier_take(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
+{
+    epd_prefill_tjob_t **pp = &srv->tier_pend[epd_prefill_tier_bucket(&j->key)];
+    epd_status_t st = j->status;
+
+    if (j->taken) {
+        return;
+    }
+    j->taken = 1;
+    while (*pp != NULL && *pp != j) {
+        pp = &(*pp)->pnext;
+    }
+    if (*pp == j) {
+        *pp = j->pnext;
+    }
+    if (st == EPD_OK) {
+        st = epd_kvtier_insert(srv->tier, j->pk); /* takes it */
+        j->pk = NULL;
+    }
+    if (st != EPD_OK && st != EPD_ERR_TOO_LONG) {
+        epd_log_warn(EPD_PREFILL_LOG, 0, "kv tier: block not kept: %s", epd_status_string(st));
+    }
+    srv->tier_staged -= j->len;
+    epd_free(j->payload);
+    j->payload = NULL;
+}
+
+static void epd_prefill_tier_free(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
+{
+    if (j->lprev != NULL) {
+        j->lprev->lnext = j->lnext;
+    } else {
+        srv->tier_jobs = j->lnext;
+    }
+    if (j->lnext != NULL) {
+        j->lnext->lprev = j->lprev;
+    }
+    epd_kvtier_packed_free(j->pk);
+    epd_free(j->payload);
+    epd_free(j);
+}
+
+/* Loop: the tier thread is done with a job. */
+static void epd_prefill_tier_on_event(void *arg, void *ev)
+{
+    epd_prefill_srv_t *srv = arg;
+    epd_prefill_tjob_t *j = ev;
+
+    epd_prefill_tier_take(srv, j);
+    epd_prefill_tier_free(srv, j);
+}
+
+/* Loop: waits (bounded) for the pending store of key, then inserts it.
+ * The thread packs in order, so this waits for the stores before it too. */
+static void epd_prefill_tier_wait(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
+{
+    uint64_t until = epd_time_now_ns() + (uint64_t)EPD_PREFILL_TIER_WAIT_MS * EPD_NSEC_PER_MSEC;
+    struct timespec ts = {0, 50000};
+
+    while (!atomic_load_explicit(&j->done, memory_order_acquire)) {
+        if (epd_time_now_ns() > until) {
+            return; /* a miss: the block is computed */
+        }
+        nanosleep(&ts, NULL);
+    }
+    epd_prefill_tier_take(srv, j);
+}
 
 epd_status_t epd__prefill_tier_init(epd_prefill_srv_t *srv)
 {
@@ -48,12 +183,38 @@ epd_status_t epd__prefill_tier_init(epd_prefill_srv_t *srv)
     cfg.log_comp = EPD_PREFILL_LOG;
     srv->tier_blk_bytes = (size_t)epd_kv_block_set_bytes(kv);
     srv->tier_buf = epd_malloc(srv->tier_blk_bytes + srv->ckpt_bytes + 1);
-    if (srv->tier_buf == NULL) {
+    srv->tier_pend = epd_calloc(EPD_PREFILL_TIER_BUCKETS, sizeof(*srv->tier_pend));
+    if (srv->tier_buf == NULL || srv->tier_pend == NULL) {
         return EPD_ERR_NO_MEMORY;
     }
     st = epd_kvtier_create(&cfg, &srv->tier);
     if (st != EPD_OK) {
         return st;
+    }
+    st = epd_kvtier_packer_create(&cfg, &srv->tier_packer);
+    if (st != EPD_OK) {
+        return st;
+    }
+    {
+        epd_handoff_config_t hc;
+        uint64_t jobs;
+
+        srv->tier_staged_max = cfg.host_bytes > (64u << 20) ? cfg.host_bytes : 64u << 20;
+        jobs = srv->tier_staged_max / (srv->tier_blk_bytes + srv->ckpt_bytes) + 1;
+        jobs = jobs < EPD_PREFILL_TIER_JOBS_MAX ? jobs : EPD_PREFILL_TIER_JOBS_MAX;
+        memset(&hc, 0, sizeof(hc));
+        hc.name = "prefill kv tier";
+        hc.n_queues = 1;
+        hc.queue_cap[0] = (size_t)jobs;
+        hc.event_cap = (size_t)jobs;
+        hc.run = epd_prefill_tier_run;
+        hc.run_arg = srv;
+        hc.on_event = epd_prefill_tier_on_event;
+        hc.event_arg = srv;
+        st = epd_handoff_create(epd_daemon_loop(srv->d), &hc, &srv->tier_ho);
+        if (st != EPD_OK) {
+            return st;
+        }
     }
     epd_log_info(EPD_PREFILL_LOG, 0,
                  "kv tier on: host %llu bytes, disk %s (%llu bytes%s), zstd level %d, shuffle %u; "
@@ -64,8 +225,33 @@ epd_status_t epd__prefill_tier_init(epd_prefill_srv_t *srv)
     return EPD_OK;
 }
 
+void epd__prefill_tier_stop(epd_prefill_srv_t *srv)
+{
+    epd_handoff_destroy(srv->tier_ho);
+    srv->tier_ho = NULL;
+}
+
 void epd__prefill_tier_cleanup(epd_prefill_srv_t *srv)
 {
+    /* the thread first (joined): then every job is the loop's, and goes
+     * into the tier before it closes (a persistent one keeps it) */
+    epd__prefill_tier_stop(srv);
+    while (srv->tier_jobs != NULL) {
+        epd_prefill_tjob_t *j = srv->tier_jobs;
+
+        if (!j->taken && srv->tier != NULL) {
+            if (!atomic_load(&j->done)) {
+                j->status = epd_kvtier_pack(srv->tier_packer, &j->key, j->payload, j->len,
+                                            j->ckpt_len, &j->pk);
+            }
+            epd_prefill_tier_take(srv, j);
+        }
+        epd_prefill_tier_free(srv, j);
+    }
+    epd_free(srv->tier_pend);
+    srv->tier_pend = NULL;
+    epd_kvtier_packer_destroy(srv->tier_packer);
+    srv->tier_packer = NULL;
     epd_kvtier_destroy(srv->tier);
     epd_free(srv->tier_buf);
     srv->tier = NULL;
@@ -79,8 +265,25 @@ void epd__prefill_tier_store(epd_prefill_srv_t *srv, const epd_prefix_hash_t *ke
     const unsigned char *base = srv->pool.base;
     size_t off = 0;
     size_t ckpt_len = ckpt != NULL ? srv->ckpt_bytes : 0;
-    epd_status_t st;
+    size_t len = srv->tier_blk_bytes + ckpt_len;
+    epd_prefill_tjob_t *j;
 
+    if (epd_prefill_tier_pending(srv, key) != NULL) {
+        return; /* on its way already */
+    }
+    if (srv->tier_staged + len > srv->tier_staged_max) {
+        srv->tier_skipped++;
+        return;
+    }
+    j = epd_calloc(1, sizeof(*j));
+    if (j != NULL) {
+        j->payload = epd_malloc(len);
+    }
+    if (j == NULL || j->payload == NULL) {
+        epd_free(j);
+        srv->tier_skipped++;
+        return;
+    }
     for (uint32_t l = 0; l < kv->n_layers; l++) {
         uint64_t o;
 
@@ -89,25 +292,52 @@ void epd__prefill_tier_store(epd_prefill_srv_t *srv, const epd_prefix_hash_t *ke
         }
         (void)epd_kv_block_offset(kv, srv->kv_blocks, l, block, &o);
         /* quantized blocks move as they are, scales included: no re-quantization */
-        memcpy(srv->tier_buf + off, base + o, epd_kv_layer_block_bytes(kv, l));
+        memcpy(j->payload + off, base + o, epd_kv_layer_block_bytes(kv, l));
         off += epd_kv_layer_block_bytes(kv, l);
     }
     if (ckpt_len > 0) {
-        memcpy(srv->tier_buf + off, ckpt, ckpt_len);
+        memcpy(j->payload + off, ckpt, ckpt_len);
     }
-    st = epd_kvtier_put(srv->tier, key, srv->tier_buf, off + ckpt_len, ckpt_len);
-    if (st != EPD_OK && st != EPD_ERR_TOO_LONG) {
-        epd_log_warn(EPD_PREFILL_LOG, 0, "kv tier: block not kept: %s", epd_status_string(st));
+    j->srv = srv;
+    j->key = *key;
+    j->len = off + ckpt_len;
+    j->ckpt_len = ckpt_len;
+    atomic_init(&j->done, 0);
+    if (epd_handoff_submit(srv->tier_ho, 0, j) != EPD_OK) {
+        /* the queue holds the cap's worth of blocks: not reached */
+        epd_free(j->payload);
+        epd_free(j);
+        srv->tier_skipped++;
+        return;
     }
+    j->pnext = srv->tier_pend[epd_prefill_tier_bucket(key)];
+    srv->tier_pend[epd_prefill_tier_bucket(key)] = j;
+    j->lnext = srv->tier_jobs;
+    if (j->lnext != NULL) {
+        j->lnext->lprev = j;
+    }
+    srv->tier_jobs = j;
+    srv->tier_staged += j->len;
 }
 
-uint32_t epd__prefill_tier_worth(const epd_prefill_srv_t *srv, const epd_prefix_hash_t *keys,
+uint32_t epd__prefill_tier_worth(epd_prefill_srv_t *srv, const epd_prefix_hash_t *keys,
                                  uint32_t n)
 {
     uint32_t run = 0;
     double restore_bps = epd_kvtier_restore_rate(srv->tier);
 
-    while (run < n && epd_kvtier_where(srv->tier, &keys[run]) != EPD_KVTIER_NONE) {
+    while (run < n) {
+        if (epd_kvtier_where(srv->tier, &keys[run]) == EPD_KVTIER_NONE) {
+            epd_prefill_tjob_t *j = epd_prefill_tier_pending(srv, &keys[run]);
+
+            if (j == NULL) {
+                break;
+            }
+            epd_prefill_tier_wait(srv, j); /* stored a moment ago: found */
+            if (epd_kvtier_where(srv->tier, &keys[run]) == EPD_KVTIER_NONE) {
+                break;
+            }
+        }
         run++;
     }
     if (run > 0 && restore_bps > 0 && srv->tier_tps > 0) {
@@ -181,7 +411,7 @@ void epd__prefill_tier_stats(const epd_prefill_srv_t *srv, epd_prefix_stats_t *s
     s_p->tier_restore_us = t.restore_us;
     s_p->tier_checksum_failures = t.checksum_failures;
     s_p->tier_refused_files = t.refused_files;
-    s_p->tier_dropped = t.dropped;
+    s_p->tier_dropped = t.dropped + srv->tier_skipped;
     s_p->tier_host_bytes = t.host_bytes;
     s_p->tier_disk_bytes = t.disk_bytes;
 }

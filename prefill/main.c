@@ -60,6 +60,7 @@ static void epd_prefill_on_exit(void *arg)
 
     epd_prefill_compute_destroy(srv->compute);
     srv->compute = NULL;
+    epd__prefill_tier_stop(srv); /* its thread too, while the loop still runs */
 }
 
 /* The load the control plane reports (Health, Status, heartbeats). */
