@@ -11,8 +11,12 @@
       and sampling flags.  Streams are checked for the SSE format (every
       event "data: {json}", usage with include_usage, "data: [DONE]" last).
   load URL MODEL_DIR GEN_BIN --clients C --requests R [--prompts K --max-tokens N]
+       [--before-each CMD]
       C concurrent clients, R requests in all (streaming and not, completions
       and chat, over K prompts); every answer must equal epd-generate's.
+      --before-each: a shell command run (and required to succeed) before
+      each request, e.g. a wait until the router's view of the workers
+      settled (one client only: it orders the requests).
   multi URL MODEL_DIR GEN_BIN --count K --prompt-file F --max-tokens N [--mixed]
        [--top-p P]
       K concurrent greedy streaming completions of one prompt (--mixed:
@@ -289,6 +293,11 @@ def cmd_load(url, model, gen_bin, flags):
             p = prompts[k % n_prompts]
             chat = (k // n_prompts) % 2 == 1
             stream = (k // (2 * n_prompts)) % 2 == 1
+            before = flags.get("before_each")
+            if before and subprocess.run(before, shell=True).returncode != 0:
+                with lock:
+                    state["errors"].append("request %d: --before-each failed" % k)
+                continue
             try:
                 status, got, finish, _ = request(url, chat, p, max_tokens, stream, s, conn)
             except Exception as e:  # noqa: BLE001 — reported below
