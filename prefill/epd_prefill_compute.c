@@ -43,6 +43,7 @@ struct epd_prefill_compute {
     void *cb_arg;
     int trace_named;         /* compute thread: its trace track is named */
     uint32_t chunk_tokens;   /* prompt tokens per engine call and turn; 0: whole */
+    int greedy;              /* the next chunk at once when nothing else waits */
     epd_embed_span_t *spans; /* [max_media]: one chunk's spans, compute thread */
     uint32_t max_media;
 };
@@ -258,7 +259,7 @@ next_turn:
         status = epd_engine_prefill(c->engine, &c->pool, &args, &sink, c->logits);
         job->chunk_next = end;
         if (status == EPD_OK && end < prompt_end) {
-            if (epd_handoff_idle(c->h)) {
+            if (c->greedy && epd_handoff_idle(c->h)) {
                 /* nobody waits: the next chunk at once, rather than a round
                  * trip through the loop, which is busy with this chunk's
                  * layers (hashing, posting their writes) */
@@ -419,6 +420,7 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
     c->cb = cb;
     c->cb_arg = cb_arg;
     atomic_init(&c->started_runs, 0);
+    c->greedy = 1;
     atomic_init(&c->started_tokens[0], 0);
     atomic_init(&c->started_tokens[1], 0);
     c->logits = epd_calloc(c->info->vocab_size, sizeof(*c->logits));
@@ -467,6 +469,11 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
 err_free:
     epd_prefill_compute_free(c); /* the caller keeps the engine */
     return st;
+}
+
+void epd_prefill_compute_set_greedy(epd_prefill_compute_t *c, int on)
+{
+    c->greedy = on != 0;
 }
 
 void epd_prefill_compute_set_chunk(epd_prefill_compute_t *c, uint32_t tokens)

@@ -204,6 +204,12 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
  * first submit. */
 void epd_prefill_compute_set_chunk(epd_prefill_compute_t *c, uint32_t tokens);
 
+/* on (the default): a run whose chunk ended goes on to its next chunk at
+ * once when no other job waits; off: every chunk's end puts it at the
+ * queue's tail, through the loop (strict round robin even against jobs
+ * submitted after it started).  Loop thread, with no run in progress. */
+void epd_prefill_compute_set_greedy(epd_prefill_compute_t *c, int on);
+
 /* Queues `job` (lent, see above).  EPD_ERR_NO_RESOURCE only when the sizing
  * invariant is broken.  Loop thread; never blocks. */
 epd_status_t epd_prefill_compute_submit(epd_prefill_compute_t *c, epd_prefill_job_t *job);
