@@ -37,6 +37,7 @@
 
 #include "epd_alloc.h"
 #include "epd_handoff.h"
+#include "epd_list.h"
 #include "epd_log.h"
 #include "epd_prefill_int.h"
 #include "epd_time.h"
@@ -49,7 +50,7 @@
  * reads (key, payload) and writes (pk, status, then done) while it packs. */
 typedef struct epd_prefill_tjob {
     struct epd_prefill_tjob *pnext;        /* srv->tier_pend bucket (loop) */
-    struct epd_prefill_tjob *lprev, *lnext; /* srv->tier_jobs (loop) */
+    struct epd_prefill_tjob *prev, *next;  /* srv->tier_jobs (loop; epd_list.h) */
     epd_prefill_srv_t *srv;
     epd_prefix_hash_t key;
     unsigned char *payload; /* owned; len bytes, the last ckpt_len a checkpoint */
@@ -123,14 +124,7 @@ static void epd_prefill_tier_take(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
 
 static void epd_prefill_tier_free(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
 {
-    if (j->lprev != NULL) {
-        j->lprev->lnext = j->lnext;
-    } else {
-        srv->tier_jobs = j->lnext;
-    }
-    if (j->lnext != NULL) {
-        j->lnext->lprev = j->lprev;
-    }
+    EPD_LIST_REMOVE_N(EPD_LIST_SELF, srv->tier_jobs, j);
     epd_kvtier_packed_free(j->pk);
     epd_free(j->payload);
     epd_free(j);
@@ -312,11 +306,7 @@ void epd__prefill_tier_store(epd_prefill_srv_t *srv, const epd_prefix_hash_t *ke
     }
     j->pnext = srv->tier_pend[epd_prefill_tier_bucket(key)];
     srv->tier_pend[epd_prefill_tier_bucket(key)] = j;
-    j->lnext = srv->tier_jobs;
-    if (j->lnext != NULL) {
-        j->lnext->lprev = j;
-    }
-    srv->tier_jobs = j;
+    EPD_LIST_INSERT_HEAD_N(EPD_LIST_SELF, srv->tier_jobs, j);
     srv->tier_staged += j->len;
 }
 
