@@ -364,6 +364,9 @@ int epd_bench_serve_main(int argc, char **argv)
         {"no-prefix-cache", EPD_OPT_BOOL, &b.no_prefix_cache, 0, 0,
          "own cluster: prefill without its prefix cache (long prompts then evict nothing into "
          "its host tier)"},
+        {"trace-dir", EPD_OPT_STRING, &b.trace_dir, 0, 0,
+         "own cluster: the router, prefill and decode write their Chrome traces (--trace) to "
+         "router.json, prefill.json and decode.json in this existing folder at exit"},
         {"workload", EPD_OPT_STRING, &workload_help, 0, 0,
          "shared-prefix: the prefix cache off vs on, its own options (--workload shared-prefix "
          "--help)"},

@@ -84,6 +84,7 @@ int epd__sv_cluster_start(sv_t *b)
 {
     char model[PATH_MAX + 16], rready[PATH_MAX + 16], pready[PATH_MAX + 16], dready[PATH_MAX + 16];
     char rlog[PATH_MAX + 16], plog[PATH_MAX + 16], dlog[PATH_MAX + 16];
+    char rtrace[PATH_MAX + 16], ptrace[PATH_MAX + 16], dtrace[PATH_MAX + 16];
     char exe[PATH_MAX + 32], pexe[PATH_MAX + 32], dexe[PATH_MAX + 32];
     char pblocks[24], dblocks[24], chunk[24];
     /* a long prompt's blocks on top of the short prompts' pools, twice (a
@@ -139,6 +140,11 @@ int epd__sv_cluster_start(sv_t *b)
     snprintf(rlog, sizeof(rlog), "%s/router.log", b->tmp);
     snprintf(plog, sizeof(plog), "%s/prefill.log", b->tmp);
     snprintf(dlog, sizeof(dlog), "%s/decode.log", b->tmp);
+    if (b->trace_dir != NULL) {
+        snprintf(rtrace, sizeof(rtrace), "%s/router.json", b->trace_dir);
+        snprintf(ptrace, sizeof(ptrace), "%s/prefill.json", b->trace_dir);
+        snprintf(dtrace, sizeof(dtrace), "%s/decode.json", b->trace_dir);
+    }
     snprintf(exe, sizeof(exe), "%s/epd-router", b->bindir);
     snprintf(pexe, sizeof(pexe), "%s/epd-prefill", b->bindir);
     snprintf(dexe, sizeof(dexe), "%s/epd-decode", b->bindir);
@@ -164,8 +170,14 @@ int epd__sv_cluster_start(sv_t *b)
                         "0",
                         "--log-level",
                         "warn",
+                        NULL,
+                        NULL,
                         NULL};
 
+        if (b->trace_dir != NULL) {
+            argv[19] = "--trace";
+            argv[20] = rtrace;
+        }
         b->pids[0] = epd_bench_spawn(argv, rlog);
     }
     if (b->pids[0] < 0 ||
@@ -199,8 +211,14 @@ int epd__sv_cluster_start(sv_t *b)
                         b->secret_file,
                         "--log-level",
                         "warn",
+                        NULL,
+                        NULL,
                         NULL};
 
+        if (b->trace_dir != NULL) {
+            argv[21] = "--trace";
+            argv[22] = dtrace;
+        }
         b->pids[1] = epd_bench_spawn(argv, dlog);
     }
     {
@@ -209,7 +227,7 @@ int epd__sv_cluster_start(sv_t *b)
             "--worker-id", "prefill-0",   "--router", b->router_ctl_buf, "--ready-file",
             pready,        "--kv-blocks", pblocks,    "--state-slots",   "512",
             "--cluster-secret-file", b->secret_file,
-            "--log-level", "warn",        NULL, NULL, NULL, NULL};
+            "--log-level", "warn",        NULL, NULL, NULL, NULL, NULL, NULL};
         int n = 19;
 
         if (b->chunk_tokens >= 0) {
@@ -218,6 +236,10 @@ int epd__sv_cluster_start(sv_t *b)
         }
         if (b->no_prefix_cache) {
             argv[n++] = "--no-prefix-cache";
+        }
+        if (b->trace_dir != NULL) {
+            argv[n++] = "--trace";
+            argv[n++] = ptrace;
         }
 
         b->pids[2] = epd_bench_spawn(argv, plog);

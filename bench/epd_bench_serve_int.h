@@ -98,6 +98,7 @@ struct sv {
     int64_t long_every;   /* 0: no long prompts */
     int64_t chunk_tokens; /* own cluster: prefill's --prefill-chunk-tokens, -1 default */
     int no_prefix_cache;  /* own cluster: prefill's --no-prefix-cache */
+    const char *trace_dir; /* own cluster: each daemon's --trace FILE in this folder */
     char **img_url;       /* [2 * n_images] data: URLs */
     size_t *img_url_len;
     double img0[6], img1[6]; /* the router's image counters before / after */

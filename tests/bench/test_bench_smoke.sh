@@ -133,6 +133,22 @@ note "serve long-mixed: every 4th prompt 40,000 bytes, prefill chunks of 4096, n
 rows "serve long-mixed" "$T/servelong.out" 2 '^(router|direct) +[0-9]+ +0 '
 rows "serve long-mixed, long lines" "$T/servelong.out" 2 '^  (router|direct) long prompts: [1-9]'
 
+note "serve --trace-dir: the three daemons' traces, each request in them"
+mkdir -p "$T/traces"
+"$BENCH" serve --duration 1 --rate 10 --warmup 0 --prompt-len 16:32 --output-len 2:4 \
+  --phases router --trace-dir "$T/traces" >"$T/servetrace.out" 2>&1 ||
+  { tail -20 "$T/servetrace.out"; fail "serve --trace-dir"; }
+python3 - "$T/traces" <<'EOF' || fail "serve --trace-dir: the traces do not hold every request"
+import json, sys
+ids = {}
+for d in ('router', 'prefill', 'decode'):
+    t = json.load(open(f'{sys.argv[1]}/{d}.json'))
+    ev = t['traceEvents'] if isinstance(t, dict) else t
+    ids[d] = {e['args']['req'] for e in ev if 'req' in e.get('args', {})}
+assert ids['router'] and ids['router'] == ids['prefill'] == ids['decode'], \
+    {k: len(v) for k, v in ids.items()}
+EOF
+
 note "burst"
 "$BENCH" burst --requests 20 --kv-blocks 512 >"$T/burst.out" 2>&1 ||
   { tail -20 "$T/burst.out"; fail "burst"; }
