@@ -116,14 +116,14 @@ epd_status_t epd_decode_check_kv_layer(const epd_kv_layout_t *layout, const epd_
         epd_hash_state_update(h, base + off, layout->state_bytes);
         bytes = layout->state_bytes;
     } else {
-        for (uint32_t i = 0; i < n_ids; i++) {
-            if (epd_kv_block_offset(layout, pool->n_blocks, layer, ids[i], &off) != EPD_OK ||
-                off + epd_kv_layer_block_bytes(layout, layer) > pool->bytes) {
-                return EPD_ERR_INVALID_PARAM;
-            }
-            epd_hash_state_update(h, base + off, epd_kv_layer_block_bytes(layout, layer));
-            bytes += epd_kv_layer_block_bytes(layout, layer);
+        /* every block at once: a chunk check from block 0 */
+        epd_status_t st = epd_decode_check_kv_blocks(layout, pool, ids, 0, n_ids, layer, sum, h,
+                                                     &bytes, NULL);
+
+        if (bytes_p != NULL) {
+            *bytes_p = bytes;
         }
+        return st;
     }
     if (bytes_p != NULL) {
         *bytes_p = bytes;

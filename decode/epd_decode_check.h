@@ -90,8 +90,8 @@ epd_status_t epd_decode_check_kv_layer(const epd_kv_layout_t *layout, const epd_
  * attention layer `layer`'s blocks ids[from..to) into `h` (NOT reset: it
  * holds blocks [0, from) already) and compares its digest with `sum`.
  * EPD_OK; EPD_ERR_CORRUPT or EPD_ERR_INVALID_PARAM (a block outside the
- * pool, a linear layer) with *why_p a static string; *bytes_p the bytes
- * hashed now.
+ * pool, a linear layer) with *why_p (may be NULL) a static string;
+ * *bytes_p the bytes hashed now.
  */
 epd_status_t epd_decode_check_kv_blocks(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
                                         const uint32_t *ids, uint32_t from, uint32_t to,

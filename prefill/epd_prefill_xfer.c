@@ -252,28 +252,38 @@ static void epd_prefill_on_write(void *arg, epd_status_t status)
 /* Sends one LayerDone on our link unless messages already wait there: it
  * is optional (decode verifies a layer without one after PrefillComplete),
  * so it never adds to a backlog.  Nonzero when sent. */
-static int epd_prefill_layer_done(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint32_t layer,
-                                  int landed)
+static int epd_prefill_send_layer_done(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
+                                       Epd__LayerDone *ld, const char *trace_name)
 {
     epd_link_t *link = epd_peer_link(x->peer);
-    Epd__LayerDone ld = EPD__LAYER_DONE__INIT;
-    uint64_t now = epd_time_now_ns();
+    uint64_t now;
 
     if (link == NULL || epd_link_queued(link) > 0) {
         return 0;
     }
+    if (epd_link_send(link, EPD__ENVELOPE__BODY_LAYER_DONE, ld,
+                      ld->landed ? EPD_XPORT_SEND_FENCE : 0) != EPD_OK) {
+        return 0;
+    }
+    now = epd_time_now_ns();
+    x->last_d_msg_ns = now;
+    epd_trace_instant(srv->trace, trace_name, "msg", x->id, (int32_t)ld->layer, now);
+    return 1;
+}
+
+/* Layer `layer`'s LayerDone with its checksum (landed: fenced behind the
+ * layer's writes; otherwise a keep-alive). */
+static int epd_prefill_layer_done(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint32_t layer,
+                                  int landed)
+{
+    Epd__LayerDone ld = EPD__LAYER_DONE__INIT;
+
     ld.request_id = x->id;
     ld.layer = layer;
     ld.checksum = x->checksums[layer];
     ld.checksum_kind = x->sum_kind > 0 ? (uint32_t)x->sum_kind : 0;
     ld.landed = landed != 0;
-    if (epd_link_send(link, EPD__ENVELOPE__BODY_LAYER_DONE, &ld,
-                      landed ? EPD_XPORT_SEND_FENCE : 0) != EPD_OK) {
-        return 0;
-    }
-    x->last_d_msg_ns = now;
-    epd_trace_instant(srv->trace, "LayerDone sent", "msg", x->id, (int32_t)layer, now);
-    return 1;
+    return epd_prefill_send_layer_done(srv, x, &ld, "LayerDone sent");
 }
 
 /* Keep-alive for decode's lease while a long prefill runs: at most one
@@ -585,31 +595,24 @@ static epd_status_t epd_prefill_stream_layer(epd_prefill_srv_t *srv, epd_prefill
  * LayerDone, covers its blocks). */
 static void epd_prefill_range_done(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint32_t layer)
 {
-    epd_link_t *link = epd_peer_link(x->peer);
     Epd__LayerDone ld = EPD__LAYER_DONE__INIT;
     uint32_t k = x->sent_blocks[layer];
-    uint64_t now;
 
     if (!x->d_ranges || !srv->layer_notify || x->protocol_only || x->lhash[layer] == NULL ||
         k == 0 || k != x->hashed_blocks[layer] || k <= x->range_sent[layer] ||
-        (x->sum_kind >= 0 && x->sum_kind != EPD_KV_SUM_BYTES) || link == NULL ||
-        epd_link_queued(link) > 0) {
+        (x->sum_kind >= 0 && x->sum_kind != EPD_KV_SUM_BYTES)) {
         return;
     }
-    x->sum_kind = EPD_KV_SUM_BYTES; /* a chunked run's (epd_prefill_layer_sum) */
     ld.request_id = x->id;
     ld.layer = layer;
     ld.checksum = epd_hash_state_digest(x->lhash[layer]);
     ld.checksum_kind = EPD_KV_SUM_BYTES;
     ld.landed = 1;
     ld.blocks = k;
-    if (epd_link_send(link, EPD__ENVELOPE__BODY_LAYER_DONE, &ld, EPD_XPORT_SEND_FENCE) != EPD_OK) {
-        return;
+    if (epd_prefill_send_layer_done(srv, x, &ld, "LayerDone (blocks) sent")) {
+        x->sum_kind = EPD_KV_SUM_BYTES; /* a chunked run's (epd_prefill_layer_sum) */
+        x->range_sent[layer] = k;
     }
-    now = epd_time_now_ns();
-    x->range_sent[layer] = k;
-    x->last_d_msg_ns = now;
-    epd_trace_instant(srv->trace, "LayerDone (blocks) sent", "msg", x->id, (int32_t)layer, now);
 }
 
 /* The cursor at the start of layer `layer`'s own posting: past the blocks
