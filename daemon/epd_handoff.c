@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "epd_alloc.h"
 #include "epd_log.h"
@@ -34,6 +37,19 @@ struct epd_handoff {
 static void *epd_handoff_main(void *arg)
 {
     epd_handoff_t *h = arg;
+
+    if (h->cfg.nice != 0) {
+        /* Linux keeps a nice value per thread: this one's only */
+        id_t tid = (id_t)syscall(SYS_gettid);
+        int cur;
+
+        errno = 0;
+        cur = getpriority(PRIO_PROCESS, tid);
+        if ((cur == -1 && errno != 0) || setpriority(PRIO_PROCESS, tid, cur + h->cfg.nice) != 0) {
+            epd_log_warn(EPD_HANDOFF_LOG, 0, "%s: cannot change the thread's nice value: %s",
+                         h->cfg.name, strerror(errno));
+        }
+    }
 
     for (;;) {
         void *job = NULL;

@@ -51,6 +51,8 @@ typedef struct {
     void *run_arg;
     epd_handoff_event_cb_t on_event;
     void *event_arg;
+    int nice; /* added to the thread's nice value as it starts (0: none; Linux: per
+               * thread; a failure is logged, not fatal) */
 } epd_handoff_config_t;
 
 /* Starts the thread.  Owned by the caller (epd_handoff_destroy).  Loop

@@ -32,7 +32,11 @@
  * its end) when an admission needs more than the free stack has.  The
  * checkpoint of an evicted block goes with it; when the arena is full a
  * new checkpoint takes the slot of the least recently used unpinned block
- * that has one (a pinned one may be restored by a run in flight).
+ * that has one (a pinned one may be restored by a run in flight).  With
+ * the tier on, an evicted block is stored there first: an admission that
+ * evicts more than EPD_PREFILL_EVICT_SYNC_MAX blocks leaves the copying to
+ * the tier thread and its run waits for it (req->copy_wait), a smaller
+ * one copies on the loop.
  *
  * Loop thread only; the compute thread reads a checkpoint (restore) and
  * writes the request's new ones while the run is lent to it — slots the
@@ -43,6 +47,10 @@
 #include "epd_alloc.h"
 #include "epd_log.h"
 #include "epd_prefill_int.h"
+
+/* Evictions an admission copies out to the tier on the loop (64 blocks of
+ * 16 tokens: a 1k-token prompt's); more go to the tier thread */
+#define EPD_PREFILL_EVICT_SYNC_MAX 64u
 
 epd_status_t epd__prefill_cache_init(epd_prefill_srv_t *srv, const char *engine_name)
 {
@@ -135,8 +143,9 @@ uint32_t epd__prefill_cache_available(const epd_prefill_srv_t *srv)
 }
 
 /* Evicts the least recently used unpinned cached block onto the free
- * stack (its checkpoint freed); 0 when none could be. */
-static int epd_prefill_cache_evict(epd_prefill_srv_t *srv)
+ * stack (its checkpoint freed); 0 when none could be.  defer: the tier
+ * thread copies its KV out (epd__prefill_tier_store). */
+static int epd_prefill_cache_evict(epd_prefill_srv_t *srv, int defer)
 {
     epd_prefix_hash_t key;
     uint32_t b;
@@ -156,7 +165,8 @@ static int epd_prefill_cache_evict(epd_prefill_srv_t *srv)
         epd__prefill_tier_store(srv, &key, b,
                                 cs != EPD_KVCACHE_NONE
                                     ? srv->ckpt_arena + (size_t)cs * srv->ckpt_bytes
-                                    : NULL);
+                                    : NULL,
+                                defer);
     }
     if (srv->blk_ckpt != NULL && srv->blk_ckpt[b] != EPD_KVCACHE_NONE) {
         srv->ckpt_free[srv->n_ckpt_free++] = srv->blk_ckpt[b];
@@ -300,10 +310,13 @@ static uint32_t epd_prefill_cache_from_tier(epd_prefill_srv_t *srv, epd_prefill_
             }
             break;
         }
-        if (srv->n_free_blocks == 0 && !epd_prefill_cache_evict(srv)) {
+        if (srv->n_free_blocks == 0 && !epd_prefill_cache_evict(srv, 0)) {
             break;
         }
         b = srv->free_blocks[srv->n_free_blocks - 1];
+        if (epd__prefill_tier_copying(srv, &b, 1) != 0) {
+            break; /* still being copied out to the tier: not writable yet */
+        }
         if (epd__prefill_tier_restore(srv, &req->keys[h], b, &ckpt) != EPD_OK ||
             epd_kvcache_insert(srv->pcache, &req->keys[h], b) != EPD_OK) {
             break; /* b stays free; its bytes are garbage to whoever takes it */
@@ -359,7 +372,10 @@ epd_status_t epd__prefill_cache_place(epd_prefill_srv_t *srv, epd_prefill_req_t 
         }
     }
     if (srv->n_free_blocks < req->n_blocks - h) {
-        while (srv->n_free_blocks < req->n_blocks - h && epd_prefill_cache_evict(srv)) {
+        /* many blocks: the tier thread copies them out, the run waits */
+        int defer = req->n_blocks - h - srv->n_free_blocks > EPD_PREFILL_EVICT_SYNC_MAX;
+
+        while (srv->n_free_blocks < req->n_blocks - h && epd_prefill_cache_evict(srv, defer)) {
         }
     }
     if (srv->n_free_blocks < req->n_blocks - h) {
@@ -371,6 +387,7 @@ epd_status_t epd__prefill_cache_place(epd_prefill_srv_t *srv, epd_prefill_req_t 
     for (uint32_t i = h; i < req->n_blocks; i++) {
         req->local_blocks[i] = srv->free_blocks[--srv->n_free_blocks];
     }
+    req->copy_wait = epd__prefill_tier_copying(srv, &req->local_blocks[h], req->n_blocks - h);
     req->hit_blocks = h;
     req->start = c * bt;
     req->replay_end = h > c ? h * bt : 0;

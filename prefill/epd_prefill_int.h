@@ -369,6 +369,8 @@ typedef struct epd_prefill_req {
     int complete_sent; /* PrefillComplete (or the first token) went out */
     int landed_seen;   /* its last write landed (observed once for /metrics) */
     int hold;          /* admitted under pressure: its run waits for the reservation */
+    uint64_t copy_wait; /* its blocks are still being copied out to the tier: the run
+                         * waits until srv->tier_copied reaches this (0: nothing to wait for) */
     int released;      /* RELEASED consumed */
     /* images: the run is queued once media_pending is 0 */
     epd_prefill_media_t *media; /* [n_media] */
@@ -382,6 +384,7 @@ typedef struct epd_prefill_req {
         t_first_layer_ns;
     uint64_t t_media_ns;    /* every image ready, its run submitted (text: t_admit_ns) */
     uint64_t t_finished_ns; /* the compute thread finished the run */
+    uint64_t t_admit_done_ns; /* its blocks placed (the admission's span) */
     /* FAILED: why, and what it still owes */
     epd_status_t fail_status;
     char fail_msg[160];
@@ -455,11 +458,21 @@ typedef struct epd_prefill_srv {
     double tier_tps;           /* EWMA of the prefill's computed tokens per second */
     /* stores on their way: the tier thread packs them (epd_prefill_tier.c) */
     struct epd_handoff *tier_ho;
+    struct epd_handoff *tier_copy_ho;      /* a large eviction's copies out of the pool */
+    unsigned char **tier_spare;            /* payload buffers to reuse (a stack) */
+    uint32_t tier_n_spare, tier_spare_max;
     epd_kvtier_packer_t *tier_packer;      /* the tier thread's */
     struct epd_prefill_tjob **tier_pend;   /* [EPD_PREFILL_TIER_BUCKETS]: by key, not inserted */
     struct epd_prefill_tjob *tier_jobs;    /* every job not freed yet */
     uint64_t tier_staged, tier_staged_max; /* payload bytes of the pending ones, and their cap */
     uint64_t tier_skipped;                 /* evicted blocks not kept: the cap was reached */
+    /* a large eviction's blocks are copied out by the tier thread, not the
+     * loop: the stores get sequence numbers, copied in order */
+    uint64_t *blk_copy;          /* [kv_blocks]: the store copying a block out, 0: none */
+    uint64_t tier_seq;           /* the last store numbered */
+    uint64_t tier_copied;        /* every store up to this one is copied out */
+    uint64_t tier_copied_seen;   /* the request layer's: tier_copied when it last looked */
+    uint32_t tier_copy_waiters;  /* requests whose copy_wait is set (the request layer's) */
     /* requests (the request layer's) */
     epd_reqtab_t reqs;
     int room; /* a write completed: retry the blocked */
@@ -626,9 +639,16 @@ void epd__prefill_tier_cleanup(epd_prefill_srv_t *srv);
  * kept).  Idempotent. */
 void epd__prefill_tier_stop(epd_prefill_srv_t *srv);
 /* Puts pool block `block` (evicted under key) and its checkpoint (ckpt:
- * ckpt_bytes, borrowed; NULL: none) into the tier. */
+ * ckpt_bytes, borrowed; NULL: none) into the tier.  defer: the tier thread
+ * copies the block's KV out (the checkpoint is copied now); until it has,
+ * srv->blk_copy[block] names the store and nothing may write the block
+ * (epd__prefill_tier_copying).  Otherwise the KV is copied now. */
 void epd__prefill_tier_store(epd_prefill_srv_t *srv, const epd_prefix_hash_t *key, uint32_t block,
-                             const void *ckpt);
+                             const void *ckpt, int defer);
+/* The store that must be copied out before blocks[0..n) may be written
+ * (compare with srv->tier_copied), or 0 when none is on its way. */
+uint64_t epd__prefill_tier_copying(const epd_prefill_srv_t *srv, const uint32_t *blocks,
+                                   uint32_t n);
 /* How many of keys[0..n) (consecutive, from the first) to restore from
  * the tier: the run the tier holds, or 0 when computing them is faster. */
 uint32_t epd__prefill_tier_worth(epd_prefill_srv_t *srv, const epd_prefix_hash_t *keys,

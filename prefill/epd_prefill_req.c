@@ -62,10 +62,11 @@ static void epd_prefill_unblock_all(epd_prefill_srv_t *srv)
     }
 }
 
-/* May its run start: not held for its reservation (rule 34), or that came. */
+/* May its run start: not held for its reservation (rule 34), or that came;
+ * its blocks copied out to the tier (copy_wait, cleared by the pump). */
 static int epd_prefill_may_run(const epd_prefill_req_t *req)
 {
-    return !req->hold || req->xfer.have_resv;
+    return (!req->hold || req->xfer.have_resv) && req->copy_wait == 0;
 }
 
 /* Is `env`'s sender the decode incarnation `req` is bound to? */
@@ -357,6 +358,9 @@ static void epd_prefill_req_destroy(epd_prefill_srv_t *srv, epd_prefill_req_t *r
     if (req->more_listed) {
         srv->n_more--;
     }
+    if (req->copy_wait != 0) {
+        srv->tier_copy_waiters--;
+    }
     epd_reqtab_remove(&srv->reqs, &req->ent);
     epd__prefill_media_unwait(srv, &req->wait);
     for (uint32_t i = 0; i < req->n_media; i++) {
@@ -525,13 +529,14 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
     if (st == EPD_OK) {
         st = epd__prefill_pool_admit(srv, g, sp, peer, &req);
         if (st == EPD_OK) {
+            req->t_admit_done_ns = epd_time_now_ns();
             req->run_job.from_router = epd_daemon_sent_by_router(srv->d, env);
             /* under pressure a run waits for its reservation (rule 34): a
              * refusal then costs no compute at all */
             req->hold = !only && srv->hold_under_pressure && t_recv < srv->pressure_until_ns;
             srv->runs_held += req->hold != 0;
         }
-        if (st == EPD_OK && req->n_media == 0 && !req->hold &&
+        if (st == EPD_OK && req->n_media == 0 && epd_prefill_may_run(req) &&
             epd_prefill_submit_run(srv, req) != EPD_OK) {
             req->peer = NULL; /* the reference goes back to this function */
             epd__prefill_pool_free(srv, req);
@@ -553,7 +558,9 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
         epd__prefill_req_refused(srv, id, st, msg);
         return;
     }
-    /* a text prompt's run is queued already */
+    /* a text prompt's run is queued already, unless it waits for its
+     * blocks to be copied out to the tier (the pump submits it then) */
+    srv->tier_copy_waiters += req->copy_wait != 0;
     req->state = req->n_media > 0 ? EPD_PREFILL_REQ_MEDIA : EPD_PREFILL_REQ_COMPUTING;
     req->client = from;
     epd_link_ref(from);
@@ -564,6 +571,8 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
     epd_trace_instant(srv->trace,
                       only ? "GenerateRequest received (prefill only)" : "GenerateRequest received",
                       "msg", id, -1, t_recv);
+    /* blocks found, evicted (stored to the tier) and taken */
+    epd_trace_span(srv->trace, "admission", "wait", id, -1, t_recv, req->t_admit_done_ns);
     epd_log_debug(EPD_PREFILL_LOG, id, "admitted: %u tokens, %u blocks, slot %u, decode '%s'",
                   req->n_tokens, req->n_blocks, req->slot,
                   peer != NULL ? epd_peer_id(peer) : "(none: prefill only)");
@@ -870,6 +879,20 @@ int epd__prefill_req_on_pump(void *arg)
     if (srv->room) {
         srv->room = 0;
         epd_prefill_unblock_all(srv);
+    }
+    if (srv->tier_copy_waiters > 0 && srv->tier_copied != srv->tier_copied_seen) {
+        /* the tier thread copied more evicted blocks out: runs may start */
+        srv->tier_copied_seen = srv->tier_copied;
+        for (req = epd_reqtab_first_req(&srv->reqs); req != NULL;
+             req = epd_reqtab_next_req(&srv->reqs, req)) {
+            if (req->copy_wait != 0 && req->copy_wait <= srv->tier_copied) {
+                req->copy_wait = 0;
+                srv->tier_copy_waiters--;
+                epd_trace_instant(srv->trace, "blocks copied out to the tier", "wait", req->id,
+                                  -1, epd_time_now_ns());
+                epd_prefill_dirty(srv, req);
+            }
+        }
     }
     do {
         if (srv->embed_room) {

@@ -17,13 +17,22 @@
  * verified against the XXH3-128 of its payload; one that fails is not
  * used, and the run of restored blocks stops there (the rest computes).
  *
- * A store is a copy and a hand-off on the loop thread: the block is
- * gathered into a buffer of its own and the tier thread (daemon/
- * epd_handoff) hashes, shuffles and compresses it (epd_kvtier_pack, about
- * 260 us a 64 KiB block at level 3 — a long prompt evicting thousands of
- * blocks used to hold the loop, and every short prompt on the worker, for
- * seconds); the loop inserts it when it comes back.  The buffers of the
- * stores on their way are capped at the host tier's size (--kv-host-bytes,
+ * A store is a copy and a hand-off: the block is gathered into a buffer of
+ * its own and the tier thread (daemon/epd_handoff) hashes, shuffles and
+ * compresses it (epd_kvtier_pack, about 260 us a 64 KiB block at level 3 —
+ * a long prompt evicting thousands of blocks used to hold the loop, and
+ * every short prompt on the worker, for seconds); the loop inserts it when
+ * it comes back.  The tier thread runs at a nice value 10 over the
+ * daemon's: compressing is background work, and on a busy host it took the
+ * CPU from the loop and the compute thread.  The copy is the loop's for an
+ * admission that evicts a few blocks; one that evicts more
+ * (EPD_PREFILL_EVICT_SYNC_MAX, cache part) hands the copies to a copy
+ * thread of their own (normal priority), and the admitted request's run
+ * waits until its blocks are copied out (srv->blk_copy, req->copy_wait):
+ * gathering a few hundred MB on the loop held every short prompt for
+ * 0.7 s.  Payload buffers are reused (up to EPD_PREFILL_TIER_SPARE_BYTES
+ * kept): a fresh one cost a page fault every 4 KiB it was written.  The
+ * buffers of the stores on their way are capped at the host tier's size (--kv-host-bytes,
  * at least 64 MiB): a block evicted beyond the cap is not
  * kept (counted with the tier's dropped blocks).  A lookup that meets a
  * block still on its way waits for it, so what was stored is found:
@@ -45,6 +54,10 @@
 #define EPD_PREFILL_TIER_BUCKETS 4096u
 #define EPD_PREFILL_TIER_JOBS_MAX 65536u
 #define EPD_PREFILL_TIER_WAIT_MS 10000u
+/* payload buffers kept for the next stores once theirs are in the tier */
+#define EPD_PREFILL_TIER_SPARE_BYTES (64u << 20)
+/* the tier thread's nice value over the daemon's (Linux: per thread) */
+#define EPD_PREFILL_TIER_NICE 10
 
 /* One store on its way.  The loop owns it but for what the tier thread
  * reads (key, payload) and writes (pk, status, then done) while it packs. */
@@ -55,6 +68,11 @@ typedef struct epd_prefill_tjob {
     epd_prefix_hash_t key;
     unsigned char *payload; /* owned; len bytes, the last ckpt_len a checkpoint */
     size_t len, ckpt_len;
+    uint32_t block;          /* deferred: the pool block the KV is copied from */
+    uint64_t seq;            /* deferred: its number (srv->blk_copy) */
+    int deferred;            /* the copy thread copies the KV, then the tier thread packs */
+    atomic_int copied;       /* the KV is in payload (a deferred job: the copy thread's) */
+    int pack_submitted;      /* loop: handed to the tier thread */
     epd_kvtier_packed_t *pk; /* tier thread: the result */
     epd_status_t status;
     atomic_int done;         /* tier thread: pk and status are set */
@@ -69,6 +87,28 @@ static uint32_t epd_prefill_tier_bucket(const epd_prefix_hash_t *key)
     return b % EPD_PREFILL_TIER_BUCKETS;
 }
 
+/* Loop: a payload buffer (tier_blk_bytes + ckpt_bytes): a spare one, else
+ * a fresh one (NULL: no memory). */
+static unsigned char *epd_prefill_tier_buf_get(epd_prefill_srv_t *srv)
+{
+    if (srv->tier_n_spare > 0) {
+        return srv->tier_spare[--srv->tier_n_spare];
+    }
+    return epd_malloc(srv->tier_blk_bytes + srv->ckpt_bytes);
+}
+
+/* Loop: a payload buffer back: kept as a spare while there is room (its
+ * pages stay mapped: the next store's copy takes no page faults), else
+ * freed.  NULL is a no-op. */
+static void epd_prefill_tier_buf_put(epd_prefill_srv_t *srv, unsigned char *buf)
+{
+    if (buf != NULL && srv->tier_n_spare < srv->tier_spare_max) {
+        srv->tier_spare[srv->tier_n_spare++] = buf;
+    } else {
+        epd_free(buf);
+    }
+}
+
 static epd_prefill_tjob_t *epd_prefill_tier_pending(const epd_prefill_srv_t *srv,
                                                     const epd_prefix_hash_t *key)
 {
@@ -80,7 +120,41 @@ static epd_prefill_tjob_t *epd_prefill_tier_pending(const epd_prefill_srv_t *srv
     return j;
 }
 
-/* Tier thread: packs one block. */
+/* Pool block `block`'s KV, every attention layer's part in layer order,
+ * into dst (tier_blk_bytes).  Any thread: the block is nobody's meanwhile. */
+static void epd_prefill_tier_gather(const epd_prefill_srv_t *srv, uint32_t block,
+                                    unsigned char *dst)
+{
+    const epd_kv_layout_t *kv = &srv->info->kv;
+    const unsigned char *base = srv->pool.base;
+    size_t off = 0;
+
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        uint64_t o;
+
+        if (kv->kind[l] != EPD_LAYER_ATTENTION) {
+            continue;
+        }
+        (void)epd_kv_block_offset(kv, srv->kv_blocks, l, block, &o);
+        /* quantized blocks move as they are, scales included: no re-quantization */
+        memcpy(dst + off, base + o, epd_kv_layer_block_bytes(kv, l));
+        off += epd_kv_layer_block_bytes(kv, l);
+    }
+}
+
+/* Copy thread: a deferred store's KV out of the pool. */
+static void epd_prefill_tier_copy_run(void *arg, void *job_v, uint32_t queue)
+{
+    epd_prefill_srv_t *srv = arg;
+    epd_prefill_tjob_t *j = job_v;
+
+    (void)queue;
+    epd_prefill_tier_gather(srv, j->block, j->payload);
+    atomic_store_explicit(&j->copied, 1, memory_order_release);
+    epd_handoff_post(srv->tier_copy_ho, j);
+}
+
+/* Tier thread: packs a store. */
 static void epd_prefill_tier_run(void *arg, void *job_v, uint32_t queue)
 {
     epd_prefill_srv_t *srv = arg;
@@ -118,7 +192,7 @@ static void epd_prefill_tier_take(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
         epd_log_warn(EPD_PREFILL_LOG, 0, "kv tier: block not kept: %s", epd_status_string(st));
     }
     srv->tier_staged -= j->len;
-    epd_free(j->payload);
+    epd_prefill_tier_buf_put(srv, j->payload);
     j->payload = NULL;
 }
 
@@ -130,7 +204,41 @@ static void epd_prefill_tier_free(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
     epd_free(j);
 }
 
-/* Loop: the tier thread is done with a job. */
+/* Loop: j (its KV copied) onto the packing queue, once.  EPD_OK, or the
+ * job is given up (taken, freed with the rest at cleanup: the queue holds
+ * every job, so this is not reached). */
+static epd_status_t epd_prefill_tier_pack_submit(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
+{
+    j->pack_submitted = 1;
+    if (epd_handoff_submit(srv->tier_ho, 0, j) != EPD_OK) {
+        j->status = EPD_ERR_NO_RESOURCE;
+        atomic_store(&j->done, 1);
+        epd_prefill_tier_take(srv, j);
+        return EPD_ERR_NO_RESOURCE;
+    }
+    return EPD_OK;
+}
+
+/* Loop: the copy thread copied a deferred store out of the pool. */
+static void epd_prefill_tier_on_copied(void *arg, void *ev)
+{
+    epd_prefill_srv_t *srv = arg;
+    epd_prefill_tjob_t *j = ev;
+
+    /* copies run in order: every store up to this one is out */
+    srv->tier_copied = j->seq > srv->tier_copied ? j->seq : srv->tier_copied;
+    if (srv->blk_copy[j->block] == j->seq) {
+        srv->blk_copy[j->block] = 0;
+    }
+    if (srv->tier_copy_waiters > 0) {
+        epd_daemon_kick(srv->d); /* the request layer's pump looks */
+    }
+    if (!j->pack_submitted) {
+        (void)epd_prefill_tier_pack_submit(srv, j);
+    }
+}
+
+/* Loop: the tier thread packed a store. */
 static void epd_prefill_tier_on_event(void *arg, void *ev)
 {
     epd_prefill_srv_t *srv = arg;
@@ -141,12 +249,26 @@ static void epd_prefill_tier_on_event(void *arg, void *ev)
 }
 
 /* Loop: waits (bounded) for the pending store of key, then inserts it.
- * The thread packs in order, so this waits for the stores before it too. */
+ * The thread copies before it packs, and packs in order, so this waits for
+ * the stores before it too. */
 static void epd_prefill_tier_wait(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
 {
     uint64_t until = epd_time_now_ns() + (uint64_t)EPD_PREFILL_TIER_WAIT_MS * EPD_NSEC_PER_MSEC;
     struct timespec ts = {0, 50000};
 
+    if (!j->pack_submitted) {
+        /* a deferred copy: its event would submit the pack, but this loop
+         * is not handling events while it waits */
+        while (!atomic_load_explicit(&j->copied, memory_order_acquire)) {
+            if (epd_time_now_ns() > until) {
+                return;
+            }
+            nanosleep(&ts, NULL);
+        }
+        if (epd_prefill_tier_pack_submit(srv, j) != EPD_OK) {
+            return;
+        }
+    }
     while (!atomic_load_explicit(&j->done, memory_order_acquire)) {
         if (epd_time_now_ns() > until) {
             return; /* a miss: the block is computed */
@@ -178,7 +300,12 @@ epd_status_t epd__prefill_tier_init(epd_prefill_srv_t *srv)
     srv->tier_blk_bytes = (size_t)epd_kv_block_set_bytes(kv);
     srv->tier_buf = epd_malloc(srv->tier_blk_bytes + srv->ckpt_bytes + 1);
     srv->tier_pend = epd_calloc(EPD_PREFILL_TIER_BUCKETS, sizeof(*srv->tier_pend));
-    if (srv->tier_buf == NULL || srv->tier_pend == NULL) {
+    srv->blk_copy = epd_calloc(srv->kv_blocks, sizeof(*srv->blk_copy));
+    srv->tier_spare_max = (uint32_t)(EPD_PREFILL_TIER_SPARE_BYTES /
+                                     (srv->tier_blk_bytes + srv->ckpt_bytes) + 1);
+    srv->tier_spare = epd_calloc(srv->tier_spare_max, sizeof(*srv->tier_spare));
+    if (srv->tier_buf == NULL || srv->tier_pend == NULL || srv->blk_copy == NULL ||
+        srv->tier_spare == NULL) {
         return EPD_ERR_NO_MEMORY;
     }
     st = epd_kvtier_create(&cfg, &srv->tier);
@@ -205,7 +332,18 @@ epd_status_t epd__prefill_tier_init(epd_prefill_srv_t *srv)
         hc.run_arg = srv;
         hc.on_event = epd_prefill_tier_on_event;
         hc.event_arg = srv;
+        /* compression is background work: the loop and the compute thread
+         * win the CPU when they want it */
+        hc.nice = EPD_PREFILL_TIER_NICE;
         st = epd_handoff_create(epd_daemon_loop(srv->d), &hc, &srv->tier_ho);
+        if (st != EPD_OK) {
+            return st;
+        }
+        hc.name = "prefill kv copy";
+        hc.run = epd_prefill_tier_copy_run;
+        hc.on_event = epd_prefill_tier_on_copied;
+        hc.nice = 0; /* a run waits for it */
+        st = epd_handoff_create(epd_daemon_loop(srv->d), &hc, &srv->tier_copy_ho);
         if (st != EPD_OK) {
             return st;
         }
@@ -221,8 +359,23 @@ epd_status_t epd__prefill_tier_init(epd_prefill_srv_t *srv)
 
 void epd__prefill_tier_stop(epd_prefill_srv_t *srv)
 {
+    epd_prefill_tjob_t *j;
+
+    if (srv->tier_ho == NULL) {
+        return;
+    }
+    epd_handoff_destroy(srv->tier_copy_ho);
     epd_handoff_destroy(srv->tier_ho);
+    srv->tier_copy_ho = NULL;
     srv->tier_ho = NULL;
+    /* shutdown step 5: the pool is still there, the copies the thread did
+     * not get to are made now (the blocks are nobody's any more) */
+    EPD_LIST_FOREACH(j, srv->tier_jobs) {
+        if (j->deferred && !atomic_load(&j->copied)) {
+            epd_prefill_tier_gather(srv, j->block, j->payload);
+            atomic_store(&j->copied, 1);
+        }
+    }
 }
 
 void epd__prefill_tier_cleanup(epd_prefill_srv_t *srv)
@@ -233,7 +386,7 @@ void epd__prefill_tier_cleanup(epd_prefill_srv_t *srv)
     while (srv->tier_jobs != NULL) {
         epd_prefill_tjob_t *j = srv->tier_jobs;
 
-        if (!j->taken && srv->tier != NULL) {
+        if (!j->taken && srv->tier != NULL && atomic_load(&j->copied)) {
             if (!atomic_load(&j->done)) {
                 j->status = epd_kvtier_pack(srv->tier_packer, &j->key, j->payload, j->len,
                                             j->ckpt_len, &j->pk);
@@ -242,8 +395,15 @@ void epd__prefill_tier_cleanup(epd_prefill_srv_t *srv)
         }
         epd_prefill_tier_free(srv, j);
     }
+    while (srv->tier_n_spare > 0) {
+        epd_free(srv->tier_spare[--srv->tier_n_spare]);
+    }
+    epd_free(srv->tier_spare);
+    srv->tier_spare = NULL;
     epd_free(srv->tier_pend);
+    epd_free(srv->blk_copy);
     srv->tier_pend = NULL;
+    srv->blk_copy = NULL;
     epd_kvtier_packer_destroy(srv->tier_packer);
     srv->tier_packer = NULL;
     epd_kvtier_destroy(srv->tier);
@@ -253,11 +413,8 @@ void epd__prefill_tier_cleanup(epd_prefill_srv_t *srv)
 }
 
 void epd__prefill_tier_store(epd_prefill_srv_t *srv, const epd_prefix_hash_t *key, uint32_t block,
-                             const void *ckpt)
+                             const void *ckpt, int defer)
 {
-    const epd_kv_layout_t *kv = &srv->info->kv;
-    const unsigned char *base = srv->pool.base;
-    size_t off = 0;
     size_t ckpt_len = ckpt != NULL ? srv->ckpt_bytes : 0;
     size_t len = srv->tier_blk_bytes + ckpt_len;
     epd_prefill_tjob_t *j;
@@ -271,43 +428,62 @@ void epd__prefill_tier_store(epd_prefill_srv_t *srv, const epd_prefix_hash_t *ke
     }
     j = epd_calloc(1, sizeof(*j));
     if (j != NULL) {
-        j->payload = epd_malloc(len);
+        j->payload = epd_prefill_tier_buf_get(srv);
     }
     if (j == NULL || j->payload == NULL) {
         epd_free(j);
         srv->tier_skipped++;
         return;
     }
-    for (uint32_t l = 0; l < kv->n_layers; l++) {
-        uint64_t o;
-
-        if (kv->kind[l] != EPD_LAYER_ATTENTION) {
-            continue;
-        }
-        (void)epd_kv_block_offset(kv, srv->kv_blocks, l, block, &o);
-        /* quantized blocks move as they are, scales included: no re-quantization */
-        memcpy(j->payload + off, base + o, epd_kv_layer_block_bytes(kv, l));
-        off += epd_kv_layer_block_bytes(kv, l);
-    }
     if (ckpt_len > 0) {
-        memcpy(j->payload + off, ckpt, ckpt_len);
+        memcpy(j->payload + srv->tier_blk_bytes, ckpt, ckpt_len); /* its slot is reused now */
     }
     j->srv = srv;
     j->key = *key;
-    j->len = off + ckpt_len;
+    j->len = len;
     j->ckpt_len = ckpt_len;
+    j->block = block;
+    j->deferred = defer != 0;
     atomic_init(&j->done, 0);
-    if (epd_handoff_submit(srv->tier_ho, 0, j) != EPD_OK) {
-        /* the queue holds the cap's worth of blocks: not reached */
-        epd_free(j->payload);
+    if (defer) {
+        atomic_init(&j->copied, 0);
+        j->seq = srv->tier_seq + 1;
+    } else {
+        epd_prefill_tier_gather(srv, block, j->payload);
+        atomic_init(&j->copied, 1);
+        j->pack_submitted = 1;
+    }
+    if (epd_handoff_submit(defer ? srv->tier_copy_ho : srv->tier_ho, 0, j) != EPD_OK) {
+        /* the queues hold the cap's worth of blocks: not reached */
+        epd_prefill_tier_buf_put(srv, j->payload);
         epd_free(j);
         srv->tier_skipped++;
         return;
+    }
+    if (defer) {
+        srv->tier_seq = j->seq;
+        srv->blk_copy[block] = j->seq;
     }
     j->pnext = srv->tier_pend[epd_prefill_tier_bucket(key)];
     srv->tier_pend[epd_prefill_tier_bucket(key)] = j;
     EPD_LIST_INSERT_HEAD_N(EPD_LIST_SELF, srv->tier_jobs, j);
     srv->tier_staged += j->len;
+}
+
+uint64_t epd__prefill_tier_copying(const epd_prefill_srv_t *srv, const uint32_t *blocks,
+                                   uint32_t n)
+{
+    uint64_t want = 0;
+
+    if (srv->blk_copy == NULL || srv->tier_copied == srv->tier_seq) {
+        return 0;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t s = srv->blk_copy[blocks[i]];
+
+        want = s > want ? s : want;
+    }
+    return want > srv->tier_copied ? want : 0;
 }
 
 uint32_t epd__prefill_tier_worth(epd_prefill_srv_t *srv, const epd_prefix_hash_t *keys,

@@ -5,12 +5,17 @@
  *                expiry order;
  *   epd_reqtab   table by (id, sub), the walk, dirty and blocked lists;
  *   epd_handoff  a real compute thread: priority between queues, events in
- *                posting order, backlog, destroy with jobs still queued.
+ *                posting order, backlog, destroy with jobs still queued;
+ *                a nice value added to that thread alone.
  */
 #include "epd_test.h"
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <uv.h>
 
@@ -327,6 +332,72 @@ static void test_handoff(void **state)
     assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* The calling thread's nice value (Linux: per thread). */
+static int thread_nice(void)
+{
+    errno = 0;
+    return getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+}
+
+typedef struct {
+    epd_handoff_t *h; /* set before the first submit */
+    atomic_int seen;
+} nctx_t;
+
+static void n_run(void *arg, void *job, uint32_t queue)
+{
+    nctx_t *c = arg;
+
+    (void)queue;
+    *(int *)job = thread_nice();
+    epd_handoff_post(c->h, job);
+}
+
+static void n_event(void *arg, void *ev)
+{
+    (void)ev;
+    atomic_store(&((nctx_t *)arg)->seen, 1);
+}
+
+static void test_handoff_nice(void **state)
+{
+    epd_handoff_config_t hc;
+    nctx_t c;
+    uv_loop_t loop;
+    int before = thread_nice();
+    int got = -100;
+    uint64_t end;
+
+    (void)state;
+    memset(&c, 0, sizeof(c));
+    atomic_init(&c.seen, 0);
+    assert_int_equal(uv_loop_init(&loop), 0);
+    memset(&hc, 0, sizeof(hc));
+    hc.name = "test nice";
+    hc.n_queues = 1;
+    hc.queue_cap[0] = 1;
+    hc.event_cap = 1;
+    hc.run = n_run;
+    hc.run_arg = &c;
+    hc.on_event = n_event;
+    hc.event_arg = &c;
+    hc.nice = 3;
+    assert_int_equal(epd_handoff_create(&loop, &hc, &c.h), EPD_OK);
+    assert_int_equal(epd_handoff_submit(c.h, 0, &got), EPD_OK);
+    end = epd_time_now_ns() + 5 * EPD_NSEC_PER_SEC;
+    while (!atomic_load(&c.seen) && epd_time_now_ns() < end) {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        epd_time_sleep_ns(EPD_NSEC_PER_MSEC);
+    }
+    assert_true(atomic_load(&c.seen));
+    /* the thread's value moved by 3 (capped at 19), this thread's did not */
+    assert_int_equal(got, before + 3 > 19 ? 19 : before + 3);
+    assert_int_equal(thread_nice(), before);
+    epd_handoff_destroy(c.h);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -334,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_stash),
         cmocka_unit_test(test_reqtab),
         cmocka_unit_test(test_handoff),
+        cmocka_unit_test(test_handoff_nice),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

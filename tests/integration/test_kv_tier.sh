@@ -15,7 +15,14 @@
 #  3. stopped again, a foreign file (written by a worker of the other
 #     model) and a truncated file of ours dropped in: restarted, both are
 #     refused with a log line each (foreign: "written by another model or
-#     KV layout"), the answer is still exact.
+#     KV layout"), the answer is still exact;
+#  4. a 130-block pool and the default host tier: a 101-block prompt, then
+#     another whose admission evicts 71 of the first one's blocks (more than
+#     the loop copies itself): a copy thread copies them out while the
+#     second prompt's run waits (the trace shows it woken), both answers
+#     exact; the first prompt again hits all its 100 full blocks, 71 of them
+#     restored from the host tier, and its answer is exact (had the second
+#     run written over a block before its copy, this answer would differ).
 source "$(dirname "$0")/lib.sh"
 
 mkmodel "$T/hybrid" "${TINY_MODEL_FLAGS[@]}"
@@ -151,6 +158,34 @@ run_refusals() { # MODEL_NAME DECODE_ADDR FOREIGN_FILE: step 3
   same_as_colocated "$T/$m" "$addr" "$dd" "$T/p3" 12 --temperature 0.6 --seed 9
   stop_daemon "${m}3"
 }
+
+run_large_eviction() { # MODEL_NAME DECODE_ADDR: step 4
+  local m=$1 dd=$2 a addr n
+  note "$m: an admission evicting 71 blocks: copied out off the loop, restored exact"
+  pf "l1_$m" "$(prompt_of_len 1600 71)" # BOS + 1600: 101 blocks, 100 full
+  pf "l2_$m" "$(prompt_of_len 1600 72)"
+  start_daemon "${m}4" prefill --model "$T/$m" --worker-id "prefill-${m}4" --kv-blocks 130 \
+    --state-slots 4 --trace "$T/${m}4.trace.json"
+  a="${m}4_ADDR"
+  addr=${!a}
+  same_as_colocated "$T/$m" "$addr" "$dd" "$T/l1_$m" 8
+  same_as_colocated "$T/$m" "$addr" "$dd" "$T/l2_$m" 8
+  [ "$(counter evictions "$addr")" = 71 ] || fail "$m: evictions=$(counter evictions "$addr")"
+  n=$(counter hit_tokens "$addr")
+  same_as_colocated "$T/$m" "$addr" "$dd" "$T/l1_$m" 8
+  [ $(( $(counter hit_tokens "$addr") - n )) = 1600 ] ||
+    fail "$m: the first prompt again hit $(( $(counter hit_tokens "$addr") - n )) tokens, want 1600"
+  [ "$(counter tier_restored_host "$addr")" = 71 ] ||
+    fail "$m: restored $(counter tier_restored_host "$addr") blocks from the host tier, want 71"
+  [ "$(counter tier_checksum_failures "$addr")" = 0 ] || fail "$m: checksum failures"
+  stop_daemon "${m}4"
+  [ "$STOP_RC" = 0 ] || fail "$m: prefill exited $STOP_RC"
+  grep -q '"blocks copied out to the tier"' "$T/${m}4.trace.json" ||
+    fail "$m: no run waited for its blocks to be copied out (the trace has no such event)"
+}
+
+run_large_eviction attn "$da_ADDR"
+run_large_eviction hybrid "$d_ADDR"
 
 # each model's foreign file comes from the other's directory
 run_model attn "$da_ADDR"
