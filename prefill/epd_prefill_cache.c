@@ -388,6 +388,8 @@ epd_status_t epd__prefill_cache_place(epd_prefill_srv_t *srv, epd_prefill_req_t 
         req->local_blocks[i] = srv->free_blocks[--srv->n_free_blocks];
     }
     req->copy_wait = epd__prefill_tier_copying(srv, &req->local_blocks[h], req->n_blocks - h);
+    srv->tier_copy_want = req->copy_wait > srv->tier_copy_want ? req->copy_wait
+                                                                : srv->tier_copy_want;
     req->hit_blocks = h;
     req->start = c * bt;
     req->replay_end = h > c ? h * bt : 0;

@@ -384,7 +384,6 @@ typedef struct epd_prefill_req {
         t_first_layer_ns;
     uint64_t t_media_ns;    /* every image ready, its run submitted (text: t_admit_ns) */
     uint64_t t_finished_ns; /* the compute thread finished the run */
-    uint64_t t_admit_done_ns; /* its blocks placed (the admission's span) */
     /* FAILED: why, and what it still owes */
     epd_status_t fail_status;
     char fail_msg[160];
@@ -471,11 +470,10 @@ typedef struct epd_prefill_srv {
     uint64_t *blk_copy;          /* [kv_blocks]: the store copying a block out, 0: none */
     uint64_t tier_seq;           /* the last store numbered */
     uint64_t tier_copied;        /* every store up to this one is copied out */
-    uint64_t tier_copied_seen;   /* the request layer's: tier_copied when it last looked */
-    uint32_t tier_copy_waiters;  /* requests whose copy_wait is set (the request layer's) */
+    uint64_t tier_copy_want;     /* the last store a run waits for: copies up to it set room */
     /* requests (the request layer's) */
     epd_reqtab_t reqs;
-    int room; /* a write completed: retry the blocked */
+    int room; /* a write completed, or a tier copy: retry the blocked */
     /* ids with no live request (the ids part's) */
     epd_stash_t *stash; /* early KvReservation / KvRefused, keyed (id, 0) */
     epd_tombs_t *tombs;
@@ -707,6 +705,12 @@ void epd__prefill_xfer_first_token(epd_prefill_srv_t *srv, epd_link_t *client, u
                                    int32_t first_token);
 /* Decode's lease keep-alive during a long layer: the last posted layer's
  * LayerDone again, at most every lease/4. */
+/* What a failed request owes its decode worker (`owe`: EPD_PREFILL_TELL_DECODE,
+ * EPD_PREFILL_QUIESCE once no write is in flight; a dead link's WritesQuiesced
+ * goes to the daemon, rule 28), sent as far as it can be: returns what is
+ * still owed. */
+unsigned epd__prefill_xfer_owed(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, unsigned owe,
+                                epd_status_t status, const char *msg);
 void epd__prefill_xfer_keepalive(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint64_t now_ns);
 /* The peer's link is going: its key dies with it. */
 void epd__prefill_xfer_forget_key(epd_prefill_xfer_t *x);

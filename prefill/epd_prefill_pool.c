@@ -157,6 +157,9 @@ epd_status_t epd__prefill_pool_admit(epd_prefill_srv_t *srv, const Epd__Generate
         epd_prefill_req_free(req);
         return st;
     }
+    /* blocks found, evicted (stored to the tier) and taken */
+    epd_trace_span(srv->trace, "admission", "wait", req->id, -1, req->t_admit_ns,
+                   epd_time_now_ns());
     req->slot = srv->free_slots[--srv->n_free_slots];
     req->xfer.local.state_slot = req->slot;
     req->run_job.kind = EPD_PREFILL_JOB_RUN;

@@ -63,10 +63,15 @@ static void epd_prefill_unblock_all(epd_prefill_srv_t *srv)
 }
 
 /* May its run start: not held for its reservation (rule 34), or that came;
- * its blocks copied out to the tier (copy_wait, cleared by the pump). */
-static int epd_prefill_may_run(const epd_prefill_req_t *req)
+ * its blocks copied out to the tier, else it waits on the blocked list
+ * (the tier's copies set srv->room). */
+static int epd_prefill_may_run(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
-    return (!req->hold || req->xfer.have_resv) && req->copy_wait == 0;
+    if (req->copy_wait > srv->tier_copied) {
+        epd_reqtab_block(&srv->reqs, &req->ent);
+        return 0;
+    }
+    return !req->hold || req->xfer.have_resv;
 }
 
 /* Is `env`'s sender the decode incarnation `req` is bound to? */
@@ -124,41 +129,13 @@ static void epd_prefill_fail(epd_prefill_srv_t *srv, epd_prefill_req_t *req, epd
 /* Sends what a failed request still owes (the links queue, never drop). */
 static void epd_prefill_send_owed(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
 {
-    epd_link_t *dl;
-
     if ((req->owe & EPD_PREFILL_TELL_CLIENT) != 0) {
         (void)epd_link_send_error(req->client, req->id, req->fail_status, req->fail_msg,
                                   req->fail_culprit);
         req->owe &= ~EPD_PREFILL_TELL_CLIENT;
     }
-    if (!epd_peer_usable(req->peer)) {
-        /* its links are gone.  It may still hold memory for our writes in
-         * quarantine (a retired writer's one-sided writes are not stopped
-         * by closing endpoints): once every write of ours for this request
-         * completed, the daemon tells that incarnation so on a new link
-         * (rule 28) */
-        req->owe &= ~EPD_PREFILL_TELL_DECODE;
-        if ((req->owe & EPD_PREFILL_QUIESCE) != 0 && req->xfer.writes_inflight == 0) {
-            if (req->peer != NULL) {
-                epd_peer_owe_quiesced(req->peer, req->id);
-            }
-            req->owe &= ~EPD_PREFILL_QUIESCE;
-        }
-        return;
-    }
-    dl = epd_peer_link(req->peer);
-    if ((req->owe & EPD_PREFILL_TELL_DECODE) != 0) {
-        (void)epd_link_send_error(dl, req->id, req->fail_status, req->fail_msg, NULL);
-        req->owe &= ~EPD_PREFILL_TELL_DECODE;
-    }
-    if ((req->owe & EPD_PREFILL_QUIESCE) != 0 && req->xfer.writes_inflight == 0) {
-        /* fenced on our link: behind every write posted on it */
-        (void)epd_link_send_quiesced(dl, req->id);
-        req->owe &= ~EPD_PREFILL_QUIESCE;
-        epd_log_debug(EPD_PREFILL_LOG, req->id, "writes quiesced (%llu posted)",
-                      (unsigned long long)req->xfer.writes_posted);
-    }
-    (void)srv;
+    req->owe = epd__prefill_xfer_owed(srv, &req->xfer, req->owe, req->fail_status,
+                                      req->fail_msg);
 }
 
 /* Posts what may go; returns -1 when parked on backpressure. */
@@ -197,6 +174,10 @@ static epd_status_t epd_prefill_submit_run(epd_prefill_srv_t *srv, epd_prefill_r
     }
     if (epd_prefill_compute_submit(srv->compute, &req->run_job) != EPD_OK) {
         return EPD_ERR_NO_CAPACITY;
+    }
+    if (req->copy_wait != 0) {
+        epd_trace_span(srv->trace, "tier copy wait", "wait", req->id, -1, req->t_admit_ns,
+                       epd_time_now_ns()); /* its evicted blocks were being copied out */
     }
     req->run_submitted = 1;
     return EPD_OK;
@@ -239,7 +220,7 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
         }
         switch (req->state) {
         case EPD_PREFILL_REQ_MEDIA:
-            if (!req->wait.waiting && req->media_pending == 0 && epd_prefill_may_run(req)) {
+            if (!req->wait.waiting && req->media_pending == 0 && epd_prefill_may_run(srv, req)) {
                 if (epd_prefill_submit_run(srv, req) == EPD_OK) {
                     req->state = EPD_PREFILL_REQ_COMPUTING;
                     epd_trace_span(srv->trace, "encode (images)", "wait", req->id, -1,
@@ -255,7 +236,7 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
         case EPD_PREFILL_REQ_COMPUTING:
             if (!req->run_submitted) {
                 /* held for its reservation (rule 34) */
-                if (!epd_prefill_may_run(req)) {
+                if (!epd_prefill_may_run(srv, req)) {
                     break;
                 }
                 if (epd_prefill_submit_run(srv, req) != EPD_OK) {
@@ -357,9 +338,6 @@ static void epd_prefill_req_destroy(epd_prefill_srv_t *srv, epd_prefill_req_t *r
     }
     if (req->more_listed) {
         srv->n_more--;
-    }
-    if (req->copy_wait != 0) {
-        srv->tier_copy_waiters--;
     }
     epd_reqtab_remove(&srv->reqs, &req->ent);
     epd__prefill_media_unwait(srv, &req->wait);
@@ -529,15 +507,15 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
     if (st == EPD_OK) {
         st = epd__prefill_pool_admit(srv, g, sp, peer, &req);
         if (st == EPD_OK) {
-            req->t_admit_done_ns = epd_time_now_ns();
             req->run_job.from_router = epd_daemon_sent_by_router(srv->d, env);
             /* under pressure a run waits for its reservation (rule 34): a
              * refusal then costs no compute at all */
             req->hold = !only && srv->hold_under_pressure && t_recv < srv->pressure_until_ns;
             srv->runs_held += req->hold != 0;
         }
-        if (st == EPD_OK && req->n_media == 0 && epd_prefill_may_run(req) &&
-            epd_prefill_submit_run(srv, req) != EPD_OK) {
+        /* (not yet in the table: nothing may park it) */
+        if (st == EPD_OK && req->n_media == 0 && req->copy_wait <= srv->tier_copied &&
+            epd_prefill_may_run(srv, req) && epd_prefill_submit_run(srv, req) != EPD_OK) {
             req->peer = NULL; /* the reference goes back to this function */
             epd__prefill_pool_free(srv, req);
             st = EPD_ERR_NO_CAPACITY;
@@ -558,9 +536,7 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
         epd__prefill_req_refused(srv, id, st, msg);
         return;
     }
-    /* a text prompt's run is queued already, unless it waits for its
-     * blocks to be copied out to the tier (the pump submits it then) */
-    srv->tier_copy_waiters += req->copy_wait != 0;
+    /* a text prompt's run is queued already, unless it waits */
     req->state = req->n_media > 0 ? EPD_PREFILL_REQ_MEDIA : EPD_PREFILL_REQ_COMPUTING;
     req->client = from;
     epd_link_ref(from);
@@ -568,11 +544,12 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
     req->ent.id = id;
     req->ent.sub = 0;
     epd_reqtab_insert(&srv->reqs, &req->ent);
+    if (req->n_media == 0 && req->copy_wait > srv->tier_copied) {
+        epd_reqtab_block(&srv->reqs, &req->ent); /* its blocks are still being copied out */
+    }
     epd_trace_instant(srv->trace,
                       only ? "GenerateRequest received (prefill only)" : "GenerateRequest received",
                       "msg", id, -1, t_recv);
-    /* blocks found, evicted (stored to the tier) and taken */
-    epd_trace_span(srv->trace, "admission", "wait", id, -1, t_recv, req->t_admit_done_ns);
     epd_log_debug(EPD_PREFILL_LOG, id, "admitted: %u tokens, %u blocks, slot %u, decode '%s'",
                   req->n_tokens, req->n_blocks, req->slot,
                   peer != NULL ? epd_peer_id(peer) : "(none: prefill only)");
@@ -879,20 +856,6 @@ int epd__prefill_req_on_pump(void *arg)
     if (srv->room) {
         srv->room = 0;
         epd_prefill_unblock_all(srv);
-    }
-    if (srv->tier_copy_waiters > 0 && srv->tier_copied != srv->tier_copied_seen) {
-        /* the tier thread copied more evicted blocks out: runs may start */
-        srv->tier_copied_seen = srv->tier_copied;
-        for (req = epd_reqtab_first_req(&srv->reqs); req != NULL;
-             req = epd_reqtab_next_req(&srv->reqs, req)) {
-            if (req->copy_wait != 0 && req->copy_wait <= srv->tier_copied) {
-                req->copy_wait = 0;
-                srv->tier_copy_waiters--;
-                epd_trace_instant(srv->trace, "blocks copied out to the tier", "wait", req->id,
-                                  -1, epd_time_now_ns());
-                epd_prefill_dirty(srv, req);
-            }
-        }
     }
     do {
         if (srv->embed_room) {

@@ -230,8 +230,9 @@ static void epd_prefill_tier_on_copied(void *arg, void *ev)
     if (srv->blk_copy[j->block] == j->seq) {
         srv->blk_copy[j->block] = 0;
     }
-    if (srv->tier_copy_waiters > 0) {
-        epd_daemon_kick(srv->d); /* the request layer's pump looks */
+    if (j->seq <= srv->tier_copy_want) {
+        srv->room = 1; /* a run may wait for it: the blocked are retried */
+        epd_daemon_kick(srv->d);
     }
     if (!j->pack_submitted) {
         (void)epd_prefill_tier_pack_submit(srv, j);

@@ -298,6 +298,42 @@ static void epd_prefill_maybe_keepalive(epd_prefill_srv_t *srv, epd_prefill_xfer
     }
 }
 
+unsigned epd__prefill_xfer_owed(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, unsigned owe,
+                                epd_status_t status, const char *msg)
+{
+    epd_link_t *dl;
+
+    (void)srv;
+    if (!epd_peer_usable(x->peer)) {
+        /* its links are gone.  It may still hold memory for our writes in
+         * quarantine (a retired writer's one-sided writes are not stopped
+         * by closing endpoints): once every write of ours for this request
+         * completed, the daemon tells that incarnation so on a new link
+         * (rule 28) */
+        owe &= ~EPD_PREFILL_TELL_DECODE;
+        if ((owe & EPD_PREFILL_QUIESCE) != 0 && x->writes_inflight == 0) {
+            if (x->peer != NULL) {
+                epd_peer_owe_quiesced(x->peer, x->id);
+            }
+            owe &= ~EPD_PREFILL_QUIESCE;
+        }
+        return owe;
+    }
+    dl = epd_peer_link(x->peer);
+    if ((owe & EPD_PREFILL_TELL_DECODE) != 0) {
+        (void)epd_link_send_error(dl, x->id, status, msg, NULL);
+        owe &= ~EPD_PREFILL_TELL_DECODE;
+    }
+    if ((owe & EPD_PREFILL_QUIESCE) != 0 && x->writes_inflight == 0) {
+        /* fenced on our link: behind every write posted on it */
+        (void)epd_link_send_quiesced(dl, x->id);
+        owe &= ~EPD_PREFILL_QUIESCE;
+        epd_log_debug(EPD_PREFILL_LOG, x->id, "writes quiesced (%llu posted)",
+                      (unsigned long long)x->writes_posted);
+    }
+    return owe;
+}
+
 void epd__prefill_xfer_keepalive(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint64_t now_ns)
 {
     if (x->have_resv && epd_peer_usable(x->peer)) {

@@ -19,7 +19,7 @@
 #  4. a 130-block pool and the default host tier: a 101-block prompt, then
 #     another whose admission evicts 71 of the first one's blocks (more than
 #     the loop copies itself): a copy thread copies them out while the
-#     second prompt's run waits (the trace shows it woken), both answers
+#     second prompt's run waits (the trace has its "tier copy wait"), both answers
 #     exact; the first prompt again hits all its 100 full blocks, 71 of them
 #     restored from the host tier, and its answer is exact (had the second
 #     run written over a block before its copy, this answer would differ).
@@ -180,7 +180,7 @@ run_large_eviction() { # MODEL_NAME DECODE_ADDR: step 4
   [ "$(counter tier_checksum_failures "$addr")" = 0 ] || fail "$m: checksum failures"
   stop_daemon "${m}4"
   [ "$STOP_RC" = 0 ] || fail "$m: prefill exited $STOP_RC"
-  grep -q '"blocks copied out to the tier"' "$T/${m}4.trace.json" ||
+  grep -q '"tier copy wait"' "$T/${m}4.trace.json" ||
     fail "$m: no run waited for its blocks to be copied out (the trace has no such event)"
 }
 
