@@ -35,8 +35,9 @@
  * that has one (a pinned one may be restored by a run in flight).  With
  * the tier on, an evicted block is stored there first: an admission that
  * evicts more than EPD_PREFILL_EVICT_SYNC_MAX blocks leaves the copying to
- * the tier thread and its run waits for it (req->copy_wait), a smaller
- * one copies on the loop.
+ * a copy thread, a smaller one copies on the loop; the blocks still being
+ * copied go to the end of the request's table, and no chunk of its run
+ * writes them before they are copied out (req->copy_from, copy_wait).
  *
  * Loop thread only; the compute thread reads a checkpoint (restore) and
  * writes the request's new ones while the run is lent to it — slots the
@@ -372,10 +373,15 @@ epd_status_t epd__prefill_cache_place(epd_prefill_srv_t *srv, epd_prefill_req_t 
         }
     }
     if (srv->n_free_blocks < req->n_blocks - h) {
-        /* many blocks: the tier thread copies them out, the run waits */
-        int defer = req->n_blocks - h - srv->n_free_blocks > EPD_PREFILL_EVICT_SYNC_MAX;
+        /* many blocks: a copy thread copies them out to the tier */
+        uint32_t want = req->n_blocks - h - srv->n_free_blocks;
+        int defer = want > EPD_PREFILL_EVICT_SYNC_MAX;
 
         while (srv->n_free_blocks < req->n_blocks - h && epd_prefill_cache_evict(srv, defer)) {
+        }
+        if (defer && srv->tier != NULL) {
+            epd_log_debug(EPD_PREFILL_LOG, req->id,
+                          "admission evicts %u blocks: the copy thread copies them out", want);
         }
     }
     if (srv->n_free_blocks < req->n_blocks - h) {
@@ -388,8 +394,11 @@ epd_status_t epd__prefill_cache_place(epd_prefill_srv_t *srv, epd_prefill_req_t 
         req->local_blocks[i] = srv->free_blocks[--srv->n_free_blocks];
     }
     req->copy_wait = epd__prefill_tier_copying(srv, &req->local_blocks[h], req->n_blocks - h);
-    srv->tier_copy_want = req->copy_wait > srv->tier_copy_want ? req->copy_wait
-                                                                : srv->tier_copy_want;
+    /* the blocks still being copied out go last: the first chunks need
+     * not wait for them */
+    req->copy_from = req->copy_wait != 0 ? h + epd__prefill_tier_copies_last(
+                                                 srv, &req->local_blocks[h], req->n_blocks - h)
+                                         : req->n_blocks;
     req->hit_blocks = h;
     req->start = c * bt;
     req->replay_end = h > c ? h * bt : 0;

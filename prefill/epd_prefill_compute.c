@@ -46,6 +46,8 @@ struct epd_prefill_compute {
     int greedy;              /* the next chunk at once when nothing else waits */
     epd_embed_span_t *spans; /* [max_media]: one chunk's spans, compute thread */
     uint32_t max_media;
+    atomic_uint_fast64_t copied; /* the tier's copies done, in order (loop writes) */
+    epd_prefill_job_t *parked;   /* runs waiting for them (loop) */
 };
 
 /* What the sink needs: lives on the compute thread's stack for one run. */
@@ -239,6 +241,16 @@ next_turn:
     if (c->chunk_tokens > 0 && prompt_end - job->chunk_next > c->chunk_tokens) {
         end = job->chunk_next + c->chunk_tokens;
     }
+    if (job->copy_wait != 0 &&
+        (end == prompt_end ? job->seq.n_blocks - 1 : (end - 1) / c->info->kv.block_tokens) >=
+            job->copy_from &&
+        atomic_load_explicit(&c->copied, memory_order_acquire) < job->copy_wait) {
+        /* the chunk (a resume's tail: to the last block) would write a
+         * block still being copied out to the tier: the turn goes back */
+        job->copy_parked = 1;
+        epd_prefill_compute_emit(c, &job->chunk_ev);
+        return;
+    }
     single = job->chunk_next == job->start && end == prompt_end;
     /* a layer is final only after the last chunk (and a resume's tail):
      * an earlier chunk hands each layer over as partial (its rows so far,
@@ -365,6 +377,8 @@ static void epd_prefill_compute_on_job(void *arg, void *job_v, uint32_t queue)
     }
 }
 
+static void epd_prefill_compute_requeue(epd_prefill_compute_t *c, epd_prefill_job_t *job);
+
 /* Loop thread: one event, in posting order. */
 static void epd_prefill_compute_on_event(void *arg, void *ev_v)
 {
@@ -380,6 +394,48 @@ static void epd_prefill_compute_on_event(void *arg, void *ev_v)
      * meanwhile (the run holds its queue place once: the sizing of the
      * header).  A queue that is full anyway ends the run as a failure */
     job = ev->owner;
+    if (job->copy_parked && atomic_load(&c->copied) < job->copy_wait) {
+        job->parked_ns = epd_time_now_ns();
+        job->park_next = c->parked;
+        c->parked = job;
+        return;
+    }
+    epd_prefill_compute_requeue(c, job);
+}
+
+void epd_prefill_compute_copied(epd_prefill_compute_t *c, uint64_t seq)
+{
+    epd_prefill_job_t **pp = &c->parked;
+
+    atomic_store_explicit(&c->copied, seq, memory_order_release);
+    while (*pp != NULL) {
+        epd_prefill_job_t *job = *pp;
+
+        if (job->copy_wait > seq) {
+            pp = &job->park_next;
+            continue;
+        }
+        *pp = job->park_next;
+        epd_trace_span(job->trace, "tier copy wait", "wait", job->seq.req_id, -1, job->parked_ns,
+                       epd_time_now_ns());
+        epd_prefill_compute_requeue(c, job);
+    }
+}
+
+uint32_t epd_prefill_compute_parked(const epd_prefill_compute_t *c)
+{
+    uint32_t n = 0;
+
+    for (const epd_prefill_job_t *job = c->parked; job != NULL; job = job->park_next) {
+        n++;
+    }
+    return n;
+}
+
+/* Loop thread: a run back at the run queue's tail (its next turn). */
+static void epd_prefill_compute_requeue(epd_prefill_compute_t *c, epd_prefill_job_t *job)
+{
+    job->copy_parked = 0;
     if (epd_handoff_submit(c->h, EPD_PREFILL_Q_RUN, job) != EPD_OK) {
         epd_log_error(EPD_PREFILL_COMP, job->seq.req_id,
                       "loop -> compute job queue full (sizing invariant broken)");
@@ -423,6 +479,7 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
     c->greedy = 1;
     atomic_init(&c->started_tokens[0], 0);
     atomic_init(&c->started_tokens[1], 0);
+    atomic_init(&c->copied, 0);
     c->logits = epd_calloc(c->info->vocab_size, sizeof(*c->logits));
     if (c->logits == NULL) {
         st = EPD_ERR_NO_MEMORY;
@@ -492,6 +549,7 @@ epd_status_t epd_prefill_compute_submit(epd_prefill_compute_t *c, epd_prefill_jo
         job->chunk_next = 0;
         job->chunk_ckpt = 0;
         job->chunk_ev = (epd_prefill_ev_t){.kind = EPD_PREFILL_EV_CHUNK, .owner = job};
+        job->copy_parked = 0;
     }
     st = epd_handoff_submit(
         c->h, job->kind == EPD_PREFILL_JOB_RELEASE ? EPD_PREFILL_Q_RELEASE : EPD_PREFILL_Q_RUN, job);

@@ -53,6 +53,10 @@
  * a decode worker's death stops it at the next layer or chunk boundary.
  * The CHUNK event lives in the job and is re-posted only after the loop
  * consumed it: one more event per request (n_layers + 3 + max_media).
+ * A turn whose chunk would write a block still being copied out to the
+ * tier (copy_from, copy_wait) gives the turn back before computing, with
+ * the same CHUNK event; the loop keeps the job until
+ * epd_prefill_compute_copied says the copies are done.
  *
  * Threads: create, submit, backlog and destroy on the loop thread; the
  * event callback runs on the loop thread (from the hand-off's uv_async).
@@ -114,7 +118,7 @@ typedef enum {
  * touch them afterwards, except `cancel`, which both threads access
  * atomically.
  */
-typedef struct {
+typedef struct epd_prefill_job {
     epd_prefill_job_kind_t kind;
     epd_kv_seq_t seq;      /* block_table borrowed from the request */
     const int32_t *tokens; /* RUN: the prompt, borrowed */
@@ -171,6 +175,12 @@ typedef struct {
     const unsigned char *content_hash;
     uint64_t max_pixels;
     float *embed_out;
+    /* RUN: blocks seq.block_table[copy_from..) were still being copied out
+     * to the prefix cache's tier at admission: no chunk writes them before
+     * the copies up to number copy_wait are done
+     * (epd_prefill_compute_copied); 0: none */
+    uint32_t copy_from;
+    uint64_t copy_wait;
     /* RUN, chunked prefill: the compute module's own (set by submit and the
      * compute thread; the loop touches none of it): whether the run
      * started, where its next chunk starts, its next checkpoint, and the
@@ -179,6 +189,11 @@ typedef struct {
     uint32_t chunk_next;
     uint32_t chunk_ckpt;
     epd_prefill_ev_t chunk_ev;
+    /* ... and a turn given back before its chunk (it writes a block still
+     * being copied out): the loop parks the job until the copies are done */
+    int copy_parked;
+    uint64_t parked_ns;
+    struct epd_prefill_job *park_next; /* the module's list of parked jobs (loop) */
 } epd_prefill_job_t;
 
 typedef struct epd_prefill_compute epd_prefill_compute_t;
@@ -209,6 +224,13 @@ void epd_prefill_compute_set_chunk(epd_prefill_compute_t *c, uint32_t tokens);
  * queue's tail, through the loop (strict round robin even against jobs
  * submitted after it started).  Loop thread, with no run in progress. */
 void epd_prefill_compute_set_greedy(epd_prefill_compute_t *c, int on);
+
+/* The tier's copies up to number `seq` are done (in order): parked runs
+ * whose copy_wait it reaches go back to the run queue.  Loop thread. */
+void epd_prefill_compute_copied(epd_prefill_compute_t *c, uint64_t seq);
+
+/* Runs parked for the tier's copies now.  Loop thread. */
+uint32_t epd_prefill_compute_parked(const epd_prefill_compute_t *c);
 
 /* Queues `job` (lent, see above).  EPD_ERR_NO_RESOURCE only when the sizing
  * invariant is broken.  Loop thread; never blocks. */

@@ -39,7 +39,7 @@
  * the parts (epd_prefill_ids.c, epd_prefill_pool.c, epd_prefill_cache.c,
  * epd_prefill_media.c, epd_prefill_xfer.c, epd_prefill_metrics.c) -> epd_prefill_compute.c,
  * epd_prefill_plan.c; among the parts: pool -> cache, xfer, plan; cache -> tier;
- * xfer -> plan; media -> compute.
+ * xfer -> plan; media -> compute; tier -> compute.
  * main.c also calls the request layer and the parts to set them up.  A
  * part never calls the request layer: it answers with return values, and
  * reaches it only through callbacks registered at start-up — the daemon's
@@ -369,8 +369,11 @@ typedef struct epd_prefill_req {
     int complete_sent; /* PrefillComplete (or the first token) went out */
     int landed_seen;   /* its last write landed (observed once for /metrics) */
     int hold;          /* admitted under pressure: its run waits for the reservation */
-    uint64_t copy_wait; /* its blocks are still being copied out to the tier: the run
-                         * waits until srv->tier_copied reaches this (0: nothing to wait for) */
+    /* local_blocks[copy_from..) were still being copied out to the tier at
+     * admission: no chunk writes them before the copies up to copy_wait
+     * are done (the compute module parks the run; 0: none) */
+    uint32_t copy_from;
+    uint64_t copy_wait;
     int released;      /* RELEASED consumed */
     /* images: the run is queued once media_pending is 0 */
     epd_prefill_media_t *media; /* [n_media] */
@@ -470,10 +473,9 @@ typedef struct epd_prefill_srv {
     uint64_t *blk_copy;          /* [kv_blocks]: the store copying a block out, 0: none */
     uint64_t tier_seq;           /* the last store numbered */
     uint64_t tier_copied;        /* every store up to this one is copied out */
-    uint64_t tier_copy_want;     /* the last store a run waits for: copies up to it set room */
     /* requests (the request layer's) */
     epd_reqtab_t reqs;
-    int room; /* a write completed, or a tier copy: retry the blocked */
+    int room; /* a write completed: retry the blocked */
     /* ids with no live request (the ids part's) */
     epd_stash_t *stash; /* early KvReservation / KvRefused, keyed (id, 0) */
     epd_tombs_t *tombs;
@@ -647,6 +649,10 @@ void epd__prefill_tier_store(epd_prefill_srv_t *srv, const epd_prefix_hash_t *ke
  * (compare with srv->tier_copied), or 0 when none is on its way. */
 uint64_t epd__prefill_tier_copying(const epd_prefill_srv_t *srv, const uint32_t *blocks,
                                    uint32_t n);
+/* Reorders blocks[0..n): those still being copied out to the tier last.
+ * Returns how many are not. */
+uint32_t epd__prefill_tier_copies_last(const epd_prefill_srv_t *srv, uint32_t *blocks,
+                                       uint32_t n);
 /* How many of keys[0..n) (consecutive, from the first) to restore from
  * the tier: the run the tier holds, or 0 when computing them is faster. */
 uint32_t epd__prefill_tier_worth(epd_prefill_srv_t *srv, const epd_prefix_hash_t *keys,

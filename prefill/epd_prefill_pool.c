@@ -177,6 +177,8 @@ epd_status_t epd__prefill_pool_admit(epd_prefill_srv_t *srv, const Epd__Generate
     req->run_job.ckpts = req->ckpts;
     req->run_job.n_ckpts = req->n_ckpts;
     req->run_job.n_decode = g->resume_generated;
+    req->run_job.copy_from = req->copy_from;
+    req->run_job.copy_wait = req->copy_wait;
     req->run_job.sample = *sp;
     req->run_job.cancel = &req->cancel;
     req->run_job.layer_evs = req->evs;

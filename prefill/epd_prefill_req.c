@@ -62,15 +62,9 @@ static void epd_prefill_unblock_all(epd_prefill_srv_t *srv)
     }
 }
 
-/* May its run start: not held for its reservation (rule 34), or that came;
- * its blocks copied out to the tier, else it waits on the blocked list
- * (the tier's copies set srv->room). */
-static int epd_prefill_may_run(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
+/* May its run start: not held for its reservation (rule 34), or that came. */
+static int epd_prefill_may_run(const epd_prefill_req_t *req)
 {
-    if (req->copy_wait > srv->tier_copied) {
-        epd_reqtab_block(&srv->reqs, &req->ent);
-        return 0;
-    }
     return !req->hold || req->xfer.have_resv;
 }
 
@@ -175,10 +169,6 @@ static epd_status_t epd_prefill_submit_run(epd_prefill_srv_t *srv, epd_prefill_r
     if (epd_prefill_compute_submit(srv->compute, &req->run_job) != EPD_OK) {
         return EPD_ERR_NO_CAPACITY;
     }
-    if (req->copy_wait != 0) {
-        epd_trace_span(srv->trace, "tier copy wait", "wait", req->id, -1, req->t_admit_ns,
-                       epd_time_now_ns()); /* its evicted blocks were being copied out */
-    }
     req->run_submitted = 1;
     return EPD_OK;
 }
@@ -220,7 +210,7 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
         }
         switch (req->state) {
         case EPD_PREFILL_REQ_MEDIA:
-            if (!req->wait.waiting && req->media_pending == 0 && epd_prefill_may_run(srv, req)) {
+            if (!req->wait.waiting && req->media_pending == 0 && epd_prefill_may_run(req)) {
                 if (epd_prefill_submit_run(srv, req) == EPD_OK) {
                     req->state = EPD_PREFILL_REQ_COMPUTING;
                     epd_trace_span(srv->trace, "encode (images)", "wait", req->id, -1,
@@ -236,7 +226,7 @@ static int epd_prefill_req_step(epd_prefill_srv_t *srv, epd_prefill_req_t *req)
         case EPD_PREFILL_REQ_COMPUTING:
             if (!req->run_submitted) {
                 /* held for its reservation (rule 34) */
-                if (!epd_prefill_may_run(srv, req)) {
+                if (!epd_prefill_may_run(req)) {
                     break;
                 }
                 if (epd_prefill_submit_run(srv, req) != EPD_OK) {
@@ -513,9 +503,8 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
             req->hold = !only && srv->hold_under_pressure && t_recv < srv->pressure_until_ns;
             srv->runs_held += req->hold != 0;
         }
-        /* (not yet in the table: nothing may park it) */
-        if (st == EPD_OK && req->n_media == 0 && req->copy_wait <= srv->tier_copied &&
-            epd_prefill_may_run(srv, req) && epd_prefill_submit_run(srv, req) != EPD_OK) {
+        if (st == EPD_OK && req->n_media == 0 && !req->hold &&
+            epd_prefill_submit_run(srv, req) != EPD_OK) {
             req->peer = NULL; /* the reference goes back to this function */
             epd__prefill_pool_free(srv, req);
             st = EPD_ERR_NO_CAPACITY;
@@ -536,7 +525,7 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
         epd__prefill_req_refused(srv, id, st, msg);
         return;
     }
-    /* a text prompt's run is queued already, unless it waits */
+    /* a text prompt's run is queued already */
     req->state = req->n_media > 0 ? EPD_PREFILL_REQ_MEDIA : EPD_PREFILL_REQ_COMPUTING;
     req->client = from;
     epd_link_ref(from);
@@ -544,9 +533,6 @@ void epd__prefill_req_generate(epd_prefill_srv_t *srv, epd_link_t *from, const E
     req->ent.id = id;
     req->ent.sub = 0;
     epd_reqtab_insert(&srv->reqs, &req->ent);
-    if (req->n_media == 0 && req->copy_wait > srv->tier_copied) {
-        epd_reqtab_block(&srv->reqs, &req->ent); /* its blocks are still being copied out */
-    }
     epd_trace_instant(srv->trace,
                       only ? "GenerateRequest received (prefill only)" : "GenerateRequest received",
                       "msg", id, -1, t_recv);

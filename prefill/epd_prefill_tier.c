@@ -27,13 +27,15 @@
  * CPU from the loop and the compute thread.  The copy is the loop's for an
  * admission that evicts a few blocks; one that evicts more
  * (EPD_PREFILL_EVICT_SYNC_MAX, cache part) hands the copies to a copy
- * thread of their own (normal priority), and the admitted request's run
- * waits until its blocks are copied out (srv->blk_copy, req->copy_wait):
- * gathering a few hundred MB on the loop held every short prompt for
- * 0.7 s.  Payload buffers are reused (up to EPD_PREFILL_TIER_SPARE_BYTES
- * kept): a fresh one cost a page fault every 4 KiB it was written.  The
- * buffers of the stores on their way are capped at the host tier's size (--kv-host-bytes,
- * at least 64 MiB): a block evicted beyond the cap is not
+ * thread of their own (normal priority); no chunk of the admitted
+ * request's run writes a block before it is copied out (srv->blk_copy,
+ * req->copy_from / copy_wait; the compute module parks a turn that would,
+ * epd_prefill_compute_copied resumes it): gathering a few hundred MB on
+ * the loop held every short prompt for 0.7 s.  Payload buffers are reused
+ * (up to EPD_PREFILL_TIER_SPARE_BYTES kept): a fresh one cost a page fault
+ * every 4 KiB it was written.  The buffers of the stores on their way are
+ * capped at the host tier's size (--kv-host-bytes, at least 64 MiB): a
+ * block evicted beyond the cap is not
  * kept (counted with the tier's dropped blocks).  A lookup that meets a
  * block still on its way waits for it, so what was stored is found:
  * nothing but such a lookup ever waits.  Reads and decompression at
@@ -230,9 +232,8 @@ static void epd_prefill_tier_on_copied(void *arg, void *ev)
     if (srv->blk_copy[j->block] == j->seq) {
         srv->blk_copy[j->block] = 0;
     }
-    if (j->seq <= srv->tier_copy_want) {
-        srv->room = 1; /* a run may wait for it: the blocked are retried */
-        epd_daemon_kick(srv->d);
+    if (srv->compute != NULL) {
+        epd_prefill_compute_copied(srv->compute, srv->tier_copied); /* parked runs go on */
     }
     if (!j->pack_submitted) {
         (void)epd_prefill_tier_pack_submit(srv, j);
@@ -485,6 +486,25 @@ uint64_t epd__prefill_tier_copying(const epd_prefill_srv_t *srv, const uint32_t 
         want = s > want ? s : want;
     }
     return want > srv->tier_copied ? want : 0;
+}
+
+uint32_t epd__prefill_tier_copies_last(const epd_prefill_srv_t *srv, uint32_t *blocks,
+                                       uint32_t n)
+{
+    uint32_t i = 0, k = n;
+
+    /* [0, i) not being copied, [k, n) being copied */
+    while (i < k) {
+        if (epd__prefill_tier_copying(srv, &blocks[i], 1) == 0) {
+            i++;
+        } else {
+            uint32_t t = blocks[i];
+
+            blocks[i] = blocks[--k];
+            blocks[k] = t;
+        }
+    }
+    return i;
 }
 
 uint32_t epd__prefill_tier_worth(epd_prefill_srv_t *srv, const epd_prefix_hash_t *keys,

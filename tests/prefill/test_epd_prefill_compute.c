@@ -408,6 +408,43 @@ static void test_chunked_round_robin(void **state)
     epd_prefill_compute_set_greedy(g->c, 1);
 }
 
+static int one_parked(void)
+{
+    return epd_prefill_compute_parked(g->c) == 1;
+}
+
+/* A run whose blocks from block_table[2] on are still being copied out to
+ * the prefix cache's tier (copy_from 2, copy_wait 3), in chunks of one
+ * block: its first two chunks run, the third parks it; copies up to 2
+ * leave it parked, up to 3 let it go on; it ends as the reference does.
+ * Not chunked, the same run parks before computing anything. */
+static void test_copy_park(void **state)
+{
+    (void)state;
+    for (int chunked = 1; chunked >= 0; chunked--) {
+        memset(g->reqs, 0, sizeof(g->reqs));
+        g->n_done = 0;
+        epd_prefill_compute_set_chunk(g->c, chunked ? 16 : 0);
+        req_init(&g->reqs[0], 0, 60);
+        g->reqs[0].job.copy_from = 2;
+        g->reqs[0].job.copy_wait = 3 + 10 * (uint64_t)(1 - chunked);
+        assert_int_equal(epd_prefill_compute_submit(g->c, &g->reqs[0].job), EPD_OK);
+        run_until(one_parked, 30000);
+        assert_int_equal(epd_prefill_compute_parked(g->c), 1);
+        assert_false(g->reqs[0].done);
+        epd_prefill_compute_copied(g->c, g->reqs[0].job.copy_wait - 1);
+        assert_int_equal(epd_prefill_compute_parked(g->c), 1);
+        epd_prefill_compute_copied(g->c, g->reqs[0].job.copy_wait);
+        assert_int_equal(epd_prefill_compute_parked(g->c), 0);
+        run_until(all_done, 30000);
+        assert_true(all_done());
+        assert_int_equal(g->bad_order, 0);
+        assert_int_equal(g->reqs[0].status, EPD_OK);
+        assert_int_equal(g->reqs[0].n_layer_evs, g->info->kv.n_layers);
+        check_against_reference(&g->reqs[0]);
+    }
+}
+
 /* A chunked run canceled between its chunks stops at the next chunk
  * boundary: DONE with EPD_ERR_CANCELED and not one layer handed over. */
 static void test_chunked_cancel(void **state)
@@ -496,6 +533,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_queue_bound, setup, teardown),
         cmocka_unit_test_setup_teardown(test_chunked_round_robin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_chunked_cancel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_copy_park, setup, teardown),
         cmocka_unit_test_setup_teardown(test_chunked_image_span, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
