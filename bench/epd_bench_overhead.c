@@ -32,20 +32,27 @@
  *   msg       the message latency: LayerDone "sent" (prefill) -> "received"
  *             (decode) in the Z requests (no write to wait for), median
  *   link      the bandwidth the KV moved at: the bytes of a B request over
- *             the union of its "KV write" spans (first post -> last
- *             completion of each layer), median over the B requests
+ *             the union of its "KV write" spans (prefill traces one per
+ *             busy episode of a layer's writes: one per layer unchunked,
+ *             about one per chunk and layer chunked), median over the B
+ *             requests
  *   floor     the least B - A that this link and this compute allow, per B
- *             request from its own trace (its own link bandwidth, the row's
- *             message latency): layer l's KV exists at r_l (the
- *             end of its "compute" span: the engine's sink), compute ends
- *             at e; a link of bandwidth `link` that is never idle while
- *             bytes wait finishes at max_l (r_l + bytes(l..L-1) / link),
- *             and PrefillComplete (it carries the first token) leaves at e
- *             at the earliest; so floor = max(0, that - e) + msg, median
- *             over the B requests.  bound = link when the maximum is set by
- *             an earlier layer than the last (the link falls behind KV
- *             production: a backlog) or the whole KV cannot cross in the
- *             compute after the first layer, else compute
+ *             request from its own trace (the row's message latency): a
+ *             chunk's layer l exists at moment t (the end of its "compute"
+ *             span: the engine's sink); each write episode belongs to the
+ *             last moment of its layer at or before its first post; a link
+ *             that is never idle while bytes wait, moving each stretch of
+ *             bytes as fast as it moved them, finishes by max_t (t + the
+ *             union of the episodes of moment t and later) — never later
+ *             than the writes did, so the floor never exceeds what
+ *             happened; PrefillComplete (it carries the first token)
+ *             leaves when compute ends (e) at the earliest; so floor =
+ *             max(0, that - e) + msg, median over the B requests.  bound =
+ *             link when the KV before the last moment was still crossing
+ *             at it (a backlog) or the link's busy time exceeds the compute
+ *             after the first moment, else compute.  What the runtime
+ *             adds — a post later than its KV, the link idle while bytes
+ *             wait, the chain after the last write — is the excess
  *   excess    ovh - floor: what the runtime adds beyond physics
  *   model     the sim profile's modelled prefill time; A! when A's compute
  *             took more than 2% longer (the host cannot honour the model)

@@ -66,6 +66,20 @@ typedef struct {
     double scale;
 } ob_engine_t;
 
+/* A layer's moment in a request's trace: a "compute" span's end (the
+ * sink ran: a chunk's KV of the layer exists), or a "KV write" span (one
+ * busy episode of the layer's writes: s..e). */
+typedef struct {
+    double s, e;
+    uint32_t layer;
+} ob_span_t;
+
+/* A growing list of them (owned by its request). */
+typedef struct {
+    ob_span_t *v;
+    int n, cap;
+} ob_spans_t;
+
 /* One request as the daemons' traces tell it (ns, CLOCK_MONOTONIC). */
 typedef struct {
     uint64_t id;
@@ -75,9 +89,9 @@ typedef struct {
     int warmup;
     int ok;
     double p_recv, q_end, c_start, c_end, resv, d_held, pc_recv, step1;
+    ob_spans_t ready;        /* every chunk's layers: e = the sink ran */
+    ob_spans_t writes;       /* the layers' write episodes */
     /* per layer ([n_layers] each, one allocation; 0 = not seen) */
-    double *ready;           /* the "compute" span's end: the sink ran */
-    double *wr_s, *wr_e;     /* the "KV write" span */
     double *ld_sent, *ld_rx; /* LayerDone sent (prefill) / received (decode) */
 } ob_req_t;
 

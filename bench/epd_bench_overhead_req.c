@@ -208,13 +208,10 @@ int epd__ob_request(ob_t *b, const uint32_t *tokens, uint32_t n, int arm, int re
     }
     r = &b->reqs[b->n_reqs];
     memset(r, 0, sizeof(*r));
-    r->ready = epd_calloc((size_t)b->kv.n_layers * 5 + 1, sizeof(double));
-    if (r->ready == NULL) {
+    r->ld_sent = epd_calloc((size_t)b->kv.n_layers * 2 + 1, sizeof(double));
+    if (r->ld_sent == NULL) {
         return -1;
     }
-    r->wr_s = r->ready + b->kv.n_layers;
-    r->wr_e = r->wr_s + b->kv.n_layers;
-    r->ld_sent = r->wr_e + b->kv.n_layers;
     r->ld_rx = r->ld_sent + b->kv.n_layers;
     b->n_reqs++;
     r->id = id;
@@ -228,8 +225,10 @@ int epd__ob_request(ob_t *b, const uint32_t *tokens, uint32_t n, int arm, int re
 void epd__ob_free_reqs(ob_t *b)
 {
     for (int i = 0; i < b->n_reqs; i++) {
-        epd_free(b->reqs[i].ready);
-        b->reqs[i].ready = NULL;
+        epd_free(b->reqs[i].ld_sent);
+        epd_free(b->reqs[i].ready.v);
+        epd_free(b->reqs[i].writes.v);
+        memset(&b->reqs[i], 0, sizeof(b->reqs[i]));
     }
     b->n_reqs = 0;
 }

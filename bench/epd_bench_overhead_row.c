@@ -7,9 +7,11 @@
  * through it.  The benchmark's thread.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "epd_alloc.h"
 #include "epd_bench.h"
 #include "epd_bench_overhead_int.h"
 #include "epd_sim.h"
@@ -36,73 +38,217 @@ double epd__ob_req_bytes(const epd_kv_layout_t *kv, uint32_t n_tokens)
     return bytes;
 }
 
-/* The KV of a B request over the union of its layers' write spans (B/s),
- * or 0 when it wrote nothing. */
-static double ob_req_bw(const ob_t *b, const ob_req_t *r)
-{
-    double bytes = 0.0, busy = 0.0, cur_s = 0.0, cur_e = -1.0;
-    double s[EPD_KV_MAX_LAYERS], e[EPD_KV_MAX_LAYERS];
-    int n = 0;
+/* Disjoint intervals sorted by start, and their total length: the link's
+ * busy time over a set of write episodes.  s and e hold `cap` each. */
+typedef struct {
+    double *s, *e;
+    int n, cap;
+    double len;
+} ob_union_t;
 
-    for (uint32_t l = 0; l < b->kv.n_layers; l++) {
-        if (r->wr_e[l] > r->wr_s[l]) {
-            s[n] = r->wr_s[l];
-            e[n] = r->wr_e[l];
-            n++;
-            bytes += epd__ob_layer_bytes(&b->kv, l, r->n_tokens);
+/* Adds [s, e): it absorbs every interval it overlaps or touches. */
+static void ob_union_add(ob_union_t *u, double s, double e)
+{
+    int lo = 0, hi = u->n, j;
+
+    if (e <= s || u->n == u->cap) {
+        return;
+    }
+    while (lo < hi) { /* the first interval ending at or after s */
+        int m = (lo + hi) / 2;
+
+        if (u->e[m] < s) {
+            lo = m + 1;
+        } else {
+            hi = m;
         }
     }
-    /* spans are in layer order and nearly sorted; a union by insertion */
-    for (int i = 1; i < n; i++) {
-        for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
-            double t = s[j];
-            s[j] = s[j - 1];
-            s[j - 1] = t;
-            t = e[j];
-            e[j] = e[j - 1];
-            e[j - 1] = t;
-        }
+    for (j = lo; j < u->n && u->s[j] <= e; j++) {
+        s = u->s[j] < s ? u->s[j] : s;
+        e = u->e[j] > e ? u->e[j] : e;
+        u->len -= u->e[j] - u->s[j];
     }
-    for (int i = 0; i < n; i++) {
-        if (s[i] > cur_e) {
-            busy += cur_e > cur_s ? cur_e - cur_s : 0.0;
-            cur_s = s[i];
-            cur_e = e[i];
-        } else if (e[i] > cur_e) {
-            cur_e = e[i];
-        }
-    }
-    busy += cur_e > cur_s ? cur_e - cur_s : 0.0;
-    return busy > 0.0 ? bytes / (busy / 1e9) : 0.0;
+    memmove(u->s + lo + 1, u->s + j, (size_t)(u->n - j) * sizeof(double));
+    memmove(u->e + lo + 1, u->e + j, (size_t)(u->n - j) * sizeof(double));
+    u->s[lo] = s;
+    u->e[lo] = e;
+    u->n += 1 - (j - lo);
+    u->len += e - s;
 }
 
-/* The floor of B - A for one B request (ns), given the link's bandwidth
- * (B/s) and one message's latency (ns); *link_bound_p says whether the
- * link, not the compute, sets it. */
-static double ob_req_floor(const ob_t *b, const ob_req_t *r, double bw, double msg,
-                           int *link_bound_p)
+static int ob_cmp_ready(const void *a, const void *b)
+{
+    double x = ((const ob_span_t *)a)->e, y = ((const ob_span_t *)b)->e;
+
+    return x < y ? -1 : x > y;
+}
+
+/* A write episode with the moment its bytes existed (t): the last "compute"
+ * end of its layer at or before its first post (the chunk it carries; a
+ * backlog merges later chunks into it), or its post when none was before
+ * (blocks a prefix cache held). */
+typedef struct {
+    double t, s, e;
+} ob_item_t;
+
+static int ob_cmp_item_desc(const void *a, const void *b)
+{
+    double x = ((const ob_item_t *)a)->t, y = ((const ob_item_t *)b)->t;
+
+    return x > y ? -1 : x < y;
+}
+
+/* Request r's write episodes with their moments, latest first, into *items_p
+ * (owned by the caller; NULL when it wrote nothing); *t_first_p and
+ * *t_last_p get the first and the last moment any KV existed.  Returns the
+ * number of items, or -1 (no memory). */
+static int ob_req_items(const ob_t *b, const ob_req_t *r, ob_item_t **items_p, double *t_first_p,
+                        double *t_last_p)
 {
     uint32_t L = b->kv.n_layers;
-    double rest = 0.0, finish = 0.0, first_ready = 0.0, total = 0.0;
-    uint32_t arg = L;
+    int nr = r->ready.n, nw = r->writes.n, n = 0;
+    int *first = NULL, *cnt = NULL;
+    double *times = NULL;
+    ob_span_t *rdy = NULL;
+    ob_item_t *items = NULL;
 
-    for (uint32_t l = L; l-- > 0;) {
-        double f;
-
-        rest += epd__ob_layer_bytes(&b->kv, l, r->n_tokens);
-        if (r->ready[l] <= 0.0 || bw <= 0.0) {
-            continue;
-        }
-        f = r->ready[l] + rest / bw * 1e9;
-        if (f > finish) {
-            finish = f;
-            arg = l;
-        }
-        first_ready = r->ready[l];
+    *items_p = NULL;
+    *t_first_p = *t_last_p = 0.0;
+    if (nw == 0) {
+        return 0;
     }
-    total = rest;
-    *link_bound_p = arg + 1 < L ||
-                    (bw > 0.0 && first_ready > 0.0 && total / bw * 1e9 > r->c_end - first_ready);
+    items = epd_malloc((size_t)nw * sizeof(*items));
+    first = epd_calloc((size_t)L + 1, sizeof(int));
+    cnt = epd_calloc((size_t)L + 1, sizeof(int));
+    times = epd_malloc((size_t)(nr > 0 ? nr : 1) * sizeof(double));
+    rdy = epd_malloc((size_t)(nr > 0 ? nr : 1) * sizeof(*rdy));
+    if (items == NULL || first == NULL || cnt == NULL || times == NULL || rdy == NULL) {
+        n = -1;
+        goto out;
+    }
+    /* each layer's moments, in time order, side by side in `times` */
+    memcpy(rdy, r->ready.v, (size_t)nr * sizeof(*rdy));
+    qsort(rdy, (size_t)nr, sizeof(*rdy), ob_cmp_ready);
+    for (int i = 0; i < nr; i++) {
+        first[rdy[i].layer + 1]++;
+    }
+    for (uint32_t l = 0; l < L; l++) {
+        first[l + 1] += first[l];
+    }
+    for (int i = 0; i < nr; i++) {
+        uint32_t l = rdy[i].layer;
+
+        times[first[l] + cnt[l]++] = rdy[i].e;
+    }
+    if (nr > 0) {
+        *t_first_p = rdy[0].e;
+        *t_last_p = rdy[nr - 1].e;
+    }
+    for (int i = 0; i < nw; i++) {
+        const ob_span_t *w = &r->writes.v[i];
+        int lo = first[w->layer], hi = first[w->layer] + cnt[w->layer];
+
+        while (lo < hi) { /* the first moment of the layer after the post */
+            int m = (lo + hi) / 2;
+
+            if (times[m] <= w->s) {
+                lo = m + 1;
+            } else {
+                hi = m;
+            }
+        }
+        items[n].t = lo > first[w->layer] ? times[lo - 1] : w->s;
+        items[n].s = w->s;
+        items[n].e = w->e;
+        n++;
+    }
+    qsort(items, (size_t)n, sizeof(*items), ob_cmp_item_desc);
+    *items_p = items;
+    items = NULL;
+out:
+    epd_free(items);
+    epd_free(first);
+    epd_free(cnt);
+    epd_free(times);
+    epd_free(rdy);
+    return n;
+}
+
+/* The KV of a B request over the union of its write episodes (B/s), or 0
+ * when it wrote nothing. */
+static double ob_req_bw(const ob_t *b, const ob_req_t *r)
+{
+    int n = r->writes.n;
+    double *sv = epd_malloc((size_t)(n + 1) * sizeof(double));
+    double *ev = epd_malloc((size_t)(n + 1) * sizeof(double));
+    ob_union_t u = {.s = sv, .e = ev, .cap = n + 1};
+
+    if (sv != NULL && ev != NULL) {
+        for (int i = 0; i < n; i++) {
+            ob_union_add(&u, r->writes.v[i].s, r->writes.v[i].e);
+        }
+    }
+    epd_free(sv);
+    epd_free(ev);
+    return u.len > 0.0 ? epd__ob_req_bytes(&b->kv, r->n_tokens) / (u.len / 1e9) : 0.0;
+}
+
+/* The latest end, over the moments t of `items` (latest first) from index
+ * `from` on, of t + the link's busy time over the episodes of moment t and
+ * later: what a link that is never idle while bytes wait, moving each
+ * stretch of bytes as fast as it moved them, finishes by.  *busy_p (may
+ * be NULL) gets the busy time of them all.  0 without memory. */
+static double ob_items_finish(const ob_item_t *items, int n, int from, double *busy_p)
+{
+    double finish = 0.0;
+    double *sv = epd_malloc((size_t)(n + 1) * sizeof(double));
+    double *ev = epd_malloc((size_t)(n + 1) * sizeof(double));
+    ob_union_t u = {.s = sv, .e = ev, .cap = n + 1};
+
+    for (int i = from; sv != NULL && ev != NULL && i < n; i++) {
+        ob_union_add(&u, items[i].s, items[i].e);
+        if (items[i].t + u.len > finish) {
+            finish = items[i].t + u.len;
+        }
+    }
+    if (busy_p != NULL) {
+        *busy_p = u.len;
+    }
+    epd_free(sv);
+    epd_free(ev);
+    return finish;
+}
+
+/* The floor of B - A for one B request (ns), given one message's latency
+ * (ns); *link_bound_p says whether the link, not the compute, sets it.
+ *
+ * Each stretch of KV is taken at the speed the link moved it: from moment
+ * t (a chunk's layer existed) on, the bytes produced from t on need at
+ * least the busy time of their own write episodes — so the floor is never
+ * above what happened (the old whole-request bandwidth and last-chunk
+ * moments put it up to 60% above at 32k tokens, chunked), and what the
+ * runtime adds — a post later than its KV, the link idle while bytes
+ * wait, the chain after the last write — is the excess. */
+static double ob_req_floor(const ob_t *b, const ob_req_t *r, double msg, int *link_bound_p)
+{
+    ob_item_t *items = NULL;
+    double t_first, t_last, busy, finish, prior;
+    int n = ob_req_items(b, r, &items, &t_first, &t_last), k = 0;
+
+    *link_bound_p = 0;
+    if (n <= 0 || t_last <= 0.0) {
+        epd_free(items);
+        return msg;
+    }
+    finish = ob_items_finish(items, n, 0, &busy);
+    while (k < n && items[k].t >= t_last) {
+        k++; /* the last moment's episodes: what was there before them? */
+    }
+    prior = ob_items_finish(items, n, k, NULL);
+    /* a backlog when the last layer came, or more to move than compute after
+     * the first layer gave time for */
+    *link_bound_p = prior > t_last || busy > r->c_end - t_first;
+    epd_free(items);
     return (finish > r->c_end ? finish - r->c_end : 0.0) + msg;
 }
 
@@ -199,10 +345,7 @@ void epd__ob_row(const ob_t *b, uint32_t len, ob_row_t *row)
         if (r->n_tokens != len || r->warmup || !r->ok || r->arm != OB_ARM_B) {
             continue;
         }
-        double bw = ob_req_bw(b, r); /* the link as this request found it */
-
-        vfl[nfl++] = ob_req_floor(b, r, bw > 0.0 ? bw : row->link_gbs * 1e9,
-                                  isnan(row->msg_us) ? 0.0 : row->msg_us * 1e3, &lb);
+        vfl[nfl++] = ob_req_floor(b, r, isnan(row->msg_us) ? 0.0 : row->msg_us * 1e3, &lb);
         nlink += lb;
     }
     row->floor_ms = epd_bench_median(vfl, (size_t)nfl) / 1e6;

@@ -12,6 +12,7 @@
 
 #include <jansson.h>
 
+#include "epd_alloc.h"
 #include "epd_bench_overhead_int.h"
 
 ob_req_t *epd__ob_find(ob_t *b, uint64_t id)
@@ -22,6 +23,23 @@ ob_req_t *epd__ob_find(ob_t *b, uint64_t id)
         }
     }
     return NULL;
+}
+
+/* Appends [s, e) of `layer` to `list` (a failed allocation drops it: the
+ * floor then misses a moment, never invents one). */
+static void ob_spans_add(ob_spans_t *list, uint32_t layer, double s, double e)
+{
+    if (list->n == list->cap) {
+        int cap = list->cap > 0 ? list->cap * 2 : 128;
+        ob_span_t *v = epd_realloc(list->v, (size_t)cap * sizeof(*v));
+
+        if (v == NULL) {
+            return;
+        }
+        list->v = v;
+        list->cap = cap;
+    }
+    list->v[list->n++] = (ob_span_t){.s = s, .e = e, .layer = layer};
 }
 
 /* Folds one trace event (ns on the benchmark's clock) into its request,
@@ -44,10 +62,9 @@ void epd__ob_fold(ob_t *b, int is_decode, const char *name, uint64_t req, long l
             r->c_start = ts;
             r->c_end = ts + dur;
         } else if (strcmp(name, "compute") == 0 && lok) {
-            r->ready[layer] = ts + dur;
+            ob_spans_add(&r->ready, (uint32_t)layer, ts, ts + dur);
         } else if (strcmp(name, "KV write") == 0 && lok) {
-            r->wr_s[layer] = ts;
-            r->wr_e[layer] = ts + dur;
+            ob_spans_add(&r->writes, (uint32_t)layer, ts, ts + dur);
         } else if (strcmp(name, "LayerDone sent") == 0 && lok && r->ld_sent[layer] == 0) {
             r->ld_sent[layer] = ts;
         } else if (strcmp(name, "KvReservation received") == 0) {

@@ -251,9 +251,11 @@ typedef struct epd_prefill_waiter {
 
 typedef struct epd_prefill_xfer epd_prefill_xfer_t;
 
-/* One layer's writes of one request: the completion callbacks' argument,
- * so that a layer's "KV write" trace span runs from its first post to its
- * last completion. */
+/* One layer's writes of one request: the completion callbacks' argument.
+ * Its "KV write" trace spans are the layer's busy episodes: from a post
+ * while none of its writes was in flight to the completion that leaves
+ * none in flight and nothing being posted — one per layer unchunked, about
+ * one per chunk and layer chunked (epd-bench overhead's floor reads them). */
 typedef struct {
     epd_prefill_xfer_t *x;
     uint32_t layer;
@@ -261,7 +263,9 @@ typedef struct {
     int all_posted;     /* every write of the layer is posted */
     int failed;         /* a write of the layer completed with an error */
     int landed;         /* every write posted and completed (counted once) */
+    int posting;        /* the loop is posting the layer's writes right now */
     uint64_t posted_ns; /* first post */
+    uint64_t ep_ns;     /* the open episode's first post (0: none open) */
     uint64_t bytes;     /* posted so far */
 } epd_prefill_lw_t;
 

@@ -212,8 +212,31 @@ epd_status_t epd__prefill_xfer_take(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
 
 /* ----------------------------------------------------------------- writes */
 
-/* The layer's last write completed after its last post: counted, and its
- * trace span. */
+/* The layer's open episode ends when none of its writes is in flight and
+ * the loop is not posting it: its "KV write" trace span. */
+static void epd_prefill_lw_episode(epd_prefill_srv_t *srv, epd_prefill_lw_t *lw)
+{
+    if (lw->ep_ns == 0 || lw->inflight > 0 || lw->posting) {
+        return;
+    }
+    epd_trace_span(srv->trace, "KV write", "xfer", lw->x->id, (int32_t)lw->layer, lw->ep_ns,
+                   epd_time_now_ns());
+    lw->ep_ns = 0;
+}
+
+/* A write of the layer, started at t0_ns (read before the post when no
+ * episode was open), was posted: the start of an episode if none is open. */
+static void epd_prefill_lw_posted(epd_prefill_lw_t *lw, uint64_t t0_ns)
+{
+    if (lw->ep_ns == 0) {
+        lw->ep_ns = t0_ns != 0 ? t0_ns : epd_time_now_ns();
+    }
+    if (lw->posted_ns == 0) {
+        lw->posted_ns = lw->ep_ns;
+    }
+}
+
+/* The layer's last write completed after its last post: counted once. */
 static void epd_prefill_lw_done(epd_prefill_srv_t *srv, epd_prefill_lw_t *lw)
 {
     if (lw->landed) {
@@ -222,10 +245,6 @@ static void epd_prefill_lw_done(epd_prefill_srv_t *srv, epd_prefill_lw_t *lw)
     lw->landed = 1;
     if (!lw->failed) {
         srv->kv_bytes_sent += lw->bytes;
-    }
-    if (srv->trace != NULL && lw->posted_ns != 0) { /* 0: decode held every block */
-        epd_trace_span(srv->trace, "KV write", "xfer", lw->x->id, (int32_t)lw->layer,
-                       lw->posted_ns, epd_time_now_ns());
     }
 }
 
@@ -246,6 +265,7 @@ static void epd_prefill_on_write(void *arg, epd_status_t status)
     if (lw->inflight == 0 && lw->all_posted) {
         epd_prefill_lw_done(srv, lw);
     }
+    epd_prefill_lw_episode(srv, lw);
     srv->on_written(srv, x, status);
 }
 
@@ -444,7 +464,7 @@ static epd_status_t epd_prefill_post_layer(epd_prefill_srv_t *srv, epd_prefill_x
 
     while (x->post_idx < n) {
         epd_prefill_write_t w;
-        uint64_t len;
+        uint64_t len, t0;
         epd_status_t st;
 
         if (*budget == 0) {
@@ -458,9 +478,7 @@ static epd_status_t epd_prefill_post_layer(epd_prefill_srv_t *srv, epd_prefill_x
         }
         len = w.len - x->post_off;
         len = len < srv->write_chunk_bytes ? len : srv->write_chunk_bytes;
-        if (lw->posted_ns == 0) {
-            lw->posted_ns = epd_time_now_ns();
-        }
+        t0 = lw->ep_ns == 0 ? epd_time_now_ns() : 0;
         st = epd_xport_write(epd_link_ep(epd_peer_link(x->peer)), base + w.local_off + x->post_off,
                              (size_t)len, srv->pool_mr, x->rkey, w.remote_off + x->post_off,
                              epd_prefill_on_write, lw);
@@ -479,6 +497,7 @@ static epd_status_t epd_prefill_post_layer(epd_prefill_srv_t *srv, epd_prefill_x
                      epd_status_string(st));
             return epd__prefill_xfer_peer_status(st);
         }
+        epd_prefill_lw_posted(lw, t0);
         x->writes_inflight++;
         lw->inflight++;
         lw->bytes += len;
@@ -560,6 +579,7 @@ static epd_status_t epd_prefill_stream_layer(epd_prefill_srv_t *srv, epd_prefill
         epd_prefill_run_t r;
         epd_prefill_write_t w;
         epd_status_t st;
+        uint64_t t0;
 
         while (i < x->n_runs && x->runs[i].first + x->runs[i].n <= sent) {
             i++;
@@ -589,9 +609,7 @@ static epd_status_t epd_prefill_stream_layer(epd_prefill_srv_t *srv, epd_prefill
             snprintf(msg, cap, "write plan outside a pool");
             return st;
         }
-        if (lw->posted_ns == 0) {
-            lw->posted_ns = epd_time_now_ns();
-        }
+        t0 = lw->ep_ns == 0 ? epd_time_now_ns() : 0;
         st = epd_xport_write(epd_link_ep(epd_peer_link(x->peer)), base + w.local_off, (size_t)w.len,
                              srv->pool_mr, x->rkey, w.remote_off, epd_prefill_on_write, lw);
         if (st == EPD_ERR_NO_RESOURCE) {
@@ -610,6 +628,7 @@ static epd_status_t epd_prefill_stream_layer(epd_prefill_srv_t *srv, epd_prefill
                      epd_status_string(st));
             return epd__prefill_xfer_peer_status(st);
         }
+        epd_prefill_lw_posted(lw, t0);
         x->writes_inflight++;
         lw->inflight++;
         lw->bytes += w.len;
@@ -729,7 +748,10 @@ epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
             snprintf(msg, cap, "decode worker '%.80s' is gone", epd_peer_id(x->peer));
             return EPD_ERR_PEER_DEAD;
         }
+        x->lw[l].posting = 1;
         st = epd_prefill_stream_layer(srv, x, l, &budget, msg, cap);
+        x->lw[l].posting = 0;
+        epd_prefill_lw_episode(srv, &x->lw[l]);
         if (st == EPD_INPROGRESS) {
             x->more = 1; /* the loop's other events first */
             return EPD_OK;
@@ -765,7 +787,10 @@ epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
             epd_prefill_cursor_skip_sent(srv, x, layer);
             x->cur_begun = 1;
         }
+        lw->posting = 1;
         st = epd_prefill_post_layer(srv, x, layer, &budget, msg, cap);
+        lw->posting = 0;
+        epd_prefill_lw_episode(srv, lw);
         if (st == EPD_INPROGRESS) {
             x->more = 1; /* the loop's other events first */
             return EPD_OK;

@@ -14,6 +14,11 @@
 #     must not exceed diff_hi_ms (the upper end of the 95% interval of the
 #     paired median of B − A, computed from the measured pairs) +
 #     clock_unc_us;
+#     The prefill runs chunked (1000 tokens: 1024 and 4096 are 2 and 5
+#     chunks, 128 one): the floor must take each chunk's KV from when that
+#     chunk made it, at the speed the link moved it (it took the last
+#     chunk's moments and a whole-request bandwidth before, and overshot
+#     B − A by up to 60% at 32k tokens);
 #   - `bound` says link where the rate limit is below the KV production
 #     rate (the KV's bytes over A's compute time, both measured);
 #   - the times travel on the request plane only: with another secret the
@@ -37,15 +42,15 @@ mkdir -p "$T/sim"
 printf '%s\n' "model = $profiles/dense-70b.profile" "accel = $profiles/h200.profile" \
   "devices = 4" "scale = 0.05" "mode = sleep" "seed = 1" "vocab = 4096" >"$T/sim/sim.conf"
 W=(--engine sim --model "$T/sim" --transport ucx --expect-transport tcp --log-level warn)
-mh_start dec d decode "${W[@]}" --worker-id decode-1 --trace "$T/d.json" --kv-blocks 400
+mh_start dec d decode "${W[@]}" --worker-id decode-1 --trace "$T/d.json" --kv-blocks 1200
 # the prefix cache off as the one-host mode runs it (the benchmark salts
 # every request anyway: see docs/benchmarks/overhead.md)
-mh_start pre p prefill "${W[@]}" --worker-id prefill-1 --trace "$T/p.json" --kv-blocks 400 \
-  --no-prefix-cache
+mh_start pre p prefill "${W[@]}" --worker-id prefill-1 --trace "$T/p.json" --kv-blocks 1200 \
+  --no-prefix-cache --prefill-chunk-tokens 1000
 mh_in p tc qdisc add dev eth0 root tbf rate 2gbit burst 64kb latency 1s
 
 OV=("$BIN/epd-bench" overhead --attach-prefill "$pre_ADDR" --attach-decode "$dec_ADDR"
-    --cluster-secret-file "$T/cluster-secret" --lengths 128,1024 --reps 6 --warmup 1)
+    --cluster-secret-file "$T/cluster-secret" --lengths 128,1024,4096 --reps 6 --warmup 1)
 note "the table (host b)"
 mh_in b "${OV[@]}" --trace "$T/merged.json" >"$T/table.out" 2>"$T/table.err" ||
   { cat "$T/table.err"; fail "overhead --attach"; }
@@ -73,7 +78,7 @@ rows = [dict(zip(head, l.split("\t"))) for l in lines[1:]]
 for c in ("p_off_us", "p_unc_us", "d_off_us", "d_unc_us", "clock_unc_us", "kv_mb", "engine",
           "tokens", "pairs", "diff_ms", "diff_hi_ms", "floor_ms", "bound", "a_compute_ms"):
     assert c in head, (c, head)
-assert [r["tokens"] for r in rows] == ["128", "1024"], rows
+assert [r["tokens"] for r in rows] == ["128", "1024", "4096"], rows
 bad = []
 for r in rows:
     assert len(r) == len(head), r
