@@ -268,7 +268,13 @@ int main(int argc, char **argv)
         .state_slots = 64,
         .block_tokens = 16,
         .lease_ms = 5000,
-        .max_inflight_writes = 4096,
+        /* a window, not a pool: with 4096 a chunked 32k-token dense-70b
+         * prompt over ucx-shm had 360 writes in flight and the first ones'
+         * completions (and the LayerDones fenced behind them) came 110 ms
+         * late, all in one burst; decode verified nothing before
+         * PrefillComplete (epd-bench overhead B-A +79 ms there, +26 ms
+         * with 16 or 64; 4096-token rows 1.5 / 0.64 / 0.32 ms) */
+        .max_inflight_writes = 16,
         .write_group_bytes = EPD_PREFILL_WRITE_GROUP_DEFAULT,
         .write_chunk_bytes = EPD_PREFILL_WRITE_CHUNK_DEFAULT,
         .layer_notify = 1,
@@ -294,7 +300,8 @@ int main(int argc, char **argv)
         {"lease-ms", EPD_OPT_INT, &fl.lease_ms, 1, 3600000,
          "drop a request whose KV reservation has not come this long after its prefill"},
         {"max-inflight-writes", EPD_OPT_INT, &fl.max_inflight_writes, 1, 1 << 24,
-         "KV writes posted at once; more wait (backpressure) until earlier ones complete"},
+         "KV writes (each at most --write-chunk-bytes) in flight at once; more wait until "
+         "earlier ones complete"},
         {"write-group-bytes", EPD_OPT_INT, &fl.write_group_bytes, 0, (int64_t)1 << 40,
          "while compute runs, post finished layers' writes once this many bytes wait "
          "(0: every layer as it finishes)"},
