@@ -7,10 +7,12 @@
  * fails the request.
  *
  * Chunk by chunk: a landed LayerDone with `blocks` = k says the layer's
- * blocks [0, k) landed and carries their BYTES checksum.  The layer's
- * running hash state holds blocks [0, done) already, so a check hashes only
- * [done, k) — every byte once, as chunks land — and the layer's own check
- * at its end hashes only the last chunk's blocks.  A layer has one job: a
+ * blocks [0, k) landed and carries their checksum, of the request's kind:
+ * BYTES, or STAMPED where the engine stamps its KV (then each block's
+ * stamps are checked and only they are hashed).  The layer's running hash
+ * state holds blocks [0, done) already, so a check hashes only [done, k) —
+ * every byte (or stamp) once, as chunks land — and the layer's own check at
+ * its end only the last chunk's blocks.  A layer has one job: a
  * range that lands while the layer's job is out waits (only the newest: its
  * checksum covers the older ones' blocks), and the layer's own check waits
  * for the range check out; so a request still lends at most one job per
@@ -51,7 +53,8 @@ epd_status_t epd__decode_lend_layer(epd_decode_srv_t *srv, epd_decode_request_t 
     }
     epd_decode_vjob_init(j, req, layer, req->kv.sums[layer], (epd_kv_sum_kind_t)req->kv.kind,
                          req->blocks, req->n_prompt_blocks, req->seq.slot, &x);
-    if (r != NULL && r->done > 0 && req->kv.kind == EPD_KV_SUM_BYTES &&
+    if (r != NULL && r->done > 0 &&
+        (req->kv.kind == EPD_KV_SUM_BYTES || req->kv.kind == EPD_KV_SUM_STAMPED) &&
         srv->info->kv.kind[layer] == EPD_LAYER_ATTENTION) {
         /* blocks [0, done) were checked as they landed: the rest only */
         j->hs = r->h;
@@ -66,13 +69,16 @@ static epd_status_t epd_decode_lend_range(epd_decode_srv_t *srv, epd_decode_requ
 {
     epd_decode_range_t *r = &req->rng[layer];
     epd_decode_vjob_t *j = &req->vjobs[layer];
-    epd_kv_stamp_expect_t x = {.req_id = req->pid};
+    epd_kv_stamp_expect_t x = {.req_id = req->pid,
+                               .tag = srv->stamp_tag,
+                               .n_tokens = req->n_prompt + req->n_resume,
+                               .full = srv->verify_full};
 
     if (r->h == NULL && epd_hash_state_create(0, &r->h) != EPD_OK) {
         return EPD_ERR_NO_MEMORY;
     }
-    epd_decode_vjob_init(j, req, layer, r->pend_sum, EPD_KV_SUM_BYTES, req->blocks, r->pend,
-                         req->seq.slot, &x);
+    epd_decode_vjob_init(j, req, layer, r->pend_sum, (epd_kv_sum_kind_t)req->kv.kind, req->blocks,
+                         r->pend, req->seq.slot, &x);
     j->hs = r->h;
     j->from = r->done;
     j->range = 1;
@@ -90,7 +96,13 @@ epd_status_t epd__decode_lend_range_landed(epd_decode_srv_t *srv, epd_decode_req
     uint32_t n_layers = srv->info->kv.n_layers;
     epd_decode_range_t *r;
 
-    if (req->kv.kind >= 0 && req->kv.kind != EPD_KV_SUM_BYTES) {
+    int kind = (int)ld->checksum_kind;
+
+    if (kind != EPD_KV_SUM_BYTES && kind != EPD_KV_SUM_STAMPED) {
+        *why_p = "LayerDone: an unknown checksum kind";
+        return EPD_ERR_INVALID_PARAM;
+    }
+    if (req->kv.kind >= 0 && req->kv.kind != kind) {
         *why_p = "LayerDone: a checksum kind other than the request's";
         return EPD_ERR_INVALID_PARAM;
     }
@@ -98,6 +110,7 @@ epd_status_t epd__decode_lend_range_landed(epd_decode_srv_t *srv, epd_decode_req
         *why_p = "LayerDone: blocks past the prompt's";
         return EPD_ERR_INVALID_PARAM;
     }
+    req->kv.kind = kind; /* the request's: every later LayerDone and PrefillComplete's */
     if (req->kv.state[ld->layer] != EPD_DECODE_KV_WAIT || req->protocol_only) {
         return EPD_OK; /* the whole layer is checked already, or nothing was written */
     }

@@ -146,11 +146,10 @@ int epd__decode_on_msg(void *arg, epd_link_t *from, Epd__Envelope *env)
             why = "LayerDone: unknown checksum kind";
         } else if (env->layer_done->blocks > 0 &&
                    (!env->layer_done->landed ||
-                    env->layer_done->checksum_kind != EPD_KV_SUM_BYTES ||
                     srv->info->kv.kind[env->layer_done->layer] != EPD_LAYER_ATTENTION)) {
-            /* blocks so far: of an attention layer, landed, kind BYTES (rule 4) */
+            /* blocks so far: of an attention layer, landed (rule 4) */
             st = EPD_ERR_INVALID_PARAM;
-            why = "LayerDone: blocks of a linear layer, unlanded, or not of kind BYTES";
+            why = "LayerDone: blocks of a linear layer, or unlanded";
         }
         epd__decode_req_layer_done(srv, from, env, st, why);
         return 0;

@@ -73,7 +73,11 @@ static void epd_decode_verify_run(void *arg, void *job_v, uint32_t queue)
     job->start_ns = epd_time_now_ns();
     job->why = NULL;
     job->bytes = 0;
-    if (job->hs != NULL) {
+    if (job->hs != NULL && job->kind == EPD_KV_SUM_STAMPED) {
+        job->status = epd_kv_stamp_check_blocks(kv, &v->pool, job->ids, job->from, job->n_ids,
+                                                job->layer, &job->expect, job->sum, job->hs,
+                                                &job->bytes, &job->why);
+    } else if (job->hs != NULL) {
         job->status = epd_decode_check_kv_blocks(kv, &v->pool, job->ids, job->from, job->n_ids,
                                                  job->layer, job->sum, job->hs, &job->bytes,
                                                  &job->why);

@@ -137,15 +137,111 @@ static epd_status_t epd_kv_stamp_check_unit(const unsigned char *unit, uint64_t 
     return EPD_OK;
 }
 
+/* Blocks [from, to) of an attention layer into h (not reset): each checked
+ * and its stamps hashed; *bytes_p gets the bytes they span. */
+static epd_status_t epd_kv_stamp_check_run(const epd_kv_layout_t *layout,
+                                           const epd_kv_pool_t *pool, const uint32_t *ids,
+                                           uint32_t from, uint32_t to, uint32_t layer,
+                                           const epd_kv_stamp_expect_t *x, epd_hash_state_t *h,
+                                           uint64_t *bytes_p, const char **why_p)
+{
+    unsigned char buf[EPD_KV_STAMP_GATHER * EPD_KV_STAMP_BYTES];
+    const unsigned char *base = pool->base;
+    uint32_t bt = layout->block_tokens, n_buf = 0;
+    /* this layer's blocks: with a KV dtype map, layers differ in size */
+    uint64_t bb = epd_kv_layer_block_bytes(layout, layer);
+    uint64_t off;
+    epd_status_t st;
+
+    *bytes_p = 0;
+    if (bb < EPD_KV_STAMP_MIN || bt == 0) {
+        return epd_kv_stamp_refuse(why_p, "KV blocks too small for stamps", EPD_ERR_INVALID_PARAM);
+    }
+    for (uint32_t i = from; i < to; i++) {
+        uint64_t first = (uint64_t)i * bt;
+        uint64_t pf;
+
+        /* the stamps of a unit a few ahead: their cache misses overlap
+         * instead of adding up (two lines per unit, units apart) */
+        if (i + EPD_KV_STAMP_AHEAD < to &&
+            epd_kv_block_offset(layout, pool->n_blocks, layer, ids[i + EPD_KV_STAMP_AHEAD], &pf) ==
+                EPD_OK &&
+            pf + bb <= pool->bytes) {
+            __builtin_prefetch(base + pf);
+            __builtin_prefetch(base + pf + bb - EPD_KV_STAMP_HALF);
+        }
+        uint32_t count = x->n_tokens > first
+                             ? (uint32_t)(x->n_tokens - first < bt ? x->n_tokens - first : bt)
+                             : 0;
+
+        if (epd_kv_block_offset(layout, pool->n_blocks, layer, ids[i], &off) != EPD_OK ||
+            off + bb > pool->bytes) {
+            return epd_kv_stamp_refuse(why_p, "block outside the pool", EPD_ERR_INVALID_PARAM);
+        }
+        st = epd_kv_stamp_check_unit(base + off, bb, layer, i, count, x,
+                                     buf + (size_t)n_buf * EPD_KV_STAMP_BYTES, why_p);
+        if (st != EPD_OK) {
+            return st;
+        }
+        if (++n_buf == EPD_KV_STAMP_GATHER) {
+            /* hashed in large pieces: one update per unit costs more than
+             * the hash itself */
+            epd_hash_state_update(h, buf, sizeof(buf));
+            n_buf = 0;
+        }
+        *bytes_p += bb;
+    }
+    if (n_buf > 0) {
+        epd_hash_state_update(h, buf, (size_t)n_buf * EPD_KV_STAMP_BYTES);
+    }
+    return EPD_OK;
+}
+
+static epd_status_t epd_kv_stamp_sum_is(epd_hash_state_t *h, uint64_t sum, const char **why_p)
+{
+    if (epd_hash_state_digest(h) != sum) {
+        return epd_kv_stamp_refuse(why_p, "KV checksum mismatch: the cache is corrupt",
+                                   EPD_ERR_CORRUPT);
+    }
+    return EPD_OK;
+}
+
+epd_status_t epd_kv_stamp_check_blocks(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
+                                       const uint32_t *ids, uint32_t from, uint32_t to,
+                                       uint32_t layer, const epd_kv_stamp_expect_t *x,
+                                       uint64_t sum, epd_hash_state_t *h, uint64_t *bytes_p,
+                                       const char **why_p)
+{
+    uint64_t bytes = 0;
+    epd_status_t st;
+
+    if (layer >= layout->n_layers || layout->kind[layer] != EPD_LAYER_ATTENTION || from > to) {
+        return epd_kv_stamp_refuse(why_p, "not an attention layer's blocks",
+                                   EPD_ERR_INVALID_PARAM);
+    }
+    st = epd_kv_stamp_check_run(layout, pool, ids, from, to, layer, x, h, &bytes, why_p);
+    if (bytes_p != NULL) {
+        *bytes_p = bytes;
+    }
+    return st != EPD_OK ? st : epd_kv_stamp_sum_is(h, sum, why_p);
+}
+
+void epd_kv_stamp_hash_unit(epd_hash_state_t *h, const void *unit, uint64_t unit_bytes)
+{
+    const unsigned char *u = unit;
+
+    epd_hash_state_update(h, u, EPD_KV_STAMP_HALF);
+    epd_hash_state_update(h, u + unit_bytes - EPD_KV_STAMP_HALF, EPD_KV_STAMP_HALF);
+}
+
 epd_status_t epd_kv_stamp_check_layer(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
                                       const uint32_t *ids, uint32_t n_ids, uint32_t slot,
                                       uint32_t layer, const epd_kv_stamp_expect_t *x,
                                       uint64_t sum, epd_hash_state_t *h, uint64_t *bytes_p,
                                       const char **why_p)
 {
-    unsigned char buf[EPD_KV_STAMP_GATHER * EPD_KV_STAMP_BYTES];
+    unsigned char buf[EPD_KV_STAMP_BYTES];
     const unsigned char *base = pool->base;
-    uint32_t n_buf = 0;
     uint64_t bytes = 0;
     uint64_t off;
     epd_status_t st;
@@ -170,58 +266,13 @@ epd_status_t epd_kv_stamp_check_layer(const epd_kv_layout_t *layout, const epd_k
         epd_hash_state_update(h, buf, EPD_KV_STAMP_BYTES);
         bytes = layout->state_bytes;
     } else {
-        uint32_t bt = layout->block_tokens;
-        /* this layer's blocks: with a KV dtype map, layers differ in size */
-        uint64_t bb = epd_kv_layer_block_bytes(layout, layer);
-
-        if (bb < EPD_KV_STAMP_MIN || bt == 0) {
-            return epd_kv_stamp_refuse(why_p, "KV blocks too small for stamps",
-                                       EPD_ERR_INVALID_PARAM);
-        }
-        for (uint32_t i = 0; i < n_ids; i++) {
-            uint64_t first = (uint64_t)i * bt;
-            uint64_t pf;
-
-            /* the stamps of a unit a few ahead: their cache misses overlap
-             * instead of adding up (two lines per unit, units apart) */
-            if (i + EPD_KV_STAMP_AHEAD < n_ids &&
-                epd_kv_block_offset(layout, pool->n_blocks, layer, ids[i + EPD_KV_STAMP_AHEAD],
-                                    &pf) == EPD_OK &&
-                pf + bb <= pool->bytes) {
-                __builtin_prefetch(base + pf);
-                __builtin_prefetch(base + pf + bb - EPD_KV_STAMP_HALF);
-            }
-            uint32_t count = x->n_tokens > first
-                                 ? (uint32_t)(x->n_tokens - first < bt ? x->n_tokens - first : bt)
-                                 : 0;
-
-            if (epd_kv_block_offset(layout, pool->n_blocks, layer, ids[i], &off) != EPD_OK ||
-                off + bb > pool->bytes) {
-                return epd_kv_stamp_refuse(why_p, "block outside the pool", EPD_ERR_INVALID_PARAM);
-            }
-            st = epd_kv_stamp_check_unit(base + off, bb, layer, i, count, x,
-                                         buf + (size_t)n_buf * EPD_KV_STAMP_BYTES, why_p);
-            if (st != EPD_OK) {
-                return st;
-            }
-            if (++n_buf == EPD_KV_STAMP_GATHER) {
-                /* hashed in large pieces: one update per unit costs more
-                 * than the hash itself */
-                epd_hash_state_update(h, buf, sizeof(buf));
-                n_buf = 0;
-            }
-            bytes += bb;
-        }
-        if (n_buf > 0) {
-            epd_hash_state_update(h, buf, (size_t)n_buf * EPD_KV_STAMP_BYTES);
+        st = epd_kv_stamp_check_run(layout, pool, ids, 0, n_ids, layer, x, h, &bytes, why_p);
+        if (st != EPD_OK) {
+            return st;
         }
     }
     if (bytes_p != NULL) {
         *bytes_p = bytes;
     }
-    if (epd_hash_state_digest(h) != sum) {
-        return epd_kv_stamp_refuse(why_p, "KV checksum mismatch: the cache is corrupt",
-                                   EPD_ERR_CORRUPT);
-    }
-    return EPD_OK;
+    return epd_kv_stamp_sum_is(h, sum, why_p);
 }

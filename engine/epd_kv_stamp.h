@@ -109,4 +109,21 @@ epd_status_t epd_kv_stamp_check_layer(const epd_kv_layout_t *layout, const epd_k
                                       uint64_t sum, epd_hash_state_t *h, uint64_t *bytes_p,
                                       const char **why_p);
 
+/*
+ * As epd_kv_stamp_check_layer for blocks ids[from..to) of attention layer
+ * `layer` only, continuing the running state `h` (not reset: blocks
+ * [0, from) went into it before), whose digest must then be `sum` — the
+ * EPD_KV_SUM_STAMPED checksum of blocks [0, to).  A chunked prefill's
+ * blocks are checked so as they land, and the layer's rest at its end.
+ */
+epd_status_t epd_kv_stamp_check_blocks(const epd_kv_layout_t *layout, const epd_kv_pool_t *pool,
+                                       const uint32_t *ids, uint32_t from, uint32_t to,
+                                       uint32_t layer, const epd_kv_stamp_expect_t *x,
+                                       uint64_t sum, epd_hash_state_t *h, uint64_t *bytes_p,
+                                       const char **why_p);
+
+/* Adds one unit's stamps (its head and tail, EPD_KV_STAMP_BYTES) to h: a
+ * writer's share of an EPD_KV_SUM_STAMPED checksum, read from the unit. */
+void epd_kv_stamp_hash_unit(epd_hash_state_t *h, const void *unit, uint64_t unit_bytes);
+
 #endif

@@ -288,6 +288,7 @@ struct epd_prefill_xfer {
     uint32_t d_lease_ms;        /* decode's lease on the reservation */
     uint32_t skip;              /* leading blocks decode holds already (not written) */
     int from_cache;             /* the KV has blocks of the prefix cache (no STAMPED sums) */
+    int resumed;                /* a resume's decode tail wrote into it (no STAMPED sums) */
     int d_stamped;              /* decode verifies STAMPED checksums */
     int d_ranges;               /* decode verifies LayerDone block ranges (chunked) */
     /* the write runs, planned once when the reservation is taken */

@@ -196,6 +196,7 @@ epd_status_t epd__prefill_pool_admit(epd_prefill_srv_t *srv, const Epd__Generate
     }
     req->xfer.protocol_only = g->protocol_only;
     req->xfer.from_cache = req->hit_blocks > 0;
+    req->xfer.resumed = g->resume_generated > 0;
     if (peer != NULL && !g->protocol_only && req->hit_blocks > 0) {
         /* a prefix hit's blocks are final already: they cross to decode as
          * soon as its reservation is here, before the rest computes, as an

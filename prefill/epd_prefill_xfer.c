@@ -39,6 +39,7 @@
 
 #include "epd_alloc.h"
 #include "epd_fault.h"
+#include "epd_kv_stamp.h"
 #include "epd_layout.h"
 #include "epd_log.h"
 #include "epd_prefill_int.h"
@@ -398,56 +399,110 @@ static int epd_prefill_group_ready(const epd_prefill_srv_t *srv, const epd_prefi
     return 0;
 }
 
+/* Layer `layer`'s unit u (a block of the request, or its state slot):
+ * its bytes in the local pool, or NULL. */
+static const unsigned char *epd_prefill_unit(const epd_prefill_srv_t *srv,
+                                             const epd_prefill_xfer_t *x, uint32_t layer,
+                                             uint32_t u, uint64_t *bytes_p)
+{
+    const epd_kv_layout_t *kv = &srv->info->kv;
+    uint64_t off;
+
+    if (kv->kind[layer] == EPD_LAYER_LINEAR) {
+        *bytes_p = kv->state_bytes;
+        return epd_kv_state_offset(kv, srv->pool.n_blocks, srv->pool.n_state_slots, layer,
+                                   x->local.state_slot, &off) == EPD_OK
+                   ? (const unsigned char *)srv->pool.base + off
+                   : NULL;
+    }
+    *bytes_p = epd_kv_layer_block_bytes(kv, layer);
+    return u < x->local.n_blocks && epd_kv_block_offset(kv, srv->pool.n_blocks, layer,
+                                                        x->local.block_ids[u], &off) == EPD_OK
+               ? (const unsigned char *)srv->pool.base + off
+               : NULL;
+}
+
+/* The request's checksum kind, chosen once (decode's reservation is here):
+ * STAMPED when decode takes it, no block came from a cache (those carry the
+ * stamps of the request that computed them), no resume's tail wrote into
+ * the layers after the engine's sums, and the engine stamps its KV —
+ * it gave a STAMPED sum (`got`, a whole run's), or, a chunked run's engine
+ * giving none, layer `layer`'s first unit carries a valid stamp naming this
+ * request and layer (a 64-bit check: never by chance); else BYTES. */
+static void epd_prefill_sum_kind(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint32_t layer,
+                                 uint8_t got)
+{
+    const unsigned char *unit;
+    epd_kv_stamp_t st;
+    uint64_t ub;
+
+    if (x->sum_kind >= 0) {
+        return;
+    }
+    x->sum_kind = EPD_KV_SUM_BYTES;
+    if (!x->d_stamped || x->skip != 0 || x->from_cache || x->resumed) {
+        return;
+    }
+    if (got == 1 + EPD_KV_SUM_STAMPED) {
+        x->sum_kind = EPD_KV_SUM_STAMPED;
+        return;
+    }
+    unit = got == 0 ? epd_prefill_unit(srv, x, layer, 0, &ub) : NULL;
+    if (unit != NULL && epd_kv_stamp_get(unit, ub, &st) == EPD_OK && st.req_id == x->id &&
+        st.layer == layer) {
+        x->sum_kind = EPD_KV_SUM_STAMPED;
+    }
+}
+
+/* Units [from, to) of layer `layer` into h: their stamps (STAMPED) or their
+ * bytes (BYTES), in order. */
+static void epd_prefill_hash_units(const epd_prefill_srv_t *srv, const epd_prefill_xfer_t *x,
+                                   uint32_t layer, uint32_t from, uint32_t to, epd_hash_state_t *h)
+{
+    for (uint32_t i = from; i < to; i++) {
+        uint64_t ub;
+        const unsigned char *unit = epd_prefill_unit(srv, x, layer, i, &ub);
+
+        if (unit == NULL) {
+            continue;
+        }
+        if (x->sum_kind == EPD_KV_SUM_STAMPED && ub >= EPD_KV_STAMP_MIN) {
+            epd_kv_stamp_hash_unit(h, unit, ub);
+        } else {
+            epd_hash_state_update(h, unit, ub);
+        }
+    }
+}
+
 /* The checksum of layer `layer` to send: the engine's when it is of the
- * request's kind (chosen at its first layer: STAMPED when the engine gives
- * it and decode takes it, else BYTES), else the bytes hashed here — the
- * layer is final in the local pool (the compute thread handed it over). */
-static epd_status_t epd_prefill_layer_sum(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x,
-                                          uint32_t layer, char *msg, size_t cap)
+ * request's kind, else computed here — BYTES from the bytes (a STAMPED sum
+ * of KV decode partly holds is of no use), or a chunked run's STAMPED from
+ * the stamps — the layer is final in the local pool (the compute thread
+ * handed it over). */
+static void epd_prefill_layer_sum(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint32_t layer)
 {
     const epd_kv_layout_t *kv = &srv->info->kv;
     uint8_t got = x->sum_kinds[layer];
-    const char *base = srv->pool.base;
-    uint64_t off;
+    epd_hash_state_t *h = srv->hash;
+    uint32_t from = 0;
 
-    if (x->sum_kind < 0) {
-        /* blocks from a prefix cache (ours, or decode's own) carry the
-         * stamps of the request that computed them: BYTES for those */
-        x->sum_kind = got == 1 + EPD_KV_SUM_STAMPED && x->d_stamped && x->skip == 0 &&
-                              !x->from_cache
-                          ? EPD_KV_SUM_STAMPED
-                          : EPD_KV_SUM_BYTES;
-    }
+    epd_prefill_sum_kind(srv, x, layer, got);
     if (got == 1 + x->sum_kind || x->protocol_only) {
-        return EPD_OK;
-    }
-    if (x->sum_kind != EPD_KV_SUM_BYTES) {
-        snprintf(msg, cap, "the engine gave no checksum of layer %u", layer);
-        return EPD_ERR_FATAL;
+        return;
     }
     epd_hash_state_reset(srv->hash, 0);
     if (kv->kind[layer] == EPD_LAYER_LINEAR) {
-        if (epd_kv_state_offset(kv, srv->pool.n_blocks, srv->pool.n_state_slots, layer,
-                                x->local.state_slot, &off) == EPD_OK) {
-            epd_hash_state_update(srv->hash, base + off, kv->state_bytes);
-        }
+        epd_prefill_hash_units(srv, x, layer, 0, 1, h);
     } else {
         /* blocks [0, hashed_blocks) went into the layer's own state as
          * earlier chunks made them final: only the rest now */
-        epd_hash_state_t *h = x->lhash[layer] != NULL ? x->lhash[layer] : srv->hash;
-        uint32_t from = x->lhash[layer] != NULL ? x->hashed_blocks[layer] : 0;
-
-        for (uint32_t i = from; i < x->local.n_blocks; i++) {
-            if (epd_kv_block_offset(kv, srv->pool.n_blocks, layer, x->local.block_ids[i], &off) ==
-                EPD_OK) {
-                epd_hash_state_update(h, base + off, epd_kv_layer_block_bytes(kv, layer));
-            }
+        if (x->lhash[layer] != NULL) {
+            h = x->lhash[layer];
+            from = x->hashed_blocks[layer];
         }
-        x->checksums[layer] = epd_hash_state_digest(h);
-        return EPD_OK;
+        epd_prefill_hash_units(srv, x, layer, from, x->local.n_blocks, h);
     }
-    x->checksums[layer] = epd_hash_state_digest(srv->hash);
-    return EPD_OK;
+    x->checksums[layer] = epd_hash_state_digest(h);
 }
 
 /* Posts the rest of layer `layer` from the cursor, one write per run (the
@@ -532,10 +587,17 @@ void epd__prefill_xfer_chunk_ready(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x
     if (blocks > x->ready_blocks[layer]) {
         x->ready_blocks[layer] = blocks;
     }
-    /* the layer's BYTES checksum goes along (every block in order, those
-     * decode holds included): after the last chunk only its blocks are
-     * left to hash.  A chunked run's kind is BYTES: its engine gave no sum
-     * (epd_prefill_compute.c).  No memory: hashed whole at the end */
+}
+
+/* The layer's checksum goes along (every block in order, those decode holds
+ * included) as earlier chunks make blocks final: blocks [hashed, ready)
+ * into the layer's running state, once decode's reservation is here (the
+ * kind depends on it) — after the layer's last chunk only its blocks are
+ * left (epd_prefill_layer_sum).  No memory: hashed whole at the end. */
+static void epd_prefill_hash_ready(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x, uint32_t layer)
+{
+    uint32_t blocks = x->ready_blocks[layer];
+
     if (x->protocol_only || x->hashed_blocks[layer] >= blocks) {
         return;
     }
@@ -543,15 +605,8 @@ void epd__prefill_xfer_chunk_ready(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x
         x->lhash[layer] = NULL;
         return;
     }
-    for (uint32_t i = x->hashed_blocks[layer]; i < blocks; i++) {
-        uint64_t off;
-
-        if (epd_kv_block_offset(kv, srv->pool.n_blocks, layer, x->local.block_ids[i], &off) ==
-            EPD_OK) {
-            epd_hash_state_update(x->lhash[layer], (const char *)srv->pool.base + off,
-                                  epd_kv_layer_block_bytes(kv, layer));
-        }
-    }
+    epd_prefill_sum_kind(srv, x, layer, 0);
+    epd_prefill_hash_units(srv, x, layer, x->hashed_blocks[layer], blocks, x->lhash[layer]);
     x->hashed_blocks[layer] = blocks;
 }
 
@@ -653,19 +708,18 @@ static void epd_prefill_range_done(epd_prefill_srv_t *srv, epd_prefill_xfer_t *x
     Epd__LayerDone ld = EPD__LAYER_DONE__INIT;
     uint32_t k = x->sent_blocks[layer];
 
+    epd_prefill_hash_ready(srv, x, layer);
     if (!x->d_ranges || !srv->layer_notify || x->protocol_only || x->lhash[layer] == NULL ||
-        k == 0 || k != x->hashed_blocks[layer] || k <= x->range_sent[layer] ||
-        (x->sum_kind >= 0 && x->sum_kind != EPD_KV_SUM_BYTES)) {
+        k == 0 || k != x->hashed_blocks[layer] || k <= x->range_sent[layer] || x->sum_kind < 0) {
         return;
     }
     ld.request_id = x->id;
     ld.layer = layer;
     ld.checksum = epd_hash_state_digest(x->lhash[layer]);
-    ld.checksum_kind = EPD_KV_SUM_BYTES;
+    ld.checksum_kind = (uint32_t)x->sum_kind; /* chosen by epd_prefill_hash_ready */
     ld.landed = 1;
     ld.blocks = k;
     if (epd_prefill_send_layer_done(srv, x, &ld, "LayerDone (blocks) sent")) {
-        x->sum_kind = EPD_KV_SUM_BYTES; /* a chunked run's (epd_prefill_layer_sum) */
         x->range_sent[layer] = k;
     }
 }
@@ -780,10 +834,7 @@ epd_status_t epd__prefill_xfer_post(epd_prefill_srv_t *srv, epd_prefill_xfer_t *
         if (!x->cur_begun) {
             /* x->checksums[layer] was written by the compute thread before it
              * handed the layer over (the event queue orders it before us) */
-            st = epd_prefill_layer_sum(srv, x, layer, msg, cap);
-            if (st != EPD_OK) {
-                return st;
-            }
+            epd_prefill_layer_sum(srv, x, layer);
             epd_prefill_cursor_skip_sent(srv, x, layer);
             x->cur_begun = 1;
         }

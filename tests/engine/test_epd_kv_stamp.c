@@ -403,6 +403,62 @@ static void test_body_needs_full(void **state)
     assert_non_null(strstr(why, "body"));
 }
 
+/* A chunked run's checks: blocks [0, k) then [k, N) on one running state
+ * give the whole layer's STAMPED checksum — the engine's, and what a writer
+ * gets from epd_kv_stamp_hash_unit over the blocks' stamps — and a block of
+ * the second range written into another's place fails that range. */
+static void test_blocks_in_ranges(void **state)
+{
+    epd_kv_stamp_expect_t x = {.req_id = 7, .tag = TAG, .n_tokens = N_TOK};
+    uint32_t l = first_attn(&F);
+    uint32_t k = N_BLK / 2;
+    uint64_t bytes = 0, part;
+    const char *why = "";
+    epd_hash_state_t *w;
+
+    (void)state;
+    transfer_all();
+    /* the writer's side: the stamps of blocks [0, k), then of the rest */
+    assert_int_equal(epd_hash_state_create(0, &w), EPD_OK);
+    for (uint32_t i = 0; i < k; i++) {
+        epd_kv_stamp_hash_unit(w, dblock(&F, l, i), F.kv->block_bytes);
+    }
+    part = epd_hash_state_digest(w);
+    for (uint32_t i = k; i < N_BLK; i++) {
+        epd_kv_stamp_hash_unit(w, dblock(&F, l, i), F.kv->block_bytes);
+    }
+    assert_true(epd_hash_state_digest(w) == F.sums[l]); /* the engine's own */
+    epd_hash_state_destroy(w);
+    /* the checker's: two ranges, one running state */
+    epd_hash_state_reset(F.h, 0);
+    assert_int_equal(epd_kv_stamp_check_blocks(F.kv, &F.pd, F.td, 0, k, l, &x, part, F.h, &bytes,
+                                               &why),
+                     EPD_OK);
+    assert_true(bytes == (uint64_t)k * F.kv->block_bytes);
+    assert_int_equal(epd_kv_stamp_check_blocks(F.kv, &F.pd, F.td, k, N_BLK, l, &x, F.sums[l], F.h,
+                                               &bytes, &why),
+                     EPD_OK);
+    /* the first range's sum for both: the second range's check fails */
+    epd_hash_state_reset(F.h, 0);
+    assert_int_equal(epd_kv_stamp_check_blocks(F.kv, &F.pd, F.td, 0, k, l, &x, part, F.h, &bytes,
+                                               &why),
+                     EPD_OK);
+    assert_int_equal(epd_kv_stamp_check_blocks(F.kv, &F.pd, F.td, k, N_BLK, l, &x, part, F.h,
+                                               &bytes, &why),
+                     EPD_ERR_CORRUPT);
+    assert_non_null(strstr(why, "checksum mismatch"));
+    /* block k+1 holds block k's KV: misplaced, caught in the second range */
+    memcpy(dblock(&F, l, k + 1), dblock(&F, l, k), F.kv->block_bytes);
+    epd_hash_state_reset(F.h, 0);
+    assert_int_equal(epd_kv_stamp_check_blocks(F.kv, &F.pd, F.td, 0, k, l, &x, part, F.h, &bytes,
+                                               &why),
+                     EPD_OK);
+    assert_int_equal(epd_kv_stamp_check_blocks(F.kv, &F.pd, F.td, k, N_BLK, l, &x, F.sums[l], F.h,
+                                               &bytes, &why),
+                     EPD_ERR_CORRUPT);
+    assert_non_null(strstr(why, "misplaced"));
+}
+
 static void test_bad_arguments(void **state)
 {
     epd_kv_stamp_expect_t x = {.req_id = 7, .tag = TAG, .n_tokens = N_TOK};
@@ -430,6 +486,7 @@ int main(void)
         cmocka_unit_test(test_state_slot),
         cmocka_unit_test(test_other_incarnation_and_sum),
         cmocka_unit_test(test_body_needs_full),
+        cmocka_unit_test(test_blocks_in_ranges),
         cmocka_unit_test(test_bad_arguments),
     };
 

@@ -127,6 +127,7 @@ ALL_TESTS += tests/integration/test_run_model.sh
 # chunks, prefill -> decode and through a router; admission 400s; a
 # SIGSTOP/SIGCONT and an abort mid-run
 ALL_TESTS += tests/integration/test_chunked_prefill.sh
+ALL_TESTS += tests/integration/test_chunked_stamped.sh
 # a 100,001-token prompt (over a 64 KiB message) on sim: prefill -> decode
 # and through a router equal epd-generate (messages sized for the window)
 ALL_TESTS += tests/integration/test_long_prompt.sh
