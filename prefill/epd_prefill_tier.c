@@ -253,9 +253,9 @@ static void epd_prefill_tier_on_event(void *arg, void *ev)
 /* Loop: waits (bounded) for the pending store of key, then inserts it.
  * The thread copies before it packs, and packs in order, so this waits for
  * the stores before it too. */
-static void epd_prefill_tier_wait(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
+static void epd_prefill_tier_wait_for(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j,
+                                      uint64_t until)
 {
-    uint64_t until = epd_time_now_ns() + (uint64_t)EPD_PREFILL_TIER_WAIT_MS * EPD_NSEC_PER_MSEC;
     struct timespec ts = {0, 50000};
 
     if (!j->pack_submitted) {
@@ -278,6 +278,16 @@ static void epd_prefill_tier_wait(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
         nanosleep(&ts, NULL);
     }
     epd_prefill_tier_take(srv, j);
+}
+
+/* Waits (on the loop: a blocking wait, traced as "tier wait") until block
+ * job j is stored, EPD_PREFILL_TIER_WAIT_MS at most. */
+static void epd_prefill_tier_wait(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
+{
+    uint64_t t0 = epd_time_now_ns();
+
+    epd_prefill_tier_wait_for(srv, j, t0 + (uint64_t)EPD_PREFILL_TIER_WAIT_MS * EPD_NSEC_PER_MSEC);
+    epd_trace_span(srv->trace, "tier wait", "wait", 0, -1, t0, epd_time_now_ns());
 }
 
 epd_status_t epd__prefill_tier_init(epd_prefill_srv_t *srv)

@@ -12,7 +12,10 @@ ALL_TESTS += tests/multihost/test_mh_ucx_tcp.sh \
              tests/multihost/test_mh_loss.sh \
              tests/multihost/test_mh_slow.sh \
              tests/multihost/test_docs_two_hosts.sh \
-             tests/multihost/test_mh_overhead_attach.sh
+             tests/multihost/test_mh_overhead_attach.sh \
+             tests/multihost/test_mh_overhead_hosts.sh
+# test_mh_overhead_hosts.sh runs bench/overhead-hosts.sh at a tiny size
+# (three hosts of its own, ~5 s, no time judged): beside other tests too.
 # test_mh_overhead_attach.sh runs epd-bench overhead --attach-* across three
 # hosts of its own (~15 s, 10 of them a connect with another secret timing
 # out) and judges only measured quantities against each other (no time):
