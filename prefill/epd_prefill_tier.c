@@ -33,7 +33,9 @@
  * epd_prefill_compute_copied resumes it): gathering a few hundred MB on
  * the loop held every short prompt for 0.7 s.  Payload buffers are reused
  * (up to EPD_PREFILL_TIER_SPARE_BYTES kept): a fresh one cost a page fault
- * every 4 KiB it was written.  The buffers of the stores on their way are
+ * every 4 KiB it was written; a deferred store with no spare at hand gets
+ * a fresh one on the copy thread (a malloc per block of a long prompt's
+ * thousands held the loop: 8% of its samples in a long-mixed run).  The buffers of the stores on their way are
  * capped at the host tier's size (--kv-host-bytes, at least 64 MiB): a
  * block evicted beyond the cap is not
  * kept (counted with the tier's dropped blocks).  A lookup that meets a
@@ -144,14 +146,25 @@ static void epd_prefill_tier_gather(const epd_prefill_srv_t *srv, uint32_t block
     }
 }
 
-/* Copy thread: a deferred store's KV out of the pool. */
+/* Copy thread: a deferred store's KV out of the pool, into a payload of
+ * its own when the loop had no spare at hand (allocated here, not on the
+ * loop: a fresh buffer per block of a long prompt's thousands of
+ * evictions is a malloc each — over glibc's mmap threshold for most
+ * models — that held every short prompt behind the admission).  No
+ * memory: payload stays NULL, and the loop gives the store up. */
 static void epd_prefill_tier_copy_run(void *arg, void *job_v, uint32_t queue)
 {
     epd_prefill_srv_t *srv = arg;
     epd_prefill_tjob_t *j = job_v;
 
     (void)queue;
-    epd_prefill_tier_gather(srv, j->block, j->payload);
+    if (j->payload == NULL) {
+        /* a spare's size (epd_prefill_tier_buf_get): it may become one */
+        j->payload = epd_malloc(srv->tier_blk_bytes + srv->ckpt_bytes);
+    }
+    if (j->payload != NULL) {
+        epd_prefill_tier_gather(srv, j->block, j->payload);
+    }
     atomic_store_explicit(&j->copied, 1, memory_order_release);
     epd_handoff_post(srv->tier_copy_ho, j);
 }
@@ -212,8 +225,9 @@ static void epd_prefill_tier_free(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
 static epd_status_t epd_prefill_tier_pack_submit(epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
 {
     j->pack_submitted = 1;
-    if (epd_handoff_submit(srv->tier_ho, 0, j) != EPD_OK) {
-        j->status = EPD_ERR_NO_RESOURCE;
+    if (j->payload == NULL || epd_handoff_submit(srv->tier_ho, 0, j) != EPD_OK) {
+        /* no payload: the copy thread had no memory for it */
+        j->status = j->payload == NULL ? EPD_ERR_NO_MEMORY : EPD_ERR_NO_RESOURCE;
         atomic_store(&j->done, 1);
         epd_prefill_tier_take(srv, j);
         return EPD_ERR_NO_RESOURCE;
@@ -384,7 +398,12 @@ void epd__prefill_tier_stop(epd_prefill_srv_t *srv)
      * not get to are made now (the blocks are nobody's any more) */
     EPD_LIST_FOREACH(j, srv->tier_jobs) {
         if (j->deferred && !atomic_load(&j->copied)) {
-            epd_prefill_tier_gather(srv, j->block, j->payload);
+            if (j->payload == NULL) {
+                j->payload = epd_malloc(srv->tier_blk_bytes + srv->ckpt_bytes);
+            }
+            if (j->payload != NULL) {
+                epd_prefill_tier_gather(srv, j->block, j->payload);
+            }
             atomic_store(&j->copied, 1);
         }
     }
@@ -398,7 +417,7 @@ void epd__prefill_tier_cleanup(epd_prefill_srv_t *srv)
     while (srv->tier_jobs != NULL) {
         epd_prefill_tjob_t *j = srv->tier_jobs;
 
-        if (!j->taken && srv->tier != NULL && atomic_load(&j->copied)) {
+        if (!j->taken && srv->tier != NULL && atomic_load(&j->copied) && j->payload != NULL) {
             if (!atomic_load(&j->done)) {
                 j->status = epd_kvtier_pack(srv->tier_packer, &j->key, j->payload, j->len,
                                             j->ckpt_len, &j->pk);
@@ -439,11 +458,16 @@ void epd__prefill_tier_store(epd_prefill_srv_t *srv, const epd_prefix_hash_t *ke
         return;
     }
     j = epd_calloc(1, sizeof(*j));
-    if (j != NULL) {
+    if (j != NULL && (!defer || ckpt_len > 0 || srv->tier_n_spare > 0)) {
+        /* a deferred store without a checkpoint and no spare at hand gets
+         * its payload on the copy thread (epd_prefill_tier_copy_run) */
         j->payload = epd_prefill_tier_buf_get(srv);
+        if (j->payload == NULL) {
+            epd_free(j);
+            j = NULL;
+        }
     }
-    if (j == NULL || j->payload == NULL) {
-        epd_free(j);
+    if (j == NULL) {
         srv->tier_skipped++;
         return;
     }
