@@ -190,6 +190,7 @@ static void test_codecs_match_numpy(void **state)
     assert_int_equal(fclose(f), 0);
     snprintf(cmd, sizeof(cmd), "%s %s %s", EPD_TEST_PYTHON, EPD_TEST_KVQ_REF, path);
     assert_int_equal(system(cmd), 0);
+    epd_test_rmtree(dir);
     free(x);
     free(fp8);
     free(bf);
@@ -289,8 +290,5 @@ int main(void)
         cmocka_unit_test(test_map_parse),
         cmocka_unit_test(test_mixed_offsets),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
-
-    epd_test_rmtree(epd_test_tmpdir());
-    return rc;
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }
