@@ -225,12 +225,12 @@ static void epd_prefill_lw_episode(epd_prefill_srv_t *srv, epd_prefill_lw_t *lw)
     lw->ep_ns = 0;
 }
 
-/* A write of the layer, started at t0_ns (read before the post when no
- * episode was open), was posted: the start of an episode if none is open. */
+/* A write of the layer was posted; t0_ns, read before the post when no
+ * episode was open (0 otherwise), starts one. */
 static void epd_prefill_lw_posted(epd_prefill_lw_t *lw, uint64_t t0_ns)
 {
     if (lw->ep_ns == 0) {
-        lw->ep_ns = t0_ns != 0 ? t0_ns : epd_time_now_ns();
+        lw->ep_ns = t0_ns;
     }
     if (lw->posted_ns == 0) {
         lw->posted_ns = lw->ep_ns;
