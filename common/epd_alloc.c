@@ -10,6 +10,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define EPD_ALLOC_HDR 16
 
@@ -156,4 +158,40 @@ void epd_alloc_stats(epd_alloc_stats_t *stats_p)
     stats_p->live_blocks = atomic_load(&epd_alloc_live_blocks);
     stats_p->total_allocs = atomic_load(&epd_alloc_total);
     stats_p->failed = atomic_load(&epd_alloc_failed);
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+void epd_mem_prefault(void *addr, size_t len)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t p = (uintptr_t)addr;
+    uintptr_t end = p + len;
+
+    if (addr == NULL || len == 0 || page <= 0 || end < p) {
+        return;
+    }
+    {
+        /* madvise wants whole pages: the ones inside the range (the partial
+         * pages at its ends are rewritten below) */
+        uintptr_t lo = (p + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+        uintptr_t hi = end & ~((uintptr_t)page - 1);
+
+        if (lo < hi && madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE) == 0) {
+            if (lo > p) {
+                ((volatile unsigned char *)p)[0] = ((volatile unsigned char *)p)[0];
+            }
+            if (hi < end) {
+                ((volatile unsigned char *)hi)[0] = ((volatile unsigned char *)hi)[0];
+            }
+            return;
+        }
+    }
+    for (uintptr_t q = p; q < end; q = (q & ~((uintptr_t)page - 1)) + (uintptr_t)page) {
+        volatile unsigned char *b = (volatile unsigned char *)q;
+
+        *b = *b;
+    }
 }

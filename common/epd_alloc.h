@@ -59,4 +59,13 @@ typedef struct {
 /* Snapshot of the counters; any thread. */
 void epd_alloc_stats(epd_alloc_stats_t *stats_p);
 
+/* Commits the pages of [addr, addr + len) now: the kernel's fault and the
+ * clearing of each fresh page happen here instead of at a later first
+ * write (a KV pool's: on the compute thread, inside a request's time).
+ * What the range holds is unchanged: MADV_POPULATE_WRITE, or where the
+ * kernel refuses it (before Linux 5.14) one byte per page rewritten with
+ * its own value — so call it before any other thread writes the range.
+ * A NULL or empty range is a no-op. */
+void epd_mem_prefault(void *addr, size_t len);
+
 #endif

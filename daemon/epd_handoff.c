@@ -46,8 +46,17 @@ static void *epd_handoff_main(void *arg)
         errno = 0;
         cur = getpriority(PRIO_PROCESS, tid);
         if ((cur == -1 && errno != 0) || setpriority(PRIO_PROCESS, tid, cur + h->cfg.nice) != 0) {
-            epd_log_warn(EPD_HANDOFF_LOG, 0, "%s: cannot change the thread's nice value: %s",
-                         h->cfg.name, strerror(errno));
+            if (h->cfg.nice < 0 && (errno == EACCES || errno == EPERM)) {
+                /* raising a priority is a privilege (CAP_SYS_NICE,
+                 * RLIMIT_NICE): the thread goes on at the daemon's */
+                epd_log_info(EPD_HANDOFF_LOG, 0,
+                             "%s: nice %+d refused (%s; CAP_SYS_NICE or RLIMIT_NICE allow it): "
+                             "it runs at the daemon's",
+                             h->cfg.name, h->cfg.nice, strerror(errno));
+            } else {
+                epd_log_warn(EPD_HANDOFF_LOG, 0, "%s: cannot change the thread's nice value: %s",
+                             h->cfg.name, strerror(errno));
+            }
         }
     }
 

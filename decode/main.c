@@ -25,6 +25,7 @@
 #include "epd_kvq.h"
 #include "epd_log.h"
 #include "epd_msg.h"
+#include "epd_time.h"
 
 typedef struct {
     int64_t kv_blocks;
@@ -33,6 +34,7 @@ typedef struct {
     int64_t max_batch;
     int64_t lease_ms;
     int prefix_cache;
+    int kv_prefault;
     const char *kv_reserve;
     int64_t kv_headroom_tokens;
     const char *verify;
@@ -102,6 +104,14 @@ static epd_status_t epd_decode_pool(epd_decode_srv_t *srv, const epd_decode_flag
     }
     srv->pool.base = epd_xport_mr_addr(srv->mr);
     srv->pool.bytes = epd_xport_mr_size(srv->mr);
+    if (fl->kv_prefault) {
+        uint64_t t0 = epd_time_now_ns();
+
+        epd_mem_prefault(srv->pool.base, (size_t)srv->pool.bytes);
+        epd_log_info(EPD_DECODE_LOG, 0, "KV pool: %llu MiB committed in %.0f ms",
+                     (unsigned long long)(srv->pool.bytes >> 20),
+                     (double)(epd_time_now_ns() - t0) / 1e6);
+    }
     srv->pool.n_blocks = (uint32_t)fl->kv_blocks;
     srv->pool.n_state_slots = n_slots;
     if (epd_engine_check_pool(srv->engine, &srv->pool) != EPD_OK) {
@@ -334,6 +344,7 @@ int main(int argc, char **argv)
         .max_batch = 32,
         .lease_ms = 5000,
         .prefix_cache = 1,
+        .kv_prefault = 1,
         .kv_reserve = "on-demand",
         .kv_headroom_tokens = 16,
         .verify = "stamps",
@@ -347,6 +358,9 @@ int main(int argc, char **argv)
         {"lease-ms", EPD_OPT_INT, &fl.lease_ms, 10, 3600000,
          "fail a reservation whose prefill worker says nothing about it this long (up to 4 "
          "leases while it speaks about others); quarantined blocks re-send their Abort as often"},
+        {"kv-prefault", EPD_OPT_BOOL, &fl.kv_prefault, 0, 0,
+         "commit the KV pool's memory at start, before ready (as a device allocates its KV "
+         "cache up front); --no-kv-prefault: each page when the first write lands in it"},
         {"prefix-cache", EPD_OPT_BOOL, &fl.prefix_cache, 0, 0,
          "keep a finished request's full prompt blocks; a later prompt that starts with them "
          "(the next turn of a chat) gets them back and prefill does not write them again "

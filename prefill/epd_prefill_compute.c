@@ -456,8 +456,8 @@ static void epd_prefill_compute_free(epd_prefill_compute_t *c)
 
 epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
                                         const epd_kv_pool_t *pool, uint32_t max_requests,
-                                        uint32_t max_media, epd_prefill_ev_cb_t cb, void *cb_arg,
-                                        epd_prefill_compute_t **c_p)
+                                        uint32_t max_media, int nice, epd_prefill_ev_cb_t cb,
+                                        void *cb_arg, epd_prefill_compute_t **c_p)
 {
     epd_handoff_config_t hc;
     epd_prefill_compute_t *c;
@@ -499,6 +499,7 @@ epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
     }
     memset(&hc, 0, sizeof(hc));
     hc.name = "prefill compute";
+    hc.nice = nice;
     hc.n_queues = EPD_PREFILL_N_QUEUES;
     hc.queue_cap[EPD_PREFILL_Q_RELEASE] = max_requests;
     hc.queue_cap[EPD_PREFILL_Q_RUN] = (size_t)max_requests * (1 + (size_t)max_media);

@@ -206,13 +206,15 @@ typedef void (*epd_prefill_ev_cb_t)(void *arg, epd_prefill_ev_t *ev);
  * failure the caller keeps it) computing into `pool` (borrowed; the caller
  * keeps it alive until destroy).  A request
  * queues at most one run, one release and max_media encodes (the queues are
- * sized for max_requests of them).  Loop thread (the uv_async is created on
- * `loop`).  *c_p owned by the caller.
+ * sized for max_requests of them).  `nice` is added to the thread's nice
+ * value as it starts (0: none; below 0 needs CAP_SYS_NICE or RLIMIT_NICE,
+ * else the thread keeps the daemon's and an info line says so).  Loop
+ * thread (the uv_async is created on `loop`).  *c_p owned by the caller.
  */
 epd_status_t epd_prefill_compute_create(uv_loop_t *loop, epd_engine_t *engine,
                                         const epd_kv_pool_t *pool, uint32_t max_requests,
-                                        uint32_t max_media, epd_prefill_ev_cb_t cb, void *cb_arg,
-                                        epd_prefill_compute_t **c_p);
+                                        uint32_t max_media, int nice, epd_prefill_ev_cb_t cb,
+                                        void *cb_arg, epd_prefill_compute_t **c_p);
 
 /* Sets the chunk size of later runs: at most `tokens` prompt tokens per
  * engine call and per turn (0: a run is one call).  Loop thread, before the

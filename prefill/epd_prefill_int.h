@@ -92,6 +92,11 @@
 #define EPD_PREFILL_CHUNK_SIM 8192u
 #define EPD_PREFILL_CHUNK_REF 2048u
 #define EPD_PREFILL_CHUNK_DEFAULTS "ref 2048, sim 8192, others 0"
+/* --compute-nice's default: the compute thread ahead of the loop and the
+ * tier threads for the CPU (a late wake-up ends each chunk late: a
+ * 1M-token prompt in 128 chunks, B's compute over A's by 3.9 ms on average
+ * at 0, 2.4 at -10; epd-bench overhead, docs/long-context.md) */
+#define EPD_PREFILL_COMPUTE_NICE (-10)
 
 /* The default chunk of engine `name` (0: off).  Pure. */
 static inline uint32_t epd_prefill_chunk_default(const char *name)
@@ -438,6 +443,8 @@ typedef struct epd_prefill_srv {
      * checkpoints are copies of every linear layer's state after a cached
      * block, in an arena of ckpt_slots slots of ckpt_bytes each */
     int prefix_cache;        /* --prefix-cache */
+    int kv_prefault;         /* --kv-prefault: the pool committed at start */
+    int compute_nice;        /* --compute-nice */
     epd_kvcache_t *pcache;
     epd_prefix_hash_t proot; /* the namespace without a salt */
     uint32_t ckpt_every;     /* a checkpoint every this many blocks (0: only each prompt's last) */

@@ -38,6 +38,8 @@ typedef struct {
     int64_t embed_slots;
     int64_t max_image_pixels;
     int prefix_cache;
+    int kv_prefault;
+    int64_t compute_nice;
     int64_t ckpt_every;
     int64_t ckpt_bytes;
     int64_t replay_tokens;
@@ -132,10 +134,10 @@ static epd_status_t epd_prefill_setup(void *arg, epd_daemon_t *d)
         epd_log_error(EPD_PREFILL_LOG, 0, "out of memory");
         return st;
     }
-    st = epd_prefill_compute_create(epd_daemon_loop(srv->d), srv->engine, &srv->pool,
-                                    srv->state_slots,
-                                    srv->embed_slots > 0 ? EPD_PREFILL_MEDIA_MAX : 0,
-                                    epd__prefill_req_on_event, srv, &srv->compute);
+    st = epd_prefill_compute_create(
+        epd_daemon_loop(srv->d), srv->engine, &srv->pool, srv->state_slots,
+        srv->embed_slots > 0 ? EPD_PREFILL_MEDIA_MAX : 0, srv->compute_nice,
+        epd__prefill_req_on_event, srv, &srv->compute);
     if (st != EPD_OK) {
         return st;
     }
@@ -212,6 +214,8 @@ static int epd_prefill_run(const epd_daemon_flags_t *dfl, void *arg)
     srv.embed_slots = (uint32_t)fl->embed_slots;
     srv.max_image_pixels = (uint64_t)fl->max_image_pixels;
     srv.prefix_cache = fl->prefix_cache;
+    srv.kv_prefault = fl->kv_prefault;
+    srv.compute_nice = (int)fl->compute_nice;
     srv.ckpt_every = (uint32_t)fl->ckpt_every;
     srv.ckpt_budget = (uint64_t)fl->ckpt_bytes;
     srv.replay_budget = (uint32_t)fl->replay_tokens;
@@ -281,6 +285,8 @@ int main(int argc, char **argv)
         .embed_slots = 64,
         .max_image_pixels = (int64_t)EPD_IMAGE_MAX_PIXELS_DEFAULT,
         .prefix_cache = 1,
+        .kv_prefault = 1,
+        .compute_nice = EPD_PREFILL_COMPUTE_NICE,
         .ckpt_every = 16,
         .ckpt_bytes = 64 << 20,
         .replay_tokens = 256,
@@ -317,6 +323,14 @@ int main(int argc, char **argv)
          "writes and the embedding cache (0: no images)"},
         {"max-image-pixels", EPD_OPT_INT, &fl.max_image_pixels, 1, (int64_t)1 << 40,
          "width x height limit of an image this worker decodes itself (no encoder pool)"},
+        {"compute-nice", EPD_OPT_INT, &fl.compute_nice, -19, 19,
+         "added to the compute thread's nice value (Linux, that thread only): it drives the "
+         "device, and a late wake-up ends a chunk late; below 0 needs CAP_SYS_NICE (without "
+         "it the thread keeps the daemon's, said at info level)"},
+        {"kv-prefault", EPD_OPT_BOOL, &fl.kv_prefault, 0, 0,
+         "commit the KV pool's memory at start, before ready (as a device allocates its KV "
+         "cache up front); --no-kv-prefault: each page on its first write, inside that "
+         "request's compute"},
         {"prefix-cache", EPD_OPT_BOOL, &fl.prefix_cache, 0, 0,
          "keep full prompt blocks after their request and compute only what a new prompt "
          "does not share with a cached one (--no-prefix-cache: compute every prompt whole)"},

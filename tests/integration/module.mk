@@ -128,6 +128,9 @@ ALL_TESTS += tests/integration/test_run_model.sh
 # SIGSTOP/SIGCONT and an abort mid-run
 ALL_TESTS += tests/integration/test_chunked_prefill.sh
 ALL_TESTS += tests/integration/test_chunked_stamped.sh
+# what a worker sets up on its host: the KV pools committed at start
+# (--kv-prefault), prefill's compute thread ahead for the CPU (--compute-nice)
+ALL_TESTS += tests/integration/test_worker_host.sh
 # a 100,001-token prompt (over a 64 KiB message) on sim: prefill -> decode
 # and through a router equal epd-generate (messages sized for the window)
 ALL_TESTS += tests/integration/test_long_prompt.sh

@@ -106,7 +106,8 @@ static int setup(void **state)
     epd_test_pool(g->engine, POOL_BLOCKS, POOL_SLOTS, &g->pool);
     assert_int_equal(uv_loop_init(&g->loop), 0);
     assert_int_equal(
-        epd_prefill_compute_create(&g->loop, g->engine, &g->pool, POOL_SLOTS, 0, on_event, g, &g->c),
+        epd_prefill_compute_create(&g->loop, g->engine, &g->pool, POOL_SLOTS, 0, 0, on_event, g,
+                                   &g->c),
         EPD_OK);
     *state = g;
     return 0;
@@ -343,7 +344,8 @@ static void test_queue_bound(void **state)
         g->info = epd_engine_info(g->engine);
     }
     assert_int_equal(
-        epd_prefill_compute_create(&g->loop, g->engine, &g->pool, 1, 0, on_event, g, &one), EPD_OK);
+        epd_prefill_compute_create(&g->loop, g->engine, &g->pool, 1, 0, 0, on_event, g, &one),
+        EPD_OK);
     g->c = one;
     req_init(r, 0, 60);
     assert_int_equal(epd_prefill_compute_submit(one, &r->job), EPD_OK);
@@ -498,7 +500,7 @@ static void test_chunked_image_span(void **state)
     g->info = epd_engine_info(g->engine);
     assert_true(g->info->image_embeddings > 2 && g->info->image_embeddings < 10);
     epd_test_pool(g->engine, POOL_BLOCKS, POOL_SLOTS, &g->pool);
-    assert_int_equal(epd_prefill_compute_create(&g->loop, g->engine, &g->pool, POOL_SLOTS, 1,
+    assert_int_equal(epd_prefill_compute_create(&g->loop, g->engine, &g->pool, POOL_SLOTS, 1, 0,
                                                 on_event, g, &g->c),
                      EPD_OK);
     epd_prefill_compute_set_chunk(g->c, 7);

@@ -105,9 +105,9 @@ static epd_status_t epd__ucx_mr_new(epd__ucx_t *be, void *addr, size_t size, boo
      * key can name the region */
     mr->id = epd__ucx_new_id(be);
     /* No memset for allocated regions: UCX_ALLOC_PRIO tries sysv, posix,
-     * huge pages, thp and mmap before heap, all fresh kernel pages (zero),
-     * and touching them all would commit the whole region at once — a KV
-     * pool is sized for the worst case and mostly untouched. */
+     * huge pages, thp and mmap before heap, all fresh kernel pages (zero).
+     * Whether to commit them at once is the owner's call (a KV pool is,
+     * by default: --kv-prefault, epd_mem_prefault). */
     EPD_LIST_INSERT_HEAD(be->mrs, mr);
     if (addr_p != NULL) {
         *addr_p = mr->addr;
