@@ -52,8 +52,15 @@ typedef struct {
 /* Forks and execs argv[0] (a path, or a name looked up in PATH) as `how`
  * says; the child's pid (-1: fork failed; a failed exec exits 127).  The
  * one launcher of every subcommand: the daemons of a benchmark's own
- * cluster and the reference tools (xfer) alike.  Benchmark's thread. */
+ * cluster and the reference tools (xfer) alike.  Any thread.  Until it is
+ * reaped (epd_bench_stop, epd_bench_wait) the child is remembered: a
+ * SIGINT, SIGTERM or SIGHUP that ends the bench sends it SIGTERM first
+ * (the first spawn installs those handlers), so a benchmark stopped by a
+ * signal leaves no daemon behind (SIGKILL still does: nothing runs then). */
 pid_t epd_bench_spawn_ex(char *const argv[], const epd_bench_spawn_t *how);
+/* waitpid(pid, status_p, options) for a child of epd_bench_spawn*, which
+ * it forgets once reaped; waitpid's result.  Any thread. */
+pid_t epd_bench_reap(pid_t pid, int *status_p, int options);
 /* The daemons' usual case: stdout and stderr into `log`, UCX held to
  * loopback unless the environment says otherwise (env_default
  * UCX_TLS=posix,cma,tcp, UCX_NET_DEVICES=lo). */

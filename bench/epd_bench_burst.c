@@ -457,7 +457,7 @@ static int bu_model(bu_opts_t *o)
 
             pid = epd_bench_spawn(argv, log);
         }
-        if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+        if (pid < 0 || epd_bench_reap(pid, &status, 0) != pid || !WIFEXITED(status) ||
             WEXITSTATUS(status) != 0) {
             fprintf(stderr, "burst: epd-mkmodel failed (log: %s)\n", log);
             return -1;

@@ -130,7 +130,7 @@ static int pb_mkmodel(pb_t *b, char *const argv[])
 
     snprintf(log, sizeof(log), "%s/mkmodel.log", b->tmp);
     pid = epd_bench_spawn(argv, log);
-    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+    if (pid < 0 || epd_bench_reap(pid, &status, 0) != pid || !WIFEXITED(status) ||
         WEXITSTATUS(status) != 0) {
         fprintf(stderr, "serve: epd-mkmodel failed (log: %s)\n", log);
         return -1;

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,9 +55,88 @@ void epd_bench_setenv(const char *const *env, int overwrite)
     }
 }
 
+/* The children spawned and not reaped yet (0: a free slot).  Lock-free:
+ * soak spawns from its chaos thread too, and the signal handler reads it.
+ * Past EPD_BENCH_CHILDREN_MAX at once a child is simply not remembered. */
+#define EPD_BENCH_CHILDREN_MAX 1024
+static atomic_int epd_bench_children[EPD_BENCH_CHILDREN_MAX];
+static atomic_flag epd_bench_handlers_set = ATOMIC_FLAG_INIT;
+
+static void epd_bench_remember(pid_t pid)
+{
+    for (int i = 0; i < EPD_BENCH_CHILDREN_MAX; i++) {
+        int zero = 0;
+
+        if (atomic_compare_exchange_strong(&epd_bench_children[i], &zero, (int)pid)) {
+            return;
+        }
+    }
+}
+
+static void epd_bench_forget(pid_t pid)
+{
+    for (int i = 0; i < EPD_BENCH_CHILDREN_MAX; i++) {
+        int want = (int)pid;
+
+        if (atomic_compare_exchange_strong(&epd_bench_children[i], &want, 0)) {
+            return;
+        }
+    }
+}
+
+/* SIGINT / SIGTERM / SIGHUP: SIGTERM to every remembered child still
+ * running (waitpid says so: one reaped elsewhere, or a pid reused by
+ * another process, is not ours and is left alone), then the signal's
+ * default action.  Async-signal-safe calls only. */
+static void epd_bench_on_signal(int sig)
+{
+    int saved = errno;
+
+    for (int i = 0; i < EPD_BENCH_CHILDREN_MAX; i++) {
+        int pid = atomic_load(&epd_bench_children[i]);
+        int status;
+
+        if (pid > 0 && waitpid((pid_t)pid, &status, WNOHANG) == 0) {
+            kill((pid_t)pid, SIGTERM);
+        }
+    }
+    errno = saved;
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void epd_bench_set_handlers(void)
+{
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    struct sigaction sa;
+
+    if (atomic_flag_test_and_set(&epd_bench_handlers_set)) {
+        return;
+    }
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = epd_bench_on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+        sigaction(sigs[i], &sa, NULL);
+    }
+}
+
+pid_t epd_bench_reap(pid_t pid, int *status_p, int options)
+{
+    pid_t r = waitpid(pid, status_p, options);
+
+    if (r == pid) {
+        epd_bench_forget(pid);
+    }
+    return r;
+}
+
 pid_t epd_bench_spawn_ex(char *const argv[], const epd_bench_spawn_t *how)
 {
-    pid_t pid = fork();
+    pid_t pid;
+
+    epd_bench_set_handlers();
+    pid = fork();
 
     if (pid == 0) {
         if (how->log != NULL) {
@@ -83,6 +163,9 @@ pid_t epd_bench_spawn_ex(char *const argv[], const epd_bench_spawn_t *how)
         execvp(argv[0], argv);
         _exit(127);
     }
+    if (pid > 0) {
+        epd_bench_remember(pid);
+    }
     return pid;
 }
 
@@ -105,7 +188,7 @@ int epd_bench_stop(pid_t pid, uint32_t timeout_ms, const char *who, const char *
     kill(pid, SIGTERM);
     end = epd_time_now_ns() + (uint64_t)timeout_ms * EPD_NSEC_PER_MSEC;
     while (epd_time_now_ns() < end) {
-        if (waitpid(pid, &status, WNOHANG) == pid) {
+        if (epd_bench_reap(pid, &status, WNOHANG) == pid) {
             /* a daemon that crashed on the way out is a bug worth a line */
             if (WIFSIGNALED(status)) {
                 fprintf(stderr, "%s: %s (pid %d) died of signal %d on SIGTERM\n", who, name,
@@ -129,7 +212,7 @@ int epd_bench_stop(pid_t pid, uint32_t timeout_ms, const char *who, const char *
                 (int)pid, timeout_ms);
     }
     kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
+    (void)epd_bench_reap(pid, &status, 0);
     return -1;
 }
 
@@ -165,7 +248,7 @@ int epd_bench_wait_ready(const char *path, pid_t pid, const char *key, char *out
             }
             fclose(f);
         }
-        if (waitpid(pid, &status, WNOHANG) == pid) {
+        if (epd_bench_reap(pid, &status, WNOHANG) == pid) {
             return -1;
         }
         epd_time_sleep_ns(20 * EPD_NSEC_PER_MSEC);

@@ -117,7 +117,7 @@ int epd__sv_cluster_start(sv_t *b)
 
             pid = epd_bench_spawn(argv, mklog);
         }
-        if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+        if (pid < 0 || epd_bench_reap(pid, &status, 0) != pid || !WIFEXITED(status) ||
             WEXITSTATUS(status) != 0) {
             fprintf(stderr, "serve: epd-mkmodel failed (log: %s)\n", mklog);
             return -1;

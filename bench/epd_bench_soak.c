@@ -459,7 +459,7 @@ static void *so_chaos(void *arg)
         } else {
             int status;
             kill(s->w[i].pid, SIGKILL);
-            waitpid(s->w[i].pid, &status, 0);
+            (void)epd_bench_reap(s->w[i].pid, &status, 0);
             s->kills++;
             if (so_start(s, i) != 0) {
                 atomic_store(&s->done, 2);
@@ -549,7 +549,7 @@ static int so_run_cmd(char *const argv[], const char *log)
     int status = 0;
     pid_t pid = epd_bench_spawn(argv, log);
 
-    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+    return pid > 0 && epd_bench_reap(pid, &status, 0) == pid && WIFEXITED(status) &&
                    WEXITSTATUS(status) == 0
                ? 0
                : -1;

@@ -521,7 +521,7 @@ static int xb_run_capture(char *const argv[], const char *const *env, char *buf,
     }
     buf[used] = '\0';
     close(pfd[0]);
-    waitpid(pid, &status, 0);
+    epd_bench_reap(pid, &status, 0);
     return status;
 }
 
@@ -530,10 +530,10 @@ static void xb_reap(pid_t server)
     int status;
     uint64_t deadline = epd_time_now_ns() + 3 * EPD_NSEC_PER_SEC;
 
-    while (waitpid(server, &status, WNOHANG) == 0) {
+    while (epd_bench_reap(server, &status, WNOHANG) == 0) {
         if (epd_time_now_ns() > deadline) {
             kill(server, SIGKILL);
-            waitpid(server, &status, 0);
+            epd_bench_reap(server, &status, 0);
             return;
         }
         epd_time_sleep_ns(10 * EPD_NSEC_PER_MSEC);

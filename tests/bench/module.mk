@@ -10,6 +10,8 @@ endif
 # on loopback (~2 s; the daemons' clock and trace answers, rule 39, under
 # the sanitizers too; across hosts: tests/multihost/test_mh_overhead_attach.sh)
 ALL_TESTS += tests/bench/test_bench_overhead_attach.sh
+# a bench ended by SIGTERM or SIGINT stops the daemons it spawned (~5 s)
+ALL_TESTS += tests/bench/test_bench_signal.sh
 # bench/epd_bench_http.c (the blocking client that reads /metrics and
 # sends fleet's requests) against a server thread on 127.0.0.1: an answer
 # ends at its length or last chunk, statuses and failures map to their
