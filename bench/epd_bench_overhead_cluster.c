@@ -55,8 +55,8 @@ static int ob_model_dir(ob_t *b, const ob_engine_t *e, char *dir, size_t cap)
             char cmd[PATH_MAX * 2 + 128];
 
             /* small enough for a 2-core machine: 8 layers LLA, dim 256 */
-            snprintf(cmd, sizeof(cmd), "'%s/epd-mkmodel' --out '%s' --max-context 40000 >/dev/null",
-                     b->bindir, dir);
+            snprintf(cmd, sizeof(cmd), "'%s/epd-mkmodel' --out '%s' --max-context %u >/dev/null",
+                     b->bindir, dir, (unsigned)OB_REF_MAX_CONTEXT);
             if (system(cmd) != 0) {
                 fprintf(stderr, "overhead: epd-mkmodel failed\n");
                 return -1;

@@ -58,6 +58,9 @@ typedef struct {
     const char *env[3];
 } ob_xport_t;
 
+/* the window of the ref model overhead makes itself (no --ref-model) */
+#define OB_REF_MAX_CONTEXT 40000u
+
 typedef struct {
     const char *name;    /* as on the command line and in the table */
     const char *profile; /* sim: model profile file; NULL: ref */

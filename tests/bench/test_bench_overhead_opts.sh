@@ -3,8 +3,9 @@
 # (bench/epd_bench_overhead_opts.c): an option takes effect only in the
 # modes it names (the one-host mode refuses the attach mode's, the attach
 # mode the daemons' flags), each mode's --help is its own, and a bad value
-# is named with exit 2 in either.  No daemon is started: every case stops
-# at parsing (or, for the accepted ones, at the missing cluster secret).
+# is named with exit 2 in either; a length over an engine's window is
+# refused up front.  No daemon is started: every case stops at parsing (or,
+# for the accepted ones, at the missing cluster secret).
 source "$(dirname "$0")/../integration/lib.sh"
 BENCH="$BIN/epd-bench"
 
@@ -42,4 +43,10 @@ expect 2 "attach mode needs --attach-prefill, --attach-decode and --cluster-secr
   "${ATT[@]}" --lengths 1k,2k --reps 3 --warmup 0 --no-zero --tsv --no-cpu --trace "$T/t.json" \
   --trace-length 1024 --probes 4 --data-addr 127.0.0.1
 expect 1 "cluster secret $T/none" "${ATT[@]}" --cluster-secret-file "$T/none"
+
+note "a length over an engine's window refused before anything starts (dense-70b: 131,072)"
+expect 2 "131072 tokens (+ 2 output) is over dense-70b's window of 131072 tokens: give it at most 131070" \
+  --engines hybrid-320b,dense-70b --lengths 65536,131072 --no-cpu
+expect 2 "40000 tokens (+ 2 output) is over ref's window of 40000 tokens" \
+  --engines ref --ref-lengths 128,40000 --no-cpu
 finish_ok
