@@ -149,6 +149,12 @@ epd_status_t epd_daemon_engine_open(const epd_daemon_flags_t *flags, const char 
                                     uint32_t block_tokens, uint32_t max_batch,
                                     epd_engine_t **engine_p);
 
+/* With `on` (a role's --kv-prefault), commits the KV pool [base, base +
+ * bytes) now (epd_mem_prefault: blocking, at start-up before ready, as a
+ * device allocates its KV cache up front) and says how long it took under
+ * `log`; off: nothing. */
+void epd_daemon_kv_prefault(int on, const char *log, void *base, uint64_t bytes);
+
 /* ------------------------------------------------------------------ roles */
 
 /* What the role reports to the control plane (Health, Status, heartbeats):

@@ -1,14 +1,18 @@
 /*
  * epd_daemon_flags.c — the flags every daemon shares and the start of every
  * daemon's main(): one table, one set of limits, one check, so that
- * --worker-id, --peer-timeout-ms or an address mean the same everywhere.
+ * --worker-id, --peer-timeout-ms or an address mean the same everywhere;
+ * and what a role does alike at start-up (its engine, its KV pool's
+ * --kv-prefault).
  */
 #include <signal.h>
 #include <string.h>
 
 #include "epd_addr.h"
+#include "epd_alloc.h"
 #include "epd_daemon.h"
 #include "epd_log.h"
+#include "epd_time.h"
 
 #define EPD_DAEMON_OPTS_MAX 96
 
@@ -373,4 +377,16 @@ epd_status_t epd_daemon_engine_open(const epd_daemon_flags_t *flags, const char 
                       flags->engine, epd_status_string(st));
     }
     return st;
+}
+
+void epd_daemon_kv_prefault(int on, const char *log, void *base, uint64_t bytes)
+{
+    uint64_t t0 = epd_time_now_ns();
+
+    if (!on) {
+        return;
+    }
+    epd_mem_prefault(base, (size_t)bytes);
+    epd_log_info(log, 0, "KV pool: %llu MiB committed in %.0f ms",
+                 (unsigned long long)(bytes >> 20), (double)(epd_time_now_ns() - t0) / 1e6);
 }

@@ -25,7 +25,6 @@
 #include "epd_kvq.h"
 #include "epd_log.h"
 #include "epd_msg.h"
-#include "epd_time.h"
 
 typedef struct {
     int64_t kv_blocks;
@@ -104,14 +103,7 @@ static epd_status_t epd_decode_pool(epd_decode_srv_t *srv, const epd_decode_flag
     }
     srv->pool.base = epd_xport_mr_addr(srv->mr);
     srv->pool.bytes = epd_xport_mr_size(srv->mr);
-    if (fl->kv_prefault) {
-        uint64_t t0 = epd_time_now_ns();
-
-        epd_mem_prefault(srv->pool.base, (size_t)srv->pool.bytes);
-        epd_log_info(EPD_DECODE_LOG, 0, "KV pool: %llu MiB committed in %.0f ms",
-                     (unsigned long long)(srv->pool.bytes >> 20),
-                     (double)(epd_time_now_ns() - t0) / 1e6);
-    }
+    epd_daemon_kv_prefault(fl->kv_prefault, EPD_DECODE_LOG, srv->pool.base, srv->pool.bytes);
     srv->pool.n_blocks = (uint32_t)fl->kv_blocks;
     srv->pool.n_state_slots = n_slots;
     if (epd_engine_check_pool(srv->engine, &srv->pool) != EPD_OK) {

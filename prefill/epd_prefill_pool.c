@@ -47,13 +47,7 @@ epd_status_t epd__prefill_pool_init(epd_prefill_srv_t *srv, epd_engine_t *engine
     }
     srv->pool.base = epd_xport_mr_addr(srv->pool_mr);
     srv->pool.bytes = bytes;
-    if (srv->kv_prefault) {
-        uint64_t t0 = epd_time_now_ns();
-
-        epd_mem_prefault(srv->pool.base, (size_t)bytes);
-        epd_log_info(EPD_PREFILL_LOG, 0, "KV pool: %llu MiB committed in %.0f ms",
-                     (unsigned long long)(bytes >> 20), (double)(epd_time_now_ns() - t0) / 1e6);
-    }
+    epd_daemon_kv_prefault(srv->kv_prefault, EPD_PREFILL_LOG, srv->pool.base, bytes);
     srv->pool.n_blocks = srv->kv_blocks;
     srv->pool.n_state_slots = srv->state_slots;
     st = epd_engine_check_pool(engine, &srv->pool);

@@ -35,10 +35,10 @@
  * (up to EPD_PREFILL_TIER_SPARE_BYTES kept): a fresh one cost a page fault
  * every 4 KiB it was written; a deferred store with no spare at hand gets
  * a fresh one on the copy thread (a malloc per block of a long prompt's
- * thousands held the loop: 8% of its samples in a long-mixed run).  The buffers of the stores on their way are
- * capped at the host tier's size (--kv-host-bytes, at least 64 MiB): a
- * block evicted beyond the cap is not
- * kept (counted with the tier's dropped blocks).  A lookup that meets a
+ * thousands held the loop: 8% of its samples in a long-mixed run).  The
+ * buffers of the stores on their way are capped at the host tier's size
+ * (--kv-host-bytes, at least 64 MiB): a block evicted beyond the cap is
+ * not kept (counted with the tier's dropped blocks).  A lookup that meets a
  * block still on its way waits for it, so what was stored is found:
  * nothing but such a lookup ever waits.  Reads and decompression at
  * admission stay on the loop (docs/prefix-cache.md "Host and disk tier"
@@ -152,12 +152,8 @@ static void epd_prefill_tier_gather(const epd_prefill_srv_t *srv, uint32_t block
  * evictions is a malloc each — over glibc's mmap threshold for most
  * models — that held every short prompt behind the admission).  No
  * memory: payload stays NULL, and the loop gives the store up. */
-static void epd_prefill_tier_copy_run(void *arg, void *job_v, uint32_t queue)
+static void epd_prefill_tier_copy_out(const epd_prefill_srv_t *srv, epd_prefill_tjob_t *j)
 {
-    epd_prefill_srv_t *srv = arg;
-    epd_prefill_tjob_t *j = job_v;
-
-    (void)queue;
     if (j->payload == NULL) {
         /* a spare's size (epd_prefill_tier_buf_get): it may become one */
         j->payload = epd_malloc(srv->tier_blk_bytes + srv->ckpt_bytes);
@@ -165,6 +161,15 @@ static void epd_prefill_tier_copy_run(void *arg, void *job_v, uint32_t queue)
     if (j->payload != NULL) {
         epd_prefill_tier_gather(srv, j->block, j->payload);
     }
+}
+
+static void epd_prefill_tier_copy_run(void *arg, void *job_v, uint32_t queue)
+{
+    epd_prefill_srv_t *srv = arg;
+    epd_prefill_tjob_t *j = job_v;
+
+    (void)queue;
+    epd_prefill_tier_copy_out(srv, j);
     atomic_store_explicit(&j->copied, 1, memory_order_release);
     epd_handoff_post(srv->tier_copy_ho, j);
 }
@@ -398,12 +403,7 @@ void epd__prefill_tier_stop(epd_prefill_srv_t *srv)
      * not get to are made now (the blocks are nobody's any more) */
     EPD_LIST_FOREACH(j, srv->tier_jobs) {
         if (j->deferred && !atomic_load(&j->copied)) {
-            if (j->payload == NULL) {
-                j->payload = epd_malloc(srv->tier_blk_bytes + srv->ckpt_bytes);
-            }
-            if (j->payload != NULL) {
-                epd_prefill_tier_gather(srv, j->block, j->payload);
-            }
+            epd_prefill_tier_copy_out(srv, j);
             atomic_store(&j->copied, 1);
         }
     }
